@@ -1,0 +1,1 @@
+"""Everything a person looks at: neuron-ls, neuron-top, the profile TUI and the GUI."""

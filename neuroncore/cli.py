@@ -1,0 +1,142 @@
+"""``neuroncore``: compile and run a built-in workload on the execution core, print its timing.
+
+    neuroncore run --workload bert-layer
+    neuroncore run --workload llama-decode --preset llama2-7b --timing-only
+    neuroncore run --workload matmul --set m=4096 --set k=8192 --set n=8192 --timing-only
+    neuroncore workloads
+
+Errors print one line and exit non-zero; tracebacks are for bugs, not for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from neuroncore.compiler import CompileError, compile
+from neuroncore.hardware import INSTANCE_TYPES
+from neuroncore.ir.builder import GraphError
+from neuroncore.runtime import ExecutionError, Instance
+from neuroncore.runtime.summary import summarize
+from neuroncore.workloads import WORKLOADS, get, random_inputs
+
+
+def _parse_value(text: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def _overrides(pairs: Sequence[str]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        result[key.replace("-", "_")] = _parse_value(value)
+    return result
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    workload = get(args.workload)
+    overrides = _overrides(args.set)
+    if args.dtype:
+        overrides["dtype"] = args.dtype
+    options = workload.options(args.preset, **overrides)
+    graph = workload.build(**options)
+    instance = Instance(args.instance)
+    t = time.perf_counter()
+    program = compile(graph, instance.spec.chip.core)
+    compile_s = time.perf_counter() - t
+    model = instance.core(args.core).load(program)
+    inputs = None if args.timing_only else random_inputs(graph, seed=args.seed)
+    t = time.perf_counter()
+    result = model.execute(inputs, timing_only=args.timing_only)
+    run_s = time.perf_counter() - t
+    summary = summarize(result)
+    total = summary.device_time_ns
+    opts = ", ".join(f"{k}={v}" for k, v in options.items())
+    console.print(f"[bold]{workload.name}[/] ({opts}) on {instance.name} core {args.core} "
+                  f"[{program.spec.name}], {'timing only' if args.timing_only else 'numerics + timing'}")
+    console.print(f"compiled {program.n_instructions:,} instructions + {program.n_dma_transfers:,} DMA "
+                  f"transfers in {compile_s:.2f} s; executed in {run_s:.2f} s (execution "
+                  f"{result.execution_id})")
+    table = Table(title=f"device time {total / 1e3:,.1f} us")
+    for column in ("engine", "instructions", "active us", "active %", "semaphore wait us"):
+        table.add_column(column, justify="right" if column != "engine" else "left")
+    for row in summary.engines:
+        table.add_row(row.name, f"{row.instructions:,}", f"{row.active_ns / 1e3:,.1f}",
+                      f"{100 * row.utilisation(total):.1f}", f"{row.semaphore_wait_ns / 1e3:,.1f}")
+    table.add_row("DMA", f"{summary.dma_transfers:,}", f"{summary.dma_active_ns / 1e3:,.1f}",
+                  f"{100 * summary.dma_active_ns / total if total else 0:.1f}", "-")
+    console.print(table)
+    console.print(f"FLOPs {summary.flops:,}  MFU {100 * summary.mfu:.1f}%  HBM bytes {summary.hbm_bytes:,}"
+                  f"  DMA {summary.dma_throughput_bytes_per_s / 1e9:,.1f} GB/s"
+                  f"  spill/reload bytes {summary.spill_bytes:,}")
+    if result.outputs is not None:
+        shapes = ", ".join(f"{list(o.shape)} {o.dtype}" for o in result.outputs[:3])
+        more = f" (+{len(result.outputs) - 3} more)" if len(result.outputs) > 3 else ""
+        console.print(f"outputs: {shapes}{more}")
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
+    table = Table(title="built-in workloads")
+    for column in ("name", "description", "options", "presets"):
+        table.add_column(column)
+    for w in WORKLOADS.values():
+        table.add_row(w.name, w.description, ", ".join(f"{k}={v}" for k, v in w.defaults.items()),
+                      ", ".join(w.presets) or "-")
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuroncore", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compile and execute a built-in workload, print its timing")
+    run.add_argument("--workload", "-w", required=True, choices=sorted(WORKLOADS))
+    run.add_argument("--preset", help="named configuration, e.g. llama2-7b")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="workload option, e.g. --set layers=4 (repeatable)")
+    run.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
+    run.add_argument("--instance", choices=sorted(INSTANCE_TYPES),
+                     help="instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)")
+    run.add_argument("--core", type=int, default=0)
+    run.add_argument("--timing-only", action="store_true",
+                     help="simulate timing from shapes only; weights are never allocated")
+    run.add_argument("--seed", type=int, default=0)
+    run.set_defaults(func=cmd_run)
+    wl = sub.add_parser("workloads", help="list the built-in workloads")
+    wl.set_defaults(func=cmd_workloads)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    console = Console()
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args, console))
+    except (CompileError, GraphError, ExecutionError, ValueError) as exc:
+        print(f"neuroncore: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("neuroncore: error: out of host memory; try --timing-only", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("neuroncore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The compiler for one NeuronCore: HLO-level graph -> per-engine instruction streams + DMA transfers.
+
+    program = compile(graph, target="trn1")
+
+Before lowering anything it checks every op, so a model with several unsupported ops gets one error
+listing all of them (op, HLO name, layer, source line), the check users run before migrating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from neuroncore.compiler.context import Context
+from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
+from neuroncore.compiler.lower_elementwise import (
+    lower_binary,
+    lower_constant_splat,
+    lower_iota,
+    lower_select,
+    lower_unary,
+)
+from neuroncore.compiler.lower_layout import (
+    lower_gather,
+    lower_output_copy,
+    lower_parameter,
+    lower_view,
+    lower_weight,
+)
+from neuroncore.compiler.lower_matmul import lower_dot
+from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
+from neuroncore.compiler.program import RES_DMA, Program
+from neuroncore.dtypes import DType
+from neuroncore.hardware import CoreSpec, core_spec
+from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
+
+__all__ = ["CompileError", "Program", "UnsupportedOpsError", "compile", "unsupported_ops"]
+
+
+def _lower_constant(ctx: Context, op: Op) -> None:
+    if "init" in op.attrs:
+        lower_weight(ctx, op)
+    else:
+        lower_constant_splat(ctx, op)
+
+
+LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
+    "parameter": lower_parameter,
+    "constant": _lower_constant,
+    "convert": lower_unary,
+    "gelu": lower_unary,
+    "silu": lower_unary,
+    "compare": lower_binary,
+    "select": lower_select,
+    "iota": lower_iota,
+    "reduce": lower_reduce,
+    "softmax": lower_softmax,
+    "layer_norm": lower_norm,
+    "rms_norm": lower_norm,
+    "dot": lower_dot,
+    "gather": lower_gather,
+    **{name: lower_unary for name in UNARY_OPS},
+    **{name: lower_binary for name in BINARY_OPS},
+    **{name: lower_view for name in LAYOUT_OPS},
+}
+
+FLOAT_ONLY = {"dot", "softmax", "layer_norm", "rms_norm", "gelu", "silu", *UNARY_OPS}
+
+
+def unsupported_ops(graph: Graph) -> list[Op]:
+    """Ops the compiler cannot lower (by opcode), in program order."""
+    return [op for op in graph.ops if op.opcode not in LOWERINGS]
+
+
+def _check_placeable(op: Op) -> None:
+    if any(d <= 0 for d in op.shape):
+        raise CompileError(f"cannot place a tensor of shape {list(op.shape)}", op)
+    if op.opcode in FLOAT_ONLY and not op.dtype.is_float:
+        raise CompileError(f"{op.opcode} on {op.dtype.value} cannot be placed: the engines run it "
+                           f"on fp32, bf16 or fp16 only", op)
+    if op.opcode == "dot" and op.dtype is DType.INT32:
+        raise CompileError("integer matmul cannot be placed on the Tensor engine", op)
+
+
+def compile(graph: Graph, target: str | CoreSpec = "trn1") -> Program:  # noqa: A001 - domain verb
+    """Compile ``graph`` for one core of ``target`` ("trn1", "inf2", "trn2", an instance type or a spec)."""
+    spec = core_spec(target)
+    missing = unsupported_ops(graph)
+    if missing:
+        raise UnsupportedOpsError(missing)
+    for op in graph.ops:
+        _check_placeable(op)
+    ctx = Context(graph, spec)
+    output_indices = {o.index for o in graph.outputs}
+    for op in graph.ops:
+        ctx.position = op.index
+        ctx.em.current_op = op.index
+        LOWERINGS[op.opcode](ctx, op)
+        if op.index in output_indices:
+            value = ctx.values[op.index]
+            tensor = ctx.hbm_tensors.get(value.hbm or "")
+            if tensor is None or tensor.kind != "output" or value.alias is not None:
+                lower_output_copy(ctx, op)
+        ctx.finish(op)
+        ctx.unpin_all()
+    return _finalize(ctx)
+
+
+def _stream_positions(keys: np.ndarray) -> np.ndarray:
+    """Position of each node within its stream (engine or queue), in program order."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
+    positions = np.empty(len(keys), np.int64)
+    positions[order] = np.arange(len(keys)) - run_start
+    return positions
+
+
+def _finalize(ctx: Context) -> Program:
+    em = ctx.em
+    sem_increment, sem_value, texts = em.assign_semaphores(ctx.queues)
+    resource = np.asarray(em.resource, np.int8)
+    engine = np.asarray(em.engine, np.int8)
+    queue = np.asarray(em.queue, np.int16)
+    keys = np.where(resource == RES_DMA, 100 + queue.astype(np.int64), engine.astype(np.int64))
+    lengths = np.fromiter((len(d) for d in em.deps), np.int64, count=len(em.deps))
+    dep_ptr = np.zeros(len(em.deps) + 1, np.int64)
+    np.cumsum(lengths, out=dep_ptr[1:])
+    dep_idx = np.fromiter((d for deps in em.deps for d in deps), np.int64, count=int(dep_ptr[-1]))
+    opcodes = sorted(set(em.opcode))
+    opcode_index = {name: i for i, name in enumerate(opcodes)}
+    counters = {name: np.asarray(values, np.int64) for name, values in em.counters.items()}
+    graph = ctx.graph
+    input_tensors = [ctx.values[p.index].hbm or "" for p in graph.parameters]
+    output_tensors = [ctx.tensor_name(o) for o in graph.outputs]
+    stats = dict(ctx.stats)
+    stats.update(sbuf_peak_bytes_per_partition=ctx.sbuf.peak, n_buffers=len(ctx.buffers))
+    return Program(
+        graph=graph,
+        spec=ctx.spec,
+        resource=resource,
+        engine=engine,
+        cost_ns=np.asarray(em.cost_ns, np.float64),
+        queue=queue,
+        dma_engines=np.asarray(em.dma_engines, np.int8),
+        dep_ptr=dep_ptr,
+        dep_idx=dep_idx,
+        op_index=np.asarray(em.op_index, np.int32),
+        opcode_id=np.asarray([opcode_index[o] for o in em.opcode], np.int16),
+        pc=_stream_positions(keys),
+        sem_increment=sem_increment,
+        sem_value=sem_value,
+        trigger=np.asarray(em.trigger, np.int64),
+        opcodes=opcodes,
+        operands=texts,
+        activation_fn=em.activation_fn,
+        tensor_instruction_type=em.tensor_instruction_type,
+        performance_mode=em.performance_mode,
+        semantics=em.semantics,
+        buffers=ctx.buffers,
+        hbm_tensors=ctx.hbm_tensors,
+        hbm_views=ctx.hbm_views,
+        queues=ctx.queues,
+        semaphore_names={**{i: e for i, e in enumerate(["Tensor", "Vector", "Scalar", "GpSimd", "Sync"])},
+                         **{q.semaphore: q.name for q in ctx.queues}},
+        input_tensors=input_tensors,
+        output_tensors=output_tensors,
+        stats=stats,
+        **counters,
+    )

@@ -1,0 +1,522 @@
+"""Where every value lives while the program is lowered: SBUF tiles, HBM tensors, spills and reloads.
+
+A value (the result of one IR op) is stored as *tiles*. In ``row`` layout a tensor of shape
+``(*batch, R, C)`` is ``prod(batch) x ceil(R/128)`` tiles of at most 128 partitions by ``C`` free
+elements; in ``col`` layout a tensor of shape ``(*batch, R)`` is tiles of ``[rows, 1]`` (one value per
+partition, the shape reductions produce and per-partition scalars consume). A value's *home* is SBUF
+(tiles stay on chip until their last use) or HBM (produced through staging buffers and stored; large
+values and graph outputs). When SBUF is full the tile whose next use is furthest away is spilled to
+HBM and reloaded when needed, with the DMA traffic that costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neuroncore.compiler import costs
+from neuroncore.compiler.emitter import QUEUE_SEMAPHORE_BASE, Emitter, hbm_key, sbuf_key
+from neuroncore.compiler.errors import CompileError
+from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
+from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.dtypes import DType
+from neuroncore.hardware import CoreSpec, Engine
+from neuroncore.ir.graph import Graph, Op
+
+P = 128
+
+
+def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+    """(batches, rows per batch, cols) of a tensor in ``layout``."""
+    if layout == "col":
+        rows = shape[-1] if shape else 1
+        return math.prod(shape[:-1]) if shape else 1, rows, 1
+    if len(shape) == 0:
+        return 1, 1, 1
+    if len(shape) == 1:
+        return 1, 1, shape[0]
+    return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    batch: int
+    r0: int
+    r1: int
+
+    @property
+    def rows(self) -> int:
+        return self.r1 - self.r0
+
+
+def tiles_of(shape: tuple[int, ...], layout: str) -> list[Tile]:
+    batches, rows, _ = tile_grid(shape, layout)
+    return [Tile(b, r, min(r + P, rows)) for b in range(batches) for r in range(0, rows, P)]
+
+
+@dataclass
+class Value:
+    """Placement state of one IR value."""
+
+    op: Op
+    layout: str
+    home: str  # "sbuf" or "hbm"
+    tiles: list[Tile]
+    cols: int
+    rows_per_batch: int
+    bufs: list[Buffer | None]
+    hbm: str | None = None  # HBM tensor (or view) holding a valid copy of the tiles marked in_hbm
+    in_hbm: list[bool] = field(default_factory=list)
+    immediate: float | None = None  # scalar constants are folded into instructions
+    lazy: Callable[[], None] | None = None  # prepares a view's sources on first read
+    alias: Op | None = None  # a reshape that reuses another value's tiles as they are
+    pretransposed: bool = False  # weight stored with its last two dims swapped
+
+    def access(self, t: int, c0: int = 0, c1: int | None = None, view: str | None = None) -> HbmAccess:
+        tile = self.tiles[t]
+        assert self.hbm is not None
+        return HbmAccess(self.hbm, tile.batch, tile.r0, tile.r1, c0, self.cols if c1 is None else c1,
+                         self.layout, view)
+
+
+QUEUE_SPECS = [
+    ("qSyncIO0", "input", Engine.SYNC),
+    ("qSyncWeight0", "data", Engine.SYNC),
+    ("qSyncOut0", "output", Engine.SYNC),
+    ("qSyncSpillReload0", "data", Engine.SYNC),
+    ("qSyncData0", "data", Engine.SYNC),
+    ("qGpSimdDynamicSW0", "software_dynamic", Engine.GPSIMD),
+]
+
+
+class Context:
+    """Lowering state shared by the op lowerings: emitter, allocators, value placements."""
+
+    def __init__(self, graph: Graph, spec: CoreSpec, *, hbm_home_fraction: float = 0.25) -> None:
+        self.graph = graph
+        self.spec = spec
+        self.em = Emitter()
+        self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition)
+        self.psum = BankAllocator(spec.psum_banks)
+        self.buffers: dict[int, Buffer] = {}
+        self.hbm_tensors: dict[str, HbmTensor] = {}
+        self.hbm_views: dict[str, HbmView] = {}
+        self.values: dict[int, Value] = {}
+        self.queues = [DmaQueue(i, name, qtype, eng, QUEUE_SEMAPHORE_BASE + i)
+                       for i, (name, qtype, eng) in enumerate(QUEUE_SPECS)]
+        self.queue = {q.name: q for q in self.queues}
+        self.pinned: set[int] = set()  # buffer ids that must not be spilled right now
+        self.uses: dict[int, list[int]] = {op.index: [] for op in graph.ops}
+        for op in graph.ops:
+            for operand in op.operands:
+                self.uses[operand.index].append(op.index)
+        self.outputs = {op.index for op in graph.outputs}
+        self.hbm_home_bytes = int(spec.sbuf_bytes_per_partition * hbm_home_fraction)
+        self.position = 0  # index of the op being lowered
+        self.stats = {"spill_save_bytes": 0, "spill_reload_bytes": 0, "spilled_tiles": 0}
+        self._next_buffer = 0
+        self._identity: Buffer | None = None
+
+    # -- buffers ---------------------------------------------------------------------------
+    def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
+        nbytes = free * dtype.itemsize
+        if nbytes > self.spec.sbuf_bytes_per_partition:
+            raise CompileError(
+                f"cannot place {name}: {free} x {dtype.value} needs {nbytes} bytes per partition, "
+                f"SBUF has {self.spec.sbuf_bytes_per_partition}",
+                self.current_op,
+            )
+        while True:
+            try:
+                address, hazards = self.sbuf.allocate(nbytes)
+                break
+            except OutOfMemory:
+                if not self._spill_one(nbytes):
+                    raise CompileError(
+                        f"cannot place {name}: needs {nbytes} bytes per partition but only "
+                        f"{self.sbuf.largest_free()} are free and nothing more can be spilled "
+                        f"(SBUF {self.spec.sbuf_bytes_per_partition} bytes per partition)",
+                        self.current_op,
+                    ) from None
+        buf = Buffer(self._next_buffer, "SBUF", partitions, free, dtype, address, name)
+        self._next_buffer += 1
+        self.buffers[buf.id] = buf
+        self.em.inherit(("buf", buf.id), (0, P, 0, 1 << 40), hazards)
+        if pin:
+            self.pinned.add(buf.id)
+        return buf
+
+    def free(self, buf: Buffer) -> None:
+        nodes = self.em.forget(("buf", buf.id))
+        self.pinned.discard(buf.id)
+        if buf.memory == "PSUM":
+            self.psum.release(buf.address // (self.spec.psum_bank_bytes_per_partition), nodes)
+        else:
+            self.sbuf.release(buf.address, buf.bytes_per_partition, nodes)
+
+    def alloc_psum(self, partitions: int, free: int, name: str) -> Buffer:
+        bank, hazards = self.psum.allocate()
+        buf = Buffer(self._next_buffer, "PSUM", partitions, free, DType.FP32,
+                     bank * self.spec.psum_bank_bytes_per_partition, name)
+        self._next_buffer += 1
+        self.buffers[buf.id] = buf
+        self.em.inherit(("buf", buf.id), (0, P, 0, 1 << 40), hazards)
+        return buf
+
+    def unpin_all(self) -> None:
+        self.pinned.clear()
+
+    @property
+    def current_op(self) -> Op | None:
+        idx = self.em.current_op
+        return self.graph.ops[idx] if idx >= 0 else None
+
+    # -- HBM -------------------------------------------------------------------------------
+    def hbm_tensor(self, name: str, op: Op, kind: str, *, shape: tuple[int, ...] | None = None,
+                   pretransposed: bool = False) -> str:
+        if name not in self.hbm_tensors:
+            self.hbm_tensors[name] = HbmTensor(name, shape if shape is not None else op.shape,
+                                               op.dtype, kind, op.index, pretransposed)
+        return name
+
+    def view_sources(self, name: str) -> list[str]:
+        """The stored HBM tensors a (possibly nested) view reads."""
+        if name in self.hbm_tensors:
+            return [name]
+        out: list[str] = []
+        for src in self.hbm_views[name].sources:
+            out.extend(self.view_sources(src))
+        return out
+
+    def _hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
+        if access.tensor in self.hbm_views or access.view is not None or access.layout != "row":
+            names = self.view_sources(access.tensor)
+            return [(("hbm", n), (0, 1 << 62, 0, 1 << 62)) for n in names]
+        return [hbm_key(access, rows_per_batch)]
+
+    def dma_load(self, queue: str, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
+                 run_bytes: int | None = None, spill_reload: bool = False, text: str = "") -> int:
+        """HBM -> SBUF transfer of ``dst``'s rows; ``run_bytes`` is the contiguous run per descriptor."""
+        row_bytes = dst.cols * dtype.itemsize
+        run = min(run_bytes or row_bytes, row_bytes)
+        descriptors = dst.rows * max(1, row_bytes // max(run, 1))
+        nbytes = dst.rows * row_bytes
+        counters = {"hbm_read_bytes": nbytes, "sbuf_write_bytes": nbytes, "dma_bytes": nbytes}
+        if spill_reload:
+            counters["spill_reload_bytes"] = nbytes
+            self.stats["spill_reload_bytes"] += nbytes
+        q = self.queue[queue]
+        return self.em.dma(
+            q,
+            reads=self._hbm_rects(src, rows_per_batch),
+            writes=[sbuf_key(dst)],
+            engines=costs.dma_engines_used(self.spec, descriptors),
+            engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
+            trigger_cost_ns=self._trigger_ns(q),
+            text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B",
+            semantics=("load", dst, src),
+            **counters,
+        )
+
+    def dma_store(self, queue: str, src: Ref, dst: HbmAccess, dtype: DType, *, rows_per_batch: int,
+                  spill_save: bool = False) -> int:
+        row_bytes = src.cols * dtype.itemsize
+        nbytes = src.rows * row_bytes
+        if dst.layout == "col":
+            descriptors = src.rows  # one element per partition row
+        else:
+            descriptors = src.rows
+        counters = {"hbm_write_bytes": nbytes, "sbuf_read_bytes": nbytes, "dma_bytes": nbytes}
+        if spill_save:
+            counters["spill_save_bytes"] = nbytes
+            self.stats["spill_save_bytes"] += nbytes
+        q = self.queue[queue]
+        return self.em.dma(
+            q,
+            reads=[sbuf_key(src)],
+            writes=[hbm_key(dst, rows_per_batch, whole=dst.layout != "row")],
+            engines=costs.dma_engines_used(self.spec, descriptors),
+            engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
+            trigger_cost_ns=self._trigger_ns(q),
+            text=f"{self.ref_text(src)} -> {_hbm_text(dst)} {nbytes}B",
+            semantics=("store", dst, src),
+            **counters,
+        )
+
+    def _trigger_ns(self, queue: DmaQueue) -> float:
+        return costs.cycles_to_ns(self.spec, queue.trigger_engine, self.spec.sync_instruction_cycles)
+
+    # -- values ----------------------------------------------------------------------------
+    def define(self, op: Op, *, layout: str = "row", home: str | None = None,
+               hbm: str | None = None) -> Value:
+        """Create the placement of ``op``'s result (before its tiles are produced)."""
+        tiles = tiles_of(op.shape, layout)
+        _, rows, cols = tile_grid(op.shape, layout)
+        if home is None:
+            per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
+            only_output = op.index in self.outputs and not self.uses[op.index]
+            home = "hbm" if (only_output or per_partition > self.hbm_home_bytes) else "sbuf"
+        value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
+                      [hbm is not None] * len(tiles))
+        if home == "hbm" and value.hbm is None:
+            kind = "output" if op.index in self.outputs else "scratch"
+            value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind)
+        self.values[op.index] = value
+        return value
+
+    def tensor_name(self, op: Op) -> str:
+        if op.index in self.outputs:
+            return f"output{[o.index for o in self.graph.outputs].index(op.index)}.{op.name}"
+        return f"{op.name}"
+
+    def value(self, op: Op) -> Value:
+        return self.values[op.index]
+
+    def produce(self, op: Op, t: int, c0: int = 0, c1: int | None = None) -> Ref:
+        """Where the producer writes columns [c0, c1) of tile ``t``."""
+        value = self.values[op.index]
+        tile = value.tiles[t]
+        c1 = value.cols if c1 is None else c1
+        if value.home == "hbm":
+            buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.stage{t}")
+            return Ref(buf.id, 0, tile.rows, 0, c1 - c0)
+        buf = value.bufs[t]
+        if buf is None:
+            buf = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
+            value.bufs[t] = buf
+        self.pinned.add(buf.id)
+        return Ref(buf.id, 0, tile.rows, c0, c1)
+
+    def produced(self, op: Op, t: int, ref: Ref, c0: int = 0, c1: int | None = None) -> None:
+        """The producer finished writing ``ref``; HBM-home values store it and free the stage."""
+        value = self.values[op.index]
+        if value.home != "hbm":
+            return
+        c1 = value.cols if c1 is None else c1
+        queue = "qSyncOut0" if op.index in self.outputs else "qSyncSpillReload0"
+        self.dma_store(queue, ref, value.access(t, c0, c1), op.dtype,
+                       rows_per_batch=value.rows_per_batch)
+        value.in_hbm[t] = True
+        self.free(self.buffers[ref.buf])
+
+    def tile(self, op: Op, t: int, layout: str | None = None) -> Ref:
+        """A readable SBUF ref to tile ``t`` of ``op``'s value, loading or reloading it if needed.
+
+        Asking for a layout other than the value's own goes through HBM (store, then a strided load),
+        which is what a relayout costs on the device. Temporary tiles are freed by ``release``.
+        """
+        value = self.values[op.index]
+        if value.alias is not None and (layout is None or layout == value.layout):
+            return self.tile(value.alias, t)
+        self.prepare(value)
+        if layout is not None and layout != value.layout:
+            return self._relayout_tile(value, t, layout)
+        buf = value.bufs[t]
+        if buf is not None:
+            self.pinned.add(buf.id)
+            return Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
+        if value.immediate is not None:
+            return self._splat_tile(value, t)
+        if not value.in_hbm[t]:
+            raise CompileError(f"internal: tile {t} of {op.name} was never produced", self.current_op)
+        tile = value.tiles[t]
+        buf = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
+        ref = Ref(buf.id, 0, tile.rows, 0, value.cols)
+        tensor = self.hbm_tensors.get(value.hbm or "")
+        reload = tensor is not None and tensor.kind == "scratch" and value.home == "sbuf"
+        queue = self._load_queue(value)
+        self.dma_load(queue, value.access(t), ref, op.dtype, rows_per_batch=value.rows_per_batch,
+                      run_bytes=self.run_bytes(value), spill_reload=reload)
+        if value.home == "sbuf":
+            value.bufs[t] = buf  # resident again; stays until its last use or a spill
+        return ref
+
+    def release(self, op: Op, ref: Ref) -> None:
+        """Done reading a tile; temporaries (HBM-home values, relayouts) are freed."""
+        value = self.values[op.index]
+        while value.alias is not None:
+            value = self.values[value.alias.index]
+        resident = any(b is not None and b.id == ref.buf for b in value.bufs)
+        if not resident:
+            self.free(self.buffers[ref.buf])
+
+    def _load_queue(self, value: Value) -> str:
+        tensor = self.hbm_tensors.get(value.hbm or "")
+        if tensor is None:
+            return "qSyncData0"
+        return {"input": "qSyncIO0", "weight": "qSyncWeight0"}.get(
+            tensor.kind, "qSyncSpillReload0" if tensor.kind == "scratch" else "qSyncData0")
+
+    def run_bytes(self, value: Value) -> int | None:
+        """Contiguous bytes per descriptor when loading ``value`` (views may be strided)."""
+        if value.hbm in self.hbm_views:
+            return self.hbm_views[value.hbm].run_elements * value.op.dtype.itemsize
+        if value.layout == "col":
+            return value.op.dtype.itemsize
+        return None
+
+    def _splat_tile(self, value: Value, t: int) -> Ref:
+        tile = value.tiles[t]
+        buf = self.alloc(tile.rows, value.cols, value.op.dtype, f"{value.op.name}.splat{t}")
+        ref = Ref(buf.id, 0, tile.rows, 0, value.cols)
+        n = value.cols
+        self.em.instruction(
+            Engine.VECTOR, "MEMSET",
+            costs.cycles_to_ns(self.spec, Engine.VECTOR, costs.vector_cycles(self.spec, "memset", n)),
+            reads=[], writes=[sbuf_key(ref)],
+            text=f"value={value.immediate:g} dst={self.ref_text(ref)}",
+            semantics=("memset", ref, float(value.immediate)),
+            sbuf_write_bytes=tile.rows * n * value.op.dtype.itemsize,
+        )
+        return ref
+
+    def ensure_hbm(self, op: Op) -> str:
+        """Make sure every tile of ``op``'s value has a copy in HBM; returns the tensor name."""
+        value = self.values[op.index]
+        if value.alias is not None:
+            return self._alias_hbm(value)
+        self.prepare(value)
+        if value.immediate is not None and value.hbm is None:
+            # materialise the splat once so views of it can be loaded
+            value.hbm = self.hbm_tensor(f"{op.name}.splat", op, "scratch")
+            for t in range(len(value.tiles)):
+                ref = self._splat_tile(value, t)
+                self.dma_store("qSyncData0", ref, value.access(t), op.dtype,
+                               rows_per_batch=value.rows_per_batch)
+                self.free(self.buffers[ref.buf])
+                value.in_hbm[t] = True
+            return value.hbm
+        if value.hbm is None:
+            value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, "scratch")
+        for t, done in enumerate(value.in_hbm):
+            if not done:
+                buf = value.bufs[t]
+                assert buf is not None, f"tile {t} of {op.name} is nowhere"
+                ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
+                self.dma_store("qSyncData0", ref, value.access(t), op.dtype,
+                               rows_per_batch=value.rows_per_batch)
+                value.in_hbm[t] = True
+        return value.hbm
+
+    def _alias_hbm(self, value: Value) -> str:
+        """An alias's HBM copy is its source's copy read through a reshape view."""
+        assert value.alias is not None
+        source = self.ensure_hbm(value.alias)
+        name = f"{value.op.name}.view"
+        if name not in self.hbm_views:
+            self.hbm_views[name] = HbmView(name, (("reshape", value.op.shape),), (source,),
+                                           value.op.shape, value.op.dtype, value.cols)
+        return name
+
+    def extend_uses(self, source: Op, alias: Op) -> None:
+        """Keep ``source`` alive for as long as ``alias`` (which reads its tiles) is used."""
+        merged = sorted(set(self.uses[source.index]) | set(self.uses[alias.index]))
+        self.uses[source.index] = merged
+
+    def prepare(self, value: Value) -> None:
+        if value.lazy is not None:
+            lazy, value.lazy = value.lazy, None
+            lazy()
+
+    def _relayout_tile(self, value: Value, t: int, layout: str) -> Ref:
+        name = self.ensure_hbm(value.op)
+        op = value.op
+        tiles = tiles_of(op.shape, layout)
+        _, rows, cols = tile_grid(op.shape, layout)
+        tile = tiles[t]
+        buf = self.alloc(tile.rows, cols, op.dtype, f"{op.name}.{layout}{t}")
+        ref = Ref(buf.id, 0, tile.rows, 0, cols)
+        src = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, cols, layout)
+        run = op.dtype.itemsize if layout == "col" else None
+        self.dma_load("qSyncData0", src, ref, op.dtype, rows_per_batch=rows, run_bytes=run)
+        return ref
+
+    def finish(self, op: Op) -> None:
+        """Free the tiles of values whose last use was ``op``."""
+        candidates = {o.index: o for o in op.operands}
+        for operand in list(candidates.values()):
+            value = self.values.get(operand.index)
+            while value is not None and value.alias is not None:
+                candidates[value.alias.index] = value.alias
+                value = self.values.get(value.alias.index)
+        for operand in candidates.values():
+            if self.uses[operand.index] and self.uses[operand.index][-1] <= op.index:
+                self.drop(operand)
+        if not self.uses[op.index] and op.index not in self.outputs:
+            self.drop(op)
+
+    def drop(self, op: Op) -> None:
+        value = self.values.get(op.index)
+        if value is None or value.alias is not None:
+            return
+        for t, buf in enumerate(value.bufs):
+            if buf is not None:
+                self.free(buf)
+                value.bufs[t] = None
+
+    # -- spilling --------------------------------------------------------------------------
+    def _next_use(self, op_index: int) -> int:
+        for use in self.uses[op_index]:
+            if use > self.position:
+                return use
+        return 1 << 30
+
+    def _spill_one(self, needed: int) -> bool:
+        """Spill the resident tile used furthest in the future (Belady); False if none can go."""
+        best: tuple[int, int, Value, int] | None = None
+        for value in self.values.values():
+            for t, buf in enumerate(value.bufs):
+                if buf is None or buf.id in self.pinned:
+                    continue
+                key = (self._next_use(value.op.index), buf.bytes_per_partition)
+                if best is None or key > best[:2]:
+                    best = (key[0], key[1], value, t)
+        if best is None:
+            return False
+        _, _, value, t = best
+        buf = value.bufs[t]
+        assert buf is not None
+        if not value.in_hbm[t]:
+            if value.hbm is None:
+                value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, "scratch")
+            ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
+            self.dma_store("qSyncSpillReload0", ref, value.access(t), value.op.dtype,
+                           rows_per_batch=value.rows_per_batch, spill_save=True)
+            value.in_hbm[t] = True
+            self.stats["spilled_tiles"] += 1
+        value.bufs[t] = None
+        self.free(buf)
+        return True
+
+    # -- shared constants ------------------------------------------------------------------
+    def identity(self, dtype: DType) -> Ref:
+        """A 128x128 identity in SBUF for PE transposes, made once by GpSimd (iota + compare)."""
+        if self._identity is None:
+            buf = self.alloc(P, P, DType.BF16, "identity", pin=False)
+            ref = Ref(buf.id, 0, P, 0, P)
+            self.em.instruction(
+                Engine.GPSIMD, "IOTA",
+                costs.cycles_to_ns(self.spec, Engine.GPSIMD, costs.gpsimd_cycles(self.spec, P)),
+                reads=[], writes=[sbuf_key(ref)], text=f"identity dst={self.ref_text(ref)}",
+                semantics=("identity", ref), sbuf_write_bytes=P * P * 2,
+            )
+            self._identity = buf
+            self.values[-1] = Value(self.graph.ops[0], "row", "sbuf", [], P, P, [])  # keep alive
+        self.pinned.add(self._identity.id)
+        return Ref(self._identity.id, 0, P, 0, P)
+
+    # -- text ------------------------------------------------------------------------------
+    def ref_text(self, ref: Ref) -> str:
+        buf = self.buffers[ref.buf]
+        if buf.memory == "PSUM":
+            bank = buf.address // self.spec.psum_bank_bytes_per_partition
+            return f"psum[{bank}]@fp32[{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
+        addr = buf.address + ref.f0 * buf.dtype.itemsize
+        return f"{buf.dtype.profile_name}@sb:0x{addr:x}[{ref.p0}:{ref.p1},{ref.cols}]"
+
+
+def _hbm_text(access: HbmAccess) -> str:
+    view = f"({access.view})" if access.view else ""
+    return (f"hbm:{access.tensor}{view}[{access.batch}][{access.r0}:{access.r1},"
+            f"{access.c0}:{access.c1}]")

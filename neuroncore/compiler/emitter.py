@@ -1,0 +1,291 @@
+"""Emits nodes (instructions and DMA transfers) and derives their dependencies from memory accesses.
+
+Lowering code says *what* an instruction reads and writes; the emitter works out *who it must wait
+for* (read-after-write, write-after-read, write-after-write on overlapping SBUF/PSUM/HBM ranges) and,
+when the program is finished, turns every cross-engine wait into a semaphore: the producer's engine
+(or DMA queue) semaphore is incremented on completion and the consumer waits for ``$S[n]>=v``.
+Same-engine order needs no semaphore: each engine runs its stream in order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from neuroncore.compiler.program import (
+    RES_DMA,
+    RES_TENSOR_LS,
+    RES_TENSOR_MM,
+    DmaQueue,
+    HbmAccess,
+    Ref,
+)
+from neuroncore.hardware import Engine
+
+# One semaphore per engine (ids 0-4), then one per DMA queue from QUEUE_SEMAPHORE_BASE.
+QUEUE_SEMAPHORE_BASE = 8
+DMA_COMPLETION_INCREMENT = 16  # every DMA engine signals completion of its share (§5.2)
+
+
+@dataclass(slots=True)
+class _Access:
+    a0: int
+    a1: int
+    b0: int
+    b1: int
+    node: int
+    lane: int  # in-order lane of the accessing node (engine, or 100 + queue)
+    write: bool
+
+
+def _overlaps(x: _Access, a0: int, a1: int, b0: int, b1: int) -> bool:
+    return x.a0 < a1 and a0 < x.a1 and x.b0 < b1 and b0 < x.b1
+
+
+def _covers(a0: int, a1: int, b0: int, b1: int, x: _Access) -> bool:
+    return a0 <= x.a0 and x.a1 <= a1 and b0 <= x.b0 and x.b1 <= b1
+
+
+MemoryKey = tuple[str, Any]
+Rect = tuple[int, int, int, int]
+
+
+class Emitter:
+    """Accumulates nodes column by column; ``columns()`` hands them to :class:`Program`."""
+
+    def __init__(self) -> None:
+        self.resource: list[int] = []
+        self.engine: list[int] = []
+        self.cost_ns: list[float] = []
+        self.queue: list[int] = []
+        self.dma_engines: list[int] = []
+        self.deps: list[list[int]] = []
+        self.op_index: list[int] = []
+        self.opcode: list[str] = []
+        self.text: list[str] = []
+        self.activation_fn: list[str | None] = []
+        self.tensor_instruction_type: list[str | None] = []
+        self.performance_mode: list[str | None] = []
+        self.semantics: list[tuple[Any, ...]] = []
+        self.trigger: list[int] = []
+        self.counters: dict[str, list[int]] = defaultdict(list)
+        self.current_op = -1
+        self._accesses: dict[MemoryKey, list[_Access]] = defaultdict(list)
+        self._lane: list[int] = []
+
+    COUNTERS = (
+        "raw_flops", "adjusted_flops", "transpose_flops", "hbm_read_bytes", "hbm_write_bytes",
+        "sbuf_read_bytes", "sbuf_write_bytes", "psum_read_bytes", "psum_write_bytes",
+        "spill_save_bytes", "spill_reload_bytes", "dma_bytes",
+    )
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.resource)
+
+    # -- hazards ---------------------------------------------------------------------------
+    def compact(self, nodes: set[int] | list[int]) -> list[int]:
+        """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
+        latest: dict[int, int] = {}
+        lanes = self._lane
+        for node in nodes:
+            lane = lanes[node]
+            if node > latest.get(lane, -1):
+                latest[lane] = node
+        return sorted(latest.values())
+
+    def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
+        """Earlier users of a reused address range become hazards of the new buffer there."""
+        accesses = self._accesses[key]
+        for node in self.compact(nodes):
+            accesses.append(_Access(*rect, node, self._lane[node], True))
+
+    def forget(self, key: MemoryKey) -> list[int]:
+        """Drop a buffer's access list; returns the nodes a later user of its range must wait for."""
+        accesses = self._accesses.pop(key, [])
+        return self.compact({a.node for a in accesses})
+
+    def _hazards(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
+                 writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
+        deps: set[int] = set()
+        for key, (a0, a1, b0, b1) in reads:
+            for acc in self._accesses.get(key, ()):
+                if acc.write and acc.lane != lane and _overlaps(acc, a0, a1, b0, b1):
+                    deps.add(acc.node)
+        for key, (a0, a1, b0, b1) in writes:
+            for acc in self._accesses.get(key, ()):
+                if acc.lane != lane and _overlaps(acc, a0, a1, b0, b1):
+                    deps.add(acc.node)
+        return deps
+
+    def _record(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
+                writes: list[tuple[MemoryKey, Rect]]) -> None:
+        for key, rect in writes:
+            a0, a1, b0, b1 = rect
+            kept = [x for x in self._accesses[key] if not _covers(a0, a1, b0, b1, x)]
+            kept.append(_Access(a0, a1, b0, b1, node, lane, True))
+            self._accesses[key] = kept
+        for key, rect in reads:
+            a0, a1, b0, b1 = rect
+            accesses = self._accesses[key]
+            accesses[:] = [
+                x for x in accesses
+                if x.write or x.lane != lane or not _covers(a0, a1, b0, b1, x)
+            ]
+            accesses.append(_Access(a0, a1, b0, b1, node, lane, False))
+
+    # -- emission --------------------------------------------------------------------------
+    def _append(self, *, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
+                deps: set[int], opcode: str, text: str, semantics: tuple[Any, ...],
+                activation_fn: str | None, tensor_instruction_type: str | None,
+                performance_mode: str | None, trigger: int, lane: int,
+                counters: dict[str, int]) -> int:
+        node = len(self.resource)
+        self.resource.append(resource)
+        self.engine.append(int(engine))
+        self.cost_ns.append(float(cost_ns))
+        self.queue.append(queue)
+        self.dma_engines.append(dma_engines)
+        self.deps.append(self.compact(deps))
+        self.op_index.append(self.current_op)
+        self.opcode.append(opcode)
+        self.text.append(text)
+        self.semantics.append(semantics)
+        self.activation_fn.append(activation_fn)
+        self.tensor_instruction_type.append(tensor_instruction_type)
+        self.performance_mode.append(performance_mode)
+        self.trigger.append(trigger)
+        self._lane.append(lane)
+        for name in self.COUNTERS:
+            self.counters[name].append(int(counters.get(name, 0)))
+        return node
+
+    def instruction(
+        self,
+        engine: Engine,
+        opcode: str,
+        cost_ns: float,
+        *,
+        reads: list[tuple[MemoryKey, Rect]],
+        writes: list[tuple[MemoryKey, Rect]],
+        text: str,
+        semantics: tuple[Any, ...],
+        track: int | None = None,
+        activation_fn: str | None = None,
+        tensor_instruction_type: str | None = None,
+        performance_mode: str | None = None,
+        extra_deps: set[int] | None = None,
+        **counters: int,
+    ) -> int:
+        lane = track if track is not None else int(engine)
+        deps = self._hazards(lane, reads, writes)
+        if extra_deps:
+            deps |= {d for d in extra_deps if self._lane[d] != lane}
+        resource = track if track is not None else int(engine)
+        node = self._append(
+            resource=resource, engine=engine, cost_ns=cost_ns, queue=-1, dma_engines=0, deps=deps,
+            opcode=opcode, text=text, semantics=semantics, activation_fn=activation_fn,
+            tensor_instruction_type=tensor_instruction_type, performance_mode=performance_mode,
+            trigger=-1, lane=lane, counters=counters,
+        )
+        self._record(node, lane, reads, writes)
+        return node
+
+    def dma(
+        self,
+        queue: DmaQueue,
+        *,
+        reads: list[tuple[MemoryKey, Rect]],
+        writes: list[tuple[MemoryKey, Rect]],
+        engines: int,
+        engine_ns: float,
+        trigger_cost_ns: float,
+        text: str,
+        semantics: tuple[Any, ...],
+        trigger_opcode: str = "WRITE",
+        trigger_text: str = "",
+        trigger_semantics: tuple[Any, ...] = ("nop",),
+        **counters: int,
+    ) -> int:
+        """A transfer and the instruction on the queue's engine that triggers it; returns the transfer."""
+        engine = queue.trigger_engine
+        deps = self._hazards(int(engine), reads, writes)
+        # dependencies are waited for by the trigger; the transfer starts after its trigger
+        dma_deps = self._hazards(100 + queue.index, reads, writes)
+        trigger_counters = {k: v for k, v in counters.items() if k.startswith("spill")}
+        trig = self._append(
+            resource=int(engine), engine=engine, cost_ns=trigger_cost_ns, queue=-1, dma_engines=0,
+            deps=deps | dma_deps, opcode=trigger_opcode,
+            text=trigger_text or f"{queue.name} block_id={len(self.resource)}",
+            semantics=trigger_semantics, activation_fn=None, tensor_instruction_type=None,
+            performance_mode=None, trigger=-1, lane=int(engine), counters=trigger_counters,
+        )
+        transfer_counters = {k: v for k, v in counters.items() if not k.startswith("spill")}
+        node = self._append(
+            resource=RES_DMA, engine=engine, cost_ns=engine_ns, queue=queue.index,
+            dma_engines=engines, deps=set(), opcode="DMA_DIRECT2D", text=text, semantics=semantics,
+            activation_fn=None, tensor_instruction_type=None, performance_mode=None, trigger=trig,
+            lane=100 + queue.index, counters=transfer_counters,
+        )
+        self._record(node, 100 + queue.index, reads, writes)
+        return node
+
+    # -- semaphores ------------------------------------------------------------------------
+    def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Decide which nodes increment which semaphore, and prefix operand strings with the waits."""
+        n = len(self.resource)
+        sem_of = np.empty(n, np.int16)
+        for i in range(n):
+            if self.resource[i] == RES_DMA:
+                sem_of[i] = queues[self.queue[i]].semaphore
+            else:
+                sem_of[i] = self.engine[i]
+        producer = np.zeros(n, bool)
+        for i in range(n):
+            for d in self.deps[i]:
+                producer[d] = True
+            if self.trigger[i] >= 0:
+                producer[self.trigger[i]] = False or producer[self.trigger[i]]
+        sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
+        sem_value = np.zeros(n, np.int32)
+        running: dict[int, int] = defaultdict(int)
+        for i in np.flatnonzero(producer):
+            step = DMA_COMPLETION_INCREMENT if self.resource[i] == RES_DMA else 1
+            running[int(sem_of[i])] += step
+            sem_value[i] = running[int(sem_of[i])]
+        texts: list[str] = []
+        for i in range(n):
+            parts: list[str] = []
+            waits: dict[int, int] = {}
+            for d in self.deps[i]:
+                s = int(sem_of[d])
+                waits[s] = max(waits.get(s, 0), int(sem_value[d]))
+            parts.extend(f"$S[{s}]>={v}" for s, v in sorted(waits.items()))
+            if producer[i]:
+                parts.append(f"S[{int(sem_of[i])}] ({_owner(int(sem_of[i]), queues)})++@complete")
+            parts.append(self.text[i])
+            texts.append(" ".join(parts))
+        return sem_increment, sem_value, texts
+
+
+def _owner(semaphore: int, queues: list[DmaQueue]) -> str:
+    if semaphore < QUEUE_SEMAPHORE_BASE:
+        return Engine(semaphore).label
+    return queues[semaphore - QUEUE_SEMAPHORE_BASE].name
+
+
+def sbuf_key(ref: Ref) -> tuple[MemoryKey, Rect]:
+    return ("buf", ref.buf), (ref.p0, ref.p1, ref.f0, ref.f1)
+
+
+def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tuple[MemoryKey, Rect]:
+    if whole or access.view is not None:
+        return ("hbm", access.tensor), (0, 1 << 62, 0, 1 << 62)
+    base = access.batch * rows_per_batch
+    return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
+
+
+__all__ = ["Emitter", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "hbm_key", "sbuf_key"]

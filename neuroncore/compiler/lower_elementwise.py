@@ -1,0 +1,368 @@
+"""Elementwise ops: ACTIVATE on the Scalar engine, TENSOR_TENSOR / TENSOR_SCALAR / TENSOR_COPY on Vector.
+
+Broadcast operands are not materialised when the hardware can take them for free: a scalar constant
+becomes an immediate and a per-row value (``[..., R]`` broadcast along the last dim) becomes a
+per-partition scalar operand of TENSOR_SCALAR. Anything else is a full tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuroncore.compiler import costs
+from neuroncore.compiler.context import Context, Value
+from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.program import Ref
+from neuroncore.dtypes import DType
+from neuroncore.hardware import Engine
+from neuroncore.ir.graph import Op
+
+# IR op -> (ACT function name as the profiler shows it in scalar_activation_fn)
+ACTIVATION_FUNCTIONS = {
+    "exponential": "Exp",
+    "tanh": "Tanh",
+    "logistic": "Sigmoid",
+    "rsqrt": "Rsqrt",
+    "sqrt": "Sqrt",
+    "log": "Ln",
+    "negate": "Copy",  # Copy(x * -1): scale is free on ACT
+    "abs": "Abs",
+    "silu": "Silu",
+    "gelu": "Gelu_apprx_tanh",
+    "gelu_exact": "Gelu",
+    "square": "Square",
+    "copy": "Copy",
+}
+
+# IR binary op -> hardware ALU op name (KLR / ISA spelling)
+ALU_OPS = {
+    "add": "add",
+    "subtract": "subtract",
+    "multiply": "mult",
+    "divide": "divide",
+    "maximum": "max",
+    "minimum": "min",
+    "EQ": "is_equal",
+    "NE": "not_equal",
+    "LT": "is_lt",
+    "LE": "is_le",
+    "GT": "is_gt",
+    "GE": "is_ge",
+}
+COMMUTATIVE = {"add", "mult", "max", "min", "is_equal", "not_equal"}
+SWAPPED = {"is_lt": "is_gt", "is_gt": "is_lt", "is_le": "is_ge", "is_ge": "is_le"}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How an elementwise operand reaches the instruction: immediate, per-partition or tile."""
+
+    kind: str  # "imm", "col", "tile"
+    op: Op | None = None
+    value: float = 0.0
+
+
+def classify(ctx: Context, x: Op, out_shape: tuple[int, ...]) -> Operand:
+    """Recognise operands that need no materialised tile."""
+    value = ctx.values.get(x.index)
+    if value is not None and value.immediate is not None:
+        return Operand("imm", value=value.immediate)
+    if x.opcode == "broadcast":
+        src = x.operands[0]
+        src_value = ctx.values[src.index]
+        if src_value.immediate is not None or (src.size == 1 and src.opcode == "constant"
+                                               and "value" in src.attrs):
+            return Operand("imm", value=float(src_value.immediate if src_value.immediate is not None
+                                              else src.attrs["value"]))
+        rows_shape = out_shape[:-1]
+        dims = x.attrs["dims"]
+        if len(out_shape) >= 1 and src.shape == rows_shape and tuple(dims) == tuple(range(len(rows_shape))):
+            return Operand("col", src)
+        if src.shape == (*rows_shape, 1) and tuple(dims) == tuple(range(len(out_shape))):
+            return Operand("col", src)
+    return Operand("tile", x)
+
+
+def operand_ref(ctx: Context, operand: Operand, t: int, layout: str) -> Ref | float:
+    if operand.kind == "imm":
+        return operand.value
+    assert operand.op is not None
+    if operand.kind == "col":
+        src_value = ctx.values[operand.op.index]
+        if src_value.layout == "row" and src_value.cols == 1:
+            return ctx.tile(operand.op, t)
+        return ctx.tile(operand.op, t, "col")
+    return ctx.tile(operand.op, t, layout)
+
+
+def release(ctx: Context, operand: Operand, ref: Ref | float) -> None:
+    if isinstance(ref, Ref) and operand.op is not None:
+        ctx.release(operand.op, ref)
+
+
+def output_layout(ctx: Context, op: Op, operands: list[Operand]) -> str:
+    for operand in operands:
+        if operand.kind == "tile" and operand.op is not None:
+            return ctx.values[operand.op.index].layout
+    return "row"
+
+
+# -- instruction helpers (shared with the fused lowerings) ---------------------------------------
+
+
+def dtype_of(ctx: Context, ref: Ref) -> DType:
+    return ctx.buffers[ref.buf].dtype
+
+
+def in_psum(ctx: Context, ref: Ref) -> bool:
+    return ctx.buffers[ref.buf].memory == "PSUM"
+
+
+def _bytes(ctx: Context, ref: Ref) -> tuple[str, int]:
+    buf = ctx.buffers[ref.buf]
+    return ("psum" if buf.memory == "PSUM" else "sbuf"), ref.rows * ref.cols * buf.dtype.itemsize
+
+
+def _counters(ctx: Context, reads: list[Ref], writes: list[Ref]) -> dict[str, int]:
+    counters: dict[str, int] = {}
+    for ref in reads:
+        mem, n = _bytes(ctx, ref)
+        counters[f"{mem}_read_bytes"] = counters.get(f"{mem}_read_bytes", 0) + n
+    for ref in writes:
+        mem, n = _bytes(ctx, ref)
+        counters[f"{mem}_write_bytes"] = counters.get(f"{mem}_write_bytes", 0) + n
+    return counters
+
+
+def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref = 1.0,
+             bias: float | Ref = 0.0, accumulate: Ref | None = None) -> int:
+    """ACTIVATE: out = func(in * scale + bias), optionally summing out along the free dim."""
+    spec = ctx.spec
+    cycles = costs.activation_cycles(spec, inp.cols, accumulate=accumulate is not None)
+    reads = [inp] + [r for r in (scale, bias) if isinstance(r, Ref)]
+    writes = [out] + ([accumulate] if accumulate is not None else [])
+    fn_name = ACTIVATION_FUNCTIONS[func]
+    text = (f"func={fn_name} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}"
+            f"{_operand_text(ctx, 'scale', scale)}{_operand_text(ctx, 'bias', bias)}"
+            f"{' acc=' + ctx.ref_text(accumulate) if accumulate is not None else ''}")
+    return ctx.em.instruction(
+        Engine.SCALAR, "ACTIVATE", costs.cycles_to_ns(spec, Engine.SCALAR, cycles),
+        reads=[sbuf_key(r) for r in reads], writes=[sbuf_key(r) for r in writes], text=text,
+        semantics=("act", func, out, inp, scale, bias, accumulate), activation_fn=fn_name,
+        **_counters(ctx, reads, writes),
+    )
+
+
+def tensor_tensor(ctx: Context, alu: str, out: Ref, a: Ref, b: Ref) -> int:
+    spec = ctx.spec
+    psum_inputs = int(in_psum(ctx, a)) + int(in_psum(ctx, b))
+    dts = {dtype_of(ctx, a), dtype_of(ctx, b), dtype_of(ctx, out)}
+    all_bf16 = dts == {DType.BF16} and alu in ("add", "subtract", "mult")
+    cycles = costs.vector_cycles(spec, "tensor_tensor", a.cols, inputs_in_psum=psum_inputs,
+                                 all_bf16=all_bf16)
+    mode = costs.vector_perf_mode(spec, "tensor_tensor", dts <= {DType.BF16, DType.FP16},
+                                  psum_inputs == 0 and not in_psum(ctx, out))
+    cycles /= costs.perf_mode_divisor(mode)
+    return ctx.em.instruction(
+        Engine.VECTOR, "TENSOR_TENSOR", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
+        text=f"op={alu} src0={ctx.ref_text(a)} src1={ctx.ref_text(b)} dst={ctx.ref_text(out)}",
+        semantics=("tt", alu, out, a, b), performance_mode=mode,
+        **_counters(ctx, [a, b], [out]),
+    )
+
+
+def tensor_scalar(ctx: Context, out: Ref, inp: Ref,
+                  ops: list[tuple[str, float | Ref, bool]], engine: Engine = Engine.VECTOR) -> int:
+    """out = (inp op0 s0) op1 s1 ...; each op may take the scalar first (``reverse``)."""
+    spec = ctx.spec
+    cycles = costs.vector_cycles(spec, "tensor_scalar", inp.cols)
+    dts = {dtype_of(ctx, inp), dtype_of(ctx, out)}
+    mode = costs.vector_perf_mode(spec, "tensor_scalar", dts <= {DType.BF16, DType.FP16},
+                                  not in_psum(ctx, inp) and not in_psum(ctx, out))
+    cycles /= costs.perf_mode_divisor(mode)
+    scalar_refs = [s for _, s, _ in ops if isinstance(s, Ref)]
+    text = " ".join(
+        f"op{i}={alu}{'(rev)' if rev else ''}{_operand_text(ctx, f'operand{i}', s)}"
+        for i, (alu, s, rev) in enumerate(ops)
+    )
+    return ctx.em.instruction(
+        engine, "TENSOR_SCALAR", costs.cycles_to_ns(spec, engine, cycles),
+        reads=[sbuf_key(r) for r in [inp, *scalar_refs]], writes=[sbuf_key(out)],
+        text=f"{text} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=("ts", out, inp, tuple(ops)), performance_mode=mode,
+        **_counters(ctx, [inp, *scalar_refs], [out]),
+    )
+
+
+def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR) -> int:
+    """Copy with cast (PSUM evacuation, dtype conversion, broadcast of a [rows, 1] column)."""
+    spec = ctx.spec
+    if engine is Engine.SCALAR:
+        return activate(ctx, "copy", out, inp)
+    cycles = costs.vector_cycles(spec, "tensor_copy", out.cols)
+    dts = {dtype_of(ctx, inp), dtype_of(ctx, out)}
+    mode = costs.vector_perf_mode(spec, "tensor_copy", dts <= {DType.BF16, DType.FP16},
+                                  not in_psum(ctx, inp) and not in_psum(ctx, out))
+    cycles /= costs.perf_mode_divisor(mode)
+    return ctx.em.instruction(
+        Engine.VECTOR, "TENSOR_COPY", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
+        text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=("copy", out, inp), performance_mode=mode,
+        **_counters(ctx, [inp], [out]),
+    )
+
+
+def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref) -> int:
+    spec = ctx.spec
+    all_bf16 = dtype_of(ctx, inp) is DType.BF16 and dtype_of(ctx, out) is DType.BF16
+    cycles = costs.vector_cycles(spec, "tensor_reduce", inp.cols, all_bf16=all_bf16)
+    return ctx.em.instruction(
+        Engine.VECTOR, "TENSOR_REDUCE", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
+        text=f"op={alu} axis=X src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=("reduce", alu, out, inp), **_counters(ctx, [inp], [out]),
+    )
+
+
+def reciprocal(ctx: Context, out: Ref, inp: Ref) -> int:
+    spec = ctx.spec
+    cycles = costs.vector_cycles(spec, "reciprocal", inp.cols)
+    return ctx.em.instruction(
+        Engine.VECTOR, "RECIPROCAL", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
+        text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=("reciprocal", out, inp), **_counters(ctx, [inp], [out]),
+    )
+
+
+def select(ctx: Context, out: Ref, pred: Ref, a: Ref, b: Ref) -> int:
+    spec = ctx.spec
+    cycles = costs.vector_cycles(spec, "tensor_tensor", out.cols)  # copy_predicated, both in SBUF
+    return ctx.em.instruction(
+        Engine.VECTOR, "TENSOR_COPY_PREDICATED", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[sbuf_key(pred), sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
+        text=(f"pred={ctx.ref_text(pred)} src={ctx.ref_text(a)} else={ctx.ref_text(b)} "
+              f"dst={ctx.ref_text(out)}"),
+        semantics=("select", out, pred, a, b), **_counters(ctx, [pred, a, b], [out]),
+    )
+
+
+def _operand_text(ctx: Context, label: str, operand: float | Ref | None) -> str:
+    if operand is None:
+        return ""
+    if isinstance(operand, Ref):
+        return f" {label.strip()}={ctx.ref_text(operand)}"
+    return f" {label.strip()}={operand:g}"
+
+
+# -- op lowerings ---------------------------------------------------------------------------------
+
+
+def lower_unary(ctx: Context, op: Op) -> None:
+    src = classify(ctx, op.operands[0], op.shape)
+    layout = output_layout(ctx, op, [src])
+    value = ctx.define(op, layout=layout)
+    func = op.opcode
+    if func == "gelu" and op.attrs.get("approximate", "tanh") != "tanh":
+        func = "gelu_exact"
+    for t in range(len(value.tiles)):
+        inp = operand_ref(ctx, src, t, layout)
+        out = ctx.produce(op, t)
+        if isinstance(inp, float):
+            inp = ctx.tile(op.operands[0], t, layout)
+        if op.opcode == "negate":
+            activate(ctx, "negate", out, inp, scale=-1.0)
+        elif op.opcode == "convert":
+            tensor_copy(ctx, out, inp)
+        else:
+            activate(ctx, func, out, inp)
+        release(ctx, src, inp)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def lower_binary(ctx: Context, op: Op) -> None:
+    a, b = (classify(ctx, x, op.shape) for x in op.operands)
+    alu = ALU_OPS[op.attrs["direction"] if op.opcode == "compare" else op.opcode]
+    layout = output_layout(ctx, op, [a, b])
+    value = ctx.define(op, layout=layout)
+    if a.kind != "tile" and b.kind != "tile":
+        a = Operand("tile", op.operands[0])
+    for t in range(len(value.tiles)):
+        ra = operand_ref(ctx, a, t, layout)
+        rb = operand_ref(ctx, b, t, layout)
+        out = ctx.produce(op, t)
+        if a.kind == "tile" and b.kind == "tile":
+            assert isinstance(ra, Ref) and isinstance(rb, Ref)
+            tensor_tensor(ctx, alu, out, ra, rb)
+        elif a.kind == "tile":
+            assert isinstance(ra, Ref)
+            tensor_scalar(ctx, out, ra, [(alu, rb, False)])
+        else:
+            assert isinstance(rb, Ref)
+            if alu in COMMUTATIVE:
+                tensor_scalar(ctx, out, rb, [(alu, ra, False)])
+            elif alu in SWAPPED:
+                tensor_scalar(ctx, out, rb, [(SWAPPED[alu], ra, False)])
+            else:
+                tensor_scalar(ctx, out, rb, [(alu, ra, True)])
+        release(ctx, a, ra)
+        release(ctx, b, rb)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def lower_select(ctx: Context, op: Op) -> None:
+    operands = [Operand("tile", x) for x in op.operands]
+    layout = output_layout(ctx, op, operands)
+    value = ctx.define(op, layout=layout)
+    for t in range(len(value.tiles)):
+        refs = [ctx.tile(x, t, layout) for x in op.operands]
+        out = ctx.produce(op, t)
+        select(ctx, out, *refs)
+        for x, r in zip(op.operands, refs):
+            ctx.release(x, r)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def lower_constant_splat(ctx: Context, op: Op) -> Value:
+    """Scalar/splat constants are immediates; tiles are made (MEMSET) only if someone needs them."""
+    value = ctx.define(op, home="sbuf")
+    value.immediate = float(op.attrs["value"])
+    return value
+
+
+def lower_iota(ctx: Context, op: Op) -> None:
+    value = ctx.define(op)
+    dim = op.attrs["dimension"] % max(len(op.shape), 1)
+    rank = len(op.shape)
+    for t, tile in enumerate(value.tiles):
+        out = ctx.produce(op, t)
+        if rank >= 1 and dim == rank - 1:
+            base, p_step, f_step = 0.0, 0.0, 1.0
+        elif rank >= 2 and dim == rank - 2:
+            base, p_step, f_step = float(tile.r0), 1.0, 0.0
+        else:
+            # a batch dim: constant within the tile
+            batch_shape = op.shape[:-2]
+            coords = []
+            rem = tile.batch
+            for size in reversed(batch_shape):
+                coords.append(rem % size)
+                rem //= size
+            coords.reverse()
+            base, p_step, f_step = float(coords[dim]), 0.0, 0.0
+        spec = ctx.spec
+        ctx.em.instruction(
+            Engine.GPSIMD, "IOTA",
+            costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
+            reads=[], writes=[sbuf_key(out)],
+            text=f"base={base:g} pstep={p_step:g} fstep={f_step:g} dst={ctx.ref_text(out)}",
+            semantics=("iota", out, base, p_step, f_step),
+            sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize,
+        )
+        ctx.produced(op, t, out)
+        ctx.unpin_all()

@@ -1,0 +1,171 @@
+"""Leaves and data movement: parameters, weights, reshapes, transposes, slices, concatenations,
+broadcasts and gathers.
+
+Layout ops cost nothing until someone reads them: their value is an *HBM view* (an access pattern
+over the source tensors), and a consumer's DMA applies it while loading tiles, paying for the strided
+access it implies. Reshapes that keep the same tiles are free aliases; a transpose of the last two
+dims of an on-chip value runs on the PE (matmul against an identity) instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from neuroncore.compiler import costs
+from neuroncore.compiler.context import Context, tile_grid, tiles_of
+from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.program import HbmAccess, HbmView, Ref
+from neuroncore.hardware import Engine
+from neuroncore.ir.graph import Op
+
+
+def lower_parameter(ctx: Context, op: Op) -> None:
+    name = ctx.hbm_tensor(f"input{op.attrs['number']}.{op.name}", op, "input")
+    ctx.define(op, home="hbm", hbm=name)
+
+
+def lower_weight(ctx: Context, op: Op) -> None:
+    """A weight lives in HBM; a weight only ever read transposed is stored pre-transposed."""
+    uses = [ctx.graph.ops[i] for i in ctx.uses[op.index]]
+    pretransposed = bool(uses) and len(op.shape) >= 2 and all(
+        u.opcode == "dot" and _needs_transpose(u, u.operands.index(op)) for u in uses
+    ) and all(u.operands.count(op) == 1 for u in uses)
+    shape = (*op.shape[:-2], op.shape[-1], op.shape[-2]) if pretransposed else op.shape
+    name = ctx.hbm_tensor(f"weight.{op.attrs.get('label', op.name)}", op, "weight", shape=shape,
+                          pretransposed=pretransposed)
+    value = ctx.define(op, home="hbm", hbm=name)
+    value.pretransposed = pretransposed
+
+
+def _needs_transpose(dot: Op, operand_position: int) -> bool:
+    n = len(dot.shape)
+    if operand_position == 0:
+        return dot.attrs["lhs_contract"] == n - 1
+    return dot.attrs["rhs_contract"] == n - 1
+
+
+def run_elements(op: Op) -> int:
+    """Contiguous source elements per descriptor when a DMA reads this view."""
+    src = op.operands[0]
+    last = src.shape[-1] if src.shape else 1
+    code = op.opcode
+    if code == "transpose":
+        perm = op.attrs["permutation"]
+        return last if perm and perm[-1] == len(perm) - 1 else 1
+    if code == "slice":
+        return (op.shape[-1] if op.attrs["strides"][-1] == 1 else 1) if op.shape else 1
+    if code == "broadcast":
+        dims = op.attrs["dims"]
+        keeps_last = bool(dims) and dims[-1] == len(op.shape) - 1 and src.shape[-1] == op.shape[-1]
+        return last if keeps_last else 1
+    if code == "concatenate":
+        dim = op.attrs["dimension"]
+        return min(o.shape[-1] for o in op.operands) if dim == len(op.shape) - 1 else last
+    if code == "reshape":
+        out_last = op.shape[-1] if op.shape else 1
+        return math.gcd(max(last, 1), max(out_last, 1))
+    return 1
+
+
+def lower_view(ctx: Context, op: Op) -> None:
+    """Reshape (when not a free alias), transpose, slice, concatenate and broadcast."""
+    if op.opcode == "reshape" and _try_alias(ctx, op):
+        return
+    if op.opcode == "transpose" and _pe_transposable(ctx, op):
+        from neuroncore.compiler.lower_matmul import lower_pe_transpose
+
+        lower_pe_transpose(ctx, op)
+        return
+    view_name = f"{op.name}.view"
+    value = ctx.define(op, home="hbm", hbm=view_name)
+
+    def materialize_sources() -> None:
+        sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
+        ctx.hbm_views[view_name] = HbmView(view_name, (("op", op.index),), sources, op.shape,
+                                           op.dtype, run_elements(op))
+
+    value.lazy = materialize_sources
+    for operand in op.operands:  # sources stay readable until the view's last reader
+        ctx.extend_uses(operand, op)
+
+
+def _try_alias(ctx: Context, op: Op) -> bool:
+    src = op.operands[0]
+    src_value = ctx.values[src.index]
+    while src_value.alias is not None:
+        src_value = ctx.values[src_value.alias.index]
+    if src_value.home != "sbuf" or src_value.immediate is not None or src_value.lazy is not None:
+        return False
+    src_flat = [(t.batch * src_value.rows_per_batch + t.r0, t.rows) for t in src_value.tiles]
+    for layout in ("row", "col"):
+        if layout == "col" and (not op.shape or src_value.cols != 1):
+            continue
+        batches, rows, cols = tile_grid(op.shape, layout)
+        if cols != src_value.cols:
+            continue
+        flat = [(t.batch * rows + t.r0, t.rows) for t in tiles_of(op.shape, layout)]
+        if flat == src_flat:
+            value = ctx.define(op, layout=layout, home="sbuf")
+            value.alias = src_value.op
+            ctx.extend_uses(src_value.op, op)
+            return True
+    return False
+
+
+def _pe_transposable(ctx: Context, op: Op) -> bool:
+    perm = op.attrs["permutation"]
+    n = len(perm)
+    if n < 2 or tuple(perm) != (*range(n - 2), n - 1, n - 2):
+        return False
+    src_value = ctx.values[op.operands[0].index]
+    return (src_value.home == "sbuf" and src_value.layout == "row" and src_value.alias is None
+            and src_value.immediate is None and op.dtype.is_float)
+
+
+def lower_gather(ctx: Context, op: Op) -> None:
+    """Embedding lookup: GpSimd builds descriptors from the indices (software DGE), DMA moves rows."""
+    table, indices = op.operands
+    table_name = ctx.ensure_hbm(table)
+    value = ctx.define(op)
+    spec = ctx.spec
+    d = table.shape[1]
+    queue = ctx.queue["qGpSimdDynamicSW0"]
+    for t, tile in enumerate(value.tiles):
+        idx = ctx.tile(indices, t, "col")
+        out = ctx.produce(op, t)
+        nbytes = tile.rows * d * op.dtype.itemsize
+        table_access = HbmAccess(table_name, 0, 0, table.shape[0], 0, d)
+        reads = [sbuf_key(idx), *ctx._hbm_rects(table_access, table.shape[0])]
+        ctx.em.dma(
+            queue,
+            reads=reads,
+            writes=[sbuf_key(out)],
+            engines=costs.dma_engines_used(spec, tile.rows),
+            engine_ns=costs.dma_engine_ns(spec, tile.rows, d * op.dtype.itemsize),
+            trigger_cost_ns=costs.cycles_to_ns(spec, Engine.GPSIMD,
+                                               costs.gpsimd_cycles(spec, tile.rows)),
+            text=f"gather hbm:{table_name}[{ctx.ref_text(idx)}] -> {ctx.ref_text(out)} {nbytes}B",
+            semantics=("gather", out, table_access, idx),
+            trigger_opcode="DMA_DESCRIPTOR_GEN",
+            trigger_text=f"{queue.name} indirect idx={ctx.ref_text(idx)} rows={tile.rows}",
+            hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes,
+        )
+        ctx.release(indices, idx)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def lower_output_copy(ctx: Context, op: Op) -> None:
+    """Store a graph output that is not already in its output tensor (e.g. a view or a parameter)."""
+    value = ctx.values[op.index]
+    name = ctx.hbm_tensor(ctx.tensor_name(op), op, "output")
+    for t, tile in enumerate(value.tiles):
+        ref = ctx.tile(op, t)
+        access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, value.cols, value.layout)
+        ctx.dma_store("qSyncOut0", ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
+        ctx.release(op, ref)
+        ctx.unpin_all()
+
+
+__all__ = ["Ref", "lower_gather", "lower_output_copy", "lower_parameter", "lower_view",
+           "lower_weight"]

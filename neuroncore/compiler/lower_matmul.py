@@ -1,0 +1,366 @@
+"""Contractions on the Tensor engine: LoadStationary (LDWEIGHTS) + MultiplyMoving (MATMUL) into PSUM.
+
+``dot(lhs [.., M, K], rhs [.., K, N])`` is tiled to the PE limits (K <= 128 on partitions, stationary
+free M <= 128, moving free N <= 512 = one PSUM bank of FP32). The stationary operand is ``lhs^T``
+tiles ``[k, m]``, the moving operand ``rhs`` tiles ``[k, n]``; operands whose contracting dim is not
+their row dim are transposed on the PE (matmul against an identity) unless they are weights, which
+the compiler stores pre-transposed in HBM.
+
+Operands that live in HBM are streamed in blocks ``(Mb, Nb, Kb)`` chosen by a small planner that
+minimises max(PE time, DMA time, Vector time) within an SBUF budget: when K is split across blocks the
+partial sums are accumulated in SBUF by the Vector engine (as the NKI tutorial's blocked kernel does).
+PSUM banks are used in groups of up to four so eviction (alternating Scalar and Vector) overlaps the
+next group's matmuls.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+
+from neuroncore.compiler import costs
+from neuroncore.compiler.context import P, Context
+from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
+from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, HbmAccess, Ref
+from neuroncore.dtypes import DType
+from neuroncore.hardware import CoreSpec, Engine
+from neuroncore.ir.graph import Op
+
+BANK_COLS = 512  # FP32 elements per partition in one PSUM bank
+GROUP_BANKS = 4
+SBUF_BUDGET_FRACTION = 0.7
+
+
+# -- PE instructions ---------------------------------------------------------------------------
+
+
+def ldweights(ctx: Context, stationary: Ref, dtype: DType) -> int:
+    spec = ctx.spec
+    cycles = costs.ldweights_cycles(spec, stationary.cols, dtype)
+    nbytes = stationary.rows * stationary.cols * dtype.itemsize
+    return ctx.em.instruction(
+        Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
+        reads=[sbuf_key(stationary)], writes=[], track=RES_TENSOR_LS,
+        text=f"src={ctx.ref_text(stationary)} [{stationary.rows}x{stationary.cols}]",
+        semantics=("ldweights", stationary), sbuf_read_bytes=nbytes,
+    )
+
+
+def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, position: str, *,
+           transpose: bool = False) -> None:
+    """One MultiplyMoving (two FP32_LO_HI passes for FP32 inputs, each recording half the FLOPs)."""
+    spec = ctx.spec
+    k, m, n = moving.rows, stationary.cols, moving.cols
+    flops = 2 * k * m * n
+    passes = 2 if dtype is DType.FP32 and not transpose else 1
+    if transpose:
+        cycles = costs.pe_transpose_cycles(spec, k, m)
+    else:
+        cycles = costs.matmul_cycles(spec, n, dtype) / passes
+    nbytes_in = k * n * dtype.itemsize
+    for p in range(passes):
+        label = ("lo", "hi")[p] if passes == 2 else ""
+        counters = {"sbuf_read_bytes": nbytes_in, "psum_write_bytes": m * n * 4}
+        if transpose:
+            counters["transpose_flops"] = flops
+        else:
+            counters["raw_flops"] = flops // passes
+            counters["adjusted_flops"] = int(flops // passes * dtype.flops_multiplier)
+        accumulate = position in ("middle", "last") or p > 0
+        ctx.em.instruction(
+            Engine.TENSOR, "MATMUL", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
+            reads=[sbuf_key(moving), *([sbuf_key(psum)] if accumulate else [])],
+            writes=[sbuf_key(psum)], track=RES_TENSOR_MM,
+            text=(f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} acc={position}"
+                  f"{' fp32_pass=' + label if label else ''}{' transpose' if transpose else ''}"
+                  f" {k}x{m}x{n}"),
+            semantics=("matmul", psum, moving, position in ("middle", "last"), transpose)
+            if p == 0 else ("nop",),
+            tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
+            **counters,
+        )
+
+
+def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: Engine) -> None:
+    """dst[f, p] = src[p, f]: LS the block, multiply an identity through it, evacuate PSUM."""
+    ident = ctx.identity(dtype)
+    bank = ctx.alloc_psum(P, BANK_COLS, "transpose")
+    out = Ref(bank.id, 0, src.cols, 0, src.rows)
+    ldweights(ctx, src, dtype)
+    matmul(ctx, out, Ref(ident.buf, 0, src.rows, 0, src.rows), src, dtype, "whole", transpose=True)
+    tensor_copy(ctx, dst, out, evac_engine)
+    ctx.free(bank)
+
+
+def lower_pe_transpose(ctx: Context, op: Op) -> None:
+    """A transpose of the last two dims of an on-chip value, 128x128 blocks through the PE."""
+    src = op.operands[0]
+    value = ctx.define(op)
+    src_value = ctx.values[src.index]
+    src_tiles_per_batch = math.ceil(src_value.rows_per_batch / P)
+    engines = _alternating()
+    for t, tile in enumerate(value.tiles):
+        out = ctx.produce(op, t)
+        # output rows [r0, r1) are source cols; output cols are all source rows of the batch
+        for st in range(src_tiles_per_batch):
+            s_index = tile.batch * src_tiles_per_batch + st
+            s_ref = ctx.tile(src, s_index)
+            s_tile = src_value.tiles[s_index]
+            block = Ref(s_ref.buf, 0, s_tile.rows, tile.r0, tile.r1)
+            dst = Ref(out.buf, 0, tile.rows, out.f0 + s_tile.r0, out.f0 + s_tile.r1)
+            pe_transpose(ctx, block, dst, op.dtype, next(engines))
+            ctx.release(src, s_ref)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def _alternating():
+    while True:
+        yield Engine.SCALAR
+        yield Engine.VECTOR
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    mb: int
+    nb: int
+    kb: int
+    estimate_ns: float
+    traffic_bytes: int
+
+
+def _row_efficiency(spec: CoreSpec, row_bytes: int) -> float:
+    ideal = row_bytes * 1e9 / spec.dma_engine_bytes_per_s
+    return ideal / (ideal + spec.dma_descriptor_overhead_ns)
+
+
+def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_streamed: bool,
+                b_streamed: bool, a_transposed: bool, b_transposed: bool, batches: int = 1) -> Plan:
+    """Choose block sizes: least estimated time, then least traffic, then fewest blocks."""
+    item = dtype.itemsize
+    budget = SBUF_BUDGET_FRACTION * spec.sbuf_bytes_per_partition
+
+    def options(size: int, step: int) -> list[int]:
+        values = {size}
+        b = step
+        while b < size:
+            values.add(b)
+            b *= 2
+        return sorted(values)
+
+    mm_cycles = costs.matmul_cycles(spec, BANK_COLS, dtype)
+    best: Plan | None = None
+    for mb, nb, kb in product(options(m, P), options(n, BANK_COLS), options(k, P)):
+        kt = math.ceil(kb / P)
+        split_k = kb < k
+        a_bytes = kt * mb * item if (a_streamed or a_transposed) else 0
+        b_bytes = kt * nb * item * 2 if (b_streamed or b_transposed) else 0
+        a_bytes *= 2 if split_k else 1
+        acc_bytes = math.ceil(mb / P) * nb * 4 if split_k else 0
+        stage = min(nb, BANK_COLS) * 4 * 2  # output staging, per partition
+        if a_bytes + b_bytes + acc_bytes + stage > budget:
+            continue
+        reloads_a = math.ceil(n / nb) if split_k else 1
+        traffic = 0
+        if a_streamed:
+            traffic += m * k * item * reloads_a
+        if b_streamed:
+            traffic += k * n * item * math.ceil(m / mb)
+        row_bytes = min(mb if a_streamed else nb, nb if b_streamed else mb) * item
+        eff = _row_efficiency(spec, max(row_bytes, item))
+        dma_ns = traffic / (spec.dma_bytes_per_s * eff) * 1e9 * batches
+        mms = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / P) * batches
+        pe_ns = mms * mm_cycles * 1e9 / spec.pe_clock_hz
+        if a_transposed:
+            pe_ns += (math.ceil(m / P) * math.ceil(k / P) * reloads_a * batches
+                      * P * 1e9 / spec.pe_clock_hz)
+        acc_ops = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / kb) * batches
+        dve_ns = acc_ops * costs.vector_cycles(spec, "tensor_tensor", BANK_COLS, inputs_in_psum=1) \
+            * 1e9 / spec.vector_clock_hz if split_k else 0.0
+        estimate = max(pe_ns, dma_ns, dve_ns)
+        blocks = math.ceil(m / mb) * math.ceil(n / nb) * math.ceil(k / kb)
+        plan = Plan(mb, nb, kb, estimate, traffic)
+        if best is None or (estimate, traffic, blocks) < (best.estimate_ns, best.traffic_bytes,
+                                                         math.ceil(m / best.mb) * math.ceil(n / best.nb)
+                                                         * math.ceil(k / best.kb)):
+            best = plan
+    if best is None:
+        return Plan(min(m, P), min(n, BANK_COLS), min(k, P), 0.0, 0)
+    return best
+
+
+# -- the dot lowering ----------------------------------------------------------------------------
+
+
+class _Operand:
+    """Serves ``[k, x]`` tiles (K on partitions) of one dot operand, whatever its placement."""
+
+    def __init__(self, ctx: Context, op: Op, contract_is_row: bool, free_size: int, k: int) -> None:
+        self.ctx = ctx
+        self.op = op
+        self.value = ctx.values[op.index]
+        while self.value.alias is not None:
+            self.value = ctx.values[self.value.alias.index]
+        self.k = k
+        self.free_size = free_size
+        self.contract_is_row = contract_is_row
+        self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
+        resident = (self.value.home == "sbuf" and self.value.immediate is None
+                    and self.value.lazy is None and self.value.layout == "row")
+        self.mode = ("direct" if contract_is_row and resident else
+                     "load" if contract_is_row or self.pretransposed else "transpose")
+        self.streamed = self.mode == "load" or (self.mode == "transpose" and not resident)
+        self.engines = _alternating()
+
+    def block(self, b: int, k0: int, k1: int, x0: int, x1: int) -> list[Ref]:
+        """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned."""
+        ctx, op = self.ctx, self.op
+        refs: list[Ref] = []
+        kt_per_batch = math.ceil(self.k / P)
+        if self.mode == "direct":
+            for kk in range(k0, k1, P):
+                t = b * kt_per_batch + kk // P
+                ref = ctx.tile(op, t)
+                refs.append(Ref(ref.buf, 0, ref.rows, x0, x1))
+            return refs
+        if self.mode == "load":
+            value = ctx.values[op.index]
+            ctx.prepare(value)
+            name = value.hbm
+            rows_per_batch = self.k
+            run = None
+            if name in ctx.hbm_views:
+                run = ctx.hbm_views[name].run_elements * op.dtype.itemsize
+            for kk in range(k0, k1, P):
+                rows = min(P, k1 - kk)
+                buf = ctx.alloc(rows, x1 - x0, op.dtype, f"{op.name}.blk")
+                ref = Ref(buf.id, 0, rows, 0, x1 - x0)
+                queue = ctx._load_queue(value)
+                access = HbmAccess(name, b, kk, kk + rows, x0, x1)
+                ctx.dma_load(queue, access, ref, op.dtype, rows_per_batch=rows_per_batch,
+                             run_bytes=run)
+                refs.append(ref)
+            return refs
+        # transpose: rows of the operand are the free dim; its columns are K
+        x_tiles_per_batch = math.ceil(self.free_size / P)
+        bufs = []
+        for kk in range(k0, k1, P):
+            rows = min(P, k1 - kk)
+            buf = ctx.alloc(rows, x1 - x0, op.dtype, f"{op.name}.T")
+            bufs.append(Ref(buf.id, 0, rows, 0, x1 - x0))
+        for xx in range(x0, x1, P):
+            t = b * x_tiles_per_batch + xx // P
+            src = ctx.tile(op, t)
+            for j, kk in enumerate(range(k0, k1, P)):
+                rows = min(P, k1 - kk)
+                block = Ref(src.buf, 0, src.rows, kk, kk + rows)
+                dst = Ref(bufs[j].buf, 0, rows, xx - x0, xx - x0 + src.rows)
+                pe_transpose(ctx, block, dst, op.dtype, next(self.engines))
+            ctx.release(op, src)
+        return bufs
+
+    def release(self, refs: list[Ref]) -> None:
+        if self.mode == "direct":
+            for ref in refs:
+                self.ctx.release(self.op, ref)
+            return
+        for ref in refs:
+            self.ctx.free(self.ctx.buffers[ref.buf])
+
+
+def lower_dot(ctx: Context, op: Op) -> None:
+    lhs, rhs = op.operands
+    n_dims = len(op.shape)
+    lc, rc = op.attrs["lhs_contract"], op.attrs["rhs_contract"]
+    batches = math.prod(op.shape[:-2])
+    m, n = op.shape[-2], op.shape[-1]
+    k = lhs.shape[lc]
+    dtype = op.dtype
+    a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
+    bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
+    value = ctx.define(op)
+    plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
+                       a_transposed=a.mode == "transpose", b_transposed=bop.mode == "transpose",
+                       batches=batches)
+    ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
+    m_tiles_per_batch = math.ceil(m / P)
+    evac = _alternating()
+    for b in range(batches):
+        for m0 in range(0, m, plan.mb):
+            m1 = min(m, m0 + plan.mb)
+            a_cache: dict[int, list[Ref]] = {}
+            for n0 in range(0, n, plan.nb):
+                n1 = min(n, n0 + plan.nb)
+                accumulators: dict[tuple[int, int], Ref] = {}
+                k_blocks = list(range(0, k, plan.kb))
+                for kb_index, k0 in enumerate(k_blocks):
+                    k1 = min(k, k0 + plan.kb)
+                    first, last = kb_index == 0, kb_index == len(k_blocks) - 1
+                    a_refs = a_cache.get(k0)
+                    if a_refs is None:
+                        a_refs = a.block(b, k0, k1, m0, m1)
+                        if len(k_blocks) == 1 and a.mode != "direct":
+                            a_cache[k0] = a_refs
+                    b_refs = bop.block(b, k0, k1, n0, n1)
+                    for mm0 in range(m0, m1, P):
+                        mm1 = min(m1, mm0 + P)
+                        t = b * m_tiles_per_batch + mm0 // P
+                        for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
+                            chunks = [(c, min(n1, c + BANK_COLS))
+                                      for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS),
+                                                     BANK_COLS)]
+                            banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
+                            for j, _kk in enumerate(range(k0, k1, P)):
+                                pos = ("whole" if len(a_refs) == 1 else "first" if j == 0 else
+                                       "last" if j == len(a_refs) - 1 else "middle")
+                                stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
+                                                 a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
+                                ldweights(ctx, stationary, dtype)
+                                for bank, (c0, c1) in zip(banks, chunks):
+                                    moving = Ref(b_refs[j].buf, 0, b_refs[j].rows,
+                                                 b_refs[j].f0 + c0 - n0, b_refs[j].f0 + c1 - n0)
+                                    out = Ref(bank.id, 0, mm1 - mm0, 0, c1 - c0)
+                                    matmul(ctx, out, moving, stationary, dtype, pos)
+                            for bank, (c0, c1) in zip(banks, chunks):
+                                psum = Ref(bank.id, 0, mm1 - mm0, 0, c1 - c0)
+                                _evacuate(ctx, op, t, psum, c0, c1, first, last, accumulators,
+                                          (mm0, c0), next(evac))
+                                ctx.free(bank)
+                    bop.release(b_refs)
+                    if k0 not in a_cache:
+                        a.release(a_refs)
+                    ctx.unpin_all()
+                for acc in accumulators.values():
+                    ctx.free(ctx.buffers[acc.buf])
+            for refs in a_cache.values():
+                a.release(refs)
+            ctx.unpin_all()
+
+
+def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
+              accumulators: dict[tuple[int, int], Ref], key: tuple[int, int], engine: Engine) -> None:
+    """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split."""
+    if first and last:
+        out = ctx.produce(op, t, c0, c1)
+        tensor_copy(ctx, out, psum, engine)
+        ctx.produced(op, t, out, c0, c1)
+        return
+    if first:
+        buf = ctx.alloc(psum.rows, psum.cols, DType.FP32, f"{op.name}.acc")
+        acc = Ref(buf.id, 0, psum.rows, 0, psum.cols)
+        accumulators[key] = acc
+        tensor_copy(ctx, acc, psum, engine)
+        return
+    acc = accumulators[key]
+    ctx.pinned.add(acc.buf)
+    if not last:
+        tensor_tensor(ctx, "add", acc, acc, psum)
+        return
+    out = ctx.produce(op, t, c0, c1)
+    tensor_tensor(ctx, "add", out, acc, psum)
+    ctx.produced(op, t, out, c0, c1)

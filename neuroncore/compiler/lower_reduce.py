@@ -1,0 +1,178 @@
+"""Reductions and the fusions built on them: reduce (sum/max), softmax, layer norm, RMS norm.
+
+A reduction runs along the free dim (TENSOR_REDUCE on Vector) and leaves one value per partition,
+so its result is a ``col``-layout value that the next op can use as a per-partition scalar. Reducing
+other dims first moves them last through an HBM view (a strided DMA), as the device would have to.
+"""
+
+from __future__ import annotations
+
+import math
+
+from neuroncore.compiler.context import Context, tiles_of
+from neuroncore.compiler.errors import CompileError
+from neuroncore.compiler.lower_elementwise import (
+    activate,
+    reciprocal,
+    tensor_reduce,
+    tensor_scalar,
+    tensor_tensor,
+)
+from neuroncore.compiler.program import HbmAccess, HbmView, Ref
+from neuroncore.dtypes import DType
+from neuroncore.ir.graph import Op
+
+SUM, MAX = "add", "max"
+
+
+def _free_limit_check(ctx: Context, op: Op, cols: int) -> None:
+    if cols > ctx.spec.vector_sbuf_free_limit:
+        raise CompileError(
+            f"cannot place {op.opcode}: reduces {cols} elements per partition, the engines take at "
+            f"most {ctx.spec.vector_sbuf_free_limit}", op)
+
+
+def lower_reduce(ctx: Context, op: Op) -> None:
+    src = op.operands[0]
+    dims = tuple(op.attrs["dimensions"])
+    alu = SUM if op.attrs["kind"] == "sum" else MAX
+    n = len(src.shape)
+    kept = tuple(i for i in range(n) if i not in dims)
+    reduced = math.prod(src.shape[d] for d in dims) if dims else 1
+    value = ctx.define(op, layout="col")
+    if not dims:
+        raise CompileError("reduce over no dimensions", op)
+    if dims == (n - 1,):
+        loader = None
+    else:
+        # move the reduced dims last through an HBM view, then reduce along the free dim
+        perm = (*kept, *dims)
+        view_shape = (*[src.shape[i] for i in kept], reduced)
+
+        def loader_setup() -> str:
+            source = ctx.ensure_hbm(src)
+            name = f"{op.name}.reduce_view"
+            if name not in ctx.hbm_views:
+                run = src.shape[-1] if perm[-1] == n - 1 else 1
+                ctx.hbm_views[name] = HbmView(name, (("transpose", perm), ("reshape", view_shape)),
+                                              (source,), view_shape, src.dtype, run)
+            return name
+
+        loader = (loader_setup, view_shape)
+    _free_limit_check(ctx, op, reduced)
+    view_tiles = tiles_of(loader[1], "row") if loader else None
+    for t, tile in enumerate(value.tiles):
+        out = ctx.produce(op, t)
+        if loader is None:
+            inp = ctx.tile(src, t)
+        else:
+            name = loader[0]()
+            vt = view_tiles[t]
+            buf = ctx.alloc(vt.rows, reduced, src.dtype, f"{op.name}.in{t}")
+            inp = Ref(buf.id, 0, vt.rows, 0, reduced)
+            rows = loader[1][-2] if len(loader[1]) >= 2 else 1
+            ctx.dma_load("qSyncData0", HbmAccess(name, vt.batch, vt.r0, vt.r1, 0, reduced), inp,
+                         src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
+                         * src.dtype.itemsize)
+        tensor_reduce(ctx, alu, out, inp)
+        if loader is None:
+            ctx.release(src, inp)
+        else:
+            ctx.free(ctx.buffers[inp.buf])
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def _scratch(ctx: Context, rows: int, cols: int, name: str) -> Ref:
+    buf = ctx.alloc(rows, cols, DType.FP32, name)
+    return Ref(buf.id, 0, rows, 0, cols)
+
+
+def _free(ctx: Context, *refs: Ref) -> None:
+    for ref in refs:
+        ctx.free(ctx.buffers[ref.buf])
+
+
+def _row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
+    """``param`` [C] replicated on ``rows`` partitions: one DMA with a zero partition stride."""
+    source = ctx.ensure_hbm(param)
+    name = f"{param.name}.rows{rows}"
+    cols = param.shape[-1]
+    if name not in ctx.hbm_views:
+        ctx.hbm_views[name] = HbmView(name, (("broadcast_rows", rows),), (source,), (rows, cols),
+                                      param.dtype, cols)
+    buf = ctx.alloc(rows, cols, param.dtype, f"{op.name}.{param.name}")
+    ref = Ref(buf.id, 0, rows, 0, cols)
+    ctx.dma_load("qSyncWeight0", HbmAccess(name, 0, 0, rows, 0, cols), ref, param.dtype,
+                 rows_per_batch=rows)
+    return ref
+
+
+def lower_softmax(ctx: Context, op: Op) -> None:
+    """max -> exp(x - max) summed on ACT -> reciprocal -> scale: four engines' worth of work."""
+    src = op.operands[0]
+    value = ctx.define(op)
+    _free_limit_check(ctx, op, value.cols)
+    for t, tile in enumerate(value.tiles):
+        x = ctx.tile(src, t)
+        out = ctx.produce(op, t)
+        rows = tile.rows
+        neg_max = _scratch(ctx, rows, 1, f"{op.name}.max")
+        total = _scratch(ctx, rows, 1, f"{op.name}.sum")
+        e = _scratch(ctx, rows, value.cols, f"{op.name}.exp")
+        tensor_reduce(ctx, MAX, neg_max, x)
+        tensor_scalar(ctx, neg_max, neg_max, [("mult", -1.0, False)])
+        activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
+        reciprocal(ctx, total, total)
+        tensor_scalar(ctx, out, e, [("mult", total, False)])
+        _free(ctx, neg_max, total, e)
+        ctx.release(src, x)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+
+
+def lower_norm(ctx: Context, op: Op) -> None:
+    """Layer norm (mean, variance) or RMS norm, then the learned scale (and shift)."""
+    src = op.operands[0]
+    is_layer = op.opcode == "layer_norm"
+    value = ctx.define(op)
+    cols = value.cols
+    _free_limit_check(ctx, op, cols)
+    eps = float(op.attrs["eps"])
+    max_rows = max(t.rows for t in value.tiles)
+    gamma = _row_params(ctx, op, op.operands[1], max_rows)
+    beta = _row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
+    ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
+    for t, tile in enumerate(value.tiles):
+        x = ctx.tile(src, t)
+        out = ctx.produce(op, t)
+        rows = tile.rows
+        stat = _scratch(ctx, rows, 1, f"{op.name}.stat")
+        centred = _scratch(ctx, rows, cols, f"{op.name}.xc")
+        square = _scratch(ctx, rows, cols, f"{op.name}.sq")
+        if is_layer:
+            mean = _scratch(ctx, rows, 1, f"{op.name}.mean")
+            tensor_reduce(ctx, SUM, mean, x)
+            tensor_scalar(ctx, mean, mean, [("mult", 1.0 / cols, False)])
+            tensor_scalar(ctx, centred, x, [("subtract", mean, False)])
+            _free(ctx, mean)
+            normed_input = centred
+        else:
+            normed_input = x
+        activate(ctx, "square", square, normed_input, accumulate=stat)
+        tensor_scalar(ctx, stat, stat, [("mult", 1.0 / cols, False), ("add", eps, False)])
+        activate(ctx, "rsqrt", stat, stat)
+        tensor_scalar(ctx, centred, normed_input, [("mult", stat, False)])
+        g = Ref(gamma.buf, 0, rows, 0, cols)
+        if beta is not None:
+            tensor_tensor(ctx, "mult", centred, centred, g)
+            tensor_tensor(ctx, "add", out, centred, Ref(beta.buf, 0, rows, 0, cols))
+        else:
+            tensor_tensor(ctx, "mult", out, centred, g)
+        _free(ctx, stat, centred, square)
+        ctx.release(src, x)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+        ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
+    _free(ctx, gamma, *([beta] if beta else []))
+    ctx.unpin_all()

@@ -1,0 +1,115 @@
+"""On-chip memory allocation: SBUF byte ranges (same range on every partition) and PSUM banks.
+
+Freed ranges keep a *tombstone* of the nodes that last touched them; whoever is allocated there
+next inherits those nodes as hazards, so a new writer waits (via semaphores) for the old readers.
+That is how buffer reuse stays correct when engines run ahead of each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALIGN = 64
+
+
+class OutOfMemory(Exception):
+    """No free range is large enough; the caller spills something and retries."""
+
+
+@dataclass
+class _Tombstone:
+    start: int
+    end: int
+    nodes: list[int]
+
+
+@dataclass
+class RangeAllocator:
+    """First-fit allocator over [0, capacity) with coalescing free ranges."""
+
+    capacity: int
+    free: list[tuple[int, int]] = field(default_factory=list)
+    tombstones: list[_Tombstone] = field(default_factory=list)
+    in_use: int = 0
+    peak: int = 0
+
+    def __post_init__(self) -> None:
+        self.free = [(0, self.capacity)]
+
+    def allocate(self, size: int) -> tuple[int, list[int]]:
+        """Returns (start, hazard nodes inherited from earlier users of that range)."""
+        size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        for i, (start, end) in enumerate(self.free):
+            if end - start >= size:
+                if end - start == size:
+                    self.free.pop(i)
+                else:
+                    self.free[i] = (start + size, end)
+                self.in_use += size
+                self.peak = max(self.peak, self.in_use)
+                return start, self._take_hazards(start, start + size)
+        raise OutOfMemory(size)
+
+    def release(self, start: int, size: int, nodes: list[int]) -> None:
+        size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        self.in_use -= size
+        if nodes:
+            self.tombstones.append(_Tombstone(start, start + size, list(nodes)))
+        self.free.append((start, start + size))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, e in self.free:
+            if merged and merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], e)
+            else:
+                merged.append((s, e))
+        self.free = merged
+
+    def largest_free(self) -> int:
+        return max((e - s for s, e in self.free), default=0)
+
+    def _take_hazards(self, start: int, end: int) -> list[int]:
+        hazards: list[int] = []
+        keep: list[_Tombstone] = []
+        for t in self.tombstones:
+            if t.end <= start or t.start >= end:
+                keep.append(t)
+                continue
+            hazards.extend(t.nodes)
+            if len(hazards) > 64:
+                hazards = sorted(set(hazards))[-64:]
+            # parts of the tombstone outside the new range stay for later allocations there
+            if t.start < start:
+                keep.append(_Tombstone(t.start, start, t.nodes))
+            if t.end > end:
+                keep.append(_Tombstone(end, t.end, t.nodes))
+        self.tombstones = keep
+        return hazards
+
+
+@dataclass
+class BankAllocator:
+    """PSUM: a fixed number of banks, handed out round-robin so evictions overlap new matmuls."""
+
+    banks: int
+    busy: list[bool] = field(default_factory=list)
+    hazards: list[list[int]] = field(default_factory=list)
+    cursor: int = 0
+
+    def __post_init__(self) -> None:
+        self.busy = [False] * self.banks
+        self.hazards = [[] for _ in range(self.banks)]
+
+    def allocate(self) -> tuple[int, list[int]]:
+        for step in range(self.banks):
+            bank = (self.cursor + step) % self.banks
+            if not self.busy[bank]:
+                self.busy[bank] = True
+                self.cursor = (bank + 1) % self.banks
+                hazards, self.hazards[bank] = self.hazards[bank], []
+                return bank, hazards
+        raise OutOfMemory("psum")
+
+    def release(self, bank: int, nodes: list[int]) -> None:
+        self.busy[bank] = False
+        self.hazards[bank] = list(nodes)

@@ -1,0 +1,202 @@
+"""The compiled program: per-engine instruction streams, DMA transfers and their debug info.
+
+A program is a sequence of *nodes* in one global order that respects every dependency: engine
+instructions (Tensor, Vector, Scalar, GpSimd, Sync) and DMA transfers (on named queues). Each node
+lists the earlier nodes it waits for (the compiler turns those into semaphore waits); the timing
+model and the numerics both walk this order. Hot per-node fields are NumPy columns so that executing
+and reporting a program costs array operations, not Python loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from neuroncore.dtypes import DType
+from neuroncore.hardware import CoreSpec, Engine
+from neuroncore.ir.graph import Graph
+
+# Resource ids used by the timing model: the five engines, then the Tensor engine's second track.
+RES_TENSOR_LS = int(Engine.TENSOR)  # LoadStationary stream ("Tensor" row)
+RES_TENSOR_MM = 5  # MultiplyMoving stream ("TensorMatrix" row), same PE
+RES_DMA = 6  # every DMA transfer; its queue is in ``queue``
+N_ENGINE_RESOURCES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """An access to an on-chip buffer: partitions [p0, p1) x free elements [f0, f1)."""
+
+    buf: int
+    p0: int
+    p1: int
+    f0: int
+    f1: int
+
+    @property
+    def rows(self) -> int:
+        return self.p1 - self.p0
+
+    @property
+    def cols(self) -> int:
+        return self.f1 - self.f0
+
+
+@dataclass(frozen=True, slots=True)
+class HbmAccess:
+    """An access to an HBM tensor, in its [batch, rows, cols] (or column-vector) form.
+
+    ``view`` names a relayout of the tensor (transpose, slice, ...) that the DMA's access pattern
+    applies; ``None`` reads the tensor as stored.
+    """
+
+    tensor: str
+    batch: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    layout: str = "row"  # "row": tiles of [rows, last dim]; "col": [rows, 1] of the last dim
+    view: str | None = None
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An on-chip allocation. SBUF buffers span the same byte range on every partition they use."""
+
+    id: int
+    memory: str  # "SBUF" or "PSUM"
+    partitions: int
+    free: int  # elements per partition
+    dtype: DType
+    address: int  # byte offset within each partition (PSUM: bank * bank size)
+    name: str
+
+    @property
+    def bytes_per_partition(self) -> int:
+        return self.free * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class HbmTensor:
+    """A tensor in device memory: a model input, weight, output or compiler scratch (spill, relayout)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    kind: str  # "input", "weight", "output", "scratch"
+    op_index: int  # the IR op whose value this holds
+    pretransposed: bool = False  # weight stored with its last two dims swapped by the compiler
+
+    @property
+    def nbytes(self) -> int:
+        size = 1
+        for d in self.shape:
+            size *= d
+        return size * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DmaQueue:
+    """A named DMA queue (profile-schema §2.9): ``q<Engine><Purpose><n>`` and its queue type."""
+
+    index: int
+    name: str
+    queue_type: str  # DmaQueueType enum value
+    trigger_engine: Engine
+    semaphore: int
+
+
+@dataclass(frozen=True)
+class HbmView:
+    """A relayout of HBM tensors, read through a DMA access pattern instead of being stored.
+
+    ``steps`` is either ``(("op", index),)`` (the IR op's semantics applied to ``sources``) or a chain
+    of ``("transpose", perm)`` / ``("reshape", shape)`` applied to the single source.
+    ``run_elements`` is the contiguous run the access pattern reads, which sets DMA efficiency.
+    """
+
+    name: str
+    steps: tuple[tuple[Any, ...], ...]
+    sources: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: DType
+    run_elements: int
+
+
+@dataclass
+class Program:
+    """Everything the runtime needs to execute one compiled graph on one NeuronCore."""
+
+    graph: Graph
+    spec: CoreSpec
+    # -- node columns (length n_nodes) -------------------------------------------------------
+    resource: np.ndarray  # int8: RES_* ids
+    engine: np.ndarray  # int8: Engine of the instruction (DMA: the queue's trigger engine)
+    cost_ns: np.ndarray  # float64: engine-occupancy time (DMA: per-engine time of its share)
+    queue: np.ndarray  # int16: DMA queue index, -1 for instructions
+    dma_engines: np.ndarray  # int8: DMA engines a transfer is spread over (0 for instructions)
+    dep_ptr: np.ndarray  # int64 CSR over dep_idx
+    dep_idx: np.ndarray  # int64: earlier nodes this node waits for
+    op_index: np.ndarray  # int32: IR op that produced the node (-1: none)
+    opcode_id: np.ndarray  # int16 into ``opcodes``
+    pc: np.ndarray  # int64: position in its engine's (or queue's) stream
+    raw_flops: np.ndarray  # int64
+    adjusted_flops: np.ndarray  # int64
+    transpose_flops: np.ndarray  # int64
+    hbm_read_bytes: np.ndarray  # int64
+    hbm_write_bytes: np.ndarray  # int64
+    sbuf_read_bytes: np.ndarray  # int64
+    sbuf_write_bytes: np.ndarray  # int64
+    psum_read_bytes: np.ndarray  # int64
+    psum_write_bytes: np.ndarray  # int64
+    spill_save_bytes: np.ndarray  # int64
+    spill_reload_bytes: np.ndarray  # int64
+    dma_bytes: np.ndarray  # int64: bytes a DMA transfer moves (0 for instructions)
+    sem_increment: np.ndarray  # int16: semaphore the node increments on completion (-1: none)
+    sem_value: np.ndarray  # int32: that semaphore's value after the increment
+    trigger: np.ndarray  # int64: for DMA transfers, the node that triggered it (-1 otherwise)
+    # -- per-node Python data (not touched by the timing model) ------------------------------
+    opcodes: list[str]
+    operands: list[str]
+    activation_fn: list[str | None]
+    tensor_instruction_type: list[str | None]
+    performance_mode: list[str | None]
+    semantics: list[tuple[Any, ...]]  # what the node computes, for the numerics interpreter
+    # -- tables ------------------------------------------------------------------------------
+    buffers: dict[int, Buffer]
+    hbm_tensors: dict[str, HbmTensor]
+    hbm_views: dict[str, HbmView]
+    queues: list[DmaQueue]
+    semaphore_names: dict[int, str]
+    input_tensors: list[str]  # HBM tensor per graph parameter, in parameter order
+    output_tensors: list[str]  # HBM tensor per graph output
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.resource.shape[0])
+
+    @property
+    def n_instructions(self) -> int:
+        return int(np.count_nonzero(self.resource != RES_DMA))
+
+    @property
+    def n_dma_transfers(self) -> int:
+        return int(np.count_nonzero(self.resource == RES_DMA))
+
+    def deps(self, node: int) -> np.ndarray:
+        return self.dep_idx[self.dep_ptr[node]:self.dep_ptr[node + 1]]
+
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for t in self.hbm_tensors.values() if t.kind == "weight")
+
+    def engine_instruction_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        instr = self.resource != RES_DMA
+        for engine in Engine:
+            counts[engine.label] = int(np.count_nonzero(instr & (self.engine == int(engine))))
+        counts["DMA"] = self.n_dma_transfers
+        return counts

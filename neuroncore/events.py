@@ -1,0 +1,80 @@
+"""The event sink: the only door out of the execution core.
+
+The core hands plain columnar batches (NumPy arrays and lists, never formatted text or files) to
+whoever subscribed. With no subscriber, ``sink.active`` is False and the runtime skips building
+records entirely, so an unobserved core pays nothing for being observable.
+
+Batch kinds and their columns are listed in ``RECORD_KINDS``; codes (engine, opcode, queue) are
+small integers whose names travel in ``batch.meta`` so a batch costs array slices, not strings.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BATCH_ROWS = 65536
+
+RECORD_KINDS: dict[str, str] = {
+    "program_loaded": "a model was loaded: its ops (HLO name, layer, frames) and static instruction info",
+    "execution_start": "an execution began on a core (meta only)",
+    "instruction": "executed engine instructions with start/end, wait, bytes and FLOPs",
+    "dma_packet": "DMA packets: one engine's share of one transfer, with queue and bytes",
+    "semaphore_update": "semaphore increments at instruction/transfer completion",
+    "hbm_usage": "HBM throughput samples over the execution",
+    "execution_end": "an execution finished (meta: device time, counts)",
+}
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One batch of records of one ``kind``. Columns are equal-length arrays or lists."""
+
+    kind: str
+    columns: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for column in self.columns.values():
+            return len(column)
+        return 0
+
+
+Listener = Callable[[EventBatch], None]
+
+
+class EventSink:
+    """Fan-out of batches to listeners; thread-safe subscribe/unsubscribe."""
+
+    def __init__(self) -> None:
+        self._listeners: tuple[Listener, ...] = ()
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._listeners)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Start receiving batches; returns a function that stops it."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+        return unsubscribe
+
+    def emit(self, kind: str, columns: dict[str, Any] | None = None, **meta: Any) -> None:
+        listeners = self._listeners
+        if not listeners:
+            return
+        batch = EventBatch(kind, columns or {}, meta)
+        for listener in listeners:
+            listener(batch)
+
+
+sink = EventSink()
+"""The process-wide sink every runtime object reports to unless given another."""

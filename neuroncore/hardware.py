@@ -1,0 +1,221 @@
+"""Hardware facts of NeuronCore-v2 / NeuronCore-v3 and the instances built from them.
+
+Every number here comes from ``shared/reference/neuroncore.md`` (section in the comment); this is the
+only place the project keeps them. Units are in the names. Where the public sources disagree the
+choice is stated and the value is a field, so a caller can override it with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+
+
+class Engine(IntEnum):
+    """The five instruction sequencers of a NeuronCore (neuroncore.md §2.1), in profile order."""
+
+    TENSOR = 0
+    VECTOR = 1
+    SCALAR = 2
+    GPSIMD = 3
+    SYNC = 4
+
+    @property
+    def label(self) -> str:
+        """Capitalised name as the real profiler writes ``Instruction.engine``."""
+        return ENGINE_LABELS[self]
+
+
+ENGINE_LABELS = {
+    Engine.TENSOR: "Tensor",
+    Engine.VECTOR: "Vector",
+    Engine.SCALAR: "Scalar",
+    Engine.GPSIMD: "GpSimd",
+    Engine.SYNC: "Sync",
+}
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """One physical NeuronCore. Clocks in Hz, sizes in bytes, rates in bytes per second."""
+
+    name: str
+    generation: int  # 2 = NC-v2 (Trn1/Inf2), 3 = NC-v3 (Trn2)
+    # §2.2 clocks
+    pe_clock_hz: float
+    vector_clock_hz: float
+    scalar_clock_hz: float
+    gpsimd_clock_hz: float
+    base_clock_hz: float  # profiler "NeuronCore base clock"; also used for the Sync sequencer
+    # §2.4 / §3.1 geometry
+    pe_rows: int = 128
+    pe_cols: int = 128
+    partitions: int = 128
+    sbuf_bytes_per_partition: int = 192 * 1024
+    psum_banks: int = 8
+    psum_bank_bytes_per_partition: int = 2 * 1024
+    max_contraction: int = 128  # K <= 128 (partition dim)
+    max_stationary_free: int = 128  # M <= 128
+    max_moving_free: int = 512  # N <= 512 (one PSUM bank of fp32)
+    vector_sbuf_free_limit: int = 64 * 1024  # elements per partition per instruction reading SBUF
+    vector_psum_free_limit: int = 4 * 1024  # ... reading PSUM
+    # §4.1 / §11 per-instruction costs, in cycles of the engine that runs the instruction
+    min_ii_cycles: int = 64
+    mm_init_latency_cycles: int = 64
+    ls_speedup: int = 4  # fast LoadStationary: free elements / 4 cycles
+    fp32_matmul_factor: int = 4
+    gpsimd_start_cycles: int = 150
+    dependent_vector_penalty_cycles: int = 100
+    sbuf_access_init_cycles: int = 60
+    sync_instruction_cycles: int = 64  # DMA trigger / semaphore write on a sequencer [unverified]
+    # §5 DMA
+    dma_engines: int = 16
+    dma_queues_per_engine: int = 16
+    dma_engine_bytes_per_s: float = 17e9  # practical per-engine ceiling (17 B/ns on NC-v2)
+    dma_fixed_latency_ns: float = 1300.0  # per-transfer fixed cost when triggered by another engine
+    dma_descriptor_overhead_ns: float = 30.0  # per contiguous row; makes < 2 KiB rows inefficient
+    hbm_bytes_per_s: float = 410e9  # this core's share of its chip's HBM bandwidth
+    hbm_bytes: int = 16 * 2**30  # HBM visible to the core
+    # §2.9 sync state
+    semaphores: int = 256
+    events: int = 256
+    # NC-v3 only: DVE performance modes (§2.6)
+    vector_perf_modes: bool = False
+
+    @property
+    def sbuf_bytes(self) -> int:
+        return self.partitions * self.sbuf_bytes_per_partition
+
+    @property
+    def psum_bytes(self) -> int:
+        return self.partitions * self.psum_banks * self.psum_bank_bytes_per_partition
+
+    @property
+    def pe_peak_bf16_flops_per_s(self) -> float:
+        """Dense BF16 peak = rows x cols x 2 FLOP/MAC x PE clock (§2.3)."""
+        return self.pe_rows * self.pe_cols * 2 * self.pe_clock_hz
+
+    @property
+    def pe_peak_fp32_flops_per_s(self) -> float:
+        return self.pe_peak_bf16_flops_per_s / self.fp32_matmul_factor
+
+    @property
+    def dma_bytes_per_s(self) -> float:
+        """Aggregate DMA ceiling of the core: all engines, capped by the HBM share (§5.1, §9.2)."""
+        return min(self.dma_engines * self.dma_engine_bytes_per_s, self.hbm_bytes_per_s)
+
+    def clock_hz(self, engine: Engine) -> float:
+        return {
+            Engine.TENSOR: self.pe_clock_hz,
+            Engine.VECTOR: self.vector_clock_hz,
+            Engine.SCALAR: self.scalar_clock_hz,
+            Engine.GPSIMD: self.gpsimd_clock_hz,
+            Engine.SYNC: self.base_clock_hz,
+        }[engine]
+
+
+NC_V2 = CoreSpec(
+    name="NeuronCore-v2",
+    generation=2,
+    pe_clock_hz=2.8e9,
+    vector_clock_hz=1.12e9,
+    scalar_clock_hz=1.4e9,
+    gpsimd_clock_hz=1.4e9,
+    base_clock_hz=1.4e9,
+    sbuf_bytes_per_partition=192 * 1024,
+    dma_engine_bytes_per_s=17e9,
+    hbm_bytes_per_s=410e9,
+    hbm_bytes=16 * 2**30,
+)
+
+NC_V3 = CoreSpec(
+    name="NeuronCore-v3",
+    generation=3,
+    pe_clock_hz=2.4e9,
+    vector_clock_hz=0.96e9,
+    scalar_clock_hz=1.2e9,
+    gpsimd_clock_hz=1.2e9,
+    base_clock_hz=1.2e9,
+    sbuf_bytes_per_partition=224 * 1024,
+    dma_engine_bytes_per_s=23e9,
+    dma_fixed_latency_ns=1300.0,
+    hbm_bytes_per_s=362e9,  # one 725 GB/s stack shared by a core pair, on average (§1.1)
+    hbm_bytes=12 * 2**30,  # half of a 24 GiB stack per physical core
+    vector_perf_modes=True,
+)
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One Neuron device (chip): its cores and chip-level resources (§1.1)."""
+
+    name: str
+    core: CoreSpec
+    cores_per_chip: int
+    hbm_bytes: int
+    hbm_bytes_per_s: float
+    cc_cores: int
+    neuronlink_links: int
+
+    @property
+    def peak_bf16_flops_per_s(self) -> float:
+        return self.cores_per_chip * self.core.pe_peak_bf16_flops_per_s
+
+
+INFERENTIA2 = ChipSpec("Inferentia2", NC_V2, 2, 32 * 2**30, 820e9, 6, 2)
+TRAINIUM1 = ChipSpec("Trainium1", NC_V2, 2, 32 * 2**30, 820e9, 6, 4)
+TRAINIUM2 = ChipSpec("Trainium2", NC_V3, 8, 96 * 2**30, 2.9e12, 20, 4)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """An EC2 instance type: chips, host size and chip topology (§1.2). Topology detail is issue 4's."""
+
+    name: str
+    chip: ChipSpec
+    chips: int
+    vcpus: int
+    host_memory_bytes: int
+    topology: str  # "none", "ring", "torus-4x4"
+    target: str = field(default="")  # neuronx-cc --target value
+
+    @property
+    def cores(self) -> int:
+        return self.chips * self.chip.cores_per_chip
+
+
+_GIB = 2**30
+INSTANCE_TYPES: dict[str, InstanceSpec] = {
+    s.name: s
+    for s in [
+        InstanceSpec("inf2.xlarge", INFERENTIA2, 1, 4, 16 * _GIB, "none", "inf2"),
+        InstanceSpec("inf2.8xlarge", INFERENTIA2, 1, 32, 128 * _GIB, "none", "inf2"),
+        InstanceSpec("inf2.24xlarge", INFERENTIA2, 6, 96, 384 * _GIB, "ring", "inf2"),
+        InstanceSpec("inf2.48xlarge", INFERENTIA2, 12, 192, 768 * _GIB, "ring", "inf2"),
+        InstanceSpec("trn1.2xlarge", TRAINIUM1, 1, 8, 32 * _GIB, "none", "trn1"),
+        InstanceSpec("trn1.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1"),
+        InstanceSpec("trn1n.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1n"),
+        InstanceSpec("trn2.48xlarge", TRAINIUM2, 16, 192, 2048 * _GIB, "torus-4x4", "trn2"),
+    ]
+}
+
+DEFAULT_INSTANCE = "trn1.2xlarge"
+
+CORE_SPECS: dict[str, CoreSpec] = {"v2": NC_V2, "v3": NC_V3, "trn1": NC_V2, "inf2": NC_V2, "trn2": NC_V3}
+
+
+def core_spec(name: str | CoreSpec) -> CoreSpec:
+    """Resolve ``"trn1"``, ``"inf2"``, ``"trn2"``, ``"v2"``, ``"v3"`` or an instance type to a core spec."""
+    if isinstance(name, CoreSpec):
+        return name
+    if name in CORE_SPECS:
+        return CORE_SPECS[name]
+    if name in INSTANCE_TYPES:
+        return INSTANCE_TYPES[name].chip.core
+    known = ", ".join(sorted(CORE_SPECS) + sorted(INSTANCE_TYPES))
+    raise ValueError(f"unknown target {name!r}; known: {known}")
+
+
+def with_overrides(spec: CoreSpec, **changes: object) -> CoreSpec:
+    """A copy of ``spec`` with some facts changed (tests shrink SBUF to force spills this way)."""
+    return replace(spec, **changes)

@@ -1,0 +1,397 @@
+"""A small Python API that writes programs directly in the HLO-level IR.
+
+Used by the built-in workloads and the tests (the frontends produce the same graphs from PyTorch and
+JAX). Shapes and dtypes are checked as each op is added, so a mistake is reported at the user's line,
+and implicit broadcasting inserts explicit ``broadcast`` ops the way XLA requires.
+
+    b = GraphBuilder("mlp")
+    x = b.parameter("x", (4, 64), "fp32")
+    with b.scope("fc1"):
+        h = b.gelu(b.matmul(x, b.weight("w", (64, 256))))
+    g = b.build([h])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from neuroncore.dtypes import DType, as_dtype
+from neuroncore.ir.graph import (
+    BINARY_OPS,
+    COMPARE_DIRECTIONS,
+    UNARY_OPS,
+    Graph,
+    Initializer,
+    Op,
+    SourceFrame,
+)
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_FRAMES = 8
+
+
+class GraphError(ValueError):
+    """A program that cannot be built: wrong shapes, dtypes or arguments."""
+
+
+def _capture_frames() -> tuple[SourceFrame, ...]:
+    """User stack frames (outermost first), skipping the core's own files."""
+    frames: list[SourceFrame] = []
+    frame = sys._getframe(2)
+    while frame is not None and len(frames) < MAX_FRAMES:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE_DIR + os.sep) or "/workloads/" in path:
+            frames.append(SourceFrame(path, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return tuple(reversed(frames))
+
+
+class GraphBuilder:
+    """Builds a :class:`Graph` op by op; names ops ``<opcode>.<n>`` with one counter per graph."""
+
+    def __init__(self, name: str = "model", root_layer: str = "model") -> None:
+        self.name = name
+        self._ops: list[Op] = []
+        self._parameters: list[Op] = []
+        self._scope: list[str] = [root_layer] if root_layer else []
+        self._next_id = 0
+        self._frames_override: tuple[SourceFrame, ...] | None = None
+        self._seed = 0
+
+    # -- context ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Ops added inside get ``name`` appended to their layer path."""
+        self._scope.append(name)
+        try:
+            yield
+        finally:
+            self._scope.pop()
+
+    @contextlib.contextmanager
+    def source(self, frames: Sequence[SourceFrame]) -> Iterator[None]:
+        """Attribute ops to given frames instead of the caller's (frontends use this)."""
+        previous = self._frames_override
+        self._frames_override = tuple(frames)
+        try:
+            yield
+        finally:
+            self._frames_override = previous
+
+    @property
+    def layer(self) -> str:
+        return "/".join(self._scope)
+
+    def _add(
+        self,
+        opcode: str,
+        operands: Sequence[Op],
+        shape: Sequence[int],
+        dtype: DType,
+        name: str | None = None,
+        **attrs: Any,
+    ) -> Op:
+        self._next_id += 1
+        frames = self._frames_override if self._frames_override is not None else _capture_frames()
+        op = Op(
+            index=len(self._ops),
+            opcode=opcode,
+            name=name or f"{opcode}.{self._next_id}",
+            operands=tuple(operands),
+            shape=tuple(int(d) for d in shape),
+            dtype=dtype,
+            attrs=attrs,
+            layer=self.layer,
+            frames=frames,
+        )
+        self._ops.append(op)
+        return op
+
+    def add_op(self, opcode: str, operands: Sequence[Op], shape: Sequence[int], dtype: DType | str,
+               **attrs: Any) -> Op:
+        """Add an op without the helper's checks (frontends; tests of unsupported ops)."""
+        return self._add(opcode, operands, shape, as_dtype(dtype), **attrs)
+
+    # -- leaves ----------------------------------------------------------------------------
+    def parameter(self, name: str, shape: Sequence[int], dtype: str | DType = "fp32", *,
+                  low: int | None = None, high: int | None = None) -> Op:
+        """A runtime input. ``low``/``high`` state the valid range of integer ids (for test inputs)."""
+        extra = {k: v for k, v in (("low", low), ("high", high)) if v is not None}
+        op = self._add("parameter", [], shape, as_dtype(dtype), name=name,
+                       number=len(self._parameters), **extra)
+        self._parameters.append(op)
+        return op
+
+    def constant(self, value: float, dtype: str | DType = "fp32", shape: Sequence[int] = ()) -> Op:
+        """A scalar (or splat) constant: compiled as an immediate, never stored."""
+        return self._add("constant", [], shape, as_dtype(dtype), value=float(value))
+
+    def weight(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: str | DType = "fp32",
+        *,
+        init: str = "normal",
+        scale: float | None = None,
+        array: np.ndarray | None = None,
+    ) -> Op:
+        """A trained-weight constant made from a seeded initializer (nothing is downloaded)."""
+        self._seed += 1
+        if array is not None:
+            initializer = Initializer("array", array=np.asarray(array, np.float32))
+        else:
+            fan_in = shape[0] if len(shape) >= 2 else 1
+            std = scale if scale is not None else (1.0 / math.sqrt(fan_in) if init == "normal" else 1.0)
+            initializer = Initializer(init, seed=zlib.crc32(f"{self.name}/{self.layer}/{name}/{self._seed}".encode()),
+                                      scale=std)
+        label = f"{self.layer}/{name}" if self.layer else name
+        return self._add("constant", [], shape, as_dtype(dtype), init=initializer, label=label)
+
+    def iota(self, shape: Sequence[int], dimension: int, dtype: str | DType = "int32") -> Op:
+        return self._add("iota", [], shape, as_dtype(dtype), dimension=dimension)
+
+    # -- elementwise -----------------------------------------------------------------------
+    def _unary(self, opcode: str, x: Op) -> Op:
+        self._require_float(opcode, x)
+        return self._add(opcode, [x], x.shape, x.dtype)
+
+    def exp(self, x: Op) -> Op:
+        return self._unary("exponential", x)
+
+    def tanh(self, x: Op) -> Op:
+        return self._unary("tanh", x)
+
+    def logistic(self, x: Op) -> Op:
+        return self._unary("logistic", x)
+
+    def rsqrt(self, x: Op) -> Op:
+        return self._unary("rsqrt", x)
+
+    def sqrt(self, x: Op) -> Op:
+        return self._unary("sqrt", x)
+
+    def log(self, x: Op) -> Op:
+        return self._unary("log", x)
+
+    def negate(self, x: Op) -> Op:
+        return self._unary("negate", x)
+
+    def abs(self, x: Op) -> Op:
+        return self._unary("abs", x)
+
+    def gelu(self, x: Op, approximate: str = "tanh") -> Op:
+        self._require_float("gelu", x)
+        return self._add("gelu", [x], x.shape, x.dtype, approximate=approximate)
+
+    def silu(self, x: Op) -> Op:
+        return self._unary("silu", x)
+
+    def convert(self, x: Op, dtype: str | DType) -> Op:
+        return self._add("convert", [x], x.shape, as_dtype(dtype))
+
+    def _binary(self, opcode: str, a: Op | float, b: Op | float) -> Op:
+        a, b = self._coerce_pair(a, b)
+        a, b = self._broadcast_pair(a, b)
+        if a.dtype != b.dtype:
+            raise GraphError(f"{opcode}: dtypes differ ({a.dtype.value} vs {b.dtype.value})")
+        return self._add(opcode, [a, b], a.shape, a.dtype)
+
+    def add(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("add", a, b)
+
+    def subtract(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("subtract", a, b)
+
+    def multiply(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("multiply", a, b)
+
+    def divide(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("divide", a, b)
+
+    def maximum(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("maximum", a, b)
+
+    def minimum(self, a: Op | float, b: Op | float) -> Op:
+        return self._binary("minimum", a, b)
+
+    def compare(self, a: Op | float, b: Op | float, direction: str) -> Op:
+        direction = direction.upper()
+        if direction not in COMPARE_DIRECTIONS:
+            raise GraphError(f"compare: direction {direction!r} not in {COMPARE_DIRECTIONS}")
+        a, b = self._coerce_pair(a, b)
+        a, b = self._broadcast_pair(a, b)
+        return self._add("compare", [a, b], a.shape, DType.PRED, direction=direction)
+
+    def select(self, pred: Op, on_true: Op | float, on_false: Op | float) -> Op:
+        on_true, on_false = self._coerce_pair(on_true, on_false)
+        shape = np.broadcast_shapes(pred.shape, on_true.shape, on_false.shape)
+        pred = self.broadcast_to(pred, shape)
+        on_true = self.broadcast_to(on_true, shape)
+        on_false = self.broadcast_to(on_false, shape)
+        return self._add("select", [pred, on_true, on_false], shape, on_true.dtype)
+
+    # -- layout ----------------------------------------------------------------------------
+    def broadcast(self, x: Op, shape: Sequence[int], dims: Sequence[int]) -> Op:
+        """XLA broadcast_in_dim: operand dim i maps to output dim ``dims[i]``."""
+        shape, dims = tuple(shape), tuple(dims)
+        if len(dims) != len(x.shape) or any(
+            x.shape[i] not in (1, shape[d]) for i, d in enumerate(dims)
+        ):
+            raise GraphError(f"broadcast: cannot map {list(x.shape)} to {list(shape)} via {dims}")
+        return self._add("broadcast", [x], shape, x.dtype, dims=dims)
+
+    def broadcast_to(self, x: Op, shape: Sequence[int]) -> Op:
+        """NumPy-style broadcast (trailing alignment); returns ``x`` when the shape already matches."""
+        shape = tuple(shape)
+        if x.shape == shape:
+            return x
+        offset = len(shape) - len(x.shape)
+        if offset < 0:
+            raise GraphError(f"cannot broadcast {list(x.shape)} to {list(shape)}")
+        return self.broadcast(x, shape, tuple(range(offset, len(shape))))
+
+    def reshape(self, x: Op, shape: Sequence[int]) -> Op:
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = x.size // max(known, 1)
+        if math.prod(shape) != x.size:
+            raise GraphError(f"reshape: {list(x.shape)} has {x.size} elements, not {math.prod(shape)}")
+        return self._add("reshape", [x], shape, x.dtype)
+
+    def transpose(self, x: Op, permutation: Sequence[int]) -> Op:
+        permutation = tuple(permutation)
+        if sorted(permutation) != list(range(len(x.shape))):
+            raise GraphError(f"transpose: {permutation} is not a permutation of {len(x.shape)} dims")
+        shape = [x.shape[p] for p in permutation]
+        return self._add("transpose", [x], shape, x.dtype, permutation=permutation)
+
+    def slice(self, x: Op, starts: Sequence[int], limits: Sequence[int],
+              strides: Sequence[int] | None = None) -> Op:
+        strides = tuple(strides) if strides is not None else (1,) * len(x.shape)
+        shape = [len(range(s, e, st)) for s, e, st in zip(starts, limits, strides)]
+        if any(d <= 0 for d in shape) or any(e > n for e, n in zip(limits, x.shape)):
+            raise GraphError(f"slice: {list(starts)}:{list(limits)} is outside {list(x.shape)}")
+        return self._add("slice", [x], shape, x.dtype, starts=tuple(starts), limits=tuple(limits),
+                         strides=strides)
+
+    def concatenate(self, xs: Sequence[Op], dimension: int) -> Op:
+        first = xs[0]
+        dimension = dimension % len(first.shape)
+        for x in xs[1:]:
+            same = [d for i, d in enumerate(x.shape) if i != dimension]
+            if same != [d for i, d in enumerate(first.shape) if i != dimension]:
+                raise GraphError("concatenate: shapes differ outside the concatenated dimension")
+        shape = list(first.shape)
+        shape[dimension] = sum(x.shape[dimension] for x in xs)
+        return self._add("concatenate", list(xs), shape, first.dtype, dimension=dimension)
+
+    # -- reductions, contractions, gathers -------------------------------------------------
+    def reduce(self, x: Op, dimensions: Sequence[int], kind: str = "sum") -> Op:
+        if kind not in ("sum", "max"):
+            raise GraphError(f"reduce: kind {kind!r} is not sum or max")
+        dims = tuple(sorted(d % len(x.shape) for d in dimensions))
+        shape = [n for i, n in enumerate(x.shape) if i not in dims]
+        return self._add("reduce", [x], shape, x.dtype, dimensions=dims, kind=kind)
+
+    def dot(self, lhs: Op, rhs: Op, *, lhs_contract: int = -1, rhs_contract: int = -2) -> Op:
+        """Batched contraction: leading dims are batch dims (equal), one contracting dim each.
+
+        ``lhs_contract`` is the last or second-to-last dim of ``lhs`` (likewise ``rhs``), so
+        ``dot(q, k, rhs_contract=-1)`` is ``q @ k^T`` without a separate transpose op.
+        """
+        if len(lhs.shape) != len(rhs.shape) or len(lhs.shape) < 2:
+            raise GraphError(f"dot: ranks differ or < 2: {list(lhs.shape)} x {list(rhs.shape)}")
+        n = len(lhs.shape)
+        lc, rc = lhs_contract % n, rhs_contract % n
+        if lc < n - 2 or rc < n - 2:
+            raise GraphError("dot: contracting dims must be one of the last two dims")
+        if lhs.shape[:-2] != rhs.shape[:-2]:
+            raise GraphError(f"dot: batch dims differ: {list(lhs.shape)} x {list(rhs.shape)}")
+        if lhs.shape[lc] != rhs.shape[rc]:
+            raise GraphError(
+                f"dot: contracting sizes differ: {lhs.shape[lc]} vs {rhs.shape[rc]} "
+                f"({list(lhs.shape)} x {list(rhs.shape)})"
+            )
+        if lhs.dtype != rhs.dtype:
+            raise GraphError(f"dot: dtypes differ ({lhs.dtype.value} vs {rhs.dtype.value})")
+        m = lhs.shape[n - 2] if lc == n - 1 else lhs.shape[n - 1]
+        nn = rhs.shape[n - 1] if rc == n - 2 else rhs.shape[n - 2]
+        shape = [*lhs.shape[:-2], m, nn]
+        return self._add("dot", [lhs, rhs], shape, lhs.dtype, lhs_contract=lc, rhs_contract=rc,
+                         batch_dims=n - 2)
+
+    def matmul(self, x: Op, w: Op) -> Op:
+        """``x @ w`` with ``x`` of any rank and ``w`` 2-D (a linear layer's weight, [in, out])."""
+        if len(w.shape) == 2 and len(x.shape) > 2:
+            flat = self.reshape(x, (-1, x.shape[-1]))
+            out = self.dot(flat, w)
+            return self.reshape(out, (*x.shape[:-1], w.shape[-1]))
+        return self.dot(x, w)
+
+    def gather(self, table: Op, indices: Op) -> Op:
+        """Embedding lookup: rows of ``table`` [V, D] picked by int32 ``indices`` -> [..., D]."""
+        if indices.dtype is not DType.INT32 or len(table.shape) != 2:
+            raise GraphError("gather: needs a 2-D table and int32 indices")
+        return self._add("gather", [table, indices], (*indices.shape, table.shape[1]), table.dtype,
+                         axis=0)
+
+    # -- fusions ---------------------------------------------------------------------------
+    def softmax(self, x: Op) -> Op:
+        """Softmax over the last dim (max-subtracted, as compilers emit it)."""
+        self._require_float("softmax", x)
+        return self._add("softmax", [x], x.shape, x.dtype, axis=len(x.shape) - 1)
+
+    def layer_norm(self, x: Op, gamma: Op, beta: Op, eps: float = 1e-5) -> Op:
+        self._check_norm_params("layer_norm", x, gamma, beta)
+        return self._add("layer_norm", [x, gamma, beta], x.shape, x.dtype, eps=float(eps))
+
+    def rms_norm(self, x: Op, gamma: Op, eps: float = 1e-6) -> Op:
+        self._check_norm_params("rms_norm", x, gamma)
+        return self._add("rms_norm", [x, gamma], x.shape, x.dtype, eps=float(eps))
+
+    # -- finish ----------------------------------------------------------------------------
+    def build(self, outputs: Sequence[Op]) -> Graph:
+        if not outputs:
+            raise GraphError("a graph needs at least one output")
+        return Graph(self.name, list(self._ops), list(self._parameters), list(outputs))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _coerce_pair(self, a: Op | float, b: Op | float) -> tuple[Op, Op]:
+        if not isinstance(a, Op) and not isinstance(b, Op):
+            raise GraphError("at least one operand must be a tensor")
+        if not isinstance(a, Op):
+            a = self.constant(a, b.dtype)  # type: ignore[union-attr]
+        if not isinstance(b, Op):
+            b = self.constant(b, a.dtype)
+        return a, b
+
+    def _broadcast_pair(self, a: Op, b: Op) -> tuple[Op, Op]:
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError as exc:
+            raise GraphError(f"shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from exc
+        return self.broadcast_to(a, shape), self.broadcast_to(b, shape)
+
+    @staticmethod
+    def _require_float(opcode: str, x: Op) -> None:
+        if not x.dtype.is_float:
+            raise GraphError(f"{opcode}: needs a float tensor, got {x.dtype.value}")
+
+    @staticmethod
+    def _check_norm_params(opcode: str, x: Op, *params: Op) -> None:
+        for p in params:
+            if p.shape != (x.shape[-1],):
+                raise GraphError(f"{opcode}: parameter shape {list(p.shape)} != [{x.shape[-1]}]")
+
+
+assert UNARY_OPS and BINARY_OPS  # re-exported names the builder's methods mirror

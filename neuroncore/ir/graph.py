@@ -1,0 +1,141 @@
+"""The HLO-level graph: ops named as XLA names them, each with the framework context it came from.
+
+An op keeps what a profile needs to link an engine instruction back to user code: its HLO
+instruction name (``dot.3``), the framework layer path (``model/layers.0/self_attn/q_proj``) and the
+Python stack frames that created it. Ops are stored in topological order; the graph is immutable
+once built (the builder and the frontends are the only writers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from neuroncore.dtypes import DType
+
+UNARY_OPS = frozenset({"exponential", "tanh", "logistic", "rsqrt", "sqrt", "log", "negate", "abs"})
+BINARY_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
+FUSED_OPS = frozenset({"softmax", "layer_norm", "rms_norm", "gelu", "silu"})
+LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate"})
+OTHER_OPS = frozenset(
+    {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota"}
+)
+ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS
+COMPARE_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
+
+
+@dataclass(frozen=True)
+class SourceFrame:
+    """One Python stack frame: where in user code an op was created."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+
+@dataclass(frozen=True)
+class Initializer:
+    """How to make a constant's values without storing them: timing-only runs never call it."""
+
+    kind: str  # "normal", "uniform", "ones", "zeros", "array"
+    seed: int = 0
+    scale: float = 1.0
+    array: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def materialize(self, shape: tuple[int, ...]) -> np.ndarray:
+        if self.kind == "array":
+            assert self.array is not None
+            return np.asarray(self.array, dtype=np.float32).reshape(shape)
+        if self.kind == "zeros":
+            return np.zeros(shape, np.float32)
+        if self.kind == "ones":
+            return np.full(shape, self.scale, np.float32)
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "uniform":
+            return rng.uniform(-self.scale, self.scale, size=shape).astype(np.float32)
+        return (rng.standard_normal(size=shape) * self.scale).astype(np.float32)
+
+
+@dataclass(eq=False)
+class Op:
+    """One HLO-level instruction. Identity is object identity; ``index`` is its topological position."""
+
+    index: int
+    opcode: str
+    name: str
+    operands: tuple[Op, ...]
+    shape: tuple[int, ...]
+    dtype: DType
+    attrs: dict[str, Any]
+    layer: str
+    frames: tuple[SourceFrame, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def source(self) -> str:
+        """``file:line`` of the innermost user frame, or ``<unknown>``."""
+        if not self.frames:
+            return "<unknown>"
+        frame = self.frames[-1]
+        return f"{frame.file}:{frame.line}"
+
+    def describe(self) -> str:
+        """``dot.3 (dot) at model/layers.0/mlp [model.py:42]``: how errors name an op."""
+        layer = self.layer or "<no layer>"
+        return f"{self.name} ({self.opcode}) at {layer} [{self.source}]"
+
+    def __repr__(self) -> str:
+        args = ", ".join(o.name for o in self.operands)
+        return f"%{self.name} = {self.dtype.value}{list(self.shape)} {self.opcode}({args})"
+
+
+@dataclass
+class Graph:
+    """A whole program: ops in topological order, its parameters (inputs) and outputs."""
+
+    name: str
+    ops: list[Op]
+    parameters: list[Op]
+    outputs: list[Op]
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for position, op in enumerate(self.ops):
+            if op.index != position:
+                raise ValueError(f"op {op.name} has index {op.index}, expected {position}")
+            for operand in op.operands:
+                if id(operand) not in seen:
+                    raise ValueError(f"op {op.name} uses {operand.name} before it is defined")
+            seen.add(id(op))
+
+    @property
+    def constants(self) -> list[Op]:
+        return [op for op in self.ops if op.opcode == "constant" and "init" in op.attrs]
+
+    def users(self) -> dict[int, list[Op]]:
+        """For each op index, the ops that read it (in topological order)."""
+        result: dict[int, list[Op]] = {op.index: [] for op in self.ops}
+        for op in self.ops:
+            for operand in op.operands:
+                result[operand.index].append(op)
+        return result
+
+    def text(self) -> str:
+        """HLO-like listing, for debugging and error reports."""
+        lines = [f"HloModule {self.name}"]
+        lines += [repr(op) for op in self.ops]
+        lines.append("ROOT (" + ", ".join(o.name for o in self.outputs) + ")")
+        return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""Runtime API: instances of cores, loading compiled programs onto a core, executing them.
+
+    inst = Instance("trn1.2xlarge")
+    model = inst.core(0).load(program)
+    result = model.execute([x])              # numerics + timing
+    result = model.execute(timing_only=True) # shapes only: no weights are ever allocated
+
+Each execution gets an id and a measured device time from the timing model; the core's clock moves
+forward so successive executions sit one after another on the device timeline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from neuroncore.compiler.program import Program
+from neuroncore.config import default_instance
+from neuroncore.dtypes import to_storage
+from neuroncore.events import EventSink, sink as default_sink
+from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
+from neuroncore.ir.reference import bind_inputs
+from neuroncore.runtime import records
+from neuroncore.runtime.interpreter import Machine, materialize_weights, prepare_hbm
+from neuroncore.runtime.scheduler import Timeline, schedule
+
+LAUNCH_GAP_NS = 2_000  # device idle time between back-to-back executions [assumption]
+_model_ids = itertools.count(1)
+_execution_ids = itertools.count(1)
+
+
+@dataclass
+class ExecutionResult:
+    """One execution: its id, device time window and (unless timing-only) its outputs."""
+
+    execution_id: int
+    model_id: int
+    core: int
+    start_ns: int
+    end_ns: int
+    outputs: list[np.ndarray] | None
+    timeline: Timeline
+    program: Program
+
+    @property
+    def device_time_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+class LoadedModel:
+    """A program resident on one core. Weights are materialised on the first numerics run only."""
+
+    def __init__(self, program: Program, core: NeuronCore, sink: EventSink) -> None:
+        self.program = program
+        self.core = core
+        self.sink = sink
+        self.model_id = next(_model_ids)
+        self.executions = 0
+        self._weights: dict[str, np.ndarray] | None = None
+        if sink.active:
+            records.emit_program(sink, program, self.model_id, core.index)
+
+    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False) -> ExecutionResult:
+        program = self.program
+        outputs: list[np.ndarray] | None = None
+        if not timing_only:
+            if inputs is None:
+                raise ValueError("inputs are required unless timing_only=True")
+            bound = bind_inputs(program.graph, inputs)
+            if self._weights is None:
+                self._weights = materialize_weights(program)
+            hbm = prepare_hbm(program, bound, self._weights)
+            Machine(program, hbm).run()
+            outputs = [
+                to_storage(hbm[name].reshape(op.shape), op.dtype)
+                for name, op in zip(program.output_tensors, program.graph.outputs)
+            ]
+        elif inputs is not None:
+            bind_inputs(program.graph, inputs)  # still reject wrong shapes
+        with self.core.lock:
+            t0 = self.core.clock_ns
+            execution_id = next(_execution_ids)
+            if self.sink.active:
+                self.sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,
+                               core=self.core.index, start_ns=t0, model_name=program.graph.name)
+            timeline = schedule(program, float(t0))
+            end = int(np.ceil(timeline.finish_ns)) if program.n_nodes else t0
+            self.core.clock_ns = end + LAUNCH_GAP_NS
+        self.executions += 1
+        if self.sink.active:
+            records.emit_execution(self.sink, program, timeline, execution_id=execution_id,
+                                   model_id=self.model_id, core=self.core.index)
+            self.sink.emit("execution_end", execution_id=execution_id, model_id=self.model_id,
+                           core=self.core.index, start_ns=t0, end_ns=end,
+                           device_time_ns=end - t0, timing_only=timing_only)
+        return ExecutionResult(execution_id, self.model_id, self.core.index, t0, end, outputs,
+                               timeline, program)
+
+
+class NeuronCore:
+    """One core of an instance, with its own device clock."""
+
+    def __init__(self, index: int, spec: CoreSpec, device: int, sink: EventSink) -> None:
+        self.index = index
+        self.spec = spec
+        self.device = device
+        self.sink = sink
+        self.clock_ns = 0
+        self.lock = threading.Lock()
+        self.models: list[LoadedModel] = []
+
+    def load(self, program: Program) -> LoadedModel:
+        if program.spec.generation != self.spec.generation:
+            raise ValueError(
+                f"program compiled for {program.spec.name} cannot load on {self.spec.name} "
+                f"(core {self.index})")
+        model = LoadedModel(program, self, self.sink)
+        self.models.append(model)
+        return model
+
+
+class Instance:
+    """An instance type's cores; the default type comes from ``neuroncore.config``."""
+
+    def __init__(self, instance_type: str | None = None, *, sink: EventSink | None = None) -> None:
+        name = instance_type or default_instance()
+        if name not in INSTANCE_TYPES:
+            known = ", ".join(sorted(INSTANCE_TYPES))
+            raise ValueError(f"unknown instance type {name!r}; known: {known}")
+        self.spec: InstanceSpec = INSTANCE_TYPES[name]
+        self.sink = sink or default_sink
+        per_chip = self.spec.chip.cores_per_chip
+        self.cores = [NeuronCore(i, self.spec.chip.core, i // per_chip, self.sink)
+                      for i in range(self.spec.cores)]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def core(self, index: int = 0) -> NeuronCore:
+        if not 0 <= index < len(self.cores):
+            raise ValueError(f"{self.name} has cores 0..{len(self.cores) - 1}, not {index}")
+        return self.cores[index]

@@ -1,0 +1,251 @@
+"""Numerics: execute a compiled program's instructions on NumPy copies of SBUF, PSUM and HBM.
+
+Every engine computes in FP32 and rounds when it writes a tensor of a narrower dtype (bf16 through
+``ml_dtypes``), so bf16 programs show real bf16 error. Instructions run in the program's global
+order, which respects every semaphore, so the result is the one the device would compute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from neuroncore.compiler.context import tile_grid
+from neuroncore.compiler.program import HbmAccess, Program, Ref
+from neuroncore.dtypes import DType, round_to
+from neuroncore.ir import semantics as ir_semantics
+
+
+class ExecutionError(RuntimeError):
+    """A run that cannot complete (e.g. an embedding index outside its table)."""
+
+
+ALU: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "mult": np.multiply,
+    "divide": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+    "is_equal": lambda a, b: np.equal(a, b).astype(np.float32),
+    "not_equal": lambda a, b: np.not_equal(a, b).astype(np.float32),
+    "is_lt": lambda a, b: np.less(a, b).astype(np.float32),
+    "is_le": lambda a, b: np.less_equal(a, b).astype(np.float32),
+    "is_gt": lambda a, b: np.greater(a, b).astype(np.float32),
+    "is_ge": lambda a, b: np.greater_equal(a, b).astype(np.float32),
+}
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "exponential": np.exp,
+    "tanh": np.tanh,
+    "logistic": ir_semantics.logistic,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sqrt": np.sqrt,
+    "log": np.log,
+    "negate": lambda x: x,  # the -1 is the instruction's scale
+    "copy": lambda x: x,
+    "abs": np.abs,
+    "silu": ir_semantics.UNARY["silu"],
+    "gelu": lambda x: ir_semantics.gelu(x, "tanh"),
+    "gelu_exact": lambda x: ir_semantics.gelu(x, "none"),
+    "square": np.square,
+}
+
+
+class Machine:
+    """Memory state of one execution."""
+
+    def __init__(self, program: Program, hbm: dict[str, np.ndarray]) -> None:
+        self.program = program
+        self.hbm = hbm
+        self.buffers: dict[int, np.ndarray] = {}
+        self.dtypes = {b.id: b.dtype for b in program.buffers.values()}
+        self.views: dict[str, np.ndarray] = {}
+        self.weights: np.ndarray | None = None
+
+    # -- memory ------------------------------------------------------------------------------
+    def buf(self, buf_id: int) -> np.ndarray:
+        arr = self.buffers.get(buf_id)
+        if arr is None:
+            b = self.program.buffers[buf_id]
+            arr = np.zeros((128, b.free), np.float32)
+            self.buffers[buf_id] = arr
+        return arr
+
+    def read(self, ref: Ref) -> np.ndarray:
+        return self.buf(ref.buf)[ref.p0:ref.p1, ref.f0:ref.f1]
+
+    def scalar(self, operand: float | Ref) -> float | np.ndarray:
+        if isinstance(operand, Ref):
+            return self.read(operand)[:, :1]
+        return np.float32(operand)
+
+    def write(self, ref: Ref, values: np.ndarray) -> None:
+        target = self.buf(ref.buf)
+        region = np.broadcast_to(values, (ref.rows, ref.cols))
+        target[ref.p0:ref.p1, ref.f0:ref.f1] = round_to(region, self.dtypes[ref.buf])
+
+    def tensor(self, name: str) -> np.ndarray:
+        if name in self.hbm:
+            return self.hbm[name]
+        if name not in self.views:
+            self.views[name] = self._evaluate_view(name)
+        return self.views[name]
+
+    def _evaluate_view(self, name: str) -> np.ndarray:
+        view = self.program.hbm_views[name]
+        sources = [self.tensor(s) for s in view.sources]
+        kind = view.steps[0][0]
+        if kind == "op":
+            op = self.program.graph.ops[view.steps[0][1]]
+            shaped = [s.reshape(o.shape) for s, o in zip(sources, op.operands)]
+            return np.ascontiguousarray(ir_semantics._evaluate(op, shaped), dtype=np.float32)
+        arr = sources[0]
+        for step in view.steps:
+            if step[0] == "transpose":
+                arr = np.transpose(arr.reshape(self._source_shape(view.sources[0], arr)), step[1])
+            elif step[0] == "reshape":
+                arr = arr.reshape(step[1])
+            elif step[0] == "broadcast_rows":
+                arr = np.broadcast_to(arr.reshape(1, -1), (step[1], arr.size))
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def _source_shape(self, name: str, arr: np.ndarray) -> tuple[int, ...]:
+        tensor = self.program.hbm_tensors.get(name)
+        if tensor is not None:
+            return self.program.graph.ops[tensor.op_index].shape
+        return self.program.hbm_views[name].shape
+
+    def hbm3d(self, access: HbmAccess) -> np.ndarray:
+        arr = self.tensor(access.tensor)
+        shape = self._shape_of(access.tensor)
+        b, r, c = tile_grid(shape, access.layout)
+        return arr.reshape(b, r, c)
+
+    def _shape_of(self, name: str) -> tuple[int, ...]:
+        if name in self.program.hbm_tensors:
+            return self.program.hbm_tensors[name].shape
+        return self.program.hbm_views[name].shape
+
+    # -- execution ---------------------------------------------------------------------------
+    def run(self) -> None:
+        handlers = {
+            "load": self._load, "store": self._store, "tt": self._tt, "ts": self._ts,
+            "act": self._act, "copy": self._copy, "reduce": self._reduce,
+            "reciprocal": self._reciprocal, "select": self._select, "memset": self._memset,
+            "iota": self._iota, "identity": self._identity, "ldweights": self._ldweights,
+            "matmul": self._matmul, "gather": self._gather, "nop": lambda: None,
+        }
+        for sem in self.program.semantics:
+            handlers[sem[0]](*sem[1:])
+
+    def _load(self, dst: Ref, src: HbmAccess) -> None:
+        block = self.hbm3d(src)[src.batch, src.r0:src.r1, src.c0:src.c1]
+        self.write(dst, block)
+
+    def _store(self, dst: HbmAccess, src: Ref) -> None:
+        tensor = self.program.hbm_tensors[dst.tensor]
+        self.hbm3d(dst)[dst.batch, dst.r0:dst.r1, dst.c0:dst.c1] = round_to(self.read(src),
+                                                                            tensor.dtype)
+
+    def _tt(self, alu: str, out: Ref, a: Ref, b: Ref) -> None:
+        with np.errstate(all="ignore"):
+            self.write(out, ALU[alu](self.read(a), self.read(b)))
+
+    def _ts(self, out: Ref, inp: Ref, ops: tuple) -> None:
+        x = self.read(inp)
+        with np.errstate(all="ignore"):
+            for alu, operand, reverse in ops:
+                s = self.scalar(operand)
+                x = ALU[alu](s, x) if reverse else ALU[alu](x, s)
+        self.write(out, x)
+
+    def _act(self, func: str, out: Ref, inp: Ref, scale: float | Ref, bias: float | Ref,
+             accumulate: Ref | None) -> None:
+        with np.errstate(all="ignore"):
+            y = ACTIVATIONS[func](self.read(inp) * self.scalar(scale) + self.scalar(bias))
+        y = np.asarray(y, np.float32)
+        if accumulate is not None:
+            self.write(accumulate, y.sum(axis=1, keepdims=True))
+        self.write(out, y)
+
+    def _copy(self, out: Ref, inp: Ref) -> None:
+        self.write(out, self.read(inp))
+
+    def _reduce(self, alu: str, out: Ref, inp: Ref) -> None:
+        x = self.read(inp)
+        self.write(out, x.sum(axis=1, keepdims=True) if alu == "add" else x.max(axis=1, keepdims=True))
+
+    def _reciprocal(self, out: Ref, inp: Ref) -> None:
+        with np.errstate(all="ignore"):
+            self.write(out, 1.0 / self.read(inp))
+
+    def _select(self, out: Ref, pred: Ref, a: Ref, b: Ref) -> None:
+        self.write(out, np.where(self.read(pred) != 0, self.read(a), self.read(b)))
+
+    def _memset(self, out: Ref, value: float) -> None:
+        self.write(out, np.float32(value))
+
+    def _iota(self, out: Ref, base: float, p_step: float, f_step: float) -> None:
+        p = np.arange(out.rows, dtype=np.float32)[:, None]
+        f = np.arange(out.cols, dtype=np.float32)[None, :]
+        self.write(out, base + p * p_step + f * f_step)
+
+    def _identity(self, ref: Ref) -> None:
+        self.write(ref, np.eye(ref.rows, ref.cols, dtype=np.float32))
+
+    def _ldweights(self, ref: Ref) -> None:
+        self.weights = self.read(ref).copy()
+
+    def _matmul(self, psum: Ref, moving: Ref, accumulate: bool, transpose: bool) -> None:
+        assert self.weights is not None
+        product = self.weights.T @ self.read(moving)
+        if accumulate:
+            product = self.read(psum) + product
+        self.write(psum, product)
+
+    def _gather(self, out: Ref, table: HbmAccess, idx: Ref) -> None:
+        rows = self.hbm3d(table)[0]
+        indices = self.read(idx)[:, 0].astype(np.int64)
+        bad = (indices < 0) | (indices >= rows.shape[0])
+        if bad.any():
+            raise ExecutionError(
+                f"gather index {int(indices[bad][0])} outside table of {rows.shape[0]} rows "
+                f"({table.tensor})")
+        self.write(out, rows[indices, table.c0:table.c1])
+
+
+def prepare_hbm(program: Program, inputs: list[np.ndarray], weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HBM contents at the start of an execution: inputs, weights, zeroed outputs and scratch."""
+    hbm: dict[str, np.ndarray] = dict(weights)
+    for name, value in zip(program.input_tensors, inputs):
+        tensor = program.hbm_tensors[name]
+        hbm[name] = round_to(np.asarray(value, np.float32), tensor.dtype).reshape(tensor.shape).copy()
+    for name, tensor in program.hbm_tensors.items():
+        if name not in hbm:
+            hbm[name] = np.zeros(tensor.shape, np.float32)
+    return hbm
+
+
+def materialize_weights(program: Program) -> dict[str, np.ndarray]:
+    """Weights in their HBM layout (pre-transposed where the compiler chose so)."""
+    weights: dict[str, np.ndarray] = {}
+    for name, tensor in program.hbm_tensors.items():
+        if tensor.kind != "weight":
+            continue
+        op = program.graph.ops[tensor.op_index]
+        values = round_to(op.attrs["init"].materialize(op.shape), op.dtype)
+        if tensor.pretransposed:
+            values = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+        weights[name] = values
+    return weights
+
+
+def weights_bytes(program: Program) -> int:
+    return sum(math.prod(t.shape) * t.dtype.itemsize for t in program.hbm_tensors.values()
+               if t.kind == "weight")
+
+
+__all__ = ["DType", "ExecutionError", "Machine", "materialize_weights", "prepare_hbm"]
