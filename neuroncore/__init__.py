@@ -5,7 +5,7 @@ Build a program (``GraphBuilder`` or a workload), ``compile`` it for a core, loa
 core does is reported through ``neuroncore.events.sink``.
 """
 
-from neuroncore.compiler import CompileError, Program, UnsupportedOpsError, compile
+from neuroncore.compiler import CompileError, Program, UnsupportedOpsError, compile  # noqa: A004
 from neuroncore.events import EventBatch, EventSink, sink
 from neuroncore.hardware import INSTANCE_TYPES, NC_V2, NC_V3, CoreSpec, Engine
 from neuroncore.ir import Graph, GraphBuilder, GraphError, run_reference

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from neuroncore.compiler import CompileError, compile
+from neuroncore.compiler import CompileError, compile  # noqa: A004
 from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
 from neuroncore.runtime import ExecutionError, Instance

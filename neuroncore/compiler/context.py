@@ -196,12 +196,18 @@ class Context:
         return [hbm_key(access, rows_per_batch)]
 
     def dma_load(self, queue: str, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
-                 run_bytes: int | None = None, spill_reload: bool = False, text: str = "") -> int:
-        """HBM -> SBUF transfer of ``dst``'s rows; ``run_bytes`` is the contiguous run per descriptor."""
+                 run_bytes: int | None = None, spill_reload: bool = False, text: str = "",
+                 ktiles: int = 1) -> int:
+        """HBM -> SBUF transfer of ``dst``'s rows; ``run_bytes`` is the contiguous run per descriptor.
+
+        ``ktiles > 1`` loads rows [r0, r1) of a k-tiled weight: 128-row tiles side by side along
+        the free dim, one contiguous run per partition (the layout the compiler stores weights in).
+        """
         row_bytes = dst.cols * dtype.itemsize
         run = min(run_bytes or row_bytes, row_bytes)
         descriptors = dst.rows * max(1, row_bytes // max(run, 1))
-        nbytes = dst.rows * row_bytes
+        nbytes = (src.r1 - src.r0) * (src.c1 - src.c0) * dtype.itemsize if ktiles > 1 \
+            else dst.rows * row_bytes
         counters = {"hbm_read_bytes": nbytes, "sbuf_write_bytes": nbytes, "dma_bytes": nbytes}
         if spill_reload:
             counters["spill_reload_bytes"] = nbytes
@@ -214,8 +220,9 @@ class Context:
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
-            text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B",
-            semantics=("load", dst, src),
+            text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B"
+                         + (f" ktiles={ktiles}" if ktiles > 1 else ""),
+            semantics=("load", dst, src) if ktiles == 1 else ("load_ktiled", dst, src, ktiles),
             **counters,
         )
 
@@ -231,7 +238,7 @@ class Context:
         if spill_save:
             counters["spill_save_bytes"] = nbytes
             self.stats["spill_save_bytes"] += nbytes
-        q = self.queue[queue]
+        q = self._store_queue(queue, src)
         return self.em.dma(
             q,
             reads=[sbuf_key(src)],
@@ -243,6 +250,24 @@ class Context:
             semantics=("store", dst, src),
             **counters,
         )
+
+    def _store_queue(self, name: str, src: Ref) -> DmaQueue:
+        """Stores are triggered by the engine that produced the data, on that engine's queue.
+
+        Triggering from Sync would make the in-order Sync stream wait for each result and hold up
+        the loads queued behind it; compilers trigger write-backs from the producing engine.
+        """
+        writer = self.em.last_writer_engine(("buf", src.buf))
+        if writer is None or writer in (Engine.SYNC, Engine.TENSOR):
+            return self.queue[name]
+        base = self.queue[name]
+        derived = base.name.replace("Sync", writer.label, 1)
+        if derived not in self.queue:
+            queue = DmaQueue(len(self.queues), derived, base.queue_type, writer,
+                             QUEUE_SEMAPHORE_BASE + len(self.queues))
+            self.queues.append(queue)
+            self.queue[derived] = queue
+        return self.queue[derived]
 
     def _trigger_ns(self, queue: DmaQueue) -> float:
         return costs.cycles_to_ns(self.spec, queue.trigger_engine, self.spec.sync_instruction_cycles)

@@ -75,6 +75,12 @@ class Emitter:
         self.current_op = -1
         self._accesses: dict[MemoryKey, list[_Access]] = defaultdict(list)
         self._lane: list[int] = []
+        # LDWEIGHTS -> the first MATMUL after it. The Tensor engine's two tracks share semaphore 0,
+        # and a background LoadStationary can finish before the previous MultiplyMoving does, so an
+        # LS must never increment it (the count would pass an earlier MM's value too soon). A wait
+        # for an LS waits for its MM instead, which starts only after the LS ended.
+        self._mm_after_ls: dict[int, int] = {}
+        self._pending_ls: list[int] = []
 
     COUNTERS = (
         "raw_flops", "adjusted_flops", "transpose_flops", "hbm_read_bytes", "hbm_write_bytes",
@@ -102,6 +108,16 @@ class Emitter:
         accesses = self._accesses[key]
         for node in self.compact(nodes):
             accesses.append(_Access(*rect, node, self._lane[node], True))
+
+    def last_writer_engine(self, key: MemoryKey) -> Engine | None:
+        """The engine of the latest write to a buffer (None if a DMA wrote it or nobody did)."""
+        writers = [a.node for a in self._accesses.get(key, ()) if a.write]
+        if not writers:
+            return None
+        node = max(writers)
+        if self.resource[node] == RES_DMA:
+            return None
+        return Engine(self.engine[node])
 
     def forget(self, key: MemoryKey) -> list[int]:
         """Drop a buffer's access list; returns the nodes a later user of its range must wait for."""
@@ -144,6 +160,14 @@ class Emitter:
                 performance_mode: str | None, trigger: int, lane: int,
                 counters: dict[str, int]) -> int:
         node = len(self.resource)
+        if self._mm_after_ls:
+            deps = {self._mm_after_ls.get(d, d) for d in deps}
+        if resource == RES_TENSOR_MM:
+            for ls in self._pending_ls:
+                self._mm_after_ls[ls] = node
+            self._pending_ls.clear()
+        elif resource == RES_TENSOR_LS:
+            self._pending_ls.append(node)
         self.resource.append(resource)
         self.engine.append(int(engine))
         self.cost_ns.append(float(cost_ns))
@@ -288,4 +312,4 @@ def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tupl
     return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
 
 
-__all__ = ["Emitter", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "hbm_key", "sbuf_key"]
+__all__ = ["QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key", "sbuf_key"]

@@ -100,7 +100,7 @@ def _try_alias(ctx: Context, op: Op) -> bool:
     for layout in ("row", "col"):
         if layout == "col" and (not op.shape or src_value.cols != 1):
             continue
-        batches, rows, cols = tile_grid(op.shape, layout)
+        _, rows, cols = tile_grid(op.shape, layout)
         if cols != src_value.cols:
             continue
         flat = [(t.batch * rows + t.r0, t.rows) for t in tiles_of(op.shape, layout)]

@@ -16,11 +16,12 @@ next group's matmuls.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.context import P, Context
+from neuroncore.compiler.context import Context, P
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, HbmAccess, Ref
@@ -140,8 +141,14 @@ def _row_efficiency(spec: CoreSpec, row_bytes: int) -> float:
 
 
 def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_streamed: bool,
-                b_streamed: bool, a_transposed: bool, b_transposed: bool, batches: int = 1) -> Plan:
-    """Choose block sizes: least estimated time, then least traffic, then fewest blocks."""
+                b_streamed: bool, a_transposed: bool, b_transposed: bool, batches: int = 1,
+                a_ktiled: bool = False, b_ktiled: bool = False,
+                fits: Callable[[list[int]], bool] | None = None) -> Plan:
+    """Choose block sizes: least estimated time, then least traffic, then fewest blocks.
+
+    Streamed blocks are double-buffered, so they count twice against the budget: a fraction of
+    SBUF, or of what is free right now when resident values already take space.
+    """
     item = dtype.itemsize
     budget = SBUF_BUDGET_FRACTION * spec.sbuf_bytes_per_partition
 
@@ -165,15 +172,22 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         stage = min(nb, BANK_COLS) * 4 * 2  # output staging, per partition
         if a_bytes + b_bytes + acc_bytes + stage > budget:
             continue
+        if fits is not None:
+            one_a = kt * mb * item if (a_streamed or a_transposed) else 0
+            one_b = kt * nb * item if (b_streamed or b_transposed) else 0
+            sizes = [x for x in (one_a, one_a if split_k else 0, one_b, one_b) if x]
+            sizes += [min(nb, BANK_COLS) * 4] * (math.ceil(mb / P) * math.ceil(nb / BANK_COLS)
+                                                  if split_k else 0)
+            if not fits([*sizes, stage]):
+                continue
         reloads_a = math.ceil(n / nb) if split_k else 1
-        traffic = 0
-        if a_streamed:
-            traffic += m * k * item * reloads_a
-        if b_streamed:
-            traffic += k * n * item * math.ceil(m / mb)
-        row_bytes = min(mb if a_streamed else nb, nb if b_streamed else mb) * item
-        eff = _row_efficiency(spec, max(row_bytes, item))
-        dma_ns = traffic / (spec.dma_bytes_per_s * eff) * 1e9 * batches
+        traffic_a = m * k * item * reloads_a if a_streamed else 0
+        traffic_b = k * n * item * math.ceil(m / mb) if b_streamed else 0
+        traffic = traffic_a + traffic_b
+        # k-tiled weights move one run per partition per block; others one row per k
+        eff_a = _row_efficiency(spec, (kt if a_ktiled else 1) * min(mb, m) * item)
+        eff_b = _row_efficiency(spec, (kt if b_ktiled else 1) * min(nb, n) * item)
+        dma_ns = (traffic_a / eff_a + traffic_b / eff_b) / spec.dma_bytes_per_s * 1e9 * batches
         mms = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / P) * batches
         pe_ns = mms * mm_cycles * 1e9 / spec.pe_clock_hz
         if a_transposed:
@@ -215,6 +229,8 @@ class _Operand:
         self.mode = ("direct" if contract_is_row and resident else
                      "load" if contract_is_row or self.pretransposed else "transpose")
         self.streamed = self.mode == "load" or (self.mode == "transpose" and not resident)
+        tensor = ctx.hbm_tensors.get(ctx.values[op.index].hbm or "")
+        self.ktiled = self.mode == "load" and tensor is not None and tensor.kind == "weight"
         self.engines = _alternating()
 
     def block(self, b: int, k0: int, k1: int, x0: int, x1: int) -> list[Ref]:
@@ -236,6 +252,19 @@ class _Operand:
             run = None
             if name in ctx.hbm_views:
                 run = ctx.hbm_views[name].run_elements * op.dtype.itemsize
+            tensor = ctx.hbm_tensors.get(name or "")
+            if tensor is not None and tensor.kind == "weight":
+                # weights are stored k-tiled by the compiler: one transfer, one run per partition
+                kt = math.ceil((k1 - k0) / P)
+                width = x1 - x0
+                buf = ctx.alloc(min(P, k1 - k0), kt * width, op.dtype, f"{op.name}.blk")
+                whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
+                access = HbmAccess(name, b, k0, k1, x0, x1)
+                ctx.dma_load(ctx._load_queue(value), access, whole, op.dtype,
+                             rows_per_batch=rows_per_batch, ktiles=kt)
+                for j, kk in enumerate(range(k0, k1, P)):
+                    refs.append(Ref(buf.id, 0, min(P, k1 - kk), j * width, (j + 1) * width))
+                return refs
             for kk in range(k0, k1, P):
                 rows = min(P, k1 - kk)
                 buf = ctx.alloc(rows, x1 - x0, op.dtype, f"{op.name}.blk")
@@ -269,8 +298,8 @@ class _Operand:
             for ref in refs:
                 self.ctx.release(self.op, ref)
             return
-        for ref in refs:
-            self.ctx.free(self.ctx.buffers[ref.buf])
+        for buf_id in dict.fromkeys(ref.buf for ref in refs):
+            self.ctx.free(self.ctx.buffers[buf_id])
 
 
 def lower_dot(ctx: Context, op: Op) -> None:
@@ -283,13 +312,15 @@ def lower_dot(ctx: Context, op: Op) -> None:
     dtype = op.dtype
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
-    value = ctx.define(op)
+    ctx.define(op)
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
                        a_transposed=a.mode == "transpose", b_transposed=bop.mode == "transpose",
-                       batches=batches)
+                       batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
+                       fits=ctx.sbuf.fits)
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
     m_tiles_per_batch = math.ceil(m / P)
     evac = _alternating()
+    held: list[tuple[_Operand, list[Ref]]] = []
     for b in range(batches):
         for m0 in range(0, m, plan.mb):
             m1 = min(m, m0 + plan.mb)
@@ -331,12 +362,16 @@ def lower_dot(ctx: Context, op: Op) -> None:
                                 _evacuate(ctx, op, t, psum, c0, c1, first, last, accumulators,
                                           (mm0, c0), next(evac))
                                 ctx.free(bank)
-                    bop.release(b_refs)
-                    if k0 not in a_cache:
-                        a.release(a_refs)
+                    # release the previous block only now: the next load lands elsewhere
+                    for operand, refs in held:
+                        operand.release(refs)
+                    held = [(bop, b_refs)] + ([] if k0 in a_cache else [(a, a_refs)])
                     ctx.unpin_all()
                 for acc in accumulators.values():
                     ctx.free(ctx.buffers[acc.buf])
+            for operand, refs in held:
+                operand.release(refs)
+            held = []
             for refs in a_cache.values():
                 a.release(refs)
             ctx.unpin_all()

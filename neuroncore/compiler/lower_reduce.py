@@ -61,7 +61,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
         loader = (loader_setup, view_shape)
     _free_limit_check(ctx, op, reduced)
     view_tiles = tiles_of(loader[1], "row") if loader else None
-    for t, tile in enumerate(value.tiles):
+    for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
         if loader is None:
             inp = ctx.tile(src, t)

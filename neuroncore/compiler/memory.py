@@ -32,22 +32,46 @@ class RangeAllocator:
     tombstones: list[_Tombstone] = field(default_factory=list)
     in_use: int = 0
     peak: int = 0
+    cursor: int = 0
 
     def __post_init__(self) -> None:
         self.free = [(0, self.capacity)]
 
     def allocate(self, size: int) -> tuple[int, list[int]]:
-        """Returns (start, hazard nodes inherited from earlier users of that range)."""
+        """Returns (start, hazard nodes inherited from earlier users of that range).
+
+        Next-fit from a rotating cursor: a range freed a moment ago is reused last, so a new buffer
+        rarely has to wait for the readers of the one before it (the compiler's multi-buffering).
+        """
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
-        for i, (start, end) in enumerate(self.free):
+        if size >= self.capacity // 16:
+            return self._allocate_top(size)
+        order = sorted(range(len(self.free)), key=lambda i: (self.free[i][1] <= self.cursor, i))
+        for i in order:
+            start, end = self.free[i]
+            at = start
+            if start < self.cursor < end and end - self.cursor >= size:
+                at = self.cursor
+            elif end - start < size:
+                continue
+            pieces = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
+            self.free[i:i + 1] = pieces
+            self.in_use += size
+            self.peak = max(self.peak, self.in_use)
+            self.cursor = at + size if at + size < self.capacity else 0
+            return at, self._take_hazards(at, at + size)
+        raise OutOfMemory(size)
+
+    def _allocate_top(self, size: int) -> tuple[int, list[int]]:
+        """Large blocks go top-down, away from the small next-fit buffers, to limit fragmentation."""
+        for i in range(len(self.free) - 1, -1, -1):
+            start, end = self.free[i]
             if end - start >= size:
-                if end - start == size:
-                    self.free.pop(i)
-                else:
-                    self.free[i] = (start + size, end)
+                at = end - size
+                self.free[i:i + 1] = [(start, at)] if at > start else []
                 self.in_use += size
                 self.peak = max(self.peak, self.in_use)
-                return start, self._take_hazards(start, start + size)
+                return at, self._take_hazards(at, end)
         raise OutOfMemory(size)
 
     def release(self, start: int, size: int, nodes: list[int]) -> None:
@@ -64,6 +88,18 @@ class RangeAllocator:
             else:
                 merged.append((s, e))
         self.free = merged
+
+    def fits(self, sizes: list[int]) -> bool:
+        """Whether buffers of these sizes could all be allocated now (first fit, largest first)."""
+        free = [e - s for s, e in self.free]
+        for size in sorted((max(ALIGN, -(-x // ALIGN) * ALIGN) for x in sizes), reverse=True):
+            for i, room in enumerate(free):
+                if room >= size:
+                    free[i] -= size
+                    break
+            else:
+                return False
+        return True
 
     def largest_free(self) -> int:
         return max((e - s for s, e in self.free), default=0)

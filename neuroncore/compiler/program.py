@@ -174,6 +174,7 @@ class Program:
     input_tensors: list[str]  # HBM tensor per graph parameter, in parameter order
     output_tensors: list[str]  # HBM tensor per graph output
     stats: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived per-program tables
 
     @property
     def n_nodes(self) -> int:

@@ -151,8 +151,8 @@ class GraphBuilder:
         else:
             fan_in = shape[0] if len(shape) >= 2 else 1
             std = scale if scale is not None else (1.0 / math.sqrt(fan_in) if init == "normal" else 1.0)
-            initializer = Initializer(init, seed=zlib.crc32(f"{self.name}/{self.layer}/{name}/{self._seed}".encode()),
-                                      scale=std)
+            seed = zlib.crc32(f"{self.name}/{self.layer}/{name}/{self._seed}".encode())
+            initializer = Initializer(init, seed=seed, scale=std)
         label = f"{self.layer}/{name}" if self.layer else name
         return self._add("constant", [], shape, as_dtype(dtype), init=initializer, label=label)
 

@@ -21,7 +21,8 @@ import numpy as np
 from neuroncore.compiler.program import Program
 from neuroncore.config import default_instance
 from neuroncore.dtypes import to_storage
-from neuroncore.events import EventSink, sink as default_sink
+from neuroncore.events import EventSink
+from neuroncore.events import sink as default_sink
 from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.runtime import records

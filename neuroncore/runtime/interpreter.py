@@ -132,7 +132,8 @@ class Machine:
     # -- execution ---------------------------------------------------------------------------
     def run(self) -> None:
         handlers = {
-            "load": self._load, "store": self._store, "tt": self._tt, "ts": self._ts,
+            "load": self._load, "load_ktiled": self._load_ktiled, "store": self._store,
+            "tt": self._tt, "ts": self._ts,
             "act": self._act, "copy": self._copy, "reduce": self._reduce,
             "reciprocal": self._reciprocal, "select": self._select, "memset": self._memset,
             "iota": self._iota, "identity": self._identity, "ldweights": self._ldweights,
@@ -144,6 +145,14 @@ class Machine:
     def _load(self, dst: Ref, src: HbmAccess) -> None:
         block = self.hbm3d(src)[src.batch, src.r0:src.r1, src.c0:src.c1]
         self.write(dst, block)
+
+    def _load_ktiled(self, dst: Ref, src: HbmAccess, ktiles: int) -> None:
+        block = self.hbm3d(src)[src.batch, src.r0:src.r1, src.c0:src.c1]
+        rows, width = block.shape
+        padded = np.zeros((ktiles * 128, width), np.float32)
+        padded[:rows] = block
+        tiled = padded.reshape(ktiles, 128, width).transpose(1, 0, 2).reshape(128, ktiles * width)
+        self.write(dst, tiled[:dst.rows])
 
     def _store(self, dst: HbmAccess, src: Ref) -> None:
         tensor = self.program.hbm_tensors[dst.tensor]
@@ -217,7 +226,8 @@ class Machine:
         self.write(out, rows[indices, table.c0:table.c1])
 
 
-def prepare_hbm(program: Program, inputs: list[np.ndarray], weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def prepare_hbm(program: Program, inputs: list[np.ndarray],
+                weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """HBM contents at the start of an execution: inputs, weights, zeroed outputs and scratch."""
     hbm: dict[str, np.ndarray] = dict(weights)
     for name, value in zip(program.input_tensors, inputs):

@@ -6,14 +6,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, Program
+from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.events import BATCH_ROWS, EventSink
 from neuroncore.hardware import ENGINE_LABELS, Engine
-from neuroncore.runtime.scheduler import Timeline
+from neuroncore.runtime.scheduler import RecordLayout, Timeline
 
 TRACK_LABELS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
 ENGINE_NAMES = [ENGINE_LABELS[e] for e in Engine]
-HBM_SAMPLES = 2000
 
 
 def _chunks(n: int) -> Iterator[slice]:
@@ -43,87 +42,91 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int) ->
     )
 
 
+def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[str, np.ndarray]]:
+    """Columns that are the same for every execution of a program, built once and cached."""
+    cached = program.cache.get("static_columns")
+    if cached is not None:
+        return cached
+    idx = layout.instr_nodes
+    track = program.resource[idx].astype(np.int8)
+    instruction = {
+        "id": idx,
+        "engine": program.engine[idx],
+        "track": track,
+        "opcode": program.opcode_id[idx],
+        "pc": program.pc[idx],
+        "op_index": program.op_index[idx],
+        **{name: getattr(program, name)[idx] for name in (
+            "raw_flops", "adjusted_flops", "transpose_flops", "hbm_read_bytes", "hbm_write_bytes",
+            "sbuf_read_bytes", "sbuf_write_bytes", "psum_read_bytes", "psum_write_bytes",
+            "spill_save_bytes", "spill_reload_bytes")},
+    }
+    nodes = layout.packet_node
+    packet = {
+        "transfer_id": nodes,
+        "trigger_id": program.trigger[nodes],
+        "queue_idx": program.queue[nodes],
+        "transfer_bytes": program.dma_bytes[nodes] // np.maximum(program.dma_engines[nodes], 1),
+        "hbm_read": program.hbm_read_bytes[nodes] > 0,
+        "hbm_write": program.hbm_write_bytes[nodes] > 0,
+        "op_index": program.op_index[nodes],
+    }
+    producers = layout.producers
+    semaphore = {
+        "semaphore": program.sem_increment[producers],
+        "value": program.sem_value[producers],
+        "node": producers,
+        "is_dma": program.resource[producers] == RES_DMA,
+        "source_engine": program.engine[producers],
+    }
+    cached = {"instruction": instruction, "packet": packet, "semaphore": semaphore}
+    program.cache["static_columns"] = cached
+    return cached
+
+
+def _sliced(columns: dict[str, np.ndarray], part: slice) -> dict[str, np.ndarray]:
+    return {name: column[part] for name, column in columns.items()}
+
+
 def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, execution_id: int,
                    model_id: int, core: int) -> None:
+    """Hand one execution's records to the sink: array views, no per-record Python work."""
     meta = {"execution_id": execution_id, "model_id": model_id, "core": core}
-    is_dma = program.resource == RES_DMA
-    instr = np.flatnonzero(~is_dma)
-    start = np.rint(timeline.start_ns).astype(np.int64)
-    end = np.rint(timeline.end_ns).astype(np.int64)
-    wait = np.rint(timeline.wait_ns).astype(np.int64)
-    track = program.resource.astype(np.int8)
-    # DMA triggered by each trigger instruction
-    trig_of = np.full(program.n_nodes, -1, np.int64)
-    dma_nodes = np.flatnonzero(is_dma)
-    trig_of[program.trigger[dma_nodes]] = dma_nodes
-    dma_start = np.where(trig_of >= 0, start[np.maximum(trig_of, 0)], -1)
-    dma_end = np.where(trig_of >= 0, end[np.maximum(trig_of, 0)], -1)
-    for part in _chunks(len(instr)):
-        idx = instr[part]
+    layout = timeline.layout
+    static = _static_columns(program, layout)
+    for part in _chunks(layout.instr_nodes.size):
+        start, end = timeline.i_start[part], timeline.i_end[part]
         sink.emit(
             "instruction",
             {
-                "id": idx,
-                "start_ts": start[idx],
-                "end_ts": end[idx],
-                "duration_ns": end[idx] - start[idx],
-                "engine": program.engine[idx],
-                "track": np.where(track[idx] == RES_TENSOR_MM, RES_TENSOR_MM, track[idx]),
-                "opcode": program.opcode_id[idx],
-                "pc": program.pc[idx],
-                "op_index": program.op_index[idx],
-                "evt_wait_time_ns": wait[idx],
-                "dma_trigger_start_ts": dma_start[idx],
-                "dma_trigger_end_ts": dma_end[idx],
-                "raw_flops": program.raw_flops[idx],
-                "adjusted_flops": program.adjusted_flops[idx],
-                "transpose_flops": program.transpose_flops[idx],
-                "hbm_read_bytes": program.hbm_read_bytes[idx],
-                "hbm_write_bytes": program.hbm_write_bytes[idx],
-                "sbuf_read_bytes": program.sbuf_read_bytes[idx],
-                "sbuf_write_bytes": program.sbuf_write_bytes[idx],
-                "psum_read_bytes": program.psum_read_bytes[idx],
-                "psum_write_bytes": program.psum_write_bytes[idx],
-                "spill_save_bytes": program.spill_save_bytes[idx],
-                "spill_reload_bytes": program.spill_reload_bytes[idx],
+                **_sliced(static["instruction"], part),
+                "start_ts": start,
+                "end_ts": end,
+                "duration_ns": end - start,
+                "evt_wait_time_ns": timeline.i_wait[part],
+                "dma_trigger_start_ts": timeline.i_dma_start[part],
+                "dma_trigger_end_ts": timeline.i_dma_end[part],
             },
             engine_labels=ENGINE_NAMES, track_labels=TRACK_LABELS, opcodes=program.opcodes, **meta,
         )
-    packets = timeline.packet_node
-    for part in _chunks(len(packets)):
-        nodes = packets[part]
-        p_start = np.rint(timeline.packet_start_ns[part]).astype(np.int64)
-        p_end = np.rint(timeline.packet_end_ns[part]).astype(np.int64)
-        share = program.dma_bytes[nodes] // np.maximum(program.dma_engines[nodes], 1)
+    queues = [(q.index, q.name, q.queue_type) for q in program.queues]
+    for part in _chunks(layout.packet_node.size):
+        start, end = timeline.packet_start_ns[part], timeline.packet_end_ns[part]
         sink.emit(
             "dma_packet",
             {
-                "transfer_id": nodes,
-                "start_ts": p_start,
-                "end_ts": p_end,
-                "duration_ns": p_end - p_start,
+                **_sliced(static["packet"], part),
+                "start_ts": start,
+                "end_ts": end,
+                "duration_ns": end - start,
                 "engine_idx": timeline.packet_engine[part],
-                "queue_idx": program.queue[nodes],
-                "transfer_bytes": share,
-                "hbm_read": program.hbm_read_bytes[nodes] > 0,
-                "hbm_write": program.hbm_write_bytes[nodes] > 0,
-                "op_index": program.op_index[nodes],
             },
-            queues=[(q.index, q.name, q.queue_type) for q in program.queues], **meta,
+            queues=queues, **meta,
         )
-    producers = np.flatnonzero(program.sem_increment >= 0)
-    for part in _chunks(len(producers)):
-        nodes = producers[part]
+    for part in _chunks(layout.producers.size):
         sink.emit(
             "semaphore_update",
-            {
-                "timestamp": end[nodes],
-                "semaphore": program.sem_increment[nodes],
-                "value": program.sem_value[nodes],
-                "node": nodes,
-                "is_dma": is_dma[nodes],
-                "source_engine": program.engine[nodes],
-            },
+            {**_sliced(static["semaphore"], part), "timestamp": timeline.sem_ts[part]},
             semaphore_names=program.semaphore_names, **meta,
         )
     times, throughput, cumulative = hbm_samples(program, timeline)
@@ -131,31 +134,17 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
                             "total_transfer_bytes": cumulative}, **meta)
 
 
-def hbm_samples(program: Program, timeline: Timeline, samples: int = HBM_SAMPLES
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """HBM bytes/s sampled on an even grid over the execution, from the DMA packets that touch HBM."""
-    nodes = timeline.packet_node
-    hbm_bytes = (program.hbm_read_bytes[nodes] + program.hbm_write_bytes[nodes]) // np.maximum(
-        program.dma_engines[nodes], 1)
-    keep = hbm_bytes > 0
-    s, e, b = timeline.packet_start_ns[keep], timeline.packet_end_ns[keep], hbm_bytes[keep]
-    t0, t1 = timeline.begin_ns, max(timeline.finish_ns, timeline.begin_ns + 1.0)
-    edges = np.linspace(t0, t1, samples + 1)
-    if s.size == 0:
-        zeros = np.zeros(samples, np.int64)
-        return np.rint(edges[:-1]).astype(np.int64), zeros.astype(np.float32), zeros
-    rate = b / np.maximum(e - s, 1e-9)  # bytes per ns while the packet runs
-    times = np.concatenate([s, e])
-    slope_change = np.concatenate([rate, -rate])
-    order = np.argsort(times, kind="stable")
-    times, slope_change = times[order], slope_change[order]
-    slope = np.cumsum(slope_change)
-    cum = np.concatenate([[0.0], np.cumsum(slope[:-1] * np.diff(times))])
-    at_edges = np.interp(edges, times, cum)
-    per_bin = np.diff(at_edges)
-    throughput = per_bin / np.diff(edges) * 1e9  # bytes per second
-    return (np.rint(edges[:-1]).astype(np.int64), throughput.astype(np.float32),
-            np.rint(at_edges[1:]).astype(np.int64))
+def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """HBM throughput per sampling period (timestamps, bytes/s, cumulative bytes) over the execution.
 
-
-assert RES_TENSOR_LS == 0
+    The timing pass spreads each transfer's HBM bytes evenly over its duration into fixed periods
+    (at least 1 us; longer for long programs so there are at most ~4096 samples).
+    """
+    layout = timeline.layout
+    width = layout.hbm_width_ns
+    t0 = timeline.begin_ns
+    used = max(1, min(timeline.hbm_bins.size, int(np.ceil((timeline.finish_ns - t0) / width))))
+    per_bin = timeline.hbm_bins[:used]
+    times = np.rint(t0 + width * np.arange(used)).astype(np.int64)
+    throughput = (per_bin * (1e9 / width)).astype(np.float32)
+    return times, throughput, np.rint(np.cumsum(per_bin)).astype(np.int64)

@@ -9,7 +9,9 @@ DMA engines it is spread over queues behind earlier transfers on that engine (FI
 one queue complete in order (the queue's semaphore counts completions).
 
 Because every dependency points backwards in the global order, one pass computes the exact
-schedule. The loop is compiled with numba: it is the hot path of every simulated execution.
+schedule. The loop is compiled with numba: it is the hot path of every simulated execution. The same
+pass writes the integer-nanosecond record columns the event sink hands out, so observing an
+execution costs no second pass over its instructions.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, P
 
 @njit(cache=True, nogil=True)
 def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, n_queues,
-              n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine):
+              n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
+              slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
+              hbm_bytes, hbm_width, hbm_bins):
     engine_free = np.full(7, t0)
     dma_free = np.full(n_dma_engines, t0)
     queue_done = np.full(n_queues, t0)
@@ -50,8 +54,8 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
                 s = s_min if s_min > dma_free[e_idx] else dma_free[e_idx]
                 f = s + cost_ns[i]
                 dma_free[e_idx] = f
-                pkt_start[p] = s
-                pkt_end[p] = f
+                pkt_start[p] = np.int64(s + 0.5)
+                pkt_end[p] = np.int64(f + 0.5)
                 pkt_engine[p] = e_idx
                 p += 1
                 if f > finish:
@@ -66,35 +70,148 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
             start[i] = first
             end[i] = finish
             wait[i] = first - s_min if first > s_min else 0.0
-            continue
-        avail = engine_free[r]
-        if r == RES_TENSOR_LS:
-            if last_mm_start > avail:
-                avail = last_mm_start
-        elif r == RES_TENSOR_MM:
-            if engine_free[RES_TENSOR_LS] > avail:
+            t = slot[trigger[i]]
+            i_dma_start[t] = np.int64(first + 0.5)
+            i_dma_end[t] = np.int64(finish + 0.5)
+            if hbm_bytes[i] > 0:
+                _spread_one(first, finish, hbm_bytes[i], t0, hbm_width, hbm_bins)
+        else:
+            avail = engine_free[r]
+            if r == RES_TENSOR_LS:
+                if last_mm_start > avail:
+                    avail = last_mm_start
+            elif r == RES_TENSOR_MM and engine_free[RES_TENSOR_LS] > avail:
                 avail = engine_free[RES_TENSOR_LS]
-        s = avail if avail > ready else ready
-        wait[i] = ready - avail if ready > avail else 0.0
-        start[i] = s
-        end[i] = s + cost_ns[i]
-        engine_free[r] = end[i]
-        if r == RES_TENSOR_MM:
-            last_mm_start = s
+            s = avail if avail > ready else ready
+            wait[i] = ready - avail if ready > avail else 0.0
+            start[i] = s
+            end[i] = s + cost_ns[i]
+            engine_free[r] = end[i]
+            if r == RES_TENSOR_MM:
+                last_mm_start = s
+            k = slot[i]
+            i_start[k] = np.int64(s + 0.5)
+            i_end[k] = np.int64(end[i] + 0.5)
+            i_wait[k] = np.int64(wait[i] + 0.5)
+        if sem_slot[i] >= 0:
+            sem_ts[sem_slot[i]] = np.int64(end[i] + 0.5)
     return p
+
+
+@njit(cache=True, nogil=True)
+def _spread_one(s, e, a, t0, width, out):
+    """Add ``a`` over [s, e) to the fixed-width bins it overlaps, pro rata (clipped to ``out``)."""
+    nbins = out.shape[0]
+    if e <= s:
+        b = int((s - t0) / width)
+        if 0 <= b < nbins:
+            out[b] += a
+        return
+    rate = a / (e - s)
+    b = int((s - t0) / width)
+    while 0 <= b < nbins:
+        lo = t0 + b * width
+        hi = lo + width
+        left = s if s > lo else lo
+        right = e if e < hi else hi
+        if right > left:
+            out[b] += rate * (right - left)
+        if e <= hi:
+            break
+        b += 1
+
+
+@njit(cache=True, nogil=True)
+def _spread(starts, ends, amounts, t0, width, out):
+    """Add each interval's amount to the fixed-width bins it overlaps, pro rata."""
+    nbins = out.shape[0]
+    for i in range(starts.shape[0]):
+        s, e, a = starts[i], ends[i], amounts[i]
+        if a == 0:
+            continue
+        if e <= s:
+            b = int((s - t0) / width)
+            if 0 <= b < nbins:
+                out[b] += a
+            continue
+        rate = a / (e - s)
+        b = int((s - t0) / width)
+        while b < nbins:
+            lo = t0 + b * width
+            hi = lo + width
+            left = s if s > lo else lo
+            right = e if e < hi else hi
+            if right > left and b >= 0:
+                out[b] += rate * (right - left)
+            if e <= hi:
+                break
+            b += 1
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """Per-program index arrays that let the timing pass write record columns directly."""
+
+    instr_nodes: np.ndarray  # node id of each instruction record, in program order
+    slot: np.ndarray  # node -> its instruction record position (-1 for DMA transfers)
+    producers: np.ndarray  # nodes that increment a semaphore
+    sem_slot: np.ndarray  # node -> position in ``producers`` (-1 if none)
+    packet_node: np.ndarray  # transfer of each DMA packet
+    hbm_bytes: np.ndarray  # float64 per node: HBM bytes a transfer reads or writes
+    hbm_width_ns: float  # HBM counter sampling period
+    hbm_bins: int  # enough bins for the slowest possible schedule
+
+
+HBM_MAX_SAMPLES = 4096
+HBM_MIN_PERIOD_NS = 1000.0
+
+
+def record_layout(program: Program) -> RecordLayout:
+    cached = program.cache.get("record_layout")
+    if cached is None:
+        is_dma = program.resource == RES_DMA
+        instr = np.flatnonzero(~is_dma)
+        slot = np.full(program.n_nodes, -1, np.int64)
+        slot[instr] = np.arange(instr.size)
+        producers = np.flatnonzero(program.sem_increment >= 0)
+        sem_slot = np.full(program.n_nodes, -1, np.int64)
+        sem_slot[producers] = np.arange(producers.size)
+        dma_nodes = np.flatnonzero(is_dma)
+        packet_node = np.repeat(dma_nodes, program.dma_engines[dma_nodes].astype(np.int64))
+        hbm = (program.hbm_read_bytes + program.hbm_write_bytes).astype(np.float64)
+        hbm[~is_dma] = 0.0
+        # no schedule can take longer than running every node back to back
+        bound = float(program.cost_ns.sum()) + dma_nodes.size * program.spec.dma_fixed_latency_ns
+        width = max(HBM_MIN_PERIOD_NS, bound / HBM_MAX_SAMPLES)
+        cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm, width,
+                              int(bound / width) + 2)
+        program.cache["record_layout"] = cached
+    return cached
 
 
 @dataclass
 class Timeline:
-    """Start/end of every node (ns on the core's clock) and of every DMA packet (one per engine share)."""
+    """When everything ran, on the core's clock (ns).
+
+    Float arrays cover every node (instructions and DMA transfers); the ``i_*`` integer arrays are
+    the instruction records in program order (``layout.instr_nodes``); packets are DMA engine shares.
+    """
 
     start_ns: np.ndarray
     end_ns: np.ndarray
     wait_ns: np.ndarray  # instructions: time blocked on semaphores; DMA: queueing behind other transfers
     packet_node: np.ndarray  # int64: the transfer each packet belongs to
-    packet_start_ns: np.ndarray
-    packet_end_ns: np.ndarray
+    packet_start_ns: np.ndarray  # int64
+    packet_end_ns: np.ndarray  # int64
     packet_engine: np.ndarray  # int16: DMA engine index 0..15
+    i_start: np.ndarray
+    i_end: np.ndarray
+    i_wait: np.ndarray
+    i_dma_start: np.ndarray  # start of the transfer an instruction triggered (-1: none)
+    i_dma_end: np.ndarray
+    sem_ts: np.ndarray  # completion time of each semaphore-incrementing node (layout.producers)
+    hbm_bins: np.ndarray  # HBM bytes moved in each sampling period from the start
+    layout: RecordLayout
 
     @property
     def begin_ns(self) -> float:
@@ -108,22 +225,39 @@ class Timeline:
 def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
     """Simulate ``program`` starting at ``t0_ns``; pure function of the program's static costs."""
     n = program.n_nodes
+    layout = record_layout(program)
+    n_instr = layout.instr_nodes.size
+    n_packets = layout.packet_node.size
     start = np.empty(n, np.float64)
     end = np.empty(n, np.float64)
     wait = np.empty(n, np.float64)
-    is_dma = program.resource == RES_DMA
-    n_packets = int(program.dma_engines[is_dma].astype(np.int64).sum())
-    pkt_start = np.empty(n_packets, np.float64)
-    pkt_end = np.empty(n_packets, np.float64)
+    pkt_start = np.empty(n_packets, np.int64)
+    pkt_end = np.empty(n_packets, np.int64)
     pkt_engine = np.empty(n_packets, np.int16)
+    i_start = np.empty(n_instr, np.int64)
+    i_end = np.empty(n_instr, np.int64)
+    i_wait = np.empty(n_instr, np.int64)
+    i_dma_start = np.full(n_instr, -1, np.int64)
+    i_dma_end = np.full(n_instr, -1, np.int64)
+    sem_ts = np.empty(layout.producers.size, np.int64)
+    hbm_bins = np.zeros(layout.hbm_bins, np.float64)
     spec = program.spec
     _schedule(program.resource, program.cost_ns, program.queue, program.dma_engines,
               program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
               spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
-              pkt_start, pkt_end, pkt_engine)
-    dma_nodes = np.flatnonzero(is_dma)
-    packet_node = np.repeat(dma_nodes, program.dma_engines[dma_nodes].astype(np.int64))
-    return Timeline(start, end, wait, packet_node, pkt_start, pkt_end, pkt_engine)
+              pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
+              i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, layout.hbm_width_ns, hbm_bins)
+    return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
+                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, layout)
+
+
+def spread(starts: np.ndarray, ends: np.ndarray, amounts: np.ndarray, t0: float, width: float,
+           nbins: int) -> np.ndarray:
+    """Amounts spread pro rata over ``nbins`` bins of ``width`` ns from ``t0`` (float64 per bin)."""
+    out = np.zeros(nbins, np.float64)
+    _spread(starts.astype(np.float64), ends.astype(np.float64), amounts.astype(np.float64),
+            float(t0), float(width), out)
+    return out
 
 
 assert RES_TENSOR_LS == 0 and RES_TENSOR_MM == 5 and RES_DMA == 6  # constants baked into the loop

@@ -69,7 +69,7 @@ def summarize(result: ExecutionResult) -> ExecutionSummary:
         engines=rows,
         dma_transfers=int(is_dma.sum()),
         dma_bytes=int(program.dma_bytes.sum()),
-        dma_active_ns=union_ns(tl.packet_start_ns, tl.packet_end_ns),
+        dma_active_ns=union_ns(tl.packet_start_ns.astype(np.float64), tl.packet_end_ns.astype(np.float64)),
         hbm_bytes=int(program.hbm_read_bytes.sum() + program.hbm_write_bytes.sum()),
         flops=flops,
         mfu=adjusted / (peak * total * 1e-9) if total else 0.0,
