@@ -66,7 +66,7 @@ def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[st
         "transfer_id": nodes,
         "trigger_id": program.trigger[nodes],
         "queue_idx": program.queue[nodes],
-        "transfer_bytes": program.dma_bytes[nodes] // np.maximum(program.dma_engines[nodes], 1),
+        "transfer_bytes": _packet_bytes(program, nodes),
         "hbm_read": program.hbm_read_bytes[nodes] > 0,
         "hbm_write": program.hbm_write_bytes[nodes] > 0,
         "op_index": program.op_index[nodes],
@@ -82,6 +82,17 @@ def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[st
     cached = {"instruction": instruction, "packet": packet, "semaphore": semaphore}
     program.cache["static_columns"] = cached
     return cached
+
+
+def _packet_bytes(program: Program, nodes: np.ndarray) -> np.ndarray:
+    """Each packet's share of its transfer's bytes; the first packets carry the remainder."""
+    if nodes.size == 0:
+        return np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])  # a transfer's packets are adjacent
+    rank = np.arange(nodes.size) - np.repeat(starts, np.diff(np.r_[starts, nodes.size]))
+    total = program.dma_bytes[nodes]
+    engines = np.maximum(program.dma_engines[nodes].astype(np.int64), 1)
+    return total // engines + (rank < total % engines)
 
 
 def _sliced(columns: dict[str, np.ndarray], part: slice) -> dict[str, np.ndarray]:

@@ -28,10 +28,12 @@ from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, P
 def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, n_queues,
               n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
               slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
-              hbm_bytes, hbm_width, hbm_bins):
+              hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used):
     engine_free = np.full(7, t0)
     dma_free = np.full(n_dma_engines, t0)
+    queue_free = np.full((n_dma_engines, n_queues), t0)
     queue_done = np.full(n_queues, t0)
+    n_buckets = used.shape[1]
     last_mm_start = t0
     rotate = 0
     p = 0
@@ -49,11 +51,17 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
                 s_min = ready
             first = 1e300
             finish = s_min
+            q = queue[i]
             for k in range(dma_engines[i]):
                 e_idx = (rotate + k) % n_dma_engines
-                s = s_min if s_min > dma_free[e_idx] else dma_free[e_idx]
-                f = s + cost_ns[i]
-                dma_free[e_idx] = f
+                if fluid:
+                    s, f = _fluid_place(used, e_idx, max(s_min, queue_free[e_idx, q]), cost_ns[i],
+                                        t0, bucket_ns, n_buckets)
+                    queue_free[e_idx, q] = f
+                else:
+                    s = s_min if s_min > dma_free[e_idx] else dma_free[e_idx]
+                    f = s + cost_ns[i]
+                    dma_free[e_idx] = f
                 pkt_start[p] = np.int64(s + 0.5)
                 pkt_end[p] = np.int64(f + 0.5)
                 pkt_engine[p] = e_idx
@@ -63,7 +71,6 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
                 if s < first:
                     first = s
             rotate = (rotate + dma_engines[i]) % n_dma_engines
-            q = queue[i]
             if queue_done[q] > finish:
                 finish = queue_done[q]
             queue_done[q] = finish
@@ -96,6 +103,44 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
         if sem_slot[i] >= 0:
             sem_ts[sem_slot[i]] = np.int64(end[i] + 0.5)
     return p
+
+
+@njit(cache=True, nogil=True)
+def _fluid_place(used, e, s, work, t0, width, n_buckets):
+    """Serve ``work`` ns on DMA engine ``e`` from time ``s``, sharing it with work placed before.
+
+    Each engine's time is divided into buckets of ``width`` ns; a bucket serves at most ``width``
+    ns of work whatever the queue. This is the round-robin across queues of a real DMA engine,
+    as a fluid: a transfer triggered early is not held behind one that the compiler emitted earlier
+    but that only becomes ready later. Returns (start, end).
+    """
+    t = s
+    remaining = work
+    first = -1.0
+    b = int((t - t0) / width)
+    while remaining > 1e-9:
+        if b >= n_buckets:  # past the horizon: the engine is otherwise idle
+            if first < 0:
+                first = t
+            t += remaining
+            break
+        lo = t0 + b * width
+        hi = lo + width
+        if t < lo:
+            t = lo
+        avail = min(hi - t, width - used[e, b])
+        if avail > 1e-9:
+            if first < 0:
+                first = t
+            c = avail if avail < remaining else remaining
+            used[e, b] += c
+            remaining -= c
+            t += c
+        if remaining > 1e-9:
+            b += 1
+    if first < 0:
+        first = s
+    return first, t
 
 
 @njit(cache=True, nogil=True)
@@ -163,6 +208,8 @@ class RecordLayout:
 
 
 HBM_MAX_SAMPLES = 4096
+DMA_BUCKETS = 16384  # time resolution of DMA engine sharing: horizon / buckets, at least ...
+DMA_BUCKET_MIN_NS = 100.0
 HBM_MIN_PERIOD_NS = 1000.0
 
 
@@ -240,13 +287,26 @@ def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
     i_dma_start = np.full(n_instr, -1, np.int64)
     i_dma_end = np.full(n_instr, -1, np.int64)
     sem_ts = np.empty(layout.producers.size, np.int64)
-    hbm_bins = np.zeros(layout.hbm_bins, np.float64)
     spec = program.spec
-    _schedule(program.resource, program.cost_ns, program.queue, program.dma_engines,
-              program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
-              spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
-              pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
-              i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, layout.hbm_width_ns, hbm_bins)
+
+    def run(fluid: bool, bucket_ns: float, used: np.ndarray) -> np.ndarray:
+        hbm_bins = np.zeros(layout.hbm_bins, np.float64)
+        _schedule(program.resource, program.cost_ns, program.queue, program.dma_engines,
+                  program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
+                  spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
+                  pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
+                  i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, layout.hbm_width_ns,
+                  hbm_bins, fluid, bucket_ns, used)
+        return hbm_bins
+
+    # pass 1 (DMA engines FIFO in program order) bounds the horizon; pass 2 shares the engines
+    # across queues in time order within that horizon
+    hbm_bins = run(False, 1.0, np.zeros((1, 1)))
+    if layout.packet_node.size:
+        horizon = max(end.max() - t0_ns, 1.0) * 1.25
+        bucket_ns = max(DMA_BUCKET_MIN_NS, horizon / DMA_BUCKETS)
+        used = np.zeros((spec.dma_engines, int(horizon / bucket_ns) + 1), np.float64)
+        hbm_bins = run(True, bucket_ns, used)
     return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
                     i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, layout)
 
