@@ -117,6 +117,7 @@ class Context:
         self.stats = {"spill_save_bytes": 0, "spill_reload_bytes": 0, "spilled_tiles": 0}
         self._next_buffer = 0
         self._identity: Buffer | None = None
+        self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
 
     # -- buffers ---------------------------------------------------------------------------
     def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
@@ -435,9 +436,20 @@ class Context:
         return name
 
     def extend_uses(self, source: Op, alias: Op) -> None:
-        """Keep ``source`` alive for as long as ``alias`` (which reads its tiles) is used."""
+        """Keep ``source`` alive for as long as ``alias`` (which reads its tiles) is used.
+
+        If ``source`` itself only reads its own sources when first loaded (an alias, or a view not
+        yet materialised), those must stay alive as long too: the extension is transitive.
+        """
         merged = sorted(set(self.uses[source.index]) | set(self.uses[alias.index]))
         self.uses[source.index] = merged
+        self.kept_alive.setdefault(alias.index, set()).add(source.index)
+        value = self.values.get(source.index)
+        if value is not None and value.alias is not None:
+            self.extend_uses(value.alias, alias)
+        elif value is not None and value.lazy is not None:
+            for upstream in source.operands:
+                self.extend_uses(upstream, alias)
 
     def prepare(self, value: Value) -> None:
         if value.lazy is not None:
@@ -460,11 +472,17 @@ class Context:
     def finish(self, op: Op) -> None:
         """Free the tiles of values whose last use was ``op``."""
         candidates = {o.index: o for o in op.operands}
-        for operand in list(candidates.values()):
+        pending = list(candidates.values())
+        while pending:  # and every value an operand keeps alive (alias sources, view sources)
+            operand = pending.pop()
+            for index in self.kept_alive.get(operand.index, ()):
+                if index not in candidates:
+                    candidates[index] = self.graph.ops[index]
+                    pending.append(self.graph.ops[index])
             value = self.values.get(operand.index)
-            while value is not None and value.alias is not None:
+            if value is not None and value.alias is not None and value.alias.index not in candidates:
                 candidates[value.alias.index] = value.alias
-                value = self.values.get(value.alias.index)
+                pending.append(value.alias)
         for operand in candidates.values():
             if self.uses[operand.index] and self.uses[operand.index][-1] <= op.index:
                 self.drop(operand)

@@ -23,6 +23,7 @@ from itertools import product
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, P
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, HbmAccess, Ref
 from neuroncore.dtypes import DType
@@ -233,8 +234,12 @@ class _Operand:
         self.ktiled = self.mode == "load" and tensor is not None and tensor.kind == "weight"
         self.engines = _alternating()
 
-    def block(self, b: int, k0: int, k1: int, x0: int, x1: int) -> list[Ref]:
-        """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned."""
+    def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
+        """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned.
+
+        Buffers are allocated ``pad_to`` wide (the plan's block width) so that every block of a dot
+        has the same size and reuses the hole the previous one left, instead of fragmenting SBUF.
+        """
         ctx, op = self.ctx, self.op
         refs: list[Ref] = []
         kt_per_batch = math.ceil(self.k / P)
@@ -246,8 +251,7 @@ class _Operand:
             return refs
         if self.mode == "load":
             value = ctx.values[op.index]
-            ctx.prepare(value)
-            name = value.hbm
+            name = ctx.ensure_hbm(op)  # an on-chip value not in row layout is stored first
             rows_per_batch = self.k
             run = None
             if name in ctx.hbm_views:
@@ -257,7 +261,7 @@ class _Operand:
                 # weights are stored k-tiled by the compiler: one transfer, one run per partition
                 kt = math.ceil((k1 - k0) / P)
                 width = x1 - x0
-                buf = ctx.alloc(min(P, k1 - k0), kt * width, op.dtype, f"{op.name}.blk")
+                buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk")
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = HbmAccess(name, b, k0, k1, x0, x1)
                 ctx.dma_load(ctx._load_queue(value), access, whole, op.dtype,
@@ -267,7 +271,7 @@ class _Operand:
                 return refs
             for kk in range(k0, k1, P):
                 rows = min(P, k1 - kk)
-                buf = ctx.alloc(rows, x1 - x0, op.dtype, f"{op.name}.blk")
+                buf = ctx.alloc(rows, max(x1 - x0, pad_to), op.dtype, f"{op.name}.blk")
                 ref = Ref(buf.id, 0, rows, 0, x1 - x0)
                 queue = ctx._load_queue(value)
                 access = HbmAccess(name, b, kk, kk + rows, x0, x1)
@@ -277,18 +281,18 @@ class _Operand:
             return refs
         # transpose: rows of the operand are the free dim; its columns are K
         x_tiles_per_batch = math.ceil(self.free_size / P)
-        bufs = []
-        for kk in range(k0, k1, P):
-            rows = min(P, k1 - kk)
-            buf = ctx.alloc(rows, x1 - x0, op.dtype, f"{op.name}.T")
-            bufs.append(Ref(buf.id, 0, rows, 0, x1 - x0))
+        width = max(x1 - x0, pad_to)
+        ks = list(range(k0, k1, P))
+        buf = ctx.alloc(min(P, k1 - k0), len(ks) * width, op.dtype, f"{op.name}.T")
+        bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
+                for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
             t = b * x_tiles_per_batch + xx // P
-            src = ctx.tile(op, t)
+            src = ctx.tile(op, t, "row")  # row tiles, whatever the value's own layout
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
                 block = Ref(src.buf, 0, src.rows, kk, kk + rows)
-                dst = Ref(bufs[j].buf, 0, rows, xx - x0, xx - x0 + src.rows)
+                dst = Ref(bufs[j].buf, 0, rows, bufs[j].f0 + xx - x0, bufs[j].f0 + xx - x0 + src.rows)
                 pe_transpose(ctx, block, dst, op.dtype, next(self.engines))
             ctx.release(op, src)
         return bufs
@@ -327,17 +331,20 @@ def lower_dot(ctx: Context, op: Op) -> None:
             a_cache: dict[int, list[Ref]] = {}
             for n0 in range(0, n, plan.nb):
                 n1 = min(n, n0 + plan.nb)
-                accumulators: dict[tuple[int, int], Ref] = {}
                 k_blocks = list(range(0, k, plan.kb))
+                acc_buf = None
+                if len(k_blocks) > 1:  # partial sums of the whole block, one allocation
+                    acc_buf = ctx.alloc(min(P, m1 - m0), math.ceil((m1 - m0) / P) * plan.nb,
+                                        DType.FP32, f"{op.name}.acc")
                 for kb_index, k0 in enumerate(k_blocks):
                     k1 = min(k, k0 + plan.kb)
                     first, last = kb_index == 0, kb_index == len(k_blocks) - 1
                     a_refs = a_cache.get(k0)
                     if a_refs is None:
-                        a_refs = a.block(b, k0, k1, m0, m1)
+                        a_refs, held = _block_or_unbuffer(a, held, b, k0, k1, m0, m1, plan.mb)
                         if len(k_blocks) == 1 and a.mode != "direct":
                             a_cache[k0] = a_refs
-                    b_refs = bop.block(b, k0, k1, n0, n1)
+                    b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     for mm0 in range(m0, m1, P):
                         mm1 = min(m1, mm0 + P)
                         t = b * m_tiles_per_batch + mm0 // P
@@ -359,16 +366,20 @@ def lower_dot(ctx: Context, op: Op) -> None:
                                     matmul(ctx, out, moving, stationary, dtype, pos)
                             for bank, (c0, c1) in zip(banks, chunks):
                                 psum = Ref(bank.id, 0, mm1 - mm0, 0, c1 - c0)
-                                _evacuate(ctx, op, t, psum, c0, c1, first, last, accumulators,
-                                          (mm0, c0), next(evac))
+                                acc_ref = None
+                                if acc_buf is not None:
+                                    base = (mm0 - m0) // P * plan.nb + c0 - n0
+                                    acc_ref = Ref(acc_buf.id, 0, mm1 - mm0, base, base + c1 - c0)
+                                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref,
+                                          next(evac))
                                 ctx.free(bank)
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
                     held = [(bop, b_refs)] + ([] if k0 in a_cache else [(a, a_refs)])
                     ctx.unpin_all()
-                for acc in accumulators.values():
-                    ctx.free(ctx.buffers[acc.buf])
+                if acc_buf is not None:
+                    ctx.free(acc_buf)
             for operand, refs in held:
                 operand.release(refs)
             held = []
@@ -377,22 +388,32 @@ def lower_dot(ctx: Context, op: Op) -> None:
             ctx.unpin_all()
 
 
+def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,
+                       k1: int, x0: int, x1: int, width: int
+                       ) -> tuple[list[Ref], list[tuple[_Operand, list[Ref]]]]:
+    """Load a block; if SBUF is too fragmented for double buffering, fall back to single."""
+    try:
+        return operand.block(b, k0, k1, x0, x1, width), held
+    except CompileError:
+        if not held:
+            raise
+    for other, refs in held:
+        other.release(refs)
+    return operand.block(b, k0, k1, x0, x1, width), []
+
+
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
-              accumulators: dict[tuple[int, int], Ref], key: tuple[int, int], engine: Engine) -> None:
+              acc: Ref | None, engine: Engine) -> None:
     """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split."""
     if first and last:
         out = ctx.produce(op, t, c0, c1)
         tensor_copy(ctx, out, psum, engine)
         ctx.produced(op, t, out, c0, c1)
         return
+    assert acc is not None
     if first:
-        buf = ctx.alloc(psum.rows, psum.cols, DType.FP32, f"{op.name}.acc")
-        acc = Ref(buf.id, 0, psum.rows, 0, psum.cols)
-        accumulators[key] = acc
         tensor_copy(ctx, acc, psum, engine)
         return
-    acc = accumulators[key]
-    ctx.pinned.add(acc.buf)
     if not last:
         tensor_tensor(ctx, "add", acc, acc, psum)
         return

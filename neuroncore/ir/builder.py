@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 import sys
 import zlib
@@ -52,6 +53,14 @@ def _capture_frames() -> tuple[SourceFrame, ...]:
             frames.append(SourceFrame(path, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return tuple(reversed(frames))
+
+
+def _dims(opcode: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """Dimensions as ints; 2.5 or "3" is a mistake, not something to truncate silently."""
+    try:
+        return tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise GraphError(f"{opcode}: shape {list(shape)} has a non-integer dimension") from None
 
 
 class GraphBuilder:
@@ -106,7 +115,7 @@ class GraphBuilder:
             opcode=opcode,
             name=name or f"{opcode}.{self._next_id}",
             operands=tuple(operands),
-            shape=tuple(int(d) for d in shape),
+            shape=_dims(opcode, shape),
             dtype=dtype,
             attrs=attrs,
             layer=self.layer,

@@ -6,6 +6,7 @@ inputs. ``WORKLOADS`` is the registry the CLIs list and capture from.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,11 +37,26 @@ class Workload:
         if unknown:
             raise ValueError(f"workload {self.name} has no option {', '.join(unknown)}; "
                              f"options: {', '.join(sorted(opts))}")
+        for key, value in overrides.items():
+            if value is not None and not _same_kind(opts[key], value):
+                raise ValueError(f"workload {self.name} option {key} expects "
+                                 f"{type(opts[key]).__name__}, got {value!r}")
         opts.update({k: v for k, v in overrides.items() if v is not None})
         return opts
 
     def graph(self, preset: str | None = None, **overrides: Any) -> Graph:
         return self.build(**self.options(preset, **overrides))
+
+
+def _same_kind(default: Any, value: Any) -> bool:
+    """An override must have its option's type: 1.5 or "abc" is not a size, "maybe" not a flag."""
+    if isinstance(default, bool):
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(default, int):
+        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    if isinstance(default, float):
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    return isinstance(value, type(default))
 
 
 WORKLOADS: dict[str, Workload] = {

@@ -48,9 +48,15 @@ def _layer_norm(b: GraphBuilder, x: Op, hidden: int, name: str, dtype: str) -> O
         return b.layer_norm(x, gamma, beta, eps=1e-12)
 
 
+def _check_heads(hidden: int, heads: int) -> None:
+    if heads <= 0 or hidden % heads:
+        raise ValueError(f"hidden ({hidden}) must be a positive multiple of heads ({heads})")
+
+
 def bert_layer(batch: int, seq: int, hidden: int, heads: int, intermediate: int,
                dtype: str = "bf16") -> Graph:
     """BERT encoder layer (post-LN), as ``BertLayer`` computes it, with an additive attention mask."""
+    _check_heads(hidden, heads)
     b = GraphBuilder("bert_layer", root_layer="encoder/layer.0")
     hd = hidden // heads
     x = b.parameter("hidden_states", (batch, seq, hidden), dtype)
@@ -106,7 +112,8 @@ def llama_decode(layers: int, hidden: int, heads: int, kv_heads: int, intermedia
     Inputs: token ids, positions, and per layer the K/V cache [batch, kv_heads, context, head_dim].
     Outputs: logits [batch, vocab], then the new token's K and V per layer (what the cache appends).
     """
-    if heads % kv_heads:
+    _check_heads(hidden, heads)
+    if kv_heads <= 0 or heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     b = GraphBuilder("llama_decode")
     hd = hidden // heads
