@@ -64,7 +64,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
     for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
         if loader is None:
-            inp = ctx.tile(src, t)
+            inp = ctx.tile(src, t, "row")  # free-dim reduction: row tiles whatever the layout
         else:
             name = loader[0]()
             vt = view_tiles[t]
@@ -114,7 +114,7 @@ def lower_softmax(ctx: Context, op: Op) -> None:
     value = ctx.define(op)
     _free_limit_check(ctx, op, value.cols)
     for t, tile in enumerate(value.tiles):
-        x = ctx.tile(src, t)
+        x = ctx.tile(src, t, "row")
         out = ctx.produce(op, t)
         rows = tile.rows
         neg_max = _scratch(ctx, rows, 1, f"{op.name}.max")
@@ -144,7 +144,7 @@ def lower_norm(ctx: Context, op: Op) -> None:
     beta = _row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
     ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
     for t, tile in enumerate(value.tiles):
-        x = ctx.tile(src, t)
+        x = ctx.tile(src, t, "row")
         out = ctx.produce(op, t)
         rows = tile.rows
         stat = _scratch(ctx, rows, 1, f"{op.name}.stat")

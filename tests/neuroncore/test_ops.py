@@ -653,6 +653,62 @@ def test_concatenate_leading_axis(run, rng, dtype):
     assert res.program.hbm_views[f"{c.name}.view"].run_elements == C
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_view_chain_over_an_aliased_on_chip_value(run, assert_close, rng, dtype):
+    """Attention-head split: slice -> reshape -> transpose views of a matmul result (itself reached
+    through an aliasing reshape) are read only by later ops; the result must stay alive until then.
+    """
+    s, d, heads = 40, 64, 4
+    b = nc.GraphBuilder("heads")
+    x = b.parameter("x", (1, s, d), dtype)
+    with b.scope("qkv"):
+        qkv = b.matmul(x, b.weight("w", (d, 3 * d), dtype))  # dot + aliasing reshape
+    parts = []
+    for i in range(3):
+        part = b.slice(qkv, (0, 0, i * d), (1, s, (i + 1) * d))
+        parts.append(b.transpose(b.reshape(part, (1, s, heads, d // heads)), (0, 2, 1, 3)))
+    q, k, v = parts
+    with b.scope("attn"):
+        p = b.softmax(b.multiply(b.dot(q, k, rhs_contract=-1), 0.25))
+        o = b.dot(p, v)
+    y = b.reshape(b.transpose(o, (0, 2, 1, 3)), (1, s, d))
+    g = b.build([y])
+    data = rng.standard_normal((1, s, d)).astype(np.float32)
+    res = run(g, [data])
+    assert_close(res.out, res.ref, dtype)
+    w = rounded(g.ops[[op.opcode for op in g.ops].index("constant")].attrs["init"].materialize((d, 3 * d)),
+                dtype)
+    h = (f64(rounded(data, dtype)) @ f64(w)).reshape(s, 3, heads, d // heads).transpose(1, 2, 0, 3)
+    scores = h[0] @ h[1].transpose(0, 2, 1) * 0.25
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = ((e / e.sum(-1, keepdims=True)) @ h[2]).transpose(1, 0, 2).reshape(1, s, d)
+    assert_close(res.out, expected, dtype, rtol=5e-2 if dtype == "bf16" else 1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_reduce_result_as_dot_operand(run, assert_close, rng, dtype):
+    """A reduction's result is column-laid-out on chip; dot reads it as either operand."""
+    b = nc.GraphBuilder("reduce_dot")
+    x = b.parameter("x", (3, R, 40), dtype)
+    z = b.parameter("z", (R, 3, 40), dtype)
+    w = b.parameter("w", (R, 20), dtype)
+    a = b.parameter("a", (20, R), dtype)
+    rx = b.reduce(x, [2])  # [3, R]
+    rz = b.reduce(z, [2], "max")  # [R, 3]
+    lhs = b.dot(rx, w)  # contracts rx's last dim: rx is transposed on the PE
+    rhs = b.dot(a, rz)  # contracts rz's rows: rz is loaded as [K, N] tiles
+    g = b.build([lhs, rhs])
+    xd, zd, wd, ad = (rng.standard_normal(op.shape).astype(np.float32) for op in g.parameters)
+    res = run(g, [xd, zd, wd, ad])
+    for out, ref, dt in zip(res.outputs, res.reference, (dtype, dtype)):
+        assert_close(out, ref, dt)
+    rxv = rounded(f64(rounded(xd, dtype)).sum(-1), dtype)
+    rzv = rounded(f64(rounded(zd, dtype)).max(-1), dtype)
+    assert_close(res.outputs[0], f64(rxv) @ f64(rounded(wd, dtype)), dtype,
+                 scale=float(np.abs(f64(rxv)).sum(1).max() * np.abs(wd).max()))
+    assert_close(res.outputs[1], f64(rounded(ad, dtype)) @ f64(rzv), dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # reductions
 # ---------------------------------------------------------------------------------------------
@@ -715,6 +771,30 @@ def test_reduce_result_feeds_per_partition_scalar(run, assert_close, rng):
     res = run(g, [data])
     np.testing.assert_array_equal(res.out, data - data.max(axis=1, keepdims=True))
     assert kinds(compute(res.nodes(y))) == {("TENSOR_SCALAR", VECTOR)}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_ops_reading_a_reduction_result_along_its_last_dim(run, assert_close, rng, dtype):
+    """A reduction leaves a column-layout value; a later free-dim reduction, softmax or norm of it
+    must still reduce along its logical last dim."""
+    b = nc.GraphBuilder("reduce_chain")
+    x = b.parameter("x", (3, 20, 64), dtype)
+    r = b.reduce(x, [0])  # [20, 64], one value per partition
+    s = b.reduce(b.reduce(x, [2]), [1])  # [3, 20] -> [3]
+    total = b.reduce(b.reduce(x, [2], "max"), [0, 1], "max")  # [3, 20] -> []
+    gamma = b.weight("gamma", (64,), dtype, array=np.linspace(0.5, 1.5, 64))
+    outs = [s, total, b.softmax(r), b.layer_norm(r, gamma, gamma), b.rms_norm(r, gamma)]
+    g = b.build(outs)
+    data = rng.standard_normal((3, 20, 64)).astype(np.float32)
+    res = run(g, [data])
+    xs = f64(rounded(data, dtype))
+    for out, ref in zip(res.outputs, res.reference):
+        assert_close(out, ref, dtype, scale=float(np.abs(xs).sum(axis=(1, 2)).max()) if out.ndim == 1
+                     else None)
+    assert_close(res.outputs[0], xs.sum(axis=(1, 2)), dtype, scale=float(np.abs(xs).sum(axis=(1, 2)).max()))
+    np.testing.assert_array_equal(res.outputs[1].astype(np.float64), xs.max())
+    rv = f64(rounded(xs.sum(axis=0), dtype))
+    assert_close(res.outputs[2], _softmax(rv), dtype)
 
 
 # ---------------------------------------------------------------------------------------------

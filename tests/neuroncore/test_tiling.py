@@ -194,11 +194,11 @@ def test_k_over_128_accumulates_in_psum(run, assert_close, k, dtype):
         assert [program.semantics[i][3] for i in nodes] == [False] + [True] * (k_tiles - 1)
         assert sum(program.semantics[i][2].rows for i in nodes) == k  # the K tiles cover K
         # the K tiles are 128 rows, the last one partial
-        assert [program.semantics[i][2].rows for i in nodes] == [128] * (k_tiles - 1) + [k - 128 * (k_tiles - 1)]
+        last_rows = k - 128 * (k_tiles - 1)
+        assert [program.semantics[i][2].rows for i in nodes] == [128] * (k_tiles - 1) + [last_rows]
     if dtype == "fp32":
         texts = [program.operands[i] for i in regular_matmuls(program, y)]
         assert sum("fp32_pass=lo" in t for t in texts) == sum("fp32_pass=hi" in t for t in texts)
-        assert all("acc=first fp32_pass=hi" not in t or True for t in texts)
     # nothing is accumulated on Vector: PSUM did it
     assert not any(opcode(program, i) == "TENSOR_TENSOR" and program.op_index[i] == y.index
                    for i in range(program.n_nodes))
@@ -223,9 +223,9 @@ def test_n_over_512_uses_several_psum_banks(run, assert_close, n, dtype):
             continue
         if opcode(program, i) == "LDWEIGHTS":
             groups.append([])
-        elif opcode(program, i) == "MATMUL" and program.semantics[i][0] == "matmul":
-            if program.tensor_instruction_type[i] == "REGULAR":
-                groups[-1].append(i)
+        elif (opcode(program, i) == "MATMUL" and program.semantics[i][0] == "matmul"
+              and program.tensor_instruction_type[i] == "REGULAR"):
+            groups[-1].append(i)
     groups = [grp for grp in groups if grp]
     assert sum(len(grp) for grp in groups) == chunks
     assert [len(grp) for grp in groups] == [min(4, chunks - 4 * j) for j in range(len(groups))]
@@ -245,7 +245,7 @@ def test_k_split_across_blocks_accumulates_in_sbuf(run, assert_close):
     g, y, _, _ = dot_graph(130, 1000, 700, "fp32")
     inputs = inputs_for(g, 7)
     program = nc.compile(g, SMALL_SBUF)
-    mb, nb, kb = program.stats["dot_plans"][y.name]
+    kb = program.stats["dot_plans"][y.name][2]
     assert kb < 1000
     check_pe_limits(program)
     result = nc.Instance("trn1.2xlarge").core(0).load(program).execute(inputs)
@@ -267,7 +267,7 @@ def test_k_split_across_blocks_accumulates_in_sbuf(run, assert_close):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_batched_dot_tiles_each_batch(run, assert_close, dtype):
-    g, y, _, _ = dot_graph(130, 200, 600, dtype, batch=(2, 2), lhs="onchip", rhs_contract=-1)
+    g, _, _, _ = dot_graph(130, 200, 600, dtype, batch=(2, 2), lhs="onchip", rhs_contract=-1)
     inputs = inputs_for(g, 11)
     res = run(g, inputs)
     assert_close(res.out, res.ref, dtype)
@@ -283,7 +283,7 @@ def test_batched_dot_tiles_each_batch(run, assert_close, dtype):
 dims = st.one_of(st.integers(1, 140), st.sampled_from([127, 128, 129, 255, 256, 257, 300]))
 
 
-@settings(max_examples=1000, deadline=None, derandomize=False,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(m=dims, k=dims, n=st.one_of(dims, st.sampled_from([511, 512, 513, 700])),
        dtype=st.sampled_from(["fp32", "bf16"]),
@@ -292,7 +292,7 @@ dims = st.one_of(st.integers(1, 140), st.sampled_from([127, 128, 129, 255, 256, 
        batch=st.sampled_from([(), (2,)]), seed=st.integers(0, 2**16))
 def test_dot_property(run, assert_close, m, k, n, dtype, lhs_contract, rhs_contract, lhs, rhs,
                       batch, seed):
-    g, y, _, _ = dot_graph(m, k, n, dtype, lhs=lhs, rhs=rhs, lhs_contract=lhs_contract,
+    g, _, _, _ = dot_graph(m, k, n, dtype, lhs=lhs, rhs=rhs, lhs_contract=lhs_contract,
                            rhs_contract=rhs_contract, batch=batch)
     inputs = inputs_for(g, seed)
     res = run(g, inputs)

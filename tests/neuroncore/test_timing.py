@@ -10,11 +10,12 @@ trigger.
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import neuroncore as nc
@@ -22,7 +23,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.emitter import DMA_COMPLETION_INCREMENT
 from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM
 from neuroncore.dtypes import DType
-from neuroncore.hardware import NC_V2, NC_V3, Engine, with_overrides
+from neuroncore.hardware import NC_V2, NC_V3, Engine, core_spec, with_overrides
 from neuroncore.workloads import get, random_inputs
 
 INSTANCES = {"trn1": "trn1.2xlarge", "trn2": "trn2.48xlarge"}
@@ -123,15 +124,21 @@ def check_schedule(program: nc.Program, tl) -> None:
         assert np.all(np.diff(end[on_q]) >= -EPS), f"queue {q} completes out of order"
 
     # (5) packets: one per engine share, inside the transfer's window (packet times may be whole
-    # nanoseconds), FIFO per DMA engine
+    # nanoseconds)
     counts = np.bincount(tl.packet_node, minlength=n)
     assert np.array_equal(counts[dma], program.dma_engines[dma].astype(np.int64))
     assert np.all(tl.packet_start_ns >= start[tl.packet_node] - 0.5 - EPS)
     assert np.all(tl.packet_end_ns <= end[tl.packet_node] + 0.5 + EPS)
     assert np.all(tl.packet_end_ns >= tl.packet_start_ns)
+    # a DMA engine serves each queue in order (FIFO); a packet lasts at least its engine time
+    packet_queue = program.queue[tl.packet_node]
     for e in np.unique(tl.packet_engine):
-        sel = np.flatnonzero(tl.packet_engine == e)
-        assert np.all(tl.packet_start_ns[sel][1:] >= tl.packet_end_ns[sel][:-1] - EPS), e
+        on_engine = tl.packet_engine == e
+        for q in np.unique(packet_queue[on_engine]):
+            sel = np.flatnonzero(on_engine & (packet_queue == q))
+            assert np.all(tl.packet_start_ns[sel][1:] >= tl.packet_end_ns[sel][:-1] - EPS), (e, q)
+    duration = tl.packet_end_ns - tl.packet_start_ns
+    assert np.all(duration >= program.cost_ns[tl.packet_node] - 1.0 - EPS)
 
     check_semaphores(program, tl)
 
@@ -396,7 +403,7 @@ def test_schedule_rules_when_sbuf_is_tiny():
                    .execute(timing_only=True).timeline)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=st.sampled_from(["mlp", "matmul"]),
     a=st.integers(1, 300),
@@ -404,13 +411,20 @@ def test_schedule_rules_when_sbuf_is_tiny():
     c=st.integers(1, 600),
     dtype=st.sampled_from(["fp32", "bf16"]),
     target=st.sampled_from(["trn1", "trn2"]),
+    sbuf_kib=st.sampled_from([None, 24, 48]),  # small SBUFs force buffer reuse and spills
 )
-def test_schedule_rules_property(kind, a, b, c, dtype, target):
+def test_schedule_rules_property(kind, a, b, c, dtype, target, sbuf_kib):
     if kind == "mlp":
         graph = get("mlp").graph(batch=a, d_model=b, d_ff=c, dtype=dtype)
     else:
         graph = get("matmul").graph(m=a, k=b, n=c, dtype=dtype)
-    program = nc.compile(graph, target)
+    spec = core_spec(target)
+    if sbuf_kib is not None:
+        spec = with_overrides(spec, sbuf_bytes_per_partition=sbuf_kib * 1024)
+    try:
+        program = nc.compile(graph, spec)
+    except nc.CompileError:
+        assume(False)  # does not fit at all in the shrunken SBUF
     check_schedule(program, timeline_of(program, target))
 
 
@@ -469,7 +483,7 @@ def test_executions_on_one_core_are_sequential():
     model = inst.core(0).load(program)
     results = [model.execute(timing_only=True) for _ in range(3)]
     other = inst.core(1).load(program).execute(timing_only=True)
-    for prev, nxt in zip(results, results[1:]):
+    for prev, nxt in itertools.pairwise(results):
         assert nxt.execution_id > prev.execution_id
         assert nxt.start_ns >= prev.end_ns
         assert nxt.timeline.begin_ns >= prev.timeline.finish_ns
