@@ -65,7 +65,8 @@ class CoreSpec:
     ls_speedup: int = 4  # fast LoadStationary: free elements / 4 cycles
     fp32_matmul_factor: int = 4
     gpsimd_start_cycles: int = 150
-    dependent_vector_penalty_cycles: int = 100
+    dependent_vector_penalty_cycles: int = 100  # DVE instruction reading the previous one's output
+    dependent_scalar_ii_cycles: int = 264  # back-to-back dependent ACT instructions (189 ns on v2)
     sbuf_access_init_cycles: int = 60
     sync_instruction_cycles: int = 64  # DMA trigger / semaphore write on a sequencer [unverified]
     # §5 DMA

@@ -96,7 +96,7 @@ class Context:
     def __init__(self, graph: Graph, spec: CoreSpec, *, hbm_home_fraction: float = 0.25) -> None:
         self.graph = graph
         self.spec = spec
-        self.em = Emitter()
+        self.em = Emitter(spec)
         self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition)
         self.psum = BankAllocator(spec.psum_banks)
         self.buffers: dict[int, Buffer] = {}

@@ -23,7 +23,7 @@ from neuroncore.compiler.program import (
     HbmAccess,
     Ref,
 )
-from neuroncore.hardware import Engine
+from neuroncore.hardware import CoreSpec, Engine
 
 # One semaphore per engine (ids 0-4), then one per DMA queue from QUEUE_SEMAPHORE_BASE.
 QUEUE_SEMAPHORE_BASE = 8
@@ -56,7 +56,9 @@ Rect = tuple[int, int, int, int]
 class Emitter:
     """Accumulates nodes column by column; ``columns()`` hands them to :class:`Program`."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec: CoreSpec | None = None) -> None:
+        self.spec = spec
+        self._last_writes: dict[int, list[tuple[MemoryKey, Rect]]] = {}
         self.resource: list[int] = []
         self.engine: list[int] = []
         self.cost_ns: list[float] = []
@@ -206,6 +208,8 @@ class Emitter:
     ) -> int:
         lane = track if track is not None else int(engine)
         deps = self._hazards(lane, reads, writes)
+        cost_ns = self._dependent_cost(engine, lane, reads, cost_ns)
+        self._last_writes[lane] = writes
         if extra_deps:
             deps |= {d for d in extra_deps if self._lane[d] != lane}
         resource = track if track is not None else int(engine)
@@ -217,6 +221,26 @@ class Emitter:
         )
         self._record(node, lane, reads, writes)
         return node
+
+    def _dependent_cost(self, engine: Engine, lane: int, reads: list[tuple[MemoryKey, Rect]],
+                        cost_ns: float) -> float:
+        """Vector/Scalar instructions that read what the previous one on their engine just wrote
+        cannot overlap it in the pipeline (neuroncore.md §4.1): Vector pays ~100 extra cycles,
+        Scalar issues no faster than ~264 cycles."""
+        if self.spec is None or engine not in (Engine.VECTOR, Engine.SCALAR):
+            return cost_ns
+        previous = self._last_writes.get(lane, ())
+        dependent = any(
+            key == wkey and a0 < w1 and w0 < a1 and b0 < x1 and x0 < b1
+            for key, (a0, a1, b0, b1) in reads
+            for wkey, (w0, w1, x0, x1) in previous
+        )
+        if not dependent:
+            return cost_ns
+        ns_per_cycle = 1e9 / self.spec.clock_hz(engine)
+        if engine is Engine.VECTOR:
+            return cost_ns + self.spec.dependent_vector_penalty_cycles * ns_per_cycle
+        return max(cost_ns, self.spec.dependent_scalar_ii_cycles * ns_per_cycle)
 
     def dma(
         self,

@@ -508,3 +508,38 @@ def test_wait_is_time_blocked_on_semaphores():
     assert program.resource[load] == RES_DMA
     assert tl.wait_ns[act] == pytest.approx(tl.end_ns[load] - tl.begin_ns, abs=EPS)
     assert np.all(tl.wait_ns >= 0)
+
+
+# -- dependent-instruction penalties (neuroncore.md §4.1) --------------------------------------
+
+
+def _costs_of(program, opcode):
+    return [float(program.cost_ns[i]) for i in range(program.n_nodes)
+            if program.opcodes[program.opcode_id[i]] == opcode]
+
+
+def test_dependent_scalar_chain_issues_every_264_cycles():
+    import neuroncore as nc
+    from neuroncore.hardware import NC_V2
+
+    b = nc.GraphBuilder("chain")
+    x = b.parameter("x", (128, 1), "fp32")
+    g = b.build([b.exp(b.tanh(x))])
+    costs = _costs_of(nc.compile(g, "trn1"), "ACTIVATE")
+    min_ii = 64 * 1e9 / NC_V2.scalar_clock_hz
+    assert costs[0] == pytest.approx(min_ii)  # reads a DMA'd tile: no ACT predecessor
+    assert costs[1] == pytest.approx(264 * 1e9 / NC_V2.scalar_clock_hz)  # 188.6 ns
+
+
+def test_dependent_vector_instruction_pays_100_cycles():
+    import neuroncore as nc
+    from neuroncore.hardware import NC_V2
+
+    b = nc.GraphBuilder("chain")
+    x = b.parameter("x", (128, 256), "fp32")
+    y = b.parameter("y", (128, 256), "fp32")
+    g = b.build([b.add(b.add(x, y), y)])
+    costs = _costs_of(nc.compile(g, "trn1"), "TENSOR_TENSOR")
+    base = 2 * 256 * 1e9 / NC_V2.vector_clock_hz
+    assert costs[0] == pytest.approx(base)
+    assert costs[1] == pytest.approx(base + 100 * 1e9 / NC_V2.vector_clock_hz)
