@@ -153,6 +153,7 @@ def _finalize(ctx: Context) -> Program:
         sem_increment=sem_increment,
         sem_value=sem_value,
         trigger=np.asarray(em.trigger, np.int64),
+        ports=np.asarray(em.ports, np.int8),
         opcodes=opcodes,
         operands=texts,
         activation_fn=em.activation_fn,

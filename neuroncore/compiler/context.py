@@ -162,6 +162,7 @@ class Context:
                      bank * self.spec.psum_bank_bytes_per_partition, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
+        self.em.psum_keys.add(("buf", buf.id))
         self.em.inherit(("buf", buf.id), (0, P, 0, 1 << 40), hazards)
         return buf
 

@@ -59,6 +59,8 @@ class Emitter:
     def __init__(self, spec: CoreSpec | None = None) -> None:
         self.spec = spec
         self._last_writes: dict[int, list[tuple[MemoryKey, Rect]]] = {}
+        self.psum_keys: set[MemoryKey] = set()  # buffers that live in PSUM
+        self.ports: list[int] = []
         self.resource: list[int] = []
         self.engine: list[int] = []
         self.cost_ns: list[float] = []
@@ -184,6 +186,7 @@ class Emitter:
         self.tensor_instruction_type.append(tensor_instruction_type)
         self.performance_mode.append(performance_mode)
         self.trigger.append(trigger)
+        self.ports.append(0)
         self._lane.append(lane)
         for name in self.COUNTERS:
             self.counters[name].append(int(counters.get(name, 0)))
@@ -220,6 +223,11 @@ class Emitter:
             trigger=-1, lane=lane, counters=counters,
         )
         self._record(node, lane, reads, writes)
+        ports = 0
+        for key, _ in (*reads, *writes):
+            if key[0] == "buf":
+                ports |= 2 if key in self.psum_keys else 1
+        self.ports[node] = ports
         return node
 
     def _dependent_cost(self, engine: Engine, lane: int, reads: list[tuple[MemoryKey, Rect]],

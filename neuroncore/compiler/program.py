@@ -158,6 +158,7 @@ class Program:
     sem_increment: np.ndarray  # int16: semaphore the node increments on completion (-1: none)
     sem_value: np.ndarray  # int32: that semaphore's value after the increment
     trigger: np.ndarray  # int64: for DMA transfers, the node that triggered it (-1 otherwise)
+    ports: np.ndarray  # int8 bit mask of on-chip memories an instruction touches: 1 SBUF, 2 PSUM
     # -- per-node Python data (not touched by the timing model) ------------------------------
     opcodes: list[str]
     operands: list[str]

@@ -28,12 +28,14 @@ from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, P
 def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, n_queues,
               n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
               slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
-              hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used):
+              hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used, ports, port_rules):
     engine_free = np.full(7, t0)
     dma_free = np.full(n_dma_engines, t0)
     queue_free = np.full((n_dma_engines, n_queues), t0)
     queue_done = np.full(n_queues, t0)
     n_buckets = used.shape[1]
+    sbuf_port_end = np.full(7, t0)  # last SBUF access by Vector (1) / GpSimd (3)
+    psum_port_end = np.full(7, t0)  # last PSUM access by Vector (1) / Scalar (2)
     last_mm_start = t0
     rotate = 0
     p = 0
@@ -89,11 +91,26 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
                     avail = last_mm_start
             elif r == RES_TENSOR_MM and engine_free[RES_TENSOR_LS] > avail:
                 avail = engine_free[RES_TENSOR_LS]
+            if port_rules:
+                # NC-v2: Vector and GpSimd cannot use SBUF at once, Vector and Scalar not PSUM;
+                # the compiler serialises such pairs in program order (neuroncore.md §2.5)
+                if (r == 1 or r == 3) and ports[i] & 1:
+                    other = sbuf_port_end[4 - r]
+                    if other > ready:
+                        ready = other
+                if (r == 1 or r == 2) and ports[i] & 2:
+                    other = psum_port_end[3 - r]
+                    if other > ready:
+                        ready = other
             s = avail if avail > ready else ready
             wait[i] = ready - avail if ready > avail else 0.0
             start[i] = s
             end[i] = s + cost_ns[i]
             engine_free[r] = end[i]
+            if ports[i] & 1:
+                sbuf_port_end[r] = end[i]
+            if ports[i] & 2:
+                psum_port_end[r] = end[i]
             if r == RES_TENSOR_MM:
                 last_mm_start = s
             k = slot[i]
@@ -296,7 +313,7 @@ def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
                   spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
                   pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
                   i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, layout.hbm_width_ns,
-                  hbm_bins, fluid, bucket_ns, used)
+                  hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2)
         return hbm_bins
 
     # pass 1 (DMA engines FIFO in program order) bounds the horizon; pass 2 shares the engines

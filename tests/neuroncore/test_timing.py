@@ -543,3 +543,33 @@ def test_dependent_vector_instruction_pays_100_cycles():
     base = 2 * 256 * 1e9 / NC_V2.vector_clock_hz
     assert costs[0] == pytest.approx(base)
     assert costs[1] == pytest.approx(base + 100 * 1e9 / NC_V2.vector_clock_hz)
+
+
+# -- NC-v2 port sharing (neuroncore.md §2.5) ---------------------------------------------------
+
+
+def _psum_intervals(program, result, engine):
+    tl = result.timeline
+    return [(tl.start_ns[i], tl.end_ns[i]) for i in range(program.n_nodes)
+            if program.resource[i] == engine and program.ports[i] & 2]
+
+
+@pytest.mark.parametrize("target, exclusive", [("trn1", True), ("trn2", False)])
+def test_vector_and_scalar_never_share_psum_on_v2(target, exclusive):
+    import neuroncore as nc
+
+    b = nc.GraphBuilder("evac")
+    x = b.parameter("x", (512, 128), "bf16")
+    g = b.build([b.matmul(x, b.weight("w", (128, 4096), "bf16"))])
+    program = nc.compile(g, target)
+    instance = "trn1.2xlarge" if target == "trn1" else "trn2.48xlarge"
+    result = nc.Instance(instance, sink=nc.EventSink()).core(0).load(program).execute(
+        timing_only=True)
+    vector = _psum_intervals(program, result, 1)
+    scalar = _psum_intervals(program, result, 2)
+    assert vector and scalar  # evacuations alternate between the two engines
+    overlaps = sum(1 for vs, ve in vector for ss, se in scalar if vs < se - 1e-6 and ss < ve - 1e-6)
+    if exclusive:
+        assert overlaps == 0
+    else:
+        assert overlaps > 0  # NC-v3 lifts the restriction (different banks)
