@@ -144,7 +144,8 @@ def _row_efficiency(spec: CoreSpec, row_bytes: int) -> float:
 def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_streamed: bool,
                 b_streamed: bool, a_transposed: bool, b_transposed: bool, batches: int = 1,
                 a_ktiled: bool = False, b_ktiled: bool = False,
-                fits: Callable[[list[int]], bool] | None = None) -> Plan:
+                fits: Callable[[list[int]], bool] | None = None,
+                resident_out: list[int] | None = None) -> Plan:
     """Choose block sizes: least estimated time, then least traffic, then fewest blocks.
 
     Streamed blocks are double-buffered, so they count twice against the budget: a fraction of
@@ -179,7 +180,7 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
             sizes = [x for x in (one_a, one_a if split_k else 0, one_b, one_b) if x]
             sizes += [min(nb, BANK_COLS) * 4] * (math.ceil(mb / P) * math.ceil(nb / BANK_COLS)
                                                   if split_k else 0)
-            if not fits([*sizes, stage]):
+            if not fits([*sizes, stage, *(resident_out or [])]):
                 continue
         reloads_a = math.ceil(n / nb) if split_k else 1
         traffic_a = m * k * item * reloads_a if a_streamed else 0
@@ -316,11 +317,13 @@ def lower_dot(ctx: Context, op: Op) -> None:
     dtype = op.dtype
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
-    ctx.define(op)
+    value = ctx.define(op)
+    resident_out = ([value.cols * dtype.itemsize] * len(value.tiles)
+                    if value.home == "sbuf" else [])
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
                        a_transposed=a.mode == "transpose", b_transposed=bop.mode == "transpose",
                        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
-                       fits=ctx.sbuf.fits)
+                       fits=ctx.sbuf.fits, resident_out=resident_out)
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
     m_tiles_per_batch = math.ceil(m / P)
     evac = _alternating()
