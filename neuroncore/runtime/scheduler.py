@@ -183,33 +183,6 @@ def _spread_one(s, e, a, t0, width, out):
         b += 1
 
 
-@njit(cache=True, nogil=True)
-def _spread(starts, ends, amounts, t0, width, out):
-    """Add each interval's amount to the fixed-width bins it overlaps, pro rata."""
-    nbins = out.shape[0]
-    for i in range(starts.shape[0]):
-        s, e, a = starts[i], ends[i], amounts[i]
-        if a == 0:
-            continue
-        if e <= s:
-            b = int((s - t0) / width)
-            if 0 <= b < nbins:
-                out[b] += a
-            continue
-        rate = a / (e - s)
-        b = int((s - t0) / width)
-        while b < nbins:
-            lo = t0 + b * width
-            hi = lo + width
-            left = s if s > lo else lo
-            right = e if e < hi else hi
-            if right > left and b >= 0:
-                out[b] += rate * (right - left)
-            if e <= hi:
-                break
-            b += 1
-
-
 @dataclass(frozen=True)
 class RecordLayout:
     """Per-program index arrays that let the timing pass write record columns directly."""
@@ -326,15 +299,6 @@ def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
         hbm_bins = run(True, bucket_ns, used)
     return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
                     i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, layout)
-
-
-def spread(starts: np.ndarray, ends: np.ndarray, amounts: np.ndarray, t0: float, width: float,
-           nbins: int) -> np.ndarray:
-    """Amounts spread pro rata over ``nbins`` bins of ``width`` ns from ``t0`` (float64 per bin)."""
-    out = np.zeros(nbins, np.float64)
-    _spread(starts.astype(np.float64), ends.astype(np.float64), amounts.astype(np.float64),
-            float(t0), float(width), out)
-    return out
 
 
 assert RES_TENSOR_LS == 0 and RES_TENSOR_MM == 5 and RES_DMA == 6  # constants baked into the loop
