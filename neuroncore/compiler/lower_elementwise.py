@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.program import Ref
-from neuroncore.dtypes import DType
+from neuroncore.dtypes import DType, round_to
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
 
@@ -73,7 +75,8 @@ def classify(ctx: Context, x: Op, out_shape: tuple[int, ...]) -> Operand:
         if src_value.immediate is not None or (src.size == 1 and src.opcode == "constant"
                                                and "value" in src.attrs):
             return Operand("imm", value=float(src_value.immediate if src_value.immediate is not None
-                                              else src.attrs["value"]))
+                                              else round_to(np.asarray(src.attrs["value"], np.float32),
+                                                            src.dtype)))
         rows_shape = out_shape[:-1]
         dims = x.attrs["dims"]
         if len(out_shape) >= 1 and src.shape == rows_shape and tuple(dims) == tuple(range(len(rows_shape))):
@@ -331,7 +334,8 @@ def lower_select(ctx: Context, op: Op) -> None:
 def lower_constant_splat(ctx: Context, op: Op) -> Value:
     """Scalar/splat constants are immediates; tiles are made (MEMSET) only if someone needs them."""
     value = ctx.define(op, home="sbuf")
-    value.immediate = float(op.attrs["value"])
+    # the constant holds its value in its own dtype (a bf16 0.1 is 0.10009765625), as the reference does
+    value.immediate = float(round_to(np.asarray(op.attrs["value"], np.float32), op.dtype))
     return value
 
 

@@ -115,6 +115,26 @@ def test_scalar_constant_is_an_immediate(run, rng, dtype):
     check_names(g, res.nodes(y), y, "model/scale")
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("value", [0.1, 1 / 3, 0.1767766952966369])
+def test_inexact_scalar_constant_is_held_in_its_dtype(run, rng, dtype, value):
+    """A bf16 constant 0.1 is bf16(0.1) = 0.10009765625: the immediate must be that value too."""
+    b = nc.GraphBuilder("imm_round")
+    x = b.parameter("x", (R, C), dtype)
+    y = b.multiply(x, value)
+    z = b.add(value, x)
+    g = b.build([y, z])
+    data = (rng.standard_normal((R, C)) * 50).astype(np.float32)
+    res = run(g, [data])
+    xs = rounded(data, dtype).astype(np.float32)
+    c = rounded(np.float32(value), dtype).astype(np.float32)
+    np.testing.assert_array_equal(res.outputs[0], rounded(xs * c, dtype))
+    np.testing.assert_array_equal(res.outputs[1], rounded(c + xs, dtype))
+    for out, ref in zip(res.outputs, res.reference):
+        np.testing.assert_array_equal(out, ref)
+    assert any(f"operand0={float(c):g}" in n.operands for n in compute(res.nodes(y)))
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_splat_constant_output_is_memset(run, dtype):
     b = nc.GraphBuilder("splat")
@@ -788,13 +808,16 @@ def test_ops_reading_a_reduction_result_along_its_last_dim(run, assert_close, rn
     data = rng.standard_normal((3, 20, 64)).astype(np.float32)
     res = run(g, [data])
     xs = f64(rounded(data, dtype))
-    for out, ref in zip(res.outputs, res.reference):
-        assert_close(out, ref, dtype, scale=float(np.abs(xs).sum(axis=(1, 2)).max()) if out.ndim == 1
-                     else None)
-    assert_close(res.outputs[0], xs.sum(axis=(1, 2)), dtype, scale=float(np.abs(xs).sum(axis=(1, 2)).max()))
+    sum_scale = float(np.abs(xs).sum(axis=(1, 2)).max())  # error bound of the [3] sums
+    assert_close(res.outputs[0], res.reference[0], dtype, scale=sum_scale)
+    assert_close(res.outputs[0], xs.sum(axis=(1, 2)), dtype, scale=sum_scale)
+    for out, ref in zip(res.outputs[1:], res.reference[1:]):
+        assert_close(out, ref, dtype)
     np.testing.assert_array_equal(res.outputs[1].astype(np.float64), xs.max())
     rv = f64(rounded(xs.sum(axis=0), dtype))
     assert_close(res.outputs[2], _softmax(rv), dtype)
+    gv = f64(rounded(np.linspace(0.5, 1.5, 64), dtype))
+    assert_close(res.outputs[3], _layer_norm(rv, gv, gv, 1e-5), dtype)
 
 
 # ---------------------------------------------------------------------------------------------
