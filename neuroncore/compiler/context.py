@@ -327,36 +327,41 @@ class Context:
         value.in_hbm[t] = True
         self.free(self.buffers[ref.buf])
 
-    def tile(self, op: Op, t: int, layout: str | None = None) -> Ref:
+    def tile(self, op: Op, t: int, layout: str | None = None,
+             cols: tuple[int, int] | None = None) -> Ref:
         """A readable SBUF ref to tile ``t`` of ``op``'s value, loading or reloading it if needed.
 
         Asking for a layout other than the value's own goes through HBM (store, then a strided load),
-        which is what a relayout costs on the device. Temporary tiles are freed by ``release``.
+        which is what a relayout costs on the device. ``cols`` reads only a column range; a value
+        that lives in HBM then loads just those columns. Temporary tiles are freed by ``release``.
         """
         value = self.values[op.index]
         if value.alias is not None and (layout is None or layout == value.layout):
-            return self.tile(value.alias, t)
+            return self.tile(value.alias, t, cols=cols)
         self.prepare(value)
         if layout is not None and layout != value.layout:
-            return self._relayout_tile(value, t, layout)
+            return _narrow(self._relayout_tile(value, t, layout), cols)
         buf = value.bufs[t]
         if buf is not None:
             self.pinned.add(buf.id)
-            return Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
+            return _narrow(Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols), cols)
         if value.immediate is not None:
-            return self._splat_tile(value, t)
+            return self._splat_tile(value, t, cols)
         if not value.in_hbm[t]:
             raise CompileError(f"internal: tile {t} of {op.name} was never produced", self.current_op)
         tile = value.tiles[t]
-        buf = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
-        ref = Ref(buf.id, 0, tile.rows, 0, value.cols)
+        c0, c1 = cols if cols is not None and value.home == "hbm" else (0, value.cols)
+        buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.t{t}")
+        ref = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
         tensor = self.hbm_tensors.get(value.hbm or "")
         reload = tensor is not None and tensor.kind == "scratch" and value.home == "sbuf"
         queue = self._load_queue(value)
-        self.dma_load(queue, value.access(t), ref, op.dtype, rows_per_batch=value.rows_per_batch,
-                      run_bytes=self.run_bytes(value), spill_reload=reload)
+        self.dma_load(queue, value.access(t, c0, c1), ref, op.dtype,
+                      rows_per_batch=value.rows_per_batch, run_bytes=self.run_bytes(value),
+                      spill_reload=reload)
         if value.home == "sbuf":
             value.bufs[t] = buf  # resident again; stays until its last use or a spill
+            return _narrow(ref, cols)
         return ref
 
     def release(self, op: Op, ref: Ref) -> None:
@@ -383,11 +388,11 @@ class Context:
             return value.op.dtype.itemsize
         return None
 
-    def _splat_tile(self, value: Value, t: int) -> Ref:
+    def _splat_tile(self, value: Value, t: int, cols: tuple[int, int] | None = None) -> Ref:
         tile = value.tiles[t]
-        buf = self.alloc(tile.rows, value.cols, value.op.dtype, f"{value.op.name}.splat{t}")
-        ref = Ref(buf.id, 0, tile.rows, 0, value.cols)
-        n = value.cols
+        n = value.cols if cols is None else cols[1] - cols[0]
+        buf = self.alloc(tile.rows, n, value.op.dtype, f"{value.op.name}.splat{t}")
+        ref = Ref(buf.id, 0, tile.rows, 0, n)
         self.em.instruction(
             Engine.VECTOR, "MEMSET",
             costs.cycles_to_ns(self.spec, Engine.VECTOR, costs.vector_cycles(self.spec, "memset", n)),
@@ -558,6 +563,12 @@ class Context:
             return f"psum[{bank}]@fp32[{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
         addr = buf.address + ref.f0 * buf.dtype.itemsize
         return f"{buf.dtype.profile_name}@sb:0x{addr:x}[{ref.p0}:{ref.p1},{ref.cols}]"
+
+
+def _narrow(ref: Ref, cols: tuple[int, int] | None) -> Ref:
+    if cols is None:
+        return ref
+    return Ref(ref.buf, ref.p0, ref.p1, ref.f0 + cols[0], ref.f0 + cols[1])
 
 
 def _hbm_text(access: HbmAccess) -> str:

@@ -19,6 +19,8 @@ from neuroncore.dtypes import DType, round_to
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
 
+ELEMENTWISE_CHUNK_BYTES = 16 * 1024  # per partition; wider rows are processed in slices
+
 # IR op -> (ACT function name as the profiler shows it in scalar_activation_fn)
 ACTIVATION_FUNCTIONS = {
     "exponential": "Exp",
@@ -86,7 +88,8 @@ def classify(ctx: Context, x: Op, out_shape: tuple[int, ...]) -> Operand:
     return Operand("tile", x)
 
 
-def operand_ref(ctx: Context, operand: Operand, t: int, layout: str) -> Ref | float:
+def operand_ref(ctx: Context, operand: Operand, t: int, layout: str,
+                cols: tuple[int, int] | None = None) -> Ref | float:
     if operand.kind == "imm":
         return operand.value
     assert operand.op is not None
@@ -95,7 +98,7 @@ def operand_ref(ctx: Context, operand: Operand, t: int, layout: str) -> Ref | fl
         if src_value.layout == "row" and src_value.cols == 1:
             return ctx.tile(operand.op, t)
         return ctx.tile(operand.op, t, "col")
-    return ctx.tile(operand.op, t, layout)
+    return ctx.tile(operand.op, t, layout, cols)
 
 
 def release(ctx: Context, operand: Operand, ref: Ref | float) -> None:
@@ -263,6 +266,16 @@ def _operand_text(ctx: Context, label: str, operand: float | Ref | None) -> str:
 # -- op lowerings ---------------------------------------------------------------------------------
 
 
+def column_chunks(ctx: Context, value: Value) -> list[tuple[int, int]]:
+    """Free-dim chunks for elementwise work: wide rows are processed a slice at a time, so that a
+    value that lives in HBM never needs its whole row on chip."""
+    chunk_bytes = min(ELEMENTWISE_CHUNK_BYTES, ctx.spec.sbuf_bytes_per_partition // 8)
+    width = max(1, chunk_bytes // value.op.dtype.itemsize)
+    if value.cols * value.op.dtype.itemsize <= chunk_bytes:
+        return [(0, value.cols)]
+    return [(c, min(value.cols, c + width)) for c in range(0, value.cols, width)]
+
+
 def lower_unary(ctx: Context, op: Op) -> None:
     src = classify(ctx, op.operands[0], op.shape)
     layout = output_layout(ctx, op, [src])
@@ -271,19 +284,20 @@ def lower_unary(ctx: Context, op: Op) -> None:
     if func == "gelu" and op.attrs.get("approximate", "tanh") != "tanh":
         func = "gelu_exact"
     for t in range(len(value.tiles)):
-        inp = operand_ref(ctx, src, t, layout)
-        out = ctx.produce(op, t)
-        if isinstance(inp, float):
-            inp = ctx.tile(op.operands[0], t, layout)
-        if op.opcode == "negate":
-            activate(ctx, "negate", out, inp, scale=-1.0)
-        elif op.opcode == "convert":
-            tensor_copy(ctx, out, inp)
-        else:
-            activate(ctx, func, out, inp)
-        release(ctx, src, inp)
-        ctx.produced(op, t, out)
-        ctx.unpin_all()
+        for c0, c1 in column_chunks(ctx, value):
+            inp = operand_ref(ctx, src, t, layout, (c0, c1))
+            out = ctx.produce(op, t, c0, c1)
+            if isinstance(inp, float):
+                inp = ctx.tile(op.operands[0], t, layout, (c0, c1))
+            if op.opcode == "negate":
+                activate(ctx, "negate", out, inp, scale=-1.0)
+            elif op.opcode == "convert":
+                tensor_copy(ctx, out, inp)
+            else:
+                activate(ctx, func, out, inp)
+            release(ctx, src, inp)
+            ctx.produced(op, t, out, c0, c1)
+            ctx.unpin_all()
 
 
 def lower_binary(ctx: Context, op: Op) -> None:
@@ -294,27 +308,28 @@ def lower_binary(ctx: Context, op: Op) -> None:
     if a.kind != "tile" and b.kind != "tile":
         a = Operand("tile", op.operands[0])
     for t in range(len(value.tiles)):
-        ra = operand_ref(ctx, a, t, layout)
-        rb = operand_ref(ctx, b, t, layout)
-        out = ctx.produce(op, t)
-        if a.kind == "tile" and b.kind == "tile":
-            assert isinstance(ra, Ref) and isinstance(rb, Ref)
-            tensor_tensor(ctx, alu, out, ra, rb)
-        elif a.kind == "tile":
-            assert isinstance(ra, Ref)
-            tensor_scalar(ctx, out, ra, [(alu, rb, False)])
-        else:
-            assert isinstance(rb, Ref)
-            if alu in COMMUTATIVE:
-                tensor_scalar(ctx, out, rb, [(alu, ra, False)])
-            elif alu in SWAPPED:
-                tensor_scalar(ctx, out, rb, [(SWAPPED[alu], ra, False)])
+        for c0, c1 in column_chunks(ctx, value):
+            ra = operand_ref(ctx, a, t, layout, (c0, c1))
+            rb = operand_ref(ctx, b, t, layout, (c0, c1))
+            out = ctx.produce(op, t, c0, c1)
+            if a.kind == "tile" and b.kind == "tile":
+                assert isinstance(ra, Ref) and isinstance(rb, Ref)
+                tensor_tensor(ctx, alu, out, ra, rb)
+            elif a.kind == "tile":
+                assert isinstance(ra, Ref)
+                tensor_scalar(ctx, out, ra, [(alu, rb, False)])
             else:
-                tensor_scalar(ctx, out, rb, [(alu, ra, True)])
-        release(ctx, a, ra)
-        release(ctx, b, rb)
-        ctx.produced(op, t, out)
-        ctx.unpin_all()
+                assert isinstance(rb, Ref)
+                if alu in COMMUTATIVE:
+                    tensor_scalar(ctx, out, rb, [(alu, ra, False)])
+                elif alu in SWAPPED:
+                    tensor_scalar(ctx, out, rb, [(SWAPPED[alu], ra, False)])
+                else:
+                    tensor_scalar(ctx, out, rb, [(alu, ra, True)])
+            release(ctx, a, ra)
+            release(ctx, b, rb)
+            ctx.produced(op, t, out, c0, c1)
+            ctx.unpin_all()
 
 
 def lower_select(ctx: Context, op: Op) -> None:
@@ -322,13 +337,14 @@ def lower_select(ctx: Context, op: Op) -> None:
     layout = output_layout(ctx, op, operands)
     value = ctx.define(op, layout=layout)
     for t in range(len(value.tiles)):
-        refs = [ctx.tile(x, t, layout) for x in op.operands]
-        out = ctx.produce(op, t)
-        select(ctx, out, *refs)
-        for x, r in zip(op.operands, refs):
-            ctx.release(x, r)
-        ctx.produced(op, t, out)
-        ctx.unpin_all()
+        for c0, c1 in column_chunks(ctx, value):
+            refs = [ctx.tile(x, t, layout, (c0, c1)) for x in op.operands]
+            out = ctx.produce(op, t, c0, c1)
+            select(ctx, out, *refs)
+            for x, r in zip(op.operands, refs):
+                ctx.release(x, r)
+            ctx.produced(op, t, out, c0, c1)
+            ctx.unpin_all()
 
 
 def lower_constant_splat(ctx: Context, op: Op) -> Value:
