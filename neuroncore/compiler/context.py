@@ -27,8 +27,7 @@ from neuroncore.ir.graph import Graph, Op
 P = 128
 
 
-def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
-    """(batches, rows per batch, cols) of a tensor in ``layout``."""
+def _logical_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
     if layout == "col":
         rows = shape[-1] if shape else 1
         return math.prod(shape[:-1]) if shape else 1, rows, 1
@@ -37,6 +36,42 @@ def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
     if len(shape) == 1:
         return 1, 1, shape[0]
     return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+
+def is_packed(shape: tuple[int, ...], layout: str) -> bool:
+    """Batches of fewer than 128 rows (dividing 128) share tiles: ``128 / rows`` batches per tile.
+
+    Without packing, 32 attention heads of one decode row each would be 32 single-partition tiles
+    and every elementwise op would run 32 times on one lane of 128.
+    """
+    batches, rows, _ = _logical_grid(shape, layout)
+    return batches > 1 and rows < P and P % rows == 0
+
+
+def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+    """(batches, rows per batch, cols) of the tiling: packed tensors are one batch of all rows."""
+    batches, rows, cols = _logical_grid(shape, layout)
+    if is_packed(shape, layout):
+        return 1, batches * rows, cols
+    return batches, rows, cols
+
+
+def locate(shape: tuple[int, ...], layout: str, batch: int, row: int) -> tuple[int, int]:
+    """(tile index, partition) of row ``row`` of logical batch ``batch``."""
+    _, rows, _ = _logical_grid(shape, layout)
+    if is_packed(shape, layout):
+        flat = batch * rows + row
+        return flat // P, flat % P
+    return batch * math.ceil(rows / P) + row // P, row % P
+
+
+def batch_rows_access(name: str, shape: tuple[int, ...], batch: int, r0: int, r1: int, c0: int,
+                      c1: int) -> HbmAccess:
+    """HBM access to rows [r0, r1) of logical batch ``batch`` of a row-layout tensor."""
+    if is_packed(shape, "row"):
+        _, rows, _ = _logical_grid(shape, "row")
+        return HbmAccess(name, 0, batch * rows + r0, batch * rows + r1, c0, c1)
+    return HbmAccess(name, batch, r0, r1, c0, c1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,20 +335,23 @@ class Context:
     def value(self, op: Op) -> Value:
         return self.values[op.index]
 
-    def produce(self, op: Op, t: int, c0: int = 0, c1: int | None = None) -> Ref:
-        """Where the producer writes columns [c0, c1) of tile ``t``."""
+    def produce(self, op: Op, t: int, c0: int = 0, c1: int | None = None,
+                rows: tuple[int, int] | None = None) -> Ref:
+        """Where the producer writes columns [c0, c1) of partitions ``rows`` (default all) of tile
+        ``t``. Staging buffers of HBM-home values keep the partitions, so copies stay aligned."""
         value = self.values[op.index]
         tile = value.tiles[t]
         c1 = value.cols if c1 is None else c1
+        p0, p1 = rows if rows is not None else (0, tile.rows)
         if value.home == "hbm":
-            buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.stage{t}")
-            return Ref(buf.id, 0, tile.rows, 0, c1 - c0)
+            buf = self.alloc(p1, c1 - c0, op.dtype, f"{op.name}.stage{t}")
+            return Ref(buf.id, p0, p1, 0, c1 - c0)
         buf = value.bufs[t]
         if buf is None:
             buf = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
             value.bufs[t] = buf
         self.pinned.add(buf.id)
-        return Ref(buf.id, 0, tile.rows, c0, c1)
+        return Ref(buf.id, p0, p1, c0, c1)
 
     def produced(self, op: Op, t: int, ref: Ref, c0: int = 0, c1: int | None = None) -> None:
         """The producer finished writing ``ref``; HBM-home values store it and free the stage."""
@@ -322,8 +360,10 @@ class Context:
             return
         c1 = value.cols if c1 is None else c1
         queue = "qSyncOut0" if op.index in self.outputs else "qSyncSpillReload0"
-        self.dma_store(queue, ref, value.access(t, c0, c1), op.dtype,
-                       rows_per_batch=value.rows_per_batch)
+        tile = value.tiles[t]
+        access = HbmAccess(value.hbm or "", tile.batch, tile.r0 + ref.p0, tile.r0 + ref.p1, c0, c1,
+                           value.layout)
+        self.dma_store(queue, ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
         value.in_hbm[t] = True
         self.free(self.buffers[ref.buf])
 

@@ -356,32 +356,23 @@ def lower_constant_splat(ctx: Context, op: Op) -> Value:
 
 
 def lower_iota(ctx: Context, op: Op) -> None:
+    """IOTA on GpSimd: each element gets its coordinate along ``dimension``.
+
+    The instruction is told the tile's first logical row; the coordinate of a row (which may belong
+    to another batch when small batches share a tile) follows from the shape.
+    """
     value = ctx.define(op)
     dim = op.attrs["dimension"] % max(len(op.shape), 1)
-    rank = len(op.shape)
+    spec = ctx.spec
     for t, tile in enumerate(value.tiles):
         out = ctx.produce(op, t)
-        if rank >= 1 and dim == rank - 1:
-            base, p_step, f_step = 0.0, 0.0, 1.0
-        elif rank >= 2 and dim == rank - 2:
-            base, p_step, f_step = float(tile.r0), 1.0, 0.0
-        else:
-            # a batch dim: constant within the tile
-            batch_shape = op.shape[:-2]
-            coords = []
-            rem = tile.batch
-            for size in reversed(batch_shape):
-                coords.append(rem % size)
-                rem //= size
-            coords.reverse()
-            base, p_step, f_step = float(coords[dim]), 0.0, 0.0
-        spec = ctx.spec
+        first_row = tile.batch * value.rows_per_batch + tile.r0
         ctx.em.instruction(
             Engine.GPSIMD, "IOTA",
             costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
             reads=[], writes=[sbuf_key(out)],
-            text=f"base={base:g} pstep={p_step:g} fstep={f_step:g} dst={ctx.ref_text(out)}",
-            semantics=("iota", out, base, p_step, f_step),
+            text=f"dim={dim} first_row={first_row} dst={ctx.ref_text(out)}",
+            semantics=("iota", out, tuple(op.shape), dim, first_row),
             sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize,
         )
         ctx.produced(op, t, out)

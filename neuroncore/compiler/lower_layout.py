@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.context import Context, tile_grid, tiles_of
+from neuroncore.compiler.context import Context, is_packed, tile_grid, tiles_of
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.hardware import Engine
@@ -118,6 +118,8 @@ def _pe_transposable(ctx: Context, op: Op) -> bool:
     if n < 2 or tuple(perm) != (*range(n - 2), n - 1, n - 2):
         return False
     src_value = ctx.values[op.operands[0].index]
+    if is_packed(op.shape, "row") or is_packed(op.operands[0].shape, "row"):
+        return False  # packed batches would need partition moves; a strided DMA does it
     return (src_value.home == "sbuf" and src_value.layout == "row" and src_value.alias is None
             and src_value.immediate is None and op.dtype.is_float)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from itertools import product
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.context import Context, P
+from neuroncore.compiler.context import Context, P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
-from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, HbmAccess, Ref
+from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Ref
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Op
@@ -38,9 +38,10 @@ SBUF_BUDGET_FRACTION = 0.7
 # -- PE instructions ---------------------------------------------------------------------------
 
 
-def ldweights(ctx: Context, stationary: Ref, dtype: DType) -> int:
+def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0) -> int:
+    """LoadStationary; ``pad`` zero columns before it place its output rows at PSUM partition pad."""
     spec = ctx.spec
-    cycles = costs.ldweights_cycles(spec, stationary.cols, dtype)
+    cycles = costs.ldweights_cycles(spec, stationary.cols + pad, dtype)
     nbytes = stationary.rows * stationary.cols * dtype.itemsize
     return ctx.em.instruction(
         Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
@@ -91,7 +92,8 @@ def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: En
     bank = ctx.alloc_psum(P, BANK_COLS, "transpose")
     out = Ref(bank.id, 0, src.cols, 0, src.rows)
     ldweights(ctx, src, dtype)
-    matmul(ctx, out, Ref(ident.buf, 0, src.rows, 0, src.rows), src, dtype, "whole", transpose=True)
+    diagonal = Ref(ident.buf, src.p0, src.p1, src.p0, src.p1)  # the identity on src's partitions
+    matmul(ctx, out, diagonal, src, dtype, "whole", transpose=True)
     tensor_copy(ctx, dst, out, evac_engine)
     ctx.free(bank)
 
@@ -228,7 +230,8 @@ class _Operand:
         self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
         resident = (self.value.home == "sbuf" and self.value.immediate is None
                     and self.value.lazy is None and self.value.layout == "row")
-        self.mode = ("direct" if contract_is_row and resident else
+        self.packed = is_packed(op.shape, "row")
+        self.mode = ("direct" if contract_is_row and resident and not self.packed else
                      "load" if contract_is_row or self.pretransposed else "transpose")
         self.streamed = self.mode == "load" or (self.mode == "transpose" and not resident)
         tensor = ctx.hbm_tensors.get(ctx.values[op.index].hbm or "")
@@ -253,7 +256,9 @@ class _Operand:
         if self.mode == "load":
             value = ctx.values[op.index]
             name = ctx.ensure_hbm(op)  # an on-chip value not in row layout is stored first
-            rows_per_batch = self.k
+            stored = ctx.hbm_tensors[name].shape if name in ctx.hbm_tensors else \
+                ctx.hbm_views[name].shape
+            rows_per_batch = tile_grid(stored, "row")[1]
             run = None
             if name in ctx.hbm_views:
                 run = ctx.hbm_views[name].run_elements * op.dtype.itemsize
@@ -264,7 +269,7 @@ class _Operand:
                 width = x1 - x0
                 buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk")
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
-                access = HbmAccess(name, b, k0, k1, x0, x1)
+                access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
                 ctx.dma_load(ctx._load_queue(value), access, whole, op.dtype,
                              rows_per_batch=rows_per_batch, ktiles=kt)
                 for j, kk in enumerate(range(k0, k1, P)):
@@ -275,25 +280,25 @@ class _Operand:
                 buf = ctx.alloc(rows, max(x1 - x0, pad_to), op.dtype, f"{op.name}.blk")
                 ref = Ref(buf.id, 0, rows, 0, x1 - x0)
                 queue = ctx._load_queue(value)
-                access = HbmAccess(name, b, kk, kk + rows, x0, x1)
+                access = batch_rows_access(name, stored, b, kk, kk + rows, x0, x1)
                 ctx.dma_load(queue, access, ref, op.dtype, rows_per_batch=rows_per_batch,
                              run_bytes=run)
                 refs.append(ref)
             return refs
         # transpose: rows of the operand are the free dim; its columns are K
-        x_tiles_per_batch = math.ceil(self.free_size / P)
         width = max(x1 - x0, pad_to)
         ks = list(range(k0, k1, P))
         buf = ctx.alloc(min(P, k1 - k0), len(ks) * width, op.dtype, f"{op.name}.T")
         bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
-            t = b * x_tiles_per_batch + xx // P
+            t, p0 = locate(op.shape, "row", b, xx)
             src = ctx.tile(op, t, "row")  # row tiles, whatever the value's own layout
+            nrows = min(x1 - xx, src.rows - p0)
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
-                block = Ref(src.buf, 0, src.rows, kk, kk + rows)
-                dst = Ref(bufs[j].buf, 0, rows, bufs[j].f0 + xx - x0, bufs[j].f0 + xx - x0 + src.rows)
+                block = Ref(src.buf, p0, p0 + nrows, kk, kk + rows)
+                dst = Ref(bufs[j].buf, 0, rows, bufs[j].f0 + xx - x0, bufs[j].f0 + xx - x0 + nrows)
                 pe_transpose(ctx, block, dst, op.dtype, next(self.engines))
             ctx.release(op, src)
         return bufs
@@ -325,7 +330,6 @@ def lower_dot(ctx: Context, op: Op) -> None:
                        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
                        fits=ctx.sbuf.fits, resident_out=resident_out)
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
-    m_tiles_per_batch = math.ceil(m / P)
     evac = _alternating()
     held: list[tuple[_Operand, list[Ref]]] = []
     for b in range(batches):
@@ -337,7 +341,7 @@ def lower_dot(ctx: Context, op: Op) -> None:
                 k_blocks = list(range(0, k, plan.kb))
                 acc_buf = None
                 if len(k_blocks) > 1:  # partial sums of the whole block, one allocation
-                    acc_buf = ctx.alloc(min(P, m1 - m0), math.ceil((m1 - m0) / P) * plan.nb,
+                    acc_buf = ctx.alloc(P, math.ceil((m1 - m0) / P) * plan.nb,
                                         DType.FP32, f"{op.name}.acc")
                 for kb_index, k0 in enumerate(k_blocks):
                     k1 = min(k, k0 + plan.kb)
@@ -350,7 +354,8 @@ def lower_dot(ctx: Context, op: Op) -> None:
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     for mm0 in range(m0, m1, P):
                         mm1 = min(m1, mm0 + P)
-                        t = b * m_tiles_per_batch + mm0 // P
+                        t, p0 = locate(op.shape, "row", b, mm0)
+                        n_rows = mm1 - mm0
                         for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
                             chunks = [(c, min(n1, c + BANK_COLS))
                                       for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS),
@@ -361,18 +366,19 @@ def lower_dot(ctx: Context, op: Op) -> None:
                                        "last" if j == len(a_refs) - 1 else "middle")
                                 stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
                                                  a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
-                                ldweights(ctx, stationary, dtype)
+                                ldweights(ctx, stationary, dtype, pad=p0)
                                 for bank, (c0, c1) in zip(banks, chunks):
                                     moving = Ref(b_refs[j].buf, 0, b_refs[j].rows,
                                                  b_refs[j].f0 + c0 - n0, b_refs[j].f0 + c1 - n0)
-                                    out = Ref(bank.id, 0, mm1 - mm0, 0, c1 - c0)
+                                    out = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
                                     matmul(ctx, out, moving, stationary, dtype, pos)
                             for bank, (c0, c1) in zip(banks, chunks):
-                                psum = Ref(bank.id, 0, mm1 - mm0, 0, c1 - c0)
+                                psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
                                 acc_ref = None
                                 if acc_buf is not None:
                                     base = (mm0 - m0) // P * plan.nb + c0 - n0
-                                    acc_ref = Ref(acc_buf.id, 0, mm1 - mm0, base, base + c1 - c0)
+                                    acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base,
+                                                  base + c1 - c0)
                                 _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref,
                                           next(evac))
                                 ctx.free(bank)
@@ -408,8 +414,9 @@ def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]]
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
               acc: Ref | None, engine: Engine) -> None:
     """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split."""
+    rows = (psum.p0, psum.p1)
     if first and last:
-        out = ctx.produce(op, t, c0, c1)
+        out = ctx.produce(op, t, c0, c1, rows)
         tensor_copy(ctx, out, psum, engine)
         ctx.produced(op, t, out, c0, c1)
         return
@@ -420,6 +427,6 @@ def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: 
     if not last:
         tensor_tensor(ctx, "add", acc, acc, psum)
         return
-    out = ctx.produce(op, t, c0, c1)
+    out = ctx.produce(op, t, c0, c1, rows)
     tensor_tensor(ctx, "add", out, acc, psum)
     ctx.produced(op, t, out, c0, c1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from neuroncore.compiler.context import Context, tiles_of
+from neuroncore.compiler.context import Context, tile_grid, tiles_of
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import (
     activate,
@@ -70,7 +70,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
             vt = view_tiles[t]
             buf = ctx.alloc(vt.rows, reduced, src.dtype, f"{op.name}.in{t}")
             inp = Ref(buf.id, 0, vt.rows, 0, reduced)
-            rows = loader[1][-2] if len(loader[1]) >= 2 else 1
+            rows = tile_grid(loader[1], "row")[1]
             ctx.dma_load("qSyncData0", HbmAccess(name, vt.batch, vt.r0, vt.r1, 0, reduced), inp,
                          src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
                          * src.dtype.itemsize)

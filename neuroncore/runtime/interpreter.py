@@ -197,10 +197,16 @@ class Machine:
     def _memset(self, out: Ref, value: float) -> None:
         self.write(out, np.float32(value))
 
-    def _iota(self, out: Ref, base: float, p_step: float, f_step: float) -> None:
-        p = np.arange(out.rows, dtype=np.float32)[:, None]
-        f = np.arange(out.cols, dtype=np.float32)[None, :]
-        self.write(out, base + p * p_step + f * f_step)
+    def _iota(self, out: Ref, shape: tuple[int, ...], dim: int, first_row: int) -> None:
+        if not shape:
+            self.write(out, np.float32(0))
+            return
+        if dim == len(shape) - 1:
+            self.write(out, np.broadcast_to(np.arange(out.cols, dtype=np.float32), (out.rows, out.cols)))
+            return
+        rows = np.arange(first_row, first_row + out.rows)
+        coords = np.unravel_index(rows, shape[:-1])[dim].astype(np.float32)
+        self.write(out, np.broadcast_to(coords[:, None], (out.rows, out.cols)))
 
     def _identity(self, ref: Ref) -> None:
         self.write(ref, np.eye(ref.rows, ref.cols, dtype=np.float32))
