@@ -226,7 +226,7 @@ class Context:
             out.extend(self.view_sources(src))
         return out
 
-    def _hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
+    def hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
         if access.tensor in self.hbm_views or access.view is not None or access.layout != "row":
             names = self.view_sources(access.tensor)
             return [(("hbm", n), (0, 1 << 62, 0, 1 << 62)) for n in names]
@@ -252,7 +252,7 @@ class Context:
         q = self.queue[queue]
         return self.em.dma(
             q,
-            reads=self._hbm_rects(src, rows_per_batch),
+            reads=self.hbm_rects(src, rows_per_batch),
             writes=[sbuf_key(dst)],
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
@@ -395,7 +395,7 @@ class Context:
         ref = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
         tensor = self.hbm_tensors.get(value.hbm or "")
         reload = tensor is not None and tensor.kind == "scratch" and value.home == "sbuf"
-        queue = self._load_queue(value)
+        queue = self.load_queue(value)
         self.dma_load(queue, value.access(t, c0, c1), ref, op.dtype,
                       rows_per_batch=value.rows_per_batch, run_bytes=self.run_bytes(value),
                       spill_reload=reload)
@@ -413,7 +413,7 @@ class Context:
         if not resident:
             self.free(self.buffers[ref.buf])
 
-    def _load_queue(self, value: Value) -> str:
+    def load_queue(self, value: Value) -> str:
         tensor = self.hbm_tensors.get(value.hbm or "")
         if tensor is None:
             return "qSyncData0"

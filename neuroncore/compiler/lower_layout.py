@@ -137,7 +137,7 @@ def lower_gather(ctx: Context, op: Op) -> None:
         out = ctx.produce(op, t)
         nbytes = tile.rows * d * op.dtype.itemsize
         table_access = HbmAccess(table_name, 0, 0, table.shape[0], 0, d)
-        reads = [sbuf_key(idx), *ctx._hbm_rects(table_access, table.shape[0])]
+        reads = [sbuf_key(idx), *ctx.hbm_rects(table_access, table.shape[0])]
         ctx.em.dma(
             queue,
             reads=reads,

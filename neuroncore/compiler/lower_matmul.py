@@ -270,7 +270,7 @@ class _Operand:
                 buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk")
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
-                ctx.dma_load(ctx._load_queue(value), access, whole, op.dtype,
+                ctx.dma_load(ctx.load_queue(value), access, whole, op.dtype,
                              rows_per_batch=rows_per_batch, ktiles=kt)
                 for j, kk in enumerate(range(k0, k1, P)):
                     refs.append(Ref(buf.id, 0, min(P, k1 - kk), j * width, (j + 1) * width))
@@ -279,7 +279,7 @@ class _Operand:
                 rows = min(P, k1 - kk)
                 buf = ctx.alloc(rows, max(x1 - x0, pad_to), op.dtype, f"{op.name}.blk")
                 ref = Ref(buf.id, 0, rows, 0, x1 - x0)
-                queue = ctx._load_queue(value)
+                queue = ctx.load_queue(value)
                 access = batch_rows_access(name, stored, b, kk, kk + rows, x0, x1)
                 ctx.dma_load(queue, access, ref, op.dtype, rows_per_batch=rows_per_batch,
                              run_bytes=run)
