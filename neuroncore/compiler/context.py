@@ -591,7 +591,6 @@ class Context:
                 semantics=("identity", ref), sbuf_write_bytes=P * P * 2,
             )
             self._identity = buf
-            self.values[-1] = Value(self.graph.ops[0], "row", "sbuf", [], P, P, [])  # keep alive
         self.pinned.add(self._identity.id)
         return Ref(self._identity.id, 0, P, 0, P)
 

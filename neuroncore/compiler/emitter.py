@@ -303,8 +303,6 @@ class Emitter:
         for i in range(n):
             for d in self.deps[i]:
                 producer[d] = True
-            if self.trigger[i] >= 0:
-                producer[self.trigger[i]] = False or producer[self.trigger[i]]
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         sem_value = np.zeros(n, np.int32)
         running: dict[int, int] = defaultdict(int)
