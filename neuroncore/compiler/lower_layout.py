@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.context import Context, is_packed, tile_grid, tiles_of
+from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
+from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
 

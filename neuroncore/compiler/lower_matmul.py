@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from itertools import product
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.context import Context, P, batch_rows_access, is_packed, locate, tile_grid
+from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Ref
+from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Op

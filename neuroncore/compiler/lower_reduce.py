@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from neuroncore.compiler.context import Context, tile_grid, tiles_of
+from neuroncore.compiler.context import Context
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import (
     activate,
@@ -19,6 +19,7 @@ from neuroncore.compiler.lower_elementwise import (
     tensor_tensor,
 )
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
+from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Op
 

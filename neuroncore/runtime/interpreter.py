@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from neuroncore.compiler.context import tile_grid
 from neuroncore.compiler.program import HbmAccess, Program, Ref
+from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to
 from neuroncore.ir import semantics as ir_semantics
 

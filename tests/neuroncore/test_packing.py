@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import neuroncore as nc
-from neuroncore.compiler.context import is_packed, locate, tile_grid, tiles_of
+from neuroncore.compiler.tiling import is_packed, locate, tile_grid, tiles_of
 
 TARGETS = [("trn1", "trn1.2xlarge"), ("trn2", "trn2.48xlarge")]
 
