@@ -16,7 +16,7 @@ next group's matmuls.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import product
 
@@ -25,7 +25,7 @@ from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
-from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Ref
+from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
@@ -314,6 +314,8 @@ class _Operand:
 
 
 def lower_dot(ctx: Context, op: Op) -> None:
+    """Blocks (Mb, Nb, Kb) from the planner; streamed blocks are double-buffered by releasing the
+    previous block only after the next one is loaded."""
     lhs, rhs = op.operands
     n_dims = len(op.shape)
     lc, rc = op.attrs["lhs_contract"], op.attrs["rhs_contract"]
@@ -353,36 +355,8 @@ def lower_dot(ctx: Context, op: Op) -> None:
                         if len(k_blocks) == 1 and a.mode != "direct":
                             a_cache[k0] = a_refs
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
-                    for mm0 in range(m0, m1, P):
-                        mm1 = min(m1, mm0 + P)
-                        t, p0 = locate(op.shape, "row", b, mm0)
-                        n_rows = mm1 - mm0
-                        for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
-                            chunks = [(c, min(n1, c + BANK_COLS))
-                                      for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS),
-                                                     BANK_COLS)]
-                            banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
-                            for j, _kk in enumerate(range(k0, k1, P)):
-                                pos = ("whole" if len(a_refs) == 1 else "first" if j == 0 else
-                                       "last" if j == len(a_refs) - 1 else "middle")
-                                stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
-                                                 a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
-                                ldweights(ctx, stationary, dtype, pad=p0)
-                                for bank, (c0, c1) in zip(banks, chunks):
-                                    moving = Ref(b_refs[j].buf, 0, b_refs[j].rows,
-                                                 b_refs[j].f0 + c0 - n0, b_refs[j].f0 + c1 - n0)
-                                    out = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
-                                    matmul(ctx, out, moving, stationary, dtype, pos)
-                            for bank, (c0, c1) in zip(banks, chunks):
-                                psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
-                                acc_ref = None
-                                if acc_buf is not None:
-                                    base = (mm0 - m0) // P * plan.nb + c0 - n0
-                                    acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base,
-                                                  base + c1 - c0)
-                                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref,
-                                          next(evac))
-                                ctx.free(bank)
+                    _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
+                                    first, last, acc_buf, evac)
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
@@ -396,6 +370,42 @@ def lower_dot(ctx: Context, op: Op) -> None:
             for refs in a_cache.values():
                 a.release(refs)
             ctx.unpin_all()
+
+
+def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs: list[Ref], b: int,
+                    ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
+                    last: bool, acc_buf: Buffer | None, evac: Iterator[Engine]) -> None:
+    """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
+    per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
+    (m0, m1), (n0, n1), (k0, k1) = ms, ns, ks
+    dtype = op.dtype
+    for mm0 in range(m0, m1, P):
+        mm1 = min(m1, mm0 + P)
+        t, p0 = locate(op.shape, "row", b, mm0)  # packed batches land at a partition offset
+        n_rows = mm1 - mm0
+        for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
+            chunks = [(c, min(n1, c + BANK_COLS))
+                      for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS), BANK_COLS)]
+            banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
+            for j, _kk in enumerate(range(k0, k1, P)):
+                pos = ("whole" if len(a_refs) == 1 else "first" if j == 0 else
+                       "last" if j == len(a_refs) - 1 else "middle")
+                stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
+                                 a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
+                ldweights(ctx, stationary, dtype, pad=p0)
+                for bank, (c0, c1) in zip(banks, chunks):
+                    moving = Ref(b_refs[j].buf, 0, b_refs[j].rows,
+                                 b_refs[j].f0 + c0 - n0, b_refs[j].f0 + c1 - n0)
+                    matmul(ctx, Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0), moving, stationary,
+                           dtype, pos)
+            for bank, (c0, c1) in zip(banks, chunks):
+                psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
+                acc_ref = None
+                if acc_buf is not None:
+                    base = (mm0 - m0) // P * plan.nb + c0 - n0
+                    acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
+                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac))
+                ctx.free(bank)
 
 
 def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,
