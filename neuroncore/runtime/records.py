@@ -15,6 +15,10 @@ TRACK_LABELS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
 ENGINE_NAMES = [ENGINE_LABELS[e] for e in Engine]
 
 
+# runtime opcode -> what the compiler emitted (profile-schema §2.8: pseudo-instructions are expanded)
+COMPILER_OPCODES = {"WRITE": "PSEUDO_DMA_TRIGGER"}
+
+
 def _chunks(n: int) -> Iterator[slice]:
     for s in range(0, n, BATCH_ROWS):
         yield slice(s, min(n, s + BATCH_ROWS))
@@ -39,6 +43,7 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int) ->
         queues=[(q.index, q.name, q.queue_type) for q in program.queues],
         semaphore_names=dict(program.semaphore_names), operands=program.operands,
         opcodes=program.opcodes,
+        compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
     )
 
 
