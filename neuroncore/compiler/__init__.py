@@ -38,6 +38,15 @@ from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 __all__ = ["CompileError", "Program", "UnsupportedOpsError", "compile", "unsupported_ops"]
 
 
+def _lower_convert(ctx: Context, op: Op) -> None:
+    """A converted weight is folded at compile time: stored in HBM in the new type."""
+    src = op.operands[0]
+    if src.opcode == "constant" and "init" in src.attrs:
+        lower_weight(ctx, op)
+    else:
+        lower_unary(ctx, op)
+
+
 def _lower_constant(ctx: Context, op: Op) -> None:
     if "init" in op.attrs:
         lower_weight(ctx, op)
@@ -48,7 +57,7 @@ def _lower_constant(ctx: Context, op: Op) -> None:
 LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "parameter": lower_parameter,
     "constant": _lower_constant,
-    "convert": lower_unary,
+    "convert": _lower_convert,
     "gelu": lower_unary,
     "silu": lower_unary,
     "compare": lower_binary,

@@ -322,11 +322,11 @@ def lower_dot(ctx: Context, op: Op) -> None:
     batches = math.prod(op.shape[:-2])
     m, n = op.shape[-2], op.shape[-1]
     k = lhs.shape[lc]
-    dtype = op.dtype
+    dtype = lhs.dtype  # operand type sets PE cost; the result type (op.dtype) only the evacuation
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
     value = ctx.define(op)
-    resident_out = ([value.cols * dtype.itemsize] * len(value.tiles)
+    resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home == "sbuf" else [])
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
                        a_transposed=a.mode == "transpose", b_transposed=bop.mode == "transpose",
@@ -378,7 +378,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
     per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
     (m0, m1), (n0, n1), (k0, k1) = ms, ns, ks
-    dtype = op.dtype
+    dtype = op.operands[0].dtype
     for mm0 in range(m0, m1, P):
         mm1 = min(m1, mm0 + P)
         t, p0 = locate(op.shape, "row", b, mm0)  # packed batches land at a partition offset

@@ -66,8 +66,12 @@ def _dims(opcode: str, shape: Sequence[int]) -> tuple[int, ...]:
 class GraphBuilder:
     """Builds a :class:`Graph` op by op; names ops ``<opcode>.<n>`` with one counter per graph."""
 
-    def __init__(self, name: str = "model", root_layer: str = "model") -> None:
+    def __init__(self, name: str = "model", root_layer: str = "model",
+                 autocast: str | DType | None = None) -> None:
+        """``autocast="bf16"`` casts FP32 matmul operands to bf16 and keeps an FP32 result, as the
+        Neuron compiler's ``--auto-cast matmult`` does (PSUM accumulates in FP32 either way)."""
         self.name = name
+        self.autocast = as_dtype(autocast) if autocast is not None else None
         self._ops: list[Op] = []
         self._parameters: list[Op] = []
         self._scope: list[str] = [root_layer] if root_layer else []
@@ -312,12 +316,19 @@ class GraphBuilder:
         shape = [n for i, n in enumerate(x.shape) if i not in dims]
         return self._add("reduce", [x], shape, x.dtype, dimensions=dims, kind=kind)
 
-    def dot(self, lhs: Op, rhs: Op, *, lhs_contract: int = -1, rhs_contract: int = -2) -> Op:
+    def dot(self, lhs: Op, rhs: Op, *, lhs_contract: int = -1, rhs_contract: int = -2,
+            out_dtype: str | DType | None = None) -> Op:
         """Batched contraction: leading dims are batch dims (equal), one contracting dim each.
 
         ``lhs_contract`` is the last or second-to-last dim of ``lhs`` (likewise ``rhs``), so
         ``dot(q, k, rhs_contract=-1)`` is ``q @ k^T`` without a separate transpose op.
+        ``out_dtype`` is XLA's preferred element type: the result type when it differs from the
+        operands' (the accumulation is FP32 regardless).
         """
+        if (self.autocast is not None and out_dtype is None and lhs.dtype is DType.FP32
+                and rhs.dtype is DType.FP32):
+            lhs, rhs = self.convert(lhs, self.autocast), self.convert(rhs, self.autocast)
+            out_dtype = DType.FP32
         if len(lhs.shape) != len(rhs.shape) or len(lhs.shape) < 2:
             raise GraphError(f"dot: ranks differ or < 2: {list(lhs.shape)} x {list(rhs.shape)}")
         n = len(lhs.shape)
@@ -336,7 +347,8 @@ class GraphBuilder:
         m = lhs.shape[n - 2] if lc == n - 1 else lhs.shape[n - 1]
         nn = rhs.shape[n - 1] if rc == n - 2 else rhs.shape[n - 2]
         shape = [*lhs.shape[:-2], m, nn]
-        return self._add("dot", [lhs, rhs], shape, lhs.dtype, lhs_contract=lc, rhs_contract=rc,
+        result = as_dtype(out_dtype) if out_dtype is not None else lhs.dtype
+        return self._add("dot", [lhs, rhs], shape, result, lhs_contract=lc, rhs_contract=rc,
                          batch_dims=n - 2)
 
     def matmul(self, x: Op, w: Op) -> Op:

@@ -252,7 +252,8 @@ def materialize_weights(program: Program) -> dict[str, np.ndarray]:
         if tensor.kind != "weight":
             continue
         op = program.graph.ops[tensor.op_index]
-        values = round_to(op.attrs["init"].materialize(op.shape), op.dtype)
+        source = op.operands[0] if op.opcode == "convert" else op  # folded convert of a weight
+        values = round_to(source.attrs["init"].materialize(source.shape), op.dtype)
         if tensor.pretransposed:
             values = np.ascontiguousarray(np.swapaxes(values, -1, -2))
         weights[name] = values
