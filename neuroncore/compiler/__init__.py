@@ -49,6 +49,9 @@ def _lower_convert(ctx: Context, op: Op) -> None:
 
 def _lower_constant(ctx: Context, op: Op) -> None:
     if "init" in op.attrs:
+        users = [ctx.graph.ops[i] for i in ctx.uses[op.index]]
+        if users and all(u.opcode == "convert" for u in users) and op.index not in ctx.outputs:
+            return  # only read through casts, which store their own copy (see _lower_convert)
         lower_weight(ctx, op)
     else:
         lower_constant_splat(ctx, op)

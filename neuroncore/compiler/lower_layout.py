@@ -32,8 +32,10 @@ def lower_weight(ctx: Context, op: Op) -> None:
         u.opcode == "dot" and _needs_transpose(u, u.operands.index(op)) for u in uses
     ) and all(u.operands.count(op) == 1 for u in uses)
     shape = (*op.shape[:-2], op.shape[-1], op.shape[-2]) if pretransposed else op.shape
-    label = op.attrs.get("label") or op.operands[0].attrs.get("label", op.name) if op.operands \
-        else op.attrs.get("label", op.name)
+    if op.opcode == "convert":  # a cast weight, folded: named after its source and type
+        label = f"{op.operands[0].attrs.get('label', op.name)}.{op.dtype.value}"
+    else:
+        label = op.attrs.get("label", op.name)
     name = ctx.hbm_tensor(f"weight.{label}", op, "weight", shape=shape,
                           pretransposed=pretransposed)
     value = ctx.define(op, home="hbm", hbm=name)
