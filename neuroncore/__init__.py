@@ -7,6 +7,7 @@ core does is reported through ``neuroncore.events.sink``.
 
 from neuroncore.compiler import CompileError, Program, UnsupportedOpsError, compile  # noqa: A004
 from neuroncore.events import EventBatch, EventSink, sink
+from neuroncore.frontends import TracedModel, TraceError, check, trace
 from neuroncore.hardware import INSTANCE_TYPES, NC_V2, NC_V3, CoreSpec, Engine
 from neuroncore.ir import Graph, GraphBuilder, GraphError, run_reference
 from neuroncore.runtime import ExecutionError, ExecutionResult, Instance
@@ -16,5 +17,6 @@ __version__ = "0.1.0"
 __all__ = [
     "INSTANCE_TYPES", "NC_V2", "NC_V3", "CompileError", "CoreSpec", "Engine", "EventBatch",
     "EventSink", "ExecutionError", "ExecutionResult", "Graph", "GraphBuilder", "GraphError",
-    "Instance", "Program", "UnsupportedOpsError", "compile", "run_reference", "sink",
+    "Instance", "Program", "TraceError", "TracedModel", "UnsupportedOpsError", "check", "compile",
+    "run_reference", "sink", "trace",
 ]

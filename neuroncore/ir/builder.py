@@ -99,6 +99,18 @@ class GraphBuilder:
         finally:
             self._frames_override = previous
 
+    @contextlib.contextmanager
+    def located(self, layer: str, frames: Sequence[SourceFrame] = ()) -> Iterator[None]:
+        """Ops added inside get exactly this layer path and these frames (frontends use this to
+        carry a framework node's module path and stack trace onto every op it lowers to)."""
+        saved_scope, saved_frames = self._scope, self._frames_override
+        self._scope = [layer] if layer else []
+        self._frames_override = tuple(frames)
+        try:
+            yield
+        finally:
+            self._scope, self._frames_override = saved_scope, saved_frames
+
     @property
     def layer(self) -> str:
         return "/".join(self._scope)
@@ -129,9 +141,11 @@ class GraphBuilder:
         return op
 
     def add_op(self, opcode: str, operands: Sequence[Op], shape: Sequence[int], dtype: DType | str,
-               **attrs: Any) -> Op:
-        """Add an op without the helper's checks (frontends; tests of unsupported ops)."""
-        return self._add(opcode, operands, shape, as_dtype(dtype), **attrs)
+               *, name: str | None = None, **attrs: Any) -> Op:
+        """Add an op without the helper's checks (frontends; tests of unsupported ops).
+
+        ``name`` keeps a framework's own instruction name (JAX's ``dot.3``)."""
+        return self._add(opcode, operands, shape, as_dtype(dtype), name=name, **attrs)
 
     # -- leaves ----------------------------------------------------------------------------
     def parameter(self, name: str, shape: Sequence[int], dtype: str | DType = "fp32", *,

@@ -1,0 +1,179 @@
+"""``trace`` and ``check``: run PyTorch modules and JAX functions on the execution core.
+
+    model = neuroncore.trace(torch_module, (x,))       # torch.export -> HLO-level IR -> program
+    y = model(x)                                        # a torch tensor, computed on the core
+    neuroncore.check(torch_module, (x,))                # unsupported ops, nothing executed
+
+The frontend is picked from the example inputs' types; each frontend module (``torch_frontend``,
+``jax_frontend``) is imported only when its framework's values are passed, so neither framework is
+needed to use the other. As on real Neuron, shapes are static: a call with a shape that was not
+compiled is an error, unless ``buckets`` compiled one program per size of ``bucket_dim`` (inputs are
+zero-padded to the smallest bucket that fits; attention masks use the 1 = attend convention, so
+padded positions are masked, and outputs are cut back).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler import unsupported_ops
+from neuroncore.compiler.program import Program
+from neuroncore.ir.graph import Graph, Op
+from neuroncore.runtime import ExecutionResult, Instance
+from neuroncore.runtime.device import LoadedModel
+
+
+class TraceError(ValueError):
+    """A program that cannot be traced (export failure, data-dependent control flow, bad inputs)."""
+
+
+@dataclass
+class Converted:
+    """A framework program as IR, with adapters between the framework's values and NumPy."""
+
+    graph: Graph
+    to_arrays: Callable[[Sequence[Any]], list[np.ndarray]]  # user inputs -> one array per parameter
+    from_arrays: Callable[[list[np.ndarray]], Any]  # output arrays -> the framework's outputs
+
+
+class Frontend(Protocol):
+    """What a framework frontend module provides (as module-level functions)."""
+
+    def convert(self, fn: Any, example_inputs: Sequence[Any], *, autocast: str | None) -> Converted:
+        """Trace ``fn`` on the example inputs into IR (weights become constants)."""
+        ...
+
+    def resize(self, example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, ...]:
+        """Example inputs whose ``dim`` has the first input's length, zero-padded/cut to ``length``."""
+        ...
+
+
+FRONTEND_MODULES = {"torch": "neuroncore.frontends.torch_frontend",
+                    "jax": "neuroncore.frontends.jax_frontend", "jaxlib": "neuroncore.frontends.jax_frontend"}
+
+
+def frontend_for(example_inputs: Sequence[Any]) -> Any:
+    """The frontend module for these example inputs (by the package their type comes from)."""
+    for value in example_inputs:
+        package = type(value).__module__.split(".")[0]
+        if package in FRONTEND_MODULES:
+            return importlib.import_module(FRONTEND_MODULES[package])
+    kinds = ", ".join(sorted({type(v).__name__ for v in example_inputs})) or "no inputs"
+    raise TraceError(f"example inputs must be torch tensors or JAX arrays, got {kinds}")
+
+
+def check(fn: Any, example_inputs: Sequence[Any]) -> list[Op]:
+    """Every op the compiler cannot lower, with its layer and source line; nothing is executed."""
+    converted = frontend_for(example_inputs).convert(fn, tuple(example_inputs), autocast=None)
+    return unsupported_ops(converted.graph)
+
+
+def _with_length(value: np.ndarray, dim: int, length: int) -> np.ndarray:
+    if dim >= value.ndim or value.shape[dim] == length:
+        return value
+    if value.shape[dim] > length:
+        return np.take(value, np.arange(length), axis=dim)
+    pad = [(0, 0)] * value.ndim
+    pad[dim] = (0, length - value.shape[dim])
+    return np.pad(value, pad)
+
+
+@dataclass
+class _Variant:
+    length: int | None
+    converted: Converted
+    program: Program
+    model: LoadedModel
+    shapes: list[tuple[int, ...]]
+
+
+@dataclass
+class TracedModel:
+    """A compiled framework program: call it like the original with inputs of the traced shapes."""
+
+    frontend: Any
+    variants: list[_Variant]
+    bucket_dim: int
+    last_result: ExecutionResult | None = field(default=None)
+
+    @property
+    def graph(self) -> Graph:
+        return self.variants[0].converted.graph
+
+    @property
+    def program(self) -> Program:
+        return self.variants[0].program
+
+    @property
+    def programs(self) -> dict[int | None, Program]:
+        return {v.length: v.program for v in self.variants}
+
+    def __call__(self, *inputs: Any) -> Any:
+        variant = self.variants[0]
+        arrays = variant.converted.to_arrays(inputs)
+        given = [tuple(a.shape) for a in arrays]
+        length = None
+        if variant.length is not None:
+            length = _sequence_length(arrays, variant, self.bucket_dim)
+            fitting = [v for v in self.variants if v.length is not None and v.length >= length]
+            if not fitting:
+                sizes = ", ".join(str(v.length) for v in self.variants)
+                raise TraceError(f"sequence length {length} is larger than every bucket ({sizes})")
+            variant = fitting[0]
+            arrays = [_with_length(a, self.bucket_dim, variant.length)
+                      if a.ndim > self.bucket_dim and a.shape[self.bucket_dim] == length else a
+                      for a in arrays]
+        if [tuple(a.shape) for a in arrays] != variant.shapes:
+            raise TraceError(f"inputs of shapes {given} given; compiled for {variant.shapes}")
+        result = variant.model.execute(arrays)
+        self.last_result = result
+        outputs = result.outputs or []
+        if length is not None and variant.length != length:
+            outputs = [_with_length(o, self.bucket_dim, length)
+                       if o.ndim > self.bucket_dim and o.shape[self.bucket_dim] == variant.length else o
+                       for o in outputs]
+        return variant.converted.from_arrays(outputs)
+
+
+def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> int:
+    lengths = {a.shape[dim] for a, s in zip(arrays, variant.shapes)
+               if a.ndim > dim and len(s) > dim and s[dim] == variant.length}
+    if len(lengths) != 1:
+        raise TraceError(f"inputs disagree on the length of dim {dim}: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def trace(fn: Any, example_inputs: Sequence[Any], *, instance: str | None = None,
+          dtype: str | None = None, buckets: Sequence[int] | None = None, bucket_dim: int = 1,
+          core: int = 0) -> TracedModel:
+    """Compile ``fn`` (a torch module or a JAX-traceable function) for one core of ``instance``.
+
+    ``dtype="bf16"`` auto-casts matmuls to bf16 with FP32 accumulation (``--auto-cast matmult``);
+    anything else runs in the model's own dtypes. Unsupported ops fail with the full list.
+    """
+    if dtype not in (None, "fp32", "bf16"):
+        raise TraceError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
+    autocast = "bf16" if dtype == "bf16" else None
+    frontend = frontend_for(example_inputs)
+    inst = Instance(instance)
+    target = inst.spec.chip.core
+    examples = tuple(example_inputs)
+    variants: list[_Variant] = []
+    lengths: list[int | None] = sorted(set(buckets)) if buckets else [None]
+    for length in lengths:
+        inputs = examples if length is None else frontend.resize(examples, bucket_dim, length)
+        converted = frontend.convert(fn, inputs, autocast=autocast)
+        program = compile_graph(converted.graph, target)
+        model = inst.core(core).load(program)
+        shapes = [tuple(p.shape) for p in converted.graph.parameters]
+        variants.append(_Variant(length, converted, program, model, shapes))
+    return TracedModel(frontend, variants, bucket_dim)
+
+
+__all__ = ["Converted", "TraceError", "TracedModel", "check", "frontend_for", "trace"]
