@@ -1,0 +1,1372 @@
+"""JAX frontend: a jittable function -> its un-optimized HLO -> HLO-level IR.
+
+    converted = convert(fn, (x, mask), autocast=None)   # used by neuroncore.trace / neuroncore.check
+
+``jax.jit(fn, keep_unused=True).lower(*example_inputs)`` gives the HLO module JAX hands to XLA before
+any optimization (no fusions, no layout assignment). It is read from its text form, printed with
+metadata and large constants, and the stack-frame table is read from the serialized HloModuleProto.
+Each HLO instruction becomes IR ops located at:
+
+* **name**: the instruction's own HLO name (``dot_general.3``, ``add.7``) on the op that computes
+  it; helper ops a mapping needs get ``<hlo name>.<role>`` (``dot_general.3.lhs_transpose``). An
+  instruction of a computation inlined twice gets ``<name>@<call name>`` the second time.
+* **layer**: the ``op_name`` metadata, split on ``/``, without its last component (the primitive,
+  ``dot_general``). ``jit(f)`` (and other ``transform(f)`` wrappers) become ``f``; ``jit(main)``
+  and JAX's private helpers (``jit(_where)``, ``jit(_take)``) are dropped; named scopes and einsum
+  specs are kept: ``jit(attention)/bqhd,bkhd->bhqk/dot_general`` -> ``attention/bqhd,bkhd->bhqk``.
+  Inside a called computation op names are relative, so they are appended to the call's op name.
+  An instruction without metadata (constants, broadcasts of constants) takes the location of its
+  first user.
+* **frames**: the instruction's stack frame chain (outermost first, at most ``MAX_FRAMES``, frames
+  from neuroncore's own files dropped), after the call site's frames for called computations; or
+  ``source_file``/``source_line`` when that is all the metadata has.
+
+Closed-over arrays become weights (``constant`` with an array initializer), scalar and splat
+constants become immediates, and scalar arithmetic on constants is folded. ``call`` (and
+``fusion``, should optimized HLO ever be given) is inlined;
+``reduce`` with an add/max/min/and/or computation becomes ``reduce`` sum/max; ``dot_general`` is
+arranged into the IR's ``dot`` (batch dims first, one contracting dim) with transposes/reshapes;
+``erf`` becomes XLA's own rational approximation. Anything else (``while``, ``sort``,
+``custom-call`` ...) is emitted under its HLO opcode, so ``neuroncore.check`` lists it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from neuroncore.dtypes import DType, round_to
+from neuroncore.frontends.api import Converted, TraceError
+from neuroncore.ir import semantics
+from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
+from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                      for m in (jax, jaxlib, np))
+
+# HLO element types -> IR dtypes. Integers travel as int32 (JAX uses 32-bit ints unless x64 is on).
+_DTYPES = {
+    "f32": DType.FP32, "f64": DType.FP32, "bf16": DType.BF16, "f16": DType.FP16, "pred": DType.PRED,
+    **{t: DType.INT32 for t in ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")},
+}
+_UNARY = UNARY_OPS  # HLO opcodes the IR has under the same name
+_BINARY = BINARY_OPS
+_COMBINERS = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "prod", "and": "and",
+              "or": "or"}
+_IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "and": 1.0, "or": 0.0}
+# XLA's f32 erf (Eigen's generic_fast_erf_float): x * P(x^2) / Q(x^2) on x clamped to [-4, 4]
+_ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+              -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+              -1.60960333262415e-02)
+_ERF_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+             -7.37332916720468e-03, -1.42647390514189e-02)
+
+
+# =============================================================================================
+# HLO text
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class HloShape:
+    """An array shape (``dtype`` like ``"f32"``) or a tuple of shapes (``dtype`` is None)."""
+
+    dtype: str | None
+    dims: tuple[int, ...] = ()
+    elements: tuple[HloShape, ...] = ()
+
+    @property
+    def leaves(self) -> list[HloShape]:
+        if self.dtype is not None:
+            return [self]
+        return [leaf for e in self.elements for leaf in e.leaves]
+
+
+@dataclass
+class HloInstruction:
+    name: str
+    shape: HloShape
+    opcode: str
+    operands: list[str]
+    literal: str  # the text inside the parentheses of constant(...) and parameter(...)
+    attrs: dict[str, str]
+    metadata: dict[str, str]
+
+
+@dataclass
+class HloComputation:
+    name: str
+    is_entry: bool
+    instructions: list[HloInstruction] = field(default_factory=list)
+    root_instruction: HloInstruction | None = None  # the ROOT line (the last one if none is marked)
+
+    @property
+    def root(self) -> HloInstruction:
+        return self.root_instruction if self.root_instruction is not None else self.instructions[-1]
+
+
+_COMMENT = re.compile(r"/\*.*?\*/")
+_ARRAY_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](?:\{[^}]*\})?")
+_ASSIGN = re.compile(r"\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*")
+_OPCODE = re.compile(r"([A-Za-z][\w\-]*)\(")
+_META_ITEM = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _closing(text: str, start: int) -> int:
+    """Index just after the bracket that closes ``text[start]`` (quotes respected)."""
+    depth, j, quoted = 0, start, False
+    while j < len(text):
+        c = text[j]
+        if quoted:
+            if c == "\\":
+                j += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c in _CLOSERS:
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    raise ValueError(f"unbalanced brackets in HLO: {text[start:start + 80]!r}")
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets and quotes."""
+    parts, depth, start, j, quoted = [], 0, 0, 0, False
+    while j < len(text):
+        c = text[j]
+        if quoted:
+            if c == "\\":
+                j += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c in _CLOSERS:
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == sep and depth == 0:
+            parts.append(text[start:j])
+            start = j + 1
+        j += 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _parse_shape(text: str, i: int) -> tuple[HloShape, int]:
+    if text[i] == "(":
+        end = _closing(text, i)
+        elements = tuple(_parse_shape(p, 0)[0] for p in _split_top(text[i + 1:end - 1]))
+        return HloShape(None, (), elements), end
+    m = _ARRAY_SHAPE.match(text, i)
+    if m is None:
+        raise ValueError(f"cannot read an HLO shape at {text[i:i + 40]!r}")
+    try:
+        dims = tuple(int(d) for d in m.group(2).split(",") if d.strip())
+    except ValueError:
+        raise TraceError(f"dynamic shape {m.group(0)} in HLO: only static shapes can be compiled") from None
+    return HloShape(m.group(1), dims), m.end()
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
+
+
+def _parse_instruction(line: str) -> tuple[HloInstruction, bool]:
+    line = _COMMENT.sub("", line)
+    m = _ASSIGN.match(line)
+    if m is None:
+        raise ValueError(f"not an HLO instruction: {line.strip()[:120]!r}")
+    shape, i = _parse_shape(line, m.end())
+    rest = line[i:].lstrip()
+    op = _OPCODE.match(rest)
+    if op is None:
+        raise ValueError(f"no opcode in HLO instruction: {line.strip()[:120]!r}")
+    opcode = op.group(1)
+    close = _closing(rest, op.end() - 1)
+    inside = rest[op.end():close - 1]
+    attrs: dict[str, str] = {}
+    for part in _split_top(rest[close:]):
+        key, _, value = part.partition("=")
+        attrs[key.strip()] = value.strip()
+    metadata: dict[str, str] = {}
+    if "metadata" in attrs:
+        for key, value in _META_ITEM.findall(attrs.pop("metadata").strip()[1:-1]):
+            metadata[key] = _unquote(value)
+    literal = inside if opcode in ("constant", "parameter") else ""
+    operands = [] if literal or opcode in ("constant", "parameter") else [
+        p.split()[-1].lstrip("%") for p in _split_top(inside)]
+    ins = HloInstruction(m.group(2).lstrip("%"), shape, opcode, operands, literal, attrs, metadata)
+    return ins, bool(m.group(1))
+
+
+def parse_hlo_module(text: str) -> dict[str, HloComputation]:
+    """Computations of an HLO module's text, by name (instructions in post order, as printed)."""
+    computations: dict[str, HloComputation] = {}
+    current: HloComputation | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if current is None:
+            if (stripped.endswith("{") and not line[0].isspace()
+                    and not stripped.startswith("HloModule")):
+                words = stripped.split()
+                is_entry = words[0] == "ENTRY"
+                name = words[1 if is_entry else 0].lstrip("%")
+                current = HloComputation(name, is_entry)
+            continue
+        if stripped == "}":
+            computations[current.name] = current
+            current = None
+            continue
+        ins, is_root = _parse_instruction(line)
+        current.instructions.append(ins)
+        if is_root:
+            current.root_instruction = ins
+    return computations
+
+
+def _ints(value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    return tuple(int(v) for v in re.findall(r"-?\d+", value))
+
+
+def _literal_values(literal: str) -> np.ndarray:
+    tokens = re.findall(r"[^\s{},]+", literal)
+    if tokens == ["..."]:
+        raise TraceError("HLO text has elided constants ({...}); cannot read closed-over arrays")
+    mapped = [("1" if t == "true" else "0" if t == "false" else t) for t in tokens]
+    return np.asarray(mapped, dtype=np.float64)
+
+
+# =============================================================================================
+# Stack frames (HloModuleProto.stack_frame_index, field 17)
+# =============================================================================================
+
+
+def _varint(buf: memoryview, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, i
+        shift += 7
+
+
+def _proto_fields(buf: memoryview) -> Iterator[tuple[int, Any]]:
+    """(field number, value) pairs of one protobuf message (wire format, no schema needed)."""
+    i, n = 0, len(buf)
+    while i < n:
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            length, i = _varint(buf, i)
+            value, i = buf[i:i + length], i + length
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, value
+
+
+FrameTable = dict[int, tuple[SourceFrame, int]]  # frame id -> (frame, parent id; 0 = none)
+
+
+def frames_from_proto(data: bytes) -> FrameTable:
+    """StackFrameIndexProto: file_names=1, function_names=2, file_locations=3 (file_name_id=1,
+    function_name_id=2, line=3), stack_frames=4 (file_location_id=1, parent_frame_id=2); ids are
+    1-based, parent 0 means none."""
+    index = next((v for n, v in _proto_fields(memoryview(data)) if n == 17), None)
+    if index is None:
+        return {}
+    files: list[str] = []
+    functions: list[str] = []
+    locations: list[tuple[int, int, int]] = []
+    frames: list[tuple[int, int]] = []
+    for number, value in _proto_fields(index):
+        if number == 1:
+            files.append(bytes(value).decode())
+        elif number == 2:
+            functions.append(bytes(value).decode())
+        elif number == 3:
+            loc = dict(_proto_fields(value))
+            locations.append((loc.get(1, 0), loc.get(2, 0), loc.get(3, 0)))
+        elif number == 4:
+            frame = dict(_proto_fields(value))
+            frames.append((frame.get(1, 0), frame.get(2, 0)))
+    table: FrameTable = {}
+    for frame_id, (location_id, parent) in enumerate(frames, 1):
+        file_id, function_id, line = locations[location_id - 1]
+        table[frame_id] = (SourceFrame(files[file_id - 1], line, functions[function_id - 1]), parent)
+    return table
+
+
+def frames_from_text(text: str) -> FrameTable:
+    """The same table from the module text (fallback). XLA 0.10's printer writes
+    ``parent_frame_id`` plus one (a root frame shows its own id), which is detected and undone."""
+    sections: dict[str, dict[int, str]] = {}
+    current = None
+    for line in text.splitlines():
+        word = line.strip()
+        if word in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = sections.setdefault(word, {})
+        elif current is not None and re.match(r"\d+ ", word):
+            key, _, value = word.partition(" ")
+            current[int(key)] = value
+        elif word:
+            current = None
+    if "StackFrames" not in sections:
+        return {}
+
+    def items(value: str) -> dict[str, int]:
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", value)}
+
+    raw = {k: items(v) for k, v in sections["StackFrames"].items()}
+    shift = 1 if any(f.get("parent_frame_id") == k for k, f in raw.items()) else 0
+    table: FrameTable = {}
+    for frame_id, frame in raw.items():
+        loc = items(sections["FileLocations"][frame["file_location_id"]])
+        file = _unquote(sections["FileNames"][loc["file_name_id"]])
+        function = _unquote(sections["FunctionNames"][loc["function_name_id"]])
+        table[frame_id] = (SourceFrame(file, loc.get("line", 0), function),
+                           max(frame.get("parent_frame_id", 0) - shift, 0))
+    return table
+
+
+def _is_own_file(path: str) -> bool:
+    path = os.path.abspath(path)
+    return path.startswith(_PACKAGE_DIR + os.sep) and "/workloads/" not in path
+
+
+# =============================================================================================
+# Layer paths
+# =============================================================================================
+
+_WRAPPED = re.compile(r"^[\w\-]+\((.*)\)$")
+
+
+def _unwrap(component: str) -> tuple[str, bool]:
+    """``jit(f)`` -> (``f``, True); ``transpose(jvp(f))`` -> (``f``, True); ``enc`` -> (``enc``, False)."""
+    wrapped = False
+    while (m := _WRAPPED.match(component)) is not None:
+        component, wrapped = m.group(1), True
+    return component, wrapped
+
+
+def layer_path(components: Sequence[str]) -> str:
+    """The layer path of an op_name's scope components (see the module docstring)."""
+    out: list[str] = []
+    for component in components:
+        name, wrapped = _unwrap(component)
+        if not name or (out and wrapped and (name == "main" or name.startswith("_"))):
+            continue
+        out.append(name)
+    return "/".join(out)
+
+
+# =============================================================================================
+# Conversion
+# =============================================================================================
+
+Val = Any  # an Op, or a tuple of Vals for tuple-shaped HLO values
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """Where a computation is being inlined: the call's op_name components and frames."""
+
+    path: tuple[str, ...]
+    frames: tuple[SourceFrame, ...]
+    layer: str
+    call: str  # the call instruction's name ("" at the entry)
+
+
+class _Unmappable(Exception):
+    """Raised by a mapping that does not cover this form of its HLO opcode (the message says why)."""
+
+
+class _Converter:
+    def __init__(self, computations: dict[str, HloComputation], frame_table: FrameTable,
+                 graph_name: str, fn_name: str, autocast: str | None,
+                 def_frame: SourceFrame | None) -> None:
+        self.computations = computations
+        self.entry = next(c for c in computations.values() if c.is_entry)
+        self.frame_table = frame_table
+        self.b = GraphBuilder(graph_name, root_layer="", autocast=autocast)
+        self.known: dict[int, float] = {}  # id(op) -> value of a scalar or splat constant
+        self.primitive: dict[int, str] = {}  # id(op) -> JAX primitive (op_name's last component)
+        self.reserved = {i.name for c in computations.values() for i in c.instructions}
+        self.used: set[str] = set()
+        self.def_frames = (def_frame,) if def_frame is not None else ()
+        self.root_component = f"jit({fn_name})"
+        for ins in self.entry.instructions:
+            op_name = ins.metadata.get("op_name", "")
+            if "/" in op_name:
+                self.root_component = op_name.split("/")[0]
+                break
+        self.root_layer = layer_path([self.root_component]) or fn_name
+        self._chains: dict[int, tuple[SourceFrame, ...]] = {}
+
+    # -- names, locations -----------------------------------------------------------------------
+    def _unique(self, name: str, scope: _Scope | None = None) -> str:
+        if name in self.used and scope is not None and scope.call:
+            name = f"{name}@{scope.call}"
+        candidate, k = name, 0
+        while candidate in self.used:
+            k += 1
+            candidate = f"{name}.{k}"
+        self.used.add(candidate)
+        return candidate
+
+    def _aux(self, base: str, role: str) -> str:
+        name, k = f"{base}.{role}", 0
+        candidate = name
+        while candidate in self.used or candidate in self.reserved:
+            k += 1
+            candidate = f"{name}{k}"
+        self.used.add(candidate)
+        return candidate
+
+    def _chain(self, frame_id: int) -> tuple[SourceFrame, ...]:
+        if frame_id not in self._chains:
+            frames: list[SourceFrame] = []
+            seen: set[int] = set()
+            current = frame_id
+            while current in self.frame_table and current not in seen:
+                seen.add(current)
+                frame, parent = self.frame_table[current]
+                frames.append(frame)
+                current = parent
+            self._chains[frame_id] = tuple(reversed(frames))
+        return self._chains[frame_id]
+
+    def _own_frames(self, metadata: dict[str, str]) -> tuple[SourceFrame, ...] | None:
+        if "stack_frame_id" in metadata:
+            chain = self._chain(int(metadata["stack_frame_id"]))
+            if chain:
+                return chain
+        if "source_file" in metadata:
+            return (SourceFrame(metadata["source_file"], int(metadata.get("source_line", 0)), ""),)
+        return None
+
+    @staticmethod
+    def _finish_frames(frames: Sequence[SourceFrame]) -> tuple[SourceFrame, ...]:
+        kept = [f for f in frames if not _is_own_file(f.file)]
+        return tuple(kept[-MAX_FRAMES:])
+
+    def _locations(self, comp: HloComputation, scope: _Scope
+                   ) -> dict[str, tuple[str, tuple[str, ...], tuple[SourceFrame, ...]]]:
+        """(layer, op_name components, frames) of every instruction of one inlined computation."""
+        users: dict[str, list[str]] = {i.name: [] for i in comp.instructions}
+        for ins in comp.instructions:
+            for operand in ins.operands:
+                users.setdefault(operand, []).append(ins.name)
+        result: dict[str, tuple[str, tuple[str, ...], tuple[SourceFrame, ...]]] = {}
+        for ins in reversed(comp.instructions):
+            op_name = ins.metadata.get("op_name", "")
+            components: tuple[str, ...] | None = None
+            if op_name and ins.opcode != "parameter":
+                components = tuple(op_name.split("/"))
+                if scope.call and components[0] != self.root_component:
+                    components = scope.path + components
+            frames = self._own_frames(ins.metadata)
+            if frames is not None:
+                frames = scope.frames + frames
+            inherited = next((result[u] for u in users.get(ins.name, []) if u in result), None)
+            if components is not None:
+                layer = layer_path(components[:-1]) or self.root_layer
+            elif inherited is not None:
+                layer, components = inherited[0], inherited[1]
+            else:
+                layer, components = scope.layer, scope.path
+            if frames is None:
+                frames = inherited[2] if inherited is not None and not op_name else scope.frames
+            result[ins.name] = (layer, components, frames)
+        return result
+
+    # -- driving ----------------------------------------------------------------------------------
+    def convert(self) -> Graph:
+        params: list[Op] = []
+        entry_params = sorted((i for i in self.entry.instructions if i.opcode == "parameter"),
+                              key=lambda i: int(i.literal))
+        with self.b.located(self.root_layer, self._finish_frames(self.def_frames)):
+            for ins in entry_params:
+                if ins.shape.dtype is None:
+                    raise TraceError(f"tuple-shaped parameter {ins.name} is not supported")
+                params.append(self.b.parameter(self._unique(ins.name), ins.shape.dims,
+                                               self._dtype(ins.shape, ins)))
+        scope = _Scope((), (), self.root_layer, "")
+        root = self._computation(self.entry, params, scope)
+        outputs = self._outputs(_leaves(root))
+        if not outputs:
+            raise TraceError(f"{self.root_layer} returns no arrays: nothing to compile")
+        graph = self.b.build(outputs)
+        return _prune(graph)
+
+    def _outputs(self, leaves: list[Op]) -> list[Op]:
+        outputs: list[Op] = []
+        for op in leaves:
+            if any(op is o for o in outputs):  # the same value returned twice: give it a copy
+                with self.b.located(op.layer, op.frames):
+                    op = self.b.add_op("convert", [op], op.shape, op.dtype,
+                                       name=self._aux(op.name, "copy"))
+            outputs.append(op)
+        return outputs
+
+    def _computation(self, comp: HloComputation, args: Sequence[Val], scope: _Scope) -> Val:
+        locations = self._locations(comp, scope)
+        env: dict[str, Val] = {}
+        for ins in comp.instructions:
+            if ins.opcode == "parameter":
+                env[ins.name] = args[int(ins.literal)]
+                continue
+            layer, components, frames = locations[ins.name]
+            operands = [env[o] for o in ins.operands]
+            if ins.opcode in ("call", "fusion"):  # fusions only appear in optimized HLO
+                callee = self.computations[_callee(ins.attrs.get("to_apply") or ins.attrs["calls"])]
+                inner = _Scope(components, frames, layer_path(components) or self.root_layer,
+                               ins.name)
+                env[ins.name] = self._computation(callee, operands, inner)
+                continue
+            with self.b.located(layer, self._finish_frames(frames)):
+                value = env[ins.name] = self._instruction(ins, operands, scope)
+            if isinstance(value, Op) and components:
+                self.primitive.setdefault(id(value), components[-1])
+        return env[comp.root.name]
+
+    # -- helpers for emitting ---------------------------------------------------------------------
+    def _dtype(self, shape: HloShape, ins: HloInstruction, strict: bool = True) -> DType:
+        assert shape.dtype is not None
+        if shape.dtype not in _DTYPES:
+            if not strict:  # an unsupported op's own result: listed by check(), never placed
+                return DType.FP32
+            raise TraceError(f"{ins.name} ({ins.opcode}): element type {shape.dtype} is not supported "
+                             f"(supported: {', '.join(sorted(_DTYPES))})")
+        return _DTYPES[shape.dtype]
+
+    def _emit(self, opcode: str, operands: Sequence[Op], shape: Sequence[int], dtype: DType,
+              name: str, **attrs: Any) -> Op:
+        return self.b.add_op(opcode, operands, tuple(shape), dtype, name=name, **attrs)
+
+    def _constant(self, value: float, shape: Sequence[int], dtype: DType, name: str) -> Op:
+        value = float(round_to(np.asarray([value], np.float32), dtype)[0]) if math.isfinite(value) \
+            else float(value)
+        op = self._emit("constant", [], shape, dtype, name, value=value)
+        self.known[id(op)] = value
+        return op
+
+    def _splat(self, x: Op, shape: Sequence[int], name: str) -> Op:
+        """``x`` (a scalar) broadcast to ``shape``."""
+        if tuple(shape) == x.shape:
+            return x
+        op = self._emit("broadcast", [x], shape, x.dtype, name, dims=())
+        if id(x) in self.known:
+            self.known[id(op)] = self.known[id(x)]
+        return op
+
+    def _binary(self, opcode: str, a: Op, b: Op, name: str) -> Op:
+        folded = self._fold(opcode, [a, b], a.dtype)
+        if folded is not None:
+            return self._constant(folded, a.shape, a.dtype, name)
+        fused = self._fusion(opcode, a, b, name)
+        if fused is not None:
+            return fused
+        return self._emit(opcode, [a, b], a.shape, a.dtype, name)
+
+    # -- fusions: exact expression shapes of jax.nn.softmax / gelu / sigmoid / silu ----------------
+    def _fusion(self, opcode: str, a: Op, b: Op, name: str) -> Op | None:
+        if opcode == "divide":
+            x = self._softmax_input(a, b)
+            if x is not None:
+                return self._emit("softmax", [x], x.shape, x.dtype, name, axis=len(x.shape) - 1)
+            x = self._logistic_input(a, b)
+            if x is not None:
+                return self._emit("logistic", [x], x.shape, x.dtype, name)
+        if opcode != "multiply" or not a.dtype.is_float:
+            return None
+        for x, rest in ((a, b), (b, a)):
+            if rest.opcode == "logistic" and rest.operands[0] is x:
+                return self._emit("silu", [x], x.shape, x.dtype, name)
+            if self._is_gelu_tanh_cdf(rest, x):
+                return self._emit("gelu", [x], x.shape, x.dtype, name, approximate="tanh")
+            gelu_input = self._gelu_erf_input(x, rest)
+            if gelu_input is not None:
+                return self._emit("gelu", [gelu_input], x.shape, x.dtype, name, approximate="none")
+        return None
+
+    def _is_splat(self, op: Op, value: float) -> bool:
+        known = self.known.get(id(op))
+        tolerance = 1e-6 if op.dtype is DType.FP32 else 1e-2  # constants rounded to bf16/fp16
+        return known is not None and math.isclose(known, value, rel_tol=tolerance)
+
+    @staticmethod
+    def _orders(op: Op, opcode: str) -> list[tuple[Op, Op]]:
+        """Both operand orders of a commutative ``opcode`` op; none if ``op`` is something else."""
+        if op.opcode != opcode or len(op.operands) != 2:
+            return []
+        a, b = op.operands
+        return [(a, b), (b, a)]
+
+    def _softmax_input(self, e: Op, total: Op) -> Op | None:
+        """``exp(x - max(x)) / sum(exp(...))`` over the last dim (max optionally clamped at -inf)."""
+        n = len(e.shape)
+        rows = tuple(range(n - 1))
+        if (n == 0 or e.opcode != "exponential" or total.opcode != "broadcast"
+                or total.attrs["dims"] != rows):
+            return None
+        s = total.operands[0]
+        if s.opcode != "reduce" or s.attrs["kind"] != "sum" or s.attrs["dimensions"] != (n - 1,) \
+                or s.operands[0] is not e or e.operands[0].opcode != "subtract":
+            return None
+        x, shift = e.operands[0].operands
+        if shift.opcode != "broadcast" or shift.attrs["dims"] != rows:
+            return None
+        m = shift.operands[0]
+        m = next((r for r, inf in self._orders(m, "maximum") if self._is_splat(inf, -math.inf)), m)
+        if m.opcode != "reduce" or m.attrs["kind"] != "max" or m.attrs["dimensions"] != (n - 1,) \
+                or m.operands[0] is not x:
+            return None
+        return x
+
+    def _logistic_input(self, one: Op, denominator: Op) -> Op | None:
+        """``1 / (1 + exp(-x))`` (how JAX lowers ``logistic``)."""
+        if not self._is_splat(one, 1.0):
+            return None
+        for e, one_again in self._orders(denominator, "add"):
+            if (self._is_splat(one_again, 1.0) and e.opcode == "exponential"
+                    and e.operands[0].opcode == "negate"):
+                return e.operands[0].operands[0]
+        return None
+
+    def _is_gelu_tanh_cdf(self, cdf: Op, x: Op) -> bool:
+        """``0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``."""
+        for p, half in self._orders(cdf, "multiply"):
+            for t, one in self._orders(p, "add") if self._is_splat(half, 0.5) else []:
+                if not self._is_splat(one, 1.0) or t.opcode != "tanh":
+                    continue
+                for q, c in self._orders(t.operands[0], "multiply"):
+                    if not self._is_splat(c, math.sqrt(2.0 / math.pi)):
+                        continue
+                    for x1, r in self._orders(q, "add"):
+                        for cube, k in self._orders(r, "multiply") if x1 is x else []:
+                            if self._is_splat(k, 0.044715) and self._is_cube(cube, x):
+                                return True
+        return False
+
+    def _is_cube(self, cube: Op, x: Op) -> bool:
+        """``(x * x) * x`` in either order (how JAX expands ``x ** 3``)."""
+        return any(x3 is x and any(u is x and v is x for u, v in self._orders(square, "multiply"))
+                   for square, x3 in self._orders(cube, "multiply"))
+
+    def _gelu_erf_input(self, half: Op, e: Op) -> Op | None:
+        """``(x * 0.5) * erfc(-x * sqrt(1/2))``, erfc being the ops JAX tagged ``erfc``."""
+        z = self._erfc_input(e)
+        if z is None:
+            return None
+        for x, h in self._orders(half, "multiply"):
+            if not self._is_splat(h, 0.5):
+                continue
+            for u, c in self._orders(z, "multiply"):
+                if u.opcode == "negate" and u.operands[0] is x and self._is_splat(c, math.sqrt(0.5)):
+                    return x
+                if u is x and self._is_splat(c, -math.sqrt(0.5)):
+                    return x
+        return None
+
+    def _erfc_input(self, e: Op) -> Op | None:
+        """The one non-constant input of the ops tagged ``erfc`` that compute ``e``."""
+        if self.primitive.get(id(e)) != "erfc":
+            return None
+        inputs: dict[int, Op] = {}
+        seen: set[int] = set()
+        stack = [e]
+        while stack and len(seen) < 1000:
+            op = stack.pop()
+            if id(op) in seen:
+                continue
+            seen.add(id(op))
+            for o in op.operands:
+                if id(o) in self.known:
+                    continue
+                if self.primitive.get(id(o)) == "erfc":
+                    stack.append(o)
+                else:
+                    inputs[id(o)] = o
+        return next(iter(inputs.values())) if len(inputs) == 1 and not stack else None
+
+    def _unary(self, opcode: str, x: Op, name: str) -> Op:
+        folded = self._fold(opcode, [x], x.dtype)
+        if folded is not None:
+            return self._constant(folded, x.shape, x.dtype, name)
+        if not x.dtype.is_float and opcode in ("negate", "abs"):
+            minus = self._constant(-1.0, (), x.dtype, self._aux(name, "minus_one"))
+            negated = self._emit("multiply", [x, self._splat(minus, x.shape, self._aux(name, "bcast"))],
+                                 x.shape, x.dtype, name if opcode == "negate" else self._aux(name, "neg"))
+            if opcode == "negate":
+                return negated
+            return self._emit("maximum", [x, negated], x.shape, x.dtype, name)
+        return self._emit(opcode, [x], x.shape, x.dtype, name)
+
+    def _compare(self, a: Op, b: Op, direction: str, name: str) -> Op:
+        folded = self._fold("compare", [a, b], DType.PRED, direction)
+        if folded is not None:
+            return self._constant(folded, a.shape, DType.PRED, name)
+        return self._emit("compare", [a, b], a.shape, DType.PRED, name, direction=direction)
+
+    def _scalar_like(self, value: float, like: Op, base: str, role: str) -> Op:
+        c = self._constant(value, (), like.dtype, self._aux(base, role))
+        return self._splat(c, like.shape, self._aux(base, role + "_bcast"))
+
+    def _fold(self, opcode: str, operands: Sequence[Op], dtype: DType,
+              direction: str | None = None) -> float | None:
+        if not all(id(o) in self.known for o in operands):
+            return None
+        args = [np.asarray([self.known[id(o)]], np.float32) for o in operands]
+        with np.errstate(all="ignore"):
+            if opcode in semantics.UNARY:
+                result = semantics.UNARY[opcode](args[0])
+            elif opcode in semantics.BINARY:
+                result = semantics.BINARY[opcode](args[0], args[1])
+            elif opcode == "compare":
+                result = semantics.COMPARE[direction or "EQ"](args[0], args[1])
+            elif opcode == "convert":
+                result = args[0]
+            else:
+                return None
+        return float(round_to(np.asarray(result, np.float32), dtype)[0])
+
+    def _reshape(self, x: Op, shape: Sequence[int], name: str) -> Op:
+        """Reshape that aliases an identity and reads through a previous reshape."""
+        shape = tuple(shape)
+        while x.opcode == "reshape":
+            x = x.operands[0]
+        if x.shape == shape:
+            return x
+        if id(x) in self.known:
+            return self._constant(self.known[id(x)], shape, x.dtype, name)
+        return self._emit("reshape", [x], shape, x.dtype, name)
+
+    def _transpose(self, x: Op, permutation: Sequence[int], name: str) -> Op:
+        permutation = tuple(permutation)
+        if permutation == tuple(range(len(permutation))):
+            return x
+        shape = tuple(x.shape[p] for p in permutation)
+        if id(x) in self.known:
+            return self._constant(self.known[id(x)], shape, x.dtype, name)
+        return self._emit("transpose", [x], shape, x.dtype, name, permutation=permutation)
+
+    def _convert(self, x: Op, dtype: DType, name: str) -> Op:
+        if x.dtype is dtype:
+            return x
+        folded = self._fold("convert", [x], dtype)
+        if folded is not None:
+            return self._constant(folded, x.shape, dtype, name)
+        return self._emit("convert", [x], x.shape, dtype, name)
+
+    def _unsupported(self, ins: HloInstruction, operands: Sequence[Val]) -> Val:
+        """An op the IR has no mapping for, under its HLO opcode (check() lists it). Extra tuple
+        elements are zero stand-ins: a graph with an unsupported op is never executed."""
+        leaves = ins.shape.leaves or [HloShape("f32", ())]
+        flat = [o for v in operands for o in _leaves(v)]
+        attrs = {k: v for k, v in ins.attrs.items() if k in (
+            "to_apply", "custom_call_target", "dimensions", "condition", "body", "window")}
+        first = self._emit(ins.opcode, flat, leaves[0].dims, self._dtype(leaves[0], ins, False),
+                           ins.name,
+                           **attrs)
+        if ins.shape.dtype is not None:
+            return first
+        values = [first] + [self._emit("constant", [], leaf.dims, self._dtype(leaf, ins, False),
+                                       self._aux(ins.name, f"element{k}"), value=0.0,
+                                       stands_in_for=first.name)
+                            for k, leaf in enumerate(leaves[1:], 1)]
+        return _rebuild(ins.shape, iter(values))
+
+    # -- instructions -----------------------------------------------------------------------------
+    def _instruction(self, ins: HloInstruction, operands: list[Val], scope: _Scope) -> Val:
+        code = ins.opcode
+        if code == "tuple":
+            return tuple(operands)
+        if code == "get-tuple-element":
+            return operands[0][int(ins.attrs["index"])]
+        if code in ("copy", "optimization-barrier"):
+            return operands[0]
+        name = self._unique(ins.name, scope)
+        if ins.shape.dtype not in _DTYPES:  # tuples (while, sort ...), complex numbers, tokens
+            detail = "variadic" if ins.shape.dtype is None else ins.shape.dtype
+            return self._unsupported_named(ins, operands, name, detail if code in ALL_OPS else "")
+        shape, dtype = ins.shape.dims, self._dtype(ins.shape, ins)
+        handler = getattr(self, "_op_" + code.replace("-", "_"), None)
+        if code in _UNARY:
+            return self._unary(code, operands[0], name)
+        if code in _BINARY:
+            return self._binary(code, operands[0], operands[1], name)
+        if handler is not None:
+            try:
+                return handler(ins, operands, name, shape, dtype)
+            except _Unmappable as unmappable:
+                return self._unsupported_named(ins, operands, name, str(unmappable))
+        return self._unsupported_named(ins, operands, name)
+
+    def _unsupported_named(self, ins: HloInstruction, operands: list[Val], name: str,
+                           detail: str = "") -> Val:
+        """An IR op named after the HLO opcode; a form of an opcode the IR has in another form
+        gets the reason appended (``reduce(variadic)``), so that the compiler rejects it."""
+        opcode = ins.opcode
+        if opcode in ALL_OPS or detail:
+            opcode = f"{opcode}({detail or 'unsupported form'})"
+        renamed = HloInstruction(name, ins.shape, opcode, ins.operands, ins.literal, ins.attrs,
+                                 ins.metadata)
+        return self._unsupported(renamed, operands)
+
+    def _op_constant(self, ins, operands, name, shape, dtype) -> Op:
+        values = _literal_values(ins.literal)
+        if values.size == 1 or (values.size and np.all(values == values.flat[0])):
+            return self._constant(float(values.flat[0]), shape, dtype, name)
+        if values.size and np.all(np.isnan(values)):
+            return self._constant(math.nan, shape, dtype, name)
+        op = self.b.weight(name, shape, dtype, array=values.astype(np.float32).reshape(shape))
+        op.name = name
+        return op
+
+    def _op_iota(self, ins, operands, name, shape, dtype) -> Op:
+        return self._emit("iota", [], shape, dtype, name, dimension=int(ins.attrs["iota_dimension"]))
+
+    def _op_convert(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        if x.dtype is dtype:
+            self.used.discard(name)
+            return x
+        return self._convert(x, dtype, name)
+
+    def _op_broadcast(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        dims = _ints(ins.attrs.get("dimensions"))
+        if tuple(shape) == x.shape and dims == tuple(range(len(shape))):
+            self.used.discard(name)
+            return x
+        op = self._emit("broadcast", [x], shape, dtype, name, dims=dims)
+        if id(x) in self.known:
+            self.known[id(op)] = self.known[id(x)]
+        return op
+
+    def _op_reshape(self, ins, operands, name, shape, dtype) -> Op:
+        op = self._reshape(operands[0], shape, name)
+        if op.name != name:
+            self.used.discard(name)
+        return op
+
+    def _op_transpose(self, ins, operands, name, shape, dtype) -> Op:
+        op = self._transpose(operands[0], _ints(ins.attrs["dimensions"]), name)
+        if op is operands[0]:
+            self.used.discard(name)
+        return op
+
+    def _op_slice(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        ranges = [tuple(int(v) for v in r.split(":")) for r in re.findall(r"\[([^\]]*)\]",
+                                                                            ins.attrs["slice"])]
+        starts = tuple(r[0] for r in ranges)
+        limits = tuple(r[1] for r in ranges)
+        strides = tuple(r[2] if len(r) > 2 else 1 for r in ranges)
+        if tuple(shape) == x.shape:
+            self.used.discard(name)
+            return x
+        if id(x) in self.known:
+            return self._constant(self.known[id(x)], shape, dtype, name)
+        return self._emit("slice", [x], shape, dtype, name, starts=starts, limits=limits,
+                          strides=strides)
+
+    def _op_dynamic_slice(self, ins, operands, name, shape, dtype) -> Op:
+        x, starts = operands[0], operands[1:]
+        if not all(id(s) in self.known for s in starts):
+            raise _Unmappable("dynamic start")
+        begin = [min(max(int(self.known[id(s)]), 0), n - k) for s, n, k in zip(starts, x.shape, shape)]
+        limits = tuple(b + k for b, k in zip(begin, shape))
+        if tuple(shape) == x.shape:
+            self.used.discard(name)
+            return x
+        return self._emit("slice", [x], shape, dtype, name, starts=tuple(begin), limits=limits,
+                          strides=(1,) * len(shape))
+
+    def _op_concatenate(self, ins, operands, name, shape, dtype) -> Op:
+        if len(operands) == 1:
+            self.used.discard(name)
+            return operands[0]
+        dimension = _ints(ins.attrs["dimensions"])[0]
+        return self._emit("concatenate", operands, shape, dtype, name, dimension=dimension)
+
+    def _op_pad(self, ins, operands, name, shape, dtype) -> Op:
+        x, value = operands
+        spec = [tuple(int(v) for v in d.split("_")) for d in ins.attrs["padding"].split("x")]
+        if any(len(s) > 2 and s[2] != 0 for s in spec):
+            raise _Unmappable("interior padding")
+        result = x
+        for dim, (low, high, *_) in enumerate(spec):
+            if low < 0 or high < 0:
+                starts = [0] * len(result.shape)
+                limits = list(result.shape)
+                starts[dim] = max(-low, 0)
+                limits[dim] = result.shape[dim] - max(-high, 0)
+                cut = [e - s for s, e in zip(starts, limits)]
+                result = self._emit("slice", [result], cut, dtype, self._aux(name, f"crop{dim}"),
+                                    starts=tuple(starts), limits=tuple(limits),
+                                    strides=(1,) * len(cut))
+                low, high = max(low, 0), max(high, 0)
+            pieces = []
+            for size, role in ((low, "low"), (high, "high")):
+                if size > 0:
+                    piece_shape = list(result.shape)
+                    piece_shape[dim] = size
+                    pieces.append((role, self._splat(value, piece_shape,
+                                                     self._aux(name, f"{role}{dim}"))))
+            if pieces:
+                parts = [p for r, p in pieces if r == "low"] + [result] + \
+                        [p for r, p in pieces if r == "high"]
+                new_shape = list(result.shape)
+                new_shape[dim] = sum(p.shape[dim] for p in parts)
+                result = self._emit("concatenate", parts, new_shape, dtype,
+                                    self._aux(name, f"dim{dim}"), dimension=dim)
+        if result is x:
+            self.used.discard(name)
+            return x
+        result.name = name  # the last op computes the instruction's value
+        return result
+
+    def _op_select(self, ins, operands, name, shape, dtype) -> Op:
+        pred, on_true, on_false = operands
+        if id(pred) in self.known:
+            self.used.discard(name)
+            return on_true if self.known[id(pred)] else on_false
+        return self._emit("select", [pred, on_true, on_false], shape, dtype, name)
+
+    def _op_clamp(self, ins, operands, name, shape, dtype) -> Op:
+        low, x, high = operands
+        low = self._splat(low, shape, self._aux(name, "low"))
+        high = self._splat(high, shape, self._aux(name, "high"))
+        return self._binary("minimum", self._binary("maximum", x, low, self._aux(name, "max")), high,
+                            name)
+
+    def _op_compare(self, ins, operands, name, shape, dtype) -> Op:
+        return self._compare(operands[0], operands[1], ins.attrs["direction"], name)
+
+    def _op_and(self, ins, operands, name, shape, dtype) -> Op:
+        if dtype is not DType.PRED:
+            raise _Unmappable(dtype.value)  # bitwise integer ops have no IR op
+        return self._binary("multiply", operands[0], operands[1], name)
+
+    def _op_or(self, ins, operands, name, shape, dtype) -> Op:
+        if dtype is not DType.PRED:
+            raise _Unmappable(dtype.value)
+        return self._binary("maximum", operands[0], operands[1], name)
+
+    def _op_xor(self, ins, operands, name, shape, dtype) -> Op:
+        if dtype is not DType.PRED:
+            raise _Unmappable(dtype.value)
+        return self._compare(operands[0], operands[1], "NE", name)
+
+    def _op_not(self, ins, operands, name, shape, dtype) -> Op:
+        if dtype is not DType.PRED:
+            raise _Unmappable(dtype.value)
+        x = operands[0]
+        return self._compare(x, self._scalar_like(0.0, x, name, "false"), "EQ", name)
+
+    def _op_sign(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        zero = self._scalar_like(0.0, x, name, "zero")
+        positive = self._compare(x, zero, "GT", self._aux(name, "positive"))
+        negative = self._compare(x, zero, "LT", self._aux(name, "negative"))
+        minus = self._emit("select", [negative, self._scalar_like(-1.0, x, name, "minus_one"), x],
+                           shape, dtype, self._aux(name, "select_negative"))
+        return self._emit("select", [positive, self._scalar_like(1.0, x, name, "one"), minus], shape,
+                          dtype, name)
+
+    def _op_is_finite(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        magnitude = self._unary("abs", x, self._aux(name, "abs"))
+        return self._compare(magnitude, self._scalar_like(math.inf, x, name, "inf"), "LT", name)
+
+    def _op_exponential_minus_one(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        e = self._unary("exponential", x, self._aux(name, "exp"))
+        return self._binary("subtract", e, self._scalar_like(1.0, x, name, "one"), name)
+
+    def _op_log_plus_one(self, ins, operands, name, shape, dtype) -> Op:
+        x = operands[0]
+        return self._unary("log", self._binary("add", x, self._scalar_like(1.0, x, name, "one"),
+                                               self._aux(name, "add_one")), name)
+
+    def _op_power(self, ins, operands, name, shape, dtype) -> Op:
+        x, y = operands
+        if id(y) not in self.known:
+            raise _Unmappable("non-constant exponent")
+        p = self.known[id(y)]
+        if p == 0.5:
+            return self._unary("sqrt", x, name)
+        if p == -0.5:
+            return self._unary("rsqrt", x, name)
+        if not math.isfinite(p) or p != int(p) or abs(p) > 8:
+            raise _Unmappable(f"exponent {p:g}")
+        n = abs(int(p))
+        if n == 0:
+            return self._scalar_like(1.0, x, name, "one")
+        result = x
+        for k in range(1, n):
+            last = k == n - 1 and p > 0
+            result = self._binary("multiply", result, x, name if last else self._aux(name, f"pow{k + 1}"))
+        if p < 0:
+            return self._binary("divide", self._scalar_like(1.0, x, name, "one"), result, name)
+        if result is x:
+            self.used.discard(name)
+        return result
+
+    def _op_erf(self, ins, operands, name, shape, dtype) -> Op:
+        """XLA's f32 erf: x * P(x^2) / Q(x^2) with x clamped to [-4, 4] (bf16/fp16 in FP32)."""
+        x = operands[0]
+        if dtype is not DType.FP32:
+            wide = self._convert(x, DType.FP32, self._aux(name, "f32"))
+            value = self._op_erf(ins, [wide], self._aux(name, "erf_f32"), shape, DType.FP32)
+            return self._convert(value, dtype, name)
+        clamped = self._binary("minimum", self._binary(
+            "maximum", x, self._scalar_like(-4.0, x, name, "lo"), self._aux(name, "clamp_lo")),
+            self._scalar_like(4.0, x, name, "hi"), self._aux(name, "clamp"))
+        x2 = self._binary("multiply", clamped, clamped, self._aux(name, "x2"))
+
+        def poly(coefficients: Sequence[float], role: str) -> Op:
+            acc = self._scalar_like(coefficients[0], x, name, f"{role}0")
+            for k, c in enumerate(coefficients[1:], 1):
+                acc = self._binary("multiply", acc, x2, self._aux(name, f"{role}_mul{k}"))
+                acc = self._binary("add", acc, self._scalar_like(c, x, name, f"{role}{k}"),
+                                   self._aux(name, f"{role}_add{k}"))
+            return acc
+
+        numerator = self._binary("multiply", clamped, poly(_ERF_ALPHA, "p"), self._aux(name, "xp"))
+        return self._binary("divide", numerator, poly(_ERF_BETA, "q"), name)
+
+    def _op_dot(self, ins, operands, name, shape, dtype) -> Op:
+        lhs, rhs = operands
+        a = ins.attrs
+        lb, lc = list(_ints(a.get("lhs_batch_dims"))), list(_ints(a.get("lhs_contracting_dims")))
+        rb, rc = list(_ints(a.get("rhs_batch_dims"))), list(_ints(a.get("rhs_contracting_dims")))
+        lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+        batch = [lhs.shape[d] for d in lb]
+        m = math.prod(lhs.shape[d] for d in lf)
+        n = math.prod(rhs.shape[d] for d in rf)
+        k = math.prod(lhs.shape[d] for d in lc)
+        # lhs as [batch, M, K] or [batch, K, M], rhs as [batch, K, N] or [batch, N, K]: whichever
+        # needs no transpose, else one that keeps the last dim (a DMA reading contiguous runs)
+        if _arrangement_cost(lb + lc + lf) < _arrangement_cost(lb + lf + lc):
+            lhs2 = self._arrange(lhs, lb + lc + lf, [*batch, k, m], name, "lhs")
+            lhs_contract = -2
+        else:
+            lhs2 = self._arrange(lhs, lb + lf + lc, [*batch, m, k], name, "lhs")
+            lhs_contract = -1
+        if _arrangement_cost(rb + rf + rc) < _arrangement_cost(rb + rc + rf):
+            rhs2 = self._arrange(rhs, rb + rf + rc, [*batch, n, k], name, "rhs")
+            rhs_contract = -1
+        else:
+            rhs2 = self._arrange(rhs, rb + rc + rf, [*batch, k, n], name, "rhs")
+            rhs_contract = -2
+        if lhs2.dtype is not rhs2.dtype:
+            lhs2 = self._convert(lhs2, dtype, self._aux(name, "lhs_convert"))
+            rhs2 = self._convert(rhs2, dtype, self._aux(name, "rhs_convert"))
+        out_dtype = dtype if dtype is not lhs2.dtype else None
+        op = self.b.dot(lhs2, rhs2, lhs_contract=lhs_contract, rhs_contract=rhs_contract,
+                        out_dtype=out_dtype)
+        op.name = name
+        for role, (given, used) in (("lhs", (lhs2, op.operands[0])), ("rhs", (rhs2, op.operands[1]))):
+            if used is not given:  # the builder's autocast
+                used.name = self._aux(name, f"{role}_{used.dtype.value}")
+        if op.shape != tuple(shape):
+            return self._emit("reshape", [op], shape, op.dtype, self._aux(name, "out"))
+        return op
+
+    def _arrange(self, x: Op, order: list[int], shape: list[int], name: str, role: str) -> Op:
+        x = self._transpose(x, order, self._aux(name, f"{role}_transpose"))
+        if x.shape != tuple(shape):
+            x = self._reshape(x, shape, self._aux(name, f"{role}_reshape"))
+        return x
+
+    def _op_reduce(self, ins, operands, name, shape, dtype) -> Op:
+        if len(operands) != 2:
+            raise _Unmappable("variadic")  # argmax and friends
+        x, init = operands
+        kind = self._combiner(ins.attrs.get("to_apply", ""))
+        if kind is None or kind == "prod":
+            raise _Unmappable(kind or "custom computation")
+        dims = _ints(ins.attrs.get("dimensions"))
+        identity = id(init) in self.known and self.known[id(init)] == _IDENTITY[kind]
+        if math.prod(x.shape[d] for d in dims) == 1:
+            result = self._reshape(x, shape, self._aux(name, "squeeze") if not identity else name)
+        elif kind in ("and", "or") or dtype is DType.PRED:
+            as_float = self._convert(x, DType.FP32, self._aux(name, "as_f32"))
+            if kind in ("and", "min"):  # all(x) = not any(not x)
+                as_float = self._binary("subtract", self._scalar_like(1.0, as_float, name, "one"),
+                                        as_float, self._aux(name, "not"))
+            any_ = self._reduce_op(as_float, dims, "max", self._aux(name, "any"))
+            zero = self._scalar_like(0.0, any_, name, "zero")
+            result = self._compare(any_, zero, "EQ" if kind in ("and", "min") else "NE",
+                                   name if identity else self._aux(name, "value"))
+        elif kind == "min":
+            negated = self._unary("negate", x, self._aux(name, "negate_in"))
+            reduced = self._reduce_op(negated, dims, "max", self._aux(name, "max"))
+            result = self._unary("negate", reduced, name if identity else self._aux(name, "value"))
+        else:
+            result = self._reduce_op(x, dims, kind, name if identity else self._aux(name, "value"))
+        if identity:
+            return result
+        combine = {"sum": "add", "max": "maximum", "min": "minimum", "and": "multiply",
+                   "or": "maximum"}[kind]
+        return self._binary(combine, result, self._splat(init, result.shape, self._aux(name, "init")),
+                            name)
+
+    def _reduce_op(self, x: Op, dims: Sequence[int], kind: str, name: str) -> Op:
+        op = self.b.reduce(x, dims, kind)
+        op.name = name
+        return op
+
+    def _combiner(self, reference: str) -> str | None:
+        comp = self.computations.get(_callee(reference))
+        if comp is None:
+            return None
+        params = [i.name for i in comp.instructions if i.opcode == "parameter"]
+        root = comp.root
+        if len(params) != 2 or sorted(root.operands) != sorted(params):
+            return None
+        return _COMBINERS.get(root.opcode)
+
+    def _op_gather(self, ins, operands, name, shape, dtype) -> Op:
+        """The embedding lookup (rows of a 2-D table); HLO clamps out-of-range rows, the IR gather
+        expects ids in range."""
+        table, indices = operands
+        a = ins.attrs
+        if (len(table.shape) != 2 or _ints(a.get("collapsed_slice_dims")) != (0,)
+                or _ints(a.get("start_index_map")) != (0,)
+                or _ints(a.get("slice_sizes")) != (1, table.shape[1])
+                or _ints(a.get("offset_dims")) != (len(shape) - 1,)
+                or _ints(a.get("operand_batching_dims")) or indices.dtype is not DType.INT32):
+            raise _Unmappable("not a row lookup")
+        vector_dim = int(a.get("index_vector_dim", len(indices.shape)))
+        if vector_dim == len(indices.shape) - 1 and indices.shape and indices.shape[-1] == 1:
+            indices = self._reshape(indices, indices.shape[:-1], self._aux(name, "ids"))
+        elif vector_dim != len(indices.shape):
+            raise _Unmappable("not a row lookup")
+        if (*indices.shape, table.shape[1]) != tuple(shape):
+            raise _Unmappable("not a row lookup")
+        op = self.b.gather(table, indices)
+        op.name = name
+        return op
+
+
+def _callee(reference: str) -> str:
+    return reference.strip().lstrip("%")
+
+
+def _is_identity(order: Sequence[int]) -> bool:
+    return list(order) == list(range(len(order)))
+
+
+def _arrangement_cost(order: Sequence[int]) -> int:
+    """0: no transpose; 1: a transpose that keeps the last dim; 2: one that moves it."""
+    if _is_identity(order):
+        return 0
+    return 1 if order and order[-1] == len(order) - 1 else 2
+
+
+def _leaves(value: Val) -> list[Op]:
+    if isinstance(value, tuple):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def _rebuild(shape: HloShape, values: Iterator[Op]) -> Val:
+    if shape.dtype is not None:
+        return next(values)
+    return tuple(_rebuild(e, values) for e in shape.elements)
+
+
+def _prune(graph: Graph) -> Graph:
+    """Drop ops nothing reads (aliases and folds leave some); parameters and ops the compiler
+    cannot lower are kept, so that check() still reports them."""
+    live: set[int] = set()
+    stack = list(graph.outputs) + [op for op in graph.ops
+                                   if op.opcode not in ALL_OPS or op.opcode == "parameter"]
+    while stack:
+        op = stack.pop()
+        if id(op) in live:
+            continue
+        live.add(id(op))
+        stack.extend(op.operands)
+    ops = [op for op in graph.ops if id(op) in live]
+    for index, op in enumerate(ops):
+        op.index = index
+    return Graph(graph.name, ops, graph.parameters, graph.outputs)
+
+
+# =============================================================================================
+# Tracing
+# =============================================================================================
+
+
+def _function_name(fn: Any) -> str:
+    target = getattr(fn, "func", fn)  # functools.partial
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) \
+        or type(target).__name__
+
+
+def _definition_frame(fn: Any) -> SourceFrame | None:
+    target = inspect.unwrap(getattr(fn, "func", fn))
+    try:
+        file = inspect.getsourcefile(target)
+        _, line = inspect.getsourcelines(target)
+    except (TypeError, OSError):
+        return None
+    if file is None:
+        return None
+    return SourceFrame(os.path.abspath(file), line, getattr(target, "__name__", "<fn>"))
+
+
+def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost traceback frame in user code (not JAX, NumPy or neuroncore)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_LIBRARY_DIRS) and not _is_own_file(path):
+            return frame
+    return None
+
+
+def _trace_error(fn_name: str, exc: Exception) -> TraceError:
+    frame = _user_frame(exc)
+    where = f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+    code = f" (`{frame.line.strip()}`)" if frame is not None and frame.line else ""
+    if isinstance(exc, jax.errors.ConcretizationTypeError | jax.errors.TracerArrayConversionError
+                  | jax.errors.TracerIntegerConversionError):
+        return TraceError(
+            f"cannot trace {fn_name}: Python control flow or a NumPy conversion depends on a traced "
+            f"value{where}{code}; use jnp.where / jax.lax.cond, or make the value static "
+            f"({type(exc).__name__})")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TraceError(f"cannot trace {fn_name}{where}{code}: {type(exc).__name__}: {first}")
+
+
+def lower(fn: Any, example_inputs: Sequence[Any]) -> Any:
+    """``jax.jit(fn, keep_unused=True).lower(*example_inputs)``; failures become TraceError."""
+    fn_name = _function_name(fn)
+    try:
+        return jax.jit(fn, keep_unused=True).lower(*example_inputs)
+    except TraceError:
+        raise
+    except Exception as exc:  # tracing runs arbitrary user code
+        raise _trace_error(fn_name, exc) from exc
+
+
+def hlo_text(lowered: Any) -> tuple[str, bytes]:
+    """The un-optimized HLO module as text (with metadata and large constants) and as a serialized
+    HloModuleProto (for the stack-frame table)."""
+    computation = lowered.compiler_ir("hlo")
+    proto = computation.as_serialized_hlo_module_proto()
+    try:
+        from jaxlib import _hlo  # HloPrintOptions: the only way to get metadata into the text
+
+        options = _hlo.HloPrintOptions()
+        options.print_metadata = True
+        options.print_large_constants = True
+        options.print_operand_shape = False
+        options.include_layout_in_shapes = False
+        return computation.get_hlo_module().to_string(options), proto
+    except (ImportError, AttributeError):
+        return computation.as_hlo_text(print_large_constants=True), proto
+
+
+def convert(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
+            autocast: str | None) -> Converted:
+    """Trace ``fn`` on the example inputs (each a JAX array, NumPy array or pytree of them)."""
+    fn_name = _function_name(fn)
+    lowered = lower(fn, example_inputs)
+    text, proto = hlo_text(lowered)
+    try:
+        frame_table = frames_from_proto(proto)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        frame_table = frames_from_text(text)
+    computations = parse_hlo_module(text)
+    graph_name = re.sub(r"\W+", "_", fn_name.replace("<lambda>", "lambda")).strip("_") or "jax_fn"
+    converter = _Converter(computations, frame_table, graph_name, fn_name, autocast,
+                           _definition_frame(fn))
+    graph = converter.convert()
+    n_params = len(graph.parameters)
+    n_leaves = len(jax.tree_util.tree_leaves(tuple(example_inputs)))
+    if n_params != n_leaves:  # e.g. a JAX that passes closed-over constants as extra arguments
+        raise TraceError(f"{fn_name}: the lowered HLO has {n_params} parameters for {n_leaves} "
+                         f"input arrays; cannot map the inputs onto it")
+    out_dtypes = [np.dtype(leaf.dtype) for leaf in jax.tree_util.tree_leaves(lowered.out_info)]
+    out_tree = lowered.out_tree
+
+    def to_arrays(inputs: Sequence[Any]) -> list[np.ndarray]:
+        leaves = jax.tree_util.tree_leaves(tuple(inputs))
+        if len(leaves) != n_params:
+            raise TraceError(f"{fn_name} was traced with {n_params} input array(s), "
+                             f"called with {len(leaves)}")
+        return [np.asarray(leaf) for leaf in leaves]
+
+    def from_arrays(arrays: list[np.ndarray]) -> Any:
+        leaves = [jnp.asarray(np.asarray(a).astype(dt, copy=False)) for a, dt in zip(arrays, out_dtypes)]
+        return jax.tree_util.tree_unflatten(out_tree, leaves)
+
+    return Converted(graph, to_arrays, from_arrays)
+
+
+def resize(example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, ...]:
+    """Example inputs whose ``dim`` has the first input's length, zero-padded or cut to ``length``."""
+    leaves = jax.tree_util.tree_leaves(tuple(example_inputs))
+    first = np.shape(leaves[0]) if leaves else ()
+    if dim >= len(first):
+        raise TraceError(f"bucket_dim {dim} is not a dimension of the first input (shape {first})")
+    reference = first[dim]
+
+    def fit(leaf: Any) -> Any:
+        shape = np.shape(leaf)
+        if len(shape) <= dim or shape[dim] != reference or reference == length:
+            return leaf
+        array = np.asarray(leaf)
+        if reference > length:
+            array = np.take(array, np.arange(length), axis=dim)
+        else:
+            pad = [(0, 0)] * array.ndim
+            pad[dim] = (0, length - reference)
+            array = np.pad(array, pad)
+        return jnp.asarray(array)
+
+    return tuple(jax.tree_util.tree_map(fit, x) for x in example_inputs)
+
+
+__all__ = ["convert", "frames_from_proto", "frames_from_text", "hlo_text", "layer_path", "lower",
+           "parse_hlo_module", "resize"]
