@@ -4,6 +4,7 @@
     neuroncore run --workload llama-decode --preset llama2-7b --timing-only
     neuroncore run --workload matmul --set m=4096 --set k=8192 --set n=8192 --timing-only
     neuroncore workloads
+    neuroncore check my_model.py:build    # unsupported ops of a PyTorch module / JAX function
 
 Errors print one line and exit non-zero; tracebacks are for bugs, not for bad input.
 """
@@ -11,6 +12,8 @@ Errors print one line and exit non-zero; tracebacks are for bugs, not for bad in
 from __future__ import annotations
 
 import argparse
+import os
+import runpy
 import sys
 import time
 from collections.abc import Sequence
@@ -90,6 +93,48 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _load_target(spec: str) -> tuple[object, tuple]:
+    """``path/to/script.py[:function]``: the function (default ``build``) returns
+    ``(model_or_function, example_inputs)``. The script is the user's own code, run as is."""
+    path, _, function = spec.partition(":")
+    function = function or "build"
+    if not os.path.isfile(path):
+        raise ValueError(f"no such script: {path}")
+    try:
+        namespace = runpy.run_path(path, run_name="__neuroncore_check__")
+    except Exception as exc:  # the user's script: report its failure in one line
+        raise ValueError(f"{path} failed to run: {type(exc).__name__}: {exc}") from exc
+    if function not in namespace or not callable(namespace[function]):
+        raise ValueError(f"{path} defines no function {function!r} returning (model, example_inputs)")
+    try:
+        result = namespace[function]()
+    except Exception as exc:
+        raise ValueError(f"{path}:{function}() failed: {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ValueError(f"{path}:{function}() must return (model_or_function, example_inputs)")
+    model, examples = result
+    return model, tuple(examples) if isinstance(examples, (list, tuple)) else (examples,)
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    """Operator coverage: every op the core cannot run, with layer and source line. Exit 1 if any."""
+    from neuroncore.frontends import check, frontend_for
+
+    model, examples = _load_target(args.target)
+    frontend = frontend_for(examples).__name__.rsplit(".", 1)[-1].replace("_frontend", "")
+    missing = check(model, examples)
+    if not missing:
+        console.print(f"[green]all ops supported[/] ({frontend}): {args.target} can run on the core")
+        return 0
+    table = Table(title=f"{len(missing)} unsupported op{'s' if len(missing) != 1 else ''} ({frontend})")
+    for column in ("op", "HLO name", "layer", "source"):
+        table.add_column(column)
+    for op in missing:
+        table.add_row(op.opcode, op.name, op.layer or "-", op.source)
+    console.print(table)
+    return 1
+
+
 def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
     table = Table(title="built-in workloads")
     for column in ("name", "description", "options", "presets"):
@@ -119,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     wl = sub.add_parser("workloads", help="list the built-in workloads")
     wl.set_defaults(func=cmd_workloads)
+    chk = sub.add_parser("check", help="list the ops of a PyTorch/JAX model the core cannot run")
+    chk.add_argument("target", help="script.py[:function]; the function (default build) returns "
+                                    "(model_or_function, example_inputs)")
+    chk.set_defaults(func=cmd_check)
     return parser
 
 

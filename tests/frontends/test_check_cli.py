@@ -1,0 +1,77 @@
+"""`neuroncore check script.py[:function]`: operator coverage from the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from neuroncore.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+SUPPORTED = """
+import jax, jax.numpy as jnp
+
+def mlp(x):
+    return jax.nn.gelu(x @ jnp.ones((8, 16))) @ jnp.ones((16, 4))
+
+def build():
+    return mlp, (jnp.ones((2, 8)),)
+"""
+
+UNSUPPORTED = """
+import jax, jax.numpy as jnp
+
+def model(x):
+    y = jnp.sort(x, axis=-1)          # no sort on the core
+    return jnp.cumsum(y, axis=-1) * 2.0
+
+def make():
+    return model, [jnp.ones((4, 8))]
+"""
+
+
+def _script(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_all_supported_exits_zero(tmp_path, capsys):
+    path = _script(tmp_path, SUPPORTED)
+    assert main(["check", str(path)]) == 0
+    assert "all ops supported" in capsys.readouterr().out
+
+
+def test_unsupported_ops_are_listed_with_source_and_exit_one(tmp_path):
+    path = _script(tmp_path, UNSUPPORTED)
+    proc = subprocess.run([sys.executable, "-m", "neuroncore.cli", "check", f"{path}:make"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1, proc.stderr
+    assert "sort" in proc.stdout
+    assert "model.py:5" in proc.stdout  # the jnp.sort line
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text,target_suffix,message", [
+    ("def build():\n    return 1\n", "", "must return (model_or_function, example_inputs)"),
+    ("x = 1\n", ":nothere", "defines no function 'nothere'"),
+    ("raise RuntimeError('boom')\n", "", "failed to run: RuntimeError: boom"),
+    ("def build():\n    return (lambda x: x), ([1, 2],)\n", "", "torch tensors or JAX arrays"),
+])
+def test_bad_targets_give_one_line_and_exit_two(tmp_path, capsys, text, target_suffix, message):
+    path = tmp_path / "bad.py"
+    path.write_text(text)
+    assert main(["check", f"{path}{target_suffix}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("neuroncore: error:") and message in err[0]
+
+
+def test_missing_script(capsys):
+    assert main(["check", "/no/such/model.py"]) == 2
+    assert "no such script" in capsys.readouterr().err
