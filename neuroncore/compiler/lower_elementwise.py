@@ -31,6 +31,8 @@ ACTIVATION_FUNCTIONS = {
     "log": "Ln",
     "negate": "Copy",  # Copy(x * -1): scale is free on ACT
     "abs": "Abs",
+    "cosine": "Cos",
+    "sine": "Sin",
     "silu": "Silu",
     "gelu": "Gelu_apprx_tanh",
     "gelu_exact": "Gelu",

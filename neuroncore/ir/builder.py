@@ -215,6 +215,12 @@ class GraphBuilder:
     def abs(self, x: Op) -> Op:
         return self._unary("abs", x)
 
+    def cosine(self, x: Op) -> Op:
+        return self._unary("cosine", x)
+
+    def sine(self, x: Op) -> Op:
+        return self._unary("sine", x)
+
     def gelu(self, x: Op, approximate: str = "tanh") -> Op:
         self._require_float("gelu", x)
         return self._add("gelu", [x], x.shape, x.dtype, approximate=approximate)

@@ -38,6 +38,8 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "log": np.log,
     "negate": np.negative,
     "abs": np.abs,
+    "cosine": np.cos,
+    "sine": np.sin,
     "silu": lambda x: x * logistic(x),
 }
 

@@ -47,6 +47,8 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "negate": lambda x: x,  # the -1 is the instruction's scale
     "copy": lambda x: x,
     "abs": np.abs,
+    "cosine": np.cos,
+    "sine": np.sin,
     "silu": ir_semantics.UNARY["silu"],
     "gelu": lambda x: ir_semantics.gelu(x, "tanh"),
     "gelu_exact": lambda x: ir_semantics.gelu(x, "none"),

@@ -213,6 +213,9 @@ UNARY = {
     "log": ("log", np.log, "Ln", lambda r, s: r.uniform(0.05, 4.0, s)),
     "negate": ("negate", np.negative, "Copy", lambda r, s: r.standard_normal(s)),
     "abs": ("abs", np.abs, "Abs", lambda r, s: r.standard_normal(s)),
+    # RoPE angles: positions x inverse frequencies, well outside [-pi, pi]
+    "cosine": ("cosine", np.cos, "Cos", lambda r, s: r.uniform(-40.0, 40.0, s)),
+    "sine": ("sine", np.sin, "Sin", lambda r, s: r.uniform(-40.0, 40.0, s)),
 }
 
 

@@ -1,0 +1,1355 @@
+"""PyTorch frontend: ``torch.export`` -> core ATen -> HLO-level IR.
+
+    converted = convert(module, (x,), autocast=None)     # what neuroncore.trace calls
+
+The module is exported (in eval mode: this is an inference compiler), decomposed to core ATen and
+walked node by node. Every FX node is emitted inside ``GraphBuilder.located`` with
+
+* the layer path of its innermost ``nn.Module`` (``model/layers.0/self_attn/q_proj``: the module's
+  qualified name, one path component per submodule, list indices kept with their list), and
+* the stack frames of ``node.meta["stack_trace"]`` (innermost last), without frames inside torch
+  itself, so ``op.source`` is the user's (or the model library's) line, not ``torch/nn/...``.
+
+Parameters and buffers become weight constants at their first use (named after the owning module's
+layer path + ``/weight``; the qualified name is kept in ``attrs["qualified_name"]``); user inputs
+become parameters in ``forward``'s argument order. int64 becomes int32 (as on Neuron), bool becomes
+pred. ATen ops without an IR mapping are emitted as ``aten.<name>`` ops with their real output shape,
+so ``neuroncore.check`` and the compiler's ``UnsupportedOpsError`` list them with layer and line.
+
+Outputs come back as torch tensors in the module's structure (a tensor, or tuples/lists/dicts of
+them). A Hugging Face ``ModelOutput`` comes back as a tuple of the tensors ``torch.export`` kept, in
+field order: the same as ``ModelOutput.to_tuple()``, so ``out[0]`` is the logits in both.
+
+Two rewrites an XLA compiler would also make: a matmul whose contraction has size 1 (RoPE's
+``inv_freq @ positions``) is an outer product, emitted as a broadcast multiply (and so never
+auto-cast to bf16); a matmul operand that is a transposed view of a tensor is read through the
+``dot``'s contracting dimension (``rhs_contract=-1`` for a linear layer's ``[out, in]`` weight)
+instead of a separate transpose. Values that do not depend on inputs or parameters are evaluated by
+torch at trace time *only* to recognise constant-index gathers (the padding mask's
+``mask[batch_idx, kv_idx]``) as slices and broadcasts; they are still emitted as IR. Ops whose
+result is unused are dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import itertools
+import math
+import operator
+import os
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from neuroncore.dtypes import DType
+from neuroncore.frontends.api import Converted, TraceError
+from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
+from neuroncore.ir.graph import Graph, Op, SourceFrame
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+KNOWN_MAX_ELEMENTS = 1 << 20  # trace-time evaluation of input-independent values stops here
+
+_DTYPES = {
+    torch.float32: DType.FP32,
+    torch.bfloat16: DType.BF16,
+    torch.float16: DType.FP16,
+    torch.int64: DType.INT32,
+    torch.int32: DType.INT32,
+    torch.bool: DType.PRED,
+    torch.uint8: DType.INT32,  # torch.eye's index ranges; held as int32 like int64
+    torch.int8: DType.INT32,
+    torch.int16: DType.INT32,
+}
+
+# ops that only check metadata or are no-ops at inference
+_SKIPPED = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range",
+            "sym_constrain_range_for_size", "_functional_sym_constrain_range",
+            "_functional_assert_async"}
+_IDENTITY = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "lift_fresh", "dropout",
+             "feature_dropout", "alpha_dropout", "view_as", "_unsafe_view_as"}
+_UNARY = {"exp": "exp", "tanh": "tanh", "sigmoid": "logistic", "rsqrt": "rsqrt", "sqrt": "sqrt",
+          "log": "log", "abs": "abs", "cos": "cosine", "sin": "sine"}
+_BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
+           "maximum": "maximum", "minimum": "minimum", "fmax": "maximum", "fmin": "minimum"}
+_COMPARE = {"eq": "EQ", "ne": "NE", "lt": "LT", "le": "LE", "gt": "GT", "ge": "GE"}
+_LOGICAL = {"logical_and": "minimum", "bitwise_and": "minimum", "__and__": "minimum",
+            "logical_or": "maximum", "bitwise_or": "maximum", "__or__": "maximum",
+            "logical_xor": "NE", "bitwise_xor": "NE", "__xor__": "NE"}
+_FACTORIES = {"full", "zeros", "ones", "empty", "full_like", "zeros_like", "ones_like", "empty_like",
+              "new_full", "new_zeros", "new_ones", "new_empty", "empty_strided", "new_empty_strided",
+              "scalar_tensor", "fill"}
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A 0-d constant tensor (``full([], v)``, ``scalar_tensor``): an immediate, never a tile."""
+
+    value: float
+    dtype: DType
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def ir_dtype(dtype: torch.dtype, where: str = "") -> DType:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        raise TraceError(f"{str(dtype).replace('torch.', '')} tensors are not supported{where} "
+                         f"(supported: {supported})") from None
+
+
+def layer_path(stack: dict[str, tuple[str, Any]] | None) -> str:
+    """``model/<qualified name>`` with one component per submodule (``layers.0`` kept together)."""
+    if not stack:
+        return "model"
+    path = list(stack.values())[-1][0]
+    parts: list[str] = []
+    for part in re.sub(r"\[(\d+)\]", r".\1", path).split("."):
+        if not part:
+            continue
+        if part.isdigit() and parts:
+            parts[-1] = f"{parts[-1]}.{part}"
+        else:
+            parts.append(part)
+    return "/".join(["model", *parts])
+
+
+def stack_frames(trace: str | None, stack: dict[str, tuple[str, Any]] | None = None
+                 ) -> tuple[SourceFrame, ...]:
+    """Frames of an FX ``stack_trace`` (outermost first), without torch's own files or generated
+    code (``<eval_with_key>``). A node with no such frame (code torch generated, e.g. an autocast
+    region) gets the ``forward`` of its innermost module, when that module's source is known."""
+    frames = [SourceFrame(os.path.abspath(f), int(line), fn)
+              for f, line, fn in _FRAME_RE.findall(trace or "") if not f.startswith("<")]
+    frames = [f for f in frames if not f.file.startswith(_TORCH_DIR + os.sep)]
+    if not frames and stack:
+        fallback = _forward_frame(list(stack.values())[-1][1])
+        frames = [fallback] if fallback is not None else []
+    return tuple(frames[-MAX_FRAMES:])
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_frame(cls: Any) -> SourceFrame | None:
+    """Where ``cls.forward`` is defined (``cls`` a class or its dotted name)."""
+    try:
+        if isinstance(cls, str):
+            module_name, _, attr = cls.rpartition(".")
+            cls = getattr(importlib.import_module(module_name), attr)
+        forward = inspect.unwrap(cls.forward)
+        path = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (AttributeError, ImportError, OSError, TypeError, ValueError):
+        return None
+    if not path or os.path.abspath(path).startswith(_TORCH_DIR + os.sep):
+        return None
+    return SourceFrame(os.path.abspath(path), line, "forward")
+
+
+def _dim(d: int, rank: int) -> int:
+    return d % rank if rank else 0
+
+
+def _meta(node: torch.fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.float()
+    if t.dtype == torch.int64:
+        t = t.to(torch.int32)
+    return t.numpy()
+
+
+def _from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    a = np.asarray(a)
+    if a.dtype.kind == "V" or str(a.dtype) == "bfloat16":
+        a = a.astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+
+class _Module(torch.nn.Module):
+    """Wraps a plain callable so that ``torch.export`` can take it."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+# -- export -------------------------------------------------------------------------------------
+
+
+def export(fn: Any, example_inputs: Sequence[Any]) -> ExportedProgram:
+    """``torch.export`` + core ATen decompositions, with export failures as one-line TraceErrors."""
+    module = fn if isinstance(fn, torch.nn.Module) else _Module(fn)
+    name = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "function")
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        with warnings.catch_warnings():  # torch's own deprecation notices about its internals
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
+            ep = torch.export.export(module, tuple(example_inputs))
+            return ep.run_decompositions()
+    except Exception as exc:  # torch raises many types; every one is a failed trace
+        text = str(exc).strip()
+        first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+        if ("data-dependent" in text or "data dependent" in text
+                or "DataDependent" in type(exc).__name__):
+            calls = _FRAME_RE.findall(text.split("The following call raised this error:")[-1])
+            where = f" at {calls[0][0]}:{calls[0][1]}" if calls else ""
+            raise TraceError(f"{name}: data-dependent control flow cannot be traced (a branch or "
+                             f"shape depends on a tensor's values){where}: {first}") from exc
+        raise TraceError(f"{name}: torch.export failed: {first}") from exc
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+# -- conversion ---------------------------------------------------------------------------------
+
+
+class _Converter:
+    def __init__(self, ep: ExportedProgram, name: str, autocast: str | None) -> None:
+        self.ep = ep
+        self.b = GraphBuilder(name, autocast=autocast)
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.known: dict[torch.fx.Node, torch.Tensor] = {}
+        self.transposed: dict[int, Op] = {}  # id(op) -> X with op == swap_last_two(X)
+        self.weights: dict[str, Op] = {}
+        self.consts: dict[str, torch.Tensor] = {}  # placeholder name -> parameter/buffer tensor
+        self.const_names: dict[str, str] = {}
+        self.user_inputs: list[torch.fx.Node] = []
+        self.node: torch.fx.Node | None = None
+        self.frames: tuple[SourceFrame, ...] = ()
+        sig = ep.graph_signature
+        tables = {**ep.state_dict, **ep.constants}
+        for spec in sig.input_specs:
+            if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                tensor = tables[spec.target]
+                self.consts[spec.arg.name] = tensor
+                self.const_names[spec.arg.name] = spec.target
+            elif spec.kind is InputKind.USER_INPUT:
+                pass
+            elif spec.kind is not InputKind.TOKEN:
+                raise TraceError(f"{name}: inputs of kind {spec.kind.name} are not supported")
+        self.buffers = {spec.arg.name for spec in sig.input_specs
+                        if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR)}
+        self.tokens = {spec.arg.name for spec in sig.input_specs if spec.kind is InputKind.TOKEN}
+
+    # -- driver --------------------------------------------------------------------------------
+    def run(self) -> tuple[Graph, list[Any], list[tuple[torch.dtype, tuple[int, ...]] | None]]:
+        nodes = {n.name: n for n in self.ep.graph.nodes}
+        for node in self.ep.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "call_function":
+                layer = layer_path(node.meta.get("nn_module_stack"))
+                frames = stack_frames(node.meta.get("stack_trace"), node.meta.get("nn_module_stack"))
+                self.frames = frames
+                with self.b.located(layer, frames):
+                    self._evaluate_known(node)
+                    self.env[node] = self._call(node)
+            elif node.op == "get_attr":
+                raise TraceError(f"graph attribute {node.target!r} (a submodule or control-flow "
+                                 f"branch) is not supported{self._where(node)}")
+        out_specs = self.ep.graph_signature.output_specs
+        results: list[Any] = []
+        dtypes: list[tuple[torch.dtype, tuple[int, ...]] | None] = []  # and shapes
+        outputs: list[Op] = []
+        for spec in out_specs:
+            if spec.kind is not OutputKind.USER_OUTPUT:
+                continue
+            arg_name = getattr(spec.arg, "name", None)
+            if arg_name is None or arg_name not in nodes:
+                results.append(getattr(spec.arg, "value", None))
+                dtypes.append(None)
+                continue
+            node = nodes[arg_name]
+            value = self.env.get(node)
+            meta = _meta(node)
+            with self.b.located("model", stack_frames(node.meta.get("stack_trace"))):
+                op = self._as_op(value, tuple(meta.shape), ir_dtype(meta.dtype))
+            if op not in outputs:
+                outputs.append(op)
+            results.append(outputs.index(op))
+            dtypes.append((meta.dtype, tuple(meta.shape)))
+        if not outputs:
+            raise TraceError(f"{self.b.name} returns no tensors")
+        graph = _without_dead_ops(self.b.build(outputs))
+        return graph, results, dtypes
+
+    def _where(self, node: torch.fx.Node) -> str:
+        layer = layer_path(node.meta.get("nn_module_stack"))
+        frames = stack_frames(node.meta.get("stack_trace"), node.meta.get("nn_module_stack"))
+        return f" at {layer}" + (f" [{frames[-1].file}:{frames[-1].line}]" if frames else "")
+
+    def _placeholder(self, node: torch.fx.Node) -> None:
+        if node.name in self.tokens:  # side-effect ordering tokens: nothing to compute
+            self.env[node] = None
+            return
+        if node.name in self.consts:
+            tensor = self.consts[node.name]
+            if node.name in self.buffers and tensor.numel() <= KNOWN_MAX_ELEMENTS:
+                self.known[node] = tensor.detach()
+            self.env[node] = _LazyWeight(node.name)
+            return
+        meta = _meta(node)
+        if not isinstance(meta, torch.Tensor):
+            self.env[node] = meta
+            return
+        dtype = ir_dtype(meta.dtype, f" (input {node.name!r})")
+        self.user_inputs.append(node)
+        with self.b.located("model", ()):
+            self.env[node] = self.b.parameter(node.name, tuple(meta.shape), dtype)
+
+    def _weight(self, key: str) -> Op:
+        cached = self.weights.get(key)
+        if cached is not None:
+            return cached
+        tensor = self.consts[key]
+        qualified = self.const_names[key]
+        module, _, leaf = qualified.rpartition(".")
+        layer = layer_path({"": (module, None)}) if module else "model"
+        dtype = ir_dtype(tensor.dtype, f" (weight {qualified!r})")
+        with self.b.located(layer, self.frames):  # the frames of its first use
+            array = _to_numpy(tensor).astype(np.float32)
+            op = self.b.weight(leaf or qualified, tuple(tensor.shape), dtype, array=array)
+        op.attrs["qualified_name"] = qualified
+        self.weights[key] = op
+        return op
+
+    # -- trace-time values of input-independent nodes --------------------------------------------
+    def _evaluate_known(self, node: torch.fx.Node) -> None:
+        meta = _meta(node)
+        if any(a not in self.known for a in node.all_input_nodes):
+            return
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return  # random numbers are not constants
+        vals = meta if isinstance(meta, (list, tuple)) else [meta]
+        if not all(isinstance(v, torch.Tensor) and v.numel() <= KNOWN_MAX_ELEMENTS for v in vals):
+            return
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: self.known[n],
+                                            (node.args, node.kwargs))
+        try:
+            with torch.no_grad():
+                value = node.target(*args, **kwargs)  # type: ignore[operator]
+        except Exception:  # anything torch cannot run eagerly is simply not known
+            return
+        if isinstance(value, torch.Tensor):
+            self.known[node] = value
+
+    # -- value access -------------------------------------------------------------------------
+    def _value(self, x: Any) -> Any:
+        if isinstance(x, torch.fx.Node):
+            v = self.env[x]
+            return self._weight(v.key) if isinstance(v, _LazyWeight) else v
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._value(i) for i in x)
+        return x
+
+    def _as_op(self, v: Any, shape: tuple[int, ...], dtype: DType) -> Op:
+        """Any value (op, Scalar, Python number) as an op of ``shape``."""
+        if isinstance(v, Op):
+            return v
+        if isinstance(v, Scalar):
+            return self.b.constant(v.value, v.dtype, shape=shape)
+        if isinstance(v, (bool, int, float)):
+            return self.b.constant(float(v), dtype, shape=shape)
+        raise TraceError(f"cannot use {type(v).__name__} as a tensor{self._where(self.node)}")
+
+    def _op(self, x: Any, dtype: DType | None = None) -> Op:
+        """A tensor argument as an op (Scalars become 0-d constants), cast to ``dtype`` if given."""
+        v = self._value(x)
+        if isinstance(v, Scalar):
+            op = self.b.constant(v.value, dtype or v.dtype, shape=())
+        elif isinstance(v, Op):
+            op = v
+        else:
+            raise TraceError(f"expected a tensor, got {type(v).__name__}{self._where(self.node)}")
+        return self._cast(op, dtype) if dtype is not None else op
+
+    def _cast(self, op: Op, dtype: DType) -> Op:
+        return op if op.dtype is dtype else self.b.convert(op, dtype)
+
+    def _operand(self, x: Any, dtype: DType) -> Op | float:
+        """An elementwise operand: an op in ``dtype``, or a Python float (an immediate)."""
+        v = self._value(x)
+        if isinstance(v, Scalar):
+            return float(v.value)
+        if isinstance(v, (bool, int, float)):
+            return float(v)
+        return self._cast(self._op(v), dtype)
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def _call(self, node: torch.fx.Node) -> Any:
+        target = node.target
+        if target is operator.getitem:
+            seq = self._value(node.args[0])
+            return seq[node.args[1]]
+        name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+        if name in _SKIPPED:
+            return None
+        if name == "with_effects":  # an ordered side effect (error checks): (token, results...)
+            meta = _meta(node)
+            return tuple(None for _ in meta) if isinstance(meta, (list, tuple)) else None
+        meta = _meta(node)
+        for val in (meta if isinstance(meta, (list, tuple)) else [meta]):
+            if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                    isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)):
+                raise TraceError(f"{self.b.name}: aten.{name} has a data-dependent result"
+                                 f"{self._where(node)}: a value or shape computed from tensor "
+                                 f"contents (boolean-mask indexing, .item(), nonzero) cannot be "
+                                 f"compiled; shapes must be static")
+        if isinstance(meta, torch.Tensor):
+            dtype = ir_dtype(meta.dtype, self._where(node))
+            known = self.known.get(node)
+            if known is not None and name not in ("arange",) and _uniform(known):
+                value = float(known.reshape(-1)[0]) if known.numel() else 0.0
+                if not meta.shape:
+                    return Scalar(value, dtype)
+                return self.b.constant(value, dtype, shape=tuple(meta.shape))
+        handler = getattr(self, f"_aten_{name}", None)
+        if handler is None:
+            for table, method in ((_UNARY, self._unary), (_BINARY, self._binary),
+                                  (_COMPARE, self._compare), (_LOGICAL, self._logical)):
+                if name in table:
+                    return method(node, table[name])
+            if name in _IDENTITY:
+                return self._identity(node)
+            if name in _FACTORIES:
+                return self._factory(node)
+            return self._unsupported(node, name)
+        try:
+            kw = node.normalized_arguments(self.ep.graph_module, normalize_to_only_use_kwargs=True)
+        except Exception:
+            kw = None
+        args = dict(kw.kwargs) if kw is not None else {}
+        if "input" in args and "self" not in args:  # fx names ``self`` ``input``
+            args["self"] = args["input"]
+        result = handler(node, args)
+        if result is NotImplemented:
+            return self._unsupported(node, name)
+        return result
+
+    def _unsupported(self, node: torch.fx.Node, name: str, only: set[int] | None = None) -> Any:
+        """An op the IR has no mapping for: kept, with its real output shape, for the error list."""
+        operands: list[Op] = []
+        for a in pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(a, torch.fx.Node):
+                v = self._value(a)
+                if isinstance(v, Op) and v not in operands:
+                    operands.append(v)
+        meta = _meta(node)
+        outs = meta if isinstance(meta, (list, tuple)) else [meta]
+        ops = []
+        for i, val in enumerate(outs):
+            if not isinstance(val, torch.Tensor):
+                ops.append(val)
+                continue
+            dtype = _DTYPES.get(val.dtype, DType.FP32)
+            used = isinstance(meta, torch.Tensor) or any(
+                u.target is operator.getitem and u.args[1] == i for u in node.users)
+            if not used or (only is not None and i not in only):
+                ops.append(None)
+                continue
+            attrs = {"torch_op": str(node.target)}
+            if val.dtype not in _DTYPES:
+                attrs["torch_dtype"] = str(val.dtype)
+            if not isinstance(meta, torch.Tensor):
+                attrs["output"] = i
+            ops.append(self.b.add_op(f"aten.{name}", operands, tuple(val.shape), dtype, **attrs))
+        return ops[0] if isinstance(meta, torch.Tensor) else tuple(ops)
+
+    def _out(self, node: torch.fx.Node) -> tuple[tuple[int, ...], DType]:
+        meta = _meta(node)
+        return tuple(meta.shape), ir_dtype(meta.dtype, self._where(node))
+
+    # -- elementwise --------------------------------------------------------------------------
+    def _unary(self, node: torch.fx.Node, method: str) -> Any:
+        _shape, dtype = self._out(node)
+        x = self._op(node.args[0], dtype)
+        return getattr(self.b, method)(x)
+
+    def _binary(self, node: torch.fx.Node, opcode: str) -> Any:
+        shape, dtype = self._out(node)
+        a, b = node.args[0], node.args[1]
+        if opcode == "divide" and node.kwargs.get("rounding_mode") is not None:
+            return NotImplemented
+        alpha = node.kwargs.get("alpha", 1)
+        x, y = self._operand(a, dtype), self._operand(b, dtype)
+        if alpha != 1:
+            y = y * alpha if isinstance(y, float) else self.b.multiply(y, float(alpha))
+        if opcode == "divide" and not dtype.is_float:
+            return NotImplemented
+        return self._emit_binary(opcode, x, y, shape, dtype)
+
+    def _emit_binary(self, opcode: str, x: Op | float, y: Op | float, shape: tuple[int, ...],
+                     dtype: DType) -> Op:
+        if not isinstance(x, Op) and not isinstance(y, Op):
+            fn = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul,
+                  "divide": operator.truediv, "maximum": max, "minimum": min}[opcode]
+            return self.b.constant(fn(x, y), dtype, shape=shape)
+        identity = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}.get(opcode)
+        if identity is not None and isinstance(y, float) and y == identity and isinstance(x, Op) \
+                and x.shape == shape:
+            return x
+        if opcode in ("add", "multiply") and isinstance(x, float) and x == identity \
+                and isinstance(y, Op) and y.shape == shape:
+            return y
+        out = getattr(self.b, opcode)(x, y)
+        return self.b.broadcast_to(out, shape)
+
+    def _compute_dtype(self, node: torch.fx.Node) -> DType:
+        probes = []
+        for a in node.args[:2]:
+            if isinstance(a, torch.fx.Node):
+                m = _meta(a)
+                probes.append(torch.empty((0,) if m.dim() else (), dtype=m.dtype))
+            else:
+                probes.append(a)
+        if len(probes) == 1:
+            return ir_dtype(probes[0].dtype)
+        return ir_dtype(torch.result_type(*probes))
+
+    def _compare(self, node: torch.fx.Node, direction: str) -> Any:
+        shape, _ = self._out(node)
+        dtype = self._compute_dtype(node)
+        x, y = self._operand(node.args[0], dtype), self._operand(node.args[1], dtype)
+        if not isinstance(x, Op):
+            x = self.b.constant(x, dtype, shape=())
+        return self.b.broadcast_to(self.b.compare(x, y, direction), shape)
+
+    def _logical(self, node: torch.fx.Node, how: str) -> Any:
+        shape, dtype = self._out(node)
+        if dtype is not DType.PRED:
+            return NotImplemented
+        x, y = (self._pred(a) for a in node.args[:2])
+        if how == "NE":
+            return self.b.broadcast_to(self.b.compare(x, y, "NE"), shape)
+        return self.b.broadcast_to(getattr(self.b, how)(x, y), shape)
+
+    def _pred(self, x: Any) -> Op | float:
+        v = self._operand(x, DType.PRED)
+        if isinstance(v, Op) and v.dtype is not DType.PRED:
+            return self.b.compare(v, 0.0, "NE")
+        return v
+
+    def _aten_logical_not(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._pred(node.args[0])
+        return self.b.compare(x, 0.0, "EQ")
+
+    def _aten_bitwise_not(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        if dtype is not DType.PRED:
+            return NotImplemented
+        return self._aten_logical_not(node, kw)
+
+    def _aten_neg(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        x = self._op(node.args[0], dtype)
+        return self.b.negate(x) if dtype.is_float else self.b.multiply(x, -1.0)
+
+    def _aten_rsub(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        x, y = self._operand(kw["self"], dtype), self._operand(kw["other"], dtype)
+        alpha = kw.get("alpha", 1)
+        if alpha != 1:
+            x = x * alpha if isinstance(x, float) else self.b.multiply(x, float(alpha))
+        return self._emit_binary("subtract", y, x, shape, dtype)
+
+    def _aten_reciprocal(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        return self._emit_binary("divide", 1.0, self._op(kw["self"], dtype), shape, dtype)
+
+    def _aten_relu(self, node: torch.fx.Node, kw: Any) -> Any:
+        _shape, dtype = self._out(node)
+        return self.b.maximum(self._op(kw["self"], dtype), 0.0)
+
+    def _aten_gelu(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        approximate = kw.get("approximate", "none")
+        return self.b.gelu(self._op(kw["self"], dtype), approximate=approximate)
+
+    def _aten_silu(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        return self.b.silu(self._op(kw["self"], dtype))
+
+    def _aten_clamp(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        x: Op = self._op(kw["self"], dtype)
+        lo, hi = kw.get("min"), kw.get("max")
+        if lo is not None:
+            x = self._emit_binary("maximum", x, self._operand(lo, dtype), shape, dtype)
+        if hi is not None:
+            x = self._emit_binary("minimum", x, self._operand(hi, dtype), shape, dtype)
+        return x
+
+    def _aten_clamp_min(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        return self._emit_binary("maximum", self._op(kw["self"], dtype),
+                                 self._operand(kw["min"], dtype), shape, dtype)
+
+    def _aten_clamp_max(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        return self._emit_binary("minimum", self._op(kw["self"], dtype),
+                                 self._operand(kw["max"], dtype), shape, dtype)
+
+    def _aten_hardtanh(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        x = self._emit_binary("maximum", self._op(kw["self"], dtype), float(kw["min_val"]), shape, dtype)
+        return self._emit_binary("minimum", x, float(kw["max_val"]), shape, dtype)
+
+    def _aten_pow(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        exponent = kw.get("exponent")
+        base = kw.get("self")
+        if isinstance(exponent, torch.fx.Node) or isinstance(base, (int, float)):
+            return NotImplemented
+        x = self._op(base, dtype)
+        e = float(exponent)
+        if e == 1:
+            return x
+        if e == 2:
+            return self.b.multiply(x, x)
+        if e == 3:
+            return self.b.multiply(self.b.multiply(x, x), x)
+        if e == 0.5 and dtype.is_float:
+            return self.b.sqrt(x)
+        if e == -0.5 and dtype.is_float:
+            return self.b.rsqrt(x)
+        if e == -1 and dtype.is_float:
+            return self.b.divide(1.0, x)
+        if e == 0:
+            return self.b.constant(1.0, dtype, shape=shape)
+        return NotImplemented
+
+    def _aten_where(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        cond = self._pred(kw["condition"])
+        a, b = self._operand(kw["self"], dtype), self._operand(kw["other"], dtype)
+        if not isinstance(cond, Op):
+            chosen = a if cond else b
+            return self._as_op(chosen, shape, dtype) if not isinstance(chosen, Op) \
+                else self.b.broadcast_to(chosen, shape)
+        return self._select(cond, a, b, shape, dtype)
+
+    def _select(self, cond: Op, a: Op | float, b: Op | float, shape: tuple[int, ...],
+                dtype: DType) -> Op:
+        if not isinstance(a, Op) and not isinstance(b, Op):
+            a = self.b.constant(a, dtype, shape=shape)
+        return self.b.select(cond, a, b)
+
+    def _aten_masked_fill(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        cond = self._pred(kw["mask"])
+        x = self._op(kw["self"], dtype)
+        value = self._operand(kw["value"], dtype)
+        if not isinstance(cond, Op):
+            return self._as_op(value, shape, dtype) if cond else x
+        return self._select(cond, value, x, shape, dtype)
+
+    # -- dtype and layout ---------------------------------------------------------------------
+    def _identity(self, node: torch.fx.Node) -> Any:
+        v = self._value(node.args[0])
+        return v
+
+    def _aten__to_copy(self, node: torch.fx.Node, kw: Any) -> Any:
+        _shape, dtype = self._out(node)
+        v = self._value(kw["self"])
+        if isinstance(v, Scalar):
+            return Scalar(v.value, dtype)
+        return self._cast(v, dtype)
+
+    _aten_to = _aten__to_copy
+    _aten_type_as = _aten__to_copy
+
+    def _aten_copy(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        src = self._operand(kw["src"], dtype)
+        return self._as_op(src, shape, dtype) if not isinstance(src, Op) else self.b.broadcast_to(src, shape)
+
+    def _reshape(self, node: torch.fx.Node) -> Any:
+        shape, dtype = self._out(node)
+        v = self._value(node.args[0])
+        if isinstance(v, Scalar) or not isinstance(v, Op):
+            return self._as_op(v, shape, dtype) if shape else v
+        if v.shape == shape:
+            return v
+        return self.b.reshape(v, shape)
+
+    def _aten_view(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._reshape(node)
+
+    _aten__unsafe_view = _aten_view
+    _aten_reshape = _aten_view
+    _aten_squeeze = _aten_view
+    _aten_unsqueeze = _aten_view
+    _aten_flatten = _aten_view
+    _aten_unflatten = _aten_view
+    _aten_view_copy = _aten_view
+
+    def _aten_expand(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        v = self._value(node.args[0])
+        if not isinstance(v, Op):
+            return self._as_op(v, shape, dtype)
+        return self.b.broadcast_to(v, shape)
+
+    _aten_expand_copy = _aten_expand
+    _aten_broadcast_to = _aten_expand
+
+    def _aten_permute(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(node.args[0])
+        rank = len(x.shape)
+        perm = [_dim(d, rank) for d in node.args[1]]
+        return self._transpose(x, perm)
+
+    def _transpose(self, x: Op, perm: list[int]) -> Op:
+        rank = len(x.shape)
+        if perm == list(range(rank)):
+            return x
+        # moving only size-1 dims is a reshape
+        moved = [d for d in perm if x.shape[d] != 1]
+        if moved == sorted(moved):
+            return self.b.reshape(x, [x.shape[d] for d in perm])
+        out = self.b.transpose(x, perm)
+        if rank >= 2 and perm == [*range(rank - 2), rank - 1, rank - 2]:
+            self.transposed[id(out)] = x
+        return out
+
+    def _aten_transpose(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(node.args[0])
+        rank = len(x.shape)
+        d0, d1 = _dim(node.args[1], rank), _dim(node.args[2], rank)
+        perm = list(range(rank))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self._transpose(x, perm)
+
+    def _aten_t(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(node.args[0])
+        return self._transpose(x, [1, 0]) if len(x.shape) == 2 else x
+
+    _aten_numpy_T = _aten_t
+
+    def _aten_slice(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(kw["self"])
+        rank = len(x.shape)
+        dim = _dim(kw.get("dim", 0), rank)
+        n = x.shape[dim]
+        start, end, step = kw.get("start"), kw.get("end"), kw.get("step", 1) or 1
+        start, end, _ = slice(start, end, step).indices(n)
+        if start == 0 and end >= n and step == 1:
+            return x
+        if end <= start:
+            return self._unsupported(node, "slice")  # empty result: nothing to place
+        starts, limits, strides = [0] * rank, list(x.shape), [1] * rank
+        starts[dim], limits[dim], strides[dim] = start, end, step
+        return self.b.slice(x, starts, limits, strides)
+
+    def _aten_select(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, _ = self._out(node)
+        x = self._op(kw["self"])
+        rank = len(x.shape)
+        dim = _dim(kw["dim"], rank)
+        index = kw["index"] % x.shape[dim]
+        starts, limits = [0] * rank, list(x.shape)
+        starts[dim], limits[dim] = index, index + 1
+        sliced = x if x.shape[dim] == 1 else self.b.slice(x, starts, limits)
+        return self.b.reshape(sliced, shape)
+
+    def _aten_cat(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        tensors = [t for t in kw["tensors"] if math.prod(_meta(t).shape) > 0 or len(kw["tensors"]) == 1]
+        ops = [self._op(t, dtype) for t in tensors]
+        if len(ops) == 1:
+            return ops[0]
+        return self.b.concatenate(ops, _dim(kw.get("dim", 0), len(shape)))
+
+    _aten_concat = _aten_cat
+
+    def _split(self, x: Op, dim: int, sizes: list[int]) -> tuple[Op, ...]:
+        rank = len(x.shape)
+        parts, start = [], 0
+        for size in sizes:
+            if start == 0 and size == x.shape[dim]:
+                parts.append(x)
+            else:
+                starts, limits = [0] * rank, list(x.shape)
+                starts[dim], limits[dim] = start, start + size
+                parts.append(self.b.slice(x, starts, limits))
+            start += size
+        return tuple(parts)
+
+    def _aten_split_with_sizes(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(kw["self"])
+        return self._split(x, _dim(kw.get("dim", 0), len(x.shape)), list(kw["split_sizes"]))
+
+    def _aten_split(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(kw["self"])
+        dim = _dim(kw.get("dim", 0), len(x.shape))
+        size = kw["split_size"]
+        if not isinstance(size, int):
+            return self._split(x, dim, list(size))
+        n = x.shape[dim]
+        return self._split(x, dim, [min(size, n - s) for s in range(0, n, size)])
+
+    def _aten_repeat(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``x.repeat(r0, r1, ...)``: broadcast a new dim before each dim, then merge the pairs."""
+        shape, _ = self._out(node)
+        x = self._op(kw["self"])
+        repeats = list(kw["repeats"])
+        dims = [1] * (len(repeats) - len(x.shape)) + list(x.shape)
+        split = [v for d in dims for v in (1, d)]
+        expanded = [v for r, d in zip(repeats, dims) for v in (r, d)]
+        out = self.b.broadcast_to(self.b.reshape(x, split), expanded)
+        return self.b.reshape(out, shape)
+
+    def _aten_chunk(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(kw["self"])
+        dim = _dim(kw.get("dim", 0), len(x.shape))
+        n = x.shape[dim]
+        size = -(-n // kw["chunks"])
+        return self._split(x, dim, [min(size, n - s) for s in range(0, n, size)])
+
+    def _aten_stack(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        dim = _dim(kw.get("dim", 0), len(shape))
+        parts = [self._op(t, dtype) for t in kw["tensors"]]
+        expanded = [self.b.reshape(p, (*p.shape[:dim], 1, *p.shape[dim:])) for p in parts]
+        return expanded[0] if len(expanded) == 1 else self.b.concatenate(expanded, dim)
+
+    def _aten_unbind(self, node: torch.fx.Node, kw: Any) -> Any:
+        x = self._op(kw["self"])
+        dim = _dim(kw.get("dim", 0), len(x.shape))
+        shape = [d for i, d in enumerate(x.shape) if i != dim]
+        return tuple(self.b.reshape(p, shape) for p in self._split(x, dim, [1] * x.shape[dim]))
+
+    # -- matmuls ------------------------------------------------------------------------------
+    def _untransposed(self, op: Op) -> Op | None:
+        """X with ``op == swap_last_two(X)``, when ``op`` is a transpose seen through batch-only
+        reshapes and broadcasts; None otherwise (the new views of X are memoised)."""
+        if id(op) in self.transposed:
+            return self.transposed[id(op)]
+        if op.opcode not in ("reshape", "broadcast") or len(op.shape) < 2:
+            return None
+        src = op.operands[0]
+        if len(src.shape) < 2 or src.shape[-2:] != op.shape[-2:]:
+            return None
+        inner = self._untransposed(src)
+        if inner is None:
+            return None
+        swapped = (*op.shape[:-2], op.shape[-1], op.shape[-2])
+        if op.opcode == "reshape":
+            result = self.b.reshape(inner, swapped)
+        else:
+            dims = op.attrs["dims"]
+            n = len(op.shape)
+            if tuple(dims[-2:]) != (n - 2, n - 1):
+                return None
+            result = self.b.broadcast(inner, swapped, dims)
+        self.transposed[id(op)] = result
+        return result
+
+    def _dot(self, a: Op, b: Op, dtype: DType) -> Op:
+        """``a @ b`` for equal-rank float operands with equal batch dims."""
+        a, b = self._cast(a, dtype), self._cast(b, dtype)
+        n = len(a.shape)
+        if a.shape[-1] == 1:  # an outer product: a broadcast multiply (no contraction to cast)
+            shape = (*a.shape[:-2], a.shape[-2], b.shape[-1])
+            col = self.b.broadcast(self.b.reshape(a, a.shape[:-1]), shape,
+                                   (*range(n - 2), n - 2))
+            row = self.b.broadcast(self.b.reshape(b, (*b.shape[:-2], b.shape[-1])), shape,
+                                   (*range(n - 2), n - 1))
+            return self.b.multiply(col, row)
+        lhs_contract, rhs_contract = -1, -2
+        ua = self._untransposed(a)
+        if ua is not None:
+            a, lhs_contract = ua, -2
+        ub = self._untransposed(b)
+        if ub is not None:
+            b, rhs_contract = ub, -1
+        return self.b.dot(a, b, lhs_contract=lhs_contract, rhs_contract=rhs_contract)
+
+    def _aten_mm(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        if not dtype.is_float:
+            return NotImplemented
+        return self._dot(self._op(kw["self"]), self._op(kw["mat2"]), dtype)
+
+    _aten_bmm = _aten_mm
+
+    def _aten_addmm(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        if not dtype.is_float:
+            return NotImplemented
+        out = self._dot(self._op(kw["mat1"]), self._op(kw["mat2"]), dtype)
+        alpha, beta = kw.get("alpha", 1), kw.get("beta", 1)
+        if alpha != 1:
+            out = self.b.multiply(out, float(alpha))
+        if beta == 0:
+            return out
+        bias = self._operand(kw["self"], dtype)
+        if beta != 1:
+            bias = bias * beta if isinstance(bias, float) else self.b.multiply(bias, float(beta))
+        return self._emit_binary("add", out, bias, shape, dtype)
+
+    def _aten_matmul(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        a, b = self._op(kw["self"]), self._op(kw["other"])
+        return self._matmul(a, b, shape, dtype)
+
+    def _matmul(self, a: Op, b: Op, shape: tuple[int, ...], dtype: DType) -> Any:
+        if not dtype.is_float:
+            return NotImplemented
+        if len(a.shape) == 1 or len(b.shape) == 1:
+            a2 = self.b.reshape(a, (1, a.shape[0])) if len(a.shape) == 1 else a
+            b2 = self.b.reshape(b, (b.shape[0], 1)) if len(b.shape) == 1 else b
+            full = self._matmul(a2, b2, (), dtype)
+            return self.b.reshape(full, shape)
+        if len(b.shape) == 2 and len(a.shape) > 2:  # flatten the batch into rows
+            flat = self.b.reshape(a, (-1, a.shape[-1]))
+            return self.b.reshape(self._dot(flat, b, dtype), (*a.shape[:-2], a.shape[-2], b.shape[-1]))
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        a = self.b.broadcast_to(a, (*batch, *a.shape[-2:]))
+        b = self.b.broadcast_to(b, (*batch, *b.shape[-2:]))
+        return self._dot(a, b, dtype)
+
+    def _aten_linear(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        x, w = self._op(kw["input"], dtype), self._op(kw["weight"], dtype)
+        flat = self.b.reshape(x, (-1, x.shape[-1])) if len(x.shape) != 2 else x
+        out = self.b.dot(flat, w, rhs_contract=-1)
+        out = self.b.reshape(out, shape) if out.shape != shape else out
+        if kw.get("bias") is not None:
+            out = self._emit_binary("add", out, self._operand(kw["bias"], dtype), shape, dtype)
+        return out
+
+    # -- reductions and fused ops -------------------------------------------------------------
+    def _reduce_dims(self, x: Op, dims: Any) -> list[int]:
+        rank = len(x.shape)
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            return list(range(rank))
+        if isinstance(dims, int):
+            dims = [dims]
+        return sorted({_dim(d, rank) for d in dims})
+
+    def _reduce(self, node: torch.fx.Node, kw: Any, kind: str, mean: bool = False) -> Any:
+        shape, dtype = self._out(node)
+        x = self._op(kw["self"])
+        return self._reduce_to(x, self._reduce_dims(x, kw.get("dim")), kind, shape, dtype, mean)
+
+    def _reduce_to(self, x: Op, dims: list[int], kind: str, shape: tuple[int, ...], dtype: DType,
+                   mean: bool = False) -> Op:
+        x = self._cast(x, dtype)
+        if not x.shape:
+            return x
+        if kind == "min":
+            neg = self.b.negate(x) if dtype.is_float else self.b.multiply(x, -1.0)
+            out = self.b.reduce(neg, dims, "max")
+            out = self.b.negate(out) if dtype.is_float else self.b.multiply(out, -1.0)
+        else:
+            out = self.b.reduce(x, dims, kind)
+        if mean:
+            count = math.prod(x.shape[d] for d in dims)
+            out = self.b.multiply(out, 1.0 / count)
+        return self.b.reshape(out, shape) if out.shape != shape else out
+
+    def _aten_sum(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._reduce(node, kw, "sum")
+
+    def _aten_mean(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        if not dtype.is_float:
+            return NotImplemented
+        return self._reduce(node, kw, "sum", mean=True)
+
+    def _aten_amax(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._reduce(node, kw, "max")
+
+    def _aten_amin(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._reduce(node, kw, "min")
+
+    def _aten_max(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._extreme(node, kw, "max")
+
+    def _aten_min(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._extreme(node, kw, "min")
+
+    def _extreme(self, node: torch.fx.Node, kw: Any, kind: str) -> Any:
+        """max/min: of two tensors (elementwise), of all elements, or along a dim with indices
+        (the values reduce; the indices, if used, stay an unsupported ``aten.max`` op)."""
+        meta = _meta(node)
+        if "other" in kw:
+            shape, dtype = self._out(node)
+            return self._emit_binary("maximum" if kind == "max" else "minimum",
+                                     self._op(kw["self"], dtype), self._operand(kw["other"], dtype),
+                                     shape, dtype)
+        if isinstance(meta, torch.Tensor):
+            return self._reduce(node, kw, kind)
+        x = self._op(kw["self"])
+        dims = [_dim(kw["dim"], len(x.shape))]
+        values = self._reduce_to(x, dims, kind, tuple(meta[0].shape), ir_dtype(meta[0].dtype))
+        indices = self._unsupported(node, node.target._opname, only={1})[1]  # type: ignore[union-attr]
+        return values, indices
+
+    def _variance(self, x: Op, dims: list[int], correction: float) -> tuple[Op, Op]:
+        """(mean, variance) over ``dims``, both with the reduced dims kept as size 1."""
+        keep = tuple(1 if i in dims else d for i, d in enumerate(x.shape))
+        count = math.prod(x.shape[d] for d in dims)
+        mean = self.b.reshape(self.b.multiply(self.b.reduce(x, dims, "sum"), 1.0 / count), keep)
+        centred = self.b.subtract(x, self.b.broadcast_to(mean, x.shape))
+        sq = self.b.reduce(self.b.multiply(centred, centred), dims, "sum")
+        var = self.b.reshape(self.b.multiply(sq, 1.0 / max(count - correction, 1)), keep)
+        return mean, var
+
+    def _aten_var(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        dims = self._reduce_dims(x, kw.get("dim"))
+        correction = kw.get("correction")
+        _, var = self._variance(x, dims, 1.0 if correction is None else float(correction))
+        return self.b.reshape(var, shape)
+
+    def _aten_var_mean(self, node: torch.fx.Node, kw: Any) -> Any:
+        meta = _meta(node)
+        dtype = ir_dtype(meta[0].dtype)
+        x = self._op(kw["self"], dtype)
+        dims = self._reduce_dims(x, kw.get("dim"))
+        correction = kw.get("correction")
+        mean, var = self._variance(x, dims, 1.0 if correction is None else float(correction))
+        return self.b.reshape(var, tuple(meta[0].shape)), self.b.reshape(mean, tuple(meta[1].shape))
+
+    def _softmax_last(self, x: Op, dim: int) -> tuple[Op, list[int] | None]:
+        rank = len(x.shape)
+        if dim == rank - 1:
+            return x, None
+        perm = [d for d in range(rank) if d != dim] + [dim]
+        return self.b.transpose(x, perm), perm
+
+    def _aten__softmax(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        if not x.shape:
+            return self.b.constant(1.0, dtype, shape=())
+        moved, perm = self._softmax_last(x, _dim(kw["dim"], len(x.shape)))
+        out = self.b.softmax(moved)
+        return out if perm is None else self.b.transpose(out, list(np.argsort(perm)))
+
+    _aten_softmax = _aten__softmax
+
+    def _aten__log_softmax(self, node: torch.fx.Node, kw: Any) -> Any:
+        _, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        moved, perm = self._softmax_last(x, _dim(kw["dim"], len(x.shape)))
+        last = len(moved.shape) - 1
+        m = self.b.broadcast_to(self.b.reshape(self.b.reduce(moved, [last], "max"),
+                                               (*moved.shape[:-1], 1)), moved.shape)
+        shifted = self.b.subtract(moved, m)
+        total = self.b.reduce(self.b.exp(shifted), [last], "sum")
+        lse = self.b.broadcast_to(self.b.reshape(self.b.log(total), (*moved.shape[:-1], 1)), moved.shape)
+        out = self.b.subtract(shifted, lse)
+        return out if perm is None else self.b.transpose(out, list(np.argsort(perm)))
+
+    _aten_log_softmax = _aten__log_softmax
+
+    def _aten_native_layer_norm(self, node: torch.fx.Node, kw: Any) -> Any:
+        meta = _meta(node)
+        dtype = ir_dtype(meta[0].dtype)
+        x = self._op(kw["input"], dtype)
+        normalized = list(kw["normalized_shape"])
+        eps = float(kw["eps"])
+        width = math.prod(normalized)
+        flat = self.b.reshape(x, (*x.shape[: len(x.shape) - len(normalized)], width)) \
+            if len(normalized) != 1 else x
+
+        def param(arg: Any, fill: float) -> Op:
+            if arg is None:
+                return self.b.weight("ones" if fill else "zeros", (width,), dtype,
+                                     array=np.full((width,), fill, np.float32))
+            op = self._op(arg, dtype)
+            return self.b.reshape(op, (width,)) if op.shape != (width,) else op
+
+        gamma, beta = param(kw.get("weight"), 1.0), param(kw.get("bias"), 0.0)
+        out = self.b.layer_norm(flat, gamma, beta, eps)
+        out = self.b.reshape(out, x.shape) if out.shape != x.shape else out
+        used = {u.args[1] for u in node.users if u.target is operator.getitem}
+        stats: list[Op | None] = [None, None]
+        if used & {1, 2}:
+            last = len(flat.shape) - 1
+            mean, var = self._variance(flat, [last], 0.0)
+            rstd = self.b.rsqrt(self.b.add(var, eps))
+            stats = [self.b.reshape(mean, tuple(meta[1].shape)), self.b.reshape(rstd, tuple(meta[2].shape))]
+        return out, stats[0], stats[1]
+
+    def _aten_layer_norm(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._aten_native_layer_norm(node, kw)[0]
+
+    # -- gathers, index ranges, masks ----------------------------------------------------------
+    def _aten_embedding(self, node: torch.fx.Node, kw: Any) -> Any:
+        table = self._op(kw["weight"])
+        ids = self._op(kw["indices"], DType.INT32)
+        if len(table.shape) != 2:
+            return NotImplemented
+        return self.b.gather(table, ids)
+
+    def _aten_index_select(self, node: torch.fx.Node, kw: Any) -> Any:
+        table = self._op(kw["self"])
+        dim = _dim(kw["dim"], len(table.shape))
+        ids = self._op(kw["index"], DType.INT32)
+        if dim != 0 or len(table.shape) != 2:
+            return NotImplemented
+        return self.b.gather(table, ids)
+
+    def _aten_index(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``x[i0, i1, ...]``: constant strided indices become slices + broadcasts; one runtime
+        index into the rows of a 2-D table is a gather; anything else stays unsupported."""
+        shape, _dtype = self._out(node)
+        x = self._op(kw["self"])
+        indices = list(kw["indices"])
+        rank = len(x.shape)
+        positions = [i for i, ix in enumerate(indices) if ix is not None]
+        if not positions:
+            return x
+        idx_nodes = [indices[i] for i in positions]
+        if all(n in self.known and self.known[n].dtype != torch.bool for n in idx_nodes):
+            out = self._constant_index(x, positions, [self.known[n] for n in idx_nodes], shape)
+            if out is not None:
+                return out
+        if positions == [0] and rank == 2 and len(indices) == 1:
+            return self.b.gather(x, self._op(idx_nodes[0], DType.INT32))
+        return NotImplemented
+
+    def _constant_index(self, x: Op, positions: list[int], values: list[torch.Tensor],
+                        shape: tuple[int, ...]) -> Op | None:
+        rank = len(x.shape)
+        bshape = tuple(torch.broadcast_shapes(*(v.shape for v in values)))
+        # the broadcast index dims land where the indexed dims were when those are adjacent, else first
+        adjacent = positions == list(range(positions[0], positions[-1] + 1))
+        first = positions[0] if adjacent else 0
+        starts, limits, strides = [0] * rank, list(x.shape), [1] * rank
+        source_dim_of: dict[int, int] = {}  # output dim -> dim of the sliced x
+        for pos, v in zip(positions, values):
+            full = v.expand(bshape).to(torch.int64) % x.shape[pos]
+            varying = [d for d in range(len(bshape)) if bshape[d] > 1
+                       and not bool((full == full.narrow(d, 0, 1)).all())]
+            if len(varying) > 1:
+                return None
+            origin = full.reshape(-1)[0].item()
+            if not varying:
+                starts[pos], limits[pos] = origin, origin + 1
+                continue
+            d = varying[0]
+            idx = [0] * len(bshape)
+            seq = [full[tuple([*idx[:d], j, *idx[d + 1:]])].item() for j in range(bshape[d])]
+            step = seq[1] - seq[0] if len(seq) > 1 else 1
+            if step <= 0 or any(b - a != step for a, b in itertools.pairwise(seq)):
+                return None
+            if first + d in source_dim_of:
+                return None  # two indices varying together: a diagonal, not a slice
+            starts[pos], limits[pos], strides[pos] = seq[0], seq[-1] + 1, step
+            source_dim_of[first + d] = pos
+        sliced = x if (starts == [0] * rank and limits == list(x.shape) and strides == [1] * rank) \
+            else self.b.slice(x, starts, limits, strides)
+        # drop the indexed dims, remembering where each kept dim goes in the output
+        kept: list[tuple[int, int]] = []  # (output dim, sliced dim)
+        out_rank = len(shape)
+        for dim in range(rank):
+            if dim in positions:
+                continue
+            if adjacent:
+                out_dim = dim if dim < first else out_rank - (rank - dim)
+            else:
+                out_dim = len(bshape) + sum(1 for p in range(dim) if p not in positions)
+            kept.append((out_dim, dim))
+        kept += [(out_dim, src) for out_dim, src in source_dim_of.items()]
+        kept.sort(key=lambda t: t[1])
+        order = [src for _, src in kept]
+        targets = [out for out, _ in kept]
+        reduced = self.b.reshape(sliced, [sliced.shape[d] for d in order]) \
+            if len(order) != rank else sliced
+        perm = list(np.argsort(targets))
+        if perm != list(range(len(perm))):
+            reduced = self.b.transpose(reduced, perm)
+            targets = sorted(targets)
+        if tuple(reduced.shape) == shape:
+            return reduced
+        return self.b.broadcast(reduced, shape, targets)
+
+    def _aten_arange(self, node: torch.fx.Node, kw: Any) -> Any:
+        shape, dtype = self._out(node)
+        start = kw.get("start", 0) or 0
+        step = kw.get("step", 1) or 1
+        out = self.b.iota(shape, 0, dtype)
+        if step != 1:
+            out = self.b.multiply(out, float(step))
+        if start != 0:
+            out = self.b.add(out, float(start))
+        return out
+
+    def _factory(self, node: torch.fx.Node) -> Any:
+        shape, dtype = self._out(node)
+        known = self.known.get(node)
+        if known is None:
+            name = node.target._opname  # type: ignore[union-attr]
+            if name in ("fill", "full_like", "new_full"):
+                value = node.args[1] if name != "new_full" else node.args[2]
+                if isinstance(value, torch.fx.Node):
+                    return NotImplemented
+            elif name in ("ones_like", "new_ones", "ones"):
+                value = 1.0
+            elif name == "scalar_tensor":
+                value = node.args[0]
+            else:
+                value = 0.0
+            known = torch.full((1,), float(value))
+        value = float(known.reshape(-1)[0]) if known.numel() else 0.0
+        return Scalar(value, dtype) if not shape else self.b.constant(value, dtype, shape=shape)
+
+    def _aten_triu(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._triangle(node, kw, upper=True)
+
+    def _aten_tril(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._triangle(node, kw, upper=False)
+
+    def _triangle(self, node: torch.fx.Node, kw: Any, upper: bool) -> Any:
+        """triu/tril: keep x where col - row >= k (triu) or <= k (tril), else 0."""
+        shape, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        k = int(kw.get("diagonal", 0) or 0)
+        rows, cols = shape[-2], shape[-1]
+        r = self.b.iota((rows, cols), 0, "int32")
+        c = self.b.iota((rows, cols), 1, "int32")
+        keep = self.b.compare(self.b.subtract(c, r), float(k), "GE" if upper else "LE")
+        return self.b.select(keep, x, self.b.constant(0.0, dtype, shape=shape))
+
+
+@dataclass(frozen=True)
+class _LazyWeight:
+    key: str
+
+
+def _uniform(t: torch.Tensor) -> bool:
+    if t.numel() == 0:
+        return True
+    flat = t.reshape(-1)
+    return bool((flat == flat[0]).all())
+
+
+def _without_dead_ops(graph: Graph) -> Graph:
+    """Drop ops no output depends on (parameters stay: they are the program's inputs)."""
+    live = {id(p) for p in graph.parameters}
+    stack = list(graph.outputs)
+    while stack:
+        op = stack.pop()
+        if id(op) in live and op.opcode != "parameter":
+            continue
+        live.add(id(op))
+        stack.extend(o for o in op.operands if id(o) not in live)
+    ops = [op for op in graph.ops if id(op) in live]
+    for i, op in enumerate(ops):
+        op.index = i
+    return Graph(graph.name, ops, graph.parameters, graph.outputs)
+
+
+# -- the frontend protocol ----------------------------------------------------------------------
+
+
+def convert(fn: Any, example_inputs: Sequence[Any], *, autocast: str | None) -> Converted:
+    """Export ``fn`` (an ``nn.Module`` or a callable) on the example inputs and emit IR."""
+    name = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "function")
+    return from_exported(export(fn, tuple(example_inputs)), autocast=autocast, name=name)
+
+
+def from_exported(ep: ExportedProgram, *, autocast: str | None = None,
+                  name: str | None = None) -> Converted:
+    """IR for an ``ExportedProgram`` (e.g. from ``torch.export.load``). Core ATen
+    (``ep.run_decompositions()``) is what ``convert`` produces; the un-decomposed ATen of
+    ``torch.export.export`` (``linear``, ``matmul``, ``silu``, ``triu`` ...) is understood too."""
+    name = name or "model"
+    converter = _Converter(ep, name, autocast)
+    graph, results, out_meta = converter.run()
+    in_meta = [(_meta(n).dtype, n.name) for n in converter.user_inputs]
+    out_spec = ep.call_spec.out_spec
+    builtin = _is_builtin_spec(out_spec)
+
+    def to_arrays(inputs: Sequence[Any]) -> list[np.ndarray]:
+        leaves = [x for x in pytree.tree_leaves(tuple(inputs))
+                  if isinstance(x, (torch.Tensor, np.ndarray))]
+        if len(leaves) != len(in_meta):
+            names = ", ".join(n for _, n in in_meta)
+            raise TraceError(f"{name} was traced with {len(in_meta)} tensor input"
+                             f"{'s' if len(in_meta) != 1 else ''} ({names}); {len(leaves)} given")
+        arrays = []
+        for value, (dtype, arg) in zip(leaves, in_meta):
+            tensor = torch.as_tensor(value)
+            if tensor.dtype != dtype:
+                raise TraceError(f"input {arg!r}: dtype {str(tensor.dtype).replace('torch.', '')} "
+                                 f"given, traced with {str(dtype).replace('torch.', '')}")
+            arrays.append(_to_numpy(tensor))
+        return arrays
+
+    def from_arrays(arrays: list[np.ndarray]) -> Any:
+        leaves = []
+        for result, meta in zip(results, out_meta):
+            if meta is None:
+                leaves.append(result)
+            else:
+                dtype, shape = meta
+                tensor = _from_numpy(arrays[result], dtype)
+                # a 0-d output comes back as [1]; bucketed outputs are already cut to their length
+                leaves.append(tensor.reshape(shape) if tensor.dim() != len(shape) else tensor)
+        if builtin:
+            return pytree.tree_unflatten(leaves, out_spec)
+        return tuple(leaves)
+
+    return Converted(graph=graph, to_arrays=to_arrays, from_arrays=from_arrays)
+
+
+def _is_builtin_spec(spec: Any) -> bool:
+    if spec.is_leaf():
+        return True
+    if spec.type not in (tuple, list, dict) and not (
+            isinstance(spec.type, type) and issubclass(spec.type, tuple) and hasattr(spec.type, "_fields")):
+        return False
+    return all(_is_builtin_spec(child) for child in spec.children())
+
+
+def resize(example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, ...]:
+    """Inputs whose ``dim`` has the first input's length, zero-padded (or cut) to ``length``."""
+    inputs = tuple(example_inputs)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if not tensors or tensors[0].dim() <= dim:
+        raise TraceError(f"cannot bucket dim {dim}: the first input has no such dimension")
+    current = tensors[0].shape[dim]
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.dim() > dim and x.shape[dim] == current:
+            if length <= current:
+                x = x.narrow(dim, 0, length)
+            else:
+                pad_shape = list(x.shape)
+                pad_shape[dim] = length - current
+                x = torch.cat([x, torch.zeros(pad_shape, dtype=x.dtype)], dim=dim)
+        out.append(x)
+    return tuple(out)
+
+
+__all__ = ["Scalar", "convert", "export", "from_exported", "layer_path", "resize", "stack_frames"]
