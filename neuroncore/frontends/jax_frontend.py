@@ -125,8 +125,8 @@ _META_ITEM = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 
-def _closing(text: str, start: int) -> int:
-    """Index just after the bracket that closes ``text[start]`` (quotes respected)."""
+def _outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, char, bracket depth after it) for each character outside quoted strings."""
     depth, j, quoted = 0, start, False
     while j < len(text):
         c = text[j]
@@ -137,36 +137,30 @@ def _closing(text: str, start: int) -> int:
                 quoted = False
         elif c == '"':
             quoted = True
-        elif c in _CLOSERS:
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth == 0:
-                return j + 1
+        else:
+            if c in _CLOSERS:
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+            yield j, c, depth
         j += 1
+
+
+def _closing(text: str, start: int) -> int:
+    """Index just after the bracket that closes ``text[start]`` (quotes respected)."""
+    for j, c, depth in _outside_quotes(text, start):
+        if c in ")]}" and depth == 0:
+            return j + 1
     raise ValueError(f"unbalanced brackets in HLO: {text[start:start + 80]!r}")
 
 
 def _split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside brackets and quotes."""
-    parts, depth, start, j, quoted = [], 0, 0, 0, False
-    while j < len(text):
-        c = text[j]
-        if quoted:
-            if c == "\\":
-                j += 1
-            elif c == '"':
-                quoted = False
-        elif c == '"':
-            quoted = True
-        elif c in _CLOSERS:
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == sep and depth == 0:
+    parts, start = [], 0
+    for j, c, depth in _outside_quotes(text):
+        if c == sep and depth == 0:
             parts.append(text[start:j])
             start = j + 1
-        j += 1
     parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
