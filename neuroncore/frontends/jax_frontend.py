@@ -938,21 +938,9 @@ def _rebuild(shape: HloShape, values: Iterator[Op]) -> Val:
 
 
 def _prune(graph: Graph) -> Graph:
-    """Drop ops nothing reads (aliases and folds leave some); parameters and ops the compiler
-    cannot lower are kept, so that check() still reports them."""
-    live: set[int] = set()
-    stack = list(graph.outputs) + [op for op in graph.ops
-                                   if op.opcode not in ALL_OPS or op.opcode == "parameter"]
-    while stack:
-        op = stack.pop()
-        if id(op) in live:
-            continue
-        live.add(id(op))
-        stack.extend(op.operands)
-    ops = [op for op in graph.ops if id(op) in live]
-    for index, op in enumerate(ops):
-        op.index = index
-    return Graph(graph.name, ops, graph.parameters, graph.outputs)
+    """Drop ops nothing reads (aliases and folds leave some); ops the compiler cannot lower are
+    kept, so that check() still reports them."""
+    return graph.pruned(keep=lambda op: op.opcode not in ALL_OPS)
 
 
 # =============================================================================================

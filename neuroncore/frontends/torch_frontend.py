@@ -293,7 +293,7 @@ class _Converter:
             dtypes.append((meta.dtype, tuple(meta.shape)))
         if not outputs:
             raise TraceError(f"{self.b.name} returns no tensors")
-        graph = _without_dead_ops(self.b.build(outputs))
+        graph = _pruned(self.b.build(outputs))
         return graph, results, dtypes
 
     def _where(self, node: torch.fx.Node) -> str:
@@ -1253,20 +1253,8 @@ def _uniform(t: torch.Tensor) -> bool:
     return bool((flat == flat[0]).all())
 
 
-def _without_dead_ops(graph: Graph) -> Graph:
-    """Drop ops no output depends on (parameters stay: they are the program's inputs)."""
-    live = {id(p) for p in graph.parameters}
-    stack = list(graph.outputs)
-    while stack:
-        op = stack.pop()
-        if id(op) in live and op.opcode != "parameter":
-            continue
-        live.add(id(op))
-        stack.extend(o for o in op.operands if id(o) not in live)
-    ops = [op for op in graph.ops if id(op) in live]
-    for i, op in enumerate(ops):
-        op.index = i
-    return Graph(graph.name, ops, graph.parameters, graph.outputs)
+def _pruned(graph: Graph) -> Graph:
+    return graph.pruned()
 
 
 # -- the frontend protocol ----------------------------------------------------------------------

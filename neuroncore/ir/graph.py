@@ -9,6 +9,7 @@ once built (the builder and the frontends are the only writers).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,25 @@ class Graph:
             for operand in op.operands:
                 result[operand.index].append(op)
         return result
+
+    def pruned(self, keep: Callable[[Op], bool] | None = None) -> Graph:
+        """This graph without the ops no output depends on. Parameters stay (they are the program's
+        inputs), and so do ops for which ``keep(op)`` is true, with what they read."""
+        roots = [*self.outputs, *self.parameters]
+        if keep is not None:
+            roots += [op for op in self.ops if keep(op)]
+        live: set[int] = set()
+        stack = list(roots)
+        while stack:
+            op = stack.pop()
+            if id(op) in live:
+                continue
+            live.add(id(op))
+            stack.extend(op.operands)
+        ops = [op for op in self.ops if id(op) in live]
+        for index, op in enumerate(ops):
+            op.index = index
+        return Graph(self.name, ops, self.parameters, self.outputs)
 
     def text(self) -> str:
         """HLO-like listing, for debugging and error reports."""
