@@ -293,7 +293,7 @@ class _Converter:
             dtypes.append((meta.dtype, tuple(meta.shape)))
         if not outputs:
             raise TraceError(f"{self.b.name} returns no tensors")
-        graph = _pruned(self.b.build(outputs))
+        graph = self.b.build(outputs).pruned()
         return graph, results, dtypes
 
     def _where(self, node: torch.fx.Node) -> str:
@@ -1251,10 +1251,6 @@ def _uniform(t: torch.Tensor) -> bool:
         return True
     flat = t.reshape(-1)
     return bool((flat == flat[0]).all())
-
-
-def _pruned(graph: Graph) -> Graph:
-    return graph.pruned()
 
 
 # -- the frontend protocol ----------------------------------------------------------------------
