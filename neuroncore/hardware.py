@@ -170,7 +170,13 @@ TRAINIUM2 = ChipSpec("Trainium2", NC_V3, 8, 96 * 2**30, 2.9e12, 20, 4)
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """An EC2 instance type: chips, host size and chip topology (§1.2). Topology detail is issue 4's."""
+    """An EC2 instance type: chips, host size, chip topology and its wires (§1.2, §1.4).
+
+    The graph built from these facts (devices, links, routes) lives in ``neuroncore.topology``.
+    ``neuronlink_bytes_per_s_per_chip`` is the published per-chip figure, i.e. the sum over the chip's
+    links; whether it counts one direction or both is not published (§1.4), so the topology builder
+    takes that reading as a parameter.
+    """
 
     name: str
     chip: ChipSpec
@@ -179,24 +185,53 @@ class InstanceSpec:
     host_memory_bytes: int
     topology: str  # "none", "ring", "torus-4x4"
     target: str = field(default="")  # neuronx-cc --target value
+    neuronlink_bytes_per_s_per_chip: float = 0.0  # 0 on single-chip instances (§1.2)
+    efa_bits_per_s: float = 0.0  # whole instance; 0 where the table lists no EFA (§1.2)
+    lnc_choices: tuple[int, ...] = ()  # Logical NeuronCore settings; empty: no LNC (§1.3)
+    default_lnc: int = 1
 
     @property
     def cores(self) -> int:
+        """Physical NeuronCores (what ``Instance`` builds); logical cores are ``cores // lnc``."""
         return self.chips * self.chip.cores_per_chip
+
+    @property
+    def efa_bytes_per_s_per_chip(self) -> float:
+        """The instance's EFA bandwidth split evenly over its chips (§1.4 "Network (EFA) per chip")."""
+        return self.efa_bits_per_s / 8 / self.chips
 
 
 _GIB = 2**30
+_GBIT = 1e9
+
+# NeuronLink per chip, as published (§1.2 instance table, §1.4). Units differ by family (§1.6).
+NEURONLINK_V2_INF2_BYTES_PER_S_PER_CHIP = 192 * _GIB  # headed "GiB/sec/chip": read as GiB (§1.6)
+NEURONLINK_V2_TRN1_BYTES_PER_S_PER_CHIP = 384e9  # the unlabelled "384" column, GB/s (§1.2 note)
+NEURONLINK_V2_TRN1N_BYTES_PER_S_PER_CHIP = 768e9  # trn1n's unlabelled "768", unexplained [ambiguous]
+NEURONLINK_V3_TRN2_BYTES_PER_S_PER_CHIP = 1024e9  # inside one server (§1.2, §1.4)
+# EFA per instance (§1.2 EFA column, Gbps = 10^9 bit/s): trn1.2xl "up to 25", trn1.32xl 800,
+# trn1n 1,600, trn2 3,200; Inf2 lists none. Per chip = / chips (§1.4).
+# Inter-node latency of one EFA hop, HBM to HBM, ~15 us (§1.4 ib_write_lat, §6).
+EFA_HOP_LATENCY_NS = 15_000.0
+
 INSTANCE_TYPES: dict[str, InstanceSpec] = {
     s.name: s
     for s in [
         InstanceSpec("inf2.xlarge", INFERENTIA2, 1, 4, 16 * _GIB, "none", "inf2"),
         InstanceSpec("inf2.8xlarge", INFERENTIA2, 1, 32, 128 * _GIB, "none", "inf2"),
-        InstanceSpec("inf2.24xlarge", INFERENTIA2, 6, 96, 384 * _GIB, "ring", "inf2"),
-        InstanceSpec("inf2.48xlarge", INFERENTIA2, 12, 192, 768 * _GIB, "ring", "inf2"),
-        InstanceSpec("trn1.2xlarge", TRAINIUM1, 1, 8, 32 * _GIB, "none", "trn1"),
-        InstanceSpec("trn1.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1"),
-        InstanceSpec("trn1n.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1n"),
-        InstanceSpec("trn2.48xlarge", TRAINIUM2, 16, 192, 2048 * _GIB, "torus-4x4", "trn2"),
+        InstanceSpec("inf2.24xlarge", INFERENTIA2, 6, 96, 384 * _GIB, "ring", "inf2",
+                     NEURONLINK_V2_INF2_BYTES_PER_S_PER_CHIP),
+        InstanceSpec("inf2.48xlarge", INFERENTIA2, 12, 192, 768 * _GIB, "ring", "inf2",
+                     NEURONLINK_V2_INF2_BYTES_PER_S_PER_CHIP),
+        InstanceSpec("trn1.2xlarge", TRAINIUM1, 1, 8, 32 * _GIB, "none", "trn1",
+                     efa_bits_per_s=25 * _GBIT),  # "up to 25 Gbps"
+        InstanceSpec("trn1.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1",
+                     NEURONLINK_V2_TRN1_BYTES_PER_S_PER_CHIP, 800 * _GBIT),
+        InstanceSpec("trn1n.32xlarge", TRAINIUM1, 16, 128, 512 * _GIB, "torus-4x4", "trn1n",
+                     NEURONLINK_V2_TRN1N_BYTES_PER_S_PER_CHIP, 1600 * _GBIT),
+        InstanceSpec("trn2.48xlarge", TRAINIUM2, 16, 192, 2048 * _GIB, "torus-4x4", "trn2",
+                     NEURONLINK_V3_TRN2_BYTES_PER_S_PER_CHIP, 3200 * _GBIT,
+                     lnc_choices=(1, 2), default_lnc=2),  # LNC=2 is the default (§1.3)
     ]
 }
 
