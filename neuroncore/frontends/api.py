@@ -15,7 +15,7 @@ padded positions are masked, and outputs are cut back).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,13 +58,25 @@ FRONTEND_MODULES = {"torch": "neuroncore.frontends.torch_frontend",
                     "jax": "neuroncore.frontends.jax_frontend", "jaxlib": "neuroncore.frontends.jax_frontend"}
 
 
+def _leaves(value: Any) -> Iterator[Any]:
+    """Values inside nested lists, tuples and dicts (the inputs' pytree leaves)."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    else:
+        yield value
+
+
 def frontend_for(example_inputs: Sequence[Any]) -> Any:
-    """The frontend module for these example inputs (by the package their type comes from)."""
-    for value in example_inputs:
+    """The frontend module for these example inputs (by the package their leaves' types come from)."""
+    for value in _leaves(tuple(example_inputs)):
         package = type(value).__module__.split(".")[0]
         if package in FRONTEND_MODULES:
             return importlib.import_module(FRONTEND_MODULES[package])
-    kinds = ", ".join(sorted({type(v).__name__ for v in example_inputs})) or "no inputs"
+    kinds = ", ".join(sorted({type(v).__name__ for v in _leaves(tuple(example_inputs))})) or "no inputs"
     raise TraceError(f"example inputs must be torch tensors or JAX arrays, got {kinds}")
 
 

@@ -75,3 +75,14 @@ def test_bad_targets_give_one_line_and_exit_two(tmp_path, capsys, text, target_s
 def test_missing_script(capsys):
     assert main(["check", "/no/such/model.py"]) == 2
     assert "no such script" in capsys.readouterr().err
+
+
+def test_frontend_is_found_inside_nested_inputs():
+    import jax.numpy as jnp
+
+    from neuroncore.frontends import frontend_for
+
+    module = frontend_for(({"x": [jnp.ones(2)]},))
+    assert module.__name__.endswith("jax_frontend")
+    with pytest.raises(ValueError, match="got int"):
+        frontend_for(({"x": 1},))
