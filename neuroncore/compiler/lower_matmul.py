@@ -294,11 +294,13 @@ class _Operand:
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
             t, p0 = locate(op.shape, "row", b, xx)
-            src = ctx.tile(op, t, "row")  # row tiles, whatever the value's own layout
+            # row tiles whatever the value's own layout; only this k-block's columns (a value that
+            # lives in HBM is not loaded whole when K is large)
+            src = ctx.tile(op, t, "row", (k0, k1))
             nrows = min(x1 - xx, src.rows - p0)
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
-                block = Ref(src.buf, p0, p0 + nrows, kk, kk + rows)
+                block = Ref(src.buf, p0, p0 + nrows, src.f0 + kk - k0, src.f0 + kk - k0 + rows)
                 dst = Ref(bufs[j].buf, 0, rows, bufs[j].f0 + xx - x0, bufs[j].f0 + xx - x0 + nrows)
                 pe_transpose(ctx, block, dst, op.dtype, next(self.engines))
             ctx.release(op, src)

@@ -195,6 +195,13 @@ class Program:
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.hbm_tensors.values() if t.kind == "weight")
 
+    def hbm_bytes_by_kind(self) -> dict[str, int]:
+        """Device memory the loaded program holds: weights, inputs, outputs and compiler scratch."""
+        usage = {"weight": 0, "input": 0, "output": 0, "scratch": 0}
+        for tensor in self.hbm_tensors.values():
+            usage[tensor.kind] = usage.get(tensor.kind, 0) + tensor.nbytes
+        return usage
+
     def engine_instruction_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         instr = self.resource != RES_DMA

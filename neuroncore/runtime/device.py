@@ -115,14 +115,33 @@ class NeuronCore:
         self.lock = threading.Lock()
         self.models: list[LoadedModel] = []
 
+    @property
+    def hbm_used_bytes(self) -> int:
+        """Device memory held by the models loaded on this core."""
+        return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models)
+
     def load(self, program: Program) -> LoadedModel:
+        """Place ``program`` on this core; it must fit in the core's HBM with what is loaded already."""
         if program.spec.generation != self.spec.generation:
             raise ValueError(
                 f"program compiled for {program.spec.name} cannot load on {self.spec.name} "
                 f"(core {self.index})")
+        usage = program.hbm_bytes_by_kind()
+        need, used, have = sum(usage.values()), self.hbm_used_bytes, self.spec.hbm_bytes
+        if need + used > have:
+            parts = ", ".join(f"{kind} {_gib(n)}" for kind, n in usage.items() if n)
+            loaded = f" ({_gib(used)} held by {len(self.models)} loaded models)" if self.models else ""
+            raise ValueError(
+                f"{program.graph.name} does not fit in device memory: it needs {_gib(need)} of HBM "
+                f"({parts}) on core {self.index} (device {self.device}), which has {_gib(have)}"
+                f"{loaded}")
         model = LoadedModel(program, self, self.sink)
         self.models.append(model)
         return model
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
 
 
 class Instance:

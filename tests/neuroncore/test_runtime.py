@@ -188,3 +188,34 @@ def test_gather_out_of_range_raises_execution_error(embedding_program, bad):
     assert isinstance(info.value, RuntimeError)
     # timing does not look at values
     assert model.execute([ids], timing_only=True).device_time_ns > 0
+
+
+# -- device memory -----------------------------------------------------------------------------
+
+
+def _holds(shape):
+    """A program that keeps a large input in HBM but computes almost nothing (compiles at once)."""
+    b = nc.GraphBuilder("big")
+    x = b.parameter("x", shape, "bf16")
+    return b.build([b.slice(x, [0, 0], [1, 128])])
+
+
+def test_model_larger_than_core_hbm_is_refused_with_sizes():
+    program = nc.compile(_holds((8192, 1 << 20)), "trn1")  # a 16 GiB input
+    core = nc.Instance("trn1.2xlarge", sink=nc.EventSink()).core(1)
+    with pytest.raises(ValueError) as info:
+        core.load(program)
+    text = str(info.value)
+    assert "does not fit in device memory" in text and "needs 16.00 GiB" in text
+    assert "input 16.00 GiB" in text and "has 16.00 GiB" in text and "core 1 (device 0)" in text
+    assert "\n" not in text
+
+
+def test_loaded_models_count_against_the_core():
+    program = nc.compile(_holds((4096, 1_000_000)), "trn1")  # ~7.6 GiB
+    core = nc.Instance("trn1.2xlarge", sink=nc.EventSink()).core(0)
+    core.load(program)
+    core.load(program)
+    assert core.hbm_used_bytes == 2 * sum(program.hbm_bytes_by_kind().values())
+    with pytest.raises(ValueError, match=r"held by 2 loaded models"):
+        core.load(program)
