@@ -794,6 +794,18 @@ class _Converter:
         numerator = self._binary("multiply", clamped, poly(_ERF_ALPHA, "p"), self._aux(name, "xp"))
         return self._binary("divide", numerator, poly(_ERF_BETA, "q"), name)
 
+    def _dot_operand(self, x: Op, batch_dims: list[int], contract: list[int], free: list[int],
+                     batch: list[int], k: int, size: int, name: str, role: str, *,
+                     k_last_on_tie: bool) -> tuple[Op, int]:
+        """``x`` as [batch, K, free] (contracting dim -2) or [batch, free, K] (-1), whichever is
+        the cheaper rearrangement; ``k_last_on_tie`` breaks ties."""
+        k_rows = batch_dims + contract + free
+        k_last = batch_dims + free + contract
+        cost_rows, cost_last = _arrangement_cost(k_rows), _arrangement_cost(k_last)
+        if cost_last < cost_rows or (cost_last == cost_rows and k_last_on_tie):
+            return self._arrange(x, k_last, [*batch, size, k], name, role), -1
+        return self._arrange(x, k_rows, [*batch, k, size], name, role), -2
+
     def _op_dot(self, ins, operands, name, shape, dtype) -> Op:
         lhs, rhs = operands
         a = ins.attrs
@@ -807,18 +819,10 @@ class _Converter:
         k = math.prod(lhs.shape[d] for d in lc)
         # lhs as [batch, M, K] or [batch, K, M], rhs as [batch, K, N] or [batch, N, K]: whichever
         # needs no transpose, else one that keeps the last dim (a DMA reading contiguous runs)
-        if _arrangement_cost(lb + lc + lf) < _arrangement_cost(lb + lf + lc):
-            lhs2 = self._arrange(lhs, lb + lc + lf, [*batch, k, m], name, "lhs")
-            lhs_contract = -2
-        else:
-            lhs2 = self._arrange(lhs, lb + lf + lc, [*batch, m, k], name, "lhs")
-            lhs_contract = -1
-        if _arrangement_cost(rb + rf + rc) < _arrangement_cost(rb + rc + rf):
-            rhs2 = self._arrange(rhs, rb + rf + rc, [*batch, n, k], name, "rhs")
-            rhs_contract = -1
-        else:
-            rhs2 = self._arrange(rhs, rb + rc + rf, [*batch, k, n], name, "rhs")
-            rhs_contract = -2
+        lhs2, lhs_contract = self._dot_operand(lhs, lb, lc, lf, batch, k, m, name, "lhs",
+                                               k_last_on_tie=True)
+        rhs2, rhs_contract = self._dot_operand(rhs, rb, rc, rf, batch, k, n, name, "rhs",
+                                               k_last_on_tie=False)
         if lhs2.dtype is not rhs2.dtype:
             lhs2 = self._convert(lhs2, dtype, self._aux(name, "lhs_convert"))
             rhs2 = self._convert(rhs2, dtype, self._aux(name, "rhs_convert"))
