@@ -1,0 +1,512 @@
+"""Turn the execution core's event-sink batches into profile tables.
+
+    with record_profile("out/bert", sink) as recorder:     # subscribes; closes or aborts on exit
+        model.execute(inputs)
+
+A device profile describes one NeuronCore (as the real tool's does): the recorder keeps the first
+core it hears from (or the one it is given) and notes in a ``Warning`` row any batches from other
+cores it left out. Record each core into its own directory for a multi-core run.
+
+Mapping (column by column in docs/profiles.md):
+
+===================  =====================================================================
+batch kind           tables
+===================  =====================================================================
+program_loaded       Metadata hardware constants; StackFrame* lookup tables; per-node text
+                     (operands, bir ids) and per-op attribution kept for the Instruction rows
+execution_start/end  ExecutionInfo (one row per execution, written at close)
+instruction          Instruction
+dma_packet           DmaPacket, and one Flow edge per transfer (triggering instruction -> dma_block)
+semaphore_update     SemaphoreUpdate
+hbm_usage            HbmUsage
+cc_op                CcOp (columns named as the CcOp table; ids filled in when absent)
+neuronlink_usage     NeuronLinkUsage (our extension table)
+===================  =====================================================================
+
+Ids: the core numbers instructions and DMA transfers by their node in one program, so the recorder
+adds a per-execution base to make ``Instruction.id`` unique in the profile; a DMA transfer's node
+id with the same base is its ``DmaPacket.packet_aggregation_id`` and the ``dma_block`` id in ``Flow``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from formats.schema import SCHEMA
+from formats.writer import ProfileWriter
+
+# Semaphore updates made by a DMA transfer's completion arrive over the bus (profile-schema §2.5).
+BUS_SOURCE = "AXI"
+CC_TRIGGER_ENGINE = "Pool"  # the real tool's spelling for GpSimd in CcOp.trigger_engine (§2.5)
+
+
+@dataclass
+class _Program:
+    """What ``program_loaded`` told us about one loaded model, prepared for per-row lookups."""
+
+    model_id: int
+    name: str
+    n_nodes: int
+    operands: pa.Array  # per node
+    bir_ids: pa.Array  # per node, "sg0000:<node>"
+    opcodes: list[str]
+    compiler_opcodes: pa.Array  # per runtime opcode code
+    hlo_names: pa.Array  # per op
+    layers: pa.Array  # per op
+    frame_ids: pa.Array  # per op: text list of StackFrame ids
+    source_locations: pa.Array  # per op: innermost frame as file:line
+    queue_names: pa.Array  # per queue index
+    queue_types: pa.Array
+    semaphore_ids: pa.Array  # per semaphore number, as text
+
+
+@dataclass
+class _Execution:
+    index: int
+    execution_id: int
+    model_id: int
+    base: int  # added to node ids
+    start_ns: int | None = None
+    end_ns: int | None = None
+    rows: int = 0
+
+
+@dataclass
+class _FrameInterner:
+    """The StackFrame* tables: interned file names, function names, (file, function, line) triples
+    and the frame tree, all with 1-based ids (stored as text where the schema says string)."""
+
+    files: dict[str, int] = field(default_factory=dict)
+    functions: dict[str, int] = field(default_factory=dict)
+    locations: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    frames: dict[tuple[int, int], int] = field(default_factory=dict)  # (parent id, location id) -> id
+
+    def chain(self, frames: Sequence[tuple[str, int, str]]) -> list[int]:
+        """Frame ids from the outermost call to the innermost (the order ``program_loaded`` uses)."""
+        parent, ids = 0, []
+        for file, line, function in frames:
+            f = self.files.setdefault(str(file), len(self.files) + 1)
+            fn = self.functions.setdefault(str(function), len(self.functions) + 1)
+            loc = self.locations.setdefault((f, fn, int(line)), len(self.locations) + 1)
+            parent = self.frames.setdefault((parent, loc), len(self.frames) + 1)
+            ids.append(parent)
+        return ids
+
+    def write(self, writer: ProfileWriter) -> None:
+        if not self.frames:
+            return
+        writer.write("StackFrameFileName", {"id": [str(i) for i in self.files.values()],
+                                            "name": list(self.files)})
+        writer.write("StackFrameFunctionName", {"id": [str(i) for i in self.functions.values()],
+                                                "name": list(self.functions)})
+        locs = list(self.locations.items())
+        writer.write("StackFrameFileLocation", {
+            "id": [str(i) for _, i in locs], "file_name_id": [k[0] for k, _ in locs],
+            "function_name_id": [k[1] for k, _ in locs], "line_number": [k[2] for k, _ in locs]})
+        frames = list(self.frames.items())
+        writer.write("StackFrame", {"id": [str(i) for _, i in frames],
+                                    "file_location_id": [k[1] for k, _ in frames],
+                                    "parent_frame_id": [str(k[0]) for k, _ in frames]})
+
+
+def metadata_from_spec(spec: Any) -> dict[str, Any]:
+    """Metadata hardware constants from a core spec (``neuroncore.hardware.CoreSpec`` or lookalike).
+
+    Clocks in GHz, bandwidths in bytes/s, as profile-schema §3.7 declares them. The Vector and Scalar
+    engines process one partition per lane, so their channel count is the partition count; GpSimd has
+    128 lanes (8 cores x 16) on both generations.
+    """
+    dma = getattr(spec, "dma_bytes_per_s", None)
+    if dma is None:
+        dma = min(spec.dma_engines * spec.dma_engine_bytes_per_s, spec.hbm_bytes_per_s)
+    return {
+        "dma_ddr_bandwidth": float(dma),
+        "num_dma_engines_per_neuroncore": int(spec.dma_engines),
+        "hbm_ddr_bandwidth": float(spec.hbm_bytes_per_s),
+        "tensor_engine_num_rows": int(spec.pe_rows),
+        "tensor_engine_num_cols": int(spec.pe_cols),
+        "tensor_engine_clock_freq": spec.pe_clock_hz / 1e9,
+        "vector_engine_clock_freq": spec.vector_clock_hz / 1e9,
+        "vector_engine_num_channels": int(spec.partitions),
+        "scalar_engine_clock_freq": spec.scalar_clock_hz / 1e9,
+        "scalar_engine_num_channels": int(spec.partitions),
+        "gpsimd_engine_clock_freq": spec.gpsimd_clock_hz / 1e9,
+        "gpsimd_engine_num_channels": 128,
+        "neuroncore_clock_freq": spec.base_clock_hz / 1e9,
+    }
+
+
+def _dict(indices: np.ndarray, dictionary: pa.Array, mask: np.ndarray | None = None) -> pa.DictionaryArray:
+    """Per-row strings as indices into a per-program dictionary: no per-row Python objects."""
+    if dictionary.type != pa.string():
+        dictionary = dictionary.cast(pa.string())
+    index_type = np.int32 if len(dictionary) > 32_000 else np.int16
+    indices = indices.astype(index_type, copy=False)
+    index_array = pa.array(indices, mask=mask) if mask is not None and mask.any() else pa.array(indices)
+    return pa.DictionaryArray.from_arrays(index_array, dictionary)
+
+
+def _null_where(values: np.ndarray, mask: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=mask) if mask.any() else pa.array(values)
+
+
+class ProfileRecorder:
+    """An event-sink listener that writes what the core emits into a ``ProfileWriter``.
+
+    Errors while recording never reach the core: the profile is aborted (kept, flagged incomplete),
+    recording stops, and ``close()`` raises the error afterwards.
+    """
+
+    def __init__(self, writer: ProfileWriter, *, core: int | None = None) -> None:
+        self.writer = writer
+        self.core = core
+        self.programs: dict[int, _Program] = {}
+        self.executions: dict[int, _Execution] = {}
+        self._frames = _FrameInterner()
+        self._next_base = 0
+        self._packet_id = 0
+        self._packet_carry: tuple[int, int, int] | None = None  # (execution, transfer, next rank)
+        self._cc_op_id = 0
+        self._other_cores: dict[int, int] = {}
+        self._unknown_kinds: dict[str, int] = {}
+        self._spec_seen = False
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    # -- listener --------------------------------------------------------------------------
+    def __call__(self, batch: Any) -> None:
+        with self._lock:
+            if self.error is not None or not self.writer.is_open:
+                return
+            try:
+                self._dispatch(batch)
+            except Exception as exc:
+                self.error = exc
+                self.writer.abort(f"recording failed on a {batch.kind} batch: {type(exc).__name__}: {exc}")
+                warnings.warn(f"profile recording stopped: {exc}", RuntimeWarning, stacklevel=2)
+
+    def _dispatch(self, batch: Any) -> None:
+        core = batch.meta.get("core")
+        if core is not None:
+            if self.core is None:
+                self.core = int(core)
+            elif int(core) != self.core:
+                self._other_cores[int(core)] = self._other_cores.get(int(core), 0) + 1
+                return
+        handler = getattr(self, f"_on_{batch.kind}", None)
+        if handler is None:
+            self._unknown_kinds[batch.kind] = self._unknown_kinds.get(batch.kind, 0) + 1
+            return
+        handler(batch)
+
+    # -- finishing ---------------------------------------------------------------------------
+    def close(self) -> Path:
+        """Write the closing tables and move the profile into place; re-raise a recording error."""
+        with self._lock:
+            if self.error is not None:
+                raise RuntimeError(f"profile recording failed; what was recorded is at {self.writer.path}: "
+                                   f"{self.error}") from self.error
+            self._finish_tables()
+            return self.writer.close()
+
+    def abort(self, reason: str = "capture interrupted") -> Path | None:
+        with self._lock:
+            with contextlib.suppress(Exception):
+                self._finish_tables()
+            return self.writer.abort(reason)
+
+    def _finish_tables(self) -> None:
+        if not self.writer.is_open:
+            return
+        self._frames.write(self.writer)
+        self._write_execution_info()
+        for core, n in sorted(self._other_cores.items()):
+            self.writer.warn(f"{n} batches from core {core} were not recorded: this profile holds core "
+                             f"{self.core}; record each core into its own profile", "Missing Data")
+        for kind, n in sorted(self._unknown_kinds.items()):
+            self.writer.warn(f"{n} '{kind}' batches had no table to go to", "Missing Data")
+        self._frames = _FrameInterner()
+        self._other_cores.clear()
+        self._unknown_kinds.clear()
+
+    def _write_execution_info(self) -> None:
+        done = [e for e in self.executions.values() if e.start_ns is not None]
+        if not done:
+            return
+        origin = min(e.start_ns for e in done if e.start_ns is not None)
+        self.writer.write("ExecutionInfo", {
+            "execution_index": [e.index for e in done],
+            "neff_name": [self.programs[e.model_id].name if e.model_id in self.programs else None
+                          for e in done],
+            "execution_start_ts": [e.start_ns - origin for e in done],  # type: ignore[operator]
+            "execution_end_ts": [None if e.end_ns is None else e.end_ns - origin for e in done],
+            "num_subgraphs": [1] * len(done),
+            "row_count": [e.rows for e in done],
+        })
+        self.executions.clear()
+
+    # -- batch handlers ----------------------------------------------------------------------
+    def _on_program_loaded(self, batch: Any) -> None:
+        c, m = batch.columns, batch.meta
+        spec = m.get("spec")
+        if spec is not None and not self._spec_seen:
+            self._spec_seen = True
+            extra = {"neuroncore_idx": self.core, "is_simulation": True}
+            defaults = {**metadata_from_spec(spec), **extra}
+            self.writer.update_metadata(**{k: v for k, v in defaults.items()
+                                           if self.writer.metadata.get(k) is None})
+        n_nodes = int(m.get("n_instructions", 0)) + int(m.get("n_dma_transfers", 0))
+        operands = list(m.get("operands") or [])
+        n_nodes = max(n_nodes, len(operands))
+        operands += [""] * (n_nodes - len(operands))
+        frames = c.get("frames") or [[] for _ in c.get("hlo_name", [])]
+        chains = [self._frames.chain(f) for f in frames]
+        opcodes = list(m.get("opcodes") or [])
+        compiler = m.get("compiler_opcodes") or {}
+        queues = sorted(m.get("queues") or [])
+        size = (queues[-1][0] + 1) if queues else 0
+        names: list[str | None] = [None] * size
+        types: list[str | None] = [None] * size
+        for index, name, queue_type in queues:
+            names[index], types[index] = name, queue_type
+        sem_names = m.get("semaphore_names") or {}
+        n_sem = max([*sem_names, 255]) + 1
+        self.programs[int(m["model_id"])] = _Program(
+            model_id=int(m["model_id"]),
+            name=str(m.get("model_name") or ""),
+            n_nodes=n_nodes,
+            operands=pa.array(operands, pa.string()),
+            bir_ids=pa.array([f"sg0000:{i}" for i in range(n_nodes)], pa.string()),
+            opcodes=opcodes,
+            compiler_opcodes=pa.array([compiler.get(o, o) for o in opcodes], pa.string()),
+            hlo_names=pa.array(list(c.get("hlo_name", [])), pa.string()),
+            layers=pa.array([x or None for x in c.get("layer", [])], pa.string()),
+            frame_ids=pa.array(["[" + ", ".join(map(str, ids)) + "]" if ids else None for ids in chains],
+                               pa.string()),
+            source_locations=pa.array([f"{f[-1][0]}:{f[-1][1]}" if f else None for f in frames], pa.string()),
+            queue_names=pa.array(names, pa.string()),
+            queue_types=pa.array([t or "unknown" for t in types], pa.string()),
+            semaphore_ids=pa.array([str(i) for i in range(n_sem)], pa.string()),
+        )
+
+    def _on_execution_start(self, batch: Any) -> None:
+        m = batch.meta
+        self._execution(m).start_ns = int(m["start_ns"])
+
+    def _on_execution_end(self, batch: Any) -> None:
+        m = batch.meta
+        execution = self._execution(m)
+        execution.end_ns = int(m["end_ns"])
+        if execution.start_ns is None:
+            execution.start_ns = int(m.get("start_ns", m["end_ns"]))
+
+    def _execution(self, meta: Mapping[str, Any]) -> _Execution:
+        execution_id = int(meta["execution_id"])
+        execution = self.executions.get(execution_id)
+        if execution is None:
+            model_id = int(meta["model_id"])
+            program = self.programs.get(model_id)
+            if program is None:
+                raise ValueError(f"execution {execution_id} of model {model_id} arrived before the model's "
+                                 f"program_loaded batch (subscribe the recorder before loading)")
+            execution = _Execution(len(self.executions), execution_id, model_id, self._next_base)
+            self._next_base += program.n_nodes
+            self.executions[execution_id] = execution
+        return execution
+
+    def _on_instruction(self, batch: Any) -> None:
+        c, m = batch.columns, batch.meta
+        execution = self._execution(m)
+        program = self.programs[execution.model_id]
+        node = np.asarray(c["id"], dtype=np.int64)
+        n = node.size
+        op = np.asarray(c["op_index"])
+        no_op = op < 0
+        op_idx = np.where(no_op, 0, op)
+        trig_start = np.asarray(c["dma_trigger_start_ts"])
+        trig_end = np.asarray(c["dma_trigger_end_ts"])
+        transpose = np.asarray(c["transpose_flops"])
+        opcode = np.asarray(c["opcode"])
+        operands = _dict(node, program.operands)
+        columns = {
+            "start_ts": c["start_ts"],
+            "end_ts": c["end_ts"],
+            "duration_ns": c["duration_ns"],
+            "engine": _dict(np.asarray(c["engine"]), pa.array(m["engine_labels"])),
+            "timeline_track": _dict(np.asarray(c["track"]), pa.array(m["track_labels"])),
+            "pcore_idx": np.zeros(n, np.int64),
+            "opcode": _dict(opcode, pa.array(m.get("opcodes") or program.opcodes)),
+            "operands": operands,
+            "compiler_opcode": _dict(opcode, program.compiler_opcodes),
+            "compiler_operands": operands,
+            "id": node + execution.base,
+            "pc": c["pc"],
+            "compiler_pc": c["pc"],
+            "bir_id": _dict(node, program.bir_ids),
+            "raw_bir_id": node,
+            "evt_wait_time_ns": c["evt_wait_time_ns"],
+            "hlo_name": _dict(op_idx, program.hlo_names, no_op),
+            "raw_hlo_id": _null_where(op.astype(np.int64), no_op),
+            "raw_framework_id": _null_where(op.astype(np.int64), no_op),
+            "layer": _dict(op_idx, program.layers, no_op),
+            "stack_frame_ids": _dict(op_idx, program.frame_ids, no_op),
+            "bir_debug_info_source_location": _dict(op_idx, program.source_locations, no_op),
+            "dma_trigger_start_ts": _null_where(trig_start, trig_start < 0),
+            "dma_trigger_end_ts": _null_where(trig_end, trig_end < 0),
+            **{name: c[name] for name in (
+                "hbm_read_bytes", "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes", "psum_read_bytes",
+                "psum_write_bytes", "spill_save_bytes", "spill_reload_bytes", "raw_flops", "adjusted_flops")},
+            "flops_transpose": _null_where(transpose, transpose <= 0),
+        }
+        self.writer.write("Instruction", columns)
+        execution.rows += n
+
+    def _on_dma_packet(self, batch: Any) -> None:
+        c = batch.columns
+        execution = self._execution(batch.meta)
+        program = self.programs[execution.model_id]
+        transfer = np.asarray(c["transfer_id"], dtype=np.int64)
+        n = transfer.size
+        if n == 0:
+            return
+        rank = self._packet_ranks(execution.index, transfer)
+        nbytes = np.asarray(c["transfer_bytes"], dtype=np.int64)
+        duration = np.asarray(c["duration_ns"], dtype=np.int64)
+        throughput = np.divide(nbytes * 1e9, duration, out=np.zeros(n), where=duration > 0)
+        queue = np.asarray(c["queue_idx"])
+        self.writer.write("DmaPacket", {
+            "start_ts": c["start_ts"],
+            "end_ts": c["end_ts"],
+            "duration_ns": duration,
+            "pcore_idx": np.zeros(n, np.int64),
+            "id": np.arange(self._packet_id, self._packet_id + n, dtype=np.int64),
+            "packet_idx": rank.astype(np.int32),
+            "packet_aggregation_id": transfer + execution.base,
+            "engine_idx": c["engine_idx"],
+            "read_bytes": nbytes,
+            "write_bytes": nbytes,
+            "transfer_bytes": nbytes,
+            "throughput": throughput.astype(np.float32),
+            "queue_type": _dict(queue, program.queue_types),
+            "queue_name": _dict(queue, program.queue_names),
+            "queue_idx": queue,
+            "crc": np.zeros(n, np.int64),
+        })
+        self._packet_id += n
+        execution.rows += n
+        first = (rank == 0) & (np.asarray(c["trigger_id"]) >= 0)
+        if first.any():
+            k = int(first.sum())
+            self.writer.write("Flow", {
+                "in_id": np.asarray(c["trigger_id"], dtype=np.int64)[first] + execution.base,
+                "out_id": transfer[first] + execution.base,
+                "in_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["instruction"]),
+                "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["dma_block"]),
+                "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["DMA_TRIGGER"]),
+            })
+
+    def _packet_ranks(self, execution: int, transfer: np.ndarray) -> np.ndarray:
+        """Position of each packet within its transfer. A transfer's packets are adjacent in the
+        stream but may straddle two batches, so the count carries over."""
+        n = transfer.size
+        starts = np.flatnonzero(np.r_[True, transfer[1:] != transfer[:-1]])
+        rank = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+        carry = self._packet_carry
+        if carry is not None and carry[0] == execution and carry[1] == transfer[0]:
+            first_run = starts[1] if starts.size > 1 else n
+            rank[:first_run] += carry[2]
+        self._packet_carry = (execution, int(transfer[-1]), int(rank[-1]) + 1)
+        return rank
+
+    def _on_semaphore_update(self, batch: Any) -> None:
+        c, m = batch.columns, batch.meta
+        execution = self._execution(m)
+        program = self.programs[execution.model_id]
+        sem = np.asarray(c["semaphore"])
+        n = sem.size
+        source = np.where(np.asarray(c["is_dma"]), 5, np.asarray(c["source_engine"])).astype(np.int8)
+        labels = pa.array([*(m.get("engine_labels") or ["Tensor", "Vector", "Scalar", "GpSimd", "Sync"]),
+                           BUS_SOURCE])
+        self.writer.write("SemaphoreUpdate", {
+            "timestamp": c["timestamp"],
+            "id": _dict(sem, program.semaphore_ids),
+            "value": c["value"],
+            "update_source": _dict(source, labels),
+            "update_operation_type": pa.DictionaryArray.from_arrays(np.zeros(n, np.int8), ["sem_inc"]),
+            "update_trigger_timing": pa.DictionaryArray.from_arrays(np.zeros(n, np.int8), ["complete"]),
+            "pcore_idx": np.zeros(n, np.int64),
+        })
+        execution.rows += n
+
+    def _on_hbm_usage(self, batch: Any) -> None:
+        c = batch.columns
+        execution = self._execution(batch.meta)
+        n = len(c["timestamp"])
+        self.writer.write("HbmUsage", {
+            "timestamp": c["timestamp"],
+            "current_throughput": c["current_throughput"],
+            "total_transfer_bytes": c["total_transfer_bytes"],
+            "pcore_idx": np.zeros(n, np.int64),
+        })
+        execution.rows += n
+
+    def _on_cc_op(self, batch: Any) -> None:
+        """Collective ops, columns named as the CcOp table (``CollectiveRecord.ccop_row`` keys).
+        Ids and the trigger engine are the writer's to assign when the batch has none."""
+        columns = {k: v for k, v in batch.columns.items() if k in _CCOP_COLUMNS}
+        n = len(next(iter(columns.values()))) if columns else 0
+        if not n:
+            return
+        columns.setdefault("op_id", np.arange(self._cc_op_id, self._cc_op_id + n, dtype=np.int64))
+        columns.setdefault("stream_id", np.zeros(n, np.int64))
+        columns.setdefault("stream_index", np.zeros(n, np.int64))
+        columns.setdefault("trigger_engine", [CC_TRIGGER_ENGINE] * n)
+        self._cc_op_id += n
+        extra = sorted(set(batch.columns) - _CCOP_COLUMNS)
+        if extra:
+            self._unknown_kinds[f"cc_op column(s) {', '.join(extra)}"] = 1
+        self.writer.write("CcOp", columns)
+
+    def _on_neuronlink_usage(self, batch: Any) -> None:
+        self.writer.write("NeuronLinkUsage", dict(batch.columns))
+
+
+_CCOP_COLUMNS = frozenset(SCHEMA.tables["CcOp"].names)
+
+
+@contextlib.contextmanager
+def record_profile(out_dir: str | Path, sink: Any = None, *, core: int | None = None,
+                   metadata: Mapping[str, Any] | None = None,
+                   **writer_options: Any) -> Iterator[ProfileRecorder]:
+    """Record everything ``sink`` (default: the core's process-wide sink) emits into ``out_dir``.
+
+    On normal exit the profile is completed and moved into place; on any exception (including
+    ``KeyboardInterrupt``) what was recorded is kept at ``<out_dir>.incomplete``, flagged incomplete.
+    """
+    if sink is None:
+        from neuroncore.events import sink as default_sink
+        sink = default_sink
+    writer = ProfileWriter(out_dir, {"is_simulation": True, **(metadata or {})}, **writer_options)
+    recorder = ProfileRecorder(writer, core=core)
+    unsubscribe = sink.subscribe(recorder)
+    try:
+        yield recorder
+    except BaseException as exc:
+        unsubscribe()
+        recorder.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        raise
+    unsubscribe()
+    recorder.close()
+
+
+sink_writer = record_profile
+"""Alias: the sink-to-writer adapter under the name the design notes use."""

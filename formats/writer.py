@@ -1,0 +1,464 @@
+"""Stream records into a Neuron Explorer profile directory, memory-bounded and all-or-flagged.
+
+    with ProfileWriter("out/profile", metadata={"instance_type": "trn1.2xlarge"}) as writer:
+        writer.write("Instruction", {"start_ts": ..., "end_ts": ..., ...})   # any number of times
+    # out/profile/ now holds Instruction.parquet, Metadata.parquet, SchemaFields.parquet, ...
+
+Why it is shaped this way:
+
+* **Bounded memory.** Each table buffers at most one row group (``row_group_rows``) before it is
+  encoded and written, so a 100M-instruction capture needs the same memory as a small one.
+* **Split files.** A table's file is closed once it passes ``max_file_bytes`` and the next rows go
+  to a new part. Parts are named ``<Table>_0.parquet``, ``<Table>_1.parquet``, ... (profile-schema.md
+  §1.1); a table that never split is renamed to plain ``<Table>.parquet`` at close.
+* **Visible only when complete.** Everything is written into a staging directory next to the target
+  (same file system, so the final ``rename`` is atomic) and renamed to the target by ``close()``.
+* **Interrupted captures stay readable, and say so.** ``abort()`` (called for any exception,
+  ``KeyboardInterrupt`` included, when used as a context manager) closes every open file properly,
+  adds a ``Warning`` row (category ``Incomplete Profile``) and ``Metadata.capture_complete = false``,
+  and renames the staging directory to ``<target>.incomplete`` -- never to the target itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from formats.schema import PROFILE_SCHEMA_VERSION, SCHEMA, Schema
+from formats.schema_def import OPENAPI_TYPES, TableDef
+
+DEFAULT_ROW_GROUP_ROWS = 262_144
+DEFAULT_MAX_FILE_BYTES = 512 * 2**20
+INCOMPLETE_CATEGORY = "Incomplete Profile"
+INCOMPLETE_SUFFIX = ".incomplete"
+
+# Tables written last, from what the writer collected (not streamed by callers).
+_CLOSING_TABLES = ("Warning", "Metadata", "SchemaFields")
+
+
+class ProfileWriteError(ValueError):
+    """A record does not fit the schema (unknown table or column, missing required column, ...)."""
+
+
+def _delta_encoded(field: pa.Field) -> bool:
+    """Integer columns that grow steadily (timestamps, ids, program counters) are stored as deltas:
+    a few bits per row where dictionary or plain encoding would keep 8 bytes."""
+    if not pa.types.is_integer(field.type) or field.type.bit_width < 32:
+        return False
+    name = field.name
+    return name in ("id", "pc", "compiler_pc", "timestamp", "raw_bir_id") or name.endswith("_ts")
+
+
+class _TableStream:
+    """One table being written: a row-group buffer and the current Parquet part."""
+
+    def __init__(self, owner: ProfileWriter, table: TableDef) -> None:
+        self.owner = owner
+        self.table = table
+        self.schema = table.arrow_schema()
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.parts: list[Path] = []
+        self.writer: pq.ParquetWriter | None = None
+        self.file_schema: pa.Schema | None = None
+        self.rows = 0
+        self.first_ts: int | None = None
+        self.last_ts: int | None = None
+
+    # -- appending ---------------------------------------------------------------------------
+    def append(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self._track_time(batch)
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        self.rows += batch.num_rows
+        while self.pending_rows >= self.owner.row_group_rows:
+            self._flush(self.owner.row_group_rows)
+
+    def _track_time(self, batch: pa.RecordBatch) -> None:
+        """Remember the earliest and latest timestamps: Metadata's first/last_hw_timestamp."""
+        names = batch.schema.names
+        start = "start_ts" if "start_ts" in names else "timestamp" if "timestamp" in names else None
+        if start is None or self.table.extension:
+            return
+        lo = pc.min(batch.column(start)).as_py()
+        hi = pc.max(batch.column("end_ts" if "end_ts" in names else start)).as_py()
+        if lo is not None:
+            self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+        if hi is not None:
+            self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+
+    def _flush(self, rows: int | None = None) -> None:
+        """Write up to ``rows`` buffered rows (all if None) as one row group."""
+        if not self.pending_rows:
+            return
+        take = self.pending_rows if rows is None else min(rows, self.pending_rows)
+        chosen: list[pa.RecordBatch] = []
+        got = 0
+        while got < take:
+            batch = self.pending[0]
+            need = take - got
+            if batch.num_rows <= need:
+                chosen.append(self.pending.pop(0))
+                got += batch.num_rows
+            else:
+                chosen.append(batch.slice(0, need))
+                self.pending[0] = batch.slice(need)
+                got += need
+        self.pending_rows -= take
+        group = pa.Table.from_batches(chosen)
+        self._write_group(group)
+
+    def _write_group(self, group: pa.Table) -> None:
+        if self.writer is None:
+            self._open_part(group.schema)
+        assert self.writer is not None and self.file_schema is not None
+        if not group.schema.equals(self.file_schema):
+            group = _cast_table(group, self.file_schema)
+        self.writer.write_table(group, row_group_size=group.num_rows)
+        if self._part_bytes() >= self.owner.max_file_bytes:
+            self._close_part()
+
+    def _open_part(self, schema: pa.Schema) -> None:
+        path = self.owner.staging / f"{self.table.name}_{len(self.parts)}.parquet"
+        self.file_schema = schema
+        self.writer = self.owner._parquet_writer(path, schema)
+        self.parts.append(path)
+
+    def _part_bytes(self) -> int:
+        try:
+            return self.parts[-1].stat().st_size
+        except OSError:
+            return 0
+
+    def _close_part(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.file_schema = None
+
+    # -- finishing -----------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Write what is buffered, close the part, and give a single part its plain name."""
+        try:
+            self._flush()
+        finally:
+            self._close_part()
+        if len(self.parts) == 1:
+            plain = self.parts[0].with_name(f"{self.table.name}.parquet")
+            os.replace(self.parts[0], plain)
+            self.parts[0] = plain
+
+
+def _cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast a row group to the part's file schema (dictionary vs plain strings may differ)."""
+    columns = [table.column(f.name).cast(f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+class ProfileWriter:
+    """Writes one profile directory. Not thread-safe: feed it from one thread (the sink listener)."""
+
+    def __init__(self, out_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None, *,
+                 row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 compression: str = "zstd", compression_level: int | None = 3, overwrite: bool = False,
+                 schema: Schema = SCHEMA) -> None:
+        if row_group_rows < 1 or max_file_bytes < 1:
+            raise ValueError("row_group_rows and max_file_bytes must be positive")
+        self.target = Path(out_dir).absolute()
+        if self.target.exists() and not overwrite:
+            raise FileExistsError(f"{self.target} already exists (pass overwrite=True to replace it)")
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".partial",
+                                             dir=self.target.parent))
+        self.row_group_rows = row_group_rows
+        self.max_file_bytes = max_file_bytes
+        self.compression = compression
+        self.compression_level = compression_level
+        self.overwrite = overwrite
+        self.schema = schema
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.warnings: list[tuple[str, str]] = []
+        self._streams: dict[str, _TableStream] = {}
+        self._state = "open"  # open -> closed | aborted
+        self.path: Path | None = None  # where the profile ended up
+
+    # -- public API ----------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._state == "open"
+
+    @property
+    def rows_written(self) -> dict[str, int]:
+        """Rows accepted so far per table (buffered rows included)."""
+        return {name: s.rows for name, s in self._streams.items()}
+
+    def write(self, table: str, data: Mapping[str, Any] | pa.RecordBatch | pa.Table) -> None:
+        """Append rows to ``table``. ``data`` maps column names to equal-length arrays (NumPy, Arrow,
+        lists) or is an Arrow batch/table. Missing optional columns become null; unknown columns and
+        missing required ones raise ``ProfileWriteError``."""
+        self._check_open()
+        if table in _CLOSING_TABLES:
+            raise ProfileWriteError(f"{table} is written by the writer itself; use "
+                                    f"{'warn()' if table == 'Warning' else 'update_metadata()'}")
+        definition = self.schema.table(table)
+        if definition is None:
+            raise ProfileWriteError(f"unknown table {table!r}: not in the profile schema or our extensions")
+        if definition.transient:
+            raise ProfileWriteError(f"{table} is a transient HTTP-API type and is never stored")
+        batch = conform(definition, data)
+        stream = self._streams.get(table)
+        if stream is None:
+            stream = self._streams[table] = _TableStream(self, definition)
+        stream.append(batch)
+
+    def write_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append rows given as dicts (for small tables; big ones should pass columns to ``write``)."""
+        rows = list(rows)
+        if not rows:
+            return
+        definition = self.schema.table(table)
+        names = definition.names if definition else sorted({k for r in rows for k in r})
+        present = [n for n in names if any(n in r for r in rows)]
+        unknown = {k for r in rows for k in r} - set(names)
+        if unknown:
+            raise ProfileWriteError(f"{table} has no column {sorted(unknown)[0]!r}")
+        self.write(table, {n: [r.get(n) for r in rows] for n in present})
+
+    def warn(self, message: str, category: str = "Processing") -> None:
+        """Add a ``Warning`` row (the first table a reader should look at)."""
+        self.warnings.append((category, message))
+
+    def update_metadata(self, **fields: Any) -> None:
+        """Set ``Metadata`` fields; the row is written at close, so later values win."""
+        self.metadata.update(fields)
+
+    def close(self) -> Path:
+        """Finish every table, write Metadata/SchemaFields/Warning and move the profile into place."""
+        if self._state != "open":
+            if self.path is None:
+                raise RuntimeError("profile writer was aborted and left nothing")
+            return self.path
+        try:
+            for stream in self._streams.values():
+                stream.finish()
+            self._write_closing_tables(complete=True)
+        except BaseException as exc:
+            self.abort(f"failed while finishing the profile: {type(exc).__name__}: {exc}")
+            raise
+        if self.target.exists():
+            if not self.overwrite:
+                self.abort(f"{self.target} appeared while the profile was being written")
+                raise FileExistsError(f"{self.target} already exists; the profile was left at {self.path}")
+            shutil.rmtree(self.target) if self.target.is_dir() else self.target.unlink()
+        os.replace(self.staging, self.target)
+        self._state = "closed"
+        self.path = self.target
+        return self.target
+
+    def abort(self, reason: str = "capture interrupted") -> Path | None:
+        """Keep what was written, flagged incomplete, at ``<target>.incomplete``. Safe to call twice."""
+        if self._state != "open":
+            return self.path
+        self._state = "aborted"
+        self.warnings.append((INCOMPLETE_CATEGORY, f"profile is incomplete: {reason}; tables hold only "
+                                                   f"the records written before the interruption"))
+        for stream in self._streams.values():
+            with contextlib.suppress(Exception):  # keep closing the others: each file must get its footer
+                stream.finish()
+        with contextlib.suppress(Exception):  # best effort: the data tables are readable without these
+            self._write_closing_tables(complete=False)
+        destination = _free_name(self.target.with_name(self.target.name + INCOMPLETE_SUFFIX))
+        try:
+            os.replace(self.staging, destination)
+            self.path = destination
+        except OSError:
+            self.path = self.staging
+        return self.path
+
+    def __enter__(self) -> ProfileWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort(f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"profile writer is {self._state}")
+
+    def _parquet_writer(self, path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+        delta = [f.name for f in schema if _delta_encoded(f)]
+        return pq.ParquetWriter(
+            path, schema, compression=self.compression, compression_level=self.compression_level,
+            use_dictionary=[f.name for f in schema if f.name not in delta],
+            column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED") or None,
+            store_schema=False,  # plain Parquet types: dictionary-encoded strings read back as strings
+            dictionary_pagesize_limit=4 * 2**20,
+        )
+
+    def _write_small(self, name: str, columns: Mapping[str, Any]) -> None:
+        definition = self.schema.table(name)
+        assert definition is not None
+        stream = self._streams.get(name) or _TableStream(self, definition)
+        self._streams[name] = stream
+        stream.append(conform(definition, columns))
+        stream.finish()
+
+    def _write_closing_tables(self, *, complete: bool) -> None:
+        if self.warnings:
+            self._write_small("Warning", {"message": [m for _, m in self.warnings],
+                                          "category": [c for c, _ in self.warnings]})
+        self._write_small("Metadata", self._metadata_row(complete))
+        written = [n for n in self._streams if n != "SchemaFields"] + ["SchemaFields"]
+        self._write_small("SchemaFields", schema_fields_columns([self.schema.tables[n] for n in written]))
+
+    def _metadata_row(self, complete: bool) -> dict[str, list[Any]]:
+        first = [s.first_ts for s in self._streams.values() if s.first_ts is not None]
+        last = [s.last_ts for s in self._streams.values() if s.last_ts is not None]
+        row: dict[str, Any] = {
+            "profile_schema_version": PROFILE_SCHEMA_VERSION,
+            "ntff_version": 0,
+            "num_physical_cores": 1,
+            "vnc_enabled": False,
+            "first_hw_timestamp": min(first) if first else 0,
+            "last_hw_timestamp": max(last) if last else 0,
+            "ticks_per_nanosec": 1,
+            "explorer_version": _tool_version(),
+        }
+        row.update(self.metadata)
+        row.setdefault("first_ts", timestamp_text(int(row["first_hw_timestamp"])))
+        row.setdefault("last_ts", timestamp_text(int(row["last_hw_timestamp"])))
+        row["capture_complete"] = complete
+        definition = self.schema.tables["Metadata"]
+        missing = [n for n in definition.required if row.get(n) is None]
+        if missing:
+            raise ProfileWriteError(f"Metadata lacks required field(s) {', '.join(missing)} "
+                                    f"(pass them in metadata=... or update_metadata())")
+        return {n: [row[n]] for n in definition.names if n in row}
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... whichever does not exist yet."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _tool_version() -> str:
+    try:
+        from importlib.metadata import version
+        return f"neuronscope {version('neuronscope')}"
+    except Exception:
+        return "neuronscope"
+
+
+def timestamp_text(ns: int) -> str:
+    """``Metadata.first_ts`` text form: ``1970-01-01 00:00:00+00:00`` (plus fraction when not whole)."""
+    seconds, rest = divmod(int(ns), 1_000_000_000)
+    moment = dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if rest:
+        text += f".{rest:09d}"
+    return text + "+00:00"
+
+
+def conform(definition: TableDef, data: Mapping[str, Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """One Arrow batch with exactly the table's columns, in schema order, of the declared types.
+
+    Dictionary-encoded strings stay dictionary-encoded (they are written as Parquet dictionary pages
+    and read back as plain strings). Missing optional columns become nulls.
+    """
+    if isinstance(data, pa.Table):
+        data = data.combine_chunks()
+        columns: dict[str, Any] = {n: data.column(n).chunk(0) if data.column(n).num_chunks else
+                                   pa.array([], data.column(n).type) for n in data.column_names}
+    elif isinstance(data, pa.RecordBatch):
+        columns = {n: data.column(n) for n in data.schema.names}
+    else:
+        columns = dict(data)
+    unknown = [n for n in columns if definition.field(n) is None]
+    if unknown:
+        raise ProfileWriteError(f"{definition.name} has no column {unknown[0]!r}")
+    length = None
+    for name, values in columns.items():
+        n = len(values)
+        if length is None:
+            length = n
+        elif n != length:
+            raise ProfileWriteError(f"{definition.name}.{name} has {n} values, other columns {length}")
+    length = length or 0
+    arrays: list[pa.Array] = []
+    fields: list[pa.Field] = []
+    for f in definition.fields:
+        target = f.arrow_type
+        assert target is not None
+        values = columns.get(f.name)
+        if values is None:
+            if f.required and length:
+                raise ProfileWriteError(f"{definition.name} requires column {f.name!r}")
+            array = pa.nulls(length, target)
+        else:
+            array = _to_arrow(values, target, definition.name, f.name)
+            if f.required and array.null_count:
+                raise ProfileWriteError(f"{definition.name}.{f.name} is required but has "
+                                        f"{array.null_count} null value(s)")
+        arrays.append(array)
+        fields.append(pa.field(f.name, array.type, nullable=not f.required))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _to_arrow(values: Any, target: pa.DataType, table: str, column: str) -> pa.Array:
+    try:
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if isinstance(values, pa.Array):
+            if pa.types.is_dictionary(values.type) and pa.types.is_string(target):
+                if not pa.types.is_string(values.type.value_type):
+                    values = values.cast(pa.dictionary(values.type.index_type, target))
+                return values
+            return values if values.type == target else values.cast(target)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iufb":
+            array = pa.array(values)
+            return array if array.type == target else array.cast(target)
+        return pa.array(values, type=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
+        raise ProfileWriteError(f"{table}.{column}: cannot store as {target}: {exc}") from exc
+
+
+def schema_fields_columns(tables: Iterable[TableDef]) -> dict[str, list[Any]]:
+    """``SchemaFields`` rows (one per table and field) describing ``tables``."""
+    out: dict[str, list[Any]] = {k: [] for k in (
+        "table_name", "table_description", "field_name", "field_description", "field_type",
+        "field_required", "field_format", "field_unit", "field_enum_values")}
+    for table in tables:
+        for f in table.fields:
+            kind, fmt = OPENAPI_TYPES[f.type]
+            out["table_name"].append(table.name)
+            out["table_description"].append(table.row)
+            out["field_name"].append(f.name)
+            out["field_description"].append(f.description)
+            out["field_type"].append(kind)
+            out["field_required"].append(f.required)
+            out["field_format"].append(fmt)
+            out["field_unit"].append(f.unit)
+            enum = SCHEMA.enums.get(f.enum_name or "")
+            out["field_enum_values"].append(",".join(enum) if enum else None)
+    return out
