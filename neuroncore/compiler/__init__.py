@@ -21,6 +21,7 @@ from neuroncore.compiler.lower_elementwise import (
     lower_select,
     lower_unary,
 )
+from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_layout import (
     lower_gather,
     lower_output_copy,
@@ -30,7 +31,7 @@ from neuroncore.compiler.lower_layout import (
 )
 from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
-from neuroncore.compiler.program import RES_DMA, Program
+from neuroncore.compiler.program import RES_CC, RES_DMA, Program
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
@@ -72,6 +73,8 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "rms_norm": lower_norm,
     "dot": lower_dot,
     "gather": lower_gather,
+    "all-reduce": lower_collective,
+    "all-gather": lower_collective,
     **{name: lower_unary for name in UNARY_OPS},
     **{name: lower_binary for name in BINARY_OPS},
     **{name: lower_view for name in LAYOUT_OPS},
@@ -137,6 +140,7 @@ def _finalize(ctx: Context) -> Program:
     engine = np.asarray(em.engine, np.int8)
     queue = np.asarray(em.queue, np.int16)
     keys = np.where(resource == RES_DMA, 100 + queue.astype(np.int64), engine.astype(np.int64))
+    keys = np.where(resource == RES_CC, 99, keys)  # collectives form their own stream
     lengths = np.fromiter((len(d) for d in em.deps), np.int64, count=len(em.deps))
     dep_ptr = np.zeros(len(em.deps) + 1, np.int64)
     np.cumsum(lengths, out=dep_ptr[1:])
@@ -176,7 +180,7 @@ def _finalize(ctx: Context) -> Program:
         hbm_tensors=ctx.hbm_tensors,
         hbm_views=ctx.hbm_views,
         queues=ctx.queues,
-        semaphore_names={**{i: e for i, e in enumerate(["Tensor", "Vector", "Scalar", "GpSimd", "Sync"])},
+        semaphore_names={**dict(enumerate(["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "CC"])),
                          **{q.semaphore: q.name for q in ctx.queues}},
         input_tensors=input_tensors,
         output_tensors=output_tensors,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from neuroncore.compiler.program import (
+    RES_CC,
     RES_DMA,
     RES_TENSOR_LS,
     RES_TENSOR_MM,
@@ -27,6 +28,8 @@ from neuroncore.hardware import CoreSpec, Engine
 
 # One semaphore per engine (ids 0-4), then one per DMA queue from QUEUE_SEMAPHORE_BASE.
 QUEUE_SEMAPHORE_BASE = 8
+CC_SEMAPHORE = 5  # the CC-core signals collective completion on its own semaphore
+CC_LANE = 50  # in-order lane of collectives (the CC-core runs them one after another)
 DMA_COMPLETION_INCREMENT = 16  # every DMA engine signals completion of its share (§5.2)
 
 
@@ -289,6 +292,23 @@ class Emitter:
         self._record(node, 100 + queue.index, reads, writes)
         return node
 
+    def collective(self, opcode: str, *, reads: list[tuple[MemoryKey, Rect]],
+                   writes: list[tuple[MemoryKey, Rect]], text: str, semantics: tuple[Any, ...],
+                   **counters: int) -> int:
+        """A collective on the CC-core: reads and writes HBM, waits like any other node.
+
+        Its duration depends on where the ranks sit in the instance, so it is left at 0 here and
+        supplied by the runtime when the program runs in a tensor-parallel group."""
+        deps = self._hazards(CC_LANE, reads, writes)
+        node = self._append(
+            resource=RES_CC, engine=Engine.SYNC, cost_ns=0.0, queue=-1, dma_engines=0, deps=deps,
+            opcode=opcode, text=text, semantics=semantics, activation_fn=None,
+            tensor_instruction_type=None, performance_mode=None, trigger=-1, lane=CC_LANE,
+            counters=counters,
+        )
+        self._record(node, CC_LANE, reads, writes)
+        return node
+
     # -- semaphores ------------------------------------------------------------------------
     def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Decide which nodes increment which semaphore, and prefix operand strings with the waits."""
@@ -297,6 +317,8 @@ class Emitter:
         for i in range(n):
             if self.resource[i] == RES_DMA:
                 sem_of[i] = queues[self.queue[i]].semaphore
+            elif self.resource[i] == RES_CC:
+                sem_of[i] = CC_SEMAPHORE
             else:
                 sem_of[i] = self.engine[i]
         producer = np.zeros(n, bool)
@@ -326,6 +348,8 @@ class Emitter:
 
 
 def _owner(semaphore: int, queues: list[DmaQueue]) -> str:
+    if semaphore == CC_SEMAPHORE:
+        return "CC"
     if semaphore < QUEUE_SEMAPHORE_BASE:
         return Engine(semaphore).label
     return queues[semaphore - QUEUE_SEMAPHORE_BASE].name
@@ -342,4 +366,4 @@ def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tupl
     return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
 
 
-__all__ = ["QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key", "sbuf_key"]
+__all__ = ["CC_SEMAPHORE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key", "sbuf_key"]

@@ -22,6 +22,7 @@ from neuroncore.ir.graph import Graph
 RES_TENSOR_LS = int(Engine.TENSOR)  # LoadStationary stream ("Tensor" row)
 RES_TENSOR_MM = 5  # MultiplyMoving stream ("TensorMatrix" row), same PE
 RES_DMA = 6  # every DMA transfer; its queue is in ``queue``
+RES_CC = 7  # collectives, run by the CC-core over NeuronLink; timed at run time from the topology
 N_ENGINE_RESOURCES = 6
 
 
@@ -183,7 +184,13 @@ class Program:
 
     @property
     def n_instructions(self) -> int:
-        return int(np.count_nonzero(self.resource != RES_DMA))
+        """Engine instructions (not DMA transfers, not collectives)."""
+        return int(np.count_nonzero(self.resource < RES_DMA))
+
+    @property
+    def collective_nodes(self) -> np.ndarray:
+        """Nodes that are collectives, in program order."""
+        return np.flatnonzero(self.resource == RES_CC)
 
     @property
     def n_dma_transfers(self) -> int:
@@ -204,7 +211,7 @@ class Program:
 
     def engine_instruction_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        instr = self.resource != RES_DMA
+        instr = self.resource < RES_DMA
         for engine in Engine:
             counts[engine.label] = int(np.count_nonzero(instr & (self.engine == int(engine))))
         counts["DMA"] = self.n_dma_transfers

@@ -25,7 +25,10 @@ LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatena
 OTHER_OPS = frozenset(
     {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota"}
 )
-ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS
+# Collectives over the tensor-parallel group a program runs in (inserted by the sharding pass):
+# "all-reduce" sums across ranks; "all-gather" concatenates the ranks' values along ``dimension``.
+COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather"})
+ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS | COLLECTIVE_OPS
 COMPARE_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
 
 
@@ -50,7 +53,8 @@ class Initializer:
     scale: float = 1.0
     array: np.ndarray | None = field(default=None, compare=False, repr=False)
 
-    def materialize(self, shape: tuple[int, ...]) -> np.ndarray:
+    def materialize(self, shape: tuple[int, ...], rank: int = 0) -> np.ndarray:
+        """The values; ``rank`` matters only to sharded initializers (a rank's slice)."""
         if self.kind == "array":
             assert self.array is not None
             return np.asarray(self.array, dtype=np.float32).reshape(shape)

@@ -16,6 +16,11 @@ from neuroncore.compiler.program import HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to
 from neuroncore.ir import semantics as ir_semantics
+from neuroncore.ir.graph import Op
+
+
+Exchange = Callable[[Op, np.ndarray], np.ndarray]
+"""How a rank's collective meets the other ranks': given the op and this rank's operand, the result."""
 
 
 class ExecutionError(RuntimeError):
@@ -59,9 +64,11 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 class Machine:
     """Memory state of one execution."""
 
-    def __init__(self, program: Program, hbm: dict[str, np.ndarray]) -> None:
+    def __init__(self, program: Program, hbm: dict[str, np.ndarray],
+                 exchange: Exchange | None = None) -> None:
         self.program = program
         self.hbm = hbm
+        self.exchange = exchange
         self.buffers: dict[int, np.ndarray] = {}
         self.dtypes = {b.id: b.dtype for b in program.buffers.values()}
         self.views: dict[str, np.ndarray] = {}
@@ -139,7 +146,8 @@ class Machine:
             "act": self._act, "copy": self._copy, "reduce": self._reduce,
             "reciprocal": self._reciprocal, "select": self._select, "memset": self._memset,
             "iota": self._iota, "identity": self._identity, "ldweights": self._ldweights,
-            "matmul": self._matmul, "gather": self._gather, "nop": lambda: None,
+            "matmul": self._matmul, "gather": self._gather, "collective": self._collective,
+            "nop": lambda: None,
         }
         for sem in self.program.semantics:
             handlers[sem[0]](*sem[1:])
@@ -234,6 +242,17 @@ class Machine:
         self.write(out, rows[indices, table.c0:table.c1])
 
 
+    def _collective(self, op_index: int, src: HbmAccess, dst: HbmAccess) -> None:
+        op = self.program.graph.ops[op_index]
+        if self.exchange is None:
+            raise ExecutionError(f"{op.describe()} needs the other ranks of its tensor-parallel group; "
+                                 f"run the program through neuroncore.parallel")
+        value = self.tensor(src.tensor).reshape(op.operands[0].shape)
+        result = self.exchange(op, value)
+        target = self.program.hbm_tensors[dst.tensor]
+        self.hbm[dst.tensor] = round_to(np.asarray(result, np.float32), target.dtype).reshape(target.shape)
+
+
 def prepare_hbm(program: Program, inputs: list[np.ndarray],
                 weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """HBM contents at the start of an execution: inputs, weights, zeroed outputs and scratch."""
@@ -247,15 +266,16 @@ def prepare_hbm(program: Program, inputs: list[np.ndarray],
     return hbm
 
 
-def materialize_weights(program: Program) -> dict[str, np.ndarray]:
-    """Weights in their HBM layout (pre-transposed where the compiler chose so)."""
+def materialize_weights(program: Program, rank: int = 0) -> dict[str, np.ndarray]:
+    """Weights in their HBM layout (pre-transposed where the compiler chose so); ``rank`` picks a
+    tensor-parallel rank's shard of sharded weights."""
     weights: dict[str, np.ndarray] = {}
     for name, tensor in program.hbm_tensors.items():
         if tensor.kind != "weight":
             continue
         op = program.graph.ops[tensor.op_index]
         source = op.operands[0] if op.opcode == "convert" else op  # folded convert of a weight
-        values = round_to(source.attrs["init"].materialize(source.shape), op.dtype)
+        values = round_to(source.attrs["init"].materialize(source.shape, rank), op.dtype)
         if tensor.pretransposed:
             values = np.ascontiguousarray(np.swapaxes(values, -1, -2))
         weights[name] = values

@@ -156,8 +156,7 @@ def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.nd
     The timing pass spreads each transfer's HBM bytes evenly over its duration into fixed periods
     (at least 1 us; longer for long programs so there are at most ~4096 samples).
     """
-    layout = timeline.layout
-    width = layout.hbm_width_ns
+    width = timeline.hbm_width_ns
     t0 = timeline.begin_ns
     used = max(1, min(timeline.hbm_bins.size, int(np.ceil((timeline.finish_ns - t0) / width))))
     per_bin = timeline.hbm_bins[:used]

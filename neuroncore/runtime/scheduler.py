@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, Program
+from neuroncore.compiler.program import RES_CC, RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, Program
 
 
 @njit(cache=True, nogil=True)
@@ -29,7 +29,7 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
               n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
               slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
               hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used, ports, port_rules):
-    engine_free = np.full(7, t0)
+    engine_free = np.full(8, t0)  # 0-5 engine tracks, 6 unused (DMA), 7 the CC-core
     dma_free = np.full(n_dma_engines, t0)
     queue_free = np.full((n_dma_engines, n_queues), t0)
     queue_done = np.full(n_queues, t0)
@@ -114,9 +114,10 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
             if r == RES_TENSOR_MM:
                 last_mm_start = s
             k = slot[i]
-            i_start[k] = np.int64(s + 0.5)
-            i_end[k] = np.int64(end[i] + 0.5)
-            i_wait[k] = np.int64(wait[i] + 0.5)
+            if k >= 0:  # collectives are not engine instructions: they have no record slot
+                i_start[k] = np.int64(s + 0.5)
+                i_end[k] = np.int64(end[i] + 0.5)
+                i_wait[k] = np.int64(wait[i] + 0.5)
         if sem_slot[i] >= 0:
             sem_ts[sem_slot[i]] = np.int64(end[i] + 0.5)
     return p
@@ -193,8 +194,7 @@ class RecordLayout:
     sem_slot: np.ndarray  # node -> position in ``producers`` (-1 if none)
     packet_node: np.ndarray  # transfer of each DMA packet
     hbm_bytes: np.ndarray  # float64 per node: HBM bytes a transfer reads or writes
-    hbm_width_ns: float  # HBM counter sampling period
-    hbm_bins: int  # enough bins for the slowest possible schedule
+    collective_nodes: np.ndarray  # CC-core nodes, in program order
 
 
 HBM_MAX_SAMPLES = 4096
@@ -207,7 +207,7 @@ def record_layout(program: Program) -> RecordLayout:
     cached = program.cache.get("record_layout")
     if cached is None:
         is_dma = program.resource == RES_DMA
-        instr = np.flatnonzero(~is_dma)
+        instr = np.flatnonzero(program.resource < RES_DMA)
         slot = np.full(program.n_nodes, -1, np.int64)
         slot[instr] = np.arange(instr.size)
         producers = np.flatnonzero(program.sem_increment >= 0)
@@ -217,11 +217,8 @@ def record_layout(program: Program) -> RecordLayout:
         packet_node = np.repeat(dma_nodes, program.dma_engines[dma_nodes].astype(np.int64))
         hbm = (program.hbm_read_bytes + program.hbm_write_bytes).astype(np.float64)
         hbm[~is_dma] = 0.0
-        # no schedule can take longer than running every node back to back
-        bound = float(program.cost_ns.sum()) + dma_nodes.size * program.spec.dma_fixed_latency_ns
-        width = max(HBM_MIN_PERIOD_NS, bound / HBM_MAX_SAMPLES)
-        cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm, width,
-                              int(bound / width) + 2)
+        cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm,
+                              np.flatnonzero(program.resource == RES_CC))
         program.cache["record_layout"] = cached
     return cached
 
@@ -248,6 +245,7 @@ class Timeline:
     i_dma_end: np.ndarray
     sem_ts: np.ndarray  # completion time of each semaphore-incrementing node (layout.producers)
     hbm_bins: np.ndarray  # HBM bytes moved in each sampling period from the start
+    hbm_width_ns: float  # HBM counter sampling period
     layout: RecordLayout
 
     @property
@@ -259,10 +257,16 @@ class Timeline:
         return float(self.end_ns.max()) if self.end_ns.size else 0.0
 
 
-def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
-    """Simulate ``program`` starting at ``t0_ns``; pure function of the program's static costs."""
+def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = None) -> Timeline:
+    """Simulate ``program`` starting at ``t0_ns``; a pure function of the node costs: the program's
+    static ones, or ``cost_ns`` (the same with collective durations filled in by the runtime)."""
     n = program.n_nodes
     layout = record_layout(program)
+    costs = program.cost_ns if cost_ns is None else np.asarray(cost_ns, np.float64)
+    # no schedule can take longer than running every node back to back
+    bound = float(costs.sum()) + layout.packet_node.size * program.spec.dma_fixed_latency_ns
+    width = max(HBM_MIN_PERIOD_NS, bound / HBM_MAX_SAMPLES)
+    n_bins = int(bound / width) + 2
     n_instr = layout.instr_nodes.size
     n_packets = layout.packet_node.size
     start = np.empty(n, np.float64)
@@ -280,12 +284,12 @@ def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
     spec = program.spec
 
     def run(fluid: bool, bucket_ns: float, used: np.ndarray) -> np.ndarray:
-        hbm_bins = np.zeros(layout.hbm_bins, np.float64)
-        _schedule(program.resource, program.cost_ns, program.queue, program.dma_engines,
+        hbm_bins = np.zeros(n_bins, np.float64)
+        _schedule(program.resource, costs, program.queue, program.dma_engines,
                   program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
                   spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
                   pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
-                  i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, layout.hbm_width_ns,
+                  i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, width,
                   hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2)
         return hbm_bins
 
@@ -298,7 +302,8 @@ def schedule(program: Program, t0_ns: float = 0.0) -> Timeline:
         used = np.zeros((spec.dma_engines, int(horizon / bucket_ns) + 1), np.float64)
         hbm_bins = run(True, bucket_ns, used)
     return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
-                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, layout)
+                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, width, layout)
 
 
-assert RES_TENSOR_LS == 0 and RES_TENSOR_MM == 5 and RES_DMA == 6  # constants baked into the loop
+# constants baked into the loop
+assert RES_TENSOR_LS == 0 and RES_TENSOR_MM == 5 and RES_DMA == 6 and RES_CC == 7

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuroncore.compiler.program import RES_DMA
+from neuroncore.compiler.program import RES_CC, RES_DMA
 from neuroncore.hardware import Engine
 from neuroncore.runtime.device import ExecutionResult
 
@@ -46,6 +46,8 @@ class ExecutionSummary:
     flops: int
     mfu: float
     spill_bytes: int
+    collectives: int = 0
+    collective_ns: float = 0.0  # time the CC-core was busy (union of collective intervals)
 
     @property
     def dma_throughput_bytes_per_s(self) -> float:
@@ -55,9 +57,10 @@ class ExecutionSummary:
 def summarize(result: ExecutionResult) -> ExecutionSummary:
     program, tl = result.program, result.timeline
     is_dma = program.resource == RES_DMA
+    is_cc = program.resource == RES_CC
     rows: list[EngineRow] = []
     for engine in Engine:
-        sel = (~is_dma) & (program.engine == int(engine))
+        sel = (program.resource < RES_DMA) & (program.engine == int(engine))
         rows.append(EngineRow(engine.label, int(sel.sum()), union_ns(tl.start_ns[sel], tl.end_ns[sel]),
                               float(tl.wait_ns[sel].sum())))
     total = float(result.device_time_ns)
@@ -74,4 +77,6 @@ def summarize(result: ExecutionResult) -> ExecutionSummary:
         flops=flops,
         mfu=adjusted / (peak * total * 1e-9) if total else 0.0,
         spill_bytes=int(program.spill_save_bytes.sum() + program.spill_reload_bytes.sum()),
+        collectives=int(is_cc.sum()),
+        collective_ns=union_ns(tl.start_ns[is_cc], tl.end_ns[is_cc]),
     )
