@@ -1,0 +1,356 @@
+"""Open a profile directory -- ours or one written by the real Neuron Explorer -- as typed Arrow tables.
+
+    profile = open_profile("out/bert")
+    profile.metadata["profile_schema_version"]      # '7.4.0'
+    profile.complete, profile.warnings              # interrupted capture? processing warnings?
+    instr = profile.table("Instruction", columns=["engine", "start_ts", "end_ts"])
+    profile.files("Instruction")                    # the Parquet parts, e.g. for DuckDB read_parquet([...])
+
+Leniency follows the schema's own versioning rules (profile-schema.md §1.2): a 7.x reader reads any
+7.y profile by ignoring unknown tables and columns; a missing table is an empty table with the
+documented columns; a missing optional column is nulls. What cannot be read safely -- a corrupt or
+truncated file, a missing required column, a column of the wrong type, a newer major version --
+raises ``ProfileError`` with one line naming the file, table or column.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from formats.schema import (
+    ENGINE_COLUMNS,
+    PROFILE_SCHEMA_VERSION,
+    SCHEMA,
+    Schema,
+    canonical_engine,
+    parse_version,
+    table_of_file,
+)
+from formats.schema_def import TableDef
+from formats.writer import INCOMPLETE_CATEGORY
+
+
+class ProfileError(Exception):
+    """A profile that cannot be read; ``str()`` is one line naming the file, table or column."""
+
+
+@dataclass(frozen=True)
+class ProfileWarning:
+    """One row of the profile's ``Warning`` table."""
+
+    category: str
+    message: str
+
+
+@dataclass
+class ProfileTable:
+    """One table of a profile: its Parquet parts and the union of their columns."""
+
+    name: str
+    files: list[Path]
+    definition: TableDef | None  # None: a table this schema does not know (kept, not checked)
+    file_schemas: list[pa.Schema] = field(default_factory=list)
+    num_rows: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.definition is not None
+
+    @property
+    def columns(self) -> list[str]:
+        """Columns present in at least one part, documented ones first."""
+        seen: dict[str, None] = {}
+        for schema in self.file_schemas:
+            seen.update(dict.fromkeys(schema.names))
+        documented = [n for n in (self.definition.names if self.definition else []) if n in seen]
+        return documented + [n for n in seen if n not in documented]
+
+
+def _family(t: pa.DataType) -> str:
+    """Types a lenient reader treats as interchangeable (widths differ between writers: §2.4, §9.6)."""
+    if pa.types.is_dictionary(t):
+        return _family(t.value_type)
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_family(t.value_type)}>"
+    if pa.types.is_null(t):
+        return "null"
+    return str(t)
+
+
+def _wider(declared: pa.DataType, found: pa.DataType) -> pa.DataType:
+    """The declared type, widened when a file holds a wider one of the same family (never narrowed)."""
+    wider = found.bit_width > declared.bit_width if _family(found) == _family(declared) else False
+    if wider and pa.types.is_integer(declared):
+        return pa.int64()
+    if wider and pa.types.is_floating(declared):
+        return pa.float64()
+    return declared
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+class Profile:
+    """An opened profile directory. Cheap to create: only footers and the small tables are read."""
+
+    def __init__(self, path: Path, tables: dict[str, ProfileTable], schema: Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.tables = tables
+        self.metadata: dict[str, Any] = {}
+        self.warnings: list[ProfileWarning] = []
+        self.notes: list[str] = []  # what the reader itself noticed (older version, missing Metadata)
+
+    # -- facts ---------------------------------------------------------------------------------
+    @property
+    def version(self) -> str | None:
+        value = self.metadata.get("profile_schema_version")
+        return None if value is None else str(value)
+
+    @property
+    def complete(self) -> bool:
+        """False when the capture was interrupted (Metadata flag or an ``Incomplete Profile`` warning)."""
+        if self.metadata.get("capture_complete") is False:
+            return False
+        return not any(w.category == INCOMPLETE_CATEGORY for w in self.warnings)
+
+    @property
+    def is_simulation(self) -> bool:
+        return bool(self.metadata.get("is_simulation"))
+
+    def has(self, name: str) -> bool:
+        return name in self.tables
+
+    def files(self, name: str) -> list[Path]:
+        """The Parquet parts of ``name`` in order (empty if the profile has no such table)."""
+        table = self.tables.get(name)
+        return list(table.files) if table else []
+
+    def num_rows(self, name: str) -> int:
+        table = self.tables.get(name)
+        return table.num_rows if table else 0
+
+    # -- reading -------------------------------------------------------------------------------
+    def arrow_schema(self, name: str, columns: Sequence[str] | None = None) -> pa.Schema:
+        """The schema ``table(name)`` returns: documented columns (declared types, widened if a part
+        is wider), then unknown columns in the order seen."""
+        definition = self.schema.table(name)
+        table = self.tables.get(name)
+        found: dict[str, pa.DataType] = {}
+        for schema in table.file_schemas if table else []:
+            for f in schema:
+                t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+                if f.name in found and found[f.name] != t:
+                    found[f.name] = _unify(found[f.name], t)
+                else:
+                    found.setdefault(f.name, t)
+        fields: list[pa.Field] = []
+        if definition is not None and not definition.transient:
+            for f in definition.fields:
+                declared = f.arrow_type
+                assert declared is not None
+                fields.append(pa.field(f.name, _wider(declared, found[f.name]) if f.name in found
+                                       else declared))
+        names = {f.name for f in fields}
+        fields += [pa.field(n, t) for n, t in found.items() if n not in names]
+        schema = pa.schema(fields)
+        if columns is not None:
+            missing = [c for c in columns if c not in schema.names]
+            if missing:
+                raise ProfileError(f"{self.path}: table {name} has no column {missing[0]!r}")
+            schema = pa.schema([schema.field(c) for c in columns])
+        return schema
+
+    def table(self, name: str, columns: Sequence[str] | None = None, *,
+              normalize_engines: bool = True) -> pa.Table:
+        """The whole table (all parts) as one Arrow table; empty with the documented columns if absent.
+
+        Engine-name columns are normalised to the capitalised names (``tensor``/``PE``/``Pool`` ->
+        ``Tensor``/``GpSimd``, §2.5) unless ``normalize_engines=False``.
+        """
+        batches = list(self.iter_batches(name, columns, normalize_engines=normalize_engines))
+        return pa.Table.from_batches(batches, schema=self.arrow_schema(name, columns))
+
+    def iter_batches(self, name: str, columns: Sequence[str] | None = None, *, batch_size: int = 131_072,
+                     normalize_engines: bool = True) -> Iterator[pa.RecordBatch]:
+        """Stream a table in batches (bounded memory whatever its size)."""
+        schema = self.arrow_schema(name, columns)
+        table = self.tables.get(name)
+        for path, file_schema in zip(table.files, table.file_schemas) if table else []:
+            present = [n for n in schema.names if n in file_schema.names]
+            try:
+                source = pq.ParquetFile(path)
+                for batch in source.iter_batches(batch_size=batch_size, columns=present):
+                    yield self._conform(name, batch, schema, normalize_engines)
+            except (OSError, pa.ArrowException) as exc:
+                raise ProfileError(f"{path}: cannot read table {name}: {_one_line(exc)}") from exc
+
+    def dataset(self, name: str) -> ds.Dataset:
+        """A pyarrow dataset over the table's parts with the unified schema, for filtered scans.
+        (No engine-name normalisation: filter case-insensitively or use ``table()``.)"""
+        return ds.dataset([str(p) for p in self.files(name)], schema=self.arrow_schema(name),
+                          format="parquet")
+
+    def _conform(self, name: str, batch: pa.RecordBatch, schema: pa.Schema,
+                 normalize_engines: bool) -> pa.RecordBatch:
+        arrays = []
+        engine_columns = ENGINE_COLUMNS.get(name, ()) if normalize_engines else ()
+        for f in schema:
+            if f.name in batch.schema.names:
+                array = batch.column(f.name)
+                if pa.types.is_dictionary(array.type):
+                    array = array.cast(array.type.value_type)
+                if array.type != f.type:
+                    try:
+                        array = array.cast(f.type)
+                    except pa.ArrowException as exc:
+                        raise ProfileError(f"{self.path}: table {name}: column {f.name} cannot be read as "
+                                           f"{f.type}: {_one_line(exc)}") from exc
+                if f.name in engine_columns:
+                    array = _normalize_engines(array)
+            else:
+                array = pa.nulls(batch.num_rows, f.type)
+            arrays.append(array)
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _unify(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    """Common type of an unknown column that differs between parts."""
+    if _family(a) == _family(b) == "int":
+        return pa.int64()
+    if _family(a) in ("int", "float") and _family(b) in ("int", "float"):
+        return pa.float64()
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_null(b):
+        return a
+    return pa.string()
+
+
+def _normalize_engines(array: pa.Array) -> pa.Array:
+    """Map engine spellings to canonical names through a dictionary of the distinct values."""
+    encoded = pc.dictionary_encode(array)
+    names = encoded.dictionary.to_pylist()
+    canonical = [canonical_engine(n) for n in names]
+    if canonical == names:
+        return array
+    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(canonical, pa.string())).cast(pa.string())
+
+
+# -- opening --------------------------------------------------------------------------------------
+
+
+def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Profile:
+    """Open and check a profile directory. Raises ``ProfileError`` (one line) if it cannot be read."""
+    root = Path(path)
+    if not root.exists():
+        raise ProfileError(f"{root}: no such profile directory")
+    if not root.is_dir():
+        raise ProfileError(f"{root}: not a profile directory (a profile is a directory of "
+                           f"<Table>.parquet files)")
+    parts: dict[str, list[tuple[int, Path]]] = {}
+    for entry in sorted(root.iterdir()):
+        named = table_of_file(entry.name)
+        if named is None or not entry.is_file():
+            continue
+        table, part = named
+        parts.setdefault(table, []).append((-1 if part is None else part, entry))
+    if not parts:
+        raise ProfileError(f"{root}: not a profile: no <Table>.parquet files in it")
+    if not any(name in schema for name in parts):
+        raise ProfileError(f"{root}: not a profile: none of its Parquet files is a profile table "
+                           f"({', '.join(sorted(parts)[:3])}...)")
+    tables: dict[str, ProfileTable] = {}
+    for name, found in sorted(parts.items()):
+        definition = schema.table(name)
+        table = ProfileTable(name, [p for _, p in sorted(found)], definition)
+        for file in table.files:
+            file_schema, rows = _read_footer(file)
+            if definition is not None:
+                _check_columns(file, definition, file_schema)
+            table.file_schemas.append(file_schema)
+            table.num_rows += rows
+        tables[name] = table
+    profile = Profile(root, tables, schema)
+    _load_small_tables(profile)
+    return profile
+
+
+def _read_footer(file: Path) -> tuple[pa.Schema, int]:
+    try:
+        source = pq.ParquetFile(file)
+        return source.schema_arrow, source.metadata.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        raise ProfileError(f"{file}: not a readable Parquet file (truncated or corrupt): "
+                           f"{_one_line(exc)}") from exc
+
+
+def _check_columns(file: Path, definition: TableDef, file_schema: pa.Schema) -> None:
+    names = set(file_schema.names)
+    for f in definition.fields:
+        if f.name not in names:
+            if f.required:
+                raise ProfileError(f"{file}: table {definition.name} lacks required column {f.name!r}")
+            continue
+        found = file_schema.field(f.name).type
+        declared = f.arrow_type
+        assert declared is not None
+        if _family(found) not in (_family(declared), "null"):
+            raise ProfileError(f"{file}: column {definition.name}.{f.name} is {found}, expected {declared}")
+
+
+def _load_small_tables(profile: Profile) -> None:
+    """Metadata (version check), Warning (completeness) -- both tiny and needed up front."""
+    if profile.has("Metadata"):
+        rows = profile.table("Metadata").to_pylist()
+        if rows:
+            profile.metadata = rows[0]
+            if len(rows) > 1:
+                profile.notes.append(f"Metadata has {len(rows)} rows; using the first")
+    else:
+        profile.notes.append("no Metadata table: schema version unknown, read as "
+                             f"{PROFILE_SCHEMA_VERSION}")
+    version = profile.version
+    if version is not None and _check_version(profile.path, version):
+        profile.notes.append(f"profile schema {version} is older than {PROFILE_SCHEMA_VERSION}; "
+                             f"read leniently")
+    if profile.has("Warning"):
+        profile.warnings = [ProfileWarning(str(r.get("category") or ""), str(r.get("message") or ""))
+                            for r in profile.table("Warning").to_pylist()]
+    unknown = sorted(n for n, t in profile.tables.items() if not t.known)
+    if unknown:
+        profile.notes.append(f"tables not in the schema (kept, unchecked): {', '.join(unknown)}")
+
+
+def _check_version(root: Path, version: str) -> bool:
+    """Refuse a newer major version; True if the profile is of an older major (read leniently)."""
+    ours = parse_version(PROFILE_SCHEMA_VERSION)
+    try:
+        theirs = parse_version(version)
+    except ValueError:
+        raise ProfileError(f"{root}: Metadata.profile_schema_version {version!r} is not a "
+                           f"MAJOR.MINOR.PATCH version") from None
+    if theirs[0] > ours[0]:
+        raise ProfileError(f"{root}: profile schema {version} is newer than this reader supports "
+                           f"({PROFILE_SCHEMA_VERSION}); its tables may have changed in ways we cannot read "
+                           f"-- upgrade neuronscope")
+    return theirs[0] < ours[0]
