@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -132,6 +132,14 @@ class CollectiveRecord:
     def replica_group_text(self) -> str:
         """As the profile writes ``CcOp.replica_group``: ``[[0, 1, 2, 3]]``."""
         return "[" + ", ".join("[" + ", ".join(str(r) for r in g) + "]" for g in self.replica_groups) + "]"
+
+    def shifted(self, delta_ns: float) -> CollectiveRecord:
+        """The same collective ``delta_ns`` later (a timed template placed on a device clock)."""
+        usage = self.link_usage
+        moved = replace(usage, step_start_ns=usage.step_start_ns + delta_ns,
+                        step_end_ns=usage.step_end_ns + delta_ns)
+        return replace(self, ready_ns=tuple(r + delta_ns for r in self.ready_ns),
+                       start_ns=self.start_ns + delta_ns, end_ns=self.end_ns + delta_ns, link_usage=moved)
 
     def ready_of(self, rank: int) -> float:
         return self.ready_ns[self.ranks.index(rank)]

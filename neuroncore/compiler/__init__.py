@@ -14,6 +14,7 @@ import numpy as np
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
+from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_elementwise import (
     lower_binary,
     lower_constant_splat,
@@ -21,7 +22,6 @@ from neuroncore.compiler.lower_elementwise import (
     lower_select,
     lower_unary,
 )
-from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_layout import (
     lower_gather,
     lower_output_copy,

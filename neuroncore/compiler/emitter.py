@@ -366,4 +366,5 @@ def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tupl
     return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
 
 
-__all__ = ["CC_SEMAPHORE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key", "sbuf_key"]
+__all__ = ["CC_SEMAPHORE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key",
+           "sbuf_key"]

@@ -25,8 +25,7 @@ from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler import unsupported_ops
 from neuroncore.compiler.program import Program
 from neuroncore.ir.graph import Graph, Op
-from neuroncore.runtime import ExecutionResult, Instance
-from neuroncore.runtime.device import LoadedModel
+from neuroncore.runtime import Instance
 
 
 class TraceError(ValueError):
@@ -96,12 +95,19 @@ def _with_length(value: np.ndarray, dim: int, length: int) -> np.ndarray:
     return np.pad(value, pad)
 
 
+class Runnable(Protocol):
+    """What a traced variant runs on: one loaded model, a tensor-parallel group, or replicas."""
+
+    def execute(self, inputs: Any = None, *, timing_only: bool = False) -> Any:
+        ...
+
+
 @dataclass
 class _Variant:
     length: int | None
     converted: Converted
     program: Program
-    model: LoadedModel
+    model: Runnable
     shapes: list[tuple[int, ...]]
 
 
@@ -112,7 +118,7 @@ class TracedModel:
     frontend: Any
     variants: list[_Variant]
     bucket_dim: int
-    last_result: ExecutionResult | None = field(default=None)
+    last_result: Any = field(default=None)  # ExecutionResult, or a GroupResult when sharded
 
     @property
     def graph(self) -> Graph:
@@ -163,29 +169,51 @@ def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> i
 
 def trace(fn: Any, example_inputs: Sequence[Any], *, instance: str | None = None,
           dtype: str | None = None, buckets: Sequence[int] | None = None, bucket_dim: int = 1,
-          core: int = 0) -> TracedModel:
+          core: int = 0, tp_degree: int = 1, replicas: int = 1) -> TracedModel:
     """Compile ``fn`` (a torch module or a JAX-traceable function) for one core of ``instance``.
 
     ``dtype="bf16"`` auto-casts matmuls to bf16 with FP32 accumulation (``--auto-cast matmult``);
     anything else runs in the model's own dtypes. Unsupported ops fail with the full list.
+    ``tp_degree=N`` shards the model Megatron-style over N cores from ``core`` on
+    (``neuroncore.parallel``); ``replicas=K`` loads K such copies on the following cores and sends
+    each call to the copy that is free first (data parallelism).
     """
     if dtype not in (None, "fp32", "bf16"):
         raise TraceError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
+    for name, value in (("tp_degree", tp_degree), ("replicas", replicas)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TraceError(f"{name} must be a positive integer, not {value!r}")
     autocast = "bf16" if dtype == "bf16" else None
     frontend = frontend_for(example_inputs)
     inst = Instance(instance)
-    target = inst.spec.chip.core
     examples = tuple(example_inputs)
     variants: list[_Variant] = []
     lengths: list[int | None] = sorted(set(buckets)) if buckets else [None]
     for length in lengths:
         inputs = examples if length is None else frontend.resize(examples, bucket_dim, length)
         converted = frontend.convert(fn, inputs, autocast=autocast)
-        program = compile_graph(converted.graph, target)
-        model = inst.core(core).load(program)
+        program, model = _load(converted.graph, inst, core, tp_degree, replicas)
         shapes = [tuple(p.shape) for p in converted.graph.parameters]
         variants.append(_Variant(length, converted, program, model, shapes))
     return TracedModel(frontend, variants, bucket_dim)
+
+
+def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
+          replicas: int) -> tuple[Program, Runnable]:
+    """Compile and load on one core, or sharded over ``tp_degree`` cores, ``replicas`` times."""
+    if tp_degree == 1 and replicas == 1:
+        program = compile_graph(graph, inst.spec.chip.core)
+        return program, inst.core(core).load(program)
+    from neuroncore.parallel import DataParallelModel, ShardingError, TensorParallelModel, shard
+
+    try:
+        sharded = shard(graph, tp_degree)
+        program = compile_graph(sharded.local, inst.spec.chip.core)
+        copies = [TensorParallelModel(sharded, program, inst, first_rank=core + k * tp_degree)
+                  for k in range(replicas)]
+    except ShardingError as exc:
+        raise TraceError(str(exc)) from None
+    return program, copies[0] if replicas == 1 else DataParallelModel(copies)
 
 
 __all__ = ["Converted", "TraceError", "TracedModel", "check", "frontend_for", "trace"]

@@ -112,6 +112,10 @@ class GraphBuilder:
             self._scope, self._frames_override = saved_scope, saved_frames
 
     @property
+    def n_ops(self) -> int:
+        return len(self._ops)
+
+    @property
     def layer(self) -> str:
         return "/".join(self._scope)
 
@@ -401,10 +405,13 @@ class GraphBuilder:
         return self._add("rms_norm", [x, gamma], x.shape, x.dtype, eps=float(eps))
 
     # -- finish ----------------------------------------------------------------------------
-    def build(self, outputs: Sequence[Op]) -> Graph:
+    def build(self, outputs: Sequence[Op], parameters: Sequence[Op] | None = None) -> Graph:
+        """The graph; ``parameters`` gives the input order when it is not the creation order
+        (passes that rebuild a graph create parameters when they first need them)."""
         if not outputs:
             raise GraphError("a graph needs at least one output")
-        return Graph(self.name, list(self._ops), list(self._parameters), list(outputs))
+        params = list(self._parameters) if parameters is None else list(parameters)
+        return Graph(self.name, list(self._ops), params, list(outputs))
 
     # -- helpers ---------------------------------------------------------------------------
     def _coerce_pair(self, a: Op | float, b: Op | float) -> tuple[Op, Op]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import Program
 from neuroncore.config import default_instance
 from neuroncore.dtypes import to_storage
@@ -26,7 +27,7 @@ from neuroncore.events import sink as default_sink
 from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.runtime import records
-from neuroncore.runtime.interpreter import Machine, materialize_weights, prepare_hbm
+from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
 from neuroncore.runtime.scheduler import Timeline, schedule
 
 LAUNCH_GAP_NS = 2_000  # device idle time between back-to-back executions [assumption]
@@ -53,12 +54,16 @@ class ExecutionResult:
 
 
 class LoadedModel:
-    """A program resident on one core. Weights are materialised on the first numerics run only."""
+    """A program resident on one core. Weights are materialised on the first numerics run only.
 
-    def __init__(self, program: Program, core: NeuronCore, sink: EventSink) -> None:
+    ``rank`` is the model's place in a tensor-parallel group: it picks the rank's shard of sharded
+    weights (0 for a model that is not sharded)."""
+
+    def __init__(self, program: Program, core: NeuronCore, sink: EventSink, rank: int = 0) -> None:
         self.program = program
         self.core = core
         self.sink = sink
+        self.rank = rank
         self.model_id = next(_model_ids)
         self.executions = 0
         self._weights: dict[str, np.ndarray] | None = None
@@ -72,35 +77,48 @@ class LoadedModel:
         if not timing_only:
             if inputs is None:
                 raise ValueError("inputs are required unless timing_only=True")
-            bound = bind_inputs(program.graph, inputs)
-            if self._weights is None:
-                self._weights = materialize_weights(program)
-            hbm = prepare_hbm(program, bound, self._weights)
-            Machine(program, hbm).run()
-            outputs = [
-                to_storage(hbm[name].reshape(op.shape), op.dtype)
-                for name, op in zip(program.output_tensors, program.graph.outputs)
-            ]
+            outputs = self.compute(bind_inputs(program.graph, inputs))
         elif inputs is not None:
             bind_inputs(program.graph, inputs)  # still reject wrong shapes
         with self.core.lock:
             t0 = self.core.clock_ns
-            execution_id = next(_execution_ids)
-            if self.sink.active:
-                self.sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,
-                               core=self.core.index, start_ns=t0, model_name=program.graph.name)
             timeline = schedule(program, float(t0))
-            end = int(np.ceil(timeline.finish_ns)) if program.n_nodes else t0
-            self.core.clock_ns = end + LAUNCH_GAP_NS
+            return self.record(t0, timeline, outputs, timing_only)
+
+    def compute(self, inputs: list[np.ndarray], exchange: Exchange | None = None) -> list[np.ndarray]:
+        """Numerics only: the outputs for bound ``inputs``; ``exchange`` serves collectives."""
+        program = self.program
+        if self._weights is None:
+            self._weights = materialize_weights(program, self.rank)
+        hbm = prepare_hbm(program, inputs, self._weights)
+        Machine(program, hbm, exchange).run()
+        return [to_storage(hbm[name].reshape(op.shape), op.dtype)
+                for name, op in zip(program.output_tensors, program.graph.outputs)]
+
+    def record(self, t0: int, timeline: Timeline, outputs: list[np.ndarray] | None, timing_only: bool,
+               collectives: Sequence[tuple[int, CollectiveRecord]] = ()) -> ExecutionResult:
+        """Put one execution that ``timeline`` timed from ``t0`` on this core's clock and report it.
+
+        ``collectives`` pairs each collective node with its timed record (tensor-parallel runs)."""
+        program = self.program
+        end = int(np.ceil(timeline.finish_ns)) if program.n_nodes else t0
+        with self.core.lock:
+            execution_id = next(_execution_ids)
+            self.core.clock_ns = max(self.core.clock_ns, end + LAUNCH_GAP_NS)
         self.executions += 1
-        if self.sink.active:
-            records.emit_execution(self.sink, program, timeline, execution_id=execution_id,
-                                   model_id=self.model_id, core=self.core.index)
-            self.sink.emit("execution_end", execution_id=execution_id, model_id=self.model_id,
-                           core=self.core.index, start_ns=t0, end_ns=end,
-                           device_time_ns=end - t0, timing_only=timing_only)
-        return ExecutionResult(execution_id, self.model_id, self.core.index, t0, end, outputs,
-                               timeline, program)
+        sink, core = self.sink, self.core.index
+        if sink.active:
+            sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,
+                      core=core, start_ns=t0, model_name=program.graph.name, rank=self.rank)
+            records.emit_execution(sink, program, timeline, execution_id=execution_id,
+                                   model_id=self.model_id, core=core)
+            if collectives:
+                records.emit_collectives(sink, program, collectives, rank=self.rank,
+                                         execution_id=execution_id, model_id=self.model_id, core=core)
+            sink.emit("execution_end", execution_id=execution_id, model_id=self.model_id,
+                      core=core, start_ns=t0, end_ns=end, device_time_ns=end - t0,
+                      timing_only=timing_only)
+        return ExecutionResult(execution_id, self.model_id, core, t0, end, outputs, timeline, program)
 
 
 class NeuronCore:
@@ -112,7 +130,7 @@ class NeuronCore:
         self.device = device
         self.sink = sink
         self.clock_ns = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.models: list[LoadedModel] = []
 
     @property
@@ -120,8 +138,9 @@ class NeuronCore:
         """Device memory held by the models loaded on this core."""
         return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models)
 
-    def load(self, program: Program) -> LoadedModel:
-        """Place ``program`` on this core; it must fit in the core's HBM with what is loaded already."""
+    def load(self, program: Program, *, rank: int = 0) -> LoadedModel:
+        """Place ``program`` on this core; it must fit in the core's HBM with what is loaded already.
+        ``rank``: the tensor-parallel rank whose weight shards this copy holds."""
         if program.spec.generation != self.spec.generation:
             raise ValueError(
                 f"program compiled for {program.spec.name} cannot load on {self.spec.name} "
@@ -135,7 +154,7 @@ class NeuronCore:
                 f"{program.graph.name} does not fit in device memory: it needs {_gib(need)} of HBM "
                 f"({parts}) on core {self.index} (device {self.device}), which has {_gib(have)}"
                 f"{loaded}")
-        model = LoadedModel(program, self, self.sink)
+        model = LoadedModel(program, self, self.sink, rank)
         self.models.append(model)
         return model
 

@@ -18,7 +18,6 @@ from neuroncore.dtypes import DType, round_to
 from neuroncore.ir import semantics as ir_semantics
 from neuroncore.ir.graph import Op
 
-
 Exchange = Callable[[Op, np.ndarray], np.ndarray]
 """How a rank's collective meets the other ranks': given the op and this rank's operand, the result."""
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.events import BATCH_ROWS, EventSink
 from neuroncore.hardware import ENGINE_LABELS, Engine
@@ -163,3 +164,54 @@ def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.nd
     times = np.rint(t0 + width * np.arange(used)).astype(np.int64)
     throughput = (per_bin * (1e9 / width)).astype(np.float32)
     return times, throughput, np.rint(np.cumsum(per_bin)).astype(np.int64)
+
+
+def emit_collectives(sink: EventSink, program: Program, collectives: Sequence[tuple[int, CollectiveRecord]],
+                     *, rank: int, execution_id: int, model_id: int, core: int) -> None:
+    """One ``cc_op`` row per collective, as rank ``rank`` saw it (CcOp columns, profile-schema.md)."""
+    rows = [record.ccop_row(record.ranks[rank] if rank < len(record.ranks) else None)
+            for _, record in collectives]
+    columns: dict[str, object] = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+    nodes = np.asarray([node for node, _ in collectives], np.int64)
+    columns["node"] = nodes
+    columns["op_index"] = program.op_index[nodes] if nodes.size else np.zeros(0, np.int32)
+    columns["hlo_name"] = [program.graph.ops[int(i)].name for i in columns["op_index"]]
+    sink.emit("cc_op", columns, execution_id=execution_id, model_id=model_id, core=core, rank=rank)
+
+
+def emit_link_usage(sink: EventSink, records: Sequence[CollectiveRecord], t0: float, t1: float, *,
+                    execution_ids: Sequence[int], samples: int = 256) -> None:
+    """Per-channel traffic of a group's collectives in fixed windows over [t0, t1): one row per
+    (window, channel that carried bytes). Channels are topology channel ids, named in ``meta``."""
+    if not records or t1 <= t0:
+        return
+    topology = records[0].topology
+    width = max(1000.0, (t1 - t0) / samples)
+    edges = t0 + width * np.arange(int(np.ceil((t1 - t0) / width)) + 1)
+    n_channels = len(topology.channels)
+    traffic = np.zeros((edges.size - 1, n_channels))
+    for record in records:
+        usage = record.link_usage
+        if not usage.channels.size:
+            continue
+        for w in range(edges.size - 1):
+            if edges[w + 1] <= record.start_ns or edges[w] >= record.end_ns:
+                continue
+            traffic[w, usage.channels] += usage.bytes_in_window(edges[w], edges[w + 1])
+    window, channel = np.nonzero(traffic > 0)
+    moved = traffic[window, channel]
+    channels = topology.channels
+    sink.emit(
+        "link_usage",
+        {
+            "timestamp": np.rint(edges[window]).astype(np.int64),
+            "channel": channel.astype(np.int32),
+            "src_device": np.asarray([channels[c].src for c in channel], np.int32),
+            "dst_device": np.asarray([channels[c].dst for c in channel], np.int32),
+            "kind": [channels[c].kind for c in channel],
+            "transfer_bytes": np.rint(moved).astype(np.int64),
+            "throughput_bytes_per_s": (moved * 1e9 / width).astype(np.float64),
+        },
+        period_ns=width, topology=topology.name, execution_ids=list(execution_ids),
+        channel_labels={int(c): channels[int(c)].label for c in np.unique(channel)},
+    )

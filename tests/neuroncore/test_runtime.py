@@ -135,7 +135,7 @@ def test_inf2_and_trn1_share_the_core(mlp_program):
 
 
 def test_timing_only_never_materialises_weights(mlp_program, monkeypatch):
-    def forbidden(program):
+    def forbidden(program, rank=0):
         raise AssertionError("timing-only run materialised weights")
 
     monkeypatch.setattr(device, "materialize_weights", forbidden)
@@ -152,9 +152,9 @@ def test_weights_are_materialised_once(mlp_program, monkeypatch):
     calls = []
     real = device.materialize_weights
 
-    def counting(program):
+    def counting(program, rank=0):
         calls.append(program)
-        return real(program)
+        return real(program, rank)
 
     monkeypatch.setattr(device, "materialize_weights", counting)
     model = nc.Instance("trn1.2xlarge").core(0).load(mlp_program)

@@ -1,0 +1,230 @@
+"""Running a sharded program on a group of cores: numerics across ranks, timing with collectives.
+
+    group = TensorParallelModel.load(graph, "inf2.48xlarge", tp_degree=24)
+    result = group.execute(timing_only=True)        # device time of one step on 24 cores
+    result = group.execute(inputs)                  # the full graph's outputs, gathered from ranks
+
+**Numerics.** Each rank runs its program in its own thread; a collective waits at a barrier for
+every rank's operand, then each rank computes the same sum (in rank order, FP32) or concatenation.
+
+**Timing.** Megatron ranks run the same instruction streams on the same shapes, so their schedules
+are identical up to the collectives, and every rank reaches collective k at the same time. The group
+is therefore timed with one schedule: each collective node lasts what ``neuroncore.collectives``
+computes for its size over the group's ranks on the instance topology (ring or mesh, per-hop latency,
+link sharing), and every rank's records are that schedule on its own core. The group starts when
+its busiest core is free.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from neuroncore import collectives as cc
+from neuroncore.collectives.record import CollectiveRecord
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.program import Program
+from neuroncore.ir.graph import Graph, Op
+from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, join_blocks, shard
+from neuroncore.runtime import records
+from neuroncore.runtime.device import ExecutionResult, Instance, LoadedModel
+from neuroncore.runtime.interpreter import Exchange
+from neuroncore.runtime.scheduler import Timeline, schedule
+from neuroncore.topology import Topology, instance_topology
+
+CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER}
+
+
+@dataclass
+class GroupResult:
+    """One execution of a tensor-parallel group: per-rank results, the collectives, full outputs."""
+
+    ranks: list[ExecutionResult]
+    collectives: list[CollectiveRecord]
+    outputs: list[np.ndarray] | None
+    timeline: Timeline
+
+    @property
+    def start_ns(self) -> int:
+        return self.ranks[0].start_ns
+
+    @property
+    def end_ns(self) -> int:
+        return self.ranks[0].end_ns
+
+    @property
+    def device_time_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def collective_ns(self) -> float:
+        return float(sum(r.duration_ns for r in self.collectives))
+
+
+class _Rendezvous:
+    """Where the ranks' threads meet at each collective."""
+
+    def __init__(self, tp: int) -> None:
+        self.barrier = threading.Barrier(tp)
+        self.slots: list[np.ndarray | None] = [None] * tp
+
+    def for_rank(self, rank: int) -> Exchange:
+        def exchange(op: Op, value: np.ndarray) -> np.ndarray:
+            self.slots[rank] = np.asarray(value, np.float32)
+            self.barrier.wait()
+            parts = [s for s in self.slots if s is not None]
+            if op.opcode == "all-reduce":
+                result = np.zeros_like(parts[0])
+                for part in parts:
+                    result = result + part
+            else:
+                result = join_blocks(parts, Split(op.attrs["dimension"], op.attrs.get("outer", 1)))
+            self.barrier.wait()  # nobody overwrites a slot before everyone has read them all
+            return result
+
+        return exchange
+
+
+class TensorParallelModel:
+    """A sharded program loaded on ``tp`` consecutive ranks (logical cores) of an instance."""
+
+    def __init__(self, sharded: ShardedGraph, program: Program, instance: Instance, *,
+                 first_rank: int = 0, topology: Topology | None = None) -> None:
+        self.sharded = sharded
+        self.program = program
+        self.instance = instance
+        self.topology = topology or instance_topology(instance.name)
+        tp = sharded.tp
+        self.ranks = list(range(first_rank, first_rank + tp))
+        if first_rank < 0 or self.ranks[-1] >= self.topology.cores:
+            raise ShardingError(
+                f"tp_degree {tp} from rank {first_rank} does not fit {instance.name}, which has "
+                f"{self.topology.cores} NeuronCores (ranks 0..{self.topology.cores - 1})")
+        self.models: list[LoadedModel] = [
+            instance.core(self.topology.physical_cores_of(r)[0]).load(program, rank=i)
+            for i, r in enumerate(self.ranks)
+        ]
+        self._templates = [self._time_collective(int(node)) for node in program.collective_nodes]
+        self._costs = program.cost_ns.copy()
+        for node, record in zip(program.collective_nodes, self._templates):
+            self._costs[node] = record.duration_ns
+
+    @classmethod
+    def load(cls, graph: Graph, instance: str | Instance | None = None, *, tp_degree: int,
+             first_rank: int = 0) -> TensorParallelModel:
+        """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once, load it on each."""
+        inst = instance if isinstance(instance, Instance) else Instance(instance)
+        topology = instance_topology(inst.name)
+        if tp_degree > topology.cores:
+            raise ShardingError(f"tp_degree {tp_degree} does not fit {inst.name}, which has "
+                                f"{topology.cores} NeuronCores")
+        sharded = shard(graph, tp_degree)
+        program = compile_graph(sharded.local, inst.spec.chip.core)
+        return cls(sharded, program, inst, first_rank=first_rank, topology=topology)
+
+    @property
+    def tp(self) -> int:
+        return self.sharded.tp
+
+    def _time_collective(self, node: int) -> CollectiveRecord:
+        op = self.program.graph.ops[int(self.program.op_index[node])]
+        operand = op.operands[0]
+        return cc.collective(CC_OPERATIONS[op.opcode], self.topology, [self.ranks], operand.size,
+                             op.dtype.value)
+
+    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False) -> GroupResult:
+        """Run one step on every rank: the full graph's ``inputs`` in, its outputs out."""
+        per_rank: list[list[np.ndarray]] | None = None
+        if not timing_only:
+            if inputs is None:
+                raise ValueError("inputs are required unless timing_only=True")
+            per_rank = self._compute(bind_inputs(self.sharded.full, inputs))
+        elif inputs is not None:
+            bind_inputs(self.sharded.full, inputs)
+        cores = [m.core for m in self.models]
+        for core in cores:
+            core.lock.acquire()
+        try:
+            t0 = max(core.clock_ns for core in cores)
+            timeline = schedule(self.program, float(t0), self._costs)
+            placed = [(int(node), template.shifted(timeline.start_ns[node] - template.start_ns))
+                      for node, template in zip(self.program.collective_nodes, self._templates)]
+            results = [model.record(t0, timeline, None if per_rank is None else per_rank[i],
+                                    timing_only, placed)
+                       for i, model in enumerate(self.models)]
+        finally:
+            for core in cores:
+                core.lock.release()
+        collectives = [record for _, record in placed]
+        sink = self.models[0].sink
+        if sink.active and collectives:
+            records.emit_link_usage(sink, collectives, float(t0), float(results[0].end_ns),
+                                    execution_ids=[r.execution_id for r in results])
+        outputs = None if per_rank is None else self.sharded.gather_outputs(per_rank)
+        return GroupResult(results, collectives, outputs, timeline)
+
+    def _compute(self, inputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+        tp = self.tp
+        rendezvous = _Rendezvous(tp)
+        outputs: list[list[np.ndarray] | None] = [None] * tp
+        errors: list[BaseException] = []
+
+        def run(rank: int) -> None:
+            try:
+                arrays = self.sharded.rank_arrays(inputs, rank)
+                outputs[rank] = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
+            except BaseException as exc:
+                errors.append(exc)
+                rendezvous.barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"tp-rank-{r}") for r in range(tp)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+        if real or errors:
+            raise (real or errors)[0]
+        return [o for o in outputs if o is not None]
+
+
+class DataParallelModel:
+    """Copies of one model on disjoint cores; each request goes to the copy that is free first."""
+
+    def __init__(self, replicas: Sequence[TensorParallelModel | LoadedModel]) -> None:
+        if not replicas:
+            raise ValueError("a data-parallel model needs at least one replica")
+        self.replicas = list(replicas)
+
+    @classmethod
+    def load(cls, graph: Graph, instance: str | Instance | None = None, *, tp_degree: int = 1,
+             replicas: int | None = None) -> DataParallelModel:
+        """``replicas`` copies (default: as many as fit) of ``graph``, each on ``tp_degree`` ranks."""
+        inst = instance if isinstance(instance, Instance) else Instance(instance)
+        topology = instance_topology(inst.name)
+        fit = topology.cores // tp_degree
+        count = fit if replicas is None else replicas
+        if count < 1 or count > fit:
+            raise ShardingError(f"{count} replicas of tp_degree {tp_degree} do not fit {inst.name}, "
+                                f"which has {topology.cores} NeuronCores (at most {fit})")
+        sharded = shard(graph, tp_degree)
+        program = compile_graph(sharded.local, inst.spec.chip.core)
+        return cls([TensorParallelModel(sharded, program, inst, first_rank=k * tp_degree, topology=topology)
+                    for k in range(count)])
+
+    def _free_at(self, replica: TensorParallelModel | LoadedModel) -> int:
+        models = replica.models if isinstance(replica, TensorParallelModel) else [replica]
+        return max(m.core.clock_ns for m in models)
+
+    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False) -> GroupResult | ExecutionResult:
+        replica = min(self.replicas, key=self._free_at)
+        return replica.execute(inputs, timing_only=timing_only)
+
+
+__all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel"]

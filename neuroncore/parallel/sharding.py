@@ -1,0 +1,526 @@
+"""Megatron-style tensor parallelism as a graph pass: one full graph in, one per-rank graph out.
+
+Every value of the full graph gets a *sharding* on the ``tp`` ranks: replicated (every rank holds
+all of it), split along one dim (rank r holds the r-th of ``tp`` equal blocks), or partial (every rank
+holds a summand). The pass walks the graph once, in order, and decides the sharding of each op from
+its operands' the way Megatron-LM lays a transformer out:
+
+* a linear whose input is replicated is **column-parallel**: its weight is split along the output
+  features, so its output is split along its last dim (q/k/v, MLP up/gate, LM head: vocab-parallel);
+* a linear whose input is split along the contracted dim is **row-parallel**: its weight is split
+  along the input features, its output is partial, and an **all-reduce** makes it replicated;
+* a split flows through elementwise ops, reshapes (``[.., H*hd] -> [.., H, hd]`` moves it onto the
+  heads, so attention runs on ``H / tp`` heads per rank), transposes, broadcasts and batched matmuls;
+* a replicated leaf that meets a split value (a bias, a KV-cache input, a broadcast mask) is split
+  the same way without communication: weights are sliced per rank, inputs are sliced by the runtime;
+* the token embedding (the largest gathered table) is **vocab-parallel**: each rank looks up the ids
+  in its slice of the vocabulary, zeroes the others, and an all-reduce sums the rows;
+* anything else that needs a whole split value (a norm over a split dim, a slice across it) gets it
+  from an **all-gather**: correct, never silently wrong, and visible in the profile.
+
+All ranks run the same program (only weights and some inputs differ), so the result is one local
+:class:`~neuroncore.ir.Graph` plus the slicing rules for weights, inputs and outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from neuroncore.dtypes import DType
+from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, Initializer, Op
+
+
+@dataclass(frozen=True)
+class Split:
+    """A value split along ``dim``: that dim, viewed as ``[outer, n]``, is cut into ``tp`` contiguous
+    blocks of ``n`` and rank r holds block r of every outer row. ``outer`` is 1 for a plain split;
+    it is the batch when heads were folded into it (``[b, H, ..] -> [b*H, ..]``)."""
+
+    dim: int
+    outer: int = 1
+
+
+Sharding = Split | None  # None: every rank holds the whole value
+PARTIAL = Split(-1)  # a value every rank holds a summand of (only ever the result of a dot or a sum)
+
+
+class ShardingError(ValueError):
+    """A graph that cannot be split over ``tp`` ranks as asked (a size ``tp`` does not divide)."""
+
+
+@dataclass(frozen=True)
+class ShardedInitializer:
+    """A rank's block of a weight: the full weight's values, sliced along ``dim``."""
+
+    base: Initializer | ShardedInitializer
+    full_shape: tuple[int, ...]
+    split: Split
+    tp: int
+
+    def materialize(self, shape: tuple[int, ...], rank: int = 0) -> np.ndarray:
+        full = self.base.materialize(self.full_shape, 0)
+        return np.ascontiguousarray(block_of(full, self.split, self.tp, rank)).reshape(shape)
+
+
+@dataclass
+class ShardedGraph:
+    """The per-rank program of a tensor-parallel model and how to feed it and read it back.
+
+    ``input_splits[i]`` is the dim the runtime slices the full graph's i-th input along (None: every
+    rank gets all of it); ``rank_inputs`` are extra inputs appended after them whose values depend on
+    the rank (vocabulary offsets). ``output_splits[i]`` is the dim along which the ranks' i-th outputs
+    are concatenated (None: every rank holds the whole output).
+    """
+
+    full: Graph
+    local: Graph
+    tp: int
+    input_splits: list[Sharding]
+    output_splits: list[Sharding]
+    rank_inputs: list[Callable[[int], np.ndarray]] = field(default_factory=list)
+
+    @property
+    def collectives(self) -> list[Op]:
+        return [op for op in self.local.ops if op.opcode in ("all-reduce", "all-gather")]
+
+    def rank_arrays(self, inputs: list[np.ndarray], rank: int) -> list[np.ndarray]:
+        """Rank ``rank``'s inputs, from the full graph's inputs."""
+        arrays = [block_of(np.asarray(a), split, self.tp, rank)
+                  for a, split in zip(inputs, self.input_splits)]
+        return arrays + [make(rank) for make in self.rank_inputs]
+
+    def gather_outputs(self, per_rank: list[list[np.ndarray]]) -> list[np.ndarray]:
+        """The full graph's outputs from every rank's local outputs."""
+        outputs = []
+        for i, split in enumerate(self.output_splits):
+            parts = [outs[i] for outs in per_rank]
+            outputs.append(parts[0] if split is None else join_blocks(parts, split))
+        return outputs
+
+
+def block_of(array: np.ndarray, split: Sharding, tp: int, rank: int) -> np.ndarray:
+    """Rank ``rank``'s block of a whole value."""
+    if split is None:
+        return array
+    d, outer = split.dim, split.outer
+    shape = array.shape
+    viewed = array.reshape(*shape[:d], outer, tp, shape[d] // outer // tp, *shape[d + 1:])
+    block = np.take(viewed, rank, axis=d + 1)
+    return block.reshape(*shape[:d], shape[d] // tp, *shape[d + 1:])
+
+
+def join_blocks(parts: list[np.ndarray], split: Split) -> np.ndarray:
+    """The whole value from every rank's block (the inverse of :func:`block_of`)."""
+    d, outer = split.dim, split.outer
+    shape = parts[0].shape
+    viewed = [p.reshape(*shape[:d], outer, shape[d] // outer, *shape[d + 1:]) for p in parts]
+    whole = np.concatenate(viewed, axis=d + 1)
+    return whole.reshape(*shape[:d], shape[d] * len(parts), *shape[d + 1:])
+
+
+class _Restart(Exception):
+    """A graph input turned out to be needed split after it was placed whole: start over with it
+    split from the beginning (its whole uses then all-gather it)."""
+
+    def __init__(self, param: Op, split: Split) -> None:
+        super().__init__(param.name)
+        self.param, self.split = param, split
+
+
+def shard(graph: Graph, tp: int) -> ShardedGraph:
+    """Split ``graph`` over ``tp`` ranks (see the module docstring)."""
+    if not isinstance(tp, int) or tp < 1:
+        raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
+    presplit: dict[int, Split] = {}
+    for _ in range(len(graph.parameters) + 1):
+        try:
+            return _Sharder(graph, tp, presplit).run()
+        except _Restart as restart:
+            presplit[restart.param.index] = restart.split
+    raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
+
+
+def _local_shape(shape: tuple[int, ...], split: Sharding, tp: int) -> tuple[int, ...]:
+    if split is None or split == PARTIAL:
+        return shape
+    out = list(shape)
+    out[split.dim] //= tp
+    return tuple(out)
+
+
+def _fits(size: int, split: Split, tp: int) -> bool:
+    return size % split.outer == 0 and (size // split.outer) % tp == 0
+
+
+def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of source dims with runs of target dims that hold the same elements."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        gi, gj = [i], [j]
+        pi, pj = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+        groups.append((gi, gj))
+    if groups:  # trailing size-1 dims join the last run
+        groups[-1][0].extend(range(i, len(src)))
+        groups[-1][1].extend(range(j, len(dst)))
+    return groups
+
+
+def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
+                 tp: int) -> tuple[Split | None, int]:
+    """Where a split of ``src`` lands after a reshape to ``dst``: (the split, or None if it is not one
+    contiguous block per outer row any more; the size of the dst dim it should land on, for errors)."""
+    for src_dims, dst_dims in _reshape_groups(src, dst):
+        if split.dim not in src_dims:
+            continue
+        before = 1
+        for d in src_dims[:src_dims.index(split.dim)]:
+            before *= src[d]
+        outer = before * split.outer  # blocks repeat this many times in the group's elements
+        position = 1
+        for e in dst_dims:
+            if position <= outer < position * dst[e] and outer % position == 0:
+                moved = Split(e, outer // position)
+                return (moved if _fits(dst[e], moved, tp) else None), dst[e] // moved.outer
+            position *= dst[e]
+        return None, 0
+    return None, 0
+
+
+class _Sharder:
+    def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split]) -> None:
+        self.graph = graph
+        self.tp = tp
+        self.presplit = presplit
+        self.b = GraphBuilder(graph.name, root_layer="")
+        self.local: dict[int, Op] = {}
+        self.split: dict[int, Sharding] = {}
+        self.localized: dict[tuple[int, Split], Op] = {}
+        self.gathered: dict[int, Op] = {}
+        self.params: dict[int, Op] = {}
+        self.rank_params: list[Op] = []
+        self.rank_inputs: list[Callable[[int], np.ndarray]] = []
+        self.vocab_tables = self._vocab_parallel_tables()
+        self.current: Op = graph.ops[0]
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self) -> ShardedGraph:
+        for op in self.graph.ops:
+            self.current = op
+            with self.b.located(op.layer, op.frames):
+                local, split = self._lower(op)
+                if split == PARTIAL:  # Megatron reduces right where the partial sums are made
+                    local, split = (self._all_reduce(local) if self.tp > 1 else local), None
+            self.local[op.index], self.split[op.index] = local, split
+        outputs = [self.local[o.index] for o in self.graph.outputs]
+        output_splits = [self.split[o.index] for o in self.graph.outputs]
+        params = [self.params[p.index] for p in self.graph.parameters] + self.rank_params
+        for number, param in enumerate(params):
+            param.attrs["number"] = number
+        local = self.b.build(outputs, params).pruned()
+        input_splits = [self.split[p.index] for p in self.graph.parameters]
+        return ShardedGraph(self.graph, local, self.tp, input_splits, output_splits, self.rank_inputs)
+
+    def _add(self, op: Op, operands: list[Op], shape: tuple[int, ...], suffix: str = "",
+             **attrs: object) -> Op:
+        merged = {**op.attrs, **attrs}
+        return self.b.add_op(op.opcode, operands, shape, op.dtype, name=op.name + suffix, **merged)
+
+    def _shape(self, op: Op, split: Sharding) -> tuple[int, ...]:
+        return _local_shape(op.shape, split, self.tp)
+
+    # -- collectives -----------------------------------------------------------------------
+    def _all_reduce(self, local: Op) -> Op:
+        return self.b.add_op("all-reduce", [local], local.shape, local.dtype, reduction="sum",
+                             name=f"all-reduce.{self.b.n_ops}")
+
+    def _whole(self, op: Op) -> Op:
+        """``op``'s value on every rank: its local value, or an all-gather of its blocks."""
+        split = self.split[op.index]
+        local = self.local[op.index]
+        if split is None:
+            return local
+        if op.index not in self.gathered:
+            with self.b.located(self.current.layer, self.current.frames):
+                self.gathered[op.index] = self.b.add_op(
+                    "all-gather", [local], op.shape, op.dtype, dimension=split.dim, outer=split.outer,
+                    name=f"all-gather.{self.b.n_ops}")
+        return self.gathered[op.index]
+
+    def _as_split(self, op: Op, split: Split) -> Op | None:
+        """``op`` split as ``split`` without communication, or None if that is not possible."""
+        current = self.split[op.index]
+        if current == split:
+            return self.local[op.index]
+        if current is not None:
+            return None
+        return self._localize(op, split)
+
+    # -- splitting replicated values where they are made -----------------------------------------
+    def _localize(self, op: Op, split: Split) -> Op | None:
+        key = (op.index, split)
+        if key in self.localized:
+            return self.localized[key]
+        if not _fits(op.shape[split.dim], split, self.tp):
+            return None
+        made = self._make_local(op, split)
+        if made is not None:
+            self.localized[key] = made
+        return made
+
+    def _make_local(self, op: Op, split: Split) -> Op | None:
+        code, dim = op.opcode, split.dim
+        shape = self._shape(op, split)
+        suffix = f".tp{dim}"
+        with self.b.located(op.layer, op.frames):
+            if code == "parameter":
+                raise _Restart(op, split)
+            if code == "constant":
+                if "init" not in op.attrs:
+                    return self._add(op, [], shape, suffix)
+                init = ShardedInitializer(op.attrs["init"], op.shape, split, self.tp)
+                return self._add(op, [], shape, suffix, init=init)
+            if code == "iota":
+                return None if op.attrs["dimension"] == dim else self._add(op, [], shape, suffix)
+            if code == "broadcast":
+                src = op.operands[0]
+                dims = op.attrs["dims"]
+                if dim in dims and src.shape[dims.index(dim)] != 1:
+                    inner = self._localize(src, Split(dims.index(dim), split.outer))
+                else:
+                    inner = self._whole(src)
+                return None if inner is None else self._add(op, [inner], shape, suffix)
+            if code == "transpose":
+                inner = self._localize(op.operands[0], Split(op.attrs["permutation"][dim], split.outer))
+                return None if inner is None else self._add(op, [inner], shape, suffix)
+            if code == "reshape":
+                src_split, _ = _moved_split(op.shape, op.operands[0].shape, split, self.tp)
+                inner = None if src_split is None else self._localize(op.operands[0], src_split)
+                return None if inner is None else self._add(op, [inner], shape, suffix)
+            if code in ("convert", *UNARY_OPS, *BINARY_OPS, "compare", "select"):
+                inners = [self._localize(o, split) for o in op.operands]
+                if any(i is None for i in inners):
+                    return None
+                return self._add(op, inners, shape, suffix)  # type: ignore[arg-type]
+        return None
+
+    # -- ops -------------------------------------------------------------------------------
+    def _lower(self, op: Op) -> tuple[Op, Sharding]:
+        code = op.opcode
+        if code == "parameter":
+            return self._parameter(op)
+        if code in ("constant", "iota"):
+            return self._add(op, [], op.shape), None
+        if code == "dot":
+            return self._dot(op)
+        if code == "gather":
+            return self._gather(op)
+        if code == "reshape":
+            return self._reshape(op)
+        if code == "transpose":
+            return self._transpose(op)
+        if code == "broadcast":
+            return self._broadcast(op)
+        if code == "reduce":
+            return self._reduce(op)
+        if code in ("softmax", "layer_norm", "rms_norm"):
+            return self._last_dim_op(op)
+        if code == "slice":
+            return self._slice(op)
+        if code == "concatenate":
+            return self._elementwise(op, exclude=op.attrs["dimension"])
+        return self._elementwise(op)
+
+    def _parameter(self, op: Op) -> tuple[Op, Sharding]:
+        split = self.presplit.get(op.index)
+        extra = {k: v for k, v in op.attrs.items() if k != "number"}
+        local = self.b.add_op("parameter", [], self._shape(op, split), op.dtype, name=op.name,
+                              number=0, **extra)
+        self.params[op.index] = local
+        return local, split
+
+    def _elementwise(self, op: Op, exclude: int | None = None) -> tuple[Op, Sharding]:
+        """Ops that work position by position: all operands take the split of the split ones."""
+        splits = {self.split[o.index] for o in op.operands} - {None}
+        if len(splits) == 1:
+            split = splits.pop()
+            assert split is not None
+            if split.dim != exclude:
+                operands = [self._as_split(o, split) for o in op.operands]
+                if all(o is not None for o in operands):
+                    return self._add(op, operands, self._shape(op, split)), split  # type: ignore[arg-type]
+        return self._add(op, [self._whole(o) for o in op.operands], op.shape), None
+
+    def _transpose(self, op: Op) -> tuple[Op, Sharding]:
+        src = op.operands[0]
+        split = self.split[src.index]
+        moved = None if split is None else Split(op.attrs["permutation"].index(split.dim), split.outer)
+        return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
+
+    def _broadcast(self, op: Op) -> tuple[Op, Sharding]:
+        src = op.operands[0]
+        split = self.split[src.index]
+        moved = None if split is None else Split(op.attrs["dims"][split.dim], split.outer)
+        return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
+
+    def _reshape(self, op: Op) -> tuple[Op, Sharding]:
+        src = op.operands[0]
+        split = self.split[src.index]
+        if split is None:
+            return self._add(op, [self.local[src.index]], op.shape), None
+        moved, size = _moved_split(src.shape, op.shape, split, self.tp)
+        if moved is None and size:
+            raise ShardingError(
+                f"tp_degree {self.tp} does not divide the {size} heads (or groups) that "
+                f"{op.describe()} splits {list(src.shape)} into {list(op.shape)}: choose a "
+                f"tp_degree that divides the number of attention and KV heads")
+        if moved is None:
+            return self._add(op, [self._whole(src)], op.shape), None
+        return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
+
+    def _reduce(self, op: Op) -> tuple[Op, Sharding]:
+        src = op.operands[0]
+        split = self.split[src.index]
+        dims = op.attrs["dimensions"]
+        if split is None:
+            return self._add(op, [self.local[src.index]], op.shape), None
+        if split.dim in dims:
+            if op.attrs["kind"] == "sum":
+                return self._add(op, [self.local[src.index]], op.shape), PARTIAL
+            return self._add(op, [self._whole(src)], op.shape), None
+        moved = Split(split.dim - sum(1 for d in dims if d < split.dim), split.outer)
+        return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
+
+    def _last_dim_op(self, op: Op) -> tuple[Op, Sharding]:
+        """Softmax and norms work along the last dim: split elsewhere they stay split."""
+        x = op.operands[0]
+        split = self.split[x.index]
+        params = [self._whole(p) for p in op.operands[1:]]
+        if split is None or split.dim == len(op.shape) - 1:
+            return self._add(op, [self._whole(x), *params], op.shape), None
+        return self._add(op, [self.local[x.index], *params], self._shape(op, split)), split
+
+    def _slice(self, op: Op) -> tuple[Op, Sharding]:
+        src = op.operands[0]
+        split = self.split[src.index]
+        attrs = op.attrs
+        if split is None:
+            return self._add(op, [self.local[src.index]], op.shape), None
+        d = split.dim
+        if not (attrs["starts"][d] == 0 and attrs["limits"][d] == src.shape[d] and attrs["strides"][d] == 1):
+            return self._add(op, [self._whole(src)], op.shape), None
+        limits = list(attrs["limits"])
+        limits[d] //= self.tp
+        return self._add(op, [self.local[src.index]], self._shape(op, split), limits=tuple(limits)), split
+
+    def _dot(self, op: Op) -> tuple[Op, Sharding]:
+        lhs, rhs = op.operands
+        n = len(op.shape)
+        lc, rc = op.attrs["lhs_contract"], op.attrs["rhs_contract"]
+        lf = n - 2 if lc == n - 1 else n - 1
+        rf = n - 1 if rc == n - 2 else n - 2
+        sl, sr = self.split[lhs.index], self.split[rhs.index]
+        local_l, local_r = self.local[lhs.index], self.local[rhs.index]
+
+        def build(a: Op | None, b: Op | None, out: Sharding) -> tuple[Op, Sharding] | None:
+            if a is None or b is None:
+                return None
+            return self._add(op, [a, b], self._shape(op, out)), out
+
+        attempts: list[Callable[[], tuple[Op, Sharding] | None]] = []
+        if sl is not None and sl.dim < n - 2:  # batch dims (attention heads) on both sides
+            attempts.append(lambda: build(local_l, self._as_split(rhs, sl), sl))
+        if sr is not None and sr.dim < n - 2:
+            attempts.append(lambda: build(self._as_split(lhs, sr), local_r, sr))
+        if sl is not None and sl.dim == lc:  # row-parallel: the contracted dim is split on both sides
+            attempts.append(lambda: build(local_l, self._as_split(rhs, Split(rc, sl.outer)), PARTIAL))
+        if sr is not None and sr.dim == rc:
+            attempts.append(lambda: build(self._as_split(lhs, Split(lc, sr.outer)), local_r, PARTIAL))
+        if sl is not None and sl.dim == lf and sr is None:
+            attempts.append(lambda: build(local_l, local_r, Split(n - 2, sl.outer)))
+        if sr is not None and sr.dim == rf and sl is None:
+            attempts.append(lambda: build(local_l, local_r, Split(n - 1, sr.outer)))
+        for attempt in attempts:
+            result = attempt()
+            if result is not None:
+                return result
+        a, b = self._whole(lhs), self._whole(rhs)
+        if _is_weight(rhs) and not _is_weight(lhs) and self._column_splittable(rhs, rf):
+            column = self._localize(rhs, Split(rf))  # column-parallel
+            if column is not None:
+                return self._add(op, [a, column], self._shape(op, Split(n - 1))), Split(n - 1)
+        if _is_weight(lhs) and not _is_weight(rhs) and self._column_splittable(lhs, lf):
+            column = self._localize(lhs, Split(lf))
+            if column is not None:
+                return self._add(op, [column, b], self._shape(op, Split(n - 2))), Split(n - 2)
+        return self._add(op, [a, b], op.shape), None
+
+    def _column_splittable(self, weight: Op, dim: int) -> bool:
+        """Linears are split by output features; fewer features than ranks (a 2-class head) stay
+        whole on every rank, but a size ``tp`` does not divide is an error, as in Megatron."""
+        features = weight.shape[dim]
+        if self.tp == 1 or features < self.tp:
+            return False
+        if features % self.tp:
+            raise ShardingError(
+                f"tp_degree {self.tp} does not divide the {features} output features of "
+                f"{self.current.describe()}: choose a tp_degree that divides the layer sizes")
+        return True
+
+    # -- embeddings --------------------------------------------------------------------------
+    def _vocab_parallel_tables(self) -> set[int]:
+        """The gathered weight tables to split by rows: the largest one (the token embedding)."""
+        tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
+        tables = [t for t in tables if _is_weight(t) and t.shape[0] % self.tp == 0]
+        if not tables or self.tp == 1:
+            return set()
+        largest = max(t.size for t in tables)
+        return {t.index for t in tables if t.size == largest}
+
+    def _gather(self, op: Op) -> tuple[Op, Sharding]:
+        table, ids = op.operands
+        ids_local = self._whole(ids)
+        if table.index not in self.vocab_tables or self.split[table.index] is not None:
+            return self._add(op, [self._whole(table), ids_local], op.shape), None
+        rows = table.shape[0] // self.tp
+        part = self._localize(table, Split(0))
+        assert part is not None
+        b = self.b
+        offset = b.add_op("parameter", [], ids.shape, DType.INT32, name=f"tp_vocab_offset.{op.name}",
+                          number=0)
+        self.rank_params.append(offset)
+        self.rank_inputs.append(lambda rank, shape=ids.shape, rows=rows:
+                                np.full(shape, rank * rows, np.int32))
+        local_ids = b.subtract(ids_local, offset)
+        clamped = b.maximum(b.minimum(local_ids, float(rows - 1)), 0.0)
+        mine = b.compare(clamped, local_ids, "EQ")
+        looked_up = self._add(op, [part, clamped], op.shape)
+        keep = b.broadcast(mine, op.shape, tuple(range(len(ids.shape))))
+        return b.select(keep, looked_up, 0.0), PARTIAL
+
+
+def _is_weight(op: Op) -> bool:
+    """A trained constant, possibly cast or relaid out: what a linear layer's weight looks like."""
+    while op.opcode in ("convert", "transpose", "reshape"):
+        op = op.operands[0]
+    return op.opcode == "constant" and "init" in op.attrs and len(op.shape) >= 1
+
+
+
+__all__ = ["PARTIAL", "ShardedGraph", "ShardedInitializer", "Sharding", "ShardingError", "Split", "block_of",
+           "join_blocks", "shard"]
+
