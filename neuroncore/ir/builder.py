@@ -30,6 +30,7 @@ from neuroncore.ir.graph import (
     COMPARE_DIRECTIONS,
     UNARY_OPS,
     Graph,
+    IndexedInitializer,
     Initializer,
     Op,
     SourceFrame,
@@ -174,8 +175,12 @@ class GraphBuilder:
         init: str = "normal",
         scale: float | None = None,
         array: np.ndarray | None = None,
+        relayout: tuple[int, Sequence[int]] | None = None,
     ) -> Op:
-        """A trained-weight constant made from a seeded initializer (nothing is downloaded)."""
+        """A trained-weight constant made from a seeded initializer (nothing is downloaded).
+
+        ``relayout=(axis, index)`` stores the weight of ``shape`` with entries ``index`` taken along
+        ``axis`` (-1: zeros): the same trained values in another layout (padded heads)."""
         self._seed += 1
         if array is not None:
             initializer = Initializer("array", array=np.asarray(array, np.float32))
@@ -185,6 +190,12 @@ class GraphBuilder:
             seed = zlib.crc32(f"{self.name}/{self.layer}/{name}/{self._seed}".encode())
             initializer = Initializer(init, seed=seed, scale=std)
         label = f"{self.layer}/{name}" if self.layer else name
+        if relayout is not None:
+            axis, index = relayout
+            stored = list(shape)
+            stored[axis] = len(index)
+            initializer = IndexedInitializer(initializer, tuple(shape), axis, tuple(int(i) for i in index))
+            shape = stored
         return self._add("constant", [], shape, as_dtype(dtype), init=initializer, label=label)
 
     def iota(self, shape: Sequence[int], dimension: int, dtype: str | DType = "int32") -> Op:

@@ -68,6 +68,26 @@ class Initializer:
         return (rng.standard_normal(size=shape) * self.scale).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class IndexedInitializer:
+    """A weight laid out differently from the model it comes from: ``base`` materialised at
+    ``base_shape``, then entries ``index`` taken along ``axis`` (-1 gives zeros). Tensor-parallel
+    layouts use it to pad attention heads and replicate KV heads without changing the model's values."""
+
+    base: Initializer
+    base_shape: tuple[int, ...]
+    axis: int
+    index: tuple[int, ...]
+
+    def materialize(self, shape: tuple[int, ...], rank: int = 0) -> np.ndarray:
+        values = self.base.materialize(self.base_shape, rank)
+        index = np.asarray(self.index, np.int64)
+        taken = np.take(values, np.maximum(index, 0), axis=self.axis)
+        mask_shape = [1] * values.ndim
+        mask_shape[self.axis] = index.size
+        return np.where((index >= 0).reshape(mask_shape), taken, 0.0).astype(np.float32).reshape(shape)
+
+
 @dataclass(eq=False)
 class Op:
     """One HLO-level instruction. Identity is object identity; ``index`` is its topological position."""

@@ -59,6 +59,13 @@ def _same_kind(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+LLAMA_SMALL = dict(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1376, vocab=4096)
+LLAMA_PRESETS = {
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, intermediate=11008, vocab=32000),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, intermediate=13824, vocab=32000),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=32000),
+}
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in [
@@ -70,17 +77,11 @@ WORKLOADS: dict[str, Workload] = {
         Workload("bert-layer", "BERT encoder layer (BERT-base dims by default)", models.bert_layer,
                  dict(batch=1, seq=128, hidden=768, heads=12, intermediate=3072, dtype="bf16")),
         Workload("llama-decode", "Llama decoder: one decode step with a KV cache (RoPE, GQA, SwiGLU)",
-                 models.llama_decode,
-                 dict(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1376, vocab=4096,
-                      batch=1, context=128, dtype="bf16"),
-                 {
-                     "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32,
-                                       intermediate=11008, vocab=32000, context=2048),
-                     "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40,
-                                        intermediate=13824, vocab=32000, context=2048),
-                     "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8,
-                                        intermediate=28672, vocab=32000, context=2048),
-                 }),
+                 models.llama_decode, dict(LLAMA_SMALL, batch=1, context=128, dtype="bf16", tp_degree=1),
+                 {name: dict(dims, context=2048) for name, dims in LLAMA_PRESETS.items()}),
+        Workload("llama-prefill", "Llama context encoding: a causal prompt pass that fills the KV cache",
+                 models.llama_prefill, dict(LLAMA_SMALL, batch=1, context=128, dtype="bf16", tp_degree=1),
+                 LLAMA_PRESETS),
     ]
 }
 
