@@ -96,7 +96,8 @@ def _family(t: pa.DataType) -> str:
 
 def _wider(declared: pa.DataType, found: pa.DataType) -> pa.DataType:
     """The declared type, widened when a file holds a wider one of the same family (never narrowed)."""
-    wider = found.bit_width > declared.bit_width if _family(found) == _family(declared) else False
+    numeric = _family(found) == _family(declared) and _family(found) in ("int", "float")
+    wider = numeric and found.bit_width > declared.bit_width
     if wider and pa.types.is_integer(declared):
         return pa.int64()
     if wider and pa.types.is_floating(declared):

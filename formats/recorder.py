@@ -336,7 +336,6 @@ class ProfileRecorder:
         trig_end = np.asarray(c["dma_trigger_end_ts"])
         transpose = np.asarray(c["transpose_flops"])
         opcode = np.asarray(c["opcode"])
-        operands = _dict(node, program.operands)
         columns = {
             "start_ts": c["start_ts"],
             "end_ts": c["end_ts"],
@@ -345,9 +344,8 @@ class ProfileRecorder:
             "timeline_track": _dict(np.asarray(c["track"]), pa.array(m["track_labels"])),
             "pcore_idx": np.zeros(n, np.int64),
             "opcode": _dict(opcode, pa.array(m.get("opcodes") or program.opcodes)),
-            "operands": operands,
+            "operands": _dict(node, program.operands),
             "compiler_opcode": _dict(opcode, program.compiler_opcodes),
-            "compiler_operands": operands,
             "id": node + execution.base,
             "pc": c["pc"],
             "compiler_pc": c["pc"],
