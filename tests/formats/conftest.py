@@ -1,0 +1,52 @@
+"""Shared fixtures: a profile recorded from the execution core, and the core's own batches of it.
+
+The core run is done once per session (bert-layer, two timing-only executions on one trn1 core) with
+the recorder and a plain list both subscribed to the same sink, so tests can compare what was
+written with what the core emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import neuroncore as nc
+from formats.recorder import record_profile
+from neuroncore import workloads
+
+EXECUTIONS = 2
+
+
+@dataclass
+class Recorded:
+    path: Path
+    batches: list[Any]  # every batch the core emitted, in order
+    program: Any
+
+    def rows(self, kind: str) -> int:
+        return sum(len(b) for b in self.batches if b.kind == kind)
+
+    def column(self, kind: str, name: str) -> list[Any]:
+        out: list[Any] = []
+        for b in self.batches:
+            if b.kind == kind:
+                out.extend(list(b.columns[name]))
+        return out
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    path = tmp_path_factory.mktemp("profiles") / "bert"
+    sink = nc.EventSink()
+    batches: list[Any] = []
+    sink.subscribe(batches.append)
+    instance = nc.Instance("trn1.2xlarge", sink=sink)
+    program = nc.compile(workloads.get("bert-layer").graph(), "trn1")
+    with record_profile(path, sink, metadata={"instance_type": instance.name}):
+        model = instance.core(0).load(program)
+        for _ in range(EXECUTIONS):
+            model.execute(timing_only=True)
+    return Recorded(path, batches, program)

@@ -1,0 +1,129 @@
+"""Core -> ProfileRecorder -> ProfileWriter -> reader, on a built-in workload (bert-layer)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from formats.reader import open_profile
+from formats.schema import ENGINE_NAMES, PROFILE_SCHEMA_VERSION, SCHEMA
+from formats.validate import validate
+from neuroncore.hardware import NC_V2
+from tests.formats.conftest import EXECUTIONS, Recorded
+
+
+def test_row_counts_equal_what_the_core_emitted(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    assert profile.complete and profile.is_simulation
+    assert profile.num_rows("Instruction") == recorded.program.n_instructions * EXECUTIONS
+    assert profile.num_rows("Instruction") == recorded.rows("instruction")
+    assert profile.num_rows("DmaPacket") == recorded.rows("dma_packet")
+    assert profile.num_rows("SemaphoreUpdate") == recorded.rows("semaphore_update")
+    assert profile.num_rows("HbmUsage") == recorded.rows("hbm_usage")
+    assert profile.num_rows("ExecutionInfo") == EXECUTIONS
+    # one Flow edge per DMA transfer that an instruction triggered
+    triggered = recorded.program.trigger[recorded.program.trigger >= 0].size
+    assert profile.num_rows("Flow") == triggered * EXECUTIONS
+
+
+def test_files_carry_the_schema_types(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    for name, table in profile.tables.items():
+        definition = SCHEMA.tables[name]
+        for file in table.files:
+            stored = pq.read_schema(file)
+            assert stored.names == definition.names, name
+            for f in definition.fields:
+                assert stored.field(f.name).type == f.arrow_type, (name, f.name)
+                assert stored.field(f.name).nullable == (not f.required), (name, f.name)
+    assert validate(recorded.path).conformant
+
+
+def test_instruction_values_match_the_core(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    instr = profile.table("Instruction")
+    starts = [int(x) for x in recorded.column("instruction", "start_ts")]
+    assert instr.column("start_ts").to_pylist() == starts
+    assert instr.column("evt_wait_time_ns").to_pylist() == [
+        int(x) for x in recorded.column("instruction", "evt_wait_time_ns")]
+    assert sum(instr.column("raw_flops").to_pylist()) == sum(recorded.column("instruction", "raw_flops"))
+    ids = instr.column("id").to_numpy()
+    assert np.unique(ids).size == ids.size  # unique across executions
+    assert set(instr.column("engine").to_pylist()) <= set(ENGINE_NAMES)
+    assert "TensorMatrix" in set(instr.column("timeline_track").to_pylist())
+    durations = pa.compute.subtract(instr.column("end_ts"), instr.column("start_ts"))
+    assert durations.equals(instr.column("duration_ns"))
+    # program text and attribution come from program_loaded
+    assert all(instr.column("operands").to_pylist())
+    writes = instr.filter(pa.compute.equal(instr.column("opcode"), "WRITE"))
+    assert set(writes.column("compiler_opcode").to_pylist()) == {"PSEUDO_DMA_TRIGGER"}
+    hlo = {op.name for op in recorded.program.graph.ops}
+    assert set(instr.column("hlo_name").drop_null().to_pylist()) <= hlo
+    assert instr.column("bir_id")[0].as_py().startswith("sg0000:")
+
+
+def test_dma_packets_and_flow_edges_join(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    packets = profile.table("DmaPacket")
+    assert sum(packets.column("transfer_bytes").to_pylist()) == sum(
+        recorded.column("dma_packet", "transfer_bytes"))
+    assert set(packets.column("queue_type").to_pylist()) <= set(SCHEMA.enums["DmaQueueType"])
+    assert np.unique(packets.column("id").to_numpy()).size == packets.num_rows
+    # packet_idx restarts at 0 for every transfer
+    first = packets.filter(pa.compute.equal(packets.column("packet_idx"), 0))
+    assert first.num_rows == np.unique(packets.column("packet_aggregation_id").to_numpy()).size
+    flow = profile.table("Flow")
+    instruction_ids = set(profile.table("Instruction", ["id"]).column("id").to_pylist())
+    blocks = set(packets.column("packet_aggregation_id").to_pylist())
+    assert set(flow.column("in_id").to_pylist()) <= instruction_ids
+    assert set(flow.column("out_id").to_pylist()) <= blocks
+    assert set(flow.column("in_table").to_pylist()) == {"instruction"}
+
+
+def test_metadata_and_self_description(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    meta = profile.metadata
+    assert meta["profile_schema_version"] == PROFILE_SCHEMA_VERSION
+    assert meta["is_simulation"] is True and meta["capture_complete"] is True
+    assert meta["instance_type"] == "trn1.2xlarge"
+    assert meta["tensor_engine_num_rows"] == NC_V2.pe_rows
+    assert abs(meta["tensor_engine_clock_freq"] - NC_V2.pe_clock_hz / 1e9) < 1e-6
+    assert abs(meta["hbm_ddr_bandwidth"] - NC_V2.hbm_bytes_per_s) / NC_V2.hbm_bytes_per_s < 1e-6
+    instr = profile.table("Instruction", ["start_ts", "end_ts"])
+    assert meta["first_hw_timestamp"] == min(instr.column("start_ts").to_pylist())
+    assert meta["last_hw_timestamp"] >= max(instr.column("end_ts").to_pylist())
+    fields = profile.table("SchemaFields")
+    listed = set(zip(fields.column("table_name").to_pylist(), fields.column("field_name").to_pylist()))
+    for name in profile.tables:
+        for f in SCHEMA.tables[name].fields:
+            assert (name, f.name) in listed
+    executions = profile.table("ExecutionInfo").to_pylist()
+    assert [e["execution_index"] for e in executions] == list(range(EXECUTIONS))
+    assert executions[0]["execution_start_ts"] == 0
+    assert executions[0]["neff_name"] == recorded.program.graph.name
+
+
+def test_stack_frames_resolve_to_source_lines(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    frames = {r["id"]: r for r in profile.table("StackFrame").to_pylist()}
+    locations = {r["id"]: r for r in profile.table("StackFrameFileLocation").to_pylist()}
+    files = {r["id"]: r["name"] for r in profile.table("StackFrameFileName").to_pylist()}
+    functions = {r["id"]: r["name"] for r in profile.table("StackFrameFunctionName").to_pylist()}
+    instr = profile.table("Instruction", ["stack_frame_ids", "bir_debug_info_source_location"])
+    row = next(r for r in instr.to_pylist() if r["stack_frame_ids"])
+    chain = [str(i) for i in eval_free_list(row["stack_frame_ids"])]
+    innermost = locations[str(frames[chain[-1]]["file_location_id"])]
+    source = f"{files[str(innermost['file_name_id'])]}:{innermost['line_number']}"
+    assert source == row["bir_debug_info_source_location"]
+    assert functions[str(innermost["function_name_id"])]
+    for parent, child in itertools.pairwise(chain):
+        assert frames[child]["parent_frame_id"] == parent
+    assert frames[chain[0]]["parent_frame_id"] == "0"
+
+
+def eval_free_list(text: str) -> list[int]:
+    """``[1, 2, 3]`` -> [1, 2, 3] without eval (profile content is data, never code)."""
+    return [int(x) for x in text.strip("[]").split(",") if x.strip()]

@@ -1,0 +1,201 @@
+"""ProfileWriter: split parts, write-aside, interrupted captures, schema enforcement; recorder edges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from formats.reader import open_profile
+from formats.recorder import ProfileRecorder, record_profile
+from formats.validate import validate
+from formats.writer import INCOMPLETE_CATEGORY, ProfileWriteError, ProfileWriter, timestamp_text
+from neuroncore.events import EventBatch, EventSink
+
+HW = {  # Metadata's required hardware constants, for writers fed by hand
+    "dma_ddr_bandwidth": 272e9, "num_dma_engines_per_neuroncore": 16, "hbm_ddr_bandwidth": 410e9,
+    "tensor_engine_num_rows": 128, "tensor_engine_num_cols": 128, "tensor_engine_clock_freq": 2.8,
+    "vector_engine_clock_freq": 1.12, "vector_engine_num_channels": 128, "scalar_engine_clock_freq": 1.4,
+    "scalar_engine_num_channels": 128, "gpsimd_engine_clock_freq": 1.4, "gpsimd_engine_num_channels": 128,
+    "neuroncore_clock_freq": 1.4, "is_simulation": True,
+}
+
+
+def hbm_rows(n: int, t0: int = 0) -> dict[str, Any]:
+    ts = np.arange(t0, t0 + n, dtype=np.int64) * 1000
+    return {"timestamp": ts, "current_throughput": np.full(n, 1e9, np.float32),
+            "total_transfer_bytes": np.arange(n, dtype=np.int64) * 1000}
+
+
+def test_large_table_is_split_into_numbered_parts(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    with ProfileWriter(out, HW, row_group_rows=1000, max_file_bytes=4000, encoder_threads=1) as writer:
+        for i in range(20):
+            writer.write("HbmUsage", hbm_rows(1000, i * 1000))
+    names = sorted(p.name for p in out.iterdir() if p.name.startswith("HbmUsage"))
+    assert len(names) > 2 and "HbmUsage.parquet" not in names
+    assert names == sorted(f"HbmUsage_{i}.parquet" for i in range(len(names)))
+    profile = open_profile(out)
+    table = profile.table("HbmUsage")
+    assert table.num_rows == 20_000
+    assert table.column("timestamp").to_pylist() == list(range(0, 20_000_000, 1000))  # one lane keeps order
+    assert validate(out).conformant
+
+
+def test_parallel_lanes_keep_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    with ProfileWriter(out, HW, row_group_rows=500, encoder_threads=2) as writer:
+        for i in range(10):
+            writer.write("HbmUsage", hbm_rows(700, i * 700))
+    profile = open_profile(out)
+    assert len(profile.files("HbmUsage")) == 2
+    ts = profile.table("HbmUsage").column("timestamp").to_numpy()
+    assert np.array_equal(np.sort(ts), np.arange(7000) * 1000)
+
+
+def test_small_table_gets_the_plain_name_and_memory_stays_one_row_group(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    writer = ProfileWriter(out, HW, row_group_rows=1000, encoder_threads=1)
+    writer.write("HbmUsage", hbm_rows(2500))
+    stream = writer._streams["HbmUsage"]
+    assert stream.pending_rows < 1000  # full row groups were handed to the encoder
+    assert not out.exists()  # invisible until complete
+    assert writer.staging.parent == out.parent and writer.staging.name.startswith(".p.")
+    assert writer.close() == out
+    assert {p.name for p in out.iterdir()} == {"HbmUsage.parquet", "Metadata.parquet", "SchemaFields.parquet"}
+    assert not writer.staging.exists()
+
+
+@pytest.mark.parametrize("interrupt", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_interrupted_capture_is_readable_and_flagged(tmp_path: Path, interrupt: BaseException) -> None:
+    out = tmp_path / "p"
+    with pytest.raises(type(interrupt)), ProfileWriter(out, HW, row_group_rows=1000) as writer:
+        writer.write("HbmUsage", hbm_rows(2500))
+        raise interrupt
+    assert not out.exists()  # never passed off as whole
+    kept = tmp_path / "p.incomplete"
+    profile = open_profile(kept)
+    assert not profile.complete
+    assert profile.metadata["capture_complete"] is False
+    assert profile.num_rows("HbmUsage") == 2500
+    assert any(w.category == INCOMPLETE_CATEGORY and type(interrupt).__name__ in w.message
+               for w in profile.warnings)
+    report = validate(kept)
+    assert report.conformant and any("interrupted" in f.message for f in report.warnings)
+
+
+def test_abort_without_hardware_metadata_still_flags_the_profile(tmp_path: Path) -> None:
+    writer = ProfileWriter(tmp_path / "p")
+    writer.write("HbmUsage", hbm_rows(10))
+    kept = writer.abort("stopped by the user")
+    assert kept == tmp_path / "p.incomplete"
+    assert writer.abort() == kept  # idempotent
+    profile = open_profile(kept)
+    assert not profile.complete and profile.num_rows("HbmUsage") == 10
+    with pytest.raises(RuntimeError, match="aborted"):
+        writer.write("HbmUsage", hbm_rows(1))
+
+
+def test_close_refuses_missing_required_metadata_and_keeps_the_data(tmp_path: Path) -> None:
+    writer = ProfileWriter(tmp_path / "p")
+    writer.write("HbmUsage", hbm_rows(10))
+    with pytest.raises(ProfileWriteError, match="Metadata lacks required"):
+        writer.close()
+    assert not (tmp_path / "p").exists()
+    assert open_profile(tmp_path / "p.incomplete").num_rows("HbmUsage") == 10
+
+
+def test_existing_target_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    with pytest.raises(FileExistsError):
+        ProfileWriter(tmp_path / "p", HW)
+    writer = ProfileWriter(tmp_path / "p", HW, overwrite=True)
+    writer.write("HbmUsage", hbm_rows(3))
+    writer.close()
+    assert open_profile(tmp_path / "p").num_rows("HbmUsage") == 3
+
+
+def test_schema_is_enforced(tmp_path: Path) -> None:
+    writer = ProfileWriter(tmp_path / "p", HW)
+    with pytest.raises(ProfileWriteError, match="unknown table 'Instructions'"):
+        writer.write("Instructions", {})
+    with pytest.raises(ProfileWriteError, match="HbmUsage has no column 'bytes'"):
+        writer.write("HbmUsage", {**hbm_rows(2), "bytes": [1, 2]})
+    with pytest.raises(ProfileWriteError, match="requires column 'current_throughput'"):
+        writer.write("HbmUsage", {"timestamp": [1], "total_transfer_bytes": [1]})
+    with pytest.raises(ProfileWriteError, match="required but has 1 null"):
+        writer.write("HbmUsage", {**hbm_rows(2), "timestamp": [1, None]})
+    with pytest.raises(ProfileWriteError, match="cannot store as int64"):
+        writer.write("HbmUsage", {**hbm_rows(1), "timestamp": ["soon"]})
+    with pytest.raises(ProfileWriteError, match="values, other columns"):
+        writer.write("HbmUsage", {**hbm_rows(1), "timestamp": [1, 2]})
+    with pytest.raises(ProfileWriteError, match="transient"):
+        writer.write("MemoryBandwidthPoint", {"timestamp": [1], "bandwidth_bytes_per_sec": [1.0]})
+    with pytest.raises(ProfileWriteError, match="written by the writer itself"):
+        writer.write("Metadata", {})
+    writer.write_rows("Error", [{"description": "nan", "error_type_id": 3, "timestamp": 5, "type": "Errors"}])
+    writer.warn("something odd", "Missing Data")
+    writer.close()
+    profile = open_profile(tmp_path / "p")
+    assert profile.table("Error").column("metadata").null_count == 1
+    assert profile.warnings[0].message == "something odd" and profile.complete
+
+
+def test_timestamp_text() -> None:
+    assert timestamp_text(0) == "1970-01-01 00:00:00+00:00"
+    assert timestamp_text(1_500_000_000) == "1970-01-01 00:00:01.500000000+00:00"
+
+
+def test_recorder_takes_cc_ops_links_and_notes_other_cores(tmp_path: Path) -> None:
+    sink = EventSink()
+    with record_profile(tmp_path / "p", sink, core=0, metadata=HW):
+        sink.emit("cc_op", {"start_ts": [10, 50], "end_ts": [30, 90], "duration_ns": [20, 40],
+                            "operation": ["AllReduce", "AllGather"], "algorithm": ["Ring", "Mesh"],
+                            "num_elements": [1024, 2048], "dtype": ["bf16", "bf16"],
+                            "input_size": [2048, 4096], "output_size": [2048, 8192],
+                            "algorithm_bandwidth": [1e9, 2e9], "bus_bandwidth": [1.5e9, 3e9],
+                            "replica_group": ["[[0, 1]]", "[[0, 1]]"]}, core=0)
+        sink.emit("neuronlink_usage", {
+            "timestamp": [0, 1000], "duration_ns": [1000, 1000], "channel_id": [3, 3],
+            "channel_kind": ["neuronlink"] * 2, "link_id": [0, 0], "src_device": [0, 0], "dst_device": [1, 1],
+            "direction": [0, 0], "transfer_bytes": [4096, 0], "current_throughput": [4.096e9, 0.0]}, core=0)
+        sink.emit("instruction", {"id": [1]}, core=1, execution_id=9, model_id=9)
+        sink.emit("mystery", {"x": [1]}, core=0)
+    profile = open_profile(tmp_path / "p")
+    cc = profile.table("CcOp")
+    assert cc.column("op_id").to_pylist() == [0, 1]
+    assert cc.column("trigger_engine").to_pylist() == ["GpSimd", "GpSimd"]  # written "Pool", read canonical
+    assert profile.table("CcOp", normalize_engines=False).column("trigger_engine")[0].as_py() == "Pool"
+    assert profile.table("NeuronLinkUsage").column("transfer_bytes").to_pylist() == [4096, 0]
+    messages = " ".join(w.message for w in profile.warnings)
+    assert "core 1" in messages and "'mystery'" in messages
+    report = validate(tmp_path / "p")
+    assert report.conformant
+    assert any(f.table == "NeuronLinkUsage" and f.level == "info" for f in report.findings)
+
+
+def test_recorder_errors_never_reach_the_core(tmp_path: Path) -> None:
+    writer = ProfileWriter(tmp_path / "p", HW)
+    recorder = ProfileRecorder(writer)
+    with pytest.warns(RuntimeWarning, match="recording stopped"):
+        recorder(EventBatch("instruction", {"id": np.arange(3)}, {"execution_id": 1, "model_id": 1}))
+    assert recorder.error is not None
+    recorder(EventBatch("hbm_usage", hbm_rows(1), {}))  # ignored after the failure
+    with pytest.raises(RuntimeError, match="recording failed"):
+        recorder.close()
+    profile = open_profile(tmp_path / "p.incomplete")
+    assert not profile.complete and "before the model's program_loaded" in profile.warnings[0].message
+
+
+def test_written_files_store_plain_types(tmp_path: Path) -> None:
+    """Dictionary-encoded strings go to disk as Parquet dictionary pages but read back as strings."""
+    with ProfileWriter(tmp_path / "p", HW) as writer:
+        writer.write("SemaphoreUpdate", {
+            "timestamp": [1, 2], "id": pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int8()), ["7"]),
+            "value": np.array([1, 2], np.int16)})
+    schema = pq.read_schema(tmp_path / "p" / "SemaphoreUpdate.parquet")
+    assert schema.field("id").type == pa.string() and schema.field("value").type == pa.int32()
