@@ -381,6 +381,7 @@ class ProfileRecorder:
         duration = np.asarray(c["duration_ns"], dtype=np.int64)
         throughput = np.divide(nbytes * 1e9, duration, out=np.zeros(n), where=duration > 0)
         queue = np.asarray(c["queue_idx"])
+        op = np.asarray(c["op_index"])
         self.writer.write("DmaPacket", {
             "start_ts": c["start_ts"],
             "end_ts": c["end_ts"],
@@ -398,6 +399,9 @@ class ProfileRecorder:
             "queue_name": _dict(queue, program.queue_names),
             "queue_idx": queue,
             "crc": np.zeros(n, np.int64),
+            "raw_hlo_id": _null_where(op.astype(np.int64), op < 0),
+            "hbm_read_bytes": np.where(np.asarray(c["hbm_read"]), nbytes, 0),
+            "hbm_write_bytes": np.where(np.asarray(c["hbm_write"]), nbytes, 0),
         })
         self._packet_id += n
         execution.rows += n

@@ -33,6 +33,16 @@ EXTENSION_TABLES: dict[str, TableDef] = {t.name: t for t in (
 
 # Extra columns on documented tables. Readers of the real schema skip them.
 EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
+    # What the real tool keeps in DmaPacketAggregated text (source/dest) and debug info, as numbers a
+    # summary can add up: which HLO op a packet serves and how many of its bytes touch HBM.
+    "DmaPacket": (
+        FieldDef("raw_hlo_id", "int64", None, False,
+                 "neuronscope extension: HLO op the transfer belongs to (as Instruction.raw_hlo_id)"),
+        FieldDef("hbm_read_bytes", "int64", "bytes", False,
+                 "neuronscope extension: bytes of this packet read from HBM"),
+        FieldDef("hbm_write_bytes", "int64", "bytes", False,
+                 "neuronscope extension: bytes of this packet written to HBM"),
+    ),
     "Metadata": (
         FieldDef("capture_complete", "bool", None, False,
                  "neuronscope extension: false when the capture was interrupted and the tables hold only "

@@ -71,6 +71,10 @@ def test_dma_packets_and_flow_edges_join(recorded: Recorded) -> None:
     assert sum(packets.column("transfer_bytes").to_pylist()) == sum(
         recorded.column("dma_packet", "transfer_bytes"))
     assert set(packets.column("queue_type").to_pylist()) <= set(SCHEMA.enums["DmaQueueType"])
+    hbm = pa.compute.add(packets.column("hbm_read_bytes"), packets.column("hbm_write_bytes"))
+    assert 0 < pa.compute.sum(hbm).as_py() <= 2 * pa.compute.sum(packets.column("transfer_bytes")).as_py()
+    ops = {op.name: i for i, op in enumerate(recorded.program.graph.ops)}
+    assert set(packets.column("raw_hlo_id").drop_null().to_pylist()) <= set(ops.values())
     assert np.unique(packets.column("id").to_numpy()).size == packets.num_rows
     # packet_idx restarts at 0 for every transfer
     first = packets.filter(pa.compute.equal(packets.column("packet_idx"), 0))
