@@ -2,6 +2,7 @@
 
     neuroncore run --workload bert-layer
     neuroncore run --workload llama-decode --preset llama2-7b --timing-only
+    neuroncore run --workload llama-decode --preset llama2-70b --instance trn1.32xlarge --tp 32 --timing-only
     neuroncore run --workload matmul --set m=4096 --set k=8192 --set n=8192 --timing-only
     neuroncore workloads
     neuroncore check my_model.py:build    # unsupported ops of a PyTorch module / JAX function
@@ -24,6 +25,7 @@ from rich.table import Table
 from neuroncore.compiler import CompileError, compile  # noqa: A004
 from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
+from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import ExecutionError, Instance
 from neuroncore.runtime.summary import summarize
 from neuroncore.workloads import WORKLOADS, get, random_inputs
@@ -55,21 +57,36 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     overrides = _overrides(args.set)
     if args.dtype:
         overrides["dtype"] = args.dtype
+    if args.tp < 1:
+        raise ValueError(f"--tp must be a positive number of cores, not {args.tp}")
+    if args.tp > 1 and "tp_degree" in workload.defaults:
+        overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
     t = time.perf_counter()
-    program = compile(graph, instance.spec.chip.core)
+    group = None
+    if args.tp > 1:
+        group = TensorParallelModel.load(graph, instance, tp_degree=args.tp, first_rank=args.core)
+        program = group.program
+    else:
+        program = compile(graph, instance.spec.chip.core)
     compile_s = time.perf_counter() - t
-    model = instance.core(args.core).load(program)
     inputs = None if args.timing_only else random_inputs(graph, seed=args.seed)
     t = time.perf_counter()
-    result = model.execute(inputs, timing_only=args.timing_only)
+    if group is not None:
+        grouped = group.execute(inputs, timing_only=args.timing_only)
+        result = grouped.ranks[0]
+        result.outputs = grouped.outputs
+    else:
+        result = instance.core(args.core).load(program).execute(inputs, timing_only=args.timing_only)
     run_s = time.perf_counter() - t
     summary = summarize(result)
     total = summary.device_time_ns
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
-    console.print(f"[bold]{workload.name}[/] ({opts}) on {instance.name} core {args.core} "
+    where = (f"cores {args.core}..{args.core + args.tp - 1} (tp {args.tp}; rank 0 shown)" if group
+             else f"core {args.core}")
+    console.print(f"[bold]{workload.name}[/] ({opts}) on {instance.name} {where} "
                   f"[{program.spec.name}], {'timing only' if args.timing_only else 'numerics + timing'}")
     console.print(f"compiled {program.n_instructions:,} instructions + {program.n_dma_transfers:,} DMA "
                   f"transfers in {compile_s:.2f} s; executed in {run_s:.2f} s (execution "
@@ -86,6 +103,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"FLOPs {summary.flops:,}  MFU {100 * summary.mfu:.1f}%  HBM bytes {summary.hbm_bytes:,}"
                   f"  DMA {summary.dma_throughput_bytes_per_s / 1e9:,.1f} GB/s"
                   f"  spill/reload bytes {summary.spill_bytes:,}")
+    if group is not None:
+        console.print(f"collectives: {summary.collectives} on the CC-core, busy "
+                      f"{summary.collective_ns / 1e3:,.1f} us ({100 * summary.collective_ns / total:.1f}%)"
+                      if total else "collectives: none")
     if result.outputs is not None:
         shapes = ", ".join(f"{list(o.shape)} {o.dtype}" for o in result.outputs[:3])
         more = f" (+{len(result.outputs) - 3} more)" if len(result.outputs) > 3 else ""
@@ -157,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
     run.add_argument("--instance", choices=sorted(INSTANCE_TYPES),
                      help="instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)")
-    run.add_argument("--core", type=int, default=0)
+    run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")
+    run.add_argument("--tp", type=int, default=1, metavar="N",
+                     help="tensor-parallel degree: shard Megatron-style over N cores")
     run.add_argument("--timing-only", action="store_true",
                      help="simulate timing from shapes only; weights are never allocated")
     run.add_argument("--seed", type=int, default=0)

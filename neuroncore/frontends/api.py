@@ -205,8 +205,11 @@ def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
         program = compile_graph(graph, inst.spec.chip.core)
         return program, inst.core(core).load(program)
     from neuroncore.parallel import DataParallelModel, ShardingError, TensorParallelModel, shard
+    from neuroncore.parallel.group import check_placement
+    from neuroncore.topology import instance_topology
 
     try:
+        check_placement(instance_topology(inst.name), tp_degree, core, replicas)
         sharded = shard(graph, tp_degree)
         program = compile_graph(sharded.local, inst.spec.chip.core)
         copies = [TensorParallelModel(sharded, program, inst, first_rank=core + k * tp_degree)

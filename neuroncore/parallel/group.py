@@ -99,11 +99,8 @@ class TensorParallelModel:
         self.instance = instance
         self.topology = topology or instance_topology(instance.name)
         tp = sharded.tp
+        check_placement(self.topology, tp, first_rank)
         self.ranks = list(range(first_rank, first_rank + tp))
-        if first_rank < 0 or self.ranks[-1] >= self.topology.cores:
-            raise ShardingError(
-                f"tp_degree {tp} from rank {first_rank} does not fit {instance.name}, which has "
-                f"{self.topology.cores} NeuronCores (ranks 0..{self.topology.cores - 1})")
         self.models: list[LoadedModel] = [
             instance.core(self.topology.physical_cores_of(r)[0]).load(program, rank=i)
             for i, r in enumerate(self.ranks)
@@ -119,10 +116,9 @@ class TensorParallelModel:
         """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once, load it on each."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
         topology = instance_topology(inst.name)
-        if tp_degree > topology.cores:
-            raise ShardingError(f"tp_degree {tp_degree} does not fit {inst.name}, which has "
-                                f"{topology.cores} NeuronCores")
+        check_placement(topology, tp_degree, first_rank)
         sharded = shard(graph, tp_degree)
+        _require_fit(sharded.local, inst, topology, range(first_rank, first_rank + tp_degree))
         program = compile_graph(sharded.local, inst.spec.chip.core)
         return cls(sharded, program, inst, first_rank=first_rank, topology=topology)
 
@@ -193,6 +189,30 @@ class TensorParallelModel:
         return [o for o in outputs if o is not None]
 
 
+def check_placement(topology: Topology, tp_degree: int, first_rank: int = 0, replicas: int = 1) -> None:
+    """Refuse, in one line, ``replicas`` groups of ``tp_degree`` ranks from ``first_rank`` that the
+    instance does not have the cores for."""
+    cores = topology.cores
+    if not isinstance(tp_degree, int) or tp_degree < 1:
+        raise ShardingError(f"tp_degree must be a positive integer, not {tp_degree!r}")
+    if first_rank < 0 or first_rank + tp_degree * replicas > cores:
+        what = f"tp_degree {tp_degree}" if replicas == 1 else f"{replicas} replicas of tp_degree {tp_degree}"
+        start = f" from core {first_rank}" if first_rank else ""
+        raise ShardingError(f"{what}{start} does not fit {topology.name}, which has {cores} NeuronCores "
+                            f"(at most {max(0, (cores - max(first_rank, 0)) // tp_degree)} groups)")
+
+
+def _require_fit(local: Graph, instance: Instance, topology: Topology, ranks: range) -> None:
+    """Refuse a rank program whose weights and inputs cannot fit its core's HBM before spending
+    time compiling it (loading checks again with the compiler's exact figures)."""
+    usage = {"weight": sum(op.nbytes for op in local.constants),
+             "input": sum(p.nbytes for p in local.parameters),
+             "output": sum(o.nbytes for o in local.outputs)}
+    for rank in ranks:
+        if rank < topology.cores:
+            instance.core(topology.physical_cores_of(rank)[0]).require_hbm(usage, local.name)
+
+
 class DataParallelModel:
     """Copies of one model on disjoint cores; each request goes to the copy that is free first."""
 
@@ -207,12 +227,10 @@ class DataParallelModel:
         """``replicas`` copies (default: as many as fit) of ``graph``, each on ``tp_degree`` ranks."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
         topology = instance_topology(inst.name)
-        fit = topology.cores // tp_degree
-        count = fit if replicas is None else replicas
-        if count < 1 or count > fit:
-            raise ShardingError(f"{count} replicas of tp_degree {tp_degree} do not fit {inst.name}, "
-                                f"which has {topology.cores} NeuronCores (at most {fit})")
+        count = topology.cores // tp_degree if replicas is None else replicas
+        check_placement(topology, tp_degree, 0, count)
         sharded = shard(graph, tp_degree)
+        _require_fit(sharded.local, inst, topology, range(count * tp_degree))
         program = compile_graph(sharded.local, inst.spec.chip.core)
         return cls([TensorParallelModel(sharded, program, inst, first_rank=k * tp_degree, topology=topology)
                     for k in range(count)])
@@ -227,4 +245,4 @@ class DataParallelModel:
         return replica.execute(inputs, timing_only=timing_only)
 
 
-__all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel"]
+__all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel", "check_placement"]

@@ -145,18 +145,23 @@ class NeuronCore:
             raise ValueError(
                 f"program compiled for {program.spec.name} cannot load on {self.spec.name} "
                 f"(core {self.index})")
-        usage = program.hbm_bytes_by_kind()
+        self.require_hbm(program.hbm_bytes_by_kind(), program.graph.name)
+        model = LoadedModel(program, self, self.sink, rank)
+        self.models.append(model)
+        return model
+
+
+    def require_hbm(self, usage: Mapping[str, int], name: str) -> None:
+        """Refuse (one line: needs vs has, by kind) a model whose ``usage`` does not fit next to
+        what this core holds already."""
         need, used, have = sum(usage.values()), self.hbm_used_bytes, self.spec.hbm_bytes
         if need + used > have:
             parts = ", ".join(f"{kind} {_gib(n)}" for kind, n in usage.items() if n)
             loaded = f" ({_gib(used)} held by {len(self.models)} loaded models)" if self.models else ""
             raise ValueError(
-                f"{program.graph.name} does not fit in device memory: it needs {_gib(need)} of HBM "
+                f"{name} does not fit in device memory: it needs {_gib(need)} of HBM "
                 f"({parts}) on core {self.index} (device {self.device}), which has {_gib(have)}"
                 f"{loaded}")
-        model = LoadedModel(program, self, self.sink, rank)
-        self.models.append(model)
-        return model
 
 
 def _gib(nbytes: int) -> str:

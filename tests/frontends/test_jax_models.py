@@ -122,3 +122,17 @@ def test_attention_buckets_pad_and_cut_back():
     assert model.last_result.program is model.programs[16]
     with pytest.raises(nc.TraceError, match="larger than every bucket"):
         model(*inputs(seq=40))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("name", ["mlp", "attention"])
+def test_tensor_parallel_trace_matches_jax(name, tp):
+    """``trace(..., tp_degree=N)``: Megatron sharding of jitted JAX code gives JAX's numbers."""
+    params_fn, make, args_fn = CASES[name]
+    fn, args = make(params_fn()), args_fn()
+    expected = np.asarray(fn(*args))
+    traced = nc.trace(fn, args, instance="trn1.32xlarge", tp_degree=tp)
+    np.testing.assert_allclose(np.asarray(traced(*args)), expected, rtol=1e-4, atol=1e-4)
+    collectives = [op.opcode for op in traced.program.graph.ops if op.opcode.startswith("all-")]
+    assert collectives and set(collectives) == {"all-reduce"}  # row-parallel outputs only
+    assert len(traced.last_result.ranks) == tp

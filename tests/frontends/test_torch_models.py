@@ -125,10 +125,10 @@ def test_gpt2_block():
 
 
 def llama_config(**extra):
-    return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                    max_position_embeddings=128, attn_implementation="eager",
-                                    use_cache=False, **extra)
+    options = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
+                   attn_implementation="eager", use_cache=False)
+    return transformers.LlamaConfig(**{**options, **extra})
 
 
 class LlamaLayerWithRope(torch.nn.Module):
@@ -187,3 +187,34 @@ def test_llama_for_causal_lm_logits():
     assert [p.name for p in params] == ["input_ids", "attention_mask"]
     assert all(p.dtype is DType.INT32 for p in params)
     assert any(op.opcode == "gather" for op in graph.ops)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_llama_for_causal_lm_tensor_parallel(tp):
+    """``trace(..., tp_degree=N)``: Megatron-sharded over N cores, the logits stay torch's, with
+    exactly one all-reduce after each row-parallel linear and one for the vocab-parallel embedding."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config(num_attention_heads=4, num_key_value_heads=4)).eval()
+    ids = torch.randint(0, 128, (2, SEQ))
+    mask = torch.ones(2, SEQ, dtype=torch.int64)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        expected = model(ids, mask).logits
+    traced = nc.trace(model, (ids, mask), instance="trn1.32xlarge", tp_degree=tp)
+    torch.testing.assert_close(traced(ids, mask)[0], expected, rtol=1e-4, atol=1e-5)
+    collectives = [(op.opcode, op.layer.rsplit("/", 1)[-1]) for op in traced.program.graph.ops
+                   if op.opcode.startswith("all-")]
+    assert collectives == [("all-reduce", "embed_tokens")] + [("all-reduce", "o_proj"),
+                                                              ("all-reduce", "down_proj")] * 2
+    q_proj = next(op for op in traced.program.graph.ops
+                  if op.opcode == "dot" and op.layer.endswith("layers.0/self_attn/q_proj"))
+    assert q_proj.shape[-1] == 64 // tp
+
+
+def test_tensor_parallel_degree_that_does_not_divide_heads():
+    model = transformers.LlamaForCausalLM(llama_config()).eval()  # 2 KV heads
+    ids = torch.randint(0, 128, (1, SEQ))
+    with pytest.raises(nc.TraceError, match=r"tp_degree 4 does not divide the 2 heads"):
+        nc.trace(model, (ids,), instance="trn1.32xlarge", tp_degree=4)
+    with pytest.raises(nc.TraceError, match=r"tp_degree 4 does not fit trn1.2xlarge"):
+        nc.trace(model, (ids,), instance="trn1.2xlarge", tp_degree=4)
