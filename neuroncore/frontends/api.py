@@ -209,7 +209,7 @@ def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
     from neuroncore.topology import instance_topology
 
     try:
-        check_placement(instance_topology(inst.name), tp_degree, core, replicas)
+        check_placement(instance_topology(inst.name, nodes=inst.nodes), tp_degree, core, replicas)
         sharded = shard(graph, tp_degree)
         program = compile_graph(sharded.local, inst.spec.chip.core)
         copies = [TensorParallelModel(sharded, program, inst, first_rank=core + k * tp_degree)

@@ -97,7 +97,7 @@ class TensorParallelModel:
         self.sharded = sharded
         self.program = program
         self.instance = instance
-        self.topology = topology or instance_topology(instance.name)
+        self.topology = topology or instance_topology(instance.name, nodes=instance.nodes)
         tp = sharded.tp
         check_placement(self.topology, tp, first_rank)
         self.ranks = list(range(first_rank, first_rank + tp))
@@ -115,7 +115,7 @@ class TensorParallelModel:
              first_rank: int = 0) -> TensorParallelModel:
         """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once, load it on each."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
-        topology = instance_topology(inst.name)
+        topology = instance_topology(inst.name, nodes=inst.nodes)
         check_placement(topology, tp_degree, first_rank)
         sharded = shard(graph, tp_degree)
         _require_fit(sharded.local, inst, topology, range(first_rank, first_rank + tp_degree))
@@ -226,7 +226,7 @@ class DataParallelModel:
              replicas: int | None = None) -> DataParallelModel:
         """``replicas`` copies (default: as many as fit) of ``graph``, each on ``tp_degree`` ranks."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
-        topology = instance_topology(inst.name)
+        topology = instance_topology(inst.name, nodes=inst.nodes)
         count = topology.cores // tp_degree if replicas is None else replicas
         check_placement(topology, tp_degree, 0, count)
         sharded = shard(graph, tp_degree)

@@ -169,18 +169,25 @@ def _gib(nbytes: int) -> str:
 
 
 class Instance:
-    """An instance type's cores; the default type comes from ``neuroncore.config``."""
+    """An instance type's cores; the default type comes from ``neuroncore.config``.
 
-    def __init__(self, instance_type: str | None = None, *, sink: EventSink | None = None) -> None:
+    ``nodes`` > 1 models several instances of the type joined by EFA (timing studies of multi-node
+    tensor parallelism): their cores are numbered on from the first node's, as global ranks are."""
+
+    def __init__(self, instance_type: str | None = None, *, sink: EventSink | None = None,
+                 nodes: int = 1) -> None:
         name = instance_type or default_instance()
         if name not in INSTANCE_TYPES:
             known = ", ".join(sorted(INSTANCE_TYPES))
             raise ValueError(f"unknown instance type {name!r}; known: {known}")
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ValueError(f"nodes must be a positive integer, not {nodes!r}")
         self.spec: InstanceSpec = INSTANCE_TYPES[name]
+        self.nodes = nodes
         self.sink = sink or default_sink
         per_chip = self.spec.chip.cores_per_chip
         self.cores = [NeuronCore(i, self.spec.chip.core, i // per_chip, self.sink)
-                      for i in range(self.spec.cores)]
+                      for i in range(self.spec.cores * nodes)]
 
     @property
     def name(self) -> str:

@@ -233,3 +233,15 @@ def test_splits_follow_reshapes():
     assert _moved_split((8, 8, 16), (2, 4, 8, 16), Split(0, 2), 2) == (Split(1), 4)
     # 4 heads cannot be split 8 ways
     assert _moved_split((2, 64), (2, 4, 16), Split(1), 8) == (None, 4)
+
+
+def test_two_nodes_joined_by_efa_timing_only():
+    """tp 64 over two trn1.32xlarge: the all-reduces cross EFA, so they cost more than on one node."""
+    graph = small_llama(layers=1, heads=64, kv_heads=64, hidden=256, intermediate=512)
+    one = TensorParallelModel.load(graph, "trn1.32xlarge", tp_degree=32).execute(timing_only=True)
+    two_nodes = nc.Instance("trn1.32xlarge", nodes=2)
+    group = TensorParallelModel.load(graph, two_nodes, tp_degree=64)
+    two = group.execute(timing_only=True)
+    assert group.topology.nodes == 2 and [r.core for r in two.ranks][-1] == 63
+    assert two.collectives[0].duration_ns > one.collectives[0].duration_ns + 10_000  # >= 1 EFA hop
+    assert "EFA" in {c.kind for c in two.collectives[0].channel_bytes()}
