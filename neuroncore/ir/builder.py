@@ -68,10 +68,13 @@ class GraphBuilder:
     """Builds a :class:`Graph` op by op; names ops ``<opcode>.<n>`` with one counter per graph."""
 
     def __init__(self, name: str = "model", root_layer: str = "model",
-                 autocast: str | DType | None = None) -> None:
+                 autocast: str | DType | None = None, weights_of: str | None = None) -> None:
         """``autocast="bf16"`` casts FP32 matmul operands to bf16 and keeps an FP32 result, as the
-        Neuron compiler's ``--auto-cast matmult`` does (PSUM accumulates in FP32 either way)."""
+        Neuron compiler's ``--auto-cast matmult`` does (PSUM accumulates in FP32 either way).
+        ``weights_of`` names the model whose seeded weights this graph uses (default: its own name),
+        so two programs of one model (prefill and decode) share their weights."""
         self.name = name
+        self.weights_of = weights_of or name
         self.autocast = as_dtype(autocast) if autocast is not None else None
         self._ops: list[Op] = []
         self._parameters: list[Op] = []
@@ -187,7 +190,7 @@ class GraphBuilder:
         else:
             fan_in = shape[0] if len(shape) >= 2 else 1
             std = scale if scale is not None else (1.0 / math.sqrt(fan_in) if init == "normal" else 1.0)
-            seed = zlib.crc32(f"{self.name}/{self.layer}/{name}/{self._seed}".encode())
+            seed = zlib.crc32(f"{self.weights_of}/{self.layer}/{name}/{self._seed}".encode())
             initializer = Initializer(init, seed=seed, scale=std)
         label = f"{self.layer}/{name}" if self.layer else name
         if relayout is not None:

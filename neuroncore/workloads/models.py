@@ -288,7 +288,7 @@ def llama_prefill(layers: int, hidden: int, heads: int, kv_heads: int, intermedi
     """
     _check_llama(hidden, heads, kv_heads)
     layout = head_layout(heads, kv_heads, tp_degree)
-    b = GraphBuilder("llama_prefill")
+    b = GraphBuilder("llama_prefill", weights_of="llama_decode")
     hd = hidden // heads
     nh, nkv, group, s = layout.heads, layout.kv_heads, layout.group, context
     tokens = b.parameter("input_ids", (batch, s), "int32", low=0, high=vocab)

@@ -18,6 +18,8 @@ SMALL = {
     "bert-layer": dict(batch=2, seq=24, hidden=64, heads=4, intermediate=128),
     "llama-decode": dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=160,
                          batch=2, context=20),
+    "llama-prefill": dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=160,
+                          batch=2, context=20),
 }
 # tolerance relative to max |reference| (per output)
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}
@@ -134,7 +136,7 @@ def test_mlp_weights_have_the_declared_layers():
 
 
 def test_registry():
-    assert set(WORKLOADS) == {"matmul", "mlp", "bert-layer", "llama-decode"}
+    assert set(WORKLOADS) == {"matmul", "mlp", "bert-layer", "llama-decode", "llama-prefill"}
     for name, workload in WORKLOADS.items():
         assert isinstance(workload, Workload) and workload.name == name and workload.description
         assert get(name) is workload
@@ -218,7 +220,7 @@ def test_random_inputs_respect_id_ranges():
 
 @pytest.mark.slow
 def test_llama2_7b_two_layers_timing_only(monkeypatch):
-    def forbidden(program):
+    def forbidden(program, rank=0):
         raise AssertionError("timing-only run materialised weights")
 
     monkeypatch.setattr(device, "materialize_weights", forbidden)
@@ -237,3 +239,21 @@ def test_llama2_7b_two_layers_timing_only(monkeypatch):
     assert program.weight_bytes() >= weight_bytes
     assert result.device_time_ns >= weight_bytes / program.spec.dma_bytes_per_s * 1e9
     assert result.device_time_ns < 1e9  # and it is a decode step, not seconds
+
+
+def test_llama_prefill_then_decode_is_the_longer_prefill():
+    """Prefill (n tokens) -> KV cache -> one decode step gives the logits a prefill of n+1 tokens
+    gives for its last token: both programs are the same model, causal, with RoPE at the same
+    positions, and share their weights."""
+    config = dict(SMALL["llama-prefill"], dtype="fp32", batch=1)
+    n = 12
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, config["vocab"], size=(1, n + 1)).astype(np.int32)
+    longer = nc.run_reference(get("llama-prefill").graph(**dict(config, context=n + 1)), [ids])
+    prompt = nc.run_reference(get("llama-prefill").graph(**dict(config, context=n)), [ids[:, :n]])
+    decode = get("llama-decode").graph(**dict(config, context=n))
+    caches = [np.asarray(kv, np.float32) for kv in prompt[1:]]
+    step = run_compiled(decode, [ids[:, n], np.array([n], np.int32), *caches])
+    np.testing.assert_allclose(step[0], longer[0], rtol=1e-3, atol=1e-3 * np.abs(longer[0]).max())
+    # the prompt's last-token logits differ (the model is causal but the inputs are not the same)
+    assert not np.allclose(prompt[0], longer[0])
