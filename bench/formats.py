@@ -20,6 +20,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -131,16 +132,32 @@ def bench_write(rows: int, repeats: int, layers: int) -> dict[str, Any]:
     }
 
 
+def _status_mb(key: str) -> float:
+    """VmRSS / VmHWM of this process from /proc (ru_maxrss would include the forking parent's peak)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def peak_rss_child(rows: int, layers: int) -> None:
-    """Run in a child process: write ``rows`` instructions, print peak RSS (MB) before/after writing."""
+    """Run in a child process: capture, then write ``rows`` instructions; print the RSS before writing
+    and the peak while writing (the high-water mark is reset after the capture where Linux allows)."""
     loaded, instructions, period = capture(layers)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gc.collect()
+    before = _status_mb("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+            clear.write("5")  # reset VmHWM to the current RSS: the peak below is the writing's
+    except OSError:
+        pass
     work = tempfile.mkdtemp(prefix="bench-formats-rss-")
     try:
         written = replay(os.path.join(work, "p"), loaded, instructions, period, rows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
     print(json.dumps({"rows": written, "rss_before_mb": round(before, 1), "peak_rss_mb": round(peak, 1)}))
 
 
