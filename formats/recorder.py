@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from formats import hierarchy
 from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
 
@@ -78,6 +79,7 @@ class _Execution:
     start_ns: int | None = None
     end_ns: int | None = None
     rows: int = 0
+    spans: list[Any] = field(default_factory=list)  # per-batch op spans, merged at the end
 
 
 @dataclass
@@ -155,6 +157,12 @@ def _dict(indices: np.ndarray, dictionary: pa.Array, mask: np.ndarray | None = N
     return pa.DictionaryArray.from_arrays(index_array, dictionary)
 
 
+def _packed_op(model_id: int, op: np.ndarray) -> np.ndarray:
+    """``raw_hlo_id``: the loaded model in the high 32 bits, the op index in the low 32, so ops of two
+    programs recorded into one profile never share an id (like the real tool's packed ids, §2.7)."""
+    return (np.int64(model_id) << np.int64(32)) | op.astype(np.int64)
+
+
 def _null_where(values: np.ndarray, mask: np.ndarray) -> pa.Array:
     return pa.array(values, mask=mask) if mask.any() else pa.array(values)
 
@@ -166,9 +174,12 @@ class ProfileRecorder:
     recording stops, and ``close()`` raises the error afterwards.
     """
 
-    def __init__(self, writer: ProfileWriter, *, core: int | None = None) -> None:
+    def __init__(self, writer: ProfileWriter, *, core: int | None = None, rollups: bool = True) -> None:
         self.writer = writer
         self.core = core
+        self.rollups = rollups  # HloInstruction per execution, FrameworkNode at close
+        self._op_names: dict[int, str] = {}
+        self._tree = hierarchy.FrameworkTree()
         self.programs: dict[int, _Program] = {}
         self.executions: dict[int, _Execution] = {}
         self._frames = _FrameInterner()
@@ -215,19 +226,28 @@ class ProfileRecorder:
             if self.error is not None:
                 raise RuntimeError(f"profile recording failed; what was recorded is at {self.writer.path}: "
                                    f"{self.error}") from self.error
-            self._finish_tables()
+            self._finish_tables(complete=True)
             return self.writer.close()
 
     def abort(self, reason: str = "capture interrupted") -> Path | None:
         with self._lock:
             with contextlib.suppress(Exception):
-                self._finish_tables()
+                self._finish_tables(complete=False)
             return self.writer.abort(reason)
 
-    def _finish_tables(self) -> None:
+    def _finish_tables(self, *, complete: bool) -> None:
         if not self.writer.is_open:
             return
         self._frames.write(self.writer)
+        if complete:  # an interrupted capture's layers would look whole: leave them out
+            nodes = self._tree.rows()
+            if nodes:
+                self.writer.write("FrameworkNode", nodes)
+            elif self._tree.overflow:
+                self.writer.warn(f"FrameworkNode not written: the layers' busy spans passed "
+                                 f"{self._tree.max_spans:,} and were dropped to keep memory bounded; "
+                                 f"compute the layer rollup from the Instruction table", "Missing Data")
+        self._tree = hierarchy.FrameworkTree()
         self._write_execution_info()
         for core, n in sorted(self._other_cores.items()):
             self.writer.warn(f"{n} batches from core {core} were not recorded: this profile holds core "
@@ -278,6 +298,10 @@ class ProfileRecorder:
         types: list[str | None] = [None] * size
         for index, name, queue_type in queues:
             names[index], types[index] = name, queue_type
+        base = int(m["model_id"]) << 32
+        for i, (name, layer) in enumerate(zip(c.get("hlo_name", []), c.get("layer", []))):
+            self._op_names[base | i] = str(name)
+            self._tree.add_op(base | i, layer or None)
         sem_names = m.get("semaphore_names") or {}
         n_sem = max([*sem_names, 255]) + 1
         self.programs[int(m["model_id"])] = _Program(
@@ -308,6 +332,13 @@ class ProfileRecorder:
         execution.end_ns = int(m["end_ns"])
         if execution.start_ns is None:
             execution.start_ns = int(m.get("start_ns", m["end_ns"]))
+        if self.rollups and execution.spans:
+            spans = hierarchy.merge(hierarchy.concat(execution.spans))
+            execution.spans = []
+            rows = hierarchy.hlo_rows(spans, execution.index, execution.base, self._op_names)
+            if rows["id"]:
+                self.writer.write("HloInstruction", rows)
+            self._tree.add(spans)
 
     def _execution(self, meta: Mapping[str, Any]) -> _Execution:
         execution_id = int(meta["execution_id"])
@@ -332,6 +363,7 @@ class ProfileRecorder:
         op = np.asarray(c["op_index"])
         no_op = op < 0
         op_idx = np.where(no_op, 0, op)
+        packed = _packed_op(program.model_id, op)
         trig_start = np.asarray(c["dma_trigger_start_ts"])
         trig_end = np.asarray(c["dma_trigger_end_ts"])
         transpose = np.asarray(c["transpose_flops"])
@@ -353,8 +385,8 @@ class ProfileRecorder:
             "raw_bir_id": node,
             "evt_wait_time_ns": c["evt_wait_time_ns"],
             "hlo_name": _dict(op_idx, program.hlo_names, no_op),
-            "raw_hlo_id": _null_where(op.astype(np.int64), no_op),
-            "raw_framework_id": _null_where(op.astype(np.int64), no_op),
+            "raw_hlo_id": _null_where(packed, no_op),
+            "raw_framework_id": _null_where(packed, no_op),
             "layer": _dict(op_idx, program.layers, no_op),
             "stack_frame_ids": _dict(op_idx, program.frame_ids, no_op),
             "bir_debug_info_source_location": _dict(op_idx, program.source_locations, no_op),
@@ -367,6 +399,15 @@ class ProfileRecorder:
         }
         self.writer.write("Instruction", columns)
         execution.rows += n
+        if self.rollups:
+            opcodes = list(m.get("opcodes") or program.opcodes)
+            sbuf_read = np.asarray(c["sbuf_read_bytes"])
+            loads = opcode == opcodes.index("LDWEIGHTS") if "LDWEIGHTS" in opcodes else np.zeros(n, bool)
+            execution.spans.append(hierarchy.merge(hierarchy.events(
+                np.where(no_op, -1, packed), np.asarray(c["start_ts"]), np.asarray(c["end_ts"]),
+                rid=node + execution.base, iid=node + execution.base, engine=np.asarray(c["engine"]),
+                hr=np.asarray(c["hbm_read_bytes"]), hw=np.asarray(c["hbm_write_bytes"]), sr=sbuf_read,
+                sw=np.asarray(c["sbuf_write_bytes"]), lw=np.where(loads, sbuf_read, 0))))
 
     def _on_dma_packet(self, batch: Any) -> None:
         c = batch.columns
@@ -382,6 +423,8 @@ class ProfileRecorder:
         throughput = np.divide(nbytes * 1e9, duration, out=np.zeros(n), where=duration > 0)
         queue = np.asarray(c["queue_idx"])
         op = np.asarray(c["op_index"])
+        hbm_read = np.where(np.asarray(c["hbm_read"]), nbytes, 0)
+        hbm_write = np.where(np.asarray(c["hbm_write"]), nbytes, 0)
         self.writer.write("DmaPacket", {
             "start_ts": c["start_ts"],
             "end_ts": c["end_ts"],
@@ -399,12 +442,16 @@ class ProfileRecorder:
             "queue_name": _dict(queue, program.queue_names),
             "queue_idx": queue,
             "crc": np.zeros(n, np.int64),
-            "raw_hlo_id": _null_where(op.astype(np.int64), op < 0),
-            "hbm_read_bytes": np.where(np.asarray(c["hbm_read"]), nbytes, 0),
-            "hbm_write_bytes": np.where(np.asarray(c["hbm_write"]), nbytes, 0),
+            "raw_hlo_id": _null_where(_packed_op(program.model_id, op), op < 0),
+            "hbm_read_bytes": hbm_read,
+            "hbm_write_bytes": hbm_write,
         })
         self._packet_id += n
         execution.rows += n
+        if self.rollups:
+            execution.spans.append(hierarchy.merge(hierarchy.events(
+                np.where(op < 0, -1, _packed_op(program.model_id, op)), np.asarray(c["start_ts"]),
+                np.asarray(c["end_ts"]), rid=transfer + execution.base, hr=hbm_read, hw=hbm_write)))
         first = (rank == 0) & (np.asarray(c["trigger_id"]) >= 0)
         if first.any():
             k = int(first.sum())

@@ -41,6 +41,7 @@ from formats.schema import PROFILE_SCHEMA_VERSION, SCHEMA, Schema
 from formats.schema_def import OPENAPI_TYPES, TableDef
 
 DEFAULT_ROW_GROUP_ROWS = 131_072
+DEFAULT_ROW_GROUP_BYTES = 32 * 2**20  # a row group also ends here: rows of long text stay bounded
 DEFAULT_ENCODER_THREADS = 2
 DEFAULT_MAX_FILE_BYTES = 512 * 2**20
 INCOMPLETE_CATEGORY = "Incomplete Profile"
@@ -96,12 +97,14 @@ class _TableStream:
         self.table = table
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
+        self.pending_bytes = 0
         self.parts: list[Path] = []
         self.lanes = [_Lane() for _ in range(owner.encoder_threads)]
         self.groups = 0
         self.rows = 0
         self.first_ts: int | None = None
         self.last_ts: int | None = None
+        self.finished = False
         self._parts_lock = threading.Lock()
 
     # -- appending ---------------------------------------------------------------------------
@@ -111,9 +114,12 @@ class _TableStream:
         self._track_time(batch)
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
+        self.pending_bytes += _row_bytes(batch)
         self.rows += batch.num_rows
         while self.pending_rows >= self.owner.row_group_rows:
             self._flush(self.owner.row_group_rows)
+        if self.pending_bytes >= self.owner.row_group_bytes:  # wide rows (long text, lists)
+            self._flush()
 
     def _track_time(self, batch: pa.RecordBatch) -> None:
         """Remember the earliest and latest timestamps: Metadata's first/last_hw_timestamp."""
@@ -146,6 +152,7 @@ class _TableStream:
                 self.pending[0] = batch.slice(need)
                 got += need
         self.pending_rows -= take
+        self.pending_bytes = sum(_row_bytes(b) for b in self.pending)
         group = pa.Table.from_batches(chosen)
         lane = self.lanes[self.groups % len(self.lanes)]
         self.groups += 1
@@ -205,6 +212,12 @@ class _TableStream:
             self.parts[0] = plain
 
 
+def _row_bytes(batch: pa.RecordBatch) -> int:
+    """Bytes a batch's rows hold; a dictionary column counts its indices (dictionaries are shared
+    per program by the recorder, so counting them per batch would overstate memory many times)."""
+    return sum(c.indices.nbytes if pa.types.is_dictionary(c.type) else c.nbytes for c in batch.columns)
+
+
 def _cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast a row group to the part's file schema (dictionary vs plain strings may differ)."""
     columns = [table.column(f.name).cast(f.type) for f in schema]
@@ -215,7 +228,8 @@ class ProfileWriter:
     """Writes one profile directory. Not thread-safe: feed it from one thread (the sink listener)."""
 
     def __init__(self, out_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None, *,
-                 row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                  compression: str = "zstd", compression_level: int | None = 1, overwrite: bool = False,
                  encoder_threads: int = DEFAULT_ENCODER_THREADS, schema: Schema = SCHEMA) -> None:
         if row_group_rows < 1 or max_file_bytes < 1 or encoder_threads < 1:
@@ -227,6 +241,7 @@ class ProfileWriter:
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".partial",
                                              dir=self.target.parent))
         self.row_group_rows = row_group_rows
+        self.row_group_bytes = row_group_bytes
         self.max_file_bytes = max_file_bytes
         self.compression = compression
         self.compression_level = compression_level
@@ -267,7 +282,21 @@ class ProfileWriter:
         stream = self._streams.get(table)
         if stream is None:
             stream = self._streams[table] = _TableStream(self, definition)
+        if stream.finished:
+            raise ProfileWriteError(f"{table} was finished with finish_table(); it takes no more rows")
         stream.append(batch)
+
+    def finish_table(self, table: str) -> list[Path]:
+        """Complete one table now (its files get their footers) and return its parts in the staging
+        directory, so rollups can read it before the profile closes. The table takes no more rows."""
+        self._check_open()
+        stream = self._streams.get(table)
+        if stream is None:
+            return []
+        if not stream.finished:
+            stream.finish()
+            stream.finished = True
+        return list(stream.parts)
 
     def write_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append rows given as dicts (for small tables; big ones should pass columns to ``write``)."""

@@ -74,7 +74,11 @@ def test_dma_packets_and_flow_edges_join(recorded: Recorded) -> None:
     hbm = pa.compute.add(packets.column("hbm_read_bytes"), packets.column("hbm_write_bytes"))
     assert 0 < pa.compute.sum(hbm).as_py() <= 2 * pa.compute.sum(packets.column("transfer_bytes")).as_py()
     ops = {op.name: i for i, op in enumerate(recorded.program.graph.ops)}
-    assert set(packets.column("raw_hlo_id").drop_null().to_pylist()) <= set(ops.values())
+    packed = set(packets.column("raw_hlo_id").drop_null().to_pylist())
+    assert {x & 0xFFFFFFFF for x in packed} <= set(ops.values())  # op index in the low 32 bits
+    instr_ops = set(profile.table("Instruction", ["raw_hlo_id"]).column("raw_hlo_id").drop_null()
+                    .to_pylist())
+    assert len({x >> 32 for x in packed | instr_ops}) == 1  # one loaded model in the high bits
     assert np.unique(packets.column("id").to_numpy()).size == packets.num_rows
     # packet_idx restarts at 0 for every transfer
     first = packets.filter(pa.compute.equal(packets.column("packet_idx"), 0))
@@ -131,3 +135,67 @@ def test_stack_frames_resolve_to_source_lines(recorded: Recorded) -> None:
 def eval_free_list(text: str) -> list[int]:
     """``[1, 2, 3]`` -> [1, 2, 3] without eval (profile content is data, never code)."""
     return [int(x) for x in text.strip("[]").split(",") if x.strip()]
+
+
+def merged_spans(intervals: list[tuple[int, int]]) -> list[list[int]]:
+    """Union of intervals, computed here independently of the DuckDB rollup."""
+    out: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return out
+
+
+def test_hlo_rollup_matches_an_independent_union(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    hlo = profile.table("HloInstruction").to_pylist()
+    instr = profile.table("Instruction", ["raw_hlo_id", "id", "start_ts", "end_ts"]).to_pylist()
+    packets = profile.table("DmaPacket", ["raw_hlo_id", "packet_aggregation_id", "start_ts", "end_ts",
+                                          "hbm_read_bytes", "hbm_write_bytes"]).to_pylist()
+    runs = sorted({r["modular_flow_invocation_idx"] for r in hlo})
+    assert runs == list(range(EXECUTIONS))
+    per_run = recorded.program.n_nodes  # ids of execution k are [k * n_nodes, (k + 1) * n_nodes)
+    busiest = max((r for r in hlo if r["modular_flow_invocation_idx"] == 1),
+                  key=lambda r: len(eval_free_nested(r["time_intervals"])))
+    op = busiest["raw_hlo_id"]
+    events = [(r["start_ts"], r["end_ts"]) for r in instr
+              if r["raw_hlo_id"] == op and r["id"] // per_run == 1]
+    events += [(r["start_ts"], r["end_ts"]) for r in packets
+               if r["raw_hlo_id"] == op and r["packet_aggregation_id"] // per_run == 1]
+    assert eval_free_nested(busiest["time_intervals"]) == merged_spans(events)
+    assert busiest["start_ts"] == min(s for s, _ in events) and busiest["end_ts"] == max(e for _, e in events)
+    hbm = sum(r["hbm_read_bytes"] + r["hbm_write_bytes"] for r in packets
+              if r["raw_hlo_id"] == op and r["packet_aggregation_id"] // per_run == 1)
+    assert sum(busiest["hbm_transfer_size_per_interval"]) == hbm
+    assert busiest["hlo_name"] == recorded.program.graph.ops[op & 0xFFFFFFFF].name
+    assert len(busiest["element_count_per_interval"]) == len(busiest["hbm_transfer_size_per_interval"])
+
+
+def test_framework_nodes_form_the_layer_tree(recorded: Recorded) -> None:
+    profile = open_profile(recorded.path)
+    nodes = {r["node_name"]: r for r in profile.table("FrameworkNode").to_pylist()}
+    layers = {op.layer for op in recorded.program.graph.ops if op.layer}
+    assert layers <= set(nodes)
+    roots = [n for n, r in nodes.items() if r["parent_name"] == ""]
+    assert roots == ["encoder"]
+    root = nodes["encoder"]
+    instr = profile.table("Instruction", ["layer", "engine"])
+    attributed = pa.compute.sum(pa.compute.is_valid(instr.column("layer"))).as_py()
+    counted = sum(root[f"{e}_engine_instruction_count"]
+                  for e in ("tensor", "vector", "scalar", "gpsimd", "sync"))
+    assert counted == attributed
+    for name, row in nodes.items():
+        if row["parent_name"]:
+            assert name.startswith(row["parent_name"] + "/")
+            assert name in nodes[row["parent_name"]]["children_names"]
+        assert row["start_ts"] <= row["end_ts"]
+
+
+def eval_free_nested(text: str) -> list[list[int]]:
+    """``[[1, 10], [20, 50]]`` -> [[1, 10], [20, 50]] without eval."""
+    inner = text.strip()[1:-1].strip()
+    if not inner:
+        return []
+    return [[int(x) for x in pair.strip(" []").split(",")] for pair in inner.split("],")]

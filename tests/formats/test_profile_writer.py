@@ -199,3 +199,32 @@ def test_written_files_store_plain_types(tmp_path: Path) -> None:
             "value": np.array([1, 2], np.int16)})
     schema = pq.read_schema(tmp_path / "p" / "SemaphoreUpdate.parquet")
     assert schema.field("id").type == pa.string() and schema.field("value").type == pa.int32()
+
+
+def test_wide_rows_end_a_row_group_by_bytes(tmp_path: Path) -> None:
+    writer = ProfileWriter(tmp_path / "p", HW, row_group_rows=1_000_000, row_group_bytes=10_000,
+                           encoder_threads=1)
+    for _ in range(5):
+        writer.write("StackFrameFileName", {"id": ["1"] * 10, "name": ["x" * 500] * 10})
+    assert writer._streams["StackFrameFileName"].pending_bytes < 10_000
+    parts = writer.finish_table("StackFrameFileName")
+    assert [p.name for p in parts] == ["StackFrameFileName.parquet"]
+    assert pq.ParquetFile(parts[0]).metadata.num_row_groups >= 2
+    with pytest.raises(ProfileWriteError, match="finish_table"):
+        writer.write("StackFrameFileName", {"id": ["2"], "name": ["y"]})
+    writer.close()
+
+
+def test_framework_rollup_gives_up_past_its_span_bound(tmp_path: Path) -> None:
+    import neuroncore as nc
+    from neuroncore import workloads
+
+    sink = EventSink()
+    instance = nc.Instance("trn1.2xlarge", sink=sink)
+    program = nc.compile(workloads.get("mlp").graph(), "trn1")
+    with record_profile(tmp_path / "p", sink) as recorder:
+        recorder._tree.max_spans = 1
+        instance.core(0).load(program).execute(timing_only=True)
+    profile = open_profile(tmp_path / "p")
+    assert not profile.has("FrameworkNode") and profile.num_rows("HloInstruction") > 0
+    assert any("FrameworkNode not written" in w.message for w in profile.warnings)
