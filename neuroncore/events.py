@@ -25,7 +25,7 @@ RECORD_KINDS: dict[str, str] = {
     "semaphore_update": "semaphore increments at instruction/transfer completion",
     "hbm_usage": "HBM throughput samples over the execution",
     "cc_op": "collectives of a tensor-parallel execution, one row per collective as one rank saw it",
-    "link_usage": "NeuronLink / EFA / on-chip channel traffic sampled over a tensor-parallel execution",
+    "neuronlink_usage": "NeuronLink / EFA / on-chip channel traffic sampled over a tensor-parallel execution",
     "execution_end": "an execution finished (meta: device time, counts)",
 }
 

@@ -168,50 +168,68 @@ def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.nd
 
 def emit_collectives(sink: EventSink, program: Program, collectives: Sequence[tuple[int, CollectiveRecord]],
                      *, rank: int, execution_id: int, model_id: int, core: int) -> None:
-    """One ``cc_op`` row per collective, as rank ``rank`` saw it (CcOp columns, profile-schema.md)."""
+    """One ``cc_op`` row per collective as rank ``rank`` saw it, columns named as the profile's CcOp
+    table (``CollectiveRecord.ccop_row``); the node, IR op and HLO name of each travel in ``meta``."""
+    if not collectives:
+        return
     rows = [record.ccop_row(record.ranks[rank] if rank < len(record.ranks) else None)
             for _, record in collectives]
-    columns: dict[str, object] = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-    nodes = np.asarray([node for node, _ in collectives], np.int64)
-    columns["node"] = nodes
-    columns["op_index"] = program.op_index[nodes] if nodes.size else np.zeros(0, np.int32)
-    columns["hlo_name"] = [program.graph.ops[int(i)].name for i in columns["op_index"]]
-    sink.emit("cc_op", columns, execution_id=execution_id, model_id=model_id, core=core, rank=rank)
+    columns: dict[str, object] = {name: [row[name] for row in rows] for name in rows[0]}
+    columns["stream_id"] = np.zeros(len(rows), np.int64)  # one CC-core stream per program
+    columns["stream_index"] = np.arange(len(rows), dtype=np.int64)
+    nodes = [node for node, _ in collectives]
+    op_indices = [int(program.op_index[node]) for node in nodes]
+    sink.emit("cc_op", columns, execution_id=execution_id, model_id=model_id, core=core, rank=rank,
+              nodes=nodes, op_indices=op_indices,
+              hlo_names=[program.graph.ops[i].name for i in op_indices])
+
+
+CHANNEL_KINDS = {"NeuronLink": "neuronlink", "EFA": "efa", "on-chip": "on_chip"}
 
 
 def emit_link_usage(sink: EventSink, records: Sequence[CollectiveRecord], t0: float, t1: float, *,
                     execution_ids: Sequence[int], samples: int = 256) -> None:
-    """Per-channel traffic of a group's collectives in fixed windows over [t0, t1): one row per
-    (window, channel that carried bytes). Channels are topology channel ids, named in ``meta``."""
+    """Per-channel traffic of a group's collectives in fixed windows over [t0, t1): one
+    ``neuronlink_usage`` row per (window, channel that carried bytes), the columns of the profile's
+    NeuronLinkUsage extension table."""
     if not records or t1 <= t0:
         return
     topology = records[0].topology
     width = max(1000.0, (t1 - t0) / samples)
     edges = t0 + width * np.arange(int(np.ceil((t1 - t0) / width)) + 1)
-    n_channels = len(topology.channels)
-    traffic = np.zeros((edges.size - 1, n_channels))
+    n_windows, n_channels = edges.size - 1, len(topology.channels)
+    traffic = np.zeros((n_windows, n_channels))
+    flows = np.zeros((n_windows, n_channels), np.int32)
     for record in records:
         usage = record.link_usage
         if not usage.channels.size:
             continue
-        for w in range(edges.size - 1):
-            if edges[w + 1] <= record.start_ns or edges[w] >= record.end_ns:
-                continue
+        first = max(0, int((record.start_ns - t0) // width))
+        last = min(n_windows, int(np.ceil((record.end_ns - t0) / width)) + 1)
+        for w in range(first, last):
             traffic[w, usage.channels] += usage.bytes_in_window(edges[w], edges[w + 1])
+            flows[w, usage.channels] = np.maximum(flows[w, usage.channels],
+                                                  usage.flows_in_window(edges[w], edges[w + 1]))
     window, channel = np.nonzero(traffic > 0)
     moved = traffic[window, channel]
-    channels = topology.channels
+    channels = [topology.channels[int(c)] for c in channel]
+    capacity = topology.channel_bytes_per_s
     sink.emit(
-        "link_usage",
+        "neuronlink_usage",
         {
             "timestamp": np.rint(edges[window]).astype(np.int64),
-            "channel": channel.astype(np.int32),
-            "src_device": np.asarray([channels[c].src for c in channel], np.int32),
-            "dst_device": np.asarray([channels[c].dst for c in channel], np.int32),
-            "kind": [channels[c].kind for c in channel],
+            "duration_ns": np.full(window.size, int(round(width)), np.int64),
+            "channel_id": channel.astype(np.int64),
+            "channel_kind": [CHANNEL_KINDS.get(c.kind, c.kind) for c in channels],
+            "link_id": [c.link if c.link >= 0 and c.kind == "NeuronLink" else None for c in channels],
+            "src_device": np.asarray([c.src for c in channels], np.int64),
+            "dst_device": np.asarray([c.dst for c in channels], np.int64),
+            "direction": np.asarray([c.direction for c in channels], np.int32),
             "transfer_bytes": np.rint(moved).astype(np.int64),
-            "throughput_bytes_per_s": (moved * 1e9 / width).astype(np.float64),
+            "current_throughput": (moved * 1e9 / width).astype(np.float32),
+            "active_flows": flows[window, channel],
+            "capacity": capacity[channel].astype(np.float32),
         },
-        period_ns=width, topology=topology.name, execution_ids=list(execution_ids),
-        channel_labels={int(c): channels[int(c)].label for c in np.unique(channel)},
+        topology=topology.name, execution_ids=list(execution_ids),
+        channel_labels={int(c): topology.channels[int(c)].label for c in np.unique(channel)},
     )

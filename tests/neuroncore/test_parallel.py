@@ -144,12 +144,15 @@ def test_records_per_rank_and_link_usage():
     assert row["operation"] == ["AllReduce"] * 3
     assert row["replica_group"][0] == "[[4, 5, 6, 7]]"
     assert all(e > s for s, e in zip(row["start_ts"], row["end_ts"]))
-    assert row["hlo_name"][0].startswith("all-reduce")
+    assert list(row["stream_index"]) == [0, 1, 2]
+    assert cc_ops[0].meta["hlo_names"][0].startswith("all-reduce")
     # instructions exclude the collectives (they are CcOp rows, not engine instructions)
     n_instr = sum(len(b) for b in by_kind["instruction"] if b.meta["core"] == 4)
     assert n_instr == group.program.n_instructions
-    links = by_kind["link_usage"]
+    links = by_kind["neuronlink_usage"]
     assert len(links) == 1 and len(links[0]) > 0
+    assert set(links[0].columns["channel_kind"]) <= {"neuronlink", "on_chip"}
+    assert np.all(links[0].columns["current_throughput"] <= links[0].columns["capacity"] * 1.001)
     moved = int(np.sum(links[0].columns["transfer_bytes"]))
     total = sum(float(r.link_usage.total_bytes().sum()) for r in result.collectives)
     assert moved == pytest.approx(total, rel=1e-3)
