@@ -218,7 +218,7 @@ def emit_link_usage(sink: EventSink, records: Sequence[CollectiveRecord], t0: fl
         "neuronlink_usage",
         {
             "timestamp": np.rint(edges[window]).astype(np.int64),
-            "duration_ns": np.full(window.size, int(round(width)), np.int64),
+            "duration_ns": np.full(window.size, round(width), np.int64),
             "channel_id": channel.astype(np.int64),
             "channel_kind": [CHANNEL_KINDS.get(c.kind, c.kind) for c in channels],
             "link_id": [c.link if c.link >= 0 and c.kind == "NeuronLink" else None for c in channels],
