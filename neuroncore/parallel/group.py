@@ -18,6 +18,7 @@ its busiest core is free.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -135,6 +136,7 @@ class TensorParallelModel:
     def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
                 timing_only: bool = False) -> GroupResult:
         """Run one step on every rank: the full graph's ``inputs`` in, its outputs out."""
+        host_start_ns = time.time_ns()
         per_rank: list[list[np.ndarray]] | None = None
         if not timing_only:
             if inputs is None:
@@ -151,7 +153,7 @@ class TensorParallelModel:
             placed = [(int(node), template.shifted(timeline.start_ns[node] - template.start_ns))
                       for node, template in zip(self.program.collective_nodes, self._templates)]
             results = [model.record(t0, timeline, None if per_rank is None else per_rank[i],
-                                    timing_only, placed)
+                                    timing_only, placed, host_start_ns=host_start_ns)
                        for i, model in enumerate(self.models)]
         finally:
             for core in cores:

@@ -12,7 +12,9 @@ forward so successive executions sit one after another on the device timeline.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -68,11 +70,13 @@ class LoadedModel:
         self.executions = 0
         self._weights: dict[str, np.ndarray] | None = None
         if sink.active:
-            records.emit_program(sink, program, self.model_id, core.index)
+            records.emit_program(sink, program, self.model_id, core.index, device=core.device,
+                                 instance_type=core.instance_type, rank=rank)
 
     def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
                 timing_only: bool = False) -> ExecutionResult:
         program = self.program
+        host_start_ns = time.time_ns()
         outputs: list[np.ndarray] | None = None
         if not timing_only:
             if inputs is None:
@@ -83,7 +87,7 @@ class LoadedModel:
         with self.core.lock:
             t0 = self.core.clock_ns
             timeline = schedule(program, float(t0))
-            return self.record(t0, timeline, outputs, timing_only)
+            return self.record(t0, timeline, outputs, timing_only, host_start_ns=host_start_ns)
 
     def compute(self, inputs: list[np.ndarray], exchange: Exchange | None = None) -> list[np.ndarray]:
         """Numerics only: the outputs for bound ``inputs``; ``exchange`` serves collectives."""
@@ -96,10 +100,13 @@ class LoadedModel:
                 for name, op in zip(program.output_tensors, program.graph.outputs)]
 
     def record(self, t0: int, timeline: Timeline, outputs: list[np.ndarray] | None, timing_only: bool,
-               collectives: Sequence[tuple[int, CollectiveRecord]] = ()) -> ExecutionResult:
+               collectives: Sequence[tuple[int, CollectiveRecord]] = (), *,
+               host_start_ns: int | None = None) -> ExecutionResult:
         """Put one execution that ``timeline`` timed from ``t0`` on this core's clock and report it.
 
-        ``collectives`` pairs each collective node with its timed record (tensor-parallel runs)."""
+        ``collectives`` pairs each collective node with its timed record (tensor-parallel runs).
+        ``host_start_ns`` is when the caller asked for the execution (Unix ns): with the report's own
+        end it lets a system profile place the execution on the host clock."""
         program = self.program
         end = int(np.ceil(timeline.finish_ns)) if program.n_nodes else t0
         with self.core.lock:
@@ -108,8 +115,10 @@ class LoadedModel:
         self.executions += 1
         sink, core = self.sink, self.core.index
         if sink.active:
+            host = {"host_start_ns": host_start_ns or time.time_ns(), "pid": os.getpid(),
+                    "thread_id": threading.get_native_id()}
             sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,
-                      core=core, start_ns=t0, model_name=program.graph.name, rank=self.rank)
+                      core=core, start_ns=t0, model_name=program.graph.name, rank=self.rank, **host)
             records.emit_execution(sink, program, timeline, execution_id=execution_id,
                                    model_id=self.model_id, core=core)
             if collectives:
@@ -117,7 +126,7 @@ class LoadedModel:
                                          execution_id=execution_id, model_id=self.model_id, core=core)
             sink.emit("execution_end", execution_id=execution_id, model_id=self.model_id,
                       core=core, start_ns=t0, end_ns=end, device_time_ns=end - t0,
-                      timing_only=timing_only)
+                      timing_only=timing_only, host_end_ns=time.time_ns(), **host)
         return ExecutionResult(execution_id, self.model_id, core, t0, end, outputs, timeline, program)
 
 
@@ -130,6 +139,7 @@ class NeuronCore:
         self.device = device
         self.sink = sink
         self.clock_ns = 0
+        self.instance_type: str | None = None  # set by the Instance that owns the core
         self.lock = threading.RLock()
         self.models: list[LoadedModel] = []
 
@@ -188,6 +198,8 @@ class Instance:
         per_chip = self.spec.chip.cores_per_chip
         self.cores = [NeuronCore(i, self.spec.chip.core, i // per_chip, self.sink)
                       for i in range(self.spec.cores * nodes)]
+        for core in self.cores:
+            core.instance_type = name
 
     @property
     def name(self) -> str:

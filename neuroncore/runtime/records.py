@@ -25,7 +25,9 @@ def _chunks(n: int) -> Iterator[slice]:
         yield slice(s, min(n, s + BATCH_ROWS))
 
 
-def emit_program(sink: EventSink, program: Program, model_id: int, core: int) -> None:
+def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **where: object) -> None:
+    """A loaded program's ops and static facts; ``where`` adds the core's place (device, instance
+    type, tensor-parallel rank) to the meta."""
     graph = program.graph
     ops = graph.ops
     sink.emit(
@@ -45,6 +47,7 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int) ->
         semaphore_names=dict(program.semaphore_names), operands=program.operands,
         opcodes=program.opcodes,
         compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
+        hbm_bytes_by_kind=program.hbm_bytes_by_kind(), **where,
     )
 
 
