@@ -1,0 +1,184 @@
+"""Device profiles of whatever runs compiled models: one profile per execution (or the nth only).
+
+    import collectors
+    with collectors.profile("out/run", nth_exec=2):      # around any code that runs models
+        model(x); model(x)
+    # out/run/model=llama_decode/core=0/execution=2/Instruction.parquet, ...
+
+A device profile describes one execution of one program on one NeuronCore, as the real tool's does.
+The collector listens to the execution core's event sink and routes each execution's batches to a
+profile of its own, laid out as hive-style partitions (``model=<name>/core=<n>/execution=<k>``), so
+the whole folder reads as one dataset in the query layer, DuckDB, Spark or pandas. Several models,
+several cores and the ranks of a tensor-parallel group each get their own profiles.
+
+An execution's profile stays open until the next execution on the same core starts (or the
+collection ends): what a group reports after its ranks finish (NeuronLink usage) still reaches it.
+If the code inside raises, or the collection is interrupted, open profiles are kept, marked
+incomplete (``<dir>.incomplete``), and the exception goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from formats.recorder import ProfileRecorder
+from formats.writer import ProfileWriter
+
+
+def _safe(text: str) -> str:
+    """A partition value usable as a path component (and read back unchanged by hive parsing)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "model"
+
+
+@dataclass
+class _Open:
+    recorder: ProfileRecorder
+    path: Path
+    model: str
+    core: int
+    execution: int
+    execution_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class CapturedProfile:
+    """One device profile written by the collector."""
+
+    path: Path
+    model: str
+    core: int
+    execution: int  # 1-based count of this model's executions on this core
+    complete: bool
+
+
+class DeviceProfileCollector:
+    """Event-sink listener that writes one device profile per selected execution."""
+
+    def __init__(self, out_dir: str | Path, *, nth_exec: int | None = None,
+                 metadata: Mapping[str, Any] | None = None, **writer_options: Any) -> None:
+        if nth_exec is not None and (not isinstance(nth_exec, int) or nth_exec < 0):
+            raise ValueError(f"nth_exec must be a positive execution number (or 0 for none), "
+                             f"not {nth_exec!r}")
+        self.out_dir = Path(out_dir)
+        self.nth_exec = nth_exec
+        self.metadata = dict(metadata or {})
+        self.writer_options = writer_options
+        self.profiles: list[CapturedProfile] = []
+        self._programs: dict[tuple[int, int], Any] = {}  # (model_id, core) -> program_loaded batch
+        self._counts: dict[tuple[int, int], int] = {}
+        self._open: dict[int, _Open] = {}  # core -> its latest execution's profile
+        self._by_execution: dict[int, _Open] = {}
+        self._lock = threading.Lock()
+
+    # -- listener ----------------------------------------------------------------------------
+    def __call__(self, batch: Any) -> None:
+        with self._lock:
+            kind, meta = batch.kind, batch.meta
+            if kind == "program_loaded":
+                self._programs[(int(meta["model_id"]), int(meta["core"]))] = batch
+                return
+            if kind == "execution_start":
+                self._start(batch)
+                return
+            if kind == "neuronlink_usage":
+                for target in {id(o): o for e in meta.get("execution_ids", ())
+                               if (o := self._by_execution.get(e))}.values():
+                    target.recorder(batch)
+                return
+            target = self._by_execution.get(meta.get("execution_id", -1))
+            if target is not None:
+                target.recorder(batch)
+
+    def _start(self, batch: Any) -> None:
+        meta = batch.meta
+        core, model_id = int(meta["core"]), int(meta["model_id"])
+        previous = self._open.pop(core, None)
+        if previous is not None:
+            self._finish(previous, complete=True)
+        key = (model_id, core)
+        self._counts[key] = count = self._counts.get(key, 0) + 1
+        if self.nth_exec is not None and count != self.nth_exec:
+            return
+        program = self._programs.get(key)
+        name = _safe(str(meta.get("model_name") or (program.meta.get("model_name") if program else "model")))
+        path = self.out_dir / f"model={name}" / f"core={core}" / f"execution={count}"
+        info = dict(self.metadata)
+        if program is not None:
+            for source, target in (("instance_type", "instance_type"), ("device", "neuron_device_idx")):
+                if program.meta.get(source) is not None:
+                    info.setdefault(target, program.meta[source])
+        info.setdefault("neuroncore_idx", core)
+        info.setdefault("profile_name", f"{name} core {core} execution {count}")
+        writer = ProfileWriter(path, {"is_simulation": True, **info}, **self.writer_options)
+        recorder = ProfileRecorder(writer, core=core)
+        entry = _Open(recorder, path, name, core, count, {int(meta["execution_id"])})
+        self._open[core] = entry
+        self._by_execution[int(meta["execution_id"])] = entry
+        if program is not None:
+            recorder(program)
+        recorder(batch)
+
+    def _finish(self, entry: _Open, *, complete: bool, reason: str = "") -> None:
+        for execution_id in entry.execution_ids:
+            self._by_execution.pop(execution_id, None)
+        if complete:
+            path = entry.recorder.close()
+        else:
+            path = entry.recorder.abort(reason or "capture interrupted") or entry.path
+        self.profiles.append(CapturedProfile(Path(path), entry.model, entry.core, entry.execution,
+                                             complete))
+
+    # -- finishing ---------------------------------------------------------------------------
+    def close(self) -> list[CapturedProfile]:
+        """Complete every open profile; returns all profiles written."""
+        with self._lock:
+            errors: list[BaseException] = []
+            for core in sorted(self._open):
+                try:
+                    self._finish(self._open[core], complete=True)
+                except Exception as exc:  # keep closing the others; report the first
+                    errors.append(exc)
+            self._open.clear()
+            if errors:
+                raise errors[0]
+            return list(self.profiles)
+
+    def abort(self, reason: str) -> list[CapturedProfile]:
+        """Keep every open profile, flagged incomplete."""
+        with self._lock:
+            for core in sorted(self._open):
+                with contextlib.suppress(Exception):
+                    self._finish(self._open[core], complete=False, reason=reason)
+            self._open.clear()
+            return list(self.profiles)
+
+
+@contextlib.contextmanager
+def profile(out_dir: str | Path, *, nth_exec: int | None = None, sink: Any = None,
+            metadata: Mapping[str, Any] | None = None,
+            **writer_options: Any) -> Iterator[DeviceProfileCollector]:
+    """Record device profiles of every execution inside the block (or only each core's ``nth_exec``-th
+    execution of each model; 0 records nothing) into ``out_dir``."""
+    if sink is None:
+        from neuroncore.events import sink as default_sink
+
+        sink = default_sink
+    collector = DeviceProfileCollector(out_dir, nth_exec=nth_exec, metadata=metadata, **writer_options)
+    unsubscribe = sink.subscribe(collector)
+    try:
+        yield collector
+    except BaseException as exc:
+        unsubscribe()
+        collector.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        raise
+    unsubscribe()
+    collector.close()
+
+
+__all__ = ["CapturedProfile", "DeviceProfileCollector", "profile"]

@@ -1,0 +1,214 @@
+"""The system profile: host CPU and memory over time, and the runtime's API events, on the host clock.
+
+    with collectors.system_profile("out/run/system", interval_s=0.05):
+        model(x)
+
+Written as the real tool's system-profile tables (profile-schema.md §1.5): ``CpuUsage`` (one row per
+CPU per sample, psutil), ``HostMemUsage`` (used bytes and percent per sample) and
+``SystemProfileEvents`` (``trace_event_source`` ``neuron_rt``): ``nrt_load`` per loaded model,
+``nrt_execute`` per execution with its host span, ``nc_exec_running`` for the device span, and
+``nrt_cc`` per collective.
+
+**Clock alignment.** System-profile timestamps are Unix-epoch nanoseconds. Device profiles keep the
+device clock (ns since the core's first execution, as the real trace's ticks). Each execution is
+the sync point: the runtime reports the host time the execution was requested
+(``host_start_ns``) next to its device start, so a device timestamp ``t`` of that execution is
+placed at ``host_start_ns + (t - device_start)`` on the host clock. ``nc_exec_running`` and
+``nrt_cc`` events are placed that way, and carry both clocks in ``extra_attributes_json``
+(``device_start_ns``, ``device_end_ns``) so a reader can redo the mapping. Device time is simulated,
+so an execution's device span and its host span need not have the same length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from formats.recorder import metadata_from_spec
+from formats.writer import ProfileWriter, timestamp_text
+from neuroncore.config import default_instance
+from neuroncore.hardware import INSTANCE_TYPES, core_spec
+
+
+class SystemProfileCollector:
+    """Samples host CPU/memory in a thread and turns runtime events from the sink into rows."""
+
+    def __init__(self, out_dir: str | Path, *, interval_s: float = 0.1,
+                 instance_id: str | None = None) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"the sampling interval must be positive, not {interval_s!r}")
+        self.out_dir = Path(out_dir)
+        self.interval_s = float(interval_s)
+        self.instance_id = instance_id or socket.gethostname()
+        spec = core_spec(default_instance())
+        instance = INSTANCE_TYPES[default_instance()]
+        self.hbm_capacity_bytes = instance.chips * instance.chip.hbm_bytes
+        self.writer = ProfileWriter(self.out_dir, {"is_simulation": True, "instance_type": default_instance(),
+                                                   **metadata_from_spec(spec)})
+        self._first_ns: int | None = None
+        self._last_ns: int | None = None
+        self._events: dict[str, list[Any]] = {name: [] for name in (
+            "id", "name", "start_ts", "end_ts", "duration_ns", "trace_event_source", "instance_id",
+            "process_id", "thread_id", "nc_idx", "worker_gid", "extra_attributes_json")}
+        self._starts: dict[int, dict[str, Any]] = {}  # execution id -> execution_start meta
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, name="neuronscope-system-sampler",
+                                        daemon=True)
+        self.samples = 0
+
+    # -- host samples ------------------------------------------------------------------------
+    def start(self) -> None:
+        psutil.cpu_percent(percpu=True)  # prime: the first call has no interval to measure
+        self._thread.start()
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one CPU and memory sample now (the thread calls this every interval)."""
+        now = time.time_ns()
+        self._first_ns = self._first_ns or now
+        self._last_ns = now
+        per_cpu = psutil.cpu_percent(percpu=True)
+        memory = psutil.virtual_memory()
+        with self._lock:
+            if not self.writer.is_open:
+                return
+            self.writer.write("CpuUsage", {
+                "timestamp": [now] * len(per_cpu), "util_percent": [float(p) for p in per_cpu],
+                "cpu_id": [str(i) for i in range(len(per_cpu))],
+                "instance_id": [self.instance_id] * len(per_cpu)})
+            self.writer.write("HostMemUsage", {
+                "timestamp": [now], "used_bytes": [int(memory.total - memory.available)],
+                "used_percent": [float(memory.percent)], "instance_id": [self.instance_id]})
+            self.samples += 1
+
+    # -- runtime events ----------------------------------------------------------------------
+    def __call__(self, batch: Any) -> None:
+        kind, meta = batch.kind, batch.meta
+        with self._lock:
+            if kind == "program_loaded":
+                if meta.get("spec") is not None and meta.get("instance_type"):
+                    self.writer.update_metadata(instance_type=meta["instance_type"],
+                                                **metadata_from_spec(meta["spec"]))
+                now = time.time_ns()
+                self._event("nrt_load", now, now, os.getpid(), threading.get_native_id(), meta.get("core"),
+                            {"model_id": meta.get("model_id"), "model_name": meta.get("model_name"),
+                             "instructions": meta.get("n_instructions"), "rank": meta.get("rank")})
+            elif kind == "execution_start":
+                self._starts[int(meta["execution_id"])] = dict(meta)
+            elif kind == "execution_end":
+                self._execution(meta)
+            elif kind == "cc_op":
+                self._collectives(batch)
+
+    def _event(self, name: str, start: int, end: int, pid: int, tid: int, core: Any,
+               extra: dict[str, Any]) -> None:
+        events = self._events
+        events["id"].append(len(events["id"]) + 1)
+        events["name"].append(name)
+        events["start_ts"].append(int(start))
+        events["end_ts"].append(int(end))
+        events["duration_ns"].append(int(end) - int(start))
+        events["trace_event_source"].append("neuron_rt")
+        events["instance_id"].append(self.instance_id)
+        events["process_id"].append(int(pid))
+        events["thread_id"].append(int(tid))
+        events["nc_idx"].append(None if core is None else int(core))
+        events["worker_gid"].append(extra.get("rank"))
+        events["extra_attributes_json"].append(json.dumps(extra, default=str))
+
+    def _execution(self, meta: dict[str, Any]) -> None:
+        start = self._starts.get(int(meta["execution_id"]), meta)
+        host_start = int(meta.get("host_start_ns") or start.get("host_start_ns") or time.time_ns())
+        host_end = int(meta.get("host_end_ns") or time.time_ns())
+        pid, tid = int(meta.get("pid", os.getpid())), int(meta.get("thread_id", threading.get_native_id()))
+        extra = {"execution_id": meta["execution_id"], "model_id": meta.get("model_id"),
+                 "model_name": start.get("model_name"), "rank": start.get("rank"),
+                 "device_start_ns": meta.get("start_ns"), "device_end_ns": meta.get("end_ns"),
+                 "timing_only": meta.get("timing_only")}
+        self._event("nrt_execute", host_start, host_end, pid, tid, meta.get("core"), extra)
+        device_ns = int(meta.get("device_time_ns") or 0)
+        self._event("nc_exec_running", host_start, host_start + device_ns, pid, tid, meta.get("core"), extra)
+
+    def _collectives(self, batch: Any) -> None:
+        meta, columns = batch.meta, batch.columns
+        start = self._starts.get(int(meta["execution_id"]))
+        if start is None or "host_start_ns" not in start:
+            return
+        offset = int(start["host_start_ns"]) - int(start["start_ns"])  # device -> host (see module doc)
+        for i, operation in enumerate(columns.get("operation", ())):
+            extra = {"execution_id": meta["execution_id"], "operation": operation,
+                     "algorithm": columns["algorithm"][i], "replica_group": columns["replica_group"][i],
+                     "bytes": columns["input_size"][i], "rank": meta.get("rank"),
+                     "device_start_ns": int(columns["start_ts"][i]),
+                     "device_end_ns": int(columns["end_ts"][i])}
+            self._event("nrt_cc", int(columns["start_ts"][i]) + offset, int(columns["end_ts"][i]) + offset,
+                        int(start.get("pid", os.getpid())), int(start.get("thread_id", 0)), meta.get("core"),
+                        extra)
+
+    # -- finishing ---------------------------------------------------------------------------
+    def _stop_sampling(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _flush_events(self) -> None:
+        events = self._events
+        if events["id"]:
+            self.writer.write("SystemProfileEvents", events)
+        times = [t for t in (self._first_ns, self._last_ns, *events["start_ts"], *events["end_ts"]) if t]
+        first, last = (min(times), max(times)) if times else (time.time_ns(),) * 2
+        self.writer.write("SystemProfileMetadata", {
+            "first_ts": [timestamp_text(first)], "last_ts": [timestamp_text(last)],
+            "first_ts_ns": [str(first)], "last_ts_ns": [str(last)], "ntff_version": [0],
+            "hbm_capacity_bytes": [int(self.hbm_capacity_bytes)]})
+
+    def close(self) -> Path:
+        self._stop_sampling()
+        self.sample()  # the last moment is always in the profile
+        with self._lock:
+            self._flush_events()
+            return self.writer.close()
+
+    def abort(self, reason: str) -> Path | None:
+        self._stop_sampling()
+        with self._lock, contextlib.suppress(Exception):
+            self._flush_events()
+        with self._lock:
+            return self.writer.abort(reason)
+
+
+@contextlib.contextmanager
+def system_profile(out_dir: str | Path, *, interval_s: float = 0.1, sink: Any = None,
+                   instance_id: str | None = None) -> Iterator[SystemProfileCollector]:
+    """Record a system profile of the block into ``out_dir`` (kept, flagged incomplete, on error)."""
+    if sink is None:
+        from neuroncore.events import sink as default_sink
+
+        sink = default_sink
+    collector = SystemProfileCollector(out_dir, interval_s=interval_s, instance_id=instance_id)
+    unsubscribe = sink.subscribe(collector)
+    collector.start()
+    try:
+        yield collector
+    except BaseException as exc:
+        unsubscribe()
+        collector.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        raise
+    unsubscribe()
+    collector.close()
+
+
+__all__ = ["SystemProfileCollector", "system_profile"]
