@@ -38,70 +38,26 @@ from formats.writer import ProfileWriter, timestamp_text
 from neuroncore.config import default_instance
 from neuroncore.hardware import INSTANCE_TYPES, core_spec
 
+EVENT_COLUMNS = ("id", "name", "start_ts", "end_ts", "duration_ns", "trace_event_source", "instance_id",
+                 "process_id", "thread_id", "nc_idx", "worker_gid", "extra_attributes_json")
 
-class SystemProfileCollector:
-    """Samples host CPU/memory in a thread and turns runtime events from the sink into rows."""
 
-    def __init__(self, out_dir: str | Path, *, interval_s: float = 0.1,
-                 instance_id: str | None = None) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"the sampling interval must be positive, not {interval_s!r}")
-        self.out_dir = Path(out_dir)
-        self.interval_s = float(interval_s)
-        self.instance_id = instance_id or socket.gethostname()
-        spec = core_spec(default_instance())
-        instance = INSTANCE_TYPES[default_instance()]
-        self.hbm_capacity_bytes = instance.chips * instance.chip.hbm_bytes
-        self.writer = ProfileWriter(self.out_dir, {"is_simulation": True, "instance_type": default_instance(),
-                                                   **metadata_from_spec(spec)})
-        self._first_ns: int | None = None
-        self._last_ns: int | None = None
-        self._events: dict[str, list[Any]] = {name: [] for name in (
-            "id", "name", "start_ts", "end_ts", "duration_ns", "trace_event_source", "instance_id",
-            "process_id", "thread_id", "nc_idx", "worker_gid", "extra_attributes_json")}
+class RuntimeEventLog:
+    """Runtime API events (``SystemProfileEvents`` rows) from the event sink of one process.
+
+    A process under ``neuron-profile capture -- CMD`` writes its log as JSON lines at exit
+    (``write_jsonl``); the wrapper reads it into the system profile (``read_jsonl``)."""
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.rows: dict[str, list[Any]] = {name: [] for name in EVENT_COLUMNS}
         self._starts: dict[int, dict[str, Any]] = {}  # execution id -> execution_start meta
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample_loop, name="neuronscope-system-sampler",
-                                        daemon=True)
-        self.samples = 0
 
-    # -- host samples ------------------------------------------------------------------------
-    def start(self) -> None:
-        psutil.cpu_percent(percpu=True)  # prime: the first call has no interval to measure
-        self._thread.start()
-
-    def _sample_loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
-    def sample(self) -> None:
-        """Take one CPU and memory sample now (the thread calls this every interval)."""
-        now = time.time_ns()
-        self._first_ns = self._first_ns or now
-        self._last_ns = now
-        per_cpu = psutil.cpu_percent(percpu=True)
-        memory = psutil.virtual_memory()
-        with self._lock:
-            if not self.writer.is_open:
-                return
-            self.writer.write("CpuUsage", {
-                "timestamp": [now] * len(per_cpu), "util_percent": [float(p) for p in per_cpu],
-                "cpu_id": [str(i) for i in range(len(per_cpu))],
-                "instance_id": [self.instance_id] * len(per_cpu)})
-            self.writer.write("HostMemUsage", {
-                "timestamp": [now], "used_bytes": [int(memory.total - memory.available)],
-                "used_percent": [float(memory.percent)], "instance_id": [self.instance_id]})
-            self.samples += 1
-
-    # -- runtime events ----------------------------------------------------------------------
     def __call__(self, batch: Any) -> None:
         kind, meta = batch.kind, batch.meta
         with self._lock:
             if kind == "program_loaded":
-                if meta.get("spec") is not None and meta.get("instance_type"):
-                    self.writer.update_metadata(instance_type=meta["instance_type"],
-                                                **metadata_from_spec(meta["spec"]))
                 now = time.time_ns()
                 self._event("nrt_load", now, now, os.getpid(), threading.get_native_id(), meta.get("core"),
                             {"model_id": meta.get("model_id"), "model_name": meta.get("model_name"),
@@ -113,9 +69,30 @@ class SystemProfileCollector:
             elif kind == "cc_op":
                 self._collectives(batch)
 
+    def write_jsonl(self, path: str | Path) -> None:
+        with self._lock, open(path, "w", encoding="utf-8") as out:
+            for i in range(len(self.rows["id"])):
+                out.write(json.dumps({name: self.rows[name][i] for name in EVENT_COLUMNS}) + "\n")
+
+    def read_jsonl(self, path: str | Path) -> int:
+        """Append another log's rows (renumbering ids); returns how many. Only plain JSON is read."""
+        added = 0
+        with self._lock, open(path, encoding="utf-8") as source:
+            for line in source:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict) or not all(k in row for k in EVENT_COLUMNS):
+                    raise ValueError(f"{path}: not a runtime event log line: {line[:80]!r}")
+                row["id"] = len(self.rows["id"]) + 1
+                for name in EVENT_COLUMNS:
+                    self.rows[name].append(row[name])
+                added += 1
+        return added
+
     def _event(self, name: str, start: int, end: int, pid: int, tid: int, core: Any,
                extra: dict[str, Any]) -> None:
-        events = self._events
+        events = self.rows
         events["id"].append(len(events["id"]) + 1)
         events["name"].append(name)
         events["start_ts"].append(int(start))
@@ -158,6 +135,73 @@ class SystemProfileCollector:
                         int(start.get("pid", os.getpid())), int(start.get("thread_id", 0)), meta.get("core"),
                         extra)
 
+
+
+class SystemProfileCollector:
+    """Samples host CPU/memory in a thread and turns runtime events from the sink into rows."""
+
+    def __init__(self, out_dir: str | Path, *, interval_s: float = 0.1,
+                 instance_id: str | None = None) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"the sampling interval must be positive, not {interval_s!r}")
+        self.out_dir = Path(out_dir)
+        self.interval_s = float(interval_s)
+        self.instance_id = instance_id or socket.gethostname()
+        spec = core_spec(default_instance())
+        instance = INSTANCE_TYPES[default_instance()]
+        self.hbm_capacity_bytes = instance.chips * instance.chip.hbm_bytes
+        self.writer = ProfileWriter(self.out_dir, {"is_simulation": True, "instance_type": default_instance(),
+                                                   **metadata_from_spec(spec)})
+        self._first_ns: int | None = None
+        self._last_ns: int | None = None
+        self.events = RuntimeEventLog(self.instance_id)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, name="neuronscope-system-sampler",
+                                        daemon=True)
+        self.samples = 0
+
+    # -- host samples ------------------------------------------------------------------------
+    def start(self) -> None:
+        psutil.cpu_percent(percpu=True)  # prime: the first call has no interval to measure
+        self._thread.start()
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one CPU and memory sample now (the thread calls this every interval)."""
+        now = time.time_ns()
+        self._first_ns = self._first_ns or now
+        self._last_ns = now
+        per_cpu = psutil.cpu_percent(percpu=True)
+        memory = psutil.virtual_memory()
+        with self._lock:
+            if not self.writer.is_open:
+                return
+            self.writer.write("CpuUsage", {
+                "timestamp": [now] * len(per_cpu), "util_percent": [float(p) for p in per_cpu],
+                "cpu_id": [str(i) for i in range(len(per_cpu))],
+                "instance_id": [self.instance_id] * len(per_cpu)})
+            self.writer.write("HostMemUsage", {
+                "timestamp": [now], "used_bytes": [int(memory.total - memory.available)],
+                "used_percent": [float(memory.percent)], "instance_id": [self.instance_id]})
+            self.samples += 1
+
+    # -- runtime events ----------------------------------------------------------------------
+    def __call__(self, batch: Any) -> None:
+        if batch.kind == "program_loaded" and batch.meta.get("spec") is not None:
+            with self._lock:
+                if self.writer.is_open and batch.meta.get("instance_type"):
+                    self.writer.update_metadata(instance_type=batch.meta["instance_type"],
+                                                **metadata_from_spec(batch.meta["spec"]))
+        self.events(batch)
+
+    def add_events(self, path: str | Path) -> int:
+        """Take in the runtime events another process logged (``RuntimeEventLog.write_jsonl``)."""
+        return self.events.read_jsonl(path)
+
     # -- finishing ---------------------------------------------------------------------------
     def _stop_sampling(self) -> None:
         self._stop.set()
@@ -165,7 +209,7 @@ class SystemProfileCollector:
             self._thread.join()
 
     def _flush_events(self) -> None:
-        events = self._events
+        events = self.events.rows
         if events["id"]:
             self.writer.write("SystemProfileEvents", events)
         times = [t for t in (self._first_ns, self._last_ns, *events["start_ts"], *events["end_ts"]) if t]
@@ -211,4 +255,4 @@ def system_profile(out_dir: str | Path, *, interval_s: float = 0.1, sink: Any = 
     collector.close()
 
 
-__all__ = ["SystemProfileCollector", "system_profile"]
+__all__ = ["RuntimeEventLog", "SystemProfileCollector", "system_profile"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuroncore import plugins
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import Program
 from neuroncore.config import default_instance
@@ -200,6 +201,7 @@ class Instance:
                       for i in range(self.spec.cores * nodes)]
         for core in self.cores:
             core.instance_type = name
+        plugins.activate(self.sink)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,44 @@
+"""Listeners other packages attach to every process that runs compiled models, by name only.
+
+The core must not import the packages that record what it does (collectors, formats), yet a process
+started under ``neuron-profile capture`` or watched by ``neuron-top`` has to record without any code
+change. So the core looks up the Python entry points of group ``neuronscope.sink_listeners`` the
+first time an :class:`~neuroncore.runtime.Instance` is made, and calls each with the event sink it
+reports to. A listener that fails to load is reported once as a warning and never stops the model.
+``NEURONSCOPE_PLUGINS=0`` turns the lookup off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from importlib.metadata import entry_points
+
+from neuroncore.events import EventSink
+
+GROUP = "neuronscope.sink_listeners"
+_activated: set[int] = set()
+_lock = threading.Lock()
+
+
+def activate(sink: EventSink) -> list[str]:
+    """Attach every advertised listener to ``sink`` (once per sink); returns the names attached."""
+    if os.environ.get("NEURONSCOPE_PLUGINS", "1") == "0":
+        return []
+    with _lock:
+        if id(sink) in _activated:
+            return []
+        _activated.add(id(sink))
+    attached: list[str] = []
+    for entry in entry_points(group=GROUP):
+        try:
+            entry.load()(sink)
+            attached.append(entry.name)
+        except Exception as exc:  # a recorder's failure must never stop the model
+            warnings.warn(f"neuronscope listener {entry.name!r} ({entry.value}) not attached: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+    return attached
+
+
+__all__ = ["GROUP", "activate"]
