@@ -381,7 +381,13 @@ class ProfileWriter:
     def _submit(self, fn: Any, *args: Any) -> Future[None]:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.encoder_threads, thread_name_prefix="profile-encode")
-        return self._executor.submit(fn, *args)
+        try:
+            return self._executor.submit(fn, *args)
+        except RuntimeError:  # at interpreter exit (atexit closing a capture) no thread can start
+            done: Future[None] = Future()
+            fn(*args)
+            done.set_result(None)
+            return done
 
     def _shutdown(self) -> None:
         if self._executor is not None:

@@ -47,7 +47,12 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **
         semaphore_names=dict(program.semaphore_names), operands=program.operands,
         opcodes=program.opcodes,
         compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
-        hbm_bytes_by_kind=program.hbm_bytes_by_kind(), **where,
+        hbm_bytes_by_kind=program.hbm_bytes_by_kind(),
+        # per node: what the engine ran it as, and the dependency graph (CSR over node ids; resource 6
+        # is a DMA transfer, 7 a collective on the CC-core) for the profile's Flow edges
+        activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
+        performance_mode=program.performance_mode, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
+        resource=program.resource, **where,
     )
 
 
