@@ -40,17 +40,23 @@ while not os.path.exists(stop) and time.time() < deadline:
 
 def live_env(live_dir: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(NEURONSCOPE_LIVE="1", NEURONSCOPE_LIVE_DIR=str(live_dir), NEURONSCOPE_LIVE_PERIOD="0.1",
-               PYTHONPATH=str(REPO))
+    env.update(
+        NEURONSCOPE_LIVE="1",
+        NEURONSCOPE_LIVE_DIR=str(live_dir),
+        NEURONSCOPE_LIVE_PERIOD="0.1",
+        PYTHONPATH=str(REPO),
+    )
     env.update(extra)
     return env
 
 
-def start_publisher(live_dir: Path, core: int, stop: Path, tag: str | None = None,
-                    instance: str = "trn1.32xlarge") -> subprocess.Popen:
+def start_publisher(
+    live_dir: Path, core: int, stop: Path, tag: str | None = None, instance: str = "trn1.32xlarge"
+) -> subprocess.Popen:
     extra = {"NEURON_PROCESS_TAG": tag} if tag else {}
-    return subprocess.Popen([PYTHON, "-c", PUBLISHER, str(core), str(stop), instance],
-                            env=live_env(live_dir, **extra), cwd=REPO)
+    return subprocess.Popen(
+        [PYTHON, "-c", PUBLISHER, str(core), str(stop), instance], env=live_env(live_dir, **extra), cwd=REPO
+    )
 
 
 def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> Any:
@@ -68,27 +74,63 @@ def holder() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "60"])
 
 
-def state_doc(pid: int, *, tag: str | None = None, sampled_at: float | None = None, sequence: int = 1,
-              cores: dict[int, dict[str, Any]] | None = None, models: list[dict[str, Any]] | None = None,
-              completed: int = 0, total_hist: dict[int, int] | None = None,
-              device_hist: dict[int, int] | None = None, started_at: float | None = None,
-              cpu_user_s: float = 0.0, rss: int = 1 << 20, period_s: float = 0.5,
-              instance_type: str = "trn1.32xlarge", start_time: float | None = None,
-              command: str = "python serve.py --model bert") -> dict[str, Any]:
+def state_doc(
+    pid: int,
+    *,
+    tag: str | None = None,
+    sampled_at: float | None = None,
+    sequence: int = 1,
+    cores: dict[int, dict[str, Any]] | None = None,
+    models: list[dict[str, Any]] | None = None,
+    completed: int = 0,
+    total_hist: dict[int, int] | None = None,
+    device_hist: dict[int, int] | None = None,
+    started_at: float | None = None,
+    cpu_user_s: float = 0.0,
+    rss: int = 1 << 20,
+    period_s: float = 0.5,
+    instance_type: str = "trn1.32xlarge",
+    start_time: float | None = None,
+    command: str = "python serve.py --model bert",
+) -> dict[str, Any]:
     now = time.time()
-    statuses = ("completed", "completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input",
-                "failed_to_queue")
+    statuses = (
+        "completed",
+        "completed_with_err",
+        "completed_with_num_err",
+        "timed_out",
+        "incorrect_input",
+        "failed_to_queue",
+    )
     return {
-        "format": "neuronscope-live", "version": 1, "pid": pid,
+        "format": "neuronscope-live",
+        "version": 1,
+        "pid": pid,
         "start_time": psutil.Process(pid).create_time() if start_time is None else start_time,
-        "tag": tag or str(pid), "command": command, "user": "tester", "runtime_version": "0.1.0",
-        "period_s": period_s, "started_at": now - 10 if started_at is None else started_at,
-        "sampled_at": now if sampled_at is None else sampled_at, "sequence": sequence,
+        "tag": tag or str(pid),
+        "command": command,
+        "user": "tester",
+        "runtime_version": "0.1.0",
+        "period_s": period_s,
+        "started_at": now - 10 if started_at is None else started_at,
+        "sampled_at": now if sampled_at is None else sampled_at,
+        "sequence": sequence,
         "host": {"cpu_user_s": cpu_user_s, "cpu_system_s": 0.0, "rss_bytes": rss},
         "instance_type": instance_type,
-        "cores": {str(k): {"generation": 2, "device": k // 2, "busy_ns": 0, "flops": 0, "executions": 0,
-                           "hbm_bytes": 0, "engine_busy_ns": {}, "last_execution_at": 0.0, **v}
-                  for k, v in (cores or {}).items()},
+        "cores": {
+            str(k): {
+                "generation": 2,
+                "device": k // 2,
+                "busy_ns": 0,
+                "flops": 0,
+                "executions": 0,
+                "hbm_bytes": 0,
+                "engine_busy_ns": {},
+                "last_execution_at": 0.0,
+                **v,
+            }
+            for k, v in (cores or {}).items()
+        },
         "models": models or [],
         "execution_status": {s: (completed if s == "completed" else 0) for s in statuses},
         "errors": dict.fromkeys(("generic", "numerical", "transient", "model", "runtime", "hardware"), 0),
@@ -98,13 +140,33 @@ def state_doc(pid: int, *, tag: str | None = None, sampled_at: float | None = No
     }
 
 
-def model_doc(model_id: int, core: int, *, name: str = "bert", memory: dict[str, int] | None = None,
-              loaded_at: float | None = None) -> dict[str, Any]:
-    return {"model_id": model_id, "name": name, "uuid": f"{model_id:032x}", "core": core, "device": core // 2,
-            "rank": 0, "loaded_at": time.time() if loaded_at is None else loaded_at,
-            "memory": memory or {"constants": 1000, "model_code": 64, "model_shared_scratchpad": 32,
-                                 "runtime_memory": 0, "tensors": 200},
-            "executions": 0, "last_execution_at": 0.0}
+def model_doc(
+    model_id: int,
+    core: int,
+    *,
+    name: str = "bert",
+    memory: dict[str, int] | None = None,
+    loaded_at: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "model_id": model_id,
+        "name": name,
+        "uuid": f"{model_id:032x}",
+        "core": core,
+        "device": core // 2,
+        "rank": 0,
+        "loaded_at": time.time() if loaded_at is None else loaded_at,
+        "memory": memory
+        or {
+            "constants": 1000,
+            "model_code": 64,
+            "model_shared_scratchpad": 32,
+            "runtime_memory": 0,
+            "tensors": 200,
+        },
+        "executions": 0,
+        "last_execution_at": 0.0,
+    }
 
 
 def write_state(live_dir: Path, doc: dict[str, Any]) -> Path:
@@ -157,16 +219,34 @@ def _runtime_groups(report: dict[str, Any], where: str, problems: list[str]) -> 
             for nc, c in group["neuroncores_in_use"].items():
                 if not nc.isdigit():
                     problems.append(f"{at}: core key {nc!r}")
-                if not isinstance(c.get("neuroncore_utilization"), NUM) or not isinstance(c.get("flops"), int):
+                if not isinstance(c.get("neuroncore_utilization"), NUM) or not isinstance(
+                    c.get("flops"), int
+                ):
                     problems.append(f"{at}.{nc}: utilization/flops types")
                 elif not 0 <= c["neuroncore_utilization"] <= 100:
                     problems.append(f"{at}.{nc}: utilization out of range")
         elif name == "execution_stats":
-            _keys(group["error_summary"], {"generic", "numerical", "transient", "model", "runtime", "hardware"},
-                  f"{at}.error_summary", problems, int)
-            _keys(group["execution_summary"], {"completed", "completed_with_err", "completed_with_num_err",
-                                               "timed_out", "incorrect_input", "failed_to_queue"},
-                  f"{at}.execution_summary", problems, int)
+            _keys(
+                group["error_summary"],
+                {"generic", "numerical", "transient", "model", "runtime", "hardware"},
+                f"{at}.error_summary",
+                problems,
+                int,
+            )
+            _keys(
+                group["execution_summary"],
+                {
+                    "completed",
+                    "completed_with_err",
+                    "completed_with_num_err",
+                    "timed_out",
+                    "incorrect_input",
+                    "failed_to_queue",
+                },
+                f"{at}.execution_summary",
+                problems,
+                int,
+            )
             for kind in ("total_latency", "device_latency"):
                 value = group["latency_stats"][kind]
                 if value is not None:
@@ -183,15 +263,26 @@ def _runtime_groups(report: dict[str, Any], where: str, problems: list[str]) -> 
             if used["neuron_device"] != device_sum:
                 problems.append(f"{at}: neuron_device total != sum of categories")
             for model in group["loaded_models"]:
-                if not (isinstance(model["name"], str) and isinstance(model["model_id"], int)
-                        and isinstance(model["is_running"], bool) and len(model["uuid"]) == 32):
+                if not (
+                    isinstance(model["name"], str)
+                    and isinstance(model["model_id"], int)
+                    and isinstance(model["is_running"], bool)
+                    and len(model["uuid"]) == 32
+                ):
                     problems.append(f"{at}: loaded model fields")
                 for sg in model["subgraphs"].values():
                     mem = sg["memory_used_bytes"]
                     _keys(mem["usage_breakdown"]["host"], HOST, f"{at}.model.host", problems, int)
-                    _keys(mem["usage_breakdown"]["neuron_device"], MEM - {"model_shared_scratchpad"},
-                          f"{at}.model.neuron_device", problems, int)
-                    if not isinstance(sg["neuroncore_index"], int) or not isinstance(sg["neuron_device_index"], int):
+                    _keys(
+                        mem["usage_breakdown"]["neuron_device"],
+                        MEM - {"model_shared_scratchpad"},
+                        f"{at}.model.neuron_device",
+                        problems,
+                        int,
+                    )
+                    if not isinstance(sg["neuroncore_index"], int) or not isinstance(
+                        sg["neuron_device_index"], int
+                    ):
                         problems.append(f"{at}: subgraph indices")
         elif name == "neuron_runtime_vcpu_usage":
             _keys(group["vcpu_usage"], {"user", "system"}, f"{at}.vcpu_usage", problems)
@@ -228,13 +319,28 @@ def report_problems(report: Any) -> list[str]:
             if not isinstance(group["context_switch_count"], int):
                 problems.append(f"{at}.context_switch_count: not an int")
         elif name == "memory_info":
-            _keys({k: v for k, v in group.items() if k not in ("period", "error")},
-                  {"memory_total_bytes", "memory_used_bytes", "swap_total_bytes", "swap_used_bytes"}, at,
-                  problems, int)
+            _keys(
+                {k: v for k, v in group.items() if k not in ("period", "error")},
+                {"memory_total_bytes", "memory_used_bytes", "swap_total_bytes", "swap_used_bytes"},
+                at,
+                problems,
+                int,
+            )
         elif name == "neuron_hw_counters":
             for device in group["neuron_devices"] or []:
-                _keys(device, {"neuron_device_index", "mem_ecc_corrected", "mem_ecc_uncorrected",
-                               "sram_ecc_uncorrected", "sram_ecc_corrected"}, f"{at}.device", problems, int)
+                _keys(
+                    device,
+                    {
+                        "neuron_device_index",
+                        "mem_ecc_corrected",
+                        "mem_ecc_uncorrected",
+                        "sram_ecc_uncorrected",
+                        "sram_ecc_corrected",
+                    },
+                    f"{at}.device",
+                    problems,
+                    int,
+                )
         else:
             problems.append(f"{at}: unknown system group")
     info = report["instance_info"]
@@ -242,9 +348,16 @@ def report_problems(report: Any) -> list[str]:
         if not isinstance(info.get(key), str):
             problems.append(f"instance_info.{key}: missing or not a string")
     hw = report["neuron_hardware_info"]
-    for key, kind in (("neuron_device_type", str), ("neuron_device_version", str), ("neuroncore_version", str),
-                      ("neuron_device_count", int), ("neuron_device_memory_size", int),
-                      ("neuroncore_per_device_count", int), ("logical_neuroncore_config", int), ("error", str)):
+    for key, kind in (
+        ("neuron_device_type", str),
+        ("neuron_device_version", str),
+        ("neuroncore_version", str),
+        ("neuron_device_count", int),
+        ("neuron_device_memory_size", int),
+        ("neuroncore_per_device_count", int),
+        ("logical_neuroncore_config", int),
+        ("error", str),
+    ):
         if not isinstance(hw.get(key), kind):
             problems.append(f"neuron_hardware_info.{key}: missing or not {kind.__name__}")
     return problems

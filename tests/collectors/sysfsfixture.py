@@ -25,9 +25,17 @@ def _counter(path: Path, total: int, peak: int | None = None) -> None:
         (path / "peak").write_text(f"{peak}\n")
 
 
-def make_sysfs(root: Path, *, devices: int = 16, cores: int = 2, device_name: str = "Trainium1",
-               family: str = "Trn1", arch: str = "NCv2", relocated: bool = False,
-               connected: bool = True) -> Path:
+def make_sysfs(
+    root: Path,
+    *,
+    devices: int = 16,
+    cores: int = 2,
+    device_name: str = "Trainium1",
+    family: str = "Trn1",
+    arch: str = "NCv2",
+    relocated: bool = False,
+    connected: bool = True,
+) -> Path:
     tree = root / "neuron_device"
     pci_root = root / "pci"
     for d in range(devices):

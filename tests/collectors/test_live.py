@@ -73,7 +73,7 @@ def observed():
 
 
 def test_accumulator_counts_device_time_flops_and_executions(observed):
-    acc, batches, program, results = observed
+    acc, batches, _, results = observed
     snap = acc.snapshot()
     core = snap["cores"]["3"]
     assert core["device"] == 1 and core["generation"] == 2
@@ -102,8 +102,13 @@ def test_accumulator_memory_is_the_programs_hbm_by_category(observed):
 
 def test_tensor_busy_merges_its_two_tracks(observed):
     acc, batches, _, _ = observed
-    spans = [(s, e) for b in batches if b.kind == "instruction"
-             for s, e, t in zip(b.columns["start_ts"], b.columns["end_ts"], b.columns["track"]) if t in (0, 5)]
+    spans = [
+        (s, e)
+        for b in batches
+        if b.kind == "instruction"
+        for s, e, t in zip(b.columns["start_ts"], b.columns["end_ts"], b.columns["track"])
+        if t in (0, 5)
+    ]
     starts, ends = np.array([s for s, _ in spans]), np.array([e for _, e in spans])
     expected, _ = union_ns(starts, ends, -math.inf)  # LoadStationary and MultiplyMoving overlap
     assert expected < sum(e - s for s, e in spans)
@@ -115,9 +120,22 @@ def test_models_beyond_a_cores_memory_are_forgotten_oldest_first():
     acc = LiveAccumulator()
     six_gib = {"weight": 6 * 2**30, "input": 0, "output": 0, "scratch": 0}
     for model_id in (1, 2, 3):
-        acc(EventBatch("program_loaded", {"hlo_name": ["dot.1"]}, {
-            "model_id": model_id, "core": 0, "device": 0, "model_name": "big", "spec": nc.NC_V2,
-            "n_instructions": 10, "n_dma_transfers": 2, "hbm_bytes_by_kind": six_gib}))
+        acc(
+            EventBatch(
+                "program_loaded",
+                {"hlo_name": ["dot.1"]},
+                {
+                    "model_id": model_id,
+                    "core": 0,
+                    "device": 0,
+                    "model_name": "big",
+                    "spec": nc.NC_V2,
+                    "n_instructions": 10,
+                    "n_dma_transfers": 2,
+                    "hbm_bytes_by_kind": six_gib,
+                },
+            )
+        )
     assert [m["model_id"] for m in acc.snapshot()["models"]] == [2, 3]  # 18 GiB > the core's 16 GiB
 
 
@@ -204,8 +222,11 @@ def sample(**kwargs):
 def test_utilisation_is_busy_device_time_over_wall_time_capped_at_100():
     t0 = 1000.0
     before = sample(sampled_at=t0, sequence=1, cores={0: {"busy_ns": 0, "flops": 0}})
-    half = sample(sampled_at=t0 + 2, sequence=2, cores={0: {"busy_ns": 10**9, "flops": 4 * 10**12,
-                                                            "engine_busy_ns": {"Tensor": 5e8}}})
+    half = sample(
+        sampled_at=t0 + 2,
+        sequence=2,
+        cores={0: {"busy_ns": 10**9, "flops": 4 * 10**12, "engine_busy_ns": {"Tensor": 5e8}}},
+    )
     w = window(before, half, cpus=4)
     assert w.period_s == pytest.approx(2.0)
     assert w.cores[0].utilization == pytest.approx(50.0)
@@ -220,10 +241,24 @@ def test_utilisation_is_busy_device_time_over_wall_time_capped_at_100():
 def test_windows_report_per_period_deltas_and_repeat_rates_for_an_unchanged_sample():
     hist_a = {latency.bucket(1e6): 2}
     hist_b = {latency.bucket(1e6): 2, latency.bucket(4e6): 3}
-    a = sample(sampled_at=10.0, sequence=1, completed=2, total_hist=hist_a, device_hist=hist_a,
-               cores={0: {"busy_ns": 0}}, cpu_user_s=1.0)
-    b = sample(sampled_at=11.0, sequence=2, completed=5, total_hist=hist_b, device_hist=hist_b,
-               cores={0: {"busy_ns": 5 * 10**8}}, cpu_user_s=1.5)
+    a = sample(
+        sampled_at=10.0,
+        sequence=1,
+        completed=2,
+        total_hist=hist_a,
+        device_hist=hist_a,
+        cores={0: {"busy_ns": 0}},
+        cpu_user_s=1.0,
+    )
+    b = sample(
+        sampled_at=11.0,
+        sequence=2,
+        completed=5,
+        total_hist=hist_b,
+        device_hist=hist_b,
+        cores={0: {"busy_ns": 5 * 10**8}},
+        cpu_user_s=1.5,
+    )
     tracker = LiveTracker(cpus=2)
     tracker.prime([a])
     w = tracker.advance([b])[os.getpid()]
@@ -248,8 +283,14 @@ def test_two_publishers_at_once_one_killed_one_exiting(tmp_path):
     a = start_publisher(live_dir, 0, stop, tag="server-a")
     b = start_publisher(live_dir, 5, stop)
     try:
-        states = wait_for(lambda: (s := read_live_state(live_dir)) and len(s) == 2
-                          and all(x.cores and x.models for x in s) and s)
+        states = wait_for(
+            lambda: (
+                (s := read_live_state(live_dir))
+                and len(s) == 2
+                and all(x.cores and x.models for x in s)
+                and s
+            )
+        )
         by_pid = {s.pid: s for s in states}
         assert by_pid[a.pid].tag == "server-a" and by_pid[b.pid].tag == str(b.pid)
         assert set(by_pid[a.pid].cores) == {0} and set(by_pid[b.pid].cores) == {5}
@@ -271,12 +312,20 @@ def test_two_publishers_at_once_one_killed_one_exiting(tmp_path):
 
 
 def test_live_publishing_can_be_turned_off(tmp_path):
-    script = ("import neuroncore as nc\nb = nc.GraphBuilder('t')\nx = b.parameter('x', (8, 8), 'fp32')\n"
-              "p = nc.compile(b.build([b.add(x, x)]), 'trn1')\n"
-              "m = nc.Instance('trn1.2xlarge').core(0).load(p)\nm.execute(timing_only=True)\n"
-              "import collectors.live as live\nprint(live._process is None)\n")
-    out = subprocess.run([PYTHON, "-c", script], env=live_env(tmp_path, NEURONSCOPE_LIVE="0"), cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    script = (
+        "import neuroncore as nc\nb = nc.GraphBuilder('t')\nx = b.parameter('x', (8, 8), 'fp32')\n"
+        "p = nc.compile(b.build([b.add(x, x)]), 'trn1')\n"
+        "m = nc.Instance('trn1.2xlarge').core(0).load(p)\nm.execute(timing_only=True)\n"
+        "import collectors.live as live\nprint(live._process is None)\n"
+    )
+    out = subprocess.run(
+        [PYTHON, "-c", script],
+        env=live_env(tmp_path, NEURONSCOPE_LIVE="0"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True" and list(tmp_path.iterdir()) == []
 
@@ -289,9 +338,27 @@ def test_state_file_is_the_documented_json(tmp_path):
         wait_for(lambda: path.exists() and json.loads(path.read_text())["models"])
         data = json.loads(path.read_text())
         assert data["format"] == "neuronscope-live" and data["version"] == 1
-        for key in ("pid", "start_time", "tag", "command", "user", "runtime_version", "period_s",
-                    "started_at", "sampled_at", "sequence", "host", "cores", "models", "execution_status",
-                    "errors", "total_latency_hist", "device_latency_hist", "link_bytes", "instance_type"):
+        for key in (
+            "pid",
+            "start_time",
+            "tag",
+            "command",
+            "user",
+            "runtime_version",
+            "period_s",
+            "started_at",
+            "sampled_at",
+            "sequence",
+            "host",
+            "cores",
+            "models",
+            "execution_status",
+            "errors",
+            "total_latency_hist",
+            "device_latency_hist",
+            "link_bytes",
+            "instance_type",
+        ):
             assert key in data, key
         assert data["period_s"] == pytest.approx(0.1)
     finally:

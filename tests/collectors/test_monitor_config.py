@@ -11,14 +11,22 @@ from collectors.monitor_config import ConfigError, default_config, load_config, 
 
 DOC_EXAMPLE = {  # sys-tools.md §1.3
     "period": "2s",
-    "neuron_runtimes": [{
-        "tag_filter": "^train-",
-        "period": "1s",
-        "metrics": [{"type": "neuroncore_counters"}, {"type": "execution_stats"},
-                    {"type": "memory_used", "period": "5s"}],
-    }],
-    "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info", "period": "10s"},
-                       {"type": "neuron_hw_counters"}],
+    "neuron_runtimes": [
+        {
+            "tag_filter": "^train-",
+            "period": "1s",
+            "metrics": [
+                {"type": "neuroncore_counters"},
+                {"type": "execution_stats"},
+                {"type": "memory_used", "period": "5s"},
+            ],
+        }
+    ],
+    "system_metrics": [
+        {"type": "vcpu_usage"},
+        {"type": "memory_info", "period": "10s"},
+        {"type": "neuron_hw_counters"},
+    ],
 }
 
 
@@ -26,9 +34,15 @@ def test_documented_example_resolves_to_the_documented_periods():
     config = parse_config(DOC_EXAMPLE)
     (runtime,) = config.runtimes
     assert {g.type: g.period_s for g in runtime.groups} == {
-        "neuroncore_counters": 1.0, "execution_stats": 1.0, "memory_used": 5.0}
+        "neuroncore_counters": 1.0,
+        "execution_stats": 1.0,
+        "memory_used": 5.0,
+    }
     assert {g.type: g.period_s for g in config.system} == {
-        "vcpu_usage": 2.0, "memory_info": 10.0, "neuron_hw_counters": 2.0}
+        "vcpu_usage": 2.0,
+        "memory_info": 10.0,
+        "neuron_hw_counters": 2.0,
+    }
     assert config.selector_for("train-llama") == 0
     assert config.selector_for("serve-bert") is None  # no entry: not collected at all
 
@@ -37,53 +51,96 @@ def test_defaults_every_group_every_application_every_5s():
     config = default_config()
     assert config.selector_for("anything") == 0
     assert {g.type for g in config.runtimes[0].groups} == {
-        "neuroncore_counters", "execution_stats", "memory_used", "neuron_runtime_vcpu_usage"}
+        "neuroncore_counters",
+        "execution_stats",
+        "memory_used",
+        "neuron_runtime_vcpu_usage",
+    }
     assert all(g.period_s == 5.0 for g in (*config.runtimes[0].groups, *config.system))
     root_only = parse_config({"neuron_runtimes": [{"metrics": [{"type": "memory_used"}]}]})
     assert root_only.runtimes[0].groups[0].period_s == 5.0 and root_only.system == ()
 
 
 def test_tag_filter_is_an_unanchored_search_and_the_first_match_wins():
-    config = parse_config({"neuron_runtimes": [
-        {"tag_filter": "llama", "metrics": [{"type": "memory_used"}]},
-        {"tag_filter": ".*", "metrics": [{"type": "neuroncore_counters"}]}]})
+    config = parse_config(
+        {
+            "neuron_runtimes": [
+                {"tag_filter": "llama", "metrics": [{"type": "memory_used"}]},
+                {"tag_filter": ".*", "metrics": [{"type": "neuroncore_counters"}]},
+            ]
+        }
+    )
     assert config.selector_for("ft-llama-7b") == 0
     assert config.selector_for("bert") == 1
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1s", 1.0), ("500ms", 0.5), ("1m30s", 90.0), ("1.5s", 1.5), ("2h", 7200.0), ("250000us", 0.25)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("500ms", 0.5), ("1m30s", 90.0), ("1.5s", 1.5), ("2h", 7200.0), ("250000us", 0.25)],
+)
 def test_go_durations(text, seconds):
     assert parse_duration(text, "period") == pytest.approx(seconds)
 
 
 def test_legacy_group_names_map_with_a_warning():
-    config = parse_config({"neuron_runtimes": [{"address": "unix:/run/neuron.sock", "metrics": [
-        {"type": "inference_stats"}, {"type": "nc_counters"}, {"type": "runtime_cpu_usage"}]}],
-        "system_metrics": [{"type": "hw_counters"}]}, "old.conf")
+    config = parse_config(
+        {
+            "neuron_runtimes": [
+                {
+                    "address": "unix:/run/neuron.sock",
+                    "metrics": [
+                        {"type": "inference_stats"},
+                        {"type": "nc_counters"},
+                        {"type": "runtime_cpu_usage"},
+                    ],
+                }
+            ],
+            "system_metrics": [{"type": "hw_counters"}],
+        },
+        "old.conf",
+    )
     assert [g.type for g in config.runtimes[0].groups] == [
-        "execution_stats", "neuroncore_counters", "neuron_runtime_vcpu_usage"]
+        "execution_stats",
+        "neuroncore_counters",
+        "neuron_runtime_vcpu_usage",
+    ]
     assert config.system[0].type == "neuron_hw_counters"
     assert len(config.warnings) == 5 and all(w.startswith("old.conf: ") for w in config.warnings)
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"perod": "1s"}, "perod: unknown key"),
-    ({"period": "fast"}, "period: invalid duration 'fast'"),
-    ({"period": 5}, "period: expected a duration string"),
-    ({"period": "0s"}, "period: period '0s' is too short"),
-    ({"neuron_runtimes": {}}, "neuron_runtimes: expected a list"),
-    ({"neuron_runtimes": [{"tag_filter": "(unclosed"}]}, "neuron_runtimes[0].tag_filter: invalid regular"),
-    ({"neuron_runtimes": [{"metrics": [{"type": "gpu_counters"}]}]},
-     "neuron_runtimes[0].metrics[0].type: unknown metric group 'gpu_counters'"),
-    ({"neuron_runtimes": [{"metrics": [{"period": "1s"}]}]}, "neuron_runtimes[0].metrics[0].type: missing"),
-    ({"neuron_runtimes": [{"metrics": [{"type": "memory_used", "period": "x"}]}]},
-     "neuron_runtimes[0].metrics[0].period: invalid duration"),
-    ({"system_metrics": [{"type": "memory_used"}]}, "system_metrics[0].type: unknown metric group"),
-    ({"system_metrics": [{"type": "vcpu_usage"}, {"type": "vcpu_usage"}]}, "listed twice"),
-    ({"system_metrics": [{"type": "vcpu_usage", "colour": "red"}]}, "system_metrics[0].colour: unknown key"),
-    ([], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"perod": "1s"}, "perod: unknown key"),
+        ({"period": "fast"}, "period: invalid duration 'fast'"),
+        ({"period": 5}, "period: expected a duration string"),
+        ({"period": "0s"}, "period: period '0s' is too short"),
+        ({"neuron_runtimes": {}}, "neuron_runtimes: expected a list"),
+        (
+            {"neuron_runtimes": [{"tag_filter": "(unclosed"}]},
+            "neuron_runtimes[0].tag_filter: invalid regular",
+        ),
+        (
+            {"neuron_runtimes": [{"metrics": [{"type": "gpu_counters"}]}]},
+            "neuron_runtimes[0].metrics[0].type: unknown metric group 'gpu_counters'",
+        ),
+        (
+            {"neuron_runtimes": [{"metrics": [{"period": "1s"}]}]},
+            "neuron_runtimes[0].metrics[0].type: missing",
+        ),
+        (
+            {"neuron_runtimes": [{"metrics": [{"type": "memory_used", "period": "x"}]}]},
+            "neuron_runtimes[0].metrics[0].period: invalid duration",
+        ),
+        ({"system_metrics": [{"type": "memory_used"}]}, "system_metrics[0].type: unknown metric group"),
+        ({"system_metrics": [{"type": "vcpu_usage"}, {"type": "vcpu_usage"}]}, "listed twice"),
+        (
+            {"system_metrics": [{"type": "vcpu_usage", "colour": "red"}]},
+            "system_metrics[0].colour: unknown key",
+        ),
+        ([], "must be a JSON object"),
+    ],
+)
 def test_bad_configs_name_the_key(config, message):
     with pytest.raises(ConfigError) as info:
         parse_config(config, "m.conf")
