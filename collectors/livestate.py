@@ -223,14 +223,15 @@ class LiveAccumulator:
         if total.size:
             self._core(int(batch.meta["core"])).hbm_bytes += int(total[-1])
 
-    def _on_link_usage(self, batch: Any) -> None:
-        kinds = batch.columns.get("kind", ())
-        moved = np.asarray(batch.columns.get("transfer_bytes", ()), dtype=np.int64)
+    def _on_neuronlink_usage(self, batch: Any) -> None:
+        """Bytes moved over chip-to-chip links by kind (``neuronlink``, ``efa``, ``on_chip``)."""
+        cols = batch.columns
+        kinds = list(cols.get("channel_kind", cols.get("kind", ())))
+        moved = np.asarray(cols.get("transfer_bytes", ()), dtype=np.int64)
         for kind in set(kinds):
             mask = np.fromiter((k == kind for k in kinds), bool, len(kinds))
-            self.link_bytes[kind] = self.link_bytes.get(kind, 0) + int(moved[mask].sum())
-
-    _on_neuronlink_usage = _on_link_usage
+            name = str(kind).lower().replace("-", "_")
+            self.link_bytes[name] = self.link_bytes.get(name, 0) + int(moved[mask].sum())
 
     def _on_execution_end(self, batch: Any) -> None:
         meta = batch.meta

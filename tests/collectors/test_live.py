@@ -139,6 +139,21 @@ def test_models_beyond_a_cores_memory_are_forgotten_oldest_first():
     assert [m["model_id"] for m in acc.snapshot()["models"]] == [2, 3]  # 18 GiB > the core's 16 GiB
 
 
+def test_tensor_parallel_runs_count_link_traffic_on_every_rank():
+    from neuroncore.parallel import TensorParallelModel
+    from neuroncore.workloads import get
+
+    sink = EventSink()
+    acc = LiveAccumulator()
+    sink.subscribe(acc)
+    group = TensorParallelModel.load(get("mlp").graph(), nc.Instance("trn1.32xlarge", sink=sink), tp_degree=4)
+    group.execute(timing_only=True)
+    snap = acc.snapshot()
+    assert sorted(snap["cores"]) == ["0", "1", "2", "3"]
+    assert all(c["executions"] == 1 and c["busy_ns"] > 0 for c in snap["cores"].values())
+    assert snap["link_bytes"]["neuronlink"] > 0 and snap["link_bytes"]["on_chip"] > 0
+
+
 # -- latency histograms ---------------------------------------------------------------------------
 
 
@@ -273,9 +288,13 @@ def test_windows_report_per_period_deltas_and_repeat_rates_for_an_unchanged_samp
 # -- real publishers --------------------------------------------------------------------------------
 
 
-def test_live_listener_is_advertised_to_the_core():
+def test_live_listener_and_console_scripts_are_registered():
     names = {e.name: e.value for e in entry_points(group="neuronscope.sink_listeners")}
     assert names.get("live") == "collectors.live:install"
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts["neuron-monitor"] == "collectors.monitor:main"
+    assert scripts["neuron-monitor-prometheus"] == "collectors.prometheus:main"
+    assert scripts["neuron-ls"] == "explorer.ls:main"
 
 
 def test_two_publishers_at_once_one_killed_one_exiting(tmp_path):
