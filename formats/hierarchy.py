@@ -7,9 +7,11 @@ spans per op, an execution's HloInstruction rows are written when it ends, and m
 the number of spans of one execution -- not by the instruction count of the profile. FrameworkNode
 rows (one per module path, over all executions) are merged from the ops' spans at close.
 
-What the rollups cannot know is left as the schema allows: per-span element counts are lists of
-nulls (the core reports no element counts); utilisation (``hfu``/``mfu``) and per-engine time ranges
-are the summary layer's.
+Spans also carry FLOP sums, so FrameworkNode gets its utilisation per span (``hfu_per_interval``
+...) and both tables get per-node totals in our extension columns (``instruction_count``,
+``active_time_ns``, ``raw_flops``, ``flops_transpose``, ``adjusted_flops``). What the rollups cannot
+know is left as the schema allows: per-span element counts are nulls (the core reports no element
+counts); per-engine time ranges (``total_time_<e>``) are added at close from the Instruction table.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 import numpy as np
 
 ENGINE_STEMS = ("tensor", "vector", "scalar", "gpsimd", "sync")  # Engine code order of the core
-SUMS = ("hr", "hw", "sr", "sw", "lw", *(f"n_{s}" for s in ENGINE_STEMS))
+# Per-span sums: HBM read/write, SBUF read/write, LDWEIGHTS bytes, instructions, Instruction.raw_flops,
+# flops_transpose, adjusted_flops, PE FLOPs (greatest(raw, transpose) per instruction), per-engine counts.
+SUMS = ("hr", "hw", "sr", "sw", "lw", "ni", "rf", "ft", "af", "pe", *(f"n_{s}" for s in ENGINE_STEMS))
 NONE = np.iinfo(np.int64).max  # "no instruction" in the id minima
 
 Spans = dict[str, np.ndarray]  # op, s, e, iid, rid and the SUMS columns, equal lengths
@@ -88,7 +92,7 @@ def _intervals(starts: Sequence[int], ends: Sequence[int]) -> str:
 
 def _text_list(values: Sequence[Any]) -> str:
     """The schema's text lists: ``[1024, 2048]`` / ``[a, b]`` (FrameworkNode keeps lists as text)."""
-    return "[" + ", ".join(str(v) for v in values) + "]"
+    return "[" + ", ".join("null" if v is None else str(v) for v in values) + "]"
 
 
 def hlo_rows(spans: Spans, run: int, base: int, names: Mapping[int, str]) -> Columns:
@@ -115,9 +119,26 @@ def hlo_rows(spans: Spans, run: int, base: int, names: Mapping[int, str]) -> Col
             "hbm_read_bytes": int(spans["hr"][a:b].sum()), "hbm_write_bytes": int(spans["hw"][a:b].sum()),
             "sbuf_read_bytes": int(spans["sr"][a:b].sum()), "sbuf_write_bytes": int(spans["sw"][a:b].sum()),
             "load_weight_bytes": int(spans["lw"][a:b].sum()),
+            **_totals(spans, a, b),
         }
         for key, value in row.items():
-            out[key].append(value)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _totals(spans: Spans, a: int, b: int) -> dict[str, int]:
+    """The extension columns: instruction count, busy time and FLOP sums of one node."""
+    return {"instruction_count": int(spans["ni"][a:b].sum()),
+            "active_time_ns": int((spans["e"][a:b] - spans["s"][a:b]).sum()),
+            "raw_flops": int(spans["rf"][a:b].sum()), "flops_transpose": int(spans["ft"][a:b].sum()),
+            "adjusted_flops": int(spans["af"][a:b].sum())}
+
+
+def _percent(num: np.ndarray, den: np.ndarray) -> list[float | None]:
+    """Utilisation as 0-100 percent (FrameworkNode's examples are 0-100: §2.3, §9.2), 3 decimals."""
+    out: list[float | None] = []
+    for n, d in zip(num.tolist(), den.tolist()):
+        out.append(None if d <= 0 else round(100.0 * n / d, 3))
     return out
 
 
@@ -169,8 +190,10 @@ class FrameworkTree:
         if self.spans and self.spans["op"].size > self.max_spans:
             self.overflow, self.spans = True, {}
 
-    def rows(self) -> Columns:
-        """FrameworkNode columns, nodes in order of their first activity."""
+    def rows(self, peak_flops_per_s: float | None = None, hbm_bytes_per_s: float | None = None) -> Columns:
+        """FrameworkNode columns, nodes in order of their first activity. With the hardware's peak
+        FLOP/s and HBM bandwidth, utilisation too: ``hfu``/``mfu`` over the node's busy time (the union
+        of its spans) and ``hfu/mfu/mbu_per_interval`` per span, in percent (0-100)."""
         out: Columns = {}
         merged = self.spans
         if not merged:
@@ -198,6 +221,19 @@ class FrameworkTree:
             }
             for stem in ENGINE_STEMS:
                 values[f"{stem}_engine_instruction_count"] = int(merged[f"n_{stem}"][a:b].sum())
+            values.update(_totals(merged, a, b))
+            length = (merged["e"][a:b] - merged["s"][a:b]).astype(np.float64)
+            pe = merged["pe"][a:b].astype(np.float64)
+            model = pe - merged["ft"][a:b]
+            if peak_flops_per_s:
+                capacity = length * 1e-9 * peak_flops_per_s
+                values["hfu_per_interval"] = _text_list(_percent(pe, capacity))
+                values["mfu_per_interval"] = _text_list(_percent(model, capacity))
+                values["hfu"] = _percent(np.array([pe.sum()]), np.array([capacity.sum()]))[0]
+                values["mfu"] = _percent(np.array([model.sum()]), np.array([capacity.sum()]))[0]
+            if hbm_bytes_per_s:
+                hbm_capacity = length * 1e-9 * hbm_bytes_per_s
+                values["mbu_per_interval"] = _text_list(_percent(np.asarray(hbm, np.float64), hbm_capacity))
             for key, value in values.items():
                 out.setdefault(key, []).append(value)
         return out

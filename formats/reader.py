@@ -296,6 +296,29 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
     return profile
 
 
+def profile_from_files(root: str | os.PathLike[str], files: dict[str, Sequence[Path]],
+                       metadata: dict[str, Any] | None = None, *, schema: Schema = SCHEMA) -> Profile:
+    """A ``Profile`` over given Parquet parts (footers read and checked as ``open_profile`` does), with
+    ``metadata`` as its Metadata row. For computing on a profile still being written: the summary at
+    a capture's close reads the event tables the writer has finished, from its staging directory."""
+    tables: dict[str, ProfileTable] = {}
+    for name, paths in files.items():
+        if not paths:
+            continue
+        definition = schema.table(name)
+        table = ProfileTable(name, list(paths), definition)
+        for file in table.files:
+            file_schema, rows = _read_footer(file)
+            if definition is not None:
+                _check_columns(file, definition, file_schema)
+            table.file_schemas.append(file_schema)
+            table.num_rows += rows
+        tables[name] = table
+    profile = Profile(Path(root), tables, schema)
+    profile.metadata = dict(metadata or {})
+    return profile
+
+
 def _read_footer(file: Path) -> tuple[pa.Schema, int]:
     try:
         source = pq.ParquetFile(file)

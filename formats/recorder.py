@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from formats import hierarchy
+from formats import derive, hierarchy, summary
 from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
 
@@ -68,6 +68,8 @@ class _Program:
     queue_names: pa.Array  # per queue index
     queue_types: pa.Array
     semaphore_ids: pa.Array  # per semaphore number, as text
+    # per node: Instruction text columns (distinct values, null mask per node, index per node)
+    node_text: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +165,28 @@ def _packed_op(model_id: int, op: np.ndarray) -> np.ndarray:
     return (np.int64(model_id) << np.int64(32)) | op.astype(np.int64)
 
 
+# program_loaded per-node facts -> Instruction columns (what the engine ran each node as)
+_NODE_TEXT = {"tensor_instruction_type": "tensor_instruction_type", "performance_mode": "performance_mode",
+              "activation_fn": "scalar_activation_fn"}
+
+
+def _node_text(meta: Mapping[str, Any], n_nodes: int) -> dict[str, tuple[pa.Array, np.ndarray, np.ndarray]]:
+    out: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = {}
+    for key, column in _NODE_TEXT.items():
+        values = meta.get(key)
+        if values is None or not any(v is not None for v in values):
+            continue
+        texts = [None if v is None else str(v) for v in values][:n_nodes]
+        texts += [None] * (n_nodes - len(texts))
+        # a dictionary of the distinct values (Parquet cannot store a null inside a dictionary) and,
+        # per node, its index into it plus a null mask
+        distinct = sorted({t for t in texts if t is not None})
+        index = {t: i for i, t in enumerate(distinct)}
+        out[column] = (pa.array(distinct, pa.string()), np.array([t is None for t in texts]),
+                       np.array([index.get(t, 0) for t in texts], np.int32))  # type: ignore[arg-type]
+    return out
+
+
 def _null_where(values: np.ndarray, mask: np.ndarray) -> pa.Array:
     return pa.array(values, mask=mask) if mask.any() else pa.array(values)
 
@@ -174,10 +198,13 @@ class ProfileRecorder:
     recording stops, and ``close()`` raises the error afterwards.
     """
 
-    def __init__(self, writer: ProfileWriter, *, core: int | None = None, rollups: bool = True) -> None:
+    def __init__(self, writer: ProfileWriter, *, core: int | None = None, rollups: bool = True,
+                 summaries: bool = True) -> None:
         self.writer = writer
         self.core = core
         self.rollups = rollups  # HloInstruction per execution, FrameworkNode at close
+        self.summaries = summaries  # Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod at close
+        self._program_facts: dict[str, int] = {}
         self._op_names: dict[int, str] = {}
         self._tree = hierarchy.FrameworkTree()
         self.programs: dict[int, _Program] = {}
@@ -239,16 +266,21 @@ class ProfileRecorder:
         if not self.writer.is_open:
             return
         self._frames.write(self.writer)
-        if complete:  # an interrupted capture's layers would look whole: leave them out
-            nodes = self._tree.rows()
+        self._write_execution_info()
+        if complete:  # an interrupted capture's layers (and summaries) would look whole: leave them out
+            staged = self._write_summaries()
+            meta = self.writer.metadata_preview()
+            hw = summary.Hardware.from_metadata(meta)
+            nodes = self._tree.rows(hw.peak_flops_per_s, hw.hbm_bytes_per_s)
             if nodes:
+                if staged is not None:
+                    derive.add_engine_ranges(nodes, derive.framework_engine_ranges(staged))
                 self.writer.write("FrameworkNode", nodes)
             elif self._tree.overflow:
                 self.writer.warn(f"FrameworkNode not written: the layers' busy spans passed "
                                  f"{self._tree.max_spans:,} and were dropped to keep memory bounded; "
                                  f"compute the layer rollup from the Instruction table", "Missing Data")
         self._tree = hierarchy.FrameworkTree()
-        self._write_execution_info()
         for core, n in sorted(self._other_cores.items()):
             self.writer.warn(f"{n} batches from core {core} were not recorded: this profile holds core "
                              f"{self.core}; record each core into its own profile", "Missing Data")
@@ -257,6 +289,36 @@ class ProfileRecorder:
         self._frames = _FrameInterner()
         self._other_cores.clear()
         self._unknown_kinds.clear()
+
+    def _write_summaries(self) -> Any:
+        """Summary tables computed over the finished event tables (``formats.derive``); a failure is a
+        Warning row, never a lost profile. Returns the staged profile the rollups can read, or None."""
+        if not self.summaries:
+            return None
+        facts = summary.ProgramFacts(
+            weight_size_bytes=self._program_facts.get("weight"),
+            input_size_bytes=self._program_facts.get("input"),
+            output_size_bytes=self._program_facts.get("output"),
+            dma_queue_count=self._program_facts.get("queues")) if self._program_facts else None
+        nodes = len(self._tree.nodes) if self.rollups else 0
+        staged = derive.staged_profile(self.writer)  # finishing the event tables must not fail quietly
+        try:
+            return derive.write_derived(self.writer, facts, closing_rows=nodes, staged=staged,
+                                        later_tables=["FrameworkNode"] if nodes else []).profile
+        except Exception as exc:  # keep the profile; readers compute summaries on demand
+            self.writer.warn(f"summary tables not written ({type(exc).__name__}: {exc}); readers compute "
+                             f"them from the event tables", "Processing")
+            return None
+
+    def _facts(self, meta: Mapping[str, Any]) -> None:
+        """NEFF-level sizes for the Summary (weights, inputs, outputs, queue count), over every loaded
+        program of this profile."""
+        usage = meta.get("hbm_bytes_by_kind") or {}
+        for kind in ("weight", "input", "output"):
+            if kind in usage:
+                self._program_facts[kind] = self._program_facts.get(kind, 0) + int(usage[kind])
+        if meta.get("queues") is not None:
+            self._program_facts["queues"] = self._program_facts.get("queues", 0) + len(meta["queues"])
 
     def _write_execution_info(self) -> None:
         done = [e for e in self.executions.values() if e.start_ns is not None]
@@ -320,7 +382,9 @@ class ProfileRecorder:
             queue_names=pa.array(names, pa.string()),
             queue_types=pa.array([t or "unknown" for t in types], pa.string()),
             semaphore_ids=pa.array([str(i) for i in range(n_sem)], pa.string()),
+            node_text=_node_text(m, n_nodes),
         )
+        self._facts(m)
 
     def _on_execution_start(self, batch: Any) -> None:
         m = batch.meta
@@ -397,6 +461,8 @@ class ProfileRecorder:
                 "psum_write_bytes", "spill_save_bytes", "spill_reload_bytes", "raw_flops", "adjusted_flops")},
             "flops_transpose": _null_where(transpose, transpose <= 0),
         }
+        for column, (values, missing, index) in program.node_text.items():
+            columns[column] = _dict(index[node], values, missing[node])
         self.writer.write("Instruction", columns)
         execution.rows += n
         if self.rollups:
@@ -407,7 +473,9 @@ class ProfileRecorder:
                 np.where(no_op, -1, packed), np.asarray(c["start_ts"]), np.asarray(c["end_ts"]),
                 rid=node + execution.base, iid=node + execution.base, engine=np.asarray(c["engine"]),
                 hr=np.asarray(c["hbm_read_bytes"]), hw=np.asarray(c["hbm_write_bytes"]), sr=sbuf_read,
-                sw=np.asarray(c["sbuf_write_bytes"]), lw=np.where(loads, sbuf_read, 0))))
+                sw=np.asarray(c["sbuf_write_bytes"]), lw=np.where(loads, sbuf_read, 0),
+                ni=np.ones(n, np.int64), rf=np.asarray(c["raw_flops"]), ft=np.maximum(transpose, 0),
+                af=np.asarray(c["adjusted_flops"]), pe=np.maximum(np.asarray(c["raw_flops"]), transpose))))
 
     def _on_dma_packet(self, batch: Any) -> None:
         c = batch.columns

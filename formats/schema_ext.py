@@ -29,7 +29,40 @@ EXTENSION_TABLES: dict[str, TableDef] = {t.name: t for t in (
         capacity            float32  bytes_per_second  N  the channel's modelled bandwidth
         """,
         extension=True),
+    parse_table(
+        "InstructionLod", "summary", "device",
+        "neuronscope extension: level of detail for zoomed-out timelines -- per engine and level, the "
+        "longest instruction starting in each time bucket (bucket widths grow 4x per level from "
+        "span / 2^17), like the real tool's pre-bucketed DmaUsageSummary.",
+        """
+        engine           string  -            Y  canonical engine name (Tensor, Vector, ...)
+        level            int32   -            Y  0 = finest
+        bucket_ts        int64   nanoseconds  Y  bucket start
+        bucket_width_ns  int64   nanoseconds  Y  bucket width at this level
+        start_ts         int64   nanoseconds  Y  start of the longest instruction in the bucket
+        end_ts           int64   nanoseconds  Y  its end
+        duration_ns      int64   nanoseconds  Y  its duration
+        id               int64   -            Y  its Instruction.id
+        opcode           string  -            Y  its opcode
+        count            int64   -            Y  instructions starting in the bucket
+        """,
+        extension=True),
 )}
+
+# Per-node totals of the Instruction columns of the same name, so an operator table reads time, FLOPs
+# and instruction counts per op or layer without scanning Instruction (hierarchy rollups).
+_ROLLUP_COLUMNS: tuple[FieldDef, ...] = (
+    FieldDef("instruction_count", "int64", None, False,
+             "neuronscope extension: instructions of the node"),
+    FieldDef("active_time_ns", "int64", "nanoseconds", False,
+             "neuronscope extension: total length of time_intervals (union of the node's busy spans)"),
+    FieldDef("raw_flops", "int64", "flops", False,
+             "neuronscope extension: sum of Instruction.raw_flops over the node"),
+    FieldDef("flops_transpose", "int64", "flops", False,
+             "neuronscope extension: sum of Instruction.flops_transpose over the node"),
+    FieldDef("adjusted_flops", "int64", "flops", False,
+             "neuronscope extension: sum of Instruction.adjusted_flops (BF16-equivalent) over the node"),
+)
 
 # Extra columns on documented tables. Readers of the real schema skip them.
 EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
@@ -48,4 +81,6 @@ EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
                  "neuronscope extension: false when the capture was interrupted and the tables hold only "
                  "what was recorded up to then"),
     ),
+    "HloInstruction": _ROLLUP_COLUMNS,
+    "FrameworkNode": _ROLLUP_COLUMNS,
 }

@@ -422,6 +422,17 @@ class ProfileWriter:
         written = [n for n in self._streams if n != "SchemaFields"] + ["SchemaFields"]
         self._write_small("SchemaFields", schema_fields_columns([self.schema.tables[n] for n in written]))
 
+    def metadata_preview(self) -> dict[str, Any]:
+        """The Metadata row as it stands now (defaults, trace bounds so far, fields set), unchecked:
+        for computing on the profile before ``close()`` writes the row."""
+        first = [s.first_ts for s in self._streams.values() if s.first_ts is not None]
+        last = [s.last_ts for s in self._streams.values() if s.last_ts is not None]
+        row: dict[str, Any] = {"profile_schema_version": PROFILE_SCHEMA_VERSION,
+                               "first_hw_timestamp": min(first) if first else None,
+                               "last_hw_timestamp": max(last) if last else None}
+        row.update(self.metadata)
+        return row
+
     def _metadata_row(self, complete: bool) -> dict[str, list[Any]]:
         first = [s.first_ts for s in self._streams.values() if s.first_ts is not None]
         last = [s.last_ts for s in self._streams.values() if s.last_ts is not None]

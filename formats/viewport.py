@@ -1,0 +1,311 @@
+"""What a timeline draws: one engine's instructions in [t0, t1], at most one per pixel bucket.
+
+    window = engine_window(profile, "Tensor", t0, t1, buckets=2000)
+    window.start_ts, window.end_ts, window.id, window.opcode    # the longest event of each bucket
+
+A timeline never draws 20M rectangles; per pixel it draws the longest event there (Perfetto's rule
+for zoomed-out tracks). Two paths answer that, and the caller cannot tell them apart:
+
+* **Zoomed in** (a pixel narrower than ``InstructionLod``'s finest bucket): DuckDB reads only the row
+  groups whose ``start_ts``/``end_ts`` statistics overlap the window -- our writer keeps row groups
+  time-clustered and writes those statistics -- and keeps the longest event per pixel bucket.
+* **Zoomed out**: the precomputed level of detail. ``InstructionLod`` (our extension table, written
+  when a capture closes, like the real tool's pre-bucketed ``DmaUsageSummary``) holds per engine and
+  per level the longest instruction starting in each bucket; widths grow 4x per level from span / 2^17.
+  The coarsest level whose bucket still fits in a pixel is read (held in memory: a few MB) and
+  reduced to pixel buckets. A profile without the table (the real tool's, or an interrupted capture)
+  gets it built on first use, once per ``Viewport``.
+
+An event belongs to the bucket its start falls in (events that began before ``t0`` go to bucket 0),
+so the two paths agree except at pixel edges where an LOD bucket straddles two pixels.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from formats import sqlsource
+from formats.schema import ENGINE_NAMES, canonical_engine
+from formats.sqlsource import TableSource, literal
+
+if TYPE_CHECKING:
+    from formats.reader import Profile
+
+LOD_TABLE = "InstructionLod"
+LOD_FINEST_BUCKETS = 2**17  # level 0: span / 2^17 per bucket (bounded size whatever the profile)
+LOD_FACTOR = 4
+LOD_COARSEST_BUCKETS = 256
+
+
+@dataclass(frozen=True)
+class Window:
+    """The events to draw: one (the longest) per non-empty pixel bucket, in bucket order."""
+
+    bucket: np.ndarray  # int64 pixel bucket index in [0, buckets)
+    start_ts: np.ndarray
+    end_ts: np.ndarray
+    duration_ns: np.ndarray
+    id: np.ndarray
+    opcode: list[str]
+    count: np.ndarray  # instructions starting in the bucket (raw path: overlapping it)
+    source: str  # "instructions" or "lod level N"
+
+    def __len__(self) -> int:
+        return int(self.bucket.size)
+
+
+def lod_geometry(first: int, last: int) -> tuple[int, list[int]]:
+    """(origin, bucket width per level) for a time range: level 0 = span / 2^17 (at least 1 ns),
+    each level 4x wider, up to ~256 buckets over the span."""
+    span = max(1, int(last) - int(first))
+    width = max(1, math.ceil(span / LOD_FINEST_BUCKETS))
+    widths = [width]
+    while span / widths[-1] > LOD_COARSEST_BUCKETS:
+        widths.append(widths[-1] * LOD_FACTOR)
+    return int(first), widths
+
+
+def build_lod(profile: Profile, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+    """``InstructionLod`` rows for ``profile`` (engine, level, bucket, longest instruction, count):
+    one DuckDB aggregate for level 0, the coarser levels from it in NumPy."""
+    source = TableSource(profile, "Instruction")
+    schema = profile.schema.arrow_schema(LOD_TABLE)
+    if not source.present:
+        return schema.empty_table()
+    own = con is None
+    con = con or sqlsource.connect(memory_limit="1GB")
+    try:
+        first, last = con.execute(f"SELECT min(start_ts), max(end_ts) FROM {source.relation()}").fetchone()
+        origin, widths = lod_geometry(first, last)
+        opcode = source.col("opcode", engines=False)
+        cols = con.execute(f"""
+            SELECT engine AS raw_engine, (start_ts - {origin}) // {widths[0]} AS b,
+                   arg_max(start_ts, duration_ns) AS s, arg_max(end_ts, duration_ns) AS e,
+                   max(duration_ns) AS d, arg_max(id, duration_ns) AS i, arg_max({opcode}, duration_ns) AS o,
+                   count(*) AS n
+            FROM {source.relation()} GROUP BY ALL""").fetchnumpy()
+    finally:
+        if own:
+            con.close()
+    raw = np.asarray(cols["raw_engine"], dtype=object)
+    names = sorted({str(x) for x in raw})
+    code_of = {n: (ENGINE_NAMES.index(canonical_engine(n)) if canonical_engine(n) in ENGINE_NAMES
+                   else len(ENGINE_NAMES) + i) for i, n in enumerate(names)}
+    labels = [*ENGINE_NAMES, *names]
+    engine = np.array([code_of[str(x)] for x in raw], np.int64) if raw.size else np.zeros(0, np.int64)
+    base = {"b": np.asarray(cols["b"], np.int64), "s": np.asarray(cols["s"], np.int64),
+            "e": np.asarray(cols["e"], np.int64), "d": np.asarray(cols["d"], np.int64),
+            "i": np.asarray(cols["i"], np.int64), "o": np.asarray(cols["o"], dtype=object),
+            "n": np.asarray(cols["n"], np.int64), "g": engine}
+    parts = []
+    for level, width in enumerate(widths):
+        factor = width // widths[0]
+        key_bucket = base["b"] // factor
+        order = np.lexsort((-base["d"], key_bucket, base["g"]))
+        g, kb = base["g"][order], key_bucket[order]
+        head = np.r_[True, (g[1:] != g[:-1]) | (kb[1:] != kb[:-1])]
+        idx = order[head]
+        counts = np.add.reduceat(base["n"][order], np.flatnonzero(head)) if order.size else base["n"][:0]
+        parts.append({"engine": base["g"][idx], "level": np.full(idx.size, level, np.int32),
+                      "bucket_ts": origin + kb[head] * width,
+                      "bucket_width_ns": np.full(idx.size, width, np.int64),
+                      "start_ts": base["s"][idx], "end_ts": base["e"][idx], "duration_ns": base["d"][idx],
+                      "id": base["i"][idx], "opcode": base["o"][idx], "count": counts})
+    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.lexsort((merged["bucket_ts"], merged["level"], merged["engine"]))
+    engine_names = pa.DictionaryArray.from_arrays(pa.array(merged["engine"][order].astype(np.int16)),
+                                                  pa.array(labels)).cast(pa.string())
+    columns = {"engine": engine_names}
+    for name in ("level", "bucket_ts", "bucket_width_ns", "start_ts", "end_ts", "duration_ns", "id", "count"):
+        columns[name] = pa.array(merged[name][order])
+    columns["opcode"] = pa.array(list(merged["opcode"][order]), pa.string())
+    return pa.table(columns).select(schema.names).cast(schema)
+
+
+class _Lod:
+    """An InstructionLod table held as NumPy arrays per (engine, level), sorted by bucket start."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.levels: dict[str, list[tuple[int, dict[str, np.ndarray]]]] = {}
+        self.max_duration: dict[str, int] = {}
+        if table.num_rows == 0:
+            return
+        engines = [canonical_engine(e) or "" for e in table.column("engine").to_pylist()]
+        level = table.column("level").to_numpy()
+        cols = {n: table.column(n).to_numpy() for n in ("bucket_ts", "bucket_width_ns", "start_ts", "end_ts",
+                                                         "duration_ns", "id", "count")}
+        opcodes = np.asarray(table.column("opcode").to_pylist(), dtype=object)
+        engine_arr = np.asarray(engines, dtype=object)
+        for name in sorted(set(engines)):
+            mine = engine_arr == name
+            entries = []
+            for lv in sorted(set(level[mine].tolist())):
+                sel = mine & (level == lv)
+                part = {k: v[sel] for k, v in cols.items()}
+                part["opcode"] = opcodes[sel]
+                order = np.argsort(part["bucket_ts"], kind="stable")
+                part = {k: v[order] for k, v in part.items()}
+                entries.append((int(part["bucket_width_ns"][0]), part))
+            self.levels[name] = entries
+            durations = [int(p["duration_ns"].max()) for _, p in entries if p["duration_ns"].size]
+            self.max_duration[name] = max(durations, default=0)
+
+    def finest_width(self, engine: str) -> int | None:
+        entries = self.levels.get(engine)
+        return entries[0][0] if entries else None
+
+    def window(self, engine: str, t0: int, t1: int, buckets: int) -> Window | None:
+        entries = self.levels.get(engine)
+        if not entries:
+            return None
+        pixel = (t1 - t0) / buckets
+        usable = [(w, p) for w, p in entries if w <= pixel]
+        if not usable:
+            return None
+        width, part = usable[-1]
+        level = entries.index((width, part))
+        lo = np.searchsorted(part["bucket_ts"], t0 - self.max_duration.get(engine, 0) - width, "left")
+        hi = np.searchsorted(part["bucket_ts"], t1, "left")
+        sel = slice(lo, hi)
+        keep = part["end_ts"][sel] > t0
+        s = part["start_ts"][sel][keep]
+        cols = {k: v[sel][keep] for k, v in part.items()}
+        bucket = np.clip((s - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
+        return _longest_per_bucket(bucket, cols, f"lod level {level}")
+
+
+def _longest_per_bucket(bucket: np.ndarray, cols: dict[str, np.ndarray], source: str) -> Window:
+    order = np.lexsort((-cols["duration_ns"], bucket))
+    b = bucket[order]
+    head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
+    idx = order[head]
+    counts = np.add.reduceat(cols["count"][order], np.flatnonzero(head)) if b.size else np.zeros(0, np.int64)
+    return Window(bucket[idx], cols["start_ts"][idx], cols["end_ts"][idx], cols["duration_ns"][idx],
+                  cols["id"][idx], [str(x) for x in cols["opcode"][idx]], counts.astype(np.int64), source)
+
+
+class Viewport:
+    """Window queries over one profile's Instruction table, with a DuckDB connection and the LOD
+    kept between calls (a TUI or GUI holds one per open profile)."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.source = TableSource(profile, "Instruction")
+        self.con = sqlsource.connect(memory_limit="512MB")
+        self._lod: _Lod | None = None
+        self._spellings: dict[str, list[str]] | None = None
+        self._lock = threading.Lock()
+        self._max_duration: int | None = None
+
+    def close(self) -> None:
+        self.con.close()
+
+    # -- the LOD ----------------------------------------------------------------------------------
+    def lod(self) -> _Lod:
+        if self._lod is None:
+            if self.profile.num_rows(LOD_TABLE):
+                table = self.profile.table(LOD_TABLE)
+            else:
+                table = build_lod(self.profile, self.con)
+            self._lod = _Lod(table)
+        return self._lod
+
+    def _engine_spellings(self, engine: str) -> list[str]:
+        """Every spelling of ``engine`` the Instruction table uses (real profiles differ, §2.5)."""
+        if self._spellings is None:
+            rows = self.con.execute(f"SELECT DISTINCT engine FROM {self.source.relation()}").fetchall()
+            spellings: dict[str, list[str]] = {}
+            for (raw,) in rows:
+                spellings.setdefault(canonical_engine(raw) or "", []).append(raw)
+            self._spellings = spellings
+        return self._spellings.get(engine, [])
+
+    def _longest(self) -> int:
+        if self._max_duration is None:
+            if self.profile.num_rows(LOD_TABLE):
+                self._max_duration = max(self.lod().max_duration.values(), default=0)
+            else:
+                row = self.con.execute(f"SELECT max(duration_ns) FROM {self.source.relation()}").fetchone()
+                self._max_duration = int(row[0] or 0) if row else 0
+        return self._max_duration
+
+    # -- queries ----------------------------------------------------------------------------------
+    def engine_window(self, engine: str, t0: int, t1: int, buckets: int = 2000) -> Window:
+        """Instructions of ``engine`` (an engine in any spelling, or a timeline track such as
+        ``TensorMatrix``) overlapping [t0, t1), reduced to the longest one per pixel bucket."""
+        t0, t1, buckets = int(t0), int(t1), max(1, int(buckets))
+        if t1 <= t0:
+            raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
+        with self._lock:
+            name = canonical_engine(engine) or engine
+            if name in ENGINE_NAMES:
+                wanted = self._lod is not None or self._lod_worth_it(name, t0, t1, buckets)
+                lod = self.lod() if wanted else None
+                if lod is not None:
+                    window = lod.window(name, t0, t1, buckets)
+                    if window is not None:
+                        return window
+                condition = self._engine_condition(name)
+            else:
+                condition = f"{sqlsource.ident('timeline_track')} = {literal(engine)}"
+            return self._raw(condition, t0, t1, buckets)
+
+    def _lod_worth_it(self, engine: str, t0: int, t1: int, buckets: int) -> bool:
+        """Build (or load) the LOD only when a pixel is wider than its finest bucket."""
+        if self.profile.num_rows(LOD_TABLE):
+            return True
+        meta = self.profile.metadata
+        first, last = meta.get("first_hw_timestamp"), meta.get("last_hw_timestamp")
+        if first is None or last is None or last <= first:
+            return True
+        _, widths = lod_geometry(first, last)
+        return (t1 - t0) / buckets >= widths[0]
+
+    def _engine_condition(self, engine: str) -> str:
+        spellings = self._engine_spellings(engine) or [engine]
+        return f"engine IN ({', '.join(literal(s) for s in spellings)})"
+
+    def _raw(self, condition: str, t0: int, t1: int, buckets: int) -> Window:
+        if not self.source.present:
+            empty = np.zeros(0, np.int64)
+            return Window(empty, empty, empty, empty, empty, [], empty, "instructions")
+        lookback = t0 - self._longest()
+        opcode = self.source.col("opcode", engines=False)
+        cols = self.con.execute(f"""
+            SELECT b, arg_max(start_ts, duration_ns) AS start_ts, arg_max(end_ts, duration_ns) AS end_ts,
+                   max(duration_ns) AS duration_ns, arg_max(id, duration_ns) AS id,
+                   arg_max(op, duration_ns) AS opcode, count(*) AS count
+            FROM (SELECT start_ts, end_ts, duration_ns, id, {opcode} AS op,
+                         least({buckets - 1}, greatest(0, (start_ts - {t0}) * {buckets} // {t1 - t0})) AS b
+                  FROM {self.source.relation()}
+                  WHERE {condition} AND start_ts < {t1} AND end_ts > {t0} AND start_ts >= {lookback})
+            GROUP BY b ORDER BY b""").fetchnumpy()
+        return Window(np.asarray(cols["b"], np.int64), np.asarray(cols["start_ts"], np.int64),
+                      np.asarray(cols["end_ts"], np.int64), np.asarray(cols["duration_ns"], np.int64),
+                      np.asarray(cols["id"], np.int64), [str(x) for x in cols["opcode"]],
+                      np.asarray(cols["count"], np.int64), "instructions")
+
+
+_VIEWPORTS: dict[int, Viewport] = {}
+
+
+def viewport(profile: Profile) -> Viewport:
+    """The cached ``Viewport`` of ``profile`` (one per Profile object)."""
+    key = id(profile)
+    found = _VIEWPORTS.get(key)
+    if found is None or found.profile is not profile:
+        found = _VIEWPORTS[key] = Viewport(profile)
+    return found
+
+
+def engine_window(profile: Profile, engine: str, t0: int, t1: int, buckets: int = 2000) -> Window:
+    """Instructions of one engine overlapping [t0, t1], reduced to at most ``buckets`` pixel buckets
+    with the longest event per bucket. Reuses a per-profile ``Viewport`` (connection, LOD)."""
+    return viewport(profile).engine_window(engine, t0, t1, buckets)
