@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from collectors import hostmetrics, instanceinfo, monitor_report
+from collectors.cliargs import OneLineParser
 from collectors.inventory import Inventory, InventoryError, discover
 from collectors.livereader import ProcessState, read_live_state
 from collectors.livewindow import LiveTracker
@@ -200,7 +201,7 @@ class Monitor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="neuron-monitor",
         description="Write Neuron runtime and system metrics as one JSON report per line.")
     parser.add_argument("-c", "--config-file", help="JSON configuration file (real neuron-monitor format)")

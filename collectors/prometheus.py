@@ -27,6 +27,8 @@ from typing import Any, TextIO
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info, start_http_server
 
+from collectors.cliargs import OneLineParser
+
 INSTANCE_LABELS = (("instance_name", "instance_name"), ("instance_id", "instance_id"),
                    ("instance_type", "instance_type"), ("availability_zone", "instance_availability_zone"),
                    ("region", "instance_region"), ("subnet_id", "subnet_id"))
@@ -295,7 +297,7 @@ class Exporter:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="neuron-monitor-prometheus",
         description="Read neuron-monitor JSON lines on stdin and serve them as Prometheus /metrics.")
     parser.add_argument("-p", "--port", type=int, default=8000, help="HTTP port (0: any free port)")

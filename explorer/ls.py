@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from collectors.cliargs import OneLineParser
 from collectors.inventory import Inventory, InventoryError, discover
 from explorer import ls_topology
 from explorer.ls_model import (
@@ -139,7 +140,7 @@ def render_json(inventory: Inventory, rows: Sequence[DeviceRow], args: argparse.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuron-ls",
+    parser = OneLineParser(prog="neuron-ls",
                                      description="List Neuron devices and the processes using them.")
     parser.add_argument("-w", "--wide", action="store_true", help="show up to 80 characters of COMMAND")
     parser.add_argument("-a", "--show-all-procs", action="store_true",

@@ -326,3 +326,30 @@ def test_cli_legacy_names_warn_on_stderr_and_still_run(tmp_path):
     assert out.returncode == 0
     assert "'hw_counters' is the old name of 'neuron_hw_counters'" in out.stderr
     assert "neuron_hw_counters" in json.loads(out.stdout)["system_data"]
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("collectors.monitor", ["--bogus"], "neuron-monitor: unrecognized arguments: --bogus"),
+        ("collectors.monitor", ["--verbose", "9"], "neuron-monitor: argument --verbose: invalid choice"),
+        (
+            "collectors.prometheus",
+            ["--port", "abc"],
+            "neuron-monitor-prometheus: argument -p/--port: invalid int",
+        ),
+        ("explorer.ls", ["--output-format", "xml"], "neuron-ls: argument --output-format: invalid choice"),
+    ],
+)
+def test_usage_mistakes_are_one_line_and_exit_2(tmp_path, module, args, message):
+    out = subprocess.run(
+        [PYTHON, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env=live_env(tmp_path),
+        input="",
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(message)
