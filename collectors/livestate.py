@@ -133,9 +133,7 @@ class LiveAccumulator:
         self.total_latency: dict[int, int] = {}
         self.device_latency: dict[int, int] = {}
         self.link_bytes: dict[str, int] = {}
-        self.changed = threading.Event()  # set by every batch; the publisher starts on the first
         self._carry: dict[tuple[int, str], float] = {}  # (core, engine) -> covered-until, per execution
-        self._hbm_at_start: dict[int, int] = {}
 
     # -- listener ------------------------------------------------------------------------------
 
@@ -145,7 +143,6 @@ class LiveAccumulator:
             return
         with self._lock:
             handler(batch)
-        self.changed.set()
 
     def _core(self, index: int) -> CoreCounters:
         core = self.cores.get(index)
@@ -190,7 +187,6 @@ class LiveAccumulator:
         core = int(batch.meta["core"])
         for engine in ENGINES:
             self._carry[(core, engine)] = float("-inf")
-        self._hbm_at_start[core] = 0
 
     def _on_instruction(self, batch: Any) -> None:
         cols = batch.columns
