@@ -2,10 +2,14 @@
 
     neuron-profile validate out/bert            # schema conformance report; exit 0 conformant, 1 not
     neuron-profile validate out/bert --json     # the same report as one JSON object
+    neuron-profile query out/bert "SELECT opcode, count(*) FROM Instruction GROUP BY 1"
+    neuron-profile query out/run/device "SELECT core, ..." --format csv -o result.csv
+    neuron-profile view out/bert --output-format summary-text      # or summary-json, json, perfetto
 
 Each subcommand is a small class (name, help, ``prepare_parser``, ``run``) in ``COMMANDS``, in the
-style of memray's CLI; later issues add ``query``, ``view`` and ``capture`` the same way. Bad input
-prints one line on stderr and exits 2 -- never a traceback.
+style of memray's CLI; ``explorer/profile_cli.py`` adds ``capture`` the same way. Bad input (a missing
+or corrupt profile, a bad or writing query) prints one line on stderr and exits 2 -- never a
+traceback.
 """
 
 from __future__ import annotations
@@ -65,7 +69,77 @@ class ValidateCommand:
         return EXIT_OK if report.conformant else EXIT_FINDINGS
 
 
-COMMANDS: list[Command] = [ValidateCommand()]
+class QueryCommand:
+    """Read-only SQL over a profile or a folder of profiles (a capture's ``device/`` dataset)."""
+
+    name = "query"
+    help = "run a read-only SQL query over a profile (or a folder of profiles) and print or save the result"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("profile", metavar="DIR",
+                            help="profile directory, or a folder of them (hive partitions such as "
+                                 "model=<m>/core=<c>/execution=<k> become columns)")
+        parser.add_argument("sql", metavar="SQL", nargs="?",
+                            help="one SELECT statement over the tables (views: Instruction, DmaPacket, "
+                                 "Summary, ...); omit it to list the tables")
+        parser.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
+                            help="table (default, printed), or csv/json/parquet written to -o (csv and "
+                                 "json go to stdout without -o)")
+        parser.add_argument("-o", "--output", metavar="FILE", help="write the result here")
+        parser.add_argument("--max-rows", type=int, default=100, metavar="N",
+                            help="rows printed in table format (default 100)")
+        parser.add_argument("--include-incomplete", action="store_true",
+                            help="also read interrupted captures (<dir>.incomplete)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from formats.query import open_query
+        from formats.query_output import list_tables, write_result
+
+        if args.format == "parquet" and not args.output:
+            raise ProfileError("--format parquet writes a file: give it with -o FILE")
+        with open_query(args.profile, include_incomplete=args.include_incomplete) as session:
+            for skipped in session.skipped:
+                print(f"neuron-profile: note: skipped incomplete profile {skipped}", file=sys.stderr)
+            if args.sql is None:
+                list_tables(session)
+                return EXIT_OK
+            write_result(session, args.sql, args.format, args.output, args.max_rows)
+        return EXIT_OK
+
+
+class ViewCommand:
+    """Non-interactive views of a profile: the real tool's summary and export formats."""
+
+    name = "view"
+    help = "show a profile's summary (summary-text, summary-json) or export it (json, perfetto)"
+    FORMATS = ("summary-text", "summary-json", "json", "perfetto")
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("profile", metavar="DIR", help="profile directory, or a folder of them")
+        parser.add_argument("--output-format", choices=self.FORMATS,
+                            help="summary-text / summary-json (stdout unless --output-file), json (legacy "
+                                 "device-profile JSON, one profile) or perfetto (.pftrace)")
+        parser.add_argument("--output-file", "-o", metavar="PATH",
+                            help="where to write (json/perfetto default: device_profile_<name>.json/.pftrace "
+                                 "in the current directory; '-' = stdout for the text formats and json)")
+        parser.add_argument("--recompute", action="store_true",
+                            help="compute the Summary from the event tables even if the profile has one")
+        parser.add_argument("--include-incomplete", action="store_true",
+                            help="also read interrupted captures (<dir>.incomplete)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.output_format is None:
+            print("neuron-profile view: the interactive viewer is not built yet; use --output-format "
+                  "summary-text (or summary-json, json, perfetto)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        from formats.view_output import render
+
+        render(args.profile, args.output_format, args.output_file, recompute=args.recompute,
+               include_incomplete=args.include_incomplete)
+        return EXIT_OK
+
+
+COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewCommand()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler.run(args)
     except ProfileError as exc:
+        print(f"neuron-profile: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # output file cannot be written, ...
         print(f"neuron-profile: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

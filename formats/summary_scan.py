@@ -113,7 +113,8 @@ class _Computation:
         typed = f"{c('tensor_instruction_type')} = 'TRANSPOSE'"
         transpose = f"coalesce({flops_t}, CASE WHEN {typed} THEN {raw_flops} END)"
         adjusted, adj_t = c("adjusted_flops"), c("adjusted_flops_transpose")
-        adj_transpose = f"coalesce({adj_t}, CASE WHEN {typed} THEN {adjusted} END)"
+        # a TRANSPOSE's adjusted_flops hold its FLOPs only when the writer did not count them apart
+        adj_transpose = f"coalesce({adj_t}, CASE WHEN {typed} AND {flops_t} IS NULL THEN {adjusted} END)"
         pe = f"greatest({raw_flops}, {flops_t})"
         model = f"CASE WHEN {c('raw_hlo_id')} IS NOT NULL THEN {pe} - coalesce({transpose}, 0) END"
         byte_columns = ("hbm_read_bytes", "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes",

@@ -82,7 +82,7 @@ def build_lod(profile: Profile, con: duckdb.DuckDBPyConnection | None = None) ->
     own = con is None
     con = con or sqlsource.connect(memory_limit="1GB")
     try:
-        first, last = con.execute(f"SELECT min(start_ts), max(end_ts) FROM {source.relation()}").fetchone()
+        first, last = con.execute(f"SELECT min(start_ts), max(end_ts) FROM {source.relation()}").fetchall()[0]
         origin, widths = lod_geometry(first, last)
         opcode = source.col("opcode", engines=False)
         cols = con.execute(f"""
@@ -232,7 +232,7 @@ class Viewport:
             if self.profile.num_rows(LOD_TABLE):
                 self._max_duration = max(self.lod().max_duration.values(), default=0)
             else:
-                row = self.con.execute(f"SELECT max(duration_ns) FROM {self.source.relation()}").fetchone()
+                row = self.con.execute(f"SELECT max(duration_ns) FROM {self.source.relation()}").fetchall()[0]
                 self._max_duration = int(row[0] or 0) if row else 0
         return self._max_duration
 

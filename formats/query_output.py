@@ -1,0 +1,166 @@
+"""Print or save a query result: a rich table on the terminal, or CSV / JSON / Parquet, streamed.
+
+Results stream as Arrow batches from DuckDB (``QuerySession.arrow_reader``) into pyarrow's CSV and
+Parquet writers or a JSON array written row by row, so a query returning millions of rows never sits
+in memory whole. Files are written by pyarrow in this process, never by DuckDB: the query connection
+itself has no file access (``formats.query``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from formats.query import QuerySession, iter_batches
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, Decimal):
+        return str(int(value)) if value == value.to_integral_value() else str(value)
+    return str(value)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+@contextmanager
+def _text_output(path: str | None) -> Iterator[IO[str]]:
+    if path is None or path == "-":
+        yield sys.stdout
+    else:
+        with open(path, "w", encoding="utf-8") as out:
+            yield out
+
+
+def _plain_types(schema: pa.Schema) -> pa.Schema:
+    """Types every reader knows: DuckDB's 128-bit integer sums (decimal128(38, 0) in Arrow) become
+    int64, which is what a sum of int64 profile columns fits in."""
+    fields = []
+    for f in schema:
+        if pa.types.is_decimal(f.type) and f.type.scale == 0:
+            fields.append(pa.field(f.name, pa.int64()))
+        else:
+            fields.append(f)
+    return pa.schema(fields)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema.equals(schema):
+        return batch
+    columns = []
+    for i, f in enumerate(schema):
+        try:
+            columns.append(batch.column(i).cast(f.type))
+        except pa.ArrowInvalid:  # a 128-bit sum beyond int64: keep its digits
+            columns.append(batch.column(i).cast(pa.string()).cast(f.type, safe=False))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, max_rows: int) -> int:
+    """Run ``sql`` and write it in ``fmt`` (table, csv, json, parquet); returns the rows written."""
+    reader = session.arrow_reader(sql)
+    schema = _plain_types(reader.schema)
+    batches = (_conform(b, schema) for b in iter_batches(reader))
+    if fmt == "table":
+        return _print_table(schema, batches, max_rows, path)
+    if fmt == "parquet":
+        assert path is not None
+        rows = 0
+        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        print(f"wrote {rows:,} rows to {path}", file=sys.stderr)
+        return rows
+    if fmt == "csv":
+        rows = 0
+        if path is None or path == "-":
+            for i, batch in enumerate(batches):
+                sink = pa.BufferOutputStream()
+                pacsv.write_csv(pa.Table.from_batches([batch], schema), sink,
+                                pacsv.WriteOptions(include_header=i == 0))
+                sys.stdout.write(sink.getvalue().to_pybytes().decode("utf-8"))
+                rows += batch.num_rows
+            if rows == 0:
+                print(",".join(schema.names))
+            return rows
+        with pacsv.CSVWriter(path, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        print(f"wrote {rows:,} rows to {path}", file=sys.stderr)
+        return rows
+    rows = 0
+    with _text_output(path) as out:  # json: one array of row objects
+        out.write("[")
+        for batch in batches:
+            for row in batch.to_pylist():
+                text = json.dumps({k: _json_value(v) for k, v in row.items()})
+                out.write(("\n" if rows == 0 else ",\n") + text)
+                rows += 1
+        out.write("\n]\n")
+    if path not in (None, "-"):
+        print(f"wrote {rows:,} rows to {path}", file=sys.stderr)
+    return rows
+
+
+def _print_table(schema: pa.Schema, batches: Iterator[pa.RecordBatch], max_rows: int,
+                 path: str | None) -> int:
+    table = Table(show_lines=False, header_style="bold")
+    for f in schema:
+        numeric = pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
+        table.add_column(f.name, justify="right" if numeric else "left", overflow="fold")
+    shown = total = 0
+    for batch in batches:
+        total += batch.num_rows
+        if shown < max_rows:
+            for row in batch.slice(0, max_rows - shown).to_pylist():
+                table.add_row(*(_cell(v) for v in row.values()))
+                shown += 1
+    with _text_output(path) as out:
+        console = Console(file=out, width=None if out is sys.stdout else 200)
+        console.print(table)
+        more = f" (showing {shown}; --max-rows N or --format csv -o FILE for all)" if total > shown else ""
+        console.print(f"{total:,} row{'s' if total != 1 else ''}{more}")
+    return total
+
+
+def list_tables(session: QuerySession) -> None:
+    """The views a query can use, with their row counts (tables no profile has are left out)."""
+    table = Table(header_style="bold")
+    table.add_column("table")
+    table.add_column("rows", justify="right")
+    table.add_column("columns", justify="right")
+    for name in session.tables:
+        rows = sum(p.num_rows(name) for _, p in session.profiles)
+        if not rows:
+            continue
+        columns = len(session.con.execute(f'DESCRIBE "{name}"').fetchall())
+        table.add_row(name, f"{rows:,}", str(columns))
+    console = Console()
+    console.print(table)
+    where = "1 profile" if session.single else f"{len(session.profiles)} profiles"
+    extra = "" if session.single else f"; partition columns: profile, {', '.join(session.partitions)}"
+    console.print(f"{where}{extra}; empty tables are views too (documented columns, no rows)")

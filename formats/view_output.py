@@ -1,0 +1,75 @@
+"""``neuron-profile view DIR --output-format ...``: open the profiles and hand them to the right writer.
+
+summary-text and summary-json go to stdout (or ``--output-file``); json (legacy device-profile JSON,
+one profile at a time, like the real tool's one file per model) and perfetto (every profile under DIR
+in one trace, a process each) go to files named as the real tool names them unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from formats import export, trace_export
+from formats.dataset import find_profiles
+from formats.reader import Profile, ProfileError, open_profile
+
+
+def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
+    entries, skipped = find_profiles(root, include_incomplete=include_incomplete)
+    for path in skipped:
+        print(f"neuron-profile: note: skipped incomplete profile {path}", file=sys.stderr)
+    programs = []
+    for entry in entries:
+        profile = open_profile(entry.path)
+        name = export.program_name(profile) if entry.name == "." else entry.name
+        programs.append((name, profile))
+    return programs
+
+
+def _write_text(text: str, path: str | None) -> None:
+    if path is None or path == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    Path(path).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def render(root: str, fmt: str, path: str | None, *, recompute: bool = False,
+           include_incomplete: bool = False) -> None:
+    """Write ``root``'s profiles in ``fmt`` (summary-text, summary-json, json, perfetto)."""
+    programs = _programs(root, include_incomplete)
+    if fmt in ("summary-text", "summary-json"):
+        values = export.collect(programs, recompute=recompute)
+        text = export.summary_text(values) if fmt == "summary-text" else export.summary_json(values)
+        _write_text(text, path)
+        return
+    if fmt == "json":
+        if len(programs) != 1:
+            raise ProfileError(f"{root}: holds {len(programs)} profiles; legacy JSON is one file per "
+                               f"profile, give one profile directory")
+        name, profile = programs[0]
+        values = export.metrics(profile, recompute=recompute)
+        target = path or trace_export.default_path(name).replace(".pftrace", ".json")
+        if target == "-":
+            export.write_legacy_json(profile, sys.stdout, summary_values=values)
+            return
+        with open(target, "w", encoding="utf-8") as out:
+            count = export.write_legacy_json(profile, out, summary_values=values)
+        print(f"wrote {count:,} instructions to {target}", file=sys.stderr)
+        return
+    target = path or trace_export.default_path(programs[0][0] if len(programs) == 1 else Path(root).name)
+    if target == "-":
+        raise ProfileError("perfetto output is binary: give a file with --output-file")
+    partial = f"{target}.partial"
+    try:
+        with open(partial, "wb") as out:
+            stats = trace_export.write_trace(programs, out)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    print(f"wrote {target}: {stats.tracks} tracks, {stats.slices:,} slices, {stats.counters:,} counter "
+          f"samples, {stats.flows:,} flows ({stats.bytes / 2**20:.1f} MiB); open it in ui.perfetto.dev",
+          file=sys.stderr)
