@@ -37,9 +37,10 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("time", ("total_time", "total_exec_time", "total_active_time", "total_active_time_percent",
               "neuroncore_cycle_count")),
     ("flops and utilisation", (
-        "model_flops", "hardware_flops", "transpose_flops", "adjusted_hardware_flops", "adjusted_transpose_flops",
-        "mfu_estimated_percent", "mfu_inst_estimated_percent", "mfu_hlo_estimated_percent",
-        "hfu_estimated_percent", "mbu_estimated_percent", "mbu_min_read_util_percent", "mm_arithmetic_intensity",
+        "model_flops", "hardware_flops", "transpose_flops", "adjusted_hardware_flops",
+        "adjusted_transpose_flops", "mfu_estimated_percent", "mfu_inst_estimated_percent",
+        "mfu_hlo_estimated_percent", "hfu_estimated_percent", "mbu_estimated_percent",
+        "mbu_min_read_util_percent", "mm_arithmetic_intensity",
         "peak_flops_bandwidth_ratio", "mfu_max_achievable_estimated_percent",
         "mfu_inst_max_achievable_estimated_percent", "mfu_hlo_max_achievable_estimated_percent")),
 )
@@ -149,9 +150,10 @@ def summary_text(programs: Mapping[str, Mapping[str, Any]]) -> str:
 LEGACY_INSTRUCTION_KEYS = {
     "timestamp": "start_ts", "duration": "duration_ns", "evt_wait_time": "evt_wait_time_ns",
     "label": "timeline_track",
-    **{k: k for k in ("opcode", "compiler_opcode", "operands", "compiler_operands", "hlo_name", "hbm_read_bytes",
-                      "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes", "bir_debug_info_source_location",
-                      "nki_source_location", "hlo_attrs", "layer", "stack_frame_ids")},
+    **{k: k for k in ("opcode", "compiler_opcode", "operands", "compiler_operands", "hlo_name",
+                      "hbm_read_bytes", "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes",
+                      "bir_debug_info_source_location", "nki_source_location", "hlo_attrs", "layer",
+                      "stack_frame_ids")},
 }
 
 
