@@ -2,6 +2,7 @@
 
     neuron-profile capture --workload bert-layer -o out/bert      # collectors.capture
     neuron-profile capture -o out/mine -- python my_script.py     # wrap any program
+    neuron-profile run --workload bert-layer --duration 30        # load generator (collectors.loadgen)
     neuron-profile validate out/bert/device/...                   # formats.cli_profile
 
 Subcommands are small classes (``name``, ``help``, ``prepare_parser``, ``run``) contributed by the
@@ -17,11 +18,12 @@ import sys
 from collections.abc import Sequence
 
 from collectors.capture import CaptureCommand, CaptureError
+from collectors.loadgen import RunCommand
 from formats.cli_profile import COMMANDS as FORMAT_COMMANDS
 from formats.cli_profile import EXIT_BAD_INPUT
 from formats.reader import ProfileError
 
-COMMANDS = [CaptureCommand(), *FORMAT_COMMANDS]
+COMMANDS = [CaptureCommand(), RunCommand(), *FORMAT_COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:

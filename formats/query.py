@@ -51,6 +51,41 @@ def error_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+# Errors in the query itself; anything else met while running is taken for a read error and the
+# profile's files are checked to name the culprit.
+_SQL_ERRORS = (duckdb.ParserException, duckdb.SyntaxException, duckdb.CatalogException,
+               duckdb.BinderException, duckdb.PermissionException, duckdb.ConversionException, duckdb.OutOfRangeException,
+               duckdb.InvalidTypeException, duckdb.TypeMismatchException, duckdb.NotImplementedException,
+               duckdb.ConstraintException, duckdb.InterruptException, duckdb.OutOfMemoryException)
+
+
+def find_unreadable(profiles: Sequence[Profile]) -> tuple[Path, str] | None:
+    """(file, table) of the first Parquet part whose pages do not decode. DuckDB's message for a
+    corrupt page ("TProtocolException: Invalid data") names no file, so on that error path every
+    part is decoded once to find the one to name."""
+    import pyarrow.parquet as pq
+
+    for profile in profiles:
+        for name in profile.tables:
+            for file in profile.files(name):
+                try:
+                    for _ in pq.ParquetFile(file).iter_batches(batch_size=1 << 16):
+                        pass
+                except (OSError, pa.ArrowException):
+                    return file, name
+    return None
+
+
+def read_error(profiles: Sequence[Profile], exc: BaseException, unlocated: str = "SQL error: ") -> str:
+    """One line for an error met while reading: the bad file and table when it can be found, else
+    ``unlocated`` + DuckDB's message."""
+    found = find_unreadable(profiles)
+    if found is None:
+        return f"{unlocated}{error_line(exc)}"
+    file, table = found
+    return f"{file}: cannot read table {table} (corrupt or truncated data): {error_line(exc)}"
+
+
 class QuerySession:
     """A locked, read-only DuckDB connection with one view per profile table."""
 
@@ -127,8 +162,10 @@ class QuerySession:
         self.check(sql)
         try:
             return self.con.execute(sql, list(params or []))
-        except duckdb.Error as exc:
+        except _SQL_ERRORS as exc:
             raise QueryError(f"SQL error: {error_line(exc)}") from None
+        except duckdb.Error as exc:
+            raise QueryError(read_error([p for _, p in self.profiles], exc)) from None
 
     def arrow_reader(self, sql: str, batch_size: int = 65_536) -> pa.RecordBatchReader:
         """Run one read-only statement and stream its result as Arrow batches (bounded memory for
@@ -137,8 +174,10 @@ class QuerySession:
         self.check(sql)
         try:
             return self.con.sql(sql).to_arrow_reader(batch_size)
-        except duckdb.Error as exc:
+        except _SQL_ERRORS as exc:
             raise QueryError(f"SQL error: {error_line(exc)}") from None
+        except duckdb.Error as exc:
+            raise QueryError(read_error([p for _, p in self.profiles], exc)) from None
 
     def close(self) -> None:
         self.con.close()
@@ -150,11 +189,17 @@ class QuerySession:
         self.close()
 
 
-def iter_batches(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-    """The reader's batches, with DuckDB/Arrow errors raised while streaming as ``QueryError``."""
+def iter_batches(reader: pa.RecordBatchReader, session: QuerySession | None = None
+                 ) -> Iterator[pa.RecordBatch]:
+    """The reader's batches, with DuckDB/Arrow errors raised while streaming as ``QueryError``
+    (naming the corrupt file when ``session`` is given and one is found)."""
     try:
         yield from reader
+    except _SQL_ERRORS as exc:
+        raise QueryError(f"SQL error: {error_line(exc)}") from None
     except (duckdb.Error, pa.ArrowException) as exc:
+        if session is not None:
+            raise QueryError(read_error([p for _, p in session.profiles], exc)) from None
         raise QueryError(f"SQL error: {error_line(exc)}") from None
 
 

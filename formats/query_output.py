@@ -82,7 +82,7 @@ def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, ma
     """Run ``sql`` and write it in ``fmt`` (table, csv, json, parquet); returns the rows written."""
     reader = session.arrow_reader(sql)
     schema = _plain_types(reader.schema)
-    batches = (_conform(b, schema) for b in iter_batches(reader))
+    batches = (_conform(b, schema) for b in iter_batches(reader, session))
     if fmt == "table":
         return _print_table(schema, batches, max_rows, path)
     if fmt == "parquet":

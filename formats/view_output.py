@@ -11,8 +11,12 @@ import os
 import sys
 from pathlib import Path
 
+import duckdb
+import pyarrow as pa
+
 from formats import export, trace_export
 from formats.dataset import find_profiles
+from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 
 
@@ -38,7 +42,17 @@ def _write_text(text: str, path: str | None) -> None:
 
 def render(root: str, fmt: str, path: str | None, *, recompute: bool = False,
            include_incomplete: bool = False) -> None:
-    """Write ``root``'s profiles in ``fmt`` (summary-text, summary-json, json, perfetto)."""
+    """Write ``root``'s profiles in ``fmt`` (summary-text, summary-json, json, perfetto). A file that
+    fails while being read (corrupt pages behind a sound footer) is a ``ProfileError`` (one line)."""
+    try:
+        _render(root, fmt, path, recompute=recompute, include_incomplete=include_incomplete)
+    except (duckdb.Error, pa.ArrowException) as exc:
+        entries, _ = find_profiles(root, include_incomplete=include_incomplete)
+        profiles = [open_profile(e.path) for e in entries]
+        raise ProfileError(read_error(profiles, exc, f"{root}: cannot read the profile: ")) from None
+
+
+def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_incomplete: bool) -> None:
     programs = _programs(root, include_incomplete)
     if fmt in ("summary-text", "summary-json"):
         values = export.collect(programs, recompute=recompute)

@@ -7,7 +7,7 @@ written with what the core emitted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ class Recorded:
     path: Path
     batches: list[Any]  # every batch the core emitted, in order
     program: Any
+    results: list[Any] = field(default_factory=list)  # ExecutionResult of each execution (timelines)
 
     def rows(self, kind: str) -> int:
         return sum(len(b) for b in self.batches if b.kind == kind)
@@ -45,8 +46,37 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     sink.subscribe(batches.append)
     instance = nc.Instance("trn1.2xlarge", sink=sink)
     program = nc.compile(workloads.get("bert-layer").graph(), "trn1")
+    results = []
     with record_profile(path, sink, metadata={"instance_type": instance.name}):
         model = instance.core(0).load(program)
         for _ in range(EXECUTIONS):
-            model.execute(timing_only=True)
-    return Recorded(path, batches, program)
+            results.append(model.execute(timing_only=True))
+    return Recorded(path, batches, program, results)
+
+
+@dataclass
+class Dataset:
+    """A capture-style folder of device profiles (one per rank) and the core's own group result."""
+
+    root: Path
+    result: Any  # GroupResult: .ranks[i].timeline, .collectives
+    programs: list[Any]
+
+
+@pytest.fixture(scope="session")
+def tp_dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """llama-decode (1 layer) sharded over 2 cores with collectives, recorded by the device-profile
+    collector as model=<m>/core=<c>/execution=<k>/ profiles."""
+    from collectors.device_profile import profile
+    from neuroncore.parallel import TensorParallelModel
+    from neuroncore.runtime import Instance
+
+    root = tmp_path_factory.mktemp("dataset") / "device"
+    workload = workloads.get("llama-decode")
+    graph = workload.build(**workload.options(None, tp_degree=2, layers=1))
+    sink = nc.EventSink()
+    instance = Instance("trn1.32xlarge", sink=sink)
+    with profile(root, sink=sink):
+        model = TensorParallelModel.load(graph, instance, tp_degree=2)
+        result = model.execute(None, timing_only=True)
+    return Dataset(root, result, [rank.program for rank in result.ranks])

@@ -1,0 +1,134 @@
+"""``neuron-profile view``: summary-text, summary-json, legacy json, and a Perfetto trace parsed back."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from formats import summary
+from formats.cli_profile import main
+from formats.reader import open_profile
+from tests.formats.conftest import Dataset, Recorded
+
+
+def test_without_output_format_says_the_tui_is_not_built(recorded: Recorded,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(recorded.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not built yet" in err and "summary-text" in err
+
+
+def test_summary_json_is_keyed_by_program(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(recorded.path), "--output-format", "summary-json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data) == [recorded.program.graph.name]  # one key per program, like the real tool
+    metrics = next(iter(data.values()))  # how community scripts read it
+    stored = summary.stored_summary(open_profile(recorded.path))
+    assert stored is not None
+    assert set(summary.SUMMARY_COLUMNS) <= set(metrics)
+    assert metrics["total_time"] == pytest.approx(stored["total_time"])
+    assert 0 < metrics["dma_active_time_percent"] <= 1  # fractions, not percent
+    assert metrics["nc_idx"] == 0 and metrics["instance_type"] == "trn1.2xlarge"
+
+
+def test_summary_json_over_a_folder_has_one_key_per_profile(tp_dataset: Dataset,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(tp_dataset.root), "--output-format", "summary-json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(data) == sorted(f"model=llama_decode/core={r.core}/execution=1" for r in tp_dataset.result.ranks)
+    assert all(m["cc_op_count"] == len(tp_dataset.result.collectives) for m in data.values())
+
+
+def test_summary_text(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(recorded.path), "--output-format", "summary-text"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split()[1] for line in out.splitlines() if line and not line.startswith(("==", "--"))}
+    stored = summary.stored_summary(open_profile(recorded.path))
+    assert stored is not None
+    assert float(lines["mfu_estimated_percent"]) == pytest.approx(stored["mfu_estimated_percent"], rel=1e-5)
+    assert int(lines["tensor_engine_instruction_count"]) == stored["tensor_engine_instruction_count"]
+    assert "%)" in out and "us)" in out  # readable forms next to the raw values
+
+
+def test_legacy_json(recorded: Recorded, tmp_path: Path) -> None:
+    target = tmp_path / "device_profile.json"
+    assert main(["view", str(recorded.path), "--output-format", "json", "-o", str(target)]) == 0
+    data = json.loads(target.read_text())
+    assert list(data) == ["summary", "instruction"] and len(data["summary"]) == 1
+    rows = data["instruction"]
+    assert len(rows) == recorded.rows("instruction")
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+    assert {"timestamp", "duration", "label", "opcode", "operands", "hlo_name", "subgraph"} <= set(rows[0])
+    assert "TensorMatrix" in {r["label"] for r in rows}
+
+
+def read_trace(path: Path) -> dict[str, object]:
+    trace = pb.Trace.FromString(path.read_bytes())
+    names: dict[int, str] = {}
+    parents: dict[int, int] = {}
+    slices: collections.Counter[str] = collections.Counter()
+    counters: collections.Counter[str] = collections.Counter()
+    depth: collections.Counter[int] = collections.Counter()
+    flows_out = flows_in = 0
+    for packet in trace.packet:
+        if packet.HasField("track_descriptor"):
+            d = packet.track_descriptor
+            names[d.uuid] = d.name or d.process.process_name
+            parents[d.uuid] = d.parent_uuid
+        if packet.HasField("track_event"):
+            event = packet.track_event
+            if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+                slices[names[event.track_uuid]] += 1
+                depth[event.track_uuid] += 1
+                assert depth[event.track_uuid] == 1, "slices of one track never overlap"
+                flows_out += len(event.flow_ids)
+                flows_in += len(event.terminating_flow_ids)
+            elif event.type == pb.TrackEvent.TYPE_SLICE_END:
+                depth[event.track_uuid] -= 1
+            elif event.type == pb.TrackEvent.TYPE_COUNTER:
+                counters[names[event.track_uuid]] += 1
+    return {"names": names, "parents": parents, "slices": slices, "counters": counters,
+            "flows": (flows_out, flows_in)}
+
+
+def test_perfetto_trace_parses_back(recorded: Recorded, tmp_path: Path) -> None:
+    target = tmp_path / "bert.pftrace"
+    assert main(["view", str(recorded.path), "--output-format", "perfetto", "-o", str(target)]) == 0
+    trace = read_trace(target)
+    profile = open_profile(recorded.path)
+    instr = profile.table("Instruction", ["timeline_track"]).column(0)
+    per_track = dict(zip(*[x.to_pylist() for x in pc.value_counts(instr).flatten()]))
+    slices = trace["slices"]
+    for track, count in per_track.items():  # one track per engine row, every instruction a slice
+        assert slices[track] == count, track
+    packets = profile.table("DmaPacket", ["queue_name", "packet_aggregation_id"])
+    groups = _group(packets.column(0).to_pylist(), packets.column(1).to_pylist())
+    queues = {q: len(set(ids)) for q, ids in groups.items()}
+    for queue, transfers in queues.items():  # one slice per transfer, lanes named "<queue> #n"
+        assert sum(n for name, n in slices.items() if name.split(" #")[0] == queue) == transfers, queue
+    assert trace["flows"] == (profile.num_rows("Flow"), profile.num_rows("Flow"))
+    assert trace["counters"]["HBM throughput (bytes/s)"] == profile.num_rows("HbmUsage")
+    assert trace["counters"]["DMA throughput (bytes/s)"] == profile.num_rows("DmaUsage")
+
+
+def test_perfetto_over_a_folder_has_a_process_per_profile(tp_dataset: Dataset, tmp_path: Path) -> None:
+    target = tmp_path / "tp.pftrace"
+    assert main(["view", str(tp_dataset.root), "--output-format", "perfetto", "-o", str(target)]) == 0
+    trace = read_trace(target)
+    processes = [n for u, n in trace["names"].items() if not trace["parents"][u]]  # type: ignore[index]
+    assert sorted(processes) == sorted(f"model=llama_decode/core={r.core}/execution=1"
+                                       for r in tp_dataset.result.ranks)
+    cc = [n for n in trace["slices"] if str(n).startswith("CC stream")]  # type: ignore[attr-defined]
+    assert sum(trace["slices"][n] for n in cc) == 2 * len(tp_dataset.result.collectives)  # type: ignore[index]
+
+
+def _group(keys: list[str], values: list[int]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, v in zip(keys, values):
+        out.setdefault(k, []).append(v)
+    return out
