@@ -54,7 +54,8 @@ def error_line(exc: BaseException) -> str:
 # Errors in the query itself; anything else met while running is taken for a read error and the
 # profile's files are checked to name the culprit.
 _SQL_ERRORS = (duckdb.ParserException, duckdb.SyntaxException, duckdb.CatalogException,
-               duckdb.BinderException, duckdb.PermissionException, duckdb.ConversionException, duckdb.OutOfRangeException,
+               duckdb.BinderException, duckdb.PermissionException, duckdb.ConversionException,
+               duckdb.OutOfRangeException,
                duckdb.InvalidTypeException, duckdb.TypeMismatchException, duckdb.NotImplementedException,
                duckdb.ConstraintException, duckdb.InterruptException, duckdb.OutOfMemoryException)
 

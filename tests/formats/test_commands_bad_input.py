@@ -90,7 +90,8 @@ def test_bad_profiles(recorded: Recorded, tmp_path: Path, capsys: pytest.Capture
                                         ("SELECT start_tss FROM Instruction", "start_tss"),
                                         ("DELETE FROM Instruction", "read-only"),
                                         ("INSERT INTO Instruction SELECT * FROM Instruction", "read-only")])
-def test_sql_errors_and_writes(recorded: Recorded, capsys: pytest.CaptureFixture[str], sql: str, words: str) -> None:
+def test_sql_errors_and_writes(recorded: Recorded, capsys: pytest.CaptureFixture[str], sql: str,
+                               words: str) -> None:
     assert main(["query", str(recorded.path), sql]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err

@@ -32,7 +32,8 @@ def test_folder_of_profiles_has_partition_columns(tp_dataset: Dataset) -> None:
     with open_query(tp_dataset.root) as q:
         assert not q.single and len(q.profiles) == 2
         assert q.partitions == {"model": "VARCHAR", "core": "BIGINT", "execution": "BIGINT"}
-        rows = q.sql("SELECT core, execution, count(*) FROM Instruction GROUP BY ALL ORDER BY core").fetchall()
+        sql = "SELECT core, execution, count(*) FROM Instruction GROUP BY ALL ORDER BY core"
+        rows = q.sql(sql).fetchall()
         expected = [(r.core, 1, int(r.timeline.layout.instr_nodes.size)) for r in tp_dataset.result.ranks]
         assert rows == sorted(expected)
         profiles = q.sql("SELECT DISTINCT profile FROM Summary ORDER BY 1").fetchall()
@@ -64,7 +65,8 @@ def test_incomplete_profiles_are_skipped_unless_asked(tp_dataset: Dataset, tmp_p
     ("SELEC 1", "syntax error"),
     ("SELECT nope FROM Instruction", "nope"),
 ])
-def test_refused_and_failing_sql_is_one_line(recorded: Recorded, tmp_path: Path, sql: str, words: str) -> None:
+def test_refused_and_failing_sql_is_one_line(recorded: Recorded, tmp_path: Path, sql: str,
+                                             words: str) -> None:
     with open_query(recorded.path) as q, pytest.raises(QueryError) as err:
         q.sql(sql).fetchall()
     assert words in str(err.value) and "\n" not in str(err.value)
@@ -72,7 +74,8 @@ def test_refused_and_failing_sql_is_one_line(recorded: Recorded, tmp_path: Path,
 
 
 def test_cli_prints_a_table(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["query", str(recorded.path), "SELECT opcode, count(*) AS n FROM Instruction GROUP BY 1"]) == 0
+    sql = "SELECT opcode, count(*) AS n FROM Instruction GROUP BY 1"
+    assert main(["query", str(recorded.path), sql]) == 0
     out = capsys.readouterr().out
     assert "MATMUL" in out and "rows" in out
 
@@ -86,7 +89,8 @@ def test_cli_lists_tables(recorded: Recorded, capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_cli_writes_formats(tp_dataset: Dataset, tmp_path: Path, fmt: str) -> None:
     out = tmp_path / f"result.{fmt}"
-    sql = "SELECT core, opcode, count(*) AS n, sum(duration_ns) AS t FROM Instruction GROUP BY ALL ORDER BY ALL"
+    sql = ("SELECT core, opcode, count(*) AS n, sum(duration_ns) AS t FROM Instruction "
+           "GROUP BY ALL ORDER BY ALL")
     assert main(["query", str(tp_dataset.root), sql, "--format", fmt, "-o", str(out)]) == 0
     if fmt == "csv":
         table = pacsv.read_csv(out)
@@ -100,7 +104,8 @@ def test_cli_writes_formats(tp_dataset: Dataset, tmp_path: Path, fmt: str) -> No
                                                      for r in tp_dataset.result.ranks)
 
 
-def test_cli_write_attempt_exits_2(recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_write_attempt_exits_2(recorded: Recorded, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "x.parquet"
     assert main(["query", str(recorded.path), f"COPY Instruction TO '{target}'"]) == 2
     err = capsys.readouterr().err

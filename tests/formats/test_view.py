@@ -40,14 +40,16 @@ def test_summary_json_over_a_folder_has_one_key_per_profile(tp_dataset: Dataset,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["view", str(tp_dataset.root), "--output-format", "summary-json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert sorted(data) == sorted(f"model=llama_decode/core={r.core}/execution=1" for r in tp_dataset.result.ranks)
+    ranks = tp_dataset.result.ranks
+    assert sorted(data) == sorted(f"model=llama_decode/core={r.core}/execution=1" for r in ranks)
     assert all(m["cc_op_count"] == len(tp_dataset.result.collectives) for m in data.values())
 
 
 def test_summary_text(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["view", str(recorded.path), "--output-format", "summary-text"]) == 0
     out = capsys.readouterr().out
-    lines = {line.split()[0]: line.split()[1] for line in out.splitlines() if line and not line.startswith(("==", "--"))}
+    lines = {line.split()[0]: line.split()[1] for line in out.splitlines()
+             if line and not line.startswith(("==", "--"))}
     stored = summary.stored_summary(open_profile(recorded.path))
     assert stored is not None
     assert float(lines["mfu_estimated_percent"]) == pytest.approx(stored["mfu_estimated_percent"], rel=1e-5)
