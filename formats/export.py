@@ -165,10 +165,11 @@ def legacy_rows(profile: Profile, batch_size: int = 65_536) -> Iterator[str]:
         return
     con = sqlsource.connect(memory_limit="1GB")
     try:
-        present = [k for k, c in LEGACY_INSTRUCTION_KEYS.items() if source.has(c)]
+        present = [k for k, c in LEGACY_INSTRUCTION_KEYS.items() if source.has(c) and k != "label"]
         counted = ", ".join(f"count({ident(LEGACY_INSTRUCTION_KEYS[k])})" for k in present)
         counts = con.execute(f"SELECT {counted} FROM {source.relation()}").fetchall()[0]
         keys = [k for k, n in zip(present, counts) if n]
+        keys.insert(min(len(keys), 3), "label")  # the timeline row: track, else engine (always known)
         label = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
         fields = []
         for key in keys:

@@ -42,6 +42,7 @@ LOD_TABLE = "InstructionLod"
 LOD_FINEST_BUCKETS = 2**17  # level 0: span / 2^17 per bucket (bounded size whatever the profile)
 LOD_FACTOR = 4
 LOD_COARSEST_BUCKETS = 256
+TRACK_ONLY = ("tensormatrix",)  # timeline rows that are part of an engine, not an engine (§2.5)
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ class Viewport:
             raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
         with self._lock:
             name = canonical_engine(engine) or engine
-            if name in ENGINE_NAMES:
+            if name in ENGINE_NAMES and engine.lower() not in TRACK_ONLY:
                 wanted = self._lod is not None or self._lod_worth_it(name, t0, t1, buckets)
                 lod = self.lod() if wanted else None
                 if lod is not None:
