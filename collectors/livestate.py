@@ -160,6 +160,8 @@ class LiveAccumulator:
         if meta.get("instance_type"):
             self.instance_type = str(meta["instance_type"])
         model_id = int(meta["model_id"])
+        if model_id in self.models:  # re-announced to a new listener: already counted
+            return
         uuid = program_uuid(meta, list(batch.columns.get("hlo_name", ())))
         self.models[model_id] = ModelRecord(
             model_id=model_id, name=str(meta.get("model_name", "")), uuid=uuid, core=index,

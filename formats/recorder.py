@@ -339,6 +339,8 @@ class ProfileRecorder:
     # -- batch handlers ----------------------------------------------------------------------
     def _on_program_loaded(self, batch: Any) -> None:
         c, m = batch.columns, batch.meta
+        if int(m["model_id"]) in self.programs:  # the runtime re-announces models to new listeners
+            return
         spec = m.get("spec")
         if spec is not None and not self._spec_seen:
             self._spec_seen = True

@@ -53,6 +53,7 @@ class EventSink:
     def __init__(self) -> None:
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
+        self.generation = 0  # bumped by every subscribe: loaded models re-announce themselves
 
     @property
     def active(self) -> bool:
@@ -62,6 +63,7 @@ class EventSink:
         """Start receiving batches; returns a function that stops it."""
         with self._lock:
             self._listeners = (*self._listeners, listener)
+            self.generation += 1
 
         def unsubscribe() -> None:
             with self._lock:

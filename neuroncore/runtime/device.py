@@ -70,9 +70,17 @@ class LoadedModel:
         self.model_id = next(_model_ids)
         self.executions = 0
         self._weights: dict[str, np.ndarray] | None = None
-        if sink.active:
-            records.emit_program(sink, program, self.model_id, core.index, device=core.device,
-                                 instance_type=core.instance_type, rank=rank)
+        self._announced = -1  # sink generation the program was last reported to
+        self.announce()
+
+    def announce(self) -> None:
+        """Report the program to the sink's listeners, unless they have all heard of it: a recorder
+        subscribed after the model was loaded still learns its ops and instructions."""
+        sink, core = self.sink, self.core
+        if sink.active and self._announced != sink.generation:
+            records.emit_program(sink, self.program, self.model_id, core.index, device=core.device,
+                                 instance_type=core.instance_type, rank=self.rank)
+            self._announced = sink.generation
 
     def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
                 timing_only: bool = False) -> ExecutionResult:
@@ -116,6 +124,7 @@ class LoadedModel:
         self.executions += 1
         sink, core = self.sink, self.core.index
         if sink.active:
+            self.announce()
             host = {"host_start_ns": host_start_ns or time.time_ns(), "pid": os.getpid(),
                     "thread_id": threading.get_native_id()}
             sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,

@@ -232,3 +232,17 @@ def test_package_level_api(tmp_path):
         model.execute(timing_only=True)
     assert [p.model for p in collector.profiles] == ["mlp"]
     assert collectors.system_profile is system_profile
+
+
+def test_models_loaded_before_the_collector_are_profiled(tmp_path):
+    """A model traced before ``profile()`` started is announced again to the new listener."""
+    sink = EventSink()
+    program = nc.compile(get("mlp").graph(**SMALL_MLP), "trn1")
+    model = nc.Instance("trn1.2xlarge", sink=sink).core(0).load(program)
+    model.execute(timing_only=True)  # nobody listening
+    with profile(tmp_path / "late", sink=sink) as collector:
+        model.execute(timing_only=True)
+        model.execute(timing_only=True)
+    assert [p.execution for p in collector.profiles] == [1, 2]
+    late = open_profile(collector.profiles[-1].path)
+    assert late.table("Instruction").num_rows == model.program.n_instructions and not late.warnings
