@@ -13,12 +13,24 @@ Figures:
 * ``write_rows_per_s``: Instruction rows per wall second, batches in -> files closed. Target >= 3,000,000.
   Measured with the recorder's per-op rollups off (``rollups=False``): the Instruction table alone.
   ``write_rows_per_s_with_rollups`` is the default recorder, which also builds HloInstruction per
-  execution and FrameworkNode spans.
+  execution and FrameworkNode spans and, at close, the summary tables and the timeline LOD.
 * ``bytes_per_instruction``: Instruction*.parquet bytes per row on disk (zstd). Target <= 24.
 * ``legacy_json_bytes_per_instruction`` / ``legacy_json_size_ratio``: the same rows as the legacy
   JSON export's ``instruction`` array (one object per row, non-null fields) against our bytes.
 * ``peak_rss_mb``: peak resident memory of a process writing 20M instructions with the default
-  recorder (rollups on). Target <= 500.
+  recorder (rollups on, summary tables and the timeline LOD computed at close). Target <= 500.
+* ``summary_s_10m``: the full Summary row (all 101 columns, with OpcodeSummary) computed from the event
+  tables of a 10M-instruction profile (``formats.summary.compute(tables=False)``: DuckDB aggregates and
+  the sliced interval sweeps). Target <= 2. ``derived_tables_s_10m`` adds ActiveTime and DmaUsage
+  (what a capture writes at close).
+* ``viewport_ms_20m``: median time of ``formats.viewport.engine_window`` -- one engine's instructions
+  overlapping [t0, t1] reduced to 2000 pixel buckets, longest event per bucket -- on a 20M-instruction
+  profile, over windows from the whole profile down to 0.01% of it (``viewport_ms_20m_by_zoom``: median
+  per zoom). Target <= 50. ``viewport_first_ms`` is the first call (connection, LOD load).
+
+The 10M/20M profiles are synthetic, written once through ``ProfileWriter`` into a temporary directory
+(Instruction rows in time order over five engines and six timeline rows with gaps, one DMA packet per
+eight instructions), with the derived tables a capture writes at close (``formats.derive``).
 """
 
 from __future__ import annotations
@@ -74,9 +86,10 @@ class _Batch:
 
 def replay(out_dir: str, loaded: Any, instructions: list[Any], period_ns: int, rows: int,
            rollups: bool = True) -> int:
-    """Write ``rows`` Instruction rows (whole executions) through the recorder; returns rows written."""
+    """Write ``rows`` Instruction rows (whole executions) through the recorder; returns rows written.
+    ``rollups=False`` is the Instruction table alone (no rollups, no summary tables at close)."""
     writer = ProfileWriter(out_dir, {"is_simulation": True})
-    recorder = ProfileRecorder(writer, rollups=rollups)
+    recorder = ProfileRecorder(writer, rollups=rollups, summaries=rollups)
     recorder(loaded)
     per_execution = sum(len(b.columns["id"]) for b in instructions)
     executions = max(1, round(rows / per_execution))
@@ -177,20 +190,184 @@ def bench_peak_rss(rows: int, layers: int) -> dict[str, Any]:
             "rss_before_writing_mb": child["rss_before_mb"]}
 
 
+# -- synthetic profiles for the read-side figures ------------------------------------------------
+
+ENGINES = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync"]
+TRACKS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
+TRACK_SHARE = [0.15, 0.25, 0.15, 0.05, 0.1, 0.3]
+OPCODES = ["MATMUL", "LDWEIGHTS", "TENSOR_TENSOR", "TENSOR_SCALAR", "TENSOR_COPY", "ACTIVATE", "IOTA",
+           "WRITE", "EVENT_SEMAPHORE", "TENSOR_REDUCE", "NOP"]
+TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
+HARDWARE = {"dma_ddr_bandwidth": 272e9, "num_dma_engines_per_neuroncore": 16, "hbm_ddr_bandwidth": 410e9,
+            "tensor_engine_num_rows": 128, "tensor_engine_num_cols": 128, "tensor_engine_clock_freq": 2.8,
+            "vector_engine_clock_freq": 1.12, "vector_engine_num_channels": 128,
+            "scalar_engine_clock_freq": 1.4, "scalar_engine_num_channels": 128,
+            "gpsimd_engine_clock_freq": 1.4, "gpsimd_engine_num_channels": 128,
+            "neuroncore_clock_freq": 1.4, "is_simulation": True, "profile_name": "synthetic"}
+
+
+def _chunk(rng: np.random.Generator, clock: np.ndarray, m: int) -> dict[str, np.ndarray]:
+    """``m`` instructions continuing each timeline row's clock: busy 30-600 ns, idle 0-300 ns between."""
+    track = rng.choice(len(TRACKS), m, p=TRACK_SHARE).astype(np.int8)
+    duration = rng.integers(30, 600, m).astype(np.int64)
+    gap = rng.integers(0, 300, m).astype(np.int64)
+    start = np.empty(m, np.int64)
+    for t in range(len(TRACKS)):
+        sel = track == t
+        if sel.any():
+            ends = clock[t] + np.cumsum(duration[sel] + gap[sel])
+            start[sel] = ends - duration[sel]
+            clock[t] = ends[-1]
+    order = np.argsort(start, kind="stable")
+    track, duration, gap, start = track[order], duration[order], gap[order], start[order]
+    opcode = np.empty(m, np.int8)
+    for t, choices in TRACK_OPCODES.items():
+        sel = track == t
+        opcode[sel] = rng.choice(choices, int(sel.sum()))
+    return {"track": track, "engine": np.where(track == 5, 0, track).astype(np.int8), "duration": duration,
+            "gap": gap, "start": start, "opcode": opcode}
+
+
+def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000) -> None:
+    """An ``n``-instruction profile written through ProfileWriter (memory: one chunk), with the tables a
+    capture derives at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod)."""
+    import pyarrow as pa
+
+    from formats.derive import write_derived
+
+    rng = np.random.default_rng(seed)
+    clock = np.zeros(len(TRACKS), np.int64)
+    operands = pa.array([f"S[{i % 32}] (Tensor)++@complete src=fp16@0x{i:04x}[1,0,0][3,1,1] dst=0x{2 * i:06x}"
+                         for i in range(4096)])
+    birs = pa.array([f"sg0000:{i}" for i in range(4096)])
+    hlos = pa.array([f"dot.{i}" for i in range(512)])
+    next_id = packet_id = 0
+    with ProfileWriter(path, HARDWARE) as writer:
+        while next_id < n:
+            m = min(chunk, n - next_id)
+            c = _chunk(rng, clock, m)
+            ids = np.arange(next_id, next_id + m, dtype=np.int64)
+            op = rng.integers(0, 512, m)
+            flops = np.where(c["opcode"] == 0, 2 * 128 * 128 * 512, 0).astype(np.int64)
+            writer.write("Instruction", {
+                "start_ts": c["start"], "end_ts": c["start"] + c["duration"], "duration_ns": c["duration"],
+                "engine": pa.DictionaryArray.from_arrays(pa.array(c["engine"]), pa.array(ENGINES)),
+                "timeline_track": pa.DictionaryArray.from_arrays(pa.array(c["track"]), pa.array(TRACKS)),
+                "opcode": pa.DictionaryArray.from_arrays(pa.array(c["opcode"]), pa.array(OPCODES)),
+                "operands": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), operands),
+                "bir_id": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), birs),
+                "hlo_name": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int16)), hlos),
+                "id": ids, "pc": ids % 50_000, "raw_hlo_id": op, "evt_wait_time_ns": c["gap"],
+                "raw_flops": flops, "adjusted_flops": flops, "pcore_idx": np.zeros(m, np.int64),
+                "sbuf_read_bytes": np.where(c["opcode"] < 6, 65536, 0),
+                "sbuf_write_bytes": np.where(c["opcode"] < 6, 32768, 0),
+            })
+            k = m // 8  # DMA packets: 4 per transfer, 16 engines, six queues
+            start = np.sort(rng.integers(int(c["start"][0]), int(c["start"][-1]) + 1, k))
+            duration = rng.integers(200, 2000, k)
+            nbytes = rng.integers(512, 65536, k)
+            queue = rng.integers(0, 6, k)
+            writer.write("DmaPacket", {
+                "start_ts": start, "end_ts": start + duration, "duration_ns": duration,
+                "pcore_idx": np.zeros(k, np.int64), "id": np.arange(packet_id, packet_id + k),
+                "packet_idx": (np.arange(k) % 4).astype(np.int32),
+                "packet_aggregation_id": np.arange(packet_id, packet_id + k) // 4,
+                "engine_idx": np.arange(k) % 16,
+                "read_bytes": nbytes, "write_bytes": nbytes, "transfer_bytes": nbytes,
+                "throughput": (nbytes / duration * 1e9).astype(np.float32),
+                "queue_type": pa.DictionaryArray.from_arrays(pa.array((queue % 3).astype(np.int8)),
+                                                             pa.array(["data", "input", "output"])),
+                "queue_name": pa.DictionaryArray.from_arrays(pa.array(queue.astype(np.int8)),
+                                                             pa.array([f"qSyncIO{i}" for i in range(6)])),
+                "queue_idx": queue, "crc": np.zeros(k, np.int64),
+                "hbm_read_bytes": np.where(queue % 2 == 0, nbytes, 0),
+                "hbm_write_bytes": np.where(queue % 2 == 1, nbytes, 0),
+            })
+            next_id += m
+            packet_id += k
+        write_derived(writer)
+
+
+def bench_summary(work: str, rows: int, repeats: int) -> dict[str, Any]:
+    from formats import summary
+    from formats.reader import open_profile
+
+    path = os.path.join(work, f"synthetic-{rows}")
+    t = time.perf_counter()
+    synthetic_profile(path, rows)
+    built = time.perf_counter() - t
+    profile = open_profile(path)
+    row_times, table_times = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        summary.compute(profile, tables=False)
+        row_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        summary.compute(profile, tables=True)
+        table_times.append(time.perf_counter() - t)
+    return {"summary_s_10m": round(statistics.median(row_times), 3),
+            "summary_s_10m_runs": [round(x, 3) for x in row_times],
+            "derived_tables_s_10m": round(statistics.median(table_times), 3),
+            "summary_rows": rows, "synthetic_write_s_10m": round(built, 1)}
+
+
+def bench_viewport(work: str, rows: int, queries_per_zoom: int) -> dict[str, Any]:
+    from formats.reader import open_profile
+    from formats.viewport import Viewport
+
+    path = os.path.join(work, f"synthetic-{rows}")
+    synthetic_profile(path, rows, seed=1)
+    profile = open_profile(path)
+    first, last = int(profile.metadata["first_hw_timestamp"]), int(profile.metadata["last_hw_timestamp"])
+    span = last - first
+    view = Viewport(profile)
+    rng = np.random.default_rng(3)
+    t = time.perf_counter()
+    view.engine_window("Tensor", first, last, 2000)
+    first_ms = (time.perf_counter() - t) * 1e3
+    by_zoom: dict[str, float] = {}
+    every: list[float] = []
+    for fraction in (1.0, 0.1, 0.01, 0.001, 0.0001):
+        times = []
+        for i in range(queries_per_zoom):
+            width = max(1, int(span * fraction))
+            t0 = first + int(rng.integers(0, max(1, span - width)))
+            engine = ENGINES[i % len(ENGINES)]
+            t = time.perf_counter()
+            window = view.engine_window(engine, t0, t0 + width, 2000)
+            times.append((time.perf_counter() - t) * 1e3)
+            assert len(window) <= 2000
+        by_zoom[f"{fraction:g}"] = round(statistics.median(times), 2)
+        every += times
+    view.close()
+    return {"viewport_ms_20m": round(statistics.median(every), 2), "viewport_ms_20m_by_zoom": by_zoom,
+            "viewport_ms_20m_p95": round(float(np.percentile(every, 95)), 2),
+            "viewport_first_ms": round(first_ms, 1), "viewport_rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (smoke test)")
     parser.add_argument("--layers", type=int, default=1, help="decoder layers in the replayed program")
     parser.add_argument("--rss-child", type=int, metavar="ROWS", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("write", "read"), help="only the write or the read figures")
     args = parser.parse_args()
     if args.rss_child:
         peak_rss_child(args.rss_child, args.layers)
         return
     figures: dict[str, Any] = {"bench": "formats", "quick": args.quick}
-    figures.update(bench_write(500_000 if args.quick else 4_000_000, 2 if args.quick else 3, args.layers))
-    figures.update(bench_peak_rss(1_000_000 if args.quick else 20_000_000, args.layers))
+    if args.only != "read":
+        figures.update(bench_write(500_000 if args.quick else 4_000_000, 2 if args.quick else 3, args.layers))
+        figures.update(bench_peak_rss(1_000_000 if args.quick else 20_000_000, args.layers))
+    if args.only != "write":
+        work = tempfile.mkdtemp(prefix="bench-formats-read-")
+        try:
+            figures.update(bench_summary(work, 1_000_000 if args.quick else 10_000_000, 3))
+            figures.update(bench_viewport(work, 2_000_000 if args.quick else 20_000_000, 20))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     figures["targets"] = {"write_rows_per_s": ">= 3000000", "bytes_per_instruction": "<= 24",
-                          "peak_rss_mb": "<= 500"}
+                          "peak_rss_mb": "<= 500", "summary_s_10m": "<= 2", "viewport_ms_20m": "<= 50"}
     print(json.dumps(figures))
 
 
