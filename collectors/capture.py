@@ -56,20 +56,12 @@ class CaptureResult:
 
 
 def _overrides(pairs: list[str]) -> dict[str, object]:
-    values: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise CaptureError(f"--set expects KEY=VALUE, got {pair!r}")
-        value: object = text
-        for cast in (int, float):
-            with contextlib.suppress(ValueError):
-                value = cast(text)
-                break
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        values[key.replace("-", "_")] = value
-    return values
+    from neuroncore.workloads import parse_overrides
+
+    try:
+        return parse_overrides(pairs)
+    except ValueError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def _progress(console: Console) -> Progress:

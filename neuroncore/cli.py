@@ -28,33 +28,12 @@ from neuroncore.ir.builder import GraphError
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import ExecutionError, Instance
 from neuroncore.runtime.summary import summarize
-from neuroncore.workloads import WORKLOADS, get, random_inputs
-
-
-def _parse_value(text: str) -> object:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return text
-
-
-def _overrides(pairs: Sequence[str]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
-        result[key.replace("-", "_")] = _parse_value(value)
-    return result
+from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     workload = get(args.workload)
-    overrides = _overrides(args.set)
+    overrides = parse_overrides(args.set)
     if args.dtype:
         overrides["dtype"] = args.dtype
     if args.tp < 1:

@@ -7,7 +7,7 @@ inputs. ``WORKLOADS`` is the registry the CLIs list and capture from.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,28 @@ def get(name: str) -> Workload:
     return WORKLOADS[name]
 
 
+def _parse_value(text: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, object]:
+    """Command-line ``KEY=VALUE`` workload options (ints, floats, true/false, else text)."""
+    result: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        result[key.replace("-", "_")] = _parse_value(value)
+    return result
+
+
 def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
     """Inputs for every parameter: floats ~N(0,1), int32 ids within the range the graph states."""
     rng = np.random.default_rng(seed)
@@ -106,4 +128,4 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
     return values
 
 
-__all__ = ["WORKLOADS", "Workload", "get", "random_inputs"]
+__all__ = ["WORKLOADS", "Workload", "get", "parse_overrides", "random_inputs"]
