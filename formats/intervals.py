@@ -122,6 +122,25 @@ class UnionAccumulator:
             out[key] = out.get(key, 0) + (e - s)
         return out
 
+    def drain(self, *, include_open: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Hand over the closed segments kept so far (and forget them): a caller that writes them as
+        it goes keeps memory at one slice's segments. ``include_open`` closes the books (last call):
+        the open segments are handed over too."""
+        parts = self._segments
+        self._segments = []
+        if include_open:
+            parts = parts + [(k, np.array([v[0]], np.int64), np.array([v[1]], np.int64))
+                             for k, v in sorted(self.open.items())]
+            for key, (s, e) in self.open.items():
+                self.closed_length[key] = self.closed_length.get(key, 0) + (e - s)
+            self.open = {}
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        sizes = np.array([p[1].size for p in parts])
+        keys = np.repeat(np.array([p[0] for p in parts], np.int64), sizes)
+        return keys, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(key, start, end) of every merged segment (call after the last slice). Ordered by slice,
         then key, then start: time-clustered, which is what row-group pruning wants; sort if needed."""

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from formats import derive, hierarchy, summary
+from formats import hierarchy
 from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
 
@@ -268,9 +268,11 @@ class ProfileRecorder:
         self._frames.write(self.writer)
         self._write_execution_info()
         if complete:  # an interrupted capture's layers (and summaries) would look whole: leave them out
+            from formats import derive
+            from formats.summary_scan import Hardware
+
             staged = self._write_summaries()
-            meta = self.writer.metadata_preview()
-            hw = summary.Hardware.from_metadata(meta)
+            hw = Hardware.from_metadata(self.writer.metadata_preview())
             nodes = self._tree.rows(hw.peak_flops_per_s, hw.hbm_bytes_per_s)
             if nodes:
                 if staged is not None:
@@ -295,7 +297,10 @@ class ProfileRecorder:
         Warning row, never a lost profile. Returns the staged profile the rollups can read, or None."""
         if not self.summaries:
             return None
-        facts = summary.ProgramFacts(
+        from formats import derive  # DuckDB is loaded when a capture closes, not when a listener attaches
+        from formats.summary_scan import ProgramFacts
+
+        facts = ProgramFacts(
             weight_size_bytes=self._program_facts.get("weight"),
             input_size_bytes=self._program_facts.get("input"),
             output_size_bytes=self._program_facts.get("output"),

@@ -46,7 +46,7 @@ Formulas, choices where the reference leaves a gap (all in docs/profiles.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,7 @@ import pyarrow as pa
 
 from formats import sqlsource
 from formats.intervals import UnionAccumulator
+from formats.lod import LodBuilder
 from formats.schema import ENGINE_NAMES, SCHEMA
 from formats.summary_scan import (
     _DYNAMIC,
@@ -93,6 +94,7 @@ class Derived:
     active_time: pa.Table
     dma_usage: pa.Table
     notes: list[str] = field(default_factory=list)
+    lod: pa.Table | None = None  # InstructionLod, when asked for
 
     def tables(self) -> Iterator[tuple[str, pa.Table]]:
         yield "Summary", pa.Table.from_pylist([self.summary])
@@ -127,18 +129,24 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 def compute(profile: Profile, facts: ProgramFacts | None = None, *,
             con: duckdb.DuckDBPyConnection | None = None, rows_per_slice: int = ROWS_PER_SLICE,
-            extra_rows: int = 0, tables: bool = True) -> Derived:
+            extra_rows: int = 0, tables: bool = True,
+            active_time_sink: Callable[[pa.Table], None] | None = None, lod: bool = False,
+            prefetch: bool = True) -> Derived:
     """Summary, OpcodeSummary, ActiveTime and DmaUsage of ``profile`` from its event tables.
 
     ``tables=False`` computes the Summary row and OpcodeSummary only (no ActiveTime segments, no
-    DmaUsage samples): what ``summary_row`` needs. ``extra_rows``: rows the caller will add besides
-    these tables (for ``total_row_count``).
+    DmaUsage samples): what ``summary_row`` needs. ``active_time_sink`` receives the ActiveTime rows
+    slice by slice instead (``Derived.active_time`` is then empty): a capture's close writes them as
+    they come, so memory stays bounded on a 100M-instruction profile. ``extra_rows``: rows the caller
+    will add besides these tables (for ``total_row_count``). ``lod`` also builds ``InstructionLod``
+    from the same slices (``Derived.lod``). ``prefetch=False`` holds one slice at a time instead of
+    reading the next while sweeping this one (less memory, a little slower).
     """
     own = con is None
     con = con or sqlsource.connect(memory_limit="1GB")
     try:
-        work = _Computation(profile, facts, con, rows_per_slice, extra_rows)
-        return _assemble(work, tables)
+        work = _Computation(profile, facts, con, rows_per_slice, extra_rows, prefetch)
+        return _assemble(work, tables, active_time_sink, lod)
     finally:
         if own:
             con.close()
@@ -161,7 +169,8 @@ class _Measured:
     cc_instr_recorded: bool
 
 
-def _assemble(work: _Computation, want_tables: bool) -> Derived:
+def _assemble(work: _Computation, want_tables: bool,
+              sink: Callable[[pa.Table], None] | None = None, want_lod: bool = False) -> Derived:
     groups = work.instruction_groups()
     packets = work.packet_groups()
     cc = {"cc_op": work.cc_totals(work.cc_ops), "cc_instr": work.cc_totals(work.cc_instr)}
@@ -174,10 +183,22 @@ def _assemble(work: _Computation, want_tables: bool) -> Derived:
     if want_tables and first_packet is not None and last_packet is not None:
         usage = _DmaUsage(first_packet, last_packet,
                           _usage_period(work.profile, work.con, first_packet, last_packet))
-    acc = work.sweep(sorted({g["raw_engine"] for g in groups}, key=str),
-                     sorted({g["opcode"] for g in groups}, key=str), any(g["pcore"] for g in groups),
+    streamed = [0]
+
+    def pass_on(keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        table = _active_time_table(keys, start, end)
+        if table.num_rows and sink is not None:
+            sink(table)
+            streamed[0] += table.num_rows
+
+    opcodes = sorted({g["opcode"] for g in groups}, key=str)
+    lod = None
+    if want_lod and groups:
+        lod = LodBuilder(min(g["first"] for g in groups), max(g["last"] for g in groups), ["?", *opcodes])
+    acc = work.sweep(sorted({g["raw_engine"] for g in groups}, key=str), opcodes,
+                     any(g["pcore"] for g in groups),
                      sorted({p["raw_type"] for p in packets if p["raw_type"] is not None}, key=str),
-                     usage, want_tables)
+                     usage, want_tables or sink is not None, pass_on if sink is not None else None, lod)
     m = _Measured(groups, packets, work.transfer_totals(), cc, acc, total_ns, first_packet, last_packet,
                   work.hw, work.facts, work.cc_instr.present)
     row: dict[str, Any] = dict.fromkeys(SUMMARY_COLUMNS)
@@ -187,17 +208,18 @@ def _assemble(work: _Computation, want_tables: bool) -> Derived:
     row["event_count"] = profile.num_rows("SemaphoreUpdate")
     row["trace_count"] = profile.num_rows("Instruction") + profile.num_rows("DmaPacket") + row["event_count"]
 
-    opcodes = sorted({g["opcode"] for g in groups}, key=str)
     opcode_table = _opcode_table(groups, opcodes, acc["opcode"].lengths(), total_ns)
-    active_table = _active_time_table(acc["engine"]) if want_tables else _empty("ActiveTime")
+    active_table = _active_time_table(*acc["engine"].segments()) if want_tables and sink is None \
+        else _empty("ActiveTime")
     usage_table = usage.table() if usage is not None else _empty("DmaUsage")
-    derived_rows = 1 + opcode_table.num_rows + active_table.num_rows + usage_table.num_rows
+    derived_rows = 1 + opcode_table.num_rows + active_table.num_rows + usage_table.num_rows + streamed[0]
     stored = sum(t.num_rows for name, t in profile.tables.items()
                  if name not in ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage"))
     row["total_row_count"] = stored + derived_rows + work.extra_rows
     unknown = set(row) - set(SUMMARY_COLUMNS)
     assert not unknown, f"not Summary columns: {sorted(unknown)}"
-    return Derived(row, opcode_table, active_table, usage_table, [f"total_time from {basis}"])
+    return Derived(row, opcode_table, active_table, usage_table, [f"total_time from {basis}"],
+                   lod.table() if lod is not None else None)
 
 
 def _time_bases(m: _Measured, row: dict[str, Any]) -> None:
@@ -373,10 +395,10 @@ def _empty(name: str) -> pa.Table:
     return SCHEMA.arrow_schema(name).empty_table()
 
 
-def _active_time_table(engine_acc: UnionAccumulator) -> pa.Table:
-    """ActiveTime rows: each engine's merged busy stretches (lowercase engine names, §2.5), in time
-    slices as the sweep produced them (sort by start_ts when order matters)."""
-    keys, s, e = engine_acc.segments()
+def _active_time_table(keys: np.ndarray, s: np.ndarray, e: np.ndarray) -> pa.Table:
+    """ActiveTime rows from merged segments (key = engine code + 8 x pcore): each engine's busy
+    stretches, lowercase engine names (§2.5), in time slices as the sweep produced them (sort by
+    start_ts when order matters)."""
     code = keys % 8
     known = code < len(ENGINE_NAMES)
     if not known.all():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource, ident, literal
 
 if TYPE_CHECKING:
+    from formats.lod import LodBuilder
     from formats.reader import Profile
 
 ENGINE_STEMS: dict[str, str] = {"Tensor": "tensor", "Vector": "vector", "Scalar": "scalar", "Sync": "sync",
@@ -85,11 +86,12 @@ class _Computation:
     """One profile's summary: the aggregate queries, the sliced sweeps, then the formulas."""
 
     def __init__(self, profile: Profile, facts: ProgramFacts | None, con: duckdb.DuckDBPyConnection,
-                 rows_per_slice: int, extra_rows: int) -> None:
+                 rows_per_slice: int, extra_rows: int, prefetch: bool = True) -> None:
         self.profile = profile
         self.facts = facts or ProgramFacts()
         self.con = con
         self.rows_per_slice = rows_per_slice
+        self.prefetch = prefetch
         self.extra_rows = extra_rows
         self.hw = Hardware.from_metadata(profile.metadata)
         self.instr = TableSource(profile, "Instruction")
@@ -221,7 +223,9 @@ class _Computation:
 
     # -- sweeps ----------------------------------------------------------------------------------
     def sweep(self, engines: list[str], opcodes: list[str], pcores: bool, dma_kinds: list[str],
-              usage: _DmaUsage | None, segments: bool) -> dict[str, UnionAccumulator]:
+              usage: _DmaUsage | None, segments: bool,
+              segment_sink: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+              lod: LodBuilder | None = None) -> dict[str, UnionAccumulator]:
         """Every union the Summary needs, in time slices over Instruction, DmaPacket and the CC tables.
         The next slice is fetched on a second cursor while this one is swept (DuckDB and NumPy both
         release the GIL), so scanning and sweeping overlap."""
@@ -232,7 +236,7 @@ class _Computation:
         if not tables:
             return acc
         slices = merge_slices(*(time_slices(t.files, "start_ts", self.rows_per_slice) for t in tables))
-        queries = self._slice_queries(engines, opcodes, pcores, dma_kinds)
+        queries = self._slice_queries(engines, opcodes, pcores, dma_kinds, ids=lod is not None)
         engine_codes = np.array([OTHER_ENGINE] + [_engine_code(e) for e in engines], np.int64)
         kind_class = np.array([UNKNOWN_DMA, *(DMA_CLASS.get(k.lower(), UNKNOWN_DMA) for k in dma_kinds)],
                               np.int64)
@@ -249,7 +253,10 @@ class _Computation:
             for index in range(len(slices)):
                 data = pending.result()
                 if index + 1 < len(slices):
-                    pending = pool.submit(fetch, slices[index + 1])
+                    if self.prefetch:  # fetch the next slice while this one is swept
+                        pending = pool.submit(fetch, slices[index + 1])
+                    else:  # one slice in memory at a time (a capture's close)
+                        pending = _Ready(lambda bounds=slices[index + 1]: fetch(bounds))
                 sorted_s: list[np.ndarray] = []
                 sorted_e: list[np.ndarray] = []
                 cols = data.get("instr")
@@ -258,7 +265,11 @@ class _Computation:
                     code = engine_codes[cols["g"]]
                     by_start = start_order(s)
                     key = code + 8 * cols["p"].astype(np.int64) if pcores else code
-                    acc["engine"].add(key, s, e, key_order(key, by_start))
+                    by_engine = key_order(key, by_start)
+                    acc["engine"].add(key, s, e, by_engine)
+                    if lod is not None:  # the LOD's level 0 from the same rows, already in engine order
+                        lod.add(code[by_engine], cols["o"][by_engine], _ints(cols["i"])[by_engine],
+                                s[by_engine], e[by_engine])
                     opkey = code * n_ops + cols["o"].astype(np.int64)
                     acc["opcode"].add(opkey, s, e, key_order(opkey, by_start))
                     sorted_s.append(s[by_start])
@@ -287,10 +298,12 @@ class _Computation:
                         sorted_e.append(e[by_start])
                 if sorted_s:  # sorted runs: the merge below is cheap
                     acc["total"].add(_TOTAL, np.concatenate(sorted_s), np.concatenate(sorted_e))
+                if segment_sink is not None:  # ActiveTime rows leave as they close: memory stays one slice's
+                    segment_sink(*acc["engine"].drain(include_open=index == len(slices) - 1))
         return acc
 
     def _slice_queries(self, engines: list[str], opcodes: list[str], pcores: bool,
-                       dma_kinds: list[str]) -> dict[str, str]:
+                       dma_kinds: list[str], ids: bool = False) -> dict[str, str]:
         """One query per table for a slice (``{where}`` filled per slice). Engines, opcodes and queue
         types come back as small codes (positions in the lists the aggregates found)."""
         def listed(values: Sequence[str]) -> str:
@@ -299,6 +312,7 @@ class _Computation:
         queries: dict[str, str] = {}
         if self.instr.present:
             pcore = f", coalesce({self.instr.col('pcore_idx')}, 0)::UTINYINT AS p" if pcores else ""
+            pcore += ", id AS i" if ids else ""
             queries["instr"] = f"""
                 SELECT coalesce(list_position({listed(engines)}, engine), 0)::UTINYINT AS g,
                        coalesce(list_position({listed(opcodes)}, opcode), 0)::USMALLINT AS o,
@@ -313,6 +327,16 @@ class _Computation:
             if source.present:
                 queries[name] = f"SELECT start_ts AS s, end_ts AS e FROM {source.relation()} {{where}}"
         return queries
+
+
+class _Ready:
+    """A deferred call with a Future's ``result()``: the synchronous stand-in for a prefetch."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+
+    def result(self) -> Any:
+        return self.call()
 
 
 def _ints(values: Any) -> np.ndarray:

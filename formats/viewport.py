@@ -22,26 +22,24 @@ so the two paths agree except at pixel edges where an LOD bucket straddles two p
 
 from __future__ import annotations
 
-import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from formats import sqlsource
+from formats.lod import LOD_TABLE, build_lod, lod_geometry
 from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource, literal
+
+__all__ = ["LOD_TABLE", "Viewport", "Window", "build_lod", "engine_window", "lod_geometry", "viewport"]
 
 if TYPE_CHECKING:
     from formats.reader import Profile
 
-LOD_TABLE = "InstructionLod"
-LOD_FINEST_BUCKETS = 2**17  # level 0: span / 2^17 per bucket (bounded size whatever the profile)
-LOD_FACTOR = 4
-LOD_COARSEST_BUCKETS = 256
 TRACK_ONLY = ("tensormatrix",)  # timeline rows that are part of an engine, not an engine (§2.5)
 
 
@@ -60,74 +58,6 @@ class Window:
 
     def __len__(self) -> int:
         return int(self.bucket.size)
-
-
-def lod_geometry(first: int, last: int) -> tuple[int, list[int]]:
-    """(origin, bucket width per level) for a time range: level 0 = span / 2^17 (at least 1 ns),
-    each level 4x wider, up to ~256 buckets over the span."""
-    span = max(1, int(last) - int(first))
-    width = max(1, math.ceil(span / LOD_FINEST_BUCKETS))
-    widths = [width]
-    while span / widths[-1] > LOD_COARSEST_BUCKETS:
-        widths.append(widths[-1] * LOD_FACTOR)
-    return int(first), widths
-
-
-def build_lod(profile: Profile, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
-    """``InstructionLod`` rows for ``profile`` (engine, level, bucket, longest instruction, count):
-    one DuckDB aggregate for level 0, the coarser levels from it in NumPy."""
-    source = TableSource(profile, "Instruction")
-    schema = profile.schema.arrow_schema(LOD_TABLE)
-    if not source.present:
-        return schema.empty_table()
-    own = con is None
-    con = con or sqlsource.connect(memory_limit="1GB")
-    try:
-        first, last = con.execute(f"SELECT min(start_ts), max(end_ts) FROM {source.relation()}").fetchall()[0]
-        origin, widths = lod_geometry(first, last)
-        opcode = source.col("opcode", engines=False)
-        cols = con.execute(f"""
-            SELECT engine AS raw_engine, (start_ts - {origin}) // {widths[0]} AS b,
-                   arg_max(start_ts, duration_ns) AS s, arg_max(end_ts, duration_ns) AS e,
-                   max(duration_ns) AS d, arg_max(id, duration_ns) AS i, arg_max({opcode}, duration_ns) AS o,
-                   count(*) AS n
-            FROM {source.relation()} GROUP BY ALL""").fetchnumpy()
-    finally:
-        if own:
-            con.close()
-    raw = np.asarray(cols["raw_engine"], dtype=object)
-    names = sorted({str(x) for x in raw})
-    code_of = {n: (ENGINE_NAMES.index(canonical_engine(n)) if canonical_engine(n) in ENGINE_NAMES
-                   else len(ENGINE_NAMES) + i) for i, n in enumerate(names)}
-    labels = [*ENGINE_NAMES, *names]
-    engine = np.array([code_of[str(x)] for x in raw], np.int64) if raw.size else np.zeros(0, np.int64)
-    base = {"b": np.asarray(cols["b"], np.int64), "s": np.asarray(cols["s"], np.int64),
-            "e": np.asarray(cols["e"], np.int64), "d": np.asarray(cols["d"], np.int64),
-            "i": np.asarray(cols["i"], np.int64), "o": np.asarray(cols["o"], dtype=object),
-            "n": np.asarray(cols["n"], np.int64), "g": engine}
-    parts = []
-    for level, width in enumerate(widths):
-        factor = width // widths[0]
-        key_bucket = base["b"] // factor
-        order = np.lexsort((-base["d"], key_bucket, base["g"]))
-        g, kb = base["g"][order], key_bucket[order]
-        head = np.r_[True, (g[1:] != g[:-1]) | (kb[1:] != kb[:-1])]
-        idx = order[head]
-        counts = np.add.reduceat(base["n"][order], np.flatnonzero(head)) if order.size else base["n"][:0]
-        parts.append({"engine": base["g"][idx], "level": np.full(idx.size, level, np.int32),
-                      "bucket_ts": origin + kb[head] * width,
-                      "bucket_width_ns": np.full(idx.size, width, np.int64),
-                      "start_ts": base["s"][idx], "end_ts": base["e"][idx], "duration_ns": base["d"][idx],
-                      "id": base["i"][idx], "opcode": base["o"][idx], "count": counts})
-    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    order = np.lexsort((merged["bucket_ts"], merged["level"], merged["engine"]))
-    engine_names = pa.DictionaryArray.from_arrays(pa.array(merged["engine"][order].astype(np.int16)),
-                                                  pa.array(labels)).cast(pa.string())
-    columns = {"engine": engine_names}
-    for name in ("level", "bucket_ts", "bucket_width_ns", "start_ts", "end_ts", "duration_ns", "id", "count"):
-        columns[name] = pa.array(merged[name][order])
-    columns["opcode"] = pa.array(list(merged["opcode"][order]), pa.string())
-    return pa.table(columns).select(schema.names).cast(schema)
 
 
 class _Lod:
@@ -294,15 +224,14 @@ class Viewport:
                       np.asarray(cols["count"], np.int64), "instructions")
 
 
-_VIEWPORTS: dict[int, Viewport] = {}
+_VIEWPORTS: weakref.WeakKeyDictionary[Profile, Viewport] = weakref.WeakKeyDictionary()
 
 
 def viewport(profile: Profile) -> Viewport:
-    """The cached ``Viewport`` of ``profile`` (one per Profile object)."""
-    key = id(profile)
-    found = _VIEWPORTS.get(key)
-    if found is None or found.profile is not profile:
-        found = _VIEWPORTS[key] = Viewport(profile)
+    """The cached ``Viewport`` of ``profile`` (one per Profile object, dropped with it)."""
+    found = _VIEWPORTS.get(profile)
+    if found is None:
+        found = _VIEWPORTS[profile] = Viewport(profile)
     return found
 
 
