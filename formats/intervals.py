@@ -54,6 +54,7 @@ class UnionAccumulator:
         self.keep_segments = keep_segments
         self.open: dict[int, tuple[int, int]] = {}  # key -> (segment start, reach) not yet closed
         self.closed_length: dict[int, int] = {}
+        self.overlapped: set[int] = set()  # keys whose intervals overlapped (strictly) in the last add()
         self._segments: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(self, key: np.ndarray | int, start: np.ndarray, end: np.ndarray,
@@ -61,6 +62,7 @@ class UnionAccumulator:
         """Fold one slice in. ``key`` is one key for all rows or one per row; ``order`` (optional)
         sorts the rows by (key, start) if the caller already has it."""
         n = start.size
+        self.overlapped = set()
         if n == 0:
             return
         if np.isscalar(key) or np.ndim(key) == 0:
@@ -88,6 +90,7 @@ class UnionAccumulator:
             e = np.concatenate([np.array([carried[1]], np.int64), e])
             order = np.argsort(s, kind="stable")
             s, e, carried = s[order], e[order], None
+            self.overlapped.add(key)
         reach = np.maximum.accumulate(e)
         new = np.empty(s.size, dtype=bool)
         if carried is not None:  # the open segment from earlier slices comes first
@@ -96,6 +99,8 @@ class UnionAccumulator:
         else:
             new[0] = True
         np.greater(s[1:], reach[:-1], out=new[1:])
+        if (carried is not None and s[0] < carried[1]) or bool(np.any(s[1:] < reach[:-1])):
+            self.overlapped.add(key)
         first = np.flatnonzero(new)
         last = np.empty(first.size, np.int64)
         last[:-1] = first[1:] - 1
@@ -114,6 +119,11 @@ class UnionAccumulator:
             self.closed_length[key] = self.closed_length.get(key, 0) + int((closed_e - closed_s).sum())
             if self.keep_segments:
                 self._segments.append((key, closed_s, closed_e))
+
+    def add_disjoint(self, key: int, length: int) -> None:
+        """Add the union length of intervals known to overlap nothing else of ``key`` (a serial
+        engine's instructions of one opcode: their union is their sum, no sweep needed)."""
+        self.closed_length[key] = self.closed_length.get(key, 0) + int(length)
 
     def lengths(self) -> dict[int, int]:
         """Union length per key, open segments included (call after the last slice)."""

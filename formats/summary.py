@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -171,34 +172,37 @@ class _Measured:
 
 def _assemble(work: _Computation, want_tables: bool,
               sink: Callable[[pa.Table], None] | None = None, want_lod: bool = False) -> Derived:
-    groups = work.instruction_groups()
-    packets = work.packet_groups()
-    cc = {"cc_op": work.cc_totals(work.cc_ops), "cc_instr": work.cc_totals(work.cc_instr)}
-    first_packet = min((p["first"] for p in packets if p["first"] is not None), default=None)
-    last_packet = max((p["last"] for p in packets if p["last"] is not None), default=None)
+    engines, opcodes, pcores, first, last = work.instruction_keys()
+    with ThreadPoolExecutor(1, thread_name_prefix="summary-sums") as pool:
+        # the big grouped aggregate runs beside the sweep (DuckDB's threads and NumPy's share the
+        # cores); a capture's close (prefetch off) runs them one after the other to spare memory
+        pending = pool.submit(work.instruction_groups) if work.prefetch else None
+        packets = work.packet_groups()
+        cc = {"cc_op": work.cc_totals(work.cc_ops), "cc_instr": work.cc_totals(work.cc_instr)}
+        first_packet = min((p["first"] for p in packets if p["first"] is not None), default=None)
+        last_packet = max((p["last"] for p in packets if p["last"] is not None), default=None)
+        usage = None
+        if want_tables and first_packet is not None and last_packet is not None:
+            usage = _DmaUsage(first_packet, last_packet,
+                              _usage_period(work.profile, work.con, first_packet, last_packet))
+        streamed = [0]
+
+        def pass_on(keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+            table = _active_time_table(keys, start, end)
+            if table.num_rows and sink is not None:
+                sink(table)
+                streamed[0] += table.num_rows
+
+        lod = None
+        if want_lod and first is not None and last is not None:
+            lod = LodBuilder(first, last, ["?", *opcodes])
+        acc = work.sweep(engines, opcodes, pcores,
+                         sorted({p["raw_type"] for p in packets if p["raw_type"] is not None}, key=str),
+                         usage, want_tables or sink is not None, pass_on if sink is not None else None, lod)
+        groups = pending.result() if pending is not None else work.instruction_groups()
     spans = [(g["first"], g["last"]) for g in groups] + [(first_packet, last_packet)] + \
         [(c["first"], c["last"]) for c in cc.values()]
     total_ns, basis = work.total_time_ns(spans)
-    usage = None
-    if want_tables and first_packet is not None and last_packet is not None:
-        usage = _DmaUsage(first_packet, last_packet,
-                          _usage_period(work.profile, work.con, first_packet, last_packet))
-    streamed = [0]
-
-    def pass_on(keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
-        table = _active_time_table(keys, start, end)
-        if table.num_rows and sink is not None:
-            sink(table)
-            streamed[0] += table.num_rows
-
-    opcodes = sorted({g["opcode"] for g in groups}, key=str)
-    lod = None
-    if want_lod and groups:
-        lod = LodBuilder(min(g["first"] for g in groups), max(g["last"] for g in groups), ["?", *opcodes])
-    acc = work.sweep(sorted({g["raw_engine"] for g in groups}, key=str), opcodes,
-                     any(g["pcore"] for g in groups),
-                     sorted({p["raw_type"] for p in packets if p["raw_type"] is not None}, key=str),
-                     usage, want_tables or sink is not None, pass_on if sink is not None else None, lod)
     m = _Measured(groups, packets, work.transfer_totals(), cc, acc, total_ns, first_packet, last_packet,
                   work.hw, work.facts, work.cc_instr.present)
     row: dict[str, Any] = dict.fromkeys(SUMMARY_COLUMNS)

@@ -105,20 +105,28 @@ class _Computation:
         return self.con.execute(sql, list(params)).fetchall()
 
     # -- aggregates ------------------------------------------------------------------------------
+    def instruction_keys(self) -> tuple[list[str], list[str], bool, int | None, int | None]:
+        """(engine spellings, opcodes, several pcores?, first start, last end): what the sweep needs
+        before the big aggregate is done, from one cheap scan of three small columns."""
+        if not self.instr.present:
+            return [], [], False, None, None
+        pcore = f"coalesce({self.instr.col('pcore_idx')}, 0)" if self.instr.has("pcore_idx") else "0"
+        rows = self.con.cursor().execute(
+            f"SELECT engine, opcode, max({pcore}), min(start_ts), max(end_ts) FROM {self.instr.relation()} "
+            f"GROUP BY ALL").fetchall()
+        return (sorted({str(r[0]) for r in rows}), sorted({str(r[1]) for r in rows}), any(r[2] for r in rows),
+                min(r[3] for r in rows), max(r[4] for r in rows))
+
     def instruction_groups(self) -> list[dict[str, Any]]:
-        """One row per (raw engine spelling, opcode, pcore) with every sum the Summary needs. Grouping
-        by the raw spelling keeps per-row work to plain sums; names are normalised per group."""
+        """One row per (engine spelling, opcode, pcore, tensor_instruction_type, attributed to an HLO
+        op or not) with every sum the Summary needs. Per-row work is plain sums: what depends on the
+        instruction type or the HLO attribution (transpose and model FLOPs) is grouped on -- a few
+        groups -- and resolved per group in Python, which costs a third less than CASE per row."""
         if not self.instr.present:
             return []
         c = self.instr.col
-        raw_flops, flops_t = c("raw_flops"), c("flops_transpose")
-        typed = f"{c('tensor_instruction_type')} = 'TRANSPOSE'"
-        transpose = f"coalesce({flops_t}, CASE WHEN {typed} THEN {raw_flops} END)"
-        adjusted, adj_t = c("adjusted_flops"), c("adjusted_flops_transpose")
-        # a TRANSPOSE's adjusted_flops hold its FLOPs only when the writer did not count them apart
-        adj_transpose = f"coalesce({adj_t}, CASE WHEN {typed} AND {flops_t} IS NULL THEN {adjusted} END)"
-        pe = f"greatest({raw_flops}, {flops_t})"
-        model = f"CASE WHEN {c('raw_hlo_id')} IS NOT NULL THEN {pe} - coalesce({transpose}, 0) END"
+        raw, flops_t, adjusted, adj_t = (c("raw_flops"), c("flops_transpose"), c("adjusted_flops"),
+                                         c("adjusted_flops_transpose"))
         byte_columns = ("hbm_read_bytes", "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes",
                         "psum_read_bytes", "psum_write_bytes", "spill_save_bytes", "spill_reload_bytes",
                         "psum_read_sbuf_write_bytes", "input_queue_bytes", "output_queue_bytes",
@@ -126,29 +134,23 @@ class _Computation:
         sums = ", ".join(f"sum({c(b)}) AS {b}" if self.instr.has(b) else f"NULL AS {b}" for b in byte_columns)
         psum_sbuf = c("psum_read_sbuf_write_bytes")
         pcore = f"coalesce({c('pcore_idx')}, 0)" if self.instr.has("pcore_idx") else "0"
+        kind = c("tensor_instruction_type") if self.instr.has("tensor_instruction_type") else "NULL::VARCHAR"
+        hlo = f"{c('raw_hlo_id')} IS NOT NULL" if self.instr.has("raw_hlo_id") else "false"
         sql = f"""
-            SELECT {ident('engine')} AS raw_engine, opcode, {pcore} AS pcore,
+            SELECT {ident('engine')} AS raw_engine, opcode, {pcore} AS pcore, {kind} AS kind, {hlo} AS hlo,
                    count(*) AS n, sum(duration_ns) AS instruction_ns,
-                   sum({pe}) AS pe_flops, sum(greatest({adjusted}, {adj_t})) AS adj_pe_flops,
-                   sum({transpose}) AS transpose_flops,
-                   sum({adj_transpose}) AS adj_transpose_flops, sum({model}) AS model_flops, {sums},
+                   sum(greatest({raw}, {flops_t})) AS pe_flops, sum({flops_t}) AS ft,
+                   sum({raw}) FILTER (WHERE {flops_t} IS NULL) AS raw_bare,
+                   sum(greatest({adjusted}, {adj_t})) AS adj_pe_flops, sum({adj_t}) AS adj_t,
+                   sum({adjusted}) FILTER (WHERE {adj_t} IS NULL AND {flops_t} IS NULL) AS adj_bare,
+                   {sums},
                    count(*) FILTER (WHERE {psum_sbuf} > 0) AS psum_sbuf_n,
                    count({psum_sbuf}) AS psum_sbuf_known,
                    min(start_ts) AS first, max(end_ts) AS last
             FROM {self.instr.relation()} GROUP BY ALL"""
-        cursor = self.con.execute(sql)
+        cursor = self.con.cursor().execute(sql)  # a cursor of its own: it may run beside the sweep
         names = [d[0] for d in cursor.description]
-        rows = []
-        for values in cursor.fetchall():
-            row = dict(zip(names, values))
-            row["engine"] = canonical_engine(row["raw_engine"])
-            if row["engine"] != "Tensor":  # PE FLOPs are the Tensor engine's (§4.2)
-                row.update(dict.fromkeys(("pe_flops", "adj_pe_flops", "transpose_flops",
-                                          "adj_transpose_flops", "model_flops")))
-            setup = row["opcode"] in SETUP_OPCODES
-            row["exec_first"], row["exec_last"] = (None, None) if setup else (row["first"], row["last"])
-            rows.append(row)
-        return rows
+        return [_resolve_group(dict(zip(names, values))) for values in cursor.fetchall()]
 
     def packet_groups(self) -> list[dict[str, Any]]:
         """One row per raw queue_type with packet counts, bytes, time and HBM bytes."""
@@ -271,7 +273,8 @@ class _Computation:
                         lod.add(code[by_engine], cols["o"][by_engine], _ints(cols["i"])[by_engine],
                                 s[by_engine], e[by_engine])
                     opkey = code * n_ops + cols["o"].astype(np.int64)
-                    acc["opcode"].add(opkey, s, e, key_order(opkey, by_start))
+                    _opcode_unions(acc["opcode"], acc["engine"].overlapped, key, opkey, s, e, by_start,
+                                   shortcut=not pcores)
                     sorted_s.append(s[by_start])
                     sorted_e.append(e[by_start])
                 cols = data.get("dma")
@@ -327,6 +330,47 @@ class _Computation:
             if source.present:
                 queries[name] = f"SELECT start_ts AS s, end_ts AS e FROM {source.relation()} {{where}}"
         return queries
+
+
+def _opcode_unions(acc: UnionAccumulator, overlapped: set[int], key: np.ndarray, opkey: np.ndarray,
+                   s: np.ndarray, e: np.ndarray, by_start: np.ndarray, shortcut: bool) -> None:
+    """Per (engine, opcode) unions of one slice. An engine whose instructions overlapped nothing in
+    this slice (nor the segment carried into it) runs serially, so each opcode's union is its plain
+    sum: no sort, no sweep. Only engines that did overlap (Tensor's two timeline rows) are swept."""
+    if not shortcut:
+        acc.add(opkey, s, e, key_order(opkey, by_start))
+        return
+    swept = np.isin(key, np.fromiter(overlapped, np.int64, len(overlapped))) if overlapped else np.zeros(
+        key.size, bool)
+    if swept.any():
+        order = by_start[swept[by_start]]
+        acc.add(opkey, s, e, key_order(opkey, order))
+    serial = ~swept
+    if serial.any():
+        sums = np.bincount(opkey[serial], weights=(e - s)[serial])
+        for k in np.flatnonzero(sums).tolist():
+            acc.add_disjoint(k, round(sums[k]))
+
+
+def _resolve_group(row: dict[str, Any]) -> dict[str, Any]:
+    """Per-group FLOP figures from the plain sums (per row: transpose = ``coalesce(flops_transpose,
+    raw_flops if TRANSPOSE-typed)``, model = PE FLOPs minus transpose when attributed to an HLO op)."""
+    row["engine"] = canonical_engine(row["raw_engine"])
+    typed = row["kind"] == "TRANSPOSE"
+    parts = [row["ft"], row["raw_bare"] if typed else None]
+    transpose = None if all(p is None for p in parts) else sum(int(p) for p in parts if p is not None)
+    adj_parts = [row["adj_t"], row["adj_bare"] if typed else None]
+    row["transpose_flops"] = transpose
+    row["adj_transpose_flops"] = None if all(p is None for p in adj_parts) else \
+        sum(int(p) for p in adj_parts if p is not None)
+    pe = row["pe_flops"]
+    row["model_flops"] = None if not row["hlo"] or pe is None else int(pe) - (transpose or 0)
+    if row["engine"] != "Tensor":  # PE FLOPs are the Tensor engine's (§4.2)
+        row.update(dict.fromkeys(("pe_flops", "adj_pe_flops", "transpose_flops", "adj_transpose_flops",
+                                  "model_flops")))
+    setup = row["opcode"] in SETUP_OPCODES
+    row["exec_first"], row["exec_last"] = (None, None) if setup else (row["first"], row["last"])
+    return row
 
 
 class _Ready:
