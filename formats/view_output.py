@@ -20,6 +20,9 @@ from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 
 
+DEVICE_TABLES = ("Instruction", "DmaPacket", "CcOp", "Summary")
+
+
 def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
     entries, skipped = find_profiles(root, include_incomplete=include_incomplete)
     for path in skipped:
@@ -27,8 +30,14 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
     programs = []
     for entry in entries:
         profile = open_profile(entry.path)
+        if not any(profile.has(t) for t in DEVICE_TABLES):  # a system profile: host events, no device run
+            print(f"neuron-profile: note: {entry.path} is a system profile; its tables are for "
+                  f"'neuron-profile query'", file=sys.stderr)
+            continue
         name = export.program_name(profile) if entry.name == "." else entry.name
         programs.append((name, profile))
+    if not programs:
+        raise ProfileError(f"{root}: no device profile to show (only system profiles)")
     return programs
 
 

@@ -134,3 +134,25 @@ def _group(keys: list[str], values: list[int]) -> dict[str, list[int]]:
     for k, v in zip(keys, values):
         out.setdefault(k, []).append(v)
     return out
+
+
+def test_system_profiles_are_left_to_query(recorded: Recorded, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture folder holds device/ and system/; the summary views show the device profiles."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(recorded.path, tmp_path / "run" / "device" / "model=bert" / "core=0" / "execution=1")
+    system = tmp_path / "run" / "system"
+    system.mkdir()
+    pq.write_table(pa.table({"timestamp": [1], "util_percent": pa.array([0.5], pa.float32()), "cpu_id": ["0"],
+                             "instance_id": ["i-0"]}), system / "CpuUsage.parquet")
+    assert main(["view", str(tmp_path / "run"), "--output-format", "summary-json"]) == 0
+    captured = capsys.readouterr()
+    assert list(json.loads(captured.out)) == ["device/model=bert/core=0/execution=1"]
+    assert "system profile" in captured.err
+    assert main(["view", str(system), "--output-format", "summary-text"]) == 2
+    assert main(["query", str(tmp_path / "run"), "SELECT profile, cpu_id FROM CpuUsage"]) == 0
+    assert "system" in capsys.readouterr().out
