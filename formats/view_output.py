@@ -19,7 +19,6 @@ from formats.dataset import find_profiles
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 
-
 DEVICE_TABLES = ("Instruction", "DmaPacket", "CcOp", "Summary")
 
 
