@@ -1,0 +1,98 @@
+"""Modal screens: the key help, and the confirmation before a signal is sent to a process."""
+
+from __future__ import annotations
+
+import signal
+from typing import ClassVar
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """\
+[b]neuron-top[/b]: live view of NeuronCores, their memory and the processes using them
+
+[b]The real tool's keys[/b]
+  q, Q          quit (Ctrl-C too)
+  up / down     move the tree selection (wraps around)
+  left          collapse the selected item, or go to its parent
+  right         expand the selected item, or go to its first child
+  Enter         expand or collapse the selected item
+  x, X          expand or collapse the whole tree
+  a / d         previous / next tab (A / D too)
+  1-9           select tab N; 1 is always "all"
+  f, F          core grid: utilisation %% <-> TFLOPS
+
+[b]Beyond it[/b]
+  Tab           move focus between the memory tree and the process table
+  k             send a signal to a process (the process table's row, else the tab's process)
+  v             show or hide the extras (engines, history, processes)
+  h, ?          this help
+
+[b]Reading the screen[/b]
+  [  --  ]      no process lists this core (no runtime attached) - not the same as 0.00%%
+  STALE         the process lives but stopped publishing (stuck, or holding the GIL)
+  EXITED        the process went away (shown for 10 s)
+  PARTIAL       some of its report groups carry errors
+  "all" tab     utilisation summed over processes and capped at 100 %%; everything else summed
+
+Press Esc, q or h to close."""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                            border: round cyan; background: $surface; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,h,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(HELP.replace("%%", "%"), id="help-text")
+
+
+SIGNALS = {"t": signal.SIGTERM, "i": signal.SIGINT, "9": signal.SIGKILL}
+
+
+class SignalScreen(ModalScreen[int | None]):
+    """Asks which signal to send (or none); returns the signal number, or None to cancel."""
+
+    DEFAULT_CSS = """
+    SignalScreen { align: center middle; }
+    SignalScreen > Vertical { width: auto; max-width: 100%; height: auto; border: round red;
+                              background: $surface; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("t", "choose('t')", "SIGTERM"),
+        Binding("i", "choose('i')", "SIGINT"),
+        Binding("9", "choose('9')", "SIGKILL"),
+        Binding("escape,n,q", "cancel", "cancel"),
+    ]
+
+    def __init__(self, pid: int, description: str, warning: str = "") -> None:
+        super().__init__()
+        self.pid = pid
+        self.description = description
+        self.warning = warning
+
+    def compose(self) -> ComposeResult:
+        lines = [f"[b]Send a signal to pid {self.pid}?[/b]", escape(self.description)]
+        if self.warning:
+            lines.append(f"[yellow]{escape(self.warning)}[/yellow]")
+        lines.append("")
+        lines.append("t: SIGTERM   i: SIGINT   9: SIGKILL   Esc/n: cancel")
+        with Vertical():
+            yield Static("\n".join(lines), id="signal-text", markup=True)
+
+    def action_choose(self, key: str) -> None:
+        self.dismiss(int(SIGNALS[key]))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+__all__ = ["SIGNALS", "HelpScreen", "SignalScreen"]

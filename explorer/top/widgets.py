@@ -1,0 +1,201 @@
+"""Textual widgets of neuron-top: thin shells around ``render`` that redraw only on change.
+
+Each widget keeps the immutable inputs it was last drawn from and refreshes only when new inputs
+differ (frozen dataclasses compare by value), so a frame in which only utilisation moved repaints
+the grid and bars, not the tree or the summary. Drawing itself is ``explorer.top.render``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.geometry import Size
+from textual.message import Message
+from textual.widget import Widget
+
+from explorer.top import memtree, render
+from explorer.top.model import Frame, Hardware
+
+# rows every other region needs at least (title, section bars, vCPU, summary, tree minimum, tabs, hints)
+RESERVED_ROWS = 17
+
+
+class Panel(Widget):
+    """A region drawn by ``draw(data, width)``; ``show(data)`` repaints only if ``data`` changed."""
+
+    DEFAULT_CSS = "Panel { height: auto; }"
+
+    def __init__(self, draw: Callable[[Any, int], Text], data: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._draw = draw
+        self._data = data
+        self.draws = 0  # how often it was painted (tests check that unchanged data costs nothing)
+
+    @property
+    def data(self) -> Any:
+        return self._data
+
+    def show(self, data: Any) -> bool:
+        """New inputs; True if they differ (and a repaint was asked for)."""
+        if data == self._data:
+            return False
+        self._data = data
+        self.refresh(layout=True)
+        return True
+
+    def render(self) -> Text:
+        self.draws += 1
+        if self._data is None:
+            return Text("")
+        return self._draw(self._data, max(self.size.width, 1))
+
+
+class SectionBar(Panel):
+    """A black-on-cyan section header whose label may change (the utilisation average)."""
+
+    DEFAULT_CSS = "SectionBar { height: 1; }"
+
+    def __init__(self, label: str, **kwargs: Any) -> None:
+        super().__init__(render.section, label, **kwargs)
+
+
+class CoreGrid(Panel):
+    """The utilisation grid; packs several devices per line when the terminal is short."""
+
+    def budget(self) -> int:
+        return max(self.app.size.height - RESERVED_ROWS, 2)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if self._data is None:
+            return 1
+        hardware: Hardware = self._data[0]
+        return render.grid_rows_needed(hardware, self.budget())
+
+    def render(self) -> Text:
+        self.draws += 1
+        if self._data is None:
+            return Text("")
+        hardware, data, flops, highlight = self._data
+        return render.grid(hardware, data, flops, max(self.size.width, 1), self.budget(), highlight)
+
+
+class MemoryTree(Widget, can_focus=True):
+    """The memory details tree with the real tool's keys; the rows and state live in the app."""
+
+    DEFAULT_CSS = "MemoryTree { height: 1fr; min-height: 2; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "up", show=False),
+        Binding("down", "move(1)", "down", show=False),
+        Binding("left", "left", "collapse", show=False),
+        Binding("right", "right", "expand", show=False),
+        Binding("enter", "toggle", "expand/collapse", show=False),
+    ]
+
+    class Changed(Message):
+        """The user changed the selection or expansion."""
+
+        def __init__(self, state: memtree.TreeState) -> None:
+            super().__init__()
+            self.state = state
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rows: tuple[memtree.TreeRow, ...] = ()
+        self.state = memtree.TreeState()
+        self.empty_message = ""
+        self._offset = 0
+        self.draws = 0
+
+    def show(self, rows: tuple[memtree.TreeRow, ...], state: memtree.TreeState, empty_message: str) -> None:
+        if (rows, state, empty_message) == (self.rows, self.state, self.empty_message):
+            return
+        self.rows, self.state, self.empty_message = rows, state, empty_message
+        self.refresh()
+
+    def _apply(self, state: memtree.TreeState) -> None:
+        self.state = state
+        self.post_message(self.Changed(state))
+        self.refresh()
+
+    def action_move(self, step: int) -> None:
+        self._apply(memtree.move(self.rows, self.state, step))
+
+    def action_left(self) -> None:
+        self._apply(memtree.left(self.rows, self.state))
+
+    def action_right(self) -> None:
+        self._apply(memtree.right(self.rows, self.state))
+
+    def action_toggle(self) -> None:
+        self._apply(memtree.toggle(self.rows, self.state))
+
+    def render(self) -> Text:
+        self.draws += 1
+        visible = memtree.visible_rows(self.rows, self.state)
+        height = max(self.size.height, 1)
+        index = next((i for i, r in enumerate(visible) if r.key == self.state.selected), 0)
+        if index < self._offset:
+            self._offset = index
+        elif index >= self._offset + height:
+            self._offset = index - height + 1
+        self._offset = max(0, min(self._offset, max(len(visible) - height, 0)))
+        return render.tree_lines(visible, self.state, max(self.size.width, 1), height, self._offset,
+                                 self.empty_message)
+
+
+class ProcessList(Widget, can_focus=True):
+    """The process table; arrows move its cursor when it has focus (Tab moves focus here)."""
+
+    VISIBLE_ROWS = 10
+    DEFAULT_CSS = "ProcessList { height: auto; max-height: 11; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "up", show=False),
+        Binding("down", "move(1)", "down", show=False),
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.frame: Frame | None = None
+        self.cursor = 0
+        self.draws = 0
+
+    @property
+    def selected_pid(self) -> int | None:
+        if self.frame is None or not self.frame.processes:
+            return None
+        return self.frame.processes[min(self.cursor, len(self.frame.processes) - 1)].pid
+
+    def show(self, frame: Frame) -> None:
+        old = self.frame
+        if old is not None and frame.processes == old.processes and frame.taken_at == old.taken_at:
+            return
+        pid = self.selected_pid
+        self.frame = frame
+        pids = [p.pid for p in frame.processes]
+        self.cursor = pids.index(pid) if pid in pids else min(self.cursor, max(len(pids) - 1, 0))
+        self.refresh(layout=True)
+
+    def action_move(self, step: int) -> None:
+        if self.frame is None or not self.frame.processes:
+            return
+        self.cursor = (self.cursor + step) % len(self.frame.processes)
+        self.refresh()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    def render(self) -> Text:
+        self.draws += 1
+        if self.frame is None:
+            return Text("")
+        cursor = self.cursor if self.has_focus else None
+        return render.processes(self.frame, max(self.size.width, 1), cursor, self.VISIBLE_ROWS + 1)
+
+
+__all__ = ["RESERVED_ROWS", "CoreGrid", "MemoryTree", "Panel", "ProcessList", "SectionBar"]
