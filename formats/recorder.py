@@ -609,9 +609,10 @@ _CCOP_COLUMNS = frozenset(SCHEMA.tables["CcOp"].names)
 
 @contextlib.contextmanager
 def record_profile(out_dir: str | Path, sink: Any = None, *, core: int | None = None,
-                   metadata: Mapping[str, Any] | None = None,
+                   metadata: Mapping[str, Any] | None = None, summaries: bool = True,
                    **writer_options: Any) -> Iterator[ProfileRecorder]:
     """Record everything ``sink`` (default: the core's process-wide sink) emits into ``out_dir``.
+    ``summaries=False`` leaves out the derived tables (Summary, ActiveTime, ..., InstructionLod).
 
     On normal exit the profile is completed and moved into place; on any exception (including
     ``KeyboardInterrupt``) what was recorded is kept at ``<out_dir>.incomplete``, flagged incomplete.
@@ -620,7 +621,7 @@ def record_profile(out_dir: str | Path, sink: Any = None, *, core: int | None = 
         from neuroncore.events import sink as default_sink
         sink = default_sink
     writer = ProfileWriter(out_dir, {"is_simulation": True, **(metadata or {})}, **writer_options)
-    recorder = ProfileRecorder(writer, core=core)
+    recorder = ProfileRecorder(writer, core=core, summaries=summaries)
     unsubscribe = sink.subscribe(recorder)
     try:
         yield recorder

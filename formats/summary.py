@@ -45,6 +45,7 @@ Formulas, choices where the reference leaves a gap (all in docs/profiles.md):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -173,10 +174,11 @@ class _Measured:
 def _assemble(work: _Computation, want_tables: bool,
               sink: Callable[[pa.Table], None] | None = None, want_lod: bool = False) -> Derived:
     engines, opcodes, pcores, first, last = work.instruction_keys()
-    with ThreadPoolExecutor(1, thread_name_prefix="summary-sums") as pool:
+    pool = ThreadPoolExecutor(1, thread_name_prefix="summary-sums") if work.prefetch else None
+    with pool if pool is not None else contextlib.nullcontext():
         # the big grouped aggregate runs beside the sweep (DuckDB's threads and NumPy's share the
         # cores); a capture's close (prefetch off) runs them one after the other to spare memory
-        pending = pool.submit(work.instruction_groups) if work.prefetch else None
+        pending = pool.submit(work.instruction_groups) if pool is not None else None
         packets = work.packet_groups()
         cc = {"cc_op": work.cc_totals(work.cc_ops), "cc_instr": work.cc_totals(work.cc_instr)}
         first_packet = min((p["first"] for p in packets if p["first"] is not None), default=None)

@@ -8,6 +8,7 @@ every union ("active time") and the DmaUsage samples. Why slices: see ``formats.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -250,15 +251,16 @@ class _Computation:
             return {name: cursor.execute(sql.format(where=where), params).fetchnumpy()
                     for name, sql in queries.items()}
 
-        with ThreadPoolExecutor(1, thread_name_prefix="summary-scan") as pool:
-            pending = pool.submit(fetch, slices[0])
+        # prefetch: read the next slice while this one is swept; without it (a capture's close, maybe at
+        # interpreter exit where no thread can start) one slice is in memory at a time
+        pool = ThreadPoolExecutor(1, thread_name_prefix="summary-scan") if self.prefetch else None
+        with pool if pool is not None else contextlib.nullcontext():
+            pending: Any = pool.submit(fetch, slices[0]) if pool else _Ready(lambda: fetch(slices[0]))
             for index in range(len(slices)):
                 data = pending.result()
                 if index + 1 < len(slices):
-                    if self.prefetch:  # fetch the next slice while this one is swept
-                        pending = pool.submit(fetch, slices[index + 1])
-                    else:  # one slice in memory at a time (a capture's close)
-                        pending = _Ready(lambda bounds=slices[index + 1]: fetch(bounds))
+                    bounds = slices[index + 1]
+                    pending = pool.submit(fetch, bounds) if pool else _Ready(lambda b=bounds: fetch(b))
                 sorted_s: list[np.ndarray] = []
                 sorted_e: list[np.ndarray] = []
                 cols = data.get("instr")

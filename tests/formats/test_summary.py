@@ -3,6 +3,8 @@ own timelines (NumPy over ``ExecutionResult.timeline``), never from the profile'
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow.compute as pc
 import pytest
@@ -185,3 +187,33 @@ def test_collectives_summary_per_rank(tp_dataset: Dataset) -> None:
         assert row["cc_cores_instruction_count"] is None  # CC-core instructions are not recorded
         truth = Truth([rank_result])
         assert row["hardware_flops"] == truth.flops
+
+
+def test_summaries_are_written_when_a_capture_closes_at_interpreter_exit(tmp_path: Path) -> None:
+    """Captures by env var close from atexit, when no thread can start: the summary then runs without
+    its prefetch thread, and the profile still gets every derived table."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import atexit, sys
+        import neuroncore as nc
+        from neuroncore import workloads
+        from formats.recorder import ProfileRecorder
+        from formats.writer import ProfileWriter
+        sink = nc.EventSink()
+        recorder = ProfileRecorder(ProfileWriter(sys.argv[1], {"is_simulation": True}))
+        sink.subscribe(recorder)
+        atexit.register(recorder.close)
+        instance = nc.Instance("trn1.2xlarge", sink=sink)
+        program = nc.compile(workloads.get("matmul").graph(), "trn1")
+        instance.core(0).load(program).execute(timing_only=True)
+    """)
+    target = tmp_path / "atexit"
+    done = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    profile = open_profile(target)
+    assert all(profile.num_rows(t) for t in ("Summary", "OpcodeSummary", "ActiveTime", "InstructionLod"))
+    assert not profile.warnings
