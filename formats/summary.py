@@ -43,6 +43,7 @@ Formulas, choices where the reference leaves a gap (all in docs/profiles.md):
   of the ``Instruction`` columns. SBUF bytes: instructions' plus each DMA packet's on-chip side
   (bytes that did not touch HBM on that side).
 """
+
 from __future__ import annotations
 
 import contextlib

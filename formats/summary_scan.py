@@ -176,13 +176,11 @@ class _Computation:
     def transfer_totals(self) -> dict[str, Any]:
         """Transfers (compiler blocks): the aggregated table if present, else packets by aggregation id."""
         if self.transfers.present:
-            source, rel = self.transfers, self.transfers.relation()
             sql = f"""SELECT count(*), sum(duration_ns)::HUGEINT, sum(transfer_bytes)::HUGEINT,
                              sum(transfer_bytes) FILTER (WHERE lower(queue_type) = 'input')::HUGEINT,
                              sum(transfer_bytes) FILTER (WHERE lower(queue_type) = 'output')::HUGEINT,
                              sum(transfer_bytes) FILTER (WHERE lower(queue_type) = 'data')::HUGEINT
-                      FROM {rel}"""
-            del source
+                      FROM {self.transfers.relation()}"""
         elif self.packets.present:
             sql = f"""SELECT count(*), sum(last - first)::HUGEINT, sum(nbytes)::HUGEINT,
                              sum(nbytes) FILTER (WHERE kind = 'input')::HUGEINT,

@@ -218,7 +218,7 @@ def _counters(profile: Profile, con: Any) -> list[tuple[str, np.ndarray, np.ndar
                            ).fetchnumpy()
         ts, values = np.asarray(cols["timestamp"]), np.asarray(cols["current_throughput"], np.float64)
     elif TableSource(profile, "DmaPacket").present:
-        usage = summary.compute(profile, tables=True).dma_usage
+        usage = summary.compute(profile, active_time_sink=lambda table: None).dma_usage  # samples only
         ts, values = usage.column("timestamp").to_numpy(), usage.column("current_throughput").to_numpy()
     else:
         return out
