@@ -4,6 +4,7 @@
     neuron-profile capture -o out/mine -- python my_script.py     # wrap any program
     neuron-profile run --workload bert-layer --duration 30        # load generator (collectors.loadgen)
     neuron-profile validate out/bert/device/...                   # formats.cli_profile
+    neuron-profile view out/bert/device                           # interactive viewer (explorer.viewer)
 
 Subcommands are small classes (``name``, ``help``, ``prepare_parser``, ``run``) contributed by the
 package that owns the work, memray-style; this module only assembles them, because it is the one
@@ -19,11 +20,15 @@ from collections.abc import Sequence
 
 from collectors.capture import CaptureCommand, CaptureError
 from collectors.loadgen import RunCommand
+from explorer.viewer.cli import ViewCommand
 from formats.cli_profile import COMMANDS as FORMAT_COMMANDS
 from formats.cli_profile import EXIT_BAD_INPUT
 from formats.reader import ProfileError
 
-COMMANDS = [CaptureCommand(), RunCommand(), *FORMAT_COMMANDS]
+# formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
+# interactive viewer as the default and hands --output-format to the formats' code
+COMMANDS = [CaptureCommand(), RunCommand(),
+            *(ViewCommand() if c.name == "view" else c for c in FORMAT_COMMANDS)]
 
 
 def build_parser() -> argparse.ArgumentParser:

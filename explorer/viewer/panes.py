@@ -1,0 +1,189 @@
+"""The viewer's other panes: summary (figures, engine bars, problems, what is missing), source with its
+per-line gutter, and the engine timeline strip. Each draws a snapshot it is given; none loads data.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, OptionList, Static
+from textual.widgets.option_list import Option
+
+from explorer.viewer.model import Line, Overview, Problem, SourceFile, SourceIndex, Timeline
+from explorer.viewer.text import fmt_count, fmt_ns, fmt_pct
+from explorer.viewer.timeline import bar
+
+SEVERITY = {3: ("●", "bold red"), 2: ("●", "yellow"), 1: ("●", "cyan")}
+
+
+def engine_bar(fraction: float | None, width: int) -> Text:
+    if fraction is None:
+        return Text("-".ljust(width), style="dim")
+    full = max(0.0, min(1.0, fraction)) * width
+    blocks = int(full)
+    text = "█" * blocks + ("▌" if full - blocks >= 0.5 else "")
+    return Text(text.ljust(width), style="green")
+
+
+class SummaryPane(Vertical):
+    """Figures, per-engine active bars, the problem list (enter jumps to where it happens), notes."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("loading…", id="figures")
+        with Vertical(id="problems-box"):
+            yield Static("Problems", id="problems-title")
+            yield OptionList(id="problems")
+        yield Static("", id="notes")
+
+    def show_overview(self, overview: Overview, compact: bool) -> None:
+        text = Text()
+        if compact:
+            values = {f.label: f.value for f in overview.figures}
+            text.append(f"{values['Total time']}", style="bold")
+            text.append(f"  MFU {values['MFU']}  HFU {values['HFU']}  MBU {values['MBU']}\n")
+            text.append(f"HBM {values['HBM moved']}  CC {values['CC time'].split(' (')[0]}\n")
+            text.append(
+                " ".join(
+                    f"{e[0] if e != 'Sync' else 'Y'}{'MA' if e == 'DMA' else ''} "
+                    f"{'-' if v is None else f'{100 * v:.0f}%'}"
+                    for e, v in overview.engine_active
+                )
+            )
+            if overview.missing:
+                text.append(
+                    "\nmissing: " + ", ".join(m.split(":")[0] for m in overview.missing), style="yellow"
+                )
+        else:
+            for figure in overview.figures:
+                text.append(f"{figure.label:<11}", style="bold")
+                text.append(f"{figure.value}\n")
+            text.append("\nActive time per engine\n", style="bold")
+            for engine, fraction in overview.engine_active:
+                text.append(f"{engine:<7}")
+                text.append_text(engine_bar(fraction, 16))
+                text.append(f" {fmt_pct(fraction)}\n")
+            text.append(f"({overview.summary_source})", style="dim")
+        self.query_one("#figures", Static).update(text)
+        notes = Text()
+        for line in overview.missing:
+            notes.append(line + "\n", style="yellow")
+        for line in overview.notes:
+            notes.append(line + "\n", style="dim")
+        self.query_one("#notes", Static).update(notes)
+
+    def show_problems(self, problems: tuple[Problem, ...] | None) -> None:
+        options = self.query_one("#problems", OptionList)
+        options.clear_options()
+        if problems is None:
+            options.add_option(Option(Text("analysing instructions…", style="dim italic"), disabled=True))
+            return
+        if not problems:
+            options.add_option(Option(Text("no problems found by the rules", style="dim"), disabled=True))
+            return
+        for i, problem in enumerate(problems):
+            mark, style = SEVERITY.get(problem.severity, ("●", ""))
+            prompt = Text(f"{mark} ", style=style)
+            prompt.append(problem.title, style="bold")
+            prompt.append(f" — {problem.detail}")
+            options.add_option(Option(prompt, id=f"problem-{i}"))
+
+
+class SourcePane(Vertical):
+    """A source file with per-line time and instruction counts in the gutter; the selected node's lines
+    are marked; enter on a line selects the nodes it made."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("Source", id="source-title")
+        yield DataTable(id="source-table", cursor_type="row", show_header=True, cell_padding=0)
+
+    def on_mount(self) -> None:
+        self.file: SourceFile | None = None
+        self.marked: tuple[Line, ...] = ()
+        table = self.query_one("#source-table", DataTable)
+        for key, label, width in (("mark", " ", 1), ("time", "time", 9), ("n", "instr", 7), ("line", "#", 6)):
+            table.add_column(Text(label, justify="right"), width=width, key=key)
+        table.add_column(" code", key="code")
+
+    def show_message(self, title: str, message: str) -> None:
+        self.file = None
+        self.query_one("#source-title", Static).update(Text(title, style="bold"))
+        table = self.query_one("#source-table", DataTable)
+        table.clear()
+        table.add_row("", "", "", "", Text(message, style="yellow"))
+
+    def show_file(self, file: SourceFile, index: SourceIndex, files_note: str) -> None:
+        self.file = file
+        title = Text(file.shown_as or file.recorded, style="bold")
+        if files_note:
+            title.append(f"  {files_note}", style="dim")
+        self.query_one("#source-title", Static).update(title)
+        table = self.query_one("#source-table", DataTable)
+        table.clear()
+        if file.message:
+            table.add_row("", "", "", "", Text(file.message, style="yellow"))
+            return
+        rows = []
+        for number, code in enumerate(file.lines, start=1):
+            stat = index.lines.get((file.recorded, number))
+            rows.append(
+                [
+                    " ",
+                    Text(fmt_ns(stat.time_ns) if stat else "", justify="right", style="cyan"),
+                    Text(fmt_count(stat.instructions) if stat else "", justify="right", style="cyan"),
+                    Text(str(number), justify="right", style="dim"),
+                    "  " + code,
+                ]
+            )
+        table.add_rows(rows)
+        self.marked = ()
+
+    def mark(self, lines: tuple[Line, ...], move: bool) -> None:
+        """Mark ``lines`` of this file (the selected node's) and move the cursor to the first."""
+        if self.file is None or not self.file.lines:
+            return
+        table = self.query_one("#source-table", DataTable)
+        mine = tuple(ln for ln in lines if ln[0] == self.file.recorded and 1 <= ln[1] <= len(self.file.lines))
+        for line in self.marked:
+            if line not in mine:
+                table.update_cell_at((line[1] - 1, 0), " ")
+        for i, line in enumerate(mine):
+            table.update_cell_at((line[1] - 1, 0), Text("▶" if i == 0 else "▸", style="bold yellow"))
+        self.marked = mine
+        if move and mine:
+            table.move_cursor(row=mine[0][1] - 1, animate=False)
+
+    def cursor_line(self) -> Line | None:
+        if self.file is None or not self.file.lines:
+            return None
+        table = self.query_one("#source-table", DataTable)
+        return (self.file.recorded, table.cursor_row + 1)
+
+
+class TimelineStrip(Static):
+    """Per-engine occupancy of the selected node's time range, one character per time bucket."""
+
+    LABEL = 8
+    SUFFIX = 18
+
+    def cells(self) -> int:
+        return max(4, (self.size.width or 80) - self.LABEL - self.SUFFIX - 2)
+
+    def show_timeline(self, title: str, timeline: Timeline | None, origin: int) -> None:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("Timeline ", style="bold")
+        if timeline is None:
+            text.append(f"{title}  loading…", style="dim")
+            self.update(text)
+            return
+        t0, t1 = timeline.t0 - origin, timeline.t1 - origin
+        text.append(f"{title}  {fmt_ns(t0)} → {fmt_ns(t1)} ({fmt_ns(timeline.t1 - timeline.t0)})", style="")
+        zoomed = timeline.source.startswith("lod")
+        text.append(f"  [{timeline.source}{', lower bound' if zoomed else ''}]\n", style="dim")
+        if not timeline.rows:
+            text.append("no instructions to draw", style="yellow")
+        for row in timeline.rows:
+            text.append(f"{row.engine:<{self.LABEL}}", style="bold")
+            text.append(bar(row.occupancy), style="green on grey11")
+            text.append(f" {fmt_pct(row.busy):>7} {row.top_opcode[:9]}\n")
+        self.update(text)

@@ -1,0 +1,154 @@
+"""The summary panel's "top problems": rule-based findings, each pointing at where it happens.
+
+Rules and thresholds follow the real Summary Viewer's recommendation triggers (profile-schema §4.9)
+where it states them, and say so in the finding where they are ours:
+
+* **Tensor engine idle, waiting** -- Tensor instructions blocked on semaphores (``evt_wait_time_ns``)
+  for >= 10 % of the run. When DMA is busier than the Tensor engine the waits are most likely on DMA.
+  Points at the op whose Tensor instructions waited longest.
+* **Memory-bound** (no wait column) -- Tensor engine active < 30 % while DMA is active more than twice
+  as long. Points at the op moving the most HBM bytes.
+* **Small DMA transfers** -- average transfer below 32 KiB (the Summary Viewer's ``average_dma_size``
+  target). Points at the op with the most small packets when packets carry ``raw_hlo_id``.
+* **Spill reloads** -- ``spill_reload_bytes`` > 25 % of HBM reads (§4.9). Points at the op reloading most.
+* **Transposes dominating** -- ``transpose_flops`` > 10 % of ``hardware_flops`` (§4.9). Points at the
+  op with the most transpose FLOPs.
+* **Collectives** -- CC ops active >= 20 % of the run (ours). Points at the time range of the longest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from explorer.viewer.hierarchy import OpAggregate, hlo_key
+from explorer.viewer.model import Problem
+from explorer.viewer.text import fmt_bytes, fmt_ns, fmt_pct
+
+SMALL_DMA_BYTES = 32 * 1024
+
+
+def _f(summary: Mapping[str, Any], key: str) -> float | None:
+    value = summary.get(key)
+    return None if value is None else float(value)
+
+
+def _worst(ops: Sequence[OpAggregate], value: Callable[[OpAggregate], int | None]) -> OpAggregate | None:
+    best, best_value = None, 0
+    for op in ops:
+        v = value(op) or 0
+        if v > best_value:
+            best, best_value = op, v
+    return best
+
+
+def _where(op: OpAggregate | None) -> tuple[str, dict[str, Any]]:
+    if op is None:
+        return "", {}
+    layer = f" ({op.layer})" if op.layer else ""
+    return f"; most in {op.name}{layer}", {"node": hlo_key(op.ref), "t0": op.start_ts, "t1": op.end_ts}
+
+
+def find_problems(
+    summary: Mapping[str, Any],
+    ops: Sequence[OpAggregate],
+    total_ns: int | None,
+    *,
+    small_dma: Mapping[int, int] | None = None,
+    small_dma_share: float | None = None,
+    longest_cc: tuple[int, int, str] | None = None,
+) -> tuple[Problem, ...]:
+    """Findings, biggest first. ``small_dma``: raw_hlo_id -> packets under 32 KiB; ``small_dma_share``:
+    fraction of packets under 32 KiB; ``longest_cc``: (start, end, operation) of the longest CC op."""
+    found: list[Problem] = []
+    total = float(total_ns or 0)
+    tensor_active = _f(summary, "tensor_engine_active_time_percent")
+    dma_active = _f(summary, "dma_active_time_percent")
+    waits = [op.tensor_wait_ns for op in ops if op.tensor_wait_ns is not None]
+    if waits and total > 0:
+        wait = sum(waits)
+        if wait >= 0.10 * total:
+            likely = dma_active is not None and (tensor_active is None or dma_active >= tensor_active)
+            where, link = _where(_worst(ops, lambda o: o.tensor_wait_ns))
+            title = (
+                "Tensor engine idle waiting on DMA"
+                if likely
+                else "Tensor engine idle waiting on other engines"
+            )
+            found.append(
+                Problem(
+                    title,
+                    f"Tensor instructions blocked on semaphores for {fmt_ns(wait)} ({fmt_pct(wait / total)} "
+                    f"of the run) while DMA was active {fmt_pct(dma_active)}{where}",
+                    3 if wait >= 0.3 * total else 2,
+                    **link,
+                )
+            )
+    elif (
+        tensor_active is not None
+        and dma_active is not None
+        and tensor_active < 0.3
+        and dma_active > 2 * tensor_active
+    ):
+        where, link = _where(_worst(ops, lambda o: o.hbm_bytes))
+        found.append(
+            Problem(
+                "Memory-bound: Tensor engine idle while DMA is busy",
+                f"Tensor active {fmt_pct(tensor_active)}, DMA active {fmt_pct(dma_active)}{where}",
+                2,
+                **link,
+            )
+        )
+    average = _f(summary, "dma_transfer_average_bytes")
+    if average is not None and 0 < average < SMALL_DMA_BYTES:
+        worst = max(small_dma.items(), key=lambda kv: kv[1]) if small_dma else None
+        op = next((o for o in ops if worst and o.ref == ("raw_hlo_id", worst[0])), None)
+        where, link = _where(op)
+        share = f", {fmt_pct(small_dma_share)} of packets under 32 KiB" if small_dma_share is not None else ""
+        found.append(
+            Problem(
+                "Small DMA transfers",
+                f"average transfer {fmt_bytes(average)} (target >= 32 KiB){share}{where}",
+                2 if average < SMALL_DMA_BYTES / 4 else 1,
+                **link,
+            )
+        )
+    reload_bytes, hbm_read = _f(summary, "spill_reload_bytes"), _f(summary, "hbm_read_bytes")
+    if reload_bytes and hbm_read and reload_bytes > 0.25 * hbm_read:
+        where, link = _where(_worst(ops, lambda o: o.spill_reload_bytes))
+        found.append(
+            Problem(
+                "Spill reloads",
+                f"{fmt_bytes(reload_bytes)} reloaded from HBM = "
+                f"{fmt_pct(reload_bytes / hbm_read)} of HBM reads (> 25 %){where}",
+                3 if reload_bytes > 0.5 * hbm_read else 2,
+                **link,
+            )
+        )
+    transpose, hardware = _f(summary, "transpose_flops"), _f(summary, "hardware_flops")
+    if transpose and hardware and transpose > 0.10 * hardware:
+        where, link = _where(_worst(ops, lambda o: o.transpose_flops))
+        found.append(
+            Problem(
+                "Transposes dominating",
+                f"transposes are {fmt_pct(transpose / hardware)} of hardware FLOPs (> 10 %){where}",
+                2 if transpose > 0.25 * hardware else 1,
+                **link,
+            )
+        )
+    cc = _f(summary, "cc_op_active_time_percent")
+    if cc is not None and cc >= 0.2:
+        extra: dict[str, Any] = {}
+        text = ""
+        if longest_cc is not None:
+            extra = {"t0": longest_cc[0], "t1": longest_cc[1]}
+            text = f"; longest: {longest_cc[2]} ({fmt_ns(longest_cc[1] - longest_cc[0])})"
+        found.append(
+            Problem(
+                "Collectives take a large share",
+                f"CC ops active {fmt_pct(cc)} of the run{text}",
+                2 if cc >= 0.4 else 1,
+                **extra,
+            )
+        )
+    return tuple(sorted(found, key=lambda p: -p.severity))

@@ -1,0 +1,197 @@
+"""Code linking: instruction stacks -> source lines, per-line figures, and finding the files on disk.
+
+A profile names source lines three ways (profile-schema §2.6, §3.6): ``Instruction.stack_frame_ids``
+(a text list into the interned ``StackFrame`` -> ``StackFrameFileLocation`` -> ``StackFrameFileName``
+tables, outermost frame first), and the single-location columns ``nki_source_location`` /
+``bir_debug_info_source_location`` (``file.py:29``). Lines are counted *inclusively*: an instruction
+counts on every line of its stack in that file, so the line that calls a layer shows the layer's whole
+cost, and the innermost line (where the op was written) is what the tree links to first.
+
+Files are looked up under ``--source-root`` first -- by every suffix of the recorded path, so
+``/home/ci/build/model/attn.py`` is found as ``ROOT/model/attn.py`` after the tree moved -- and then at
+the recorded path itself. A file that cannot be found or read is a message in the pane, never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path, PurePath
+from typing import Any
+
+from explorer.viewer.model import Line, LineStat, SourceFile, SourceIndex, frozen_map
+
+MAX_LINES = 50_000  # a bigger "source file" is not one a person reads in a terminal pane
+
+
+class Frames:
+    """The interned stack-frame tables as dicts: frame id -> (file, line), and the parent chain."""
+
+    def __init__(
+        self,
+        frames: Sequence[Mapping[str, Any]],
+        locations: Sequence[Mapping[str, Any]],
+        files: Sequence[Mapping[str, Any]],
+    ) -> None:
+        file_names = {_id(r.get("id")): str(r.get("name") or "") for r in files}
+        where = {
+            _id(r.get("id")): (file_names.get(_id(r.get("file_name_id")), ""), int(r.get("line_number") or 0))
+            for r in locations
+        }
+        self.line: dict[int, Line] = {}
+        self.parent: dict[int, int] = {}
+        for row in frames:
+            frame = _id(row.get("id"))
+            loc = where.get(_id(row.get("file_location_id")))
+            if frame is None or loc is None or not loc[0]:
+                continue
+            self.line[frame] = loc
+            parent = _id(row.get("parent_frame_id"))
+            if parent:
+                self.parent[frame] = parent
+
+    def __bool__(self) -> bool:
+        return bool(self.line)
+
+    def stack(self, ids: Sequence[int]) -> list[Line]:
+        """Lines of a stack, innermost first, each once. ``ids`` may list the whole chain (ours) or only
+        the leaf; parents are followed either way."""
+        out: list[Line] = []
+        seen: set[int] = set()
+        for frame in reversed(ids):
+            while frame and frame not in seen:
+                seen.add(frame)
+                line = self.line.get(frame)
+                if line is not None and line not in out:
+                    out.append(line)
+                frame = self.parent.get(frame, 0)
+        return out
+
+
+def _id(value: Any) -> int | None:
+    """Frame ids are text in the tables and int32 in the columns pointing at them (§2.4): both here."""
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def location(text: str | None) -> Line | None:
+    """``file.py:29`` -> (``file.py``, 29)."""
+    if not text or ":" not in text:
+        return None
+    name, _, number = text.rpartition(":")
+    return (name, int(number)) if number.strip().isdigit() and name else None
+
+
+class IndexBuilder:
+    """Accumulates per-line figures and node <-> line links from the grouped Instruction scan."""
+
+    def __init__(self, frames: Frames) -> None:
+        self.frames = frames
+        self.lines: dict[Line, list[int]] = {}
+        self.node_weight: dict[str, dict[Line, int]] = {}
+        self.innermost: dict[str, dict[Line, int]] = {}
+        self.file_time: dict[str, int] = {}
+        self._cache: dict[str, list[Line]] = {}
+
+    def add(
+        self, node: str, stack_text: str | None, loc_text: str | None, duration_ns: int, count: int
+    ) -> None:
+        lines = self._lines(stack_text, loc_text)
+        if not lines:
+            return
+        weight = max(duration_ns, count)
+        for line in lines:
+            stat = self.lines.setdefault(line, [0, 0])
+            stat[0] += duration_ns
+            stat[1] += count
+            per_node = self.node_weight.setdefault(node, {})
+            per_node[line] = per_node.get(line, 0) + weight
+        inner = self.innermost.setdefault(node, {})
+        inner[lines[0]] = inner.get(lines[0], 0) + weight
+        self.file_time[lines[0][0]] = self.file_time.get(lines[0][0], 0) + weight
+
+    def _lines(self, stack_text: str | None, loc_text: str | None) -> list[Line]:
+        key = f"{stack_text}|{loc_text}"
+        found = self._cache.get(key)
+        if found is None:
+            from explorer.viewer.hierarchy import text_ids
+
+            found = self.frames.stack(text_ids(stack_text)) if stack_text and self.frames else []
+            if not found:
+                loc = location(loc_text)
+                found = [loc] if loc else []
+            self._cache[key] = found
+        return found
+
+    def build(self, parents: Mapping[str, Iterable[str]], available: bool, message: str = "") -> SourceIndex:
+        """The index; ``parents`` maps each op to its ancestor layers, which get their ops' lines."""
+        node_lines: dict[str, tuple[Line, ...]] = {}
+        line_nodes: dict[Line, list[str]] = {}
+        layer_weight: dict[str, dict[Line, int]] = {}
+        for node, weights in self.node_weight.items():
+            inner = self.innermost.get(node, {})
+            ranked = sorted(weights, key=lambda ln: (-inner.get(ln, 0), -weights[ln], ln))
+            node_lines[node] = tuple(ranked)
+            for line in weights:
+                line_nodes.setdefault(line, []).append(node)
+            for layer in parents.get(node, ()):
+                mine = layer_weight.setdefault(layer, {})
+                for line, w in inner.items():
+                    mine[line] = mine.get(line, 0) + w
+        for layer, weights in layer_weight.items():
+            node_lines[layer] = tuple(sorted(weights, key=lambda ln: (-weights[ln], ln))[:64])
+        files = tuple(sorted(self.file_time, key=lambda f: (-self.file_time[f], f)))
+        return SourceIndex(
+            files,
+            frozen_map({k: LineStat(v[0], v[1]) for k, v in self.lines.items()}),
+            frozen_map(node_lines),
+            frozen_map({k: tuple(v) for k, v in line_nodes.items()}),
+            available,
+            message,
+        )
+
+
+def resolve(recorded: str, source_root: Path | None) -> Path | None:
+    """Where ``recorded`` is on this machine: under ``source_root`` by its longest matching suffix,
+    else at the recorded path itself."""
+    pure = PurePath(recorded)
+    parts = [p for p in pure.parts if p not in (pure.anchor, "", ".")]
+    if source_root is not None:
+        for i in range(len(parts)):
+            candidate = source_root.joinpath(*parts[i:])
+            if candidate.is_file():
+                return candidate
+    path = Path(recorded)
+    return path if path.is_file() else None
+
+
+def read_source(recorded: str, source_root: Path | None) -> SourceFile:
+    """The file as the pane shows it, or a message saying why it cannot be shown."""
+    path = resolve(recorded, source_root)
+    if path is None:
+        hint = "under the --source-root or " if source_root is not None else ""
+        return SourceFile(
+            recorded,
+            (),
+            f"source file not found {hint}at its recorded path: {recorded}"
+            f"{'' if source_root else ' (pass --source-root DIR if the files moved)'}",
+        )
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = []
+            for number, text in enumerate(handle):
+                if number >= MAX_LINES:
+                    break
+                lines.append(text.rstrip("\n").expandtabs(4))
+    except OSError as exc:
+        return SourceFile(recorded, (), f"cannot read {recorded}: {exc.strerror or exc}")
+    shown = recorded
+    if source_root is not None:
+        try:
+            shown = str(path.relative_to(source_root))
+        except ValueError:
+            shown = recorded
+    return SourceFile(recorded, tuple(lines), "", shown)
