@@ -1,0 +1,617 @@
+"""What a timeline draws for any row -- instruction tracks, DMA queues, collective streams -- and for
+counter tracks, reduced to pixel buckets in DuckDB, never by loading the events.
+
+    tracks = TrackViewport(profile)
+    tracks.span_keys(INSTRUCTION_TRACKS)              # [SpanKey(key=(0, 'TensorMatrix'), rows=..), ...]
+    windows = tracks.span_windows(DMA_QUEUES, t0, t1, buckets=2000)
+    windows[(0, "qSyncIO0")].start_ts                 # the longest transfer packet of each bucket
+    tracks.counter_windows(HBM_THROUGHPUT, t0, t1, 2000)[()].high   # max per bucket
+
+``formats.viewport`` answers one canonical engine from the precomputed ``InstructionLod``. A timeline
+also needs rows that are not engines (the Tensor engine's ``TensorMatrix`` stream, DMA queues, CC
+streams), per physical core, with the attributes it colours by (HLO op, layer), and counters. This
+module does that with Perfetto's rules for zoomed-out tracks:
+
+* **Span rows**: per pixel bucket the longest event whose start falls in it (events that began
+  before ``t0`` go to bucket 0), with the number of events there. Zoomed in, one DuckDB query per
+  table groups the visible rows of every key at once (row groups pruned by their time statistics).
+  Zoomed out, a level of detail built once per table by one DuckDB aggregate (``build_span_lod``:
+  per key, the longest event starting in each of 2^15 buckets, then 4x coarser levels in NumPy),
+  held in memory -- its size is bounded by the bucket count, not by the profile.
+* **Counter rows**: per pixel bucket the minimum, maximum and last sample, plus the value in force
+  at ``t0``, so a sparse counter draws as steps and a dense one as a min/max band.
+
+Ties between equally long events are broken by id (the packed key ``duration * 2^20 + id mod 2^20``),
+so the start, id and attributes of a bucket always come from the same event.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from formats import sqlsource
+from formats.sqlsource import TableSource
+
+if TYPE_CHECKING:
+    from formats.reader import Profile
+
+__all__ = [
+    "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "HBM_THROUGHPUT", "INSTRUCTION_TRACKS",
+    "LOD_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE", "CounterSpec",
+    "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport", "build_span_lod",
+    "key_condition", "merge_windows",
+]
+
+LOD_BUCKETS = 2**15  # level-0 buckets over a table's span; a 2000-pixel view of >= 1/16 of it uses the LOD
+LOD_FACTOR = 4
+LOD_COARSEST = 64
+LOD_PER_PIXEL = 2  # LOD buckets per pixel at least: a bucket straddling pixels leaves few holes
+_TIE = 1 << 20  # tie-break factor of the packed (duration, id) key
+
+
+@dataclass(frozen=True)
+class SpanSpec:
+    """A table of intervals drawn as rows: one row per distinct ``keys`` value.
+
+    ``keys`` are column names whose raw values (as stored: engine spellings are not normalised, a
+    missing column is null) tell rows apart; a caller that shows several raw keys as one row (a
+    real profile's ``tensor`` and ``Tensor``) merges their windows with ``merge_windows``.
+    ``attrs`` are columns returned for each drawn event (what a timeline colours or labels by)."""
+
+    table: str
+    keys: tuple[str, ...]
+    id: str
+    attrs: tuple[str, ...] = ()
+    start: str = "start_ts"
+    end: str = "end_ts"
+
+
+@dataclass(frozen=True)
+class CounterSpec:
+    """A sampled value drawn as a counter row (one row per distinct ``keys`` value)."""
+
+    table: str
+    value: str
+    keys: tuple[str, ...] = ()
+    timestamp: str = "timestamp"
+    unit: str = ""
+    hold: str | None = None  # a column saying how long each sample holds (its window); None: until the next
+
+
+INSTRUCTION_TRACKS = SpanSpec("Instruction", ("pcore_idx", "timeline_track", "engine"), "id",
+                              ("opcode", "hlo_name", "layer"))
+DMA_QUEUES = SpanSpec("DmaPacket", ("pcore_idx", "queue_name", "queue_idx"), "packet_aggregation_id",
+                      ("queue_type",))
+CC_STREAMS = SpanSpec("CcOp", ("stream_id",), "op_id", ("operation", "algorithm"))
+
+HBM_THROUGHPUT = CounterSpec("HbmUsage", "current_throughput", ("pcore_idx",), unit="B/s")
+DMA_THROUGHPUT = CounterSpec("DmaUsage", "current_throughput", ("pcore_idx",), unit="B/s")
+NEURONLINK_THROUGHPUT = CounterSpec("NeuronLinkUsage", "current_throughput", ("channel_id",), unit="B/s",
+                                    hold="duration_ns")
+PSUM_USAGE = CounterSpec("PsumUsage", "avg_util_percent", ("pcore_idx",), unit="%")
+SBUF_USAGE = CounterSpec("SbufUsage", "avg_util_percent", ("pcore_idx",), unit="%")
+PENDING_DMA = CounterSpec("PendingDma", "value", ("pcore_idx",), unit="")
+COUNTERS = (HBM_THROUGHPUT, DMA_THROUGHPUT, NEURONLINK_THROUGHPUT, PSUM_USAGE, SBUF_USAGE, PENDING_DMA)
+
+
+@dataclass(frozen=True)
+class SpanKey:
+    """One row of a span table: its key and how many events it has, from when to when."""
+
+    key: tuple[Any, ...]
+    rows: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class SpanWindow:
+    """The events to draw for one row: one (the longest) per non-empty pixel bucket, in bucket order."""
+
+    bucket: np.ndarray
+    start_ts: np.ndarray
+    end_ts: np.ndarray
+    id: np.ndarray
+    count: np.ndarray  # events starting in the bucket (raw path: overlapping the window, clamped)
+    attrs: dict[str, np.ndarray]  # attribute -> object array of str (None where null)
+    source: str  # "events" or "lod level N"
+
+    def __len__(self) -> int:
+        return int(self.bucket.size)
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        return self.end_ts - self.start_ts
+
+
+@dataclass(frozen=True)
+class CounterWindow:
+    """One counter row reduced to pixel buckets: min, max and last sample of each non-empty bucket,
+    and the value in force when the window starts (the last sample before it, if any is near)."""
+
+    bucket: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    last: np.ndarray
+    before: float | None
+    samples: int  # samples inside the window
+    until: np.ndarray | None = None  # per bucket, when its last sample stops holding (spec.hold); else None
+    before_until: int | None = None  # the same for ``before``
+
+    def __len__(self) -> int:
+        return int(self.bucket.size)
+
+
+# -- SQL pieces ----------------------------------------------------------------------------------
+
+
+def _key_exprs(source: TableSource, keys: Sequence[str]) -> list[str]:
+    """Key columns as they are stored (no per-row expressions: grouping by plain dictionary-encoded
+    columns is what keeps a 100M-row scan fast; callers name rows from the raw values)."""
+    return [f"{source.col(k, engines=False)} AS k{i}" for i, k in enumerate(keys)]
+
+
+def _key_filter(source: TableSource, keys: Sequence[str], wanted: Iterable[tuple[Any, ...]] | None) -> str:
+    """``AND (k0, k1) IN (...)``-style condition for the wanted keys (empty when all are wanted)."""
+    if wanted is None:
+        return ""
+    wanted = list(wanted)
+    if not keys:
+        return ""
+    if not wanted:
+        return " AND false"
+    terms = []
+    for value in wanted:
+        parts = []
+        for k, v in zip(keys, value):
+            expr = source.col(k, engines=False)
+            parts.append(f"{expr} IS NULL" if v is None else f"{expr} = {_sql_value(v)}")
+        terms.append("(" + " AND ".join(parts) + ")")
+    return " AND (" + " OR ".join(terms) + ")"
+
+
+def key_condition(source: TableSource, keys: Sequence[str], wanted: Iterable[tuple[Any, ...]] | None) -> str:
+    """A SQL condition selecting the rows whose ``keys`` columns equal one of ``wanted`` (raw values,
+    as ``span_keys`` returns them); ``true`` when ``wanted`` is None. For callers that summarise
+    what a row shows with their own queries."""
+    condition = _key_filter(source, keys, wanted)
+    return condition[len(" AND "):] if condition else "true"
+
+
+def _sql_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        return repr(float(value))
+    return sqlsource.literal(str(value))
+
+
+def _plain(values: Any) -> np.ndarray:
+    """A fetched column as a plain NumPy array; a column with nulls becomes objects with None (a
+    null key must stay null: ``pcore_idx IS NULL`` is another row than ``pcore_idx = 0``)."""
+    if isinstance(values, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(values)
+        if not mask.any():
+            return np.asarray(values.data)
+        out = np.asarray(values.data, dtype=object)
+        out[mask] = None
+        return out
+    return np.asarray(values)
+
+
+def _int64(values: Any, fill: int = 0) -> np.ndarray:
+    """A fetched integer column with nulls replaced by ``fill``."""
+    if isinstance(values, np.ma.MaskedArray):
+        return np.asarray(values.filled(fill), dtype=np.int64)
+    return np.asarray(values, dtype=np.int64)
+
+
+def _python(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def _key_tuples(cols: dict[str, Any], n_keys: int, rows: int) -> tuple[list[tuple[Any, ...]], np.ndarray]:
+    """(distinct keys, inverse index per row) of the ``k0..kN`` columns of a fetched result."""
+    if n_keys == 0:
+        return [()], np.zeros(rows, np.int64)
+    columns = [_plain(cols[f"k{i}"]).tolist() for i in range(n_keys)]
+    index: dict[tuple[Any, ...], int] = {}
+    inverse = np.empty(rows, np.int64)
+    for r, key in enumerate(zip(*columns)):
+        found = index.get(key)
+        if found is None:
+            found = index[key] = len(index)
+        inverse[r] = found
+    return list(index), inverse
+
+
+# -- the level of detail -------------------------------------------------------------------------
+
+
+@dataclass
+class SpanLod:
+    """Per key and level, the longest event starting in each bucket (arrays sorted by bucket start)."""
+
+    origin: int
+    widths: list[int]
+    levels: dict[tuple[Any, ...], list[dict[str, np.ndarray]]] = field(default_factory=dict)
+    max_duration: dict[tuple[Any, ...], int] = field(default_factory=dict)
+
+    @property
+    def finest(self) -> int:
+        return self.widths[0]
+
+    def window(self, key: tuple[Any, ...], t0: int, t1: int, buckets: int) -> SpanWindow | None:
+        """None when a pixel is narrower than the finest bucket (the caller reads the events)."""
+        entries = self.levels.get(key)
+        pixel = (t1 - t0) / buckets
+        usable = [i for i, w in enumerate(self.widths) if w * LOD_PER_PIXEL <= pixel]
+        if not usable:
+            return None
+        if entries is None:
+            return _empty_window(f"lod level {usable[-1]}", ())
+        level = usable[-1]
+        part = entries[level]
+        width = self.widths[level]
+        lo = np.searchsorted(part["bucket_ts"], t0 - self.max_duration.get(key, 0) - width, "left")
+        hi = np.searchsorted(part["bucket_ts"], t1, "left")
+        keep = part["end_ts"][lo:hi] > t0
+        cols = {k: v[lo:hi][keep] for k, v in part.items()}
+        bucket = np.clip((cols["start_ts"] - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
+        return _longest(bucket, cols, f"lod level {level}")
+
+
+def _lod_geometry(first: int, last: int) -> list[int]:
+    span = max(1, last - first)
+    widths = [max(1, math.ceil(span / LOD_BUCKETS))]
+    while span / widths[-1] > LOD_COARSEST:
+        widths.append(widths[-1] * LOD_FACTOR)
+    return widths
+
+
+def _longest(bucket: np.ndarray, cols: dict[str, np.ndarray], source: str) -> SpanWindow:
+    """Per bucket the longest event (ties: the larger id), counts added."""
+    duration = cols["end_ts"] - cols["start_ts"]
+    order = np.lexsort((-cols["id"], -duration, bucket))
+    b = bucket[order]
+    head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
+    pick = order[head]
+    counts = np.add.reduceat(cols["count"][order], np.flatnonzero(head)) if b.size else np.zeros(0, np.int64)
+    attrs = {k[2:]: v[pick] for k, v in cols.items() if k.startswith("a:")}
+    return SpanWindow(bucket[pick], cols["start_ts"][pick], cols["end_ts"][pick], cols["id"][pick],
+                      counts.astype(np.int64), attrs, source)
+
+
+def merge_windows(windows: Sequence[SpanWindow]) -> SpanWindow:
+    """Several windows of the same pixel grid drawn as one row: the longest per bucket again."""
+    windows = [w for w in windows if w is not None]
+    if len(windows) == 1:
+        return windows[0]
+    if not windows:
+        return _empty_window("events", ())
+    names = sorted(set().union(*(w.attrs for w in windows)))
+    cols: dict[str, np.ndarray] = {
+        "start_ts": np.concatenate([w.start_ts for w in windows]),
+        "end_ts": np.concatenate([w.end_ts for w in windows]),
+        "id": np.concatenate([w.id for w in windows]),
+        "count": np.concatenate([w.count for w in windows]),
+    }
+    for a in names:
+        cols[f"a:{a}"] = np.concatenate([w.attrs.get(a, np.full(len(w), None, object)) for w in windows])
+    return _longest(np.concatenate([w.bucket for w in windows]), cols, windows[0].source)
+
+
+def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
+    empty = np.zeros(0, np.int64)
+    return SpanWindow(empty, empty, empty, empty, empty, {a: np.zeros(0, object) for a in attrs}, source)
+
+
+def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512MB",
+                   threads: int | None = None) -> SpanLod | None:
+    """The level of detail of one span table (None if the table is absent or empty): one DuckDB
+    aggregate per (key, level-0 bucket) -- bounded by the bucket count, whatever the table's size --
+    then each coarser level from the one below. Uses its own connection, so it can run on a
+    background thread while windows are answered from another."""
+    source = TableSource(profile, spec.table)
+    if not source.present:
+        return None
+    con = sqlsource.connect(memory_limit=memory_limit, threads=threads)
+    try:
+        start, end = source.col(spec.start), source.col(spec.end)
+        span = con.execute(f"SELECT min({start}), max({end}) FROM {source.relation()}").fetchone()
+        if span is None or span[0] is None:
+            return None
+        first, last = int(span[0]), int(span[1])
+        widths = _lod_geometry(first, last)
+        rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
+        attrs = ", ".join(f"arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
+        keys = _key_exprs(source, spec.keys)
+        key_names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+        cols = con.execute(f"""
+            SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
+                   arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
+            FROM (SELECT {', '.join(keys) + ',' if keys else ''} ({start} - {first}) // {widths[0]} AS b,
+                         ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
+                         {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
+                  FROM {source.relation()})
+            GROUP BY ALL""").fetchnumpy()
+    finally:
+        con.close()
+    rows = len(cols["b"])
+    keys_found, inverse = _key_tuples(cols, len(spec.keys), rows)
+    lod = SpanLod(first, widths)
+    base = {"b": np.asarray(cols["b"], np.int64), "start_ts": np.asarray(cols["s"], np.int64),
+            "id": np.asarray(cols["i"], np.int64), "count": np.asarray(cols["n"], np.int64)}
+    base["end_ts"] = base["start_ts"] + np.asarray(cols["d"], np.int64)
+    for i, a in enumerate(spec.attrs):
+        base[f"a:{a}"] = _plain(cols[f"a{i}"]).astype(object)
+    for k, key in enumerate(keys_found):
+        mine = {name: v[inverse == k] for name, v in base.items()}
+        levels = []
+        for level, width in enumerate(widths):
+            if level:
+                mine = dict(mine)
+                mine["b"] = mine["b"] // LOD_FACTOR
+                mine = _merge_buckets(mine)
+            part = {name: v for name, v in mine.items() if name != "b"}
+            part["bucket_ts"] = first + mine["b"] * width
+            levels.append(part)
+        lod.levels[key] = levels
+        lod.max_duration[key] = int((mine["end_ts"] - mine["start_ts"]).max()) if mine["b"].size else 0
+    return lod
+
+
+def _merge_buckets(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row per bucket ``b`` (the longest; counts added), sorted by bucket."""
+    duration = rows["end_ts"] - rows["start_ts"]
+    order = np.lexsort((-rows["id"], -duration, rows["b"]))
+    b = rows["b"][order]
+    head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
+    pick = order[head]
+    out = {k: v[pick] for k, v in rows.items()}
+    out["count"] = (np.add.reduceat(rows["count"][order], np.flatnonzero(head)) if b.size
+                    else rows["count"][:0])
+    return out
+
+
+# -- the viewport --------------------------------------------------------------------------------
+
+
+class TrackViewport:
+    """Window queries over one profile's span and counter tables, with one DuckDB connection and the
+    levels of detail kept between calls (a GUI holds one per open profile; calls are serialised)."""
+
+    def __init__(self, profile: Profile, *, memory_limit: str = "512MB") -> None:
+        self.profile = profile
+        self.con = sqlsource.connect(memory_limit=memory_limit)
+        self._lock = threading.Lock()
+        self._lods: dict[SpanSpec, SpanLod | None] = {}
+        self._longest: dict[SpanSpec, int] = {}
+        self._memory_limit = memory_limit
+
+    def close(self) -> None:
+        with self._lock:
+            self.con.close()
+
+    def _source(self, table: str) -> TableSource:
+        return TableSource(self.profile, table)
+
+    # -- levels of detail --------------------------------------------------------------------
+    def has_lod(self, spec: SpanSpec) -> bool:
+        return spec in self._lods
+
+    def lod(self, spec: SpanSpec) -> SpanLod | None:
+        """The table's level of detail, built on first use (``build_span_lod``; may take a while on a
+        large table -- call it from a background thread first if the caller must stay responsive)."""
+        if spec not in self._lods:
+            built = build_span_lod(self.profile, spec, memory_limit=self._memory_limit)
+            self._lods[spec] = built
+            if built is not None:
+                self._longest[spec] = max(built.max_duration.values(), default=0)
+        return self._lods[spec]
+
+    def lod_serves(self, spec: SpanSpec, t0: int, t1: int, buckets: int) -> bool:
+        """True if a built level of detail answers this window (pixels wider than its finest bucket)."""
+        lod = self._lods.get(spec)
+        return lod is not None and (t1 - t0) / max(1, buckets) >= lod.finest * LOD_PER_PIXEL
+
+    # -- span rows ---------------------------------------------------------------------------
+    def span_keys(self, spec: SpanSpec) -> list[SpanKey]:
+        """Every row of the table: key, event count, first start and last end (one grouped scan)."""
+        source = self._source(spec.table)
+        if not source.present:
+            return []
+        keys = _key_exprs(source, spec.keys)
+        names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+        with self._lock:
+            cols = self.con.execute(f"""
+                SELECT {names + ',' if names else ''} count(*) AS n, min(s) AS first, max(e) AS last
+                FROM (SELECT {', '.join(keys) + ',' if keys else ''} {source.col(spec.start)} AS s,
+                             {source.col(spec.end)} AS e FROM {source.relation()})
+                {'GROUP BY ALL' if names else ''}""").fetchnumpy()
+        rows = len(cols["n"])
+        found, inverse = _key_tuples(cols, len(spec.keys), rows)
+        out = []
+        for k, key in enumerate(found):
+            r = int(np.flatnonzero(inverse == k)[0])
+            if int(cols["n"][r]) == 0:
+                continue
+            out.append(SpanKey(tuple(_python(v) for v in key), int(cols["n"][r]), int(cols["first"][r]),
+                               int(cols["last"][r])))
+        return sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
+
+    def span_windows(self, spec: SpanSpec, t0: int, t1: int, buckets: int = 2000,
+                     keys: Iterable[tuple[Any, ...]] | None = None, where: str | None = None,
+                     ) -> dict[tuple[Any, ...], SpanWindow]:
+        """Events of ``spec`` overlapping [t0, t1), per key (all keys, or those in ``keys``), reduced
+        to the longest per pixel bucket. ``where`` (a SQL condition over the table's columns) keeps
+        only matching events -- for highlights -- and always reads the events (no LOD)."""
+        t0, t1, buckets = int(t0), int(t1), max(1, int(buckets))
+        if t1 <= t0:
+            raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
+        wanted = None if keys is None else [tuple(k) for k in keys]
+        lod = self._lods.get(spec)
+        if where is None and lod is not None and (t1 - t0) / buckets >= lod.finest * LOD_PER_PIXEL:
+            out = {}
+            for key in (wanted if wanted is not None else list(lod.levels)):
+                window = lod.window(key, t0, t1, buckets)
+                if window is not None:
+                    out[key] = window
+            return out
+        return self._raw_spans(spec, t0, t1, buckets, wanted, where)
+
+    def _longest_event(self, spec: SpanSpec, source: TableSource) -> int:
+        if spec not in self._longest:
+            start, end = source.col(spec.start), source.col(spec.end)
+            row = self.con.execute(f"SELECT max(({end}) - ({start})) FROM {source.relation()}").fetchone()
+            self._longest[spec] = int(row[0] or 0) if row else 0
+        return self._longest[spec]
+
+    def _raw_spans(self, spec: SpanSpec, t0: int, t1: int, buckets: int, wanted: list[tuple[Any, ...]] | None,
+                   where: str | None) -> dict[tuple[Any, ...], SpanWindow]:
+        source = self._source(spec.table)
+        if not source.present:
+            return {}
+        start, end = source.col(spec.start), source.col(spec.end)
+        keys = _key_exprs(source, spec.keys)
+        names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+        rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
+        attrs = "".join(f", arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
+        attr_cols = "".join(f", {source.col(a)} AS a{i}" for i, a in enumerate(spec.attrs))
+        with self._lock:
+            lookback = t0 - self._longest_event(spec, source)
+            condition = (f"{start} < {t1} AND {end} > {t0} AND {start} >= {lookback}"
+                         + _key_filter(source, spec.keys, wanted) + (f" AND ({where})" if where else ""))
+            cols = self.con.execute(f"""
+                SELECT {names + ',' if names else ''} b, arg_max(s, r) AS s, arg_max(e, r) AS e,
+                       arg_max(i, r) AS i, count(*) AS n {attrs}
+                FROM (SELECT {', '.join(keys) + ',' if keys else ''}
+                             least({buckets - 1},
+                                   greatest(0, ({start} - {t0}) * {buckets} // {t1 - t0})) AS b,
+                             {start} AS s, {end} AS e, {source.col(spec.id)} AS i, {rank} AS r {attr_cols}
+                      FROM {source.relation()} WHERE {condition})
+                GROUP BY ALL ORDER BY b""").fetchnumpy()
+        rows = len(cols["b"])
+        found, inverse = _key_tuples(cols, len(spec.keys), rows)
+        out: dict[tuple[Any, ...], SpanWindow] = {}
+        bucket = np.asarray(cols["b"], np.int64)
+        for k, key in enumerate(found):
+            sel = inverse == k
+            attrs_out = {a: _plain(cols[f"a{i}"])[sel].astype(object) for i, a in enumerate(spec.attrs)}
+            out[tuple(_python(v) for v in key)] = SpanWindow(
+                bucket[sel], np.asarray(cols["s"], np.int64)[sel], np.asarray(cols["e"], np.int64)[sel],
+                np.asarray(cols["i"], np.int64)[sel], np.asarray(cols["n"], np.int64)[sel], attrs_out,
+                "events")
+        return out
+
+    # -- counter rows ------------------------------------------------------------------------
+    def counter_keys(self, spec: CounterSpec) -> list[tuple[tuple[Any, ...], int]]:
+        """(key, samples) of every row of a counter table."""
+        source = self._source(spec.table)
+        if not source.present or not source.has(spec.value):
+            return []
+        keys = _key_exprs(source, spec.keys)
+        names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+        with self._lock:
+            cols = self.con.execute(f"""
+                SELECT {names + ',' if names else ''} count(*) AS n
+                FROM (SELECT {', '.join(keys) + ',' if keys else ''} 1 AS one FROM {source.relation()})
+                {'GROUP BY ALL' if names else ''}""").fetchnumpy()
+        found, inverse = _key_tuples(cols, len(spec.keys), len(cols["n"]))
+        out = []
+        for k, key in enumerate(found):
+            n = int(np.asarray(cols["n"])[inverse == k].sum())
+            if n:
+                out.append((tuple(_python(v) for v in key), n))
+        return sorted(out, key=lambda kv: tuple((v is None, str(v)) for v in kv[0]))
+
+    def counter_windows(self, spec: CounterSpec, t0: int, t1: int, buckets: int = 2000,
+                        keys: Iterable[tuple[Any, ...]] | None = None
+                        ) -> dict[tuple[Any, ...], CounterWindow]:
+        """Samples of ``spec`` in [t0, t1) per key, reduced to min/max/last per pixel bucket, plus the
+        last sample within one window width before ``t0`` (the value in force at the left edge)."""
+        t0, t1, buckets = int(t0), int(t1), max(1, int(buckets))
+        if t1 <= t0:
+            raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
+        source = self._source(spec.table)
+        if not source.present or not source.has(spec.value):
+            return {}
+        wanted = None if keys is None else [tuple(k) for k in keys]
+        ts, value = source.col(spec.timestamp), f"CAST({source.col(spec.value)} AS DOUBLE)"
+        hold = f"{ts} + {source.col(spec.hold)}" if spec.hold and source.has(spec.hold) else "NULL::BIGINT"
+        keys_sql = _key_exprs(source, spec.keys)
+        names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+        lead = names + "," if names else ""
+        key_cols = ", ".join(keys_sql) + "," if keys_sql else ""
+        key_filter = _key_filter(source, spec.keys, wanted)
+        with self._lock:
+            cols = self.con.execute(f"""
+                SELECT {lead} b, min(v) AS lo, max(v) AS hi, arg_max(v, t) AS last, count(*) AS n,
+                       arg_max(u, t) AS u
+                FROM (SELECT {key_cols} least({buckets - 1}, ({ts} - {t0}) * {buckets} // {t1 - t0}) AS b,
+                             {value} AS v, {ts} AS t, {hold} AS u
+                      FROM {source.relation()} WHERE {ts} >= {t0} AND {ts} < {t1} AND {value} IS NOT NULL
+                      {key_filter})
+                GROUP BY ALL ORDER BY b""").fetchnumpy()
+            before = self.con.execute(f"""
+                SELECT {lead} arg_max(v, t) AS v, arg_max(u, t) AS u
+                FROM (SELECT {key_cols} {value} AS v, {ts} AS t, {hold} AS u FROM {source.relation()}
+                      WHERE {ts} < {t0} AND {ts} >= {t0 - (t1 - t0)} AND {value} IS NOT NULL {key_filter})
+                {'GROUP BY ALL' if names else ''}""").fetchnumpy()
+        found, inverse = _key_tuples(cols, len(spec.keys), len(cols["b"]))
+        prior_keys, prior_inverse = _key_tuples(before, len(spec.keys), len(before["v"]))
+        prior: dict[tuple[Any, ...], tuple[float, int | None]] = {}
+        holds = spec.hold is not None and source.has(spec.hold)
+        for k, key in enumerate(prior_keys):
+            values = _plain(before["v"])[prior_inverse == k]
+            if values.size and values[0] is not None and not (isinstance(values[0], float) and
+                                                                math.isnan(values[0])):
+                until = _plain(before["u"])[prior_inverse == k][0] if holds else None
+                held = None if until is None else int(until)
+                prior[tuple(_python(v) for v in key)] = (float(values[0]), held)
+        out: dict[tuple[Any, ...], CounterWindow] = {}
+        for k, key in enumerate(found):
+            sel = inverse == k
+            name = tuple(_python(v) for v in key)
+            value_before, until_before = prior.get(name, (None, None))
+            out[name] = CounterWindow(np.asarray(cols["b"], np.int64)[sel],
+                                      np.asarray(cols["lo"], np.float64)[sel],
+                                      np.asarray(cols["hi"], np.float64)[sel],
+                                      np.asarray(cols["last"], np.float64)[sel], value_before,
+                                      int(np.asarray(cols["n"], np.int64)[sel].sum()),
+                                      _int64(cols["u"])[sel] if holds else None,
+                                      until_before)
+        for name, (value_before, until_before) in prior.items():
+            if name not in out and (wanted is None or name in wanted):
+                none = np.zeros(0, np.float64)
+                out[name] = CounterWindow(np.zeros(0, np.int64), none, none, none, value_before, 0,
+                                          np.zeros(0, np.int64) if holds else None, until_before)
+        return out
+
+    def counter_range(self, spec: CounterSpec, keys: Iterable[tuple[Any, ...]] | None = None
+                      ) -> tuple[float, float] | None:
+        """(min, max) of the counter over the whole profile (its row's fixed scale)."""
+        source = self._source(spec.table)
+        if not source.present or not source.has(spec.value):
+            return None
+        wanted = None if keys is None else [tuple(k) for k in keys]
+        value = f"CAST({source.col(spec.value)} AS DOUBLE)"
+        with self._lock:
+            row = self.con.execute(f"SELECT min({value}), max({value}) FROM {source.relation()} "
+                                   f"WHERE true {_key_filter(source, spec.keys, wanted)}").fetchone()
+        if row is None or row[0] is None:
+            return None
+        return float(row[0]), float(row[1])
+

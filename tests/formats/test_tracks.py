@@ -1,0 +1,149 @@
+"""``formats.tracks``: span windows (raw and LOD) against brute force, counters' min/max, keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from formats import tracks
+from formats.reader import open_profile
+from formats.sqlsource import TableSource
+from formats.writer import ProfileWriter
+from tests.formats.test_profile_writer import HW
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = ROOT / "sample_profiles/llama-decode-tp2/device/model=llama_decode/core=0/execution=2"
+
+
+def brute(start: np.ndarray, end: np.ndarray, ids: np.ndarray, t0: int, t1: int, buckets: int
+          ) -> dict[int, tuple[int, int, int]]:
+    """bucket -> (longest duration, its id (ties: larger id), events overlapping the window there)."""
+    keep = (start < t1) & (end > t0)
+    out: dict[int, tuple[int, int, int]] = {}
+    for s, e, i in zip(start[keep].tolist(), end[keep].tolist(), ids[keep].tolist()):
+        b = min(buckets - 1, max(0, (s - t0) * buckets // (t1 - t0)))
+        d, best, n = out.get(b, (-1, -1, 0))
+        if (e - s, i) > (d, best):
+            d, best = e - s, i
+        out[b] = (d, best, n + 1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama() -> tracks.TrackViewport:
+    view = tracks.TrackViewport(open_profile(LLAMA))
+    yield view
+    view.close()
+
+
+@pytest.mark.parametrize("buckets", [5, 300, 4000])
+def test_raw_span_windows_are_the_longest_per_bucket(llama: tracks.TrackViewport, buckets: int) -> None:
+    table = llama.profile.table("Instruction", ["start_ts", "end_ts", "id", "timeline_track", "opcode"])
+    track = np.asarray(table.column("timeline_track").to_pylist(), dtype=object)
+    start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
+    ids = table.column("id").to_numpy()
+    t0, t1 = int(start.min()) + 3000, int(np.median(end))
+    windows = llama.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, buckets)
+    assert {k[1] for k in windows} == set(track.tolist())
+    for key, window in windows.items():
+        mine = track == key[1]
+        expected = brute(start[mine], end[mine], ids[mine], t0, t1, buckets)
+        assert window.source == "events"
+        got = {int(b): (int(d), int(i), int(n)) for b, d, i, n in
+               zip(window.bucket, window.duration_ns, window.id, window.count)}
+        assert got == expected
+        opcodes = dict(zip(ids.tolist(), table.column("opcode").to_pylist()))
+        assert list(window.attrs["opcode"]) == [opcodes[int(i)] for i in window.id]
+
+
+def test_lod_agrees_with_the_events_when_zoomed_out(llama: tracks.TrackViewport) -> None:
+    spec = tracks.DMA_QUEUES
+    first = int(llama.profile.metadata["first_hw_timestamp"])
+    last = int(llama.profile.metadata["last_hw_timestamp"])
+    raw = llama.span_windows(spec, first, last, 50)
+    lod = llama.lod(spec)
+    assert lod is not None and lod.finest * tracks.LOD_PER_PIXEL <= (last - first) / 50
+    assert llama.lod_serves(spec, first, last, 50)
+    served = llama.span_windows(spec, first, last, 50)
+    assert set(served) == set(raw)
+    for key in raw:
+        assert served[key].source.startswith("lod level")
+        assert int(served[key].count.sum()) == int(raw[key].count.sum())  # every packet counted once
+        assert served[key].duration_ns.max() == raw[key].duration_ns.max()
+        assert len(served[key]) <= 50
+
+
+def test_counter_windows_min_max_last(llama: tracks.TrackViewport) -> None:
+    table = llama.profile.table("HbmUsage", ["timestamp", "current_throughput"])
+    ts = table.column("timestamp").to_numpy()
+    value = table.column("current_throughput").to_numpy().astype(float)
+    t0, t1, buckets = int(ts[10]), int(ts[-10]), 7
+    window = llama.counter_windows(tracks.HBM_THROUGHPUT, t0, t1, buckets)[(0,)]
+    inside = (ts >= t0) & (ts < t1)
+    bucket = (ts[inside] - t0) * buckets // (t1 - t0)
+    for b, lo, hi, last in zip(window.bucket, window.low, window.high, window.last):
+        mine = value[inside][bucket == b]
+        assert lo == pytest.approx(mine.min()) and hi == pytest.approx(mine.max())
+        assert last == pytest.approx(mine[-1])
+    assert window.before == pytest.approx(value[9])
+    assert window.samples == int(inside.sum())
+    assert llama.counter_range(tracks.HBM_THROUGHPUT) == pytest.approx((value.min(), value.max()))
+
+
+def test_windowed_counters_say_how_long_a_sample_holds(llama: tracks.TrackViewport) -> None:
+    keys = llama.counter_keys(tracks.NEURONLINK_THROUGHPUT)
+    assert keys and all(n > 0 for _, n in keys)
+    table = llama.profile.table("NeuronLinkUsage", ["timestamp", "duration_ns"])
+    t0 = int(table.column("timestamp").to_numpy().min())
+    windows = llama.counter_windows(tracks.NEURONLINK_THROUGHPUT, t0, t0 + 100_000, 100)
+    for window in windows.values():
+        assert window.until is not None and (window.until > 0).all()
+
+
+def _odd_profile(path: Path) -> Path:
+    """Two spellings of one engine and no timeline_track: what a real profile may hold."""
+    start = np.array([0, 100, 250, 400, 420, 900], np.int64)
+    end = start + np.array([50, 120, 10, 300, 30, 60], np.int64)
+    with ProfileWriter(path, HW) as writer:
+        writer.write("Instruction", {
+            "start_ts": start, "end_ts": end, "duration_ns": end - start,
+            "engine": pa.array(["tensor", "Tensor", "PE", "Vector", "tensor", "Vector"]),
+            "opcode": pa.array(["MATMUL"] * 6), "operands": pa.array([""] * 6),
+            "id": np.arange(6, dtype=np.int64), "pc": np.arange(6, dtype=np.int64),
+            "bir_id": pa.array([f"sg0000:{i}" for i in range(6)]),
+        })
+    return path
+
+
+def test_raw_keys_merge_into_one_row(tmp_path: Path) -> None:
+    profile = open_profile(_odd_profile(tmp_path / "odd"))
+    view = tracks.TrackViewport(profile)
+    keys = view.span_keys(tracks.INSTRUCTION_TRACKS)
+    tensor = [k.key for k in keys if k.key[2] in ("tensor", "Tensor", "PE")]
+    assert len(tensor) == 3 and sum(k.rows for k in keys) == 6
+    windows = view.span_windows(tracks.INSTRUCTION_TRACKS, 0, 1000, 10, keys=tensor)
+    merged = tracks.merge_windows([windows[k] for k in tensor])
+    assert dict(zip(merged.bucket.tolist(), merged.id.tolist())) == {0: 0, 1: 1, 2: 2, 4: 4}
+    assert int(merged.count.sum()) == 4
+    source = TableSource(profile, "Instruction")
+    condition = tracks.key_condition(source, tracks.INSTRUCTION_TRACKS.keys, tensor[:1])
+    assert "IS NULL" in condition  # no timeline_track column: its key part is null
+    assert tracks.key_condition(source, tracks.INSTRUCTION_TRACKS.keys, None) == "true"
+    highlighted = view.span_windows(tracks.INSTRUCTION_TRACKS, 0, 1000, 10, keys=tensor, where="id >= 2")
+    assert sorted(int(i) for w in highlighted.values() for i in w.id) == [2, 4]
+    view.close()
+
+
+def test_absent_tables_have_no_rows(tmp_path: Path) -> None:
+    view = tracks.TrackViewport(open_profile(_odd_profile(tmp_path / "odd")))
+    assert view.span_keys(tracks.CC_STREAMS) == []
+    assert view.span_windows(tracks.DMA_QUEUES, 0, 100, 10) == {}
+    assert view.counter_windows(tracks.PSUM_USAGE, 0, 100, 10) == {}
+    assert view.counter_range(tracks.SBUF_USAGE) is None
+    assert tracks.build_span_lod(view.profile, tracks.CC_STREAMS) is None
+    with pytest.raises(ValueError, match="empty window"):
+        view.span_windows(tracks.INSTRUCTION_TRACKS, 10, 10, 5)
+    view.close()
