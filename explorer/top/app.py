@@ -26,7 +26,7 @@ from explorer.top.aggregate import Tab, TabData, tab_data, tabs
 from explorer.top.collector import Collector, Source
 from explorer.top.model import Frame, Hardware, HistoryView, SourceStatus, SystemSnapshot
 from explorer.top.screens import HelpScreen, SignalScreen
-from explorer.top.widgets import CoreGrid, MemoryTree, Panel, ProcessList, SectionBar
+from explorer.top.widgets import RESERVED_ROWS, CoreGrid, MemoryTree, Panel, ProcessList, SectionBar
 
 WIDE_COLUMNS = 130  # from here on the extras sit beside the real tool's layout
 SIDE_WIDTH = 58
@@ -193,7 +193,7 @@ class NeuronTopApp(App[None]):
         highlight = memtree.selected_cores(self.tree_state, hw)
         self.query_one("#title", Panel).show(frame)
         self.query_one("#util-header", SectionBar).show(render.util_header(frame, data, self.flops_mode))
-        self.query_one(CoreGrid).show((hw, data, self.flops_mode, highlight))
+        self.query_one(CoreGrid).show((hw, data, self.flops_mode, highlight, self._grid_rows(frame, data)))
         self.query_one("#vcpu", Panel).show((frame, data))
         self.query_one("#mem-summary", Panel).show((frame, data))
         empty = ("no Neuron activity: no process holds device memory" if render.no_activity(frame)
@@ -207,6 +207,19 @@ class NeuronTopApp(App[None]):
         status.show(frame)
         status.display = render.status_line(frame, max(self.size.width, 1)) is not None
         self.query_one("#tabs", Panel).show((self.tabs, self.tab_index))
+
+    def main_width(self) -> int:
+        """Columns of the real tool's part of the screen (the extras take the rest when wide)."""
+        width = self.size.width
+        side_shown = self.screen.has_class("-wide") and not self.screen.has_class("-extras")
+        return max(width - SIDE_WIDTH - 1 if side_shown else width, 1)
+
+    def _grid_rows(self, frame: Frame, data: TabData) -> int:
+        """Rows the grid may take: what the other regions leave at this size (at least 2)."""
+        width = self.main_width()
+        summary = render.memory_summary(frame, data, width).plain.count("\n") + 1
+        status = 1 if render.status_line(frame, width) is not None else 0
+        return max(self.size.height - RESERVED_ROWS - summary - status, 2)
 
     # -- keys ----------------------------------------------------------------------------------
 

@@ -86,14 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--width must be at least 40, not {args.width}")
     if args.from_monitor is not None and args.instance:
         return _fail("--instance applies to live state; a neuron-monitor stream says what hardware it is")
-    if not args.once and not sys.stdout.isatty():
-        return _fail("stdout is not a terminal; use --once for plain text")
+    tty_problem = (None if args.once or sys.stdout.isatty()
+                   else "stdout is not a terminal; use --once for plain text")
     width = args.width or (os.get_terminal_size().columns if sys.stdout.isatty() else 120)
     try:
         if args.from_monitor is not None:
             if args.from_monitor == "-":
                 if sys.stdin.isatty():
                     return _fail("--from-monitor -: stdin is a terminal; pipe a neuron-monitor stream in")
+                if tty_problem:
+                    return _fail(tty_problem)
                 stream = sys.stdin if args.once else _keyboard_from_tty()
                 source = _monitor_source("-", stream)
             else:
@@ -109,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"{args.from_monitor}: {exc.strerror or exc}")
+    if tty_problem:
+        source.close()
+        return _fail(tty_problem)
 
     if args.once:
         if source.kind == "monitor":

@@ -14,9 +14,10 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 def percent(value: float) -> str:
     """``%5.2f%%``; anything above 99.995 prints as ``  100%`` (6 characters), as the real tool."""
-    if value > 99.995:
+    text = f"{max(value, 0.0):5.2f}"
+    if value > 99.995 or text == "100.00":  # 99.995 itself rounds up: never print 7 characters
         return "  100%"
-    return f"{max(value, 0.0):5.2f}%"
+    return text + "%"
 
 
 def size(n: float | None) -> str:

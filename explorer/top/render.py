@@ -132,7 +132,8 @@ def devices_per_line(hardware: Hardware, max_rows: int) -> int:
     return max(1, math.ceil(hardware.device_count / max(max_rows - 1, 1)))
 
 
-def _cell(value: float | None, flops: float | None, bar_w: int, flops_mode: bool, highlight: bool) -> Text:
+def _cell(value: float | None, flops: float | None, bar_w: int, flops_mode: bool, highlight: bool,
+          unused: str) -> Text:
     cell = Text()
     if bar_w > 0:
         if value is None:
@@ -140,7 +141,7 @@ def _cell(value: float | None, flops: float | None, bar_w: int, flops_mode: bool
         else:
             used = min(round(value / 100.0 * bar_w), bar_w)
             cell.append("|" * used, style=S_USED)
-            cell.append("|" * (bar_w - used), style=S_UNUSED)
+            cell.append(unused * (bar_w - used), style=S_UNUSED)
     if value is None:
         cell.append(NO_DATA_TF if flops_mode else NO_DATA_PCT, style=S_DIM)
     elif flops_mode:
@@ -153,7 +154,7 @@ def _cell(value: float | None, flops: float | None, bar_w: int, flops_mode: bool
 
 
 def grid(hardware: Hardware, data: TabData, flops_mode: bool, width: int, max_rows: int,
-         highlight: Sequence[int] = ()) -> Text:
+         highlight: Sequence[int] = (), unused: str = "|") -> Text:
     """The core grid: a header of NC labels, then devices; several devices share a line when
     ``max_rows`` is short. Cores no process lists show ``--`` (no runtime attached), not 0 %."""
     if hardware.device_count == 0:
@@ -179,7 +180,7 @@ def grid(hardware: Hardware, data: TabData, flops_mode: bool, width: int, max_ro
             for local in range(per_dev):
                 core = device * per_dev + local
                 line.append_text(_cell(data.utilization.get(core), data.flops.get(core), bar_w, flops_mode,
-                                       core in highlighted))
+                                       core in highlighted, unused))
                 line.append(" ")
         lines.append(_line(line, width))
     return _join(lines)
@@ -187,33 +188,34 @@ def grid(hardware: Hardware, data: TabData, flops_mode: bool, width: int, max_ro
 
 # -- vCPU and memory summary -------------------------------------------------------------------
 
-def _vcpu_bar(label: str, user: float | None, system: float | None, width: int) -> Text:
+def _vcpu_bar(label: str, user: float | None, system: float | None, width: int, unused: str,
+              missing: str = "[not collected]") -> Text:
     text = Text(f"{label:<19}")
     known = user is not None and system is not None
-    value = f"[{fmt.percent(user)},{fmt.percent(system)}]" if known else "[not collected]"
+    value = f"[{fmt.percent(user)},{fmt.percent(system)}]" if known else missing
     bar_w = max(width - 19 - len(value), 0)
     if user is not None and system is not None and bar_w:
         u = min(round(user / 100 * bar_w), bar_w)
         s = min(round(system / 100 * bar_w), bar_w - u)
         text.append("|" * u, style=S_USED)
         text.append("|" * s, style=S_SYS)
-        text.append("|" * (bar_w - u - s), style=S_UNUSED)
+        text.append(unused * (bar_w - u - s), style=S_UNUSED)
     else:
         text.append(" " * bar_w)
     text.append(value, style=None if user is not None else S_DIM)
     return _line(text, width)
 
 
-def vcpu(frame: Frame, data: TabData, width: int) -> Text:
+def vcpu(frame: Frame, data: TabData, width: int, unused: str = "|") -> Text:
     system = frame.system
-    return _join([_vcpu_bar("System vCPU Usage", system.vcpu_user, system.vcpu_system, width),
-                  _vcpu_bar("Runtime vCPU Usage", data.vcpu_user, data.vcpu_system, width)])
+    missing = "[no runtime]" if data.processes == 0 else "[not collected]"
+    return _join([_vcpu_bar("System vCPU Usage", system.vcpu_user, system.vcpu_system, width, unused),
+                  _vcpu_bar("Runtime vCPU Usage", data.vcpu_user, data.vcpu_system, width, unused, missing)])
 
 
-def _columns(label: str, fields: Sequence[tuple[str, str]], width: int) -> Text:
+def _columns(label: str, fields: Sequence[tuple[str, str]], width: int, label_w: int = 21) -> Text:
     """``label`` then ``Key: value`` fields in equal columns; fields that do not fit go to the next
     line (indented) rather than off the edge."""
-    label_w = 21
     room = max(width - label_w, 1)
     natural = [len(k) + 2 + len(v) + 2 for k, v in fields]
     equal = room // max(len(fields), 1)
@@ -239,22 +241,44 @@ def _columns(label: str, fields: Sequence[tuple[str, str]], width: int) -> Text:
     return _join(lines)
 
 
+COMPACT_SUMMARY_BELOW = 100
+SHORT_LABELS = {"Total": "Total", "Tensors": "Tensors", "Constants": "Const", "DMA Buffers": "DMA",
+                "App. Memory": "App", "Model Code": "Code", "Runtime Memory": "Runtime",
+                "Model Scratchpad": "Scratch"}
+
+
 def memory_summary(frame: Frame, data: TabData, width: int) -> Text:
-    if data.host_memory is None:
+    """Host and device memory by category (the real tool's two lines) and the host's own memory;
+    below 100 columns the labels are abbreviated so the lines wrap less, never cut."""
+    host, device, system = _summary_fields(frame, data)
+    if width >= COMPACT_SUMMARY_BELOW:
+        return _join([_columns("Host Used Memory", host, width),
+                      _columns("Device Used Memory", device, width),
+                      _columns("Host System Memory", system, width)])
+
+    def short(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(SHORT_LABELS.get(k, k), v) for k, v in fields]
+
+    return _join([_columns("Host", short(host), width, 8), _columns("Device", short(device), width, 8),
+                  _columns("System", short(system), width, 8)])
+
+
+def _summary_fields(frame: Frame, data: TabData) -> tuple[list[tuple[str, str]], ...]:
+    if data.host_memory is None and data.processes:
         host: list[tuple[str, str]] = [("Total", "not collected")]
     else:
-        host = [("Total", fmt.size(sum(data.host_memory.values())))]
-        host += [(HOST_MEMORY_LABELS[k], fmt.size(data.host_memory.get(k, 0))) for k in HOST_MEMORY_KEYS]
+        memory = data.host_memory or {}
+        host = [("Total", fmt.size(sum(memory.values())))]
+        host += [(HOST_MEMORY_LABELS[k], fmt.size(memory.get(k, 0))) for k in HOST_MEMORY_KEYS]
     device_mem = data.device_memory
     device = [("Total", fmt.size(sum(device_mem.values())))]
     device += [(DEVICE_MEMORY_LABELS[k], fmt.size(device_mem[k])) for k in DEVICE_MEMORY_KEYS]
     s = frame.system
-    system = [("Used", fmt.size(s.memory_used)), ("Total", fmt.size(s.memory_total)),
-              ("Swap Used", fmt.size(s.swap_used)), ("Swap Total", fmt.size(s.swap_total))]
+    system = [("Used", f"{fmt.size(s.memory_used)} of {fmt.size(s.memory_total)}"),
+              ("Swap", f"{fmt.size(s.swap_used)} of {fmt.size(s.swap_total)}")]
     if s.vcpu_count:
         system.append(("vCPUs", str(s.vcpu_count)))
-    return _join([_columns("Host Used Memory", host, width), _columns("Device Used Memory", device, width),
-                  _columns("Host System Memory", system, width)])
+    return host, device, system
 
 
 # -- memory details tree -----------------------------------------------------------------------
@@ -345,14 +369,20 @@ HINTS = (("q", "quit", "quit"), ("arrows", "move tree selection", "move"),
          ("k", "signal process", "kill"), ("v", "extras", "extras"), ("h", "help", "help"))
 
 
+REAL_HINTS = 7  # the first seven are the real tool's; the rest are ours
+
+
 def hint_bar(width: int) -> Text:
-    """The real tool's hints in equal centred cells, then ours; shorter words on narrow terminals,
-    and when even those do not fit, as many as fit with ``h: help`` always last."""
-    for variant in (1, 2):
-        cells = [f"{k}: {long if variant == 1 else short}" for k, long, short in HINTS]
-        cell_w = max(len(c) for c in cells) + 2
-        if cell_w * len(cells) <= width:
-            text = Text("".join(c.center(width // len(cells)) for c in cells))
+    """The hints spread evenly over the line: the real tool's words when they fit (ours short),
+    else all short, else as many short ones as fit with ``h: help`` always last (abbreviated, not
+    silently cut as the real tool's cells are)."""
+    variants = ([f"{k}: {long if i < REAL_HINTS else short}" for i, (k, long, short) in enumerate(HINTS)],
+                [f"{k}: {short}" for k, _, short in HINTS])
+    for cells in variants:
+        natural = sum(len(c) for c in cells)
+        if natural + 2 * len(cells) <= width:
+            gap = (width - natural) // len(cells)
+            text = Text("".join(c.center(len(c) + gap) for c in cells))
             return _based(_line(text, width), S_BAR)
     cells = [f"{k}:{short}" for k, _, short in HINTS]
     keep: list[str] = []
@@ -387,7 +417,8 @@ def status_line(frame: Frame, width: int) -> Text | None:
 
 # -- extras: engines, history, processes -------------------------------------------------------
 
-def engines(hardware: Hardware, data: TabData, cores: Sequence[int], width: int, source_kind: str) -> Text:
+def engines(hardware: Hardware, data: TabData, cores: Sequence[int], width: int, source_kind: str,
+            unused: str = "|") -> Text:
     """Per-engine busy % of the selected core (live state only: a neuron-monitor report has none)."""
     if source_kind != "live":
         return _join([_line(Text(t, style=S_DIM), width) for t in (
@@ -408,7 +439,7 @@ def engines(hardware: Hardware, data: TabData, cores: Sequence[int], width: int,
         text = Text(f"{engine:<8}")
         used = min(round(value / 100 * bar_w), bar_w)
         text.append("|" * used, style=S_USED)
-        text.append("|" * (bar_w - used), style=S_UNUSED)
+        text.append(unused * (bar_w - used), style=S_UNUSED)
         text.append(f"[{fmt.percent(value)}]")
         lines.append(_line(text, width))
     hbm = data.hbm_bytes_per_s.get(core)
@@ -448,8 +479,8 @@ def history(frame: Frame, data: TabData, tab: int | None, width: int) -> Text:
     return _join(lines)
 
 
-PROCESS_COLS = (("PID", 8), ("USER", 9), ("COMMAND", 0), ("CORES", 9), ("HOST MEM", 9), ("DEV MEM", 9),
-                ("AGE", 8), ("STATE", 8))
+PROCESS_COLS = (("PID", 8), ("USER", 9), ("COMMAND", 0), ("CORES", 8), ("HOST MEM", 9), ("DEV MEM", 9),
+                ("AGE", 7), ("STATE", 7))
 
 
 def _process_cols(width: int) -> list[tuple[str, int]]:
@@ -492,7 +523,10 @@ def process_row(p: ProcessSnapshot, now: float, width: int, selected: bool) -> T
     if not p.started_exact and started is not None:
         age = "≥" + age  # only "first seen in the stream"
     flag, flag_style = process_state(p)
-    values = {"PID": str(p.pid), "USER": p.user or "-", "COMMAND": p.command or p.tag,
+    command = p.command or p.tag
+    if p.command and p.tag != str(p.pid):
+        command = f"[{p.tag}] {p.command}"  # the tag names the job; the command line may be generic
+    values = {"PID": str(p.pid), "USER": p.user or "-", "COMMAND": command,
               "CORES": fmt.core_ranges(p.held_cores), "HOST MEM": fmt.size(p.host_bytes),
               "DEV MEM": fmt.size(p.device_memory_bytes), "AGE": age, "STATE": flag}
     text = Text()

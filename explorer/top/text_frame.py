@@ -11,6 +11,8 @@ from explorer.top import fmt, memtree, render
 from explorer.top.aggregate import tab_data, tabs
 from explorer.top.model import ENGINES, Frame
 
+UNUSED = "."  # the unused part of a bar: dim on screen, a different character in plain text
+
 
 def _section(name: str) -> str:
     return f"== {name} =="
@@ -40,9 +42,9 @@ def frame_text(frame: Frame, *, width: int = 120, version: str | None = None, fl
     hw = frame.hardware
     out = [render.title(frame, version, width).plain.strip(), ""]
     out.append(_section(render.util_header(frame, data, flops)))
-    out += render.grid(hw, data, flops, width, hw.device_count + 1).plain.split("\n")
+    out += render.grid(hw, data, flops, width, hw.device_count + 1, unused=UNUSED).plain.split("\n")
     out.append(_section("vCPU Utilization"))
-    out += render.vcpu(frame, data, width).plain.split("\n")
+    out += render.vcpu(frame, data, width, unused=UNUSED).plain.split("\n")
     out.append(_section("Memory Usage Summary"))
     out += render.memory_summary(frame, data, width).plain.split("\n")
     out.append(_section("Memory Usage Details"))

@@ -19,8 +19,9 @@ from textual.widget import Widget
 from explorer.top import memtree, render
 from explorer.top.model import Frame, Hardware
 
-# rows every other region needs at least (title, section bars, vCPU, summary, tree minimum, tabs, hints)
-RESERVED_ROWS = 17
+# rows the other regions need besides the memory summary and status line: title, four section bars,
+# two vCPU bars, the tree's column header and two tree rows, tabs, hints
+RESERVED_ROWS = 12
 
 
 class Panel(Widget):
@@ -63,23 +64,21 @@ class SectionBar(Panel):
 
 
 class CoreGrid(Panel):
-    """The utilisation grid; packs several devices per line when the terminal is short."""
-
-    def budget(self) -> int:
-        return max(self.app.size.height - RESERVED_ROWS, 2)
+    """The utilisation grid; packs several devices per line when the terminal is short. Its data is
+    ``(hardware, tab data, flops mode, highlighted cores, rows it may use)``."""
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if self._data is None:
             return 1
         hardware: Hardware = self._data[0]
-        return render.grid_rows_needed(hardware, self.budget())
+        return render.grid_rows_needed(hardware, self._data[4])
 
     def render(self) -> Text:
         self.draws += 1
         if self._data is None:
             return Text("")
-        hardware, data, flops, highlight = self._data
-        return render.grid(hardware, data, flops, max(self.size.width, 1), self.budget(), highlight)
+        hardware, data, flops, highlight, rows = self._data
+        return render.grid(hardware, data, flops, max(self.size.width, 1), rows, highlight)
 
 
 class MemoryTree(Widget, can_focus=True):

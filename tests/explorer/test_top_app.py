@@ -1,0 +1,293 @@
+"""neuron-top's screen driven through Textual's Pilot: every key binding, frames from the collection
+thread, bad input shown on screen, small terminals, and signals sent to a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from explorer.top.aggregate import tab_data
+from explorer.top.app import NeuronTopApp
+from explorer.top.live_source import LiveSource
+from explorer.top.monitor_source import MonitorSource
+from explorer.top.screens import HelpScreen, SignalScreen
+from explorer.top.widgets import CoreGrid, MemoryTree, Panel, ProcessList
+from tests.explorer.topdata import VERSION, idle_frame, live_frame, monitor_frame
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def app_with(frame) -> NeuronTopApp:
+    return NeuronTopApp(frame=frame, version=VERSION)
+
+
+def test_quit_keys():
+    for key in ("q", "Q"):
+        async def go(key=key):
+            app = app_with(monitor_frame())
+            async with app.run_test(size=(100, 40)) as pilot:
+                await pilot.press(key)
+                await pilot.pause()
+                assert app._exit
+        run(go())
+
+
+def test_tabs_a_d_and_numbers():
+    async def go():
+        app = app_with(monitor_frame())
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert app.tab_pid is None
+            await pilot.press("d")
+            assert app.tab_pid == 48213
+            await pilot.press("D")
+            assert app.tab_pid == 48990
+            await pilot.press("d")
+            assert app.tab_pid is None  # wraps
+            await pilot.press("a")
+            assert app.tab_pid == 48990
+            await pilot.press("A", "1")
+            assert app.tab_pid is None
+            await pilot.press("3")
+            assert app.tab_pid == 48990
+            await pilot.press("9")  # no such tab: nothing changes
+            assert app.tab_pid == 48990
+            grid = app.query_one(CoreGrid).data[1]
+            assert set(grid.utilization) == {6}  # only that process's core
+            await pilot.press("2", "4", "5", "6", "7", "8")
+            assert app.tab_pid == 48213
+    run(go())
+
+
+def test_f_switches_grid_to_tflops():
+    async def go():
+        app = app_with(monitor_frame())
+        async with app.run_test(size=(120, 40)) as pilot:
+            header = app.query_one("#util-header", Panel)
+            assert "Avg:  9.33%" in header.data
+            await pilot.press("f")
+            assert app.flops_mode and "TF | Total:" in header.data
+            await pilot.press("F")
+            assert not app.flops_mode
+    run(go())
+
+
+def test_tree_keys_arrows_enter_x():
+    async def go():
+        app = app_with(monitor_frame())
+        async with app.run_test(size=(120, 50)) as pilot:
+            tree = app.query_one(MemoryTree)
+            assert tree.has_focus and app.tree_state.selected == ("nd", 0)
+            await pilot.press("up")
+            assert app.tree_state.selected != ("nd", 0)  # wrapped to the last row
+            await pilot.press("down")
+            assert app.tree_state.selected == ("nd", 0)
+            await pilot.press("right")
+            assert app.tree_state.selected == ("nc", 0)
+            assert app.query_one(CoreGrid).data[3] == (0,)  # the grid highlights the selected core
+            await pilot.press("down", "enter")
+            model = app.tree_state.selected
+            assert model[0] == "model" and model in app.tree_state.toggled
+            await pilot.press("left")
+            assert model not in app.tree_state.toggled
+            await pilot.press("left")
+            assert app.tree_state.selected == ("nc", 0)
+            await pilot.press("left")  # collapse the core
+            assert ("nc", 0) in app.tree_state.toggled
+            await pilot.press("x")
+            assert app.tree_state.all_collapsed is False and app.tree_state.toggled  # everything open
+            await pilot.press("X")
+            assert app.tree_state.all_collapsed and app.tree_state.selected == ("nd", 0)
+    run(go())
+
+
+def test_help_screen():
+    for key, close in (("h", "escape"), ("question_mark", "q"), ("h", "h")):
+        async def go(key=key, close=close):
+            app = app_with(monitor_frame())
+            async with app.run_test(size=(100, 40)) as pilot:
+                await pilot.press(key)
+                assert isinstance(app.screen, HelpScreen)
+                await pilot.press(close)
+                assert not isinstance(app.screen, HelpScreen) and not app._exit
+        run(go())
+
+
+def test_extras_toggle_and_focus():
+    async def go():
+        app = app_with(live_frame())
+        async with app.run_test(size=(100, 30)) as pilot:  # narrow: extras hidden until v
+            side = app.query_one("#side")
+            assert not side.display or side.region.width == 0
+            await pilot.press("v")
+            assert app.screen.has_class("-extras") and app.query_one(ProcessList).has_focus
+            assert app.query_one("#side").region.width > 0
+            procs = app.query_one(ProcessList)
+            await pilot.press("down")
+            assert procs.cursor == 1
+            await pilot.press("down")
+            assert procs.cursor == 0  # wraps
+            await pilot.press("v")
+            assert app.query_one(MemoryTree).has_focus
+        app = app_with(live_frame())
+        async with app.run_test(size=(160, 50)) as pilot:  # wide: beside the main view; tab moves focus
+            assert app.query_one("#side").region.width > 0
+            await pilot.press("tab")
+            assert app.query_one(ProcessList).has_focus
+            await pilot.press("v")
+            assert app.query_one("#side").region.width == 0
+    run(go())
+
+
+def test_signal_needs_a_target_and_confirmation(tmp_path):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go():
+            from tests.explorer.topdata import live_source
+            source = live_source()
+            frame = source.poll()
+            # put the victim's pid on a recorded process so the table offers it
+            from dataclasses import replace
+            procs = tuple(replace(p, pid=victim.pid) if i == 0 else p for i, p in enumerate(frame.processes))
+            app = app_with(replace(frame, processes=procs))
+            async with app.run_test(size=(160, 50)) as pilot:
+                await pilot.press("k")  # "all" tab, tree focused: no target
+                assert not isinstance(app.screen, SignalScreen)
+                await pilot.press("tab", "k")
+                assert isinstance(app.screen, SignalScreen) and app.screen.pid == victim.pid
+                await pilot.press("escape")  # cancel: nothing sent
+                assert not app.signals_sent and victim.poll() is None
+                await pilot.press("k", "n")
+                assert not app.signals_sent
+                await pilot.press("k", "t")
+                await pilot.pause()
+                assert app.signals_sent == [(victim.pid, signal.SIGTERM)]
+        run(go())
+        assert victim.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        victim.kill()
+
+
+def test_signal_by_tab_with_int_and_kill_choices():
+    async def go():
+        app = app_with(monitor_frame())  # pids from a stream: not on this host
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("2", "k")
+            assert isinstance(app.screen, SignalScreen) and "another host" in app.screen.warning
+            await pilot.press("i")
+            await pilot.pause()
+            assert not app.signals_sent  # pid 48213 does not exist here: refused, reported
+            await pilot.press("k", "9")
+            await pilot.pause()
+            assert not app.signals_sent
+    if not __import__("psutil").pid_exists(48213):
+        run(go())
+
+
+def test_frames_from_the_collection_thread(tmp_path):
+    async def go():
+        from collectors.inventory import simulated
+        source = LiveSource(simulated("trn1.32xlarge"), live_dir=tmp_path)
+        app = NeuronTopApp(source, interval=0.05, version=VERSION)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.02)
+                if app.frame.sequence >= 2:
+                    break
+            assert app.first_frame_shown and app.frame.sequence >= 2
+            assert "no Neuron activity" in app.query_one("#util-header", Panel).data
+            status = app.query_one("#status", Panel)
+            assert status.display
+        assert app.collector is not None
+    run(go())
+
+
+def test_monitor_stream_errors_shown_and_kept_running(tmp_path):
+    path = tmp_path / "stream.jsonl"
+    good = Path(__file__).parent.joinpath("data", "top_monitor_trn1.jsonl").read_text().splitlines()[0]
+    path.write_text(good + "\n{oops\n")
+
+    async def go():
+        app = NeuronTopApp(MonitorSource(str(path)), interval=0.05, version=VERSION)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.02)
+                if app.frame.status.malformed:
+                    break
+            assert app.frame.status.malformed == 1 and len(app.frame.active) == 2
+            with path.open("a") as f:  # the stream goes on: picked up
+                f.write(good + "\n")
+            for _ in range(100):
+                await pilot.pause(0.02)
+                if app.frame.status.reports == 2:
+                    break
+            assert app.frame.status.reports == 2
+    run(go())
+
+
+def test_unchanged_frames_cost_no_redraw():
+    async def go():
+        frame = monitor_frame()
+        app = app_with(frame)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            title = app.query_one("#title", Panel)
+            draws = title.draws
+            app.apply_frame(frame)
+            await pilot.pause()
+            assert title.draws == draws
+            assert not app.query_one("#mem-summary", Panel).show(app.query_one("#mem-summary", Panel).data)
+    run(go())
+
+
+def test_process_gone_falls_back_to_all():
+    async def go():
+        frame = monitor_frame()
+        app = app_with(frame)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("3")
+            assert app.tab_pid == 48990
+            from dataclasses import replace
+            app.apply_frame(replace(frame, sequence=9, processes=frame.processes[:1]))
+            await pilot.pause()
+            assert app.tab_pid is None
+    run(go())
+
+
+@pytest.mark.parametrize("size", [(20, 5), (40, 12), (60, 15), (79, 23), (300, 100)])
+def test_any_terminal_size(size):
+    async def go():
+        for frame in (live_frame(), idle_frame()):
+            app = app_with(frame)
+            async with app.run_test(size=size) as pilot:
+                await pilot.press("x", "f", "d", "down", "v", "down", "v")
+                await pilot.resize_terminal(*reversed(size)) if hasattr(pilot, "resize_terminal") else None
+                await pilot.pause()
+                assert app.is_running
+    run(go())
+
+
+def test_no_activity_state_on_screen():
+    async def go():
+        app = app_with(idle_frame())
+        async with app.run_test(size=(100, 30)):
+            assert "no Neuron activity" in app.query_one("#util-header", Panel).data
+            assert tab_data(app.frame, None).utilization == {}
+    run(go())
+
+
+def test_first_frame_is_quick(tmp_path):
+    from collectors.inventory import simulated
+    source = LiveSource(simulated("trn1.32xlarge"), live_dir=tmp_path)
+    started = time.perf_counter()
+    source.poll()
+    assert time.perf_counter() - started < 1.0

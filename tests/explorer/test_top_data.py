@@ -1,0 +1,219 @@
+"""neuron-top's data layer without a screen: formats, report parsing, "all" rules, the memory tree
+and its keys, both sources (recorded live state, monitor streams with bad lines), ``--once`` text."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from explorer.top import fmt, memtree
+from explorer.top.aggregate import combine, tab_data, tabs
+from explorer.top.history import History
+from explorer.top.model import EXITED, STALE, CoreUse, ProcessSnapshot
+from explorer.top.monitor_source import MonitorSource
+from explorer.top.report import parse_process, parse_system
+from explorer.top.text_frame import frame_text
+from tests.explorer.topdata import (
+    MONITOR_STREAM,
+    VERSION,
+    idle_frame,
+    live_frame,
+    live_source,
+    monitor_frame,
+    recorded_samples,
+)
+
+# -- number formats (sys-tools.md §3.5) ---------------------------------------------------------
+
+
+def test_percent_format():
+    assert fmt.percent(0.72) == " 0.72%"
+    assert fmt.percent(56.81) == "56.81%"
+    assert fmt.percent(99.99) == "99.99%"
+    assert len(fmt.percent(99.995)) == 6
+    assert fmt.percent(99.996) == "  100%"
+    assert fmt.percent(100) == "  100%"
+
+
+def test_size_format():
+    assert fmt.size(0) == "0.0B"
+    assert fmt.size(256 * 1024) == "256.0KB"
+    assert fmt.size(int(17.5 * 2**30)) == "17.5GB"
+    assert fmt.size(2**60) == "1.0EB"
+    assert fmt.size(1024 * 1024 - 1) == "1.0MB"
+    assert fmt.size(None) == "-"
+
+
+def test_tflops_and_other_formats():
+    assert f"[{fmt.tflops(10.004e12, 7)}]" == "[ 10.004TF]"
+    assert fmt.tflops(318.278e12) == "318.278TF"
+    assert fmt.core_ranges([0, 1, 2, 3, 6, 8, 9]) == "0-3,6,8-9"
+    assert fmt.core_ranges([]) == "-"
+    assert fmt.age(42) == "42s" and fmt.age(187) == "3m07s" and fmt.age(7500) == "2h05m"
+    assert fmt.sparkline([0, 50, 100], 5, top=100) == "  ▁▅█"
+    assert fmt.fit("abcdef", 4) == "abc…" and fmt.tail("abcdef", 3) == "def"
+
+
+# -- reports and the "all" rules ----------------------------------------------------------------
+
+
+def test_all_tab_sums_and_caps_utilisation():
+    a = ProcessSnapshot(1, "a", cores={0: CoreUse(0, 70.0, 1e12), 1: CoreUse(1, 10.0, 0.0)},
+                        host_memory={"tensors": 1}, core_memory={0: {"tensors": 5}}, vcpu_user=1.0,
+                        vcpu_system=0.5)
+    b = ProcessSnapshot(2, "b", cores={0: CoreUse(0, 60.0, 2e12)}, host_memory={"tensors": 2},
+                        core_memory={0: {"tensors": 7}}, vcpu_user=2.0, vcpu_system=0.25)
+    data = combine([a, b])
+    assert data.utilization == {0: 100.0, 1: 10.0}  # summed, capped at 100
+    assert data.flops[0] == 3e12
+    assert data.host_memory["tensors"] == 3 and data.core_memory[0]["tensors"] == 12
+    assert (data.vcpu_user, data.vcpu_system) == (3.0, 0.75)
+
+
+def test_monitor_example_matches_the_documented_screen():
+    frame = monitor_frame()
+    assert [t.label for t in tabs(frame)] == ["all", "llama-ft", "48990"]
+    data = tab_data(frame, None)
+    assert sorted(data.utilization) == [0, 1, 2, 3, 6]  # cores 4, 5, 7.. absent, not 0
+    assert data.utilization[3] == 0.0
+    assert fmt.size(sum(data.device_memory.values())) == "39.8GB"
+    rows = memtree.build_rows(frame.hardware, data)
+    by_label = {(r.key[0], r.key[1]): r for r in rows if r.key[0] in ("nd", "nc")}
+    assert fmt.size(by_label["nd", 0].device_bytes) == "19.8GB"
+    assert fmt.size(by_label["nd", 0].host_bytes) == "40.0KB"
+    assert fmt.size(by_label["nd", 3].device_bytes) == "515.0MB"
+    # parent = sum of children, at every level
+    for row in rows:
+        children = [r for r in rows if r.parent == row.key]
+        if children:
+            assert row.device_bytes == sum(c.device_bytes for c in children)
+    # pid 48990's vcpu group failed: flagged, its other groups still count
+    p = frame.process(48990)
+    assert "neuron_runtime_vcpu_usage" in p.group_errors and p.vcpu_user is None and p.cores
+
+
+def test_entry_errors_and_malformed_groups():
+    hw = monitor_frame().hardware
+    bad = parse_process({"pid": 7, "neuron_runtime_tag": "x", "error": "runtime gone", "report": {}}, hw)
+    assert bad.state == "error"
+    odd = parse_process({"pid": 8, "error": "", "report": {
+        "neuroncore_counters": {"period": 1, "error": "",
+                                "neuroncores_in_use": {"0": {"effective_flops": 5}}},
+        "memory_used": {"period": 1, "error": "", "neuron_runtime_used_bytes": 12}}}, hw)
+    assert odd.cores[0].flops == 5 and "memory_used" in odd.group_errors
+    assert parse_system({"vcpu_usage": {"average_usage": "nope", "error": ""}}).errors
+
+
+def test_monitor_stream_bad_lines_keep_the_last_report():
+    good = MONITOR_STREAM.read_text().splitlines()[0]
+    stream = io.StringIO(good + "\n{not json\n[1, 2]\n")
+    source = MonitorSource("stream.jsonl", stream, clock=lambda: 100.0)
+    frame = source.poll()
+    assert frame.status.malformed == 2 and frame.status.reports == 1
+    assert "line 2: not JSON" in frame.status.errors[0] and "line 3: not a report" in frame.status.errors[1]
+    assert len(frame.active) == 2  # still showing the good report
+    assert source.poll() is None  # nothing new: no frame, no redraw
+
+
+def test_monitor_pipe_end_and_partial_groups(tmp_path):
+    first = json.loads(MONITOR_STREAM.read_text().splitlines()[0])
+    second = json.loads(json.dumps(first))
+    for entry in second["neuron_runtime_data"]:
+        entry["report"].pop("memory_used")  # a group with a longer period: not in this line
+    second["neuron_runtime_data"] = second["neuron_runtime_data"][:1]  # pid 48990 exited
+    r, w = __import__("os").pipe()
+    with open(w, "w") as out:
+        out.write(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    source = MonitorSource("-", open(r), clock=lambda: 5.0)  # noqa: SIM115 -- the source owns it
+    frame = None
+    for _ in range(200):
+        frame = source.poll() or frame
+        if source.ended:
+            break
+        __import__("time").sleep(0.01)
+    assert frame.status.ended and "ended after 2 reports" in frame.status.message
+    assert frame.process(48213).core_memory  # memory_used kept from the line before
+    assert frame.process(48990).state == EXITED and [t.pid for t in tabs(frame)] == [None, 48213]
+
+
+# -- live state --------------------------------------------------------------------------------
+
+
+def test_live_source_matches_the_recording():
+    frame = live_frame()
+    samples = recorded_samples()
+    assert [p.pid for p in frame.active] == [s.pid for s in samples[-1]]
+    data = tab_data(frame, None)
+    assert sorted(data.utilization) == [0, 1, 4, 5, 6, 7]
+    assert set(data.engine_busy[0]) == {"Tensor", "Vector", "Scalar", "GpSimd", "DMA"}
+    assert data.hbm_bytes_per_s[0] > 0 and data.link_bytes_per_s["neuronlink"] > 0
+    assert frame.history.has_hbm and len(frame.history.cores[None][0]) == 3
+    llama = frame.process(4110)
+    assert llama.held_cores == (4, 5, 6, 7) and llama.user == "ubuntu" and llama.started_exact
+
+
+def test_live_source_flags_stale_and_exited():
+    samples = recorded_samples()
+    stale = [s.__class__(**{**s.__dict__, "stale": True}) for s in samples[1]]
+    source = live_source([samples[0], stale, samples[2][:1]])
+    source.poll()
+    assert {p.state for p in source.poll().processes} == {STALE}
+    frame = source.poll()
+    gone = frame.process(samples[0][1].pid)
+    assert gone.state == EXITED and len(frame.active) == 1
+
+
+def test_no_activity_is_not_zero_percent():
+    frame = idle_frame()
+    assert not frame.active and "no process is publishing" in frame.status.message
+    text = frame_text(frame, width=100, version=VERSION)
+    assert "(no Neuron activity)" in text and "0.00%" not in text.split("== vCPU")[0]
+    assert "[  --  ]" in text
+
+
+def test_history_is_bounded_and_forgets_exited_processes():
+    history = History(samples=4)
+    proc = ProcessSnapshot(1, "a", cores={0: CoreUse(0, 50.0, 0.0)})
+    for _ in range(10):
+        view = history.record([proc])
+    assert view.cores[None][0] == (50.0,) * 4 and 1 in view.cores
+    assert 1 not in history.record([]).cores
+
+
+# -- tree navigation (sys-tools.md §3.3) -----------------------------------------------------------
+
+
+@pytest.fixture()
+def tree():
+    frame = monitor_frame()
+    return memtree.build_rows(frame.hardware, tab_data(frame, None))
+
+
+def test_tree_up_down_wrap(tree):
+    state = memtree.settle(tree, memtree.TreeState())
+    assert state.selected == ("nd", 0)
+    visible = memtree.visible_rows(tree, state)
+    assert memtree.move(tree, state, -1).selected == visible[-1].key  # wraps
+    assert memtree.move(tree, state, 1).selected == visible[1].key
+
+
+def test_tree_left_right_enter_x(tree):
+    state = memtree.settle(tree, memtree.TreeState())
+    right = memtree.right(tree, state)  # already open: first child
+    assert right.selected == ("nc", 0)
+    model = memtree.move(tree, right, 1)
+    assert model.selected[0] == "model" and not memtree.is_expanded(model, model.selected)
+    opened = memtree.right(tree, model)
+    assert memtree.is_expanded(opened, opened.selected)
+    closed = memtree.left(tree, opened)
+    assert not memtree.is_expanded(closed, closed.selected)
+    assert memtree.left(tree, closed).selected == ("nc", 0)  # collapsed: go to the parent
+    toggled = memtree.toggle(tree, closed)
+    assert memtree.is_expanded(toggled, toggled.selected)
+    everything = memtree.toggle_all(tree, closed)
+    assert len(memtree.visible_rows(tree, everything)) == len(tree)
+    collapsed = memtree.toggle_all(tree, everything)
+    assert collapsed.selected == ("nd", 0)  # moved to its device
+    assert all(r.depth == 0 for r in memtree.visible_rows(tree, collapsed))
