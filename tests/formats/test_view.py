@@ -113,6 +113,12 @@ def test_perfetto_trace_parses_back(recorded: Recorded, tmp_path: Path) -> None:
     queues = {q: len(set(ids)) for q, ids in groups.items()}
     for queue, transfers in queues.items():  # one slice per transfer, lanes named "<queue> #n"
         assert sum(n for name, n in slices.items() if name.split(" #")[0] == queue) == transfers, queue
+    names = list(trace["names"].values())  # type: ignore[attr-defined]
+    engine_rows = [n for n in names if n in per_track]
+    queue_rows = [n for n in names if n.split(" #")[0] in queues]
+    counter_rows = [n for n in names if n.endswith("(bytes/s)")]
+    assert sorted(engine_rows) == sorted(per_track) and len(counter_rows) == 2
+    assert len(names) == 1 + len(engine_rows) + len(queue_rows) + len(counter_rows)  # + the process
     assert trace["flows"] == (profile.num_rows("Flow"), profile.num_rows("Flow"))
     assert trace["counters"]["HBM throughput (bytes/s)"] == profile.num_rows("HbmUsage")
     assert trace["counters"]["DMA throughput (bytes/s)"] == profile.num_rows("DmaUsage")
