@@ -186,8 +186,8 @@ def _assemble(work: _Computation, want_tables: bool,
         last_packet = max((p["last"] for p in packets if p["last"] is not None), default=None)
         usage = None
         if want_tables and first_packet is not None and last_packet is not None:
-            usage = _DmaUsage(first_packet, last_packet,
-                              _usage_period(work.profile, work.con, first_packet, last_packet))
+            origin, period = _usage_period(work.profile, work.con, first_packet, last_packet)
+            usage = _DmaUsage(origin, last_packet, period)
         streamed = [0]
 
         def pass_on(keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:

@@ -445,9 +445,10 @@ class _DmaUsage:
         })
 
 
-def _usage_period(profile: Profile, con: duckdb.DuckDBPyConnection, first: int, last: int) -> int:
-    """The HbmUsage sampling period when the profile has one (so the two counters line up), else
-    span / DMA_USAGE_MAX_SAMPLES, at least 1 us."""
+def _usage_period(profile: Profile, con: duckdb.DuckDBPyConnection, first: int, last: int) -> tuple[int, int]:
+    """(origin, period) of the DmaUsage samples: HbmUsage's grid when the profile has one (so the two
+    counters line up sample for sample), else the first packet and span / DMA_USAGE_MAX_SAMPLES, at
+    least 1 us."""
     hbm = TableSource(profile, "HbmUsage")
     span = max(1, last - first)
     floor = max(DMA_USAGE_MIN_PERIOD_NS, math.ceil(span / DMA_USAGE_MAX_SAMPLES))
@@ -455,7 +456,9 @@ def _usage_period(profile: Profile, con: duckdb.DuckDBPyConnection, first: int, 
         rows = con.execute(f"SELECT timestamp FROM {hbm.relation()} ORDER BY timestamp LIMIT 64").fetchall()
         diffs = sorted(b[0] - a[0] for a, b in itertools.pairwise(rows) if b[0] > a[0])
         if diffs:
-            return max(floor, int(diffs[len(diffs) // 2]))
-    return floor
+            period = max(floor, int(diffs[len(diffs) // 2]))
+            origin = int(rows[0][0])
+            return (origin if origin <= first else first), period
+    return first, floor
 
 
