@@ -68,21 +68,22 @@ class _Lod:
         self.max_duration: dict[str, int] = {}
         if table.num_rows == 0:
             return
-        engines = [canonical_engine(e) or "" for e in table.column("engine").to_pylist()]
+        engine_codes, engine_names = _codes(table.column("engine"))
+        opcode_codes, self.opcode_names = _codes(table.column("opcode"))
         level = table.column("level").to_numpy()
         cols = {n: table.column(n).to_numpy() for n in ("bucket_ts", "bucket_width_ns", "start_ts", "end_ts",
                                                          "duration_ns", "id", "count")}
-        opcodes = np.asarray(table.column("opcode").to_pylist(), dtype=object)
-        engine_arr = np.asarray(engines, dtype=object)
-        for name in sorted(set(engines)):
-            mine = engine_arr == name
+        cols["opcode"] = opcode_codes
+        by_name: dict[str, list[int]] = {}
+        for code, raw in enumerate(engine_names):
+            by_name.setdefault(canonical_engine(raw) or "", []).append(code)
+        for name, codes in sorted(by_name.items()):
+            mine = np.isin(engine_codes, codes)
             entries = []
             for lv in sorted(set(level[mine].tolist())):
                 sel = mine & (level == lv)
-                part = {k: v[sel] for k, v in cols.items()}
-                part["opcode"] = opcodes[sel]
-                order = np.argsort(part["bucket_ts"], kind="stable")
-                part = {k: v[order] for k, v in part.items()}
+                order = np.argsort(cols["bucket_ts"][sel], kind="stable")
+                part = {k: v[sel][order] for k, v in cols.items()}
                 entries.append((int(part["bucket_width_ns"][0]), part))
             self.levels[name] = entries
             durations = [int(p["duration_ns"].max()) for _, p in entries if p["duration_ns"].size]
@@ -109,7 +110,17 @@ class _Lod:
         s = part["start_ts"][sel][keep]
         cols = {k: v[sel][keep] for k, v in part.items()}
         bucket = np.clip((s - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
+        cols["opcode"] = self.opcode_names[cols["opcode"]]
         return _longest_per_bucket(bucket, cols, f"lod level {level}")
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(per-row code, distinct values) of a string column, without a Python string per row."""
+    encoded = column.combine_chunks()
+    if not pa.types.is_dictionary(encoded.type):
+        encoded = encoded.dictionary_encode()
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, np.asarray(encoded.dictionary.to_pylist(), dtype=object)
 
 
 def _longest_per_bucket(bucket: np.ndarray, cols: dict[str, np.ndarray], source: str) -> Window:
