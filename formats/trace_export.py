@@ -181,7 +181,7 @@ def _dma_slices(profile: Profile, con: Any) -> list[_Slices]:
         sel = queues == name
         nbytes = np.asarray(cols["b"])[sel]
         out.append(_Slices(name, np.asarray(cols["s"])[sel], np.asarray(cols["e"])[sel],
-                           [f"DMA {int(b):,} B" for b in nbytes], np.asarray(cols["tid"])[sel],
+                           ["DMA transfer"] * int(sel.sum()), np.asarray(cols["tid"])[sel],
                            {"bytes": [int(b) for b in nbytes],
                             "packets": [int(n) for n in np.asarray(cols["n"])[sel]]}))
     return out
