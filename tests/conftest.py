@@ -10,3 +10,13 @@ and stray state files would appear in the user's runtime directory. Live-state t
 import os
 
 os.environ["NEURONSCOPE_LIVE"] = "0"
+
+# neuron-explorer's GUI tests use pytest-qt (qtbot), which needs a Qt binding; it is disabled in
+# pyproject's addopts and loaded here only when the gui extra is installed, so a dev install without
+# PySide6 still runs every other test (the GUI tests then skip: tests/explorer/gui/conftest.py).
+try:
+    import PySide6.QtCore  # noqa: F401
+except ImportError:
+    pytest_plugins: list[str] = []
+else:
+    pytest_plugins = ["pytestqt.plugin"]

@@ -1,0 +1,62 @@
+"""GUI tests run offscreen (Qt's offscreen platform, raster paint engine) and skip without the gui extra.
+
+``QT_QPA_PLATFORM`` must be set before Qt is imported, hence at the top of this conftest. Each test
+module starts with ``require_gui()`` (a module-level skip when PySide6, pyqtgraph or pytest-qt is
+missing); this conftest imports no Qt itself. Profiles come from ``sample_profiles/`` (read only) or
+are written into ``tmp_path`` by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def require_gui() -> None:
+    """Skip the calling test module unless the gui extra and pytest-qt are installed."""
+    pytest.importorskip("PySide6", reason="the gui extra (PySide6) is not installed")
+    pytest.importorskip("pyqtgraph", reason="the gui extra (pyqtgraph) is not installed")
+    pytest.importorskip("pytestqt", reason="pytest-qt is not installed")
+
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLES = ROOT / "sample_profiles"
+BERT = SAMPLES / "bert-layer" / "device"
+LLAMA = SAMPLES / "llama-decode-tp2" / "device"
+MATMUL = SAMPLES / "matmul-trn2"
+
+
+@pytest.fixture(scope="session")
+def qt_app() -> object:
+    """The QApplication, configured as neuron-explorer configures it (no OpenGL, row-major images)."""
+    from explorer.gui.qtapp import application
+
+    return application()
+
+
+@pytest.fixture
+def window_factory(qt_app: object, qtbot: object) -> Iterator[object]:
+    """Builds synchronous MainWindows on given paths and releases them after the test."""
+    from explorer.gui.mainwindow import MainWindow
+    from explorer.gui.session import open_session
+
+    made = []
+
+    def make(*paths: Path, size: tuple[int, int] = (1500, 900)) -> MainWindow:
+        window = MainWindow(open_session([str(p) for p in paths]), synchronous=True)
+        qtbot.addWidget(window)  # type: ignore[attr-defined]
+        window.resize(*size)
+        window.show()
+        qt_app.processEvents()  # type: ignore[attr-defined]
+        window.timeline.fetch_now()
+        made.append(window)
+        return window
+
+    yield make
+    for window in made:
+        window.release()
