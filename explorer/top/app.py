@@ -98,20 +98,22 @@ class NeuronTopApp(App[None]):
         self.first_frame_shown = False
         self.signals_sent: list[tuple[int, int]] = []
         self._cache: tuple[tuple[int, int | None], TabData] | None = None
+        self._rows_cache: tuple[tuple, int] | None = None
 
     # -- layout --------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         version = self.version
-        yield Panel(lambda d, w: render.title(d, version, w), id="title")
+        yield Panel(lambda d, w: render.title(d[0], d[1], version, w), layout_key=lambda d: 0, id="title")
         with Horizontal(id="body"):
             with Vertical(id="main"):
                 yield SectionBar("NeuronCore Utilization", id="util-header")
-                yield CoreGrid(lambda d, w: Text(""), id="grid")
+                yield CoreGrid(id="grid")
                 yield SectionBar("vCPU Utilization", id="vcpu-header")
-                yield Panel(lambda d, w: render.vcpu(d[0], d[1], w), id="vcpu")
+                yield Panel(lambda d, w: render.vcpu(d[0], d[1], w), layout_key=lambda d: 0, id="vcpu")
                 yield SectionBar("Memory Usage Summary", id="mem-header")
-                yield Panel(lambda d, w: render.memory_summary(d[0], d[1], w), id="mem-summary")
+                yield Panel(render.summary_text, id="mem-summary",
+                            layout_key=lambda d: tuple(len(k) + len(v) for part in d for k, v in part))
                 yield SectionBar("Memory Usage Details", id="tree-header")
                 yield Panel(lambda d, w: render.tree_header(w), True, id="tree-columns")
                 yield MemoryTree(id="tree")
@@ -119,11 +121,15 @@ class NeuronTopApp(App[None]):
                 yield SectionBar("Processes", id="procs-header")
                 yield ProcessList(id="procs")
                 yield SectionBar("Engines", id="engines-header")
-                yield Panel(lambda d, w: render.engines(d[0], d[1], d[2], w, d[3]), id="engines")
+                yield Panel(lambda d, w: render.engines(d[0], d[1], d[2], w, d[3]),
+                            layout_key=lambda d: (d[2], d[3], bool(d[2]) and d[2][0] in d[1].engine_busy),
+                            id="engines")
                 yield SectionBar("History", id="history-header")
-                yield Panel(lambda d, w: render.history(d[0], d[1], d[2], w), id="history")
-        yield Panel(lambda d, w: render.status_line(d, w) or Text(""), id="status")
-        yield Panel(lambda d, w: render.tab_bar(d[0], d[1], w), id="tabs")
+                yield Panel(lambda d, w: render.history(d[0], d[1], d[2], w),
+                            layout_key=lambda d: (d[0].hardware, d[0].history.has_hbm), id="history")
+        yield Panel(lambda d, w: render.status_line_of(d[0], d[1], d[2], w) or Text(""),
+                    layout_key=lambda d: 0, id="status")
+        yield Panel(lambda d, w: render.tab_bar(d[0], d[1], w), layout_key=lambda d: 0, id="tabs")
         yield Panel(lambda d, w: render.hint_bar(w), True, id="hints")
 
     def on_mount(self) -> None:
@@ -191,11 +197,11 @@ class NeuronTopApp(App[None]):
         self.rows = memtree.build_rows(hw, data)
         self.tree_state = memtree.settle(self.rows, self.tree_state)
         highlight = memtree.selected_cores(self.tree_state, hw)
-        self.query_one("#title", Panel).show(frame)
+        self.query_one("#title", Panel).show((frame.hardware, frame.host_name))
         self.query_one("#util-header", SectionBar).show(render.util_header(frame, data, self.flops_mode))
         self.query_one(CoreGrid).show((hw, data, self.flops_mode, highlight, self._grid_rows(frame, data)))
         self.query_one("#vcpu", Panel).show((frame, data))
-        self.query_one("#mem-summary", Panel).show((frame, data))
+        self.query_one("#mem-summary", Panel).show(render.summary_fields(frame, data))
         empty = ("no Neuron activity: no process holds device memory" if render.no_activity(frame)
                  else "this process holds no device memory")
         self.query_one(MemoryTree).show(self.rows, self.tree_state, empty)
@@ -204,8 +210,10 @@ class NeuronTopApp(App[None]):
         self.query_one("#engines", Panel).show((hw, data, engine_cores, frame.status.kind))
         self.query_one("#history", Panel).show((frame, data, self.tab_pid))
         status = self.query_one("#status", Panel)
-        status.show(frame)
-        status.display = render.status_line(frame, max(self.size.width, 1)) is not None
+        status.show((frame.status, frame.hardware, bool(frame.active)))
+        shown = render.status_line(frame, max(self.size.width, 1)) is not None
+        if status.display != shown:
+            status.display = shown
         self.query_one("#tabs", Panel).show((self.tabs, self.tab_index))
 
     def main_width(self) -> int:
@@ -217,9 +225,13 @@ class NeuronTopApp(App[None]):
     def _grid_rows(self, frame: Frame, data: TabData) -> int:
         """Rows the grid may take: what the other regions leave at this size (at least 2)."""
         width = self.main_width()
-        summary = render.memory_summary(frame, data, width).plain.count("\n") + 1
-        status = 1 if render.status_line(frame, width) is not None else 0
-        return max(self.size.height - RESERVED_ROWS - summary - status, 2)
+        key = (width, self.size.height, data.host_memory, data.device_memory, frame.system, frame.status,
+               bool(frame.active), frame.hardware)
+        if self._rows_cache is None or self._rows_cache[0] != key:
+            summary = render.memory_summary(frame, data, width).plain.count("\n") + 1
+            status = 1 if render.status_line(frame, width) is not None else 0
+            self._rows_cache = (key, max(self.size.height - RESERVED_ROWS - summary - status, 2))
+        return self._rows_cache[1]
 
     # -- keys ----------------------------------------------------------------------------------
 

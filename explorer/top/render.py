@@ -32,6 +32,7 @@ from explorer.top.model import (
     Frame,
     Hardware,
     ProcessSnapshot,
+    SourceStatus,
 )
 
 S_TITLE = "bold white on blue"
@@ -90,9 +91,8 @@ def section(label: str, width: int) -> Text:
 
 # -- title and grid ----------------------------------------------------------------------------
 
-def title(frame: Frame, version: str, width: int) -> Text:
-    hw = frame.hardware
-    where = hw.instance_id or frame.host_name or "unknown host"
+def title(hw: Hardware, host_name: str, version: str, width: int) -> Text:
+    where = hw.instance_id or host_name or "unknown host"
     kind = hw.instance_type or "unknown instance"
     if hw.simulated:
         kind += ", simulated"
@@ -250,7 +250,11 @@ SHORT_LABELS = {"Total": "Total", "Tensors": "Tensors", "Constants": "Const", "D
 def memory_summary(frame: Frame, data: TabData, width: int) -> Text:
     """Host and device memory by category (the real tool's two lines) and the host's own memory;
     below 100 columns the labels are abbreviated so the lines wrap less, never cut."""
-    host, device, system = _summary_fields(frame, data)
+    return summary_text(summary_fields(frame, data), width)
+
+
+def summary_text(fields: tuple[list[tuple[str, str]], ...], width: int) -> Text:
+    host, device, system = fields
     if width >= COMPACT_SUMMARY_BELOW:
         return _join([_columns("Host Used Memory", host, width),
                       _columns("Device Used Memory", device, width),
@@ -263,7 +267,7 @@ def memory_summary(frame: Frame, data: TabData, width: int) -> Text:
                   _columns("System", short(system), width, 8)])
 
 
-def _summary_fields(frame: Frame, data: TabData) -> tuple[list[tuple[str, str]], ...]:
+def summary_fields(frame: Frame, data: TabData) -> tuple[list[tuple[str, str]], ...]:
     if data.host_memory is None and data.processes:
         host: list[tuple[str, str]] = [("Total", "not collected")]
     else:
@@ -394,21 +398,24 @@ def hint_bar(width: int) -> Text:
 
 def status_line(frame: Frame, width: int) -> Text | None:
     """The one line of news: no activity, the stream's state, or the latest problem; None if none."""
-    status = frame.status
+    return status_line_of(frame.status, frame.hardware, bool(frame.active), width)
+
+
+def status_line_of(status: SourceStatus, hardware: Hardware, active: bool, width: int) -> Text | None:
     text = Text()
     if status.message:
         text.append(status.message, style=S_WARN if not status.ended else S_ERROR)
-    elif no_activity(frame) and frame.hardware.cores:
+    elif not active and hardware.cores:
         text.append("No Neuron activity: no process is using a NeuronCore", style=S_WARN)
     if status.errors:
         if text:
             text.append("  |  ")
         count = f" ({status.malformed} bad lines)" if status.malformed > 1 else ""
         text.append(f"{status.errors[-1]}{count}", style=S_ERROR)
-    if frame.hardware.error:
+    if hardware.error:
         if text:
             text.append("  |  ")
-        text.append(f"hardware: {frame.hardware.error}", style=S_ERROR)
+        text.append(f"hardware: {hardware.error}", style=S_ERROR)
     if not text:
         return None
     text.truncate(width, overflow="ellipsis")
@@ -555,5 +562,5 @@ def processes(frame: Frame, width: int, cursor: int | None, height: int | None =
 
 __all__ = ["PROCESS_COLS", "engines", "grid", "grid_rows_needed", "hint_bar", "history", "memory_summary",
            "no_activity", "process_header", "process_row", "process_state", "processes", "section",
-           "status_line", "tab_bar", "title", "tool_version", "tree_header", "tree_lines", "tree_row",
-           "util_header", "vcpu"]
+           "status_line", "status_line_of", "tab_bar", "title", "tool_version", "tree_header", "tree_lines",
+           "tree_row", "util_header", "vcpu"]

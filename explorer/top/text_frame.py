@@ -40,7 +40,7 @@ def frame_text(frame: Frame, *, width: int = 120, version: str | None = None, fl
     version = version or render.tool_version()
     data = tab_data(frame, None)
     hw = frame.hardware
-    out = [render.title(frame, version, width).plain.strip(), ""]
+    out = [render.title(frame.hardware, frame.host_name, version, width).plain.strip(), ""]
     out.append(_section(render.util_header(frame, data, flops)))
     out += render.grid(hw, data, flops, width, hw.device_count + 1, unused=UNUSED).plain.split("\n")
     out.append(_section("vCPU Utilization"))

@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
+from textual.strip import Strip
 from textual.widget import Widget
 
 from explorer.top import memtree, render
@@ -24,16 +25,61 @@ from explorer.top.model import Frame, Hardware
 RESERVED_ROWS = 12
 
 
-class Panel(Widget):
-    """A region drawn by ``draw(data, width)``; ``show(data)`` repaints only if ``data`` changed."""
+class LinesWidget(Widget):
+    """A widget drawn as lines of Rich ``Text`` through Textual's line API, cached as strips.
+
+    ``render_line`` is Textual's cheap path: no markup, wrapping or content conversion per frame,
+    just the cached strips of the last drawing. ``_text()`` is asked again only after ``_invalidate``
+    (new data) or a width change."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._strips: list[Strip] | None = None
+        self._strip_width = -1
+        self.draws = 0  # how often it was drawn (tests check that unchanged data costs nothing)
+
+    def _text(self, width: int) -> Text:
+        raise NotImplementedError
+
+    def _invalidate(self, layout: bool = False) -> None:
+        self._strips = None
+        self.refresh(layout=layout)
+
+    def _lines(self) -> list[Strip]:
+        width = max(self.size.width, 1)
+        if self._strips is None or self._strip_width != width:
+            self.draws += 1
+            base = self.rich_style
+            lines = self._text(width).split("\n", allow_blank=True)
+            self._strips = [Strip(list(line.render(self.app.console)), line.cell_len)
+                            .adjust_cell_length(width).apply_style(base) for line in lines]
+            self._strip_width = width
+        return self._strips
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(self._text(max(width, 1)).plain.count("\n") + 1, 1)
+
+    def render_line(self, y: int) -> Strip:
+        lines = self._lines()
+        if y < len(lines):
+            return lines[y]
+        return Strip.blank(self.size.width, self.rich_style)
+
+
+class Panel(LinesWidget):
+    """A region drawn by ``draw(data, width)``; ``show(data)`` repaints only if ``data`` changed.
+
+    ``layout_key(data)`` says what decides its height; a new layout pass happens only when that
+    changes (a frame that only moves numbers repaints lines, it does not lay the screen out again)."""
 
     DEFAULT_CSS = "Panel { height: auto; }"
 
-    def __init__(self, draw: Callable[[Any, int], Text], data: Any = None, **kwargs: Any) -> None:
+    def __init__(self, draw: Callable[[Any, int], Text], data: Any = None,
+                 layout_key: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._draw = draw
         self._data = data
-        self.draws = 0  # how often it was painted (tests check that unchanged data costs nothing)
+        self._layout_key = layout_key or (lambda d: d)
 
     @property
     def data(self) -> Any:
@@ -43,15 +89,15 @@ class Panel(Widget):
         """New inputs; True if they differ (and a repaint was asked for)."""
         if data == self._data:
             return False
+        old = self._data
         self._data = data
-        self.refresh(layout=True)
+        self._invalidate(layout=old is None or self._layout_key(old) != self._layout_key(data))
         return True
 
-    def render(self) -> Text:
-        self.draws += 1
+    def _text(self, width: int) -> Text:
         if self._data is None:
             return Text("")
-        return self._draw(self._data, max(self.size.width, 1))
+        return self._draw(self._data, width)
 
 
 class SectionBar(Panel):
@@ -60,12 +106,20 @@ class SectionBar(Panel):
     DEFAULT_CSS = "SectionBar { height: 1; }"
 
     def __init__(self, label: str, **kwargs: Any) -> None:
-        super().__init__(render.section, label, **kwargs)
+        super().__init__(render.section, label, layout_key=lambda d: 0, **kwargs)
 
 
 class CoreGrid(Panel):
     """The utilisation grid; packs several devices per line when the terminal is short. Its data is
     ``(hardware, tab data, flops mode, highlighted cores, rows it may use)``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(self._grid, layout_key=lambda d: (d[0], d[4]), **kwargs)
+
+    @staticmethod
+    def _grid(data: Any, width: int) -> Text:
+        hardware, tab, flops, highlight, rows = data
+        return render.grid(hardware, tab, flops, width, rows, highlight)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if self._data is None:
@@ -73,15 +127,8 @@ class CoreGrid(Panel):
         hardware: Hardware = self._data[0]
         return render.grid_rows_needed(hardware, self._data[4])
 
-    def render(self) -> Text:
-        self.draws += 1
-        if self._data is None:
-            return Text("")
-        hardware, data, flops, highlight, rows = self._data
-        return render.grid(hardware, data, flops, max(self.size.width, 1), rows, highlight)
 
-
-class MemoryTree(Widget, can_focus=True):
+class MemoryTree(LinesWidget, can_focus=True):
     """The memory details tree with the real tool's keys; the rows and state live in the app."""
 
     DEFAULT_CSS = "MemoryTree { height: 1fr; min-height: 2; }"
@@ -106,18 +153,17 @@ class MemoryTree(Widget, can_focus=True):
         self.state = memtree.TreeState()
         self.empty_message = ""
         self._offset = 0
-        self.draws = 0
 
     def show(self, rows: tuple[memtree.TreeRow, ...], state: memtree.TreeState, empty_message: str) -> None:
         if (rows, state, empty_message) == (self.rows, self.state, self.empty_message):
             return
         self.rows, self.state, self.empty_message = rows, state, empty_message
-        self.refresh()
+        self._invalidate()
 
     def _apply(self, state: memtree.TreeState) -> None:
         self.state = state
         self.post_message(self.Changed(state))
-        self.refresh()
+        self._invalidate()
 
     def action_move(self, step: int) -> None:
         self._apply(memtree.move(self.rows, self.state, step))
@@ -131,8 +177,13 @@ class MemoryTree(Widget, can_focus=True):
     def action_toggle(self) -> None:
         self._apply(memtree.toggle(self.rows, self.state))
 
-    def render(self) -> Text:
-        self.draws += 1
+    def on_resize(self) -> None:
+        self._invalidate()
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(len(memtree.visible_rows(self.rows, self.state)), 1)
+
+    def _text(self, width: int) -> Text:
         visible = memtree.visible_rows(self.rows, self.state)
         height = max(self.size.height, 1)
         index = next((i for i, r in enumerate(visible) if r.key == self.state.selected), 0)
@@ -141,11 +192,10 @@ class MemoryTree(Widget, can_focus=True):
         elif index >= self._offset + height:
             self._offset = index - height + 1
         self._offset = max(0, min(self._offset, max(len(visible) - height, 0)))
-        return render.tree_lines(visible, self.state, max(self.size.width, 1), height, self._offset,
-                                 self.empty_message)
+        return render.tree_lines(visible, self.state, width, height, self._offset, self.empty_message)
 
 
-class ProcessList(Widget, can_focus=True):
+class ProcessList(LinesWidget, can_focus=True):
     """The process table; arrows move its cursor when it has focus (Tab moves focus here)."""
 
     VISIBLE_ROWS = 10
@@ -159,7 +209,6 @@ class ProcessList(Widget, can_focus=True):
         super().__init__(**kwargs)
         self.frame: Frame | None = None
         self.cursor = 0
-        self.draws = 0
 
     @property
     def selected_pid(self) -> int | None:
@@ -175,26 +224,25 @@ class ProcessList(Widget, can_focus=True):
         self.frame = frame
         pids = [p.pid for p in frame.processes]
         self.cursor = pids.index(pid) if pid in pids else min(self.cursor, max(len(pids) - 1, 0))
-        self.refresh(layout=True)
+        self._invalidate(layout=old is None or len(old.processes) != len(frame.processes))
 
     def action_move(self, step: int) -> None:
         if self.frame is None or not self.frame.processes:
             return
         self.cursor = (self.cursor + step) % len(self.frame.processes)
-        self.refresh()
+        self._invalidate()
 
     def on_focus(self) -> None:
-        self.refresh()
+        self._invalidate()
 
     def on_blur(self) -> None:
-        self.refresh()
+        self._invalidate()
 
-    def render(self) -> Text:
-        self.draws += 1
+    def _text(self, width: int) -> Text:
         if self.frame is None:
             return Text("")
         cursor = self.cursor if self.has_focus else None
-        return render.processes(self.frame, max(self.size.width, 1), cursor, self.VISIBLE_ROWS + 1)
+        return render.processes(self.frame, width, cursor, self.VISIBLE_ROWS + 1)
 
 
 __all__ = ["RESERVED_ROWS", "CoreGrid", "MemoryTree", "Panel", "ProcessList", "SectionBar"]
