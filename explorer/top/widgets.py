@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
@@ -35,24 +35,53 @@ class LinesWidget(Widget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._strips: list[Strip] | None = None
+        self._keys: list[tuple] = []
         self._strip_width = -1
         self.draws = 0  # how often it was drawn (tests check that unchanged data costs nothing)
+        self.lines_drawn = 0  # lines turned into strips (only the changed ones after the first)
 
     def _text(self, width: int) -> Text:
         raise NotImplementedError
 
+    def _strip(self, line: Text, width: int) -> Strip:
+        self.lines_drawn += 1
+        return (Strip(list(line.render(self.app.console)), line.cell_len)
+                .adjust_cell_length(width).apply_style(self.rich_style))
+
+    @staticmethod
+    def _key(line: Text) -> tuple:
+        return line.plain, tuple(line.spans), line.style
+
     def _invalidate(self, layout: bool = False) -> None:
-        self._strips = None
-        self.refresh(layout=layout)
+        """New inputs. With the same height, only lines whose text or styles changed are redrawn and
+        repainted (a frame that moves one bar repaints one line); otherwise everything."""
+        width = self.size.width
+        if layout or self._strips is None or width <= 0 or width != self._strip_width:
+            self._strips = None
+            self.refresh(layout=layout)
+            return
+        self.draws += 1
+        lines = self._text(width).split("\n", allow_blank=True)
+        keys = [self._key(line) for line in lines]
+        if len(keys) != len(self._keys):
+            self._strips = [self._strip(line, width) for line in lines]
+            self._keys = keys
+            self.refresh(layout=True)
+            return
+        changed = [i for i, (new, old) in enumerate(zip(keys, self._keys)) if new != old]
+        for i in changed:
+            self._strips[i] = self._strip(lines[i], width)
+        self._keys = keys
+        if changed:
+            self.refresh(*(Region(0, i, width, 1) for i in changed))
 
     def _lines(self) -> list[Strip]:
         width = max(self.size.width, 1)
         if self._strips is None or self._strip_width != width:
             self.draws += 1
-            base = self.rich_style
             lines = self._text(width).split("\n", allow_blank=True)
-            self._strips = [Strip(list(line.render(self.app.console)), line.cell_len)
-                            .adjust_cell_length(width).apply_style(base) for line in lines]
+            self._keys = [self._key(line) for line in lines]
+            self._strips = [self._strip(line, width) for line in lines]
             self._strip_width = width
         return self._strips
 
