@@ -168,6 +168,8 @@ class ViewerApp(App[None]):
         self._generation = 0
         self._query_mode = "filter"
         self._source_shown: str | None = None
+        self._timeline_wanted: tuple[int, int] | None = None
+        self._timeline_override: tuple[str, tuple[int, int]] | None = None  # a problem's time range
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -195,18 +197,16 @@ class ViewerApp(App[None]):
             self.query_one("#summary", SummaryPane).show_overview(
                 self.overview, self.screen.has_class("narrow")
             )
-            self._redraw_tree()
-            self._request_timeline()
 
     def on_descendant_focus(self) -> None:
         """In a narrow terminal the source pane replaces the timeline while it has the focus."""
         focused = self.focused
         self.screen.set_class(focused is not None and focused.id == "source-table", "code")
 
-    def action_focus(self, widget_id: str) -> None:
+    async def action_focus(self, widget_id: str) -> None:
         if widget_id == "source-table":
-            self.screen.add_class("code")
-        super().action_focus(widget_id)  # type: ignore[unused-coroutine]
+            self.screen.add_class("code")  # narrow terminals: show the (hidden) source pane first
+        await super().action_focus(widget_id)
 
     def _size_classes(self) -> None:
         width, height = self.size
@@ -333,8 +333,19 @@ class ViewerApp(App[None]):
         self._post(generation, self._show_timeline, result)
 
     def _show_timeline(self, generation: int, timeline: Timeline) -> None:
+        if (timeline.t0, timeline.t1) != self._timeline_wanted:
+            return  # an older request, overtaken by a newer selection
+        strip = self.query_one("#timeline", TimelineStrip)
+        if timeline.rows and len(timeline.rows[0].occupancy) != strip.cells():
+            self._request_timeline()  # the strip was resized while this one was computed
+            return
         self.timeline = timeline
         self._draw_timeline()
+
+    @on(TimelineStrip.CellsChanged)
+    def _timeline_resized(self) -> None:
+        if self.overview is not None:
+            self._request_timeline()
 
     @work(thread=True, exclusive=True, group="source")
     def _load_source(self, generation: int, recorded: str) -> None:
@@ -344,7 +355,7 @@ class ViewerApp(App[None]):
         self._post(generation, self._show_source, data.source_file(recorded))
 
     def _show_source(self, generation: int, file: SourceFile) -> None:
-        if self.analysis is None:
+        if self.analysis is None or file.recorded != self._source_shown:
             return
         files = self.analysis.source.files
         note = (
@@ -408,6 +419,8 @@ class ViewerApp(App[None]):
         return node
 
     def _timeline_span(self) -> tuple[str, tuple[int, int] | None]:
+        if self._timeline_override is not None:
+            return self._timeline_override
         node = self._selected_node()
         whole = self.overview.span if self.overview else None
         if self.state.whole_timeline or node is None or node.stats.span is None:
@@ -418,9 +431,11 @@ class ViewerApp(App[None]):
         title, span = self._timeline_span()
         strip = self.query_one("#timeline", TimelineStrip)
         if span is None:
-            strip.show_timeline(title, Timeline(0, 1, (), "no time range"), 0)
+            self.timeline = Timeline(0, 1, (), "no time range")
+            strip.show_timeline(title, self.timeline, 0)
             return
         self.timeline = None
+        self._timeline_wanted = (span[0], max(span[1], span[0] + 1))
         self._draw_timeline()
         self._load_timeline(self._generation, span, strip.cells())
 
@@ -467,6 +482,7 @@ class ViewerApp(App[None]):
         if key == self.state.selected and not force:
             return
         self.state.selected = key
+        self._timeline_override = None
         self._request_timeline()
         self._sync_source()
 
@@ -564,11 +580,8 @@ class ViewerApp(App[None]):
             self._select(problem.node)
             self.query_one("#tree", HierarchyTable).focus()
         elif problem.t0 is not None and problem.t1 is not None:
-            self.timeline = None
-            self._draw_timeline()
-            self._load_timeline(
-                self._generation, (problem.t0, problem.t1), self.query_one("#timeline", TimelineStrip).cells()
-            )
+            self._timeline_override = (problem.title, (problem.t0, problem.t1))
+            self._request_timeline()
 
     @on(Input.Changed, "#query")
     def _query_changed(self, event: Input.Changed) -> None:
@@ -658,6 +671,7 @@ class ViewerApp(App[None]):
 
     def action_toggle_timeline(self) -> None:
         self.state.whole_timeline = not self.state.whole_timeline
+        self._timeline_override = None
         self._request_timeline()
 
     def action_other_file(self) -> None:

@@ -230,7 +230,7 @@ class ProfileData:
                          {pe} AS pe, {transpose} AS ft, {hbm} AS hbm, {col("spill_reload_bytes")} AS spill,
                          {col("evt_wait_time_ns")} AS wait
                   FROM {self.instr.relation()})
-            GROUP BY ALL""")
+            GROUP BY ALL ORDER BY ALL""")
 
     def _dma_by_op(self) -> tuple[dict[int, int], dict[int, int], float | None]:
         """(HBM bytes per op, packets under 32 KiB per op, share of packets under 32 KiB)."""

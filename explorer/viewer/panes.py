@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -28,6 +29,8 @@ def engine_bar(fraction: float | None, width: int) -> Text:
 
 class SummaryPane(Vertical):
     """Figures, per-engine active bars, the problem list (enter jumps to where it happens), notes."""
+
+    ALLOW_MAXIMIZE = True  # ``z`` zooms the pane as a whole, not the focused list inside it
 
     def compose(self) -> ComposeResult:
         yield Static("loading…", id="figures")
@@ -93,6 +96,8 @@ class SourcePane(Vertical):
     """A source file with per-line time and instruction counts in the gutter; the selected node's lines
     are marked; enter on a line selects the nodes it made."""
 
+    ALLOW_MAXIMIZE = True
+
     def compose(self) -> ComposeResult:
         yield Static("Source", id="source-title")
         yield DataTable(id="source-table", cursor_type="row", show_header=True, cell_padding=0)
@@ -100,17 +105,21 @@ class SourcePane(Vertical):
     def on_mount(self) -> None:
         self.file: SourceFile | None = None
         self.marked: tuple[Line, ...] = ()
+
+    def _reset(self, code_width: int) -> DataTable:
+        """An empty table whose code column is ``code_width`` wide (set, not measured, so the
+        picture never depends on when the table measured its rows)."""
         table = self.query_one("#source-table", DataTable)
+        table.clear(columns=True)
         for key, label, width in (("mark", " ", 1), ("time", "time", 9), ("n", "instr", 7), ("line", "#", 6)):
             table.add_column(Text(label, justify="right"), width=width, key=key)
-        table.add_column(" code", key="code")
+        table.add_column(" code", width=max(8, code_width), key="code")
+        return table
 
     def show_message(self, title: str, message: str) -> None:
         self.file = None
         self.query_one("#source-title", Static).update(Text(title, style="bold"))
-        table = self.query_one("#source-table", DataTable)
-        table.clear()
-        table.add_row("", "", "", "", Text(message, style="yellow"))
+        self._reset(len(message)).add_row("", "", "", "", Text(message, style="yellow"))
 
     def show_file(self, file: SourceFile, index: SourceIndex, files_note: str) -> None:
         self.file = file
@@ -118,11 +127,10 @@ class SourcePane(Vertical):
         if files_note:
             title.append(f"  {files_note}", style="dim")
         self.query_one("#source-title", Static).update(title)
-        table = self.query_one("#source-table", DataTable)
-        table.clear()
         if file.message:
-            table.add_row("", "", "", "", Text(file.message, style="yellow"))
+            self._reset(len(file.message)).add_row("", "", "", "", Text(file.message, style="yellow"))
             return
+        table = self._reset(2 + max((len(line) for line in file.lines), default=0))
         rows = []
         for number, code in enumerate(file.lines, start=1):
             stat = index.lines.get((file.recorded, number))
@@ -165,6 +173,16 @@ class TimelineStrip(Static):
 
     LABEL = 8
     SUFFIX = 18
+
+    class CellsChanged(Message):
+        """The strip's width changed: the app asks for a timeline with the new number of cells."""
+
+    _cells = 0
+
+    def on_resize(self) -> None:
+        if self.cells() != self._cells:
+            self._cells = self.cells()
+            self.post_message(self.CellsChanged())
 
     def cells(self) -> int:
         return max(4, (self.size.width or 80) - self.LABEL - self.SUFFIX - 2)

@@ -34,12 +34,12 @@ def _f(summary: Mapping[str, Any], key: str) -> float | None:
 
 
 def _worst(ops: Sequence[OpAggregate], value: Callable[[OpAggregate], int | None]) -> OpAggregate | None:
-    best, best_value = None, 0
-    for op in ops:
-        v = value(op) or 0
-        if v > best_value:
-            best, best_value = op, v
-    return best
+    """The op with the largest ``value`` (ties: the earliest, then by name), None if all are 0."""
+    ranked = sorted(
+        (op for op in ops if (value(op) or 0) > 0),
+        key=lambda o: (-(value(o) or 0), o.start_ts if o.start_ts is not None else 0, o.name),
+    )
+    return ranked[0] if ranked else None
 
 
 def _where(op: OpAggregate | None) -> tuple[str, dict[str, Any]]:

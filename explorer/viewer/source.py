@@ -143,7 +143,11 @@ class IndexBuilder:
                     mine[line] = mine.get(line, 0) + w
         for layer, weights in layer_weight.items():
             node_lines[layer] = tuple(sorted(weights, key=lambda ln: (-weights[ln], ln))[:64])
-        files = tuple(sorted(self.file_time, key=lambda f: (-self.file_time[f], f)))
+        # files where ops were written first (innermost frames), then the callers' files
+        inclusive: dict[str, int] = {}
+        for (name, _), stat in self.lines.items():
+            inclusive[name] = max(inclusive.get(name, 0), stat[0])
+        files = tuple(sorted(inclusive, key=lambda f: (-self.file_time.get(f, 0), -inclusive[f], f)))
         return SourceIndex(
             files,
             frozen_map({k: LineStat(v[0], v[1]) for k, v in self.lines.items()}),

@@ -127,6 +127,15 @@ class HierarchyTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=0, **kwargs)  # type: ignore[arg-type]
         self.rows_shown: list[Row] = []
         self._name_width = 0
+        self._shown_with: tuple[int | None, str, bool] | None = None
+
+    def on_resize(self) -> None:
+        """Redraw for the new width (the name column takes what the figure columns leave)."""
+        if self._shown_with is not None and self.name_width() != self._name_width:
+            row = self.current()
+            self.show(
+                self.rows_shown, *self._shown_with[:1], row.node.key if row else None, *self._shown_with[1:]
+            )
 
     def name_width(self) -> int:
         width = self.size.width or 80
@@ -136,6 +145,7 @@ class HierarchyTable(DataTable):
         self, rows: list[Row], total_ns: int | None, cursor_key: str | None, sort: str, reverse: bool
     ) -> None:
         """Redraw with ``rows``; the cursor stays on ``cursor_key`` when it is still shown."""
+        self._shown_with = (total_ns, sort, reverse)
         width = self.name_width()
         if width != self._name_width or not self.columns:
             self.clear(columns=True)

@@ -1,0 +1,46 @@
+"""Pictures of the profile viewer (pytest-textual-snapshot) at 80x24 and 160x50: our bundled bert-layer
+profile and a hand-made profile in the real Neuron Explorer layout. Deterministic: the profiles are
+fixed (the sample is committed, the real-layout one is built from constants), names shown are never
+temporary paths, and source files come from the frozen copies under ``data/viewer_src``.
+
+Update after an intended change with ``pytest tests/explorer/test_viewer_snapshots.py --snapshot-update``
+and look at the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.explorer.test_viewer import settle, viewer
+from tests.explorer.viewer_profiles import BERT, SOURCE_ROOT, real_layout_profile
+
+SIZES = [(80, 24), (160, 50)]
+
+
+async def ready(pilot) -> None:  # type: ignore[no-untyped-def]
+    await settle(pilot)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x50"])
+def test_our_profile(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(viewer(BERT, SOURCE_ROOT), terminal_size=size, run_before=ready)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x50"])
+def test_real_layout_profile(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    app = viewer(real_layout_profile(tmp_path), SOURCE_ROOT)
+    assert snap_compare(app, terminal_size=size, run_before=ready)
+
+
+def test_op_opened_with_code_marked(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    """An op opened to its instructions, its source line marked, the timeline on its time range."""
+
+    async def open_op(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("slash")
+        pilot.app.query_one("#query").value = "dot.45"
+        await pilot.press("enter", "enter")
+        await settle(pilot)
+
+    assert snap_compare(viewer(BERT, SOURCE_ROOT), terminal_size=(160, 50), run_before=open_op)
