@@ -99,7 +99,7 @@ class ViewerApp(App[None]):
     #problems { height: 1fr; border: none; padding: 0; }
     #notes { height: auto; max-height: 8; }
     #main { width: 1fr; }
-    #tree { height: 3fr; }
+    #tree { height: 3fr; overflow-x: hidden; }
     #source { height: 2fr; border-top: solid $primary-background-lighten-2; }
     #source-title { height: 1; padding: 0 1; }
     #source-table { height: 1fr; }
@@ -270,11 +270,7 @@ class ViewerApp(App[None]):
         self.error = message
         self._draw_title()
         if self.hierarchy is None:
-            table = self.query_one("#tree", HierarchyTable)
-            table.clear()
-            if not table.columns:
-                table.add_column("Name")
-            table.add_row(Text(message, style="bold red"))
+            self.query_one("#tree", HierarchyTable).show_message(message)
 
     def _show_overview(self, generation: int, overview: Overview) -> None:
         self.overview = overview
@@ -401,8 +397,7 @@ class ViewerApp(App[None]):
                     else "building the hierarchy from the Instruction table…"
                 )
             )
-            table.show([], None, None, self.state.sort, self.state.reverse)
-            table.add_row(Text(message, style="italic yellow"), *[""] * (len(table.columns) - 1))
+            table.show_message(message)
             return
         total = self.overview.total_ns if self.overview else None
         table.show(rows, total, self.state.selected, self.state.sort, self.state.reverse)
@@ -487,12 +482,12 @@ class ViewerApp(App[None]):
         self._sync_source()
 
     # -- events --------------------------------------------------------------------------------------
-    @on(DataTable.RowHighlighted, "#tree")
-    def _tree_moved(self, event: DataTable.RowHighlighted) -> None:
+    @on(HierarchyTable.Highlighted)
+    def _tree_moved(self) -> None:
         self._selection_changed()
 
-    @on(DataTable.RowSelected, "#tree")
-    def _tree_enter(self, event: DataTable.RowSelected) -> None:
+    @on(HierarchyTable.Selected)
+    def _tree_enter(self) -> None:
         row = self.query_one("#tree", HierarchyTable).current()
         if row is not None:
             self._toggle(row.node.key, None)

@@ -37,11 +37,13 @@ def sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
     """Wait until every worker is done and its result drawn (results may start more workers)."""
     app = pilot.app
-    for _ in range(30):
-        await app.workers.wait_for_complete()
+    for _ in range(2000):  # exclusive workers end cancelled: poll rather than wait_for_complete
         await pilot.pause()
-        if not any(w.is_running for w in app.workers):
-            return
+        if not any(w.is_running or w.state.name == "PENDING" for w in app.workers):
+            await pilot.pause()
+            if not any(w.is_running or w.state.name == "PENDING" for w in app.workers):
+                return
+    raise TimeoutError("workers still running")
 
 
 async def type_into(pilot, text: str) -> None:  # type: ignore[no-untyped-def]
