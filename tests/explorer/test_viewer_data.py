@@ -1,0 +1,261 @@
+"""The viewer's data side without a terminal: hierarchy building (real-tool tables joined by
+``children_ids``), code-linking lookups, the problem rules, the occupancy strip against a brute force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from explorer.viewer import hierarchy as tree
+from explorer.viewer.data import ProfileData
+from explorer.viewer.hierarchy import OpAggregate
+from explorer.viewer.problems import find_problems
+from explorer.viewer.source import Frames, IndexBuilder, location, read_source, resolve
+from explorer.viewer.timeline import bar, occupancy
+from formats.dataset import find_profiles
+from formats.reader import open_profile
+from tests.explorer.viewer_profiles import BERT
+
+
+def test_union_and_text_lists() -> None:
+    assert tree.union_ns("[[1, 10], [5, 12], [20, 30]]") == 21
+    assert tree.union_ns(None) is None and tree.union_ns("garbage") is None
+    assert (
+        tree.text_ids("[1, 2, 30]") == [1, 2, 30] and tree.text_ids("[]") == [] and tree.text_ids(None) == []
+    )
+
+
+def test_real_tool_tables_join_by_children_ids() -> None:
+    """FrameworkNode names that are not paths, parents by name, ops linked by raw_framework_id; an op no
+    layer claims goes under "(no layer)"; two rows of one op (two executions) add up."""
+    framework = [
+        {
+            "node_name": "NeuronLlamaModel",
+            "parent_name": "",
+            "children_ids": "[]",
+            "start_ts": 0,
+            "end_ts": 100,
+            "time_intervals": "[[0, 100]]",
+            "mfu": 25.0,
+            "tensor_engine_instruction_count": 3,
+        },
+        {
+            "node_name": "NeuronLlamaDecoderLayer",
+            "parent_name": "NeuronLlamaModel",
+            "children_ids": "[501, 502]",
+            "start_ts": 0,
+            "end_ts": 60,
+            "time_intervals": "[[0, 20], [30, 60]]",
+            "hbm_read_bytes": 10,
+            "hbm_write_bytes": 5,
+        },
+    ]
+    hlo = [
+        {
+            "raw_hlo_id": 1,
+            "raw_framework_id": 501,
+            "hlo_name": "dot.1",
+            "start_ts": 0,
+            "end_ts": 20,
+            "time_intervals": "[[0, 20]]",
+            "hbm_read_bytes": 4,
+            "hbm_write_bytes": 0,
+        },
+        {
+            "raw_hlo_id": 1,
+            "raw_framework_id": 501,
+            "hlo_name": "dot.1",
+            "start_ts": 50,
+            "end_ts": 60,
+            "time_intervals": "[[50, 60]]",
+            "hbm_read_bytes": 4,
+            "hbm_write_bytes": 0,
+        },
+        {
+            "raw_hlo_id": 2,
+            "raw_framework_id": 502,
+            "hlo_name": "add.2",
+            "start_ts": 30,
+            "end_ts": 40,
+            "time_intervals": "[[30, 40]]",
+            "hbm_read_bytes": 0,
+            "hbm_write_bytes": 0,
+        },
+        {
+            "raw_hlo_id": 3,
+            "raw_framework_id": 999,
+            "hlo_name": "copy.3",
+            "start_ts": 90,
+            "end_ts": 95,
+            "time_intervals": "[[90, 95]]",
+            "hbm_read_bytes": 0,
+            "hbm_write_bytes": 0,
+        },
+    ]
+    h = tree.from_tables(framework, hlo)
+    assert h.children[""] == ("L:NeuronLlamaModel", "L:(no layer)")
+    assert h.children["L:NeuronLlamaModel"] == ("L:NeuronLlamaDecoderLayer",)
+    assert h.children["L:NeuronLlamaDecoderLayer"] == ("H:1", "H:2")
+    layer = h.nodes["L:NeuronLlamaDecoderLayer"]
+    assert layer.stats.time_ns == 50 and layer.stats.hbm_bytes == 15 and not layer.stats.summed
+    assert h.nodes["L:NeuronLlamaModel"].stats.mfu == pytest.approx(0.25)  # 0-100 in the table
+    dot = h.nodes["H:1"]
+    assert (
+        dot.stats.time_ns == 30
+        and (dot.stats.start_ts, dot.stats.end_ts) == (0, 60)
+        and dot.stats.hbm_bytes == 8
+    )
+    assert h.ancestors("H:1") == ["L:NeuronLlamaModel", "L:NeuronLlamaDecoderLayer"]
+    # the Instruction scan then adds per-engine counts and MFU, keeping the tables' times
+    agg = OpAggregate(("raw_hlo_id", 1), "dot.1", None)
+    agg.add(
+        {
+            "engine": "Tensor",
+            "n": 4,
+            "dur": 40,
+            "t0": 0,
+            "t1": 60,
+            "model": 1000,
+            "pe": 1000,
+            "ft": 0,
+            "hbm": 8,
+            "spill": 0,
+            "wait": 5,
+            "layer": "x",
+        }
+    )
+    merged = tree.merge_scan(h, [agg], peak_flops_per_s=1e9)
+    node = merged.nodes["H:1"]
+    assert node.stats.counts == (4, 0, 0, 0, 0) and node.stats.time_ns == 30
+    assert node.stats.mfu == pytest.approx(1000 / (1e9 * 30e-9))
+
+
+def test_ordering_and_matching() -> None:
+    h = tree.from_tables(
+        [],
+        [
+            {
+                "raw_hlo_id": i,
+                "hlo_name": name,
+                "start_ts": s,
+                "end_ts": s + d,
+                "time_intervals": f"[[{s}, {s + d}]]",
+                "hbm_read_bytes": 0,
+                "hbm_write_bytes": 0,
+            }
+            for i, (name, s, d) in enumerate([("b.1", 0, 30), ("a.2", 10, 50), ("c.3", 5, 10)])
+        ],
+    )
+    roots = list(h.children[""])
+    names = lambda keys: [h.nodes[k].name for k in keys]  # noqa: E731
+    assert names(tree.ordered(h, roots, "time", False)) == ["a.2", "b.1", "c.3"]
+    assert names(tree.ordered(h, roots, "start", False)) == ["b.1", "c.3", "a.2"]
+    assert names(tree.ordered(h, roots, "name", True)) == ["c.3", "b.1", "a.2"]
+    assert {h.nodes[k].name for k in tree.matches(h, "A.")} == {"a.2"}
+
+
+def test_frames_locations_and_source_root(tmp_path: Path) -> None:
+    frames = Frames(
+        [
+            {"id": "1", "file_location_id": 1, "parent_frame_id": "0"},
+            {"id": "2", "file_location_id": 2, "parent_frame_id": "1"},
+        ],
+        [{"id": "1", "file_name_id": 1, "line_number": 5}, {"id": "2", "file_name_id": 2, "line_number": 9}],
+        [{"id": "1", "name": "/old/run.py"}, {"id": "2", "name": "/old/pkg/model.py"}],
+    )
+    assert frames.stack([2]) == [("/old/pkg/model.py", 9), ("/old/run.py", 5)]  # leaf only: parents followed
+    assert frames.stack([1, 2]) == frames.stack([2])  # the whole chain: the same lines once
+    assert location("model.py:12") == ("model.py", 12) and location("nothing") is None
+    builder = IndexBuilder(frames)
+    builder.add("H:1", "[2]", None, 100, 3)
+    builder.add("H:2", None, "other.py:4", 50, 1)  # no stack: the source-location column
+    index = builder.build({"H:1": ["L:a"]}, True)
+    assert index.lines[("/old/run.py", 5)].instructions == 3  # inclusive: callers count too
+    assert index.node_lines["H:1"][0] == ("/old/pkg/model.py", 9) and index.node_lines["L:a"][0][1] == 9
+    assert index.line_nodes[("other.py", 4)] == ("H:2",)
+    assert index.files[0] == "/old/pkg/model.py"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("a = 1\n\tb = 2\n")
+    assert resolve("/old/pkg/model.py", tmp_path) == tmp_path / "pkg" / "model.py"
+    shown = read_source("/old/pkg/model.py", tmp_path)
+    assert shown.shown_as == "pkg/model.py" and shown.lines == ("a = 1", "    b = 2")
+    assert "not found" in read_source("/old/missing.py", tmp_path).message
+
+
+def test_problem_rules() -> None:
+    op = OpAggregate(("raw_hlo_id", 7), "dot.7", "layer")
+    op.add(
+        {
+            "engine": "Tensor",
+            "n": 1,
+            "dur": 10,
+            "t0": 5,
+            "t1": 15,
+            "model": 0,
+            "pe": 0,
+            "ft": 0,
+            "hbm": 0,
+            "spill": 900,
+            "wait": None,  # no evt_wait_time_ns column: the memory-bound rule stands in
+            "layer": "layer",
+        }
+    )
+    summary = {
+        "spill_reload_bytes": 900,
+        "hbm_read_bytes": 1000,
+        "transpose_flops": 30,
+        "hardware_flops": 100,
+        "dma_transfer_average_bytes": 1000.0,
+        "cc_op_active_time_percent": 0.5,
+        "tensor_engine_active_time_percent": 0.1,
+        "dma_active_time_percent": 0.6,
+    }
+    found = find_problems(
+        summary, [op], 1000, small_dma={7: 3}, small_dma_share=0.9, longest_cc=(10, 20, "AllReduce")
+    )
+    titles = [p.title for p in found]
+    assert titles[0] == "Spill reloads" and found[0].node == "H:7" and (found[0].t0, found[0].t1) == (5, 15)
+    assert {
+        "Transposes dominating",
+        "Small DMA transfers",
+        "Collectives take a large share",
+        "Memory-bound: Tensor engine idle while DMA is busy",
+    } <= set(titles)
+    cc = next(p for p in found if p.title.startswith("Collectives"))
+    assert (cc.t0, cc.t1) == (10, 20) and "AllReduce" in cc.detail
+    assert find_problems({}, [], None) == ()
+
+
+def test_occupancy_against_brute_force() -> None:
+    rng = np.random.default_rng(4)
+    durations = rng.integers(1, 40, 300)
+    starts = np.cumsum(rng.integers(0, 30, 300) + np.r_[0, durations[:-1]])  # one engine: in order
+    ends = starts + durations
+    t0, t1, cells = 1_000, 9_000, 40
+    got = occupancy(starts, ends, t0, t1, cells)
+    grid = np.zeros(t1 - t0, bool)  # 1 ns resolution
+    for s, e in zip(starts, ends):
+        grid[max(s, t0) - t0 : max(min(e, t1), t0) - t0] = True
+    want = grid.reshape(cells, -1).mean(axis=1)
+    np.testing.assert_allclose(got, want, atol=1e-9)  # exact when the instructions are known
+    overlapping = occupancy(np.array([0, 0, 50]), np.array([100, 100, 60]), 0, 100, 2)
+    assert np.all(overlapping <= 1.0)
+    assert bar((0.0, 0.01, 0.5, 1.0)) == " ▁▄█"
+
+
+def test_queries_on_our_profile() -> None:
+    entry = find_profiles(BERT)[0][0]
+    data = ProfileData(open_profile(entry.path), "bert")
+    overview = data.overview()
+    analysis = data.analyse(overview)
+    dot = next(n for n in analysis.hierarchy.nodes.values() if n.name == "dot.51")
+    page = data.instruction_page(dot, 0, limit=10)
+    assert len(page) == 11 and page[-1].kind == "more" and page[-1].offset == 10
+    assert sum(n.stats.counts[0] for n in page[:10]) >= 1 and all(n.parent == dot.key for n in page)
+    rest = data.instruction_page(dot, 140, limit=10)
+    assert len(rest) == 7 and rest[-1].kind == "instr"  # 147 instructions: the last page, no "more"
+    strip = data.timeline(*overview.span, cells=30)
+    assert [len(r.occupancy) for r in strip.rows] == [30] * 5
+    data.close()
