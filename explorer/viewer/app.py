@@ -31,7 +31,7 @@ from explorer.viewer.model import Analysis, Hierarchy, Node, Overview, Problem, 
 from explorer.viewer.panes import SourcePane, SummaryPane, TimelineStrip
 from explorer.viewer.treetable import HierarchyTable, flatten
 from formats.dataset import ProfileEntry
-from formats.reader import ProfileError, open_profile
+from formats.reader import open_profile
 
 HELP = """\
 [b]neuron-profile view[/b] — keys
@@ -46,6 +46,12 @@ HELP = """\
   [ / ]           previous / next profile          q                 quit
   ?               this help                        esc               close help / clear filter and marks
 """
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line for the UI (workers report, they do not raise)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def profile_name(entry: ProfileEntry, metadata: dict[str, Any]) -> str:
@@ -256,10 +262,8 @@ class ViewerApp(App[None]):
             self._post(generation, self._show_overview, overview)
             analysis = data.analyse(overview)
             self._post(generation, self._show_analysis, analysis)
-        except (ProfileError, OSError, ValueError) as exc:
-            self._post(
-                generation, self._show_error, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            )
+        except Exception as exc:  # a corrupt page met mid-scan, a closed profile: a line, never a crash
+            self._post(generation, self._show_error, one_line(exc))
 
     def _set_data(self, generation: int, data: ProfileData) -> None:
         old, self.data = self.data, data
@@ -308,8 +312,8 @@ class ViewerApp(App[None]):
             return
         try:
             rows = data.instruction_page(node, offset)
-        except ProfileError as exc:
-            rows = (Node(f"X:{node.key}", "info", str(exc)[:200], node.key),)
+        except Exception as exc:
+            rows = (Node(f"X:{node.key}", "info", one_line(exc), node.key),)
         self._post(generation, self._add_page, node.key, offset, rows)
 
     def _add_page(self, generation: int, key: str, offset: int, rows: tuple[Node, ...]) -> None:
@@ -324,8 +328,8 @@ class ViewerApp(App[None]):
             return
         try:
             result: Timeline | None = data.timeline(span[0], span[1], cells)
-        except (ProfileError, ValueError) as exc:
-            result = Timeline(span[0], span[1], (), f"error: {exc}")
+        except Exception as exc:
+            result = Timeline(span[0], span[1], (), f"error: {one_line(exc)}")
         self._post(generation, self._show_timeline, result)
 
     def _show_timeline(self, generation: int, timeline: Timeline) -> None:

@@ -421,3 +421,24 @@ def test_view_export_formats_still_work(tmp_path: Path, capsys: pytest.CaptureFi
     target = tmp_path / "t.pftrace"
     assert main(["view", str(BERT), "--output-format", "perfetto", "-o", str(target)]) == 0
     assert target.stat().st_size > 0
+
+
+@sync
+async def test_switch_to_a_broken_profile_shows_the_error(tmp_path: Path) -> None:
+    import shutil
+
+    good = find_profiles(BERT)[0][0].path
+    shutil.copytree(good, tmp_path / "run=1")
+    (tmp_path / "run=2").mkdir()
+    (tmp_path / "run=2" / "Instruction.parquet").write_bytes(b"PAR1 truncated")
+    app = viewer(tmp_path, source_root=None)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert app.overview is not None and app.overview.name == "run=1"
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        assert app.error is not None and "not a readable Parquet file" in app.error
+        assert app.is_running
+        await pilot.press("left_square_bracket")
+        await settle(pilot)
+        assert app.error is None and app.analysis is not None
