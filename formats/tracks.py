@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from formats import sqlsource
+from formats.intervals import time_slices
 from formats.sqlsource import TableSource
 
 if TYPE_CHECKING:
@@ -43,12 +44,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "HBM_THROUGHPUT", "INSTRUCTION_TRACKS",
-    "LOD_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE", "CounterSpec",
-    "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport", "build_span_lod",
-    "key_condition", "merge_windows",
+    "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE",
+    "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport",
+    "build_span_lod", "key_condition", "lod_buckets", "merge_windows",
 ]
 
-LOD_BUCKETS = 2**15  # level-0 buckets over a table's span; a 2000-pixel view of >= 1/16 of it uses the LOD
+LOD_BUCKETS = 2**15  # level-0 buckets over a table's span, at least ...
+LOD_MAX_BUCKETS = 2**19  # ... and at most (memory: ~60 bytes per bucket and key)
+LOD_EVENTS_PER_BUCKET = 16  # between the two, about this many events per level-0 bucket
+LOD_SLICE_ROWS = 8_000_000  # the build aggregates this many rows at a time (bounded hash table)
 LOD_FACTOR = 4
 LOD_COARSEST = 64
 LOD_PER_PIXEL = 2  # LOD buckets per pixel at least: a bucket straddling pixels leaves few holes
@@ -273,9 +277,17 @@ class SpanLod:
         return _longest(bucket, cols, f"lod level {level}")
 
 
-def _lod_geometry(first: int, last: int) -> list[int]:
+def lod_buckets(rows: int) -> int:
+    """Level-0 buckets for a table of ``rows`` events: about ``LOD_EVENTS_PER_BUCKET`` per bucket, so
+    a window too narrow for the LOD holds few enough events to read them directly, whatever the
+    table's size (within [LOD_BUCKETS, LOD_MAX_BUCKETS])."""
+    wanted = 2 ** math.ceil(math.log2(max(1, rows / LOD_EVENTS_PER_BUCKET)))
+    return int(min(LOD_MAX_BUCKETS, max(LOD_BUCKETS, wanted)))
+
+
+def _lod_geometry(first: int, last: int, buckets: int = LOD_BUCKETS) -> list[int]:
     span = max(1, last - first)
-    widths = [max(1, math.ceil(span / LOD_BUCKETS))]
+    widths = [max(1, math.ceil(span / buckets))]
     while span / widths[-1] > LOD_COARSEST:
         widths.append(widths[-1] * LOD_FACTOR)
     return widths
@@ -319,11 +331,12 @@ def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
 
 
 def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512MB",
-                   threads: int | None = None) -> SpanLod | None:
-    """The level of detail of one span table (None if the table is absent or empty): one DuckDB
-    aggregate per (key, level-0 bucket) -- bounded by the bucket count, whatever the table's size --
-    then each coarser level from the one below. Uses its own connection, so it can run on a
-    background thread while windows are answered from another."""
+                   threads: int | None = None, rows_per_slice: int = LOD_SLICE_ROWS) -> SpanLod | None:
+    """The level of detail of one span table (None if the table is absent or empty): DuckDB
+    aggregates per (key, level-0 bucket) over time slices of the table (each slice's row groups
+    found by their statistics, so the hash table holds one slice's buckets), buckets cut by a slice
+    edge merged, then each coarser level from the one below. Uses its own connection, so it can run
+    on a background thread while windows are answered from another."""
     source = TableSource(profile, spec.table)
     if not source.present:
         return None
@@ -334,21 +347,27 @@ def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512
         if span is None or span[0] is None:
             return None
         first, last = int(span[0]), int(span[1])
-        widths = _lod_geometry(first, last)
+        widths = _lod_geometry(first, last, lod_buckets(source.num_rows))
         rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
         attrs = ", ".join(f"arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
         keys = _key_exprs(source, spec.keys)
         key_names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
-        cols = con.execute(f"""
-            SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
-                   arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
-            FROM (SELECT {', '.join(keys) + ',' if keys else ''} ({start} - {first}) // {widths[0]} AS b,
-                         ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
-                         {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
-                  FROM {source.relation()})
-            GROUP BY ALL""").fetchnumpy()
+        parts = []
+        for low, high in time_slices(source.files, spec.start, rows_per_slice):
+            bounds = [c for c in (None if low is None else f"{start} >= {int(low)}",
+                                  None if high is None else f"{start} < {int(high)}") if c]
+            where = "WHERE " + " AND ".join(bounds) if bounds else ""
+            parts.append(con.execute(f"""
+                SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
+                       arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
+                FROM (SELECT {', '.join(keys) + ',' if keys else ''} ({start} - {first}) // {widths[0]} AS b,
+                             ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
+                             {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
+                      FROM {source.relation()} {where})
+                GROUP BY ALL""").fetchnumpy())
     finally:
         con.close()
+    cols = {name: _concat([p[name] for p in parts]) for name in parts[0]}
     rows = len(cols["b"])
     keys_found, inverse = _key_tuples(cols, len(spec.keys), rows)
     lod = SpanLod(first, widths)
@@ -357,8 +376,9 @@ def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512
     base["end_ts"] = base["start_ts"] + np.asarray(cols["d"], np.int64)
     for i, a in enumerate(spec.attrs):
         base[f"a:{a}"] = _plain(cols[f"a{i}"]).astype(object)
+    del cols, parts
     for k, key in enumerate(keys_found):
-        mine = {name: v[inverse == k] for name, v in base.items()}
+        mine = _merge_buckets({name: v[inverse == k] for name, v in base.items()})  # slices' shared buckets
         levels = []
         for level, width in enumerate(widths):
             if level:
@@ -371,6 +391,15 @@ def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512
         lod.levels[key] = levels
         lod.max_duration[key] = int((mine["end_ts"] - mine["start_ts"]).max()) if mine["b"].size else 0
     return lod
+
+
+def _concat(arrays: list[Any]) -> Any:
+    """Fetched columns of several slices as one (masked arrays stay masked: nulls are kept)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
+        return np.ma.concatenate(arrays)
+    return np.concatenate(arrays)
 
 
 def _merge_buckets(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -399,6 +428,7 @@ class TrackViewport:
         self._lock = threading.Lock()
         self._lods: dict[SpanSpec, SpanLod | None] = {}
         self._longest: dict[SpanSpec, int] = {}
+        self._keys: dict[SpanSpec, set[tuple[Any, ...]]] = {}
         self._memory_limit = memory_limit
 
     def close(self) -> None:
@@ -450,6 +480,7 @@ class TrackViewport:
                 continue
             out.append(SpanKey(tuple(_python(v) for v in key), int(cols["n"][r]), int(cols["first"][r]),
                                int(cols["last"][r])))
+        self._keys[spec] = {k.key for k in out}
         return sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
 
     def span_windows(self, spec: SpanSpec, t0: int, t1: int, buckets: int = 2000,
@@ -462,6 +493,8 @@ class TrackViewport:
         if t1 <= t0:
             raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
         wanted = None if keys is None else [tuple(k) for k in keys]
+        if wanted is not None and spec in self._keys and self._keys[spec] <= set(wanted):
+            wanted = None  # every row is wanted: no per-row key test (an OR of key tuples costs 4x the scan)
         lod = self._lods.get(spec)
         if where is None and lod is not None and (t1 - t0) / buckets >= lod.finest * LOD_PER_PIXEL:
             out = {}

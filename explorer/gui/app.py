@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         return _error("no display to open a window on; use --screenshot PNG to render offscreen")
     try:
-        from explorer.gui.qtapp import application
+        from explorer.gui.qtapp import BindingError, application
     except ImportError as exc:
         return _error(
             f"the GUI needs the gui extra (PySide6, pyqtgraph): pip install 'neuronscope[gui]' ({exc})"
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         window.resize(*size)
         window.show()
         return int(app.exec())
-    except (SessionError, ProfileError) as exc:
+    except (SessionError, ProfileError, BindingError) as exc:
         return _error(str(exc))
     except OSError as exc:
         return _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))

@@ -131,6 +131,7 @@ class FlameWidget(QWidget):
     def set_tree(self, tree: Hierarchy, origin: int, label: str = "") -> None:
         self.tree, self.origin = tree, origin
         self._flat = []
+        node_colors = colors.name_colors([n.label for n in tree.nodes])  # once: redraws only index it
         for depth in range(tree.depth):
             nodes = [i for i, n in enumerate(tree.nodes) if n.depth == depth]
             parts = [(tree.nodes[i].intervals - origin, i) for i in nodes if len(tree.nodes[i].intervals)]
@@ -138,13 +139,21 @@ class FlameWidget(QWidget):
                 spans = np.concatenate([p for p, _ in parts])
                 owner = np.concatenate([np.full(len(p), i) for p, i in parts])
                 order = np.argsort(spans[:, 0], kind="stable")
-                self._flat.append({"start": spans[order, 0], "end": spans[order, 1], "node": owner[order]})
+                self._flat.append(
+                    {
+                        "start": spans[order, 0],
+                        "end": spans[order, 1],
+                        "node": owner[order],
+                        "color": node_colors[owner[order]],
+                    }
+                )
             else:
                 self._flat.append(
                     {
                         "start": np.zeros(0, np.int64),
                         "end": np.zeros(0, np.int64),
                         "node": np.zeros(0, np.int64),
+                        "color": np.zeros((0, 4), np.uint8),
                     }
                 )
         ticks = [(d + 0.5, "layers" if d == 0 else f"depth {d}") for d in range(tree.depth)]
@@ -179,10 +188,15 @@ class FlameWidget(QWidget):
             x0, x1 = pixel_spans(start, end, int(t0), int(t1), width)
             owner = owners_of(x0, x1, width)
             painted = owner >= 0
-            palette = colors.name_colors([self.tree.nodes[n].label for n in node.tolist()])
-            band[1:-2][:, painted] = palette[owner[painted]]
+            line = np.empty((width, 4), np.uint8)
+            line[:] = colors.BACKGROUND
+            line[painted] = flat["color"][keep][owner[painted]]
+            band[1:-2] = line
+            reach = -1
             for k in np.flatnonzero((x1 - x0) >= 40)[:300].tolist():
-                names.append((float(start[k]), float(end[k]), depth, self.tree.nodes[int(node[k])].label))
+                if x0[k] >= reach:  # no name over another one
+                    names.append((float(start[k]), float(end[k]), depth, self.tree.nodes[int(node[k])].label))
+                    reach = int(x1[k])
         self.image.setImage(image, autoLevels=False, levels=None)
         self.image.setRect(QRectF(t0, 0, t1 - t0, len(self._flat)))
         self.names.set_items(names, QRectF(t0, 0, t1 - t0, len(self._flat)))

@@ -54,6 +54,8 @@ class FrameRequest:
     buckets: int
     rows: tuple[int, ...]
     highlight: Highlight | None = None
+    mode: str = "engine"  # colour mode and row height: the fetch thread also paints the picture
+    row_px: int = 20
 
 
 @dataclass
@@ -65,6 +67,7 @@ class FrameData:
     pending: set[int] = field(default_factory=set)
     sources: dict[int, str] = field(default_factory=dict)
     fetch_ms: float = 0.0
+    picture: Any = None  # raster.Picture, painted on the fetch thread when a renderer is set
 
 
 def buckets_for(width_px: int, rows: int) -> int:

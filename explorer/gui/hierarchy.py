@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -162,54 +163,70 @@ def _from_tables(loaded: LoadedProfile) -> Hierarchy:
     return tree
 
 
+FALLBACK_BUCKETS = 4096  # time resolution of a hierarchy rebuilt from the instructions
+
+
+def _merge(spans: list[tuple[int, int]], slack: int) -> np.ndarray:
+    """Sorted intervals with overlaps (and gaps up to ``slack``) merged, as an (n, 2) array."""
+    out: list[list[int]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1] + slack:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return np.asarray(out, np.int64).reshape(-1, 2)
+
+
 def _from_instructions(loaded: LoadedProfile) -> Hierarchy:
+    """The tree from one grouped scan of Instruction by (layer, HLO op, time bucket): each node gets
+    the time buckets it ran in (merged into intervals), so a layer that runs many times shows many
+    bars, not one bar from its first start to its last end."""
     source = TableSource(loaded.profile, "Instruction")
+    bounds = loaded.queries.rows(f"SELECT min(start_ts) AS s, max(end_ts) AS e FROM {source.relation()}")[0]
+    first, last = int(bounds["s"]), int(bounds["e"])
+    width = max(1, (last - first) // FALLBACK_BUCKETS + 1)
     rows = loaded.queries.rows(f"""
         SELECT {source.col("layer")} AS layer, {source.col("hlo_name")} AS hlo, min(start_ts) AS s,
                max(end_ts) AS e, count(*) AS n, sum(duration_ns) AS t
-        FROM {source.relation()} GROUP BY ALL ORDER BY s LIMIT 100000""")
+        FROM {source.relation()} GROUP BY layer, hlo, (start_ts - {first}) // {width}
+        ORDER BY s LIMIT {MAX_INTERVALS}""")
     tree = Hierarchy(source="Instruction (layer, hlo_name)")
-    layers: dict[str, list[int]] = {}
+    layers: dict[str, list[Any]] = {}
+    ops: dict[tuple[Any, str], list[Any]] = {}
     for r in rows:
-        layer = r["layer"]
-        if layer is None:
-            continue
-        parts = str(layer).split("/")
-        for depth in range(len(parts)):
-            path = "/".join(parts[: depth + 1])
-            span = layers.setdefault(path, [int(r["s"]), int(r["e"]), 0])
-            span[0], span[1] = min(span[0], int(r["s"])), max(span[1], int(r["e"]))
-            span[2] += int(r["n"])
-    for path, (s, e, n) in layers.items():
+        span = (int(r["s"]), int(r["e"]))
+        if r["layer"] is not None:
+            parts = str(r["layer"]).split("/")
+            for depth in range(len(parts)):
+                entry = layers.setdefault("/".join(parts[: depth + 1]), [[], 0])
+                entry[0].append(span)
+                entry[1] += int(r["n"])
+        if r["hlo"] is not None:
+            entry = ops.setdefault((r["layer"], str(r["hlo"])), [[], 0, 0])
+            entry[0].append(span)
+            entry[1] += int(r["n"])
+            entry[2] += int(r["t"] or 0)
+    for path, (spans, n) in layers.items():
+        merged = _merge(spans, width)
         tree.nodes.append(
             FlameNode(
                 path,
                 path.rsplit("/", 1)[-1],
                 "layer",
                 path.count("/"),
-                s,
-                e,
-                np.array([[s, e]], np.int64),
+                int(merged[0, 0]),
+                int(merged[:, 1].max()),
+                merged,
                 n,
                 parent=path.rsplit("/", 1)[0] if "/" in path else None,
             )
         )
-    for r in rows:
-        if r["hlo"] is None:
-            continue
-        depth = str(r["layer"]).count("/") + 1 if r["layer"] is not None else 0
+    for (layer, hlo), (spans, n, t) in ops.items():
+        merged = _merge(spans, width)
+        depth = str(layer).count("/") + 1 if layer is not None else 0
         tree.nodes.append(
             FlameNode(
-                str(r["hlo"]),
-                str(r["hlo"]),
-                "hlo",
-                depth,
-                int(r["s"]),
-                int(r["e"]),
-                np.array([[r["s"], r["e"]]], np.int64),
-                int(r["n"]),
-                int(r["t"] or 0),
-                parent=r["layer"],
+                hlo, hlo, "hlo", depth, int(merged[0, 0]), int(merged[:, 1].max()), merged, n, t, parent=layer
             )
         )
     if not tree.nodes:

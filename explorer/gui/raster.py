@@ -46,6 +46,7 @@ class Picture:
     row_px: int
     owners: dict[int, np.ndarray] = field(default_factory=dict)
     labels: list[Label] = field(default_factory=list)
+    mode: str = "engine"
 
     @property
     def width(self) -> int:
@@ -103,7 +104,10 @@ def _label_attr(row: Row, mode: str) -> str:
 
 
 def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Picture:
-    """The frame as an image: one band of ``row_px`` pixels per requested row, one column per bucket."""
+    """The frame as an image: one band of ``row_px`` pixels per requested row, one column per bucket.
+
+    Each row is painted as one line of ``width`` pixels and copied down its band (a broadcast copy),
+    so the per-pixel work is done once per row, not once per pixel row."""
     request = frame.request
     width = request.buckets
     picture = Picture(
@@ -112,9 +116,9 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
         request.t1,
         request.rows,
         row_px,
+        mode=mode,
     )
     image = picture.image
-    image[:] = colors.BACKGROUND
     pad = 2 if row_px >= 10 else 0
     highlighting = request.highlight is not None
     for slot, index in enumerate(request.rows):
@@ -123,8 +127,8 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
         if row.kind == HEADER:
             band[:] = colors.HEADER_FILL
             continue
-        if slot % 2:
-            band[:] = colors.ROW_STRIPE
+        background = np.array(colors.ROW_STRIPE if slot % 2 else colors.BACKGROUND, np.uint8)
+        band[:] = background
         band[-1:] = colors.GRID
         inner = band[pad : row_px - max(pad, 1)]
         if index in frame.pending:
@@ -140,32 +144,34 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
         x0, x1 = pixel_spans(window.start_ts, window.end_ts, request.t0, request.t1, width)
         owner = owners_of(x0, x1, width)
         picture.owners[slot] = owner
-        palette = event_colors(window, row, mode)
+        palette = np.asarray(event_colors(window, row, mode))
         if highlighting:
-            palette = colors.dim(np.asarray(palette))
+            palette = colors.dim(palette)
+        line = np.empty((width, 4), np.uint8)
+        line[:] = background
         painted = owner >= 0
-        inner[:, painted] = np.asarray(palette)[owner[painted]]
-        _separators(inner, owner)
+        line[painted] = palette[owner[painted]]
+        _separators(line, owner)
         if highlighting and index in frame.highlights:
             lit = frame.highlights[index]
             hx0, hx1 = pixel_spans(lit.start_ts, lit.end_ts, request.t0, request.t1, width)
             lit_owner = owners_of(hx0, hx1, width)
             on = lit_owner >= 0
-            lit_colors = np.asarray(event_colors(lit, row, mode))
-            inner[:, on] = lit_colors[lit_owner[on]]
+            line[on] = np.asarray(event_colors(lit, row, mode))[lit_owner[on]]
             picture.owners[slot] = np.where(on, -2 - lit_owner, owner)  # -2-k: highlight event k
+        inner[:] = line
         if len(picture.labels) < MAX_LABELS:
             _collect_labels(picture, slot, window, row, mode, x0, x1)
     return picture
 
 
-def _separators(inner: np.ndarray, owner: np.ndarray) -> None:
-    """A light line where one wide event meets the next, so back-to-back events stay distinguishable."""
+def _separators(line: np.ndarray, owner: np.ndarray) -> None:
+    """A darker column where one event meets the next, so back-to-back events stay distinguishable."""
     if owner.size < 2:
         return
     change = np.flatnonzero((owner[1:] != owner[:-1]) & (owner[1:] >= 0) & (owner[:-1] >= 0)) + 1
-    if change.size and inner.shape[0]:
-        inner[:, change] = (inner[:, change].astype(np.uint16) * 3 // 4).astype(np.uint8)
+    if change.size:
+        line[change] = (line[change].astype(np.uint16) * 3 // 4).astype(np.uint8)
 
 
 def _collect_labels(
@@ -175,9 +181,11 @@ def _collect_labels(
     if names is None:
         return
     wide = np.flatnonzero((x1 - x0) >= LABEL_MIN_PX)
+    reach = -1
     for k in wide[: MAX_LABELS - len(picture.labels)].tolist():
-        if names[k] is not None:
+        if names[k] is not None and x0[k] >= reach:  # no label over another one
             picture.labels.append(Label(slot, int(x0[k]), int(x1[k]), str(names[k])))
+            reach = int(x1[k])
 
 
 def _hatch(inner: np.ndarray) -> None:

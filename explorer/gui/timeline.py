@@ -249,6 +249,7 @@ class TimelineWidget(QWidget):
         self.view.clicked.connect(self._on_click)
         self.view.boxed.connect(self._on_box)
         self.view.scroll_rows.connect(lambda step: self.scrollbar.setValue(self.scrollbar.value() + 3 * step))
+        fetcher.renderer = lambda frame: render(frame, self.rows, frame.request.mode, frame.request.row_px)
         fetcher.ready.connect(self.show_frame)
         fetcher.lod_ready.connect(lambda _table: self.request_frame(force=True))
         fetcher.failed.connect(self.status.emit)
@@ -383,8 +384,9 @@ class TimelineWidget(QWidget):
         span = int(pixels * (1 + 2 * MARGIN))
         t0 = int(np.floor(x0 - MARGIN * width))
         t1 = int(np.ceil(x1 + MARGIN * width))
+        buckets = buckets_for(span, len(rows))
         return FrameRequest(
-            self._generation + 1, t0, max(t1, t0 + 1), buckets_for(span, len(rows)), rows, self.highlight
+            self._generation + 1, t0, max(t1, t0 + 1), buckets, rows, self.highlight, self.mode, ROW_PX
         )
 
     def _needs_fetch(self, request: FrameRequest) -> bool:
@@ -438,7 +440,9 @@ class TimelineWidget(QWidget):
         if frame is None:
             return
         request = frame.request
-        picture = render(frame, self.rows, self.mode, ROW_PX)
+        picture = frame.picture
+        if picture is None or picture.mode != self.mode or picture.row_px != ROW_PX:
+            picture = frame.picture = render(frame, self.rows, self.mode, ROW_PX)
         self.picture = picture
         first = request.rows[0] if request.rows else 0
         self.image.setImage(picture.image, autoLevels=False, levels=None)

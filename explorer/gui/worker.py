@@ -48,6 +48,7 @@ class FrameFetcher(QObject):
         self._thread = threading.Thread(target=self._loop, name="frame-fetch", daemon=True)
         self._thread.start()
         self._lod_thread: threading.Thread | None = None
+        self.renderer: Callable[[FrameData], Any] | None = None  # paints the picture off the UI thread
 
     # -- frames ------------------------------------------------------------------------------
     def request(self, request: FrameRequest) -> None:
@@ -75,6 +76,8 @@ class FrameFetcher(QObject):
                 self._busy = True
             try:
                 frame = fetch_frame(self.session, self.rows, request, set(self.lods_ready))
+                if self.renderer is not None:
+                    frame.picture = self.renderer(frame)
             except Exception as exc:  # a query failure must not kill the thread; it is shown instead
                 self._emit_failed(f"could not read the window: {_one_line(exc)}")
                 traceback.print_exc()

@@ -76,6 +76,39 @@ def test_lod_agrees_with_the_events_when_zoomed_out(llama: tracks.TrackViewport)
         assert len(served[key]) <= 50
 
 
+def test_lod_built_in_slices_equals_one_pass(tmp_path: Path) -> None:
+    profile = open_profile(_many_row_groups(tmp_path / "groups"))
+    whole = tracks.build_span_lod(profile, tracks.INSTRUCTION_TRACKS)
+    sliced = tracks.build_span_lod(profile, tracks.INSTRUCTION_TRACKS, rows_per_slice=1000)
+    assert whole is not None and sliced is not None and whole.widths == sliced.widths
+    assert whole.levels.keys() == sliced.levels.keys()
+    for key, levels in whole.levels.items():
+        for a, b in zip(levels, sliced.levels[key]):
+            for name in ("bucket_ts", "start_ts", "end_ts", "id", "count"):
+                assert np.array_equal(a[name], b[name]), name
+    assert tracks.lod_buckets(10) == tracks.LOD_BUCKETS
+    assert tracks.lod_buckets(10**10) == tracks.LOD_MAX_BUCKETS
+    assert tracks.LOD_BUCKETS < tracks.lod_buckets(2 * 10**6) < tracks.LOD_MAX_BUCKETS
+
+
+def _many_row_groups(path: Path) -> Path:
+    """20k instructions on two tracks in 1000-row groups (so the build has many slices)."""
+    rng = np.random.default_rng(5)
+    n = 20_000
+    start = np.sort(rng.integers(0, 5_000_000, n))
+    end = start + rng.integers(10, 900, n)
+    with ProfileWriter(path, HW, row_group_rows=1000) as writer:
+        writer.write("Instruction", {
+            "start_ts": start, "end_ts": end, "duration_ns": end - start,
+            "engine": pa.array(["Tensor"] * n),
+            "timeline_track": pa.array(["Tensor", "TensorMatrix"] * (n // 2)),
+            "opcode": pa.array(["MATMUL"] * n), "operands": pa.array([""] * n),
+            "id": np.arange(n, dtype=np.int64), "pc": np.arange(n, dtype=np.int64),
+            "bir_id": pa.array(["sg0000:0"] * n),
+        })
+    return path
+
+
 def test_counter_windows_min_max_last(llama: tracks.TrackViewport) -> None:
     table = llama.profile.table("HbmUsage", ["timestamp", "current_throughput"])
     ts = table.column("timestamp").to_numpy()

@@ -1,0 +1,448 @@
+"""neuron-explorer benchmark (offscreen): prints one JSON line of figures.
+
+    python bench/gui.py                 # 10M and 100M instructions (profiles built once, then cached)
+    python bench/gui.py --quick         # 1M only (a smoke test)
+    python bench/gui.py --sizes 10m     # chosen sizes
+
+Profiles: synthetic, written through ``ProfileWriter`` (``synthetic_profile`` below: six timeline rows
+incl. TensorMatrix advancing side by side as in a real trace, HLO ops and layers contiguous in time,
+six DMA queues with one packet per 8 instructions, a collective stream, an HBM counter, and the
+derived tables a capture writes at close) into ``$NEURONSCOPE_BENCH_CACHE`` (default
+``$TMPDIR/neuronscope-bench-gui``), once; later runs reuse them.
+
+Each size is measured in a fresh child process (so its peak RSS is its own), three times; medians:
+
+* ``open_s``: from opening the profile to the first frame with every visible row drawn (the window is
+  built, the rows discovered, levels of detail built in the background, the first window fetched and
+  painted).
+* ``frame_ms_p50`` / ``frame_ms_p95``: UI-thread time of each frame while panning and zooming across
+  the whole range at 60 steps per second (1 s for the whole profile down to 1e-5 of it and back, pans
+  of a fifth of the view): the range change, the image of whatever window has arrived, and the
+  repaint -- what decides whether the interface keeps up. Queries run on the fetch thread meanwhile.
+* ``window_ms_p50`` / ``window_ms_p95``: from a view change to its window drawn (the fetch thread's
+  DuckDB latency plus the draw); the picture lags by this much, the interface does not.
+* ``peak_rss_mb``: the child's peak resident memory (VmHWM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIZES = {"1m": 1_000_000, "10m": 10_000_000, "100m": 100_000_000}
+STEPS = 240  # 4 s of interaction at 60 steps/s
+STEP_S = 1 / 60
+REPEATS = 3
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NEURONSCOPE_BENCH_CACHE") or os.path.join(
+        tempfile.gettempdir(), "neuronscope-bench-gui"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+TRACKS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
+ENGINE_OF = [0, 1, 2, 3, 4, 0]
+TRACK_SHARE = np.array([0.15, 0.25, 0.15, 0.05, 0.10, 0.30])
+OPCODES = [
+    "MATMUL",
+    "LDWEIGHTS",
+    "TENSOR_TENSOR",
+    "TENSOR_SCALAR",
+    "TENSOR_COPY",
+    "ACTIVATE",
+    "IOTA",
+    "WRITE",
+    "EVENT_SEMAPHORE",
+    "TENSOR_REDUCE",
+    "NOP",
+]
+TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
+QUEUES = [f"qSyncIO{i}" for i in range(3)] + [f"qSyncWeight{i}" for i in range(3)]
+HARDWARE = {
+    "dma_ddr_bandwidth": 272e9,
+    "num_dma_engines_per_neuroncore": 16,
+    "hbm_ddr_bandwidth": 410e9,
+    "tensor_engine_num_rows": 128,
+    "tensor_engine_num_cols": 128,
+    "tensor_engine_clock_freq": 2.8,
+    "vector_engine_clock_freq": 1.12,
+    "vector_engine_num_channels": 128,
+    "scalar_engine_clock_freq": 1.4,
+    "scalar_engine_num_channels": 128,
+    "gpsimd_engine_clock_freq": 1.4,
+    "gpsimd_engine_num_channels": 128,
+    "neuroncore_clock_freq": 1.4,
+    "is_simulation": True,
+    "profile_name": "synthetic",
+    "instance_type": "trn1.2xlarge",
+}
+HLO_SPAN_NS = 20_000  # one HLO op every 20 us, 512 distinct ops; a layer every 1 ms, 32 layers
+LAYER_SPAN_NS = 1_000_000
+
+
+def _chunk(rng: np.random.Generator, start: int, m: int) -> dict[str, np.ndarray]:
+    """``m`` instructions over one stretch of time that every track shares (as in a real trace: the
+    engines run side by side), each track busy 30-600 ns per instruction with random idle gaps."""
+    per_track = np.floor(TRACK_SHARE * m).astype(np.int64)
+    per_track[-1] += m - per_track.sum()
+    width = int(per_track.max() * 470)
+    parts = []
+    for t, n in enumerate(per_track.tolist()):
+        duration = rng.integers(30, 600, n).astype(np.int64)
+        idle = max(0, width - int(duration.sum()))
+        weights = rng.random(n)
+        gap = np.floor(weights / weights.sum() * idle).astype(np.int64)
+        begin = start + np.cumsum(gap + duration) - duration
+        parts.append((np.full(n, t, np.int8), begin, duration, gap))
+    track = np.concatenate([p[0] for p in parts])
+    begin = np.concatenate([p[1] for p in parts])
+    order = np.argsort(begin, kind="stable")
+    out = {
+        "track": track[order],
+        "start": begin[order],
+        "duration": np.concatenate([p[2] for p in parts])[order],
+        "gap": np.concatenate([p[3] for p in parts])[order],
+        "end_of_chunk": np.int64(start + width),
+    }
+    opcode = np.empty(m, np.int8)
+    for t, choices in TRACK_OPCODES.items():
+        sel = out["track"] == t
+        opcode[sel] = rng.choice(choices, int(sel.sum()))
+    out["opcode"] = opcode
+    return out
+
+
+def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000) -> None:
+    """An ``n``-instruction profile written through ProfileWriter (memory: one chunk): six timeline
+    rows advancing together, HLO ops and layers contiguous in time, six DMA queues (one packet per 8
+    instructions), one collective stream and an HBM counter every 10 us, plus the derived tables a
+    capture writes at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod)."""
+    import pyarrow as pa
+
+    from formats.derive import write_derived
+    from formats.writer import ProfileWriter
+
+    rng = np.random.default_rng(seed)
+    operands = pa.array(
+        [
+            f"S[{i % 32}] (Tensor)++@complete src=fp16@0x{i:04x}[1,0,0][3,1,1] dst=0x{2 * i:06x}"
+            for i in range(4096)
+        ]
+    )
+    birs = pa.array([f"sg0000:{i}" for i in range(4096)])
+    hlos = pa.array([f"dot.{i}" for i in range(512)])
+    layers = pa.array([f"model/layers.{i}/mlp" for i in range(32)])
+    clock = next_id = packet_id = cc_id = hbm_total = 0
+    with ProfileWriter(path, HARDWARE) as writer:
+        while next_id < n:
+            m = min(chunk, n - next_id)
+            c = _chunk(rng, clock, m)
+            ids = np.arange(next_id, next_id + m, dtype=np.int64)
+            op = (c["start"] // HLO_SPAN_NS) % 512
+            layer = (c["start"] // LAYER_SPAN_NS) % 32
+            flops = np.where(c["opcode"] == 0, 2 * 128 * 128 * 512, 0).astype(np.int64)
+            engine = np.array(ENGINE_OF, np.int8)[c["track"]]
+            writer.write(
+                "Instruction",
+                {
+                    "start_ts": c["start"],
+                    "end_ts": c["start"] + c["duration"],
+                    "duration_ns": c["duration"],
+                    "engine": pa.DictionaryArray.from_arrays(pa.array(engine), pa.array(TRACKS[:5])),
+                    "timeline_track": pa.DictionaryArray.from_arrays(pa.array(c["track"]), pa.array(TRACKS)),
+                    "opcode": pa.DictionaryArray.from_arrays(pa.array(c["opcode"]), pa.array(OPCODES)),
+                    "operands": pa.DictionaryArray.from_arrays(
+                        pa.array((ids % 4096).astype(np.int16)), operands
+                    ),
+                    "bir_id": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), birs),
+                    "hlo_name": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int16)), hlos),
+                    "layer": pa.DictionaryArray.from_arrays(pa.array(layer.astype(np.int8)), layers),
+                    "id": ids,
+                    "pc": ids % 50_000,
+                    "raw_hlo_id": op,
+                    "evt_wait_time_ns": c["gap"],
+                    "raw_flops": flops,
+                    "adjusted_flops": flops,
+                    "pcore_idx": np.zeros(m, np.int64),
+                    "sbuf_read_bytes": np.where(c["opcode"] < 6, 65536, 0),
+                    "sbuf_write_bytes": np.where(c["opcode"] < 6, 32768, 0),
+                },
+            )
+            end = int(c["end_of_chunk"])
+            k = m // 8
+            start = np.sort(rng.integers(clock, end, k))
+            duration = rng.integers(200, 2000, k)
+            nbytes = rng.integers(512, 65536, k)
+            queue = rng.integers(0, len(QUEUES), k)
+            writer.write(
+                "DmaPacket",
+                {
+                    "start_ts": start,
+                    "end_ts": start + duration,
+                    "duration_ns": duration,
+                    "pcore_idx": np.zeros(k, np.int64),
+                    "id": np.arange(packet_id, packet_id + k),
+                    "packet_idx": (np.arange(k) % 4).astype(np.int32),
+                    "packet_aggregation_id": np.arange(packet_id, packet_id + k) // 4,
+                    "engine_idx": np.arange(k) % 16,
+                    "read_bytes": nbytes,
+                    "write_bytes": nbytes,
+                    "transfer_bytes": nbytes,
+                    "throughput": (nbytes / duration * 1e9).astype(np.float32),
+                    "queue_type": pa.DictionaryArray.from_arrays(
+                        pa.array((queue // 3).astype(np.int8)), pa.array(["input", "data"])
+                    ),
+                    "queue_name": pa.DictionaryArray.from_arrays(
+                        pa.array(queue.astype(np.int8)), pa.array(QUEUES)
+                    ),
+                    "queue_idx": queue,
+                    "crc": np.zeros(k, np.int64),
+                    "hbm_read_bytes": nbytes,
+                    "hbm_write_bytes": np.zeros(k, np.int64),
+                },
+            )
+            cc_start = np.arange(clock, end, 50_000, dtype=np.int64)
+            cc_duration = rng.integers(3_000, 12_000, cc_start.size)
+            nc = cc_start.size
+            writer.write(
+                "CcOp",
+                {
+                    "start_ts": cc_start,
+                    "end_ts": cc_start + cc_duration,
+                    "duration_ns": cc_duration,
+                    "operation": pa.array(["AllReduce"] * nc),
+                    "algorithm": pa.array(["Ring"] * nc),
+                    "num_elements": np.full(nc, 1 << 20),
+                    "dtype": pa.array(["bf16"] * nc),
+                    "op_id": np.arange(cc_id, cc_id + nc),
+                    "stream_id": np.zeros(nc, np.int64),
+                    "stream_index": np.arange(cc_id, cc_id + nc),
+                    "trigger_engine": pa.array(["GpSimd"] * nc),
+                },
+            )
+            ts = np.arange(clock, end, 10_000, dtype=np.int64)
+            moved = rng.integers(0, 4_000_000, ts.size)
+            writer.write(
+                "HbmUsage",
+                {
+                    "timestamp": ts,
+                    "current_throughput": (moved * 1e5).astype(np.float32),
+                    "total_transfer_bytes": hbm_total + np.cumsum(moved),
+                    "pcore_idx": np.zeros(ts.size, np.int64),
+                },
+            )
+            hbm_total += int(moved.sum())
+            next_id += m
+            packet_id += k
+            cc_id += nc
+            clock = end
+        write_derived(writer)
+
+
+def ensure_profile(rows: int) -> tuple[Path, float | None]:
+    """The cached synthetic profile of ``rows`` instructions (built now if missing) and the build time."""
+    path = cache_dir() / f"synthetic-{rows}"
+    done = path / ".complete"
+    if done.exists():
+        return path, None
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    started = time.perf_counter()
+    synthetic_profile(str(path), rows)
+    took = time.perf_counter() - started
+    done.write_text(f"{rows} instructions, built in {took:.1f} s\n")
+    return path, took
+
+
+def _vm(key: str) -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _steps(span: tuple[int, int], rng: np.random.Generator) -> list[tuple[float, float]]:
+    """View ranges: zoom from the whole profile to 1e-5 of it around a random point, panning on the way,
+    and back out, twice."""
+    lo, hi = span
+    width = float(hi - lo)
+    views: list[tuple[float, float]] = []
+    while len(views) < STEPS:
+        center = lo + width * float(rng.uniform(0.05, 0.95))
+        current = width
+        for i in range(60):
+            if i % 6 == 5:  # a pan of a fifth of the view every sixth step
+                center += current * 0.2 * (1 if i % 12 == 5 else -1)
+            else:
+                current *= 0.83 if i < 30 else 1 / 0.83
+            current = min(width, max(width * 1e-5, current))
+            views.append((center - current / 2, center + current / 2))
+    return views[:STEPS]
+
+
+def child(path: str) -> None:
+    """Measure one size in this process and print its figures as JSON."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from explorer.gui.qtapp import application
+
+    app = application()
+    from explorer.gui.mainwindow import MainWindow
+    from explorer.gui.session import open_session
+
+    started = time.perf_counter()
+    window = MainWindow(open_session([path]))
+    window.resize(1600, 900)
+    window.show()
+    timeline = window.timeline
+
+    def complete() -> bool:
+        frame = timeline.frame
+        return (
+            frame is not None
+            and not frame.pending
+            and set(frame.request.rows) == set(timeline.visible_rows())
+        )
+
+    while not complete():
+        app.processEvents()
+        time.sleep(0.002)
+        if time.perf_counter() - started > 600:
+            raise SystemExit("no complete frame after 600 s")
+    app.processEvents()
+    timeline.plot.viewport().repaint()
+    open_s = time.perf_counter() - started
+    while window.fetcher.lods_building() or window._callbacks:  # every LOD in place, hierarchy/source read
+        app.processEvents()
+        time.sleep(0.01)
+    lod_s = time.perf_counter() - started
+
+    frame_ms: list[float] = []
+    original = timeline.show_frame
+
+    def timed_show(frame: Any) -> None:
+        t = time.perf_counter()
+        original(frame)
+        timeline.plot.viewport().repaint()
+        frame_ms.append((time.perf_counter() - t) * 1e3)
+
+    timeline.fetcher.ready.disconnect(original)
+    timeline.fetcher.ready.connect(timed_show)
+    timeline.latencies_ms.clear()
+    rng = np.random.default_rng(7)
+    for view in _steps(timeline.span, rng):
+        step_started = time.perf_counter()
+        timeline.set_range(*view)
+        timeline.plot.viewport().repaint()
+        frame_ms.append((time.perf_counter() - step_started) * 1e3)
+        while time.perf_counter() - step_started < STEP_S:
+            app.processEvents()  # delivers windows that arrived (timed_show) while the step lasts
+            time.sleep(0.001)
+    settle = time.perf_counter()
+    while not window.fetcher.idle and time.perf_counter() - settle < 60:
+        app.processEvents()
+        time.sleep(0.005)
+    app.processEvents()
+    latencies = list(timeline.latencies_ms)
+    figures = {
+        "open_s": round(open_s, 3),
+        "lod_s": round(lod_s, 3),
+        "frame_ms_p50": round(float(np.percentile(frame_ms, 50)), 2),
+        "frame_ms_p95": round(float(np.percentile(frame_ms, 95)), 2),
+        "frames": len(frame_ms),
+        "window_ms_p50": round(float(np.percentile(latencies, 50)), 1) if latencies else None,
+        "window_ms_p95": round(float(np.percentile(latencies, 95)), 1) if latencies else None,
+        "windows": len(latencies),
+        "rows_drawn": len(timeline.frame.request.rows) if timeline.frame else 0,
+        "peak_rss_mb": round(_vm("VmHWM"), 1),
+    }
+    window.release()
+    print(json.dumps(figures))
+
+
+def measure(path: Path) -> list[dict[str, Any]]:
+    runs = []
+    for _ in range(REPEATS):
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        )
+        if done.returncode != 0:
+            raise SystemExit(
+                f"bench child failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
+            )
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1M instructions only (smoke test)")
+    parser.add_argument("--sizes", default=None, help="comma-separated: 1m, 10m, 100m (default 10m,100m)")
+    parser.add_argument("--child", metavar="PROFILE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    sizes = ["1m"] if args.quick else (args.sizes or "10m,100m").split(",")
+    figures: dict[str, Any] = {
+        "bench": "gui",
+        "quick": args.quick,
+        "cache": str(cache_dir()),
+        "runs_per_size": REPEATS,
+        "steps": STEPS,
+    }
+    for size in sizes:
+        rows = SIZES[size]
+        path, built = ensure_profile(rows)
+        if built is not None:
+            figures[f"synthetic_build_s_{size}"] = round(built, 1)
+        runs = measure(path)
+        for key in (
+            "open_s",
+            "frame_ms_p50",
+            "frame_ms_p95",
+            "window_ms_p50",
+            "window_ms_p95",
+            "peak_rss_mb",
+            "lod_s",
+        ):
+            values = [r[key] for r in runs if r[key] is not None]
+            if values:
+                figures[f"{key}_{size}"] = round(statistics.median(values), 3)
+        figures[f"frames_{size}"] = runs[0]["frames"]
+        figures[f"rows_drawn_{size}"] = runs[0]["rows_drawn"]
+        figures[f"open_s_{size}_runs"] = [r["open_s"] for r in runs]
+    figures["targets"] = {
+        "open_s_10m": "<= 3",
+        "frame_ms_p50_10m": "<= 16",
+        "frame_ms_p95_10m": "<= 33",
+        "frame_ms_p50_100m": "<= 33",
+        "frame_ms_p95_100m": "<= 66",
+        "peak_rss_mb_100m": "<= 1500",
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
