@@ -68,10 +68,8 @@ class UnionAccumulator:
         if np.isscalar(key) or np.ndim(key) == 0:  # one key: no key column to sort or split by
             if order is None:
                 order = start_order(start)
-            sorted_already = order.size == n and bool(order[0] == 0) and bool(np.all(np.diff(order) == 1))
-            s = start if sorted_already else start[order]
-            e = end if sorted_already else end[order]
-            self._fold(int(key), s.astype(np.int64, copy=False), e.astype(np.int64, copy=False))  # type: ignore[arg-type]
+            s, e = start[order].astype(np.int64, copy=False), end[order].astype(np.int64, copy=False)
+            self._fold(int(key), s, e)  # type: ignore[arg-type]
             return
         else:
             keys = np.asarray(key)

@@ -340,8 +340,12 @@ def _opcode_unions(acc: UnionAccumulator, overlapped: set[int], key: np.ndarray,
     if not shortcut:
         acc.add(opkey, s, e, key_order(opkey, by_start))
         return
-    swept = np.isin(key, np.fromiter(overlapped, np.int64, len(overlapped))) if overlapped else np.zeros(
-        key.size, bool)
+    if overlapped:
+        lookup = np.zeros(max(max(overlapped), int(key.max())) + 1, bool)
+        lookup[list(overlapped)] = True
+        swept = lookup[key]
+    else:
+        swept = np.zeros(key.size, bool)
     if swept.any():
         order = by_start[swept[by_start]]
         acc.add(opkey, s, e, key_order(opkey, order))
