@@ -131,7 +131,8 @@ class FlameWidget(QWidget):
     def set_tree(self, tree: Hierarchy, origin: int, label: str = "") -> None:
         self.tree, self.origin = tree, origin
         self._flat = []
-        node_colors = colors.name_colors([n.label for n in tree.nodes])  # once: redraws only index it
+        node_colors = colors.name_colors([n.name for n in tree.nodes])  # once: redraws only index it
+        # (by full name: a layer's colour here is its colour on the timeline coloured by layer)
         for depth in range(tree.depth):
             nodes = [i for i, n in enumerate(tree.nodes) if n.depth == depth]
             parts = [(tree.nodes[i].intervals - origin, i) for i in nodes if len(tree.nodes[i].intervals)]

@@ -51,6 +51,7 @@ def render_screenshot(
     else:
         window = MainWindow(open_session(list(dirs)), synchronous=True)
         window.set_mode(mode)
+        window.tabs.setCurrentWidget(window.summary_table)  # nothing is selected: show the profile's figures
         timelines = [window.timeline]
     window.resize(*size)
     window.show()
