@@ -329,7 +329,7 @@ def child(path: str) -> None:
     app.processEvents()
     timeline.plot.viewport().repaint()
     open_s = time.perf_counter() - started
-    while window.fetcher.lods_building() or window._callbacks:  # every LOD in place, hierarchy/source read
+    while window.fetcher.lods_building() or window.hierarchy is None or window._callbacks:  # all built
         app.processEvents()
         time.sleep(0.01)
     lod_s = time.perf_counter() - started

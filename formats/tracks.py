@@ -27,6 +27,7 @@ so the start, id and attributes of a bucket always come from the same event.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from formats import sqlsource
 from formats.intervals import time_slices
@@ -46,12 +49,12 @@ __all__ = [
     "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "HBM_THROUGHPUT", "INSTRUCTION_TRACKS",
     "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE",
     "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport",
-    "build_span_lod", "key_condition", "lod_buckets", "merge_windows",
+    "build_span_lod", "key_condition", "lod_buckets", "merge_windows", "quick_instruction_lod",
 ]
 
 LOD_BUCKETS = 2**15  # level-0 buckets over a table's span, at least ...
-LOD_MAX_BUCKETS = 2**19  # ... and at most (memory: ~60 bytes per bucket and key)
-LOD_EVENTS_PER_BUCKET = 16  # between the two, about this many events per level-0 bucket
+LOD_MAX_BUCKETS = 2**18  # ... and at most (memory: ~60 bytes per bucket and key, all levels)
+LOD_EVENTS_PER_BUCKET = 32  # between the two, about this many events (of all keys) per level-0 bucket
 LOD_SLICE_ROWS = 8_000_000  # the build aggregates this many rows at a time (bounded hash table)
 LOD_FACTOR = 4
 LOD_COARSEST = 64
@@ -252,6 +255,9 @@ class SpanLod:
     widths: list[int]
     levels: dict[tuple[Any, ...], list[dict[str, np.ndarray]]] = field(default_factory=dict)
     max_duration: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    # attribute -> its distinct values; levels hold int32 codes into them (-1: null), so millions of
+    # buckets cost 4 bytes per attribute, not a Python string each
+    dictionaries: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def finest(self) -> int:
@@ -274,7 +280,11 @@ class SpanLod:
         keep = part["end_ts"][lo:hi] > t0
         cols = {k: v[lo:hi][keep] for k, v in part.items()}
         bucket = np.clip((cols["start_ts"] - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
-        return _longest(bucket, cols, f"lod level {level}")
+        window = _longest(bucket, cols, f"lod level {level}")
+        for name, codes in window.attrs.items():
+            values = self.dictionaries[name]  # one more entry at the end: None, for code -1
+            window.attrs[name] = values[np.where(codes < 0, values.size - 1, codes)]
+        return window
 
 
 def lod_buckets(rows: int) -> int:
@@ -330,88 +340,217 @@ def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
     return SpanWindow(empty, empty, empty, empty, empty, {a: np.zeros(0, object) for a in attrs}, source)
 
 
+def _arrow(con: Any, sql: str) -> pa.Table:
+    """A query's result as an Arrow table (strings stay in Arrow buffers, no Python objects)."""
+    relation = con.sql(sql)
+    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):  # DuckDB 2.x, 1.x
+        method = getattr(relation, name, None)
+        if method is not None:
+            result = method()
+            return result if isinstance(result, pa.Table) else result.read_all()
+    raise RuntimeError("this DuckDB cannot return Arrow tables")
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """(int32 codes, distinct values) of a column; nulls get code -1."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(array.type):
+        array = array.cast(array.type.value_type)
+    encoded = pc.dictionary_encode(array)
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+    return codes, encoded.dictionary.to_pylist()
+
+
 def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512MB",
                    threads: int | None = None, rows_per_slice: int = LOD_SLICE_ROWS) -> SpanLod | None:
     """The level of detail of one span table (None if the table is absent or empty): DuckDB
     aggregates per (key, level-0 bucket) over time slices of the table (each slice's row groups
-    found by their statistics, so the hash table holds one slice's buckets), buckets cut by a slice
-    edge merged, then each coarser level from the one below. Uses its own connection, so it can run
-    on a background thread while windows are answered from another."""
+    found by their statistics, so the hash table holds one slice's buckets), fetched as Arrow with
+    keys and attributes turned into integer codes, buckets cut by a slice edge merged, then each
+    coarser level from the one below. Uses its own connection, so it can run on a background thread
+    while windows are answered from another."""
     source = TableSource(profile, spec.table)
     if not source.present:
         return None
     con = sqlsource.connect(memory_limit=memory_limit, threads=threads)
     try:
         start, end = source.col(spec.start), source.col(spec.end)
-        span = con.execute(f"SELECT min({start}), max({end}) FROM {source.relation()}").fetchone()
+        found = con.execute(f"SELECT min({start}), max({end}) FROM {source.relation()}").fetchall()
+        span = found[0] if found else None  # fetchall: a DuckDB 2 connection refuses new work while a
+        # result is unfinished (fetchone leaves it open)
         if span is None or span[0] is None:
             return None
         first, last = int(span[0]), int(span[1])
-        widths = _lod_geometry(first, last, lod_buckets(source.num_rows))
-        rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
-        attrs = ", ".join(f"arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
-        keys = _key_exprs(source, spec.keys)
-        key_names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
-        parts = []
-        for low, high in time_slices(source.files, spec.start, rows_per_slice):
-            bounds = [c for c in (None if low is None else f"{start} >= {int(low)}",
-                                  None if high is None else f"{start} < {int(high)}") if c]
-            where = "WHERE " + " AND ".join(bounds) if bounds else ""
-            parts.append(con.execute(f"""
-                SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
-                       arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
-                FROM (SELECT {', '.join(keys) + ',' if keys else ''} ({start} - {first}) // {widths[0]} AS b,
-                             ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
-                             {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
-                      FROM {source.relation()} {where})
-                GROUP BY ALL""").fetchnumpy())
+        lod = SpanLod(first, _lod_geometry(first, last, lod_buckets(source.num_rows)))
+        table = _aggregate(con, source, spec, lod, None, rows_per_slice)
     finally:
         con.close()
-    cols = {name: _concat([p[name] for p in parts]) for name in parts[0]}
-    rows = len(cols["b"])
-    keys_found, inverse = _key_tuples(cols, len(spec.keys), rows)
-    lod = SpanLod(first, widths)
-    base = {"b": np.asarray(cols["b"], np.int64), "start_ts": np.asarray(cols["s"], np.int64),
-            "id": np.asarray(cols["i"], np.int64), "count": np.asarray(cols["n"], np.int64)}
-    base["end_ts"] = base["start_ts"] + np.asarray(cols["d"], np.int64)
-    for i, a in enumerate(spec.attrs):
-        base[f"a:{a}"] = _plain(cols[f"a{i}"]).astype(object)
-    del cols, parts
-    for k, key in enumerate(keys_found):
-        mine = _merge_buckets({name: v[inverse == k] for name, v in base.items()})  # slices' shared buckets
-        levels = []
-        for level, width in enumerate(widths):
-            if level:
-                mine = dict(mine)
-                mine["b"] = mine["b"] // LOD_FACTOR
-                mine = _merge_buckets(mine)
-            part = {name: v for name, v in mine.items() if name != "b"}
-            part["bucket_ts"] = first + mine["b"] * width
-            levels.append(part)
-        lod.levels[key] = levels
-        lod.max_duration[key] = int((mine["end_ts"] - mine["start_ts"]).max()) if mine["b"].size else 0
+    _add_levels(lod, spec, table)
     return lod
 
 
-def _concat(arrays: list[Any]) -> Any:
-    """Fetched columns of several slices as one (masked arrays stay masked: nulls are kept)."""
-    if len(arrays) == 1:
-        return arrays[0]
-    if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
-        return np.ma.concatenate(arrays)
-    return np.concatenate(arrays)
+def _aggregate(con: Any, source: TableSource, spec: SpanSpec, lod: SpanLod, condition: str | None,
+               rows_per_slice: int) -> pa.Table:
+    """Per (key, level-0 bucket of ``lod``) the longest event, slice by slice, as one Arrow table."""
+    start, end = source.col(spec.start), source.col(spec.end)
+    rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
+    attrs = ", ".join(f"arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
+    keys = _key_exprs(source, spec.keys)
+    key_names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
+    parts = []
+    for low, high in time_slices(source.files, spec.start, rows_per_slice):
+        bounds = [c for c in (None if low is None else f"{start} >= {int(low)}",
+                              None if high is None else f"{start} < {int(high)}", condition) if c]
+        where = "WHERE " + " AND ".join(bounds) if bounds else ""
+        parts.append(_arrow(con, f"""
+            SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
+                   arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
+            FROM (SELECT {', '.join(keys) + ',' if keys else ''}
+                         ({start} - {lod.origin}) // {lod.widths[0]} AS b,
+                         ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
+                         {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
+                  FROM {source.relation()} {where})
+            GROUP BY ALL"""))
+    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
-def _merge_buckets(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One row per bucket ``b`` (the longest; counts added), sorted by bucket."""
-    duration = rows["end_ts"] - rows["start_ts"]
-    order = np.lexsort((-rows["id"], -duration, rows["b"]))
-    b = rows["b"][order]
-    head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
-    pick = order[head]
-    out = {k: v[pick] for k, v in rows.items()}
-    out["count"] = (np.add.reduceat(rows["count"][order], np.flatnonzero(head)) if b.size
-                    else rows["count"][:0])
+def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
+    """Split an aggregate by key, merge buckets two slices share, and build the coarser levels."""
+    base = {"b": _numbers(table.column("b")), "start_ts": _numbers(table.column("s")),
+            "id": _numbers(table.column("i")), "count": _numbers(table.column("n"))}
+    base["end_ts"] = base["start_ts"] + _numbers(table.column("d"))
+    for i, a in enumerate(spec.attrs):
+        codes, values = _codes(table.column(f"a{i}"))
+        base[f"a:{a}"] = _recode(lod, a, codes, values)
+    key_codes = [_codes(table.column(f"k{i}")) for i in range(len(spec.keys))]
+    if key_codes:
+        combined = np.zeros(base["b"].size, np.int64)  # one integer per key tuple (mixed radix)
+        for codes, values in key_codes:
+            combined = combined * (len(values) + 1) + (codes.astype(np.int64) + 1)
+        _, first_row, inverse = np.unique(combined, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        keys_found = [tuple(None if codes[r] < 0 else _python(values[codes[r]])
+                            for codes, values in key_codes) for r in first_row.tolist()]
+    else:
+        keys_found, inverse = [()], np.zeros(base["b"].size, np.int64)
+    order = np.argsort(inverse.astype(np.int64) << 32 | base["b"], kind="stable")  # by key, then bucket
+    bounds = np.searchsorted(inverse[order], np.arange(len(keys_found) + 1))
+    for k, key in enumerate(keys_found):
+        pick = order[bounds[k]:bounds[k + 1]]
+        mine = {name: v[pick] for name, v in base.items()}
+        mine = _longest_sorted(mine, mine["b"])  # buckets that two slices share
+        levels = []
+        for level, width in enumerate(lod.widths):
+            if level:
+                mine = _longest_sorted(mine, mine["b"] // LOD_FACTOR)
+            part = {name: v for name, v in mine.items() if name != "b"}
+            part["bucket_ts"] = lod.origin + mine["b"] * width
+            levels.append(part)
+        lod.levels[key] = levels
+        lod.max_duration[key] = int((mine["end_ts"] - mine["start_ts"]).max()) if mine["b"].size else 0
+
+
+def _recode(lod: SpanLod, attr: str, codes: np.ndarray, values: list[Any]) -> np.ndarray:
+    """Codes into ``lod.dictionaries[attr]``, extending it with values it lacks."""
+    known = lod.dictionaries.get(attr)
+    table = [] if known is None else list(known[:-1])
+    index = {v: i for i, v in enumerate(table)}
+    mapping = np.empty(len(values), np.int32)
+    for j, value in enumerate(values):
+        if value not in index:
+            index[value] = len(table)
+            table.append(value)
+        mapping[j] = index[value]
+    lod.dictionaries[attr] = np.array([*table, None], dtype=object)
+    return np.where(codes < 0, -1, mapping[np.maximum(codes, 0)] if mapping.size else -1).astype(np.int32)
+
+
+def quick_instruction_lod(profile: Profile, keys: Sequence[SpanKey], spec: SpanSpec | None = None, *,
+                          memory_limit: str = "512MB") -> SpanLod | None:
+    """A first level of detail for ``Instruction``, made in a fraction of the full build's time: an
+    engine drawn as one track is taken from the profile's precomputed ``InstructionLod`` (no scan);
+    only the rows of engines split into several tracks (the PE's ``Tensor``/``TensorMatrix``) are
+    aggregated, on the same bucket grid. Opcode is the only attribute. None when the profile has no
+    ``InstructionLod`` or several physical cores (``InstructionLod`` is per engine, not per core).
+    ``keys``: the table's rows (``TrackViewport.span_keys``)."""
+    from formats.schema import canonical_engine
+
+    spec = spec or INSTRUCTION_TRACKS
+    if not profile.num_rows("InstructionLod") or spec.keys != INSTRUCTION_TRACKS.keys:
+        return None
+    if len({k.key[0] or 0 for k in keys}) > 1:
+        return None
+    engine_lod = profile.table("InstructionLod")
+    level = engine_lod.column("level").to_numpy()
+    widths_found = {int(lv): int(w) for lv, w in zip(level.tolist(),
+                                                     engine_lod.column("bucket_width_ns").to_numpy().tolist())}
+    widths = [widths_found[lv] for lv in sorted(widths_found)]
+    if not widths or any(b != a * LOD_FACTOR for a, b in itertools.pairwise(widths)):
+        return None
+    bucket_ts = engine_lod.column("bucket_ts").to_numpy()
+    origin = int(bucket_ts[level == 0].min())
+    lod = SpanLod(origin, widths)
+    tracks_of: dict[str, set[str]] = {}
+    for k in keys:
+        engine = canonical_engine(k.key[2]) or str(k.key[2])
+        tracks_of.setdefault(engine, set()).add(k.key[1] or engine)
+    split = sorted(e for e, names in tracks_of.items() if len(names) > 1)
+    engines = np.asarray([canonical_engine(e) or "" for e in engine_lod.column("engine").to_pylist()], object)
+    codes, values = _codes(engine_lod.column("opcode"))
+    opcode = _recode(lod, "opcode", codes, values)
+    for engine in tracks_of:
+        if engine in split:
+            continue
+        key = next(k.key for k in keys if (canonical_engine(k.key[2]) or str(k.key[2])) == engine)
+        mine = engines == engine
+        levels = []
+        for lv in range(len(widths)):
+            sel = mine & (level == lv)
+            order = np.argsort(bucket_ts[sel], kind="stable")
+            part = {name: engine_lod.column(name).to_numpy()[sel][order].astype(np.int64)
+                    for name in ("bucket_ts", "start_ts", "end_ts", "id", "count")}
+            part["a:opcode"] = opcode[sel][order]
+            levels.append(part)
+        lod.levels[key] = levels
+        durations = levels[0]["end_ts"] - levels[0]["start_ts"]
+        lod.max_duration[key] = int(durations.max()) if durations.size else 0
+    if split:
+        source = TableSource(profile, spec.table)
+        spellings = [k.key[2] for k in keys if (canonical_engine(k.key[2]) or str(k.key[2])) in split]
+        listed = ", ".join(_sql_value(s) for s in spellings)
+        condition = f"{source.col(spec.keys[2], engines=False)} IN ({listed})"
+        quick = SpanSpec(spec.table, spec.keys, spec.id, ("opcode",), spec.start, spec.end)
+        con = sqlsource.connect(memory_limit=memory_limit)
+        try:
+            table = _aggregate(con, source, quick, lod, condition, LOD_SLICE_ROWS)
+        finally:
+            con.close()
+        _add_levels(lod, quick, table)
+    return lod
+
+
+def _numbers(column: pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+def _longest_sorted(rows: dict[str, np.ndarray], bucket: np.ndarray) -> dict[str, np.ndarray]:
+    """One row per value of ``bucket`` (non-decreasing): the longest (ties: the larger id), counts
+    added -- in O(n) passes (``reduceat``), no sort, as the rows arrive sorted by bucket."""
+    n = bucket.size
+    if n == 0:
+        return {**rows, "b": bucket}
+    head = np.empty(n, bool)
+    head[0] = True
+    np.not_equal(bucket[1:], bucket[:-1], out=head[1:])
+    starts = np.flatnonzero(head)
+    rank = (rows["end_ts"] - rows["start_ts"]) * _TIE + rows["id"] % _TIE
+    best = np.maximum.reduceat(rank, starts)
+    group = np.cumsum(head) - 1
+    hits = np.flatnonzero(rank == best[group])
+    first = hits[np.r_[True, group[hits][1:] != group[hits][:-1]]]
+    out = {k: v[first] for k, v in rows.items()}
+    out["b"] = bucket[first]
+    out["count"] = np.add.reduceat(rows["count"], starts)
     return out
 
 
@@ -429,6 +568,8 @@ class TrackViewport:
         self._lods: dict[SpanSpec, SpanLod | None] = {}
         self._longest: dict[SpanSpec, int] = {}
         self._keys: dict[SpanSpec, set[tuple[Any, ...]]] = {}
+        self._full: set[SpanSpec] = set()  # specs whose full level of detail is built
+        self._key_list: dict[SpanSpec, list[SpanKey]] = {}
         self._memory_limit = memory_limit
 
     def close(self) -> None:
@@ -445,12 +586,21 @@ class TrackViewport:
     def lod(self, spec: SpanSpec) -> SpanLod | None:
         """The table's level of detail, built on first use (``build_span_lod``; may take a while on a
         large table -- call it from a background thread first if the caller must stay responsive)."""
-        if spec not in self._lods:
+        if spec not in self._full:
             built = build_span_lod(self.profile, spec, memory_limit=self._memory_limit)
             self._lods[spec] = built
+            self._full.add(spec)
             if built is not None:
                 self._longest[spec] = max(built.max_duration.values(), default=0)
         return self._lods[spec]
+
+    def install_lod(self, spec: SpanSpec, lod: SpanLod) -> None:
+        """Use ``lod`` for ``spec`` until a full one is built (``quick_instruction_lod``)."""
+        self._lods[spec] = lod
+        self._longest.setdefault(spec, max(lod.max_duration.values(), default=0))
+
+    def has_full_lod(self, spec: SpanSpec) -> bool:
+        return spec in self._full
 
     def lod_serves(self, spec: SpanSpec, t0: int, t1: int, buckets: int) -> bool:
         """True if a built level of detail answers this window (pixels wider than its finest bucket)."""
@@ -459,7 +609,10 @@ class TrackViewport:
 
     # -- span rows ---------------------------------------------------------------------------
     def span_keys(self, spec: SpanSpec) -> list[SpanKey]:
-        """Every row of the table: key, event count, first start and last end (one grouped scan)."""
+        """Every row of the table: key, event count, first start and last end (one grouped scan, then
+        remembered)."""
+        if spec in self._key_list:
+            return list(self._key_list[spec])
         source = self._source(spec.table)
         if not source.present:
             return []
@@ -481,7 +634,8 @@ class TrackViewport:
             out.append(SpanKey(tuple(_python(v) for v in key), int(cols["n"][r]), int(cols["first"][r]),
                                int(cols["last"][r])))
         self._keys[spec] = {k.key for k in out}
-        return sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
+        self._key_list[spec] = sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
+        return list(self._key_list[spec])
 
     def span_windows(self, spec: SpanSpec, t0: int, t1: int, buckets: int = 2000,
                      keys: Iterable[tuple[Any, ...]] | None = None, where: str | None = None,
@@ -508,7 +662,8 @@ class TrackViewport:
     def _longest_event(self, spec: SpanSpec, source: TableSource) -> int:
         if spec not in self._longest:
             start, end = source.col(spec.start), source.col(spec.end)
-            row = self.con.execute(f"SELECT max(({end}) - ({start})) FROM {source.relation()}").fetchone()
+            rows = self.con.execute(f"SELECT max(({end}) - ({start})) FROM {source.relation()}").fetchall()
+            row = rows[0] if rows else None
             self._longest[spec] = int(row[0] or 0) if row else 0
         return self._longest[spec]
 
@@ -643,7 +798,7 @@ class TrackViewport:
         value = f"CAST({source.col(spec.value)} AS DOUBLE)"
         with self._lock:
             row = self.con.execute(f"SELECT min({value}), max({value}) FROM {source.relation()} "
-                                   f"WHERE true {_key_filter(source, spec.keys, wanted)}").fetchone()
+                                   f"WHERE true {_key_filter(source, spec.keys, wanted)}").fetchall()[0]
         if row is None or row[0] is None:
             return None
         return float(row[0]), float(row[1])

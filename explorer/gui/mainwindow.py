@@ -133,8 +133,12 @@ class MainWindow(QMainWindow):
         self.search_panel.requested.connect(self.run_search)
         self.search_panel.activated.connect(self.jump_to_result)
         self.search_panel.cleared.connect(lambda: self.timeline.set_highlight(None))
-        self.fetcher.build_lods(synchronous=synchronous)
-        self.load_focus()
+        if synchronous:
+            self.fetcher.build_lods(synchronous=True)
+            self.load_focus()
+        else:  # the first frame waits for the levels of detail: nothing else competes for the cores
+            self.fetcher.lods_done.connect(self.load_focus)
+            self.fetcher.build_lods()
         self.timeline.plot.setFocus()
 
     # -- chrome ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Signal
 from explorer.gui.frames import FrameData, FrameRequest, fetch_frame
 from explorer.gui.rows import Row
 from explorer.gui.session import Session
-from formats.tracks import SpanSpec
+from formats.tracks import SpanSpec, quick_instruction_lod
 
 
 def _one_line(exc: BaseException) -> str:
@@ -35,6 +35,7 @@ class FrameFetcher(QObject):
     ready = Signal(object)
     failed = Signal(str)
     lod_ready = Signal(str)
+    lods_done = Signal()
 
     def __init__(self, session: Session, rows: Sequence[Row]) -> None:
         super().__init__()
@@ -110,7 +111,26 @@ class FrameFetcher(QObject):
         self._lod_thread.start()
 
     def _build(self, specs: list[tuple[int, SpanSpec]]) -> None:
+        """Quick instruction LODs first (from the profile's InstructionLod: the first frame waits on
+        them), then every table's full LOD -- instructions last when a quick one stands in."""
+        quick_done = []
         for p, spec in specs:
+            loaded = self.session.profiles[p]
+            if spec.table != "Instruction" or loaded.tracks is None or self._stopped:
+                continue
+            try:
+                quick = quick_instruction_lod(loaded.profile, loaded.tracks.span_keys(spec))
+            except Exception as exc:  # the full build below still runs
+                self._emit_failed(f"quick level of detail not built: {_one_line(exc)}")
+                continue
+            if quick is not None:
+                loaded.tracks.install_lod(spec, quick)
+                quick_done.append((p, spec))
+                self.lods_ready.add((p, spec))
+                with contextlib.suppress(RuntimeError):
+                    self.lod_ready.emit(spec.table)
+        ordered = [ps for ps in specs if ps not in quick_done] + quick_done
+        for p, spec in ordered:
             if self._stopped:
                 return
             loaded = self.session.profiles[p]
@@ -125,6 +145,8 @@ class FrameFetcher(QObject):
                 self.lod_ready.emit(spec.table)
             except RuntimeError:
                 return
+        with contextlib.suppress(RuntimeError):
+            self.lods_done.emit()
 
     def lods_building(self) -> bool:
         return self._lod_thread is not None and self._lod_thread.is_alive()

@@ -109,6 +109,31 @@ def _many_row_groups(path: Path) -> Path:
     return path
 
 
+def test_quick_instruction_lod_from_the_engine_lod(llama: tracks.TrackViewport) -> None:
+    profile = llama.profile
+    keys = llama.span_keys(tracks.INSTRUCTION_TRACKS)
+    quick = tracks.quick_instruction_lod(profile, keys)
+    assert quick is not None and set(quick.levels) == {k.key for k in keys}
+    table = profile.table("Instruction", ["start_ts", "end_ts", "id", "timeline_track"])
+    track = np.asarray(table.column("timeline_track").to_pylist(), dtype=object)
+    start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
+    ids = table.column("id").to_numpy()
+    first, last = int(start.min()), int(end.max())
+    for key in quick.levels:
+        window = quick.window(key, first, last + 1, 40)
+        assert window is not None and window.source.startswith("lod level")
+        mine = track == key[1]
+        assert int(window.count.sum()) == int(mine.sum())  # every instruction of the row counted once
+        assert window.duration_ns.max() == (end - start)[mine].max()
+        assert set(window.id.tolist()) <= set(ids[mine].tolist())
+        assert all(isinstance(o, str) for o in window.attrs["opcode"])
+    view = tracks.TrackViewport(profile)
+    view.install_lod(tracks.INSTRUCTION_TRACKS, quick)
+    assert view.lod_serves(tracks.INSTRUCTION_TRACKS, first, last, 40)
+    assert not view.has_full_lod(tracks.INSTRUCTION_TRACKS)
+    view.close()
+
+
 def test_counter_windows_min_max_last(llama: tracks.TrackViewport) -> None:
     table = llama.profile.table("HbmUsage", ["timestamp", "current_throughput"])
     ts = table.column("timestamp").to_numpy()
