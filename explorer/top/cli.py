@@ -21,12 +21,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from collectors.cliargs import OneLineParser
 from collectors.inventory import InventoryError, discover
 from explorer.top import render
 from explorer.top.text_frame import frame_text
+
+if TYPE_CHECKING:
+    from explorer.top.model import Frame
+    from explorer.top.monitor_source import MonitorSource
 
 MIN_INTERVAL_S = 0.05
 
@@ -53,7 +57,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _monitor_source(path: str, stream: TextIO | None):  # -> MonitorSource
+def _monitor_source(path: str, stream: TextIO | None) -> MonitorSource:
     from explorer.top.monitor_source import MonitorSource
 
     return MonitorSource(path, stream)
@@ -68,9 +72,10 @@ def _keyboard_from_tty() -> TextIO:
     return os.fdopen(stream_fd, "r", encoding="utf-8", errors="replace")
 
 
-def _once_monitor(source, interval: float) -> int:
+def _once_monitor(source: MonitorSource, interval: float) -> Frame | int:
+    """The frame to print: a file's last report, or a pipe's first (waiting for it); a status if none."""
     frame = source.poll()
-    while source.reports == 0 and not source.ended and source._queue is not None:
+    while source.reports == 0 and not source.ended and source.is_pipe:
         time.sleep(min(interval, 0.05))
         frame = source.poll() or frame
     if source.reports == 0:

@@ -233,6 +233,11 @@ class MonitorSource:
                      processes=ordered, status=status, host_name=self.host_name, history=self.history.view())
 
     @property
+    def is_pipe(self) -> bool:
+        """True when read by the pump thread (a pipe or terminal), False for a followed file."""
+        return self._queue is not None
+
+    @property
     def ended(self) -> bool:
         return self._ended
 
