@@ -23,22 +23,13 @@ from typing import Any
 
 from explorer.gui.session import LoadedProfile
 from explorer.gui.timeaxis import format_ns
-from formats.sqlsource import TableSource, literal
+from formats.sqlsource import TableSource
 
 _WAIT_RE = re.compile(r"\$S\[(\d+)\]\s*(>=|>|==|<=|<)\s*(-?\d+)")
-_SHOWN_FIRST = (
-    "opcode",
-    "engine",
-    "timeline_track",
-    "operands",
-    "hlo_name",
-    "layer",
-    "bir_debug_info_source_location",
-    "nki_source_location",
-    "evt_wait_time_ns",
-    "dma_trigger_start_ts",
-    "dma_trigger_end_ts",
-)
+# columns the details panel shows in its own lines above the rest (which follow in schema order)
+_SHOWN = frozenset({"opcode", "compiler_opcode", "engine", "timeline_track", "operands", "start_ts", "end_ts",
+                    "duration_ns", "evt_wait_time_ns", "hlo_name", "layer", "bir_debug_info_source_location",
+                    "nki_source_location", "dma_trigger_start_ts", "dma_trigger_end_ts"})
 
 
 @dataclass(frozen=True)
@@ -158,25 +149,8 @@ def instruction_details(
     f.append(
         ("source line", location or (f"{details.source[0]}:{details.source[1]}" if details.source else "–"))
     )
-    shown = {
-        "opcode",
-        "compiler_opcode",
-        "engine",
-        "timeline_track",
-        "operands",
-        "start_ts",
-        "end_ts",
-        "duration_ns",
-        "evt_wait_time_ns",
-        "hlo_name",
-        "layer",
-        "bir_debug_info_source_location",
-        "nki_source_location",
-        "dma_trigger_start_ts",
-        "dma_trigger_end_ts",
-    }
     for name, value in row.items():
-        if name not in shown and value is not None:
+        if name not in _SHOWN and value is not None:
             f.append((name, _value(name, value)))
     details.dependencies = flow_dependencies(loaded, "instruction", int(row["id"]))
     details.dependencies += semaphore_waits(loaded, row)
@@ -393,9 +367,4 @@ def details_for(loaded: LoadedProfile, kind: str, row_id: int, start_ts: int | N
     return None
 
 
-def instruction_where_id(loaded: LoadedProfile, ids: list[int]) -> str:
-    """A highlight condition for a few instructions by id."""
-    return "id IN (" + ", ".join(str(int(i)) for i in ids) + ")" if ids else "false"
-
-
-__all__ = ["Dependency", "Details", "details_for", "instruction_details", "literal", "parse_location"]
+__all__ = ["Dependency", "Details", "details_for", "instruction_details", "parse_location"]

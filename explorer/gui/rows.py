@@ -60,9 +60,6 @@ class Row:
     scale: tuple[float, float] | None = None  # a counter's (min, max) over the profile
     events: int = 0
 
-    @property
-    def title(self) -> str:
-        return self.label if self.kind == HEADER else f"{self.label}"
 
 
 def _track_rank(track: str) -> tuple[int, str]:
