@@ -186,12 +186,15 @@ def test_interrupted_capture_keeps_an_incomplete_system_profile(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "explorer.profile_cli", "capture", "-o",
                              str(tmp_path / "out"), "--system-interval", "0.02", "--", sys.executable,
                              str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # a test runner (or a library it loaded) may ignore SIGINT, and children
+                            # inherit that: give the capture the default disposition a shell would
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "started"
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1].startswith("neuron-profile: interrupted")
     kept = tmp_path / "out/system.incomplete"
