@@ -70,6 +70,10 @@ class _Program:
     semaphore_ids: pa.Array  # per semaphore number, as text
     # per node: Instruction text columns (distinct values, null mask per node, index per node)
     node_text: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # the dependency graph (CSR over node ids) and each node's resource (6 DMA transfer, 7 collective)
+    dep_ptr: np.ndarray | None = None
+    dep_idx: np.ndarray | None = None
+    resource: np.ndarray | None = None
 
 
 @dataclass
@@ -390,6 +394,9 @@ class ProfileRecorder:
             queue_types=pa.array([t or "unknown" for t in types], pa.string()),
             semaphore_ids=pa.array([str(i) for i in range(n_sem)], pa.string()),
             node_text=_node_text(m, n_nodes),
+            dep_ptr=None if m.get("dep_ptr") is None else np.asarray(m["dep_ptr"], np.int64),
+            dep_idx=None if m.get("dep_idx") is None else np.asarray(m["dep_idx"], np.int64),
+            resource=None if m.get("resource") is None else np.asarray(m["resource"], np.int8),
         )
         self._facts(m)
 
@@ -472,6 +479,7 @@ class ProfileRecorder:
             columns[column] = _dict(index[node], values, missing[node])
         self.writer.write("Instruction", columns)
         execution.rows += n
+        self._dependency_flows(node, execution, program)
         if self.rollups:
             opcodes = list(m.get("opcodes") or program.opcodes)
             sbuf_read = np.asarray(c["sbuf_read_bytes"])
@@ -537,6 +545,35 @@ class ProfileRecorder:
                 "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["dma_block"]),
                 "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["DMA_TRIGGER"]),
             })
+
+    def _dependency_flows(self, node: np.ndarray, execution: _Execution, program: _Program) -> None:
+        """One ``Flow`` edge per semaphore wait of these instructions: the instruction or DMA transfer
+        (``dma_block``) whose completion it waited for -> the instruction. Collectives are CcOp rows,
+        not instructions, so waits on them are left out."""
+        ptr, idx, resource = program.dep_ptr, program.dep_idx, program.resource
+        if ptr is None or idx is None or resource is None or not node.size:
+            return
+        counts = ptr[node + 1] - ptr[node]
+        total = int(counts.sum())
+        if not total:
+            return
+        first = np.repeat(ptr[node], counts)
+        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        source = idx[first + within]
+        target = np.repeat(node, counts)
+        keep = resource[source] != 7
+        source, target = source[keep], target[keep]
+        k = source.size
+        if not k:
+            return
+        self.writer.write("Flow", {
+            "in_id": source + execution.base,
+            "out_id": target + execution.base,
+            "in_table": pa.DictionaryArray.from_arrays((resource[source] == 6).astype(np.int8),
+                                                       ["instruction", "dma_block"]),
+            "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["instruction"]),
+            "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["SEMAPHORE"]),
+        })
 
     def _packet_ranks(self, execution: int, transfer: np.ndarray) -> np.ndarray:
         """Position of each packet within its transfer. A transfer's packets are adjacent in the

@@ -24,9 +24,12 @@ def test_row_counts_equal_what_the_core_emitted(recorded: Recorded) -> None:
     assert profile.num_rows("SemaphoreUpdate") == recorded.rows("semaphore_update")
     assert profile.num_rows("HbmUsage") == recorded.rows("hbm_usage")
     assert profile.num_rows("ExecutionInfo") == EXECUTIONS
-    # one Flow edge per DMA transfer that an instruction triggered
-    triggered = recorded.program.trigger[recorded.program.trigger >= 0].size
-    assert profile.num_rows("Flow") == triggered * EXECUTIONS
+    # one Flow edge per DMA transfer that an instruction triggered, one per semaphore wait
+    program = recorded.program
+    triggered = program.trigger[program.trigger >= 0].size
+    waits = sum(int(program.resource[d] != 7) for i in np.flatnonzero(program.resource < 6)
+                for d in program.deps(int(i)))
+    assert profile.num_rows("Flow") == (triggered + waits) * EXECUTIONS
 
 
 def test_files_carry_the_schema_types(recorded: Recorded) -> None:
@@ -84,6 +87,7 @@ def test_dma_packets_and_flow_edges_join(recorded: Recorded) -> None:
     first = packets.filter(pa.compute.equal(packets.column("packet_idx"), 0))
     assert first.num_rows == np.unique(packets.column("packet_aggregation_id").to_numpy()).size
     flow = profile.table("Flow")
+    flow = flow.filter(pa.compute.equal(flow.column("dependency_type"), "DMA_TRIGGER"))
     instruction_ids = set(profile.table("Instruction", ["id"]).column("id").to_pylist())
     blocks = set(packets.column("packet_aggregation_id").to_pylist())
     assert set(flow.column("in_id").to_pylist()) <= instruction_ids
