@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from collectors.capture import CaptureCommand, CaptureError
 from collectors.loadgen import RunCommand
 from explorer.viewer.cli import ViewCommand
+from formats import cli_profile as formats_cli
 from formats.cli_profile import COMMANDS as FORMAT_COMMANDS
-from formats.cli_profile import EXIT_BAD_INPUT
 from formats.reader import ProfileError
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
@@ -32,28 +32,13 @@ COMMANDS = [CaptureCommand(), RunCommand(),
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuron-profile", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
-        child = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.prepare_parser(child)
-        child.set_defaults(handler=command)
-    return parser
+    return formats_cli.build_parser(COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.handler.run(args))
-    except (ProfileError, CaptureError) as exc:
-        print(f"neuron-profile: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (ValueError, OSError) as exc:  # compile errors, sharding, unknown options, disk errors
-        print(f"neuron-profile: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("neuron-profile: interrupted; what was recorded is kept (marked incomplete)", file=sys.stderr)
-        return 130
+    # compile errors, sharding and unknown options are ValueErrors; disk errors OSErrors
+    return formats_cli.run_cli(argv, COMMANDS, (ProfileError, CaptureError, ValueError, OSError),
+                               "interrupted; what was recorded is kept (marked incomplete)")
 
 
 if __name__ == "__main__":

@@ -142,30 +142,34 @@ class ViewCommand:
 COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewCommand()]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-profile", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
+    for command in commands:
         child = sub.add_parser(command.name, help=command.help, description=command.help)
         command.prepare_parser(child)
         child.set_defaults(handler=command)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
+            bad_input: tuple[type[BaseException], ...] = (ProfileError, OSError),
+            interrupted: str = "interrupted") -> int:
+    """Parse ``argv`` against ``commands`` and run one; ``bad_input`` errors (and an OSError such as
+    an output file that cannot be written) become one line and exit 2, Ctrl-C exits 130."""
+    args = build_parser(commands).parse_args(argv)
     try:
-        return args.handler.run(args)
-    except ProfileError as exc:
-        print(f"neuron-profile: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:  # output file cannot be written, ...
+        return int(args.handler.run(args))
+    except bad_input as exc:
         print(f"neuron-profile: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("neuron-profile: interrupted", file=sys.stderr)
+        print(f"neuron-profile: {interrupted}", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(argv, COMMANDS)
 
 
 if __name__ == "__main__":
