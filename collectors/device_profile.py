@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.recording import recording
 from formats.recorder import ProfileRecorder
 from formats.writer import ProfileWriter
 
@@ -165,20 +166,9 @@ def profile(out_dir: str | Path, *, nth_exec: int | None = None, sink: Any = Non
             **writer_options: Any) -> Iterator[DeviceProfileCollector]:
     """Record device profiles of every execution inside the block (or only each core's ``nth_exec``-th
     execution of each model; 0 records nothing) into ``out_dir``."""
-    if sink is None:
-        from neuroncore.events import sink as default_sink
-
-        sink = default_sink
     collector = DeviceProfileCollector(out_dir, nth_exec=nth_exec, metadata=metadata, **writer_options)
-    unsubscribe = sink.subscribe(collector)
-    try:
+    with recording(collector, sink):
         yield collector
-    except BaseException as exc:
-        unsubscribe()
-        collector.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        raise
-    unsubscribe()
-    collector.close()
 
 
 __all__ = ["CapturedProfile", "DeviceProfileCollector", "profile"]

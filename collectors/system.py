@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from collectors.recording import recording
 from formats.recorder import metadata_from_spec
 from formats.writer import ProfileWriter, timestamp_text
 from neuroncore.config import default_instance
@@ -238,21 +239,9 @@ class SystemProfileCollector:
 def system_profile(out_dir: str | Path, *, interval_s: float = 0.1, sink: Any = None,
                    instance_id: str | None = None) -> Iterator[SystemProfileCollector]:
     """Record a system profile of the block into ``out_dir`` (kept, flagged incomplete, on error)."""
-    if sink is None:
-        from neuroncore.events import sink as default_sink
-
-        sink = default_sink
     collector = SystemProfileCollector(out_dir, interval_s=interval_s, instance_id=instance_id)
-    unsubscribe = sink.subscribe(collector)
-    collector.start()
-    try:
+    with recording(collector, sink, started=collector.start):
         yield collector
-    except BaseException as exc:
-        unsubscribe()
-        collector.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        raise
-    unsubscribe()
-    collector.close()
 
 
 __all__ = ["RuntimeEventLog", "SystemProfileCollector", "system_profile"]
