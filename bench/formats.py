@@ -52,8 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
-from formats.recorder import ProfileRecorder
+from formats.recorder import ProfileRecorder, metadata_from_spec
 from formats.writer import ProfileWriter
+from neuroncore.hardware import NC_V2
 
 SHIFTED = ("start_ts", "end_ts", "dma_trigger_start_ts", "dma_trigger_end_ts")
 
@@ -198,12 +199,8 @@ TRACK_SHARE = [0.15, 0.25, 0.15, 0.05, 0.1, 0.3]
 OPCODES = ["MATMUL", "LDWEIGHTS", "TENSOR_TENSOR", "TENSOR_SCALAR", "TENSOR_COPY", "ACTIVATE", "IOTA",
            "WRITE", "EVENT_SEMAPHORE", "TENSOR_REDUCE", "NOP"]
 TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
-HARDWARE = {"dma_ddr_bandwidth": 272e9, "num_dma_engines_per_neuroncore": 16, "hbm_ddr_bandwidth": 410e9,
-            "tensor_engine_num_rows": 128, "tensor_engine_num_cols": 128, "tensor_engine_clock_freq": 2.8,
-            "vector_engine_clock_freq": 1.12, "vector_engine_num_channels": 128,
-            "scalar_engine_clock_freq": 1.4, "scalar_engine_num_channels": 128,
-            "gpsimd_engine_clock_freq": 1.4, "gpsimd_engine_num_channels": 128,
-            "neuroncore_clock_freq": 1.4, "is_simulation": True, "profile_name": "synthetic"}
+# the core's NC-v2 constants, as a capture on trn1 writes them
+HARDWARE = {**metadata_from_spec(NC_V2), "is_simulation": True, "profile_name": "synthetic"}
 
 
 def _chunk(rng: np.random.Generator, clock: np.ndarray, m: int) -> dict[str, np.ndarray]:

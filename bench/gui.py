@@ -39,6 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from formats.recorder import metadata_from_spec
+from neuroncore.hardware import NC_V2
+
 SIZES = {"1m": 1_000_000, "10m": 10_000_000, "100m": 100_000_000}
 STEPS = 240  # 4 s of interaction at 60 steps/s
 STEP_S = 1 / 60
@@ -72,24 +75,9 @@ OPCODES = [
 ]
 TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
 QUEUES = [f"qSyncIO{i}" for i in range(3)] + [f"qSyncWeight{i}" for i in range(3)]
-HARDWARE = {
-    "dma_ddr_bandwidth": 272e9,
-    "num_dma_engines_per_neuroncore": 16,
-    "hbm_ddr_bandwidth": 410e9,
-    "tensor_engine_num_rows": 128,
-    "tensor_engine_num_cols": 128,
-    "tensor_engine_clock_freq": 2.8,
-    "vector_engine_clock_freq": 1.12,
-    "vector_engine_num_channels": 128,
-    "scalar_engine_clock_freq": 1.4,
-    "scalar_engine_num_channels": 128,
-    "gpsimd_engine_clock_freq": 1.4,
-    "gpsimd_engine_num_channels": 128,
-    "neuroncore_clock_freq": 1.4,
-    "is_simulation": True,
-    "profile_name": "synthetic",
-    "instance_type": "trn1.2xlarge",
-}
+# the core's NC-v2 constants, as a capture on trn1 writes them
+HARDWARE = {**metadata_from_spec(NC_V2), "is_simulation": True, "profile_name": "synthetic",
+            "instance_type": "trn1.2xlarge"}
 HLO_SPAN_NS = 20_000  # one HLO op every 20 us, 512 distinct ops; a layer every 1 ms, 32 layers
 LAYER_SPAN_NS = 1_000_000
 

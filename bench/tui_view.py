@@ -63,23 +63,11 @@ def _ops() -> list[tuple[str, str, int]]:
 
 
 def _hardware() -> dict[str, Any]:
-    return {
-        "dma_ddr_bandwidth": 272e9,
-        "num_dma_engines_per_neuroncore": 16,
-        "hbm_ddr_bandwidth": 410e9,
-        "tensor_engine_num_rows": 128,
-        "tensor_engine_num_cols": 128,
-        "tensor_engine_clock_freq": 2.8,
-        "vector_engine_clock_freq": 1.12,
-        "vector_engine_num_channels": 128,
-        "scalar_engine_clock_freq": 1.4,
-        "scalar_engine_num_channels": 128,
-        "gpsimd_engine_clock_freq": 1.4,
-        "gpsimd_engine_num_channels": 128,
-        "neuroncore_clock_freq": 1.4,
-        "is_simulation": True,
-        "profile_name": "synthetic 10M",
-    }
+    """The core's NC-v2 constants, as a capture on trn1 writes them."""
+    from formats.recorder import metadata_from_spec
+    from neuroncore.hardware import NC_V2
+
+    return {**metadata_from_spec(NC_V2), "is_simulation": True, "profile_name": "synthetic 10M"}
 
 
 def synthetic_profile(path: str, n: int, seed: int = 0) -> None:
