@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from importlib.metadata import entry_points
 
 from neuroncore.events import EventSink
 
 GROUP = "neuronscope.sink_listeners"
-_activated: set[int] = set()
+_activated: weakref.WeakSet[EventSink] = weakref.WeakSet()  # ids would be reused after a sink dies
 _lock = threading.Lock()
 
 
@@ -27,9 +28,9 @@ def activate(sink: EventSink) -> list[str]:
     if os.environ.get("NEURONSCOPE_PLUGINS", "1") == "0":
         return []
     with _lock:
-        if id(sink) in _activated:
+        if sink in _activated:
             return []
-        _activated.add(id(sink))
+        _activated.add(sink)
     attached: list[str] = []
     for entry in entry_points(group=GROUP):
         try:
