@@ -20,6 +20,7 @@ incomplete (``<dir>.incomplete``), and the exception goes on.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -116,6 +117,7 @@ class DeviceProfileCollector:
                     info.setdefault(target, program.meta[source])
         info.setdefault("neuroncore_idx", core)
         info.setdefault("profile_name", f"{name} core {core} execution {count}")
+        info.setdefault("capture_working_dir", _working_dir())  # where source files may be read
         writer = ProfileWriter(path, {"is_simulation": True, **info}, **self.writer_options)
         recorder = ProfileRecorder(writer, core=core)
         entry = _Open(recorder, path, name, core, count, {int(meta["execution_id"])})
@@ -172,3 +174,11 @@ def profile(out_dir: str | Path, *, nth_exec: int | None = None, sink: Any = Non
 
 
 __all__ = ["CapturedProfile", "DeviceProfileCollector", "profile"]
+
+
+def _working_dir() -> str | None:
+    """The directory the program runs in (``formats.source_access`` reads source files under it)."""
+    try:
+        return os.getcwd()
+    except OSError:  # the directory was removed under the program
+        return None

@@ -80,6 +80,9 @@ EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
         FieldDef("capture_complete", "bool", None, False,
                  "neuronscope extension: false when the capture was interrupted and the tables hold only "
                  "what was recorded up to then"),
+        FieldDef("capture_working_dir", "string", None, False,
+                 "neuronscope extension: the directory the capture ran in, where the user's source files "
+                 "are read from without asking (formats.source_access)"),
     ),
     "HloInstruction": _ROLLUP_COLUMNS,
     "FrameworkNode": _ROLLUP_COLUMNS,

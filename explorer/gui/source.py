@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from explorer.gui.session import LoadedProfile
+from formats.source_access import SourceAccess, SourceStatus
+from formats.source_access import read_source as read_source_text
 from formats.sqlsource import TableSource, literal
 
 
@@ -45,6 +46,7 @@ class SourceTimes:
     stacks: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # stack text -> its lines
     by_location: bool = False  # no stack frames: lines come from the location columns
     note: str = ""
+    access: SourceAccess = field(default_factory=SourceAccess)  # which files may be read without asking
 
     def lines_of(self, path: str) -> dict[int, LineTime]:
         return {line: t for (p, line), t in self.lines.items() if p == path}
@@ -63,12 +65,12 @@ class SourceTimes:
         return "stack_frame_ids IN (" + ", ".join(literal(s) for s in stacks) + ")"
 
 
-def read_source(path: str) -> list[str] | None:
-    """The file's lines, or None when it is not readable on this machine."""
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
+def read_source(path: str, access: SourceAccess | None = None) -> list[str] | None:
+    """The file's lines, or None when it is not readable here or not allowed: the one rule of
+    ``formats.source_access`` (under the capture's recorded working directory, regular files only,
+    size-capped; anything else only once the user confirmed it, which ``access`` carries)."""
+    text = read_source_text(path, access if access is not None else SourceAccess())
+    return list(text.lines) if text.status is SourceStatus.OK else None
 
 
 def _frames(loaded: LoadedProfile) -> dict[str, tuple[str, int, str]]:
@@ -88,7 +90,7 @@ def _frames(loaded: LoadedProfile) -> dict[str, tuple[str, int, str]]:
 
 def load_source_times(loaded: LoadedProfile) -> SourceTimes:
     source = TableSource(loaded.profile, "Instruction")
-    out = SourceTimes()
+    out = SourceTimes(access=SourceAccess.for_profile(loaded.metadata))
     if not source.present:
         out.note = "no instructions"
         return out

@@ -70,7 +70,7 @@ class SourcePanel(QWidget):
         path = self.files.itemData(index)
         self.path = path
         per_line = self.times.lines_of(path)
-        text = read_source(path)
+        text = read_source(path, self.times.access)
         numbers = range(1, len(text) + 1) if text is not None else sorted(per_line)
         hottest = max((t.inclusive_ns for t in per_line.values()), default=0) or 1
         self._filling = True

@@ -32,6 +32,7 @@ from explorer.viewer.panes import SourcePane, SummaryPane, TimelineStrip
 from explorer.viewer.treetable import HierarchyTable, flatten
 from formats.dataset import ProfileEntry
 from formats.reader import open_profile
+from formats.source_access import SourceStatus
 
 HELP = """\
 [b]neuron-profile view[/b] — keys
@@ -71,6 +72,35 @@ class HelpScreen(ModalScreen[None]):
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)
+
+
+class ConfirmRead(ModalScreen[bool]):
+    """Ask before reading a source file the profile names outside the trusted directories."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "Read it"),
+        Binding("n,escape,q", "answer(False)", "Do not read"),
+    ]
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def compose(self) -> ComposeResult:
+        text = Text("Read a file outside your source directories?\n\n", style="bold")
+        text.append(str(self.path), style="bold yellow")
+        text.append(
+            "\n\nThe profile names this file, but it is not under --source-root or the directory the "
+            "capture ran in. Profiles from other people can name any file.\n\n"
+        )
+        text.append("y", style="bold")
+        text.append(": read it     ")
+        text.append("n / esc", style="bold")
+        text.append(": do not")
+        yield Static(text, id="confirm")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
 
 
 @dataclass
@@ -115,6 +145,9 @@ class ViewerApp(App[None]):
     #query.shown { display: block; }
     #help { width: auto; height: auto; padding: 1 2; border: thick $primary; background: $surface; }
     HelpScreen { align: center middle; }
+    #confirm { width: 72; max-width: 100%; height: auto; padding: 1 2; border: thick $warning;
+               background: $surface; }
+    ConfirmRead { align: center middle; }
     .narrow #body { layout: vertical; }
     .narrow #summary { width: 1fr; height: 6; border-right: none; layout: horizontal;
                        border-bottom: solid $primary-background-lighten-2; }
@@ -171,6 +204,7 @@ class ViewerApp(App[None]):
         self.matches: list[str] = []
         self.match_index = -1
         self.error: str | None = None
+        self.confirmed_sources: set[Path] = set()  # files outside the trusted roots the user allowed
         self._generation = 0
         self._query_mode = "filter"
         self._source_shown: str | None = None
@@ -352,7 +386,11 @@ class ViewerApp(App[None]):
         data = self.data
         if data is None:
             return
-        self._post(generation, self._show_source, data.source_file(recorded))
+        try:
+            file = data.source_file(recorded, frozenset(self.confirmed_sources))
+        except Exception as exc:  # source_access never raises; this guard keeps it so for the UI
+            file = SourceFile(recorded, SourceStatus.UNREADABLE, message=f"cannot read: {one_line(exc)}")
+        self._post(generation, self._show_source, file)
 
     def _show_source(self, generation: int, file: SourceFile) -> None:
         if self.analysis is None or file.recorded != self._source_shown:
@@ -552,7 +590,12 @@ class ViewerApp(App[None]):
 
     @on(DataTable.RowSelected, "#source-table")
     def _source_enter(self, event: DataTable.RowSelected) -> None:
-        """A code line selects the ops it made (marked in the tree; the cursor goes to the biggest)."""
+        """A code line selects the ops it made (marked in the tree; the cursor goes to the biggest).
+        On a file outside the trusted directories, enter asks whether to read it."""
+        pending = self.query_one("#source", SourcePane).file
+        if pending is not None and pending.status is SourceStatus.NEEDS_CONFIRM and pending.path:
+            self.push_screen(ConfirmRead(pending.path), self._confirmed(pending.recorded, pending.path))
+            return
         if self.analysis is None or self.hierarchy is None:
             return
         line = self.query_one("#source", SourcePane).cursor_line()
@@ -621,6 +664,15 @@ class ViewerApp(App[None]):
         self.matches = [r.node.key for r in order if r.node.key in found]
         if not self.matches:
             self.notify(f"no layer or op named like {self.state.search!r}", severity="warning", timeout=3)
+
+    def _confirmed(self, recorded: str, path: Path) -> Callable[[bool | None], None]:
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.confirmed_sources.add(path)
+                self._source_shown = recorded
+                self._load_source(self._generation, recorded)
+
+        return done
 
     # -- actions -------------------------------------------------------------------------------------
     def action_help(self) -> None:

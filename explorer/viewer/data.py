@@ -20,6 +20,8 @@ an expand does not wait behind the analysis scan.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from explorer.viewer.model import (
 )
 from formats import sqlsource
 from formats.reader import Profile, ProfileError
+from formats.source_access import SourceAccess, read_source
 from formats.sqlsource import TableSource, literal
 
 PAGE = 100
@@ -59,6 +62,7 @@ class ProfileData:
         self.profile = profile
         self.name = name
         self.source_root = source_root
+        self.access = SourceAccess.for_profile(profile.metadata, source_root)
         self.instr = TableSource(profile, "Instruction")
         self.con = sqlsource.connect(memory_limit="1GB")
         self._lock = threading.Lock()
@@ -335,8 +339,10 @@ class ProfileData:
             )
         return tuple(out)
 
-    def source_file(self, recorded: str) -> SourceFile:
-        return source.read_source(recorded, self.source_root)
+    def source_file(self, recorded: str, confirmed: Collection[Path] = ()) -> SourceFile:
+        """A source file under ``formats.source_access``'s rule; ``confirmed``: real paths the user
+        agreed to read although they are outside the trusted roots."""
+        return read_source(recorded, replace(self.access, confirmed=frozenset(confirmed)))
 
     def timeline(self, t0: int, t1: int, cells: int) -> Timeline:
         if not self.instr.present:

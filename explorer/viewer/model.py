@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from formats.source_access import SourceText as SourceFile  # noqa: F401  (one file as a pane shows it)
+
 ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd", "Sync")
 ENGINE_SHORT = ("T", "V", "S", "G", "Y")  # column headers: Y = sYnc (S is Scalar)
 
@@ -140,16 +142,6 @@ class Analysis:
     hierarchy: Hierarchy
     source: SourceIndex
     problems: tuple[Problem, ...]
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One source file as the pane shows it (``lines`` empty and ``message`` set when unreadable)."""
-
-    recorded: str
-    lines: tuple[str, ...]
-    message: str = ""
-    shown_as: str = ""  # where it was found, relative to the source root when under it
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,16 @@ tables, outermost frame first), and the single-location columns ``nki_source_loc
 counts on every line of its stack in that file, so the line that calls a layer shows the layer's whole
 cost, and the innermost line (where the op was written) is what the tree links to first.
 
-Files are looked up under ``--source-root`` first -- by every suffix of the recorded path, so
-``/home/ci/build/model/attn.py`` is found as ``ROOT/model/attn.py`` after the tree moved -- and then at
-the recorded path itself. A file that cannot be found or read is a message in the pane, never an error.
+Finding and reading the files themselves is ``formats.source_access`` (one rule for both viewers: a
+file is read without asking only under ``--source-root`` or the capture's recorded working directory).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path, PurePath
 from typing import Any
 
-from explorer.viewer.model import Line, LineStat, SourceFile, SourceIndex, frozen_map
-
-MAX_LINES = 50_000  # a bigger "source file" is not one a person reads in a terminal pane
+from explorer.viewer.model import Line, LineStat, SourceIndex, frozen_map
 
 
 class Frames:
@@ -157,45 +153,3 @@ class IndexBuilder:
             message,
         )
 
-
-def resolve(recorded: str, source_root: Path | None) -> Path | None:
-    """Where ``recorded`` is on this machine: under ``source_root`` by its longest matching suffix,
-    else at the recorded path itself."""
-    pure = PurePath(recorded)
-    parts = [p for p in pure.parts if p not in (pure.anchor, "", ".")]
-    if source_root is not None:
-        for i in range(len(parts)):
-            candidate = source_root.joinpath(*parts[i:])
-            if candidate.is_file():
-                return candidate
-    path = Path(recorded)
-    return path if path.is_file() else None
-
-
-def read_source(recorded: str, source_root: Path | None) -> SourceFile:
-    """The file as the pane shows it, or a message saying why it cannot be shown."""
-    path = resolve(recorded, source_root)
-    if path is None:
-        hint = "under the --source-root or " if source_root is not None else ""
-        return SourceFile(
-            recorded,
-            (),
-            f"source file not found {hint}at its recorded path: {recorded}"
-            f"{'' if source_root else ' (pass --source-root DIR if the files moved)'}",
-        )
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = []
-            for number, text in enumerate(handle):
-                if number >= MAX_LINES:
-                    break
-                lines.append(text.rstrip("\n").expandtabs(4))
-    except OSError as exc:
-        return SourceFile(recorded, (), f"cannot read {recorded}: {exc.strerror or exc}")
-    shown = recorded
-    if source_root is not None:
-        try:
-            shown = str(path.relative_to(source_root))
-        except ValueError:
-            shown = recorded
-    return SourceFile(recorded, tuple(lines), "", shown)

@@ -12,10 +12,11 @@ from explorer.viewer import hierarchy as tree
 from explorer.viewer.data import ProfileData
 from explorer.viewer.hierarchy import OpAggregate
 from explorer.viewer.problems import find_problems
-from explorer.viewer.source import Frames, IndexBuilder, location, read_source, resolve
+from explorer.viewer.source import Frames, IndexBuilder, location
 from explorer.viewer.timeline import bar, occupancy
 from formats.dataset import find_profiles
 from formats.reader import open_profile
+from formats.source_access import SourceAccess, locate, read_source
 from tests.explorer.viewer_profiles import BERT
 
 
@@ -178,10 +179,10 @@ def test_frames_locations_and_source_root(tmp_path: Path) -> None:
     assert index.files[0] == "/old/pkg/model.py"
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "model.py").write_text("a = 1\n\tb = 2\n")
-    assert resolve("/old/pkg/model.py", tmp_path) == tmp_path / "pkg" / "model.py"
-    shown = read_source("/old/pkg/model.py", tmp_path)
+    assert locate("/old/pkg/model.py", tmp_path) == tmp_path / "pkg" / "model.py"
+    shown = read_source("/old/pkg/model.py", SourceAccess(tmp_path))
     assert shown.shown_as == "pkg/model.py" and shown.lines == ("a = 1", "    b = 2")
-    assert "not found" in read_source("/old/missing.py", tmp_path).message
+    assert "not found" in read_source("/old/missing.py", SourceAccess(tmp_path)).message
 
 
 def test_problem_rules() -> None:

@@ -196,3 +196,34 @@ def real_layout_profile(parent: Path) -> Path:
         root / "StackFrame.parquet",
     )
     return root
+
+
+def bert_copy(
+    parent: Path,
+    *,
+    file_names: dict[str, str] | None = None,
+    metadata: dict[str, object] | None = None,
+    name: str = "bert",
+) -> Path:
+    """A copy of the bert-layer sample profile with its ``StackFrameFileName`` names replaced
+    (``file_names``: old name -> new name) and ``metadata`` columns set (added when absent)."""
+    import shutil
+
+    source = next(p.parent for p in BERT.rglob("Metadata.parquet"))
+    root = parent / name
+    shutil.copytree(source, root)
+    if file_names:
+        table = pq.read_table(root / "StackFrameFileName.parquet")
+        names = [file_names.get(n, n) for n in table.column("name").to_pylist()]
+        table = table.set_column(table.schema.get_field_index("name"), "name", pa.array(names, pa.string()))
+        pq.write_table(table, root / "StackFrameFileName.parquet")
+    if metadata:
+        table = pq.read_table(root / "Metadata.parquet")
+        for key, value in metadata.items():
+            column = pa.array([value])
+            if key in table.column_names:
+                table = table.set_column(table.schema.get_field_index(key), key, column)
+            else:
+                table = table.append_column(key, column)
+        pq.write_table(table, root / "Metadata.parquet")
+    return root
