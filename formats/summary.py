@@ -7,6 +7,10 @@ computed from a profile's event tables.
 
     summary_row(profile)          # the profile's own Summary row if it has one, else computed
 
+The Summary is the whole-execution window of the figures ``formats.figures`` defines (docs/figures.md):
+``formats.figures.figures(p, whole(p))`` equals ``from_summary(row)``; this module computes all of
+them in one pass at capture close, the window functions compute any of them for a region.
+
 How, and why this way:
 
 * **Sums, counts and spans are DuckDB aggregates** over the Parquet parts (``Profile.files``): one

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from formats.figures import Hardware, device_time_ns
 from formats.intervals import UnionAccumulator, key_order, merge_slices, start_order, time_slices
 from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource, ident, literal
@@ -62,23 +63,6 @@ class ProgramFacts:
     output_size_bytes: int | None = None
     dma_queue_count: int | None = None
 
-
-@dataclass(frozen=True)
-class Hardware:
-    """The Metadata constants the metrics use."""
-
-    peak_flops_per_s: float | None
-    hbm_bytes_per_s: float | None
-    clock_hz: float | None
-
-    @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any]) -> Hardware:
-        rows, cols, ghz = (meta.get(k) for k in ("tensor_engine_num_rows", "tensor_engine_num_cols",
-                                                "tensor_engine_clock_freq"))
-        peak = 2.0 * rows * cols * ghz * 1e9 if rows and cols and ghz else None
-        hbm = meta.get("hbm_ddr_bandwidth") or None
-        clock = meta.get("neuroncore_clock_freq")
-        return cls(peak, float(hbm) if hbm else None, float(clock) * 1e9 if clock else None)
 
 # -- the computation --------------------------------------------------------------------------------
 
@@ -205,22 +189,8 @@ class _Computation:
 
     # -- time bases ------------------------------------------------------------------------------
     def total_time_ns(self, spans: Sequence[tuple[Any, Any]]) -> tuple[float | None, str]:
-        info = TableSource(self.profile, "ExecutionInfo")
-        if info.present and info.has("execution_start_ts") and info.has("execution_end_ts"):
-            value = self.query(f"""SELECT sum(execution_end_ts - execution_start_ts)::HUGEINT FROM
-                                   {info.relation()} WHERE execution_end_ts IS NOT NULL
-                                   AND execution_start_ts IS NOT NULL""")[0][0]
-            if value:
-                return float(value), "ExecutionInfo"
-        meta = self.profile.metadata
-        first, last = meta.get("first_hw_timestamp"), meta.get("last_hw_timestamp")
-        if first is not None and last is not None and last > first:
-            return float(last - first), "Metadata first/last_hw_timestamp"
-        firsts = [a for a, _ in spans if a is not None]
-        lasts = [b for _, b in spans if b is not None]
-        if firsts and lasts:
-            return float(max(lasts) - min(firsts)), "event span"
-        return None, "none"
+        """T: ``formats.figures.device_time_ns`` (one definition for the Summary and every window)."""
+        return device_time_ns(self.profile, self.con, spans)
 
     # -- sweeps ----------------------------------------------------------------------------------
     def sweep(self, engines: list[str], opcodes: list[str], pcores: bool, dma_kinds: list[str],

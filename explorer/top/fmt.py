@@ -1,5 +1,8 @@
 """Number formats of neuron-top (sys-tools.md §3.5), shared by the TUI and ``--once``.
 
+Sizes, rates and percentages are ``formats.units`` (the one convention of every view:
+docs/figures.md); what is only neuron-top's (TFLOPS cells, ages, core ranges, sparklines) is here.
+
 Kept apart from any widget so the screen and the plain-text frame print the same characters, and so
 the formats the real tool uses (which scripts and eyes are used to) are tested in one place.
 """
@@ -8,36 +11,29 @@ from __future__ import annotations
 
 import math
 
-UNITS = ("B", "KB", "MB", "GB", "TB", "PB", "EB")
+from formats.units import BINARY_UNITS, fmt_bytes, fmt_rate, percent_cell
+
+UNITS = BINARY_UNITS
 SPARK = "▁▂▃▄▅▆▇█"
 
 
 def percent(value: float) -> str:
-    """``%5.2f%%``; anything above 99.995 prints as ``  100%`` (6 characters), as the real tool."""
-    text = f"{max(value, 0.0):5.2f}"
-    if value > 99.995 or text == "100.00":  # 99.995 itself rounds up: never print 7 characters
-        return "  100%"
-    return text + "%"
+    """``%5.2f%%`` of a value in 0-100 (``formats.units.percent_cell``): anything above 99.995 prints
+    as ``  100%`` (6 characters), as the real tool."""
+    return percent_cell(value)
 
 
 def size(n: float | None) -> str:
-    """Bytes in base 1024 with one decimal: ``0.0B``, ``256.0KB``, ``17.5GB``; ``-`` if unknown."""
+    """Bytes in binary units, one decimal, no space (``formats.units.fmt_bytes``): ``0B``,
+    ``256.0KiB``, ``17.5GiB``; ``-`` if unknown."""
     if n is None:
         return "-"
-    value = float(max(n, 0))
-    unit = 0
-    while value >= 1024.0 and unit < len(UNITS) - 1:
-        value /= 1024.0
-        unit += 1
-    text = f"{value:.1f}"
-    if text == "1024.0" and unit < len(UNITS) - 1:  # 1023.96 KB rounds up: say 1.0MB, not 1024.0KB
-        text, unit = "1.0", unit + 1
-    return f"{text}{UNITS[unit]}"
+    return fmt_bytes(max(float(n), 0.0), space=False)
 
 
 def rate(bytes_per_s: float | None) -> str:
-    """A throughput as ``size`` per second (``12.3GB/s``)."""
-    return "-" if bytes_per_s is None else f"{size(bytes_per_s)}/s"
+    """A throughput in decimal units per second (``formats.units.fmt_rate``): ``12.3GB/s``."""
+    return "-" if bytes_per_s is None else fmt_rate(bytes_per_s, space=False)
 
 
 def tflops(flops: float, width: int = 0) -> str:

@@ -1,52 +1,15 @@
-"""Number formatting shared by the viewer's panes: short, fixed-ish width, "-" for unknown.
+"""Number formatting of the viewer's panes: re-exported from ``formats.units``, the one convention
+every view uses (docs/figures.md, "Units"): binary sizes (KiB/MiB/GiB), decimal GB/s, fractions as
+percentages, ns/µs/ms/s, counts that never run together. Unknown values print as "-", never as 0.
 
-Fractions are shown as percentages (profile-schema §2.3: Summary ``_percent`` fields are fractions;
-interfaces show them x100). Unknown values print as "-", never as 0.
+Kept as a module so the viewer's imports stay as they were; new code imports ``formats.units``.
 """
 
 from __future__ import annotations
 
-UNKNOWN = "-"
+from formats.units import UNKNOWN, fmt_bytes, fmt_count, fmt_ns, fmt_pct
 
-
-def fmt_ns(ns: float | None) -> str:
-    """1234 -> '1.23 µs'; durations in the unit that keeps three significant digits."""
-    if ns is None:
-        return UNKNOWN
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def fmt_pct(fraction: float | None) -> str:
-    if fraction is None:
-        return UNKNOWN
-    value = 100.0 * float(fraction)
-    if value != 0 and abs(value) < 0.1:
-        return "<0.1 %"
-    return f"{value:.1f} %"
-
-
-def fmt_bytes(count: float | None) -> str:
-    if count is None:
-        return UNKNOWN
-    count = float(count)
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(count) >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count:.0f} B"
-
-
-def fmt_count(count: int | None) -> str:
-    if count is None:
-        return UNKNOWN
-    if count >= 10_000_000:
-        return f"{count / 1e6:.0f}M"
-    if count >= 100_000:
-        return f"{count / 1e3:.0f}k"
-    return str(count)
+__all__ = ["UNKNOWN", "ellipsize", "fmt_bytes", "fmt_count", "fmt_ns", "fmt_pct"]
 
 
 def ellipsize(text: str, width: int) -> str:

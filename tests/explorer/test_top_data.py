@@ -38,12 +38,14 @@ def test_percent_format():
 
 
 def test_size_format():
-    assert fmt.size(0) == "0.0B"
-    assert fmt.size(256 * 1024) == "256.0KB"
-    assert fmt.size(int(17.5 * 2**30)) == "17.5GB"
-    assert fmt.size(2**60) == "1.0EB"
-    assert fmt.size(1024 * 1024 - 1) == "1.0MB"
+    # one convention for every view (formats.units): binary sizes spelled KiB/MiB/GiB
+    assert fmt.size(0) == "0B"
+    assert fmt.size(256 * 1024) == "256.0KiB"
+    assert fmt.size(int(17.5 * 2**30)) == "17.5GiB"
+    assert fmt.size(2**60) == "1.0EiB"
+    assert fmt.size(1024 * 1024 - 1) == "1.0MiB"
     assert fmt.size(None) == "-"
+    assert fmt.rate(12.3e9) == "12.3GB/s"  # throughput in decimal GB/s
 
 
 def test_tflops_and_other_formats():
@@ -78,12 +80,12 @@ def test_monitor_example_matches_the_documented_screen():
     data = tab_data(frame, None)
     assert sorted(data.utilization) == [0, 1, 2, 3, 6]  # cores 4, 5, 7.. absent, not 0
     assert data.utilization[3] == 0.0
-    assert fmt.size(sum(data.device_memory.values())) == "39.8GB"
+    assert fmt.size(sum(data.device_memory.values())) == "39.8GiB"  # binary units, spelled as such
     rows = memtree.build_rows(frame.hardware, data)
     by_label = {(r.key[0], r.key[1]): r for r in rows if r.key[0] in ("nd", "nc")}
-    assert fmt.size(by_label["nd", 0].device_bytes) == "19.8GB"
-    assert fmt.size(by_label["nd", 0].host_bytes) == "40.0KB"
-    assert fmt.size(by_label["nd", 3].device_bytes) == "515.0MB"
+    assert fmt.size(by_label["nd", 0].device_bytes) == "19.8GiB"
+    assert fmt.size(by_label["nd", 0].host_bytes) == "40.0KiB"
+    assert fmt.size(by_label["nd", 3].device_bytes) == "515.0MiB"
     # parent = sum of children, at every level
     for row in rows:
         children = [r for r in rows if r.parent == row.key]

@@ -86,7 +86,7 @@ async def test_overview_tree_and_problems() -> None:
         await settle(pilot)
         assert app.overview is not None and app.analysis is not None
         figures = {f.label: f.value for f in app.overview.figures}
-        assert figures["Total time"] == "132 µs" and figures["MFU"] == "15.3 %"
+        assert figures["Total time"] == "132 µs" and figures["MFU"] == "15.3%"
         assert app.overview.missing == ()  # our capture writes every table the viewer uses
         # encoder -> layer.0 is a chain of single layers: opened on arrival
         assert tree_names(app)[:5] == ["encoder", "layer.0", "attention", "output", "intermediate"]
