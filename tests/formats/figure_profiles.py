@@ -12,6 +12,8 @@
     Tensor busy = |[0,150) ∪ [300,400)| = 250; rows: Tensor 200, TensorMatrix 110; Vector 150
     DMA active 300, 3000 B; HBM read 1000, write 2000; CC 100; ∪ everything = |[0,400) ∪ [500,700)| = 600
     FLOPs: hardware 2500, transpose 500, model 2000 (op2's LDWEIGHTS: raw 0 counts 0)
+    ops (layer, line): op1 dot.1 (model/mlp, m.py:10), op2 dot.2 (model/attn, m.py:20), op3 tanh.3 (model,
+    m.py:10); op time = ∪ of its instructions and packets: op1 200, op2 300 ([100,400)), op3 100
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def tiny_tables() -> dict[str, dict[str, Any]]:
             "raw_flops": pa.array([0, 1000, None, 0, 1000, None], pa.int64()),
             "flops_transpose": pa.array([500, None, None, None, None, None], pa.int64()),
             "hbm_read_bytes": np.zeros(6, np.int64), "hbm_write_bytes": np.zeros(6, np.int64),
+            "bir_debug_info_source_location": ["m.py:10"] * 3 + ["m.py:20"] * 2 + ["m.py:10"],
         }),
         "DmaPacket": filled("DmaPacket", {
             "start_ts": np.array([0, 100]), "end_ts": np.array([200, 300]), "id": np.array([1, 2]),
