@@ -5,49 +5,133 @@ The wrapper sets, for its child:
 * ``NEURONSCOPE_PROFILE_DIR``: where device profiles go (``collectors.profile`` layout);
 * ``NEURONSCOPE_PROFILE_NTH_EXEC``: profile only each model's nth execution per core (0: none);
 * ``NEURONSCOPE_EVENTS_FILE``: where the child writes its runtime API events (JSON lines) at exit,
-  for the wrapper to fold into the system profile.
+  for the wrapper to fold into the system profile (a hidden file inside that profile's folder);
+* ``NEURONSCOPE_CAPTURE_STATUS``: where the child reports recording errors at exit (JSON);
+* ``NEURONSCOPE_WRAPPER_FD``: the read end of a pipe whose write end only the wrapper holds: when
+  the wrapper dies (even by SIGKILL) the read returns end-of-file and the child stops itself as if
+  sent SIGTERM, so its profiles are closed, marked incomplete.
 
 This module is advertised under the ``neuronscope.sink_listeners`` entry points, so the execution
 core attaches it to its event sink the first time the child makes an ``Instance``, without any
 change to the child's code. With none of the variables set it does nothing.
+
+Signals: SIGINT raises ``KeyboardInterrupt`` as always; SIGTERM, if the program has not set its own
+handler, raises ``SystemExit(143)`` so the exit-time close runs (Python's default would end the
+process without it). While the profiles are being closed at exit, further SIGINT/SIGTERM/SIGHUP are
+ignored: a second Ctrl-C must not cut a profile in half.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 PROFILE_DIR = "NEURONSCOPE_PROFILE_DIR"
 NTH_EXEC = "NEURONSCOPE_PROFILE_NTH_EXEC"
 EVENTS_FILE = "NEURONSCOPE_EVENTS_FILE"
+STATUS_FILE = "NEURONSCOPE_CAPTURE_STATUS"
+WRAPPER_FD = "NEURONSCOPE_WRAPPER_FD"
+EVENTS_NAME = ".runtime-events.jsonl"
+SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 def install(sink: Any) -> None:
     """Attach the recorders the environment asks for to ``sink``; they finish at interpreter exit."""
-    from collectors.device_profile import DeviceProfileCollector
+    from collectors.device_profile import DeviceProfileCollector, RecordingError
     from collectors.system import RuntimeEventLog
 
     out_dir = os.environ.get(PROFILE_DIR)
+    events_file = os.environ.get(EVENTS_FILE)
+    if not out_dir and not events_file:
+        return
+    collector = None
     if out_dir:
         nth = os.environ.get(NTH_EXEC)
         collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None)
-        unsubscribe = sink.subscribe(collector)
-
-        def finish_profiles() -> None:
-            unsubscribe()
-            try:
-                collector.close()
-            except Exception as exc:  # at exit: say it, keep what was written
-                print(f"neuronscope: device profile incomplete: {exc}", file=sys.stderr)
-
-        atexit.register(finish_profiles)
-    events_file = os.environ.get(EVENTS_FILE)
+        sink.subscribe(collector)
+    log = None
     if events_file:
         log = RuntimeEventLog(os.uname().nodename)
         sink.subscribe(log)
-        atexit.register(log.write_jsonl, events_file)
+
+    def finish() -> None:
+        _shield_signals()
+        if log is not None and events_file:
+            with contextlib.suppress(OSError):
+                log.write_jsonl(events_file)
+        if collector is None:
+            return
+        try:
+            collector.close()
+        except RecordingError as exc:  # what was recorded is kept, marked; say why, once
+            _report(str(exc))
+        except Exception as exc:
+            _report(f"device profile failed: {type(exc).__name__}: {exc}")
+
+    atexit.register(finish)
+    _stop_on_sigterm()
+    _watch_wrapper()
 
 
-__all__ = ["EVENTS_FILE", "NTH_EXEC", "PROFILE_DIR", "install"]
+def _report(message: str) -> None:
+    status = os.environ.get(STATUS_FILE)
+    if status:
+        with contextlib.suppress(OSError), open(status, "w", encoding="utf-8") as out:
+            json.dump({"errors": [message]}, out)
+    if not os.environ.get(WRAPPER_FD):  # the wrapper prints it itself
+        print(f"neuronscope: {message}", file=sys.stderr)
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _shield_signals() -> None:
+    if not _on_main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _sigterm(_signum: int, _frame: Any) -> None:
+    raise SystemExit(SIGTERM_EXIT)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM stops the program like SIGINT does, through the exit-time close (unless the program
+    handles SIGTERM itself: then its handler stays)."""
+    if not _on_main_thread():
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _watch_wrapper() -> None:
+    """Stop this program (SIGTERM to itself) when the wrapping ``neuron-profile capture`` dies."""
+    text = os.environ.get(WRAPPER_FD)
+    if not text or not text.isdigit():
+        return
+    fd = int(text)
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            return  # not our pipe (closed or never passed): nothing to watch
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with contextlib.suppress(OSError):
+        os.fstat(fd)
+        threading.Thread(target=watch, name="neuronscope-wrapper-watch", daemon=True).start()
+
+
+__all__ = ["EVENTS_FILE", "EVENTS_NAME", "NTH_EXEC", "PROFILE_DIR", "STATUS_FILE", "WRAPPER_FD", "install"]

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +37,12 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from collectors import autoprofile
 from collectors.device_profile import CapturedProfile, profile
-from collectors.system import system_profile
+from collectors.system import SystemProfileCollector, system_profile
+from formats.dataset import capture_state, find_profiles
+from formats.reader import ProfileError
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_RECORDING_FAILED = 3  # the program succeeded but a device profile could not be recorded whole
 
 
 class CaptureError(ValueError):
@@ -53,6 +58,8 @@ class CaptureResult:
     system_profile: Path | None
     lines: list[str]
     exit_code: int = 0
+    failure: str | None = None  # why a device profile is missing or incomplete (one line)
+    stopped_by: int | None = None  # the signal that stopped the capture
 
 
 def _overrides(pairs: list[str]) -> dict[str, object]:
@@ -141,6 +148,53 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
                          lines)
 
 
+# A terminal's Ctrl-C reaches the whole process group, the program included: the wrapper gives the
+# program this long to stop on its own before forwarding the signal (a second SIGINT would interrupt
+# the program's exit-time close); then, if it still runs after KILL_AFTER_S, it is killed.
+FORWARD_AFTER_S = 1.0
+KILL_AFTER_S = 60.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _signal_name(signum: int) -> str:
+    with contextlib.suppress(ValueError):
+        return signal.Signals(signum).name
+    return f"signal {signum}"
+
+
+def _run_child(command: list[str], env: dict[str, str], watch_fd: int) -> tuple[int, int | None]:
+    """Run the program to its end: (its exit code as a shell reports it, the signal that asked the
+    capture to stop or None). SIGINT, SIGTERM and SIGHUP sent to the wrapper are forwarded."""
+    stop: list[int] = []
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, lambda s, _f: stop.append(s))
+    try:
+        child = subprocess.Popen(command, env=env, pass_fds=(watch_fd,))
+        asked_at: float | None = None
+        forwarded_at: float | None = None
+        while True:
+            try:
+                code = child.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if stop and asked_at is None:
+                asked_at = now
+            if asked_at is not None and forwarded_at is None and now - asked_at >= FORWARD_AFTER_S:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(stop[0])
+                forwarded_at = now
+            elif forwarded_at is not None and now - forwarded_at >= KILL_AFTER_S:
+                child.kill()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return (128 - code if code < 0 else code), (stop[0] if stop else None)
+
+
 def capture_command(args: argparse.Namespace, console: Console) -> CaptureResult:
     """Run ``args.command`` with the handshake variables set; sample the host meanwhile."""
     command = [c for c in args.command if c != "--"] if args.command else []
@@ -151,46 +205,104 @@ def capture_command(args: argparse.Namespace, console: Console) -> CaptureResult
     out = Path(args.output)
     _prepare_output(out, args.force)
     env = dict(os.environ)
-    events_file = Path(tempfile.mkstemp(prefix=".events-", suffix=".jsonl", dir=out)[1])
+    status_file = (out / f".capture-status-{os.getpid()}.json").resolve()
+    env[autoprofile.STATUS_FILE] = str(status_file)
     if not args.system_only:
         env[autoprofile.PROFILE_DIR] = str((out / "device").resolve())
         env[autoprofile.NTH_EXEC] = str(args.profile_nth_exec)
-    if not args.device_only:
+    system = None if args.device_only else SystemProfileCollector(out / "system",
+                                                                  interval_s=args.system_interval)
+    # the program's runtime events are written inside the system profile being recorded, so that
+    # whatever happens to the wrapper they belong to it (folded in and removed when it finishes)
+    events_file = None if system is None else system.writer.staging / autoprofile.EVENTS_NAME
+    if events_file is not None:
         env[autoprofile.EVENTS_FILE] = str(events_file.resolve())
+    watch_read, watch_write = os.pipe()  # the program notices the wrapper's death by this pipe's EOF
+    env[autoprofile.WRAPPER_FD] = str(watch_read)
     started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        system = None if args.device_only else stack.enter_context(
-            system_profile(out / "system", interval_s=args.system_interval))
+    stopped_by: int | None = None
+    try:
+        if system is not None:
+            system.start()
         with _progress(console) as progress:
             progress.add_task(f"running {' '.join(command)[:60]}", total=None)
-            child = subprocess.Popen(command, env=env)
-            try:
-                code = child.wait()
-            except KeyboardInterrupt:
-                child.send_signal(signal.SIGINT)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(timeout=10)
-                if child.poll() is None:
-                    child.kill()
-                raise
-        if system is not None and events_file.exists() and events_file.stat().st_size:
-            system.add_events(events_file)
-    events_file.unlink(missing_ok=True)
-    device_dirs = sorted(p.parent for p in (out / "device").rglob("Metadata.parquet")) \
-        if (out / "device").exists() else []
-    incomplete = sorted((out / "device").rglob("*.incomplete")) if (out / "device").exists() else []
+            code, stopped_by = _run_child(command, env, watch_read)
+    finally:
+        os.close(watch_read)
+        os.close(watch_write)
+        if system is not None:
+            with contextlib.suppress(Exception):
+                if events_file is not None and events_file.exists() and events_file.stat().st_size:
+                    system.add_events(events_file)
+            if events_file is not None:
+                events_file.unlink(missing_ok=True)
+            if stopped_by is not None:
+                system.abort(f"capture stopped by {_signal_name(stopped_by)}")
+            elif sys.exc_info()[0] is not None:
+                system.abort(f"capture failed: {sys.exc_info()[1]}")
+            else:
+                system.close()
+    errors = _read_status(status_file)
+    device = out / "device"
+    entries = find_profiles(device, include_incomplete=True)[0] if device.exists() and any(
+        device.iterdir()) and _has_profiles(device) else []
+    states = [(entry.path, capture_state(entry.path)) for entry in entries]
+    complete = [p for p, st in states if not st.incomplete]
+    incomplete = [(p, st) for p, st in states if st.incomplete]
+    warm = [(p, st) for p, st in states if st.warm_up]
     lines = [
-        f"ran {' '.join(command)[:80]} in {time.monotonic() - started:.1f} s: exit code {code}",
-        f"{len(device_dirs)} device profile(s) in {out / 'device'}"
-        + (f" ({len(incomplete)} incomplete)" if incomplete else ""),
+        f"ran {' '.join(command)[:80]} in {time.monotonic() - started:.1f} s: exit code {code}"
+        + (f" (capture stopped by {_signal_name(stopped_by)})" if stopped_by else ""),
+        f"{len(complete) + len(incomplete)} device profile(s) in {device}"
+        + (f" ({len(incomplete)} incomplete, kept as <dir>.incomplete)" if incomplete else ""),
         f"profiled each model's execution {args.profile_nth_exec} per core" if not args.system_only
         else "device profiling off (--system-only)",
-        "system profile in " + str(out / "system") if not args.device_only else "system profiling off "
-        "(--device-only)",
-        "no device profile: did the program run fewer executions than --profile-nth-exec?"
-        if not device_dirs and not args.system_only else f"open with: neuron-profile view {out / 'device'}",
+        ("system profile in " + str(system.writer.path or out / "system")) if system is not None
+        else "system profiling off (--device-only)",
     ]
-    return CaptureResult(out, device_dirs, None if args.device_only else out / "system", lines, code)
+    for path, state in warm:
+        lines.append(f"{path.relative_to(device)}: the program ran this model only {state.execution} "
+                     f"time(s), fewer than --profile-nth-exec {args.profile_nth_exec}: kept its last "
+                     f"execution, marked as a warm-up execution in Metadata")
+    if not states and not args.system_only:
+        lines.append("no device profile: the program ran no compiled model" if code == 0 and not errors
+                     else f"no device profile: the program stopped (exit code {code}) before a model ran")
+    elif states:
+        lines.append(f"open with: neuron-profile view {device}"
+                     + (" --include-incomplete" if incomplete and not complete else ""))
+    failure = None
+    if errors:
+        failure = errors[0]
+    elif incomplete and stopped_by is None and code == 0:
+        failure = f"device profile incomplete: {incomplete[0][1].reason or incomplete[0][0]}"
+    exit_code = 128 + stopped_by if stopped_by is not None else code
+    if failure is not None and exit_code == 0:
+        exit_code = EXIT_RECORDING_FAILED
+    result = CaptureResult(out, [p for p, _ in states], None if system is None else system.writer.path,
+                           lines, exit_code)
+    result.failure = failure
+    result.stopped_by = stopped_by
+    return result
+
+
+def _has_profiles(root: Path) -> bool:
+    try:
+        find_profiles(root, include_incomplete=True)
+        return True
+    except ProfileError:
+        return False
+
+
+def _read_status(path: Path) -> list[str]:
+    """The recording errors the program reported at exit (plain JSON, a list of lines); removed."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    finally:
+        path.unlink(missing_ok=True)
+    errors = data.get("errors") if isinstance(data, dict) else None
+    return [str(e) for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
 
 
 class CaptureCommand:
@@ -250,7 +362,12 @@ class CaptureCommand:
         out = Console()
         for line in result.lines:
             out.print(line, highlight=False, soft_wrap=True)
-        print(result.out_dir)
+        print(result.out_dir, flush=True)
+        if result.stopped_by is not None:
+            print(f"neuron-profile: interrupted ({_signal_name(result.stopped_by)}); what was recorded is "
+                  f"kept (marked incomplete)", file=sys.stderr)
+        elif result.failure is not None:
+            print(f"neuron-profile: error: {result.failure}", file=sys.stderr)
         return result.exit_code
 
 

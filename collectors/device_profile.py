@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,10 @@ class _Open:
     model: str
     core: int
     execution: int
+    key: tuple[int, int]  # (model id, core)
+    warm_up: bool  # recorded before the nth execution, kept only if the nth never comes
     execution_ids: set[int] = field(default_factory=set)
+    ended: bool = False  # its execution_end arrived: the execution's records are all there
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,21 @@ class CapturedProfile:
     core: int
     execution: int  # 1-based count of this model's executions on this core
     complete: bool
+    warm_up: bool = False  # the model ran fewer times than nth_exec: this is the last execution before
 
 
 class DeviceProfileCollector:
-    """Event-sink listener that writes one device profile per selected execution."""
+    """Event-sink listener that writes one device profile per selected execution.
+
+    With ``nth_exec=N`` only each model's Nth execution per core is kept. Until it comes, the latest
+    earlier execution is recorded too, and dropped when a later one starts; if the program stops
+    before the Nth, that warm-up execution is kept instead, marked in Metadata
+    (``warm_up_execution``, ``requested_execution``) so every view can say so.
+
+    Recording errors never reach the code that runs the model (the execution core calls this
+    listener from ``execute()``): the profile concerned is kept, marked incomplete, with the cause
+    in its Warning rows; ``errors`` lists them and ``close()`` raises the first afterwards.
+    """
 
     def __init__(self, out_dir: str | Path, *, nth_exec: int | None = None,
                  metadata: Mapping[str, Any] | None = None, **writer_options: Any) -> None:
@@ -72,41 +87,71 @@ class DeviceProfileCollector:
         self.metadata = dict(metadata or {})
         self.writer_options = writer_options
         self.profiles: list[CapturedProfile] = []
+        self.errors: list[str] = []  # one line per recording failure
         self._programs: dict[tuple[int, int], Any] = {}  # (model_id, core) -> program_loaded batch
         self._counts: dict[tuple[int, int], int] = {}
         self._open: dict[int, _Open] = {}  # core -> its latest execution's profile
         self._by_execution: dict[int, _Open] = {}
+        self._warm_kept: dict[tuple[int, int], CapturedProfile] = {}  # closed warm-up fallbacks
         self._lock = threading.Lock()
 
     # -- listener ----------------------------------------------------------------------------
     def __call__(self, batch: Any) -> None:
         with self._lock:
-            kind, meta = batch.kind, batch.meta
-            if kind == "program_loaded":
-                self._programs[(int(meta["model_id"]), int(meta["core"]))] = batch
-                return
-            if kind == "execution_start":
-                self._start(batch)
-                return
-            if kind == "neuronlink_usage":
-                for target in {id(o): o for e in meta.get("execution_ids", ())
-                               if (o := self._by_execution.get(e))}.values():
-                    target.recorder(batch)
-                return
-            target = self._by_execution.get(meta.get("execution_id", -1))
-            if target is not None:
+            try:
+                self._route(batch)
+            except Exception as exc:  # never into the program's execute()
+                self._failed(f"recording a {batch.kind} batch failed: {type(exc).__name__}: {exc}",
+                             batch.meta.get("execution_id"))
+
+    def _route(self, batch: Any) -> None:
+        kind, meta = batch.kind, batch.meta
+        if kind == "program_loaded":
+            self._programs[(int(meta["model_id"]), int(meta["core"]))] = batch
+            return
+        if kind == "execution_start":
+            self._start(batch)
+            return
+        if kind == "neuronlink_usage":
+            for target in {id(o): o for e in meta.get("execution_ids", ())
+                           if (o := self._by_execution.get(e))}.values():
                 target.recorder(batch)
+            return
+        target = self._by_execution.get(meta.get("execution_id", -1))
+        if target is not None:
+            target.recorder(batch)
+            if kind == "execution_end":
+                target.ended = True
+
+    def _failed(self, message: str, execution_id: Any) -> None:
+        self.errors.append(message)
+        entry = self._by_execution.get(execution_id) if execution_id is not None else None
+        if entry is not None:
+            self._open.pop(entry.core, None)
+            with contextlib.suppress(Exception):
+                self._finish(entry, complete=False, reason=message)
 
     def _start(self, batch: Any) -> None:
         meta = batch.meta
         core, model_id = int(meta["core"]), int(meta["model_id"])
-        previous = self._open.pop(core, None)
-        if previous is not None:
-            self._finish(previous, complete=True)
         key = (model_id, core)
         self._counts[key] = count = self._counts.get(key, 0) + 1
-        if self.nth_exec is not None and count != self.nth_exec:
+        nth = self.nth_exec
+        wanted = nth is None or (nth > 0 and count <= nth)
+        previous = self._open.pop(core, None)
+        if previous is not None:
+            if wanted and previous.warm_up and previous.key == key:
+                self._drop(previous)  # superseded by a later execution of the same model
+            else:
+                self._finish(previous, complete=previous.ended, reason="its execution did not finish")
+        if not wanted:
             return
+        superseded = self._warm_kept.pop(key, None)
+        if superseded is not None:  # an earlier warm-up of this model, closed when another model ran
+            with contextlib.suppress(ValueError):
+                self.profiles.remove(superseded)
+            shutil.rmtree(superseded.path, ignore_errors=True)
+        warm_up = nth is not None and count < nth
         program = self._programs.get(key)
         name = _safe(str(meta.get("model_name") or (program.meta.get("model_name") if program else "model")))
         path = self.out_dir / f"model={name}" / f"core={core}" / f"execution={count}"
@@ -118,38 +163,55 @@ class DeviceProfileCollector:
         info.setdefault("neuroncore_idx", core)
         info.setdefault("profile_name", f"{name} core {core} execution {count}")
         info.setdefault("capture_working_dir", _working_dir())  # where source files may be read
+        if nth is not None:
+            info.update(requested_execution=nth, warm_up_execution=warm_up)
         writer = ProfileWriter(path, {"is_simulation": True, **info}, **self.writer_options)
         recorder = ProfileRecorder(writer, core=core)
-        entry = _Open(recorder, path, name, core, count, {int(meta["execution_id"])})
+        entry = _Open(recorder, path, name, core, count, key, warm_up, {int(meta["execution_id"])})
         self._open[core] = entry
         self._by_execution[int(meta["execution_id"])] = entry
         if program is not None:
             recorder(program)
         recorder(batch)
 
+    def _drop(self, entry: _Open) -> None:
+        for execution_id in entry.execution_ids:
+            self._by_execution.pop(execution_id, None)
+        entry.recorder.writer.discard()
+
     def _finish(self, entry: _Open, *, complete: bool, reason: str = "") -> None:
         for execution_id in entry.execution_ids:
             self._by_execution.pop(execution_id, None)
         if complete:
-            path = entry.recorder.close()
+            try:
+                path = entry.recorder.close()
+            except Exception as exc:  # kept, marked, at <dir>.incomplete; the cause is remembered
+                self.errors.append(f"{entry.path}: {type(exc).__name__}: {exc}")
+                path, complete = entry.recorder.writer.path or entry.path, False
         else:
             path = entry.recorder.abort(reason or "capture interrupted") or entry.path
-        self.profiles.append(CapturedProfile(Path(path), entry.model, entry.core, entry.execution,
-                                             complete))
+        if entry.recorder.error is not None and not any(str(entry.path) in e for e in self.errors):
+            self.errors.append(f"{entry.path}: {type(entry.recorder.error).__name__}: {entry.recorder.error}")
+        captured = CapturedProfile(Path(path), entry.model, entry.core, entry.execution, complete,
+                                   entry.warm_up)
+        self.profiles.append(captured)
+        if entry.warm_up:
+            self._warm_kept[entry.key] = captured
 
     # -- finishing ---------------------------------------------------------------------------
     def close(self) -> list[CapturedProfile]:
-        """Complete every open profile; returns all profiles written."""
+        """Finish every open profile (complete if its execution finished, else kept marked
+        incomplete); returns all profiles written. Raises ``RecordingError`` (one line) afterwards
+        if any recording failed."""
         with self._lock:
-            errors: list[BaseException] = []
             for core in sorted(self._open):
-                try:
-                    self._finish(self._open[core], complete=True)
-                except Exception as exc:  # keep closing the others; report the first
-                    errors.append(exc)
+                with contextlib.suppress(Exception):  # _finish records its own failures
+                    entry = self._open[core]
+                    self._finish(entry, complete=entry.ended, reason="its execution did not finish")
             self._open.clear()
-            if errors:
-                raise errors[0]
+            if self.errors:
+                more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+                raise RecordingError(f"device profile failed: {self.errors[0]}{more}")
             return list(self.profiles)
 
     def abort(self, reason: str) -> list[CapturedProfile]:
@@ -160,6 +222,10 @@ class DeviceProfileCollector:
                     self._finish(self._open[core], complete=False, reason=reason)
             self._open.clear()
             return list(self.profiles)
+
+
+class RecordingError(RuntimeError):
+    """A device profile could not be recorded whole (one line; what was recorded is kept, marked)."""
 
 
 @contextlib.contextmanager
@@ -173,7 +239,7 @@ def profile(out_dir: str | Path, *, nth_exec: int | None = None, sink: Any = Non
         yield collector
 
 
-__all__ = ["CapturedProfile", "DeviceProfileCollector", "profile"]
+__all__ = ["CapturedProfile", "DeviceProfileCollector", "RecordingError", "profile"]
 
 
 def _working_dir() -> str | None:

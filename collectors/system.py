@@ -39,6 +39,8 @@ from formats.writer import ProfileWriter, timestamp_text
 from neuroncore.config import default_instance
 from neuroncore.hardware import INSTANCE_TYPES, core_spec
 
+FIRST_FLUSH_S = 5.0
+FLUSH_FRACTION = 0.1
 EVENT_COLUMNS = ("id", "name", "start_ts", "end_ts", "duration_ns", "trace_event_source", "instance_id",
                  "process_id", "thread_id", "nc_idx", "worker_gid", "extra_attributes_json")
 
@@ -168,8 +170,22 @@ class SystemProfileCollector:
         self._thread.start()
 
     def _sample_loop(self) -> None:
+        started = time.monotonic()
+        next_flush = FIRST_FLUSH_S
         while not self._stop.wait(self.interval_s):
             self.sample()
+            elapsed = time.monotonic() - started
+            if elapsed >= next_flush:
+                self.flush()
+                next_flush = elapsed + max(FIRST_FLUSH_S, elapsed * FLUSH_FRACTION)
+
+    def flush(self) -> None:
+        """Commit the samples taken so far as parts: a capture killed later keeps them. Flushes come
+        every max(5 s, a tenth of the time so far), so a killed capture loses at most that tail and
+        an hour's capture has a few dozen parts per table, not thousands."""
+        with self._lock:
+            if self.writer.is_open:
+                self.writer.flush()
 
     def sample(self) -> None:
         """Take one CPU and memory sample now (the thread calls this every interval)."""
@@ -224,14 +240,19 @@ class SystemProfileCollector:
         self._stop_sampling()
         self.sample()  # the last moment is always in the profile
         with self._lock:
+            if not self.writer.is_open:  # aborted already
+                return self.writer.close()
             self._flush_events()
             return self.writer.close()
 
     def abort(self, reason: str) -> Path | None:
         self._stop_sampling()
-        with self._lock, contextlib.suppress(Exception):
-            self._flush_events()
+        with contextlib.suppress(Exception):
+            self.sample()  # the moment it stopped
         with self._lock:
+            if self.writer.is_open:
+                with contextlib.suppress(Exception):
+                    self._flush_events()
             return self.writer.abort(reason)
 
 

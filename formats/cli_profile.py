@@ -152,6 +152,20 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     return parser
 
 
+def _note_captures(args: argparse.Namespace) -> None:
+    """Before a view or query: one stderr line per profile read that is incomplete or holds a
+    warm-up execution, so a partial capture is never read as a whole one."""
+    if getattr(args, "command", None) not in ("view", "query") or not getattr(args, "profile", None):
+        return
+    from formats.dataset import capture_notes
+
+    notes = capture_notes(args.profile, include_incomplete=bool(getattr(args, "include_incomplete", False)))
+    for note in notes[:3]:
+        print(f"neuron-profile: note: {note}", file=sys.stderr)
+    if len(notes) > 3:
+        print(f"neuron-profile: note: ... and {len(notes) - 3} more such profiles", file=sys.stderr)
+
+
 def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
             bad_input: tuple[type[BaseException], ...] = (ProfileError, OSError),
             interrupted: str = "interrupted") -> int:
@@ -159,6 +173,7 @@ def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
     an output file that cannot be written) become one line and exit 2, Ctrl-C exits 130."""
     args = build_parser(commands).parse_args(argv)
     try:
+        _note_captures(args)
         return int(args.handler.run(args))
     except bad_input as exc:
         print(f"neuron-profile: error: {exc}", file=sys.stderr)

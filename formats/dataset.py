@@ -17,9 +17,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from formats.reader import ProfileError
 from formats.schema import SCHEMA, table_of_file
-from formats.writer import INCOMPLETE_SUFFIX
+from formats.writer import INCOMPLETE_CATEGORY, INCOMPLETE_SUFFIX
 
 _PARTITION_RE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
 _INCOMPLETE_RE = re.compile(re.escape(INCOMPLETE_SUFFIX) + r"(\.\d+)?$")
@@ -99,3 +101,60 @@ def partition_types(entries: list[ProfileEntry]) -> dict[str, str]:
             integer = re.fullmatch(r"-?\d{1,18}", value) is not None
             keys[key] = "BIGINT" if integer and keys.get(key, "BIGINT") == "BIGINT" else "VARCHAR"
     return keys
+
+
+@dataclass(frozen=True)
+class CaptureState:
+    """How a capture ended, as its profile records it (what every view can say about it)."""
+
+    incomplete: bool  # folder named <dir>.incomplete, Metadata.capture_complete false, or the Warning
+    reason: str | None  # the ``Incomplete Profile`` warning's message, when there is one
+    warm_up: bool  # Metadata.warm_up_execution: the program ran the model fewer times than asked
+    execution: int | None  # the execution the profile holds (its ``execution=`` partition)
+    requested_execution: int | None  # Metadata.requested_execution (the capture's --profile-nth-exec)
+
+
+def _small_table(path: Path, name: str) -> list[dict[str, object]]:
+    try:
+        return pq.read_table(path / f"{name}.parquet").to_pylist()
+    except Exception:  # a missing or damaged table says nothing (validate is the place for that)
+        return []
+
+
+def capture_state(path: str | os.PathLike[str]) -> CaptureState:
+    """Read a profile's capture marks (folder name, Metadata, Warning) without opening it whole."""
+    root = Path(path)
+    metadata = (_small_table(root, "Metadata") or [{}])[0]
+    reasons = [str(w.get("message") or "") for w in _small_table(root, "Warning")
+               if w.get("category") == INCOMPLETE_CATEGORY]
+    incomplete = bool(_INCOMPLETE_RE.search(root.name)) or metadata.get("capture_complete") is False \
+        or bool(reasons)
+    match = re.fullmatch(r"execution=(\d+)", _INCOMPLETE_RE.sub("", root.name))
+    requested = metadata.get("requested_execution")
+    return CaptureState(incomplete, reasons[0] if reasons else None, bool(metadata.get("warm_up_execution")),
+                        int(match.group(1)) if match else None,
+                        None if requested is None else int(str(requested)))
+
+
+def is_incomplete(path: str | os.PathLike[str]) -> bool:
+    """True for a profile whose capture did not finish (see ``capture_state``)."""
+    return capture_state(path).incomplete
+
+
+def capture_notes(root: str | os.PathLike[str], *, include_incomplete: bool = False) -> list[str]:
+    """One line per profile under ``root`` (or ``root`` itself) that a reader should be told about:
+    an incomplete capture, or a warm-up execution kept in place of the one asked for."""
+    try:
+        entries, _ = find_profiles(root, include_incomplete=include_incomplete)
+    except ProfileError:
+        return []
+    notes: list[str] = []
+    for entry in entries:
+        state = capture_state(entry.path)
+        if state.incomplete:
+            why = f": {state.reason}" if state.reason else ""
+            notes.append(f"{entry.path} is an incomplete profile (capture did not finish){why}")
+        if state.warm_up:
+            notes.append(f"{entry.path} holds a warm-up execution: the program ran the model fewer times "
+                         f"than the requested execution {state.requested_execution}")
+    return notes

@@ -257,8 +257,13 @@ class ProfileRecorder:
             if self.error is not None:
                 raise RuntimeError(f"profile recording failed; what was recorded is at {self.writer.path}: "
                                    f"{self.error}") from self.error
-            self._finish_tables(complete=True)
-            return self.writer.close()
+            try:
+                self._finish_tables(complete=True)
+                return self.writer.close()
+            except Exception as exc:  # keep what was recorded, marked, and say why
+                self.error = exc
+                self.writer.abort(f"finishing the profile failed: {type(exc).__name__}: {exc}")
+                raise
 
     def abort(self, reason: str = "capture interrupted") -> Path | None:
         with self._lock:

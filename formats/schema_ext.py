@@ -83,6 +83,12 @@ EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
         FieldDef("capture_working_dir", "string", None, False,
                  "neuronscope extension: the directory the capture ran in, where the user's source files "
                  "are read from without asking (formats.source_access)"),
+        FieldDef("warm_up_execution", "bool", None, False,
+                 "neuronscope extension: true when the program ran this model fewer times than the "
+                 "capture's profile-nth-exec and the profile holds the last execution before it (a "
+                 "warm-up execution, kept so the capture is not empty)"),
+        FieldDef("requested_execution", "int64", None, False,
+                 "neuronscope extension: the execution number the capture asked for (profile-nth-exec)"),
     ),
     "HloInstruction": _ROLLUP_COLUMNS,
     "FrameworkNode": _ROLLUP_COLUMNS,

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,9 +43,11 @@ from formats.schema_def import OPENAPI_TYPES, TableDef
 DEFAULT_ROW_GROUP_ROWS = 131_072
 DEFAULT_ROW_GROUP_BYTES = 32 * 2**20  # a row group also ends here: rows of long text stay bounded
 DEFAULT_ENCODER_THREADS = 2
-DEFAULT_MAX_FILE_BYTES = 512 * 2**20
 INCOMPLETE_CATEGORY = "Incomplete Profile"
 INCOMPLETE_SUFFIX = ".incomplete"
+COMMIT_LOG_ENV = "NEURONSCOPE_COMMIT_LOG"  # a file each committed part is appended to (crash tests)
+IN_PROGRESS_MESSAGE = ("profile is incomplete: the capture did not finish (it is still running, or its "
+                       "process was killed); tables hold the parts committed before it stopped")
 
 # Tables written last, from what the writer collected (not streamed by callers).
 _CLOSING_TABLES = ("Warning", "Metadata", "SchemaFields")
@@ -73,23 +75,22 @@ def _with_statistics(field: pa.Field) -> bool:
 
 
 class _Lane:
-    """One encoder lane of a table: its open Parquet part and the job writing to it (at most one)."""
+    """One encoder lane of a table: the job encoding a part on it (at most one at a time)."""
 
     def __init__(self) -> None:
-        self.writer: pq.ParquetWriter | None = None
-        self.path: Path | None = None
-        self.file_schema: pa.Schema | None = None
         self.job: Future[None] | None = None
 
 
 class _TableStream:
     """One table being written: a row-group buffer and its encoder lanes.
 
+    Every row group handed on becomes a part file of its own, committed whole: it is written under
+    a hidden temporary name, closed (so it has its footer) and renamed to ``<Table>_<n>.parquet``.
+    A process killed at any moment therefore leaves only readable parts; what it loses is the rows
+    still buffered and the part being encoded. Part numbers are taken in order as row groups are
+    handed on, so reading the parts by number gives the rows in the order they were written.
     Row groups are encoded on background threads (Parquet encoding releases the GIL), one job per
-    lane at a time, so recording the next batches overlaps encoding the previous ones. With several
-    lanes, row groups go round-robin to lanes and each lane writes its own part files: a large table
-    then ends up as parts ``_0``, ``_1``, ... whose row order interleaves by row group (readers that
-    need an order sort by ``start_ts``/``id``, as they must for the real tool's split tables too).
+    lane at a time, so recording the next batches overlaps encoding the previous ones.
     """
 
     def __init__(self, owner: ProfileWriter, table: TableDef) -> None:
@@ -102,6 +103,7 @@ class _TableStream:
         self.lanes = [_Lane() for _ in range(owner.encoder_threads)]
         self.groups = 0
         self.rows = 0
+        self.committed_rows = 0
         self.first_ts: int | None = None
         self.last_ts: int | None = None
         self.finished = False
@@ -135,7 +137,7 @@ class _TableStream:
             self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
 
     def _flush(self, rows: int | None = None) -> None:
-        """Hand up to ``rows`` buffered rows (all if None) to the next lane as one row group."""
+        """Hand up to ``rows`` buffered rows (all if None) to the next lane as one part."""
         if not self.pending_rows:
             return
         take = self.pending_rows if rows is None else min(rows, self.pending_rows)
@@ -154,10 +156,11 @@ class _TableStream:
         self.pending_rows -= take
         self.pending_bytes = sum(_row_bytes(b) for b in self.pending)
         group = pa.Table.from_batches(chosen)
+        path = self.owner.staging / f"{self.table.name}_{self.groups}.parquet"
         lane = self.lanes[self.groups % len(self.lanes)]
         self.groups += 1
         self._wait(lane)
-        lane.job = self.owner._submit(self._write_group, lane, group)
+        lane.job = self.owner._submit(self._write_part, path, group)
 
     @staticmethod
     def _wait(lane: _Lane) -> None:
@@ -165,31 +168,24 @@ class _TableStream:
         if job is not None:
             job.result()  # re-raises an encoding error in the recording thread
 
-    def _write_group(self, lane: _Lane, group: pa.Table) -> None:
-        if lane.writer is None:
-            with self._parts_lock:
-                lane.path = self.owner.staging / f"{self.table.name}_{len(self.parts)}.parquet"
-                self.parts.append(lane.path)
-            lane.file_schema = group.schema
-            lane.writer = self.owner._parquet_writer(lane.path, group.schema)
-        assert lane.file_schema is not None and lane.path is not None
-        if not group.schema.equals(lane.file_schema):
-            group = _cast_table(group, lane.file_schema)
-        lane.writer.write_table(group, row_group_size=group.num_rows)
-        if lane.path.stat().st_size >= self.owner.max_file_bytes:
-            self._close_lane(lane)
-
-    @staticmethod
-    def _close_lane(lane: _Lane) -> None:
-        if lane.writer is not None:
-            lane.writer.close()
-            lane.writer = None
-            lane.file_schema = None
+    def _write_part(self, path: Path, group: pa.Table) -> None:
+        """Encode one row group as a complete part file and commit it by renaming it into place."""
+        temporary = path.with_name(f".{path.name}.tmp")
+        writer = self.owner._parquet_writer(temporary, group.schema)
+        try:
+            writer.write_table(group, row_group_size=group.num_rows)
+        finally:
+            writer.close()
+        os.replace(temporary, path)
+        with self._parts_lock:
+            self.parts.append(path)
+            self.committed_rows += group.num_rows
+        self.owner._committed(self.table.name, path, group.num_rows)
 
     # -- finishing -----------------------------------------------------------------------------
     def finish(self) -> None:
-        """Write what is buffered, close every part, and give a single part its plain name.
-        Every lane is closed even if one failed, so each file written gets its footer."""
+        """Write what is buffered and wait for every part. Every lane is waited for even if one
+        failed, so each part that was started is either committed or left as a hidden temp file."""
         error: BaseException | None = None
         try:
             self._flush()
@@ -200,13 +196,15 @@ class _TableStream:
                 self._wait(lane)
             except Exception as exc:
                 error = error or exc
-            try:
-                self._close_lane(lane)
-            except Exception as exc:
-                error = error or exc
+        with self._parts_lock:
+            self.parts.sort(key=lambda p: int(p.stem.rsplit("_", 1)[1]))
         if error is not None:
             raise error
-        if len(self.parts) == 1:
+
+    def give_plain_name(self) -> None:
+        """A table written as one part is stored as plain ``<Table>.parquet`` (done at close only:
+        while the profile is being written, part names never change)."""
+        if len(self.parts) == 1 and self.parts[0].name != f"{self.table.name}.parquet":
             plain = self.parts[0].with_name(f"{self.table.name}.parquet")
             os.replace(self.parts[0], plain)
             self.parts[0] = plain
@@ -218,31 +216,22 @@ def _row_bytes(batch: pa.RecordBatch) -> int:
     return sum(c.indices.nbytes if pa.types.is_dictionary(c.type) else c.nbytes for c in batch.columns)
 
 
-def _cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Cast a row group to the part's file schema (dictionary vs plain strings may differ)."""
-    columns = [table.column(f.name).cast(f.type) for f in schema]
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
 class ProfileWriter:
     """Writes one profile directory. Not thread-safe: feed it from one thread (the sink listener)."""
 
     def __init__(self, out_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None, *,
                  row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                  compression: str = "zstd", compression_level: int | None = 1, overwrite: bool = False,
                  encoder_threads: int = DEFAULT_ENCODER_THREADS, schema: Schema = SCHEMA) -> None:
-        if row_group_rows < 1 or max_file_bytes < 1 or encoder_threads < 1:
-            raise ValueError("row_group_rows, max_file_bytes and encoder_threads must be positive")
+        if row_group_rows < 1 or row_group_bytes < 1 or encoder_threads < 1:
+            raise ValueError("row_group_rows, row_group_bytes and encoder_threads must be positive")
         self.target = Path(out_dir).absolute()
         if self.target.exists() and not overwrite:
             raise FileExistsError(f"{self.target} already exists (pass overwrite=True to replace it)")
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".partial",
-                                             dir=self.target.parent))
+        self.staging = _make_free_dir(self.target.with_name(self.target.name + INCOMPLETE_SUFFIX))
         self.row_group_rows = row_group_rows
         self.row_group_bytes = row_group_bytes
-        self.max_file_bytes = max_file_bytes
         self.compression = compression
         self.compression_level = compression_level
         self.overwrite = overwrite
@@ -254,6 +243,11 @@ class ProfileWriter:
         self._streams: dict[str, _TableStream] = {}
         self._state = "open"  # open -> closed | aborted
         self.path: Path | None = None  # where the profile ended up
+        self._marks_lock = threading.Lock()
+        self._commit_log = os.environ.get(COMMIT_LOG_ENV)
+        # Marked incomplete from the first moment: if this process is killed, the folder
+        # (<target>.incomplete), its Metadata and a Warning row all say so.
+        self._write_marks()
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -298,6 +292,14 @@ class ProfileWriter:
             stream.finished = True
         return list(stream.parts)
 
+    def flush(self) -> None:
+        """Commit every table's buffered rows as parts now, so a process killed later keeps them.
+        For slow streams (host samples): each call adds a part per table that had rows buffered."""
+        self._check_open()
+        for stream in list(self._streams.values()):
+            if not stream.finished:
+                stream._flush()
+
     def write_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append rows given as dicts (for small tables; big ones should pass columns to ``write``)."""
         rows = list(rows)
@@ -331,6 +333,8 @@ class ProfileWriter:
         try:
             for stream in self._streams.values():
                 stream.finish()
+            for stream in self._streams.values():
+                stream.give_plain_name()
             self._write_closing_tables(complete=True)
         except BaseException as exc:
             self.abort(f"failed while finishing the profile: {type(exc).__name__}: {exc}")
@@ -351,18 +355,26 @@ class ProfileWriter:
         self.warnings.append((INCOMPLETE_CATEGORY, f"profile is incomplete: {reason}; tables hold only "
                                                    f"the records written before the interruption"))
         for stream in self._streams.values():
-            with contextlib.suppress(Exception):  # keep closing the others: each file must get its footer
+            with contextlib.suppress(Exception):  # keep finishing the others: every buffered row counts
                 stream.finish()
-        with contextlib.suppress(Exception):  # best effort: the data tables are readable without these
+        with contextlib.suppress(Exception):  # best effort: the marks written at the start still hold
             self._write_closing_tables(complete=False)
         self._shutdown()
-        destination = _free_name(self.target.with_name(self.target.name + INCOMPLETE_SUFFIX))
-        try:
-            os.replace(self.staging, destination)
-            self.path = destination
-        except OSError:
-            self.path = self.staging
+        self.path = self.staging
         return self.path
+
+    def discard(self) -> None:
+        """Drop the profile being written (nothing of it is kept): for a capture that recorded an
+        execution only in case no later one came."""
+        if self._state != "open":
+            return
+        self._state = "discarded"
+        for stream in self._streams.values():
+            with contextlib.suppress(Exception):
+                for lane in stream.lanes:
+                    stream._wait(lane)
+        self._shutdown()
+        shutil.rmtree(self.staging, ignore_errors=True)
 
     def __enter__(self) -> ProfileWriter:
         return self
@@ -406,36 +418,71 @@ class ProfileWriter:
             write_statistics=[f.name for f in schema if _with_statistics(f)] or False,
         )
 
-    def _write_small(self, name: str, columns: Mapping[str, Any]) -> None:
+    def _write_file(self, name: str, columns: Mapping[str, Any], *, require: bool = True) -> Path:
+        """Write a small table as one file ``<name>.parquet``, replacing it atomically (temp + rename)."""
         definition = self.schema.table(name)
         assert definition is not None
-        stream = self._streams.get(name) or _TableStream(self, definition)
-        self._streams[name] = stream
-        stream.append(conform(definition, columns))
-        stream.finish()
+        table = pa.Table.from_batches([conform(definition, columns, require=require)])
+        path = self.staging / f"{name}.parquet"
+        temporary = path.with_name(f".{path.name}.tmp")
+        writer = self._parquet_writer(temporary, table.schema)
+        try:
+            writer.write_table(table)
+        finally:
+            writer.close()
+        os.replace(temporary, path)
+        return path
+
+    def _write_marks(self) -> None:
+        """The incomplete marks a killed capture leaves: a Warning row and ``capture_complete =
+        false`` in a Metadata row holding what is known so far (rewritten as parts are committed)."""
+        with self._marks_lock:
+            if self._state != "open":
+                return
+            self._write_file("Warning", {"message": [IN_PROGRESS_MESSAGE], "category": [INCOMPLETE_CATEGORY]})
+            self._write_file("Metadata", self._metadata_row(False, strict=False), require=False)
+
+    def _committed(self, table: str, path: Path, rows: int) -> None:
+        """A part was committed (called from an encoder thread): refresh the marks' Metadata (its
+        time bounds grow) and, when asked to, log the commit for crash tests."""
+        with contextlib.suppress(Exception):  # the part itself is safe; the marks are best effort
+            self._write_marks()
+        if self._commit_log:
+            line = json.dumps({"profile": str(self.target), "part": path.name, "table": table, "rows": rows})
+            with contextlib.suppress(OSError):
+                descriptor = os.open(self._commit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    os.write(descriptor, (line + "\n").encode())
+                finally:
+                    os.close(descriptor)
 
     def _write_closing_tables(self, *, complete: bool) -> None:
-        if self.warnings:
-            self._write_small("Warning", {"message": [m for _, m in self.warnings],
-                                          "category": [c for c, _ in self.warnings]})
-        self._write_small("Metadata", self._metadata_row(complete))
-        written = [n for n in self._streams if n != "SchemaFields"] + ["SchemaFields"]
-        self._write_small("SchemaFields", schema_fields_columns([self.schema.tables[n] for n in written]))
+        with self._marks_lock:
+            if self.warnings:
+                self._write_file("Warning", {"message": [m for _, m in self.warnings],
+                                             "category": [c for c, _ in self.warnings]})
+            else:
+                (self.staging / "Warning.parquet").unlink(missing_ok=True)
+            self._write_file("Metadata", self._metadata_row(complete))
+            written = [n for n in self._streams if n not in _CLOSING_TABLES]
+            written += [n for n in _CLOSING_TABLES if (self.staging / f"{n}.parquet").exists()]
+            self._write_file("SchemaFields", schema_fields_columns([self.schema.tables[n] for n in
+                                                                    [*written, "SchemaFields"]]))
 
     def metadata_preview(self) -> dict[str, Any]:
         """The Metadata row as it stands now (defaults, trace bounds so far, fields set), unchecked:
         for computing on the profile before ``close()`` writes the row."""
-        first = [s.first_ts for s in self._streams.values() if s.first_ts is not None]
-        last = [s.last_ts for s in self._streams.values() if s.last_ts is not None]
+        first = [s.first_ts for s in list(self._streams.values()) if s.first_ts is not None]
+        last = [s.last_ts for s in list(self._streams.values()) if s.last_ts is not None]
         row: dict[str, Any] = {"profile_schema_version": PROFILE_SCHEMA_VERSION,
                                "first_hw_timestamp": min(first) if first else None,
                                "last_hw_timestamp": max(last) if last else None}
         row.update(self.metadata)
         return row
 
-    def _metadata_row(self, complete: bool) -> dict[str, list[Any]]:
-        first = [s.first_ts for s in self._streams.values() if s.first_ts is not None]
-        last = [s.last_ts for s in self._streams.values() if s.last_ts is not None]
+    def _metadata_row(self, complete: bool, *, strict: bool = True) -> dict[str, list[Any]]:
+        first = [s.first_ts for s in list(self._streams.values()) if s.first_ts is not None]
+        last = [s.last_ts for s in list(self._streams.values()) if s.last_ts is not None]
         row: dict[str, Any] = {
             "profile_schema_version": PROFILE_SCHEMA_VERSION,
             "ntff_version": 0,
@@ -452,19 +499,25 @@ class ProfileWriter:
         row["capture_complete"] = complete
         definition = self.schema.tables["Metadata"]
         missing = [n for n in definition.required if row.get(n) is None]
+        if missing and not strict:  # the marks of a capture still running: what is known so far
+            return {n: [row[n]] for n in definition.names if row.get(n) is not None}
         if missing:
             raise ProfileWriteError(f"Metadata lacks required field(s) {', '.join(missing)} "
                                     f"(pass them in metadata=... or update_metadata())")
         return {n: [row[n]] for n in definition.names if n in row}
 
 
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``, ... whichever does not exist yet."""
+def _make_free_dir(path: Path) -> Path:
+    """Create and return ``path``, or ``path.1``, ``path.2``, ... whichever did not exist yet (created
+    exclusively, so two writers never share one)."""
     candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}.{n}")
-    return candidate
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}.{n}")
 
 
 def _tool_version() -> str:
@@ -485,11 +538,13 @@ def timestamp_text(ns: int) -> str:
     return text + "+00:00"
 
 
-def conform(definition: TableDef, data: Mapping[str, Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+def conform(definition: TableDef, data: Mapping[str, Any] | pa.RecordBatch | pa.Table, *,
+            require: bool = True) -> pa.RecordBatch:
     """One Arrow batch with exactly the table's columns, in schema order, of the declared types.
 
     Dictionary-encoded strings stay dictionary-encoded (they are written as Parquet dictionary pages
-    and read back as plain strings). Missing optional columns become nulls.
+    and read back as plain strings). Missing optional columns become nulls; so do missing required
+    ones when ``require`` is false (the provisional Metadata of a capture still running).
     """
     if isinstance(data, pa.Table):
         data = data.combine_chunks()
@@ -517,7 +572,7 @@ def conform(definition: TableDef, data: Mapping[str, Any] | pa.RecordBatch | pa.
         assert target is not None
         values = columns.get(f.name)
         if values is None:
-            if f.required and length:
+            if f.required and length and require:
                 raise ProfileWriteError(f"{definition.name} requires column {f.name!r}")
             array = pa.nulls(length, target)
         else:
@@ -526,7 +581,7 @@ def conform(definition: TableDef, data: Mapping[str, Any] | pa.RecordBatch | pa.
                 raise ProfileWriteError(f"{definition.name}.{f.name} is required but has "
                                         f"{array.null_count} null value(s)")
         arrays.append(array)
-        fields.append(pa.field(f.name, array.type, nullable=not f.required))
+        fields.append(pa.field(f.name, array.type, nullable=not f.required or not require))
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
@@ -538,7 +593,7 @@ def _to_arrow(values: Any, target: pa.DataType, table: str, column: str) -> pa.A
             if pa.types.is_dictionary(values.type) and pa.types.is_string(target):
                 if not pa.types.is_string(values.type.value_type):
                     values = values.cast(pa.dictionary(values.type.index_type, target))
-                return values
+                return _without_null_entries(values)
             return values if values.type == target else values.cast(target)
         if isinstance(values, np.ndarray) and values.dtype.kind in "iufb":
             array = pa.array(values)
@@ -546,6 +601,22 @@ def _to_arrow(values: Any, target: pa.DataType, table: str, column: str) -> pa.A
         return pa.array(values, type=target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
         raise ProfileWriteError(f"{table}.{column}: cannot store as {target}: {exc}") from exc
+
+
+def _without_null_entries(values: pa.DictionaryArray) -> pa.DictionaryArray:
+    """The same strings with every null moved from the dictionary into the indices.
+
+    Parquet writers (pyarrow 15 through at least 26) refuse a dictionary that holds a null
+    ("Writing DictionaryArray with null encoded in dictionary type not yet supported"), yet a per-op
+    dictionary naturally has one for ops without the attribute (a traced ``parameter`` has no stack
+    frames). Rows pointing at a null entry become null rows; the entry becomes an unused ``""``, so
+    the indices keep their meaning and the dictionary its length (no re-indexing per batch)."""
+    dictionary = values.dictionary
+    if not dictionary.null_count:
+        return values
+    points_at_null = pc.fill_null(pc.take(dictionary.is_null(), values.indices), False)
+    indices = pc.if_else(points_at_null, pa.scalar(None, values.indices.type), values.indices)
+    return pa.DictionaryArray.from_arrays(indices, dictionary.fill_null(""))
 
 
 def schema_fields_columns(tables: Iterable[TableDef]) -> dict[str, list[Any]]:
