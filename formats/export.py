@@ -4,9 +4,11 @@
   columns plus the legacy extras (``nc_idx``, ``nd_idx``, ``instance_type``, ``compiler_version``,
   ``runtime_version``, ``profiler_version``); ``_percent`` values are fractions, as theirs are, so
   scripts that read it as ``list(d.values())[0]`` work unchanged.
-* **summary-text**: the same metrics, one block per program, a fixed order grouped by topic. Each line
-  is ``name  value`` (the value exactly as in the JSON, so a script can split on whitespace) followed
-  by a readable form in parentheses: percent for fractions, us/ms for times, KiB/MiB for bytes.
+* **summary-text**: a headline first (``formats.headline``: device time, MFU, busiest engine, top
+  problems; a dataset: one row per profile and the aggregate), then the full table: the same metrics,
+  one block per program, a fixed order grouped by topic. Each line is ``name  value`` (the value
+  exactly as in the JSON, so a script can split on whitespace) followed by a readable form in
+  parentheses, in the units of every view (``formats.units``: %, µs/ms, KiB/MiB, GFLOP).
 * **json** (legacy device-profile JSON, §6.2): ``{"summary": [ {...} ], "instruction": [ {...} ]}``,
   one object per executed instruction in time order with the legacy keys (``timestamp``,
   ``duration``, ``label`` = timeline row, ``opcode``, ``operands``, ``hlo_name``, ...). Times are
@@ -27,6 +29,7 @@ from typing import IO, Any
 from formats import sqlsource, summary
 from formats.reader import Profile
 from formats.sqlsource import TableSource, ident
+from formats.units import fmt_bytes, fmt_flops, fmt_pct, fmt_seconds
 
 # Legacy extras of summary-json / summary-text (§4.9) and where they come from in Metadata.
 LEGACY_EXTRAS = {"nc_idx": "neuroncore_idx", "nd_idx": "neuron_device_idx", "instance_type": "instance_type",
@@ -97,32 +100,18 @@ def summary_json(programs: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _readable(name: str, value: Any) -> str:
+    """The readable form of one Summary value, in the units of every view (``formats.units``)."""
     if value is None or isinstance(value, bool | str):
         return ""
     if name.endswith("_percent"):
-        return f"{100 * value:.2f}%"
+        return fmt_pct(float(value), digits=2)
     if name.endswith("_time") or name in ("total_time",):
-        return _seconds_text(float(value))
+        return fmt_seconds(float(value))
     if name.endswith("_bytes") or name.endswith("_size") or name == "dma_transfer_average_bytes":
-        return _bytes_text(float(value))
+        return fmt_bytes(float(value), digits=2)
     if name.endswith("_flops"):
-        return f"{float(value) / 1e9:,.3f} GFLOP"
+        return fmt_flops(float(value))
     return ""
-
-
-def _seconds_text(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.3f} us"
-
-
-def _bytes_text(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def summary_text(programs: Mapping[str, Mapping[str, Any]]) -> str:

@@ -1,6 +1,7 @@
 """``neuron-profile view DIR --output-format ...``: open the profiles and hand them to the right writer.
 
-summary-text and summary-json go to stdout (or ``--output-file``); json (legacy device-profile JSON,
+summary-text (a headline first: ``summary_report``) and summary-json go to stdout (or
+``--output-file``); json (legacy device-profile JSON,
 one profile at a time, like the real tool's one file per model) and perfetto (every profile under DIR
 in one trace, a process each) go to files named as the real tool names them unless told otherwise.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from formats import export, trace_export
+from formats import attribution, export, findings, headline, trace_export
 from formats.dataset import find_profiles
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
@@ -38,6 +40,42 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
     if not programs:
         raise ProfileError(f"{root}: no device profile to show (only system profiles)")
     return programs
+
+
+def _notes(profile: Profile) -> list[str]:
+    notes = []
+    if not profile.complete:
+        notes.append("incomplete capture: the figures cover what was recorded before it stopped")
+    return notes
+
+
+def _problems(profile: Profile, program: headline.Program) -> tuple[findings.Finding, ...]:
+    if not profile.has("Instruction"):
+        return ()
+    return findings.find(profile, program.figures, attribution.attribute(profile))
+
+
+def summary_report(programs: list[tuple[str, Profile]], values: dict[str, dict[str, Any]]) -> str:
+    """summary-text: the headline a person reads first, then the full table.
+
+    One profile: its headline (device time, MFU, busiest engine, DMA/HBM, CC, top problems with the
+    op kind they point at) and its full table. A dataset: one row per profile and the aggregate, the
+    headline of the profile with the longest device time, and no full tables (summary-json has them,
+    or view one profile)."""
+    shown = [headline.Program(key, profile, row)
+             for (_, profile), (key, row) in zip(programs, values.items())]
+    labels = headline.rank_labels(shown)
+    if len(shown) == 1:
+        program = shown[0]
+        lines = headline.headline_lines(program, labels.get(program.name, ""),
+                                        _problems(program.profile, program), _notes(program.profile))
+        return "\n".join([*lines, "", "-- full table", export.summary_text(values)])
+    lines = headline.dataset_lines(shown, labels)
+    longest = headline.longest(shown)
+    lines += ["", *headline.headline_lines(longest, labels.get(longest.name, ""),
+                                           _problems(longest.profile, longest), _notes(longest.profile))]
+    lines += ["", f"(full tables: --output-format summary-json, or view one of the {len(shown)} profiles)"]
+    return "\n".join(lines) + "\n"
 
 
 def _write_text(text: str, path: str | None) -> None:
@@ -64,7 +102,7 @@ def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_i
     programs = _programs(root, include_incomplete)
     if fmt in ("summary-text", "summary-json"):
         values = export.collect(programs, recompute=recompute)
-        text = export.summary_text(values) if fmt == "summary-text" else export.summary_json(values)
+        text = summary_report(programs, values) if fmt == "summary-text" else export.summary_json(values)
         _write_text(text, path)
         return
     if fmt == "json":

@@ -54,7 +54,7 @@ def test_summary_text(recorded: Recorded, capsys: pytest.CaptureFixture[str]) ->
     assert stored is not None
     assert float(lines["mfu_estimated_percent"]) == pytest.approx(stored["mfu_estimated_percent"], rel=1e-5)
     assert int(lines["tensor_engine_instruction_count"]) == stored["tensor_engine_instruction_count"]
-    assert "%)" in out and "us)" in out  # readable forms next to the raw values
+    assert "%)" in out and "µs)" in out and "MiB)" in out  # readable forms (formats.units)
 
 
 def test_legacy_json(recorded: Recorded, tmp_path: Path) -> None:
