@@ -1,4 +1,10 @@
-"""Modal screens: the key help, and the confirmation before a signal is sent to a process."""
+"""Modal screens: the key help, and the confirmation before a signal is sent to a process.
+
+Each dialog is a bordered box of ``width: auto`` whose text widget is ``width: auto`` too: with the
+default (``1fr``) an auto-sized container measures its child as 0 cells wide and Textual 8 draws an
+empty 4x2 box (borders and padding only) while the dialog still takes keys. The help scrolls when the
+terminal is shorter than it (80x24).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,12 @@ from typing import ClassVar
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 HELP = """\
-[b]neuron-top[/b]: live view of NeuronCores, their memory and the processes using them
+[b]neuron-top[/b]: NeuronCores, their memory and the processes using them
 
 [b]The real tool's keys[/b]
   q, Q          quit (Ctrl-C too)
@@ -26,36 +32,49 @@ HELP = """\
   1-9           select tab N; 1 is always "all"
   f, F          core grid: utilisation %% <-> TFLOPS
 
-[b]Beyond it[/b]
-  Tab           move focus between the memory tree and the process table
-  k             send a signal to a process (the process table's row, else the tab's process)
-  v             show or hide the extras (engines, history, processes)
+[b]Processes[/b] (as htop / nvitop)
+  Tab           focus the memory tree / the process table
+  < > or , .    sort the process table by the previous / next column
+  I             invert the sort order (the sorted column shows ^ or v)
+  P M T N       sort by NC%%, DEV MEM, AGE, PID
+  / or \\        filter the table (pid, user, command, model);
+                Enter keeps the filter, Esc clears it
+  k             signal a process (the table's row, else the tab's):
+                TERM, INT, KILL, STOP or CONT
+  v             show / hide the extras (engines, history, processes)
   h, ?          this help
 
 [b]Reading the screen[/b]
-  [  --  ]      no process lists this core (no runtime attached) - not the same as 0.00%%
-  STALE         the process lives but stopped publishing (stuck, or holding the GIL)
+  [  --  ]      no process lists this core (no runtime), not 0.00%%;
+                the average is over the cores in use
+  simulated     live utilisation is simulated device time per second
+                of this host's clock: a faster host shows more
+  STOPPED       stopped (SIGSTOP, Ctrl-Z): its cores are idle
+  STALE         alive but no longer publishing (stuck, or holding the GIL)
   EXITED        the process went away (shown for 10 s)
   PARTIAL       some of its report groups carry errors
-  "all" tab     utilisation summed over processes and capped at 100 %%; everything else summed
+  "all" tab     utilisation summed over processes and capped at 100 %%;
+                everything else summed
 
-Press Esc, q or h to close."""
+Press Esc, q or h to close; arrows scroll."""
 
 
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: auto; max-width: 100%; height: auto; max-height: 100%;
-                            border: round cyan; background: $surface; padding: 0 1; }
+    HelpScreen > VerticalScroll { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round cyan; background: $surface; padding: 0 1; }
+    HelpScreen #help-text { width: auto; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,h,question_mark", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        with VerticalScroll():
             yield Static(HELP.replace("%%", "%"), id="help-text")
 
 
-SIGNALS = {"t": signal.SIGTERM, "i": signal.SIGINT, "9": signal.SIGKILL}
+SIGNALS = {"t": signal.SIGTERM, "i": signal.SIGINT, "9": signal.SIGKILL, "s": signal.SIGSTOP,
+           "c": signal.SIGCONT}
 
 
 class SignalScreen(ModalScreen[int | None]):
@@ -65,11 +84,14 @@ class SignalScreen(ModalScreen[int | None]):
     SignalScreen { align: center middle; }
     SignalScreen > Vertical { width: auto; max-width: 100%; height: auto; border: round red;
                               background: $surface; padding: 0 1; }
+    SignalScreen #signal-text { width: auto; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("t", "choose('t')", "SIGTERM"),
         Binding("i", "choose('i')", "SIGINT"),
         Binding("9", "choose('9')", "SIGKILL"),
+        Binding("s", "choose('s')", "SIGSTOP"),
+        Binding("c", "choose('c')", "SIGCONT"),
         Binding("escape,n,q", "cancel", "cancel"),
     ]
 
@@ -84,7 +106,7 @@ class SignalScreen(ModalScreen[int | None]):
         if self.warning:
             lines.append(f"[yellow]{escape(self.warning)}[/yellow]")
         lines.append("")
-        lines.append("t: SIGTERM   i: SIGINT   9: SIGKILL   Esc/n: cancel")
+        lines.append("t: TERM   i: INT   9: KILL   s: STOP   c: CONT   Esc/n: cancel")
         with Vertical():
             yield Static("\n".join(lines), id="signal-text", markup=True)
 

@@ -110,16 +110,42 @@ def test_tree_keys_arrows_enter_x():
     run(go())
 
 
+def screen_text(app: NeuronTopApp) -> str:
+    """What the terminal shows now, as plain text lines (dialogs over the main screen included)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
 def test_help_screen():
     for key, close in (("h", "escape"), ("question_mark", "q"), ("h", "h")):
         async def go(key=key, close=close):
             app = app_with(monitor_frame())
             async with app.run_test(size=(100, 40)) as pilot:
                 await pilot.press(key)
+                await pilot.pause()
                 assert isinstance(app.screen, HelpScreen)
+                text = screen_text(app)  # drawn, not an empty box (Textual 8 measured it as 0x0)
+                assert "The real tool's keys" in text and "invert the sort order" in text
+                assert app.screen.query_one("#help-text").region.width > 60
                 await pilot.press(close)
                 assert not isinstance(app.screen, HelpScreen) and not app._exit
         run(go())
+
+
+def test_help_scrolls_at_80x24():
+    async def go():
+        app = app_with(monitor_frame())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("h")
+            await pilot.pause()
+            text = screen_text(app)
+            assert "The real tool's keys" in text and "Press Esc" not in text
+            box = app.screen.query_one("#help-text").parent
+            assert box.region.width <= 80 and box.region.height <= 24
+            for _ in range(30):
+                await pilot.press("down")
+            await pilot.pause()
+            assert "Press Esc, q or h to close" in screen_text(app)
+    run(go())
 
 
 def test_extras_toggle_and_focus():
@@ -163,7 +189,10 @@ def test_signal_needs_a_target_and_confirmation(tmp_path):
                 await pilot.press("k")  # "all" tab, tree focused: no target
                 assert not isinstance(app.screen, SignalScreen)
                 await pilot.press("tab", "k")
+                await pilot.pause()
                 assert isinstance(app.screen, SignalScreen) and app.screen.pid == victim.pid
+                text = screen_text(app)  # the question and the choices are on screen
+                assert f"Send a signal to pid {victim.pid}?" in text and "t: TERM" in text
                 await pilot.press("escape")  # cancel: nothing sent
                 assert not app.signals_sent and victim.poll() is None
                 await pilot.press("k", "n")

@@ -50,6 +50,14 @@ def test_bad_stream(snap_compare):
     assert snap_compare(NeuronTopApp(frame=frame, version=VERSION), terminal_size=(120, 40))
 
 
-def test_help(snap_compare):
-    assert snap_compare(NeuronTopApp(frame=monitor_frame(), version=VERSION), terminal_size=(100, 40),
+@pytest.mark.parametrize("size", [(80, 24), (100, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help(snap_compare, size):
+    """The help box with its text (Textual 8 drew it as an empty 4x2 box)."""
+    assert snap_compare(NeuronTopApp(frame=monitor_frame(), version=VERSION), terminal_size=size,
                         press=["h"])
+
+
+def test_signal_dialog(snap_compare):
+    """The signal dialog with its question and choices (it was an empty 4x2 box that took keys)."""
+    assert snap_compare(NeuronTopApp(frame=monitor_frame(), version=VERSION), terminal_size=(100, 30),
+                        press=["2", "k"])
