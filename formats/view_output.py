@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from formats import attribution, export, findings, headline, trace_export
-from formats.dataset import find_profiles
+from formats.dataset import capture_state, find_profiles
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 
@@ -43,10 +43,24 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
 
 
 def _notes(profile: Profile) -> list[str]:
+    """What the headline says before any figure: an incomplete capture, a warm-up execution
+    (``formats.dataset.capture_state``, the capture's marks)."""
+    state = capture_state(profile.path)
     notes = []
-    if not profile.complete:
-        notes.append("incomplete capture: the figures cover what was recorded before it stopped")
+    if state.incomplete or not profile.complete:
+        why = f" ({state.reason})" if state.reason else ""
+        notes.append(f"incomplete capture{why}: the figures cover what was recorded before it stopped")
+    if state.warm_up:
+        asked = f" {state.requested_execution}" if state.requested_execution is not None else ""
+        notes.append(f"warm-up execution: the program ran the model fewer times than the requested "
+                     f"execution{asked}; this is the last one it ran")
     return notes
+
+
+def _flags(profile: Profile) -> str:
+    state = capture_state(profile.path)
+    return ", ".join(f for f, on in (("incomplete", state.incomplete or not profile.complete),
+                                     ("warm-up", state.warm_up)) if on)
 
 
 def _problems(profile: Profile, program: headline.Program) -> tuple[findings.Finding, ...]:
@@ -65,6 +79,10 @@ def summary_report(programs: list[tuple[str, Profile]], values: dict[str, dict[s
     shown = [headline.Program(key, profile, row)
              for (_, profile), (key, row) in zip(programs, values.items())]
     labels = headline.rank_labels(shown)
+    for program in shown:
+        flags = _flags(program.profile)
+        if flags:
+            labels[program.name] = ", ".join(x for x in (labels.get(program.name), flags) if x)
     if len(shown) == 1:
         program = shown[0]
         lines = headline.headline_lines(program, labels.get(program.name, ""),

@@ -90,3 +90,14 @@ def test_findings_point_at_the_kind_carrying_most_of_it(tmp_path: Path) -> None:
     assert transposes.where == "mlp (100.0% of it, largest model/mlp, op dot.1)"
     small = found["Small DMA transfers"]
     assert small.share == 0.5 and "average packet 1.5 KiB" in small.detail
+
+
+def test_a_warm_up_execution_is_said_in_the_headline(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.formats.figure_profiles import tiny_tables, write_profile
+
+    path = write_profile(tmp_path / "warm", tiny_tables(),
+                         metadata={"warm_up_execution": True, "requested_execution": 5})
+    out = _text(capsys, str(path))
+    assert out.splitlines()[1].startswith("note            warm-up execution:")
+    assert "requested execution 5" in out.splitlines()[1]
