@@ -49,9 +49,9 @@ if TYPE_CHECKING:
     from formats.reader import Profile
 
 __all__ = [
-    "TENSOR_ROWS", "Busy", "Collectives", "DmaFigures", "Figures", "Flops", "Hardware", "HbmBytes", "Window",
-    "busiest", "collectives", "device_time_ns", "dma", "engine_busy", "figures", "flops", "from_summary",
-    "hbm_bytes", "row_busy", "track_busy", "whole",
+    "TENSOR_ROWS", "BucketBusy", "Busy", "Collectives", "DmaFigures", "Figures", "Flops", "Hardware",
+    "HbmBytes", "Window", "busiest", "busy_buckets", "collectives", "device_time_ns", "dma", "engine_busy",
+    "figures", "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy", "whole",
 ]
 
 # The Tensor engine's two timeline rows: ``Tensor`` (LoadStationary: LDWEIGHTS/transposes) and
@@ -549,6 +549,91 @@ def row_busy(profile: Profile, window: Window, *, engines: Sequence[str] = (), t
             extra = f"{extra + ' AND ' if extra else ''}coalesce({source.col('pcore_idx')}, 0) = {int(pcore)}"
         acc, counts, durations, _, _ = _sweep(profile, source, window, c, "0", extra)
         return Busy(name, acc.lengths().get(0, 0), window.length_ns, counts.get(0, 0), durations.get(0, 0))
+
+
+@dataclass(frozen=True)
+class BucketBusy:
+    """Busy time of one selection in equal buckets of ``[t0, t1)`` (a zoomed-out row's pixels, a
+    terminal strip's cells): ``busy_ns[i]`` = |∪ of the selection's intervals ∩ bucket i|, so Σ
+    busy_ns = ``row_busy`` over the same window and a 30 %-busy engine never looks solid.
+    ``source``: "Instruction" (intervals merged here) or "ActiveTime" (the engine's stored merged
+    stretches, the same union, used for whole-engine selections on profiles that have them)."""
+
+    edges: np.ndarray  # buckets + 1 edges, absolute ns (float: buckets may be fractional ns)
+    busy_ns: np.ndarray  # per bucket, float64
+    source: str
+
+    @property
+    def fraction(self) -> np.ndarray:
+        """busy_ns / bucket width, each in [0, 1]."""
+        width = np.diff(self.edges)
+        return np.divide(self.busy_ns, width, out=np.zeros_like(self.busy_ns), where=width > 0)
+
+
+def _covered(seg_s: np.ndarray, seg_e: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """C(x) = |∪ segments ∩ (-inf, x)| for disjoint segments sorted by start."""
+    lengths = np.concatenate([[0.0], np.cumsum((seg_e - seg_s).astype(np.float64))])
+    ended = np.searchsorted(seg_e, x, side="right")  # segments wholly before x (ends sorted too)
+    started = np.searchsorted(seg_s, x, side="left")  # segments starting before x
+    partial = np.where(started > ended, x - seg_s[np.minimum(ended, max(seg_s.size - 1, 0))], 0.0) \
+        if seg_s.size else np.zeros_like(x, dtype=np.float64)
+    return lengths[ended] + np.maximum(partial, 0.0)
+
+
+def busy_buckets(profile: Profile, t0: int, t1: int, buckets: int, *, engines: Sequence[str] = (),
+                 tracks: Sequence[str] = (), pcore: int | None = None, use_active_time: bool = True,
+                 con: duckdb.DuckDBPyConnection | None = None) -> BucketBusy:
+    """Per-bucket busy time of a selection (as :func:`row_busy`: ``engines`` by canonical name --
+    ``["Tensor"]`` is the union of both Tensor rows -- or ``tracks`` by timeline row, optionally one
+    physical core) over ``buckets`` equal buckets of ``[t0, t1)``."""
+    edges = np.linspace(float(t0), float(t1), max(1, int(buckets)) + 1)
+    window = Window.span(t0, t1)
+    with _connection(con) as c:
+        segments, source_name = _selection_segments(profile, window, engines, tracks, pcore,
+                                                    use_active_time, c)
+    s, e = segments
+    if s.size:
+        order = np.argsort(s, kind="stable")
+        s, e = s[order].astype(np.float64), e[order].astype(np.float64)
+    covered = _covered(s, e, edges)
+    return BucketBusy(edges, np.maximum(np.diff(covered), 0.0), source_name)
+
+
+def _selection_segments(profile: Profile, window: Window, engines: Sequence[str], tracks: Sequence[str],
+                        pcore: int | None, use_active_time: bool, con: duckdb.DuckDBPyConnection
+                        ) -> tuple[tuple[np.ndarray, np.ndarray], str]:
+    """Disjoint merged segments of the selection, clipped to the window."""
+    active = TableSource(profile, "ActiveTime")
+    if use_active_time and engines and not tracks and active.present:
+        stems = ", ".join(literal(e.lower()) for e in engines)
+        cond = f"lower({active.col('engine', engines=False)}) IN ({stems}) AND start_ts < ? AND end_ts > ?"
+        params: list[int] = [int(window.t1 or 0), int(window.t0 or 0)]
+        if pcore is not None:
+            cond += f" AND coalesce({active.col('pcore_idx')}, 0) = {int(pcore)}"
+        cols = con.execute(f"SELECT start_ts, end_ts FROM {active.relation()} WHERE {cond}",
+                           params).fetchnumpy()
+        s, e = _clip(_ints(cols["start_ts"]), _ints(cols["end_ts"]), window)
+        if len(engines) > 1 or pcore is None:  # stretches of several engines/cores overlap: merge them
+            acc = UnionAccumulator(keep_segments=True)
+            acc.add(0, s, e)
+            _, s, e = acc.segments()
+        return (s, e), "ActiveTime"
+    source = TableSource(profile, "Instruction")
+    if not source.present:
+        empty = np.zeros(0, np.int64)
+        return (empty, empty), "Instruction"
+    parts = []
+    if engines:
+        parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in engines)})")
+    if tracks:
+        track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
+        parts.append(f"{track} IN ({', '.join(literal(t) for t in tracks)})")
+    extra = "(" + " OR ".join(parts) + ")" if parts else ""
+    if pcore is not None:
+        extra = f"{extra + ' AND ' if extra else ''}coalesce({source.col('pcore_idx')}, 0) = {int(pcore)}"
+    _, _, _, total, _ = _sweep(profile, source, window, con, "0", extra)
+    _, s, e = total.segments()
+    return (s, e), "Instruction"
 
 
 # -- DMA, HBM, FLOPs, collectives ----------------------------------------------------------------

@@ -147,3 +147,19 @@ def test_durations_and_counts() -> None:
     cells = units.count_cell(152_000, 4) + units.count_cell(1_970_115, 4) + units.count_cell(98, 4)
     assert cells.split() == ["152k", "1.97M", "98"]  # never run together
     assert units.fmt_flops(1.23e9) == "1.23 GFLOP" and units.fmt_flops_rate(1.9e14) == "190.00 TFLOP/s"
+
+
+def test_busy_buckets_show_how_busy_each_pixel_is(tiny) -> None:
+    # Tensor engine (both rows): [0,150) ∪ [300,400); 4 buckets of 250 ns over [0, 1000)
+    for use_active_time in (True, False):
+        b = F.busy_buckets(tiny, 0, 1000, 4, engines=["Tensor"], use_active_time=use_active_time)
+        assert b.busy_ns.tolist() == [150.0, 100.0, 0.0, 0.0], b.source
+        assert b.fraction.tolist() == [0.6, 0.4, 0.0, 0.0]
+    assert F.busy_buckets(tiny, 0, 1000, 4, engines=["Tensor"]).source == "ActiveTime"
+    rows = F.busy_buckets(tiny, 0, 1000, 4, tracks=["TensorMatrix"])
+    assert rows.busy_ns.tolist() == [100.0, 10.0, 0.0, 0.0] and rows.source == "Instruction"
+    # fractional buckets and a clipped window still add up to the row's busy time
+    b = F.busy_buckets(tiny, 25, 375, 7, engines=["Tensor"])
+    whole_row = F.row_busy(tiny, F.Window.span(25, 375), engines=["Tensor"])
+    assert b.busy_ns.sum() == pytest.approx(whole_row.busy_ns)
+    assert float(b.fraction.max()) <= 1.0
