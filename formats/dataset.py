@@ -92,6 +92,11 @@ def find_profiles(root: str | os.PathLike[str], *, include_incomplete: bool = Fa
     return found, skipped
 
 
+def in_incomplete_capture(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` or a folder above it is an interrupted capture (``<dir>.incomplete``)."""
+    return any(_INCOMPLETE_RE.search(part) for part in Path(path).resolve().parts)
+
+
 def partition_types(entries: list[ProfileEntry]) -> dict[str, str]:
     """DuckDB type per partition key: BIGINT when every value is an integer, else VARCHAR (so
     ``core = 3`` compares numbers, as hive-partitioned readers infer)."""

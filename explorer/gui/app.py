@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from collectors.cliargs import OneLineParser
 
@@ -98,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.compare and len(args.dirs) != 2:
         return _error(f"--compare needs exactly two profiles, got {len(args.dirs)}")
+    missing = [d for d in args.dirs if not os.path.exists(d)]
+    if len(missing) == len(args.dirs):  # nothing to open: say so before asking for a display
+        return _error(f"{missing[0]}: no such profile directory")
     headless = args.screenshot is not None
     if headless:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -114,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(
             f"the GUI needs the gui extra (PySide6, pyqtgraph): pip install 'neuronscope[gui]' ({exc})"
         )
+    if not headless:
+        from explorer.gui import platformcheck
+
+        absent = platformcheck.missing_xcb_libraries()
+        if absent:  # Qt would print a paragraph and abort the process: one line and exit 2 instead
+            return _error(platformcheck.xcb_error(absent))
     from explorer.gui.session import SessionError
     from formats.reader import ProfileError
 
@@ -122,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if headless:
             from explorer.gui.screenshot import render_screenshot
 
-            render_screenshot(
+            layout = render_screenshot(
                 args.dirs,
                 args.screenshot,
                 time_range=time_range,
@@ -130,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mode=args.color_by,
                 compare=args.compare,
             )
+            for warning in layout.warnings:
+                print(f"{PROG}: warning: {warning}", file=sys.stderr)
             return 0
         window = _open_window(args.dirs, args.compare, time_range, args.color_by)
         window.resize(*size)
@@ -151,15 +163,24 @@ def _open_window(dirs: Sequence[str], compare: bool, time_range: tuple[int, int]
     if compare:
         window = open_compare(dirs[0], dirs[1])
         if time_range:
-            window.timelines[0].set_range(*time_range)
+            _show_range(window.timelines[0], time_range, window.statusBar())
         for timeline in window.timelines:
             timeline.set_mode(mode)
         return window
     window = MainWindow(open_session(dirs))
     window.set_mode(mode)
     if time_range:
-        window.timeline.set_range(*time_range)
+        _show_range(window.timeline, time_range, window.statusBar())
     return window
+
+
+def _show_range(timeline: Any, time_range: tuple[int, int], status: Any) -> None:
+    """Show ``--range``, cut to the profile; a range past its end is clamped with a warning."""
+    t0, t1, warning = timeline.clamp_to_span(*time_range)
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+        status.showMessage(f"--range: {warning}", 20000)
+    timeline.set_range(t0, t1)
 
 
 if __name__ == "__main__":

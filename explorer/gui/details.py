@@ -70,9 +70,30 @@ def _time(loaded: LoadedProfile, ts: Any) -> str:
     return f"{format_ns(int(ts) - loaded.origin)}  (ts {int(ts)})"
 
 
+def is_identifier(name: str) -> bool:
+    """Columns whose values are names for rows (ids, indices, timestamps): shown as plain integers,
+    never with thousands separators or in scientific notation (they are searched for and copied)."""
+    return name in ("id", "pc") or name.endswith(("_id", "_idx", "_index", "_ts", "_ids"))
+
+
+def plain_integer(value: Any) -> str | None:
+    """``1234567`` / ``1234567.0`` -> ``"1234567"``; None when ``value`` is not a whole number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return None
+
+
 def _value(name: str, value: Any) -> str:
     if value is None:
         return "–"
+    if is_identifier(name):
+        plain = plain_integer(value)
+        if plain is not None:
+            return plain
     if name.endswith("_ns") and isinstance(value, int):
         return format_ns(value)
     if name.endswith("_bytes") and isinstance(value, int):

@@ -13,12 +13,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QComboBox,
+    QDialog,
     QFileDialog,
     QLabel,
     QMainWindow,
+    QMessageBox,
+    QPushButton,
     QSplitter,
     QTabWidget,
     QToolBar,
@@ -84,7 +87,8 @@ class MainWindow(QMainWindow):
         self.hierarchy: Hierarchy | None = None
         self.source_times: SourceTimes | None = None
         self.details: Details | None = None
-        self.setWindowTitle(f"neuron-explorer — {session.title}")
+        self.opened: list[MainWindow] = []  # windows opened from File > Open
+        self.setWindowTitle(window_title(session))
 
         self.fetcher = FrameFetcher(session, self.rows)
         self.timeline = TimelineWidget(session, self.rows, self.fetcher)
@@ -121,6 +125,15 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self._toolbar()
         self._menus()
+        self._shortcuts()
+        incomplete = [p.label for p in session.profiles if p.incomplete]
+        if incomplete:
+            self.incomplete_mark = QLabel(f" INCOMPLETE capture: {', '.join(incomplete)} ")
+            self.incomplete_mark.setStyleSheet("background: #c0392b; color: white; font-weight: bold;")
+            self.incomplete_mark.setToolTip(
+                "the capture was interrupted: the tables hold what was recorded up to then"
+            )
+            self.statusBar().addPermanentWidget(self.incomplete_mark)
 
         self.timeline.event_clicked.connect(self._event_clicked)
         self.timeline.region_selected.connect(self._region_selected)
@@ -151,6 +164,9 @@ class MainWindow(QMainWindow):
         for mode in colors.COLOR_MODES:
             self.mode_box.addItem(colors.MODE_LABELS[mode], mode)
         self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(str(self.mode_box.currentData())))
+        # a toolbar combo keeps no keyboard focus: W/S/A/D keep steering the timeline after it is used
+        self.mode_box.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.mode_box.activated.connect(lambda _i: self.timeline.plot.setFocus())
         bar.addWidget(self.mode_box)
         bar.addSeparator()
         fit = QAction("Fit", self)
@@ -167,14 +183,22 @@ class MainWindow(QMainWindow):
             for p in self.session.profiles:
                 self.focus_box.addItem(p.label)
             self.focus_box.currentIndexChanged.connect(self._focus_changed)
+            self.focus_box.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+            self.focus_box.activated.connect(lambda _i: self.timeline.plot.setFocus())
             bar.addWidget(self.focus_box)
         bar.addSeparator()
-        self.hint = QLabel("  wheel/W/S zoom · drag/A/D pan · Shift+drag select region · click for details")
+        self.hint = QLabel(
+            "  wheel/W/S zoom · drag/A/D pan · Shift+drag select region · click for details · F1 keys"
+        )
         self.hint.setStyleSheet("color: #666;")
         bar.addWidget(self.hint)
 
     def _menus(self) -> None:
         menu = self.menuBar().addMenu("&File")
+        open_action = QAction("Open…", self)
+        open_action.setShortcut(QKeySequence.StandardKey.Open)
+        open_action.triggered.connect(self._open_dialog)
+        menu.addAction(open_action)
         compare = QAction("Compare with…", self)
         compare.triggered.connect(self._compare_dialog)
         menu.addAction(compare)
@@ -186,6 +210,28 @@ class MainWindow(QMainWindow):
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         menu.addAction(quit_action)
+        help_menu = self.menuBar().addMenu("&Help")
+        keys = QAction("Keyboard and mouse…", self)
+        keys.setShortcuts([QKeySequence(Qt.Key.Key_F1), QKeySequence("?")])
+        keys.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        keys.triggered.connect(self.show_shortcuts)
+        help_menu.addAction(keys)
+        self.addAction(keys)
+
+    def _shortcuts(self) -> None:
+        """W/S/A/D/F steer the timeline wherever the focus is in this window (a combo, a table, a
+        panel), except in a text field, which takes typed letters first (Qt's shortcut override)."""
+        self.timeline_keys: list[QShortcut] = []
+        for key in (Qt.Key.Key_W, Qt.Key.Key_S, Qt.Key.Key_A, Qt.Key.Key_D, Qt.Key.Key_F):
+            shortcut = QShortcut(QKeySequence(key), self)
+            shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+            shortcut.activated.connect(lambda k=key: self.timeline.handle_key(k))
+            self.timeline_keys.append(shortcut)
+
+    def show_shortcuts(self) -> None:
+        """The keyboard and mouse reference (F1 or ?)."""
+        self.shortcuts_dialog = ShortcutsDialog(self)
+        self.shortcuts_dialog.show()
 
     def _mouse_moved(self, pos: Any) -> None:
         point = self.timeline.view.mapSceneToView(pos)
@@ -419,6 +465,31 @@ class MainWindow(QMainWindow):
         )
 
     # -- dialogs -----------------------------------------------------------------------------
+    def _open_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a profile (or a capture's device/ folder)")
+        if path:
+            self.open_paths([path])
+
+    def open_paths(self, paths: Sequence[str]) -> MainWindow | None:
+        """Open ``paths`` in a new window (this one stays); a path that does not open is reported in
+        the status bar and a message box, not raised."""
+        from explorer.gui.session import SessionError, open_session
+        from formats.reader import ProfileError
+
+        try:
+            session = open_session(list(paths))
+        except (SessionError, ProfileError, OSError) as exc:
+            self.statusBar().showMessage(f"could not open {', '.join(paths)}: {exc}", 15000)
+            if not self.synchronous:
+                QMessageBox.warning(self, "neuron-explorer", f"Could not open {', '.join(paths)}:\n{exc}")
+            return None
+        window = MainWindow(session, synchronous=self.synchronous)
+        window.set_mode(self.timeline.mode)
+        window.resize(self.size())
+        window.show()
+        self.opened.append(window)
+        return window
+
     def _compare_dialog(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Profile to compare with")
         if not path:
@@ -443,6 +514,43 @@ class MainWindow(QMainWindow):
         self.fetcher.stop()
         self.runner.shutdown()
         super().closeEvent(event)
+
+
+def window_title(session: Session) -> str:
+    """``neuron-explorer — PATHS``, marked ``[INCOMPLETE]`` when a profile is an interrupted capture."""
+    mark = " [INCOMPLETE capture]" if any(p.incomplete for p in session.profiles) else ""
+    return f"neuron-explorer — {session.title}{mark}"
+
+
+SHORTCUTS = (
+    ("wheel · W / S · ↑ ↓ · + −", "zoom in / out (around the cursor for the wheel)"),
+    ("drag · Shift+wheel · A / D · ← →", "pan"),
+    ("Ctrl+wheel · scroll bar", "scroll rows"),
+    ("click", "select an event: Details (its dependencies drawn as arrows)"),
+    ("Shift+drag · right-drag", "box-select a region: Selection summary"),
+    ("F", "fit the whole profile"),
+    ("Esc", "clear the selection, the arrows and the highlight"),
+    ("Ctrl+O", "open a profile in a new window"),
+    ("F1 · ?", "this list"),
+    ("Ctrl+Q", "quit"),
+)
+
+
+class ShortcutsDialog(QDialog):
+    """Every key and mouse gesture the window understands, one per line."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("neuron-explorer — keys and mouse")
+        table = make_table(["input", "does"])
+        fill_table(table, SHORTCUTS)
+        self.table = table
+        close = QPushButton("Close")
+        close.clicked.connect(self.accept)
+        layout = QVBoxLayout(self)
+        layout.addWidget(table)
+        layout.addWidget(close)
+        self.resize(620, 360)
 
 
 def _summary_lines(loaded: Any) -> list[tuple[str, str]]:

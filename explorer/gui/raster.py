@@ -232,6 +232,9 @@ def _paint_counter(inner: np.ndarray, window: CounterWindow, row: Row, width: in
     if h == 0:
         return
     low, high, known = counter_levels(window, width, t0, t1)
+    if row.ends_at is not None:  # a counter holds its last value until the profile ends, not beyond
+        column_start = t0 + np.arange(width) * ((t1 - t0) / width)
+        known = known & (column_start < row.ends_at)
     lo_scale, hi_scale = row.scale or (0.0, float(np.nanmax(high)) if known.any() else 1.0)
     lo_scale = min(0.0, lo_scale)
     span = (hi_scale - lo_scale) or 1.0

@@ -59,6 +59,7 @@ class Row:
     pcore: int | None = None
     scale: tuple[float, float] | None = None  # a counter's (min, max) over the profile
     events: int = 0
+    ends_at: int | None = None  # a counter's last meaningful time (relative ns): nothing is drawn after it
 
 
 
@@ -153,11 +154,18 @@ def _relation(loaded: LoadedProfile, table: str) -> str:
     return TableSource(loaded.profile, table).relation()
 
 
+def profile_end(loaded: LoadedProfile) -> int | None:
+    """The profile's last timestamp relative to its origin (None when Metadata does not say)."""
+    last = loaded.metadata.get("last_hw_timestamp")
+    return None if last is None else int(last) - loaded.origin
+
+
 def counter_rows(
     loaded: LoadedProfile, index: int, group_of: dict[int, str], pcores: Sequence[int]
 ) -> list[Row]:
     assert loaded.tracks is not None
     rows: list[Row] = []
+    ends_at = profile_end(loaded)
     first_group = group_of.get(min(pcores, default=0), "")
     for spec in (HBM_THROUGHPUT, DMA_THROUGHPUT, PSUM_USAGE, SBUF_USAGE, PENDING_DMA):
         for key, samples in loaded.tracks.counter_keys(spec):
@@ -174,6 +182,7 @@ def counter_rows(
                     pcore=pcore,
                     scale=scale,
                     events=samples,
+                    ends_at=ends_at,
                 )
             )
     keys = loaded.tracks.counter_keys(NEURONLINK_THROUGHPUT)
@@ -194,6 +203,7 @@ def counter_rows(
                     (key,),
                     scale=scale,
                     events=samples,
+                    ends_at=ends_at,
                 )
             )
     return rows

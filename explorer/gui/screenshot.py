@@ -24,6 +24,7 @@ class Layout:
     height: int
     bands: dict[str, tuple[int, int]] = field(default_factory=dict)  # "group/label" -> (top, bottom)
     columns: tuple[int, int] = (0, 0)
+    warnings: list[str] = field(default_factory=list)  # e.g. a range clamped to the profile
 
 
 def render_screenshot(
@@ -56,10 +57,14 @@ def render_screenshot(
     window.resize(*size)
     window.show()
     app.processEvents()
+    warnings: list[str] = []
     for timeline in timelines:
         timeline.set_mode(mode)
         if time_range is not None:
-            timeline.set_range(*time_range)
+            t0, t1, warning = timeline.clamp_to_span(*time_range)
+            if warning and warning not in warnings:
+                warnings.append(warning)
+            timeline.set_range(t0, t1)
         app.processEvents()
     for timeline in timelines:
         timeline.fetch_now()
@@ -67,7 +72,7 @@ def render_screenshot(
     image = window.grab()
     if not image.save(str(target), "PNG"):
         raise OSError(5, "could not write the PNG", str(target))
-    layout = Layout(target, image.width(), image.height())
+    layout = Layout(target, image.width(), image.height(), warnings=warnings)
     main = timelines[0]
     left, right = main.plot_columns()
     offset = main.mapTo(window, main.rect().topLeft())

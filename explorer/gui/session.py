@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from formats import sqlsource
-from formats.dataset import ProfileEntry, find_profiles
+from formats.dataset import ProfileEntry, find_profiles, in_incomplete_capture
 from formats.reader import Profile, ProfileError, ProfileWarning, open_profile, profile_from_files
 from formats.schema import table_of_file
 from formats.tracks import TrackViewport
@@ -50,6 +50,8 @@ class LoadedProfile:
     tracks: TrackViewport | None = None
     viewport: Viewport | None = None
     queries: Any = None  # a QueryConnection (formats.sqlsource connection + lock), set by open_session
+
+    incomplete: bool = False  # an interrupted capture (``<dir>.incomplete`` or the Metadata flag)
 
     @property
     def instructions(self) -> int:
@@ -228,11 +230,12 @@ def open_session(paths: Sequence[str | os.PathLike[str]], *, connect: bool = Tru
             continue
         labels = _labels([e for _, e, _ in opened])
         origin = _origin([p for p, _, _ in opened])
-        for (profile, _entry, notes), label in zip(opened, labels):
+        for (profile, entry, notes), label in zip(opened, labels):
             name = label or _root_name(root)
             if label and len(paths) > 1:
                 name = f"{_root_name(root)} {label}"
             item = LoadedProfile(profile, profile.path, name, origin, [f"{name}: {n}" for n in notes])
+            item.incomplete = not (entry.complete and profile.complete) or in_incomplete_capture(entry.path)
             item.notes += _profile_notes(profile, name)
             loaded.append(item)
     if not loaded:

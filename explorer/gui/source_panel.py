@@ -3,13 +3,22 @@ their instructions on the timeline (``source.SourceTimes.where``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QComboBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QAbstractItemView, QComboBox, QLabel, QVBoxLayout, QWidget
 
 from explorer.gui.source import SourceTimes, read_source
 from explorer.gui.timeaxis import format_ns
 from explorer.gui.widgets import make_table
+
+
+def hottest_line(per_line: dict[int, Any]) -> int | None:
+    """The line with the most self time (ties and no self time anywhere: the most inclusive time)."""
+    if not per_line:
+        return None
+    return max(per_line, key=lambda n: (per_line[n].self_ns, per_line[n].inclusive_ns, -n))
 
 
 class SourcePanel(QWidget):
@@ -32,6 +41,8 @@ class SourcePanel(QWidget):
         layout.addWidget(self.note)
         layout.addWidget(self.table, 1)
         self._filling = False
+        self.hottest_line: int | None = None
+        self._scroll_pending = False
 
     def set_times(self, times: SourceTimes) -> None:
         self.times = times
@@ -57,6 +68,7 @@ class SourcePanel(QWidget):
         if index != self.files.currentIndex():
             self.files.setCurrentIndex(index)
         if line is not None:
+            self._scroll_pending = False
             for r in range(self.table.rowCount()):
                 item = self.table.item(r, 0)
                 if item is not None and item.text() == str(line):
@@ -100,6 +112,24 @@ class SourcePanel(QWidget):
         self.table.setUpdatesEnabled(True)
         self.table.resizeColumnsToContents()
         self._filling = False
+        self.hottest_line = hottest_line(per_line)
+        self._scroll_pending = self.hottest_line is not None  # open where the time is, not at line 1
+        if self.isVisible():
+            self._scroll_to_hottest()
+
+    def _scroll_to_hottest(self) -> None:
+        self._scroll_pending = False
+        for r in range(self.table.rowCount()):
+            item = self.table.item(r, 0)
+            if item is not None and item.text() == str(self.hottest_line):
+                self.table.scrollToItem(item, QAbstractItemView.ScrollHint.PositionAtCenter)
+                return
+
+    def showEvent(self, event: Any) -> None:
+        """A table scrolls only once it has a size: the first time the tab is shown."""
+        super().showEvent(event)
+        if self._scroll_pending:
+            self._scroll_to_hottest()
 
     def selected_lines(self) -> list[tuple[str, int]]:
         if self.path is None:

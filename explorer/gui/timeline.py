@@ -28,7 +28,7 @@ from explorer.gui.frames import FrameData, FrameRequest, Highlight, buckets_for
 from explorer.gui.raster import Picture, render
 from explorer.gui.rows import HEADER, Row
 from explorer.gui.session import Session
-from explorer.gui.timeaxis import TimeAxis
+from explorer.gui.timeaxis import TimeAxis, format_ns
 from explorer.gui.worker import FrameFetcher
 
 ROW_PX = 20
@@ -332,6 +332,20 @@ class TimelineWidget(QWidget):
         if t1 <= t0:
             t1 = t0 + 10
         self.view.setXRange(t0, t1, padding=0)
+
+    def clamp_to_span(self, t0: float, t1: float) -> tuple[float, float, str | None]:
+        """(t0, t1) cut to the profiles' span, and a one-line warning when that changed it (a
+        ``--range`` past the end would otherwise show empty rows and counters held past the end)."""
+        lo, hi = self.span
+        a, b = max(float(lo), t0), min(float(hi), t1)
+        if b <= a:  # wholly outside: show the whole profile
+            a, b = float(lo), float(hi)
+        if (a, b) == (t0, t1):
+            return t0, t1, None
+        return a, b, (
+            f"range {format_ns(t0)}–{format_ns(t1)} is outside the profile "
+            f"({format_ns(lo)}–{format_ns(hi)}): showing {format_ns(a)}–{format_ns(b)}"
+        )
 
     def fit(self) -> None:
         self.set_range(*self.span)
