@@ -31,7 +31,7 @@ import itertools
 import math
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +49,8 @@ __all__ = [
     "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "HBM_THROUGHPUT", "INSTRUCTION_TRACKS",
     "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE",
     "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport",
-    "build_span_lod", "key_condition", "lod_buckets", "merge_windows", "quick_instruction_lod",
+    "build_span_lod", "busy_per_bucket", "key_condition", "lod_buckets", "merge_windows",
+    "quick_instruction_lod",
 ]
 
 LOD_BUCKETS = 2**15  # level-0 buckets over a table's span, at least ...
@@ -128,6 +129,10 @@ class SpanWindow:
     count: np.ndarray  # events starting in the bucket (raw path: overlapping the window, clamped)
     attrs: dict[str, np.ndarray]  # attribute -> object array of str (None where null)
     source: str  # "events" or "lod level N"
+    # per pixel bucket of the window (every bucket, not only those with an event): the fraction of
+    # it the row is busy, 0..1; None from a source that has no busy time (the precomputed
+    # InstructionLod)
+    busy: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.bucket.size)
@@ -135,6 +140,48 @@ class SpanWindow:
     @property
     def duration_ns(self) -> np.ndarray:
         return self.end_ts - self.start_ts
+
+
+def busy_per_bucket(start: np.ndarray, width: float, covered: np.ndarray, reach: np.ndarray, t0: int,
+                    t1: int, buckets: int) -> np.ndarray:
+    """Per pixel bucket of [t0, t1), the fraction of it a row is busy (0..1), from source buckets.
+
+    Source bucket k covers [start[k], start[k] + width) (``width`` at most a pixel); ``covered[k]``
+    is the time its events (those starting in it) cover inside it, ``reach[k]`` the latest end of
+    those events. A bucket's covered time is shared between the (at most two) pixels it touches in
+    proportion to its overlap with each; every event that starts in an earlier bucket and runs on
+    covers the time from that bucket's end to its own end, so ``[bucket end, reach)`` is busy
+    (pixel by pixel, through the running maximum of the reaches). Exact for rows whose events do not
+    overlap (an engine runs one instruction at a time) when the source buckets are the pixels; from
+    coarser source buckets, within how unevenly a bucket is busy inside. Overlapping events (several
+    DMA packets in flight) count once per event, capped at the pixel."""
+    buckets = max(1, int(buckets))
+    pixel = (t1 - t0) / buckets
+    out = np.zeros(buckets)
+    if start.size == 0:
+        return out
+    start = start.astype(np.float64)
+    end = start + width
+    covered = covered.astype(np.float64)
+    reach = reach.astype(np.float64)
+    first = np.maximum(start, t0)
+    p0 = np.clip(np.floor((first - t0) / pixel), 0, buckets - 1).astype(np.int64)
+    p0_end = t0 + (p0 + 1) * pixel
+    here = np.clip(np.minimum(end, p0_end) - first, 0, None) / width
+    after = np.clip(np.minimum(end, t1) - np.maximum(p0_end, first), 0, None) / width
+    np.add.at(out, p0, covered * here)
+    nxt = p0 + 1 < buckets
+    np.add.at(out, p0[nxt] + 1, covered[nxt] * after[nxt])
+    inside = end < t1  # the run-on after each source bucket: first in the pixel holding its end ...
+    pe = np.clip(np.floor((np.maximum(end, t0) - t0) / pixel), 0, buckets - 1).astype(np.int64)[inside]
+    pe_end = t0 + (pe + 1) * pixel
+    np.add.at(out, pe, np.clip(np.minimum(reach[inside], pe_end) - np.maximum(end[inside], t0), 0, None))
+    latest = np.full(buckets, -np.inf)  # ... then in every later pixel it reaches
+    np.maximum.at(latest, pe, reach[inside])
+    earlier = np.r_[-np.inf, np.maximum.accumulate(latest)[:-1]]
+    starts = t0 + np.arange(buckets) * pixel
+    out += np.clip(np.minimum(earlier, starts + pixel) - starts, 0.0, pixel)
+    return np.clip(out / pixel, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -277,10 +324,13 @@ class SpanLod:
         width = self.widths[level]
         lo = np.searchsorted(part["bucket_ts"], t0 - self.max_duration.get(key, 0) - width, "left")
         hi = np.searchsorted(part["bucket_ts"], t1, "left")
-        keep = part["end_ts"][lo:hi] > t0
+        keep = (part["reach"] if "reach" in part else part["end_ts"])[lo:hi] > t0
         cols = {k: v[lo:hi][keep] for k, v in part.items()}
         bucket = np.clip((cols["start_ts"] - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
         window = _longest(bucket, cols, f"lod level {level}")
+        if "covered" in cols:
+            window = replace(window, busy=busy_per_bucket(cols["bucket_ts"], width, cols["covered"],
+                                                          cols["reach"], t0, t1, buckets))
         for name, codes in window.attrs.items():
             values = self.dictionaries[name]  # one more entry at the end: None, for code -1
             window.attrs[name] = values[np.where(codes < 0, values.size - 1, codes)]
@@ -310,7 +360,8 @@ def _longest(bucket: np.ndarray, cols: dict[str, np.ndarray], source: str) -> Sp
     b = bucket[order]
     head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
     pick = order[head]
-    counts = np.add.reduceat(cols["count"][order], np.flatnonzero(head)) if b.size else np.zeros(0, np.int64)
+    heads = np.flatnonzero(head)
+    counts = np.add.reduceat(cols["count"][order], heads) if b.size else np.zeros(0, np.int64)
     attrs = {k[2:]: v[pick] for k, v in cols.items() if k.startswith("a:")}
     return SpanWindow(bucket[pick], cols["start_ts"][pick], cols["end_ts"][pick], cols["id"][pick],
                       counts.astype(np.int64), attrs, source)
@@ -332,7 +383,12 @@ def merge_windows(windows: Sequence[SpanWindow]) -> SpanWindow:
     }
     for a in names:
         cols[f"a:{a}"] = np.concatenate([w.attrs.get(a, np.full(len(w), None, object)) for w in windows])
-    return _longest(np.concatenate([w.bucket for w in windows]), cols, windows[0].source)
+    merged = _longest(np.concatenate([w.bucket for w in windows]), cols, windows[0].source)
+    busy = [w.busy for w in windows]
+    if all(b is not None for b in busy) and len({b.size for b in busy}) == 1:  # type: ignore[union-attr]
+        # raw keys of one row (two spellings of an engine) never run at once: their busy time adds up
+        merged = replace(merged, busy=np.minimum(1.0, np.sum(busy, axis=0)))
+    return merged
 
 
 def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
@@ -404,10 +460,13 @@ def _aggregate(con: Any, source: TableSource, spec: SpanSpec, lod: SpanLod, cond
         where = "WHERE " + " AND ".join(bounds) if bounds else ""
         parts.append(_arrow(con, f"""
             SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
-                   arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''}
+                   arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''},
+                   CAST(sum(least(x, {lod.origin} + (b + 1) * {lod.widths[0]}) - s) AS BIGINT) AS c,
+                   max(x) AS x
             FROM (SELECT {', '.join(keys) + ',' if keys else ''}
                          ({start} - {lod.origin}) // {lod.widths[0]} AS b,
-                         ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r
+                         ({end}) - ({start}) AS d, {source.col(spec.id)} AS i, {start} AS s, {rank} AS r,
+                         {end} AS x
                          {''.join(f', {source.col(a)} AS a{i}' for i, a in enumerate(spec.attrs))}
                   FROM {source.relation()} {where})
             GROUP BY ALL"""))
@@ -419,6 +478,9 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
     base = {"b": _numbers(table.column("b")), "start_ts": _numbers(table.column("s")),
             "id": _numbers(table.column("i")), "count": _numbers(table.column("n"))}
     base["end_ts"] = base["start_ts"] + _numbers(table.column("d"))
+    if "c" in table.column_names:
+        base["covered"] = _numbers(table.column("c"))
+        base["reach"] = _numbers(table.column("x"))
     for i, a in enumerate(spec.attrs):
         codes, values = _codes(table.column(f"a{i}"))
         base[f"a:{a}"] = _recode(lod, a, codes, values)
@@ -442,6 +504,11 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
         levels = []
         for level, width in enumerate(lod.widths):
             if level:
+                if "covered" in mine:  # a parent also holds what its children's events run on into it
+                    child_end = lod.origin + (mine["b"] + 1) * lod.widths[level - 1]
+                    parent_end = lod.origin + (mine["b"] // LOD_FACTOR + 1) * width
+                    spill = np.clip(np.minimum(mine["reach"], parent_end) - child_end, 0, None)
+                    mine = {**mine, "covered": mine["covered"] + spill}
                 mine = _longest_sorted(mine, mine["b"] // LOD_FACTOR)
             part = {name: v for name, v in mine.items() if name != "b"}
             part["bucket_ts"] = lod.origin + mine["b"] * width
@@ -551,6 +618,9 @@ def _longest_sorted(rows: dict[str, np.ndarray], bucket: np.ndarray) -> dict[str
     out = {k: v[first] for k, v in rows.items()}
     out["b"] = bucket[first]
     out["count"] = np.add.reduceat(rows["count"], starts)
+    if "covered" in rows:
+        out["covered"] = np.add.reduceat(rows["covered"], starts)
+        out["reach"] = np.maximum.reduceat(rows["reach"], starts)
     return out
 
 
@@ -684,7 +754,9 @@ class TrackViewport:
                          + _key_filter(source, spec.keys, wanted) + (f" AND ({where})" if where else ""))
             cols = self.con.execute(f"""
                 SELECT {names + ',' if names else ''} b, arg_max(s, r) AS s, arg_max(e, r) AS e,
-                       arg_max(i, r) AS i, count(*) AS n {attrs}
+                       arg_max(i, r) AS i, count(*) AS n {attrs},
+                       sum(least(e, {t0} + (b + 1) * {(t1 - t0) / buckets!r}) - greatest(s, {t0})) AS c,
+                       max(e) AS x
                 FROM (SELECT {', '.join(keys) + ',' if keys else ''}
                              least({buckets - 1},
                                    greatest(0, ({start} - {t0}) * {buckets} // {t1 - t0})) AS b,
@@ -701,7 +773,9 @@ class TrackViewport:
             out[tuple(_python(v) for v in key)] = SpanWindow(
                 bucket[sel], np.asarray(cols["s"], np.int64)[sel], np.asarray(cols["e"], np.int64)[sel],
                 np.asarray(cols["i"], np.int64)[sel], np.asarray(cols["n"], np.int64)[sel], attrs_out,
-                "events")
+                "events", busy_per_bucket(t0 + bucket[sel] * ((t1 - t0) / buckets), (t1 - t0) / buckets,
+                                          np.asarray(cols["c"], np.float64)[sel],
+                                          np.asarray(cols["x"], np.float64)[sel], t0, t1, buckets))
         return out
 
     # -- counter rows ------------------------------------------------------------------------

@@ -78,15 +78,7 @@ def buckets_for(width_px: int, rows: int) -> int:
 def _shift(window: SpanWindow, origin: int) -> SpanWindow:
     if origin == 0:
         return window
-    return SpanWindow(
-        window.bucket,
-        window.start_ts - origin,
-        window.end_ts - origin,
-        window.id,
-        window.count,
-        window.attrs,
-        window.source,
-    )
+    return replace(window, start_ts=window.start_ts - origin, end_ts=window.end_ts - origin)
 
 
 def _shift_counter(window: CounterWindow, origin: int) -> CounterWindow:
@@ -248,9 +240,11 @@ def _fetch_highlight(
         found = [windows[k] for k in rows[i].keys if k in windows]
         if found:
             w = _shift(merge_windows(found), loaded.origin)
-            frame.highlights[i] = SpanWindow(
-                w.bucket + first, w.start_ts, w.end_ts, w.id, w.count, w.attrs, w.source
-            )
+            busy = None
+            if w.busy is not None:  # the highlight's pixel grid is a slice of the frame's
+                busy = np.zeros(request.buckets)
+                busy[first : first + w.busy.size] = w.busy[: max(0, request.buckets - first)]
+            frame.highlights[i] = replace(w, bucket=w.bucket + first, busy=busy)
 
 
 __all__ = [

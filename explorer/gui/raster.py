@@ -47,6 +47,7 @@ class Picture:
     owners: dict[int, np.ndarray] = field(default_factory=dict)
     labels: list[Label] = field(default_factory=list)
     mode: str = "engine"
+    busy: dict[int, np.ndarray] = field(default_factory=dict)  # slot -> busy fraction per column
 
     @property
     def width(self) -> int:
@@ -159,10 +160,30 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
             on = lit_owner >= 0
             line[on] = np.asarray(event_colors(lit, row, mode))[lit_owner[on]]
             picture.owners[slot] = np.where(on, -2 - lit_owner, owner)  # -2-k: highlight event k
-        inner[:] = line
+        busy = _busy_columns(window, frame.highlights.get(index) if highlighting else None, owner)
+        if busy is None:
+            inner[:] = line
+        else:  # a bar per column as high as the column is busy: a 30 %-busy engine is never solid
+            height = inner.shape[0]
+            bar = np.where(busy > 0, np.maximum(1, np.rint(busy * height)), 0).astype(np.int64)
+            level = np.arange(height)[::-1][:, None]  # 0 at the bottom of the band
+            inner[:] = np.where((level < bar[None, :])[..., None], line[None, :, :], background)
+            picture.busy[slot] = busy
         if len(picture.labels) < MAX_LABELS:
             _collect_labels(picture, slot, window, row, mode, x0, x1)
     return picture
+
+
+def _busy_columns(window: SpanWindow, lit: SpanWindow | None, owner: np.ndarray) -> np.ndarray | None:
+    """Per column the fraction of it the row is busy (None when the window's source has no busy
+    time). A column an event is drawn in is at least one pixel high; a highlighted column as busy as
+    its highlighted events or more."""
+    if window.busy is None or window.busy.size != owner.size:
+        return None
+    busy = np.where(owner >= 0, np.maximum(window.busy, 1e-9), window.busy)
+    if lit is not None and lit.busy is not None and lit.busy.size == busy.size:
+        busy = np.maximum(busy, lit.busy)
+    return busy
 
 
 def _separators(line: np.ndarray, owner: np.ndarray) -> None:

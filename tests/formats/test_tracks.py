@@ -205,3 +205,106 @@ def test_absent_tables_have_no_rows(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="empty window"):
         view.span_windows(tracks.INSTRUCTION_TRACKS, 10, 10, 5)
     view.close()
+
+
+# -- busy time per pixel -------------------------------------------------------------------------
+
+
+def _union_per_bucket(start: np.ndarray, end: np.ndarray, t0: int, t1: int, buckets: int) -> np.ndarray:
+    """Brute force: per pixel bucket, the length of the union of the intervals inside it / its width."""
+    order = np.argsort(start, kind="stable")
+    merged: list[list[int]] = []
+    for s, e in zip(start[order].tolist(), end[order].tolist()):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    edges = t0 + np.arange(buckets + 1) * ((t1 - t0) / buckets)
+    out = np.zeros(buckets)
+    for s, e in merged:
+        out += np.clip(np.minimum(e, edges[1:]) - np.maximum(s, edges[:-1]), 0, None)
+    return out / np.diff(edges)
+
+
+@pytest.mark.parametrize("buckets", [7, 300, 5000])
+def test_busy_fraction_from_the_events_is_exact(llama: tracks.TrackViewport, buckets: int) -> None:
+    table = llama.profile.table("Instruction", ["start_ts", "end_ts", "timeline_track"])
+    track = np.asarray(table.column("timeline_track").to_pylist(), dtype=object)
+    start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
+    t0, t1 = int(start.min()) + 3001, int(np.median(end))
+    windows = llama.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, buckets)
+    for key, window in windows.items():
+        mine = track == key[1]
+        expected = _union_per_bucket(start[mine], end[mine], t0, t1, buckets)
+        got = window.busy
+        assert got is not None
+        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=str(key))
+
+
+def test_busy_fraction_from_the_lod_is_within_a_bucket(llama: tracks.TrackViewport) -> None:
+    spec = tracks.INSTRUCTION_TRACKS
+    table = llama.profile.table("Instruction", ["start_ts", "end_ts", "timeline_track"])
+    track = np.asarray(table.column("timeline_track").to_pylist(), dtype=object)
+    start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
+    first, last = int(start.min()), int(end.max())
+    view = tracks.TrackViewport(llama.profile)
+    lod = view.lod(spec)
+    assert lod is not None
+    for t0, t1, buckets in ((first, last, 60), (first + (last - first) // 3, last - (last - first) // 5, 90)):
+        assert view.lod_serves(spec, t0, t1, buckets)
+        windows = view.span_windows(spec, t0, t1, buckets)
+        for key, window in windows.items():
+            assert window.source.startswith("lod level")
+            mine = track == key[1]
+            expected = _union_per_bucket(start[mine], end[mine], t0, t1, buckets)
+            got = window.busy
+            assert got is not None
+            # each level-of-detail bucket's busy time lands in one pixel: at most a bucket off per pixel
+            level = int(window.source.rsplit(" ", 1)[1])
+            tolerance = 2 * lod.widths[level] / ((t1 - t0) / buckets)
+            assert np.abs(got - expected).max() <= tolerance + 1e-9, key
+            assert abs(got.sum() - expected.sum()) <= 0.02 * max(1.0, expected.sum()) + tolerance, key
+    view.close()
+
+
+def test_a_thirty_percent_busy_row_never_looks_solid(tmp_path: Path) -> None:
+    """300 ns busy in every 1000 ns: zoomed out, every pixel is about 30 % busy (not 100 %)."""
+    n = 200_000
+    start = np.arange(n, dtype=np.int64) * 1000
+    end = start + 300
+    with ProfileWriter(tmp_path / "p", HW) as writer:
+        writer.write("Instruction", {
+            "start_ts": start, "end_ts": end, "duration_ns": end - start,
+            "engine": pa.array(["Vector"] * n), "timeline_track": pa.array(["Vector"] * n),
+            "opcode": pa.array(["TENSOR_COPY"] * n), "operands": pa.array([""] * n),
+            "id": np.arange(n, dtype=np.int64), "pc": np.arange(n, dtype=np.int64),
+            "bir_id": pa.array(["sg0000:0"] * n),
+        })
+    view = tracks.TrackViewport(open_profile(tmp_path / "p"))
+    t0, t1 = 0, int(end[-1])
+    raw = view.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, 1000)
+    view.lod(tracks.INSTRUCTION_TRACKS)
+    served = view.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, 1000)
+    for window in (*raw.values(), *served.values()):
+        busy = window.busy
+        assert busy is not None
+        assert np.all(np.abs(busy - 0.3) < 0.05), (window.source, busy.min(), busy.max())
+    view.close()
+
+
+def test_merged_windows_keep_busy_time() -> None:
+    a = tracks.SpanWindow(np.array([0, 2]), np.array([0, 20]), np.array([5, 25]), np.array([1, 2]),
+                          np.array([1, 1]), {}, "events", np.array([0.5, 0.0, 0.5, 0.0]))
+    b = tracks.SpanWindow(np.array([1]), np.array([10]), np.array([35]), np.array([3]),
+                          np.array([1]), {}, "events", np.array([0.0, 1.0, 0.5, 1.0]))
+    merged = tracks.merge_windows([a, b])
+    np.testing.assert_allclose(merged.busy, [0.5, 1.0, 1.0, 1.0])
+    none = tracks.SpanWindow(a.bucket, a.start_ts, a.end_ts, a.id, a.count, {}, "lod")
+    assert tracks.merge_windows([a, none]).busy is None
+
+
+def test_busy_per_bucket_spreads_coarse_buckets_and_run_ons() -> None:
+    # a 4 ns bucket at 6 with 2 ns covered straddles pixels [0, 8) and [8, 16); one at 16 holds an
+    # event running to 40
+    busy = tracks.busy_per_bucket(np.array([6, 16]), 4, np.array([2, 4]), np.array([10, 40]), 0, 48, 6)
+    np.testing.assert_allclose(busy, [1 / 8, 1 / 8, 1.0, 1.0, 1.0, 0.0])

@@ -37,10 +37,10 @@ def test_screenshot_shows_the_engine_rows_in_their_colours(qt_app: Any, tmp_path
     group = next(key.split("/")[0] for key in layout.bands)
     for engine in ("Tensor", "TensorMatrix", "Vector", "Scalar", "Sync"):
         top, bottom = layout.bands[f"{group}/{engine}"]
-        band = pixels[top + 3 : bottom - 3, left:right, :3].reshape(-1, 3)
+        band = pixels[top:bottom, left:right, :3].reshape(-1, 3)  # busy bars: low where the engine is idle
         expected = np.array(ENGINE_COLORS[engine][:3])
         drawn = int(np.sum(np.all(np.abs(band.astype(int) - expected) <= 3, axis=1)))
-        assert drawn >= 30, f"{engine} row shows no {engine} colour"
+        assert drawn >= 8, f"{engine} row shows no {engine} colour"
         for other, colour in ENGINE_COLORS.items():
             if other != engine and other in ("Tensor", "TensorMatrix", "Vector", "Scalar", "Sync"):
                 assert np.mean(np.all(np.abs(band.astype(int) - np.array(colour[:3])) <= 3, axis=1)) < 0.001
