@@ -46,11 +46,11 @@ if TYPE_CHECKING:
     from formats.reader import Profile
 
 __all__ = [
-    "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "HBM_THROUGHPUT", "INSTRUCTION_TRACKS",
-    "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE", "SBUF_USAGE",
-    "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow", "TrackViewport",
-    "build_span_lod", "busy_per_bucket", "key_condition", "lod_buckets", "merge_windows",
-    "quick_instruction_lod",
+    "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "ENGINE_ACTIVE", "HBM_THROUGHPUT",
+    "INSTRUCTION_TRACKS", "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA",
+    "PSUM_USAGE", "SBUF_USAGE", "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec",
+    "SpanWindow", "TrackViewport", "build_span_lod", "busy_per_bucket", "key_condition", "lod_buckets",
+    "merge_windows", "quick_instruction_lod",
 ]
 
 LOD_BUCKETS = 2**15  # level-0 buckets over a table's span, at least ...
@@ -97,6 +97,8 @@ INSTRUCTION_TRACKS = SpanSpec("Instruction", ("pcore_idx", "timeline_track", "en
 DMA_QUEUES = SpanSpec("DmaPacket", ("pcore_idx", "queue_name", "queue_idx"), "packet_aggregation_id",
                       ("queue_type",))
 CC_STREAMS = SpanSpec("CcOp", ("stream_id",), "op_id", ("operation", "algorithm"))
+# each engine's busy stretches (the union of its instructions, across the Tensor engine's two rows)
+ENGINE_ACTIVE = SpanSpec("ActiveTime", ("pcore_idx", "engine"), "start_ts")
 
 HBM_THROUGHPUT = CounterSpec("HbmUsage", "current_throughput", ("pcore_idx",), unit="B/s")
 DMA_THROUGHPUT = CounterSpec("DmaUsage", "current_throughput", ("pcore_idx",), unit="B/s")

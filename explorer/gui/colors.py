@@ -99,6 +99,8 @@ def row_color(kind: str, track: str | None) -> tuple[int, int, int, int]:
     """The fixed colour of a row in ``engine`` mode (``track``: the engine track, or a counter's label)."""
     if kind == "instruction":
         return ENGINE_COLORS.get(track or "", ENGINE_COLORS.get("Tensor" if track is None else "", UNKNOWN))
+    if kind == "active":  # an engine's busy stretches: its own colour
+        return ENGINE_COLORS.get(track or "", UNKNOWN)
     if kind == "dma":
         return ENGINE_COLORS["DMA"]
     if kind == "cc":

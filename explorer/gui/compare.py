@@ -1,49 +1,114 @@
-"""Two profiles side by side: the Summary metrics that matter, with deltas.
+"""The figures the GUI lists (Summary tab, region summary, compare), and two profiles' deltas.
 
     rows = summary_deltas(a, b)
-    rows[0]  # DeltaRow("total time", 0.00011, 0.00009, -0.00002, 0.82, "s")
+    rows[0]  # DeltaRow("total time", 110_000.0, 90_000.0, -20_000.0, 0.82, Unit.TIME)
 
-Each profile's Summary is its stored row (ours and the real tool's carry one) or is computed on
-demand (``formats.summary.summary_row``). Percent fields are fractions in the profile and shown as
-percent here. Profiles of different instances are compared as they are -- the labels say which
-instance each is and ``instance_note`` says they differ, since e.g. a trn2 core's peak differs from a
-trn1 core's and a utilisation delta then means something else.
+Every value is a ``formats.figures.Figures`` figure (docs/figures.md): a profile's whole execution
+comes from its Summary row (``figures.from_summary``: stored, or computed by ``formats.summary``), a
+region from ``figures.figures(profile, Window.span(t0, t1))`` -- so the GUI shows the same number as
+summary-text, the terminal viewer and the Perfetto export. Each is printed by ``formats.units``
+(sizes in KiB/MiB/GiB, throughput in GB/s, fractions as percentages). Profiles of different
+instances are compared as they are -- the labels say which instance each is and ``instance_note``
+says they differ, since e.g. a trn2 core's peak differs from a trn1 core's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
 
 from explorer.gui.session import LoadedProfile
+from formats import units
+from formats.figures import Busy, Figures, from_summary
+from formats.schema import ENGINE_NAMES
 from formats.summary import summary_row
 
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("total_time", "total time", "s"),
-    ("total_active_time_percent", "active", "%"),
-    ("tensor_engine_active_time_percent", "Tensor active", "%"),
-    ("vector_engine_active_time_percent", "Vector active", "%"),
-    ("scalar_engine_active_time_percent", "Scalar active", "%"),
-    ("gpsimd_engine_active_time_percent", "GpSimd active", "%"),
-    ("sync_engine_active_time_percent", "Sync active", "%"),
-    ("dma_active_time_percent", "DMA active", "%"),
-    ("mfu_estimated_percent", "MFU", "%"),
-    ("hfu_estimated_percent", "HFU", "%"),
-    ("mbu_estimated_percent", "MBU", "%"),
-    ("tensor_engine_instruction_count", "Tensor instructions", ""),
-    ("vector_engine_instruction_count", "Vector instructions", ""),
-    ("scalar_engine_instruction_count", "Scalar instructions", ""),
-    ("gpsimd_engine_instruction_count", "GpSimd instructions", ""),
-    ("sync_engine_instruction_count", "Sync instructions", ""),
-    ("hardware_flops", "hardware FLOPs", ""),
-    ("model_flops", "model FLOPs", ""),
-    ("hbm_read_bytes", "HBM read", "B"),
-    ("hbm_write_bytes", "HBM write", "B"),
-    ("dma_transfer_total_bytes", "DMA bytes", "B"),
-    ("dma_transfer_count", "DMA transfers", ""),
-    ("cc_op_count", "collectives", ""),
-    ("cc_op_active_time", "collective time", "s"),
+
+class Unit(Enum):
+    """How a figure is printed (``formats.units``) and how its delta reads."""
+
+    TIME = "ns"
+    FRACTION = "fraction"  # shown as a percentage; deltas in percentage points
+    COUNT = "count"
+    BYTES = "bytes"
+    FLOPS = "flops"
+    RATE = "B/s"
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    value: Callable[[Figures], float | None]
+    unit: Unit
+
+
+def _fraction(busy: Busy | None) -> float | None:
+    return None if busy is None else busy.fraction
+
+
+def _engine_label(engine: str) -> str:
+    return "Tensor active (both rows)" if engine == "Tensor" else f"{engine} active"
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("total time", lambda f: f.length_ns, Unit.TIME),
+    Metric("active", lambda f: f.active_fraction, Unit.FRACTION),
+    *(
+        Metric(_engine_label(e), lambda f, e=e: _fraction(f.engines.get(e)), Unit.FRACTION)
+        for e in ENGINE_NAMES
+    ),
+    Metric("DMA active", lambda f: f.dma.active_fraction, Unit.FRACTION),
+    Metric("MFU", lambda f: f.mfu, Unit.FRACTION),
+    Metric("HFU", lambda f: f.hfu, Unit.FRACTION),
+    Metric("MBU", lambda f: f.mbu, Unit.FRACTION),
+    *(
+        Metric(f"{e} instructions", lambda f, e=e: None if e not in f.engines else f.engines[e].instructions,
+               Unit.COUNT)
+        for e in ENGINE_NAMES
+    ),
+    Metric("hardware FLOPs", lambda f: f.flops.hardware, Unit.FLOPS),
+    Metric("model FLOPs", lambda f: f.flops.model, Unit.FLOPS),
+    Metric("HBM read", lambda f: f.hbm.read, Unit.BYTES),
+    Metric("HBM write", lambda f: f.hbm.write, Unit.BYTES),
+    Metric("DMA bytes", lambda f: f.dma.bytes, Unit.BYTES),
+    Metric("DMA throughput", lambda f: f.dma.throughput_bytes_per_s, Unit.RATE),
+    Metric("DMA packets", lambda f: f.dma.packets, Unit.COUNT),
+    Metric("collectives", lambda f: f.collectives.count, Unit.COUNT),
+    Metric("collective time", lambda f: f.collectives.active_ns, Unit.TIME),
 )
+
+
+def profile_figures(loaded: LoadedProfile) -> Figures:
+    """The whole execution's figures of a profile (its Summary row, stored or computed)."""
+    return from_summary(summary_row(loaded.profile), loaded.metadata)
+
+
+def format_value(value: float | None, unit: Unit) -> str:
+    """One figure as every view prints it (``formats.units``)."""
+    if value is None:
+        return units.UNKNOWN
+    if unit is Unit.TIME:
+        return units.fmt_ns(value)
+    if unit is Unit.FRACTION:
+        return units.fmt_pct(value, digits=2)
+    if unit is Unit.BYTES:
+        return units.fmt_bytes(value)
+    if unit is Unit.FLOPS:
+        return units.fmt_flops(value)
+    if unit is Unit.RATE:
+        return units.fmt_gbps(value)
+    return units.fmt_count(value)
+
+
+def figure_lines(figs: Figures) -> list[tuple[str, str]]:
+    """(label, printed value) of every known figure, in ``METRICS`` order."""
+    out = []
+    for metric in METRICS:
+        value = metric.value(figs)
+        if value is not None:
+            out.append((metric.label, format_value(value, metric.unit)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -53,32 +118,27 @@ class DeltaRow:
     b: float | None
     delta: float | None
     ratio: float | None
-    unit: str
+    unit: Unit
 
 
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+def deltas(fa: Figures, fb: Figures) -> list[DeltaRow]:
+    """One row per figure known on either side: A, B, B - A, B / A."""
+    out = []
+    for metric in METRICS:
+        va, vb = metric.value(fa), metric.value(fb)
+        if va is None and vb is None:
+            continue
+        va = None if va is None else float(va)
+        vb = None if vb is None else float(vb)
+        delta = None if va is None or vb is None else vb - va
+        ratio = None if va in (None, 0) or vb is None else vb / va  # type: ignore[operator]
+        out.append(DeltaRow(metric.label, va, vb, delta, ratio, metric.unit))
+    return out
 
 
 def summary_deltas(a: LoadedProfile, b: LoadedProfile) -> list[DeltaRow]:
-    """One row per metric present in either Summary: A, B, B - A, B / A."""
-    sa, sb = summary_row(a.profile), summary_row(b.profile)
-    out = []
-    for key, label, unit in METRICS:
-        va, vb = _number(sa.get(key)), _number(sb.get(key))
-        if va is None and vb is None:
-            continue
-        if unit == "%":
-            va, vb = (None if va is None else va * 100), (None if vb is None else vb * 100)
-        delta = None if va is None or vb is None else vb - va
-        ratio = None if va in (None, 0) or vb is None else vb / va  # type: ignore[operator]
-        out.append(DeltaRow(label, va, vb, delta, ratio, unit))
-    return out
+    """The two profiles' whole-execution figures side by side."""
+    return deltas(profile_figures(a), profile_figures(b))
 
 
 def instance_note(a: LoadedProfile, b: LoadedProfile) -> str:
@@ -88,24 +148,20 @@ def instance_note(a: LoadedProfile, b: LoadedProfile) -> str:
     return ""
 
 
-def format_value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "–"
-    if unit == "%":
-        return f"{value:.2f} %"
-    if unit == "s":
-        from explorer.gui.timeaxis import format_ns
-
-        return format_ns(value * 1e9)
-    if unit == "B":
-        return f"{value:,.0f} B"
-    return f"{value:,.0f}" if abs(value) >= 1 or value == 0 else f"{value:.4g}"
-
-
 def format_delta(row: DeltaRow) -> tuple[str, str]:
+    """(B - A, B / A) as printed: percentage points for fractions."""
     if row.delta is None:
-        return "–", "–"
-    sign = "+" if row.delta > 0 else ""
-    delta = sign + format_value(row.delta, row.unit) if row.unit != "%" else f"{sign}{row.delta:.2f} pp"
-    ratio = "–" if row.ratio is None else f"×{row.ratio:.3f}"
+        return units.UNKNOWN, units.UNKNOWN
+    sign = "+" if row.delta > 0 else "-" if row.delta < 0 else ""
+    if row.unit is Unit.FRACTION:
+        delta = f"{sign}{abs(row.delta) * 100:.2f} pp"
+    else:
+        delta = sign + format_value(abs(row.delta), row.unit)
+    ratio = units.UNKNOWN if row.ratio is None else f"×{row.ratio:.3f}"
     return delta, ratio
+
+
+__all__ = [
+    "METRICS", "DeltaRow", "Metric", "Unit", "deltas", "figure_lines", "format_delta", "format_value",
+    "instance_note", "profile_figures", "summary_deltas",
+]

@@ -385,7 +385,34 @@ def details_for(loaded: LoadedProfile, kind: str, row_id: int, start_ts: int | N
         return dma_details(loaded, row_id, start_ts)
     if kind == "cc":
         return cc_details(loaded, row_id, start_ts)
+    if kind == "active":
+        return active_details(loaded, start_ts)
     return None
+
+
+def active_details(loaded: LoadedProfile, start_ts: int | None) -> Details | None:
+    """A busy stretch of the Tensor engine (``ActiveTime``): the union of its two rows' instructions."""
+    source = _rel(loaded, "ActiveTime")
+    if not source.present or start_ts is None:
+        return None
+    rows = loaded.queries.rows(
+        f"SELECT * FROM ({source.conformed_select()}) WHERE start_ts = ? LIMIT 1", [int(start_ts)]
+    )
+    if not rows:
+        return None
+    r = rows[0]
+    start, end = int(r["start_ts"]), int(r["end_ts"])
+    details = Details("active", "Tensor engine busy (LoadStationary ∪ MATMUL)", start, start, end, raw=r)
+    details.fields += [
+        ("start", _time(loaded, start)),
+        ("duration", format_ns(end - start)),
+        ("end", _time(loaded, end)),
+        ("engine", str(r.get("engine"))),
+        ("pcore_idx", _value("pcore_idx", r.get("pcore_idx"))),
+        ("what", "a stretch in which at least one Tensor instruction (either row) ran: the union the "
+                 "Summary's Tensor active time adds up"),
+    ]
+    return details
 
 
 __all__ = ["Dependency", "Details", "details_for", "instruction_details", "parse_location"]

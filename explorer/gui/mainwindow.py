@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
 )
 
 from explorer.gui import colors
-from explorer.gui.compare import METRICS, format_value
 from explorer.gui.details import Dependency, Details, details_for
 from explorer.gui.details_panel import DetailsPanel
 from explorer.gui.flame import FlameWidget
@@ -554,22 +553,16 @@ class ShortcutsDialog(QDialog):
 
 
 def _summary_lines(loaded: Any) -> list[tuple[str, str]]:
-    """The focus profile's headline Summary metrics (stored, or computed on demand)."""
-    from formats.summary import summary_row
+    """The focus profile's whole-execution figures (``formats.figures``, from its Summary row)."""
+    from explorer.gui.compare import figure_lines, profile_figures
+    from formats.units import fmt_count
 
-    row = summary_row(loaded.profile)
     lines = [
-        ("profile", loaded.label),
+        ("profile", loaded.label + ("  [INCOMPLETE capture]" if loaded.incomplete else "")),
         ("instance", loaded.instance),
-        ("instructions", f"{loaded.instructions:,}"),
+        ("instructions", fmt_count(loaded.instructions)),
     ]
-    for key, label, unit in METRICS:
-        value = row.get(key)
-        if value is None:
-            continue
-        shown = float(value) * 100 if unit == "%" else float(value)
-        lines.append((label, format_value(shown, unit)))
-    return lines
+    return lines + figure_lines(profile_figures(loaded))
 
 
 def _time_range(loaded: Any, where: str) -> tuple[int, int] | None:

@@ -6,8 +6,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from explorer.gui.region import RegionSummary, as_text
-from explorer.gui.timeaxis import format_ns
 from explorer.gui.widgets import fill_table, make_table
+from formats.units import fmt_count, fmt_ns, fmt_pct
 
 
 class RegionPanel(QWidget):
@@ -31,14 +31,14 @@ class RegionPanel(QWidget):
     def show_summary(self, summary: RegionSummary, label: str, origin: int) -> None:
         self.summary = summary
         self.title.setText(
-            f"<b>Region</b> of {label}: {format_ns(summary.t0 - origin)} → {format_ns(summary.t1 - origin)}"
+            f"<b>Region</b> of {label}: {fmt_ns(summary.t0 - origin)} → {fmt_ns(summary.t1 - origin)}"
         )
         fill_table(self.lines, as_text(summary, origin))
         total = sum(o.time_ns for o in summary.opcodes) or 1
         fill_table(
             self.opcodes,
             [
-                (o.opcode, f"{o.count:,}", format_ns(o.time_ns), f"{o.time_ns / total * 100:.1f} %")
+                (o.opcode, fmt_count(o.count), fmt_ns(o.time_ns), fmt_pct(o.time_ns / total))
                 for o in summary.opcodes
             ],
             right_align=(1, 2, 3),

@@ -23,6 +23,7 @@ from formats.tracks import (
     CC_STREAMS,
     DMA_QUEUES,
     DMA_THROUGHPUT,
+    ENGINE_ACTIVE,
     HBM_THROUGHPUT,
     INSTRUCTION_TRACKS,
     NEURONLINK_THROUGHPUT,
@@ -34,6 +35,10 @@ from formats.tracks import (
 )
 
 HEADER, INSTRUCTION, DMA, CC, COUNTER = "header", "instruction", "dma", "cc", "counter"
+ACTIVE = "active"  # an engine's busy stretches (ActiveTime): the Tensor engine's union of its two rows
+# The Tensor engine's two timeline rows, named by what runs on them (the Summary's "Tensor" is both)
+TENSOR_TITLES = {"Tensor": "Tensor · LoadStationary", "TensorMatrix": "TensorMatrix · MATMUL"}
+TENSOR_UNION_TITLE = "Tensor engine = both rows"
 TRACK_ORDER = ("Tensor", "TensorMatrix", "Vector", "Scalar", "GpSimd", "Sync")
 COUNTER_LABELS = {
     HBM_THROUGHPUT: "HBM throughput",
@@ -60,6 +65,11 @@ class Row:
     scale: tuple[float, float] | None = None  # a counter's (min, max) over the profile
     events: int = 0
     ends_at: int | None = None  # a counter's last meaningful time (relative ns): nothing is drawn after it
+    title: str | None = None  # what the row axis shows, when it says more than ``label``
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.label
 
 
 
@@ -100,7 +110,33 @@ def instruction_rows(loaded: LoadedProfile, index: int, group_of: dict[int, str]
                 events=events,
             )
         )
-    return rows
+    return _name_tensor_rows(loaded, index, rows)
+
+
+def _name_tensor_rows(loaded: LoadedProfile, index: int, rows: list[Row]) -> list[Row]:
+    """Where the Tensor engine has both of its rows on a core, title them by what they run and add
+    the engine's union (``ActiveTime``) after them: that is what the Summary's "Tensor" means."""
+    from dataclasses import replace
+
+    assert loaded.tracks is not None
+    active = {}
+    for key in loaded.tracks.span_keys(ENGINE_ACTIVE):
+        pcore, engine = key.key
+        if canonical_engine(engine) == "Tensor":
+            active.setdefault(_pcore(pcore), []).append(key.key)
+    out: list[Row] = []
+    for i, row in enumerate(rows):
+        pair = {r.track for r in rows if r.pcore == row.pcore and r.engine == "Tensor"}
+        split = row.engine == "Tensor" and set(TENSOR_TITLES) <= pair
+        out.append(replace(row, title=TENSOR_TITLES.get(row.track or "")) if split else row)
+        last_of_pair = split and not any(
+            r.pcore == row.pcore and r.engine == "Tensor" for r in rows[i + 1 :]
+        )
+        if last_of_pair and row.pcore in active:
+            out.append(Row(ACTIVE, index, row.group, "Tensor engine", ENGINE_ACTIVE,
+                           tuple(active[row.pcore or 0]), engine=None, track="Tensor", pcore=row.pcore,
+                           title=TENSOR_UNION_TITLE))
+    return out
 
 
 def dma_rows(loaded: LoadedProfile, index: int, group_of: dict[int, str]) -> list[Row]:

@@ -300,7 +300,7 @@ class TimelineWidget(QWidget):
     def _row_label(self, row: Row) -> str:
         if row.kind == HEADER:
             return f"▾ {row.label}"[:34]
-        return row.label[:30]
+        return row.shown[:30]
 
     def _on_resized(self) -> None:
         self._apply_rows()

@@ -38,17 +38,25 @@ def test_zoom_is_synchronised(compare: Any) -> None:
 
 
 def test_summary_deltas_and_instance_labels(compare: Any) -> None:
+    from formats.figures import from_summary
     from formats.summary import summary_row
+    from formats.units import fmt_ns
 
     a, b = (s.profiles[0] for s in compare.sessions)
     assert "trn1" in compare.labels[0].text() and "trn2" in compare.labels[1].text()
     assert compare.note.isVisible() and "different instances" in compare.note.text()
     rows = {r.metric: r for r in compare.rows_shown}
-    sa, sb = summary_row(a.profile), summary_row(b.profile)
+    fa = from_summary(summary_row(a.profile), a.metadata)
+    fb = from_summary(summary_row(b.profile), b.metadata)
     total = rows["total time"]
-    assert total.a == pytest.approx(sa["total_time"]) and total.b == pytest.approx(sb["total_time"])
-    assert total.delta == pytest.approx(sb["total_time"] - sa["total_time"])
+    assert total.a == pytest.approx(fa.length_ns) and total.b == pytest.approx(fb.length_ns)
+    assert total.delta == pytest.approx(fb.length_ns - fa.length_ns)
     mfu = rows["MFU"]
-    assert mfu.delta == pytest.approx((sb["mfu_estimated_percent"] - sa["mfu_estimated_percent"]) * 100)
+    assert mfu.delta == pytest.approx(fb.mfu - fa.mfu)
     assert compare.table.rowCount() == len(compare.rows_shown)
     assert compare.table.item(0, 0).text() == "total time"
+    assert compare.table.item(0, 1).text() == fmt_ns(fa.length_ns)
+    shown = {compare.table.item(r, 0).text(): compare.table.item(r, 3).text()
+             for r in range(compare.table.rowCount())}
+    assert shown["MFU"].endswith(" pp")
+    assert "Tensor active (both rows)" in shown

@@ -70,8 +70,8 @@ def test_real_layout_rows_click_and_region(window_factory: Any, real: Path) -> N
     assert window.details.id == 1001 and window.details_panel.field("opcode") == "MATMUL"
     window.timeline.view.boxed.emit(0.0, 8000.0, 1.0, 2.5)
     summary = window.region_panel.summary
-    assert [b.label for b in summary.busy] == ["Tensor", "Vector"]
-    assert summary.busy[0].busy_ns == 15 and summary.busy[1].busy_ns == 10
+    assert [b.name for b in summary.busy] == ["Tensor", "Vector", "Tensor engine (both rows)"]
+    assert summary.busy[0].busy_ns == 15 and summary.busy[1].busy_ns == 10 and summary.busy[2].busy_ns == 15
     assert {o.opcode: o.count for o in summary.opcodes} == {"MATMUL": 5}
     assert window.hierarchy is not None  # rebuilt from the instructions' HLO names
     assert any(n.name == "dot.1" for n in window.hierarchy.nodes)

@@ -198,7 +198,6 @@ def test_box_select_summary_matches_duckdb(window_factory: Any) -> None:
     t0 = int(span[0] + (span[1] - span[0]) * 0.2)
     t1 = int(span[0] + (span[1] - span[0]) * 0.6)
     rows = [_row_index(window, "TensorMatrix"), _row_index(window, "Vector"), _row_index(window, "Scalar")]
-    dma_row = next(i for i, r in enumerate(window.rows) if r.kind == "dma")
     timeline.view.boxed.emit(float(t0), float(t1), float(min(rows)), float(max(rows)) + 0.5)
     summary = window.region_panel.summary
     assert summary is not None
@@ -218,16 +217,27 @@ def test_box_select_summary_matches_duckdb(window_factory: Any) -> None:
         spans = con.execute(f"""SELECT greatest(start_ts, {a}), least(end_ts, {b}) FROM {instr}
                                 WHERE coalesce(timeline_track, engine) = '{row.label}'
                                   AND start_ts < {b} AND end_ts > {a}""").fetchall()
-        assert busy.label == row.label and busy.busy_ns == _union(spans)
+        assert busy.name == row.label and busy.busy_ns == _union(spans)
         assert busy.fraction == pytest.approx(_union(spans) / (b - a))
-    packets, nbytes = con.execute(
-        f"SELECT count(*), sum(transfer_bytes) FROM {_sql(loaded.profile, 'DmaPacket')} "
+    # a Tensor row is boxed: the engine's union across both of its rows is listed too
+    union = summary.busy[-1]
+    spans = con.execute(f"""SELECT greatest(start_ts, {a}), least(end_ts, {b}) FROM {instr}
+                            WHERE engine = 'Tensor' AND start_ts < {b} AND end_ts > {a}""").fetchall()
+    assert union.name.startswith("Tensor engine") and union.busy_ns == _union(spans)
+    # the device's figures over the window are formats.figures' (one definition for every view)
+    from formats.figures import Window, figures
+
+    device = figures(loaded.profile, Window.span(a, b))
+    assert summary.device == device
+    packets, nbytes, read = con.execute(
+        f"SELECT count(*), sum(transfer_bytes), sum(hbm_read_bytes) FROM {_sql(loaded.profile, 'DmaPacket')} "
         f"WHERE start_ts >= {a} AND start_ts < {b}"
     ).fetchone()
-    assert (summary.dma_packets, summary.dma_bytes) == (packets, nbytes)  # no queue in the box: all queues
+    assert (summary.dma_packets, summary.dma_bytes) == (packets, nbytes)
+    assert device.hbm.read == read and read > 0  # not the instructions' 0 B
     (flops,) = con.execute(f"""
-        SELECT sum(raw_flops) FROM {instr} WHERE coalesce(timeline_track, engine) IN ({tracks})
-          AND engine = 'Tensor' AND raw_hlo_id IS NOT NULL AND start_ts >= {a} AND start_ts < {b}"""
+        SELECT sum(raw_flops) FROM {instr}
+        WHERE engine = 'Tensor' AND raw_hlo_id IS NOT NULL AND start_ts >= {a} AND start_ts < {b}"""
     ).fetchone()
     assert summary.model_flops == flops
     meta = loaded.metadata
@@ -240,14 +250,13 @@ def test_box_select_summary_matches_duckdb(window_factory: Any) -> None:
     )
     assert summary.mfu == pytest.approx(flops / (peak * (b - a) * 1e-9))
     assert window.timeline.region.isVisible()
-    # a box over one DMA queue counts only that queue's packets
-    timeline.view.boxed.emit(float(t0), float(t1), float(dma_row), float(dma_row) + 0.5)
-    queue = window.rows[dma_row].label
-    (count,) = con.execute(
-        f"SELECT count(*) FROM {_sql(loaded.profile, 'DmaPacket')} WHERE queue_name = '{queue}' "
-        f"AND start_ts >= {a} AND start_ts < {b}"
-    ).fetchone()
-    assert window.region_panel.summary.dma_packets == count
+    table = window.region_panel.lines
+    lines = {table.item(r, 0).text(): table.item(r, 1).text() for r in range(table.rowCount())}
+    from formats.units import fmt_bytes, fmt_gbps, fmt_pct
+
+    assert lines["HBM read"] == fmt_bytes(read)
+    assert lines["DMA throughput"] == fmt_gbps(nbytes / ((b - a) * 1e-9))
+    assert lines["MFU"] == fmt_pct(summary.mfu, digits=2)
 
 
 def test_colour_modes_change_the_picture(window_factory: Any) -> None:

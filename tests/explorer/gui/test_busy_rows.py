@@ -1,0 +1,98 @@
+"""Zoomed-out rows show how busy each pixel is (issue 12 §2): a 30 %-busy engine never looks solid,
+and the Tensor engine's two rows say what they run, with the engine's union (the Summary's "Tensor")
+drawn next to them. Both failed before: every non-empty pixel was painted full height."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.explorer.gui.conftest import BERT, require_gui
+
+require_gui()
+
+
+def _thirty_percent(path: Path) -> Path:
+    from formats.writer import ProfileWriter
+    from tests.formats.test_profile_writer import HW
+
+    n = 100_000
+    start = np.arange(n, dtype=np.int64) * 1000
+    end = start + 300
+    with ProfileWriter(path, HW) as writer:
+        writer.write("Instruction", {
+            "start_ts": start, "end_ts": end, "duration_ns": end - start,
+            "engine": pa.array(["Vector"] * n), "timeline_track": pa.array(["Vector"] * n),
+            "opcode": pa.array(["TENSOR_COPY"] * n), "operands": pa.array([""] * n),
+            "id": np.arange(n, dtype=np.int64), "pc": np.arange(n, dtype=np.int64),
+            "bir_id": pa.array(["sg0000:0"] * n),
+        })
+    return path
+
+
+def _painted_share(window: Any, index: int) -> np.ndarray:
+    """Per column, the share of the row's band (inside its padding) not painted background."""
+    picture = window.timeline.picture
+    slot = picture.rows.index(index)
+    band = picture.image[slot * picture.row_px + 2 : (slot + 1) * picture.row_px - 2]
+    background = {(255, 255, 255, 255), (246, 247, 250, 255)}
+    flat = band.reshape(-1, 4)
+    painted = np.array([tuple(c) not in background for c in flat.tolist()]).reshape(band.shape[:2])
+    return painted.mean(axis=0)
+
+
+def test_a_thirty_percent_busy_engine_is_never_solid(window_factory: Any, tmp_path: Path) -> None:
+    window = window_factory(_thirty_percent(tmp_path / "p"))
+    index = next(i for i, r in enumerate(window.rows) if r.label == "Vector")
+    for zoom, slack in ((1.0, 0.06), (0.02, 0.11)):  # the level of detail, then the events (1.5 periods/px)
+        window.timeline.fit()
+        window.timeline.zoom(zoom)
+        frame = window.timeline.fetch_now()
+        request = frame.request
+        pixel = (request.t1 - request.t0) / request.buckets
+        columns = request.t0 + np.arange(request.buckets) * pixel
+        lo, hi = window.timeline.span
+        inside = (columns >= lo + 2 * pixel) & (columns + pixel <= hi - 2 * pixel)  # the frame has margins
+        busy = frame.spans[index].busy
+        assert busy is not None and np.all(np.abs(busy[inside] - 0.3) < slack), frame.sources[index]
+        share = _painted_share(window, index)[inside]
+        assert 0.15 < share.mean() < 0.45, share.mean()
+        assert share.max() < 0.6
+
+
+def test_tensor_rows_say_what_they_run_and_the_union_is_drawn(window_factory: Any) -> None:
+    from explorer.gui.rows import ACTIVE
+    from formats.figures import engine_busy, whole
+
+    window = window_factory(BERT)
+    titles = [r.shown for r in window.rows]
+    assert "Tensor · LoadStationary" in titles and "TensorMatrix · MATMUL" in titles
+    union = next(i for i, r in enumerate(window.rows) if r.kind == ACTIVE)
+    assert window.rows[union].shown == "Tensor engine = both rows"
+    assert window.rows[union - 1].track == "TensorMatrix"
+    labels = [window.timeline._row_label(window.rows[i]) for i in window.timeline.visible_rows()]
+    assert "Tensor · LoadStationary" in labels
+    window.timeline.fit()
+    frame = window.timeline.fetch_now()
+    lo, hi = frame.request.t0, frame.request.t1
+    pixel = (hi - lo) / frame.request.buckets
+    tensor = [i for i, r in enumerate(window.rows) if r.engine == "Tensor"]
+    drawn = frame.spans[union].busy
+    assert drawn is not None
+    for i in tensor:  # the union covers each of its rows
+        assert drawn.sum() >= frame.spans[i].busy.sum() - 1e-6
+    expected = engine_busy(window.session.profiles[0].profile, whole(window.session.profiles[0].profile))
+    assert drawn.sum() * pixel == pytest.approx(expected["Tensor"].busy_ns, rel=0.02)
+    # clicking the union row tells what it is
+    ref = None
+    for column in np.flatnonzero(drawn > 0.5):
+        ref = window.timeline.event_at(lo + (column + 0.5) * pixel, union + 0.5)
+        if ref is not None:
+            break
+    assert ref is not None
+    window.timeline.event_clicked.emit(ref)
+    assert window.details is not None and "LoadStationary ∪ MATMUL" in window.details.title
