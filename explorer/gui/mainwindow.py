@@ -518,6 +518,8 @@ class MainWindow(QMainWindow):
 def window_title(session: Session) -> str:
     """``neuron-explorer — PATHS``, marked ``[INCOMPLETE]`` when a profile is an interrupted capture."""
     mark = " [INCOMPLETE capture]" if any(p.incomplete for p in session.profiles) else ""
+    if any(p.warm_up for p in session.profiles):
+        mark += " [warm-up execution]"
     return f"neuron-explorer — {session.title}{mark}"
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from formats import sqlsource
-from formats.dataset import ProfileEntry, find_profiles, in_incomplete_capture
+from formats.dataset import ProfileEntry, capture_state, find_profiles, in_incomplete_capture
 from formats.reader import Profile, ProfileError, ProfileWarning, open_profile, profile_from_files
 from formats.schema import table_of_file
 from formats.tracks import TrackViewport
@@ -51,7 +51,8 @@ class LoadedProfile:
     viewport: Viewport | None = None
     queries: Any = None  # a QueryConnection (formats.sqlsource connection + lock), set by open_session
 
-    incomplete: bool = False  # an interrupted capture (``<dir>.incomplete`` or the Metadata flag)
+    incomplete: bool = False  # an interrupted capture (``formats.dataset.capture_state``, or a folder above)
+    warm_up: bool = False  # a warm-up execution kept in place of the one asked for
 
     @property
     def instructions(self) -> int:
@@ -235,7 +236,9 @@ def open_session(paths: Sequence[str | os.PathLike[str]], *, connect: bool = Tru
             if label and len(paths) > 1:
                 name = f"{_root_name(root)} {label}"
             item = LoadedProfile(profile, profile.path, name, origin, [f"{name}: {n}" for n in notes])
-            item.incomplete = not (entry.complete and profile.complete) or in_incomplete_capture(entry.path)
+            state = capture_state(entry.path)
+            item.incomplete = state.incomplete or not profile.complete or in_incomplete_capture(entry.path)
+            item.warm_up = state.warm_up
             item.notes += _profile_notes(profile, name)
             loaded.append(item)
     if not loaded:
