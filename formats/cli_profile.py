@@ -2,6 +2,7 @@
 
     neuron-profile validate out/bert            # schema conformance report; exit 0 conformant, 1 not
     neuron-profile validate out/bert --json     # the same report as one JSON object
+    neuron-profile validate out/run/device      # every profile below a dataset folder
     neuron-profile query out/bert "SELECT opcode, count(*) FROM Instruction GROUP BY 1"
     neuron-profile query out/run/device "SELECT core, ..." --format csv -o result.csv
     neuron-profile view out/bert --output-format summary-text      # or summary-json, json, perfetto
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from formats.reader import ProfileError
@@ -42,7 +43,9 @@ class ValidateCommand:
     help = "check a profile directory against the Neuron Explorer profile schema"
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("profile", metavar="DIR", help="profile directory (<Table>.parquet files)")
+        parser.add_argument("profile", metavar="DIR",
+                            help="profile directory (<Table>.parquet files), or a folder of them: every "
+                                 "profile below it is validated")
         parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
         parser.add_argument("--schema", metavar="JSON",
                             help="profile-schema.json to check against (default: the reference copy "
@@ -50,7 +53,8 @@ class ValidateCommand:
         parser.add_argument("-q", "--quiet", action="store_true", help="print only errors and the verdict")
 
     def run(self, args: argparse.Namespace) -> int:
-        from formats.validate import ERROR, validate
+        from formats.dataset import find_profiles
+        from formats.validate import validate
 
         schema = None
         if args.schema:
@@ -58,15 +62,45 @@ class ValidateCommand:
                 schema = Schema.from_json(args.schema)
             except (OSError, ValueError, KeyError) as exc:
                 raise ProfileError(f"{args.schema}: not a usable profile-schema.json: {exc}") from exc
-        report = validate(args.profile, schema)
+        entries, _ = find_profiles(args.profile, include_incomplete=True)
+        if len(entries) == 1 and entries[0].name == ".":
+            report = validate(args.profile, schema)
+            if args.json:
+                print(json.dumps(report.to_dict()))
+            else:
+                self._print(report.lines(), args.quiet)
+            return EXIT_OK if report.conformant else EXIT_FINDINGS
+        return self._run_tree(args, schema)
+
+    def _run_tree(self, args: argparse.Namespace, schema: Schema | None) -> int:
+        """A dataset folder: every profile below it, each report in turn, then one verdict line."""
+        from formats.validate import validate_tree
+
+        results = []
+        for entry in validate_tree(args.profile, schema):
+            results.append(entry)
+            if args.json:
+                continue
+            if entry.report is not None:
+                self._print(entry.report.lines(), args.quiet)
+            else:
+                print(f"UNREADABLE {entry.error}")
+        unreadable = sum(1 for e in results if e.report is None)
+        failing = sum(1 for e in results if e.report is not None and not e.report.conformant)
         if args.json:
-            print(json.dumps(report.to_dict()))
+            print(json.dumps({"path": str(args.profile), "profiles": [e.to_dict() for e in results],
+                              "conformant": not unreadable and not failing}))
         else:
-            for line in report.lines():
-                if args.quiet and not line.startswith(ERROR.upper()) and "conformant:" not in line:
-                    continue
-                print(line)
-        return EXIT_OK if report.conformant else EXIT_FINDINGS
+            print(f"{len(results)} profiles under {args.profile}: {len(results) - unreadable - failing} "
+                  f"conformant, {failing} NOT conformant, {unreadable} unreadable")
+        return EXIT_BAD_INPUT if unreadable else EXIT_FINDINGS if failing else EXIT_OK
+
+    @staticmethod
+    def _print(lines: Iterator[str], quiet: bool) -> None:
+        for line in lines:
+            if quiet and not line.startswith("ERROR") and "conformant:" not in line:
+                continue
+            print(line)
 
 
 class QueryCommand:

@@ -13,15 +13,24 @@ profile has is an empty view with its documented columns. Over a folder of profi
 union of the profiles' tables plus ``profile`` (the relative path) and one column per hive partition
 level (``model``, ``core``, ``execution``: integers when every value is one).
 
-**Read-only, twice over.** Only ``SELECT`` (and ``EXPLAIN``) statements are accepted -- ``COPY``,
-``ATTACH``, ``INSTALL``, ``CREATE``, ``SET``, ``PRAGMA`` ... are refused before they run -- and the
-connection itself can reach no file but the profiles' Parquet parts (``allowed_paths`` with
-``enable_external_access = false``, then ``lock_configuration``), so even a statement that slipped
-through could neither write nor read anything else.
+**Read-only, three times over** (docs/trust.md):
+
+1. DuckDB's own parser splits the text (``extract_statements``): exactly one statement, of a
+   read-only kind -- ``SELECT`` (which DuckDB also uses for ``WITH``, ``VALUES``, ``TABLE``, ``FROM``,
+   ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``), ``EXPLAIN [ANALYZE]`` of such a statement, or a ``PRAGMA``
+   from a short list that only reads. ``COPY``, ``ATTACH``, ``INSTALL``/``LOAD``, ``CREATE``, ``INSERT``,
+   ``SET``, ``CALL``, ``EXPORT`` ... are refused before anything runs, and so is ``EXPLAIN ANALYZE``
+   of any of them (it executes what it explains).
+2. The accepted statement is planned (``EXPLAIN (FORMAT json)``) and refused if the plan holds an
+   operator that writes (``COPY_TO_FILE``, ``INSERT``, ``CREATE_TABLE_AS`` ...).
+3. The connection is in-memory, cannot spill to disk (no ``temp_directory``), has a memory limit, can
+   open no file but the profiles' Parquet parts (``allowed_paths`` with ``enable_external_access =
+   false``, no extension loading), and its configuration is locked.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,7 +45,22 @@ from formats.reader import Profile, ProfileError, open_profile
 from formats.schema import SCHEMA
 from formats.sqlsource import TableSource, ident, literal
 
-ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
+# Statement kinds that run (DuckDB parses VALUES, TABLE, FROM, DESCRIBE, SHOW, SUMMARIZE as SELECT).
+ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN", "PRAGMA")
+# PRAGMAs that only read the catalog or version (``PRAGMA x = y`` parses as SET and is refused).
+READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "show", "version",
+                          "platform", "database_list", "database_size", "functions", "storage_info",
+                          "metadata_info", "user_agent", "collations"})
+# Physical operators that change anything: a plan holding one is refused whatever its statement type.
+WRITING_OPERATORS = frozenset({
+    "INSERT", "DELETE", "UPDATE", "MERGE_INTO", "COPY_TO_FILE", "BATCH_COPY_TO_FILE",
+    "FIXED_BATCH_COPY_TO_FILE", "COPY_DATABASE", "EXPORT", "CREATE_TABLE", "CREATE_TABLE_AS",
+    "BATCH_CREATE_TABLE_AS", "CREATE_INDEX", "CREATE_VIEW", "CREATE_SCHEMA", "CREATE_SEQUENCE",
+    "CREATE_MACRO", "CREATE_TYPE", "CREATE_SECRET", "ALTER", "DROP", "ATTACH", "DETACH", "LOAD",
+    "SET", "SET_VARIABLE", "RESET", "VACUUM", "TRANSACTION", "PRAGMA", "EXTENSION", "UPDATE_EXTENSIONS",
+})
+# Default memory cap of a query session (DuckDB's own default is 80 % of RAM).
+MEMORY_FRACTION = 0.5
 
 
 class QueryError(ProfileError):
@@ -91,13 +115,14 @@ class QuerySession:
     """A locked, read-only DuckDB connection with one view per profile table."""
 
     def __init__(self, root: str | os.PathLike[str], *, include_incomplete: bool = False,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, memory_limit: str | None = None) -> None:
         self.root = Path(root)
         entries, self.skipped = find_profiles(self.root, include_incomplete=include_incomplete)
         self.single = len(entries) == 1 and entries[0].name == "."
         self.profiles: list[tuple[ProfileEntry, Profile]] = [(e, open_profile(e.path)) for e in entries]
         self.partitions = {} if self.single else partition_types(entries)
-        self.con = sqlsource.connect(threads=threads)
+        self.con = sqlsource.connect(threads=threads, memory_limit=memory_limit or default_memory_limit(),
+                                     spill=False)
         self.tables: list[str] = []
         self._create_views()
         self._lock()
@@ -143,19 +168,44 @@ class QuerySession:
 
     # -- queries -----------------------------------------------------------------------------------
     def check(self, sql: str) -> None:
-        """Refuse anything but one SELECT/EXPLAIN statement, with one line saying why."""
-        try:
-            statements = self.con.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error: {error_line(exc)}") from None
-        if not statements:
-            raise QueryError("SQL error: empty query")
-        if len(statements) > 1:
-            raise QueryError(f"one statement per query, got {len(statements)}")
-        kind = str(statements[0].type).rsplit(".", 1)[-1]
-        if kind not in ALLOWED_STATEMENTS:
+        """Refuse anything but one read-only statement (module docstring), with one line saying why."""
+        statement = _one_statement(self.con, sql)
+        kind = _kind(statement)
+        if kind == "EXPLAIN":
+            inner = _explained(self.con, statement.query)
+            if inner is None or _kind(inner) != "SELECT":
+                what = "nothing it can parse" if inner is None else f"statement type {_kind(inner)}"
+                raise QueryError(f"query refused: profiles are read-only; EXPLAIN here only explains a "
+                                 f"SELECT (this explains {what}, and EXPLAIN ANALYZE would run it)")
+            self._check_plan(inner.query)
+        elif kind == "PRAGMA":
+            name = _pragma_name(statement.query)
+            if name not in READ_PRAGMAS:
+                raise QueryError(f"query refused: PRAGMA {name or '?'} is not one of the read-only pragmas "
+                                 f"({', '.join(sorted(READ_PRAGMAS))})")
+        elif kind == "SELECT":
+            self._check_plan(statement.query)
+        else:
             raise QueryError(f"query refused: profiles are read-only and only SELECT queries run here "
                              f"(statement type {kind})")
+
+    def _check_plan(self, sql: str) -> None:
+        """Plan ``sql`` without running it and refuse it if any operator writes (second line of
+        defence behind the statement type)."""
+        try:
+            rows = self.con.execute(f"EXPLAIN (FORMAT json) {sql}").fetchall()
+        except _SQL_ERRORS as exc:
+            raise QueryError(f"SQL error: {error_line(exc)}") from None
+        except duckdb.Error as exc:
+            raise QueryError(read_error([p for _, p in self.profiles], exc)) from None
+        for _, plan in rows:
+            try:
+                nodes = json.loads(plan)
+            except ValueError:
+                raise QueryError("query refused: its plan could not be checked") from None
+            writer = _writing_operator(nodes)
+            if writer is not None:
+                raise QueryError(f"query refused: profiles are read-only and its plan writes ({writer})")
 
     def sql(self, sql: str, params: Sequence[Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Run one read-only statement; the result is read with ``fetchall``/``fetchnumpy``/
@@ -202,6 +252,71 @@ def iter_batches(reader: pa.RecordBatchReader, session: QuerySession | None = No
         if session is not None:
             raise QueryError(read_error([p for _, p in session.profiles], exc)) from None
         raise QueryError(f"SQL error: {error_line(exc)}") from None
+
+
+def _one_statement(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """The single statement in ``sql`` as DuckDB's parser splits it (QueryError otherwise)."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error: {error_line(exc)}") from None
+    if not statements:
+        raise QueryError("SQL error: empty query")
+    if len(statements) > 1:
+        raise QueryError(f"query refused: one statement per query, got {len(statements)}")
+    return statements[0]
+
+
+def _kind(statement: Any) -> str:
+    return str(statement.type).rsplit(".", 1)[-1]
+
+
+def _explained(con: duckdb.DuckDBPyConnection, sql: str) -> Any | None:
+    """The statement an ``EXPLAIN [ANALYZE] [(options)] <statement>`` explains: the first suffix,
+    starting at a token after ``EXPLAIN``, that DuckDB's parser reads as exactly one statement (the
+    options alone never parse: ``ANALYZE COPY ...`` and ``(ANALYZE, FORMAT json) ...`` are syntax
+    errors). None when no suffix parses."""
+    for position, _ in duckdb.tokenize(sql)[1:]:
+        try:
+            statements = con.extract_statements(sql[position:])
+        except duckdb.Error:
+            continue
+        if len(statements) == 1:
+            return statements[0]
+    return None
+
+
+def _pragma_name(sql: str) -> str:
+    """The pragma's name: the token after ``PRAGMA``."""
+    tokens = duckdb.tokenize(sql)
+    if len(tokens) < 2:
+        return ""
+    start = tokens[1][0]
+    end = tokens[2][0] if len(tokens) > 2 else len(sql)
+    return sql[start:end].strip().strip('"').lower()
+
+
+def _writing_operator(nodes: Any) -> str | None:
+    """The first operator of a JSON plan (DuckDB's ``EXPLAIN (FORMAT json)``) that writes."""
+    stack = list(nodes) if isinstance(nodes, list) else [nodes]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        name = str(node.get("name", "")).strip().upper().replace(" ", "_")
+        if name in WRITING_OPERATORS:
+            return name
+        stack.extend(node.get("children") or [])
+    return None
+
+
+def default_memory_limit() -> str:
+    """``MEMORY_FRACTION`` of physical memory, as a DuckDB size (``"3900MB"``)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "2GB"
+    return f"{max(256, int(total * MEMORY_FRACTION) >> 20)}MB"
 
 
 def open_query(root: str | os.PathLike[str], **options: Any) -> QuerySession:

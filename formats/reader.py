@@ -16,6 +16,7 @@ raises ``ProfileError`` with one line naming the file, table or column.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,7 +200,7 @@ class Profile:
         for path, file_schema in zip(table.files, table.file_schemas) if table else []:
             present = [n for n in schema.names if n in file_schema.names]
             try:
-                source = pq.ParquetFile(path)
+                source = parquet_file(path)
                 for batch in source.iter_batches(batch_size=batch_size, columns=present):
                     yield self._conform(name, batch, schema, normalize_engines)
             except (OSError, pa.ArrowException) as exc:
@@ -269,12 +270,8 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
         raise ProfileError(f"{root}: not a profile directory (a profile is a directory of "
                            f"<Table>.parquet files)")
     parts: dict[str, list[tuple[int, Path]]] = {}
-    for entry in sorted(root.iterdir()):
-        named = table_of_file(entry.name)
-        if named is None or not entry.is_file():
-            continue
-        table, part = named
-        parts.setdefault(table, []).append((-1 if part is None else part, entry))
+    for table, part, file in table_parts(root):
+        parts.setdefault(table, []).append((-1 if part is None else part, file))
     if not parts:
         raise ProfileError(f"{root}: not a profile: no <Table>.parquet files in it")
     if not any(name in schema for name in parts):
@@ -294,6 +291,65 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
     profile = Profile(root, tables, schema)
     _load_small_tables(profile)
     return profile
+
+
+def table_parts(root: Path) -> list[tuple[str, int | None, Path]]:
+    """(table, part number or None, file) for every ``<Table>[_N].parquet`` in ``root``, checked by
+    ``check_part``: the one place that lists a profile's files, for the reader, ``validate`` and the
+    query layer alike. Raises ``ProfileError`` (one line) for a part that may not be read."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        raise ProfileError(f"{root}: cannot list the profile directory: {exc.strerror or exc}") from None
+    found = []
+    for name in names:
+        named = table_of_file(name)
+        if named is not None:
+            found.append((named[0], named[1], check_part(root, root / name)))
+    return found
+
+
+def check_part(root: Path, file: Path) -> Path:
+    """The path to read for a table part, refusing (``ProfileError``) what must not be opened:
+
+    * a symbolic link whose target resolves outside the profile directory (a profile from someone
+      else could otherwise make every tool read -- or a query write -- any file of the user's);
+    * anything but a regular file -- a FIFO, socket or device, or a link to one -- found with
+      ``stat`` before any ``open`` (opening a FIFO blocks forever), and a directory.
+
+    A link that stays inside the profile is read through its resolved target, so what the check saw
+    is what is opened."""
+    try:
+        info = os.lstat(file)
+    except OSError as exc:
+        raise ProfileError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    target = file
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            base = Path(os.path.realpath(root))
+            resolved = Path(os.path.realpath(file))
+        except (OSError, ValueError) as exc:
+            raise ProfileError(f"{file}: symbolic link that cannot be resolved: {exc}") from None
+        if resolved == base or base not in resolved.parents:
+            raise ProfileError(f"{file}: refused: a symbolic link to {resolved}, outside the profile "
+                               f"directory (table parts must live inside the profile)")
+        try:
+            info = os.stat(resolved)
+        except OSError as exc:
+            raise ProfileError(f"{file}: dangling symbolic link: {exc.strerror or exc}") from None
+        target = resolved
+    if not stat.S_ISREG(info.st_mode):
+        raise ProfileError(f"{file}: refused: not a regular file ({_file_kind(info.st_mode)}); a table "
+                           f"part must be a Parquet file")
+    return target
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def profile_from_files(root: str | os.PathLike[str], files: dict[str, Sequence[Path]],
@@ -319,13 +375,29 @@ def profile_from_files(root: str | os.PathLike[str], files: dict[str, Sequence[P
     return profile
 
 
+def parquet_file(file: Path) -> pq.ParquetFile:
+    """A part opened for reading with page checksums verified (pages written with a CRC -- every
+    part this suite writes -- fail to read when a bit changed, instead of changing a figure)."""
+    return pq.ParquetFile(file, page_checksum_verification=True)
+
+
 def _read_footer(file: Path) -> tuple[pa.Schema, int]:
     try:
-        source = pq.ParquetFile(file)
-        return source.schema_arrow, source.metadata.num_rows
+        source = parquet_file(file)
+        schema, rows = source.schema_arrow, source.metadata.num_rows
     except (OSError, pa.ArrowException) as exc:
         raise ProfileError(f"{file}: not a readable Parquet file (truncated or corrupt): "
                            f"{_one_line(exc)}") from exc
+    seen: set[str] = set()
+    for name in schema.names:
+        if not name.strip() or name in seen or any(ord(c) < 32 for c in name):
+            problem = ("a duplicate column" if name in seen
+                       else "a column with an empty or control-character name")
+            raise ProfileError(f"{file}: not a usable table part: {problem} ({name!r})")
+        seen.add(name)
+    if rows < 0:
+        raise ProfileError(f"{file}: not a readable Parquet file: footer claims {rows} rows")
+    return schema, rows
 
 
 def _check_columns(file: Path, definition: TableDef, file_schema: pa.Schema) -> None:

@@ -29,10 +29,14 @@ DUCK_TYPES: dict[str, str] = {
 }
 
 
-def connect(*, threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(*, threads: int | None = None, memory_limit: str | None = None,
+            spill: bool = True) -> duckdb.DuckDBPyConnection:
     """A private in-memory DuckDB connection (never the process-wide default one, whose settings other
-    code may change). ``threads`` defaults to DuckDB's choice (all cores)."""
+    code may change). ``threads`` defaults to DuckDB's choice (all cores); ``spill=False`` gives it no
+    temporary directory, so it never writes a file (a query over the memory limit fails instead)."""
     config: dict[str, str | int | bool] = {}
+    if not spill:
+        config["temp_directory"] = ""
     if threads:
         config["threads"] = int(threads)
     if memory_limit:

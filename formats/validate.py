@@ -12,8 +12,13 @@ goes on and lists every finding:
   that ``SchemaFields`` does not declare, a ``Summary`` percent outside [0, 1], an interrupted capture.
 * ``info``    -- worth knowing: extension tables/columns declared in ``SchemaFields``, split tables.
 
-Files that cannot be opened at all (a missing directory, a truncated or corrupt Parquet file) are bad
-input, not findings: they raise ``ProfileError``.
+Every page of every part is decoded once, with its checksum verified (parts this suite writes carry
+a CRC per page), and the value checks -- nulls in required columns, enum values, percent ranges,
+intervals -- are counted from the decoded values, never from footer statistics a flipped bit could
+have changed. Files that cannot be read (a missing directory, a truncated or corrupt Parquet file, a
+page whose checksum does not match, a part that is a FIFO or a link out of the profile) are bad input,
+not findings: they raise ``ProfileError`` naming the file. ``validate_tree`` validates every profile
+below a dataset folder and reports an unreadable one as such without stopping.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from formats.reader import ProfileError, _family, _one_line, _read_footer
+from formats.dataset import find_profiles
+from formats.reader import ProfileError, _family, _one_line, _read_footer, parquet_file, table_parts
 from formats.schema import (
     PROFILE_SCHEMA_VERSION,
     SCHEMA,
@@ -116,14 +121,12 @@ def validate(path: str | os.PathLike[str], schema: Schema | None = None) -> Vali
         raise ProfileError(f"{root}: {problem}")
     report = ValidationReport(str(root), schema.source, schema.version)
     parts: Parts = {}
-    for entry in sorted(root.iterdir()):
-        if entry.suffix != ".parquet":
-            continue
-        named = table_of_file(entry.name)
-        if named is None:
-            report.add(WARNING, "file name is neither <Table>.parquet nor <Table>_N.parquet", file=entry)
-            continue
-        parts.setdefault(named[0], []).append((named[1], entry))
+    for table, number, file in table_parts(root):
+        parts.setdefault(table, []).append((number, file))
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".parquet") and table_of_file(name) is None:
+            report.add(WARNING, "file name is neither <Table>.parquet nor <Table>_N.parquet",
+                       file=root / name)
     if not parts:
         raise ProfileError(f"{root}: not a profile: no <Table>.parquet files in it")
     declared = _schema_fields(root, parts)
@@ -142,17 +145,44 @@ def validate(path: str | os.PathLike[str], schema: Schema | None = None) -> Vali
     return report
 
 
+@dataclass
+class TreeEntry:
+    """One profile below a dataset folder: its report, or the one line saying why it is unreadable."""
+
+    path: Path
+    report: ValidationReport | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.report is not None:
+            return self.report.to_dict()
+        return {"path": str(self.path), "conformant": False, "error": self.error}
+
+
+def validate_tree(root: str | os.PathLike[str], schema: Schema | None = None) -> Iterator[TreeEntry]:
+    """Validate every profile at or below ``root`` (a profile, or a dataset folder such as a capture's
+    ``device/``; interrupted ``.incomplete`` profiles included). A profile that cannot be read is an
+    entry with ``error`` set, and the others are still checked. Raises ``ProfileError`` when ``root``
+    is missing or holds no profile."""
+    schema = schema or default_schema()
+    entries, _ = find_profiles(root, include_incomplete=True)
+    for entry in entries:
+        try:
+            yield TreeEntry(entry.path, report=validate(entry.path, schema))
+        except ProfileError as exc:
+            yield TreeEntry(entry.path, error=str(exc))
+
+
 def _schema_fields(root: Path, parts: Parts) -> dict[str, set[str]] | None:
     """(table -> fields) that the profile's own SchemaFields declares, or None without one."""
     if "SchemaFields" not in parts:
         return None
     declared: dict[str, set[str]] = {}
     for _, file in parts["SchemaFields"]:
-        _read_footer(file)
-        try:
-            rows = pq.read_table(file, columns=["table_name", "field_name"]).to_pylist()
-        except (OSError, pa.ArrowException, KeyError):
+        file_schema, _ = _read_footer(file)
+        if not {"table_name", "field_name"} <= set(file_schema.names):
             continue  # reported by the column checks of SchemaFields itself
+        rows = _read_rows(file, "SchemaFields", ["table_name", "field_name"])
         for row in rows:
             declared.setdefault(str(row["table_name"]), set()).add(str(row["field_name"]))
     return declared
@@ -174,8 +204,9 @@ def _check_table(report: ValidationReport, schema: Schema, name: str, found: lis
         file_schema, n = _read_footer(file)
         rows += n
         if definition is None:
+            _scan(file, name, [], {}, [], False, False)  # unknown tables are still decoded and checksummed
             continue
-        _check_file(report, definition, file, file_schema, declared)
+        _check_file(report, definition, file, file_schema, declared, n)
     report.tables[name] = rows
     if definition is None:
         if declared is not None and name in declared:
@@ -188,10 +219,24 @@ def _check_table(report: ValidationReport, schema: Schema, name: str, found: lis
         report.add(INFO, "neuronscope extension table", table=name)
 
 
+@dataclass
+class _Scan:
+    """What one decoding pass over a part counts (every page read, checksums verified)."""
+
+    rows: int = 0
+    nulls: dict[str, int] = field(default_factory=dict)
+    enum_values: dict[str, set[str]] = field(default_factory=dict)
+    ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    backwards: int = 0
+    mismatched: int = 0
+
+
 def _check_file(report: ValidationReport, definition: TableDef, file: Path, file_schema: pa.Schema,
-                declared: dict[str, set[str]] | None) -> None:
+                declared: dict[str, set[str]] | None, footer_rows: int) -> None:
     name = definition.name
-    metadata = pq.ParquetFile(file).metadata
+    required: list[str] = []
+    enums: dict[str, set[str]] = {}
+    percents: list[str] = []
     for f in definition.fields:
         if f.name not in file_schema.names:
             if f.required:
@@ -208,24 +253,16 @@ def _check_file(report: ValidationReport, definition: TableDef, file: Path, file
         elif pa.types.is_null(base):
             if f.required:
                 report.add(ERROR, "required column has no values (null type)", name, f.name, file)
+            continue
         else:
             report.add(ERROR, f"stored as {base}, schema says {want}", name, f.name, file)
             continue
         if f.required:
-            nulls = _null_count(file, metadata, file_schema.get_field_index(f.name))
-            if nulls:
-                report.add(ERROR, f"{nulls:,} null values in a required column", name, f.name, file)
-        if f.enum_name:
-            allowed = set(SCHEMA.enums.get(f.enum_name, ()))
-            bad = _values_outside(file, f.name, allowed) if allowed else []
-            if bad:
-                report.add(ERROR, f"values outside enum {f.enum_name}: {', '.join(map(repr, bad[:5]))}",
-                           name, f.name, file)
+            required.append(f.name)
+        if f.enum_name and SCHEMA.enums.get(f.enum_name) and _family(base) == "string":
+            enums[f.name] = set(SCHEMA.enums[f.enum_name])
         if name == "Summary" and f.name.endswith("_percent") and _family(base) in ("float", "int"):
-            lo, hi = _min_max(file, f.name)
-            if lo is not None and hi is not None and (lo < 0 or hi > 1):
-                report.add(WARNING, f"values in [{lo:g}, {hi:g}]; Summary percents are fractions in [0, 1]",
-                           name, f.name, file)
+            percents.append(f.name)
     for column in file_schema.names:
         if definition.field(column) is None:
             if declared is not None and column in declared.get(name, set()):
@@ -233,60 +270,85 @@ def _check_file(report: ValidationReport, definition: TableDef, file: Path, file
             else:
                 report.add(WARNING, "unknown column, not declared in SchemaFields", name, column, file)
     names = set(file_schema.names)
-    if {"start_ts", "end_ts"} <= names and _family(file_schema.field("start_ts").type) == "int":
-        _check_intervals(report, name, file, "duration_ns" in names)
-
-
-def _null_count(file: Path, metadata: pq.FileMetaData, index: int) -> int:
-    """Nulls from the row-group statistics; read the column only where a writer left them out."""
-    total = 0
-    for g in range(metadata.num_row_groups):
-        column = metadata.row_group(g).column(index)
-        stats = column.statistics
-        if stats is not None and stats.has_null_count:
-            total += stats.null_count
-        else:
-            table = pq.ParquetFile(file).read_row_group(g, columns=[column.path_in_schema])
-            total += table.column(0).null_count
-    return total
-
-
-def _values_outside(file: Path, column: str, allowed: set[str]) -> list[str]:
-    bad: set[str] = set()
-    for batch in pq.ParquetFile(file).iter_batches(columns=[column]):
-        values = batch.column(0)
-        if pa.types.is_dictionary(values.type):
-            values = values.cast(values.type.value_type)
-        for value in pc.unique(values.drop_null()).to_pylist():
-            if value not in allowed:
-                bad.add(str(value))
-    return sorted(bad)
-
-
-def _min_max(file: Path, column: str) -> tuple[float | None, float | None]:
-    values = pq.read_table(file, columns=[column]).column(0)
-    result = pc.min_max(values).as_py()
-    return result["min"], result["max"]
-
-
-def _check_intervals(report: ValidationReport, name: str, file: Path, has_duration: bool) -> None:
-    """Timeline rows must not end before they start, and ``duration_ns`` must be ``end - start``."""
-    backwards = mismatched = 0
-    columns = ["start_ts", "end_ts", *(["duration_ns"] if has_duration else [])]
-    try:
-        for batch in pq.ParquetFile(file).iter_batches(columns=columns):
-            start, end = batch.column(0).cast(pa.int64()), batch.column(1).cast(pa.int64())
-            backwards += pc.sum(pc.less(end, start)).as_py() or 0
-            if has_duration:
-                diff = pc.subtract(end, start)
-                mismatched += pc.sum(pc.not_equal(diff, batch.column(2).cast(pa.int64()))).as_py() or 0
-    except (OSError, pa.ArrowException) as exc:
-        raise ProfileError(f"{file}: cannot read table {name}: {_one_line(exc)}") from exc
-    if backwards:
-        report.add(ERROR, f"{backwards:,} rows end before they start", name, "end_ts", file)
-    if mismatched:
-        report.add(WARNING, f"{mismatched:,} rows where duration_ns != end_ts - start_ts", name,
+    intervals = {"start_ts", "end_ts"} <= names and all(
+        _family(file_schema.field(c).type) == "int" for c in ("start_ts", "end_ts"))
+    duration = (intervals and "duration_ns" in names
+                and _family(file_schema.field("duration_ns").type) == "int")
+    scan = _scan(file, name, required, enums, percents, intervals, duration)
+    if scan.rows != footer_rows:
+        report.add(ERROR, f"footer says {footer_rows:,} rows, its pages hold {scan.rows:,}", name, file=file)
+    for column, nulls in scan.nulls.items():
+        if nulls:
+            report.add(ERROR, f"{nulls:,} null values in a required column", name, column, file)
+    for column, values in scan.enum_values.items():
+        definition_field = definition.field(column)
+        assert definition_field is not None
+        bad = sorted(values - enums[column])
+        if bad:
+            report.add(ERROR, f"values outside enum {definition_field.enum_name}: "
+                              f"{', '.join(map(repr, bad[:5]))}", name, column, file)
+    for column, (lo, hi) in scan.ranges.items():
+        if lo is not None and hi is not None and (lo < 0 or hi > 1):
+            report.add(WARNING, f"values in [{lo:g}, {hi:g}]; Summary percents are fractions in [0, 1]",
+                       name, column, file)
+    if scan.backwards:
+        report.add(ERROR, f"{scan.backwards:,} rows end before they start", name, "end_ts", file)
+    if scan.mismatched:
+        report.add(WARNING, f"{scan.mismatched:,} rows where duration_ns != end_ts - start_ts", name,
                    "duration_ns", file)
+
+
+MAX_ENUM_VALUES = 1_000  # distinct bad values kept per column (only five are shown)
+
+
+def _scan(file: Path, table: str, required: list[str], enums: dict[str, set[str]], percents: list[str],
+          intervals: bool, duration: bool) -> _Scan:
+    """Decode every column of every page of ``file`` once (checksums verified) and count."""
+    scan = _Scan(nulls=dict.fromkeys(required, 0), enum_values={c: set() for c in enums},
+                 ranges=dict.fromkeys(percents, (None, None)))
+    try:
+        for batch in parquet_file(file).iter_batches(batch_size=65_536):
+            scan.rows += batch.num_rows
+            for column in required:
+                scan.nulls[column] += batch.column(column).null_count
+            for column, allowed in enums.items():
+                values = batch.column(column)
+                if pa.types.is_dictionary(values.type):
+                    values = values.cast(values.type.value_type)
+                seen = scan.enum_values[column]
+                if len(seen) < MAX_ENUM_VALUES:
+                    seen.update(str(v) for v in pc.unique(values.drop_null()).to_pylist() if v not in allowed)
+            for column in percents:
+                found = pc.min_max(batch.column(column)).as_py()
+                lo, hi = scan.ranges[column]
+                if found["min"] is not None:
+                    lo = found["min"] if lo is None else min(lo, found["min"])
+                    hi = found["max"] if hi is None else max(hi, found["max"])
+                scan.ranges[column] = (lo, hi)
+            if intervals:
+                start = batch.column("start_ts").cast(pa.int64())
+                end = batch.column("end_ts").cast(pa.int64())
+                scan.backwards += pc.sum(pc.less(end, start)).as_py() or 0
+                if duration:
+                    diff = pc.subtract(end, start)  # wraps on overflow, as the writer's arithmetic
+                    stored = batch.column("duration_ns").cast(pa.int64())
+                    scan.mismatched += pc.sum(pc.not_equal(diff, stored)).as_py() or 0
+    except (OSError, pa.ArrowException) as exc:
+        raise ProfileError(f"{file}: cannot read table {table} (corrupt or truncated data, or a page "
+                           f"checksum mismatch): {_one_line(exc)}") from exc
+    return scan
+
+
+def _read_rows(file: Path, table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """A small table's rows as Python values (checksums verified); a value Python cannot hold (a
+    timestamp past year 9999) is a ``ProfileError`` naming the file."""
+    try:
+        return parquet_file(file).read(columns=columns).to_pylist()
+    except (OSError, pa.ArrowException) as exc:
+        raise ProfileError(f"{file}: cannot read table {table}: {_one_line(exc)}") from exc
+    except (ValueError, OverflowError) as exc:
+        raise ProfileError(f"{file}: table {table} holds a value that cannot be read: "
+                           f"{_one_line(exc)}") from exc
 
 
 def _check_metadata(report: ValidationReport, root: Path, parts: Parts) -> None:
@@ -296,10 +358,7 @@ def _check_metadata(report: ValidationReport, root: Path, parts: Parts) -> None:
         return
     rows: list[dict[str, Any]] = []
     for _, file in parts["Metadata"]:
-        try:
-            rows += pq.read_table(file).to_pylist()
-        except (OSError, pa.ArrowException) as exc:
-            raise ProfileError(f"{file}: cannot read table Metadata: {_one_line(exc)}") from exc
+        rows += _read_rows(file, "Metadata")
     if len(rows) != 1:
         report.add(WARNING, f"{len(rows)} rows; the profile-level record is normally one row",
                    table="Metadata")
@@ -330,10 +389,6 @@ def _check_metadata(report: ValidationReport, root: Path, parts: Parts) -> None:
 
 def _check_warnings(report: ValidationReport, parts: Parts) -> None:
     for _, file in parts.get("Warning", []):
-        try:
-            rows = pq.read_table(file).to_pylist()
-        except (OSError, pa.ArrowException, KeyError):
-            continue
-        for row in rows:
+        for row in _read_rows(file, "Warning"):
             if row.get("category") == INCOMPLETE_CATEGORY:
                 report.add(WARNING, str(row.get("message")), table="Warning")

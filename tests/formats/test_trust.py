@@ -1,0 +1,273 @@
+"""Hostile and broken profile folders (docs/trust.md): the query layer writes nothing and reads nothing
+outside the profile, table parts never resolve outside it or block on a FIFO, page checksums catch a
+flipped bit, and ``validate`` checks what it claims -- one profile or every profile of a dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from formats.cli_profile import main
+from formats.query import QueryError, _writing_operator, open_query
+from formats.reader import ProfileError, open_profile
+from formats.validate import validate
+from tests.formats.conftest import Dataset, Recorded
+
+
+@pytest.fixture
+def copy(recorded: Recorded, tmp_path: Path) -> Path:
+    root = tmp_path / "copy"
+    shutil.copytree(recorded.path, root)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+# -- the query layer writes nothing ----------------------------------------------------------------
+
+def writes(root: Path, outside: Path) -> list[str]:
+    """Every write attempt from issue 14, plus others DuckDB would run on an open connection."""
+    summary, metadata = root / "Summary.parquet", root / "Metadata.parquet"
+    return [
+        f"EXPLAIN ANALYZE COPY (SELECT 1 AS a) TO '{summary}' (FORMAT parquet, USE_TMP_FILE false)",
+        f"EXPLAIN ANALYZE COPY (SELECT 1 AS a) TO '{summary}'",
+        f"EXPLAIN ANALYZE COPY (SELECT 'pwned' AS a) TO '{metadata}' (FORMAT csv, USE_TMP_FILE false)",
+        f"EXPLAIN ANALYZE COPY (SELECT 'x' AS a) TO '{root / 'Link.parquet'}' (FORMAT csv, "
+        "USE_TMP_FILE false)",
+        f"EXPLAIN (ANALYZE, FORMAT json) COPY (SELECT 1) TO '{outside}' (USE_TMP_FILE false)",
+        f"/* hidden */ explain   analyse copy (select 1) to '{outside}'",
+        "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1",
+        "EXPLAIN ANALYZE INSERT INTO Instruction SELECT * FROM Instruction",
+        f"EXPLAIN ANALYZE EXPORT DATABASE '{outside.parent / 'exported'}'",
+        f"COPY Instruction TO '{summary}'",
+        f"SELECT 1; COPY (SELECT 1) TO '{outside}'",
+        f"ATTACH '{outside.with_suffix('.db')}' AS other",
+        "INSTALL httpfs", "LOAD httpfs", "SET enable_external_access = true", "RESET lock_configuration",
+        "PRAGMA enable_profiling", f"PRAGMA profiling_output = '{outside}'", "CALL pragma_version()",
+        "CHECKPOINT", "CREATE MACRO m() AS 1", "DROP VIEW Instruction", "BEGIN TRANSACTION",
+        "SET VARIABLE v = 1", "EXPLAIN ANALYZE",
+        f"SELECT * FROM query('COPY (SELECT 1) TO ''{outside}''')",
+    ]
+
+
+def test_no_statement_writes(copy: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.csv"
+    (copy / "Link.parquet").symlink_to(copy / "Summary.parquet")  # a link inside the profile: allowed
+    before = snapshot(copy)
+    with open_query(copy) as q:
+        for sql in writes(copy, outside):
+            with pytest.raises(QueryError) as err:
+                q.sql(sql).fetchall()
+            assert "\n" not in str(err.value), sql
+            assert any(w in str(err.value) for w in ("refused", "SQL error")), (sql, str(err.value))
+    assert snapshot(copy) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_cli_explain_analyze_copy_is_refused(copy: Path, fmt: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's exact bypass: exit 0 and an overwritten Summary before."""
+    before = snapshot(copy)
+    sql = f"EXPLAIN ANALYZE COPY (SELECT 1 AS a) TO '{copy / 'Summary.parquet'}' (USE_TMP_FILE false)"
+    assert main(["query", str(copy), sql, "--format", fmt]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused" in err and "COPY" in err
+    assert snapshot(copy) == before
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM Instruction", "WITH a AS (SELECT 1 AS x) SELECT * FROM a", "VALUES (1), (2)",
+    "TABLE Metadata", "FROM Metadata", "DESCRIBE Instruction", "SHOW TABLES", "SUMMARIZE Metadata",
+    "EXPLAIN SELECT count(*) FROM Instruction", "EXPLAIN ANALYZE SELECT count(*) FROM Instruction",
+    "EXPLAIN (ANALYZE, FORMAT json) SELECT 1", "EXPLAIN ANALYZE (SELECT 1)",
+    "PRAGMA table_info('Instruction')", "PRAGMA show_tables", "SELECT 1;",
+])
+def test_reads_still_run(recorded: Recorded, sql: str) -> None:
+    with open_query(recorded.path) as q:
+        assert q.sql(sql).fetchall()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM glob('/etc/*')", "SELECT * FROM read_blob('/etc/hostname')",
+    "SELECT * FROM read_json_auto('/etc/passwd')", "SELECT * FROM sniff_csv('/etc/passwd')",
+    "SELECT * FROM read_parquet('https://example.com/x.parquet')", "SELECT * FROM 'Metadata.parquet'",
+])
+def test_no_file_outside_the_profile_is_read(recorded: Recorded, sql: str) -> None:
+    with open_query(recorded.path) as q, pytest.raises(QueryError) as err:
+        q.sql(sql).fetchall()
+    assert "Permission" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_connection_is_locked_and_never_spills(recorded: Recorded) -> None:
+    with open_query(recorded.path) as q:
+        settings = dict(q.con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN "
+                                      "('enable_external_access', 'lock_configuration', 'temp_directory',"
+                                      " 'autoload_known_extensions')").fetchall())
+    assert settings == {"enable_external_access": "false", "lock_configuration": "true",
+                        "temp_directory": "", "autoload_known_extensions": "false"}
+
+
+def test_plan_check_finds_writing_operators() -> None:
+    """The second line of defence, on plans DuckDB makes for writes (never run here)."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    con.execute("CREATE TABLE t (a INTEGER)")
+    for sql, operator in [("INSERT INTO t SELECT 1", "INSERT"),
+                          ("CREATE TABLE u AS SELECT 1", "CREATE_TABLE_AS"),
+                          ("COPY (SELECT 1) TO '/nonexistent/x.csv'", "COPY_TO_FILE")]:
+        plan = con.execute(f"EXPLAIN (FORMAT json) {sql}").fetchall()[0][1]
+        assert _writing_operator(json.loads(plan)) == operator
+    plan = con.execute("EXPLAIN (FORMAT json) SELECT * FROM t").fetchall()[0][1]
+    assert _writing_operator(json.loads(plan)) is None
+
+
+# -- table parts stay inside the profile and are regular files ---------------------------------
+
+def run_all(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, tuple[int, str]]:
+    """Each entry point on ``root``, in a thread with a time limit (a FIFO would block forever)."""
+    commands = {
+        "view": ["view", str(root), "--output-format", "summary-json"],
+        "recompute": ["view", str(root), "--output-format", "summary-text", "--recompute"],
+        "query": ["query", str(root), "SELECT count(*) FROM Instruction"],
+        "validate": ["validate", str(root)],
+    }
+    results: dict[str, tuple[int, str]] = {}
+    for name, argv in commands.items():
+        box: list[int] = []
+        thread = threading.Thread(target=lambda a=argv, b=box: b.append(main(a)), daemon=True)
+        thread.start()
+        thread.join(60)
+        assert box, f"{name} hung on {root}"
+        results[name] = (box[0], capsys.readouterr().err)
+    return results
+
+
+def assert_refused(results: dict[str, tuple[int, str]], words: str) -> None:
+    for name, (code, err) in results.items():
+        assert code == 2, (name, err)
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err, (name, err)
+
+
+def test_symlinked_part_outside_is_refused(copy: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    shutil.move(copy / "HbmUsage.parquet", secret / "HbmUsage.parquet")
+    (copy / "HbmUsage.parquet").symlink_to(secret / "HbmUsage.parquet")
+    assert_refused(run_all(copy, tmp_path, capsys), "outside the profile")
+    with pytest.raises(ProfileError, match=r"HbmUsage\.parquet: refused: a symbolic link"):
+        open_profile(copy)
+
+
+def test_query_through_symlinked_part_cannot_write_outside(copy: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (copy / "Evil.parquet").symlink_to(victim)
+    sql = (f"EXPLAIN ANALYZE COPY (SELECT 'x' AS a) TO '{copy / 'Evil.parquet'}' "
+           "(FORMAT csv, USE_TMP_FILE false)")
+    assert main(["query", str(copy), sql]) == 2
+    assert "outside the profile" in capsys.readouterr().err
+    assert victim.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "device", "directory", "socket", "dangling"])
+def test_non_regular_parts_are_refused_without_opening(copy: Path, tmp_path: Path, kind: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    part = copy / "DmaUsage.parquet"
+    part.unlink()
+    if kind == "fifo":
+        os.mkfifo(part)
+    elif kind == "link-to-fifo":
+        os.mkfifo(copy / "pipe")
+        part.symlink_to(copy / "pipe")
+    elif kind == "device":
+        part.symlink_to("/dev/zero")
+    elif kind == "directory":
+        part.mkdir()
+    elif kind == "socket":
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(part))
+    else:
+        part.symlink_to(copy / "gone.parquet")
+    results = run_all(copy, tmp_path, capsys)
+    words = {"device": "outside the profile", "dangling": "dangling"}.get(kind, "not a regular file")
+    assert_refused(results, words)
+
+
+def test_many_empty_files(copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for i in range(10_000):
+        (copy / f"Instruction_{i}.parquet").touch()
+    assert_refused(run_all(copy, tmp_path, capsys), "not a readable Parquet file")
+
+
+# -- integrity ---------------------------------------------------------------------------------
+
+def flip_data_bit(path: Path) -> None:
+    """Flip one bit in the first data page of the first column (footer and page header intact)."""
+    meta = pq.ParquetFile(path).metadata
+    column = meta.row_group(0).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    offset = start + column.total_compressed_size - 2  # the last bytes of the chunk: page data
+    data[offset] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+def test_writer_writes_page_checksums_and_a_flip_is_detected(copy: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    flip_data_bit(copy / "Summary.parquet")
+    with pytest.raises(ProfileError, match=r"Summary\.parquet"):
+        open_profile(copy).table("Summary")
+    assert main(["validate", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Summary.parquet" in err and "checksum" in err.lower()
+    assert main(["view", str(copy), "--output-format", "summary-json"]) == 2
+    assert "Summary.parquet" in capsys.readouterr().err
+
+
+def test_validate_checks_values_not_statistics(copy: Path) -> None:
+    """Nulls in a required column counted from the decoded values, with a struct column before it
+    (Arrow field index != Parquet leaf index: the old check counted another column's nulls)."""
+    table = pq.read_table(copy / "DmaPacket.parquet")
+    index = table.schema.get_field_index("transfer_bytes")
+    values = table.column(index).to_pylist()
+    values[0] = None
+    table = table.set_column(index, "transfer_bytes", pa.array(values, table.schema.field(index).type))
+    pair = pa.struct([("x", pa.int64()), ("y", pa.int64())])
+    table = table.add_column(0, "pair", pa.array([{"x": 1, "y": 2}] * table.num_rows, pair))
+    pq.write_table(table, copy / "DmaPacket.parquet", write_statistics=False)
+    report = validate(copy)
+    assert any(f.column == "transfer_bytes" and "1 null" in f.message for f in report.errors)
+
+
+def test_validate_a_dataset_folder(tp_dataset: Dataset, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "device"
+    shutil.copytree(tp_dataset.root, root)
+    profiles = sorted(p.parent for p in root.rglob("Metadata.parquet"))
+    assert len(profiles) >= 2
+    assert main(["validate", str(root), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(profiles)} profiles under {root}: {len(profiles)} conformant" in out
+    flip_data_bit(profiles[0] / "Summary.parquet")
+    assert main(["validate", str(root), "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["conformant"] is False and len(report["profiles"]) == len(profiles)
+    bad = [p for p in report["profiles"] if "error" in p]
+    assert len(bad) == 1 and "Summary.parquet" in bad[0]["error"]
+    assert all(p["conformant"] for p in report["profiles"] if "error" not in p)
