@@ -55,6 +55,17 @@ class TabData:
         return out
 
 
+def mean_utilization(utilization: Mapping[int, float]) -> float | None:
+    """The average utilisation of the cores present in ``utilization`` (percent), None if none.
+
+    Absent is not zero (sys-tools.md §1.5): a core no process lists has no utilisation, so it is not
+    averaged in as 0 (one core at 9.30 % and one absent is 9.30 %, not 4.65 %). The header's average
+    and a process's NC% are both this."""
+    if not utilization:
+        return None
+    return sum(utilization.values()) / len(utilization)
+
+
 def tabs(frame: Frame) -> tuple[Tab, ...]:
     """"all" first, then one tab per process by pid (tags repeat; pids do not)."""
     return (Tab(None, "all"), *(Tab(p.pid, p.tag) for p in sorted(frame.active, key=lambda p: p.pid)))
@@ -114,4 +125,4 @@ def tab_data(frame: Frame, pid: int | None) -> TabData:
     return combine([process] if process is not None else [])
 
 
-__all__ = ["MAX_NUMBERED_TABS", "Tab", "TabData", "combine", "tab_data", "tabs"]
+__all__ = ["MAX_NUMBERED_TABS", "Tab", "TabData", "combine", "mean_utilization", "tab_data", "tabs"]

@@ -19,6 +19,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 
 from explorer.top import memtree, render
@@ -107,7 +108,8 @@ class NeuronTopApp(App[None]):
         yield Panel(lambda d, w: render.title(d[0], d[1], version, w), layout_key=lambda d: 0, id="title")
         with Horizontal(id="body"):
             with Vertical(id="main"):
-                yield SectionBar("NeuronCore Utilization", id="util-header")
+                yield Panel(render.util_section, ("NeuronCore Utilization", "NeuronCore Utilization", ()),
+                            layout_key=lambda d: 0, id="util-header")
                 yield CoreGrid(id="grid")
                 yield SectionBar("vCPU Utilization", id="vcpu-header")
                 yield Panel(lambda d, w: render.vcpu(d[0], d[1], w), layout_key=lambda d: 0, id="vcpu")
@@ -188,6 +190,10 @@ class NeuronTopApp(App[None]):
     def _redraw(self) -> None:
         if not self.is_mounted:
             return
+        with contextlib.suppress(NoMatches):  # a frame arriving at shutdown: the widgets are gone
+            self._redraw_widgets()
+
+    def _redraw_widgets(self) -> None:
         frame = self.frame
         if self.tab_pid is not None and all(t.pid != self.tab_pid for t in self.tabs):
             self.tab_pid = None  # its process went away: back to "all", tree reset (as the real tool)
@@ -198,7 +204,10 @@ class NeuronTopApp(App[None]):
         self.tree_state = memtree.settle(self.rows, self.tree_state)
         highlight = memtree.selected_cores(self.tree_state, hw)
         self.query_one("#title", Panel).show((frame.hardware, frame.host_name))
-        self.query_one("#util-header", SectionBar).show(render.util_header(frame, data, self.flops_mode))
+        flops = self.flops_mode
+        self.query_one("#util-header", Panel).show((render.util_header(frame, data, flops),
+                                                    render.util_header(frame, data, flops, short=True),
+                                                    render.util_notes(frame)))
         self.query_one(CoreGrid).show((hw, data, self.flops_mode, highlight, self._grid_rows(frame, data)))
         self.query_one("#vcpu", Panel).show((frame, data))
         self.query_one("#mem-summary", Panel).show(render.summary_fields(frame, data))

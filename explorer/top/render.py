@@ -18,7 +18,7 @@ from importlib import metadata
 from rich.text import Text
 
 from explorer.top import fmt
-from explorer.top.aggregate import MAX_NUMBERED_TABS, Tab, TabData
+from explorer.top.aggregate import MAX_NUMBERED_TABS, Tab, TabData, mean_utilization
 from explorer.top.memtree import TreeRow, TreeState, is_expanded
 from explorer.top.model import (
     DEVICE_MEMORY_KEYS,
@@ -49,6 +49,7 @@ S_TAB_LABEL = "bold yellow on blue"
 S_TAB_SELECTED = "bold green on blue"
 S_WARN = "bold yellow"
 S_ERROR = "bold red"
+S_NOTE = "bold black on cyan"
 LABEL_W = 5  # "ND15 "
 PCT_W = 8  # "[56.81%]"
 TF_W = 11  # "[ 10.004TF]"
@@ -107,17 +108,60 @@ def no_activity(frame: Frame) -> bool:
     return not frame.active
 
 
-def util_header(frame: Frame, data: TabData, flops_mode: bool) -> str:
+def util_header(frame: Frame, data: TabData, flops_mode: bool, *, short: bool = False) -> str:
+    """``NeuronCore v2 Utilization (Avg: 9.30%, 1 of 32 cores)``: the average is over the cores some
+    process lists (``aggregate.mean_utilization``); a core nobody uses reads ``--`` in the grid and
+    is not a 0 in the average. ``short`` leaves out the core count (narrow terminals)."""
     hw = frame.hardware
     name = f"NeuronCore {hw.core_version or '?'} Utilization"
     if hw.cores == 0:
         return f"{name} (waiting for hardware information)"
     if no_activity(frame):
         return f"{name} (no Neuron activity)"
+    used = len(data.utilization)
+    cores = "" if short else f", {used} of {hw.cores} cores"
+    if not used:
+        return f"{name} (no core in use{'' if short else f' of {hw.cores}'})"
     if flops_mode:
         total = sum(data.flops.values())
-        return f"{name} (Avg: {fmt.tflops(total / hw.cores)} | Total: {fmt.tflops(total)})"
-    return f"{name} (Avg: {fmt.percent(sum(data.utilization.values()) / hw.cores)})"
+        return f"{name} (Avg: {fmt.tflops(total / used)} | Total: {fmt.tflops(total)}{cores})"
+    return f"{name} (Avg: {fmt.percent(mean_utilization(data.utilization) or 0.0)}{cores})"
+
+
+# what the live utilisation means when the cores are simulated, longest first: the screen shows the
+# longest that fits beside the header
+SIMULATED_NOTES = (
+    "simulated: device time per second of this host's clock, so it depends on the host's speed",
+    "simulated: depends on how fast this host runs the simulator",
+    "simulated: depends on host speed",
+    "sim: paced by host CPU",
+)
+
+
+def util_notes(frame: Frame) -> tuple[str, ...]:
+    """The caveat of the utilisation figures, as candidates for the header (longest first).
+
+    Live state comes from processes running the simulated core: utilisation is simulated device
+    time over the host's wall time (``collectors.livewindow``), so a faster host shows higher figures
+    for the same program. A neuron-monitor stream reports what its runtime measured: no caveat."""
+    if frame.status.kind != "live" or no_activity(frame):
+        return ()
+    return SIMULATED_NOTES
+
+
+def util_section(data: tuple[str, str, tuple[str, ...]], width: int) -> Text:
+    """The utilisation section bar: the header, and the longest caveat that fits at the right
+    (with the short header if only that leaves room); the caveat is never dropped silently while
+    one fits."""
+    label, short_label, notes = data
+    for head in (label, short_label):
+        for note in notes:
+            if len(head) + len(note) + 3 <= width:
+                text = Text(" " + head, style=S_SECTION)
+                text.append(" " * (width - len(head) - len(note) - 2), style=S_SECTION)
+                text.append(note + " ", style=S_NOTE)
+                return _line(text, width)
+    return section(label, width)
 
 
 def grid_rows_needed(hardware: Hardware, max_rows: int) -> int:
@@ -563,4 +607,4 @@ def processes(frame: Frame, width: int, cursor: int | None, height: int | None =
 __all__ = ["PROCESS_COLS", "engines", "grid", "grid_rows_needed", "hint_bar", "history", "memory_summary",
            "no_activity", "process_header", "process_row", "process_state", "processes", "section",
            "status_line", "status_line_of", "tab_bar", "title", "tool_version", "tree_header", "tree_lines",
-           "tree_row", "util_header", "vcpu"]
+           "tree_row", "util_header", "util_notes", "util_section", "vcpu"]

@@ -42,6 +42,9 @@ def frame_text(frame: Frame, *, width: int = 120, version: str | None = None, fl
     hw = frame.hardware
     out = [render.title(frame.hardware, frame.host_name, version, width).plain.strip(), ""]
     out.append(_section(render.util_header(frame, data, flops)))
+    notes = render.util_notes(frame)
+    if notes:
+        out.append(next((n for n in notes if len(n) <= width), notes[-1]))
     out += render.grid(hw, data, flops, width, hw.device_count + 1, unused=UNUSED).plain.split("\n")
     out.append(_section("vCPU Utilization"))
     out += render.vcpu(frame, data, width, unused=UNUSED).plain.split("\n")

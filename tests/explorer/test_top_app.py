@@ -73,9 +73,10 @@ def test_f_switches_grid_to_tflops():
         app = app_with(monitor_frame())
         async with app.run_test(size=(120, 40)) as pilot:
             header = app.query_one("#util-header", Panel)
-            assert "Avg:  9.33%" in header.data
+            assert "Avg: 59.74%, 5 of 32 cores" in header.data[0]  # over the cores in use
+            assert not header.data[2]  # a neuron-monitor stream: no simulator caveat
             await pilot.press("f")
-            assert app.flops_mode and "TF | Total:" in header.data
+            assert app.flops_mode and "TF | Total:" in header.data[0]
             await pilot.press("F")
             assert not app.flops_mode
     run(go())
@@ -129,6 +130,17 @@ def test_help_screen():
                 await pilot.press(close)
                 assert not isinstance(app.screen, HelpScreen) and not app._exit
         run(go())
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_live_state_header_says_simulated(width):
+    async def go():
+        app = app_with(live_frame())
+        async with app.run_test(size=(width, 30)) as pilot:
+            await pilot.pause()
+            header = screen_text(app).splitlines()[1]
+            assert "Avg:  4.97%" in header and "sim" in header and "host" in header
+    run(go())
 
 
 def test_help_scrolls_at_80x24():
@@ -233,7 +245,7 @@ def test_frames_from_the_collection_thread(tmp_path):
                 if app.frame.sequence >= 2:
                     break
             assert app.first_frame_shown and app.frame.sequence >= 2
-            assert "no Neuron activity" in app.query_one("#util-header", Panel).data
+            assert "no Neuron activity" in app.query_one("#util-header", Panel).data[0]
             status = app.query_one("#status", Panel)
             assert status.display
         assert app.collector is not None
@@ -309,7 +321,7 @@ def test_no_activity_state_on_screen():
     async def go():
         app = app_with(idle_frame())
         async with app.run_test(size=(100, 30)):
-            assert "no Neuron activity" in app.query_one("#util-header", Panel).data
+            assert "no Neuron activity" in app.query_one("#util-header", Panel).data[0]
             assert tab_data(app.frame, None).utilization == {}
     run(go())
 

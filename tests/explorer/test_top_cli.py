@@ -43,7 +43,7 @@ def test_once_from_stdin_takes_the_first_report():
     first = MONITOR_STREAM.read_text().splitlines()[0]
     result = neuron_top("--once", "--from-monitor", "-", "--width", "100", stdin="garbage\n" + first + "\n")
     assert result.returncode == 0, result.stderr
-    assert "(Avg:  8.49%)" in result.stdout and "line 1: not JSON" in result.stdout
+    assert "(Avg: 54.31%, 5 of 32 cores)" in result.stdout and "line 1: not JSON" in result.stdout
 
 
 def test_once_from_stdin_without_a_report_fails_in_one_line():

@@ -8,10 +8,19 @@ import json
 
 import pytest
 
-from explorer.top import fmt, memtree
-from explorer.top.aggregate import combine, tab_data, tabs
+from explorer.top import fmt, memtree, render
+from explorer.top.aggregate import combine, mean_utilization, tab_data, tabs
 from explorer.top.history import History
-from explorer.top.model import EXITED, STALE, CoreUse, ProcessSnapshot
+from explorer.top.model import (
+    EXITED,
+    STALE,
+    CoreUse,
+    Frame,
+    Hardware,
+    ProcessSnapshot,
+    SourceStatus,
+    SystemSnapshot,
+)
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.report import parse_process, parse_system
 from explorer.top.text_frame import frame_text
@@ -72,6 +81,36 @@ def test_all_tab_sums_and_caps_utilisation():
     assert data.flops[0] == 3e12
     assert data.host_memory["tensors"] == 3 and data.core_memory[0]["tensors"] == 12
     assert (data.vcpu_user, data.vcpu_system) == (3.0, 0.75)
+
+
+def _one_core_frame(kind: str) -> Frame:
+    """Two cores; one process lists core 0 at 9.30 %, core 1 is absent."""
+    proc = ProcessSnapshot(1, "a", cores={0: CoreUse(0, 9.30, 2e12)})
+    return Frame(1, 0.0, Hardware("i-1", "trn1.2xlarge", "v2", 1, 2, 32 << 30, simulated=kind == "live"),
+                 SystemSnapshot(), (proc,), SourceStatus(kind, "test"))
+
+
+def test_header_average_is_over_present_cores_only():
+    """9.30 % and ``--`` average to 9.30 %, not 4.65 % (issue 12 §2)."""
+    frame = _one_core_frame("monitor")
+    data = tab_data(frame, None)
+    assert mean_utilization(data.utilization) == pytest.approx(9.30) and mean_utilization({}) is None
+    header = render.util_header(frame, data, False)
+    assert "Avg:  9.30%, 1 of 2 cores" in header and "4.65" not in header
+    assert "Avg: 2.000TF | Total: 2.000TF, 1 of 2 cores" in render.util_header(frame, data, True)
+    assert "(Avg:  9.30%)" in render.util_header(frame, data, False, short=True)
+
+
+def test_live_utilisation_says_it_depends_on_the_host():
+    live, stream = _one_core_frame("live"), _one_core_frame("monitor")
+    assert render.util_notes(live) and not render.util_notes(stream)
+    for width in (80, 100, 160):  # the caveat fits beside the header at every usual width
+        data = (render.util_header(live, tab_data(live, None), False),
+                render.util_header(live, tab_data(live, None), False, short=True), render.util_notes(live))
+        line = render.util_section(data, width).plain
+        assert len(line) == width and "Avg:  9.30%" in line and "sim" in line and "host" in line
+    assert "simulated: " in frame_text(live, width=120, version=VERSION)
+    assert "simulated: " not in frame_text(stream, width=120, version=VERSION)
 
 
 def test_monitor_example_matches_the_documented_screen():
