@@ -24,6 +24,7 @@ from typing import Any
 from explorer.gui.session import LoadedProfile
 from explorer.gui.timeaxis import format_ns
 from formats.sqlsource import TableSource
+from formats.units import fmt_bytes, fmt_gbps
 
 _WAIT_RE = re.compile(r"\$S\[(\d+)\]\s*(>=|>|==|<=|<)\s*(-?\d+)")
 # columns the details panel shows in its own lines above the rest (which follow in schema order)
@@ -43,6 +44,7 @@ class Dependency:
     start_ts: int | None
     end_ts: int | None
     text: str
+    lane: tuple[str, str, int] | None = None  # the other end's timeline row: (kind, label, pcore)
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _value(name: str, value: Any) -> str:
     if name.endswith("_ns") and isinstance(value, int):
         return format_ns(value)
     if name.endswith("_bytes") and isinstance(value, int):
-        return f"{value:,} B"
+        return fmt_bytes(value)
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, int) and ("flops" in name or name.endswith("count")):
@@ -217,35 +219,46 @@ def flow_dependencies(loaded: LoadedProfile, table: str, row_id: int) -> list[De
         successor = str(edge["in_table"]).lower() == table and int(edge["in_id"]) == row_id
         other_table = str(edge["out_table"] if successor else edge["in_table"]).lower()
         other_id = int(edge["out_id"] if successor else edge["in_id"])
-        start, end, text = resolve(loaded, other_table, other_id)
+        start, end, text, lane = resolve(loaded, other_table, other_id)
         kind = str(edge["dependency_type"] or "")
         out.append(
             Dependency(
-                "successor" if successor else "predecessor", other_table, other_id, kind, start, end, text
+                "successor" if successor else "predecessor", other_table, other_id, kind, start, end, text,
+                lane,
             )
         )
     return out
 
 
-def resolve(loaded: LoadedProfile, table: str, row_id: int) -> tuple[int | None, int | None, str]:
-    """(start, end, one-line description) of a Flow endpoint."""
+Lane = tuple[str, str, int]
+
+
+def resolve(
+    loaded: LoadedProfile, table: str, row_id: int
+) -> tuple[int | None, int | None, str, Lane | None]:
+    """(start, end, one-line description, timeline row) of a Flow endpoint."""
     if table == "instruction":
         source = _rel(loaded, "Instruction")
+        engine = source.col("engine")
         found = loaded.queries.rows(
-            f"SELECT start_ts, end_ts, {source.col('engine')} AS engine, opcode, "
-            f"{source.col('hlo_name')} AS hlo FROM {source.relation()} WHERE id = ? LIMIT 1",
+            f"SELECT start_ts, end_ts, {engine} AS engine, opcode, "
+            f"{source.col('hlo_name')} AS hlo, coalesce({source.col('timeline_track')}, {engine}) AS track, "
+            f"coalesce({source.col('pcore_idx')}, 0) AS pcore FROM {source.relation()} WHERE id = ? LIMIT 1",
             [row_id],
         )
         if found:
             r = found[0]
-            return int(r["start_ts"]), int(r["end_ts"]), f"{r['opcode']} on {r['engine']} ({r['hlo'] or '–'})"
-        return None, None, f"instruction {row_id} (not in this profile)"
+            lane = ("instruction", str(r["track"]), int(r["pcore"]))
+            text = f"{r['opcode']} on {r['engine']} ({r['hlo'] or '–'})"
+            return int(r["start_ts"]), int(r["end_ts"]), text, lane
+        return None, None, f"instruction {row_id} (not in this profile)", None
     if table in ("dma_block", "dma", "dmapacketaggregated"):
         source = _rel(loaded, "DmaPacket")
         found = loaded.queries.rows(
             f"""
             SELECT min(start_ts) AS s, max(end_ts) AS e, any_value({source.col("queue_name")}) AS q,
-                   sum(transfer_bytes) AS nbytes, count(*) AS n
+                   sum(transfer_bytes) AS nbytes, count(*) AS n,
+                   any_value(coalesce({source.col("pcore_idx")}, 0)) AS pcore
             FROM {source.relation()} WHERE packet_aggregation_id = ?""",
             [row_id],
         )
@@ -254,10 +267,11 @@ def resolve(loaded: LoadedProfile, table: str, row_id: int) -> tuple[int | None,
             return (
                 int(r["s"]),
                 int(r["e"]),
-                f"DMA transfer {row_id} on {r['q']}: {int(r['nbytes'] or 0):,} B in {r['n']} packet(s)",
+                f"DMA transfer {row_id} on {r['q']}: {fmt_bytes(r['nbytes'] or 0)} in {r['n']} packet(s)",
+                None if r["q"] is None else ("dma", str(r["q"]), int(r["pcore"] or 0)),
             )
-        return None, None, f"DMA transfer {row_id} (no packets recorded)"
-    return None, None, f"{table} {row_id}"
+        return None, None, f"DMA transfer {row_id} (no packets recorded)", None
+    return None, None, f"{table} {row_id}", None
 
 
 def semaphore_waits(loaded: LoadedProfile, row: dict[str, Any]) -> list[Dependency]:
@@ -327,8 +341,8 @@ def dma_details(loaded: LoadedProfile, transfer_id: int, start_ts: int | None = 
         ("duration", format_ns(end - start)),
         ("end", _time(loaded, end)),
         ("packets", f"{len(rows)}"),
-        ("bytes", f"{total:,} B"),
-        ("throughput", f"{total / max(1, end - start):.2f} B/ns"),
+        ("bytes", fmt_bytes(total)),
+        ("throughput", fmt_gbps(total / max(1, end - start) * 1e9)),
         ("DMA engines", ", ".join(sorted({str(r.get("engine_idx")) for r in rows}))),
     ]
     for name in ("variable", "raw_hlo_id", "hbm_read_bytes", "hbm_write_bytes"):

@@ -35,6 +35,7 @@ from explorer.gui.details_panel import DetailsPanel
 from explorer.gui.flame import FlameWidget
 from explorer.gui.frames import Highlight
 from explorer.gui.hierarchy import FlameNode, Hierarchy, load_hierarchy
+from explorer.gui.legend import LegendEntry, legend_entries, legend_html
 from explorer.gui.region import region_summary
 from explorer.gui.region_panel import RegionPanel
 from explorer.gui.rows import DMA, INSTRUCTION, Row, discover_rows
@@ -44,7 +45,7 @@ from explorer.gui.session import Session
 from explorer.gui.source import SourceTimes, load_source_times
 from explorer.gui.source_panel import SourcePanel
 from explorer.gui.timeaxis import format_ns
-from explorer.gui.timeline import EventRef, TimelineWidget, link_time
+from explorer.gui.timeline import Arrow, EventRef, TimelineWidget, link_time
 from explorer.gui.widgets import fill_table, make_table
 from explorer.gui.worker import FrameFetcher, TaskRunner
 
@@ -106,8 +107,19 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.summary_table, "Summary")
         self.banner = Banner(session.banner)
 
+        self.legend = QLabel()
+        self.legend.setWordWrap(True)
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setStyleSheet("padding: 2px 6px; background: #fafafa; border-bottom: 1px solid #ddd;")
+        self.legend_entries: list[LegendEntry] = []
+        timeline_box = QWidget()
+        timeline_layout = QVBoxLayout(timeline_box)
+        timeline_layout.setContentsMargins(0, 0, 0, 0)
+        timeline_layout.setSpacing(0)
+        timeline_layout.addWidget(self.legend)
+        timeline_layout.addWidget(self.timeline, 1)
         left = QSplitter(Qt.Orientation.Vertical)
-        left.addWidget(self.timeline)
+        left.addWidget(timeline_box)
         left.addWidget(self.flame)
         left.setSizes([640, 160])
         main = QSplitter(Qt.Orientation.Horizontal)
@@ -137,6 +149,8 @@ class MainWindow(QMainWindow):
         self.timeline.event_clicked.connect(self._event_clicked)
         self.timeline.region_selected.connect(self._region_selected)
         self.timeline.status.connect(lambda text: self.statusBar().showMessage(text))
+        self.timeline.frame_shown.connect(lambda _frame: self.update_legend())
+        self.update_legend()
         self.timeline.plot.scene().sigMouseMoved.connect(self._mouse_moved)
         self.details_panel.jump.connect(self.jump_to_dependency)
         self.details_panel.show_source.connect(self._show_source)
@@ -285,9 +299,17 @@ class MainWindow(QMainWindow):
         if index >= 0 and index != self.mode_box.currentIndex():
             self.mode_box.setCurrentIndex(index)
         self.timeline.set_mode(mode)
+        self.update_legend()
+
+    def update_legend(self) -> None:
+        """What the colours mean for the current mode and frame."""
+        entries, hidden = legend_entries(self.timeline.frame, self.rows, self.timeline.mode)
+        self.legend_entries = entries
+        self.legend.setText(legend_html(entries, hidden))
 
     def clear_highlight(self) -> None:
         self.timeline.set_highlight(None)
+        self.timeline.set_arrows([])
         self.flame.mark(None)
 
     def zoom_to(self, t0: float, t1: float, pad: float = 0.05) -> None:
@@ -373,6 +395,45 @@ class MainWindow(QMainWindow):
         self.details = details
         self.details_panel.show_details(details, self.session.profiles[profile].origin)
         self._details_profile = profile
+        self.timeline.set_arrows(self.dependency_arrows(profile, details))
+
+    def _lane_row(self, profile: int, lane: tuple[str, str, int] | None) -> int | None:
+        """The timeline row of a (kind, label, pcore) lane."""
+        if lane is None:
+            return None
+        kind, label, pcore = lane
+        for i, row in enumerate(self.rows):
+            same = row.kind == kind and row.label == label and (row.pcore or 0) == pcore
+            if same and row.profile == profile:
+                return i
+        return None
+
+    def dependency_arrows(self, profile: int, details: Details | None) -> list[Arrow]:
+        """Arrows for the event's Flow edges whose other end is on a row: from each predecessor's end
+        to the event's start, and from the event's end to each successor's start."""
+        if details is None or details.kind not in (INSTRUCTION, DMA):
+            return []
+        origin = self.session.profiles[profile].origin
+        if details.kind == INSTRUCTION:
+            raw = details.raw
+            track = raw.get("timeline_track") or raw.get("engine")
+            here = self._lane_row(profile, (INSTRUCTION, str(track), int(raw.get("pcore_idx") or 0)))
+        else:
+            here = self._lane_row(profile, (DMA, str(details.raw.get("queue_name")),
+                                            int(details.raw.get("pcore_idx") or 0)))
+        if here is None:
+            return []
+        arrows = []
+        for dep in details.dependencies:
+            there = self._lane_row(profile, dep.lane)
+            if there is None or dep.start_ts is None:
+                continue
+            if dep.direction == "predecessor":
+                end = dep.end_ts if dep.end_ts is not None else dep.start_ts
+                arrows.append(Arrow(end - origin, there, details.start_ts - origin, here, dep.kind))
+            else:
+                arrows.append(Arrow(details.end_ts - origin, here, dep.start_ts - origin, there, dep.kind))
+        return arrows
 
     def reveal_instruction(self, profile: int, instruction_id: int, start: int, end: int) -> None:
         """Bring an instruction into view (keeping the zoom when it fits), outline it, show its details."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QPainter
+from PySide6.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QScrollBar, QWidget
 
 from explorer.gui.frames import FrameData, FrameRequest, Highlight, buckets_for
@@ -91,6 +91,70 @@ class _LabelLayer(pg.GraphicsObject):
                 Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft,
                 shown,
             )
+        painter.restore()
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """A dependency drawn on the timeline: from (time, row) to (time, row), relative ns."""
+
+    t0: float
+    row0: int
+    t1: float
+    row1: int
+    kind: str  # Flow dependency_type (DMA_TRIGGER, SEMAPHORE, ...)
+
+
+ARROW_COLORS = {"SEMAPHORE": QColor(200, 30, 30), "DMA_TRIGGER": QColor(120, 60, 160)}
+
+
+class _ArrowLayer(pg.GraphicsObject):
+    """The selected event's dependencies as arrows (predecessor end -> its start -> successor start),
+    painted in device coordinates so the heads keep their size at any zoom."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrows: list[Arrow] = []
+        self._bounds = QRectF()
+        self.setZValue(12)
+
+    def set_arrows(self, arrows: list[Arrow]) -> None:
+        self.prepareGeometryChange()
+        self.arrows = list(arrows)
+        if arrows:
+            xs = [a.t0 for a in arrows] + [a.t1 for a in arrows]
+            ys = [a.row0 for a in arrows] + [a.row1 for a in arrows]
+            self._bounds = QRectF(min(xs), min(ys), max(1.0, max(xs) - min(xs)), max(ys) - min(ys) + 1)
+        else:
+            self._bounds = QRectF()
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return self._bounds
+
+    def paint(self, painter: QPainter, *args: Any) -> None:
+        if not self.arrows:
+            return
+        transform = painter.transform()
+        painter.save()
+        painter.resetTransform()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        for arrow in self.arrows:
+            a = transform.map(QPointF(arrow.t0, arrow.row0 + 0.5))
+            b = transform.map(QPointF(arrow.t1, arrow.row1 + 0.5))
+            color = ARROW_COLORS.get(arrow.kind, QColor(30, 30, 30))
+            pen = QPen(color, 1.6)
+            painter.setPen(pen)
+            painter.setBrush(color)
+            painter.drawLine(a, b)
+            dx, dy = b.x() - a.x(), b.y() - a.y()
+            length = max(1e-6, (dx * dx + dy * dy) ** 0.5)
+            ux, uy = dx / length, dy / length
+            head = 7.0
+            left = QPointF(b.x() - head * ux + head * 0.45 * uy, b.y() - head * uy - head * 0.45 * ux)
+            right = QPointF(b.x() - head * ux - head * 0.45 * uy, b.y() - head * uy + head * 0.45 * ux)
+            painter.drawPolygon(QPolygonF([b, left, right]))
+            painter.drawEllipse(a, 2.5, 2.5)
         painter.restore()
 
 
@@ -225,6 +289,8 @@ class TimelineWidget(QWidget):
         self.selection.setZValue(10)
         self.selection.hide()
         self.view.addItem(self.selection, ignoreBounds=True)
+        self.arrow_layer = _ArrowLayer()
+        self.view.addItem(self.arrow_layer, ignoreBounds=True)
         self.region = QGraphicsRectItem()
         self.region.setPen(pg.mkPen((40, 90, 200), width=1, cosmetic=True))
         self.region.setBrush(pg.mkBrush(40, 90, 200, 30))
@@ -521,9 +587,10 @@ class TimelineWidget(QWidget):
         self.event_clicked.emit(ref)
 
     def select(self, ref: EventRef | None) -> None:
-        """Outline an event (or clear the outline)."""
+        """Outline an event (or clear the outline and its arrows)."""
         if ref is None:
             self.selection.hide()
+            self.set_arrows([])
             return
         origin = self.session.profiles[ref.profile].origin
         self.selection.setRect(
@@ -534,6 +601,15 @@ class TimelineWidget(QWidget):
     def clear_selection(self) -> None:
         self.selection.hide()
         self.region.hide()
+        self.set_arrows([])
+
+    @property
+    def arrows(self) -> list[Arrow]:
+        return self.arrow_layer.arrows
+
+    def set_arrows(self, arrows: list[Arrow]) -> None:
+        """Draw the selected event's dependencies (replacing any drawn before)."""
+        self.arrow_layer.set_arrows(arrows)
 
     def _on_box(self, t0: float, t1: float, y0: float, y1: float) -> None:
         first = max(0, int(np.floor(y0)))

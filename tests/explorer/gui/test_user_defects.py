@@ -239,3 +239,61 @@ def test_file_open_opens_a_new_window(window_factory: Any, tmp_path: Path) -> No
     assert "could not open" in window.statusBar().currentMessage()
     opened.release()
     opened.close()
+
+
+# -- dependencies drawn ----------------------------------------------------------------------------
+
+
+def test_selected_instruction_dependencies_are_drawn_as_arrows(window_factory: Any, qt_app: Any) -> None:
+    from formats.sqlsource import TableSource
+
+    window = window_factory(BERT)
+    loaded = window.session.profiles[0]
+    flow = TableSource(loaded.profile, "Flow").relation()
+    instr = TableSource(loaded.profile, "Instruction").relation()
+    edge = loaded.queries.rows(
+        f"SELECT f.in_id AS id, i.start_ts AS s, i.end_ts AS e FROM {flow} f "
+        f"JOIN {instr} i ON i.id = f.in_id WHERE lower(f.in_table) = 'instruction' "
+        f"AND lower(f.out_table) = 'dma_block' ORDER BY f.in_id LIMIT 1"
+    )[0]
+    window.reveal_instruction(0, int(edge["id"]), int(edge["s"]), int(edge["e"]))
+    arrows = window.timeline.arrows
+    assert arrows, "no arrow for the instruction's Flow edge"
+    here = window.row_of_instruction(0, window.details.raw)
+    successors = [d for d in window.details.dependencies if d.direction == "successor" and d.lane]
+    assert len(arrows) == len([d for d in window.details.dependencies if d.lane and d.start_ts is not None])
+    first = arrows[0]
+    assert first.row0 == here and window.rows[first.row1].kind == "dma"
+    assert first.t0 == int(edge["e"]) - loaded.origin
+    assert first.t1 == successors[0].start_ts - loaded.origin
+    assert first.kind == "DMA_TRIGGER"
+    # drawn: the arrow's colour is on screen
+    window.timeline.set_range(min(first.t0, first.t1) - 500, max(first.t0, first.t1) + 500)
+    qt_app.processEvents()
+    image = window.timeline.grab().toImage()
+    found = any(
+        abs(image.pixelColor(x, y).red() - 120) < 30 and abs(image.pixelColor(x, y).blue() - 160) < 30
+        and image.pixelColor(x, y).green() < 100
+        for x in range(0, image.width(), 2)
+        for y in range(0, image.height(), 2)
+    )
+    assert found, "the arrow is not drawn"
+    window.clear_highlight()
+    assert window.timeline.arrows == []
+
+
+def test_colour_legend_follows_the_mode_and_the_frame(window_factory: Any) -> None:
+    from explorer.gui import colors
+
+    window = window_factory(BERT)
+    names = {e.name: e.rgba for e in window.legend_entries}
+    assert names["Vector"] == colors.ENGINE_COLORS["Vector"]
+    assert names["TensorMatrix · MATMUL"] == colors.ENGINE_COLORS["TensorMatrix"]
+    assert "DMA queue" in names and "bar height" in window.legend.text()
+    window.set_mode("opcode")
+    window.timeline.fetch_now()
+    names = {e.name: e.rgba for e in window.legend_entries}
+    assert names["MATMUL"] == colors.name_color("MATMUL") and "ACTIVATE" in names
+    assert "MATMUL" in window.legend.text()
+    counts = [e.events for e in window.legend_entries if not e.name.startswith("no ")]
+    assert counts == sorted(counts, reverse=True)
