@@ -160,6 +160,9 @@ class ViewCommand:
                             help="compute the Summary from the event tables even if the profile has one")
         parser.add_argument("--include-incomplete", action="store_true",
                             help="also read interrupted captures (<dir>.incomplete)")
+        parser.add_argument("--all-flows", action="store_true",
+                            help="perfetto: an arrow for every dependency edge (default: per instruction or "
+                                 "DMA transfer only the one it waited on last)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.output_format is None:
@@ -169,7 +172,7 @@ class ViewCommand:
         from formats.view_output import render
 
         render(args.profile, args.output_format, args.output_file, recompute=args.recompute,
-               include_incomplete=args.include_incomplete)
+               include_incomplete=args.include_incomplete, all_flows=args.all_flows)
         return EXIT_OK
 
 

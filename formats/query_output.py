@@ -3,7 +3,8 @@
 Results stream as Arrow batches from DuckDB (``QuerySession.arrow_reader``) into pyarrow's CSV and
 Parquet writers or a JSON array written row by row, so a query returning millions of rows never sits
 in memory whole. Files are written by pyarrow in this process, never by DuckDB: the query connection
-itself has no file access (``formats.query``).
+itself has no file access (``formats.query``). Every file goes through ``formats.safe_output`` (a fresh
+temporary name renamed into place; a symlinked ``-o`` target is refused).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from formats.query import QuerySession, iter_batches
+from formats.safe_output import output_file
 
 
 def _cell(value: Any) -> str:
@@ -50,7 +52,7 @@ def _text_output(path: str | None) -> Iterator[IO[str]]:
     if path is None or path == "-":
         yield sys.stdout
     else:
-        with open(path, "w", encoding="utf-8") as out:
+        with output_file(path, "w") as out:
             yield out
 
 
@@ -88,7 +90,7 @@ def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, ma
     if fmt == "parquet":
         assert path is not None
         rows = 0
-        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        with output_file(path, "wb") as out, pq.ParquetWriter(out, schema, compression="zstd") as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
@@ -106,7 +108,7 @@ def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, ma
             if rows == 0:
                 print(",".join(schema.names))
             return rows
-        with pacsv.CSVWriter(path, schema) as writer:
+        with output_file(path, "wb") as out, pacsv.CSVWriter(out, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows

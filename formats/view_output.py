@@ -8,7 +8,6 @@ in one trace, a process each) go to files named as the real tool names them unle
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from formats import attribution, export, findings, headline, trace_export
 from formats.dataset import capture_state, find_profiles
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
+from formats.safe_output import output_file
 
 DEVICE_TABLES = ("Instruction", "DmaPacket", "CcOp", "Summary")
 
@@ -100,23 +100,26 @@ def _write_text(text: str, path: str | None) -> None:
     if path is None or path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    Path(path).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    with output_file(path, "w") as out:
+        out.write(text if text.endswith("\n") else text + "\n")
     print(f"wrote {path}", file=sys.stderr)
 
 
 def render(root: str, fmt: str, path: str | None, *, recompute: bool = False,
-           include_incomplete: bool = False) -> None:
+           include_incomplete: bool = False, all_flows: bool = False) -> None:
     """Write ``root``'s profiles in ``fmt`` (summary-text, summary-json, json, perfetto). A file that
     fails while being read (corrupt pages behind a sound footer) is a ``ProfileError`` (one line)."""
     try:
-        _render(root, fmt, path, recompute=recompute, include_incomplete=include_incomplete)
+        _render(root, fmt, path, recompute=recompute, include_incomplete=include_incomplete,
+                all_flows=all_flows)
     except (duckdb.Error, pa.ArrowException) as exc:
         entries, _ = find_profiles(root, include_incomplete=include_incomplete)
         profiles = [open_profile(e.path) for e in entries]
         raise ProfileError(read_error(profiles, exc, f"{root}: cannot read the profile: ")) from None
 
 
-def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_incomplete: bool) -> None:
+def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_incomplete: bool,
+            all_flows: bool) -> None:
     programs = _programs(root, include_incomplete)
     if fmt in ("summary-text", "summary-json"):
         values = export.collect(programs, recompute=recompute)
@@ -133,21 +136,15 @@ def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_i
         if target == "-":
             export.write_legacy_json(profile, sys.stdout, summary_values=values)
             return
-        with open(target, "w", encoding="utf-8") as out:
+        with output_file(target, "w") as out:
             count = export.write_legacy_json(profile, out, summary_values=values)
         print(f"wrote {count:,} instructions to {target}", file=sys.stderr)
         return
     target = path or trace_export.default_path(programs[0][0] if len(programs) == 1 else Path(root).name)
     if target == "-":
         raise ProfileError("perfetto output is binary: give a file with --output-file")
-    partial = f"{target}.partial"
-    try:
-        with open(partial, "wb") as out:
-            stats = trace_export.write_trace(programs, out)
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+    with output_file(target, "wb") as out:  # a fresh temporary name, renamed: never through a link
+        stats = trace_export.write_trace(programs, out, trace_export.TraceOptions(all_flows=all_flows))
     print(f"wrote {target}: {stats.tracks} tracks, {stats.slices:,} slices, {stats.counters:,} counter "
           f"samples, {stats.flows:,} flows ({stats.bytes / 2**20:.1f} MiB); open it in ui.perfetto.dev",
           file=sys.stderr)

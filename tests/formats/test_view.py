@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import collections
 import json
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from formats import summary
 from formats.cli_profile import main
 from formats.reader import open_profile
 from tests.formats.conftest import Dataset, Recorded
+from tests.formats.perfetto_trace import read_trace
 
 
 def test_without_output_format_says_the_tui_is_not_built(recorded: Recorded,
@@ -69,43 +68,14 @@ def test_legacy_json(recorded: Recorded, tmp_path: Path) -> None:
     assert "TensorMatrix" in {r["label"] for r in rows}
 
 
-def read_trace(path: Path) -> dict[str, object]:
-    trace = pb.Trace.FromString(path.read_bytes())
-    names: dict[int, str] = {}
-    parents: dict[int, int] = {}
-    slices: collections.Counter[str] = collections.Counter()
-    counters: collections.Counter[str] = collections.Counter()
-    depth: collections.Counter[int] = collections.Counter()
-    flows_out = flows_in = 0
-    for packet in trace.packet:
-        if packet.HasField("track_descriptor"):
-            d = packet.track_descriptor
-            names[d.uuid] = d.name or d.process.process_name
-            parents[d.uuid] = d.parent_uuid
-        if packet.HasField("track_event"):
-            event = packet.track_event
-            if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
-                slices[names[event.track_uuid]] += 1
-                depth[event.track_uuid] += 1
-                assert depth[event.track_uuid] == 1, "slices of one track never overlap"
-                flows_out += len(event.flow_ids)
-                flows_in += len(event.terminating_flow_ids)
-            elif event.type == pb.TrackEvent.TYPE_SLICE_END:
-                depth[event.track_uuid] -= 1
-            elif event.type == pb.TrackEvent.TYPE_COUNTER:
-                counters[names[event.track_uuid]] += 1
-    return {"names": names, "parents": parents, "slices": slices, "counters": counters,
-            "flows": (flows_out, flows_in)}
-
-
 def test_perfetto_trace_parses_back(recorded: Recorded, tmp_path: Path) -> None:
     target = tmp_path / "bert.pftrace"
     assert main(["view", str(recorded.path), "--output-format", "perfetto", "-o", str(target)]) == 0
-    trace = read_trace(target)
+    trace = read_trace(target)  # nesting checked per track, as trace_processor needs it
     profile = open_profile(recorded.path)
     instr = profile.table("Instruction", ["timeline_track"]).column(0)
     per_track = dict(zip(*[x.to_pylist() for x in pc.value_counts(instr).flatten()]))
-    slices = trace["slices"]
+    slices = trace.count()
     for track, count in per_track.items():  # one track per engine row, every instruction a slice
         assert slices[track] == count, track
     packets = profile.table("DmaPacket", ["queue_name", "packet_aggregation_id"])
@@ -113,26 +83,30 @@ def test_perfetto_trace_parses_back(recorded: Recorded, tmp_path: Path) -> None:
     queues = {q: len(set(ids)) for q, ids in groups.items()}
     for queue, transfers in queues.items():  # one slice per transfer, lanes named "<queue> #n"
         assert sum(n for name, n in slices.items() if name.split(" #")[0] == queue) == transfers, queue
-    names = list(trace["names"].values())  # type: ignore[attr-defined]
+    names = list(trace.names.values())
     engine_rows = [n for n in names if n in per_track]
     queue_rows = [n for n in names if n.split(" #")[0] in queues]
     counter_rows = [n for n in names if n.endswith("(bytes/s)")]
+    hierarchy_rows = [n for n in names if n.split(" #")[0] in ("Layers", "HLO ops")]
+    assert "Layers" in hierarchy_rows and "HLO ops" in hierarchy_rows
     assert sorted(engine_rows) == sorted(per_track) and len(counter_rows) == 2
-    assert len(names) == 1 + len(engine_rows) + len(queue_rows) + len(counter_rows)  # + the process
-    assert trace["flows"] == (profile.num_rows("Flow"), profile.num_rows("Flow"))
-    assert trace["counters"]["HBM throughput (bytes/s)"] == profile.num_rows("HbmUsage")
-    assert trace["counters"]["DMA throughput (bytes/s)"] == profile.num_rows("DmaUsage")
+    assert len(names) == 1 + len(engine_rows) + len(queue_rows) + len(counter_rows) + len(hierarchy_rows)
+    assert all(s.depth == 0 for s in trace.slices if not s.track.startswith("Layers"))  # lanes: no overlap
+    ops = sum(slices[n] for n in hierarchy_rows if n.startswith("HLO ops"))
+    assert ops == profile.num_rows("HloInstruction")
+    assert trace.counters["HBM throughput (bytes/s)"] == profile.num_rows("HbmUsage")
+    assert trace.counters["DMA throughput (bytes/s)"] == profile.num_rows("DmaUsage")
 
 
 def test_perfetto_over_a_folder_has_a_process_per_profile(tp_dataset: Dataset, tmp_path: Path) -> None:
     target = tmp_path / "tp.pftrace"
     assert main(["view", str(tp_dataset.root), "--output-format", "perfetto", "-o", str(target)]) == 0
     trace = read_trace(target)
-    processes = [n for u, n in trace["names"].items() if not trace["parents"][u]]  # type: ignore[index]
+    processes = [n for u, n in trace.names.items() if not trace.parents[u]]
     assert sorted(processes) == sorted(f"model=llama_decode/core={r.core}/execution=1"
                                        for r in tp_dataset.result.ranks)
-    cc = [n for n in trace["slices"] if str(n).startswith("CC stream")]  # type: ignore[attr-defined]
-    assert sum(trace["slices"][n] for n in cc) == 2 * len(tp_dataset.result.collectives)  # type: ignore[index]
+    cc = [n for n in trace.count() if n.startswith("CC stream")]
+    assert sum(trace.count()[n] for n in cc) == 2 * len(tp_dataset.result.collectives)
 
 
 def _group(keys: list[str], values: list[int]) -> dict[str, list[int]]:
