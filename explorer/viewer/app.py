@@ -44,6 +44,7 @@ HELP = """\
   h  c  p         focus hierarchy, code, problems  enter on a problem  go to where it happens
   enter on a code line   select the nodes that line made (and back: selecting a node marks its lines)
   o               other source file                z                 zoom the focused pane (again: restore)
+  b               bottom-up: op kinds across layers (all down_proj), and back to layers -> ops
   [ / ]           previous / next profile          q                 quit
   ?               this help                        esc               close help / clear filter and marks
 """
@@ -172,6 +173,7 @@ class ViewerApp(App[None]):
         Binding("s", "cycle_sort", "Sort"),
         Binding("r", "reverse_sort", "Reverse", show=False),
         Binding("t", "toggle_timeline", "Timeline"),
+        Binding("b", "bottom_up", "Bottom-up"),
         Binding("o", "other_file", "Other file", show=False),
         Binding("z", "zoom", "Zoom"),
         Binding("h", "focus('tree')", "Hierarchy", show=False),
@@ -198,7 +200,8 @@ class ViewerApp(App[None]):
         self.data: ProfileData | None = first
         self.overview: Overview | None = None
         self.analysis: Analysis | None = None
-        self.hierarchy: Hierarchy | None = None
+        self._top_down: Hierarchy | None = None
+        self.bottom_up = False  # the tree shows op kinds across layers (``b``)
         self.timeline: Timeline | None = None
         self.state = ViewState(set(), {})
         self.matches: list[str] = []
@@ -210,6 +213,17 @@ class ViewerApp(App[None]):
         self._source_shown: str | None = None
         self._timeline_wanted: tuple[int, int] | None = None
         self._timeline_override: tuple[str, tuple[int, int]] | None = None  # a problem's time range
+
+    @property
+    def hierarchy(self) -> Hierarchy | None:
+        """The tree on screen: layers -> ops (top-down), or op kinds -> ops (bottom-up, ``b``)."""
+        if self.bottom_up and self.analysis is not None and self.analysis.bottom_up is not None:
+            return self.analysis.bottom_up
+        return self._top_down
+
+    @hierarchy.setter
+    def hierarchy(self, value: Hierarchy | None) -> None:
+        self._top_down = value
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -262,11 +276,23 @@ class ViewerApp(App[None]):
             parts.append(Text(f"  ({self.current + 1}/{len(self.entries)}, [ ] switch)", style="dim"))
         if self.hierarchy is not None:
             parts.append(Text(f"  tree: {self.hierarchy.source}", style="dim"))
+        if self._incomplete():
+            parts.append(Text("  [INCOMPLETE: capture interrupted]", style="bold white on dark_red"))
         if self.state.filter:
             parts.append(Text(f"  filter: {self.state.filter}", style="yellow"))
+        if self.state.search and self.matches:
+            parts.append(Text(f"  search: {self.state.search} {self.match_index + 1}/{len(self.matches)}",
+                              style="cyan"))
         if self.error:
             parts.append(Text(f"  {self.error}", style="bold red"))
         self.query_one("#title", Static).update(Text.assemble(*parts))
+
+    def _incomplete(self) -> bool:
+        """The profile on screen was cut short: its folder says so (``<dir>.incomplete``) or its own
+        Metadata/warnings do (``Overview.complete``, from ``formats``)."""
+        if not self.entries[self.current].complete:
+            return True
+        return self.overview is not None and not self.overview.complete
 
     # -- loading (workers) ---------------------------------------------------------------------------
     def _post(self, generation: int, fn: Callable[..., None], *args: Any) -> None:
@@ -617,6 +643,9 @@ class ViewerApp(App[None]):
         if self.analysis is None or event.option_id is None:
             return
         problem: Problem = self.analysis.problems[int(event.option_id.split("-")[1])]
+        kinds = self.analysis.bottom_up
+        if problem.kind and kinds is not None and problem.kind in kinds.nodes:
+            self._set_bottom_up(True)  # the kind the finding adds up over, its biggest instance selected
         if problem.node and self.hierarchy is not None and problem.node in self.hierarchy.nodes:
             self.state.whole_timeline = False
             self._select(problem.node)
@@ -664,6 +693,7 @@ class ViewerApp(App[None]):
         self.matches = [r.node.key for r in order if r.node.key in found]
         if not self.matches:
             self.notify(f"no layer or op named like {self.state.search!r}", severity="warning", timeout=3)
+            self._draw_title()
 
     def _confirmed(self, recorded: str, path: Path) -> Callable[[bool | None], None]:
         def done(yes: bool | None) -> None:
@@ -709,6 +739,33 @@ class ViewerApp(App[None]):
             return
         self.match_index = (self.match_index + step) % len(self.matches)
         self._select(self.matches[self.match_index])
+        self._draw_title()
+        self.notify(f"match {self.match_index + 1}/{len(self.matches)}", timeout=1.5)
+
+    def action_bottom_up(self) -> None:
+        self._set_bottom_up(not self.bottom_up)
+        self.notify(
+            "bottom-up: op kinds across layers" if self.bottom_up else "top-down: layers and ops", timeout=2
+        )
+
+    def _set_bottom_up(self, on: bool) -> None:
+        """Switch the tree between layers -> ops and op kinds -> ops; the selected op stays selected."""
+        if self.analysis is None or self.analysis.bottom_up is None:
+            if on:
+                self.notify("the bottom-up view needs the instruction scan; it is still running", timeout=2)
+            return
+        if on == self.bottom_up:
+            return
+        keep = self.state.selected
+        self.bottom_up = on
+        self.matches, self.match_index = [], -1
+        if keep is not None and self.hierarchy is not None and keep in self.hierarchy.nodes:
+            self._select(keep)
+        else:
+            self.state.selected = None
+            self._redraw_tree()
+            self._selection_changed(force=True)
+        self._draw_title()
 
     def action_cycle_sort(self) -> None:
         keys = tree.SORT_KEYS
@@ -763,7 +820,9 @@ class ViewerApp(App[None]):
             self.screen.minimize()
         else:
             self.state.filter = ""
+            self.state.search = ""
             self.state.marked = None
+            self.matches, self.match_index = [], -1
             self._redraw_tree()
         self._draw_title()
 

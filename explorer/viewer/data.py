@@ -27,8 +27,8 @@ from typing import Any
 
 import duckdb
 
+from explorer.viewer import bottomup, problems, source, timeline
 from explorer.viewer import hierarchy as tree
-from explorer.viewer import problems, source, timeline
 from explorer.viewer.figures import engine_active, figures, total_ns
 from explorer.viewer.model import (
     ENGINES,
@@ -39,6 +39,7 @@ from explorer.viewer.model import (
     SourceFile,
     Timeline,
 )
+from explorer.viewer.text import fmt_ns
 from formats import sqlsource
 from formats.reader import Profile, ProfileError
 from formats.source_access import SourceAccess, read_source
@@ -136,6 +137,7 @@ class ProfileData:
             self._span(),
             hierarchy,
             "stored Summary" if self.profile.num_rows("Summary") else "Summary computed from events",
+            self.profile.complete,
         )
 
     def _small(self, name: str) -> list[dict[str, Any]]:
@@ -183,6 +185,10 @@ class ProfileData:
         hierarchy = tree.merge_scan(
             overview.hierarchy, list(aggregates.values()), self.peak_flops_per_s, dma_hbm
         )
+        for key, agg in aggregates.items():  # the layer the tree shows the op under (kinds group by it)
+            node = hierarchy.nodes.get(key)
+            if node is not None and node.layer:
+                agg.layer = node.layer
         parents = {key: hierarchy.ancestors(key) for key in aggregates if key in hierarchy.nodes}
         available = (
             bool(frames)
@@ -202,7 +208,8 @@ class ProfileData:
             small_dma_share=small_share,
             longest_cc=self._longest_cc(),
         )
-        return Analysis(hierarchy, index, found)
+        waits = {key: agg.tensor_wait_ns for key, agg in aggregates.items()}
+        return Analysis(hierarchy, index, found, bottomup.build(hierarchy, waits))
 
     def _op_aggregates(self) -> list[dict[str, Any]]:
         col, has = self.instr.col, self.instr.has
@@ -296,7 +303,8 @@ class ProfileData:
         hbm = f"coalesce({col('hbm_read_bytes')}, 0) + coalesce({col('hbm_write_bytes')}, 0)"
         rows = self._rows(f"""
             SELECT id, {col("engine")} AS engine, {col("opcode")} AS opcode, start_ts, end_ts,
-                   {col("duration_ns")} AS dur, {hbm} AS hbm, {flops} AS model
+                   {col("duration_ns")} AS dur, {hbm} AS hbm, {flops} AS model,
+                   {col("evt_wait_time_ns")} AS wait, {col("operands")} AS operands
             FROM {self.instr.relation()} WHERE {where}
             ORDER BY start_ts, id LIMIT {limit + 1} OFFSET {int(offset)}""")
         out = []
@@ -322,7 +330,7 @@ class ProfileData:
                     str(row["opcode"]),
                     node.key,
                     stats,
-                    detail=f"{engine} #{row['id']}",
+                    detail=instruction_detail(engine, row["id"], row["wait"], row["operands"]),
                 )
             )
         if len(rows) > limit:
@@ -348,3 +356,14 @@ class ProfileData:
         if not self.instr.present:
             return Timeline(t0, t1, (), "no Instruction table")
         return timeline.strip(self.profile, t0, t1, cells)
+
+
+def instruction_detail(engine: str, ident: Any, wait_ns: Any, operands: Any) -> str:
+    """What an instruction row says after its opcode: engine and id, how long it waited on semaphores
+    (``evt_wait_time_ns``; "-" when the profile has no such column) and its operand text."""
+    wait = "-" if wait_ns is None else fmt_ns(int(wait_ns))
+    text = f"{engine} #{ident}  wait {wait}"
+    if operands:
+        shown = " ".join(str(operands).split())[:240]
+        text += "  " + "".join(c if c.isprintable() else "\ufffd" for c in shown)
+    return text

@@ -18,7 +18,7 @@ from formats.source_access import SourceText as SourceFile  # noqa: F401  (one f
 ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd", "Sync")
 ENGINE_SHORT = ("T", "V", "S", "G", "Y")  # column headers: Y = sYnc (S is Scalar)
 
-NodeKind = Literal["layer", "hlo", "instr", "more", "info"]
+NodeKind = Literal["layer", "hlo", "instr", "more", "info", "kind"]  # kind: bottom-up op kind
 Line = tuple[str, int]  # (recorded file name, 1-based line number)
 
 
@@ -97,9 +97,10 @@ class Problem:
     title: str
     detail: str
     severity: int  # 1 (info) .. 3 (big)
-    node: str | None = None
+    node: str | None = None  # the biggest instance (an HLO op key)
     t0: int | None = None
     t1: int | None = None
+    kind: str | None = None  # the op kind (bottom-up key) the finding adds up over
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Overview:
     span: tuple[int, int] | None  # first and last timestamps of the profile
     hierarchy: Hierarchy
     summary_source: str  # "stored Summary" / "computed from the event tables"
+    complete: bool = True  # False: the capture was interrupted (formats' Profile.complete)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Analysis:
     hierarchy: Hierarchy
     source: SourceIndex
     problems: tuple[Problem, ...]
+    bottom_up: Hierarchy | None = None  # the same ops grouped by kind across layers
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from explorer.viewer.text import fmt_count, fmt_ns, fmt_pct
 from explorer.viewer.timeline import bar
 
 SEVERITY = {3: ("●", "bold red"), 2: ("●", "yellow"), 1: ("●", "cyan")}
+SHORT_ENGINE = {"Tensor": "T", "Vector": "V", "Scalar": "S", "GpSimd": "G", "Sync": "Y", "DMA": "DMA"}
 
 
 def engine_bar(fraction: float | None, width: int) -> Text:
@@ -39,24 +40,18 @@ class SummaryPane(Vertical):
             yield OptionList(id="problems")
         yield Static("", id="notes")
 
+    _last: tuple[Overview, bool] | None = None
+
+    def on_resize(self) -> None:
+        """Re-pack the figures for the new width (the packing depends on it)."""
+        if self._last is not None:
+            self.show_overview(*self._last)
+
     def show_overview(self, overview: Overview, compact: bool) -> None:
+        self._last = (overview, compact)
         text = Text()
         if compact:
-            values = {f.label: f.value for f in overview.figures}
-            text.append(f"{values['Total time']}", style="bold")
-            text.append(f"  MFU {values['MFU']}  HFU {values['HFU']}  MBU {values['MBU']}\n")
-            text.append(f"HBM {values['HBM moved']}  CC {values['CC time'].split(' (')[0]}\n")
-            text.append(
-                " ".join(
-                    f"{e[0] if e != 'Sync' else 'Y'}{'MA' if e == 'DMA' else ''} "
-                    f"{'-' if v is None else f'{100 * v:.0f}%'}"
-                    for e, v in overview.engine_active
-                )
-            )
-            if overview.missing:
-                text.append(
-                    "\nmissing: " + ", ".join(m.split(":")[0] for m in overview.missing), style="yellow"
-                )
+            text = self._compact(overview)
         else:
             for figure in overview.figures:
                 text.append(f"{figure.label:<11}", style="bold")
@@ -75,6 +70,41 @@ class SummaryPane(Vertical):
             notes.append(line + "\n", style="dim")
         self.query_one("#notes", Static).update(notes)
 
+    def _compact(self, overview: Overview) -> Text:
+        """The figures of a narrow terminal, packed into lines of whole figures: a line breaks
+        between two figures, never inside one ("MBU" on one line and its value on the next)."""
+        values = {f.label: f.value for f in overview.figures}
+        chunks: list[tuple[str, str]] = [
+            (values["Total time"], "bold"),
+            (f"MFU {values['MFU']}", ""),
+            (f"HFU {values['HFU']}", ""),
+            (f"MBU {values['MBU']}", ""),
+            (f"HBM {values['HBM moved']}", ""),
+            (f"CC {values['CC time'].split(' (')[0]}", ""),
+        ]
+        chunks += [
+            (f"{SHORT_ENGINE.get(e, e)} {'-' if v is None else f'{100 * v:.0f}%'}", "")
+            for e, v in overview.engine_active
+        ]
+        missing = [m.split(":")[0] for m in overview.missing]
+        if missing:
+            chunks.append(("\n", ""))
+            chunks += [(("missing: " if i == 0 else "") + name, "yellow") for i, name in enumerate(missing)]
+        width = (self.query_one("#figures", Static).size.width or max(20, (self.size.width or 80) // 2)) - 2
+        text = Text(no_wrap=True, overflow="ellipsis")
+        used = 0
+        for chunk, style in chunks:
+            gap = 2 if used else 0
+            if chunk == "\n" or (used and used + gap + len(chunk) > width):
+                text.append("\n")
+                used, gap = 0, 0
+                if chunk == "\n":
+                    continue
+            text.append(" " * gap)
+            text.append(chunk, style=style)
+            used += gap + len(chunk)
+        return text
+
     def show_problems(self, problems: tuple[Problem, ...] | None) -> None:
         options = self.query_one("#problems", OptionList)
         options.clear_options()
@@ -90,6 +120,7 @@ class SummaryPane(Vertical):
             prompt.append(problem.title, style="bold")
             prompt.append(f" — {problem.detail}")
             options.add_option(Option(prompt, id=f"problem-{i}"))
+        options.highlighted = 0  # focused with ``p``, enter acts on the first (biggest) problem
 
 
 class SourcePane(Vertical):

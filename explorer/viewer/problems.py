@@ -1,11 +1,14 @@
 """The summary panel's "top problems": rule-based findings, each pointing at where it happens.
 
-Rules and thresholds follow the real Summary Viewer's recommendation triggers (profile-schema §4.9)
+Every finding points at the op *kind* (``bottomup.kind_of``) with the largest share of what it
+measures, and at that kind's biggest instance. Rules and thresholds follow the real Summary Viewer's
+recommendation triggers (profile-schema §4.9)
 where it states them, and say so in the finding where they are ours:
 
 * **Tensor engine idle, waiting** -- Tensor instructions blocked on semaphores (``evt_wait_time_ns``)
   for >= 10 % of the run. When DMA is busier than the Tensor engine the waits are most likely on DMA.
-  Points at the op whose Tensor instructions waited longest.
+  Points at where the waiting is: the op kind across layers that waited longest (all
+  ``mlp/down_proj › dot``), and its biggest instance.
 * **Memory-bound** (no wait column) -- Tensor engine active < 30 % while DMA is active more than twice
   as long. Points at the op moving the most HBM bytes.
 * **Small DMA transfers** -- average transfer below 32 KiB (the Summary Viewer's ``average_dma_size``
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from explorer.viewer.bottomup import Kind, kind_of
 from explorer.viewer.hierarchy import OpAggregate, hlo_key
 from explorer.viewer.model import Problem
 from explorer.viewer.text import fmt_bytes, fmt_ns, fmt_pct
@@ -42,11 +46,33 @@ def _worst(ops: Sequence[OpAggregate], value: Callable[[OpAggregate], int | None
     return ranked[0] if ranked else None
 
 
-def _where(op: OpAggregate | None) -> tuple[str, dict[str, Any]]:
-    if op is None:
+def _where(
+    ops: Sequence[OpAggregate], value: Callable[[OpAggregate], int | None]
+) -> tuple[str, dict[str, Any]]:
+    """Where a finding's ``value`` (waiting, bytes, FLOPs) is: the op *kind* across layers with the
+    largest sum (``bottomup.kind_of``: all ``mlp/down_proj › dot``), then its biggest instance. A
+    cost spread over 32 layers is named as the kind that has it, not as the one op with the most."""
+    total = sum(value(op) or 0 for op in ops)
+    if total <= 0:
         return "", {}
-    layer = f" ({op.layer})" if op.layer else ""
-    return f"; most in {op.name}{layer}", {"node": hlo_key(op.ref), "t0": op.start_ts, "t1": op.end_ts}
+    kinds: dict[str, tuple[Kind, list[OpAggregate]]] = {}
+    for op in ops:
+        if (value(op) or 0) > 0:
+            kind = kind_of(op.layer, op.name)
+            kinds.setdefault(kind.key, (kind, []))[1].append(op)
+    key, (kind, members) = max(
+        kinds.items(), key=lambda kv: (sum(value(o) or 0 for o in kv[1][1]), kv[0])
+    )
+    share = sum(value(o) or 0 for o in members) / total
+    biggest = _worst(members, value)
+    assert biggest is not None
+    layer = f", {biggest.layer}" if biggest.layer else ""
+    text = (
+        f"; {fmt_pct(share)} of it in {kind.label} ({len(members)} op{'s' if len(members) > 1 else ''}); "
+        f"biggest {biggest.name}{layer}: {fmt_pct((value(biggest) or 0) / total)}"
+    )
+    link = {"node": hlo_key(biggest.ref), "t0": biggest.start_ts, "t1": biggest.end_ts, "kind": key}
+    return text, link
 
 
 def find_problems(
@@ -69,7 +95,7 @@ def find_problems(
         wait = sum(waits)
         if wait >= 0.10 * total:
             likely = dma_active is not None and (tensor_active is None or dma_active >= tensor_active)
-            where, link = _where(_worst(ops, lambda o: o.tensor_wait_ns))
+            where, link = _where(ops, lambda o: o.tensor_wait_ns)
             title = (
                 "Tensor engine idle waiting on DMA"
                 if likely
@@ -90,7 +116,7 @@ def find_problems(
         and tensor_active < 0.3
         and dma_active > 2 * tensor_active
     ):
-        where, link = _where(_worst(ops, lambda o: o.hbm_bytes))
+        where, link = _where(ops, lambda o: o.hbm_bytes)
         found.append(
             Problem(
                 "Memory-bound: Tensor engine idle while DMA is busy",
@@ -101,9 +127,10 @@ def find_problems(
         )
     average = _f(summary, "dma_transfer_average_bytes")
     if average is not None and 0 < average < SMALL_DMA_BYTES:
-        worst = max(small_dma.items(), key=lambda kv: kv[1]) if small_dma else None
-        op = next((o for o in ops if worst and o.ref == ("raw_hlo_id", worst[0])), None)
-        where, link = _where(op)
+        small = dict(small_dma or {})
+        where, link = _where(
+            ops, lambda o: small.get(int(o.ref[1])) if o.ref and o.ref[0] == "raw_hlo_id" else None
+        )
         share = f", {fmt_pct(small_dma_share)} of packets under 32 KiB" if small_dma_share is not None else ""
         found.append(
             Problem(
@@ -115,7 +142,7 @@ def find_problems(
         )
     reload_bytes, hbm_read = _f(summary, "spill_reload_bytes"), _f(summary, "hbm_read_bytes")
     if reload_bytes and hbm_read and reload_bytes > 0.25 * hbm_read:
-        where, link = _where(_worst(ops, lambda o: o.spill_reload_bytes))
+        where, link = _where(ops, lambda o: o.spill_reload_bytes)
         found.append(
             Problem(
                 "Spill reloads",
@@ -127,7 +154,7 @@ def find_problems(
         )
     transpose, hardware = _f(summary, "transpose_flops"), _f(summary, "hardware_flops")
     if transpose and hardware and transpose > 0.10 * hardware:
-        where, link = _where(_worst(ops, lambda o: o.transpose_flops))
+        where, link = _where(ops, lambda o: o.transpose_flops)
         found.append(
             Problem(
                 "Transposes dominating",

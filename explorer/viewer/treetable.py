@@ -89,6 +89,7 @@ STYLES = {
     "instr": Style(dim=True),
     "more": Style(italic=True, color="cyan"),
     "info": Style(italic=True, color="yellow"),
+    "kind": Style(bold=True, color="magenta"),
 }
 MARKED = Style(bold=True, color="yellow")
 HEADER = Style(bold=True, bgcolor="grey19")
@@ -101,7 +102,7 @@ def name_text(row: Row, width: int) -> str:
     node = row.node
     expander = ("▾ " if row.expanded else "▸ ") if node.expandable else "  "
     mark = "● " if row.marked else ""
-    label = node.name + (f"  {node.detail}" if node.detail and node.kind == "instr" else "")
+    label = node.name + (f"  {node.detail}" if node.detail and node.kind in ("instr", "kind") else "")
     return ellipsize(" " + "  " * row.depth + expander + mark + label, width).ljust(width)
 
 

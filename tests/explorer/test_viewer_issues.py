@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from textual.widgets import OptionList
+
 from explorer.viewer.app import ConfirmRead
 from explorer.viewer.panes import SourcePane
+from explorer.viewer.treetable import HierarchyTable
 from formats.source_access import SourceStatus
-from tests.explorer.test_viewer import settle, sync, viewer
-from tests.explorer.viewer_profiles import SOURCE_ROOT, bert_copy
+from tests.explorer.test_viewer import settle, sync, type_into, viewer
+from tests.explorer.viewer_profiles import BERT, LLAMA_TP2, SOURCE_ROOT, bert_copy
 
 MODELS = "/work/main/neuroncore/workloads/models.py"  # the innermost file the bert sample records
 
@@ -107,3 +110,178 @@ def test_a_capture_records_its_working_directory(tmp_path: Path, monkeypatch) ->
         )
     (path,) = (p.parent for p in (tmp_path / "run").rglob("Metadata.parquet"))
     assert open_profile(path).metadata["capture_working_dir"] == str(tmp_path)
+
+
+# -- issue 12 §3: terminal viewer defects ----------------------------------------------------------
+
+
+def title_text(app) -> str:  # type: ignore[no-untyped-def]
+    return str(app.query_one("#title").render())
+
+
+@sync
+async def test_problems_pane_has_a_selection_and_enter_jumps() -> None:
+    app = viewer(BERT)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        options = app.query_one("#problems", OptionList)
+        assert options.has_focus and options.highlighted == 0
+        await pilot.press("enter")  # no mouse, no arrow key first
+        await settle(pilot)
+        problem = app.analysis.problems[0]
+        assert problem.node is not None and app.state.selected == problem.node
+        assert app.query_one("#tree").has_focus
+
+
+@sync
+async def test_search_shows_the_match_count() -> None:
+    app = viewer(BERT)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        await type_into(pilot, "layer_norm")
+        await pilot.press("enter")
+        await settle(pilot)
+        total = len(app.matches)
+        assert total >= 2 and f"1/{total}" in title_text(app)
+        await pilot.press("n")
+        await settle(pilot)
+        assert f"2/{total}" in title_text(app)
+        await pilot.press("N", "N")
+        await settle(pilot)
+        assert f"{total}/{total}" in title_text(app)
+        await pilot.press("escape")
+        assert "/{total}" not in title_text(app)
+
+
+@sync
+async def test_instruction_rows_show_semaphore_wait_and_operands() -> None:
+    app = viewer(BERT)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        await type_into(pilot, "dot.45")
+        await pilot.press("enter", "enter")  # jump to the op, open it
+        await settle(pilot)
+        rows = [r.node for r in app.query_one("#tree", HierarchyTable).rows_shown if r.node.kind == "instr"]
+        assert rows
+        # dot.45's LDWEIGHTS that waited 8,377 ns for semaphore 1 to reach 76 (values in the sample)
+        waited = next(n for n in rows if "wait 8.38 µs" in n.detail)
+        assert waited.name == "LDWEIGHTS" and "$S[1]>=76" in waited.detail
+        assert all(" wait " in n.detail for n in rows)
+        table = app.query_one("#tree", HierarchyTable)
+        index = next(i for i, r in enumerate(table.rows_shown) if r.node is waited)
+        assert "wait 8.38 µs  $S[1]>=76" in table._line(index)[0]
+
+
+@sync
+async def test_incomplete_profile_is_marked_in_the_title(tmp_path: Path) -> None:
+    profile = bert_copy(tmp_path, metadata={"capture_complete": False}, name="run.incomplete")
+    app = viewer(profile, source_root=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "INCOMPLETE" in title_text(app)
+    app = viewer(bert_copy(tmp_path, name="whole"), source_root=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "INCOMPLETE" not in title_text(app)
+
+
+# -- issue 12 §3: a bottom-up view, and problems that point at where the cost is ---------------------
+
+
+def _op(raw: int, name: str, layer: str | None, wait: int, start: int):  # type: ignore[no-untyped-def]
+    from explorer.viewer.hierarchy import OpAggregate
+
+    op = OpAggregate(("raw_hlo_id", raw), name, layer)
+    op.add({"engine": "Tensor", "n": 4, "dur": 100, "t0": start, "t1": start + 100, "model": 0, "pe": 0,
+            "ft": 0, "hbm": 10, "spill": 0, "wait": wait, "layer": layer})
+    return op
+
+
+def test_op_kinds_across_layers() -> None:
+    from explorer.viewer.bottomup import kind_of, layer_pattern, op_kind
+
+    assert layer_pattern("model/layers.31/mlp/down_proj") == "model/layers.*/mlp/down_proj"
+    assert layer_pattern("NeuronLlamaModel/NeuronLlamaDecoderLayer[3]/NeuronMLP[0]") == (
+        "NeuronLlamaModel/NeuronLlamaDecoderLayer[*]/NeuronMLP[*]"
+    )
+    assert layer_pattern("model/layers/7/mlp") == "model/layers/*/mlp"
+    assert op_kind("dot.217") == "dot" and op_kind("layer_norm.3") == "layer_norm" and op_kind("add") == "add"
+    a, b = kind_of("model/layers.0/mlp/down_proj", "dot.7"), kind_of("model/layers.9/mlp/down_proj", "dot.90")
+    assert a == b and a.label == "mlp/down_proj › dot"
+    assert kind_of("model/layers.0/mlp/up_proj", "dot.5") != a and kind_of(None, "dot.1").label == "dot"
+
+
+def test_tensor_idle_points_at_the_kind_where_the_waiting_is() -> None:
+    """32 down_proj matmuls waiting 100 ns each (3,200 ns) against one lm_head matmul waiting 150 ns:
+    the finding names mlp/down_proj (96 % of the waiting), not lm_head (the single largest wait)."""
+    from explorer.viewer.problems import find_problems
+
+    ops = [_op(i, f"dot.{i}", f"model/layers.{i}/mlp/down_proj", 100 + (i == 7), 1000 * i) for i in range(32)]
+    ops.append(_op(99, "dot.99", "model/lm_head", 150, 50_000))
+    found = find_problems({"dma_active_time_percent": 0.5, "tensor_engine_active_time_percent": 0.2}, ops,
+                          10_000)
+    idle = found[0]
+    assert idle.title.startswith("Tensor engine idle")
+    assert idle.kind == "K:model/layers.*/mlp/down_proj|dot" and "mlp/down_proj › dot (32 ops)" in idle.detail
+    assert "95.5 %" in idle.detail or "95.5%" in idle.detail  # 3,201 of 3,351 ns
+    assert idle.node == "H:7" and (idle.t0, idle.t1) == (7000, 7100)  # its biggest instance
+
+
+@sync
+async def test_bottom_up_view_and_problem_jump() -> None:
+    app = viewer(LLAMA_TP2, source_root=None)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("b")
+        await settle(pilot)
+        assert app.bottom_up and app.hierarchy is app.analysis.bottom_up
+        rows = app.query_one("#tree", HierarchyTable).rows_shown
+        kinds = {r.node.name: r.node for r in rows if r.node.kind == "kind"}
+        down = kinds["mlp/down_proj › dot"]
+        assert down.detail.startswith("×2")  # one down_proj per decoder layer, two layers
+        instances = [app.analysis.hierarchy.nodes[k] for k in app.analysis.bottom_up.children[down.key]]
+        assert len(instances) == 2 and {n.layer for n in instances} == {
+            "model/layers.0/mlp/down_proj",
+            "model/layers.1/mlp/down_proj",
+        }
+        assert down.stats.time_ns == sum(n.stats.time_ns for n in instances)
+        assert down.stats.counts[0] == sum(n.stats.counts[0] for n in instances)
+        await pilot.press("b")  # back to layers -> ops
+        await settle(pilot)
+        assert not app.bottom_up and app.hierarchy is app.analysis.hierarchy
+        await pilot.press("p", "enter")  # the Tensor-idle finding: its kind, its biggest instance
+        await settle(pilot)
+        problem = app.analysis.problems[0]
+        assert problem.kind is not None and app.bottom_up
+        assert app.state.selected == problem.node and problem.kind in app.state.expanded
+        assert app.hierarchy.nodes[problem.node].parent == problem.kind
+
+
+def screen_lines(widget) -> list[str]:  # type: ignore[no-untyped-def]
+    """The lines a widget paints (what the terminal shows of it)."""
+    from textual.geometry import Region
+
+    width, height = widget.size
+    return [strip.text for strip in widget.render_lines(Region(0, 0, width, height))]
+
+
+@sync
+async def test_summary_at_80x24_never_wraps_inside_a_figure() -> None:
+    app = viewer(BERT)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.pause()
+        figures = {f.label: f.value for f in app.overview.figures}
+        lines = screen_lines(app.query_one("#figures"))
+        for figure in (f"MFU {figures['MFU']}", f"HFU {figures['HFU']}", f"MBU {figures['MBU']}",
+                       f"HBM {figures['HBM moved']}", figures["Total time"]):
+            assert any(figure in line for line in lines), (figure, lines)
+        assert not any(line.rstrip().endswith(("MFU", "HFU", "MBU", "HBM")) for line in lines), lines
+        await pilot.resize_terminal(70, 24)
+        await settle(pilot)
+        await pilot.pause()
+        lines = screen_lines(app.query_one("#figures"))
+        assert any(f"MBU {figures['MBU']}" in line for line in lines), lines

@@ -1,0 +1,110 @@
+"""The bottom-up view: one row per *op kind* across layers, as XProf's op profile groups ops.
+
+A decoder has 32 ``down_proj`` matmuls; each is 1-3 % of the run, so a top-down tree (and a problem
+that names "the op with the largest wait") points at one of them while the cost is in all 32. The
+bottom-up tree groups every HLO op by its kind -- the layer path with indices taken out, plus the op
+name without its number::
+
+    model/layers.3/mlp/down_proj + dot.217   ->   model/layers.*/mlp/down_proj › dot
+    encoder/layer.0/attention/self + softmax.31 -> encoder/layer.*/attention/self › softmax
+
+Each kind row sums its instances (time, HBM bytes, per-engine instructions; MFU is model FLOPs over
+the summed time, the same formula as an op's), counts them (``×32``) and carries the Tensor engine's
+semaphore wait; its children are the instances themselves (the same ``H:`` nodes as the top-down
+tree, so opening one pages its instructions as there). ``kind_of`` is also what the problem rules
+group by, so a problem and this view name the same kind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from explorer.viewer.model import Hierarchy, Node, NodeStats, frozen_map
+from explorer.viewer.text import fmt_ns
+
+_INDEX = re.compile(r"\.\d+(?=/|$)|(?<=/)\d+(?=/|$)|^\d+(?=/|$)")
+_BRACKET = re.compile(r"\[\d+\]")
+_OP_NUMBER = re.compile(r"[._]\d+$")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One op kind: ``key`` (the full pattern, unique) and ``label`` (short, for the tree)."""
+
+    key: str
+    label: str
+
+
+def layer_pattern(path: str) -> str:
+    """A layer path with its repeat indices replaced: ``layers.3`` -> ``layers.*``, ``[0]`` -> ``[*]``."""
+    path = _BRACKET.sub("[*]", path)
+    return _INDEX.sub(lambda m: ".*" if m.group(0).startswith(".") else "*", path)
+
+
+def op_kind(name: str) -> str:
+    """``dot.217`` -> ``dot``; ``layer_norm.3`` -> ``layer_norm``; a name without a number stays."""
+    return _OP_NUMBER.sub("", name) or name
+
+
+def kind_of(layer: str | None, op_name: str) -> Kind:
+    """The kind of an op named ``op_name`` in layer ``layer`` (None: no layer)."""
+    op = op_kind(op_name)
+    if not layer:
+        return Kind(f"K:|{op}", op)
+    pattern = layer_pattern(layer)
+    short = "/".join(pattern.split("/")[-2:])
+    return Kind(f"K:{pattern}|{op}", f"{short} › {op}")
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+def build(top_down: Hierarchy, tensor_wait: Mapping[str, int | None] | None = None) -> Hierarchy:
+    """The bottom-up tree of ``top_down``'s HLO ops; ``tensor_wait``: op key -> Tensor wait ns."""
+    waits = tensor_wait or {}
+    groups: dict[str, tuple[Kind, list[Node]]] = {}
+    for node in top_down.nodes.values():
+        if node.kind != "hlo":
+            continue
+        kind = kind_of(node.layer, node.name)
+        groups.setdefault(kind.key, (kind, []))[1].append(node)
+    nodes: dict[str, Node] = {}
+    children: dict[str, tuple[str, ...]] = {}
+    roots = []
+    for key, (kind, ops) in groups.items():
+        time = hbm = start = end = instructions = None
+        counts: list[int | None] = [None] * len(ops[0].stats.counts)
+        model = 0.0
+        mfu_known = False
+        wait = None
+        for op in ops:
+            s = op.stats
+            time, hbm = _add(time, s.time_ns), _add(hbm, s.hbm_bytes)
+            instructions = _add(instructions, s.instructions)
+            start = s.start_ts if start is None or (s.start_ts is not None and s.start_ts < start) else start
+            end = s.end_ts if end is None or (s.end_ts is not None and s.end_ts > end) else end
+            counts = [_add(a, b) for a, b in zip(counts, s.counts)]
+            if s.mfu is not None and s.time_ns:
+                model += s.mfu * s.time_ns
+                mfu_known = True
+            wait = _add(wait, waits.get(op.key))
+            nodes[op.key] = replace(op, parent=key, name=f"{op.name}  {op.layer or ''}".rstrip())
+        stats = NodeStats(
+            time_ns=time,
+            summed=any(op.stats.summed for op in ops),
+            start_ts=start,
+            end_ts=end,
+            hbm_bytes=hbm,
+            mfu=model / time if mfu_known and time else None,
+            counts=tuple(counts),
+            instructions=instructions,
+        )
+        detail = f"×{len(ops)}" + (f"  Tensor wait {fmt_ns(wait)}" if wait else "")
+        nodes[key] = Node(key, "kind", kind.label, "", stats, expandable=True, detail=detail)
+        children[key] = tuple(op.key for op in ops)
+        roots.append(key)
+    children[""] = tuple(roots)
+    return Hierarchy(frozen_map(nodes), frozen_map(children), "op kinds across layers (bottom-up)", True)
