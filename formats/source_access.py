@@ -216,9 +216,11 @@ def _read(recorded: str, access: SourceAccess) -> SourceText:
                           message=f"not shown: {_printable(str(real))} is {info.st_size / 2**20:.1f} MiB "
                                   f"(more than {MAX_BYTES // 2**20} MiB)")
     if not access.allows(real):
+        where = (f"is outside {access.describe()}" if access.roots else
+                 "is named by a profile that records no capture directory, and no --source-root was given")
         return SourceText(recorded, SourceStatus.NEEDS_CONFIRM, path=real,
-                          message=f"{_printable(str(real))} is outside {access.describe()}: "
-                                  f"read it only if you trust this profile (enter: ask)")
+                          message=f"{_printable(str(real))} {where}: read it only if you trust this profile "
+                                  f"(enter: ask)")
     try:
         lines = _read_lines(real)
     except OSError as exc:

@@ -140,7 +140,7 @@ class ViewerApp(App[None]):
     #source { height: 2fr; border-top: solid $primary-background-lighten-2; }
     #source-title { height: 1; padding: 0 1; }
     #source-table { height: 1fr; }
-    #timeline { height: 8; padding: 0 1; border-top: solid $primary-background-lighten-2;
+    #timeline { height: 10; padding: 0 1; border-top: solid $primary-background-lighten-2;
                 text-wrap: nowrap; text-overflow: ellipsis; }
     #query { dock: bottom; display: none; height: 3; }
     #query.shown { display: block; }

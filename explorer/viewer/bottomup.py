@@ -2,17 +2,19 @@
 
 A decoder has 32 ``down_proj`` matmuls; each is 1-3 % of the run, so a top-down tree (and a problem
 that names "the op with the largest wait") points at one of them while the cost is in all 32. The
-bottom-up tree groups every HLO op by its kind -- the layer path with indices taken out, plus the op
-name without its number::
+bottom-up tree groups every HLO op by its kind -- the module kind of its layer
+(``formats.attribution.module_kind``: the layer path's last part without its list index, the one
+definition the summary and the GUI use too) and the op name without its number::
 
-    model/layers.3/mlp/down_proj + dot.217   ->   model/layers.*/mlp/down_proj › dot
-    encoder/layer.0/attention/self + softmax.31 -> encoder/layer.*/attention/self › softmax
+    model/layers.3/mlp/down_proj + dot.217      ->   down_proj › dot
+    encoder/layer.0/attention/self + softmax.31 ->   self › softmax
 
-Each kind row sums its instances (time, HBM bytes, per-engine instructions; MFU is model FLOPs over
-the summed time, the same formula as an op's), counts them (``×32``) and carries the Tensor engine's
-semaphore wait; its children are the instances themselves (the same ``H:`` nodes as the top-down
-tree, so opening one pages its instructions as there). ``kind_of`` is also what the problem rules
-group by, so a problem and this view name the same kind.
+Each kind row sums its instances -- time (Σ of the ops' times, each op's the union of its events),
+HBM bytes, per-engine instructions; MFU is model FLOPs over that time, the same formula as an
+op's -- counts them (``×32``) and carries the Tensor engine's semaphore wait; its children are the
+instances themselves (the same ``H:`` nodes as the top-down tree, so opening one pages its
+instructions as there). ``kind_of`` is also what the problem rules group by, so a problem and this
+view name the same kind.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from explorer.viewer.model import Hierarchy, Node, NodeStats, frozen_map
 from explorer.viewer.text import fmt_ns
+from formats.attribution import module_kind
 
 _INDEX = re.compile(r"\.\d+(?=/|$)|(?<=/)\d+(?=/|$)|^\d+(?=/|$)")
 _BRACKET = re.compile(r"\[\d+\]")
@@ -38,7 +41,8 @@ class Kind:
 
 
 def layer_pattern(path: str) -> str:
-    """A layer path with its repeat indices replaced: ``layers.3`` -> ``layers.*``, ``[0]`` -> ``[*]``."""
+    """A layer path with its repeat indices replaced (``layers.3`` -> ``layers.*``, ``[0]`` -> ``[*]``):
+    what the kind's instances have in common, shown with the kind."""
     path = _BRACKET.sub("[*]", path)
     return _INDEX.sub(lambda m: ".*" if m.group(0).startswith(".") else "*", path)
 
@@ -53,9 +57,8 @@ def kind_of(layer: str | None, op_name: str) -> Kind:
     op = op_kind(op_name)
     if not layer:
         return Kind(f"K:|{op}", op)
-    pattern = layer_pattern(layer)
-    short = "/".join(pattern.split("/")[-2:])
-    return Kind(f"K:{pattern}|{op}", f"{short} › {op}")
+    module = module_kind(layer)
+    return Kind(f"K:{module}|{op}", f"{module} › {op}")
 
 
 def _add(a: int | None, b: int | None) -> int | None:

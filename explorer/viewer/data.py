@@ -68,6 +68,7 @@ class ProfileData:
         self.con = sqlsource.connect(memory_limit="1GB")
         self._lock = threading.Lock()
         self._summary: dict[str, Any] | None = None
+        self._tensor_split: bool | None = None
         meta = profile.metadata
         try:
             self.peak_flops_per_s: float | None = (
@@ -355,7 +356,16 @@ class ProfileData:
     def timeline(self, t0: int, t1: int, cells: int) -> Timeline:
         if not self.instr.present:
             return Timeline(t0, t1, (), "no Instruction table")
-        return timeline.strip(self.profile, t0, t1, cells)
+        return timeline.strip(self.profile, t0, t1, cells, split_tensor=self._split_tensor())
+
+    def _split_tensor(self) -> bool:
+        """Whether the Tensor engine has its two timeline rows here (LoadStationary and MATMUL)."""
+        if self._tensor_split is None:
+            self._tensor_split = self.instr.has("timeline_track") and bool(
+                self._rows(f"SELECT 1 AS x FROM {self.instr.relation()} "
+                           f"WHERE {self.instr.col('timeline_track')} = 'TensorMatrix' LIMIT 1")
+            )
+        return self._tensor_split
 
 
 def instruction_detail(engine: str, ident: Any, wait_ns: Any, operands: Any) -> str:

@@ -149,10 +149,11 @@ class Analysis:
 
 @dataclass(frozen=True)
 class TimelineRow:
-    engine: str
-    occupancy: tuple[float, ...]  # per cell, fraction of the cell covered (lower bound when zoomed out)
-    busy: float  # over the whole strip
+    engine: str  # the row's label: an engine, "Tensor∪" (both PE rows), or one of the PE rows
+    occupancy: tuple[float, ...]  # per cell, busy fraction of the cell (exact: formats.coverage)
+    busy: float  # over the whole strip (formats.figures' busy fraction of the range)
     top_opcode: str
+    detail: bool = False  # one of the Tensor engine's two rows under its union (dropped when short)
 
 
 @dataclass(frozen=True)
@@ -160,4 +161,4 @@ class Timeline:
     t0: int
     t1: int
     rows: tuple[TimelineRow, ...]
-    source: str  # "instructions" or "lod level N" (formats.viewport)
+    source: str  # "exact", or why there is nothing to draw

@@ -200,9 +200,10 @@ class SourcePane(Vertical):
 
 
 class TimelineStrip(Static):
-    """Per-engine occupancy of the selected node's time range, one character per time bucket."""
+    """Per-engine occupancy of the selected node's time range, one character per time bucket
+    (exact busy fraction per cell; the figure on the right is the row's busy share of the range)."""
 
-    LABEL = 8
+    LABEL = 9
     SUFFIX = 18
 
     class CellsChanged(Message):
@@ -227,12 +228,18 @@ class TimelineStrip(Static):
             return
         t0, t1 = timeline.t0 - origin, timeline.t1 - origin
         text.append(f"{title}  {fmt_ns(t0)} → {fmt_ns(t1)} ({fmt_ns(timeline.t1 - timeline.t0)})", style="")
-        zoomed = timeline.source.startswith("lod")
-        text.append(f"  [{timeline.source}{', lower bound' if zoomed else ''}]\n", style="dim")
+        rows = list(timeline.rows)
+        lines = max(1, (self.size.height or 8) - 2)  # the border and the title line
+        if len(rows) > lines:
+            rows = [r for r in rows if not r.detail]
+        if any(r.engine.startswith("Tensor∪") for r in rows):
+            text.append("  Tensor∪ = both PE rows (the Summary's Tensor)", style="dim")
+        text.append("\n")
         if not timeline.rows:
-            text.append("no instructions to draw", style="yellow")
-        for row in timeline.rows:
-            text.append(f"{row.engine:<{self.LABEL}}", style="bold")
+            text.append("no instructions to draw" if timeline.source == "exact" else timeline.source,
+                        style="yellow")
+        for row in rows:
+            text.append(f"{row.engine:<{self.LABEL}}", style="dim bold" if row.detail else "bold")
             text.append(bar(row.occupancy), style="green on grey11")
             text.append(f" {fmt_pct(row.busy):>7} {row.top_opcode[:9]}\n")
         self.update(text)

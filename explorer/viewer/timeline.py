@@ -1,81 +1,68 @@
-"""The engine timeline strip: per-engine occupancy of a time range, one character cell per bucket.
+"""The engine timeline strip: how busy each engine is in each character cell of a time range.
 
-Built on ``formats.viewport.engine_window`` (the longest instruction per pixel bucket, from the raw
-table when zoomed in and from ``InstructionLod`` when zoomed out), asked for ``SUBCELLS`` buckets per
-character cell. Each returned instruction is painted over the sub-buckets it covers, and a cell's
-occupancy is the covered fraction of its sub-buckets. Zoomed in (a node's range), sub-buckets are
-about an instruction long and the figure is close to exact; zoomed out it is a lower bound (only the
-longest instruction of each sub-bucket is known), which the strip says.
+Exact, not a level-of-detail lower bound: each cell is ``formats.coverage.busy_buckets`` (the union of
+the row's instruction intervals within the cell, over the cell's width), and each row's figure on the
+right is ``formats.figures``' busy fraction over the same range (``engine_busy`` / ``track_busy``):
+the Summary's "Tensor active" is that figure over the whole execution, so the strip and the Summary
+say the same thing. ``mean(cells) == figure``, which the tests check.
+
+The Tensor engine runs two timeline rows (profile-schema §2.5): ``Tensor`` (LoadStationary: weight
+loads, transposes) and ``TensorMatrix`` (MATMUL streaming). Where a profile has both, the strip shows
+the engine's union first (``Tensor∪``, what the Summary's Tensor figure measures) and the two rows
+under it, labelled; a short strip keeps only the union. The opcode named per row is the one with the
+most instruction time in the range (``formats.coverage.busiest_opcodes``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from explorer.viewer.model import ENGINES, Timeline, TimelineRow
+from formats.coverage import RowSelect, busiest_opcodes, busy_buckets
+from formats.figures import Window, engine_busy, track_busy
 
 if TYPE_CHECKING:
     from formats.reader import Profile
 
-SUBCELLS = 8
 LEVELS = " ▁▂▃▄▅▆▇█"
+UNION_LABEL = "Tensor∪"
+SPLIT_ROWS = (("╰LoadSt", "Tensor"), ("╰MATMUL", "TensorMatrix"))  # (label, timeline track)
 
 
-def occupancy(starts: np.ndarray, ends: np.ndarray, t0: int, t1: int, cells: int) -> np.ndarray:
-    """Fraction of each of ``cells`` equal cells of [t0, t1) covered by the given intervals, measured
-    on a grid of ``cells * SUBCELLS`` sub-buckets (a sub-bucket counts as covered in proportion)."""
-    buckets = cells * SUBCELLS
-    width = (t1 - t0) / buckets
-    covered = np.zeros(buckets + 1, np.float64)
-    if starts.size:
-        s = np.clip((starts.astype(np.float64) - t0) / width, 0, buckets)
-        e = np.clip((ends.astype(np.float64) - t0) / width, 0, buckets)
-        # difference array over sub-bucket edges: whole sub-buckets between ceil(s) and floor(e) ...
-        first, last = np.ceil(s).astype(np.int64), np.floor(e).astype(np.int64)
-        whole = last > first
-        np.add.at(covered, first[whole], 1.0)
-        np.add.at(covered, last[whole], -1.0)
-        dense = np.minimum(np.cumsum(covered)[:buckets], 1.0)
-        # ... plus the partial sub-buckets at each end
-        partial = np.zeros(buckets, np.float64)
-        lo = np.minimum(np.floor(s).astype(np.int64), buckets - 1)
-        same = lo == np.floor(np.minimum(e, buckets - 1e-9)).astype(np.int64)
-        np.add.at(partial, lo[same], (e - s)[same])
-        head = ~same
-        np.add.at(partial, lo[head], (first - s)[head])
-        tail = head & (last < buckets)
-        np.add.at(partial, last[tail], (e - last)[tail])
-        dense = np.minimum(dense + partial, 1.0)
-    else:
-        dense = np.zeros(buckets)
-    return dense.reshape(cells, SUBCELLS).mean(axis=1)
+def rows_for(split_tensor: bool) -> list[tuple[RowSelect, bool]]:
+    """The strip's rows and whether each is a detail row (dropped when the strip is short)."""
+    out: list[tuple[RowSelect, bool]] = []
+    for engine in ENGINES:
+        if engine == "Tensor" and split_tensor:
+            out.append((RowSelect(UNION_LABEL, engines=("Tensor",)), False))
+            out += [(RowSelect(label, tracks=(track,)), True) for label, track in SPLIT_ROWS]
+        else:
+            out.append((RowSelect(engine, engines=(engine,)), False))
+    return out
 
 
-def strip(profile: Profile, t0: int, t1: int, cells: int) -> Timeline:
-    """Occupancy rows for the five engines over [t0, t1)."""
-    from formats.viewport import engine_window
-
+def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool = False) -> Timeline:
+    """Occupancy rows over [t0, t1): the five engines, the Tensor engine's two rows too if split."""
     t1 = max(t1, t0 + 1)
     cells = max(1, cells)
-    rows = []
-    source = "instructions"
-    for engine in ENGINES:
-        window = engine_window(profile, engine, t0, t1, buckets=cells * SUBCELLS)
-        source = window.source if window.source != "instructions" else source
-        occ = occupancy(window.start_ts, window.end_ts, t0, t1, cells)
-        top = ""
-        if len(window):
-            counts: dict[str, int] = {}
-            for op, d in zip(window.opcode, window.duration_ns.tolist()):
-                counts[op] = counts.get(op, 0) + int(d)
-            top = max(counts.items(), key=lambda kv: kv[1])[0]
-        rows.append(TimelineRow(engine, tuple(float(x) for x in occ), float(occ.mean()), top))
-    return Timeline(t0, t1, tuple(rows), source)
+    rows = rows_for(split_tensor)
+    coverage = busy_buckets(profile, t0, t1, cells, [r for r, _ in rows])
+    window = Window.span(t0, t1)
+    engines = engine_busy(profile, window)
+    tracks = track_busy(profile, window) if split_tensor else {}
+    opcodes = busiest_opcodes(profile, t0, t1, [r for r, _ in rows])
+    out = []
+    for select, detail in rows:
+        name = select.engines[0] if select.engines else select.tracks[0]
+        busy = (engines if select.engines else tracks).get(name)
+        fraction = busy.fraction if busy is not None and busy.fraction is not None else 0.0
+        cells_busy = tuple(float(x) for x in coverage[select.label])
+        out.append(TimelineRow(select.label, cells_busy, float(fraction), opcodes[select.label], detail))
+    return Timeline(t0, t1, tuple(out), "exact")
 
 
 def bar(values: tuple[float, ...]) -> str:
-    """Occupancy as block characters: blank idle, full block busy the whole cell."""
+    """Occupancy as block characters: blank idle, full block busy the whole cell; any busy time at
+    all shows at least the lowest block."""
     top = len(LEVELS) - 1
     return "".join(LEVELS[0] if v <= 0 else LEVELS[max(1, min(top, round(v * top)))] for v in values)

@@ -28,13 +28,15 @@ from explorer.viewer.hierarchy import ordered
 from explorer.viewer.model import ENGINE_SHORT, Hierarchy, Node
 from explorer.viewer.text import ellipsize, fmt_bytes, fmt_count, fmt_ns, fmt_pct
 
-# widths include one leading space
+# widths include one leading space: the longest usual text of each (formats.units: "1.23 µsΣ",
+# "100.0%", "999.9 KiB", counts at most 5 characters) leaves a blank before it; a longer one
+# ("1000.5 KiB") gets a blank in front anyway, so neighbours never meet
 FIGURE_COLUMNS = (
-    ("time", "Time", 10),
-    ("share", "Share", 8),
+    ("time", "Time", 9),
+    ("share", "Share", 7),
     ("mfu", "MFU", 7),
-    ("hbm", "HBM", 9),
-    *((s, s, 5) for s in ENGINE_SHORT),
+    ("hbm", "HBM", 10),
+    *((s, s, 6) for s in ENGINE_SHORT),
 )
 FIXED_WIDTH = sum(w for _, _, w in FIGURE_COLUMNS) + 2
 
@@ -118,7 +120,9 @@ def figure_text(node: Node, total_ns: int | None, summed_ns: int | None = None) 
     share = fmt_pct(s.time_ns / base) if s.time_ns is not None and base else "-"
     cells = [time, share, fmt_pct(s.mfu), fmt_bytes(s.hbm_bytes)]
     cells += [fmt_count(c) if c else ("-" if c is None else "·") for c in s.counts]
-    return "".join(text.rjust(w) for text, (_, _, w) in zip(cells, FIGURE_COLUMNS))
+    return "".join(
+        text.rjust(w) if len(text) < w else " " + text for text, (_, _, w) in zip(cells, FIGURE_COLUMNS)
+    )
 
 
 class HierarchyTable(ScrollView, can_focus=True):
@@ -164,7 +168,7 @@ class HierarchyTable(ScrollView, can_focus=True):
     # -- data -----------------------------------------------------------------------------------
     def name_width(self) -> int:
         width = self.size.width or 80
-        return max(16, min(72, width - FIXED_WIDTH))
+        return max(14, min(72, width - FIXED_WIDTH))
 
     def show(
         self, rows: list[Row], total_ns: int | None, cursor_key: str | None, sort: str, reverse: bool

@@ -249,7 +249,9 @@ async def test_other_file_and_timeline_toggle() -> None:
             and app.timeline is not None
             and (app.timeline.t0, app.timeline.t1) == span
         )
-        assert [r.engine for r in app.timeline.rows] == ["Tensor", "Vector", "Scalar", "GpSimd", "Sync"]
+        assert [r.engine for r in app.timeline.rows] == [
+            "Tensor∪", "╰LoadSt", "╰MATMUL", "Vector", "Scalar", "GpSimd", "Sync"
+        ]
         await pilot.press("t")
         await settle(pilot)
         assert app._timeline_span() == ("whole profile", app.overview.span)

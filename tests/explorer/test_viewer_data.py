@@ -13,7 +13,8 @@ from explorer.viewer.data import ProfileData
 from explorer.viewer.hierarchy import OpAggregate
 from explorer.viewer.problems import find_problems
 from explorer.viewer.source import Frames, IndexBuilder, location
-from explorer.viewer.timeline import bar, occupancy
+from explorer.viewer.timeline import bar
+from explorer.viewer.timeline import strip as timeline_strip
 from formats.dataset import find_profiles
 from formats.reader import open_profile
 from formats.source_access import SourceAccess, locate, read_source
@@ -229,20 +230,30 @@ def test_problem_rules() -> None:
     assert find_problems({}, [], None) == ()
 
 
-def test_occupancy_against_brute_force() -> None:
-    rng = np.random.default_rng(4)
-    durations = rng.integers(1, 40, 300)
-    starts = np.cumsum(rng.integers(0, 30, 300) + np.r_[0, durations[:-1]])  # one engine: in order
-    ends = starts + durations
-    t0, t1, cells = 1_000, 9_000, 40
-    got = occupancy(starts, ends, t0, t1, cells)
-    grid = np.zeros(t1 - t0, bool)  # 1 ns resolution
-    for s, e in zip(starts, ends):
-        grid[max(s, t0) - t0 : max(min(e, t1), t0) - t0] = True
-    want = grid.reshape(cells, -1).mean(axis=1)
-    np.testing.assert_allclose(got, want, atol=1e-9)  # exact when the instructions are known
-    overlapping = occupancy(np.array([0, 0, 50]), np.array([100, 100, 60]), 0, 100, 2)
-    assert np.all(overlapping <= 1.0)
+def test_occupancy_strip_is_exact() -> None:
+    """The strip's cells are exact busy fractions and its figures are formats.figures' busy
+    fractions of the same range: the mean of a row's cells is its figure (issue 12: the strip said
+    "lod level N, lower bound" and 0.4 % where the Summary said 31.6 %)."""
+    from formats.figures import Window, engine_busy, track_busy
+
+    entry = find_profiles(BERT)[0][0]
+    profile = open_profile(entry.path)
+    t0, t1 = profile.metadata["first_hw_timestamp"], profile.metadata["last_hw_timestamp"]
+    strip = timeline_strip(profile, t0, t1, 61, split_tensor=True)
+    labels = ["Tensor∪", "╰LoadSt", "╰MATMUL", "Vector", "Scalar", "GpSimd", "Sync"]
+    assert [r.engine for r in strip.rows] == labels
+    assert [r.detail for r in strip.rows] == [False, True, True, False, False, False, False]
+    engines, tracks = engine_busy(profile, Window.span(t0, t1)), track_busy(profile, Window.span(t0, t1))
+    rows = {r.engine: r for r in strip.rows}
+    assert rows["Tensor∪"].busy == pytest.approx(engines["Tensor"].fraction)
+    assert rows["╰MATMUL"].busy == pytest.approx(tracks["TensorMatrix"].fraction)
+    for row in strip.rows:
+        assert np.mean(row.occupancy) == pytest.approx(row.busy, abs=1e-9), row.engine
+    # the Summary's Tensor figure is the union row's, over the whole execution
+    summary = ProfileData(profile, "bert").summary()
+    assert summary["tensor_engine_active_time_percent"] * summary["total_time"] * 1e9 == pytest.approx(
+        engines["Tensor"].busy_ns, rel=1e-3
+    )
     assert bar((0.0, 0.01, 0.5, 1.0)) == " ▁▄█"
 
 
@@ -258,5 +269,5 @@ def test_queries_on_our_profile() -> None:
     rest = data.instruction_page(dot, 140, limit=10)
     assert len(rest) == 7 and rest[-1].kind == "instr"  # 147 instructions: the last page, no "more"
     strip = data.timeline(*overview.span, cells=30)
-    assert [len(r.occupancy) for r in strip.rows] == [30] * 5
+    assert [len(r.occupancy) for r in strip.rows] == [30] * 7  # Tensor∪, its two rows, four engines
     data.close()

@@ -210,13 +210,13 @@ def test_op_kinds_across_layers() -> None:
     assert layer_pattern("model/layers/7/mlp") == "model/layers/*/mlp"
     assert op_kind("dot.217") == "dot" and op_kind("layer_norm.3") == "layer_norm" and op_kind("add") == "add"
     a, b = kind_of("model/layers.0/mlp/down_proj", "dot.7"), kind_of("model/layers.9/mlp/down_proj", "dot.90")
-    assert a == b and a.label == "mlp/down_proj › dot"
+    assert a == b and a.label == "down_proj › dot"
     assert kind_of("model/layers.0/mlp/up_proj", "dot.5") != a and kind_of(None, "dot.1").label == "dot"
 
 
 def test_tensor_idle_points_at_the_kind_where_the_waiting_is() -> None:
     """32 down_proj matmuls waiting 100 ns each (3,200 ns) against one lm_head matmul waiting 150 ns:
-    the finding names mlp/down_proj (96 % of the waiting), not lm_head (the single largest wait)."""
+    the finding names down_proj (95.5 % of the waiting), not lm_head (the single largest wait)."""
     from explorer.viewer.problems import find_problems
 
     ops = [_op(i, f"dot.{i}", f"model/layers.{i}/mlp/down_proj", 100 + (i == 7), 1000 * i) for i in range(32)]
@@ -225,7 +225,7 @@ def test_tensor_idle_points_at_the_kind_where_the_waiting_is() -> None:
                           10_000)
     idle = found[0]
     assert idle.title.startswith("Tensor engine idle")
-    assert idle.kind == "K:model/layers.*/mlp/down_proj|dot" and "mlp/down_proj › dot (32 ops)" in idle.detail
+    assert idle.kind == "K:down_proj|dot" and "down_proj › dot (32 ops)" in idle.detail
     assert "95.5 %" in idle.detail or "95.5%" in idle.detail  # 3,201 of 3,351 ns
     assert idle.node == "H:7" and (idle.t0, idle.t1) == (7000, 7100)  # its biggest instance
 
@@ -240,7 +240,7 @@ async def test_bottom_up_view_and_problem_jump() -> None:
         assert app.bottom_up and app.hierarchy is app.analysis.bottom_up
         rows = app.query_one("#tree", HierarchyTable).rows_shown
         kinds = {r.node.name: r.node for r in rows if r.node.kind == "kind"}
-        down = kinds["mlp/down_proj › dot"]
+        down = kinds["down_proj › dot"]
         assert down.detail.startswith("×2")  # one down_proj per decoder layer, two layers
         instances = [app.analysis.hierarchy.nodes[k] for k in app.analysis.bottom_up.children[down.key]]
         assert len(instances) == 2 and {n.layer for n in instances} == {
@@ -285,3 +285,21 @@ async def test_summary_at_80x24_never_wraps_inside_a_figure() -> None:
         await pilot.pause()
         lines = screen_lines(app.query_one("#figures"))
         assert any(f"MBU {figures['MBU']}" in line for line in lines), lines
+
+
+def test_count_columns_never_run_together() -> None:
+    """Per-engine counts past 9,999 used to print in full into 5-wide cells: ``152k1970115098``."""
+    from explorer.viewer.model import Node, NodeStats
+    from explorer.viewer.treetable import FIGURE_COLUMNS, FIXED_WIDTH, figure_text
+
+    stats = NodeStats(time_ns=125_000, start_ts=0, end_ts=1, hbm_bytes=1_000_000, mfu=1.0,
+                      counts=(152_000, 1_970_115, 98, 0, 99_999_999_999), instructions=10)
+    text = figure_text(Node("H:1", "hlo", "dot.1", "", stats), 125_000)
+    assert len(text) == FIXED_WIDTH - 2  # every row the same width: columns line up under the header
+    assert text.split()[-5:] == ["152k", "1.97M", "98", "·", "100G"]
+    ends = list(__import__("itertools").accumulate(w for _, _, w in FIGURE_COLUMNS))
+    for start in ends[:-1]:  # a blank in front of every column
+        assert text[start] == " ", (text, start)
+    big = NodeStats(hbm_bytes=1_048_000, counts=stats.counts)
+    wide = figure_text(Node("H:1", "hlo", "dot.1", "", big), 1)
+    assert " 1023.4 KiB " in wide  # a cell longer than its column still has a blank on each side
