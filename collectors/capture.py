@@ -261,9 +261,11 @@ def capture_command(args: argparse.Namespace, console: Console) -> CaptureResult
         else "system profiling off (--device-only)",
     ]
     for path, state in warm:
-        lines.append(f"{path.relative_to(device)}: the program ran this model only {state.execution} "
-                     f"time(s), fewer than --profile-nth-exec {args.profile_nth_exec}: kept its last "
-                     f"execution, marked as a warm-up execution in Metadata")
+        why = (f"the program ran this model only {state.execution} time(s), fewer than --profile-nth-exec "
+               f"{args.profile_nth_exec}" if code == 0 and stopped_by is None else
+               f"the program stopped (exit code {code}) after {state.execution} execution(s) of this model")
+        lines.append(f"{path.relative_to(device)}: {why}: kept its last execution, marked as a warm-up "
+                     f"execution in Metadata")
     if not states and not args.system_only:
         lines.append("no device profile: the program ran no compiled model" if code == 0 and not errors
                      else f"no device profile: the program stopped (exit code {code}) before a model ran")

@@ -39,6 +39,14 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "model"
 
 
+def _program_identity(program: Any, model_id: int) -> Any:
+    """What identifies a compiled program across its loads: one ``Program`` object per compiled
+    model, whose per-node operand list every ``program_loaded`` batch of it carries (tensor-parallel
+    ranks and reloads share it). The batch is kept, so the identity is never reused."""
+    operands = program.meta.get("operands") if program is not None else None
+    return id(operands) if operands is not None else ("model", model_id)
+
+
 @dataclass
 class _Open:
     recorder: ProfileRecorder
@@ -46,7 +54,7 @@ class _Open:
     model: str
     core: int
     execution: int
-    key: tuple[int, int]  # (model id, core)
+    key: tuple[Any, int]  # (program, core): what executions are counted by
     warm_up: bool  # recorded before the nth execution, kept only if the nth never comes
     execution_ids: set[int] = field(default_factory=set)
     ended: bool = False  # its execution_end arrived: the execution's records are all there
@@ -89,10 +97,11 @@ class DeviceProfileCollector:
         self.profiles: list[CapturedProfile] = []
         self.errors: list[str] = []  # one line per recording failure
         self._programs: dict[tuple[int, int], Any] = {}  # (model_id, core) -> program_loaded batch
-        self._counts: dict[tuple[int, int], int] = {}
+        self._counts: dict[tuple[Any, int], int] = {}
         self._open: dict[int, _Open] = {}  # core -> its latest execution's profile
         self._by_execution: dict[int, _Open] = {}
         self._warm_kept: dict[tuple[int, int], CapturedProfile] = {}  # closed warm-up fallbacks
+        self._names: dict[Any, str] = {}  # loaded program -> its model= folder name
         self._lock = threading.Lock()
 
     # -- listener ----------------------------------------------------------------------------
@@ -134,7 +143,9 @@ class DeviceProfileCollector:
     def _start(self, batch: Any) -> None:
         meta = batch.meta
         core, model_id = int(meta["core"]), int(meta["model_id"])
-        key = (model_id, core)
+        program = self._programs.get((model_id, core))
+        # executions are counted per program and core: a program loaded again continues its count
+        key = (_program_identity(program, model_id), core)
         self._counts[key] = count = self._counts.get(key, 0) + 1
         nth = self.nth_exec
         wanted = nth is None or (nth > 0 and count <= nth)
@@ -152,8 +163,8 @@ class DeviceProfileCollector:
                 self.profiles.remove(superseded)
             shutil.rmtree(superseded.path, ignore_errors=True)
         warm_up = nth is not None and count < nth
-        program = self._programs.get(key)
-        name = _safe(str(meta.get("model_name") or (program.meta.get("model_name") if program else "model")))
+        name = self._name(key[0], str(meta.get("model_name") or
+                                      (program.meta.get("model_name") if program else "model")))
         path = self.out_dir / f"model={name}" / f"core={core}" / f"execution={count}"
         info = dict(self.metadata)
         if program is not None:
@@ -173,6 +184,20 @@ class DeviceProfileCollector:
         if program is not None:
             recorder(program)
         recorder(batch)
+
+    def _name(self, family: Any, model_name: str) -> str:
+        """The ``model=`` folder name of a loaded program: its name, made unique among programs (two
+        traced modules of one class, in fp32 and bf16, are two programs: ``MLP`` and ``MLP_2``). The
+        ranks of a tensor-parallel model load one program, so they share one name."""
+        if family not in self._names:
+            base, n = _safe(model_name), 1
+            taken = set(self._names.values())
+            name = base
+            while name in taken:
+                n += 1
+                name = f"{base}_{n}"
+            self._names[family] = name
+        return self._names[family]
 
     def _drop(self, entry: _Open) -> None:
         for execution_id in entry.execution_ids:

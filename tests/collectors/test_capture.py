@@ -17,6 +17,7 @@ import neuroncore as nc
 from collectors.device_profile import profile
 from collectors.system import system_profile
 from formats import open_profile
+from formats.dataset import capture_state, is_incomplete
 from neuroncore.events import EventSink
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.workloads import get, random_inputs
@@ -249,3 +250,102 @@ def test_models_loaded_before_the_collector_are_profiled(tmp_path):
     assert [p.execution for p in collector.profiles] == [1, 2]
     late = open_profile(collector.profiles[-1].path)
     assert late.table("Instruction").num_rows == model.program.n_instructions and not late.warnings
+
+
+# -- recording failures, warm-up fallback, incomplete marks ------------------------------------------
+
+MLP_SCRIPT = (
+    "import os, sys\n"
+    "import neuroncore as nc\n"
+    "from neuroncore.workloads import get\n"
+    "g = get('mlp').graph(batch=8, d_model=64, d_ff=128)\n"
+    "m = nc.Instance('trn1.2xlarge').core(0).load(nc.compile(g, 'trn1'))\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    "    m.execute(timing_only=True)\n"
+    "print('script done', flush=True)\n"
+    "sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n")
+
+
+def test_recording_errors_never_reach_execute(tmp_path, monkeypatch):
+    """A profile that cannot be finished (here: the summary step fails) is kept, marked with the
+    cause, and the program's next execute() -- which is when the profile closes -- still returns."""
+    from collectors.device_profile import DeviceProfileCollector, RecordingError
+    from formats import derive
+
+    def broken(writer):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(derive, "staged_profile", broken)
+    sink = EventSink()
+    collector = DeviceProfileCollector(tmp_path / "run")
+    sink.subscribe(collector)
+    program = nc.compile(get("mlp").graph(**SMALL_MLP), "trn1")
+    model = nc.Instance("trn1.2xlarge", sink=sink).core(0).load(program)
+    model.execute(timing_only=True)
+    model.execute(timing_only=True)  # closes execution 1: the failure stays in the collector
+    with pytest.raises(RecordingError, match="disk full"):
+        collector.close()
+    kept = open_profile(tmp_path / "run/model=mlp/core=0/execution=1.incomplete")
+    assert not kept.complete and kept.num_rows("Instruction") > 0
+    assert any("disk full" in w.message for w in kept.warnings)
+
+
+def test_a_failed_device_profile_fails_the_capture_in_one_line(tmp_path):
+    script = tmp_path / "s.py"
+    # the program itself puts a file where its profile must go: the recording fails, the program runs on
+    script.write_text("import os, pathlib\n"
+                      "d = pathlib.Path(os.environ['NEURONSCOPE_PROFILE_DIR']) / 'model=mlp/core=0'\n"
+                      "d.mkdir(parents=True)\n"
+                      "(d / 'execution=2').write_text('in the way')\n" + MLP_SCRIPT)
+    done = neuron_profile("capture", "-o", str(tmp_path / "out"), "--", sys.executable, str(script), "3")
+    assert "script done" in done.stdout
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("neuron-profile: error: device profile failed") and "exists" in lines[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_fewer_executions_than_asked_keep_a_marked_warm_up_profile(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(MLP_SCRIPT)
+    out = tmp_path / "out"
+    done = neuron_profile("capture", "-o", str(out), "--profile-nth-exec", "3", "--", sys.executable,
+                          str(script), "2")
+    assert done.returncode == 0, done.stderr
+    kept = out / "device/model=mlp/core=0/execution=2"
+    assert sorted(p.name for p in (out / "device/model=mlp/core=0").iterdir()) == ["execution=2"]
+    state = capture_state(kept)
+    assert state.warm_up and state.requested_execution == 3 and not state.incomplete
+    assert "ran this model only 2 time(s), fewer than --profile-nth-exec 3" in done.stdout
+    view = neuron_profile("view", str(kept), "--output-format", "summary-json")
+    assert view.returncode == 0 and "warm-up execution" in view.stderr
+
+
+def test_a_crashed_program_is_not_told_it_ran_too_few_executions(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(MLP_SCRIPT)
+    done = neuron_profile("capture", "-o", str(tmp_path / "out"), "--", sys.executable, str(script), "1", "4")
+    assert done.returncode == 4
+    assert "fewer than" not in done.stdout and "stopped (exit code 4) after 1 execution(s)" in done.stdout
+    none = neuron_profile("capture", "-o", str(tmp_path / "none"), "--", sys.executable, str(script),
+                          "0", "5")
+    assert none.returncode == 5 and "fewer" not in none.stdout
+    assert "no device profile: the program stopped (exit code 5) before a model ran" in none.stdout
+
+
+def test_an_incomplete_profile_opened_by_its_path_says_so(tmp_path):
+    from formats.writer import ProfileWriter
+
+    writer = ProfileWriter(tmp_path / "p", {"is_simulation": True})
+    writer.write("HbmUsage", {"timestamp": [1, 2], "current_throughput": [1.0, 2.0],
+                              "total_transfer_bytes": [10, 20]})
+    kept = writer.abort("stopped by the user")
+    assert kept == tmp_path / "p.incomplete" and is_incomplete(kept)
+    for args in (["query", str(kept), "SELECT count(*) FROM HbmUsage"],
+                 ["view", str(kept), "--output-format", "summary-json"]):
+        done = neuron_profile(*args)
+        notes = [line for line in done.stderr.splitlines() if "is an incomplete profile" in line]
+        assert len(notes) == 1 and "incomplete profile" in notes[0] and "stopped by the user" in notes[0]
+    found = neuron_profile("query", str(tmp_path), "SELECT count(*) AS n FROM HbmUsage",
+                           "--include-incomplete", "--format", "csv")
+    assert found.returncode == 0 and found.stdout.split() == ['"n"', "2"]
