@@ -530,25 +530,34 @@ def row_busy(profile: Profile, window: Window, *, engines: Sequence[str] = (), t
              pcore: int | None = None, label: str | None = None,
              con: duckdb.DuckDBPyConnection | None = None) -> Busy:
     """Busy figure of one selection of instructions: those of ``engines`` (canonical names) or of
-    ``tracks`` (timeline rows), optionally one physical core. busy_ns = |∪ of their intervals
-    clipped to the window| (one union over the whole selection: ``engines=["Tensor"]`` is the
-    engine's union across its two rows); fraction = busy_ns / window length."""
+    ``tracks`` (timeline rows), optionally one physical core. busy_ns = Σ over physical cores of |∪
+    of their intervals clipped to the window| (one union per core over the whole selection:
+    ``engines=["Tensor"]`` is the engine's union across its two rows); fraction = busy_ns / window
+    length -- as :func:`engine_busy` and :func:`track_busy`, which are this over each engine/row."""
     with _connection(con) as c:
         source = TableSource(profile, "Instruction")
         name = label or "+".join([*engines, *tracks]) or "instructions"
         if not source.present:
             return Busy(name, 0, window.length_ns)
-        parts = []
-        if engines:
-            parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in engines)})")
-        if tracks:
-            track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
-            parts.append(f"{track} IN ({', '.join(literal(t) for t in tracks)})")
-        extra = "(" + " OR ".join(parts) + ")" if parts else ""
-        if pcore is not None:
-            extra = f"{extra + ' AND ' if extra else ''}coalesce({source.col('pcore_idx')}, 0) = {int(pcore)}"
-        acc, counts, durations, _, _ = _sweep(profile, source, window, c, "0", extra)
-        return Busy(name, acc.lengths().get(0, 0), window.length_ns, counts.get(0, 0), durations.get(0, 0))
+        extra = _selection_sql(source, engines, tracks, pcore)
+        acc, counts, durations, _, _ = _sweep(profile, source, window, c,
+                                              f"coalesce({source.col('pcore_idx')}, 0)", extra)
+        return Busy(name, sum(acc.lengths().values()), window.length_ns, sum(counts.values()),
+                    sum(durations.values()))
+
+
+def _selection_sql(source: TableSource, engines: Sequence[str], tracks: Sequence[str],
+                   pcore: int | None) -> str:
+    parts = []
+    if engines:
+        parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in engines)})")
+    if tracks:
+        track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
+        parts.append(f"{track} IN ({', '.join(literal(t) for t in tracks)})")
+    extra = "(" + " OR ".join(parts) + ")" if parts else ""
+    if pcore is not None:
+        extra = f"{extra + ' AND ' if extra else ''}coalesce({source.col('pcore_idx')}, 0) = {int(pcore)}"
+    return extra
 
 
 @dataclass(frozen=True)
@@ -570,70 +579,60 @@ class BucketBusy:
         return np.divide(self.busy_ns, width, out=np.zeros_like(self.busy_ns), where=width > 0)
 
 
-def _covered(seg_s: np.ndarray, seg_e: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """C(x) = |∪ segments ∩ (-inf, x)| for disjoint segments sorted by start."""
-    lengths = np.concatenate([[0.0], np.cumsum((seg_e - seg_s).astype(np.float64))])
-    ended = np.searchsorted(seg_e, x, side="right")  # segments wholly before x (ends sorted too)
-    started = np.searchsorted(seg_s, x, side="left")  # segments starting before x
-    partial = np.where(started > ended, x - seg_s[np.minimum(ended, max(seg_s.size - 1, 0))], 0.0) \
-        if seg_s.size else np.zeros_like(x, dtype=np.float64)
-    return lengths[ended] + np.maximum(partial, 0.0)
-
-
 def busy_buckets(profile: Profile, t0: int, t1: int, buckets: int, *, engines: Sequence[str] = (),
                  tracks: Sequence[str] = (), pcore: int | None = None, use_active_time: bool = True,
                  con: duckdb.DuckDBPyConnection | None = None) -> BucketBusy:
     """Per-bucket busy time of a selection (as :func:`row_busy`: ``engines`` by canonical name --
     ``["Tensor"]`` is the union of both Tensor rows -- or ``tracks`` by timeline row, optionally one
-    physical core) over ``buckets`` equal buckets of ``[t0, t1)``."""
-    edges = np.linspace(float(t0), float(t1), max(1, int(buckets)) + 1)
-    window = Window.span(t0, t1)
+    physical core; Σ over cores) over ``buckets`` equal buckets of ``[t0, t1)``. The bucketing is
+    ``formats.coverage``'s (one implementation; it also does several rows in one scan)."""
+    from formats.coverage import RowSelect, covered_per_bucket
+    from formats.coverage import busy_buckets as rows_busy_buckets
+
+    t0, t1, n = int(t0), int(t1), max(1, int(buckets))
+    edges = t0 + (t1 - t0) * np.arange(n + 1, dtype=np.float64) / n
+    width = (t1 - t0) / n
     with _connection(con) as c:
-        segments, source_name = _selection_segments(profile, window, engines, tracks, pcore,
-                                                    use_active_time, c)
-    s, e = segments
-    if s.size:
-        order = np.argsort(s, kind="stable")
-        s, e = s[order].astype(np.float64), e[order].astype(np.float64)
-    covered = _covered(s, e, edges)
-    return BucketBusy(edges, np.maximum(np.diff(covered), 0.0), source_name)
+        active = TableSource(profile, "ActiveTime")
+        if use_active_time and engines and not tracks and active.present and t1 > t0:
+            busy = np.zeros(n)
+            stems = ", ".join(literal(e.lower()) for e in engines)
+            core_sql = f"coalesce({active.col('pcore_idx')}, 0)"
+            cond = (f"lower({active.col('engine', engines=False)}) IN ({stems}) "
+                    f"AND start_ts < ? AND end_ts > ?")
+            if pcore is not None:
+                cond += f" AND {core_sql} = {int(pcore)}"
+            cols = c.execute(f"SELECT start_ts AS s, end_ts AS e, {core_sql} AS p "
+                             f"FROM {active.relation()} WHERE {cond}", [t1, t0]).fetchnumpy()
+            s, e, core = _ints(cols["s"]), _ints(cols["e"]), _ints(cols["p"])
+            for k in np.unique(core).tolist():  # Σ over physical cores
+                mine = core == k
+                acc = UnionAccumulator(keep_segments=True)  # several engines of one core may overlap
+                acc.add(0, s[mine], e[mine])
+                _, ms, me = acc.segments()
+                busy += covered_per_bucket(ms, me, t0, t1, n)
+            return BucketBusy(edges, busy, "ActiveTime")
+        if t1 <= t0:
+            return BucketBusy(edges, np.zeros(n), "Instruction")
+        cores = [pcore] if pcore is not None else None
+        select = RowSelect("row", tuple(engines), tuple(tracks))
+        if cores is None:
+            fraction = rows_busy_buckets(profile, t0, t1, n, [select], c)["row"]
+        else:
+            fraction = _one_core(profile, t0, t1, n, select, int(pcore), c)  # type: ignore[arg-type]
+        return BucketBusy(edges, fraction * width, "Instruction")
 
 
-def _selection_segments(profile: Profile, window: Window, engines: Sequence[str], tracks: Sequence[str],
-                        pcore: int | None, use_active_time: bool, con: duckdb.DuckDBPyConnection
-                        ) -> tuple[tuple[np.ndarray, np.ndarray], str]:
-    """Disjoint merged segments of the selection, clipped to the window."""
-    active = TableSource(profile, "ActiveTime")
-    if use_active_time and engines and not tracks and active.present:
-        stems = ", ".join(literal(e.lower()) for e in engines)
-        cond = f"lower({active.col('engine', engines=False)}) IN ({stems}) AND start_ts < ? AND end_ts > ?"
-        params: list[int] = [int(window.t1 or 0), int(window.t0 or 0)]
-        if pcore is not None:
-            cond += f" AND coalesce({active.col('pcore_idx')}, 0) = {int(pcore)}"
-        cols = con.execute(f"SELECT start_ts, end_ts FROM {active.relation()} WHERE {cond}",
-                           params).fetchnumpy()
-        s, e = _clip(_ints(cols["start_ts"]), _ints(cols["end_ts"]), window)
-        if len(engines) > 1 or pcore is None:  # stretches of several engines/cores overlap: merge them
-            acc = UnionAccumulator(keep_segments=True)
-            acc.add(0, s, e)
-            _, s, e = acc.segments()
-        return (s, e), "ActiveTime"
+def _one_core(profile: Profile, t0: int, t1: int, n: int, select: Any, pcore: int,
+              con: duckdb.DuckDBPyConnection) -> np.ndarray:
+    """Per-bucket busy fraction of a selection on one physical core."""
+    from formats.coverage import covered_per_bucket
+
     source = TableSource(profile, "Instruction")
-    if not source.present:
-        empty = np.zeros(0, np.int64)
-        return (empty, empty), "Instruction"
-    parts = []
-    if engines:
-        parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in engines)})")
-    if tracks:
-        track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
-        parts.append(f"{track} IN ({', '.join(literal(t) for t in tracks)})")
-    extra = "(" + " OR ".join(parts) + ")" if parts else ""
-    if pcore is not None:
-        extra = f"{extra + ' AND ' if extra else ''}coalesce({source.col('pcore_idx')}, 0) = {int(pcore)}"
-    _, _, _, total, _ = _sweep(profile, source, window, con, "0", extra)
+    extra = _selection_sql(source, select.engines, select.tracks, pcore)
+    _, _, _, total, _ = _sweep(profile, source, Window.span(t0, t1), con, "0", extra)
     _, s, e = total.segments()
-    return (s, e), "Instruction"
+    return covered_per_bucket(s, e, t0, t1, n) / ((t1 - t0) / n)
 
 
 # -- DMA, HBM, FLOPs, collectives ----------------------------------------------------------------

@@ -166,3 +166,31 @@ def test_busy_buckets_show_how_busy_each_pixel_is(tiny) -> None:
     whole_row = F.row_busy(tiny, F.Window.span(25, 375), engines=["Tensor"])
     assert b.busy_ns.sum() == pytest.approx(whole_row.busy_ns)
     assert float(b.fraction.max()) <= 1.0
+
+
+def test_two_physical_cores_add_up_in_every_busy_figure(tmp_path: Path) -> None:
+    import numpy as np
+
+    from formats.coverage import RowSelect
+    from formats.coverage import busy_buckets as coverage_buckets
+    from tests.formats.figure_profiles import filled, write_profile
+
+    tables = {"Instruction": filled("Instruction", {
+        "start_ts": np.array([0, 0, 200]), "end_ts": np.array([100, 100, 300]),
+        "engine": ["Tensor"] * 3, "timeline_track": ["TensorMatrix"] * 3, "opcode": ["MATMUL"] * 3,
+        "id": np.arange(3), "pcore_idx": np.array([0, 1, 1])}),
+        "ExecutionInfo": {"execution_index": np.array([0], np.int32), "execution_start_ts": [0],
+                          "execution_end_ts": [1000]}}
+    profile = open_profile(write_profile(tmp_path / "lnc2", tables))
+    w = F.whole(profile)
+    assert F.engine_busy(profile, w)["Tensor"].busy_ns == 300  # Σ over cores: 100 + (100 + 100)
+    assert F.track_busy(profile, w)["TensorMatrix"].busy_ns == 300
+    assert F.row_busy(profile, w, engines=["Tensor"]).busy_ns == 300
+    assert F.row_busy(profile, w, engines=["Tensor"], pcore=1).busy_ns == 200
+    assert summary.stored_summary(profile)["tensor_engine_active_time"] == pytest.approx(300e-9)
+    for use_active_time in (True, False):
+        b = F.busy_buckets(profile, 0, 1000, 10, engines=["Tensor"], use_active_time=use_active_time)
+        assert b.busy_ns.tolist() == [200.0, 0.0, 100.0] + [0.0] * 7, b.source
+    assert F.busy_buckets(profile, 0, 1000, 10, engines=["Tensor"], pcore=0).busy_ns.sum() == 100
+    cov = coverage_buckets(profile, 0, 1000, 10, [RowSelect("t", engines=("Tensor",))])["t"]
+    assert cov.mean() == pytest.approx(F.engine_busy(profile, w)["Tensor"].fraction)
