@@ -85,7 +85,7 @@ def region_summary(loaded: LoadedProfile, rows: Sequence[Row], t0: int, t1: int)
         con = queries.con
         for row in instr_rows:
             busy = figs.row_busy(
-                loaded.profile, window, tracks=[row.label], pcore=row.pcore or 0, label=row.label, con=con
+                loaded.profile, window, tracks=[row.label], pcore=row.pcore or 0, label=row.shown, con=con
             )
             summary.busy.append(busy)
         tensor_cores = sorted({r.pcore or 0 for r in instr_rows if r.engine == "Tensor"})

@@ -217,7 +217,7 @@ def test_box_select_summary_matches_duckdb(window_factory: Any) -> None:
         spans = con.execute(f"""SELECT greatest(start_ts, {a}), least(end_ts, {b}) FROM {instr}
                                 WHERE coalesce(timeline_track, engine) = '{row.label}'
                                   AND start_ts < {b} AND end_ts > {a}""").fetchall()
-        assert busy.name == row.label and busy.busy_ns == _union(spans)
+        assert busy.name == row.shown and busy.busy_ns == _union(spans)
         assert busy.fraction == pytest.approx(_union(spans) / (b - a))
     # a Tensor row is boxed: the engine's union across both of its rows is listed too
     union = summary.busy[-1]
