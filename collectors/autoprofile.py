@@ -7,6 +7,9 @@ The wrapper sets, for its child:
 * ``NEURONSCOPE_EVENTS_FILE``: where the child writes its runtime API events (JSON lines) at exit,
   for the wrapper to fold into the system profile (a hidden file inside that profile's folder);
 * ``NEURONSCOPE_CAPTURE_STATUS``: where the child reports recording errors at exit (JSON);
+* ``NEURONSCOPE_ROW_GROUP_ROWS`` (optional, the user's to set): rows per committed part file
+  (default 131,072). A killed program loses at most the rows not yet committed; smaller parts lose
+  less and cost more files;
 * ``NEURONSCOPE_WRAPPER_FD``: the read end of a pipe whose write end only the wrapper holds: when
   the wrapper dies (even by SIGKILL) the read returns end-of-file and the child stops itself as if
   sent SIGTERM, so its profiles are closed, marked incomplete.
@@ -37,6 +40,7 @@ NTH_EXEC = "NEURONSCOPE_PROFILE_NTH_EXEC"
 EVENTS_FILE = "NEURONSCOPE_EVENTS_FILE"
 STATUS_FILE = "NEURONSCOPE_CAPTURE_STATUS"
 WRAPPER_FD = "NEURONSCOPE_WRAPPER_FD"
+ROW_GROUP_ROWS = "NEURONSCOPE_ROW_GROUP_ROWS"
 EVENTS_NAME = ".runtime-events.jsonl"
 SIGTERM_EXIT = 128 + signal.SIGTERM
 
@@ -53,7 +57,9 @@ def install(sink: Any) -> None:
     collector = None
     if out_dir:
         nth = os.environ.get(NTH_EXEC)
-        collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None)
+        rows = os.environ.get(ROW_GROUP_ROWS, "")
+        options = {"row_group_rows": int(rows)} if rows.isdigit() and int(rows) > 0 else {}
+        collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None, **options)
         sink.subscribe(collector)
     log = None
     if events_file:
@@ -68,6 +74,9 @@ def install(sink: Any) -> None:
         if collector is None:
             return
         try:
+            stopped = _stop_reason or _uncaught()
+            if stopped:  # every open profile is cut short, whatever its execution did
+                collector.abort(stopped)
             collector.close()
         except RecordingError as exc:  # what was recorded is kept, marked; say why, once
             _report(str(exc))
@@ -77,6 +86,18 @@ def install(sink: Any) -> None:
     atexit.register(finish)
     _stop_on_sigterm()
     _watch_wrapper()
+
+
+_stop_reason: str | None = None  # why this program is being stopped, when we stop it
+
+
+def _uncaught() -> str | None:
+    """The exception the program is dying of, if any (the interpreter keeps it in ``sys.last_value``
+    once it printed the traceback, before the exit-time functions run)."""
+    exc = getattr(sys, "last_value", None)
+    if exc is None or isinstance(exc, SystemExit):
+        return None
+    return f"the program stopped on {type(exc).__name__}"
 
 
 def _report(message: str) -> None:
@@ -101,6 +122,8 @@ def _shield_signals() -> None:
 
 
 def _sigterm(_signum: int, _frame: Any) -> None:
+    global _stop_reason
+    _stop_reason = _stop_reason or "the program was stopped by SIGTERM"
     raise SystemExit(SIGTERM_EXIT)
 
 
@@ -127,6 +150,8 @@ def _watch_wrapper() -> None:
                 pass
         except OSError:
             return  # not our pipe (closed or never passed): nothing to watch
+        global _stop_reason
+        _stop_reason = "the wrapping neuron-profile capture died; the program was stopped"
         os.kill(os.getpid(), signal.SIGTERM)
 
     with contextlib.suppress(OSError):
@@ -134,4 +159,5 @@ def _watch_wrapper() -> None:
         threading.Thread(target=watch, name="neuronscope-wrapper-watch", daemon=True).start()
 
 
-__all__ = ["EVENTS_FILE", "EVENTS_NAME", "NTH_EXEC", "PROFILE_DIR", "STATUS_FILE", "WRAPPER_FD", "install"]
+__all__ = ["EVENTS_FILE", "EVENTS_NAME", "NTH_EXEC", "PROFILE_DIR", "ROW_GROUP_ROWS", "STATUS_FILE",
+           "WRAPPER_FD", "install"]

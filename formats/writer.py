@@ -6,17 +6,24 @@
 
 Why it is shaped this way:
 
-* **Bounded memory.** Each table buffers at most one row group (``row_group_rows``) before it is
-  encoded and written, so a 100M-instruction capture needs the same memory as a small one.
-* **Split files.** A table's file is closed once it passes ``max_file_bytes`` and the next rows go
-  to a new part. Parts are named ``<Table>_0.parquet``, ``<Table>_1.parquet``, ... (profile-schema.md
-  §1.1); a table that never split is renamed to plain ``<Table>.parquet`` at close.
-* **Visible only when complete.** Everything is written into a staging directory next to the target
-  (same file system, so the final ``rename`` is atomic) and renamed to the target by ``close()``.
-* **Interrupted captures stay readable, and say so.** ``abort()`` (called for any exception,
-  ``KeyboardInterrupt`` included, when used as a context manager) closes every open file properly,
-  adds a ``Warning`` row (category ``Incomplete Profile``) and ``Metadata.capture_complete = false``,
-  and renames the staging directory to ``<target>.incomplete`` -- never to the target itself.
+* **Bounded memory.** Each table buffers at most one row group (``row_group_rows`` rows or
+  ``row_group_bytes``) before it is encoded and written, so a 100M-instruction capture needs the
+  same memory as a small one.
+* **Every row group is a committed part.** A row group is written as its own part file under a
+  hidden temporary name, closed (footer written) and renamed to ``<Table>_<n>.parquet``
+  (profile-schema.md §1.1 split parts; ``n`` in write order). A process killed at any moment leaves
+  only whole, readable parts; it loses the rows still buffered and the part being encoded. A table
+  of one part is renamed to plain ``<Table>.parquet`` at close.
+* **Marked incomplete until it is complete.** The profile is written in ``<target>.incomplete``,
+  which holds from the first moment a ``Warning`` row (``Incomplete Profile``) and a Metadata row
+  with ``capture_complete = false`` (rewritten with what is known as parts are committed). Only
+  ``close()`` writes the final Metadata and renames the folder to the target (same file system:
+  atomic), so no hidden staging folder is ever left behind.
+* **Interrupted captures stay readable, and say why.** ``abort()`` (called for any exception,
+  ``KeyboardInterrupt`` included, when used as a context manager) commits what is buffered, writes
+  the reason in the ``Warning`` row and leaves the folder at ``<target>.incomplete``.
+* **Readable everywhere.** A dictionary holding a null (a per-op text with no value for some ops)
+  is rewritten with the null in the indices: Parquet writers of every supported pyarrow refuse it.
 """
 
 from __future__ import annotations
