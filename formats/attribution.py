@@ -19,7 +19,8 @@ Here every figure is the **union of the same op events** (docs/figures.md):
 * **line inclusive** = |∪ of the events of every op whose call stack holds the line| (frames from
   ``stack_frame_ids`` and their parents, else ``bir_debug_info_source_location``/``nki_source_location``);
   **line self** = the same over the ops whose innermost frame is the line;
-* an op's stack is the stack of most of its instructions (one op is traced from one call site).
+* an op's stack (and name, layer) is that of any of its instructions (one op is traced from one
+  call site).
 
 Per-op spans are merged in time slices (``formats.intervals``), so memory is bounded by the merged
 spans, not the instruction count; layers and lines then union those spans, a few thousand per op.
@@ -140,20 +141,29 @@ def _op_table(profile: Profile, con: duckdb.DuckDBPyConnection) -> tuple[pa.Tabl
         f"SELECT count({col('raw_hlo_id')}) FROM {source.relation()}").fetchall()[0][0] > 0
     key = col("raw_hlo_id") if by_id else col("hlo_name")
     table = con.sql(f"""
-        SELECT {key} AS k, mode({col('hlo_name')}) AS name, mode({col('layer')}) AS layer,
-               mode({col('stack_frame_ids')}) AS stack,
-               mode(coalesce({col('bir_debug_info_source_location')}, {col('nki_source_location')})) AS loc
+        SELECT {key} AS k, any_value({col('hlo_name')}) AS name, any_value({col('layer')}) AS layer,
+               any_value({col('stack_frame_ids')}) AS stack,
+               any_value(coalesce({col('bir_debug_info_source_location')},
+                                  {col('nki_source_location')})) AS loc
         FROM {source.relation()} WHERE {key} IS NOT NULL GROUP BY 1 ORDER BY 1""").to_arrow_table()
     table = table.append_column("idx", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     return table, ("raw_hlo_id" if by_id else "hlo_name")
 
 
-def _ops(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection) -> _Ops | None:
+def _ops(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection, use_stored: bool = True
+         ) -> _Ops | None:
     found = _op_table(profile, con)
     if found is None:
         return None
     table, key_column = found
     n = table.num_rows
+    if n == 0:
+        return None
+    by_id = key_column == "raw_hlo_id"
+    ids = np.asarray(table.column("k").to_numpy(zero_copy_only=False), np.int64) if by_id else np.zeros(0)
+    stored = _stored_spans(profile, window, con, ids) if by_id and use_stored else None
+    if stored is not None:
+        return _ops_of(table, *stored)
     con.register("__ops", table)
     acc = UnionAccumulator(keep_segments=True)
     counts = np.zeros(n, np.int64)
@@ -187,14 +197,27 @@ def _ops(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection) -> _O
                     cond.append("t.start_ts < ?")
                     args.append(high)
                 where = " AND ".join(cond) or "true"
-                cols = con.execute(f"""SELECT o.idx AS k, t.start_ts AS s, t.end_ts AS e
-                                       FROM (SELECT {source.col(key_column)} AS key, start_ts, end_ts
-                                             FROM {source.relation()}) t
-                                       JOIN __ops o ON o.k = t.key WHERE {where}""", args).fetchnumpy()
-                if not len(cols["s"]):
-                    continue
-                k = np.asarray(cols["k"], np.int64)
-                s0, e0 = np.asarray(cols["s"], np.int64), np.asarray(cols["e"], np.int64)
+                if by_id:  # integer op ids: mapped to op indices in NumPy (cheaper than a join)
+                    cols = con.execute(f"""SELECT t.key AS k, t.start_ts AS s, t.end_ts AS e
+                                           FROM (SELECT {source.col(key_column)} AS key, start_ts, end_ts
+                                                 FROM {source.relation()}) t
+                                           WHERE t.key IS NOT NULL AND {where}""", args).fetchnumpy()
+                    if not len(cols["s"]):
+                        continue
+                    raw = np.asarray(cols["k"], np.int64)
+                    k = np.minimum(np.searchsorted(ids, raw), n - 1)
+                    known = ids[k] == raw
+                    k, s0, e0 = k[known], np.asarray(cols["s"], np.int64)[known], \
+                        np.asarray(cols["e"], np.int64)[known]
+                else:
+                    cols = con.execute(f"""SELECT o.idx AS k, t.start_ts AS s, t.end_ts AS e
+                                           FROM (SELECT {source.col(key_column)} AS key, start_ts, end_ts
+                                                 FROM {source.relation()}) t
+                                           JOIN __ops o ON o.k = t.key WHERE {where}""", args).fetchnumpy()
+                    if not len(cols["s"]):
+                        continue
+                    k = np.asarray(cols["k"], np.int64)
+                    s0, e0 = np.asarray(cols["s"], np.int64), np.asarray(cols["e"], np.int64)
                 if is_instruction:
                     inside = np.ones(s0.size, bool)
                     if window.t0 is not None:
@@ -212,11 +235,49 @@ def _ops(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection) -> _O
                 acc.add(k, s, e, key_order(k, start_order(s)))
     finally:
         con.unregister("__ops")
+    return _ops_of(table, counts, acc.segments())
+
+
+def _ops_of(table: pa.Table, counts: np.ndarray, segments: tuple[np.ndarray, np.ndarray, np.ndarray]) -> _Ops:
     columns = table.to_pydict()
     keys = [str(v) for v in columns["k"]]
     names = [str(v) if v is not None else keys[i] for i, v in enumerate(columns["name"])]
     return _Ops(keys, names, [str(v or "") for v in columns["layer"]], columns["stack"], columns["loc"],
-                counts, acc.segments())
+                counts, segments)
+
+
+def _stored_spans(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection, ids: np.ndarray
+                  ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """The whole execution's op spans as our recorder stored them (``HloInstruction.time_intervals``:
+    the union of each op's instructions and DMA packets per execution -- this module's definition,
+    checked by tests/formats/test_attribution.py) and its ``instruction_count``: no scan of the
+    event tables. None for a window, or a profile whose HloInstruction another writer made."""
+    hlo = TableSource(profile, "HloInstruction")
+    if window.bounded or not hlo.present or not (hlo.has("time_intervals") and hlo.has("instruction_count")
+                                                 and hlo.has("active_time_ns")):
+        return None
+    try:
+        cols = con.execute(f"""SELECT raw_hlo_id AS k, x[1] AS s, x[2] AS e FROM (
+                                   SELECT raw_hlo_id, unnest(CAST(time_intervals AS BIGINT[][])) AS x
+                                   FROM {hlo.relation()} WHERE raw_hlo_id IS NOT NULL)""").fetchnumpy()
+        counted = con.execute(f"SELECT raw_hlo_id, sum(instruction_count) FROM {hlo.relation()} "
+                              f"WHERE raw_hlo_id IS NOT NULL GROUP BY 1").fetchall()
+    except duckdb.Error:
+        return None  # time_intervals not in our text form: scan the events instead
+    n = ids.size
+    raw = np.asarray(cols["k"], np.int64)
+    k = np.minimum(np.searchsorted(ids, raw), n - 1)
+    if raw.size and not bool(np.all(ids[k] == raw)):
+        return None  # ops the instructions do not know: not ours, scan instead
+    counts = np.zeros(n, np.int64)
+    for key, count in counted:
+        i = int(np.searchsorted(ids, key))
+        if i < n and ids[i] == key:
+            counts[i] += int(count or 0)
+    acc = UnionAccumulator(keep_segments=True)
+    s, e = np.asarray(cols["s"], np.int64), np.asarray(cols["e"], np.int64)
+    acc.add(k, s, e, key_order(k, start_order(s)))  # spans of several executions: merged per op
+    return counts, acc.segments()
 
 
 # -- frames ----------------------------------------------------------------------------------------
@@ -310,14 +371,16 @@ def _prefixes(path: str) -> list[str]:
 
 
 def attribute(profile: Profile, window: Window | None = None,
-              con: duckdb.DuckDBPyConnection | None = None) -> Attribution:
-    """Op, layer, source-line and module-kind times of ``window`` (default: the whole execution)."""
+              con: duckdb.DuckDBPyConnection | None = None, *, use_stored: bool = True) -> Attribution:
+    """Op, layer, source-line and module-kind times of ``window`` (default: the whole execution).
+    The whole execution of one of our profiles reads the op spans ``HloInstruction`` stores (the
+    same union); ``use_stored=False`` scans the event tables anyway."""
     own = con is None
     con = con or sqlsource.connect(memory_limit="1GB")
     try:
         window = window if window is not None else whole(profile, con)
         out = Attribution(window)
-        ops = _ops(profile, window, con)
+        ops = _ops(profile, window, con, use_stored)
         if ops is None:
             return out
         n = len(ops.keys)
