@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from collectors import autoprofile
-from collectors.device_profile import CapturedProfile, profile
+from collectors.device_profile import CapturedProfile, RecordingError, profile
 from collectors.system import SystemProfileCollector, system_profile
 from formats.dataset import capture_state, find_profiles
 from formats.reader import ProfileError
@@ -307,6 +307,32 @@ def _read_status(path: Path) -> list[str]:
     return [str(e) for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
 
 
+class CaptureStopped(BaseException):
+    """SIGTERM/SIGHUP during a workload capture: unwinds like Ctrl-C, so the profiles are kept marked."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(_signal_name(signum))
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on(*signums: int) -> Any:
+    """Turn ``signums`` into ``CaptureStopped`` for the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise CaptureStopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 class CaptureCommand:
     """``neuron-profile capture``."""
 
@@ -358,7 +384,16 @@ class CaptureCommand:
             if args.profile_nth_exec > args.num_exec:
                 raise CaptureError(f"--profile-nth-exec {args.profile_nth_exec} is beyond --num-exec "
                                    f"{args.num_exec}: nothing would be profiled")
-            result = capture_workload(args, console)
+            try:
+                with _stop_on(signal.SIGTERM, signal.SIGHUP):
+                    result = capture_workload(args, console)
+            except CaptureStopped as stop:  # profiles were kept, marked incomplete, on the way out
+                print(f"neuron-profile: interrupted ({_signal_name(stop.signum)}); what was recorded is "
+                      f"kept (marked incomplete)", file=sys.stderr)
+                return 128 + stop.signum
+            except RecordingError as exc:  # kept, marked; the cause in one line
+                print(f"neuron-profile: error: {exc}", file=sys.stderr)
+                return EXIT_RECORDING_FAILED
         else:
             result = capture_command(args, console)
         out = Console()

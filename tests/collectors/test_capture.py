@@ -349,3 +349,22 @@ def test_an_incomplete_profile_opened_by_its_path_says_so(tmp_path):
     found = neuron_profile("query", str(tmp_path), "SELECT count(*) AS n FROM HbmUsage",
                            "--include-incomplete", "--format", "csv")
     assert found.returncode == 0 and found.stdout.split() == ['"n"', "2"]
+
+
+def test_sigterm_stops_a_workload_capture_like_ctrl_c(tmp_path):
+    env = {**os.environ, "NEURONSCOPE_LIVE": "0", "PYTHONPATH": str(REPO)}
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "explorer.profile_cli", "capture", "-w", "llama-decode",
+                             "--set", "layers=1", "--timing-only", "--num-exec", "100000", "-o", str(out),
+                             "--system-interval", "0.02"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "device").exists() and time.monotonic() < deadline:  # recording has begun
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("neuron-profile: interrupted (SIGTERM)")
+    assert is_incomplete(out / "system.incomplete")
+    assert not [p for p in out.rglob(".*") if p.is_dir()]
