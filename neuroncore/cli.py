@@ -126,11 +126,20 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if not missing:
         console.print(f"[green]all ops supported[/] ({frontend}): {args.target} can run on the core")
         return 0
-    table = Table(title=f"{len(missing)} unsupported op{'s' if len(missing) != 1 else ''} ({frontend})")
-    for column in ("op", "HLO name", "layer", "source"):
-        table.add_column(column)
-    for op in missing:
-        table.add_row(op.opcode, op.name, op.layer or "-", op.source)
+    title = f"{len(missing)} unsupported op{'s' if len(missing) != 1 else ''} ({frontend})"
+    header = ("op", "HLO name", "layer", "source")
+    rows = [(op.opcode, op.name, op.layer or "-", op.source) for op in missing]
+    if not console.is_terminal:  # a pipe or a file: every column whole, whatever COLUMNS says
+        print(title)
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        return 1
+    table = Table(title=title)
+    for column in header:
+        table.add_column(column, overflow="fold")  # a narrow terminal wraps a cell, never cuts it
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     return 1
 

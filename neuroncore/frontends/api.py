@@ -24,6 +24,7 @@ import numpy as np
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler import unsupported_ops
 from neuroncore.compiler.program import Program
+from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.runtime import Instance
 
@@ -79,10 +80,54 @@ def frontend_for(example_inputs: Sequence[Any]) -> Any:
     raise TraceError(f"example inputs must be torch tensors or JAX arrays, got {kinds}")
 
 
-def check(fn: Any, example_inputs: Sequence[Any]) -> list[Op]:
+@dataclass(frozen=True, eq=False)
+class UnsupportedOp:
+    """One op ``check`` found the core cannot run. Printed -- alone or in the list ``check`` returns --
+    as ``sort.3 (sort) at model/layers.0/sort [model.py:42]``: what it is, which layer, which line, as
+    README promises; the IR op itself is ``op``."""
+
+    op: Op
+
+    @property
+    def opcode(self) -> str:
+        return self.op.opcode
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def layer(self) -> str:
+        return self.op.layer
+
+    @property
+    def source(self) -> str:
+        """``file:line`` of the innermost user frame, or ``<unknown>``."""
+        return self.op.source
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.op.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.op.dtype
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.op.attrs
+
+    def __str__(self) -> str:
+        return self.op.describe()
+
+    def __repr__(self) -> str:
+        return f"UnsupportedOp({self.op.describe()})"
+
+
+def check(fn: Any, example_inputs: Sequence[Any]) -> list[UnsupportedOp]:
     """Every op the compiler cannot lower, with its layer and source line; nothing is executed."""
     converted = frontend_for(example_inputs).convert(fn, tuple(example_inputs), autocast=None)
-    return unsupported_ops(converted.graph)
+    return [UnsupportedOp(op) for op in unsupported_ops(converted.graph)]
 
 
 def _with_length(value: np.ndarray, dim: int, length: int) -> np.ndarray:
@@ -219,4 +264,4 @@ def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
     return program, copies[0] if replicas == 1 else DataParallelModel(copies)
 
 
-__all__ = ["Converted", "TraceError", "TracedModel", "check", "frontend_for", "trace"]
+__all__ = ["Converted", "TraceError", "TracedModel", "UnsupportedOp", "check", "frontend_for", "trace"]

@@ -86,3 +86,30 @@ def test_frontend_is_found_inside_nested_inputs():
     assert module.__name__.endswith("jax_frontend")
     with pytest.raises(ValueError, match="got int"):
         frontend_for(({"x": 1},))
+
+
+def test_piped_output_is_never_cut(tmp_path):
+    """Not a terminal (and no COLUMNS): rich used to cut the layer and file:line columns at 80."""
+    folder = tmp_path / ("a_rather_long_project_folder_name_" * 3)
+    folder.mkdir()
+    path = _script(folder, UNSUPPORTED)
+    proc = subprocess.run([sys.executable, "-m", "neuroncore.cli", "check", f"{path}:make"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr
+    sort_line = next(line for line in proc.stdout.splitlines() if line.startswith("sort"))
+    assert sort_line.split()[2] == "model/sort" and sort_line.endswith(f"{path}:5")  # whole, on one line
+    assert "…" not in proc.stdout
+
+
+def test_check_results_print_layer_and_line():
+    import neuroncore as nc
+
+    namespace: dict[str, object] = {}
+    exec(compile(textwrap.dedent(UNSUPPORTED), "model.py", "exec"), namespace)
+    model, examples = namespace["make"]()  # type: ignore[operator]
+    missing = nc.check(model, examples)
+    sort = next(op for op in missing if op.opcode == "sort")
+    assert str(sort) == f"{sort.name} (sort) at model/sort [model.py:5]"
+    assert f"{sort.name} (sort) at model/sort [model.py:5]" in repr(missing)  # print(nc.check(...))
+    assert sort.shape == (4, 8) and sort.layer == "model/sort" and sort.source == "model.py:5"
