@@ -225,9 +225,11 @@ def _chunk(rng: np.random.Generator, clock: np.ndarray, m: int) -> dict[str, np.
             "gap": gap, "start": start, "opcode": opcode}
 
 
-def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000) -> None:
+def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000, flows: bool = False) -> None:
     """An ``n``-instruction profile written through ProfileWriter (memory: one chunk), with the tables a
-    capture derives at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod)."""
+    capture derives at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod).
+    ``flows``: a ``Flow`` edge into every instruction (from the one before it) and one instruction ->
+    transfer edge per DMA transfer, as a capture's SEMAPHORE and DMA_TRIGGER edges."""
     import pyarrow as pa
 
     from formats.derive import write_derived
@@ -280,6 +282,21 @@ def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000) 
                 "hbm_read_bytes": np.where(queue % 2 == 0, nbytes, 0),
                 "hbm_write_bytes": np.where(queue % 2 == 1, nbytes, 0),
             })
+            if flows:
+                transfers = np.unique(np.arange(packet_id, packet_id + k) // 4)
+                edges = m + transfers.size
+                writer.write("Flow", {
+                    "in_id": np.concatenate([np.maximum(ids - 1, 0), rng.choice(ids, transfers.size)]),
+                    "out_id": np.concatenate([ids, transfers]),
+                    "in_table": pa.DictionaryArray.from_arrays(pa.array(np.zeros(edges, np.int8)),
+                                                               pa.array(["instruction"])),
+                    "out_table": pa.DictionaryArray.from_arrays(
+                        pa.array(np.repeat(np.array([0, 1], np.int8), [m, transfers.size])),
+                        pa.array(["instruction", "dma_block"])),
+                    "dependency_type": pa.DictionaryArray.from_arrays(
+                        pa.array(np.repeat(np.array([0, 1], np.int8), [m, transfers.size])),
+                        pa.array(["SEMAPHORE", "DMA_TRIGGER"])),
+                })
             next_id += m
             packet_id += k
         write_derived(writer)
@@ -342,21 +359,70 @@ def bench_viewport(work: str, rows: int, queries_per_zoom: int) -> dict[str, Any
             "viewport_first_ms": round(first_ms, 1), "viewport_rows": rows}
 
 
+def cached_synthetic(rows: int, seed: int, flows: bool) -> str:
+    """A synthetic profile kept under /tmp between runs (building 20M rows takes minutes): rebuilt when
+    missing or incomplete (the ``.done`` marker is written last)."""
+    name = f"neuronscope-bench-synthetic-{rows}-s{seed}{'-flows' * flows}"
+    path = os.path.join(tempfile.gettempdir(), name)
+    if not os.path.exists(path + ".done"):
+        shutil.rmtree(path, ignore_errors=True)
+        synthetic_profile(path, rows, seed=seed, flows=flows)
+        with open(path + ".done", "w", encoding="ascii") as done:
+            done.write("ok\n")
+    return path
+
+
+def perfetto_child(path: str) -> None:
+    """Run in a child process: export ``path`` to a Perfetto trace; print seconds and peak RSS."""
+    from formats import trace_export
+    from formats.reader import open_profile
+
+    profile = open_profile(path)
+    gc.collect()
+    before = _status_mb("VmRSS")
+    with tempfile.TemporaryDirectory(prefix="bench-perfetto-") as work:
+        t = time.perf_counter()
+        with open(os.path.join(work, "trace.pftrace"), "wb") as out:
+            stats = trace_export.write_trace([("synthetic", profile)], out)
+        seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": round(seconds, 1), "peak_rss_mb": round(_status_mb("VmHWM"), 1),
+                      "rss_before_mb": round(before, 1), "slices": stats.slices, "flows": stats.flows,
+                      "bytes": stats.bytes}))
+
+
+def bench_perfetto(rows: int, label: str) -> dict[str, Any]:
+    path = cached_synthetic(rows, seed=2, flows=True)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--perfetto-child", path],
+                         capture_output=True, text=True, check=True)
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    keys = {"seconds": "perfetto_export_s", "peak_rss_mb": "perfetto_peak_rss_mb",
+            "rss_before_mb": "perfetto_rss_before_mb", "slices": "perfetto_slices", "flows": "perfetto_flows",
+            "bytes": "perfetto_bytes"}
+    return {f"{name}_{label}": child[key] for key, name in keys.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (smoke test)")
     parser.add_argument("--layers", type=int, default=1, help="decoder layers in the replayed program")
     parser.add_argument("--rss-child", type=int, metavar="ROWS", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("write", "read"), help="only the write or the read figures")
+    parser.add_argument("--perfetto-child", metavar="PROFILE", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("write", "read", "perfetto"),
+                        help="only the write, the read or the Perfetto-export figures")
     args = parser.parse_args()
     if args.rss_child:
         peak_rss_child(args.rss_child, args.layers)
         return
+    if args.perfetto_child:
+        perfetto_child(args.perfetto_child)
+        return
     figures: dict[str, Any] = {"bench": "formats", "quick": args.quick}
-    if args.only != "read":
+    if args.only in (None, "write"):
         figures.update(bench_write(500_000 if args.quick else 4_000_000, 2 if args.quick else 3, args.layers))
         figures.update(bench_peak_rss(1_000_000 if args.quick else 20_000_000, args.layers))
-    if args.only != "write":
+    if args.only in (None, "perfetto"):
+        figures.update(bench_perfetto(1_000_000 if args.quick else 20_000_000, "1m" if args.quick else "20m"))
+    if args.only in (None, "read"):
         work = tempfile.mkdtemp(prefix="bench-formats-read-")
         try:
             figures.update(bench_summary(work, 1_000_000 if args.quick else 10_000_000, 3))
@@ -364,7 +430,8 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     figures["targets"] = {"write_rows_per_s": ">= 3000000", "bytes_per_instruction": "<= 24",
-                          "peak_rss_mb": "<= 500", "summary_s_10m": "<= 2", "viewport_ms_20m": "<= 50"}
+                          "peak_rss_mb": "<= 500", "summary_s_10m": "<= 2", "viewport_ms_20m": "<= 50",
+                          "perfetto_peak_rss_mb_20m": "<= 1000"}
     print(json.dumps(figures))
 
 

@@ -166,8 +166,11 @@ class ViewCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         if args.output_format is None:
-            print("neuron-profile view: the interactive viewer is not built yet; use --output-format "
-                  "summary-text (or summary-json, json, perfetto)", file=sys.stderr)
+            # formats alone (python -m formats.cli_profile): the viewer is the explorer's, which the
+            # installed neuron-profile assembles (explorer/profile_cli.py)
+            print("neuron-profile view: this formats-only command has no interactive viewer (the installed "
+                  "neuron-profile opens it); use --output-format summary-text (or summary-json, json, "
+                  "perfetto)", file=sys.stderr)
             return EXIT_BAD_INPUT
         from formats.view_output import render
 

@@ -109,24 +109,28 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
+
+
 def _varint_matrix(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value's base-128 varint as a row of a uint8 matrix (left-aligned) and its length."""
     v = np.asarray(values).astype(np.int64).view(np.uint64)  # negatives: 10-byte two's complement
-    n = v.size
-    lengths = np.ones(n, np.int64)
-    for k in range(1, 10):
-        lengths += (v >> np.uint64(7 * k)) != 0
+    lengths = np.searchsorted(_VARINT_LIMITS, v, side="right").astype(np.int64) + 1
     width = int(lengths.max(initial=1))
-    matrix = np.empty((n, width), np.uint8)
+    matrix = np.empty((v.size, width), np.uint8)
+    rest = v.copy()
     for k in range(width):
-        byte = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        matrix[:, k] = byte | np.where(k < lengths - 1, 0x80, 0).astype(np.uint8)
+        more = np.where(k < lengths - 1, 0x80, 0).astype(np.uint8)
+        matrix[:, k] = (rest & np.uint64(0x7F)).astype(np.uint8) | more
+        rest >>= np.uint64(7)
     return matrix, lengths
 
 
 class _Messages:
     """``n`` protobuf messages built field by field as columns: each field is a (rows x width) byte
-    matrix with a per-row length; a row's message is its fields' bytes in order."""
+    matrix with a per-row length (its first ``length`` bytes are the row's); a row's message is its
+    fields' bytes in order. A nested message is its tag, its length and its own fields, spliced in, so
+    nothing is compacted until the outermost ``flat()``."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -154,42 +158,45 @@ class _Messages:
         record[:, :len(tag)] = np.frombuffer(tag, np.uint8)
         record[:, len(tag):] = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)
         width = record.shape[1]
-        matrix = np.zeros((self.n, int(counts.max()) * width), np.uint8)
-        rows = np.repeat(np.arange(self.n), counts)
-        slot = np.arange(values.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        for b in range(width):
-            matrix[rows, slot * width + b] = record[:, b]
+        if int(counts.max()) == 1:  # the common case: one value or none per row
+            matrix = np.zeros((self.n, width), np.uint8)
+            matrix[counts == 1] = record
+        else:
+            matrix = np.zeros((self.n, int(counts.max()) * width), np.uint8)
+            rows = np.repeat(np.arange(self.n), counts)
+            slot = np.arange(values.size) - np.repeat(np.cumsum(counts) - counts, counts)
+            for b in range(width):
+                matrix[rows, slot * width + b] = record[:, b]
         self.raw(matrix, counts.astype(np.int64) * width)
 
     def message(self, tag: bytes, inner: _Messages, present: np.ndarray | None = None) -> None:
-        matrix, lengths = inner.packed()
+        lengths = inner.lengths()
         if present is not None:
             lengths = np.where(present, lengths, 0)
         self.const(tag, present)
         size, size_lengths = _varint_matrix(lengths)
         self.raw(size, size_lengths if present is None else np.where(present, size_lengths, 0))
-        self.raw(matrix, lengths)
+        for matrix, part in inner.parts:
+            self.raw(matrix, part if present is None else np.where(present, part, 0))
 
     def lengths(self) -> np.ndarray:
-        return sum((lengths for _, lengths in self.parts), np.zeros(self.n, np.int64))
+        total = np.zeros(self.n, np.int64)
+        for _, lengths in self.parts:
+            total += lengths
+        return total
 
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every row's bytes, concatenated in row order, and the row lengths."""
-        lengths = self.lengths()
-        if not self.parts:
-            return np.zeros(0, np.uint8), lengths
-        matrix = np.concatenate([m for m, _ in self.parts], axis=1)
-        mask = np.concatenate([np.arange(m.shape[1]) < lens[:, None] for m, lens in self.parts], axis=1)
-        return matrix[mask], lengths
-
-    def packed(self) -> tuple[np.ndarray, np.ndarray]:
-        """Rows left-aligned in one matrix (what ``raw`` takes), with their lengths."""
-        data, lengths = self.flat()
-        matrix = np.zeros((self.n, int(lengths.max(initial=0))), np.uint8)
-        rows = np.repeat(np.arange(self.n), lengths)
-        cols = np.arange(data.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        matrix[rows, cols] = data
-        return matrix, lengths
+    def flat(self) -> bytes:
+        """Every row's bytes, concatenated in row order."""
+        width = sum(m.shape[1] for m, _ in self.parts)
+        matrix = np.empty((self.n, width), np.uint8)
+        mask = np.empty((self.n, width), bool)
+        at = 0
+        for m, lengths in self.parts:
+            w = m.shape[1]
+            matrix[:, at:at + w] = m
+            np.less(np.arange(w), lengths[:, None], out=mask[:, at:at + w])
+            at += w
+        return matrix[mask].tobytes()
 
 
 # -- the packet stream -----------------------------------------------------------------------------
@@ -311,10 +318,10 @@ class _Block:
     """Slices of one source in one time slice, as columns."""
 
     group: int  # track group (ENGINES, QUEUES, ...)
-    track: list[str]  # logical track per row
+    track: pa.Array  # logical track per row
     start: np.ndarray
     end: np.ndarray
-    name: list[Any]  # slice names
+    name: pa.Array  # slice names
     flow_kind: int  # -1: no flows; else _FLOW_KINDS value of ``key``
     key: np.ndarray  # id Flow uses (instruction id, transfer id)
     args: dict[str, pa.Array] = field(default_factory=dict)
@@ -326,6 +333,22 @@ class _Source:
     sql: str  # with {where}: one time slice
     flow_kind: int = -1
     nested: bool = False  # slices nest (layers) rather than sit side by side
+
+
+def _codes(array: pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """(code per row, -1 for null; the distinct values) of a string-like column."""
+    if pa.types.is_dictionary(array.type):
+        array = array.cast(array.type.value_type)
+    encoded = pc.dictionary_encode(array.cast(pa.string()))
+    codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+    return codes, encoded.dictionary.to_pylist()
+
+
+def _iids(array: pa.Array, intern: Any) -> np.ndarray:
+    """Interned ids of a string column's values (0 for null), interning each distinct value once."""
+    codes, values = _codes(array)
+    lut = np.append(intern(values), 0) if values else np.zeros(1, np.int64)
+    return lut[codes]  # code -1 (null) picks the trailing 0
 
 
 def _ints(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -369,8 +392,8 @@ def _fetch(con: duckdb.DuckDBPyConnection, source: _Source, bounds: tuple[int | 
         return None
     columns = {name: table.column(name).combine_chunks() for name in table.column_names}
     args = {name: col for name, col in columns.items() if name not in ("t", "s", "e", "n", "k")}
-    return _Block(source.group, [str(x) for x in columns["t"].to_pylist()], _ints(columns["s"]),
-                  _ints(columns["e"]), columns["n"].to_pylist(), source.flow_kind,
+    return _Block(source.group, columns["t"], _ints(columns["s"]), _ints(columns["e"]), columns["n"],
+                  source.flow_kind,
                   _ints(columns["k"]) if "k" in columns else np.full(table.num_rows, -1, np.int64), args)
 
 
@@ -676,8 +699,15 @@ def _write_window(writer: _Writer, tracks: _Tracks, flows: _Flows, blocks: list[
     group = np.concatenate([np.full(b.start.size, b.group, np.int64) for b in blocks])
     key = np.concatenate([b.key for b in blocks])
     kinds = np.concatenate([np.full(b.start.size, b.flow_kind, np.int64) for b in blocks])
-    name_iid = np.concatenate([writer.event_name_iids(b.name) for b in blocks])
-    track_names = [t for b in blocks for t in b.track]
+    name_iid = np.concatenate([_iids(b.name, writer.event_name_iids) for b in blocks])
+    labels: dict[str, int] = {}
+    track_parts = []
+    for b in blocks:
+        codes, values = _codes(b.track)
+        lut = np.array([labels.setdefault(str(v), len(labels)) for v in values]
+                       + [labels.setdefault("(no track)", len(labels))], np.int64)  # the last: null
+        track_parts.append(lut[codes])
+    track = np.concatenate(track_parts)
     args = _arg_columns(writer, blocks)
     writer.flush_interned()
     # at one start: zero-length first (it ends where the next begins), except on nested tracks, where
@@ -687,11 +717,12 @@ def _write_window(writer: _Writer, tracks: _Tracks, flows: _Flows, blocks: list[
     order = np.lexsort((key, length, group, start))
     start, end, group, key, kinds, name_iid = (a[order] for a in (start, end, group, key, kinds, name_iid))
     args = [(iid, kind, values[order], present[order]) for iid, kind, values, present in args]
-    names = np.array(track_names, dtype=object)[order]
+    track = track[order]
     uuid = np.zeros(start.size, np.int64)
-    labels, inverse = np.unique(names.astype(str), return_inverse=True)
-    for t, label in enumerate(labels.tolist()):
-        sel = np.flatnonzero(inverse == t)
+    for label, t in labels.items():
+        sel = np.flatnonzero(track == t)
+        if not sel.size:
+            continue
         g = int(group[sel[0]])
         uuid[sel] = tracks.assign(g, label, start[sel], end[sel], nested=g in nested)
     tie = row_base + np.arange(start.size, dtype=np.int64)
@@ -732,10 +763,7 @@ def _arg_columns(writer: _Writer, blocks: list[_Block]) -> list[tuple[int, str, 
                                np.float64).view(np.int64)
             else:
                 this = "str"
-                encoded = pc.dictionary_encode(col.cast(pa.string()))
-                lut = writer.string_iids(encoded.dictionary.to_pylist())
-                codes = np.asarray(pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False), np.int64)
-                v = lut[codes] if len(lut) else np.zeros(n, np.int64)
+                v = _iids(col, writer.string_iids)
             if kind is not None and this != kind:  # one arg, two types across sources: keep the first
                 values.append(np.zeros(n, np.int64))
                 present.append(np.zeros(n, bool))
@@ -828,8 +856,7 @@ def _encode(events: _Events, low: int, high: int) -> bytes:
     packet.const(b"\x50" + _varint(SEQUENCE_ID) + b"\x68" + _varint(flags))  # sequence id 10, flags 13
     trace = _Messages(n)
     trace.message(b"\x0a", packet)  # Trace.packet = 1
-    data, _ = trace.flat()
-    return data.tobytes()
+    return trace.flat()
 
 
 # -- counters ------------------------------------------------------------------------------------
@@ -872,8 +899,7 @@ def _write_counter(writer: _Writer, track: int, ts: np.ndarray, values: np.ndarr
         packet.const(b"\x50" + _varint(SEQUENCE_ID))
         trace = _Messages(n)
         trace.message(b"\x0a", packet)
-        data, _ = trace.flat()
-        writer.write(data.tobytes())
+        writer.write(trace.flat())
         writer.stats.counters += n
 
 

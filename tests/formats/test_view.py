@@ -15,11 +15,12 @@ from tests.formats.conftest import Dataset, Recorded
 from tests.formats.perfetto_trace import read_trace
 
 
-def test_without_output_format_says_the_tui_is_not_built(recorded: Recorded,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_formats_only_view_without_output_format_points_at_the_viewer(
+        recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["view", str(recorded.path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not built yet" in err and "summary-text" in err
+    assert err.count("\n") == 1 and "installed neuron-profile opens it" in err and "summary-text" in err
+    assert "not built" not in err
 
 
 def test_summary_json_is_keyed_by_program(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:
