@@ -24,7 +24,7 @@ from typing import Any
 from explorer.gui.session import LoadedProfile
 from explorer.gui.timeaxis import format_ns
 from formats.sqlsource import TableSource
-from formats.units import fmt_bytes, fmt_gbps
+from formats.units import fmt_bytes, fmt_gbps, fmt_pct
 
 _WAIT_RE = re.compile(r"\$S\[(\d+)\]\s*(>=|>|==|<=|<)\s*(-?\d+)")
 # columns the details panel shows in its own lines above the rest (which follow in schema order)
@@ -100,6 +100,8 @@ def _value(name: str, value: Any) -> str:
         return format_ns(value)
     if name.endswith("_bytes") and isinstance(value, int):
         return fmt_bytes(value)
+    if name.endswith("_percent") and isinstance(value, int | float):
+        return fmt_pct(value)  # the schema's *_percent fields are fractions in [0, 1]
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, int) and ("flops" in name or name.endswith("count")):

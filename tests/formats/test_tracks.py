@@ -308,3 +308,19 @@ def test_busy_per_bucket_spreads_coarse_buckets_and_run_ons() -> None:
     # event running to 40
     busy = tracks.busy_per_bucket(np.array([6, 16]), 4, np.array([2, 4]), np.array([10, 40]), 0, 48, 6)
     np.testing.assert_allclose(busy, [1 / 8, 1 / 8, 1.0, 1.0, 1.0, 0.0])
+
+
+def test_busy_per_pixel_is_the_row_busy_figure(llama: tracks.TrackViewport) -> None:
+    """The timeline's busy bars show ``formats.figures``' row busy with the pixel as the window
+    (computed here from the windows' own aggregates, there by sweeping the instructions)."""
+    from formats.coverage import RowSelect, busy_buckets
+
+    table = llama.profile.table("Instruction", ["start_ts", "end_ts"])
+    start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
+    t0, t1, buckets = int(start.min()) + 1234, int(end.max()) - 999, 700
+    windows = llama.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, buckets)
+    rows = [RowSelect(str(key[1]), tracks=(str(key[1]),)) for key in windows]
+    expected = busy_buckets(llama.profile, t0, t1, buckets, rows)
+    for key, window in windows.items():
+        assert window.source == "events"
+        np.testing.assert_allclose(window.busy, expected[str(key[1])], atol=1e-9, err_msg=str(key))

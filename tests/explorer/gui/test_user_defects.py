@@ -189,6 +189,8 @@ def test_ids_are_plain_numbers() -> None:
     assert _value("raw_hlo_id", 1234567.0) == "1234567"
     assert _value("packet_aggregation_id", 98765432) == "98765432"
     assert _value("pcore_idx", 1) == "1"
+    assert _value("active_time_percent", 0.316) == "31.6%"  # *_percent fields are fractions
+    assert _value("hbm_read_bytes", 332 * 2**20) == "332.0 MiB"
 
 
 def test_details_show_ids_plainly(window_factory: Any) -> None:
