@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -52,6 +53,7 @@ DEFAULT_ROW_GROUP_BYTES = 32 * 2**20  # a row group also ends here: rows of long
 DEFAULT_ENCODER_THREADS = 2
 INCOMPLETE_CATEGORY = "Incomplete Profile"
 INCOMPLETE_SUFFIX = ".incomplete"
+MARKS_REFRESH_S = 2.0  # a killed capture's provisional Metadata is at most this stale
 COMMIT_LOG_ENV = "NEURONSCOPE_COMMIT_LOG"  # a file each committed part is appended to (crash tests)
 IN_PROGRESS_MESSAGE = ("profile is incomplete: the capture did not finish (it is still running, or its "
                        "process was killed); tables hold the parts committed before it stopped")
@@ -251,6 +253,9 @@ class ProfileWriter:
         self._state = "open"  # open -> closed | aborted
         self.path: Path | None = None  # where the profile ended up
         self._marks_lock = threading.Lock()
+        self._metadata_version = 0
+        self._marks_version = -1
+        self._marks_at = 0.0
         self._commit_log = os.environ.get(COMMIT_LOG_ENV)
         # Marked incomplete from the first moment: if this process is killed, the folder
         # (<target>.incomplete), its Metadata and a Warning row all say so.
@@ -327,6 +332,7 @@ class ProfileWriter:
     def update_metadata(self, **fields: Any) -> None:
         """Set ``Metadata`` fields; the row is written at close, so later values win."""
         self.metadata.update(fields)
+        self._metadata_version += 1
 
     def close(self) -> Path:
         """Finish every table, write Metadata/SchemaFields/Warning and move the profile into place."""
@@ -443,18 +449,26 @@ class ProfileWriter:
 
     def _write_marks(self) -> None:
         """The incomplete marks a killed capture leaves: a Warning row and ``capture_complete =
-        false`` in a Metadata row holding what is known so far (rewritten as parts are committed)."""
+        false`` in a Metadata row holding what is known so far."""
         with self._marks_lock:
             if self._state != "open":
                 return
             self._write_file("Warning", {"message": [IN_PROGRESS_MESSAGE], "category": [INCOMPLETE_CATEGORY]})
-            self._write_file("Metadata", self._metadata_row(False, strict=False), require=False)
+            self._refresh_marks_locked()
+
+    def _refresh_marks_locked(self) -> None:
+        self._write_file("Metadata", self._metadata_row(False, strict=False), require=False)
+        self._marks_at = time.monotonic()
+        self._marks_version = self._metadata_version
 
     def _committed(self, table: str, path: Path, rows: int) -> None:
-        """A part was committed (called from an encoder thread): refresh the marks' Metadata (its
-        time bounds grow) and, when asked to, log the commit for crash tests."""
-        with contextlib.suppress(Exception):  # the part itself is safe; the marks are best effort
-            self._write_marks()
+        """A part was committed (called from an encoder thread): refresh the marks' Metadata when
+        fields were set since (hardware constants arrive with the first program) or its time bounds
+        are over ``MARKS_REFRESH_S`` old, and, when asked to, log the commit for crash tests."""
+        with contextlib.suppress(Exception), self._marks_lock:  # the part is safe; marks best effort
+            stale = time.monotonic() - self._marks_at >= MARKS_REFRESH_S
+            if self._state == "open" and (stale or self._marks_version != self._metadata_version):
+                self._refresh_marks_locked()
         if self._commit_log:
             line = json.dumps({"profile": str(self.target), "part": path.name, "table": table, "rows": rows})
             with contextlib.suppress(OSError):

@@ -246,3 +246,21 @@ def test_a_null_inside_a_dictionary_is_written_as_a_null_row(tmp_path: Path) -> 
                                        "neff_name": pa.DictionaryArray.from_arrays(indices, frames)})
     layers = open_profile(tmp_path / "p").table("ExecutionInfo").column("neff_name").to_pylist()
     assert layers == ["[1, 2]", None, "[3]", None, None]
+
+
+def test_a_writer_that_never_finishes_leaves_committed_parts_readable_and_marked(tmp_path: Path) -> None:
+    """What a SIGKILL leaves: the writer is simply never closed. Every row group handed on is a
+    committed part with its footer, in the visible ``<dir>.incomplete``, marked from the start."""
+    writer = ProfileWriter(tmp_path / "p", HW, row_group_rows=100, encoder_threads=2)
+    writer.write("HbmUsage", hbm_rows(250))
+    for lane in writer._streams["HbmUsage"].lanes:  # the encoder threads finish their parts
+        writer._streams["HbmUsage"]._wait(lane)
+    left = tmp_path / "p.incomplete"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.incomplete"]  # nothing hidden
+    profile = open_profile(left)
+    assert profile.num_rows("HbmUsage") == 200  # the 50 buffered rows are the unflushed tail
+    assert profile.table("HbmUsage").column("timestamp").to_pylist() == list(range(0, 200_000, 1000))
+    assert not profile.complete and profile.metadata["capture_complete"] is False
+    assert profile.metadata["tensor_engine_num_rows"] == 128  # what was known is in the marks
+    assert any(w.category == INCOMPLETE_CATEGORY for w in profile.warnings)
+    writer.abort("test over")
