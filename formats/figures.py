@@ -323,13 +323,21 @@ def busiest(busy: Mapping[str, Busy]) -> Busy | None:
 # -- scanning --------------------------------------------------------------------------------------
 
 
-_LONGEST: dict[tuple[str, str], int] = {}
+_LONGEST: dict[tuple[Any, ...], int] = {}
 
 
 def _longest(profile: Profile, source: TableSource, con: duckdb.DuckDBPyConnection) -> int:
     """The longest event of a table (bounds the lookback before t0, so row groups far before the
-    window are skipped). Cached per (profile path, table)."""
-    key = (str(profile.path), source.name)
+    window are skipped). Cached per table files (path, size, mtime): a profile captured again at the
+    same path is measured again."""
+    stamps = []
+    for f in source.files:
+        try:
+            st = f.stat()
+            stamps.append((str(f), st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append((str(f), -1, -1))
+    key = (source.name, *stamps)
     if key not in _LONGEST:
         found = con.execute(f"SELECT max(end_ts - start_ts) FROM {source.relation()}").fetchall()[0][0]
         _LONGEST[key] = int(found or 0)
