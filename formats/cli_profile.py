@@ -93,7 +93,12 @@ class ValidateCommand:
         else:
             print(f"{len(results)} profiles under {args.profile}: {len(results) - unreadable - failing} "
                   f"conformant, {failing} NOT conformant, {unreadable} unreadable")
-        return EXIT_BAD_INPUT if unreadable else EXIT_FINDINGS if failing else EXIT_OK
+        if unreadable:
+            first = next(e for e in results if e.report is None)
+            print(f"neuron-profile: error: {unreadable} of {len(results)} profiles under {args.profile} "
+                  f"cannot be read (first: {first.error})", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return EXIT_FINDINGS if failing else EXIT_OK
 
     @staticmethod
     def _print(lines: Iterator[str], quiet: bool) -> None:

@@ -124,8 +124,12 @@ class QuerySession:
         self.con = sqlsource.connect(threads=threads, memory_limit=memory_limit or default_memory_limit(),
                                      spill=False)
         self.tables: list[str] = []
-        self._create_views()
-        self._lock()
+        try:
+            self._create_views()
+            self._lock()
+        except BaseException:
+            self.con.close()
+            raise
 
     # -- setup -------------------------------------------------------------------------------------
     def _create_views(self) -> None:
@@ -133,7 +137,11 @@ class QuerySession:
         for _, profile in self.profiles:
             names += [n for n in profile.tables if n not in names]
         for name in names:
-            self.con.execute(f"CREATE VIEW {ident(name)} AS {self._view_sql(name)}")
+            try:
+                self.con.execute(f"CREATE VIEW {ident(name)} AS {self._view_sql(name)}")
+            except duckdb.Error as exc:  # binding reads every part's footer: a part DuckDB cannot read
+                raise QueryError(read_error([p for _, p in self.profiles], exc,
+                                            f"{self.root}: cannot read table {name}: ")) from None
             self.tables.append(name)
 
     def _view_sql(self, name: str) -> str:

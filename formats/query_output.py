@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from formats.query import QuerySession, iter_batches
+from formats.query import QueryError, QuerySession, iter_batches
 from formats.safe_output import output_file
 
 
@@ -56,13 +56,18 @@ def _text_output(path: str | None) -> Iterator[IO[str]]:
             yield out
 
 
-def _plain_types(schema: pa.Schema) -> pa.Schema:
-    """Types every reader knows: DuckDB's 128-bit integer sums (decimal128(38, 0) in Arrow) become
-    int64, which is what a sum of int64 profile columns fits in."""
+def _plain_types(schema: pa.Schema, fmt: str = "parquet") -> pa.Schema:
+    """Types every reader of ``fmt`` knows. Parquet: DuckDB's 128-bit integer sums (decimal128(38, 0)
+    in Arrow) become int64, which is what a sum of int64 profile columns fits in (CSV, JSON and the
+    table print their exact digits). JSON and the table: timestamps, dates and times become text
+    (Python's datetime cannot hold nanoseconds or years past 9999)."""
     fields = []
     for f in schema:
-        if pa.types.is_decimal(f.type) and f.type.scale == 0:
+        if fmt == "parquet" and pa.types.is_decimal(f.type) and f.type.scale == 0:
             fields.append(pa.field(f.name, pa.int64()))
+        elif fmt in ("json", "table") and (pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)
+                                           or pa.types.is_time(f.type) or pa.types.is_duration(f.type)):
+            fields.append(pa.field(f.name, pa.string()))
         else:
             fields.append(f)
     return pa.schema(fields)
@@ -75,15 +80,16 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     for i, f in enumerate(schema):
         try:
             columns.append(batch.column(i).cast(f.type))
-        except pa.ArrowInvalid:  # a 128-bit sum beyond int64: keep its digits
-            columns.append(batch.column(i).cast(pa.string()).cast(f.type, safe=False))
+        except pa.ArrowException:  # a 128-bit sum beyond int64
+            raise QueryError(f"result column {f.name!r} holds a value beyond {f.type} (a sum of huge "
+                             f"values): CAST it to DOUBLE or VARCHAR, or use --format csv/json") from None
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, max_rows: int) -> int:
     """Run ``sql`` and write it in ``fmt`` (table, csv, json, parquet); returns the rows written."""
     reader = session.arrow_reader(sql)
-    schema = _plain_types(reader.schema)
+    schema = _plain_types(reader.schema, fmt)
     batches = (_conform(b, schema) for b in iter_batches(reader, session))
     if fmt == "table":
         return _print_table(schema, batches, max_rows, path)

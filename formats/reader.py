@@ -385,7 +385,7 @@ def _read_footer(file: Path) -> tuple[pa.Schema, int]:
     try:
         source = parquet_file(file)
         schema, rows = source.schema_arrow, source.metadata.num_rows
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, pa.ArrowException, ValueError) as exc:  # ValueError: names that are not UTF-8
         raise ProfileError(f"{file}: not a readable Parquet file (truncated or corrupt): "
                            f"{_one_line(exc)}") from exc
     seen: set[str] = set()
@@ -417,7 +417,7 @@ def _check_columns(file: Path, definition: TableDef, file_schema: pa.Schema) -> 
 def _load_small_tables(profile: Profile) -> None:
     """Metadata (version check), Warning (completeness) -- both tiny and needed up front."""
     if profile.has("Metadata"):
-        rows = profile.table("Metadata").to_pylist()
+        rows = _small_rows(profile, "Metadata")
         if rows:
             profile.metadata = rows[0]
             if len(rows) > 1:
@@ -431,10 +431,22 @@ def _load_small_tables(profile: Profile) -> None:
                              f"read leniently")
     if profile.has("Warning"):
         profile.warnings = [ProfileWarning(str(r.get("category") or ""), str(r.get("message") or ""))
-                            for r in profile.table("Warning").to_pylist()]
+                            for r in _small_rows(profile, "Warning")]
     unknown = sorted(n for n, t in profile.tables.items() if not t.known)
     if unknown:
         profile.notes.append(f"tables not in the schema (kept, unchecked): {', '.join(unknown)}")
+
+
+def _small_rows(profile: Profile, name: str) -> list[dict[str, Any]]:
+    """A small table's rows as Python values; a value Python cannot hold (a timestamp past year 9999,
+    a nanosecond one it cannot convert) is a ``ProfileError`` naming the table."""
+    table = profile.table(name)
+    try:
+        return table.to_pylist()
+    except (ValueError, OverflowError) as exc:
+        files = ", ".join(p.name for p in profile.files(name))
+        raise ProfileError(f"{profile.path}: table {name} ({files}) holds a value that cannot be read: "
+                           f"{_one_line(exc)}") from None
 
 
 def _check_version(root: Path, version: str) -> bool:

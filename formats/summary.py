@@ -64,6 +64,7 @@ import pyarrow as pa
 from formats import sqlsource
 from formats.intervals import UnionAccumulator
 from formats.lod import LodBuilder
+from formats.reader import ProfileError
 from formats.schema import ENGINE_NAMES, SCHEMA
 from formats.summary_scan import (
     _DYNAMIC,
@@ -154,6 +155,10 @@ def compute(profile: Profile, facts: ProgramFacts | None = None, *,
     try:
         work = _Computation(profile, facts, con, rows_per_slice, extra_rows, prefetch)
         return _assemble(work, tables, active_time_sink, lod)
+    except OverflowError as exc:  # sums past int64: times or counts near 2^63 (a corrupt profile)
+        raise ProfileError(f"{profile.path}: cannot compute the summary: values in its event tables "
+                           f"add up past int64 (times or counts near 2^63 ns; corrupt data?): "
+                           f"{exc}") from None
     finally:
         if own:
             con.close()

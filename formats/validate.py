@@ -97,6 +97,11 @@ class ValidationReport:
                 "tables": self.tables, "findings": [asdict(f) for f in self.findings]}
 
     def lines(self) -> Iterator[str]:
+        """The report as text; file names that are not UTF-8 are shown with backslash escapes."""
+        for line in self._lines():
+            yield line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    def _lines(self) -> Iterator[str]:
         yield (f"profile {self.path} (schema {self.profile_version or 'unknown'}), checked against "
                f"{self.schema_source} ({self.schema_version})")
         yield f"{len(self.tables)} tables, {sum(self.tables.values()):,} rows"

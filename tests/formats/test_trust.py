@@ -145,11 +145,19 @@ def run_all(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> d
     }
     results: dict[str, tuple[int, str]] = {}
     for name, argv in commands.items():
-        box: list[int] = []
-        thread = threading.Thread(target=lambda a=argv, b=box: b.append(main(a)), daemon=True)
+        box: list[int | BaseException] = []
+
+        def target(a: list[str] = argv, b: list[int | BaseException] = box) -> None:
+            try:
+                b.append(main(a))
+            except BaseException as exc:  # a traceback: reported below, not lost in the thread
+                b.append(exc)
+
+        thread = threading.Thread(target=target, daemon=True)
         thread.start()
         thread.join(60)
         assert box, f"{name} hung on {root}"
+        assert isinstance(box[0], int), f"{name} raised {box[0]!r}"
         results[name] = (box[0], capsys.readouterr().err)
     return results
 
@@ -271,3 +279,80 @@ def test_validate_a_dataset_folder(tp_dataset: Dataset, tmp_path: Path,
     bad = [p for p in report["profiles"] if "error" in p]
     assert len(bad) == 1 and "Summary.parquet" in bad[0]["error"]
     assert all(p["conformant"] for p in report["profiles"] if "error" not in p)
+
+
+# -- odd values and names ------------------------------------------------------------------------
+
+def set_columns(path: Path, **values: int) -> None:
+    table = pq.read_table(path)
+    for name, value in values.items():
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, pa.array([value] * table.num_rows, pa.int64()))
+    pq.write_table(table, path)
+
+
+def test_near_int64_max_durations(copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``view --recompute`` ended in OverflowError; a Parquet result beyond int64 in ArrowInvalid."""
+    top = 2**63 - 1
+    set_columns(copy / "Instruction.parquet", start_ts=0, end_ts=top - 10, duration_ns=top - 10)
+    assert main(["view", str(copy), "--output-format", "summary-text", "--recompute"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(copy) in err and "past int64" in err
+    out = tmp_path / "sum.parquet"
+    sql = "SELECT sum(duration_ns) AS total FROM Instruction"
+    assert main(["query", str(copy), sql, "--format", "parquet", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'total'" in err and "beyond int64" in err
+    assert main(["query", str(copy), sql, "--format", "json"]) == 0  # exact digits in text formats
+    assert json.loads(capsys.readouterr().out)[0]["total"] == (top - 10) * pq.read_metadata(
+        copy / "Instruction.parquet").num_rows
+
+
+@pytest.mark.parametrize("name, words", [("", "empty"), ("a\nb", "control"), ("timestamp", "duplicate")])
+def test_bad_column_names(copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+                          words: str) -> None:
+    """An empty column name reached DuckDB as ``""`` (ParserException: zero-length delimited
+    identifier) from ``query``."""
+    table = pq.read_table(copy / "HbmUsage.parquet")
+    pq.write_table(table.append_column(name, pa.array([1] * table.num_rows)), copy / "HbmUsage.parquet")
+    results = run_all(copy, tmp_path, capsys)
+    assert_refused(results, "HbmUsage.parquet")
+    assert all(words in err for _, err in results.values())
+
+
+def test_corrupt_pages_met_while_creating_views(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A part whose footer reads but whose pages DuckDB cannot decode while binding a view
+    (``TProtocolException: Invalid data``) is named in one line."""
+    path = copy / "Metadata.parquet"
+    data = bytearray(path.read_bytes())
+    for i in range(4, len(data) // 2):
+        data[i] = 0xFF
+    path.write_bytes(bytes(data))
+    assert main(["query", str(copy), "SELECT count(*) FROM Instruction"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Metadata.parquet" in err and "Traceback" not in err
+
+
+def test_timestamps_python_cannot_hold(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A nanosecond timestamp column (an unknown table's) printed as JSON or a table: to_pylist raised
+    ValueError; in Metadata the reader raised it too."""
+    when = pa.array([2**62, 0], pa.timestamp("ns"))
+    pq.write_table(pa.table({"when": when}), copy / "Mystery.parquet")
+    for fmt in ("json", "table"):
+        assert main(["query", str(copy), "SELECT * FROM Mystery", "--format", fmt]) == 0
+        assert "2116-02-20" in capsys.readouterr().out
+    metadata = pq.read_table(copy / "Metadata.parquet")
+    pq.write_table(metadata.append_column("when", when.slice(0, 1)), copy / "Metadata.parquet")
+    with pytest.raises(ProfileError, match="Metadata"):
+        open_profile(copy)
+
+
+def test_column_names_that_are_not_utf8(copy: Path, capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 in a footer's column name: UnicodeDecodeError from pyarrow."""
+    path = copy / "HbmUsage.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("zzzzname", pa.array([1] * table.num_rows)), path)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"zzzzname", b"zz\xff\xfename"))
+    assert_refused(run_all(copy, tmp_path, capsys), "HbmUsage.parquet")
