@@ -209,6 +209,7 @@ class DmaFigures:
     bytes: int
     active_ns: int
     length_ns: float | None
+    transfers: int | None = None  # logical transfers (DmaPacketAggregated rows, else packet_aggregation_id)
 
     @property
     def active_fraction(self) -> float | None:
@@ -217,6 +218,12 @@ class DmaFigures:
     @property
     def throughput_bytes_per_s(self) -> float | None:
         return None if not self.length_ns else self.bytes / (self.length_ns * 1e-9)
+
+    @property
+    def average_transfer_bytes(self) -> float | None:
+        """bytes / transfers: Summary.dma_transfer_average_bytes (the real Summary Viewer's
+        ``average_dma_size``)."""
+        return None if not self.transfers else self.bytes / self.transfers
 
 
 @dataclass(frozen=True)
@@ -664,11 +671,17 @@ def _dma(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection
     if not source.present:
         return DmaFigures(0, 0, 0, window.length_ns), empty
     where, params = _starts_filter(window)
-    n, nbytes = con.execute(f"SELECT count(*), sum(transfer_bytes)::HUGEINT FROM {source.relation()} "
-                            f"WHERE {where}", params).fetchall()[0]
+    n, nbytes, transfers = con.execute(
+        f"SELECT count(*), sum(transfer_bytes)::HUGEINT, count(DISTINCT packet_aggregation_id) "
+        f"FROM {source.relation()} WHERE {where}", params).fetchall()[0]
+    aggregated = TableSource(profile, "DmaPacketAggregated")
+    if aggregated.present:
+        transfers = con.execute(f"SELECT count(*) FROM {aggregated.relation()} WHERE {where}",
+                                params).fetchall()[0][0]
     acc, _, _, total, _ = _sweep(profile, source, window, con, "0")
     _, s, e = total.segments()
-    return DmaFigures(int(n), int(nbytes or 0), acc.lengths().get(0, 0), window.length_ns), (s, e)
+    return DmaFigures(int(n), int(nbytes or 0), acc.lengths().get(0, 0), window.length_ns,
+                      int(transfers or 0)), (s, e)
 
 
 def dma(profile: Profile, window: Window, con: duckdb.DuckDBPyConnection | None = None) -> DmaFigures:
@@ -846,7 +859,7 @@ def from_summary(row: Mapping[str, Any], metadata: Mapping[str, Any] | None = No
     packets = sum(_int(row, f"{c}_dma_packet_count") or 0 for c in ("static", "software_dynamic",
                                                                      "hardware_dynamic"))
     dma_fig = DmaFigures(packets, _int(row, "dma_transfer_total_bytes") or 0, _ns(row, "dma_active_time"),
-                         length)
+                         length, _int(row, "dma_transfer_count"))
     read, write = _int(row, "hbm_read_bytes"), _int(row, "hbm_write_bytes")
     hbm = HbmBytes(read, write, None if read is None and write is None else "Summary")
     flop = Flops(_int(row, "hardware_flops"), _int(row, "transpose_flops"), _int(row, "model_flops"))

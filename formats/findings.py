@@ -17,7 +17,9 @@ states them; ours otherwise):
   >= 10 % of T; "on DMA" when DMA is active at least as long as the Tensor engine.
 * **Memory-bound** (no wait column) -- Tensor busy < 30 % of T while DMA is active more than twice
   as long; measure: HBM bytes per op.
-* **Small DMA transfers** -- average packet < 32 KiB; measure: packets under 32 KiB per op.
+* **Small DMA transfers** -- average transfer (``dma_transfer_average_bytes``) < 32 KiB; measure:
+  data packets under 32 KiB per op (not descriptor-queue packets nor semaphore writes of <= 4 B).
+* **Spill reloads** -- ``spill_reload_bytes`` > 25 % of HBM reads (§4.9).
 * **Transposes dominating** -- transpose FLOPs > 10 % of hardware FLOPs; measure: per op.
 * **Collectives** -- CcOps active >= 20 % of T (ours); points at the longest operation.
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -84,23 +86,28 @@ class _OpMeasures:
     small_packets: dict[str, int]
     packets: int
     small: int
+    spill_by_op: dict[str, int]
+    spill_reload: int
 
 
 def _measures(profile: Profile, con: duckdb.DuckDBPyConnection, key_column: str) -> _OpMeasures:
     waits: dict[str, int] = {}
     transpose: dict[str, int] = {}
+    spill: dict[str, int] = {}
     instr = TableSource(profile, "Instruction")
     if instr.present:
         col = instr.col
         ft = (f"coalesce({col('flops_transpose')}, CASE WHEN {col('tensor_instruction_type')} = 'TRANSPOSE' "
               f"THEN {col('raw_flops')} END)")
-        for key, wait, flops in con.execute(f"""
+        for key, wait, flops, reload in con.execute(f"""
                 SELECT {col(key_column)}::VARCHAR, sum({col('evt_wait_time_ns')})
                            FILTER (WHERE {col('engine')} = 'Tensor')::HUGEINT,
-                       sum({ft}) FILTER (WHERE {col('engine')} = 'Tensor')::HUGEINT
+                       sum({ft}) FILTER (WHERE {col('engine')} = 'Tensor')::HUGEINT,
+                       sum({col('spill_reload_bytes')})::HUGEINT
                 FROM {instr.relation()} WHERE {col(key_column)} IS NOT NULL GROUP BY 1""").fetchall():
             waits[str(key)] = int(wait or 0)
             transpose[str(key)] = int(flops or 0)
+            spill[str(key)] = int(reload or 0)
     hbm: dict[str, int] = {}
     small: dict[str, int] = {}
     packets = TableSource(profile, "DmaPacket")
@@ -109,17 +116,23 @@ def _measures(profile: Profile, con: duckdb.DuckDBPyConnection, key_column: str)
         col = packets.col
         n_packets, n_small = con.execute(
             f"SELECT count(*), count(*) FILTER (WHERE transfer_bytes < {SMALL_DMA_BYTES}) "
-            f"FROM {packets.relation()}").fetchall()[0]
+            f"FROM {packets.relation()} WHERE {_useful(packets)}").fetchall()[0]
         if key_column == "raw_hlo_id" and packets.has("raw_hlo_id"):
             for key, nbytes, count in con.execute(f"""
                     SELECT {col('raw_hlo_id')}::VARCHAR,
                            sum(coalesce({col('hbm_read_bytes')}, 0)
                                + coalesce({col('hbm_write_bytes')}, 0))::HUGEINT,
-                           count(*) FILTER (WHERE transfer_bytes < {SMALL_DMA_BYTES})
+                           count(*) FILTER (WHERE transfer_bytes < {SMALL_DMA_BYTES} AND {_useful(packets)})
                     FROM {packets.relation()} WHERE {col('raw_hlo_id')} IS NOT NULL GROUP BY 1""").fetchall():
                 hbm[str(key)] = int(nbytes or 0)
                 small[str(key)] = int(count or 0)
-    return _OpMeasures(waits, transpose, hbm, small, int(n_packets), int(n_small))
+    return _OpMeasures(waits, transpose, hbm, small, int(n_packets), int(n_small), spill,
+                       sum(spill.values()))
+
+
+def _useful(packets: TableSource) -> str:
+    """Data packets: not the descriptor queue's, not a semaphore write (<= 4 bytes)."""
+    return f"coalesce({packets.col('queue_type')}, '') <> 'instruction' AND transfer_bytes > 4"
 
 
 def _kind_of(attribution: Attribution, key: str) -> str:
@@ -151,17 +164,22 @@ def _point(attribution: Attribution, measure: Mapping[str, int]) -> _Pointer | N
         if value > 0:
             kind = _kind_of(attribution, key)
             by_kind[kind] = by_kind.get(kind, 0) + value
-    kind = max(by_kind, key=lambda k: (by_kind[k], k))
+    kind = min(by_kind, key=lambda k: (-by_kind[k], k))  # ties: the first by name
     mine = {k: v for k, v in measure.items() if v > 0 and _kind_of(attribution, k) == kind}
     by_layer: dict[str, int] = {}
     for key, value in mine.items():
         layer = attribution.ops[key].parent if key in attribution.ops else ""
         by_layer[layer] = by_layer.get(layer, 0) + value
-    layer = max(by_layer, key=lambda k: (by_layer[k], k))
-    op_key = max((k for k in mine if (attribution.ops[k].parent if k in attribution.ops else "") == layer),
-                 key=lambda k: (mine[k], k))
+    layer = min(by_layer, key=lambda k: (-by_layer[k], _natural(k)))
+    op_key = min((k for k in mine if (attribution.ops[k].parent if k in attribution.ops else "") == layer),
+                 key=lambda k: (-mine[k], _natural(k)))
     op = attribution.ops.get(op_key)
     return _Pointer(kind, by_kind[kind] / total, layer or None, op.name if op else op_key)
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    """Sort key with numbers compared as numbers (``layers.2`` before ``layers.10``)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
 def find(profile: Profile, figures: Figures, attribution: Attribution,
@@ -197,7 +215,7 @@ def _rules(figs: Figures, attribution: Attribution, m: _OpMeasures, profile: Pro
     if T > 0 and wait >= 0.10 * T:
         on_dma = dma_active is not None and (tensor_busy is None or dma_active >= tensor_busy)
         found.append(_finding(
-            "Tensor engine waiting on DMA" if on_dma else "Tensor engine waiting on other engines",
+            "Tensor engine idle waiting on DMA" if on_dma else "Tensor engine idle waiting on other engines",
             f"Tensor instructions blocked on semaphores for {fmt_ns(wait)} ({fmt_pct(wait / T)} of device "
             f"time); DMA active {fmt_pct(dma_active)}", 3 if wait >= 0.3 * T else 2,
             _point(attribution, m.tensor_wait)))
@@ -207,14 +225,18 @@ def _rules(figs: Figures, attribution: Attribution, m: _OpMeasures, profile: Pro
             "Memory-bound: Tensor engine idle while DMA is busy",
             f"Tensor busy {fmt_pct(tensor_busy)}, DMA active {fmt_pct(dma_active)}", 2,
             _point(attribution, m.hbm)))
-    if m.packets and figs.dma.packets:
-        average = figs.dma.bytes / figs.dma.packets
-        if 0 < average < SMALL_DMA_BYTES:
-            found.append(_finding(
-                "Small DMA transfers",
-                f"average packet {fmt_bytes(average)} (target >= 32 KiB), {fmt_pct(m.small / m.packets)} of "
-                f"packets under 32 KiB", 2 if average < SMALL_DMA_BYTES / 4 else 1,
-                _point(attribution, m.small_packets)))
+    average = figs.dma.average_transfer_bytes
+    if average is not None and 0 < average < SMALL_DMA_BYTES:
+        share = f", {fmt_pct(m.small / m.packets)} of packets under 32 KiB" if m.packets else ""
+        found.append(_finding(
+            "Small DMA transfers", f"average transfer {fmt_bytes(average)} (target >= 32 KiB){share}",
+            2 if average < SMALL_DMA_BYTES / 4 else 1, _point(attribution, m.small_packets)))
+    reload_bytes, hbm_read = m.spill_reload, figs.hbm.read
+    if reload_bytes and hbm_read and reload_bytes > 0.25 * hbm_read:
+        found.append(_finding(
+            "Spill reloads", f"{fmt_bytes(reload_bytes)} reloaded from HBM = "
+            f"{fmt_pct(reload_bytes / hbm_read)} of HBM reads (> 25%)",
+            3 if reload_bytes > 0.5 * hbm_read else 2, _point(attribution, m.spill_by_op)))
     transpose, hardware = figs.flops.transpose, figs.flops.hardware
     if transpose and hardware and transpose > 0.10 * hardware:
         found.append(_finding(

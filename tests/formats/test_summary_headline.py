@@ -50,7 +50,7 @@ def test_problems_point_at_the_op_kind(capsys: pytest.CaptureFixture[str]) -> No
     out = _text(capsys, str(profile))
     problems = [line for line in out.splitlines()[:14] if re.search(r"^(problems)?\s+[123]\. ", line)]
     assert problems and "→" in problems[0]
-    assert "Tensor engine waiting" in problems[0] and "of it" in problems[0]
+    assert "Tensor engine idle waiting" in problems[0] and "of it" in problems[0]
 
 
 def test_a_dataset_is_one_row_per_profile_and_an_aggregate(tmp_path: Path,
@@ -89,7 +89,7 @@ def test_findings_point_at_the_kind_carrying_most_of_it(tmp_path: Path) -> None:
     assert "transposes are 20.0% of hardware FLOPs" in transposes.detail
     assert transposes.where == "mlp (100.0% of it, largest model/mlp, op dot.1)"
     small = found["Small DMA transfers"]
-    assert small.share == 0.5 and "average packet 1.5 KiB" in small.detail
+    assert small.share == 0.5 and "average transfer 1.5 KiB" in small.detail
 
 
 def test_a_warm_up_execution_is_said_in_the_headline(tmp_path: Path,
@@ -101,3 +101,19 @@ def test_a_warm_up_execution_is_said_in_the_headline(tmp_path: Path,
     out = _text(capsys, str(path))
     assert out.splitlines()[1].startswith("note            warm-up execution:")
     assert "requested execution 5" in out.splitlines()[1]
+
+
+def test_spill_reloads_and_small_transfers_follow_the_summary_viewer_rules(tmp_path: Path) -> None:
+    import numpy as np
+
+    from formats.attribution import attribute
+    from formats.findings import find
+    from tests.formats.figure_profiles import tiny_tables, write_profile
+
+    tables = tiny_tables()
+    tables["Instruction"]["spill_reload_bytes"] = np.array([0, 0, 0, 0, 0, 900])
+    profile = open_profile(write_profile(tmp_path / "spill", tables))
+    found = {f.title: f for f in find(profile, F.figures(profile), attribute(profile))}
+    spill = found["Spill reloads"]
+    assert spill.severity == 3 and spill.op == "tanh.3" and "= 90.0% of HBM reads" in spill.detail
+    assert next(iter(found)) == "Spill reloads"  # biggest first
