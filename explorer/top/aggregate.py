@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from explorer.top import names
 from explorer.top.model import (
     DEVICE_MEMORY_KEYS,
     HOST_MEMORY_KEYS,
     LINK_KINDS,
+    STOPPED,
     Frame,
     LoadedModel,
     ProcessSnapshot,
@@ -67,8 +69,10 @@ def mean_utilization(utilization: Mapping[int, float]) -> float | None:
 
 
 def tabs(frame: Frame) -> tuple[Tab, ...]:
-    """"all" first, then one tab per process by pid (tags repeat; pids do not)."""
-    return (Tab(None, "all"), *(Tab(p.pid, p.tag) for p in sorted(frame.active, key=lambda p: p.pid)))
+    """"all" first, then one tab per process by pid (tags repeat; pids do not), each named by its
+    tag, script or model (``names.label``), never a bare pid when something better is known."""
+    return (Tab(None, "all"), *(Tab(p.pid, names.label(p) + (" (stopped)" if p.state == STOPPED else ""))
+                                for p in sorted(frame.active, key=lambda p: p.pid)))
 
 
 def _sum_optional(values: Iterable[float | None]) -> float | None:

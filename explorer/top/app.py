@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from dataclasses import replace
 from typing import ClassVar
 
@@ -22,12 +23,21 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
 
-from explorer.top import memtree, render
+from explorer.top import memtree, names, render
 from explorer.top.aggregate import Tab, TabData, tab_data, tabs
 from explorer.top.collector import Collector, Source
 from explorer.top.model import Frame, Hardware, HistoryView, SourceStatus, SystemSnapshot
+from explorer.top.proctable import SortKey, TableView
 from explorer.top.screens import HelpScreen, SignalScreen
-from explorer.top.widgets import RESERVED_ROWS, CoreGrid, MemoryTree, Panel, ProcessList, SectionBar
+from explorer.top.widgets import (
+    RESERVED_ROWS,
+    CoreGrid,
+    FilterInput,
+    MemoryTree,
+    Panel,
+    ProcessList,
+    SectionBar,
+)
 
 WIDE_COLUMNS = 130  # from here on the extras sit beside the real tool's layout
 SIDE_WIDTH = 58
@@ -65,6 +75,8 @@ class NeuronTopApp(App[None]):
     #history {{ height: 1fr; }}
     #status {{ height: auto; }}
     #tabs, #hints, #title {{ height: 1; }}
+    #filter {{ display: none; }}
+    #filter.-open {{ display: block; }}
     Screen.-narrow #side {{ display: none; }}
     Screen.-narrow.-extras #side {{ display: block; width: 1fr; border-left: none; }}
     Screen.-narrow.-extras #main {{ display: none; }}
@@ -80,6 +92,14 @@ class NeuronTopApp(App[None]):
         Binding("h,question_mark", "help", "help"),
         Binding("v", "extras", "extras"),
         Binding("k", "signal", "signal"),
+        Binding("less_than_sign,comma", "sort(-1)", "sort by the previous column", show=False),
+        Binding("greater_than_sign,full_stop", "sort(1)", "sort by the next column", show=False),
+        Binding("I", "invert_sort", "invert the sort", show=False),
+        Binding("P", "sort_by('NC%')", "sort by NC%", show=False),
+        Binding("M", "sort_by('DEV MEM')", "sort by device memory", show=False),
+        Binding("T", "sort_by('AGE')", "sort by age", show=False),
+        Binding("N", "sort_by('PID')", "sort by pid", show=False),
+        Binding("slash,backslash", "filter", "filter processes", show=False),
         *[Binding(str(n), f"select_tab({n})", f"tab {n}", show=False) for n in range(1, 10)],
     ]
 
@@ -98,6 +118,7 @@ class NeuronTopApp(App[None]):
         self.collector: Collector | None = None
         self.first_frame_shown = False
         self.signals_sent: list[tuple[int, int]] = []
+        self.table_view = TableView()
         self._cache: tuple[tuple[int, int | None], TabData] | None = None
         self._rows_cache: tuple[tuple, int] | None = None
 
@@ -129,8 +150,10 @@ class NeuronTopApp(App[None]):
                 yield SectionBar("History", id="history-header")
                 yield Panel(lambda d, w: render.history(d[0], d[1], d[2], w),
                             layout_key=lambda d: (d[0].hardware, d[0].history.has_hbm), id="history")
-        yield Panel(lambda d, w: render.status_line_of(d[0], d[1], d[2], w) or Text(""),
+        yield Panel(lambda d, w: render.status_line_of(d[0], d[1], d[2], w, d[3]) or Text(""),
                     layout_key=lambda d: 0, id="status")
+        yield FilterInput(placeholder="filter processes: pid, user, command, model (Enter keeps, Esc clears)",
+                          id="filter")
         yield Panel(lambda d, w: render.tab_bar(d[0], d[1], w), layout_key=lambda d: 0, id="tabs")
         yield Panel(lambda d, w: render.hint_bar(w), True, id="hints")
 
@@ -214,12 +237,15 @@ class NeuronTopApp(App[None]):
         empty = ("no Neuron activity: no process holds device memory" if render.no_activity(frame)
                  else "this process holds no device memory")
         self.query_one(MemoryTree).show(self.rows, self.tree_state, empty)
-        self.query_one(ProcessList).show(frame)
+        procs = self.query_one(ProcessList)
+        procs.show(frame, self.table_view)
+        self.query_one("#procs-header", SectionBar).show(
+            render.process_section(self.table_view, len(procs.rows), len(frame.processes)))
         engine_cores = highlight or tuple(sorted(data.engine_busy))[:1]
         self.query_one("#engines", Panel).show((hw, data, engine_cores, frame.status.kind))
         self.query_one("#history", Panel).show((frame, data, self.tab_pid))
         status = self.query_one("#status", Panel)
-        status.show((frame.status, frame.hardware, bool(frame.active)))
+        status.show((frame.status, frame.hardware, bool(frame.active), render.stopped_note(frame)))
         shown = render.status_line(frame, max(self.size.width, 1)) is not None
         if status.display != shown:
             status.display = shown
@@ -235,7 +261,7 @@ class NeuronTopApp(App[None]):
         """Rows the grid may take: what the other regions leave at this size (at least 2)."""
         width = self.main_width()
         key = (width, self.size.height, data.host_memory, data.device_memory, frame.system, frame.status,
-               bool(frame.active), frame.hardware)
+               bool(frame.active), frame.hardware, render.stopped_note(frame))
         if self._rows_cache is None or self._rows_cache[0] != key:
             summary = render.memory_summary(frame, data, width).plain.count("\n") + 1
             status = 1 if render.status_line(frame, width) is not None else 0
@@ -280,6 +306,52 @@ class NeuronTopApp(App[None]):
         focused = self.query_one(ProcessList) if side_open and self.screen.has_class("-narrow") else None
         (focused or self.query_one(MemoryTree)).focus()
 
+    # -- process table: sort and filter --------------------------------------------------------
+
+    def _set_view(self, view: TableView) -> None:
+        self.table_view = view
+        self._redraw()
+
+    def _show_table(self) -> None:
+        """Make the process table visible (it is an extra: hidden on narrow screens until ``v``)."""
+        narrow = self.screen.has_class("-narrow")
+        if narrow != self.screen.has_class("-extras"):
+            self.screen.toggle_class("-extras")
+
+    def action_sort(self, step: int) -> None:
+        width = self.query_one(ProcessList).size.width or SIDE_WIDTH
+        self._set_view(self.table_view.cycle(step, render.sort_columns(width)))
+
+    def action_sort_by(self, column: str) -> None:
+        self._set_view(self.table_view.by(SortKey(column)))
+
+    def action_invert_sort(self) -> None:
+        self._set_view(self.table_view.inverted())
+
+    def action_filter(self) -> None:
+        self._show_table()
+        line = self.query_one(FilterInput)
+        line.value = self.table_view.filter
+        line.add_class("-open")
+        line.focus()
+
+    def on_input_changed(self, message: FilterInput.Changed) -> None:
+        if message.input.id == "filter":
+            self._set_view(replace(self.table_view, filter=message.value.strip()))
+
+    def on_input_submitted(self, message: FilterInput.Submitted) -> None:
+        if message.input.id == "filter":
+            self._close_filter()
+
+    def on_filter_input_closed(self, message: FilterInput.Closed) -> None:
+        self._set_view(replace(self.table_view, filter=""))
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        self.query_one(FilterInput).remove_class("-open")
+        procs = self.query_one(ProcessList)
+        (procs if procs.region.width > 0 else self.query_one(MemoryTree)).focus()
+
     def _signal_target(self) -> int | None:
         procs = self.query_one(ProcessList)
         if procs.has_focus and procs.selected_pid is not None:
@@ -293,7 +365,9 @@ class NeuronTopApp(App[None]):
                         severity="warning")
             return
         process = self.frame.process(pid)
-        description = (process.command or process.tag) if process else ""
+        description = ""
+        if process is not None:  # what the user knows it by, then the whole command line to be sure
+            description = "\n".join(filter(None, (names.describe(process), process.command)))
         warning = ""
         if self.frame.status.kind == "monitor":
             warning = ("This pid comes from a neuron-monitor stream: "
@@ -312,16 +386,24 @@ class NeuronTopApp(App[None]):
                 raise ProcessLookupError(f"no process {pid} on this host")
             os.kill(pid, sig)
         except (OSError, ProcessLookupError) as exc:
-            self.notify(f"signal {sig} to {pid} failed: {exc}", severity="error")
+            self.notify(f"{signal_name(sig)} to {pid} failed: {exc}", severity="error")
             return
         self.signals_sent.append((pid, sig))
-        self.notify(f"sent signal {sig} to {pid}")
+        self.notify(f"sent {signal_name(sig)} to {pid}")
 
     def action_quit(self) -> None:  # type: ignore[override]
         if self.collector is not None:
             with contextlib.suppress(Exception):
                 self.collector.stop()
         self.exit()
+
+
+def signal_name(sig: int) -> str:
+    """``SIGCONT`` rather than ``18`` (numbers differ between platforms)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def fmt_description(text: str) -> str:

@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from collectors import livepaths, monitor_report
 from collectors.instanceinfo import imds_info
 from collectors.inventory import Inventory, InventoryError, simulated
@@ -32,6 +34,7 @@ from explorer.top.model import (
     EXITED,
     RUNNING,
     STALE,
+    STOPPED,
     CoreUse,
     Frame,
     Hardware,
@@ -41,6 +44,27 @@ from explorer.top.model import (
 from explorer.top.report import parse_process
 
 GONE_GRACE_S = 10.0  # an exited process stays in the process table, flagged, this long
+
+
+def process_status(pid: int) -> str | None:
+    """psutil's status of ``pid`` (``running``, ``sleeping``, ``stopped``...), None if unknown."""
+    try:
+        return psutil.Process(pid).status()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _stopped(snap: ProcessSnapshot) -> ProcessSnapshot:
+    """A stopped process runs nothing: its cores are idle (its publisher's last rates would
+    otherwise be repeated as if it still ran) while it keeps its cores and memory."""
+    def zeros(values: Mapping[str, float] | None) -> dict[str, float] | None:
+        return None if values is None else dict.fromkeys(values, 0.0)
+
+    idle = {core: replace(use, utilization=0.0, flops=0.0, engine_busy=zeros(use.engine_busy),
+                          hbm_bytes_per_s=None if use.hbm_bytes_per_s is None else 0.0)
+            for core, use in (snap.cores or {}).items()}
+    return replace(snap, state=STOPPED, cores=idle, vcpu_user=0.0, vcpu_system=0.0, executions=0,
+                   link_bytes_per_s=zeros(snap.link_bytes_per_s))
 
 
 def hardware_of(inventory: Inventory, instance_id: str = "") -> Hardware:
@@ -93,7 +117,8 @@ class LiveSource:
     def __init__(self, inventory: Inventory, *, live_dir: Path | None = None, host: HostSampler | None = None,
                  follow_publishers: bool = True, clock: Callable[[], float] = time.time,
                  read_states: Callable[[float], list[ProcessState]] | None = None,
-                 instance_id: str | None = None) -> None:
+                 instance_id: str | None = None,
+                 status_of: Callable[[int], str | None] = process_status) -> None:
         self.inventory = inventory
         self.live_dir = live_dir or livepaths.live_dir()
         self.host = host or PsutilHost()
@@ -101,6 +126,7 @@ class LiveSource:
         self.clock = clock
         self._read = read_states or (lambda now: read_live_state(self.live_dir, now=now))
         self._instance_id = instance_id
+        self._status_of = status_of
         self.tracker: LiveTracker | None = None
         self.history = History()
         self._last: dict[int, ProcessSnapshot] = {}
@@ -149,6 +175,8 @@ class LiveSource:
                 snap, cores=_extras(state, win, inventory, snap.cores or {}), command=state.command,
                 user=state.user, started_at=state.start_time, rss_bytes=state.rss_bytes,
                 link_bytes_per_s=dict(win.link_bytes_per_s), state=STALE if state.stale else RUNNING)
+            if self._status_of(state.pid) == psutil.STATUS_STOPPED:
+                processes[state.pid] = _stopped(processes[state.pid])
         for pid, last in self._last.items():
             if pid not in processes and last.state != EXITED:
                 self._gone[pid] = replace(last, state=EXITED, gone_at=now, cores=None, vcpu_user=None,
@@ -171,4 +199,4 @@ class LiveSource:
         """Nothing to release (files are read whole each time)."""
 
 
-__all__ = ["GONE_GRACE_S", "LiveSource", "hardware_of", "process_entry"]
+__all__ = ["GONE_GRACE_S", "LiveSource", "hardware_of", "process_entry", "process_status"]

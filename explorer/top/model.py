@@ -27,8 +27,8 @@ HOST_MEMORY_LABELS = {"tensors": "Tensors", "constants": "Constants", "dma_buffe
                       "application_memory": "App. Memory"}
 LINK_KINDS = ("neuronlink", "efa")
 
-# process states shown in the process table's flag column
-RUNNING, STALE, EXITED, ERROR = "running", "stale", "exited", "error"
+# process states shown in the process table's flag column; STOPPED: SIGSTOP / Ctrl-Z (psutil status)
+RUNNING, STALE, EXITED, ERROR, STOPPED = "running", "stale", "exited", "error", "stopped"
 
 
 @dataclass(frozen=True)
@@ -188,5 +188,5 @@ class Frame:
 
 
 __all__ = ["DEVICE_MEMORY_KEYS", "DEVICE_MEMORY_LABELS", "ENGINES", "ERROR", "EXITED", "HOST_MEMORY_KEYS",
-           "HOST_MEMORY_LABELS", "LINK_KINDS", "RUNNING", "STALE", "CoreUse", "Frame", "Hardware",
+           "HOST_MEMORY_LABELS", "LINK_KINDS", "RUNNING", "STALE", "STOPPED", "CoreUse", "Frame", "Hardware",
            "HistoryView", "LoadedModel", "ProcessSnapshot", "SourceStatus", "SystemSnapshot"]

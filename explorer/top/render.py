@@ -17,7 +17,7 @@ from importlib import metadata
 
 from rich.text import Text
 
-from explorer.top import fmt
+from explorer.top import fmt, names
 from explorer.top.aggregate import MAX_NUMBERED_TABS, Tab, TabData, mean_utilization
 from explorer.top.memtree import TreeRow, TreeState, is_expanded
 from explorer.top.model import (
@@ -29,11 +29,13 @@ from explorer.top.model import (
     HOST_MEMORY_KEYS,
     HOST_MEMORY_LABELS,
     STALE,
+    STOPPED,
     Frame,
     Hardware,
     ProcessSnapshot,
     SourceStatus,
 )
+from explorer.top.proctable import SortKey, TableView, ordered, utilization
 
 S_TITLE = "bold white on blue"
 S_SECTION = "black on cyan"
@@ -50,6 +52,8 @@ S_TAB_SELECTED = "bold green on blue"
 S_WARN = "bold yellow"
 S_ERROR = "bold red"
 S_NOTE = "bold black on cyan"
+S_STOPPED = "bold magenta"
+S_SORTED = "bold black on cyan"
 LABEL_W = 5  # "ND15 "
 PCT_W = 8  # "[56.81%]"
 TF_W = 11  # "[ 10.004TF]"
@@ -414,7 +418,8 @@ def tab_bar(items: Sequence[Tab], selected: int, width: int) -> Text:
 HINTS = (("q", "quit", "quit"), ("arrows", "move tree selection", "move"),
          ("enter", "expand/collapse tree item", "open"), ("x", "expand/collapse entire tree", "all"),
          ("a/d", "previous/next tab", "tab"), ("f", "FLOPS on/off", "flops"), ("1-9", "select tab", "tab"),
-         ("k", "signal process", "kill"), ("v", "extras", "extras"), ("h", "help", "help"))
+         ("k", "signal process", "kill"), ("v", "extras", "extras"), ("<>", "sort", "sort"),
+         ("/", "filter", "filter"), ("h", "help", "help"))
 
 
 REAL_HINTS = 7  # the first seven are the real tool's; the rest are ours
@@ -441,13 +446,28 @@ def hint_bar(width: int) -> Text:
 
 
 def status_line(frame: Frame, width: int) -> Text | None:
-    """The one line of news: no activity, the stream's state, or the latest problem; None if none."""
-    return status_line_of(frame.status, frame.hardware, bool(frame.active), width)
+    """The one line of news: no activity, the stream's state, stopped processes, or the latest
+    problem; None if none."""
+    return status_line_of(frame.status, frame.hardware, bool(frame.active), width, stopped_note(frame))
 
 
-def status_line_of(status: SourceStatus, hardware: Hardware, active: bool, width: int) -> Text | None:
+def stopped_note(frame: Frame) -> str:
+    """``stopped (SIGSTOP): pid 4100 my_script.py (mlp); k then c resumes it``, or ``""``."""
+    stopped = [p for p in frame.active if p.state == STOPPED]
+    if not stopped:
+        return ""
+    which = ", ".join(names.describe(p) for p in stopped)
+    return f"stopped (SIGSTOP): {which}; its cores are idle; k then c (SIGCONT) resumes it"
+
+
+def status_line_of(status: SourceStatus, hardware: Hardware, active: bool, width: int,
+                   stopped: str = "") -> Text | None:
     text = Text()
+    if stopped:
+        text.append(stopped, style=S_STOPPED)
     if status.message:
+        if text:
+            text.append("  |  ")
         text.append(status.message, style=S_WARN if not status.ended else S_ERROR)
     elif not active and hardware.cores:
         text.append("No Neuron activity: no process is using a NeuronCore", style=S_WARN)
@@ -530,8 +550,9 @@ def history(frame: Frame, data: TabData, tab: int | None, width: int) -> Text:
     return _join(lines)
 
 
-PROCESS_COLS = (("PID", 8), ("USER", 9), ("COMMAND", 0), ("CORES", 8), ("HOST MEM", 9), ("DEV MEM", 9),
-                ("AGE", 7), ("STATE", 7))
+PROCESS_COLS = (("PID", 8), ("USER", 9), ("COMMAND", 0), ("CORES", 8), ("NC%", 7), ("HOST MEM", 9),
+                ("DEV MEM", 9), ("AGE", 7), ("STATE", 8))
+DEFAULT_VIEW = TableView()
 
 
 def _process_cols(width: int) -> list[tuple[str, int]]:
@@ -544,17 +565,38 @@ def _process_cols(width: int) -> list[tuple[str, int]]:
     return cols
 
 
-def process_header(width: int) -> Text:
+def sort_columns(width: int) -> tuple[SortKey, ...]:
+    """The columns the table shows at ``width``, as sort keys (what ``<`` ``>`` cycle through)."""
+    return tuple(SortKey(name) for name, _ in _process_cols(width))
+
+
+def process_header(width: int, view: TableView = DEFAULT_VIEW) -> Text:
+    """Column headings; the sorted one is highlighted with its direction (``DEV MEM▼``), as htop."""
     cols = _process_cols(width)
     command_w = max(width - sum(w for _, w in cols), 4)
     text = Text()
     for name, w in cols:
-        text.append(f"{name:<{w or command_w}}")
+        w = w or command_w
+        if name == view.sort.value:
+            heading = name + ("▼" if view.descending else "▲")
+            text.append(heading, style=S_SORTED)
+            text.append(" " * max(w - len(heading), 0))
+        else:
+            text.append(f"{name:<{w}}")
     return _based(_line(text, width), "bold")
+
+
+def process_section(view: TableView, shown: int, total: int) -> str:
+    """The table's section bar: ``Processes (2 of 5, filter "bert")`` when filtered."""
+    if not view.filter:
+        return "Processes"
+    return f'Processes: {shown} of {total} match "{view.filter}" (/ edits)'
 
 
 def process_state(p: ProcessSnapshot) -> tuple[str, str]:
     """Flag text and style: exited and stale holders stand out (§7: holders that are gone or stuck)."""
+    if p.state == STOPPED:
+        return "STOPPED", S_STOPPED
     if p.state == EXITED:
         return "EXITED", S_ERROR
     if p.state == ERROR:
@@ -566,6 +608,12 @@ def process_state(p: ProcessSnapshot) -> tuple[str, str]:
     return "ok", S_VALUE
 
 
+def _nc_percent(p: ProcessSnapshot) -> str:
+    """NC%: the mean utilisation of the process's cores, as the grid prints a core (``  9.30%``)."""
+    value = utilization(p)
+    return "-" if value is None else fmt.percent(value).strip()
+
+
 def process_row(p: ProcessSnapshot, now: float, width: int, selected: bool) -> Text:
     cols = _process_cols(width)
     command_w = max(width - sum(w for _, w in cols), 4)
@@ -574,11 +622,10 @@ def process_row(p: ProcessSnapshot, now: float, width: int, selected: bool) -> T
     if not p.started_exact and started is not None:
         age = "≥" + age  # only "first seen in the stream"
     flag, flag_style = process_state(p)
-    command = p.command or p.tag
-    if p.command and p.tag != str(p.pid):
-        command = f"[{p.tag}] {p.command}"  # the tag names the job; the command line may be generic
+    command = names.command_text(p)  # the script, not the interpreter's path
     values = {"PID": str(p.pid), "USER": p.user or "-", "COMMAND": command,
-              "CORES": fmt.core_ranges(p.held_cores), "HOST MEM": fmt.size(p.host_bytes),
+              "CORES": fmt.core_ranges(p.held_cores), "NC%": _nc_percent(p),
+              "HOST MEM": fmt.size(p.host_bytes),
               "DEV MEM": fmt.size(p.device_memory_bytes), "AGE": age, "STATE": flag}
     text = Text()
     for name, w in cols:
@@ -592,19 +639,49 @@ def process_row(p: ProcessSnapshot, now: float, width: int, selected: bool) -> T
     return _line(text, width)
 
 
-def processes(frame: Frame, width: int, cursor: int | None, height: int | None = None) -> Text:
-    procs = frame.processes
+def processes(frame: Frame, width: int, cursor: int | None, height: int | None = None,
+              view: TableView = DEFAULT_VIEW) -> Text:
+    """The process table in the view's order and filter; ``cursor`` indexes the shown rows."""
+    procs = ordered(frame.processes, view, frame.taken_at)
+    header = process_header(width, view)
     if not procs:
-        return _join([process_header(width), _line(Text("no Neuron processes", style=S_DIM), width)])
+        empty = f'no process matches "{view.filter}"' if frame.processes else "no Neuron processes"
+        return _join([header, _line(Text(empty, style=S_DIM), width)])
     start = 0
     if height is not None and cursor is not None and height > 1:
         start = max(0, min(cursor - (height - 2), len(procs) - (height - 1)))
     shown = procs[start:start + (height - 1 if height else len(procs))]
     rows = [process_row(p, frame.taken_at, width, cursor == start + i) for i, p in enumerate(shown)]
-    return _join([process_header(width), *rows])
+    return _join([header, *rows])
 
 
-__all__ = ["PROCESS_COLS", "engines", "grid", "grid_rows_needed", "hint_bar", "history", "memory_summary",
-           "no_activity", "process_header", "process_row", "process_state", "processes", "section",
-           "status_line", "status_line_of", "tab_bar", "title", "tool_version", "tree_header", "tree_lines",
-           "tree_row", "util_header", "util_notes", "util_section", "vcpu"]
+__all__ = [
+    "PROCESS_COLS",
+    "engines",
+    "grid",
+    "grid_rows_needed",
+    "hint_bar",
+    "history",
+    "memory_summary",
+    "no_activity",
+    "process_header",
+    "process_row",
+    "process_section",
+    "process_state",
+    "processes",
+    "section",
+    "sort_columns",
+    "status_line",
+    "status_line_of",
+    "stopped_note",
+    "tab_bar",
+    "title",
+    "tool_version",
+    "tree_header",
+    "tree_lines",
+    "tree_row",
+    "util_header",
+    "util_notes",
+    "util_section",
+    "vcpu",
+]

@@ -16,9 +16,11 @@ from textual.geometry import Region, Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
+from textual.widgets import Input
 
 from explorer.top import memtree, render
-from explorer.top.model import Frame, Hardware
+from explorer.top.model import Frame, Hardware, ProcessSnapshot
+from explorer.top.proctable import TableView, ordered
 
 # rows the other regions need besides the memory summary and status line: title, four section bars,
 # two vCPU bars, the tree's column header and two tree rows, tabs, hints
@@ -225,7 +227,9 @@ class MemoryTree(LinesWidget, can_focus=True):
 
 
 class ProcessList(LinesWidget, can_focus=True):
-    """The process table; arrows move its cursor when it has focus (Tab moves focus here)."""
+    """The process table, sorted and filtered by the app's ``TableView``; arrows move its cursor
+    when it has focus (Tab moves focus here). The cursor follows its process when the order
+    changes."""
 
     VISIBLE_ROWS = 10
     DEFAULT_CSS = "ProcessList { height: auto; max-height: 11; }"
@@ -237,28 +241,33 @@ class ProcessList(LinesWidget, can_focus=True):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.frame: Frame | None = None
+        self.view = TableView()
+        self.rows: tuple[ProcessSnapshot, ...] = ()
         self.cursor = 0
 
     @property
     def selected_pid(self) -> int | None:
-        if self.frame is None or not self.frame.processes:
+        if not self.rows:
             return None
-        return self.frame.processes[min(self.cursor, len(self.frame.processes) - 1)].pid
+        return self.rows[min(self.cursor, len(self.rows) - 1)].pid
 
-    def show(self, frame: Frame) -> None:
-        old = self.frame
-        if old is not None and frame.processes == old.processes and frame.taken_at == old.taken_at:
+    def show(self, frame: Frame, view: TableView | None = None) -> None:
+        view = self.view if view is None else view
+        old, old_rows = self.frame, self.rows
+        if (old is not None and view == self.view and frame.processes == old.processes
+                and frame.taken_at == old.taken_at):
             return
         pid = self.selected_pid
-        self.frame = frame
-        pids = [p.pid for p in frame.processes]
+        self.frame, self.view = frame, view
+        self.rows = ordered(frame.processes, view, frame.taken_at)
+        pids = [p.pid for p in self.rows]
         self.cursor = pids.index(pid) if pid in pids else min(self.cursor, max(len(pids) - 1, 0))
-        self._invalidate(layout=old is None or len(old.processes) != len(frame.processes))
+        self._invalidate(layout=old is None or len(old_rows) != len(self.rows))
 
     def action_move(self, step: int) -> None:
-        if self.frame is None or not self.frame.processes:
+        if not self.rows:
             return
-        self.cursor = (self.cursor + step) % len(self.frame.processes)
+        self.cursor = (self.cursor + step) % len(self.rows)
         self._invalidate()
 
     def on_focus(self) -> None:
@@ -271,7 +280,29 @@ class ProcessList(LinesWidget, can_focus=True):
         if self.frame is None:
             return Text("")
         cursor = self.cursor if self.has_focus else None
-        return render.processes(self.frame, width, cursor, self.VISIBLE_ROWS + 1)
+        return render.processes(self.frame, width, cursor, self.VISIBLE_ROWS + 1, self.view)
 
 
-__all__ = ["RESERVED_ROWS", "CoreGrid", "MemoryTree", "Panel", "ProcessList", "SectionBar"]
+class FilterInput(Input):
+    """The process filter line (``/``): Enter keeps the filter (the app handles ``Submitted``),
+    Esc clears it; both close it."""
+
+    DEFAULT_CSS = """
+    FilterInput { height: 1; border: none; padding: 0 1; background: $boost; }
+    FilterInput:focus { border: none; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "clear_filter", "clear filter", show=False)]
+
+    class Closed(Message):
+        """The user left the filter line (``keep`` False: with Esc, the filter cleared)."""
+
+        def __init__(self, keep: bool) -> None:
+            super().__init__()
+            self.keep = keep
+
+    def action_clear_filter(self) -> None:
+        self.value = ""
+        self.post_message(self.Closed(keep=False))
+
+
+__all__ = ["RESERVED_ROWS", "CoreGrid", "FilterInput", "MemoryTree", "Panel", "ProcessList", "SectionBar"]

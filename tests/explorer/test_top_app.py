@@ -15,10 +15,11 @@ import pytest
 from explorer.top.aggregate import tab_data
 from explorer.top.app import NeuronTopApp
 from explorer.top.live_source import LiveSource
+from explorer.top.model import CoreUse
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.screens import HelpScreen, SignalScreen
 from explorer.top.widgets import CoreGrid, MemoryTree, Panel, ProcessList
-from tests.explorer.topdata import VERSION, idle_frame, live_frame, monitor_frame
+from tests.explorer.topdata import VERSION, idle_frame, live_frame, live_source, monitor_frame
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -186,6 +187,11 @@ def test_extras_toggle_and_focus():
     run(go())
 
 
+def row_of(app: NeuronTopApp, pid: int) -> int:
+    """The row of ``pid`` in the (sorted) process table."""
+    return [p.pid for p in app.query_one(ProcessList).rows].index(pid)
+
+
 def test_signal_needs_a_target_and_confirmation(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -200,7 +206,7 @@ def test_signal_needs_a_target_and_confirmation(tmp_path):
             async with app.run_test(size=(160, 50)) as pilot:
                 await pilot.press("k")  # "all" tab, tree focused: no target
                 assert not isinstance(app.screen, SignalScreen)
-                await pilot.press("tab", "k")
+                await pilot.press("tab", *["down"] * row_of(app, victim.pid), "k")
                 await pilot.pause()
                 assert isinstance(app.screen, SignalScreen) and app.screen.pid == victim.pid
                 text = screen_text(app)  # the question and the choices are on screen
@@ -332,3 +338,105 @@ def test_first_frame_is_quick(tmp_path):
     started = time.perf_counter()
     source.poll()
     assert time.perf_counter() - started < 1.0
+
+
+def _table_app_frame():
+    from dataclasses import replace
+    frame = live_frame()
+    a, b = frame.processes
+    c = replace(a, pid=4050, tag="4050", command="/work/main/.venv/bin/python /home/me/alpha.py",
+                cores={8: CoreUse(8, 90.0, 0.0)}, core_memory={8: {"tensors": 1 << 40}}, models=())
+    return replace(frame, processes=(a, b, c))
+
+
+def test_sort_keys_reorder_the_process_table():
+    async def go():
+        app = app_with(_table_app_frame())
+        async with app.run_test(size=(160, 50)) as pilot:
+            procs = app.query_one(ProcessList)
+            rows = lambda: [p.pid for p in procs.rows]  # noqa: E731
+            assert rows() == [4050, 4100, 4110] and "PID▲" in screen_text(app)
+            await pilot.press("I")
+            assert rows() == [4110, 4100, 4050] and "PID▼" in screen_text(app)
+            await pilot.press("P")  # NC%, largest first
+            await pilot.pause()
+            assert rows()[0] == 4050 and "NC%▼" in screen_text(app)
+            await pilot.press("N", "greater_than_sign")  # next shown column after PID
+            assert app.table_view.sort.value == procs_columns(procs)[1]
+            await pilot.press("less_than_sign", "full_stop", "comma")
+            assert app.table_view.sort.value == "PID"
+            await pilot.press("M")
+            assert rows()[0] == 4050
+            await pilot.press("tab", "down", "k")  # the cursor is on a row of the sorted table
+            assert isinstance(app.screen, SignalScreen) and app.screen.pid == rows()[1]
+            await pilot.press("escape")
+    run(go())
+
+
+def procs_columns(procs: ProcessList) -> list[str]:
+    from explorer.top.render import sort_columns
+    return [k.value for k in sort_columns(procs.size.width)]
+
+
+def test_filter_line_filters_and_keeps_keys_for_itself():
+    async def go():
+        app = app_with(_table_app_frame())
+        async with app.run_test(size=(80, 24)) as pilot:  # narrow: / shows the table
+            await pilot.press("slash")
+            await pilot.pause()
+            assert app.query_one("#filter").has_focus and app.query_one(ProcessList).region.width > 0
+            await pilot.press("a", "l", "p", "h", "q", "1")  # typed, not help / quit / tab 1
+            await pilot.pause()
+            assert not app._exit and not isinstance(app.screen, HelpScreen)
+            assert app.table_view.filter == "alphq1" and not app.query_one(ProcessList).rows
+            await pilot.press("backspace", "backspace", "backspace", "enter")
+            await pilot.pause()
+            assert app.table_view.filter == "alp"
+            assert [p.pid for p in app.query_one(ProcessList).rows] == [4050]
+            assert not app.query_one("#filter").display  # closed, filter kept and shown
+            assert 'Processes: 1 of 3 match "alp"' in screen_text(app)
+            await pilot.press("slash", "escape")  # Esc clears
+            await pilot.pause()
+            assert app.table_view.filter == "" and len(app.query_one(ProcessList).rows) == 3
+    run(go())
+
+
+def test_stopped_process_on_the_main_screen_at_80x24():
+    async def go():
+        source = live_source()
+        source._status_of = lambda pid: "stopped" if pid == 4110 else "sleeping"
+        app = app_with(source.poll())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            text = screen_text(app)
+            assert "stopped (SIGSTOP): pid 4110" in text and "(stopped)" in text.splitlines()[-2]
+    run(go())
+
+
+def test_signal_dialog_stops_and_continues_a_process():
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go():
+            from dataclasses import replace
+
+            from explorer.top.live_source import process_status
+            frame = live_frame()
+            procs = tuple(replace(p, pid=victim.pid) if i == 0 else p for i, p in enumerate(frame.processes))
+            app = app_with(replace(frame, processes=procs))
+            async with app.run_test(size=(160, 50)) as pilot:
+                await pilot.press("tab", *["down"] * row_of(app, victim.pid), "k", "s")
+                await pilot.pause()
+                assert app.signals_sent == [(victim.pid, signal.SIGSTOP)]
+                for _ in range(100):
+                    if process_status(victim.pid) == "stopped":
+                        break
+                    await pilot.pause(0.05)
+                assert process_status(victim.pid) == "stopped"
+                await pilot.press("k", "c")
+                await pilot.pause()
+                assert app.signals_sent[-1] == (victim.pid, signal.SIGCONT)
+        run(go())
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()

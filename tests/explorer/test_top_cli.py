@@ -81,7 +81,7 @@ def test_once_live_state(tmp_path):
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert "running on" in out and "(trn1.32xlarge, simulated)" in out
-        assert "ND1  " in out and "[svc] python serve.py" in out and "ND1 NC0" in out
+        assert "ND1  " in out and "[svc] serve.py" in out and "ND1 NC0" in out
         assert "Model Scratchpad" in out and "tester" in out
     finally:
         holder.kill()

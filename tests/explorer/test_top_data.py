@@ -115,7 +115,7 @@ def test_live_utilisation_says_it_depends_on_the_host():
 
 def test_monitor_example_matches_the_documented_screen():
     frame = monitor_frame()
-    assert [t.label for t in tabs(frame)] == ["all", "llama-ft", "48990"]
+    assert [t.label for t in tabs(frame)] == ["all", "llama-ft", "bert_base_b8_s128"]  # model, not pid
     data = tab_data(frame, None)
     assert sorted(data.utilization) == [0, 1, 2, 3, 6]  # cores 4, 5, 7.. absent, not 0
     assert data.utilization[3] == 0.0
@@ -258,3 +258,130 @@ def test_tree_left_right_enter_x(tree):
     collapsed = memtree.toggle_all(tree, everything)
     assert collapsed.selected == ("nd", 0)  # moved to its device
     assert all(r.depth == 0 for r in memtree.visible_rows(tree, collapsed))
+
+
+# -- process names, order, filter, stopped processes -------------------------------------------
+
+
+@pytest.mark.parametrize("command, name, args", [
+    ("/work/main/.venv/bin/python my_script.py --steps 3", "my_script.py", "--steps 3"),
+    ("/usr/bin/python3.12 -u -X dev /home/me/train.py", "train.py", ""),
+    ("/work/main/.venv/bin/python /work/main/.venv/bin/neuron-profile run -w bert-layer",
+     "neuron-profile run", "-w bert-layer"),
+    ("python -m explorer.profile_cli run --workload mlp", "explorer.profile_cli", "run --workload mlp"),
+    ("python -c import neuroncore", "python -c", "import neuroncore"),
+    ("/opt/bin/serve --port 80", "serve", "--port 80"),
+])
+def test_program_is_the_script_not_the_interpreter(command, name, args):
+    from explorer.top.names import Program, program
+    assert program(command) == Program(name, args)
+    assert program("") is None and program(None) is None
+
+
+def test_commands_and_tabs_name_the_script_and_model():
+    """A process without NEURON_PROCESS_TAG is tagged with its pid: its tab and COMMAND show the script
+    and its model instead of the pid and a cut interpreter path (issue 12 §3)."""
+    from dataclasses import replace
+
+    from explorer.top import names
+    frame = live_frame()
+    bert = frame.process(4100)
+    mine = replace(bert, tag=str(bert.pid), command="/work/main/.venv/bin/python /home/me/my_script.py --n 3")
+    frame = replace(frame, processes=(mine, *frame.processes[1:]))
+    assert [t.label for t in tabs(frame)] == ["all", "my_script.py (bert_layer)", "llama-tp4"]
+    assert names.command_text(mine) == "my_script.py --n 3"
+    row = render.process_row(mine, frame.taken_at, 100, False).plain
+    assert "my_script.py --n 3" in row and "/work/main" not in row and "4100" in row
+    assert names.command_text(bert).startswith("[bert-serve] explorer.profile_cli run")
+    # a neuron-monitor stream has no command line: the tag, else the model, never a bare pid
+    assert [t.label for t in tabs(monitor_frame())] == ["all", "llama-ft", "bert_base_b8_s128"]
+    assert names.model_name("/tmp/x/0.1.0+13fdce652-bert_layer.neff") == "bert_layer"
+
+
+def _table_frame():
+    from dataclasses import replace
+    frame = live_frame()
+    a, b = frame.processes
+    c = replace(a, pid=4200, tag="4200", command="python zeta.py", user=None, rss_bytes=None,
+                cores={9: CoreUse(9, 50.0, 0.0)}, core_memory={9: {"tensors": 1}}, state=EXITED, models=())
+    d = replace(b, pid=4050, tag="job", command="python alpha.py", cores={8: CoreUse(8, 90.0, 0.0)},
+                core_memory={8: {"tensors": 1 << 40}}, models=())
+    return replace(frame, processes=(a, b, c, d))
+
+
+def test_process_table_sorts_like_htop():
+    from explorer.top.proctable import SortKey, TableView, ordered
+    frame = _table_frame()
+    pids = lambda view: [p.pid for p in ordered(frame.processes, view, frame.taken_at)]  # noqa: E731
+    assert pids(TableView()) == [4050, 4100, 4110, 4200]  # exited last whatever the order
+    assert pids(TableView(SortKey.PID, reverse=True)) == [4110, 4100, 4050, 4200]
+    assert pids(TableView(SortKey.NC))[0] == 4050  # quantities: largest first
+    assert pids(TableView(SortKey.NC, reverse=True))[:1] != [4050]
+    assert pids(TableView(SortKey.DEV_MEM))[0] == 4050
+    assert pids(TableView(SortKey.COMMAND))[:1] == [4050]  # by what was run (alpha.py), not the tag
+    view = TableView().cycle(1)
+    assert view.sort == SortKey.USER and TableView().cycle(-1).sort == SortKey.STATE
+    assert TableView(SortKey.AGE).cycle(1, (SortKey.PID, SortKey.NC)).sort == SortKey.PID  # hidden column
+    assert TableView().by(SortKey.NC).by(SortKey.NC).reverse  # the same key twice inverts
+    header = render.process_header(100, TableView(SortKey.DEV_MEM)).plain
+    assert "DEV MEM▼" in header and "PID▲" not in header
+    assert "PID▼" in render.process_header(100, TableView(reverse=True)).plain
+
+
+def test_process_table_filter():
+    from explorer.top.proctable import TableView, ordered
+    frame = _table_frame()
+    pids = lambda text: [p.pid for p in ordered(frame.processes, TableView(filter=text), 0.0)]  # noqa: E731
+    assert pids("alpha") == [4050] and pids("LLAMA") == [4110] and pids("4100") == [4100]
+    assert pids("bert_layer") == [4100]  # model names too
+    assert pids("ubuntu llama") == [4110] and pids("nothing-like-it") == []
+    text = render.processes(frame, 100, None, view=TableView(filter="nothing-like-it")).plain
+    assert 'no process matches "nothing-like-it"' in text
+    section = render.process_section(TableView(filter="alpha"), 1, 4)
+    assert section == 'Processes: 1 of 4 match "alpha" (/ edits)'
+
+
+def test_stopped_process_is_flagged_and_idle():
+    """SIGSTOP: psutil says ``stopped``; the process keeps its cores and memory, its cores read 0 %
+    (its publisher's last rates are not repeated), and the main screen says so (issue 12 §3)."""
+    from explorer.top.model import STOPPED
+    source = live_source()
+    source._status_of = lambda pid: "stopped" if pid == 4100 else "sleeping"
+    frame = source.poll()
+    stopped = frame.process(4100)
+    assert stopped.state == STOPPED and stopped in frame.active
+    assert stopped.cores and all(u.utilization == 0.0 and u.flops == 0.0 for u in stopped.cores.values())
+    assert stopped.device_memory_bytes  # still holds its memory
+    assert frame.process(4110).state != STOPPED
+    assert render.process_state(stopped)[0] == "STOPPED"
+    assert [t.label for t in tabs(frame)][1] == "bert-serve (stopped)"
+    status = render.status_line(frame, 200).plain
+    assert "stopped (SIGSTOP): pid 4100" in status and "SIGCONT" in status
+    assert "STOPPED" in render.processes(frame, 100, None).plain
+
+
+def test_process_status_sees_a_real_sigstop():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from explorer.top.live_source import process_status
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.send_signal(signal.SIGSTOP)
+        for _ in range(100):
+            if process_status(child.pid) == "stopped":
+                break
+            time.sleep(0.05)
+        assert process_status(child.pid) == "stopped"
+        child.send_signal(signal.SIGCONT)
+        for _ in range(100):
+            if process_status(child.pid) != "stopped":
+                break
+            time.sleep(0.05)
+        assert process_status(child.pid) in ("sleeping", "running")
+    finally:
+        child.kill()
+        child.wait()
+    assert process_status(child.pid) is None

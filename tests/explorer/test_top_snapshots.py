@@ -16,7 +16,7 @@ import pytest
 
 from explorer.top.app import NeuronTopApp
 from explorer.top.monitor_source import MonitorSource
-from tests.explorer.topdata import MONITOR_STREAM, VERSION, idle_frame, live_frame, monitor_frame
+from tests.explorer.topdata import MONITOR_STREAM, VERSION, idle_frame, live_frame, live_source, monitor_frame
 
 SIZES = [(80, 24), (160, 50)]
 
@@ -61,3 +61,11 @@ def test_signal_dialog(snap_compare):
     """The signal dialog with its question and choices (it was an empty 4x2 box that took keys)."""
     assert snap_compare(NeuronTopApp(frame=monitor_frame(), version=VERSION), terminal_size=(100, 30),
                         press=["2", "k"])
+
+
+def test_stopped_process_sorted_by_memory(snap_compare):
+    """A SIGSTOPped process (STATE, tab and status line), the table sorted by DEV MEM (``M``)."""
+    source = live_source()
+    source._status_of = lambda pid: "stopped" if pid == 4110 else "sleeping"
+    app = NeuronTopApp(frame=source.poll(), version=VERSION)
+    assert snap_compare(app, terminal_size=(160, 50), press=["M"])
