@@ -10,30 +10,16 @@ the formats the real tool uses (which scripts and eyes are used to) are tested i
 from __future__ import annotations
 
 import math
+from functools import partial
 
-from formats.units import BINARY_UNITS, fmt_bytes, fmt_rate, percent_cell
+from formats.units import fmt_bytes, fmt_rate, percent_cell
 
-UNITS = BINARY_UNITS
 SPARK = "▁▂▃▄▅▆▇█"
 
-
-def percent(value: float) -> str:
-    """``%5.2f%%`` of a value in 0-100 (``formats.units.percent_cell``): anything above 99.995 prints
-    as ``  100%`` (6 characters), as the real tool."""
-    return percent_cell(value)
-
-
-def size(n: float | None) -> str:
-    """Bytes in binary units, one decimal, no space (``formats.units.fmt_bytes``): ``0B``,
-    ``256.0KiB``, ``17.5GiB``; ``-`` if unknown."""
-    if n is None:
-        return "-"
-    return fmt_bytes(max(float(n), 0.0), space=False)
-
-
-def rate(bytes_per_s: float | None) -> str:
-    """A throughput in decimal units per second (``formats.units.fmt_rate``): ``12.3GB/s``."""
-    return "-" if bytes_per_s is None else fmt_rate(bytes_per_s, space=False)
+# the one convention (formats.units), in the no-space spelling of table cells: no second copy here
+percent = percent_cell  # ``%5.2f%%`` in 6 cells, ``  100%`` from 99.995 on (the real tool's cells)
+size = partial(fmt_bytes, space=False)  # ``0B``, ``256.0KiB``, ``17.5GiB``; ``-`` if unknown
+rate = partial(fmt_rate, space=False)  # ``12.3GB/s``; ``-`` if unknown
 
 
 def tflops(flops: float, width: int = 0) -> str:
@@ -106,5 +92,5 @@ def tail(text: str, width: int) -> str:
     return text if len(text) <= width else text[len(text) - width:]
 
 
-__all__ = ["SPARK", "UNITS", "age", "core_ranges", "fit", "percent", "rate", "size", "sparkline", "tail",
+__all__ = ["SPARK", "age", "core_ranges", "fit", "percent", "rate", "size", "sparkline", "tail",
            "tflops"]
