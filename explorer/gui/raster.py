@@ -166,8 +166,10 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
         else:  # a bar per column as high as the column is busy: a 30 %-busy engine is never solid
             height = inner.shape[0]
             bar = np.where(busy > 0, np.maximum(1, np.rint(busy * height)), 0).astype(np.int64)
-            level = np.arange(height)[::-1][:, None]  # 0 at the bottom of the band
-            inner[:] = np.where((level < bar[None, :])[..., None], line[None, :, :], background)
+            from_bottom = np.arange(height)[::-1, None]  # pixel row -> its height above the band's bottom
+            pixels = inner.view(np.uint32)[..., 0]  # one RGBA pixel = one uint32: a 2-D select, no loops
+            colours = np.ascontiguousarray(line).view(np.uint32)[:, 0]
+            pixels[:] = np.where(from_bottom < bar[None, :], colours[None, :], background.view(np.uint32)[0])
             picture.busy[slot] = busy
         if len(picture.labels) < MAX_LABELS:
             _collect_labels(picture, slot, window, row, mode, x0, x1)
