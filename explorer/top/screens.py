@@ -35,7 +35,7 @@ HELP = """\
 [b]Processes[/b] (as htop / nvitop)
   Tab           focus the memory tree / the process table
   < > or , .    sort the process table by the previous / next column
-  I             invert the sort order (the sorted column shows ^ or v)
+  I             invert the sort order (the sorted column shows ▲ or ▼)
   P M T N       sort by NC%%, DEV MEM, AGE, PID
   / or \\        filter the table (pid, user, command, model);
                 Enter keeps the filter, Esc clears it
