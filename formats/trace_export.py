@@ -483,8 +483,8 @@ class _Flows:
         n = keys.size
         if not self.count or n == 0:
             return np.zeros(0, np.uint64), np.zeros(n, np.int64)
-        where, params = _slice_filter(*bounds, column=f"{side}_s")
-        cols = self.con.execute(f"SELECT {side}_kind AS kind, {side}_id AS id, fid FROM trace_flows {where}",
+        where, params = _slice_filter(*bounds, column="s")
+        cols = self.con.execute(f"SELECT kind, id, fid FROM trace_flows_{side} {where}",
                                 params).fetchnumpy()
         if not len(cols["fid"]):
             return np.zeros(0, np.uint64), np.zeros(n, np.int64)
@@ -503,7 +503,8 @@ class _Flows:
 def _build_flows(con: duckdb.DuckDBPyConnection, profile: Profile, instr: TableSource, has_transfers: bool,
                  options: TraceOptions, first: int) -> _Flows:
     flow = TableSource(profile, "Flow")
-    con.execute("DROP TABLE IF EXISTS trace_flows")
+    for table in ("trace_flows", "trace_flows_src", "trace_flows_dst"):
+        con.execute(f"DROP TABLE IF EXISTS {table}")
     if not flow.present or not (instr.present or has_transfers):
         return _Flows(con, 0)
     nodes = []
@@ -529,7 +530,22 @@ def _build_flows(con: duckdb.DuckDBPyConnection, profile: Profile, instr: TableS
                         {choose})
         SELECT *, {first} + row_number() OVER () - 1 AS fid FROM chosen""")
     count = int(con.execute("SELECT count(*) FROM trace_flows").fetchall()[0][0])
+    for side in ("src", "dst"):  # one copy per end, in its start order: a time slice reads few row groups
+        _sorted_table(con, f"trace_flows_{side}", f"SELECT {side}_kind AS kind, {side}_id AS id, fid, "
+                                                  f"{side}_s AS s FROM trace_flows")
+    con.execute("DROP TABLE trace_flows")
     return _Flows(con, count)
+
+
+def _sorted_table(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> None:
+    """``CREATE TEMP TABLE name`` of ``sql`` ordered by its ``s`` column, so the row groups' min/max
+    statistics let a time slice's ``WHERE s >= a AND s < b`` skip all but a few of them."""
+    con.execute(f"DROP TABLE IF EXISTS {name}")
+    con.execute("SET preserve_insertion_order = true")
+    try:
+        con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM ({sql}) ORDER BY s")
+    finally:
+        con.execute("SET preserve_insertion_order = false")
 
 
 # -- the sources of one profile ----------------------------------------------------------------------
@@ -553,13 +569,13 @@ def _build_transfers(con: duckdb.DuckDBPyConnection, packets: TableSource) -> bo
         return False
     queue = (f"coalesce({packets.col('queue_name')}, "
              f"'queue ' || coalesce({packets.col('queue_idx')}::VARCHAR, '?'))")
-    con.execute(f"""CREATE TEMP TABLE trace_transfers AS
-                    SELECT {queue} AS t, min(start_ts) AS s, max(end_ts) AS e, 'DMA transfer' AS n,
-                           packet_aggregation_id AS k, packet_aggregation_id AS id,
-                           sum(transfer_bytes) AS bytes, count(*) AS packets,
-                           sum({packets.col('hbm_read_bytes')}) AS hbm_read_bytes,
-                           sum({packets.col('hbm_write_bytes')}) AS hbm_write_bytes
-                    FROM {packets.relation()} GROUP BY ALL""")
+    _sorted_table(con, "trace_transfers", f"""
+        SELECT {queue} AS t, min(start_ts) AS s, max(end_ts) AS e, 'DMA transfer' AS n,
+               packet_aggregation_id AS k, packet_aggregation_id AS id,
+               sum(transfer_bytes) AS bytes, count(*) AS packets,
+               sum({packets.col('hbm_read_bytes')}) AS hbm_read_bytes,
+               sum({packets.col('hbm_write_bytes')}) AS hbm_write_bytes
+        FROM {packets.relation()} GROUP BY ALL""")
     return True
 
 
@@ -673,7 +689,7 @@ def _write_profile(writer: _Writer, con: duckdb.DuckDBPyConnection, pid: int, na
     for counter_name, ts_values, values in _counters(profile, con):
         track = writer.track(counter_name, process, counter=True, rank=COUNTERS * 10_000 + len(counter_name))
         _write_counter(writer, track, ts_values, values)
-    for table in ("trace_flows", "trace_transfers", "trace_ops", "trace_layers"):
+    for table in ("trace_flows_src", "trace_flows_dst", "trace_transfers", "trace_ops", "trace_layers"):
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
