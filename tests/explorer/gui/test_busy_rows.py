@@ -96,3 +96,25 @@ def test_tensor_rows_say_what_they_run_and_the_union_is_drawn(window_factory: An
     assert ref is not None
     window.timeline.event_clicked.emit(ref)
     assert window.details is not None and "LoadStationary ∪ MATMUL" in window.details.title
+
+
+def test_summary_tab_shows_the_figures_every_view_shows(window_factory: Any) -> None:
+    """The Summary tab prints ``formats.figures`` of the whole execution (scanned here from the
+    events, there read from the Summary row) with ``formats.units``: one figure, one definition."""
+    from explorer.gui.compare import METRICS, format_value
+    from formats.figures import figures, whole
+
+    window = window_factory(BERT)
+    profile = window.session.profiles[0].profile
+    scanned = figures(profile, whole(profile))
+    table = window.summary_table
+    shown = {table.item(r, 0).text(): table.item(r, 1).text() for r in range(table.rowCount())}
+    checked = 0
+    for metric in METRICS:
+        value = metric.value(scanned)
+        if value is None:
+            continue
+        assert shown[metric.label] == format_value(value, metric.unit), metric.label
+        checked += 1
+    assert checked >= 20
+    assert shown["HBM read"] != "0 B" and shown["Tensor active (both rows)"].endswith("%")
