@@ -39,6 +39,10 @@ from typing import Any
 
 import numpy as np
 
+# the repository first: run as ``python bench/gui.py`` this folder is sys.path[0], and its
+# formats.py (the formats benchmark) would shadow the formats package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from formats.recorder import metadata_from_spec
 from neuroncore.hardware import NC_V2
 
