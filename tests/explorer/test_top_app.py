@@ -7,7 +7,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -332,12 +331,14 @@ def test_no_activity_state_on_screen():
     run(go())
 
 
-def test_first_frame_is_quick(tmp_path):
+def test_first_poll_gives_a_frame_at_once(tmp_path):
+    """The first poll has a frame (no previous sample needed) and asks no instance metadata service
+    for a simulated instance; its time is measured by bench/tui.py, not asserted here (the charter:
+    no wall-clock assertions)."""
     from collectors.inventory import simulated
     source = LiveSource(simulated("trn1.32xlarge"), live_dir=tmp_path)
-    started = time.perf_counter()
-    source.poll()
-    assert time.perf_counter() - started < 1.0
+    frame = source.poll()
+    assert frame.sequence == 1 and frame.hardware.cores == 32 and frame.hardware.instance_id == ""
 
 
 def _table_app_frame():
