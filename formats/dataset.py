@@ -54,7 +54,7 @@ def find_profiles(root: str | os.PathLike[str], *, include_incomplete: bool = Fa
                   ) -> tuple[list[ProfileEntry], list[Path]]:
     """(profiles under ``root``, incomplete ones skipped). ``root`` itself may be a profile.
 
-    Hidden directories (a writer's ``.name.XXXX.partial`` staging) are never entered; interrupted
+    Hidden directories are never entered (our writers leave none). Interrupted or still-running
     captures (``<dir>.incomplete``) are skipped unless ``include_incomplete``.
     Raises ``ProfileError`` (one line) if ``root`` is missing, not a directory, or holds no profile.
     """
