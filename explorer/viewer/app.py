@@ -276,8 +276,9 @@ class ViewerApp(App[None]):
             parts.append(Text(f"  ({self.current + 1}/{len(self.entries)}, [ ] switch)", style="dim"))
         if self.hierarchy is not None:
             parts.append(Text(f"  tree: {self.hierarchy.source}", style="dim"))
-        if self._incomplete():
-            parts.append(Text("  [INCOMPLETE: capture interrupted]", style="bold white on dark_red"))
+        mark = self._capture_mark()
+        if mark:
+            parts.append(Text(f"  [{mark}]", style="bold white on dark_red"))
         if self.state.filter:
             parts.append(Text(f"  filter: {self.state.filter}", style="yellow"))
         if self.state.search and self.matches:
@@ -287,12 +288,13 @@ class ViewerApp(App[None]):
             parts.append(Text(f"  {self.error}", style="bold red"))
         self.query_one("#title", Static).update(Text.assemble(*parts))
 
-    def _incomplete(self) -> bool:
-        """The profile on screen was cut short: its folder says so (``<dir>.incomplete``) or its own
-        Metadata/warnings do (``Overview.complete``, from ``formats``)."""
-        if not self.entries[self.current].complete:
-            return True
-        return self.overview is not None and not self.overview.complete
+    def _capture_mark(self) -> str:
+        """How the profile on screen was cut short, if it was: its folder says so
+        (``<dir>.incomplete``) or its own Metadata/warnings do (``formats.dataset.capture_state``,
+        read into ``Overview.mark``); a warm-up execution kept in place of the one asked for too."""
+        if self.overview is not None and self.overview.mark:
+            return self.overview.mark
+        return "" if self.entries[self.current].complete else "INCOMPLETE"
 
     # -- loading (workers) ---------------------------------------------------------------------------
     def _post(self, generation: int, fn: Callable[..., None], *args: Any) -> None:
@@ -739,8 +741,7 @@ class ViewerApp(App[None]):
             return
         self.match_index = (self.match_index + step) % len(self.matches)
         self._select(self.matches[self.match_index])
-        self._draw_title()
-        self.notify(f"match {self.match_index + 1}/{len(self.matches)}", timeout=1.5)
+        self._draw_title()  # the title says "search: text 3/17"
 
     def action_bottom_up(self) -> None:
         self._set_bottom_up(not self.bottom_up)

@@ -41,6 +41,7 @@ from explorer.viewer.model import (
 )
 from explorer.viewer.text import fmt_ns
 from formats import sqlsource
+from formats.dataset import capture_state
 from formats.reader import Profile, ProfileError
 from formats.source_access import SourceAccess, read_source
 from formats.sqlsource import TableSource, literal
@@ -123,10 +124,18 @@ class ProfileData:
                     continue
                 missing.append(f"{table}: missing -- {loss}")
         notes = list(self.profile.notes)
-        if not self.profile.complete:
+        state = capture_state(self.profile.path)
+        complete = self.profile.complete and not state.incomplete
+        mark = "" if complete else "INCOMPLETE" + (f": {state.reason}" if state.reason else "")
+        if not complete:
             notes.insert(
                 0, "incomplete profile: the capture was interrupted; figures cover what was recorded"
             )
+        if state.warm_up:
+            asked = f" (asked for {state.requested_execution})" if state.requested_execution else ""
+            warm = f"warm-up execution {state.execution or '?'}{asked}: the program ran the model fewer times"
+            notes.insert(0, warm)
+            mark = f"{mark}; {warm}" if mark else warm
         notes += [f"{w.category}: {w.message}" for w in self.profile.warnings[:3]]
         return Overview(
             self.name,
@@ -138,7 +147,8 @@ class ProfileData:
             self._span(),
             hierarchy,
             "stored Summary" if self.profile.num_rows("Summary") else "Summary computed from events",
-            self.profile.complete,
+            complete,
+            mark,
         )
 
     def _small(self, name: str) -> list[dict[str, Any]]:

@@ -116,7 +116,8 @@ class Overview:
     span: tuple[int, int] | None  # first and last timestamps of the profile
     hierarchy: Hierarchy
     summary_source: str  # "stored Summary" / "computed from the event tables"
-    complete: bool = True  # False: the capture was interrupted (formats' Profile.complete)
+    complete: bool = True  # False: the capture was interrupted (formats.dataset.capture_state)
+    mark: str = ""  # what the title says about how the capture ended ("" for a normal one)
 
 
 @dataclass(frozen=True)

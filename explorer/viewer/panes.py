@@ -190,7 +190,27 @@ class SourcePane(Vertical):
             table.update_cell_at((line[1] - 1, 0), Text("▶" if i == 0 else "▸", style="bold yellow"))
         self.marked = mine
         if move and mine:
-            table.move_cursor(row=mine[0][1] - 1, animate=False)
+            row = mine[0][1] - 1
+            table.move_cursor(row=row, animate=False, scroll=False)
+            # scroll so the line sits a third down the pane, once the table knows its size: where it
+            # lands must not depend on whether the pane was laid out when the file arrived
+            self.scroll_pending = row
+            self.call_after_refresh(self._scroll_to_line, row, 100)
+
+    scroll_pending: int | None = None  # a marked line waiting for the table to know its height
+
+    def _scroll_to_line(self, row: int, tries: int) -> None:
+        """Put ``row`` a third down the pane once the table has measured its new rows (DataTable
+        does that when idle; scrolling before would be clamped to the old height)."""
+        if self.scroll_pending != row:
+            return  # another file or line came in the meantime
+        table = self.query_one("#source-table", DataTable)
+        if table.virtual_size.height < table.row_count and tries > 0:
+            self.call_after_refresh(self._scroll_to_line, row, tries - 1)
+            return
+        visible = max(1, table.size.height - 1)  # the header line
+        table.scroll_to(y=max(0, row - visible // 3), animate=False, immediate=True)
+        self.scroll_pending = None
 
     def cursor_line(self) -> Line | None:
         if self.file is None or not self.file.lines:

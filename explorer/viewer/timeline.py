@@ -1,6 +1,6 @@
 """The engine timeline strip: how busy each engine is in each character cell of a time range.
 
-Exact, not a level-of-detail lower bound: each cell is ``formats.coverage.busy_buckets`` (the union of
+Exact, not a level-of-detail lower bound: each cell is ``formats.figures.busy_buckets`` (the union of
 the row's instruction intervals within the cell, over the cell's width), and each row's figure on the
 right is ``formats.figures``' busy fraction over the same range (``engine_busy`` / ``track_busy``):
 the Summary's "Tensor active" is that figure over the whole execution, so the strip and the Summary
@@ -10,22 +10,35 @@ The Tensor engine runs two timeline rows (profile-schema §2.5): ``Tensor`` (Loa
 loads, transposes) and ``TensorMatrix`` (MATMUL streaming). Where a profile has both, the strip shows
 the engine's union first (``Tensor∪``, what the Summary's Tensor figure measures) and the two rows
 under it, labelled; a short strip keeps only the union. The opcode named per row is the one with the
-most instruction time in the range (``formats.coverage.busiest_opcodes``).
+most instruction time in the range (``busiest_opcodes``: one grouped scan, only to name it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from explorer.viewer.model import ENGINES, Timeline, TimelineRow
-from formats.coverage import RowSelect, busiest_opcodes, busy_buckets
-from formats.figures import Window, engine_busy, track_busy
+from formats import sqlsource
+from formats.figures import Window, busy_buckets, engine_busy, track_busy
+from formats.sqlsource import TableSource, literal
 
 if TYPE_CHECKING:
     from formats.reader import Profile
 
 LEVELS = " ▁▂▃▄▅▆▇█"
 UNION_LABEL = "Tensor∪"
+
+
+@dataclass(frozen=True)
+class RowSelect:
+    """One row of the strip: the instructions of ``engines`` (canonical names) or of ``tracks``."""
+
+    label: str
+    engines: tuple[str, ...] = ()
+    tracks: tuple[str, ...] = ()
+
 SPLIT_ROWS = (("╰LoadSt", "Tensor"), ("╰MATMUL", "TensorMatrix"))  # (label, timeline track)
 
 
@@ -46,7 +59,6 @@ def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool 
     t1 = max(t1, t0 + 1)
     cells = max(1, cells)
     rows = rows_for(split_tensor)
-    coverage = busy_buckets(profile, t0, t1, cells, [r for r, _ in rows])
     window = Window.span(t0, t1)
     engines = engine_busy(profile, window)
     tracks = track_busy(profile, window) if split_tensor else {}
@@ -56,7 +68,8 @@ def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool 
         name = select.engines[0] if select.engines else select.tracks[0]
         busy = (engines if select.engines else tracks).get(name)
         fraction = busy.fraction if busy is not None and busy.fraction is not None else 0.0
-        cells_busy = tuple(float(x) for x in coverage[select.label])
+        buckets = busy_buckets(profile, t0, t1, cells, engines=select.engines, tracks=select.tracks)
+        cells_busy = tuple(float(x) for x in buckets.fraction)
         out.append(TimelineRow(select.label, cells_busy, float(fraction), opcodes[select.label], detail))
     return Timeline(t0, t1, tuple(out), "exact")
 
@@ -66,3 +79,44 @@ def bar(values: tuple[float, ...]) -> str:
     all shows at least the lowest block."""
     top = len(LEVELS) - 1
     return "".join(LEVELS[0] if v <= 0 else LEVELS[max(1, min(top, round(v * top)))] for v in values)
+
+
+def _pick_sql(source: TableSource, rows: Sequence[RowSelect]) -> list[str]:
+    """One boolean SQL column per row selection (``r0``, ``r1`` ...)."""
+    track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
+    picks = []
+    for i, row in enumerate(rows):
+        parts = []
+        if row.engines:
+            parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in row.engines)})")
+        if row.tracks:
+            parts.append(f"{track} IN ({', '.join(literal(t) for t in row.tracks)})")
+        picks.append(f"coalesce({' OR '.join(parts) or 'false'}, false) AS r{i}")
+    return picks
+
+
+def busiest_opcodes(profile: Profile, t0: int, t1: int, rows: Sequence[RowSelect]) -> dict[str, str]:
+    """Per row label: the opcode with the most instruction time inside [t0, t1) ("" when idle);
+    one grouped scan of the rows overlapping the window."""
+    source = TableSource(profile, "Instruction")
+    if not source.present or not rows or t1 <= t0:
+        return {row.label: "" for row in rows}
+    con = sqlsource.connect(memory_limit="1GB")
+    try:
+        longest = con.execute(f"SELECT max(end_ts - start_ts) FROM {source.relation()}").fetchall()[0][0] or 0
+        sums = ", ".join(f"sum(CASE WHEN r{i} THEN d END) AS t{i}" for i in range(len(rows)))
+        picks = ", ".join(_pick_sql(source, rows))
+        found = con.execute(f"""
+            SELECT op, {sums} FROM (
+                SELECT {source.col('opcode', engines=False)} AS op,
+                       least(end_ts, {int(t1)}) - greatest(start_ts, {int(t0)}) AS d, {picks}
+                FROM {source.relation()}
+                WHERE start_ts < {int(t1)} AND end_ts > {int(t0)} AND start_ts >= {int(t0) - int(longest)})
+            GROUP BY op""").fetchall()
+    finally:
+        con.close()
+    out = {}
+    for i, row in enumerate(rows):
+        best = max(((r[1 + i] or 0, str(r[0])) for r in found if r[0] is not None), default=(0, ""))
+        out[row.label] = best[1] if best[0] > 0 else ""
+    return out

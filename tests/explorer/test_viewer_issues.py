@@ -303,3 +303,14 @@ def test_count_columns_never_run_together() -> None:
     big = NodeStats(hbm_bytes=1_048_000, counts=stats.counts)
     wide = figure_text(Node("H:1", "hlo", "dot.1", "", big), 1)
     assert " 1023.4 KiB " in wide  # a cell longer than its column still has a blank on each side
+
+
+@sync
+async def test_warm_up_execution_is_marked_in_the_title(tmp_path: Path) -> None:
+    profile = bert_copy(tmp_path, metadata={"warm_up_execution": True, "requested_execution": 3},
+                        name="execution=2")
+    app = viewer(profile, source_root=None)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await settle(pilot)
+        assert "warm-up execution 2 (asked for 3)" in title_text(app)
+        assert "INCOMPLETE" not in title_text(app)
