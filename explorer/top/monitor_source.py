@@ -9,10 +9,17 @@ Groups are refreshed on their own periods (sys-tools.md §1.5), so the last obje
 kept per pid and per system group, and a report that leaves a group out does not blank it. A pid
 missing from a report has exited. Each report is one history sample, so a recorded file replays its
 whole history into the sparklines.
+
+Bounded (issue 14): a line longer than ``reportvalues.MAX_LINE_CHARS`` is skipped without being held
+in memory, JSON nested too deeply or with numbers Python refuses is a bad line like any other, and
+each bad line is counted and named (``line N: what was wrong``). Values are checked in
+``explorer.top.report``; at most ``MAX_LINES_PER_POLL`` lines are taken per poll so a fast producer
+cannot starve the screen.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -24,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TextIO
 
+from collectors.reportvalues import MAX_LINE_CHARS, BadValue, loads, period, text
 from explorer.top.history import History
 from explorer.top.model import (
     EXITED,
@@ -36,29 +44,47 @@ from explorer.top.model import (
 from explorer.top.report import (
     ReportError,
     check_report,
+    hardware_problems,
     parse_hardware,
     parse_process,
     parse_system,
+    pid_of,
     runtime_groups,
 )
 
 GONE_GRACE_S = 10.0
 MAX_ERRORS = 5
 QUIET_MIN_S = 15.0  # say "no new report" after max(3 periods, this)
+MAX_LINES_PER_POLL = 4096
+QUEUE_LINES = 256  # lines a pipe's reader thread may hold before it waits for the screen
 _EOF = object()
+_TOO_LONG = "\0too long"
+
+
+def _groups_of(value: Any) -> list[Any]:
+    return list(value.values()) if isinstance(value, Mapping) else []
 
 
 def _period(report: Mapping[str, Any]) -> float:
     """The longest group period in a report (how often to expect the next one)."""
-    periods = []
+    groups = []
     for entry in report.get("neuron_runtime_data") or []:
-        for group in (entry.get("report") or {}).values() if isinstance(entry, Mapping) else ():
-            if isinstance(group, Mapping) and isinstance(group.get("period"), int | float):
-                periods.append(float(group["period"]))
-    for group in (report.get("system_data") or {}).values():
-        if isinstance(group, Mapping) and isinstance(group.get("period"), int | float):
-            periods.append(float(group["period"]))
-    return max(periods, default=5.0)
+        if isinstance(entry, Mapping):
+            groups += _groups_of(entry.get("report"))
+    groups += _groups_of(report.get("system_data"))
+    periods = [period(g.get("period")) for g in groups if isinstance(g, Mapping)]
+    return max((p for p in periods if p is not None), default=5.0)
+
+
+def read_bounded_line(stream: TextIO) -> str:
+    """The next line, or ``_TOO_LONG`` (the rest of an over-long line is read and dropped, never
+    held); "" at the end of the stream."""
+    line = stream.readline(MAX_LINE_CHARS + 1)
+    if len(line) <= MAX_LINE_CHARS or line.endswith("\n"):
+        return line
+    while line and not line.endswith("\n"):
+        line = stream.readline(MAX_LINE_CHARS)
+    return _TOO_LONG
 
 
 class MonitorSource:
@@ -86,6 +112,7 @@ class MonitorSource:
         self._malformed = 0
         self._ended = False
         self._partial = ""
+        self._dropping = False  # inside an over-long line of a followed file
         self._period = 5.0
         self._last_report_at: float | None = None
         self._sequence = 0
@@ -98,23 +125,23 @@ class MonitorSource:
         if self._is_regular(stream):
             self._file = stream
         else:  # a pipe blocks at "no data yet": a daemon thread waits on it instead of the UI
-            self._queue = queue.Queue()
+            self._queue = queue.Queue(maxsize=QUEUE_LINES)
             threading.Thread(target=self._pump, args=(stream,), name="neuron-top-stream", daemon=True).start()
 
     @staticmethod
     def _is_regular(stream: TextIO) -> bool:
         try:
             return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
-        except (OSError, ValueError, AttributeError):
-            return not hasattr(stream, "fileno")  # StringIO and the like: read like a file
+        except (OSError, ValueError, AttributeError):  # StringIO and the like: read like a file
+            return isinstance(stream, io.StringIO) or not hasattr(stream, "fileno")
 
     def _pump(self, stream: TextIO) -> None:
         assert self._queue is not None
         try:
-            for line in stream:
+            while line := read_bounded_line(stream):
                 self._queue.put(line)
         except (OSError, ValueError) as exc:
-            self._queue.put(f"\0read error: {exc}")
+            self._queue.put(f"\0read error: {text(exc, 120)}")
         self._queue.put(_EOF)
 
     # -- reading -------------------------------------------------------------------------------
@@ -123,25 +150,33 @@ class MonitorSource:
         """Complete lines that have arrived since the last call."""
         lines: list[str] = []
         if self._file is not None:
-            while True:
-                chunk = self._file.readline()
+            while len(lines) < MAX_LINES_PER_POLL:
+                chunk = self._file.readline(MAX_LINE_CHARS + 1)
                 if not chunk:
                     break
+                if self._dropping:  # the rest of an over-long line
+                    self._dropping = not chunk.endswith("\n")
+                    continue
+                if len(self._partial) + len(chunk) > MAX_LINE_CHARS + 1:
+                    self._partial = ""
+                    self._dropping = not chunk.endswith("\n")
+                    lines.append(_TOO_LONG)
+                    continue
                 if not chunk.endswith("\n"):
                     self._partial += chunk  # a writer is mid-line: wait for the rest
                     continue
                 lines.append(self._partial + chunk)
                 self._partial = ""
-            if self._partial.strip():
+            if self._partial.strip() and not self._dropping:
                 try:  # a finished file without a final newline: its last line is complete
                     json.loads(self._partial)
                     lines.append(self._partial)
                     self._partial = ""
-                except ValueError:
+                except (ValueError, RecursionError):
                     pass
             return lines
         assert self._queue is not None
-        while True:
+        while len(lines) < MAX_LINES_PER_POLL:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -150,24 +185,32 @@ class MonitorSource:
                 self._ended = True
                 return lines
             lines.append(item)
+        return lines
 
     def _error(self, message: str) -> None:
-        self._errors.append(message)
+        self._errors.append(text(message, 200))
 
     def _consume(self, line: str, now: float) -> bool:
         self._line_no += 1
         if line.startswith("\0read error"):
             self._error(line[1:].strip())
             return True
-        text = line.strip()
-        if not text:
+        if line == _TOO_LONG:
+            self._malformed += 1
+            self._error(f"line {self._line_no}: longer than {MAX_LINE_CHARS:,} characters, skipped")
+            return True
+        stripped = line.strip()
+        if not stripped:
             return False
         try:
-            report = check_report(json.loads(text))
-        except ValueError as exc:  # JSONDecodeError and ReportError are both ValueErrors
+            report = check_report(loads(stripped))
+        except BadValue as exc:
             self._malformed += 1
-            what = "not JSON" if not isinstance(exc, ReportError) else "not a report"
-            self._error(f"line {self._line_no}: {what} ({str(exc)[:80]})")
+            self._error(f"line {self._line_no}: {exc}")
+            return True
+        except ReportError as exc:
+            self._malformed += 1
+            self._error(f"line {self._line_no}: not a report ({text(exc, 80)})")
             return True
         self._apply(report, now)
         return True
@@ -177,11 +220,18 @@ class MonitorSource:
         self.system = parse_system(report.get("system_data"), self.system)
         processes: dict[int, ProcessSnapshot] = {}
         groups: dict[int, dict[str, Any]] = {}
+        problems = [f"neuron_hardware_info: {p}" for p in hardware_problems(report)]
+        problems += [e for e in self.system.errors if ": malformed" in e or ": not an object" in e]
         for entry in report.get("neuron_runtime_data") or []:
             if not isinstance(entry, Mapping):
-                self._error(f"line {self._line_no}: an application entry is not an object")
+                problems.append("an application entry is not an object")
                 continue
-            snap = parse_process(entry, self.hardware, self._groups.get(_pid(entry)))
+            snap = parse_process(entry, self.hardware, self._groups.get(pid_of(entry)))
+            problems += [f"pid {snap.pid} {group}: {why}" for group, why in snap.group_errors.items()
+                         if why.startswith("malformed") and isinstance(entry.get("report"), Mapping)
+                         and group in entry["report"]]
+            if snap.pid < 0:
+                problems.append(snap.error)
             groups[snap.pid] = runtime_groups(entry, self._groups.get(snap.pid))
             first = self._first_seen.setdefault(snap.pid, now)
             processes[snap.pid] = replace(snap, started_at=first, started_exact=False)
@@ -195,6 +245,10 @@ class MonitorSource:
         self._period = _period(report)
         self._last_report_at = now
         self.history.record(processes.values())
+        if problems:  # the line was used, but not all of it: count it and say the first thing wrong
+            self._malformed += 1
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            self._error(f"line {self._line_no}: {problems[0]}{more}")
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -248,13 +302,6 @@ class MonitorSource:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-
-
-def _pid(entry: Mapping[str, Any]) -> int:
-    try:
-        return int(entry.get("pid", -1))
-    except (TypeError, ValueError):
-        return -1
 
 
 __all__ = ["MonitorSource"]

@@ -4,6 +4,12 @@ Tolerant by design, since a stream may come from any tools release (sys-tools.md
 that is malformed becomes that group's error and the rest of the entry still counts (§1.5 "per-group
 independence"); ``null`` lists are empty lists; ``effective_flops`` is read as ``flops``; an entry
 with a non-empty ``error`` is kept only to be flagged, never aggregated (what both AWS consumers do).
+
+Hostile by assumption, too (issue 14): every value goes through ``collectors.reportvalues`` here, so
+what reaches a snapshot is finite, in range, bounded in count and printable. A bad number makes its
+group an error that names it (NaN utilisation, ``1e400`` bytes), a bad pid or ``report`` makes the
+entry an error, a hardware count beyond any instance keeps the previous value and says so; the
+renderer never sees NaN, an overflow, a lone surrogate or a wrong type.
 """
 
 from __future__ import annotations
@@ -11,6 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from collectors.reportvalues import (
+    MAX_APPLICATIONS,
+    MAX_CORES,
+    MAX_CORES_PER_DEVICE,
+    MAX_DEVICES,
+    MAX_PID,
+    BadValue,
+    index,
+    integer,
+    number,
+    sized,
+    text,
+)
 from explorer.top.model import (
     DEVICE_MEMORY_KEYS,
     ERROR,
@@ -39,35 +58,83 @@ def check_report(report: Any) -> Mapping[str, Any]:
     data = report.get("neuron_runtime_data")
     if data is not None and not isinstance(data, list):
         raise ReportError("neuron_runtime_data is not a list")
+    if data is not None and len(data) > MAX_APPLICATIONS:
+        raise ReportError(f"neuron_runtime_data has {len(data):,} entries (limit {MAX_APPLICATIONS:,})")
     return report
 
 
-def _int(value: Any, default: int = 0) -> int:
+def _hw_count(hw: Mapping[str, Any], key: str, previous: int, hi: int, errors: list[str]) -> int:
+    """A hardware count in [0, hi]; the previous value (and a message) when it is missing or bad."""
+    if key not in hw or hw[key] is None:
+        return previous
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+        return integer(hw[key], key, hi=hi)
+    except BadValue as exc:
+        errors.append(str(exc))
+        return previous
 
 
-def parse_hardware(report: Mapping[str, Any], previous: Hardware | None = None) -> Hardware:
+def pid_of(entry: Mapping[str, Any]) -> int:
+    """An entry's pid, or -1 if it has none that could be a process id."""
+    try:
+        return integer(entry.get("pid"), "pid", hi=MAX_PID)
+    except BadValue:
+        return -1
+
+
+def _amount(value: Any, what: str) -> int:
+    """Bytes or a count: a whole number in [0, 2**63), missing or null as 0."""
+    return 0 if value is None else integer(value, what)
+
+
+def _percent(value: Any, what: str) -> float:
+    """A utilisation in percent: finite and not negative (above 100 is kept; aggregation caps it)."""
+    return 0.0 if value is None else number(value, what, lo=0.0, hi=1e6)
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """An object of bounded size; null or missing is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadValue(f"{what} is not an object")
+    return sized(value, what)
+
+
+def hardware_problems(report: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a report's ``neuron_hardware_info`` (not the tool's own ``error``)."""
+    problems: list[str] = []
+    parse_hardware(report, None, problems)
+    return problems
+
+
+def parse_hardware(report: Mapping[str, Any], previous: Hardware | None = None,
+                   problems: list[str] | None = None) -> Hardware:
     """The instance from ``neuron_hardware_info`` and ``instance_info``; fields a report leaves out
     keep their previous value (very old builds send only the counts)."""
     hw = report.get("neuron_hardware_info") or {}
     info = report.get("instance_info") or {}
+    errors: list[str] = [] if problems is None else problems
     if not isinstance(hw, Mapping):
+        errors.append("not an object")
         hw = {}
     if not isinstance(info, Mapping):
         info = {}
     prev = previous or Hardware("", "", "", 0, 0, 0)
+    count = _hw_count(hw, "neuron_device_count", prev.device_count, MAX_DEVICES, errors)
+    per_device = _hw_count(hw, "neuroncore_per_device_count", prev.cores_per_device, MAX_CORES_PER_DEVICE,
+                           errors)
+    memory = _hw_count(hw, "neuron_device_memory_size", prev.device_memory_bytes, 2**63 - 1, errors)
+    own = [text(hw["error"])] if hw.get("error") else []
     return Hardware(
-        instance_id=str(info.get("instance_id") or prev.instance_id or ""),
-        instance_type=str(info.get("instance_type") or prev.instance_type or ""),
-        core_version=str(hw.get("neuroncore_version") or prev.core_version or ""),
-        device_count=_int(hw.get("neuron_device_count"), prev.device_count),
-        cores_per_device=_int(hw.get("neuroncore_per_device_count"), prev.cores_per_device),
-        device_memory_bytes=_int(hw.get("neuron_device_memory_size"), prev.device_memory_bytes),
+        instance_id=text(info.get("instance_id") or prev.instance_id or ""),
+        instance_type=text(info.get("instance_type") or prev.instance_type or ""),
+        core_version=text(hw.get("neuroncore_version") or prev.core_version or "", 16),
+        device_count=count,
+        cores_per_device=per_device,
+        device_memory_bytes=memory,
         simulated=prev.simulated,
-        error=str(hw.get("error") or ""),
+        error="; ".join(own + errors),
     )
 
 
@@ -80,81 +147,107 @@ def parse_system(system_data: Any, previous: SystemSnapshot | None = None) -> Sy
     errors: list[str] = []
     user, system, count = prev.vcpu_user, prev.vcpu_system, prev.vcpu_count
     vcpu = system_data.get("vcpu_usage")
-    if isinstance(vcpu, Mapping):
+    if vcpu is not None and not isinstance(vcpu, Mapping):
+        errors.append("vcpu_usage: not an object")
+    elif isinstance(vcpu, Mapping):
         if vcpu.get("error"):
-            errors.append(f"vcpu_usage: {vcpu['error']}")
+            errors.append(f"vcpu_usage: {text(vcpu['error'])}")
         try:
-            avg = vcpu["average_usage"]
-            user = float(avg.get("user", 0)) + float(avg.get("nice", 0))
-            system = sum(float(avg.get(k, 0)) for k in ("system", "io_wait", "irq", "soft_irq"))
+            avg = _mapping(vcpu["average_usage"], "average_usage")
+            share = {k: _percent(avg.get(k, 0), k) for k in ("user", "nice", "system", "io_wait", "irq",
+                                                             "soft_irq")}
             usage = vcpu.get("usage_data")
-            count = len(usage) if isinstance(usage, Mapping) else count
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            errors.append(f"vcpu_usage: malformed ({exc})")
+            new_count = len(usage) if isinstance(usage, Mapping) else count
+            if new_count is not None and new_count > 1 << 20:
+                raise BadValue(f"usage_data has {new_count:,} vCPUs")
+            user, count = share["user"] + share["nice"], new_count
+            system = sum(share[k] for k in ("system", "io_wait", "irq", "soft_irq"))
+        except (KeyError, BadValue) as exc:
+            errors.append(f"vcpu_usage: malformed ({text(exc, 120)})")
     mem_total, mem_used = prev.memory_total, prev.memory_used
     swap_total, swap_used = prev.swap_total, prev.swap_used
     mem = system_data.get("memory_info")
-    if isinstance(mem, Mapping):
+    if mem is not None and not isinstance(mem, Mapping):
+        errors.append("memory_info: not an object")
+    elif isinstance(mem, Mapping):
         if mem.get("error"):
-            errors.append(f"memory_info: {mem['error']}")
+            errors.append(f"memory_info: {text(mem['error'])}")
         try:
-            mem_total, mem_used = int(mem["memory_total_bytes"]), int(mem["memory_used_bytes"])
-            swap_total, swap_used = int(mem.get("swap_total_bytes", 0)), int(mem.get("swap_used_bytes", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            errors.append(f"memory_info: malformed ({exc})")
+            values = (integer(mem["memory_total_bytes"], "memory_total_bytes"),
+                      integer(mem["memory_used_bytes"], "memory_used_bytes"),
+                      _amount(mem.get("swap_total_bytes", 0), "swap_total_bytes"),
+                      _amount(mem.get("swap_used_bytes", 0), "swap_used_bytes"))
+            mem_total, mem_used, swap_total, swap_used = values
+        except (KeyError, BadValue) as exc:
+            errors.append(f"memory_info: malformed ({text(exc, 120)})")
     return SystemSnapshot(user, system, count, mem_total, mem_used, swap_total, swap_used, tuple(errors))
 
 
 def _cores(group: Mapping[str, Any]) -> dict[int, CoreUse]:
-    in_use = group.get("neuroncores_in_use") or {}
+    in_use = _mapping(group.get("neuroncores_in_use"), "neuroncores_in_use")
     out = {}
     for key, value in in_use.items():
-        core = int(key)
-        flops = value.get("flops", value.get("effective_flops", 0)) or 0
-        out[core] = CoreUse(core, float(value.get("neuroncore_utilization", 0) or 0), float(flops))
+        core = index(key, "core", MAX_CORES)
+        value = _mapping(value, f"core {core}")
+        flops = value.get("flops", value.get("effective_flops", 0))
+        utilization = _percent(value.get("neuroncore_utilization", 0), f"core {core} utilization")
+        out[core] = CoreUse(core, utilization, number(flops or 0, f"core {core} flops", lo=0.0, hi=1e30))
     return out
 
 
 def _memory(group: Mapping[str, Any], pid: int, cores_per_device: int) -> tuple[
         dict[str, int], dict[int, dict[str, int]], tuple[LoadedModel, ...]]:
-    used = group.get("neuron_runtime_used_bytes") or {}
-    breakdown = used.get("usage_breakdown") or {}
-    host_raw = breakdown.get("host") or {}
-    host = {k: int(host_raw.get(k, 0) or 0) for k in HOST_MEMORY_KEYS}
+    used = _mapping(group.get("neuron_runtime_used_bytes"), "neuron_runtime_used_bytes")
+    breakdown = _mapping(used.get("usage_breakdown"), "usage_breakdown")
+    host_raw = _mapping(breakdown.get("host"), "host")
+    host = {k: _amount(host_raw.get(k, 0), f"host {k}") for k in HOST_MEMORY_KEYS}
     per_core = {}
-    for key, cats in (breakdown.get("neuroncore_memory_usage") or {}).items():
-        per_core[int(key)] = {k: int(cats.get(k, 0) or 0) for k in DEVICE_MEMORY_KEYS}
+    for key, cats in _mapping(breakdown.get("neuroncore_memory_usage"), "neuroncore_memory_usage").items():
+        core = index(key, "core", MAX_CORES)
+        cats = _mapping(cats, f"core {core} memory")
+        per_core[core] = {k: _amount(cats.get(k, 0), f"core {core} {k}") for k in DEVICE_MEMORY_KEYS}
     models = []
-    for model in group.get("loaded_models") or []:
-        for sg in (model.get("subgraphs") or {}).values():
-            mem = sg.get("memory_used_bytes") or {}
-            split = mem.get("usage_breakdown") or {}
-            device_raw = split.get("neuron_device") or {}
-            device_idx = int(sg.get("neuron_device_index", sg.get("device", 0)) or 0)
-            local = int(sg.get("neuroncore_index", 0) or 0)
+    loaded = group.get("loaded_models") or []
+    if not isinstance(loaded, list):
+        raise BadValue("loaded_models is not a list")
+    for model in sized(loaded, "loaded_models"):
+        model = _mapping(model, "a loaded model")
+        for sg in _mapping(model.get("subgraphs"), "subgraphs").values():
+            sg = _mapping(sg, "a subgraph")
+            mem = _mapping(sg.get("memory_used_bytes"), "memory_used_bytes")
+            split = _mapping(mem.get("usage_breakdown"), "usage_breakdown")
+            device_raw = _mapping(split.get("neuron_device"), "neuron_device")
+            device_idx = _amount(sg.get("neuron_device_index", sg.get("device", 0)), "neuron_device_index")
+            local = _amount(sg.get("neuroncore_index", 0), "neuroncore_index")
+            core = device_idx * cores_per_device + local
+            if device_idx >= MAX_DEVICES or local >= MAX_CORES_PER_DEVICE or core >= MAX_CORES:
+                raise BadValue(f"model core {device_idx}:{local} is beyond any instance")
             models.append(LoadedModel(
-                pid=pid, name=str(model.get("name", "")), model_id=int(model.get("model_id", 0) or 0),
-                uuid=str(model.get("uuid", "")), is_running=bool(model.get("is_running", True)),
-                core=device_idx * cores_per_device + local,
-                device_memory={k: int(v or 0) for k, v in device_raw.items()},
-                host_bytes=int(mem.get("host", 0) or 0)))
+                pid=pid, name=text(model.get("name", "")),
+                model_id=_amount(model.get("model_id", 0), "model_id"),
+                uuid=text(model.get("uuid", ""), 64), is_running=bool(model.get("is_running", True)),
+                core=core,
+                device_memory={text(k, 64): _amount(v, f"model {k}") for k, v in device_raw.items()},
+                host_bytes=_amount(mem.get("host", 0), "model host bytes")))
     return host, per_core, tuple(models)
 
 
 def _p50(stats: Mapping[str, Any]) -> float | None:
-    total = (stats.get("latency_stats") or {}).get("total_latency")
+    total = _mapping(stats.get("latency_stats"), "latency_stats").get("total_latency")
     if not isinstance(total, Mapping) or total.get("p50") is None:
         return None
-    return float(total["p50"])
+    return number(total["p50"], "latency p50", lo=0.0, hi=1e9)
 
 
 def parse_process(entry: Mapping[str, Any], hardware: Hardware,
                   previous: Mapping[str, Any] | None = None) -> ProcessSnapshot:
     """One ``neuron_runtime_data`` entry; ``previous`` holds this pid's last groups, used for groups
     this report does not carry (each group is refreshed on its own period)."""
-    pid = _int(entry.get("pid"), -1)
-    tag = str(entry.get("neuron_runtime_tag") or pid)
-    error = str(entry.get("error") or "")
+    pid = pid_of(entry)
+    tag = text(entry.get("neuron_runtime_tag") or pid)
+    error = text(entry.get("error") or "")
+    if pid < 0 and not error:
+        error = f"pid {text(entry.get('pid'), 40)} is not a process id"
     if error:
         return ProcessSnapshot(pid=pid, tag=tag, error=error, state=ERROR)
     report = entry.get("report") or {}
@@ -171,7 +264,7 @@ def parse_process(entry: Mapping[str, Any], hardware: Hardware,
             group_errors[name] = "not an object"
             continue
         if group.get("error"):
-            group_errors[name] = str(group["error"])  # its numbers are not to be trusted (§1.5)
+            group_errors[name] = text(group["error"])  # its numbers are not to be trusted (§1.5)
             continue
         try:
             if name == "neuroncore_counters":
@@ -180,14 +273,19 @@ def parse_process(entry: Mapping[str, Any], hardware: Hardware,
                 host, per_core, models = _memory(group, pid, max(hardware.cores_per_device, 1))
                 fields.update(host_memory=host, core_memory=per_core, models=models)
             elif name == "neuron_runtime_vcpu_usage":
-                usage = group["vcpu_usage"]
-                fields.update(vcpu_user=float(usage.get("user", 0)),
-                              vcpu_system=float(usage.get("system", 0)))
+                usage = _mapping(group["vcpu_usage"], "vcpu_usage")
+                fields.update(vcpu_user=_percent(usage.get("user", 0), "vcpu user"),
+                              vcpu_system=_percent(usage.get("system", 0), "vcpu system"))
             else:
-                summary = group.get("execution_summary") or {}
-                fields.update(executions=int(summary.get("completed", 0) or 0), latency_p50_s=_p50(group))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            group_errors[name] = f"malformed ({type(exc).__name__}: {exc})"
+                summary = _mapping(group.get("execution_summary"), "execution_summary")
+                fields.update(executions=_amount(summary.get("completed", 0), "completed"),
+                              latency_p50_s=_p50(group))
+        except KeyError as exc:
+            group_errors[name] = f"malformed (missing {text(exc, 60)})"
+        except BadValue as exc:
+            group_errors[name] = f"malformed ({text(exc, 160)})"
+        except (TypeError, AttributeError) as exc:  # a shape no check above foresaw: still only this group
+            group_errors[name] = f"malformed ({type(exc).__name__}: {text(exc, 120)})"
     return ProcessSnapshot(pid=pid, tag=tag, group_errors=group_errors, state=RUNNING, **fields)
 
 
@@ -200,5 +298,5 @@ def runtime_groups(entry: Mapping[str, Any], previous: Mapping[str, Any] | None)
     return merged
 
 
-__all__ = ["RUNTIME_GROUPS", "ReportError", "check_report", "parse_hardware", "parse_process",
-           "parse_system", "runtime_groups"]
+__all__ = ["RUNTIME_GROUPS", "ReportError", "check_report", "hardware_problems", "parse_hardware",
+           "parse_process", "parse_system", "pid_of", "runtime_groups"]

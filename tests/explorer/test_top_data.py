@@ -385,3 +385,177 @@ def test_process_status_sees_a_real_sigstop():
         child.kill()
         child.wait()
     assert process_status(child.pid) is None
+
+
+# -- hostile streams (issue 14): nothing bad leaves the parser ----------------------------------
+
+
+def _first_report() -> dict:
+    return json.loads(MONITOR_STREAM.read_text().splitlines()[0])
+
+
+def _mutated(change) -> str:
+    report = _first_report()
+    change(report)
+    return json.dumps(report)
+
+
+def _entry(report: dict) -> dict:
+    return report["neuron_runtime_data"][0]
+
+
+def _feed(*lines: str):
+    """The frame of a stream of these lines, and its --once text encoded as the terminal would."""
+    source = MonitorSource("hostile.jsonl", io.StringIO("".join(line + "\n" for line in lines)),
+                           clock=lambda: 100.0)
+    frame = source.poll()
+    assert frame is not None
+    frame_text(frame, width=120, version=VERSION).encode("utf-8")  # what --once writes
+    return frame
+
+
+def _util(report: dict, value) -> None:
+    in_use = _entry(report)["report"]["neuroncore_counters"]["neuroncores_in_use"]
+    in_use["0"]["neuroncore_utilization"] = value
+
+
+def _host_mem(report: dict, value) -> None:
+    _entry(report)["report"]["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"]["host"][
+        "tensors"] = value
+
+
+HOSTILE_VALUES = {
+    "nan utilisation": (lambda r: _util(r, float("nan")), "neuroncore_counters"),
+    "inf utilisation": (lambda r: _util(r, float("inf")), "neuroncore_counters"),
+    "inf host memory": (lambda r: _host_mem(r, float("inf")), "memory_used"),
+    "-inf core memory": (lambda r: _entry(r)["report"]["memory_used"]["neuron_runtime_used_bytes"][
+        "usage_breakdown"]["neuroncore_memory_usage"]["0"].__setitem__("tensors", float("-inf")),
+        "memory_used"),
+    "inf count": (lambda r: _entry(r)["report"]["execution_stats"]["execution_summary"].__setitem__(
+        "completed", float("inf")), "execution_stats"),
+    "nan latency": (lambda r: _entry(r)["report"]["execution_stats"]["latency_stats"]["total_latency"]
+                    .__setitem__("p50", float("nan")), "execution_stats"),
+    "huge core index": (lambda r: _entry(r)["report"]["neuroncore_counters"]["neuroncores_in_use"]
+                        .__setitem__("999999999999", {"neuroncore_utilization": 5}), "neuroncore_counters"),
+    "utilisation of the wrong type": (lambda r: _util(r, [1, 2]), "neuroncore_counters"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_VALUES))
+def test_a_bad_number_is_its_groups_error_and_the_line_is_counted(name):
+    change, group = HOSTILE_VALUES[name]
+    frame = _feed(_mutated(change))
+    process = frame.process(_first_report()["neuron_runtime_data"][0]["pid"])
+    assert group in process.group_errors and process.group_errors[group].startswith("malformed")
+    assert frame.status.malformed == 1 and frame.status.errors[-1].startswith("line 1: pid ")
+    assert frame.status.reports == 1 and len(frame.active) == 2  # the rest of the line still counts
+
+
+@pytest.mark.parametrize("pid", [float("inf"), float("nan"), 1e300, 10**40, -3, "48213", True])
+def test_a_pid_that_is_not_a_process_id_makes_its_entry_an_error(pid):
+    report = _first_report()
+    text = json.dumps(report).replace('"pid": 48213', f'"pid": {json.dumps(pid)}', 1)
+    if isinstance(pid, float) and pid == 1e300:
+        text = text.replace("1e+300", "1e400")  # JSON's 1e400 is a float that overflows
+    frame = _feed(text)
+    assert frame.status.malformed == 1 and "not a process id" in frame.status.errors[-1]
+    assert all(p.pid >= 0 or p.state == "error" for p in frame.processes)
+
+
+@pytest.mark.parametrize("where, value", [("report", [1]), ("report", "x"), ("report", 5),
+                                          ("system_data", [1]), ("system_data", "x")])
+def test_report_or_system_data_of_the_wrong_type(where, value):
+    report = _first_report()
+    if where == "report":
+        _entry(report)["report"] = value
+    else:
+        report["system_data"] = value
+    frame = _feed(json.dumps(report))
+    assert frame.status.reports == 1
+
+
+def test_system_groups_with_nan_and_inf_keep_their_last_values():
+    good = _first_report()
+    bad = _mutated(lambda r: r["system_data"].update(
+        vcpu_usage={"period": 1, "error": "", "average_usage": {"user": float("nan")}, "usage_data": {}},
+        memory_info={"period": 1, "error": "", "memory_total_bytes": float("inf"), "memory_used_bytes": 1}))
+    frame = _feed(json.dumps(good), bad)
+    first = _feed(json.dumps(good)).system
+    assert frame.system.vcpu_user == first.vcpu_user and frame.system.memory_total == first.memory_total
+    assert any("vcpu_usage: malformed" in e for e in frame.system.errors)
+    assert frame.status.malformed == 1 and "line 2:" in frame.status.errors[-1]
+
+
+def test_lone_surrogates_and_control_characters_never_reach_the_screen():
+    text = _mutated(lambda r: (_entry(r).__setitem__("neuron_runtime_tag", "\ud800\x1b[2Jtag\x07"),
+                               _entry(r).__setitem__("pid", 77)))
+    frame = _feed(text)
+    tag = frame.process(77).tag
+    assert tag == "??[2Jtag?" and tag.isprintable()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("[" * 100_000, "nested too deeply"),
+    ('{"neuron_runtime_data":' + "[" * 100_000, "nested too deeply"),
+    ('{"neuron_runtime_data":[{"pid":' + "9" * 5000 + "}]}", "not JSON"),
+], ids=["deep-list", "deep-in-report", "5000-digit-int"])
+def test_deep_nesting_and_huge_integers_are_bad_lines(line, message):
+    frame = _feed(line, MONITOR_STREAM.read_text().splitlines()[0])
+    assert frame.status.malformed == 1 and frame.status.errors[0].startswith("line 1: ")
+    assert message in frame.status.errors[0] and frame.status.reports == 1
+
+
+@pytest.mark.parametrize("key, value", [
+    ("neuron_device_count", 10**6), ("neuroncore_per_device_count", 10**9),
+    ("neuron_device_count", float("nan")), ("neuron_device_count", -1),
+    ("neuron_device_memory_size", float("inf"))])
+def test_hardware_counts_beyond_any_instance_keep_the_last_value(key, value):
+    good = json.dumps(_first_report())
+    frame = _feed(good, _mutated(lambda r: r["neuron_hardware_info"].__setitem__(key, value)))
+    before = _feed(good).hardware
+    assert (frame.hardware.device_count, frame.hardware.cores_per_device) == (
+        before.device_count, before.cores_per_device)
+    assert key in frame.hardware.error and "line 2: neuron_hardware_info" in frame.status.errors[-1]
+
+
+def test_an_over_long_line_is_skipped_without_holding_it(monkeypatch):
+    import explorer.top.monitor_source as monitor_source
+
+    good = MONITOR_STREAM.read_text().splitlines()[0]
+    monkeypatch.setattr(monitor_source, "MAX_LINE_CHARS", len(good) + 10)
+    long = '{"neuron_runtime_data":[],"x":"' + "a" * (3 * len(good)) + '"}'
+    for pipe in (False, True):
+        stream = io.StringIO(f"{long}\n{good}\n")
+        if pipe:
+            stream = _Unseekable(stream)
+        source = MonitorSource("s", stream, clock=lambda: 1.0)
+        frame = None
+        for _ in range(500):
+            frame = source.poll() or frame
+            if source.reports:
+                break
+            __import__("time").sleep(0.01)
+        assert frame.status.malformed == 1 and "line 1: longer than" in frame.status.errors[0]
+        assert frame.status.reports == 1
+
+
+class _Unseekable:
+    """A stream that is not a regular file (read by the pump thread, like a pipe)."""
+
+    def __init__(self, inner: io.StringIO) -> None:
+        self.inner = inner
+
+    def fileno(self) -> int:
+        raise OSError("no descriptor")
+
+    def readline(self, limit: int = -1) -> str:
+        return self.inner.readline(limit)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_million_applications_is_one_bad_line_not_a_hang():
+    entries = ",".join(["{}"] * 1_000_000)
+    frame = _feed('{"neuron_runtime_data":[' + entries + "]}")
+    assert frame.status.malformed == 1 and "limit 4,096" in frame.status.errors[0]
