@@ -57,7 +57,12 @@ def ident(name: str) -> str:
 
 
 def parquet_scan(files: Sequence[Path]) -> str:
-    """One scan over a table's parts; parts with different column sets are aligned by name."""
+    """One scan over a table's parts; parts with different column sets are aligned by name. Each part's
+    page checksums are verified first (once per process): DuckDB checks none, and some corrupt pages
+    crash it (``formats.integrity``)."""
+    from formats.integrity import verify_parts  # imports the reader, which imports this module's users
+
+    verify_parts(list(files))
     listed = ", ".join(literal(f) for f in files)
     return f"read_parquet([{listed}], union_by_name = true)"
 

@@ -356,3 +356,51 @@ def test_column_names_that_are_not_utf8(copy: Path, capsys: pytest.CaptureFixtur
     data = path.read_bytes()
     path.write_bytes(data.replace(b"zzzzname", b"zz\xff\xfename"))
     assert_refused(run_all(copy, tmp_path, capsys), "HbmUsage.parquet")
+
+
+def test_sql_scans_verify_page_checksums_first(copy: Path) -> None:
+    """DuckDB checks no page CRC and one flipped bit in a DmaPacket page crashed the process
+    (SIGSEGV, ``view --recompute``): every part is verified from its raw bytes before a scan."""
+    import subprocess
+    import sys
+
+    from formats.integrity import verify_part
+
+    path = copy / "DmaPacket.parquet"
+    clean = path.read_bytes()
+    meta = pq.ParquetFile(path).metadata
+    column = meta.row_group(0).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    detected = 0
+    for offset in range(start + column.total_compressed_size - 64, start + column.total_compressed_size):
+        data = bytearray(clean)
+        data[offset] ^= 0x20
+        path.write_bytes(bytes(data))
+        os.utime(path, ns=(offset, offset))  # a new mtime: not the cached verdict
+        try:
+            verify_part(path)
+        except ProfileError as exc:
+            assert "DmaPacket.parquet" in str(exc)
+            detected += 1
+    assert detected == 64
+    done = subprocess.run([sys.executable, "-m", "formats.cli_profile", "view", str(copy), "--output-format",
+                           "summary-text", "--recompute"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "DmaPacket.parquet: page checksum mismatch" in done.stderr
+
+
+def test_parts_without_checksums_are_decoded_once(copy: Path) -> None:
+    """Another writer's parts (no CRCs): small ones are decoded once before DuckDB reads them."""
+    from formats.integrity import verify_part
+
+    path = copy / "DmaPacket.parquet"
+    pq.write_table(pq.read_table(path), path, compression="none", use_dictionary=False)
+    verify_part(path)  # sound: passes
+    meta = pq.ParquetFile(path).metadata
+    column = meta.row_group(0).column(0)
+    data = bytearray(path.read_bytes())
+    for i in range(column.data_page_offset + 20, column.data_page_offset + column.total_compressed_size):
+        data[i] = 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ProfileError, match=r"DmaPacket\.parquet"):
+        verify_part(path)
