@@ -489,7 +489,8 @@ class _Pool:
                 slot["process"].kill()
 
 
-def run(cases: int, seed: int, workers: int, timeout: float, show: int) -> dict[str, Any]:
+def run(cases: int, seed: int, workers: int, timeout: float, show: int,
+        max_seconds: float | None = None) -> dict[str, Any]:
     counts: dict[str, dict[str, float]] = {
         e: {"runs": 0, "ok": 0, "refused": 0, "crashes": 0, "hangs": 0, "seconds": 0.0} for e in ENTRIES}
     examples: list[str] = []
@@ -503,7 +504,9 @@ def run(cases: int, seed: int, workers: int, timeout: float, show: int) -> dict[
         from multiprocessing.connection import wait
 
         def assign(slot: dict[str, Any]) -> None:
-            nonlocal next_case
+            nonlocal next_case, cases
+            if max_seconds is not None and time.monotonic() - started > max_seconds:
+                cases = min(cases, next_case)  # out of time: finish the cases under way, start no more
             if next_case < cases:
                 slot["conn"].send(next_case)
                 slot["case"], slot["entry"], slot["since"] = next_case, None, time.monotonic()
@@ -572,8 +575,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per entry point per case")
     parser.add_argument("--show", type=int, default=10, help="crash examples printed on stderr")
+    parser.add_argument("--max-seconds", type=float, help="start no case after this long (the JSON line "
+                                                          "gives the cases actually run)")
     args = parser.parse_args(argv)
-    result = run(args.cases, args.seed, args.workers, args.timeout, args.show)
+    result = run(args.cases, args.seed, args.workers, args.timeout, args.show, args.max_seconds)
     print(json.dumps(result))
     return 0 if result["crashes"] == 0 and result["hangs"] == 0 else 1
 
