@@ -10,34 +10,22 @@ The Tensor engine runs two timeline rows (profile-schema §2.5): ``Tensor`` (Loa
 loads, transposes) and ``TensorMatrix`` (MATMUL streaming). Where a profile has both, the strip shows
 the engine's union first (``Tensor∪``, what the Summary's Tensor figure measures) and the two rows
 under it, labelled; a short strip keeps only the union. The opcode named per row is the one with the
-most instruction time in the range (``busiest_opcodes``: one grouped scan, only to name it).
+most instruction time in the range (``formats.coverage.busiest_opcodes``: one grouped scan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from explorer.viewer.model import ENGINES, Timeline, TimelineRow
-from formats import sqlsource
+from formats.coverage import RowSelect, busiest_opcodes
 from formats.figures import Window, busy_buckets, engine_busy, track_busy
-from formats.sqlsource import TableSource, literal
 
 if TYPE_CHECKING:
     from formats.reader import Profile
 
 LEVELS = " ▁▂▃▄▅▆▇█"
 UNION_LABEL = "Tensor∪"
-
-
-@dataclass(frozen=True)
-class RowSelect:
-    """One row of the strip: the instructions of ``engines`` (canonical names) or of ``tracks``."""
-
-    label: str
-    engines: tuple[str, ...] = ()
-    tracks: tuple[str, ...] = ()
 
 SPLIT_ROWS = (("╰LoadSt", "Tensor"), ("╰MATMUL", "TensorMatrix"))  # (label, timeline track)
 
@@ -79,44 +67,3 @@ def bar(values: tuple[float, ...]) -> str:
     all shows at least the lowest block."""
     top = len(LEVELS) - 1
     return "".join(LEVELS[0] if v <= 0 else LEVELS[max(1, min(top, round(v * top)))] for v in values)
-
-
-def _pick_sql(source: TableSource, rows: Sequence[RowSelect]) -> list[str]:
-    """One boolean SQL column per row selection (``r0``, ``r1`` ...)."""
-    track = f"coalesce({source.col('timeline_track')}, {source.col('engine')})"
-    picks = []
-    for i, row in enumerate(rows):
-        parts = []
-        if row.engines:
-            parts.append(f"{source.col('engine')} IN ({', '.join(literal(e) for e in row.engines)})")
-        if row.tracks:
-            parts.append(f"{track} IN ({', '.join(literal(t) for t in row.tracks)})")
-        picks.append(f"coalesce({' OR '.join(parts) or 'false'}, false) AS r{i}")
-    return picks
-
-
-def busiest_opcodes(profile: Profile, t0: int, t1: int, rows: Sequence[RowSelect]) -> dict[str, str]:
-    """Per row label: the opcode with the most instruction time inside [t0, t1) ("" when idle);
-    one grouped scan of the rows overlapping the window."""
-    source = TableSource(profile, "Instruction")
-    if not source.present or not rows or t1 <= t0:
-        return {row.label: "" for row in rows}
-    con = sqlsource.connect(memory_limit="1GB")
-    try:
-        longest = con.execute(f"SELECT max(end_ts - start_ts) FROM {source.relation()}").fetchall()[0][0] or 0
-        sums = ", ".join(f"sum(CASE WHEN r{i} THEN d END) AS t{i}" for i in range(len(rows)))
-        picks = ", ".join(_pick_sql(source, rows))
-        found = con.execute(f"""
-            SELECT op, {sums} FROM (
-                SELECT {source.col('opcode', engines=False)} AS op,
-                       least(end_ts, {int(t1)}) - greatest(start_ts, {int(t0)}) AS d, {picks}
-                FROM {source.relation()}
-                WHERE start_ts < {int(t1)} AND end_ts > {int(t0)} AND start_ts >= {int(t0) - int(longest)})
-            GROUP BY op""").fetchall()
-    finally:
-        con.close()
-    out = {}
-    for i, row in enumerate(rows):
-        best = max(((r[1 + i] or 0, str(r[0])) for r in found if r[0] is not None), default=(0, ""))
-        out[row.label] = best[1] if best[0] > 0 else ""
-    return out

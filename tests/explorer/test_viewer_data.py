@@ -13,7 +13,7 @@ from explorer.viewer.data import ProfileData
 from explorer.viewer.hierarchy import OpAggregate
 from explorer.viewer.problems import find_problems
 from explorer.viewer.source import Frames, IndexBuilder, location
-from explorer.viewer.timeline import RowSelect, bar, busiest_opcodes
+from explorer.viewer.timeline import bar
 from explorer.viewer.timeline import strip as timeline_strip
 from formats.dataset import find_profiles
 from formats.reader import open_profile
@@ -271,13 +271,3 @@ def test_queries_on_our_profile() -> None:
     strip = data.timeline(*overview.span, cells=30)
     assert [len(r.occupancy) for r in strip.rows] == [30] * 7  # Tensor∪, its two rows, four engines
     data.close()
-
-
-def test_busiest_opcode_per_row() -> None:
-    profile = open_profile(find_profiles(BERT)[0][0].path)
-    t0, t1 = profile.metadata["first_hw_timestamp"], profile.metadata["last_hw_timestamp"]
-    top = busiest_opcodes(profile, t0, t1, [RowSelect("LS", tracks=("Tensor",)),
-                                             RowSelect("MM", tracks=("TensorMatrix",)),
-                                             RowSelect("G", engines=("GpSimd",))])
-    assert top == {"LS": "LDWEIGHTS", "MM": "MATMUL", "G": "IOTA"}
-    assert busiest_opcodes(profile, t1 - 1, t1, [RowSelect("G", engines=("GpSimd",))]) == {"G": ""}
