@@ -14,12 +14,18 @@ on every interface); a malformed line or group is skipped, said on stderr and co
 ``neuronscope_exporter_malformed_lines_total`` (a distinct prefix, so dashboards are not disturbed),
 where the script can die on some shapes (``neuron_devices: null``); ``--linger`` keeps serving after
 the input ends. Port 0 picks a free port; the start-up line says which.
+
+Bad input never reaches a metric (issue 14; rules in ``collectors.reportvalues``): NaN, ±Inf and
+numbers beyond int64 are refused (a NaN counter would stay NaN forever), label values lose lone
+surrogates and control characters (one such tag made every later scrape fail), core and device
+indices are bounded, and over-long, too deeply nested or otherwise undecodable lines are skipped,
+said and counted like any other malformed line.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
 import threading
 from collections.abc import Iterable, Sequence
@@ -28,6 +34,19 @@ from typing import Any, TextIO
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info, start_http_server
 
 from collectors.cliargs import OneLineParser
+from collectors.reportvalues import (
+    MAX_CORES,
+    MAX_DEVICES,
+    MAX_INT,
+    TOO_LONG,
+    BadValue,
+    index,
+    integer,
+    loads,
+    number,
+    read_bounded_line,
+    text,
+)
 
 INSTANCE_LABELS = (("instance_name", "instance_name"), ("instance_id", "instance_id"),
                    ("instance_type", "instance_type"), ("availability_zone", "instance_availability_zone"),
@@ -51,9 +70,11 @@ def _obj(value: Any, what: str) -> dict[str, Any]:
 
 
 def _num(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MalformedReport(f"{what} is not a number: {json.dumps(value)[:40]}")
-    return float(value)
+    """A finite number within int64's range (NaN, ±Inf and 1e400 are refused, never exported)."""
+    try:
+        return number(value, what)
+    except BadValue as exc:
+        raise MalformedReport(str(exc)) from None
 
 
 class Exporter:
@@ -75,7 +96,7 @@ class Exporter:
     # -- metric helpers ----------------------------------------------------------------------
 
     def _labels(self, **extra: str) -> dict[str, str]:
-        return {**(self.instance_labels or {}), **extra}
+        return {**(self.instance_labels or {}), **{k: text(v) for k, v in extra.items()}}
 
     def _metric(self, kind: type, name: str, help_text: str, extra: Sequence[str]) -> Any:
         metric = self.metrics.get(name)
@@ -89,8 +110,8 @@ class Exporter:
         self._metric(Gauge, name, help_text, list(labels)).labels(**self._labels(**labels)).set(value)
 
     def _counter(self, name: str, help_text: str, value: float, **labels: str) -> None:
-        if value < 0:
-            raise MalformedReport(f"{name}: negative count {value}")
+        if not 0 <= value <= MAX_INT:  # _num already refused NaN and ±Inf
+            raise MalformedReport(f"{name}: count {value:g} is out of range")
         self._metric(Counter, name, help_text, list(labels)).labels(**self._labels(**labels)).inc(value)
 
     def clear(self) -> None:
@@ -102,13 +123,17 @@ class Exporter:
 
     def process_line(self, line: str) -> bool:
         """Use one input line; False (said on stderr, counted) if it was malformed in any part."""
+        if line == TOO_LONG:
+            self.lines += 1
+            self._skip(f"line {self.lines}: too long, skipped")
+            return False
         if not line.strip():
             return True
         self.lines += 1
         try:
-            report = json.loads(line)
-        except json.JSONDecodeError as exc:
-            self._skip(f"Unable to decode JSON {exc}")
+            report = loads(line)
+        except BadValue as exc:
+            self._skip(f"Unable to decode JSON (line {self.lines}): {exc}")
             return False
         if not isinstance(report, dict):
             self._skip(f"line {self.lines}: not a neuron-monitor report (a JSON {type(report).__name__})")
@@ -135,7 +160,7 @@ class Exporter:
         if self.instance_labels is None:
             info = report.get("instance_info")
             info = info if isinstance(info, dict) else {}
-            self.instance_labels = {label: str(info.get(key) or "") for label, key in INSTANCE_LABELS}
+            self.instance_labels = {label: text(info.get(key) or "") for label, key in INSTANCE_LABELS}
         runtimes = report.get("neuron_runtime_data")
         if runtimes:
             if not isinstance(runtimes, list):
@@ -163,7 +188,7 @@ class Exporter:
         error = data.get("error", "")
         if error:
             where = f" for runtime tag {tag}" if tag is not None else ""
-            print(f"Error getting {name}{where}: {error}", file=self.err)
+            print(f"Error getting {name}{where}: {text(error)}", file=self.err)
             return []
         try:
             if tag is None:
@@ -171,15 +196,15 @@ class Exporter:
             else:
                 handler(data, tag)
         except (MalformedReport, TypeError, ValueError, AttributeError) as exc:
-            return [f"{name}: {exc}"]
+            return [f"{name}: {text(exc, 200)}"]
         return []
 
     def _runtime(self, entry: Any) -> list[str]:
         if not isinstance(entry, dict):
             return ["a neuron_runtime_data entry is not an object"]
-        tag = str(entry.get("neuron_runtime_tag", entry.get("pid", "")))
+        tag = text(entry.get("neuron_runtime_tag", entry.get("pid", "")))
         if entry.get("error"):
-            print(f"Runtime {tag} error: {entry['error']}", file=self.err)
+            print(f"Runtime {tag} error: {text(entry['error'])}", file=self.err)
             return []
         report = entry.get("report")
         if not isinstance(report, dict):
@@ -201,7 +226,7 @@ class Exporter:
             counters = _obj(counters, f"core {nc}")
             value = _num(counters.get("neuroncore_utilization"), "neuroncore_utilization")
             self._gauge("neuroncore_utilization_ratio", "NeuronCore utilization ratio", value / 100.0,
-                        runtime_tag=tag, neuroncore=str(int(nc)))
+                        runtime_tag=tag, neuroncore=str(index(nc, "neuroncore", MAX_CORES)))
 
     def _runtime_vcpu(self, data: dict[str, Any], tag: str) -> None:
         usage = _obj(data.get("vcpu_usage"), "vcpu_usage")
@@ -223,7 +248,7 @@ class Exporter:
                     self._gauge(f"neuroncore_memory_usage_{category}",
                                 f"NeuronCore memory utilization for {category}",
                                 _num(categories[category], category), runtime_tag=tag,
-                                neuroncore=str(int(nc)), memory_location="None")
+                                neuroncore=str(index(nc, "neuroncore", MAX_CORES)), memory_location="None")
 
     def _execution_stats(self, data: dict[str, Any], tag: str) -> None:
         errors = _obj(data.get("error_summary") or {}, "error_summary")
@@ -254,11 +279,12 @@ class Exporter:
             raise MalformedReport("neuron_devices is not a list")
         for device in devices:
             device = _obj(device, "neuron_devices[]")
-            index = str(int(_num(device.get("neuron_device_index"), "neuron_device_index")))
+            device_index = str(integer(device.get("neuron_device_index"), "neuron_device_index",
+                                       hi=MAX_DEVICES - 1))
             for kind in ECC_TYPES:
                 if kind in device:
                     self._counter("hardware_ecc_events_total", "Hardware ecc events total",
-                                  _num(device[kind], kind), event_type=kind, neuron_device_index=index)
+                                  _num(device[kind], kind), event_type=kind, neuron_device_index=device_index)
 
     def _vcpu(self, data: dict[str, Any]) -> None:
         usage = _obj(data.get("usage_data") or {}, "usage_data")
@@ -287,8 +313,8 @@ class Exporter:
         hardware = report.get("neuron_hardware_info")
         if isinstance(hardware, dict):
             Info("neuron_hardware", "Neuron Hardware Information", registry=self.registry).info({
-                "neuron_device_count": str(hardware.get("neuron_device_count", "")),
-                "neuroncore_per_device_count": str(hardware.get("neuroncore_per_device_count", "")),
+                "neuron_device_count": text(hardware.get("neuron_device_count", ""), 24),
+                "neuroncore_per_device_count": text(hardware.get("neuroncore_per_device_count", ""), 24),
                 **labels})
 
     def consume(self, lines: Iterable[str]) -> None:
@@ -317,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-monitor-prometheus: port {args.port} is out of range", file=sys.stderr)
         return 2
     exporter = Exporter()
+    with contextlib.suppress(AttributeError, ValueError):  # bytes that are not UTF-8: a bad line, not a crash
+        sys.stdin.reconfigure(errors="replace")
     try:
         server, _ = start_http_server(args.port, addr=args.bind, certfile=args.cert_file,
                                       keyfile=args.key_file)
@@ -329,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Running {scheme} prometheus server at port {server.server_port}", flush=True)
     try:
         while True:
-            line = sys.stdin.readline()
+            line = read_bounded_line(sys.stdin)
             if not line:
                 break
             exporter.process_line(line)

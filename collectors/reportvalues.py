@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TextIO
 
 MAX_LINE_CHARS = 8 << 20  # a trn2.48xlarge report with hundreds of applications is well under 1 MiB
 MAX_INT = 2**63 - 1  # the real tool's counters and byte counts are Go int64/uint64 in practice
@@ -29,6 +29,9 @@ MAX_APPLICATIONS = 4096  # neuron_runtime_data entries in one report
 MAX_ITEMS = 4096  # entries of any one per-core or per-model mapping or list
 MAX_TEXT = 256  # tags are at most 255 characters (the runtime's limit)
 MAX_PERIOD_S = 86400.0
+
+
+TOO_LONG = "\0too long"  # read_bounded_line's stand-in for a line over the limit
 
 
 class BadValue(ValueError):
@@ -46,6 +49,18 @@ def brief(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"  # str() of a huge int is slow or refused
     return text(repr(value), 40)
+
+
+def read_bounded_line(stream: TextIO, limit: int | None = None) -> str:
+    """The next line of a text stream, or ``TOO_LONG`` for one over ``limit`` characters (its rest is
+    read and dropped, never held); "" at the end of the stream."""
+    limit = limit or MAX_LINE_CHARS
+    line = stream.readline(limit + 1)
+    if len(line) <= limit or line.endswith("\n"):
+        return line
+    while line and not line.endswith("\n"):
+        line = stream.readline(limit)
+    return TOO_LONG
 
 
 def loads(line: str) -> Any:
@@ -124,5 +139,5 @@ def period(value: Any) -> float | None:
 
 
 __all__ = ["MAX_APPLICATIONS", "MAX_CORES", "MAX_CORES_PER_DEVICE", "MAX_DEVICES", "MAX_INT", "MAX_ITEMS",
-           "MAX_LINE_CHARS", "MAX_PERIOD_S", "MAX_PID", "MAX_TEXT", "BadValue", "brief", "index", "integer",
-           "loads", "number", "period", "sized", "text"]
+           "MAX_LINE_CHARS", "MAX_PERIOD_S", "MAX_PID", "MAX_TEXT", "TOO_LONG", "BadValue", "brief", "index",
+           "integer", "loads", "number", "period", "read_bounded_line", "sized", "text"]

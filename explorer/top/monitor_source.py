@@ -19,6 +19,7 @@ cannot starve the screen.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -31,7 +32,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TextIO
 
-from collectors.reportvalues import MAX_LINE_CHARS, BadValue, loads, period, text
+from collectors.reportvalues import (
+    MAX_LINE_CHARS,
+    TOO_LONG,
+    BadValue,
+    loads,
+    period,
+    read_bounded_line,
+    text,
+)
 from explorer.top.history import History
 from explorer.top.model import (
     EXITED,
@@ -58,7 +67,7 @@ QUIET_MIN_S = 15.0  # say "no new report" after max(3 periods, this)
 MAX_LINES_PER_POLL = 4096
 QUEUE_LINES = 256  # lines a pipe's reader thread may hold before it waits for the screen
 _EOF = object()
-_TOO_LONG = "\0too long"
+_TOO_LONG = TOO_LONG
 
 
 def _groups_of(value: Any) -> list[Any]:
@@ -74,17 +83,6 @@ def _period(report: Mapping[str, Any]) -> float:
     groups += _groups_of(report.get("system_data"))
     periods = [period(g.get("period")) for g in groups if isinstance(g, Mapping)]
     return max((p for p in periods if p is not None), default=5.0)
-
-
-def read_bounded_line(stream: TextIO) -> str:
-    """The next line, or ``_TOO_LONG`` (the rest of an over-long line is read and dropped, never
-    held); "" at the end of the stream."""
-    line = stream.readline(MAX_LINE_CHARS + 1)
-    if len(line) <= MAX_LINE_CHARS or line.endswith("\n"):
-        return line
-    while line and not line.endswith("\n"):
-        line = stream.readline(MAX_LINE_CHARS)
-    return _TOO_LONG
 
 
 class MonitorSource:
@@ -122,6 +120,9 @@ class MonitorSource:
         self._opened_at = clock()
         if stream is None:
             stream = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 -- closed in close()
+        elif hasattr(stream, "reconfigure"):  # stdin: bytes that are not UTF-8 are a bad line, not the end
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                stream.reconfigure(errors="replace")
         if self._is_regular(stream):
             self._file = stream
         else:  # a pipe blocks at "no data yet": a daemon thread waits on it instead of the UI
@@ -138,7 +139,7 @@ class MonitorSource:
     def _pump(self, stream: TextIO) -> None:
         assert self._queue is not None
         try:
-            while line := read_bounded_line(stream):
+            while line := read_bounded_line(stream, MAX_LINE_CHARS):
                 self._queue.put(line)
         except (OSError, ValueError) as exc:
             self._queue.put(f"\0read error: {text(exc, 120)}")

@@ -257,3 +257,82 @@ def test_cert_without_key_is_refused():
         cwd=REPO,
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "go together" in out.stderr
+
+
+# -- hostile input (issue 14): nothing bad reaches a metric or stops a scrape ----------------------
+
+
+def _with(change) -> str:
+    report = example_report()
+    change(report)
+    return json.dumps(report)
+
+
+def _counters(report: dict) -> dict:
+    return report["neuron_runtime_data"][0]["report"]["execution_stats"]["execution_summary"]
+
+
+@pytest.mark.parametrize("line, said", [
+    ('{"neuron_runtime_data":[{"pid":' + "9" * 5000 + "}]}", "Unable to decode JSON (line 1): not JSON"),
+    ("[" * 100_000, "Unable to decode JSON (line 1): JSON nested too deeply"),
+    ('{"neuron_runtime_data":' + "[" * 100_000, "nested too deeply"),
+], ids=["5000-digit-int", "deep-list", "deep-in-report"])
+def test_undecodable_lines_are_skipped_and_counted(exporter, line, said):
+    assert exporter.process_line(line) is False
+    assert said in exporter.err.getvalue() and exporter.malformed == 1
+    assert exporter.process_line(json.dumps(example_report())) is True
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_inf_never_enter_a_counter_or_gauge(exporter, value):
+    exporter.process_line(json.dumps(example_report()))
+    bad = _with(lambda r: (_counters(r).__setitem__("completed", value),
+                           r["system_data"]["memory_info"].__setitem__("memory_total_bytes", value)))
+    assert exporter.process_line(bad) is False
+    assert exporter.process_line(json.dumps(example_report())) is True  # and the counter keeps counting
+    text = scrape(exporter)
+    assert "nan" not in text.lower().replace("neuronscope", "") and "inf" not in text.replace("info", "")
+    assert 'status_type="completed",' in text and f"{SUBNET}}} 6.0" in text  # 3 + 3, the bad 3 skipped
+    assert "not a finite number" in exporter.err.getvalue()
+
+
+def test_1e400_and_out_of_range_numbers_are_refused(exporter):
+    text = _with(lambda r: _counters(r).__setitem__("completed", 1))
+    text = text.replace('"completed": 1', '"completed": 1e400')
+    assert exporter.process_line(text) is False
+    big = _with(lambda r: _counters(r).__setitem__("completed", 10**30))
+    assert exporter.process_line(big) is False
+    assert "completed" in exporter.err.getvalue()
+
+
+@pytest.mark.parametrize("index", [1e400, 10**30, -1, "0", 1.5])
+def test_a_bad_neuron_device_index_is_a_malformed_group(exporter, index):
+    line = _with(lambda r: r["system_data"]["neuron_hw_counters"]["neuron_devices"][0].__setitem__(
+        "neuron_device_index", 7.25))
+    line = line.replace('"neuron_device_index": 7.25', f'"neuron_device_index": {json.dumps(index)}'
+                        if index != 1e400 else '"neuron_device_index": 1e400')
+    assert exporter.process_line(line) is False
+    assert "neuron_hw_counters: neuron_device_index" in exporter.err.getvalue()
+    scrape(exporter)
+
+
+def test_a_lone_surrogate_tag_does_not_break_later_scrapes():
+    proc, port = start_exporter("--linger")
+    try:
+        report = example_report()
+        report["neuron_runtime_data"][0]["neuron_runtime_tag"] = "bad\ud800tag\x1b"
+        proc.stdin.write(json.dumps(report) + "\n" + "\xff\n")  # ensure_ascii: \ud800 stays an escape
+        proc.stdin.flush()
+        text = wait_for(lambda: (t := get_metrics(port)) and 'runtime_tag="bad?tag?"' in t and t)
+        assert "neuroncore_utilization_ratio{" in text
+        assert "neuroncore_utilization_ratio{" in get_metrics(port)  # and the next scrape too
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_huge_core_keys_are_bounded(exporter):
+    line = _with(lambda r: r["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["neuroncores_in_use"]
+                 .__setitem__("9" * 400, {"neuroncore_utilization": 1}))
+    assert exporter.process_line(line) is False
+    assert "is not an index below" in exporter.err.getvalue()
