@@ -9,6 +9,7 @@ terminal is shorter than it (80x24).
 from __future__ import annotations
 
 import signal
+import textwrap
 from typing import ClassVar
 
 from rich.markup import escape
@@ -77,6 +78,14 @@ SIGNALS = {"t": signal.SIGTERM, "i": signal.SIGINT, "9": signal.SIGKILL, "s": si
            "c": signal.SIGCONT}
 
 
+DIALOG_TEXT_WIDTH = 72  # the dialog fits an 80-column terminal with its border and padding
+
+
+def _wrap(text: str) -> list[str]:
+    """Lines of at most ``DIALOG_TEXT_WIDTH`` (a long command line or warning is wrapped, not cut)."""
+    return textwrap.wrap(text, DIALOG_TEXT_WIDTH, break_long_words=True, break_on_hyphens=False) or [""]
+
+
 class SignalScreen(ModalScreen[int | None]):
     """Asks which signal to send (or none); returns the signal number, or None to cancel."""
 
@@ -102,9 +111,10 @@ class SignalScreen(ModalScreen[int | None]):
         self.warning = warning
 
     def compose(self) -> ComposeResult:
-        lines = [f"[b]Send a signal to pid {self.pid}?[/b]", escape(self.description)]
+        lines = [f"[b]Send a signal to pid {self.pid}?[/b]"]
+        lines += [escape(line) for part in self.description.splitlines() for line in _wrap(part)]
         if self.warning:
-            lines.append(f"[yellow]{escape(self.warning)}[/yellow]")
+            lines += [f"[yellow]{escape(line)}[/yellow]" for line in _wrap(self.warning)]
         lines.append("")
         lines.append("t: TERM   i: INT   9: KILL   s: STOP   c: CONT   Esc/n: cancel")
         with Vertical():

@@ -441,3 +441,17 @@ def test_signal_dialog_stops_and_continues_a_process():
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_signal_dialog_wraps_at_80x24():
+    """A long warning or command line is wrapped inside the dialog, not cut at the terminal's edge."""
+    async def go():
+        app = app_with(monitor_frame())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("2", "k")
+            await pilot.pause()
+            text = screen_text(app)
+            assert "another" in text and "host or namespace." in text and "Esc/n: cancel" in text
+            assert app.screen.query_one("#signal-text").parent.region.width <= 80
+            await pilot.press("escape")
+    run(go())
