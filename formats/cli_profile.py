@@ -221,7 +221,8 @@ def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
         _note_captures(args)
         return int(args.handler.run(args))
     except bad_input as exc:
-        print(f"neuron-profile: error: {exc}", file=sys.stderr)
+        text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")  # names that are not UTF-8
+        print(f"neuron-profile: error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"neuron-profile: {interrupted}", file=sys.stderr)

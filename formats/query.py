@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from formats import sqlsource
 from formats.dataset import ProfileEntry, find_profiles, partition_types
-from formats.reader import Profile, ProfileError, open_profile
+from formats.reader import Profile, ProfileError, open_profile, parquet_file
 from formats.schema import SCHEMA
 from formats.sqlsource import TableSource, ident, literal
 
@@ -59,6 +59,8 @@ WRITING_OPERATORS = frozenset({
     "CREATE_MACRO", "CREATE_TYPE", "CREATE_SECRET", "ALTER", "DROP", "ATTACH", "DETACH", "LOAD",
     "SET", "SET_VARIABLE", "RESET", "VACUUM", "TRANSACTION", "PRAGMA", "EXTENSION", "UPDATE_EXTENSIONS",
 })
+# Tokens after EXPLAIN searched for the explained statement (its options are a few tokens long).
+MAX_EXPLAIN_PREFIX = 64
 # Default memory cap of a query session (DuckDB's own default is 80 % of RAM).
 MEMORY_FRACTION = 0.5
 
@@ -88,15 +90,13 @@ def find_unreadable(profiles: Sequence[Profile]) -> tuple[Path, str] | None:
     """(file, table) of the first Parquet part whose pages do not decode. DuckDB's message for a
     corrupt page ("TProtocolException: Invalid data") names no file, so on that error path every
     part is decoded once to find the one to name."""
-    import pyarrow.parquet as pq
-
     for profile in profiles:
         for name in profile.tables:
             for file in profile.files(name):
                 try:
-                    for _ in pq.ParquetFile(file).iter_batches(batch_size=1 << 16):
+                    for _ in parquet_file(file).iter_batches(batch_size=1 << 16):
                         pass
-                except (OSError, pa.ArrowException):
+                except (OSError, pa.ArrowException, ValueError):
                     return file, name
     return None
 
@@ -265,6 +265,10 @@ def iter_batches(reader: pa.RecordBatchReader, session: QuerySession | None = No
 def _one_statement(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
     """The single statement in ``sql`` as DuckDB's parser splits it (QueryError otherwise)."""
     try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8 on the command line (lone surrogates)
+        raise QueryError("SQL error: the query is not valid UTF-8 text") from None
+    try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
         raise QueryError(f"SQL error: {error_line(exc)}") from None
@@ -284,7 +288,7 @@ def _explained(con: duckdb.DuckDBPyConnection, sql: str) -> Any | None:
     starting at a token after ``EXPLAIN``, that DuckDB's parser reads as exactly one statement (the
     options alone never parse: ``ANALYZE COPY ...`` and ``(ANALYZE, FORMAT json) ...`` are syntax
     errors). None when no suffix parses."""
-    for position, _ in duckdb.tokenize(sql)[1:]:
+    for position, _ in duckdb.tokenize(sql)[1:MAX_EXPLAIN_PREFIX]:
         try:
             statements = con.extract_statements(sql[position:])
         except duckdb.Error:

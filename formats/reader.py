@@ -320,6 +320,11 @@ def check_part(root: Path, file: Path) -> Path:
     A link that stays inside the profile is read through its resolved target, so what the check saw
     is what is opened."""
     try:
+        str(file).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProfileError(f"{file}: the path is not valid UTF-8, which the Parquet readers cannot open; "
+                           f"rename the file or directory") from None
+    try:
         info = os.lstat(file)
     except OSError as exc:
         raise ProfileError(f"{file}: cannot read: {exc.strerror or exc}") from None

@@ -404,3 +404,14 @@ def test_parts_without_checksums_are_decoded_once(copy: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(ProfileError, match=r"DmaPacket\.parquet"):
         verify_part(path)
+
+
+def test_text_that_is_not_utf8(copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bytes that are not UTF-8 reach Python as lone surrogates: in the SQL (a TypeError from DuckDB
+    before) and in the profile's path (pyarrow cannot open it)."""
+    assert main(["query", str(copy), "SELECT '\udcff' AS x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid UTF-8" in err
+    odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/\xffprofile"))
+    shutil.copytree(copy, odd)
+    assert_refused(run_all(odd, tmp_path, capsys), "not valid UTF-8")
