@@ -201,7 +201,15 @@ class QuerySession:
         """Plan ``sql`` without running it and refuse it if any operator writes (second line of
         defence behind the statement type)."""
         try:
-            rows = self.con.execute(f"EXPLAIN (FORMAT json) {sql}").fetchall()
+            try:
+                rows = self.con.execute(f"EXPLAIN (FORMAT json) {sql}").fetchall()
+            except duckdb.ParserException:  # a DuckDB without EXPLAIN options: read the text plan
+                text = " ".join(str(r[1]) for r in self.con.execute(f"EXPLAIN {sql}").fetchall())
+                found = sorted(op for op in WRITING_OPERATORS if "_" in op and op in text.upper())
+                if found:
+                    raise QueryError(f"query refused: profiles are read-only and its plan writes "
+                                     f"({found[0]})") from None
+                return
         except _SQL_ERRORS as exc:
             raise QueryError(f"SQL error: {error_line(exc)}") from None
         except duckdb.Error as exc:
