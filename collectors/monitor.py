@@ -191,7 +191,10 @@ class Monitor:
     def run(self, out: TextIO, count: int | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         written = 0
         while count is None or written < count:
-            sleep(self.seconds_until_due())
+            wait = self.seconds_until_due()
+            if wait == float("inf"):  # nothing to collect (parse_config refuses such configs)
+                return
+            sleep(wait)
             report = self.report()
             if report is None:
                 continue

@@ -320,6 +320,22 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, config, message):
     assert out.stderr.count("\n") == 1 and message.format(dir=tmp_path) in out.stderr
 
 
+@pytest.mark.parametrize(("config", "message"), [
+    ("{}", "m.conf: selects no metric group"),
+    ('{"period": "' + "9" * 40 + 'h"}', "m.conf: period: period"),
+    ('{"period": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+    ('{"neuron_runtimes": [{"tag_filter": "' + "a" * 900_000 + '"}]}',
+     "tag_filter: regular expression of 900,000 characters is over the 1,024 limit"),
+    ('{"neuron_runtimes": [{"tag_filter": "(x+x+)+y"}]}', "repeats a repeat"),
+    (" " * (10 << 20) + "{}", "limit"),
+], ids=["empty", "huge-period", "deep", "big-regex", "nested-repeat", "10MB-file"])
+def test_cli_hostile_configs_are_one_line_and_exit_2(tmp_path, config, message):
+    (tmp_path / "m.conf").write_text(config)
+    out = run_monitor("-c", str(tmp_path / "m.conf"), env=live_env(tmp_path / "live"))
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and message in out.stderr
+
+
 def test_cli_legacy_names_warn_on_stderr_and_still_run(tmp_path):
     (tmp_path / "m.conf").write_text('{"period": "0.1s", "system_metrics": [{"type": "hw_counters"}]}')
     out = run_monitor("-c", str(tmp_path / "m.conf"), "--count", "1", env=live_env(tmp_path / "live"))

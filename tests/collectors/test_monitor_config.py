@@ -158,3 +158,54 @@ def test_config_files(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.conf")
+
+
+# -- hostile configurations (issue 14): one line, never a crash or a hang --------------------------
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({}, "selects no metric group"),
+    ({"neuron_runtimes": [{"metrics": []}]}, "selects no metric group"),
+    ({"period": "9" * 400 + "h"}, "is not a duration"),
+    ({"period": "99999999999999h"}, "is too long"),
+    ({"period": "25h", "system_metrics": [{"type": "vcpu_usage"}]}, "period: period '25h' is too long"),
+    ({"neuron_runtimes": [{"tag_filter": "a" * 10_000_000}]}, "over the 1,024 limit"),
+    ({"neuron_runtimes": [{"tag_filter": "(a+)+$"}]}, "repeats a repeat"),
+    ({"neuron_runtimes": [{"tag_filter": "(a|aa)*$"}]}, "alternation"),
+    ({"neuron_runtimes": [{"tag_filter": "(" * 5000 + ")" * 5000}]}, "over the 1,024 limit"),
+    ({"neuron_runtimes": [{}] * 100_000}, "limit 256"),
+    ({"period": [[[[["1s"]]]]]}, "expected a duration string"),
+    ({"\ud800": 1}, "?: unknown key"),
+], ids=["empty", "no-groups", "400-digit-period", "huge-period", "25h", "10MB-regex", "nested-repeat",
+        "overlapping-alternation", "deep-regex", "many-entries", "nested-period", "surrogate"])
+def test_hostile_configs_are_one_line(config, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(config, "m.conf")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_hostile_config_files(tmp_path):
+    import os
+
+    deep = tmp_path / "deep.conf"
+    deep.write_text('{"period":' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(deep)
+    digits = tmp_path / "digits.conf"
+    digits.write_text('{"period": ' + "9" * 5000 + "}")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(digits)
+    binary = tmp_path / "binary.conf"
+    binary.write_bytes(b'{"period": "\xff"}')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(binary)
+    big = tmp_path / "big.conf"
+    big.write_text(" " * (2 << 20) + "{}")
+    with pytest.raises(ConfigError, match="limit"):
+        load_config(big)
+    fifo = tmp_path / "fifo.conf"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(fifo)  # used to wait forever for a writer
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(tmp_path)
