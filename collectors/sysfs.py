@@ -12,6 +12,12 @@ permission is reported as an error for that node, never as a zero.
 
 Counters are directories holding ``total`` (and ``present``, ``peak``); some ``other_info`` entries
 are plain files. Both forms are accepted.
+
+Bounded (issue 14): a node is read only if it is a regular file (checked before opening, and opened
+non-blocking, so a FIFO or socket placed in a fixture tree is an error, not a hang), at most
+``MAX_NODE_BYTES`` of it; counters are whole numbers in [0, 2**64); device and core indices, core
+counts and directory listings have ceilings far above any instance (``collectors.reportvalues``), so
+``core_count`` 10^12 is an error for that node, not a MemoryError.
 """
 
 from __future__ import annotations
@@ -19,13 +25,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collectors.reportvalues import MAX_CORES_PER_DEVICE, MAX_DEVICES, text
+
 DEFAULT_ROOT = "/sys/devices/virtual/neuron_device"
 ROOT_ENVS = ("NEURON_SYSFS_ROOT", "NEURONSCOPE_SYSFS_ROOT")
 SEARCH_DEPTH = 4
+MAX_NODE_BYTES = 64 << 10  # sysfs attributes are at most a page
+MAX_DIR_ENTRIES = 4096  # entries looked at in any one directory
+MAX_COUNTER = 2**64 - 1
 
 HW_COUNTERS = ("mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_corrected", "sram_ecc_uncorrected",
                "mem_ecc_repairable_uncorrected")
@@ -74,20 +86,34 @@ def _device_dirs(root: Path) -> Iterator[tuple[int, Path]]:
     except OSError:
         return
     found = []
-    for name in names:
-        match = re.fullmatch(r"neuron(\d+)", name)
-        if match and (root / name).is_dir():
+    for name in sorted(names)[:MAX_DIR_ENTRIES]:
+        match = re.fullmatch(r"neuron(\d{1,4})", name)
+        if match and int(match.group(1)) < MAX_DEVICES and (root / name).is_dir():
             found.append((int(match.group(1)), root / name))
     yield from sorted(found)
 
 
 def _read(path: Path) -> str:
+    """A node's text; SysfsError if it is not a regular file or cannot be read (never blocks)."""
     try:
-        return path.read_text().strip()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SysfsError(f"read {path}: not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
+                raise SysfsError(f"read {path}: not a regular file")
+            data = os.read(fd, MAX_NODE_BYTES + 1)
+        finally:
+            os.close(fd)
     except PermissionError:
         raise SysfsError(f"open {path}: permission denied") from None
     except OSError as exc:
+        if isinstance(exc, SysfsError):
+            raise
         raise SysfsError(f"read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_NODE_BYTES:
+        raise SysfsError(f"read {path}: over {MAX_NODE_BYTES:,} bytes, not a sysfs attribute")
+    return data.decode("utf-8", "replace").strip()
 
 
 def _find(base: Path, documented: str, name: str) -> tuple[Path | None, bool]:
@@ -104,7 +130,8 @@ def _walk(base: Path, name: str, depth: int) -> Iterator[Path]:
     if depth < 0:
         return
     try:
-        entries = sorted(os.scandir(base), key=lambda e: e.name)
+        with os.scandir(base) as listing:
+            entries = sorted((e for _, e in zip(range(MAX_DIR_ENTRIES), listing)), key=lambda e: e.name)
     except OSError:
         return
     for entry in entries:
@@ -119,10 +146,10 @@ def _counter(path: Path, field_name: str = "total") -> int:
     """A counter's value: ``<path>/<field>`` for counter directories, the file itself otherwise."""
     node = path / field_name if path.is_dir() else path
     text = _read(node)
-    try:
-        return int(text.split()[0]) if text else 0
-    except ValueError:
-        raise SysfsError(f"{node}: not a number: {text[:40]!r}") from None
+    first = text.split()[0] if text else "0"
+    if not (first.isascii() and first.isdigit() and len(first) <= 20 and int(first) <= MAX_COUNTER):
+        raise SysfsError(f"{node}: not a counter: {first[:40]!r}")
+    return int(first)
 
 
 @dataclass
@@ -172,7 +199,7 @@ def _optional_text(base: Path, documented: str, name: str, device: SysfsDevice) 
     if relocated:
         device.layout = "relocated"
     try:
-        return _read(path)
+        return text(_read(path))  # shown on screens: printable, bounded
     except SysfsError as exc:
         device.errors.append(str(exc))
         return ""
@@ -193,7 +220,7 @@ def _read_core(device: SysfsDevice, index: int, path: Path) -> SysfsCore:
                     core.errors.append(str(exc))
     status_base, _ = _find(path, "stats/status", "status")
     if status_base is not None and status_base.is_dir():
-        for entry in sorted(os.listdir(status_base)):
+        for entry in sorted(os.listdir(status_base))[:MAX_DIR_ENTRIES]:
             try:
                 core.status[STATUS_ALIASES.get(entry, entry)] = _counter(status_base / entry)
             except SysfsError as exc:
@@ -220,8 +247,8 @@ def _pci_facts(device: SysfsDevice) -> None:
     if re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", pci.name):
         device.pci_bdf = pci.name.lower()
     try:
-        node = int(_read(pci / "numa_node"))
-        device.numa_node = node if node >= 0 else None
+        node = int(_read(pci / "numa_node")[:12])
+        device.numa_node = node if 0 <= node < 1 << 16 else None
     except (SysfsError, ValueError):
         pass
     with contextlib.suppress(SysfsError):
@@ -231,17 +258,25 @@ def _pci_facts(device: SysfsDevice) -> None:
 def read_device(index: int, path: Path) -> SysfsDevice:
     """Everything this module knows how to read about one device directory."""
     errors: list[str] = []
+    core_count = 0
     try:
-        core_count = int(_read(path / "core_count"))
-    except (SysfsError, ValueError) as exc:
+        text = _read(path / "core_count")
+        if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) <= MAX_CORES_PER_DEVICE):
+            raise SysfsError(f"{path / 'core_count'}: {text[:40]!r} is not a core count "
+                             f"(0..{MAX_CORES_PER_DEVICE})")
+        core_count = int(text)
+    except SysfsError as exc:
         errors.append(str(exc))
-        core_count = 0
     connected: tuple[int, ...] | None = None
     if (path / "connected_devices").exists():
         try:
             text = _read(path / "connected_devices")
-            connected = tuple(int(x) for x in re.split(r"[,\s]+", text) if x) or None
-        except (SysfsError, ValueError) as exc:
+            parts = [x for x in re.split(r"[,\s]+", text) if x]
+            if len(parts) > MAX_DEVICES or not all(x.isascii() and x.isdigit() and len(x) <= 6
+                                                   and int(x) < MAX_DEVICES for x in parts):
+                raise SysfsError(f"{path / 'connected_devices'}: not a list of device indices")
+            connected = tuple(int(x) for x in parts) or None
+        except SysfsError as exc:
             errors.append(str(exc))
     device = SysfsDevice(index=index, path=path, core_count=core_count, connected=connected, errors=errors)
     device.arch_type = _optional_text(path, "info/architecture/arch_type", "arch_type", device)
@@ -272,9 +307,9 @@ def read_device(index: int, path: Path) -> SysfsDevice:
             device.power = dict(zip(("status", "timestamp", "min_power", "max_power", "avg_power"), parts))
     _pci_facts(device)
     cores = []
-    for name in sorted(os.listdir(path)):
-        match = re.fullmatch(r"neuron_core(\d+)", name)
-        if match and (path / name).is_dir():
+    for name in sorted(os.listdir(path))[:MAX_DIR_ENTRIES]:
+        match = re.fullmatch(r"neuron_core(\d{1,3})", name)
+        if match and int(match.group(1)) < MAX_CORES_PER_DEVICE and (path / name).is_dir():
             cores.append(_read_core(device, int(match.group(1)), path / name))
     device.cores = sorted(cores, key=lambda c: c.index)
     if not device.core_count:
@@ -290,8 +325,8 @@ def read_devices(root: Path | None = None) -> list[SysfsDevice]:
 
 def driver_version(module_root: Path = Path("/sys/module/neuron")) -> str | None:
     try:
-        return (module_root / "version").read_text().strip() or None
-    except OSError:
+        return _read(module_root / "version")[:64] or None
+    except SysfsError:
         return None
 
 

@@ -63,15 +63,17 @@ def test_relocated_nodes_are_found_by_name(tmp_path):
 
 
 def test_unreadable_nodes_are_errors_not_zeros(trn1, monkeypatch):
-    original = Path.read_text
+    import os
+
+    original = os.open
     secret = trn1 / "neuron3" / "stats" / "hardware" / "mem_ecc_uncorrected"
 
-    def guarded(self, *args, **kwargs):
-        if self == secret:
+    def guarded(path, *args, **kwargs):
+        if Path(path) == secret:
             raise PermissionError(13, "Permission denied")
-        return original(self, *args, **kwargs)
+        return original(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", guarded)
+    monkeypatch.setattr(os, "open", guarded)  # the tests run as root, so chmod would not do
     d3 = sysfs.read_device(3, trn1 / "neuron3")
     assert "mem_ecc_uncorrected" not in d3.hw_counters
     assert d3.errors == [f"open {secret}: permission denied"]
@@ -136,3 +138,54 @@ def test_discover_prefers_real_devices_unless_an_instance_is_asked_for(trn1, mon
     assert inventory.discover("inf2.xlarge").source == "simulated"
     with pytest.raises(inventory.InventoryError, match=r"unknown instance type 'p5\.48xlarge'"):
         inventory.discover("p5.48xlarge")
+
+
+# -- hostile trees (issue 14): errors for the node, never a hang or a MemoryError -------------------
+
+
+def test_a_fifo_node_is_an_error_not_a_hang(trn1):
+    import os
+
+    ecc = trn1 / "neuron0" / "stats" / "hardware" / "mem_ecc_uncorrected"
+    ecc = ecc / "total" if ecc.is_dir() else ecc
+    arch = trn1 / "neuron0" / "info" / "architecture" / "arch_type"
+    for node in (trn1 / "neuron0" / "core_count", ecc, arch):
+        node.unlink()
+        os.mkfifo(node)
+    device = sysfs.read_device(0, trn1 / "neuron0")  # opening a FIFO for reading used to wait forever
+    assert sum("not a regular file" in e for e in device.errors) == 3
+    assert "mem_ecc_uncorrected" not in device.hw_counters and device.core_count == len(device.cores)
+
+
+@pytest.mark.parametrize("text", [str(10**12), "-1", "1e3", "9" * 5000, "\x00"],
+                         ids=["1e12", "negative", "float", "5000-digits", "nul"])
+def test_an_impossible_core_count_is_an_error(trn1, text):
+    (trn1 / "neuron0" / "core_count").write_text(text)
+    device = sysfs.read_device(0, trn1 / "neuron0")
+    assert any("is not a core count" in e for e in device.errors) and device.core_count == 2
+    inventory.from_sysfs(trn1, dmi=trn1 / "missing")  # and the inventory builds without a MemoryError
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "-5", "18446744073709551616", "nan"],
+                         ids=["5000-digits", "negative", "2**64", "nan"])
+def test_counters_outside_u64_are_errors(trn1, text):
+    node = trn1 / "neuron0" / "stats" / "hardware" / "mem_ecc_uncorrected"
+    (node / "total" if node.is_dir() else node).write_text(text)
+    device = sysfs.read_device(0, trn1 / "neuron0")
+    assert "mem_ecc_uncorrected" not in device.hw_counters
+    assert any("not a counter" in e for e in device.errors)
+
+
+def test_huge_nodes_and_bad_connected_devices(trn1):
+    (trn1 / "neuron0" / "info" / "architecture" / "arch_type").write_text("x" * (1 << 20))
+    (trn1 / "neuron0" / "connected_devices").write_text(", ".join(["99999999"] * 10))
+    device = sysfs.read_device(0, trn1 / "neuron0")
+    assert any("over 65,536 bytes" in e for e in device.errors)
+    assert device.connected is None and any("connected_devices" in e for e in device.errors)
+
+
+def test_device_and_core_indices_beyond_any_instance_are_ignored(trn1):
+    (trn1 / f"neuron{10**9}").mkdir()
+    (trn1 / "neuron0" / "neuron_core999999").mkdir()
+    assert [d.index for d in sysfs.read_devices(trn1)] == list(range(16))
+    assert len(sysfs.read_device(0, trn1 / "neuron0").cores) == 2
