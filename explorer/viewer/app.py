@@ -158,7 +158,8 @@ class ViewerApp(App[None]):
     .narrow #notes { display: none; }
     .narrow #source { display: none; }
     .narrow #timeline { height: 7; }
-    .narrow.code #source { display: block; height: 1fr; }
+    .narrow.code #source { display: block; height: 2fr; }
+    .narrow.code #tree { height: 1fr; }
     .narrow.code #timeline { display: none; }
     .short #timeline { height: 7; }
     .tiny #summary, .tiny #timeline { display: none; }

@@ -4,14 +4,16 @@ A decoder has 32 ``down_proj`` matmuls; each is 1-3 % of the run, so a top-down 
 that names "the op with the largest wait") points at one of them while the cost is in all 32. The
 bottom-up tree groups every HLO op by its kind -- the module kind of its layer
 (``formats.attribution.module_kind``: the layer path's last part without its list index, the one
-definition the summary and the GUI use too) and the op name without its number::
+definition ``formats.findings`` and summary-text use too)::
 
-    model/layers.3/mlp/down_proj + dot.217      ->   down_proj › dot
-    encoder/layer.0/attention/self + softmax.31 ->   self › softmax
+    model/layers.3/mlp/down_proj + dot.217      ->   down_proj
+    encoder/layer.0/attention/self + softmax.31 ->   self
+    (an op in no layer)             dot.12      ->   dot
 
-Each kind row sums its instances -- time (Σ of the ops' times, each op's the union of its events),
-HBM bytes, per-engine instructions; MFU is model FLOPs over that time, the same formula as an
-op's -- counts them (``×32``) and carries the Tensor engine's semaphore wait; its children are the
+Each kind row's time is ``formats.attribution``'s kind time (the union of its ops' events across
+layers; Σ of its ops' times when that is not known); it sums its instances' HBM bytes and per-engine
+instructions; MFU is model FLOPs over the summed op time, the same formula as an op's; it counts them
+(``×32``) and carries the Tensor engine's semaphore wait; its children are the
 instances themselves (the same ``H:`` nodes as the top-down tree, so opening one pages its
 instructions as there). ``kind_of`` is also what the problem rules group by, so a problem and this
 view name the same kind.
@@ -27,9 +29,8 @@ from explorer.viewer.model import Hierarchy, Node, NodeStats, frozen_map
 from explorer.viewer.text import fmt_ns
 from formats.attribution import module_kind
 
-_INDEX = re.compile(r"\.\d+(?=/|$)|(?<=/)\d+(?=/|$)|^\d+(?=/|$)")
-_BRACKET = re.compile(r"\[\d+\]")
-_OP_NUMBER = re.compile(r"[._]\d+$")
+_OP_NUMBER = re.compile(r"\.\d+$")  # as formats.findings strips it
+KIND_PREFIX = "K:"
 
 
 @dataclass(frozen=True)
@@ -40,34 +41,33 @@ class Kind:
     label: str
 
 
-def layer_pattern(path: str) -> str:
-    """A layer path with its repeat indices replaced (``layers.3`` -> ``layers.*``, ``[0]`` -> ``[*]``):
-    what the kind's instances have in common, shown with the kind."""
-    path = _BRACKET.sub("[*]", path)
-    return _INDEX.sub(lambda m: ".*" if m.group(0).startswith(".") else "*", path)
-
-
 def op_kind(name: str) -> str:
     """``dot.217`` -> ``dot``; ``layer_norm.3`` -> ``layer_norm``; a name without a number stays."""
     return _OP_NUMBER.sub("", name) or name
 
 
 def kind_of(layer: str | None, op_name: str) -> Kind:
-    """The kind of an op named ``op_name`` in layer ``layer`` (None: no layer)."""
-    op = op_kind(op_name)
-    if not layer:
-        return Kind(f"K:|{op}", op)
-    module = module_kind(layer)
-    return Kind(f"K:{module}|{op}", f"{module} › {op}")
+    """The kind of an op named ``op_name`` in layer ``layer`` (None: no layer): the module kind of its
+    layer (``formats.attribution.module_kind``, as ``formats.findings`` groups), else the op's name
+    without its number."""
+    name = module_kind(layer) if layer else op_kind(op_name)
+    return Kind(KIND_PREFIX + name, name)
 
 
 def _add(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else a + b
 
 
-def build(top_down: Hierarchy, tensor_wait: Mapping[str, int | None] | None = None) -> Hierarchy:
-    """The bottom-up tree of ``top_down``'s HLO ops; ``tensor_wait``: op key -> Tensor wait ns."""
+def build(
+    top_down: Hierarchy,
+    tensor_wait: Mapping[str, int | None] | None = None,
+    kind_time: Mapping[str, int] | None = None,
+) -> Hierarchy:
+    """The bottom-up tree of ``top_down``'s HLO ops; ``tensor_wait``: op key -> Tensor wait ns;
+    ``kind_time``: module kind -> its time (``formats.attribution``: the union of its ops' events
+    across layers), used for a kind's time when known, else the Σ of its ops' times."""
     waits = tensor_wait or {}
+    times = kind_time or {}
     groups: dict[str, tuple[Kind, list[Node]]] = {}
     for node in top_down.nodes.values():
         if node.kind != "hlo":
@@ -91,17 +91,18 @@ def build(top_down: Hierarchy, tensor_wait: Mapping[str, int | None] | None = No
             end = s.end_ts if end is None or (s.end_ts is not None and s.end_ts > end) else end
             counts = [_add(a, b) for a, b in zip(counts, s.counts)]
             if s.mfu is not None and s.time_ns:
-                model += s.mfu * s.time_ns
+                model += s.mfu * s.time_ns  # model FLOPs / PEAK, summed
                 mfu_known = True
             wait = _add(wait, waits.get(op.key))
             nodes[op.key] = replace(op, parent=key, name=f"{op.name}  {op.layer or ''}".rstrip())
+        union = times.get(kind.label)
         stats = NodeStats(
-            time_ns=time,
+            time_ns=union if union is not None else time,
             summed=any(op.stats.summed for op in ops),
             start_ts=start,
             end_ts=end,
             hbm_bytes=hbm,
-            mfu=model / time if mfu_known and time else None,
+            mfu=model / time if mfu_known and time else None,  # over the Σ of op times
             counts=tuple(counts),
             instructions=instructions,
         )

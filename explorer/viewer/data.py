@@ -192,7 +192,7 @@ class ProfileData:
             builder.add(key, row.get("stack"), row.get("loc"), int(row["dur"] or 0), int(row["n"]))
         for agg in aggregates.values():
             agg.layer = agg.main_layer
-        dma_hbm, small, small_share = self._dma_by_op()
+        dma_hbm = self._dma_hbm_by_op()
         hierarchy = tree.merge_scan(
             overview.hierarchy, list(aggregates.values()), self.peak_flops_per_s, dma_hbm
         )
@@ -211,16 +211,15 @@ class ProfileData:
             available,
             "" if builder.lines else "no source lines: the profile has no stack frames or source locations",
         )
-        found = problems.find_problems(
-            self.summary(),
-            list(aggregates.values()),
-            overview.total_ns,
-            small_dma=small,
-            small_dma_share=small_share,
-            longest_cc=self._longest_cc(),
-        )
+        from formats.attribution import attribute
+        from formats.figures import figures as figure_set
+        from formats.findings import find
+
+        attribution = attribute(self.profile)  # the figures' op/layer/kind times (one definition)
+        found = problems.from_findings(find(self.profile, figure_set(self.profile), attribution), hierarchy)
         waits = {key: agg.tensor_wait_ns for key, agg in aggregates.items()}
-        return Analysis(hierarchy, index, found, bottomup.build(hierarchy, waits))
+        kinds = {name: kind.inclusive_ns for name, kind in attribution.kinds.items()}
+        return Analysis(hierarchy, index, found, bottomup.build(hierarchy, waits, kinds))
 
     def _op_aggregates(self) -> list[dict[str, Any]]:
         col, has = self.instr.col, self.instr.has
@@ -254,43 +253,16 @@ class ProfileData:
                   FROM {self.instr.relation()})
             GROUP BY ALL ORDER BY ALL""")
 
-    def _dma_by_op(self) -> tuple[dict[int, int], dict[int, int], float | None]:
-        """(HBM bytes per op, packets under 32 KiB per op, share of packets under 32 KiB)."""
+    def _dma_hbm_by_op(self) -> dict[int, int]:
+        """HBM bytes the DMA packets of each op move (our ``DmaPacket.raw_hlo_id`` extension)."""
         packets = TableSource(self.profile, "DmaPacket")
-        if not packets.present:
-            return {}, {}, None
-        small = f"{packets.col('transfer_bytes')} < {problems.SMALL_DMA_BYTES}"
-        useful = (
-            f"coalesce({packets.col('queue_type')}, '') <> 'instruction' "
-            f"AND {packets.col('transfer_bytes')} > 4"
-        )
-        by_op = packets.col("raw_hlo_id")
-        hbm = (
-            f"coalesce({packets.col('hbm_read_bytes')}, 0) + coalesce({packets.col('hbm_write_bytes')}, 0)"
-            if packets.has("hbm_read_bytes") or packets.has("hbm_write_bytes")
-            else "NULL::BIGINT"
-        )
+        if not packets.present or not (packets.has("hbm_read_bytes") or packets.has("hbm_write_bytes")):
+            return {}
+        hbm = f"coalesce({packets.col('hbm_read_bytes')}, 0) + coalesce({packets.col('hbm_write_bytes')}, 0)"
         rows = self._rows(f"""
-            SELECT {by_op} AS op, sum({hbm}) AS hbm, count(*) FILTER (WHERE {small} AND {useful}) AS small,
-                   count(*) FILTER (WHERE {useful}) AS useful
+            SELECT {packets.col("raw_hlo_id")} AS op, sum({hbm}) AS hbm
             FROM {packets.relation()} GROUP BY ALL""")
-        hbm_by_op = {
-            int(r["op"]): int(r["hbm"]) for r in rows if r["op"] is not None and r["hbm"] is not None
-        }
-        small_by_op = {int(r["op"]): int(r["small"]) for r in rows if r["op"] is not None and r["small"]}
-        total = sum(int(r["useful"]) for r in rows)
-        share = sum(int(r["small"]) for r in rows) / total if total else None
-        return hbm_by_op, small_by_op, share
-
-    def _longest_cc(self) -> tuple[int, int, str] | None:
-        ops = TableSource(self.profile, "CcOp")
-        if not ops.present:
-            return None
-        rows = self._rows(
-            f"SELECT start_ts, end_ts, {ops.col('operation')} AS op FROM {ops.relation()} "
-            f"ORDER BY end_ts - start_ts DESC LIMIT 1"
-        )
-        return (int(rows[0]["start_ts"]), int(rows[0]["end_ts"]), str(rows[0]["op"])) if rows else None
+        return {int(r["op"]): int(r["hbm"]) for r in rows if r["op"] is not None and r["hbm"] is not None}
 
     # -- on demand -------------------------------------------------------------------------------
     def instruction_page(self, node: Node, offset: int = 0, limit: int = PAGE) -> tuple[Node, ...]:

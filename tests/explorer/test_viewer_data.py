@@ -11,7 +11,6 @@ import pytest
 from explorer.viewer import hierarchy as tree
 from explorer.viewer.data import ProfileData
 from explorer.viewer.hierarchy import OpAggregate
-from explorer.viewer.problems import find_problems
 from explorer.viewer.source import Frames, IndexBuilder, location
 from explorer.viewer.timeline import bar
 from explorer.viewer.timeline import strip as timeline_strip
@@ -184,50 +183,6 @@ def test_frames_locations_and_source_root(tmp_path: Path) -> None:
     shown = read_source("/old/pkg/model.py", SourceAccess(tmp_path))
     assert shown.shown_as == "pkg/model.py" and shown.lines == ("a = 1", "    b = 2")
     assert "not found" in read_source("/old/missing.py", SourceAccess(tmp_path)).message
-
-
-def test_problem_rules() -> None:
-    op = OpAggregate(("raw_hlo_id", 7), "dot.7", "layer")
-    op.add(
-        {
-            "engine": "Tensor",
-            "n": 1,
-            "dur": 10,
-            "t0": 5,
-            "t1": 15,
-            "model": 0,
-            "pe": 0,
-            "ft": 0,
-            "hbm": 0,
-            "spill": 900,
-            "wait": None,  # no evt_wait_time_ns column: the memory-bound rule stands in
-            "layer": "layer",
-        }
-    )
-    summary = {
-        "spill_reload_bytes": 900,
-        "hbm_read_bytes": 1000,
-        "transpose_flops": 30,
-        "hardware_flops": 100,
-        "dma_transfer_average_bytes": 1000.0,
-        "cc_op_active_time_percent": 0.5,
-        "tensor_engine_active_time_percent": 0.1,
-        "dma_active_time_percent": 0.6,
-    }
-    found = find_problems(
-        summary, [op], 1000, small_dma={7: 3}, small_dma_share=0.9, longest_cc=(10, 20, "AllReduce")
-    )
-    titles = [p.title for p in found]
-    assert titles[0] == "Spill reloads" and found[0].node == "H:7" and (found[0].t0, found[0].t1) == (5, 15)
-    assert {
-        "Transposes dominating",
-        "Small DMA transfers",
-        "Collectives take a large share",
-        "Memory-bound: Tensor engine idle while DMA is busy",
-    } <= set(titles)
-    cc = next(p for p in found if p.title.startswith("Collectives"))
-    assert (cc.t0, cc.t1) == (10, 20) and "AllReduce" in cc.detail
-    assert find_problems({}, [], None) == ()
 
 
 def test_occupancy_strip_is_exact() -> None:
