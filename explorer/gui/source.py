@@ -7,10 +7,11 @@
 
 From ``Instruction.stack_frame_ids`` (text lists of ``StackFrame`` ids, outermost first) resolved
 through ``StackFrame`` -> ``StackFrameFileLocation`` -> ``StackFrameFileName``: each distinct stack
-is read once (one grouped scan: a profile has few distinct stacks), and its instruction time is
-added to every line on it (**inclusive**, as a profiler's call tree) and to its innermost line
-(**self**). Profiles without stack frames fall back to ``bir_debug_info_source_location`` /
-``nki_source_location`` (``file.py:line``; self = inclusive).
+is read once (one grouped scan: a profile has few distinct stacks). Its lines' times are
+``formats.attribution``'s: **inclusive** = the union of the events of every op the line is on the
+stack of, **self** = of the ops whose innermost frame it is -- the tree's intervals, so lines and
+nodes reconcile (docs/figures.md). Profiles without stack frames fall back to
+``bir_debug_info_source_location`` / ``nki_source_location`` (``file.py:line``; self = inclusive).
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ def _frames(loaded: LoadedProfile) -> dict[str, tuple[str, int, str]]:
     return {str(r["id"]): (str(r["file"]), int(r["line"] or 0), str(r["func"] or "")) for r in rows}
 
 
+def _reconcile(loaded: LoadedProfile, out: SourceTimes) -> None:
+    """Line times are ``formats.attribution``'s (docs/figures.md): the union of the events of the ops
+    under the line -- the same intervals the tree's op and layer times use, so a line that calls the
+    MLP shows the MLP nodes' time (a sum of instruction durations counted overlaps twice and left
+    out the ops' DMA). Which lines there are, and the stacks behind them, stay as read above."""
+    from formats.attribution import attribute
+
+    if not out.lines:
+        return
+    with loaded.queries.lock:
+        times = attribute(loaded.profile, con=loaded.queries.con).lines
+    for place, line in out.lines.items():
+        mine = times.get(place)
+        if mine is not None:
+            line.inclusive_ns, line.self_ns = mine.inclusive_ns, mine.self_ns
+            line.instructions = mine.instructions
+        else:  # instructions of no HLO op: no op events to measure
+            line.inclusive_ns = line.self_ns = 0
+
+
 def load_source_times(loaded: LoadedProfile) -> SourceTimes:
     source = TableSource(loaded.profile, "Instruction")
     out = SourceTimes(access=SourceAccess.for_profile(loaded.metadata))
@@ -131,6 +152,7 @@ def load_source_times(loaded: LoadedProfile) -> SourceTimes:
             line.inclusive_ns += int(r["t"] or 0)
             line.self_ns += int(r["t"] or 0)
             line.instructions += int(r["n"])
+    _reconcile(loaded, out)
     files: dict[str, list[int]] = {}
     for (path, _), t in out.lines.items():
         entry = files.setdefault(path, [0, 0])

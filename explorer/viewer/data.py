@@ -33,14 +33,18 @@ from explorer.viewer.figures import engine_active, figures, total_ns
 from explorer.viewer.model import (
     ENGINES,
     Analysis,
+    LineStat,
     Node,
     NodeStats,
     Overview,
     SourceFile,
+    SourceIndex,
     Timeline,
+    frozen_map,
 )
 from explorer.viewer.text import fmt_ns
 from formats import sqlsource
+from formats.attribution import Attribution
 from formats.dataset import capture_state
 from formats.reader import Profile, ProfileError
 from formats.source_access import SourceAccess, read_source
@@ -212,14 +216,31 @@ class ProfileData:
             "" if builder.lines else "no source lines: the profile has no stack frames or source locations",
         )
         from formats.attribution import attribute
-        from formats.figures import figures as figure_set
+        from formats.figures import from_summary
         from formats.findings import find
 
-        attribution = attribute(self.profile)  # the figures' op/layer/kind times (one definition)
-        found = problems.from_findings(find(self.profile, figure_set(self.profile), attribution), hierarchy)
+        attribution = attribute(self.profile)  # the figures' op/layer/line/kind times (one definition)
+        index = self._line_times(index, attribution)
+        # the whole execution's figures as the Summary holds them (= formats.figures over the whole
+        # execution, without scanning the events again)
+        whole = from_summary(self.summary(), self.profile.metadata)
+        found = problems.from_findings(find(self.profile, whole, attribution), hierarchy)
         waits = {key: agg.tensor_wait_ns for key, agg in aggregates.items()}
         kinds = {name: kind.inclusive_ns for name, kind in attribution.kinds.items()}
         return Analysis(hierarchy, index, found, bottomup.build(hierarchy, waits, kinds))
+
+    @staticmethod
+    def _line_times(index: SourceIndex, attribution: Attribution) -> SourceIndex:
+        """Line times from ``formats.attribution`` (docs/figures.md): the union of the events of the
+        ops under each line, the intervals the tree's nodes use, so lines and nodes reconcile."""
+        if not index.lines:
+            return index
+        times = attribution.lines
+        lines = {}
+        for line in index.lines:
+            mine = times.get(line)  # absent: instructions of no HLO op, no op events to measure
+            lines[line] = LineStat(0, 0) if mine is None else LineStat(mine.inclusive_ns, mine.instructions)
+        return replace(index, lines=frozen_map(lines))
 
     def _op_aggregates(self) -> list[dict[str, Any]]:
         col, has = self.instr.col, self.instr.has
