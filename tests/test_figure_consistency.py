@@ -244,6 +244,24 @@ def test_gui_source_lines(gui, attributed) -> None:
         assert (line.inclusive_ns, line.self_ns) == (mine.inclusive_ns, mine.self_ns), (file, number)
 
 
+def test_gui_flame_graph_nodes(gui, attributed) -> None:
+    from explorer.gui.hierarchy import load_hierarchy
+
+    session, _ = gui
+    tree = load_hierarchy(session.profiles[0])
+    layers = {n.name: n for n in tree.nodes if n.kind == "layer"}
+    assert set(layers) == set(attributed.layers)
+    for path, layer in attributed.layers.items():
+        node = layers[path]
+        spans = int((node.intervals[:, 1] - node.intervals[:, 0]).sum())
+        shown = node.active_ns if node.active_ns is not None else spans
+        assert shown == layer.inclusive_ns, path
+    ops = {str(n.raw_id): n for n in tree.nodes if n.kind == "hlo" and n.raw_id is not None}
+    for key, op in attributed.ops.items():
+        if key in ops and ops[key].active_ns is not None:
+            assert ops[key].active_ns == op.inclusive_ns, op.name
+
+
 def test_gui_compare_figures(gui, truth) -> None:
     from explorer.gui import compare
 
