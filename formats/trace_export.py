@@ -57,10 +57,10 @@ from formats.sqlsource import TableSource
 
 SEQUENCE_ID = 0x4E53  # "NS": our one packet sequence
 TRACK_ORDER = ("Tensor", "TensorMatrix", "Vector", "Scalar", "GpSimd", "Sync")
-WINDOW_ROWS = 250_000  # rows per time slice of a table
-CHUNK_EVENTS = 32_768  # events encoded at once
+WINDOW_ROWS = 150_000  # rows per time slice of a table
+CHUNK_EVENTS = 16_384  # events encoded at once
 INTERN_LIMIT = 400_000  # interned strings kept before the sequence's interning is cleared
-DUCKDB_MEMORY = "256MB"
+DUCKDB_MEMORY = "160MB"
 INTERNED_PER_PACKET = 2_000
 
 # track groups, top to bottom (TrackDescriptor.sibling_order_rank = group * 10_000 + position)
@@ -683,9 +683,12 @@ def _write_profile(writer: _Writer, con: duckdb.DuckDBPyConnection, pid: int, na
         nested = {s.group for s in sources if s.nested}
         if blocks:
             row_base = _write_window(writer, tracks, flows, blocks, nested, bounds, pending, row_base)
-        ts, tie, uuid = pending.take(bounds[1])
-        if not blocks and ts.size:
-            _write_events(writer, _ends_only(ts, tie, uuid))
+        else:  # nothing starts here: only ends carried from before
+            ts, tie, uuid = pending.take(bounds[1])
+            if ts.size:
+                _write_events(writer, _ends_only(ts, tie, uuid))
+        del blocks
+        pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed slices otherwise
     for counter_name, ts_values, values in _counters(profile, con):
         track = writer.track(counter_name, process, counter=True, rank=COUNTERS * 10_000 + len(counter_name))
         _write_counter(writer, track, ts_values, values)
