@@ -14,8 +14,8 @@ from formats import summary
 from formats.cli_profile import main
 from formats.query import open_query
 from formats.reader import open_profile
-from tests.formats.test_profile_reader import instruction_part, metadata_row
 from tests.formats.perfetto_trace import read_trace
+from tests.formats.test_profile_reader import instruction_part, metadata_row
 
 
 @pytest.fixture
