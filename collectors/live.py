@@ -2,7 +2,9 @@
 
 No daemon: each process writes its own file in the live directory (``collectors.livepaths``) from a
 background thread, every ``NEURONSCOPE_LIVE_PERIOD`` seconds (default 0.5), by writing a temporary
-file and renaming it over the old one. A rename is atomic, so a reader sees the previous file or the
+file (random name, 0600, ``O_EXCL|O_NOFOLLOW``) and renaming it over the old one, in a directory that
+must be the user's own and private (``collectors.livepaths``; otherwise publishing is off, said once).
+A rename is atomic, so a reader sees the previous file or the
 new one, never half of one, and never waits for a writer (there are no locks to wait on). Readers
 (``collectors.livereader``) drop files whose process has died.
 
@@ -150,11 +152,13 @@ class Publisher:
             return False
         try:
             livepaths.ensure_live_dir(self.directory)
-            data = json.dumps(self.document(), separators=(",", ":"))
-            tmp = self.directory / f".{self.pid}.{threading.get_native_id()}.tmp"
-            tmp.write_text(data)
-            os.replace(tmp, self.path)
+            data = json.dumps(self.document(), separators=(",", ":")).encode()
+            livepaths.write_private(self.directory, self.path.name, data)  # 0600, O_EXCL|O_NOFOLLOW
             return True
+        except livepaths.LiveDirError as exc:  # someone else's or an open directory: one line, then off
+            self._failed = True
+            _log.warning("live state disabled: %s", exc)
+            return False
         except Exception as exc:  # never raise into the program being observed
             self._failed = True
             _log.warning("live state disabled: cannot write %s: %s", self.path, exc)

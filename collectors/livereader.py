@@ -8,12 +8,18 @@ publisher only ever replaces whole. While reading they clean up after publishers
 * a file of a live process that has not been rewritten for ``STALE_PERIODS`` of its own periods (at
   least ``STALE_MIN_S``) is kept and marked ``stale``: the process holds its cores but its publisher
   is stuck (for example a long call that holds the GIL), which a viewer should show, not hide.
+
+A directory that is not the user's own and private is not read at all (``livepaths.check_live_dir``;
+said once on the log, and by neuron-monitor as its one-line error); in a good one, files are opened
+through the directory's descriptor without following links and without blocking, and only regular
+files of the user up to ``MAX_STATE_BYTES`` are parsed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -26,6 +32,10 @@ from collectors import livepaths
 STALE_PERIODS = 6
 STALE_MIN_S = 5.0
 TMP_MAX_AGE_S = 60.0  # a temporary file older than this has lost its writer
+MAX_STATE_BYTES = 16 << 20  # a process with thousands of models writes well under 1 MiB
+
+_log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,7 @@ def _remove(path: Path) -> None:
 
 
 def _tmp_owner(name: str) -> int | None:
-    parts = name.split(".")  # .<pid>.<thread>.tmp
+    parts = name.split(".")  # .<pid>.<random>.tmp
     return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() and parts[3] == "tmp" else None
 
 
@@ -151,12 +161,28 @@ def read_live_state(directory: Path | None = None, *, cleanup: bool = True,
     directory = directory or livepaths.live_dir()
     now = time.time() if now is None else now
     try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
+        if not livepaths.check_live_dir(directory):
+            return []
+        dir_fd = livepaths.open_live_dir(directory)
+    except livepaths.LiveDirError as exc:
+        if str(exc) not in _warned:  # once per problem: readers poll every second
+            _warned.add(str(exc))
+            _log.warning("%s", exc)
+        return []
+    try:
+        return _read_states(directory, dir_fd, cleanup, now)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_states(directory: Path, dir_fd: int, cleanup: bool, now: float) -> list[ProcessState]:
+    try:
+        entries = list(os.scandir(dir_fd))
+    except OSError:
         return []
     states: list[ProcessState] = []
     for entry in entries:
-        path = Path(entry.path)
+        path = directory / entry.name
         pid = livepaths.pid_of(path)
         if pid is None:
             owner = _tmp_owner(entry.name)
@@ -165,10 +191,11 @@ def read_live_state(directory: Path | None = None, *, cleanup: bool = True,
                 _remove(path)
             continue
         try:
-            data = json.loads(path.read_text())
+            raw = livepaths.read_private(dir_fd, entry.name, MAX_STATE_BYTES)
+            data = None if raw is None or len(raw) > MAX_STATE_BYTES else json.loads(raw)
         except FileNotFoundError:
             continue  # its publisher exited between the listing and the read
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             data = None
         start_time = _float(data.get("start_time")) if isinstance(data, dict) else None
         alive = (livepaths.same_process_alive(pid, start_time) if start_time is not None
@@ -191,7 +218,7 @@ def read_live_state(directory: Path | None = None, *, cleanup: bool = True,
 
 def _mtime(entry: os.DirEntry) -> float:
     try:
-        return entry.stat().st_mtime
+        return entry.stat(follow_symlinks=False).st_mtime
     except OSError:
         return 0.0
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from collectors import hostmetrics, instanceinfo, monitor_report
+from collectors import hostmetrics, instanceinfo, livepaths, monitor_report
 from collectors.cliargs import OneLineParser
 from collectors.inventory import Inventory, InventoryError, discover
 from collectors.livereader import ProcessState, read_live_state
@@ -228,6 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-monitor: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # unreadable user settings (neuroncore.config)
+        print(f"neuron-monitor: {exc}", file=sys.stderr)
+        return 2
+    try:  # someone else's (or an open) live-state directory is refused, not read
+        livepaths.check_live_dir()
+    except livepaths.LiveDirError as exc:
         print(f"neuron-monitor: {exc}", file=sys.stderr)
         return 2
     for warning in config.warnings:

@@ -170,7 +170,7 @@ def model_doc(
 
 
 def write_state(live_dir: Path, doc: dict[str, Any]) -> Path:
-    live_dir.mkdir(parents=True, exist_ok=True)
+    live_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # readers refuse a directory open to others
     path = live_dir / f"{doc['pid']}.json"
     tmp = live_dir / f".{doc['pid']}.0.tmp"
     tmp.write_text(json.dumps(doc))

@@ -7,7 +7,9 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
+import threading
 import time
 from importlib.metadata import entry_points
 
@@ -16,7 +18,7 @@ import pytest
 from livefixtures import PYTHON, REPO, holder, live_env, start_publisher, state_doc, wait_for, write_state
 
 import neuroncore as nc
-from collectors import latency, live
+from collectors import latency, live, livepaths
 from collectors.livereader import parse_state, read_live_state
 from collectors.livestate import ENGINES, LiveAccumulator, union_ns
 from collectors.livewindow import LiveTracker, window
@@ -383,3 +385,116 @@ def test_state_file_is_the_documented_json(tmp_path):
     finally:
         stop.write_text("")
         proc.wait(timeout=20)
+
+
+# -- the live-state directory (issue 14): ours, private, never written through a link ----------------
+
+
+def _publisher(directory, observed):
+    return live.Publisher(observed[0], directory, period_s=0.05)
+
+
+def test_the_directory_is_created_private_and_files_are_0600(tmp_path, observed):
+    directory = tmp_path / "shm" / "neuronscope-test"
+    assert _publisher(directory, observed).publish_once()
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    state = directory / f"{os.getpid()}.json"
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o600  # command lines are in it
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777, 0o1777, 0o710])
+def test_a_directory_open_to_others_is_refused(tmp_path, observed, mode, caplog):
+    directory = tmp_path / "live"
+    directory.mkdir()
+    os.chmod(directory, mode)
+    pub = _publisher(directory, observed)
+    assert pub.publish_once() is False and list(directory.iterdir()) == []
+    assert f"has mode {mode:04o}, open to other users" in caplog.text
+    write_state(tmp_path / "ok", state_doc(os.getpid()))
+    os.rename(tmp_path / "ok" / f"{os.getpid()}.json", directory / f"{os.getpid()}.json")
+    assert read_live_state(directory) == []  # and readers do not trust what is in it
+    with pytest.raises(livepaths.LiveDirError, match="refusing to use it"):
+        livepaths.check_live_dir(directory)
+
+
+def test_a_directory_owned_by_another_user_is_refused(tmp_path, observed, caplog):
+    if os.getuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    directory = tmp_path / "live"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, 4321, 4321)
+    assert _publisher(directory, observed).publish_once() is False
+    assert "is owned by uid 4321, not you (uid 0)" in caplog.text
+    assert list(directory.iterdir()) == []
+
+
+def test_a_symlinked_directory_is_refused(tmp_path, observed):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "live"
+    link.symlink_to(real)
+    assert _publisher(link, observed).publish_once() is False
+    assert list(real.iterdir()) == []
+    with pytest.raises(livepaths.LiveDirError, match="symbolic link"):
+        livepaths.ensure_live_dir(link)
+
+
+def test_no_link_at_a_temporary_name_can_redirect_a_write(tmp_path, observed, monkeypatch):
+    directory = tmp_path / "live"
+    directory.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    names = iter(["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"])
+    monkeypatch.setattr(livepaths.secrets, "token_hex", lambda n: next(names))
+    (directory / f".{os.getpid()}.aaaaaaaaaaaaaaaa.tmp").symlink_to(victim)  # the guessed name
+    (directory / f"{os.getpid()}.json").symlink_to(victim)  # and the final name
+    assert _publisher(directory, observed).publish_once()
+    assert victim.read_text() == "precious"
+    state = directory / f"{os.getpid()}.json"
+    assert not state.is_symlink() and json.loads(state.read_text())["pid"] == os.getpid()
+    assert (directory / f".{os.getpid()}.aaaaaaaaaaaaaaaa.tmp").is_symlink()  # left alone, not followed
+
+
+def test_readers_never_follow_links_or_wait_on_fifos(tmp_path):
+    directory = tmp_path / "live"
+    directory.mkdir(mode=0o700)
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(state_doc(os.getpid())))
+    (directory / f"{os.getpid()}.json").symlink_to(secret)
+    os.mkfifo(directory / "1.json")  # pid 1 is alive: a reader that opened this would block
+    assert read_live_state(directory, cleanup=False) == []
+
+
+def test_concurrent_producers_and_readers_see_no_torn_file(tmp_path):
+    directory = tmp_path / "live"
+    livepaths.ensure_live_dir(directory)
+    models = [{"model_id": i, "name": "m" * 200, "uuid": "u", "core": 0, "device": 0, "loaded_at": 1.0,
+               "memory": {"tensors": 1}, "executions": 0} for i in range(200)]
+    doc = state_doc(os.getpid(), models=models)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            while not stop.is_set():
+                livepaths.write_private(directory, f"{os.getpid()}.json",
+                                        json.dumps(doc | {"sequence": n}).encode())
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    reads = 0
+    try:
+        deadline = time.time() + 2.0
+        while time.time() < deadline:
+            states = read_live_state(directory, cleanup=False)
+            assert len(states) == 1 and len(states[0].models) == 200  # whole, never half
+            reads += 1
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert reads > 10 and not errors
+    assert [p.name for p in directory.iterdir()] == [f"{os.getpid()}.json"]
