@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from collectors import livepaths
 from collectors.cliargs import OneLineParser
 from collectors.inventory import InventoryError, discover
 from explorer.top import render
@@ -111,8 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             from explorer.top.live_source import LiveSource
 
+            livepaths.check_live_dir()  # someone else's or an open directory: one line, exit 2
             source = LiveSource(discover(args.instance), follow_publishers=args.instance is None)
-    except (InventoryError, ValueError) as exc:
+    except (InventoryError, ValueError, livepaths.LiveDirError) as exc:
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"{args.from_monitor}: {exc.strerror or exc}")

@@ -108,3 +108,12 @@ def test_bad_command_lines(args, message):
     assert result.returncode == 2
     assert message in result.stderr and result.stderr.strip().count("\n") == 0
     assert result.stderr.startswith("neuron-top: ")
+
+
+def test_live_state_directory_open_to_others_is_one_line_and_exit_2(tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    os.chmod(live, 0o777)
+    result = neuron_top("--once", "--interval", "0.05", env={"NEURONSCOPE_LIVE_DIR": str(live)})
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "has mode 0777, open to other users" in result.stderr
