@@ -218,11 +218,15 @@ class MonitorSource:
 
     def _apply(self, report: Mapping[str, Any], now: float) -> None:
         self.hardware = parse_hardware(report, self.hardware)
-        self.system = parse_system(report.get("system_data"), self.system)
+        system_data = report.get("system_data")
+        self.system = parse_system(system_data, self.system)
         processes: dict[int, ProcessSnapshot] = {}
         groups: dict[int, dict[str, Any]] = {}
         problems = [f"neuron_hardware_info: {p}" for p in hardware_problems(report)]
-        problems += [e for e in self.system.errors if ": malformed" in e or ": not an object" in e]
+        if isinstance(system_data, Mapping):  # this line's own problems, not ones kept from before
+            problems += [e for e in self.system.errors if ": malformed" in e or ": not an object" in e]
+        elif system_data is not None:
+            problems.append("system_data is not an object")
         for entry in report.get("neuron_runtime_data") or []:
             if not isinstance(entry, Mapping):
                 problems.append("an application entry is not an object")

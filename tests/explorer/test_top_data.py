@@ -559,3 +559,13 @@ def test_a_million_applications_is_one_bad_line_not_a_hang():
     entries = ",".join(["{}"] * 1_000_000)
     frame = _feed('{"neuron_runtime_data":[' + entries + "]}")
     assert frame.status.malformed == 1 and "limit 4,096" in frame.status.errors[0]
+
+
+def test_a_malformed_system_group_is_counted_once_not_on_every_later_line():
+    good = _first_report()
+    bad = _mutated(lambda r: r["system_data"].__setitem__("memory_info",
+                                                          {"memory_total_bytes": float("nan")}))
+    without_system = dict(good)
+    without_system.pop("system_data")
+    frame = _feed(bad, json.dumps(without_system), json.dumps(without_system))
+    assert frame.status.malformed == 1 and frame.status.reports == 3
