@@ -46,6 +46,20 @@ def connect(*, threads: int | None = None, memory_limit: str | None = None,
     return con
 
 
+
+def arrow_table(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """A query's result as an Arrow table: strings stay in Arrow buffers, never Python objects.
+
+    DuckDB renamed the method across releases (2.x ``to_arrow_table``, 1.x ``fetch_arrow_table`` /
+    ``arrow``, the latter returning a reader in some versions); the pyproject allows both."""
+    relation = con.sql(sql)
+    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):
+        method = getattr(relation, name, None)
+        if method is not None:
+            result = method()
+            return result if isinstance(result, pa.Table) else result.read_all()
+    raise RuntimeError("this DuckDB cannot return Arrow tables")
+
 def literal(value: str | os.PathLike[str]) -> str:
     """A SQL string literal."""
     return "'" + str(value).replace("'", "''") + "'"

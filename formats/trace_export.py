@@ -53,7 +53,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from formats import sqlsource, summary
 from formats.intervals import merge_slices, time_slices
 from formats.reader import Profile
-from formats.sqlsource import TableSource
+from formats.sqlsource import TableSource, arrow_table
 
 SEQUENCE_ID = 0x4E53  # "NS": our one packet sequence
 TRACK_ORDER = ("Tensor", "TensorMatrix", "Vector", "Scalar", "GpSimd", "Sync")
@@ -373,21 +373,10 @@ def _literal_filter(low: int | None, high: int | None, column: str) -> str:
     return ("WHERE " + " AND ".join(conditions)) if conditions else ""
 
 
-def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    """A query's result as an Arrow table (strings stay in Arrow buffers, no Python objects)."""
-    relation = con.sql(sql)
-    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):  # DuckDB 2.x, 1.x
-        method = getattr(relation, name, None)
-        if method is not None:
-            result = method()
-            return result if isinstance(result, pa.Table) else result.read_all()
-    raise RuntimeError("this DuckDB cannot return Arrow tables")
-
-
 def _fetch(con: duckdb.DuckDBPyConnection, source: _Source, bounds: tuple[int | None, int | None]
            ) -> _Block | None:
     where = _literal_filter(*bounds, column="s")
-    table = _arrow(con, f"SELECT * FROM ({source.sql}) {where}")
+    table = arrow_table(con, f"SELECT * FROM ({source.sql}) {where}")
     if table.num_rows == 0:
         return None
     columns = {name: table.column(name).combine_chunks() for name in table.column_names}

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from formats import sqlsource
 from formats.intervals import time_slices
-from formats.sqlsource import TableSource
+from formats.sqlsource import TableSource, arrow_table
 
 if TYPE_CHECKING:
     from formats.reader import Profile
@@ -398,17 +398,6 @@ def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
     return SpanWindow(empty, empty, empty, empty, empty, {a: np.zeros(0, object) for a in attrs}, source)
 
 
-def _arrow(con: Any, sql: str) -> pa.Table:
-    """A query's result as an Arrow table (strings stay in Arrow buffers, no Python objects)."""
-    relation = con.sql(sql)
-    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):  # DuckDB 2.x, 1.x
-        method = getattr(relation, name, None)
-        if method is not None:
-            result = method()
-            return result if isinstance(result, pa.Table) else result.read_all()
-    raise RuntimeError("this DuckDB cannot return Arrow tables")
-
-
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     """(int32 codes, distinct values) of a column; nulls get code -1."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -460,7 +449,7 @@ def _aggregate(con: Any, source: TableSource, spec: SpanSpec, lod: SpanLod, cond
         bounds = [c for c in (None if low is None else f"{start} >= {int(low)}",
                               None if high is None else f"{start} < {int(high)}", condition) if c]
         where = "WHERE " + " AND ".join(bounds) if bounds else ""
-        parts.append(_arrow(con, f"""
+        parts.append(arrow_table(con, f"""
             SELECT {key_names + ',' if key_names else ''} b, max(d) AS d, arg_max(i, r) AS i,
                    arg_max(s, r) AS s, count(*) AS n {', ' + attrs if attrs else ''},
                    CAST(sum(least(x, {lod.origin} + (b + 1) * {lod.widths[0]}) - s) AS BIGINT) AS c,
