@@ -152,15 +152,15 @@ def _rewrite(root: Path, rng: random.Random, change: Callable[[pa.Table, random.
         return
     try:
         table = pq.read_table(part)
-    except (OSError, pa.ArrowException):
+    except (OSError, pa.ArrowException, ValueError):  # ValueError: a name or footer that is not UTF-8
         return
     if table.num_columns == 0:
         return
     try:
         table = change(table, rng)
         pq.write_table(table, part)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError):
-        return
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError):
+        part.write_bytes(b"")  # pyarrow may leave a half-written file: make it plainly empty
 
 
 def _set(table: pa.Table, index: int, array: pa.Array | pa.ChunkedArray, name: str | None = None) -> pa.Table:

@@ -76,6 +76,8 @@ def _check_crcs(file: Path) -> int:
             view = memoryview(data)
             try:
                 return _walk(file, metadata, view, size)
+            except ValueError as exc:  # footer strings that are not UTF-8 (a column path), bad offsets
+                raise ProfileError(f"{file}: corrupt footer: {_one_line(exc)}") from None
             finally:
                 view.release()
     finally:
