@@ -126,6 +126,17 @@ def _small_table(path: Path, name: str) -> list[dict[str, object]]:
         return []
 
 
+def _plain_int(value: object) -> int | None:
+    """A Metadata number as an int, or None when it is absent or not a number (Metadata is file data:
+    a profile from elsewhere may carry any type in the column)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
 def capture_state(path: str | os.PathLike[str]) -> CaptureState:
     """Read a profile's capture marks (folder name, Metadata, Warning) without opening it whole."""
     root = Path(path)
@@ -138,7 +149,7 @@ def capture_state(path: str | os.PathLike[str]) -> CaptureState:
     requested = metadata.get("requested_execution")
     return CaptureState(incomplete, reasons[0] if reasons else None, bool(metadata.get("warm_up_execution")),
                         int(match.group(1)) if match else None,
-                        None if requested is None else int(str(requested)))
+                        _plain_int(requested))
 
 
 def is_incomplete(path: str | os.PathLike[str]) -> bool:

@@ -397,7 +397,9 @@ def _opcode_table(groups: list[dict[str, Any]], opcodes: list[str], lengths: Map
     rows: dict[str, list[Any]] = {k: [] for k in SCHEMA.tables["OpcodeSummary"].names}
     for (name, opcode), entry in sorted(merged.items(), key=lambda kv: (-kv[1]["ns"], kv[0])):
         code = ENGINE_NAMES.index(name) if name in ENGINE_NAMES else OTHER_ENGINE
-        active = lengths.get(code * n_ops + opcodes.index(opcode) + 1, 0)
+        # the sweep keys an opcode by its 1-based place in ``opcodes``; a null or unlisted one is 0
+        position = opcodes.index(opcode) + 1 if opcode in opcodes else 0
+        active = lengths.get(code * n_ops + position, 0)
         rows["engine"].append(ENGINE_STEMS.get(name, str(name).lower()))
         rows["opcode"].append(opcode)
         rows["instruction_count"].append(entry["n"])

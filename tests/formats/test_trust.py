@@ -415,3 +415,33 @@ def test_text_that_is_not_utf8(copy: Path, tmp_path: Path, capsys: pytest.Captur
     odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/\xffprofile"))
     shutil.copytree(copy, odd)
     assert_refused(run_all(odd, tmp_path, capsys), "not valid UTF-8")
+
+
+def test_null_opcodes_recompute(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A null opcode (fuzzed Instruction part) ended ``view --recompute`` in ``None is not in list``:
+    the OpcodeSummary keys it as the sweep does, the unlisted opcode 0."""
+    path = copy / "Instruction.parquet"
+    table = pq.read_table(path)
+    index = table.schema.get_field_index("opcode")
+    opcodes = table.column("opcode").to_pylist()
+    opcodes[0] = None
+    field = table.schema.field(index).with_nullable(True)
+    table = table.set_column(index, field, pa.array(opcodes, field.type))
+    pq.write_table(table, path, write_page_checksum=True)
+    assert main(["view", str(copy), "--output-format", "summary-json", "--recompute"]) == 0
+    assert json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("value", ["not a number", "1e400", True])
+def test_capture_state_of_retyped_metadata(copy: Path, value: object) -> None:
+    """Metadata is file data: ``requested_execution`` of another type is unknown, not a ValueError."""
+    from formats.dataset import capture_state
+
+    path = copy / "Metadata.parquet"
+    table = pq.read_table(path)
+    column = pa.array([value] * table.num_rows)
+    name = "requested_execution"
+    index = table.schema.get_field_index(name)
+    table = table.set_column(index, name, column) if index >= 0 else table.append_column(name, column)
+    pq.write_table(table, path, write_page_checksum=True)
+    assert capture_state(copy).requested_execution is None
