@@ -17,8 +17,10 @@ import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
+import duckdb
 import numpy as np
-import pyarrow.parquet as pq
+
+from formats.sqlsource import literal
 
 
 def start_order(start: np.ndarray) -> np.ndarray:
@@ -178,22 +180,33 @@ def time_slices(files: Sequence[Path], column: str = "start_ts", rows_per_slice:
                 ) -> list[tuple[int | None, int | None]]:
     """Boundaries [a, b) that split a table into slices of about ``rows_per_slice`` rows by ``column``,
     from the row groups' min statistics (footers only). ``None`` = unbounded. One unbounded slice if
-    any row group lacks statistics (then a slice is the whole table: correct, just not bounded)."""
+    any row group lacks statistics or a footer cannot be read (then a slice is the whole table:
+    correct, just not bounded; the scan that follows reports a damaged file).
+
+    The footers are read by DuckDB's ``parquet_metadata``, not pyarrow's ``Statistics``: building
+    those from a damaged footer (a flipped bit in a level histogram or a physical type) throws a C++
+    exception pyarrow cannot turn into a Python one, and the process aborts; DuckDB raises an error."""
+    if not files:
+        return [(None, None)]
+    listed = "[" + ", ".join(literal(str(f)) for f in files) + "]"
+    try:
+        with duckdb.connect() as con:
+            found = con.execute(
+                f"SELECT file_name, row_group_id, any_value(row_group_num_rows), "
+                f"bool_or(path_in_schema = ?), any_value(stats_min) FILTER (WHERE path_in_schema = ?) "
+                f"FROM parquet_metadata({listed}) GROUP BY ALL", [column, column]).fetchall()
+    except duckdb.Error:
+        return [(None, None)]
     groups: list[tuple[int, int]] = []  # (min, rows)
-    for file in files:
-        meta = pq.ParquetFile(file).metadata
-        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if column not in names:
+    for _file, _group, rows, has_column, low in found:
+        if not has_column:
             return [(None, None)]
-        index = names.index(column)
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            if group.num_rows == 0:
-                continue
-            stats = group.column(index).statistics
-            if stats is None or not stats.has_min_max:
-                return [(None, None)]
-            groups.append((int(stats.min), group.num_rows))
+        if not rows:
+            continue
+        try:
+            groups.append((int(low), int(rows)))
+        except (TypeError, ValueError):  # no statistics, or not an integer column
+            return [(None, None)]
     groups.sort()
     cuts: list[int] = []
     rows = 0
