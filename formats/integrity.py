@@ -10,6 +10,8 @@ SQL scan over it (``formats.sqlsource.parquet_scan``), at the cost of reading it
 * each column chunk's pages are walked from the footer's offsets, each page header parsed (Thrift
   compact protocol, bounds-checked: a header that runs past its chunk is corruption too), and the
   CRC a page carries compared with ``zlib.crc32`` of its bytes;
+* the footer is parsed by DuckDB (`parquet_metadata`), never by pyarrow's column-chunk metadata,
+  which aborts the process on some damaged footers;
 * a part with pages that carry no CRC (the real tool's, or older neuronscope) is decoded once with
   pyarrow instead when it is small (``DECODE_LIMIT``); a larger one is trusted (docs/trust.md).
 
@@ -21,10 +23,11 @@ from __future__ import annotations
 import mmap
 import os
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from formats.reader import ProfileError, _one_line, parquet_file
 
@@ -62,11 +65,7 @@ def verify_part(file: Path) -> None:
 
 def _check_crcs(file: Path) -> int:
     """Verify every page that carries a CRC; returns how many pages carry none."""
-    try:
-        metadata = pq.ParquetFile(file).metadata
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise ProfileError(f"{file}: not a readable Parquet file (truncated or corrupt): "
-                           f"{_one_line(exc)}") from None
+    chunks = _column_chunks(file)
     fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     try:
         size = os.fstat(fd).st_size
@@ -75,8 +74,8 @@ def _check_crcs(file: Path) -> int:
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
             view = memoryview(data)
             try:
-                return _walk(file, metadata, view, size)
-            except ValueError as exc:  # footer strings that are not UTF-8 (a column path), bad offsets
+                return _walk(file, chunks, view, size)
+            except ValueError as exc:  # bad offsets
                 raise ProfileError(f"{file}: corrupt footer: {_one_line(exc)}") from None
             finally:
                 view.release()
@@ -84,35 +83,63 @@ def _check_crcs(file: Path) -> int:
         os.close(fd)
 
 
-def _walk(file: Path, metadata: pq.FileMetaData, data: memoryview, size: int) -> int:
+@dataclass(frozen=True)
+class _Chunk:
+    """Where one column chunk's pages lie, as the footer says."""
+
+    row_group: int
+    column: str
+    start: int  # the dictionary page if there is one, else the first data page
+    length: int  # total_compressed_size
+
+
+def _column_chunks(file: Path) -> list[_Chunk]:
+    """The footer's column chunks, parsed by DuckDB's ``parquet_metadata``.
+
+    Not pyarrow's ``FileMetaData.row_group(g).column(c)``: building a column chunk's metadata from a
+    damaged footer (a flipped bit in a level histogram or a physical type) throws a C++ exception that
+    pyarrow cannot turn into a Python one -- ``terminate``, the process gone. DuckDB raises."""
+    try:
+        with duckdb.connect() as con:
+            rows = con.execute(
+                "SELECT row_group_id, path_in_schema, data_page_offset, dictionary_page_offset, "
+                "total_compressed_size FROM parquet_metadata(?) ORDER BY row_group_id, column_id",
+                [str(file)]).fetchall()
+    except (duckdb.Error, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{file}: not a readable Parquet file (truncated or corrupt): "
+                           f"{_one_line(exc)}") from None
+    chunks = []
+    for group, column, data_offset, dictionary_offset, length in rows:
+        if data_offset is None or length is None:
+            raise ProfileError(f"{file}: corrupt footer: column {column}, row group {group} has no pages")
+        start = min(data_offset, dictionary_offset) if dictionary_offset else data_offset
+        chunks.append(_Chunk(int(group), str(column), int(start), int(length)))
+    return chunks
+
+
+def _walk(file: Path, chunks: list[_Chunk], data: memoryview, size: int) -> int:
     unchecked = 0
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        for c in range(group.num_columns):
-            chunk = group.column(c)
-            start = chunk.data_page_offset
-            if chunk.has_dictionary_page and chunk.dictionary_page_offset:
-                start = min(start, chunk.dictionary_page_offset)
-            end = start + chunk.total_compressed_size
-            where = f"column {chunk.path_in_schema}, row group {g}"
-            if start < 4 or end > size:
-                raise ProfileError(f"{file}: corrupt footer: {where} lies outside the file")
-            position, page = start, 0
-            while position < end:
-                try:
-                    header_length, length, crc = _page_header(data, position, end)
-                except _Corrupt as exc:
-                    raise ProfileError(f"{file}: corrupt page header ({where}, page {page}): {exc}") from None
-                body = position + header_length
-                if body + length > end:
-                    raise ProfileError(f"{file}: corrupt page header ({where}, page {page}): the page "
-                                       f"runs past its column chunk")
-                if crc is None:
-                    unchecked += 1
-                elif zlib.crc32(data[body:body + length]) != crc & 0xFFFFFFFF:
-                    raise ProfileError(f"{file}: page checksum mismatch ({where}, page {page}): the file "
-                                       f"changed after it was written (a flipped bit, a bad disk or copy)")
-                position, page = body + length, page + 1
+    for chunk in chunks:
+        start, end = chunk.start, chunk.start + chunk.length
+        where = f"column {chunk.column}, row group {chunk.row_group}"
+        if start < 4 or end > size or chunk.length < 0:
+            raise ProfileError(f"{file}: corrupt footer: {where} lies outside the file")
+        position, page = start, 0
+        while position < end:
+            try:
+                header_length, length, crc = _page_header(data, position, end)
+            except _Corrupt as exc:
+                raise ProfileError(f"{file}: corrupt page header ({where}, page {page}): {exc}") from None
+            body = position + header_length
+            if body + length > end:
+                raise ProfileError(f"{file}: corrupt page header ({where}, page {page}): the page "
+                                   f"runs past its column chunk")
+            if crc is None:
+                unchecked += 1
+            elif zlib.crc32(data[body:body + length]) != crc & 0xFFFFFFFF:
+                raise ProfileError(f"{file}: page checksum mismatch ({where}, page {page}): the file "
+                                   f"changed after it was written (a flipped bit, a bad disk or copy)")
+            position, page = body + length, page + 1
     return unchecked
 
 
