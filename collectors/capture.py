@@ -38,6 +38,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from collectors import autoprofile
 from collectors.device_profile import CapturedProfile, RecordingError, profile
 from collectors.system import SystemProfileCollector, system_profile
+from formats import units
 from formats.dataset import capture_state, find_profiles
 from formats.reader import ProfileError
 
@@ -134,13 +135,13 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     lines = [
         f"captured {workload.name}{f' ({args.preset})' if args.preset else ''} on {instance.name} {where}: "
         f"{len(results)} executions, profiled execution {args.profile_nth_exec or 'none'}",
-        f"device time {summary.device_time_ns / 1e3:,.1f} us; {rank0.program.n_instructions:,} instructions, "
-        f"{summary.dma_transfers:,} DMA transfers, {summary.hbm_bytes / 1e6:,.1f} MB HBM traffic",
-        f"busiest engine {busiest.name} {100 * busiest.active_ns / total:.1f}% active; "
-        f"DMA {100 * summary.dma_active_ns / total:.1f}% active; MFU {100 * summary.mfu:.1f}%",
-        (f"collectives: {summary.collectives} on the CC-core, {summary.collective_ns / 1e3:,.1f} us "
-         f"({100 * summary.collective_ns / total:.1f}% of the step)") if summary.collectives else
-        f"spill/reload {summary.spill_bytes / 1e6:,.1f} MB; no collectives",
+        f"device time {units.fmt_ns(summary.device_time_ns)}; {rank0.program.n_instructions:,} instructions, "
+        f"{summary.dma_transfers:,} DMA transfers, {units.fmt_bytes(summary.hbm_bytes)} HBM traffic",
+        f"busiest engine {busiest.name} {units.fmt_pct(busiest.active_ns / total)} active; "
+        f"DMA {units.fmt_pct(summary.dma_active_ns / total)} active; MFU {units.fmt_pct(summary.mfu)}",
+        (f"collectives: {summary.collectives} on the CC-core, {units.fmt_ns(summary.collective_ns)} "
+         f"({units.fmt_pct(summary.collective_ns / total)} of the step)") if summary.collectives else
+        f"spill/reload {units.fmt_bytes(summary.spill_bytes)}; no collectives",
         f"{len(profiles)} device profile(s) in {out / 'device'}" + ("" if args.device_only else
                                                                    f"; system profile in {out / 'system'}"),
     ]

@@ -16,7 +16,7 @@ import pytest
 import neuroncore as nc
 from collectors.device_profile import profile
 from collectors.system import system_profile
-from formats import open_profile
+from formats import figures, open_profile, units
 from formats.dataset import capture_state, is_incomplete
 from neuroncore.events import EventSink
 from neuroncore.parallel import TensorParallelModel
@@ -148,6 +148,11 @@ def test_capture_a_workload(tmp_path):
     device = open_profile(out / "device/model=mlp/core=0/execution=2")
     assert device.table("Instruction").num_rows > 0
     assert open_profile(out / "system").table("CpuUsage").num_rows > 0
+    # the closing lines print the profile's own figures in the one unit convention (formats.units)
+    whole = figures.figures(device)
+    assert f"device time {units.fmt_ns(whole.length_ns)};" in lines[1]
+    assert f"{units.fmt_bytes(whole.hbm.read + whole.hbm.write)} HBM traffic" in lines[1]
+    assert f"MFU {units.fmt_pct(whole.mfu)}" in lines[2]
 
 
 def test_capture_wraps_any_program(tmp_path):
