@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from formats import hierarchy
+from formats import hierarchy_rollup as hierarchy
 from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
 

@@ -245,7 +245,7 @@ def test_gui_source_lines(gui, attributed) -> None:
 
 
 def test_gui_flame_graph_nodes(gui, attributed) -> None:
-    from explorer.gui.hierarchy import load_hierarchy
+    from explorer.gui.flame_tree import load_hierarchy
 
     session, _ = gui
     tree = load_hierarchy(session.profiles[0])

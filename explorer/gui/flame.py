@@ -18,7 +18,7 @@ from PySide6.QtGui import QColor, QFont, QPainter
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QScrollBar, QVBoxLayout, QWidget
 
 from explorer.gui import colors
-from explorer.gui.hierarchy import FlameNode, Hierarchy
+from explorer.gui.flame_tree import FlameNode, Hierarchy
 from explorer.gui.raster import owners_of, pixel_spans
 
 ROW_PX = 18

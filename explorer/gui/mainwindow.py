@@ -33,8 +33,8 @@ from explorer.gui import colors
 from explorer.gui.details import Dependency, Details, details_for
 from explorer.gui.details_panel import DetailsPanel
 from explorer.gui.flame import FlameWidget
+from explorer.gui.flame_tree import FlameNode, Hierarchy, load_hierarchy
 from explorer.gui.frames import Highlight
-from explorer.gui.hierarchy import FlameNode, Hierarchy, load_hierarchy
 from explorer.gui.legend import LegendEntry, legend_entries, legend_html
 from explorer.gui.region import region_summary
 from explorer.gui.region_panel import RegionPanel

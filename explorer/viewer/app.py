@@ -25,7 +25,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, OptionList, Static
 
-from explorer.viewer import hierarchy as tree
+from explorer.viewer import tree_build as tree
 from explorer.viewer.data import ProfileData
 from explorer.viewer.model import Analysis, Hierarchy, Node, Overview, Problem, SourceFile, Timeline
 from explorer.viewer.panes import SourcePane, SummaryPane, TimelineStrip

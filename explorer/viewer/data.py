@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 
 from explorer.viewer import bottomup, problems, source, timeline
-from explorer.viewer import hierarchy as tree
+from explorer.viewer import tree_build as tree
 from explorer.viewer.figures import engine_active, figures, total_ns
 from explorer.viewer.model import (
     ENGINES,

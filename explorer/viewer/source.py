@@ -113,7 +113,7 @@ class IndexBuilder:
         key = f"{stack_text}|{loc_text}"
         found = self._cache.get(key)
         if found is None:
-            from explorer.viewer.hierarchy import text_ids
+            from explorer.viewer.tree_build import text_ids
 
             found = self.frames.stack(text_ids(stack_text)) if stack_text and self.frames else []
             if not found:

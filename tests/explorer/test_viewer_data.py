@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from explorer.viewer import hierarchy as tree
+from explorer.viewer import tree_build as tree
 from explorer.viewer.data import ProfileData
-from explorer.viewer.hierarchy import OpAggregate
 from explorer.viewer.source import Frames, IndexBuilder, location
 from explorer.viewer.timeline import bar
 from explorer.viewer.timeline import strip as timeline_strip
+from explorer.viewer.tree_build import OpAggregate
 from formats.dataset import find_profiles
 from formats.reader import open_profile
 from formats.source_access import SourceAccess, locate, read_source
