@@ -147,7 +147,7 @@ def _finalize(ctx: Context) -> Program:
     dep_idx = np.fromiter((d for deps in em.deps for d in deps), np.int64, count=int(dep_ptr[-1]))
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
-    counters = {name: np.asarray(values, np.int64) for name, values in em.counters.items()}
+    counters = em.counter_columns()
     graph = ctx.graph
     input_tensors = [ctx.values[p.index].hbm or "" for p in graph.parameters]
     output_tensors = [ctx.tensor_name(o) for o in graph.outputs]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuroncore.compiler import costs
+from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import QUEUE_SEMAPHORE_BASE, Emitter, hbm_key, sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
@@ -181,9 +182,9 @@ class Context:
         descriptors = dst.rows * max(1, row_bytes // max(run, 1))
         nbytes = (src.r1 - src.r0) * (src.c1 - src.c0) * dtype.itemsize if ktiles > 1 \
             else dst.rows * row_bytes
-        counters = {"hbm_read_bytes": nbytes, "sbuf_write_bytes": nbytes, "dma_bytes": nbytes}
+        counters = NodeCounters(hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes,
+                                spill_reload_bytes=nbytes if spill_reload else 0)
         if spill_reload:
-            counters["spill_reload_bytes"] = nbytes
             self.stats["spill_reload_bytes"] += nbytes
         q = self.queue[queue]
         return self.em.dma(
@@ -196,7 +197,7 @@ class Context:
             text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B"
                          + (f" ktiles={ktiles}" if ktiles > 1 else ""),
             semantics=("load", dst, src) if ktiles == 1 else ("load_ktiled", dst, src, ktiles),
-            **counters,
+            counters=counters,
         )
 
     def dma_store(self, queue: str, src: Ref, dst: HbmAccess, dtype: DType, *, rows_per_batch: int,
@@ -207,9 +208,9 @@ class Context:
             descriptors = src.rows  # one element per partition row
         else:
             descriptors = src.rows
-        counters = {"hbm_write_bytes": nbytes, "sbuf_read_bytes": nbytes, "dma_bytes": nbytes}
+        counters = NodeCounters(hbm_write_bytes=nbytes, sbuf_read_bytes=nbytes, dma_bytes=nbytes,
+                                spill_save_bytes=nbytes if spill_save else 0)
         if spill_save:
-            counters["spill_save_bytes"] = nbytes
             self.stats["spill_save_bytes"] += nbytes
         q = self._store_queue(queue, src)
         return self.em.dma(
@@ -221,7 +222,7 @@ class Context:
             trigger_cost_ns=self._trigger_ns(q),
             text=f"{self.ref_text(src)} -> {_hbm_text(dst)} {nbytes}B",
             semantics=("store", dst, src),
-            **counters,
+            counters=counters,
         )
 
     def _store_queue(self, name: str, src: Ref) -> DmaQueue:
@@ -375,7 +376,7 @@ class Context:
             reads=[], writes=[sbuf_key(ref)],
             text=f"value={value.immediate:g} dst={self.ref_text(ref)}",
             semantics=("memset", ref, float(value.immediate)),
-            sbuf_write_bytes=tile.rows * n * value.op.dtype.itemsize,
+            counters=NodeCounters(sbuf_write_bytes=tile.rows * n * value.op.dtype.itemsize),
         )
         return ref
 
@@ -524,7 +525,7 @@ class Context:
                 Engine.GPSIMD, "IOTA",
                 costs.cycles_to_ns(self.spec, Engine.GPSIMD, costs.gpsimd_cycles(self.spec, P)),
                 reads=[], writes=[sbuf_key(ref)], text=f"identity dst={self.ref_text(ref)}",
-                semantics=("identity", ref), sbuf_write_bytes=P * P * 2,
+                semantics=("identity", ref), counters=NodeCounters(sbuf_write_bytes=P * P * 2),
             )
             self._identity = buf
         self.pinned.add(self._identity.id)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters
 from neuroncore.compiler.program import (
     RES_CC,
     RES_DMA,
@@ -78,7 +79,7 @@ class Emitter:
         self.performance_mode: list[str | None] = []
         self.semantics: list[tuple[Any, ...]] = []
         self.trigger: list[int] = []
-        self.counters: dict[str, list[int]] = defaultdict(list)
+        self.counters: list[NodeCounters] = []
         self.current_op = -1
         self._accesses: dict[MemoryKey, list[_Access]] = defaultdict(list)
         self._lane: list[int] = []
@@ -88,12 +89,6 @@ class Emitter:
         # for an LS waits for its MM instead, which starts only after the LS ended.
         self._mm_after_ls: dict[int, int] = {}
         self._pending_ls: list[int] = []
-
-    COUNTERS = (
-        "raw_flops", "adjusted_flops", "transpose_flops", "hbm_read_bytes", "hbm_write_bytes",
-        "sbuf_read_bytes", "sbuf_write_bytes", "psum_read_bytes", "psum_write_bytes",
-        "spill_save_bytes", "spill_reload_bytes", "dma_bytes",
-    )
 
     @property
     def n_nodes(self) -> int:
@@ -165,7 +160,7 @@ class Emitter:
                 deps: set[int], opcode: str, text: str, semantics: tuple[Any, ...],
                 activation_fn: str | None, tensor_instruction_type: str | None,
                 performance_mode: str | None, trigger: int, lane: int,
-                counters: dict[str, int]) -> int:
+                counters: NodeCounters) -> int:
         node = len(self.resource)
         if self._mm_after_ls:
             deps = {self._mm_after_ls.get(d, d) for d in deps}
@@ -191,8 +186,7 @@ class Emitter:
         self.trigger.append(trigger)
         self.ports.append(0)
         self._lane.append(lane)
-        for name in self.COUNTERS:
-            self.counters[name].append(int(counters.get(name, 0)))
+        self.counters.append(counters)
         return node
 
     def instruction(
@@ -210,7 +204,7 @@ class Emitter:
         tensor_instruction_type: str | None = None,
         performance_mode: str | None = None,
         extra_deps: set[int] | None = None,
-        **counters: int,
+        counters: NodeCounters = NO_COUNTERS,
     ) -> int:
         lane = track if track is not None else int(engine)
         deps = self._hazards(lane, reads, writes)
@@ -267,34 +261,32 @@ class Emitter:
         trigger_opcode: str = "WRITE",
         trigger_text: str = "",
         trigger_semantics: tuple[Any, ...] = ("nop",),
-        **counters: int,
+        counters: NodeCounters = NO_COUNTERS,
     ) -> int:
         """A transfer and the instruction on the queue's engine that triggers it; returns the transfer."""
         engine = queue.trigger_engine
         deps = self._hazards(int(engine), reads, writes)
         # dependencies are waited for by the trigger; the transfer starts after its trigger
         dma_deps = self._hazards(100 + queue.index, reads, writes)
-        trigger_counters = {k: v for k, v in counters.items() if k.startswith("spill")}
         trig = self._append(
             resource=int(engine), engine=engine, cost_ns=trigger_cost_ns, queue=-1, dma_engines=0,
             deps=deps | dma_deps, opcode=trigger_opcode,
             text=trigger_text or f"{queue.name} block_id={len(self.resource)}",
             semantics=trigger_semantics, activation_fn=None, tensor_instruction_type=None,
-            performance_mode=None, trigger=-1, lane=int(engine), counters=trigger_counters,
+            performance_mode=None, trigger=-1, lane=int(engine), counters=counters.spill_part(),
         )
-        transfer_counters = {k: v for k, v in counters.items() if not k.startswith("spill")}
         node = self._append(
             resource=RES_DMA, engine=engine, cost_ns=engine_ns, queue=queue.index,
             dma_engines=engines, deps=set(), opcode="DMA_DIRECT2D", text=text, semantics=semantics,
             activation_fn=None, tensor_instruction_type=None, performance_mode=None, trigger=trig,
-            lane=100 + queue.index, counters=transfer_counters,
+            lane=100 + queue.index, counters=counters.transfer_part(),
         )
         self._record(node, 100 + queue.index, reads, writes)
         return node
 
     def collective(self, opcode: str, *, reads: list[tuple[MemoryKey, Rect]],
                    writes: list[tuple[MemoryKey, Rect]], text: str, semantics: tuple[Any, ...],
-                   **counters: int) -> int:
+                   counters: NodeCounters = NO_COUNTERS) -> int:
         """A collective on the CC-core: reads and writes HBM, waits like any other node.
 
         Its duration depends on where the ranks sit in the instance, so it is left at 0 here and
@@ -308,6 +300,11 @@ class Emitter:
         )
         self._record(node, CC_LANE, reads, writes)
         return node
+
+    def counter_columns(self) -> dict[str, np.ndarray]:
+        """One int64 column per counter (``Program`` fields of the same names), in node order."""
+        table = np.array([c.as_tuple() for c in self.counters], np.int64).reshape(-1, len(COUNTER_NAMES))
+        return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------
     def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, list[str]]:

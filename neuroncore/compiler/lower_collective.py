@@ -9,6 +9,7 @@ the ranks land on), so the runtime supplies it; the compiler only says what it r
 from __future__ import annotations
 
 from neuroncore.compiler.context import Context
+from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.program import HbmAccess
 from neuroncore.ir.graph import Op
 
@@ -32,8 +33,7 @@ def lower_collective(ctx: Context, op: Op) -> None:
         writes=writes,
         text=f"{op.opcode} hbm:{source} -> hbm:{target} {nbytes}B {op.dtype.value}{detail}",
         semantics=("collective", op.index, whole_src, whole_dst),
-        hbm_read_bytes=nbytes,
-        hbm_write_bytes=op.nbytes,
+        counters=NodeCounters(hbm_read_bytes=nbytes, hbm_write_bytes=op.nbytes),
     )
 
 

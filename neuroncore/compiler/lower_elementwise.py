@@ -13,6 +13,7 @@ import numpy as np
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
+from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.program import Ref
 from neuroncore.dtypes import DType, round_to
@@ -126,20 +127,29 @@ def in_psum(ctx: Context, ref: Ref) -> bool:
     return ctx.buffers[ref.buf].memory == "PSUM"
 
 
-def _bytes(ctx: Context, ref: Ref) -> tuple[str, int]:
+def _bytes(ctx: Context, ref: Ref) -> tuple[bool, int]:
+    """Whether ``ref`` is in PSUM (else SBUF), and the bytes it covers."""
     buf = ctx.buffers[ref.buf]
-    return ("psum" if buf.memory == "PSUM" else "sbuf"), ref.rows * ref.cols * buf.dtype.itemsize
+    return buf.memory == "PSUM", ref.rows * ref.cols * buf.dtype.itemsize
 
 
-def _counters(ctx: Context, reads: list[Ref], writes: list[Ref]) -> dict[str, int]:
-    counters: dict[str, int] = {}
+def _counters(ctx: Context, reads: list[Ref], writes: list[Ref]) -> NodeCounters:
+    """SBUF/PSUM bytes an instruction reads and writes, summed per memory."""
+    sbuf_read = psum_read = sbuf_write = psum_write = 0
     for ref in reads:
-        mem, n = _bytes(ctx, ref)
-        counters[f"{mem}_read_bytes"] = counters.get(f"{mem}_read_bytes", 0) + n
+        psum, n = _bytes(ctx, ref)
+        if psum:
+            psum_read += n
+        else:
+            sbuf_read += n
     for ref in writes:
-        mem, n = _bytes(ctx, ref)
-        counters[f"{mem}_write_bytes"] = counters.get(f"{mem}_write_bytes", 0) + n
-    return counters
+        psum, n = _bytes(ctx, ref)
+        if psum:
+            psum_write += n
+        else:
+            sbuf_write += n
+    return NodeCounters(sbuf_read_bytes=sbuf_read, sbuf_write_bytes=sbuf_write,
+                        psum_read_bytes=psum_read, psum_write_bytes=psum_write)
 
 
 def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref = 1.0,
@@ -157,7 +167,7 @@ def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref 
         Engine.SCALAR, "ACTIVATE", costs.cycles_to_ns(spec, Engine.SCALAR, cycles),
         reads=[sbuf_key(r) for r in reads], writes=[sbuf_key(r) for r in writes], text=text,
         semantics=("act", func, out, inp, scale, bias, accumulate), activation_fn=fn_name,
-        **_counters(ctx, reads, writes),
+        counters=_counters(ctx, reads, writes),
     )
 
 
@@ -176,7 +186,7 @@ def tensor_tensor(ctx: Context, alu: str, out: Ref, a: Ref, b: Ref) -> int:
         reads=[sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
         text=f"op={alu} src0={ctx.ref_text(a)} src1={ctx.ref_text(b)} dst={ctx.ref_text(out)}",
         semantics=("tt", alu, out, a, b), performance_mode=mode,
-        **_counters(ctx, [a, b], [out]),
+        counters=_counters(ctx, [a, b], [out]),
     )
 
 
@@ -199,7 +209,7 @@ def tensor_scalar(ctx: Context, out: Ref, inp: Ref,
         reads=[sbuf_key(r) for r in [inp, *scalar_refs]], writes=[sbuf_key(out)],
         text=f"{text} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
         semantics=("ts", out, inp, tuple(ops)), performance_mode=mode,
-        **_counters(ctx, [inp, *scalar_refs], [out]),
+        counters=_counters(ctx, [inp, *scalar_refs], [out]),
     )
 
 
@@ -218,7 +228,7 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
         semantics=("copy", out, inp), performance_mode=mode,
-        **_counters(ctx, [inp], [out]),
+        counters=_counters(ctx, [inp], [out]),
     )
 
 
@@ -230,7 +240,7 @@ def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref) -> int:
         Engine.VECTOR, "TENSOR_REDUCE", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"op={alu} axis=X src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("reduce", alu, out, inp), **_counters(ctx, [inp], [out]),
+        semantics=("reduce", alu, out, inp), counters=_counters(ctx, [inp], [out]),
     )
 
 
@@ -241,7 +251,7 @@ def reciprocal(ctx: Context, out: Ref, inp: Ref) -> int:
         Engine.VECTOR, "RECIPROCAL", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("reciprocal", out, inp), **_counters(ctx, [inp], [out]),
+        semantics=("reciprocal", out, inp), counters=_counters(ctx, [inp], [out]),
     )
 
 
@@ -253,7 +263,8 @@ def select(ctx: Context, out: Ref, pred: Ref, a: Ref, b: Ref) -> int:
         reads=[sbuf_key(pred), sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
         text=(f"pred={ctx.ref_text(pred)} src={ctx.ref_text(a)} else={ctx.ref_text(b)} "
               f"dst={ctx.ref_text(out)}"),
-        semantics=("select", out, pred, a, b), **_counters(ctx, [pred, a, b], [out]),
+        semantics=("select", out, pred, a, b),
+        counters=_counters(ctx, [pred, a, b], [out]),
     )
 
 
@@ -375,7 +386,7 @@ def lower_iota(ctx: Context, op: Op) -> None:
             reads=[], writes=[sbuf_key(out)],
             text=f"dim={dim} first_row={first_row} dst={ctx.ref_text(out)}",
             semantics=("iota", out, tuple(op.shape), dim, first_row),
-            sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize,
+            counters=NodeCounters(sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize),
         )
         ctx.produced(op, t, out)
         ctx.unpin_all()

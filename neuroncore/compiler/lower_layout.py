@@ -13,6 +13,7 @@ import math
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
+from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
@@ -155,7 +156,7 @@ def lower_gather(ctx: Context, op: Op) -> None:
             semantics=("gather", out, table_access, idx),
             trigger_opcode="DMA_DESCRIPTOR_GEN",
             trigger_text=f"{queue.name} indirect idx={ctx.ref_text(idx)} rows={tile.rows}",
-            hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes,
+            counters=NodeCounters(hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes),
         )
         ctx.release(indices, idx)
         ctx.produced(op, t, out)

@@ -22,6 +22,7 @@ from itertools import product
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
+from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
@@ -48,7 +49,8 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0) -> int:
         Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
         reads=[sbuf_key(stationary)], writes=[], track=RES_TENSOR_LS,
         text=f"src={ctx.ref_text(stationary)} [{stationary.rows}x{stationary.cols}]",
-        semantics=("ldweights", stationary), sbuf_read_bytes=nbytes,
+        semantics=("ldweights", stationary),
+        counters=NodeCounters(sbuf_read_bytes=nbytes),
     )
 
 
@@ -66,12 +68,13 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     nbytes_in = k * n * dtype.itemsize
     for p in range(passes):
         label = ("lo", "hi")[p] if passes == 2 else ""
-        counters = {"sbuf_read_bytes": nbytes_in, "psum_write_bytes": m * n * 4}
         if transpose:
-            counters["transpose_flops"] = flops
+            counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
+                                    transpose_flops=flops)
         else:
-            counters["raw_flops"] = flops // passes
-            counters["adjusted_flops"] = int(flops // passes * dtype.flops_multiplier)
+            counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
+                                    raw_flops=flops // passes,
+                                    adjusted_flops=int(flops // passes * dtype.flops_multiplier))
         accumulate = position in ("middle", "last") or p > 0
         ctx.em.instruction(
             Engine.TENSOR, "MATMUL", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
@@ -83,7 +86,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             semantics=("matmul", psum, moving, position in ("middle", "last"), transpose)
             if p == 0 else ("nop",),
             tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
-            **counters,
+            counters=counters,
         )
 
 

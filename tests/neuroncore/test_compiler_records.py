@@ -1,0 +1,51 @@
+"""The compiler's closed records: counters, node semantics and lowering state reject unknown names.
+
+These were keyword bags and positional tuples; a misspelt counter used to be accepted and record 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from neuroncore.compiler.counters import COUNTER_NAMES, NodeCounters
+from neuroncore.compiler.emitter import Emitter
+from neuroncore.compiler.program import Ref
+from neuroncore.hardware import Engine
+
+
+def _ref() -> Ref:
+    return Ref(0, 0, 128, 0, 64)
+
+
+def _memset(em: Emitter, **extra: object) -> int:
+    ref = _ref()
+    return em.instruction(Engine.VECTOR, "MEMSET", 10.0, reads=[], writes=[(("buf", 0), (0, 128, 0, 64))],
+                          text="dst", semantics=("memset", ref, 0.0), **extra)  # type: ignore[arg-type]
+
+
+def test_misspelt_counter_is_an_error_at_the_call() -> None:
+    with pytest.raises(TypeError, match="sbuf_writes_bytes"):
+        NodeCounters(sbuf_writes_bytes=999)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="sbuf_writes_bytes"):
+        _memset(Emitter(), sbuf_writes_bytes=999)
+
+
+def test_counters_reach_their_columns() -> None:
+    em = Emitter()
+    _memset(em, counters=NodeCounters(sbuf_write_bytes=999, raw_flops=3))
+    _memset(em)
+    columns = em.counter_columns()
+    assert set(columns) == set(COUNTER_NAMES)
+    assert columns["sbuf_write_bytes"].tolist() == [999, 0]
+    assert columns["raw_flops"].tolist() == [3, 0]
+    assert all(columns[name].tolist() == [0, 0] for name in COUNTER_NAMES
+               if name not in ("sbuf_write_bytes", "raw_flops"))
+
+
+def test_counters_are_frozen_and_split_between_trigger_and_transfer() -> None:
+    c = NodeCounters(hbm_write_bytes=8, sbuf_read_bytes=8, dma_bytes=8, spill_save_bytes=8)
+    with pytest.raises(AttributeError):
+        c.dma_bytes = 1  # type: ignore[misc]
+    assert c.spill_part() == NodeCounters(spill_save_bytes=8)
+    assert c.transfer_part() == NodeCounters(hbm_write_bytes=8, sbuf_read_bytes=8, dma_bytes=8)
+    assert c.spill_part() + c.transfer_part() == c
