@@ -51,7 +51,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "collectors"))  # the sysfs fixture builder
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
@@ -61,7 +60,7 @@ from collectors.prometheus import Exporter  # noqa: E402
 from explorer.top.monitor_source import MonitorSource  # noqa: E402
 from explorer.top.text_frame import frame_text  # noqa: E402
 
-REPORT_LINE = (REPO / "tests" / "explorer" / "data" / "top_monitor_trn1.jsonl").read_text().splitlines()[0]
+REPORT_LINE = (REPO / "tests" / "fixtures" / "data" / "top_monitor_trn1.jsonl").read_text().splitlines()[0]
 CONFIG = {"period": "2s", "neuron_runtimes": [{"tag_filter": "^train-", "period": "1s", "metrics": [
     {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "memory_used", "period": "5s"}]}],
     "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info", "period": "10s"},
@@ -353,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"cases": args.cases, "seed": args.seed, "parsers": {}}
     with tempfile.TemporaryDirectory(prefix="neuronscope-fuzz-") as tmp:
         workdir = Path(tmp)
-        from sysfsfixture import make_sysfs
+        from tests.fixtures.sysfs import make_sysfs
 
         template = make_sysfs(workdir / "template", devices=1)
         parsers: dict[str, Callable[[random.Random], None]] = {

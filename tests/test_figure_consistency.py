@@ -283,7 +283,7 @@ def test_gui_compare_figures(gui, truth) -> None:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory, profile):
     from formats.trace_export import write_trace
-    from tests.formats.perfetto_trace import read_trace
+    from tests.fixtures.perfetto_trace import read_trace
 
     path = tmp_path_factory.mktemp("perfetto") / "trace.pftrace"
     with open(path, "wb") as out:

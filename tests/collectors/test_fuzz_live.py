@@ -19,16 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
-from sysfsfixture import make_sysfs
 
 from collectors import sysfs
 from collectors.monitor_config import ConfigError, parse_config
 from collectors.prometheus import Exporter
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.text_frame import frame_text
+from tests.fixtures.samples import DATA
+from tests.fixtures.sysfs import make_sysfs
 
 REPO = Path(__file__).resolve().parents[2]
-STREAM = REPO / "tests" / "explorer" / "data" / "top_monitor_trn1.jsonl"
+STREAM = DATA / "top_monitor_trn1.jsonl"
 REPORT = json.loads(STREAM.read_text().splitlines()[0])
 CONFIG = {"period": "2s", "neuron_runtimes": [{"tag_filter": "^train-", "metrics": [
     {"type": "neuroncore_counters"}, {"type": "memory_used", "period": "5s"}]}],

@@ -15,7 +15,6 @@ from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
-from livefixtures import PYTHON, REPO, holder, live_env, start_publisher, state_doc, wait_for, write_state
 
 import neuroncore as nc
 from collectors import latency, live, livepaths
@@ -23,6 +22,16 @@ from collectors.livereader import parse_state, read_live_state
 from collectors.livestate import ENGINES, LiveAccumulator, union_ns
 from collectors.livewindow import LiveTracker, window
 from neuroncore.events import EventBatch, EventSink
+from tests.fixtures.live import (
+    PYTHON,
+    REPO,
+    holder,
+    live_env,
+    start_publisher,
+    state_doc,
+    wait_for,
+    write_state,
+)
 
 
 def tiny_program(target: str = "trn1") -> nc.Program:

@@ -8,7 +8,11 @@ import subprocess
 import time
 
 import pytest
-from livefixtures import (
+
+from collectors import inventory, latency
+from collectors.monitor import Monitor
+from collectors.monitor_config import default_config, parse_config
+from tests.fixtures.live import (
     PYTHON,
     REPO,
     example_report,
@@ -21,11 +25,7 @@ from livefixtures import (
     wait_for,
     write_state,
 )
-from sysfsfixture import make_sysfs, set_counter
-
-from collectors import inventory, latency
-from collectors.monitor import Monitor
-from collectors.monitor_config import default_config, parse_config
+from tests.fixtures.sysfs import make_sysfs, set_counter
 
 
 class Clock:

@@ -13,10 +13,10 @@ import urllib.request
 
 import psutil
 import pytest
-from livefixtures import PYTHON, REPO, example_report, live_env, start_publisher, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 
 from collectors.prometheus import Exporter
+from tests.fixtures.live import PYTHON, REPO, example_report, live_env, start_publisher, wait_for
 
 AZ = 'availability_zone="us-west-2d"'
 IDS = 'instance_id="i-0a1b2c3d4e5f67890",instance_name="ml-trn1-node-a",instance_type="trn1.32xlarge"'

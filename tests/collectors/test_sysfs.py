@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sysfsfixture import make_sysfs
 
 from collectors import inventory, sysfs
+from tests.fixtures.sysfs import make_sysfs
 
 
 @pytest.fixture

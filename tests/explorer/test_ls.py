@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors"))
-from livefixtures import PYTHON, REPO, holder, state_doc, write_state
-from sysfsfixture import make_sysfs
-
 from collectors.inventory import simulated
 from explorer.ls_model import gather
+from tests.fixtures.live import PYTHON, REPO, holder, state_doc, write_state
+from tests.fixtures.sysfs import make_sysfs
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 REFERENCE_TORUS = (SNAPSHOTS / "torus_documented.txt").read_text()  # sys-tools.md §4.6, verbatim

@@ -7,7 +7,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,14 @@ from explorer.top.model import CoreUse
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.screens import HelpScreen, SignalScreen
 from explorer.top.widgets import CoreGrid, MemoryTree, Panel, ProcessList
-from tests.explorer.topdata import VERSION, idle_frame, live_frame, live_source, monitor_frame
+from tests.fixtures.top_frames import (
+    MONITOR_STREAM,
+    VERSION,
+    idle_frame,
+    live_frame,
+    live_source,
+    monitor_frame,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -195,7 +201,7 @@ def test_signal_needs_a_target_and_confirmation(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         async def go():
-            from tests.explorer.topdata import live_source
+            from tests.fixtures.top_frames import live_source
             source = live_source()
             frame = source.poll()
             # put the victim's pid on a recorded process so the table offers it
@@ -259,7 +265,7 @@ def test_frames_from_the_collection_thread(tmp_path):
 
 def test_monitor_stream_errors_shown_and_kept_running(tmp_path):
     path = tmp_path / "stream.jsonl"
-    good = Path(__file__).parent.joinpath("data", "top_monitor_trn1.jsonl").read_text().splitlines()[0]
+    good = MONITOR_STREAM.read_text().splitlines()[0]
     path.write_text(good + "\n{oops\n")
 
     async def go():

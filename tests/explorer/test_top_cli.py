@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.explorer.topdata import MONITOR_STREAM
+from tests.fixtures.top_frames import MONITOR_STREAM
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).parent / "snapshots"

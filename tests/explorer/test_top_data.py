@@ -24,7 +24,7 @@ from explorer.top.model import (
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.report import parse_process, parse_system
 from explorer.top.text_frame import frame_text
-from tests.explorer.topdata import (
+from tests.fixtures.top_frames import (
     MONITOR_STREAM,
     VERSION,
     idle_frame,

@@ -16,7 +16,14 @@ import pytest
 
 from explorer.top.app import NeuronTopApp
 from explorer.top.monitor_source import MonitorSource
-from tests.explorer.topdata import MONITOR_STREAM, VERSION, idle_frame, live_frame, live_source, monitor_frame
+from tests.fixtures.top_frames import (
+    MONITOR_STREAM,
+    VERSION,
+    idle_frame,
+    live_frame,
+    live_source,
+    monitor_frame,
+)
 
 SIZES = [(80, 24), (160, 50)]
 

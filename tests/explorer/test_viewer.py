@@ -4,11 +4,7 @@ command's bad-input lines (all before any terminal is taken over)."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,40 +17,9 @@ from explorer.viewer.app import HelpScreen, ViewerApp
 from explorer.viewer.panes import SourcePane
 from explorer.viewer.treetable import HierarchyTable
 from formats.dataset import find_profiles
-from tests.explorer.viewer_profiles import BERT, LLAMA_TP2, SOURCE_ROOT, real_layout_profile
-
-
-def sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async Pilot test on its own event loop (no pytest asyncio plugin needed)."""
-
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
-
-
-async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
-    """Wait until every worker is done and its result drawn (results may start more workers)."""
-    app = pilot.app
-    for _ in range(2000):  # exclusive workers end cancelled: poll rather than wait_for_complete
-        await pilot.pause()
-        if not any(w.is_running or w.state.name == "PENDING" for w in app.workers):
-            await pilot.pause()
-            if not any(w.is_running or w.state.name == "PENDING" for w in app.workers):
-                return
-    raise TimeoutError("workers still running")
-
-
-async def type_into(pilot, text: str) -> None:  # type: ignore[no-untyped-def]
-    """Set the query box's text (as typing would, one Changed event; typing key by key is slow)."""
-    pilot.app.query_one("#query", Input).value = text
-    await pilot.pause()
-
-
-def viewer(path: Path, source_root: Path | None = SOURCE_ROOT) -> ViewerApp:
-    entries, _ = find_profiles(path)
-    return ViewerApp(entries, source_root=source_root)
+from tests.fixtures.pilot import settle, sync, type_into, viewer
+from tests.fixtures.real_layout import Shape, real_layout_profile
+from tests.fixtures.samples import BERT, LLAMA_TP2, SOURCE_ROOT
 
 
 def tree_names(app: ViewerApp) -> list[str]:
@@ -323,7 +288,7 @@ async def test_switch_profiles_of_a_dataset() -> None:
 
 @sync
 async def test_real_layout_says_what_is_missing(tmp_path: Path) -> None:
-    app = viewer(real_layout_profile(tmp_path), source_root=None)
+    app = viewer(real_layout_profile(tmp_path, Shape.LLAMA), source_root=None)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         missing = " ".join(app.overview.missing)
@@ -339,7 +304,7 @@ async def test_real_layout_says_what_is_missing(tmp_path: Path) -> None:
 
 @sync
 async def test_real_layout_with_source_root(tmp_path: Path) -> None:
-    app = viewer(real_layout_profile(tmp_path))
+    app = viewer(real_layout_profile(tmp_path, Shape.LLAMA))
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await pilot.press("slash")

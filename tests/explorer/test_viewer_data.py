@@ -17,7 +17,7 @@ from explorer.viewer.tree_build import OpAggregate
 from formats.dataset import find_profiles
 from formats.reader import open_profile
 from formats.source_access import SourceAccess, locate, read_source
-from tests.explorer.viewer_profiles import BERT
+from tests.fixtures.samples import BERT
 
 
 def test_union_and_text_lists() -> None:

@@ -12,8 +12,8 @@ from explorer.viewer.app import ConfirmRead
 from explorer.viewer.panes import SourcePane
 from explorer.viewer.treetable import HierarchyTable
 from formats.source_access import SourceStatus
-from tests.explorer.test_viewer import settle, sync, type_into, viewer
-from tests.explorer.viewer_profiles import BERT, LLAMA_TP2, SOURCE_ROOT, bert_copy
+from tests.fixtures.pilot import settle, sync, type_into, viewer
+from tests.fixtures.samples import BERT, LLAMA_TP2, SOURCE_ROOT, bert_copy
 
 MODELS = "/work/main/neuroncore/workloads/models.py"  # the innermost file the bert sample records
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.explorer.test_viewer import settle, viewer
-from tests.explorer.viewer_profiles import BERT, SOURCE_ROOT, real_layout_profile
+from tests.fixtures.pilot import settle, viewer
+from tests.fixtures.real_layout import Shape, real_layout_profile
+from tests.fixtures.samples import BERT, SOURCE_ROOT
 
 SIZES = [(80, 24), (160, 50)]
 
@@ -44,7 +45,7 @@ def test_our_profile(snap_compare, size: tuple[int, int]) -> None:  # type: igno
 
 @pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x50"])
 def test_real_layout_profile(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
-    app = viewer(real_layout_profile(tmp_path), SOURCE_ROOT)
+    app = viewer(real_layout_profile(tmp_path, Shape.LLAMA), SOURCE_ROOT)
     assert snap_compare(app, terminal_size=size, run_before=ready)
 
 

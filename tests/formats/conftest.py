@@ -7,8 +7,6 @@ written with what the core emitted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,26 +14,7 @@ import pytest
 import neuroncore as nc
 from formats.recorder import record_profile
 from neuroncore import workloads
-
-EXECUTIONS = 2
-
-
-@dataclass
-class Recorded:
-    path: Path
-    batches: list[Any]  # every batch the core emitted, in order
-    program: Any
-    results: list[Any] = field(default_factory=list)  # ExecutionResult of each execution (timelines)
-
-    def rows(self, kind: str) -> int:
-        return sum(len(b) for b in self.batches if b.kind == kind)
-
-    def column(self, kind: str, name: str) -> list[Any]:
-        out: list[Any] = []
-        for b in self.batches:
-            if b.kind == kind:
-                out.extend(list(b.columns[name]))
-        return out
+from tests.fixtures.recorded import EXECUTIONS, Dataset, Recorded
 
 
 @pytest.fixture(scope="session")
@@ -52,15 +31,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
         for _ in range(EXECUTIONS):
             results.append(model.execute(timing_only=True))
     return Recorded(path, batches, program, results)
-
-
-@dataclass
-class Dataset:
-    """A capture-style folder of device profiles (one per rank) and the core's own group result."""
-
-    root: Path
-    result: Any  # GroupResult: .ranks[i].timeline, .collectives
-    programs: list[Any]
 
 
 @pytest.fixture(scope="session")

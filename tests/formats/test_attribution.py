@@ -11,7 +11,7 @@ import pytest
 from formats.attribution import attribute, module_kind
 from formats.figures import Window
 from formats.reader import open_profile
-from tests.formats.figure_profiles import write_tiny
+from tests.fixtures.hand_profiles import write_tiny
 
 SAMPLE = (Path(__file__).resolve().parents[2] / "sample_profiles" / "llama-decode-tp2" / "device"
           / "model=llama_decode" / "core=0" / "execution=2")

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from formats.cli_profile import main
-from tests.formats.conftest import Recorded
-from tests.formats.test_profile_reader import metadata_row
+from tests.fixtures.real_layout import metadata_row
+from tests.fixtures.recorded import Recorded
 
 
 def missing(root: Path) -> tuple[Path, str]:

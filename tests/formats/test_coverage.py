@@ -9,7 +9,7 @@ from formats.coverage import RowSelect, busy_buckets, covered_per_bucket
 from formats.dataset import find_profiles
 from formats.figures import Window, engine_busy, track_busy
 from formats.reader import open_profile
-from tests.explorer.viewer_profiles import BERT, LLAMA_TP2
+from tests.fixtures.samples import BERT, LLAMA_TP2
 
 
 def test_covered_per_bucket_against_a_brute_force() -> None:

@@ -10,7 +10,7 @@ import pytest
 from formats import figures as F
 from formats import summary, units
 from formats.reader import open_profile
-from tests.formats.figure_profiles import PEAK, write_tiny
+from tests.fixtures.hand_profiles import PEAK, write_tiny
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_profiles"
 
@@ -104,7 +104,7 @@ def _same(scanned: F.Figures, stored: F.Figures) -> None:
 
 
 def test_device_time_falls_back_to_the_event_span(tmp_path: Path) -> None:
-    from tests.formats.figure_profiles import tiny_tables, write_profile
+    from tests.fixtures.hand_profiles import tiny_tables, write_profile
 
     tables = tiny_tables()
     del tables["ExecutionInfo"]
@@ -173,7 +173,7 @@ def test_two_physical_cores_add_up_in_every_busy_figure(tmp_path: Path) -> None:
 
     from formats.coverage import RowSelect
     from formats.coverage import busy_buckets as coverage_buckets
-    from tests.formats.figure_profiles import filled, write_profile
+    from tests.fixtures.hand_profiles import filled, write_profile
 
     tables = {"Instruction": filled("Instruction", {
         "start_ts": np.array([0, 0, 200]), "end_ts": np.array([100, 100, 300]),

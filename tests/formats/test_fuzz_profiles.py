@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.formats.conftest import Recorded
+from tests.fixtures.recorded import Recorded
 
 
 def _load_fuzzer() -> ModuleType:

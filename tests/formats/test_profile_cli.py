@@ -14,7 +14,7 @@ import pytest
 
 from formats.cli_profile import main
 from formats.validate import validate
-from tests.formats.conftest import Recorded
+from tests.fixtures.recorded import Recorded
 
 
 def test_conformant_profile_exits_0(recorded: Recorded, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,60 +11,16 @@ import pytest
 
 from formats.reader import ProfileError, open_profile
 from formats.schema import SCHEMA
-from tests.formats.conftest import Recorded
-
-
-def metadata_row(version: str = "7.4.0") -> pa.Table:
-    """A Metadata row as the real tool writes it: no neuronscope columns, float64 clocks (§9.6)."""
-    return pa.table({
-        "profile_schema_version": [version], "ntff_version": pa.array([3], pa.int32()),
-        "num_physical_cores": pa.array([1], pa.int32()), "vnc_enabled": [False],
-        "first_hw_timestamp": [1000], "last_hw_timestamp": [9000],
-        "first_ts": ["1970-01-01 00:00:00+00:00"], "last_ts": ["1970-01-01 00:00:00+00:00"],
-        "dma_ddr_bandwidth": [2.72e11], "num_dma_engines_per_neuroncore": pa.array([16], pa.int32()),
-        "hbm_ddr_bandwidth": [4.1e11], "tensor_engine_num_rows": [128], "tensor_engine_num_cols": [128],
-        "tensor_engine_clock_freq": [2.8], "vector_engine_clock_freq": [1.12],
-        "vector_engine_num_channels": [128], "scalar_engine_clock_freq": [1.4],
-        "scalar_engine_num_channels": [128], "gpsimd_engine_clock_freq": [1.4],
-        "gpsimd_engine_num_channels": [128], "neuroncore_clock_freq": [1.4], "ticks_per_nanosec": [1],
-        "instance_type": ["trn1.2xlarge"], "explorer_version": ["2.31.0"],
-    })
-
-
-def instruction_part(engines: list[str], t0: int, extra: bool) -> pa.Table:
-    n = len(engines)
-    columns = {
-        "start_ts": [t0 + 10 * i for i in range(n)], "end_ts": [t0 + 10 * i + 5 for i in range(n)],
-        "duration_ns": [5] * n, "engine": engines, "opcode": ["MATMUL"] * n, "operands": ["S[5]++"] * n,
-        "id": list(range(t0, t0 + n)), "pc": list(range(n)), "bir_id": [f"sg0000:{i}" for i in range(n)],
-        "hlo_name": ["dot.1"] * n,
-    }
-    if extra:
-        columns["kaena_internal_flags"] = [7] * n  # a column a newer tool added
-    return pa.table(columns)
+from tests.fixtures.real_layout import instruction_part, metadata_row, real_layout_profile
+from tests.fixtures.recorded import Recorded
 
 
 @pytest.fixture
 def real_layout(tmp_path: Path) -> Path:
-    """Split Instruction with mixed engine spellings and an extra column, a prefix-sharing neighbour
-    table, an unknown table, no SchemaFields and no optional tables (no CcOp, no Flow ...)."""
-    root = tmp_path / "profiles" / "global" / "model@latest"
-    root.mkdir(parents=True)
-    pq.write_table(metadata_row(), root / "Metadata.parquet")
-    pq.write_table(instruction_part(["Tensor", "tensor", "PE"], 1000, extra=False),
-                   root / "Instruction_0.parquet")
-    pq.write_table(instruction_part(["Vector", "DVE", "pool"], 5000, extra=True),
-                   root / "Instruction_1.parquet")
-    pq.write_table(pa.table({"start_ts": [1], "end_ts": [2], "engine": ["tensor"], "pcore_idx": [0],
-                             "duration_ns": [1]}), root / "ActiveTime.parquet")
-    pq.write_table(pa.table({"id": [1], "note": ["x"]}), root / "DmaPacketAggregatedDebug.parquet")
-    pq.write_table(pa.table({"start_ts": [1], "end_ts": [3], "duration_ns": [2], "id": [7],
-                             "packet_idx": pa.array([0], pa.int32()), "packet_aggregation_id": [1],
-                             "read_bytes": [64], "write_bytes": [64], "transfer_bytes": [64],
-                             "throughput": [3.2e10], "queue_type": ["data"], "crc": [0]}),
-                   root / "DmaPacket.parquet")
-    (root / "notes.txt").write_text("not a table")
-    return root
+    """The minimal real-layout profile with strays: split Instruction with mixed engine spellings and an
+    extra column, ActiveTime, a prefix-sharing unknown neighbour table, a text file; no SchemaFields and
+    no optional tables (no CcOp, no Flow ...)."""
+    return real_layout_profile(tmp_path, strays=True)
 
 
 def test_real_tool_layout_opens(real_layout: Path) -> None:

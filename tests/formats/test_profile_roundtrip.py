@@ -12,7 +12,7 @@ from formats.reader import open_profile
 from formats.schema import ENGINE_NAMES, PROFILE_SCHEMA_VERSION, SCHEMA
 from formats.validate import validate
 from neuroncore.hardware import NC_V2
-from tests.formats.conftest import EXECUTIONS, Recorded
+from tests.fixtures.recorded import EXECUTIONS, Recorded
 
 
 def test_row_counts_equal_what_the_core_emitted(recorded: Recorded) -> None:

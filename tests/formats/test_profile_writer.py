@@ -15,14 +15,7 @@ from formats.recorder import ProfileRecorder, record_profile
 from formats.validate import validate
 from formats.writer import INCOMPLETE_CATEGORY, ProfileWriteError, ProfileWriter, timestamp_text
 from neuroncore.events import EventBatch, EventSink
-
-HW = {  # Metadata's required hardware constants, for writers fed by hand
-    "dma_ddr_bandwidth": 272e9, "num_dma_engines_per_neuroncore": 16, "hbm_ddr_bandwidth": 410e9,
-    "tensor_engine_num_rows": 128, "tensor_engine_num_cols": 128, "tensor_engine_clock_freq": 2.8,
-    "vector_engine_clock_freq": 1.12, "vector_engine_num_channels": 128, "scalar_engine_clock_freq": 1.4,
-    "scalar_engine_num_channels": 128, "gpsimd_engine_clock_freq": 1.4, "gpsimd_engine_num_channels": 128,
-    "neuroncore_clock_freq": 1.4, "is_simulation": True,
-}
+from tests.fixtures.hand_profiles import HW
 
 
 def hbm_rows(n: int, t0: int = 0) -> dict[str, Any]:

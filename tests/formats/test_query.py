@@ -13,7 +13,7 @@ import pytest
 
 from formats.cli_profile import main
 from formats.query import QueryError, open_query
-from tests.formats.conftest import Dataset, Recorded
+from tests.fixtures.recorded import Dataset, Recorded
 
 
 def test_one_profile_views(recorded: Recorded) -> None:

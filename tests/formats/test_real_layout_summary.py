@@ -14,27 +14,15 @@ from formats import summary
 from formats.cli_profile import main
 from formats.query import open_query
 from formats.reader import open_profile
-from tests.formats.perfetto_trace import read_trace
-from tests.formats.test_profile_reader import instruction_part, metadata_row
+from tests.fixtures.perfetto_trace import read_trace
+from tests.fixtures.real_layout import real_layout_profile
 
 
 @pytest.fixture
 def real(tmp_path: Path) -> Path:
     """Instruction in two parts ("Tensor"/"tensor"/"PE" then "Vector"/"DVE"/"pool", an extra column in
     one), one DMA packet, Metadata with float64 clocks, nothing else: no Summary, no ExecutionInfo."""
-    root = tmp_path / "profiles" / "global" / "model@latest"
-    root.mkdir(parents=True)
-    pq.write_table(metadata_row(), root / "Metadata.parquet")
-    pq.write_table(instruction_part(["Tensor", "tensor", "PE"], 1000, extra=False),
-                   root / "Instruction_0.parquet")
-    pq.write_table(instruction_part(["Vector", "DVE", "pool"], 5000, extra=True),
-                   root / "Instruction_1.parquet")
-    pq.write_table(pa.table({"start_ts": [1000], "end_ts": [1040], "duration_ns": [40], "id": [7],
-                             "packet_idx": pa.array([0], pa.int32()), "packet_aggregation_id": [1],
-                             "read_bytes": [64], "write_bytes": [64], "transfer_bytes": [64],
-                             "throughput": [1.6e9], "queue_type": ["data"], "crc": [0],
-                             "queue_name": ["qSyncIO0"]}), root / "DmaPacket.parquet")
-    return root
+    return real_layout_profile(tmp_path)
 
 
 def test_summary_on_demand_by_hand(real: Path) -> None:

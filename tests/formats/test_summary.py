@@ -13,7 +13,7 @@ from formats import summary
 from formats.reader import open_profile
 from neuroncore.compiler.program import RES_DMA
 from neuroncore.hardware import Engine
-from tests.formats.conftest import Dataset, Recorded
+from tests.fixtures.recorded import Dataset, Recorded
 
 STEMS = {Engine.TENSOR: "tensor", Engine.VECTOR: "vector", Engine.SCALAR: "scalar", Engine.GPSIMD: "gpsimd",
          Engine.SYNC: "sync"}

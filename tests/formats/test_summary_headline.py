@@ -15,7 +15,7 @@ from formats import summary
 from formats.cli_profile import main
 from formats.reader import open_profile
 from formats.units import fmt_ns, fmt_pct
-from tests.formats.figure_profiles import write_tiny
+from tests.fixtures.hand_profiles import write_tiny
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_profiles"
 TP2 = SAMPLES / "llama-decode-tp2" / "device"
@@ -94,7 +94,7 @@ def test_findings_point_at_the_kind_carrying_most_of_it(tmp_path: Path) -> None:
 
 def test_a_warm_up_execution_is_said_in_the_headline(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.formats.figure_profiles import tiny_tables, write_profile
+    from tests.fixtures.hand_profiles import tiny_tables, write_profile
 
     path = write_profile(tmp_path / "warm", tiny_tables(),
                          metadata={"warm_up_execution": True, "requested_execution": 5})
@@ -108,7 +108,7 @@ def test_spill_reloads_and_small_transfers_follow_the_summary_viewer_rules(tmp_p
 
     from formats.attribution import attribute
     from formats.findings import find
-    from tests.formats.figure_profiles import tiny_tables, write_profile
+    from tests.fixtures.hand_profiles import tiny_tables, write_profile
 
     tables = tiny_tables()
     tables["Instruction"]["spill_reload_bytes"] = np.array([0, 0, 0, 0, 0, 900])

@@ -19,8 +19,8 @@ from formats.reader import open_profile
 from formats.recorder import metadata_from_spec
 from formats.writer import ProfileWriter
 from neuroncore.hardware import NC_V2
-from tests.formats.conftest import Recorded
-from tests.formats.perfetto_trace import Trace, read_trace
+from tests.fixtures.perfetto_trace import Trace, read_trace
+from tests.fixtures.recorded import Recorded
 
 TRACKS = ["Tensor", "Vector"]
 

@@ -12,7 +12,7 @@ from formats import tracks
 from formats.reader import open_profile
 from formats.sqlsource import TableSource
 from formats.writer import ProfileWriter
-from tests.formats.test_profile_writer import HW
+from tests.fixtures.hand_profiles import HW
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "sample_profiles/llama-decode-tp2/device/model=llama_decode/core=0/execution=2"

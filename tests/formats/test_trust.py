@@ -18,7 +18,7 @@ from formats.cli_profile import main
 from formats.query import QueryError, _writing_operator, open_query
 from formats.reader import ProfileError, open_profile
 from formats.validate import validate
-from tests.formats.conftest import Dataset, Recorded
+from tests.fixtures.recorded import Dataset, Recorded
 
 
 @pytest.fixture

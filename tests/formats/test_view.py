@@ -11,8 +11,8 @@ import pytest
 from formats import summary
 from formats.cli_profile import main
 from formats.reader import open_profile
-from tests.formats.conftest import Dataset, Recorded
-from tests.formats.perfetto_trace import read_trace
+from tests.fixtures.perfetto_trace import read_trace
+from tests.fixtures.recorded import Dataset, Recorded
 
 
 def test_formats_only_view_without_output_format_points_at_the_viewer(

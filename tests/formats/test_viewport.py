@@ -14,8 +14,8 @@ from formats import viewport
 from formats.intervals import UnionAccumulator, time_slices
 from formats.reader import open_profile
 from formats.writer import ProfileWriter
-from tests.formats.conftest import Recorded
-from tests.formats.test_profile_writer import HW
+from tests.fixtures.hand_profiles import HW
+from tests.fixtures.recorded import Recorded
 
 
 def brute_window(start: np.ndarray, end: np.ndarray, t0: int, t1: int, buckets: int

@@ -1,9 +1,9 @@
 """GUI tests run offscreen (Qt's offscreen platform, raster paint engine) and skip without the gui extra.
 
 ``QT_QPA_PLATFORM`` must be set before Qt is imported, hence at the top of this conftest. Each test
-module starts with ``require_gui()`` (a module-level skip when PySide6, pyqtgraph or pytest-qt is
-missing); this conftest imports no Qt itself. Profiles come from ``sample_profiles/`` (read only) or
-are written into ``tmp_path`` by the tests.
+module starts with ``tests.fixtures.gui.require_gui()`` (a module-level skip when PySide6, pyqtgraph or
+pytest-qt is missing); this conftest imports no Qt itself. Profiles come from ``sample_profiles/``
+(read only, ``tests.fixtures.samples``) or are written into ``tmp_path`` by the tests.
 """
 
 from __future__ import annotations
@@ -15,20 +15,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
-
-def require_gui() -> None:
-    """Skip the calling test module unless the gui extra and pytest-qt are installed."""
-    pytest.importorskip("PySide6", reason="the gui extra (PySide6) is not installed")
-    pytest.importorskip("pyqtgraph", reason="the gui extra (pyqtgraph) is not installed")
-    pytest.importorskip("pytestqt", reason="pytest-qt is not installed")
-
-
-ROOT = Path(__file__).resolve().parents[3]
-SAMPLES = ROOT / "sample_profiles"
-BERT = SAMPLES / "bert-layer" / "device"
-LLAMA = SAMPLES / "llama-decode-tp2" / "device"
-MATMUL = SAMPLES / "matmul-trn2"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.explorer.gui.conftest import BERT, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT
 
 require_gui()
 
@@ -36,7 +37,7 @@ def test_corrupt_table_is_left_out_and_named(window_factory: Any, tmp_path: Path
 
 def test_zero_instruction_profile(window_factory: Any, tmp_path: Path) -> None:
     from formats.writer import ProfileWriter
-    from tests.formats.test_profile_writer import HW
+    from tests.fixtures.hand_profiles import HW
 
     path = tmp_path / "empty"
     with ProfileWriter(path, HW) as writer:
@@ -60,7 +61,7 @@ def test_zero_instruction_profile(window_factory: Any, tmp_path: Path) -> None:
 
 def test_nothing_drawable_says_so(window_factory: Any, tmp_path: Path) -> None:
     from formats.writer import ProfileWriter
-    from tests.formats.test_profile_writer import HW
+    from tests.fixtures.hand_profiles import HW
 
     path = tmp_path / "bare"
     with ProfileWriter(path, HW):

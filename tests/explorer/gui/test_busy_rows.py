@@ -11,14 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.explorer.gui.conftest import BERT, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT
 
 require_gui()
 
 
 def _thirty_percent(path: Path) -> Path:
     from formats.writer import ProfileWriter
-    from tests.formats.test_profile_writer import HW
+    from tests.fixtures.hand_profiles import HW
 
     n = 100_000
     start = np.arange(n, dtype=np.int64) * 1000

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.explorer.gui.conftest import BERT, MATMUL, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT, MATMUL
 
 require_gui()
 

@@ -8,48 +8,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from tests.explorer.gui.conftest import require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.hand_profiles import HW
+from tests.fixtures.real_layout import real_layout_profile
 
 require_gui()
 
 
 @pytest.fixture
 def real(tmp_path: Path) -> Path:
-    from tests.formats.test_profile_reader import instruction_part, metadata_row
-
-    root = tmp_path / "profiles" / "global" / "model@latest"
-    root.mkdir(parents=True)
-    pq.write_table(metadata_row(), root / "Metadata.parquet")
-    pq.write_table(
-        instruction_part(["Tensor", "tensor", "PE"], 1000, extra=False), root / "Instruction_0.parquet"
-    )
-    pq.write_table(
-        instruction_part(["Vector", "DVE", "pool"], 5000, extra=True), root / "Instruction_1.parquet"
-    )
-    pq.write_table(
-        pa.table(
-            {
-                "start_ts": [1000],
-                "end_ts": [1040],
-                "duration_ns": [40],
-                "id": [7],
-                "packet_idx": pa.array([0], pa.int32()),
-                "packet_aggregation_id": [1],
-                "read_bytes": [64],
-                "write_bytes": [64],
-                "transfer_bytes": [64],
-                "throughput": [1.6e9],
-                "queue_type": ["data"],
-                "crc": [0],
-                "queue_name": ["qSyncIO0"],
-            }
-        ),
-        root / "DmaPacket.parquet",
-    )
-    return root
+    return real_layout_profile(tmp_path)
 
 
 def test_real_layout_rows_click_and_region(window_factory: Any, real: Path) -> None:
@@ -79,7 +49,6 @@ def test_real_layout_rows_click_and_region(window_factory: Any, real: Path) -> N
 
 def test_every_counter_table_gets_a_row(window_factory: Any, tmp_path: Path) -> None:
     from formats.writer import ProfileWriter
-    from tests.formats.test_profile_writer import HW
 
     path = tmp_path / "counters"
     ts = np.arange(0, 10_000, 1000, dtype=np.int64)

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.explorer.gui.conftest import BERT, LLAMA, ROOT, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT, LLAMA_TP2, REPO
 
 require_gui()
 
@@ -63,7 +64,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "explorer.gui.app", *args],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=REPO,
         env=env,
         timeout=120,
     )
@@ -71,7 +72,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_screenshot(tmp_path: Path) -> None:
     out = tmp_path / "llama.png"
-    done = _cli(str(LLAMA), "--screenshot", str(out), "--range", "10us:60us", "--size", "1000x700")
+    done = _cli(str(LLAMA_TP2), "--screenshot", str(out), "--range", "10us:60us", "--size", "1000x700")
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from tests.explorer.gui.conftest import BERT, LLAMA, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT, LLAMA_TP2
 
 require_gui()
 from PySide6.QtCore import QPointF, Qt  # noqa: E402 (after the skip)
@@ -48,7 +49,7 @@ def _click(qtbot: Any, window: Any, t: float, row: int) -> None:
 
 
 def test_opens_a_capture_grouped_per_core(window_factory: Any) -> None:
-    window = window_factory(LLAMA)
+    window = window_factory(LLAMA_TP2)
     headers = [r.label for r in window.rows if r.kind == "header"]
     assert headers == ["core 0", "core 1"]
     labels = [r.label for r in window.rows if r.profile == 0]
@@ -355,7 +356,7 @@ def test_async_window_draws_without_blocking(qt_app: Any, qtbot: Any) -> None:
     from explorer.gui.mainwindow import MainWindow
     from explorer.gui.session import open_session
 
-    window = MainWindow(open_session([str(LLAMA)]))
+    window = MainWindow(open_session([str(LLAMA_TP2)]))
     qtbot.addWidget(window)
     window.resize(1200, 800)
     window.show()

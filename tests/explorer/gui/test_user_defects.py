@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.explorer.gui.conftest import BERT, LLAMA, ROOT, require_gui
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT, LLAMA_TP2, REPO
 
 require_gui()
 
@@ -84,7 +85,7 @@ def test_missing_path_is_named_before_the_display_check() -> None:
         [sys.executable, "-m", "explorer.gui.app", "/nonexistent"],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=REPO,
         env=env,
         timeout=120,
     )
@@ -173,7 +174,7 @@ def test_cli_range_past_the_end_warns(tmp_path: Path) -> None:
         [sys.executable, "-m", "explorer.gui.app", str(BERT), "--screenshot", str(out), "--range", "5s:6s"],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=REPO,
         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
         timeout=180,
     )
@@ -200,7 +201,7 @@ def test_details_show_ids_plainly(window_factory: Any) -> None:
     from explorer.gui.details import instruction_details
     from formats.sqlsource import TableSource
 
-    window = window_factory(LLAMA)
+    window = window_factory(LLAMA_TP2)
     loaded = window.session.profiles[0]
     relation = TableSource(loaded.profile, "Instruction").relation()
     found = loaded.queries.rows(f"SELECT max(id) AS id FROM {relation}")
@@ -238,7 +239,7 @@ def test_incomplete_capture_is_marked(window_factory: Any, tmp_path: Path) -> No
 
 def test_file_open_opens_a_new_window(window_factory: Any, tmp_path: Path) -> None:
     window = window_factory(BERT)
-    opened = window.open_paths([str(LLAMA)])
+    opened = window.open_paths([str(LLAMA_TP2)])
     assert opened is not None and len(opened.session.profiles) == 2
     assert window.open_paths([str(tmp_path / "missing")]) is None
     assert "could not open" in window.statusBar().currentMessage()
