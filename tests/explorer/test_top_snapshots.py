@@ -1,7 +1,7 @@
 """Pictures of neuron-top (pytest-textual-snapshot): our live state and a neuron-monitor stream, at
 80x24 and 160x50, plus the "no Neuron activity" and bad-stream states.
 
-Inputs are fixed (``tests/explorer/topdata.py``: a recording, a stream file, a frozen host and
+Inputs are fixed (``tests/fixtures/top_frames.py``: a recording, a stream file, a frozen host and
 clock), and no collection thread runs, so the pictures are the same on every machine. After a
 deliberate change: ``pytest tests/explorer/test_top_snapshots.py --snapshot-update`` and look at the
 SVGs before committing them.

@@ -1,4 +1,4 @@
-"""``formats.figures`` and ``formats.units`` against hand-computed values (tests/formats/figure_profiles.py),
+"""``formats.figures`` and ``formats.units`` against hand-computed values (tests/fixtures/hand_profiles.py),
 and the rule that the Summary is the whole-execution window."""
 
 from __future__ import annotations
