@@ -330,9 +330,9 @@ def odd_names(root: Path, rng: random.Random) -> None:
     part = _pick(root, rng)
     if part is None:
         return
-    stem = part.name.removesuffix(".parquet")
-    name = rng.choice((b"x" * 247 + b".parquet", b"\xff\xfe.parquet", stem.encode() + b"_\xff.parquet",
-                       stem.encode() + b"_99999999999999999999999.parquet", b"Instruction_-1.parquet",
+    stem = os.fsencode(part.name.removesuffix(".parquet"))  # an earlier odd name may hold undecodable bytes
+    name = rng.choice((b"x" * 247 + b".parquet", b"\xff\xfe.parquet", stem + b"_\xff.parquet",
+                       stem + b"_99999999999999999999999.parquet", b"Instruction_-1.parquet",
                        b" .parquet", b".parquet"))
     with contextlib.suppress(OSError):
         shutil.copyfile(part, os.path.join(os.fsencode(part.parent), name))
@@ -447,7 +447,11 @@ def _worker(conn: Any, bases: list[str], scratch: str, seed: int) -> None:
         base = Path(bases[0] if rng.random() < 0.8 else bases[1])
         dest = Path(scratch) / f"case{case_id}"
         try:
-            mutations = make_case(base, dest, rng)
+            try:
+                mutations = make_case(base, dest, rng)
+            except Exception as exc:  # the harness's own failure: not a crash of any entry point
+                conn.send(("harness", f"case {case_id}: {type(exc).__name__}: {exc}"))
+                continue
             results = {}
             for entry in ENTRIES:
                 conn.send(("start", entry))
@@ -494,6 +498,7 @@ def run(cases: int, seed: int, workers: int, timeout: float, show: int,
     counts: dict[str, dict[str, float]] = {
         e: {"runs": 0, "ok": 0, "refused": 0, "crashes": 0, "hangs": 0, "seconds": 0.0} for e in ENTRIES}
     examples: list[str] = []
+    harness_errors = 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fuzz-profiles-") as tmp:
         scratch = Path(tmp)
@@ -529,6 +534,12 @@ def run(cases: int, seed: int, workers: int, timeout: float, show: int,
                     if kind == "start":
                         slot["entry"], slot["since"] = payload, time.monotonic()
                         continue
+                    if kind == "harness":
+                        harness_errors += 1
+                        examples.append(f"harness {payload}")
+                        done += 1
+                        assign(slot)
+                        continue
                     if kind == "done":
                         mutations, results = payload
                         for entry, (outcome, detail, seconds) in results.items():
@@ -539,6 +550,9 @@ def run(cases: int, seed: int, workers: int, timeout: float, show: int,
                             if outcome == "crash" and len(examples) < max(show, 50):
                                 examples.append(f"{entry} {'+'.join(mutations)}: {detail}")
                         done += 1
+                        if done % 1000 == 0:
+                            print(f"{done} cases, {time.monotonic() - started:.0f} s", file=sys.stderr,
+                                  flush=True)
                         assign(slot)
                         continue
                 if kind == "died" or time.monotonic() - slot["since"] > timeout:
@@ -565,7 +579,7 @@ def run(cases: int, seed: int, workers: int, timeout: float, show: int,
     return {"cases": cases, "seed": seed, "workers": workers, "timeout_s": timeout,
             "seconds": round(time.monotonic() - started, 1), "entry": counts,
             "crashes": sum(c["crashes"] for c in counts.values()),
-            "hangs": sum(c["hangs"] for c in counts.values())}
+            "hangs": sum(c["hangs"] for c in counts.values()), "harness_errors": harness_errors}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -580,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.cases, args.seed, args.workers, args.timeout, args.show, args.max_seconds)
     print(json.dumps(result))
-    return 0 if result["crashes"] == 0 and result["hangs"] == 0 else 1
+    return 0 if result["crashes"] == 0 and result["hangs"] == 0 and result["harness_errors"] == 0 else 1
 
 
 if __name__ == "__main__":
