@@ -164,7 +164,8 @@ class FlameWidget(QWidget):
         self.note.setText(
             tree.note
             or f"hierarchy{where}: framework layers → HLO ops ({len(tree.nodes)} nodes, "
-            f"from {tree.source}); click a node to highlight and zoom to it"
+            f"from {tree.source}{'; ' + tree.malformed if tree.malformed else ''}); "
+            "click a node to highlight and zoom to it"
         )
         self.setMinimumHeight(min(260, 40 + ROW_PX * max(1, tree.depth)))
         self.redraw()

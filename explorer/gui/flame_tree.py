@@ -4,10 +4,10 @@
     tree.nodes[0].name, tree.nodes[0].depth, tree.nodes[0].intervals   # 'model', 0, [[s, e], ...]
     tree.where(node)     # SQL over Instruction selecting the node's instructions (for highlighting)
 
-Sources, best first: ``FrameworkNode`` (one row per module path, with its merged busy intervals) and
-``HloInstruction`` (per op and execution; an op belongs to the layer whose ``children_ids`` list its
-``raw_framework_id``); a real profile without them gets the same tree from one grouped scan of
-``Instruction`` by (layer, HLO op) -- each node then spans first start to last end.
+Sources, best first: the hierarchy tables as ``formats.hierarchy_read`` loads them (``FrameworkNode``
+layers over ``HloInstruction`` ops -- the same model, times and malformed-id count the terminal viewer
+shows; this module only lays it out), else a real profile without ``FrameworkNode`` gets its tree from
+one grouped scan of ``Instruction`` by (layer, HLO op, time bucket).
 
 Each node is drawn at its busy intervals (not one bar from first to last), so gaps where a layer
 waited show as gaps. Depth is the module path's depth; ops sit one level under their layer.
@@ -15,13 +15,14 @@ waited show as gaps. Depth is the module path's depth; ops sit one level under t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from explorer.gui.session import LoadedProfile
+from formats.hierarchy_read import FrameworkHierarchy
+from formats.hierarchy_read import load_hierarchy as read_hierarchy
 from formats.sqlsource import TableSource, literal
 
 MAX_INTERVALS = 200_000  # beyond this, nodes keep only their first-to-last span
@@ -46,7 +47,8 @@ class FlameNode:
 class Hierarchy:
     nodes: list[FlameNode] = field(default_factory=list)
     source: str = ""
-    note: str = ""
+    note: str = ""  # replaces the chart's caption: why there is no tree
+    malformed: str = ""  # what the reader skipped, e.g. "2 malformed ids skipped"
 
     @property
     def depth(self) -> int:
@@ -64,103 +66,76 @@ class Hierarchy:
         return condition
 
 
-def _intervals(text: object) -> np.ndarray:
-    """``time_intervals`` (text ``[[s, e], ...]`` or a list) as an (n, 2) int64 array."""
-    if text is None:
-        return np.zeros((0, 2), np.int64)
-    values = json.loads(text) if isinstance(text, str) else text
-    array = np.asarray(values, dtype=np.int64)
-    return array.reshape(-1, 2) if array.size else np.zeros((0, 2), np.int64)
-
-
-def _ids(text: object) -> list[int]:
-    if text is None:
-        return []
-    if isinstance(text, str):
-        return [int(t) for t in text.strip("[] ").split(",") if t.strip()]
-    return [int(t) for t in text]  # type: ignore[attr-defined]
-
-
 def load_hierarchy(loaded: LoadedProfile) -> Hierarchy:
-    if loaded.profile.num_rows("FrameworkNode"):
-        return _from_tables(loaded)
+    """The flame chart's tree: from the hierarchy tables when the profile has layers, else rebuilt
+    from the instructions. Runs on a worker thread; the result is not shared until it returns."""
+    tables = read_hierarchy(loaded.profile)
+    if tables.layers:
+        return from_hierarchy(tables)
     if loaded.profile.num_rows("Instruction"):
         return _from_instructions(loaded)
     return Hierarchy(note="no hierarchy: the profile has neither FrameworkNode nor instructions")
 
 
-def _from_tables(loaded: LoadedProfile) -> Hierarchy:
-    nodes = loaded.queries.rows(
-        f"SELECT node_name, parent_name, children_ids, start_ts, end_ts, time_intervals, "
-        f"{TableSource(loaded.profile, 'FrameworkNode').col('instruction_count')} AS n, "
-        f"{TableSource(loaded.profile, 'FrameworkNode').col('active_time_ns')} AS active "
-        f"FROM {TableSource(loaded.profile, 'FrameworkNode').relation()} ORDER BY start_ts"
-    )
-    tree = Hierarchy(source="FrameworkNode + HloInstruction")
-    layer_of: dict[int, str] = {}
-    depth_of: dict[str, int] = {}
+def from_hierarchy(tables: FrameworkHierarchy) -> Hierarchy:
+    """Flame nodes for the hierarchy ``formats.hierarchy_read`` loaded (the one the terminal viewer
+    shows too): a layer's depth is its path's, an op sits one level under its layer (0 without one).
+    Past ``MAX_INTERVALS`` spans in all, a node is drawn as one bar from its first start to last end."""
+    tree = Hierarchy(source=tables.source, malformed=tables.malformed.note())
     total = 0
-    for r in nodes:
-        name = str(r["node_name"])
-        depth = name.count("/")
-        depth_of[name] = depth
-        spans = _intervals(r["time_intervals"])
-        total += len(spans)
-        if total > MAX_INTERVALS:
-            spans = np.array([[r["start_ts"], r["end_ts"]]], np.int64)
+
+    def spans(intervals: np.ndarray, start: int | None, end: int | None) -> np.ndarray:
+        nonlocal total
+        total += len(intervals)
+        if total > MAX_INTERVALS and start is not None and end is not None:
+            return np.array([[start, end]], np.int64)
+        return intervals
+
+    depth_of = {layer.path: layer.depth for layer in tables.layers}
+    for layer in tables.layers:
+        start, end = _bounds(layer.start_ts, layer.end_ts, layer.spans)
         tree.nodes.append(
             FlameNode(
-                name,
-                name.rsplit("/", 1)[-1],
+                layer.path,
+                layer.path.rsplit("/", 1)[-1],
                 "layer",
-                depth,
-                int(r["start_ts"]),
-                int(r["end_ts"]),
-                spans,
-                r["n"],
-                r["active"],
-                parent=r["parent_name"] or None,
+                layer.depth,
+                start,
+                end,
+                spans(layer.spans, layer.start_ts, layer.end_ts),
+                layer.instructions,
+                layer.time_ns,
+                parent=layer.parent or None,
             )
         )
-        for op in _ids(r["children_ids"]):
-            layer_of[op] = name
-    if loaded.profile.num_rows("HloInstruction"):
-        source = TableSource(loaded.profile, "HloInstruction")
-        ops: dict[tuple[int, str], FlameNode] = {}
-        for r in loaded.queries.rows(
-            f"SELECT raw_framework_id AS fw, raw_hlo_id AS hlo, hlo_name, start_ts, end_ts, time_intervals, "
-            f"{source.col('instruction_count')} AS n, {source.col('active_time_ns')} AS active "
-            f"FROM {source.relation()} ORDER BY start_ts"
-        ):
-            layer = layer_of.get(int(r["fw"]))
-            depth = depth_of.get(layer, -1) + 1 if layer else 0
-            key = (int(r["hlo"]), str(r["hlo_name"]))
-            spans = _intervals(r["time_intervals"])
-            total += len(spans)
-            if total > MAX_INTERVALS:
-                spans = np.array([[r["start_ts"], r["end_ts"]]], np.int64)
-            node = ops.get(key)
-            if node is None:
-                ops[key] = FlameNode(
-                    str(r["hlo_name"]),
-                    str(r["hlo_name"]),
-                    "hlo",
-                    depth,
-                    int(r["start_ts"]),
-                    int(r["end_ts"]),
-                    spans,
-                    r["n"],
-                    r["active"],
-                    raw_id=int(r["hlo"]),
-                    parent=layer,
-                )
-            else:
-                node.start, node.end = min(node.start, int(r["start_ts"])), max(node.end, int(r["end_ts"]))
-                node.intervals = np.concatenate([node.intervals, spans])
-                node.instructions = (node.instructions or 0) + int(r["n"] or 0)
-                node.active_ns = (node.active_ns or 0) + int(r["active"] or 0)
-        tree.nodes += list(ops.values())
+    for op in tables.ops:
+        layer_path = op.layer if op.layer in depth_of else None
+        start, end = _bounds(op.start_ts, op.end_ts, op.spans)
+        tree.nodes.append(
+            FlameNode(
+                op.name,
+                op.name,
+                "hlo",
+                depth_of[layer_path] + 1 if layer_path is not None else 0,
+                start,
+                end,
+                spans(op.spans, op.start_ts, op.end_ts),
+                op.instructions,
+                op.time_ns,
+                raw_id=op.key.raw_hlo_id,
+                parent=layer_path,
+            )
+        )
     return tree
+
+
+def _bounds(start: int | None, end: int | None, intervals: np.ndarray) -> tuple[int, int]:
+    """A node's first start and last end: the table's, else its spans' (else 0)."""
+    if start is None:
+        start = int(intervals[:, 0].min()) if len(intervals) else 0
+    if end is None:
+        end = int(intervals[:, 1].max()) if len(intervals) else start
+    return start, end
 
 
 FALLBACK_BUCKETS = 4096  # time resolution of a hierarchy rebuilt from the instructions

@@ -277,6 +277,8 @@ class ViewerApp(App[None]):
             parts.append(Text(f"  ({self.current + 1}/{len(self.entries)}, [ ] switch)", style="dim"))
         if self.hierarchy is not None:
             parts.append(Text(f"  tree: {self.hierarchy.source}", style="dim"))
+            if self.hierarchy.malformed:
+                parts.append(Text(f" ({self.hierarchy.malformed})", style="yellow"))
         mark = self._capture_mark()
         if mark:
             parts.append(Text(f"  [{mark}]", style="bold white on dark_red"))

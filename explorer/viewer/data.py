@@ -46,6 +46,7 @@ from explorer.viewer.text import fmt_ns
 from formats import sqlsource
 from formats.attribution import Attribution
 from formats.dataset import capture_state
+from formats.hierarchy_read import load_hierarchy
 from formats.reader import Profile, ProfileError
 from formats.source_access import SourceAccess, read_source
 from formats.sqlsource import TableSource, literal
@@ -120,7 +121,7 @@ class ProfileData:
 
     def overview(self) -> Overview:
         row = self.summary()
-        hierarchy = tree.from_tables(self._small("FrameworkNode"), self._small("HloInstruction"))
+        hierarchy = tree.from_hierarchy(load_hierarchy(self.profile))
         missing = []
         for table, loss in FEATURES:
             if self.profile.num_rows(table) == 0:

@@ -71,6 +71,7 @@ class Hierarchy:
     children: Mapping[str, tuple[str, ...]]  # parent key ("" = roots) -> child keys
     source: str  # where the tree came from, e.g. "FrameworkNode + HloInstruction"
     analysed: bool = False  # per-engine counts and FLOPs from the Instruction scan are in
+    malformed: str = ""  # what the hierarchy reader skipped, e.g. "2 malformed ids skipped"
 
     def ancestors(self, key: str) -> list[str]:
         out = []

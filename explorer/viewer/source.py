@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from explorer.viewer.model import Line, LineStat, SourceIndex, frozen_map
+from formats.text_lists import parse_ids
 
 
 class Frames:
@@ -113,9 +114,7 @@ class IndexBuilder:
         key = f"{stack_text}|{loc_text}"
         found = self._cache.get(key)
         if found is None:
-            from explorer.viewer.tree_build import text_ids
-
-            found = self.frames.stack(text_ids(stack_text)) if stack_text and self.frames else []
+            found = self.frames.stack(list(parse_ids(stack_text).ids)) if stack_text and self.frames else []
             if not found:
                 loc = location(loc_text)
                 found = [loc] if loc else []

@@ -2,32 +2,27 @@
 
 Two sources, merged:
 
-* **The hierarchy tables** (``FrameworkNode``, ``HloInstruction``): small, read in full when the
-  profile opens, so the tree is on screen before any big scan. A layer's busy time is the union of
-  its ``time_intervals``; an op's is the sum over its rows (one row per op and execution). Layer ->
-  op links follow the schema's join: ``FrameworkNode.children_ids`` lists the framework-op ids of the
-  ops directly in the layer, matched against ``HloInstruction.raw_framework_id``.
+* **The hierarchy tables**, read by ``formats.hierarchy_read`` (the one loader the GUI's flame chart
+  uses too: same layers, ops, times, layer -> op links and count of skipped malformed ids) when the
+  profile opens, so the tree is on screen before any big scan; ``from_hierarchy`` only turns that
+  model into the viewer's rows (keys, display names, the "(no layer)" group).
 * **The Instruction scan** (``OpAggregate`` rows, one grouped DuckDB query in a worker thread): adds
   per-engine instruction counts and FLOPs (so MFU), and builds whatever the tables lacked -- a real
   profile without ``FrameworkNode`` gets its layers from ``Instruction.layer`` (``a/b/c`` paths), one
   without ``HloInstruction`` its ops from ``hlo_name``/``raw_hlo_id`` with times that are *sums* of
   instruction durations (marked, since overlapping instructions count twice).
-
-FrameworkNode ``mfu`` is read as 0-100 percent (our writer's scale; the real tool's is unverified,
-profile-schema §9.2) and stored here as a fraction like every other utilisation.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from explorer.viewer.model import ENGINES, Hierarchy, Node, NodeStats, frozen_map
+from formats.hierarchy_read import FrameworkHierarchy, display_name
 
 NO_LAYER = "(no layer)"
-STEMS = tuple(e.lower() for e in ENGINES)
 
 
 def layer_key(path: str) -> str:
@@ -39,37 +34,6 @@ def hlo_key(ref: tuple[str, str | int] | None) -> str:
         return "H:?"
     column, value = ref
     return f"H:{value}" if column == "raw_hlo_id" else f"H:name:{value}"
-
-
-def union_ns(text: str | None) -> int | None:
-    """Total length of the union of a ``time_intervals`` text list (``[[1, 10], [20, 50]]``)."""
-    if not text:
-        return None
-    try:
-        spans = sorted((int(a), int(b)) for a, b in json.loads(text))
-    except (ValueError, TypeError):
-        return None
-    total, reach = 0, None
-    for a, b in spans:
-        if reach is None or a > reach:
-            total += b - a
-            reach = b
-        elif b > reach:
-            total += b - reach
-            reach = b
-    return total
-
-
-def text_ids(text: str | None) -> list[int]:
-    """``children_ids`` / ``stack_frame_ids`` text lists (``[1, 2, 3]``) as integers; junk is skipped."""
-    if not text:
-        return []
-    out = []
-    for part in text.strip().strip("[]").split(","):
-        part = part.strip()
-        if part.lstrip("-").isdigit():
-            out.append(int(part))
-    return out
 
 
 def _int(value: Any) -> int | None:
@@ -88,101 +52,46 @@ def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def display_name(path: str, parent: str) -> str:
-    """The last part of a layer path when the parent is its prefix (the tree shows the nesting)."""
-    if parent and path.startswith(parent + "/"):
-        return path[len(parent) + 1 :]
-    return path
-
-
 # -- from the hierarchy tables ------------------------------------------------------------------
 
 
-def from_tables(framework: Sequence[Mapping[str, Any]], hlo: Sequence[Mapping[str, Any]]) -> Hierarchy:
-    """The tree the two hierarchy tables describe (either may be empty)."""
+def from_hierarchy(tables: FrameworkHierarchy) -> Hierarchy:
+    """The viewer's rows for the hierarchy the tables describe (``formats.hierarchy_read``)."""
     nodes: dict[str, Node] = {}
     children: dict[str, list[str]] = {}
-    op_layer: dict[int, str] = {}
-    names = {str(r["node_name"]) for r in framework if r.get("node_name") is not None}
-    for row in framework:
-        path = str(row.get("node_name") or "")
-        if not path:
-            continue
-        parent_name = str(row.get("parent_name") or "")
-        parent = layer_key(parent_name) if parent_name in names and parent_name != path else ""
-        counts = tuple(_int(row.get(f"{s}_engine_instruction_count")) for s in STEMS)
-        known = [c for c in counts if c is not None]
-        active = _int(row.get("active_time_ns"))
-        mfu = row.get("mfu")
+    for layer in tables.layers:
+        key = layer_key(layer.path)
+        parent = layer_key(layer.parent) if layer.parent else ""
         stats = NodeStats(
-            time_ns=active if active is not None else union_ns(row.get("time_intervals")),
-            start_ts=_int(row.get("start_ts")),
-            end_ts=_int(row.get("end_ts")),
-            hbm_bytes=_add(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
-            mfu=None if mfu is None else float(mfu) / 100.0,
-            counts=counts,
-            instructions=_int(row.get("instruction_count"))
-            if row.get("instruction_count") is not None
-            else (sum(known) if known else None),
+            time_ns=layer.time_ns,
+            start_ts=layer.start_ts,
+            end_ts=layer.end_ts,
+            hbm_bytes=layer.hbm_bytes,
+            mfu=layer.mfu,
+            counts=layer.counts,
+            instructions=layer.instructions,
         )
-        key = layer_key(path)
-        nodes[key] = Node(
-            key,
-            "layer",
-            display_name(path, parent_name if parent else ""),
-            parent,
-            stats,
-            expandable=True,
-            layer=path,
-        )
+        nodes[key] = Node(key, "layer", layer.name, parent, stats, expandable=True, layer=layer.path)
         children.setdefault(parent, []).append(key)
-        for op in text_ids(row.get("children_ids")):
-            op_layer[op] = path
-    ops: dict[str, Node] = {}
-    for row in hlo:
-        raw = _int(row.get("raw_hlo_id"))
-        name = row.get("hlo_name")
-        ref: tuple[str, str | int] | None = (
-            ("raw_hlo_id", raw)
-            if raw is not None
-            else (("hlo_name", str(name)) if name is not None else None)
-        )
+    for op in tables.ops:
+        ref: tuple[str, str | int] = (op.key.column, op.key.value)
         key = hlo_key(ref)
-        framework_id = _int(row.get("raw_framework_id"))
-        layer = op_layer.get(framework_id) if framework_id is not None else None
-        active = _int(row.get("active_time_ns"))
-        time_ns = active if active is not None else union_ns(row.get("time_intervals"))
-        stats = NodeStats(
-            time_ns=time_ns,
-            start_ts=_int(row.get("start_ts")),
-            end_ts=_int(row.get("end_ts")),
-            hbm_bytes=_add(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
-            instructions=_int(row.get("instruction_count")),
-        )
-        found = ops.get(key)
-        if found is not None:
-            stats = _merge(found.stats, stats)
-            layer = found.layer or layer
-        ops[key] = Node(
-            key,
-            "hlo",
-            str(name if name is not None else raw),
-            "",
-            stats,
-            expandable=True,
-            hlo_ref=ref,
-            layer=layer,
-        )
-    for key, op in ops.items():
         parent = layer_key(op.layer) if op.layer and layer_key(op.layer) in nodes else ""
-        nodes[key] = replace(op, parent=parent)
+        stats = NodeStats(
+            time_ns=op.time_ns,
+            start_ts=op.start_ts,
+            end_ts=op.end_ts,
+            hbm_bytes=op.hbm_bytes,
+            instructions=op.instructions,
+        )
+        nodes[key] = Node(key, "hlo", op.name, parent, stats, expandable=True, hlo_ref=ref, layer=op.layer)
         children.setdefault(parent, []).append(key)
-    _orphans_under_no_layer(nodes, children, bool(framework))
-    parts = [name for name, rows in (("FrameworkNode", framework), ("HloInstruction", hlo)) if rows]
+    _orphans_under_no_layer(nodes, children, bool(tables.layers))
     return Hierarchy(
         frozen_map(nodes),
         frozen_map({k: tuple(v) for k, v in children.items()}),
-        " + ".join(parts) or "nothing yet",
+        tables.source,
+        malformed=tables.malformed.note(),
     )
 
 
@@ -326,7 +235,11 @@ def merge_scan(
     if base.source != "nothing yet" and (not has_layers or not has_ops):
         source += " + Instruction"
     return Hierarchy(
-        frozen_map(nodes), frozen_map({k: tuple(v) for k, v in children.items()}), source, analysed=True
+        frozen_map(nodes),
+        frozen_map({k: tuple(v) for k, v in children.items()}),
+        source,
+        analysed=True,
+        malformed=base.malformed,
     )
 
 

@@ -15,17 +15,10 @@ from explorer.viewer.timeline import bar
 from explorer.viewer.timeline import strip as timeline_strip
 from explorer.viewer.tree_build import OpAggregate
 from formats.dataset import find_profiles
+from formats.hierarchy_read import from_rows
 from formats.reader import open_profile
 from formats.source_access import SourceAccess, locate, read_source
 from tests.fixtures.samples import BERT
-
-
-def test_union_and_text_lists() -> None:
-    assert tree.union_ns("[[1, 10], [5, 12], [20, 30]]") == 21
-    assert tree.union_ns(None) is None and tree.union_ns("garbage") is None
-    assert (
-        tree.text_ids("[1, 2, 30]") == [1, 2, 30] and tree.text_ids("[]") == [] and tree.text_ids(None) == []
-    )
 
 
 def test_real_tool_tables_join_by_children_ids() -> None:
@@ -95,7 +88,7 @@ def test_real_tool_tables_join_by_children_ids() -> None:
             "hbm_write_bytes": 0,
         },
     ]
-    h = tree.from_tables(framework, hlo)
+    h = tree.from_hierarchy(from_rows(framework, hlo))
     assert h.children[""] == ("L:NeuronLlamaModel", "L:(no layer)")
     assert h.children["L:NeuronLlamaModel"] == ("L:NeuronLlamaDecoderLayer",)
     assert h.children["L:NeuronLlamaDecoderLayer"] == ("H:1", "H:2")
@@ -134,7 +127,7 @@ def test_real_tool_tables_join_by_children_ids() -> None:
 
 
 def test_ordering_and_matching() -> None:
-    h = tree.from_tables(
+    h = tree.from_hierarchy(from_rows(
         [],
         [
             {
@@ -148,7 +141,7 @@ def test_ordering_and_matching() -> None:
             }
             for i, (name, s, d) in enumerate([("b.1", 0, 30), ("a.2", 10, 50), ("c.3", 5, 10)])
         ],
-    )
+    ))
     roots = list(h.children[""])
     names = lambda keys: [h.nodes[k].name for k in keys]  # noqa: E731
     assert names(tree.ordered(h, roots, "time", False)) == ["a.2", "b.1", "c.3"]

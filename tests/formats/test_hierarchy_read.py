@@ -1,0 +1,111 @@
+"""The one hierarchy loader (formats.hierarchy_read) and the one text-list parser (formats.text_lists):
+junk in ``children_ids`` / ``stack_frame_ids`` / ``time_intervals`` is skipped and counted, never raised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from formats.hierarchy_read import FrameworkHierarchy, Malformed, from_rows
+from formats.text_lists import (
+    format_intervals,
+    format_list,
+    parse_ids,
+    parse_intervals,
+    union_length,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "ids", "malformed"),
+    [
+        (None, (), 0),
+        ("", (), 0),
+        ("[]", (), 0),
+        ("[ ]", (), 0),
+        ("[1, 2, 30]", (1, 2, 30), 0),
+        ("[-4]", (-4,), 0),
+        ("7", (7,), 0),
+        ("[1, x, 3]", (1, 3), 1),
+        ("[1,,2]", (1, 2), 1),
+        ("[1, 2,]", (1, 2), 1),
+        ("[null, 1.5, --2, ²]", (), 4),
+        ("[[1, 2]]", (), 2),
+        ([4, 5], (4, 5), 0),
+        (np.array([6, 7]), (6, 7), 0),
+        ([1, "2", None], (1, 2), 1),
+        (3.5, (), 1),
+    ],
+)
+def test_parse_ids_skips_and_counts_junk(value: object, ids: tuple[int, ...], malformed: int) -> None:
+    parsed = parse_ids(value)
+    assert (parsed.ids, parsed.malformed) == (ids, malformed)
+
+
+def test_parse_ids_reads_what_the_writer_writes() -> None:
+    assert parse_ids(format_list([3, 1, 2])).ids == (3, 1, 2)
+
+
+def test_intervals_union_and_junk() -> None:
+    good = parse_intervals("[[1, 10], [5, 12], [20, 30]]")
+    assert good.malformed == 0 and good.spans.shape == (3, 2) and good.union_ns == 21
+    assert parse_intervals(format_intervals([1, 5], [2, 9])).spans.tolist() == [[1, 2], [5, 9]]
+    assert parse_intervals([[1, 2]]).spans.tolist() == [[1, 2]]
+    for junk in ("garbage", "[[1, 2, 3]]", "[[1, x]]", "{}", 5):
+        bad = parse_intervals(junk)
+        assert bad.malformed == 1 and bad.spans.shape == (0, 2), junk
+    assert parse_intervals(None).malformed == 0 and parse_intervals("[]").spans.shape == (0, 2)
+    assert union_length(np.array([[0, 5], [5, 7]], np.int64)) == 7
+
+
+FRAMEWORK = [
+    {"node_name": "model/block", "parent_name": "model", "children_ids": "[2, junk, 3]", "start_ts": 10,
+     "end_ts": 60, "time_intervals": "[[10, 20], [40, 60]]", "mfu": 50.0,
+     "tensor_engine_instruction_count": 4, "vector_engine_instruction_count": 1},
+    {"node_name": "model", "parent_name": "", "children_ids": "[1]", "start_ts": 0, "end_ts": 100,
+     "time_intervals": "not json", "active_time_ns": 90, "instruction_count": 9},
+    {"node_name": None, "parent_name": "", "children_ids": "[]", "start_ts": 5},
+]
+HLO = [
+    {"raw_hlo_id": 7, "raw_framework_id": 2, "hlo_name": "dot.7", "start_ts": 40, "end_ts": 60,
+     "time_intervals": "[[40, 60]]", "hbm_read_bytes": 3, "hbm_write_bytes": 1, "instruction_count": 2},
+    {"raw_hlo_id": 7, "raw_framework_id": 2, "hlo_name": "dot.7", "start_ts": 10, "end_ts": 20,
+     "time_intervals": "[[10, 20]]", "hbm_read_bytes": 3, "hbm_write_bytes": 1, "instruction_count": 2},
+    {"raw_hlo_id": None, "raw_framework_id": 1, "hlo_name": "copy", "start_ts": 70, "end_ts": 75,
+     "active_time_ns": 5},
+    {"raw_hlo_id": 9, "raw_framework_id": 99, "hlo_name": "add.9", "start_ts": 80, "end_ts": 85,
+     "time_intervals": "[[80, 85]]"},
+]
+
+
+def test_from_rows_builds_one_typed_tree() -> None:
+    tree = from_rows(FRAMEWORK, HLO)
+    assert isinstance(tree, FrameworkHierarchy) and tree.source == "FrameworkNode + HloInstruction"
+    assert [layer.path for layer in tree.layers] == ["model", "model/block"]  # by first activity
+    model, block = tree.layers
+    assert (block.parent, block.name, block.depth, block.op_ids) == ("model", "block", 1, (2, 3))
+    assert block.time_ns == 30 and block.mfu == pytest.approx(0.5) and block.instructions == 5
+    assert block.counts == (4, 1, None, None, None)
+    assert model.time_ns == 90 and model.spans.shape == (0, 2) and model.instructions == 9
+    dot, copy, add = tree.ops
+    assert (dot.name, dot.layer, dot.executions) == ("dot.7", "model/block", 2)
+    assert (dot.start_ts, dot.end_ts, dot.time_ns, dot.hbm_bytes, dot.instructions) == (10, 60, 30, 8, 4)
+    assert dot.spans.tolist() == [[10, 20], [40, 60]]
+    assert (copy.key.column, copy.key.value, copy.layer, copy.time_ns) == ("hlo_name", "copy", "model", 5)
+    assert add.layer is None  # no layer lists framework op 99
+    assert tree.malformed == Malformed(ids=1, intervals=1, rows=1)
+    assert tree.malformed.note() == "1 malformed ids skipped; 1 malformed time_intervals skipped; " \
+                                    "1 malformed rows skipped"
+
+
+def test_model_is_immutable() -> None:
+    tree = from_rows(FRAMEWORK, HLO)
+    with pytest.raises(ValueError):
+        tree.ops[0].spans[0, 0] = 1
+    with pytest.raises(AttributeError):
+        tree.layers[0].path = "x"  # type: ignore[misc]
+
+
+def test_empty_and_clean() -> None:
+    assert from_rows([], []).source == "nothing yet" and from_rows([], []).empty
+    assert Malformed().note() == "" and from_rows([], HLO[:1]).source == "HloInstruction"
