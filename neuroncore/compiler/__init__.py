@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from neuroncore.compiler.context import Context
+from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
 from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_elementwise import (
@@ -33,7 +34,7 @@ from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
 from neuroncore.compiler.program import RES_CC, RES_DMA, Program
 from neuroncore.dtypes import DType
-from neuroncore.hardware import CoreSpec, core_spec
+from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 
 __all__ = ["CompileError", "Program", "UnsupportedOpsError", "compile", "unsupported_ops"]
@@ -139,8 +140,9 @@ def _finalize(ctx: Context) -> Program:
     resource = np.asarray(em.resource, np.int8)
     engine = np.asarray(em.engine, np.int8)
     queue = np.asarray(em.queue, np.int16)
-    keys = np.where(resource == RES_DMA, 100 + queue.astype(np.int64), engine.astype(np.int64))
-    keys = np.where(resource == RES_CC, 99, keys)  # collectives form their own stream
+    # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
+    keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
+    keys = np.where(resource == RES_CC, CC_LANE, keys)
     lengths = np.fromiter((len(d) for d in em.deps), np.int64, count=len(em.deps))
     dep_ptr = np.zeros(len(em.deps) + 1, np.int64)
     np.cumsum(lengths, out=dep_ptr[1:])
@@ -180,10 +182,21 @@ def _finalize(ctx: Context) -> Program:
         hbm_tensors=ctx.hbm_tensors,
         hbm_views=ctx.hbm_views,
         queues=ctx.queues,
-        semaphore_names={**dict(enumerate(["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "CC"])),
+        semaphore_names={**{int(e): e.label for e in Engine}, CC_SEMAPHORE: "CC",
                          **{q.semaphore: q.name for q in ctx.queues}},
         input_tensors=input_tensors,
         output_tensors=output_tensors,
         stats=stats,
-        **counters,
+        raw_flops=counters["raw_flops"],
+        adjusted_flops=counters["adjusted_flops"],
+        transpose_flops=counters["transpose_flops"],
+        hbm_read_bytes=counters["hbm_read_bytes"],
+        hbm_write_bytes=counters["hbm_write_bytes"],
+        sbuf_read_bytes=counters["sbuf_read_bytes"],
+        sbuf_write_bytes=counters["sbuf_write_bytes"],
+        psum_read_bytes=counters["psum_read_bytes"],
+        psum_write_bytes=counters["psum_write_bytes"],
+        spill_save_bytes=counters["spill_save_bytes"],
+        spill_reload_bytes=counters["spill_reload_bytes"],
+        dma_bytes=counters["dma_bytes"],
     )

@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import QUEUE_SEMAPHORE_BASE, Emitter, hbm_key, sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
+from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.dtypes import DType
@@ -86,7 +88,7 @@ class Context:
         self.outputs = {op.index for op in graph.outputs}
         self.hbm_home_bytes = int(spec.sbuf_bytes_per_partition * hbm_home_fraction)
         self.position = 0  # index of the op being lowered
-        self.stats = {"spill_save_bytes": 0, "spill_reload_bytes": 0, "spilled_tiles": 0}
+        self.stats: dict[str, Any] = {"spill_save_bytes": 0, "spill_reload_bytes": 0, "spilled_tiles": 0}
         self._next_buffer = 0
         self._identity: Buffer | None = None
         self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
@@ -196,7 +198,7 @@ class Context:
             trigger_cost_ns=self._trigger_ns(q),
             text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B"
                          + (f" ktiles={ktiles}" if ktiles > 1 else ""),
-            semantics=("load", dst, src) if ktiles == 1 else ("load_ktiled", dst, src, ktiles),
+            semantics=Load(dst, src) if ktiles == 1 else LoadKTiled(dst, src, ktiles),
             counters=counters,
         )
 
@@ -221,7 +223,7 @@ class Context:
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
             text=f"{self.ref_text(src)} -> {_hbm_text(dst)} {nbytes}B",
-            semantics=("store", dst, src),
+            semantics=Store(dst, src),
             counters=counters,
         )
 
@@ -283,12 +285,12 @@ class Context:
         if value.home == "hbm":
             buf = self.alloc(p1, c1 - c0, op.dtype, f"{op.name}.stage{t}")
             return Ref(buf.id, p0, p1, 0, c1 - c0)
-        buf = value.bufs[t]
-        if buf is None:
-            buf = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
-            value.bufs[t] = buf
-        self.pinned.add(buf.id)
-        return Ref(buf.id, p0, p1, c0, c1)
+        resident = value.bufs[t]
+        if resident is None:
+            resident = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
+            value.bufs[t] = resident
+        self.pinned.add(resident.id)
+        return Ref(resident.id, p0, p1, c0, c1)
 
     def produced(self, op: Op, t: int, ref: Ref, c0: int = 0, c1: int | None = None) -> None:
         """The producer finished writing ``ref``; HBM-home values store it and free the stage."""
@@ -366,6 +368,7 @@ class Context:
         return None
 
     def _splat_tile(self, value: Value, t: int, cols: tuple[int, int] | None = None) -> Ref:
+        assert value.immediate is not None, "only scalar constants are splatted"
         tile = value.tiles[t]
         n = value.cols if cols is None else cols[1] - cols[0]
         buf = self.alloc(tile.rows, n, value.op.dtype, f"{value.op.name}.splat{t}")
@@ -375,7 +378,7 @@ class Context:
             costs.cycles_to_ns(self.spec, Engine.VECTOR, costs.vector_cycles(self.spec, "memset", n)),
             reads=[], writes=[sbuf_key(ref)],
             text=f"value={value.immediate:g} dst={self.ref_text(ref)}",
-            semantics=("memset", ref, float(value.immediate)),
+            semantics=Memset(ref, float(value.immediate)),
             counters=NodeCounters(sbuf_write_bytes=tile.rows * n * value.op.dtype.itemsize),
         )
         return ref
@@ -525,7 +528,7 @@ class Context:
                 Engine.GPSIMD, "IOTA",
                 costs.cycles_to_ns(self.spec, Engine.GPSIMD, costs.gpsimd_cycles(self.spec, P)),
                 reads=[], writes=[sbuf_key(ref)], text=f"identity dst={self.ref_text(ref)}",
-                semantics=("identity", ref), counters=NodeCounters(sbuf_write_bytes=P * P * 2),
+                semantics=Identity(ref), counters=NodeCounters(sbuf_write_bytes=P * P * 2),
             )
             self._identity = buf
         self.pinned.add(self._identity.id)

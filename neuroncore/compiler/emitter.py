@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 
 from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters
+from neuroncore.compiler.node_semantics import NOP, NodeSemantics, check_semantics
 from neuroncore.compiler.program import (
+    PORT_PSUM,
+    PORT_SBUF,
     RES_CC,
     RES_DMA,
     RES_TENSOR_LS,
@@ -30,8 +33,18 @@ from neuroncore.hardware import CoreSpec, Engine
 # One semaphore per engine (ids 0-4), then one per DMA queue from QUEUE_SEMAPHORE_BASE.
 QUEUE_SEMAPHORE_BASE = 8
 CC_SEMAPHORE = 5  # the CC-core signals collective completion on its own semaphore
-CC_LANE = 50  # in-order lane of collectives (the CC-core runs them one after another)
 DMA_COMPLETION_INCREMENT = 16  # every DMA engine signals completion of its share (§5.2)
+
+# In-order lanes: nodes of one lane run one after another, so a node never waits for an earlier
+# node of its own lane through a semaphore. A lane is also a stream whose nodes are numbered by
+# ``Program.pc``. Engines (and the Tensor engine's MultiplyMoving track) are lanes 0-5, by resource id.
+CC_LANE = 50  # collectives: the CC-core runs them one after another
+QUEUE_LANE_BASE = 100  # DMA queue q is lane QUEUE_LANE_BASE + q (transfers of a queue complete in order)
+
+
+def queue_lane(queue: DmaQueue) -> int:
+    """The in-order lane of a DMA queue's transfers."""
+    return QUEUE_LANE_BASE + queue.index
 
 
 @dataclass(slots=True)
@@ -41,7 +54,7 @@ class _Access:
     b0: int
     b1: int
     node: int
-    lane: int  # in-order lane of the accessing node (engine, or 100 + queue)
+    lane: int  # in-order lane of the accessing node (engine, CC_LANE, or queue_lane(queue))
     write: bool
 
 
@@ -77,7 +90,7 @@ class Emitter:
         self.activation_fn: list[str | None] = []
         self.tensor_instruction_type: list[str | None] = []
         self.performance_mode: list[str | None] = []
-        self.semantics: list[tuple[Any, ...]] = []
+        self.semantics: list[NodeSemantics] = []
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
@@ -157,10 +170,11 @@ class Emitter:
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, *, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
-                deps: set[int], opcode: str, text: str, semantics: tuple[Any, ...],
+                deps: set[int], opcode: str, text: str, semantics: NodeSemantics,
                 activation_fn: str | None, tensor_instruction_type: str | None,
                 performance_mode: str | None, trigger: int, lane: int,
                 counters: NodeCounters) -> int:
+        check_semantics(semantics)
         node = len(self.resource)
         if self._mm_after_ls:
             deps = {self._mm_after_ls.get(d, d) for d in deps}
@@ -198,7 +212,7 @@ class Emitter:
         reads: list[tuple[MemoryKey, Rect]],
         writes: list[tuple[MemoryKey, Rect]],
         text: str,
-        semantics: tuple[Any, ...],
+        semantics: NodeSemantics,
         track: int | None = None,
         activation_fn: str | None = None,
         tensor_instruction_type: str | None = None,
@@ -223,7 +237,7 @@ class Emitter:
         ports = 0
         for key, _ in (*reads, *writes):
             if key[0] == "buf":
-                ports |= 2 if key in self.psum_keys else 1
+                ports |= PORT_PSUM if key in self.psum_keys else PORT_SBUF
         self.ports[node] = ports
         return node
 
@@ -257,17 +271,17 @@ class Emitter:
         engine_ns: float,
         trigger_cost_ns: float,
         text: str,
-        semantics: tuple[Any, ...],
+        semantics: NodeSemantics,
         trigger_opcode: str = "WRITE",
         trigger_text: str = "",
-        trigger_semantics: tuple[Any, ...] = ("nop",),
+        trigger_semantics: NodeSemantics = NOP,
         counters: NodeCounters = NO_COUNTERS,
     ) -> int:
         """A transfer and the instruction on the queue's engine that triggers it; returns the transfer."""
         engine = queue.trigger_engine
         deps = self._hazards(int(engine), reads, writes)
         # dependencies are waited for by the trigger; the transfer starts after its trigger
-        dma_deps = self._hazards(100 + queue.index, reads, writes)
+        dma_deps = self._hazards(queue_lane(queue), reads, writes)
         trig = self._append(
             resource=int(engine), engine=engine, cost_ns=trigger_cost_ns, queue=-1, dma_engines=0,
             deps=deps | dma_deps, opcode=trigger_opcode,
@@ -279,13 +293,13 @@ class Emitter:
             resource=RES_DMA, engine=engine, cost_ns=engine_ns, queue=queue.index,
             dma_engines=engines, deps=set(), opcode="DMA_DIRECT2D", text=text, semantics=semantics,
             activation_fn=None, tensor_instruction_type=None, performance_mode=None, trigger=trig,
-            lane=100 + queue.index, counters=counters.transfer_part(),
+            lane=queue_lane(queue), counters=counters.transfer_part(),
         )
-        self._record(node, 100 + queue.index, reads, writes)
+        self._record(node, queue_lane(queue), reads, writes)
         return node
 
     def collective(self, opcode: str, *, reads: list[tuple[MemoryKey, Rect]],
-                   writes: list[tuple[MemoryKey, Rect]], text: str, semantics: tuple[Any, ...],
+                   writes: list[tuple[MemoryKey, Rect]], text: str, semantics: NodeSemantics,
                    counters: NodeCounters = NO_COUNTERS) -> int:
         """A collective on the CC-core: reads and writes HBM, waits like any other node.
 
@@ -325,10 +339,10 @@ class Emitter:
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         sem_value = np.zeros(n, np.int32)
         running: dict[int, int] = defaultdict(int)
-        for i in np.flatnonzero(producer):
-            step = DMA_COMPLETION_INCREMENT if self.resource[i] == RES_DMA else 1
-            running[int(sem_of[i])] += step
-            sem_value[i] = running[int(sem_of[i])]
+        for node in np.flatnonzero(producer).tolist():
+            step = DMA_COMPLETION_INCREMENT if self.resource[node] == RES_DMA else 1
+            running[int(sem_of[node])] += step
+            sem_value[node] = running[int(sem_of[node])]
         texts: list[str] = []
         for i in range(n):
             parts: list[str] = []
@@ -363,5 +377,5 @@ def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tupl
     return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
 
 
-__all__ = ["CC_SEMAPHORE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS", "RES_TENSOR_MM", "Emitter", "hbm_key",
-           "sbuf_key"]
+__all__ = ["CC_LANE", "CC_SEMAPHORE", "QUEUE_LANE_BASE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS",
+           "RES_TENSOR_MM", "Emitter", "hbm_key", "queue_lane", "sbuf_key"]

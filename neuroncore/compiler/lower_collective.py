@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
+from neuroncore.compiler.node_semantics import Collective
 from neuroncore.compiler.program import HbmAccess
 from neuroncore.ir.graph import Op
 
@@ -32,7 +33,7 @@ def lower_collective(ctx: Context, op: Op) -> None:
         reads=reads,
         writes=writes,
         text=f"{op.opcode} hbm:{source} -> hbm:{target} {nbytes}B {op.dtype.value}{detail}",
-        semantics=("collective", op.index, whole_src, whole_dst),
+        semantics=Collective(op.index, whole_src, whole_dst),
         counters=NodeCounters(hbm_read_bytes=nbytes, hbm_write_bytes=op.nbytes),
     )
 

@@ -15,6 +15,17 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.node_semantics import (
+    Activate,
+    Copy,
+    Iota,
+    Reciprocal,
+    Reduce,
+    ScalarStep,
+    Select,
+    TensorScalar,
+    TensorTensor,
+)
 from neuroncore.compiler.program import Ref
 from neuroncore.dtypes import DType, round_to
 from neuroncore.hardware import Engine
@@ -166,7 +177,7 @@ def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref 
     return ctx.em.instruction(
         Engine.SCALAR, "ACTIVATE", costs.cycles_to_ns(spec, Engine.SCALAR, cycles),
         reads=[sbuf_key(r) for r in reads], writes=[sbuf_key(r) for r in writes], text=text,
-        semantics=("act", func, out, inp, scale, bias, accumulate), activation_fn=fn_name,
+        semantics=Activate(func, out, inp, scale, bias, accumulate), activation_fn=fn_name,
         counters=_counters(ctx, reads, writes),
     )
 
@@ -176,7 +187,7 @@ def tensor_tensor(ctx: Context, alu: str, out: Ref, a: Ref, b: Ref) -> int:
     psum_inputs = int(in_psum(ctx, a)) + int(in_psum(ctx, b))
     dts = {dtype_of(ctx, a), dtype_of(ctx, b), dtype_of(ctx, out)}
     all_bf16 = dts == {DType.BF16} and alu in ("add", "subtract", "mult")
-    cycles = costs.vector_cycles(spec, "tensor_tensor", a.cols, inputs_in_psum=psum_inputs,
+    cycles: float = costs.vector_cycles(spec, "tensor_tensor", a.cols, inputs_in_psum=psum_inputs,
                                  all_bf16=all_bf16)
     mode = costs.vector_perf_mode(spec, "tensor_tensor", dts <= {DType.BF16, DType.FP16},
                                   psum_inputs == 0 and not in_psum(ctx, out))
@@ -185,7 +196,7 @@ def tensor_tensor(ctx: Context, alu: str, out: Ref, a: Ref, b: Ref) -> int:
         Engine.VECTOR, "TENSOR_TENSOR", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
         text=f"op={alu} src0={ctx.ref_text(a)} src1={ctx.ref_text(b)} dst={ctx.ref_text(out)}",
-        semantics=("tt", alu, out, a, b), performance_mode=mode,
+        semantics=TensorTensor(alu, out, a, b), performance_mode=mode,
         counters=_counters(ctx, [a, b], [out]),
     )
 
@@ -194,7 +205,7 @@ def tensor_scalar(ctx: Context, out: Ref, inp: Ref,
                   ops: list[tuple[str, float | Ref, bool]], engine: Engine = Engine.VECTOR) -> int:
     """out = (inp op0 s0) op1 s1 ...; each op may take the scalar first (``reverse``)."""
     spec = ctx.spec
-    cycles = costs.vector_cycles(spec, "tensor_scalar", inp.cols)
+    cycles: float = costs.vector_cycles(spec, "tensor_scalar", inp.cols)
     dts = {dtype_of(ctx, inp), dtype_of(ctx, out)}
     mode = costs.vector_perf_mode(spec, "tensor_scalar", dts <= {DType.BF16, DType.FP16},
                                   not in_psum(ctx, inp) and not in_psum(ctx, out))
@@ -208,7 +219,7 @@ def tensor_scalar(ctx: Context, out: Ref, inp: Ref,
         engine, "TENSOR_SCALAR", costs.cycles_to_ns(spec, engine, cycles),
         reads=[sbuf_key(r) for r in [inp, *scalar_refs]], writes=[sbuf_key(out)],
         text=f"{text} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("ts", out, inp, tuple(ops)), performance_mode=mode,
+        semantics=TensorScalar(out, inp, tuple(ScalarStep(*step) for step in ops)), performance_mode=mode,
         counters=_counters(ctx, [inp, *scalar_refs], [out]),
     )
 
@@ -218,7 +229,7 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
     spec = ctx.spec
     if engine is Engine.SCALAR:
         return activate(ctx, "copy", out, inp)
-    cycles = costs.vector_cycles(spec, "tensor_copy", out.cols)
+    cycles: float = costs.vector_cycles(spec, "tensor_copy", out.cols)
     dts = {dtype_of(ctx, inp), dtype_of(ctx, out)}
     mode = costs.vector_perf_mode(spec, "tensor_copy", dts <= {DType.BF16, DType.FP16},
                                   not in_psum(ctx, inp) and not in_psum(ctx, out))
@@ -227,7 +238,7 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
         Engine.VECTOR, "TENSOR_COPY", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("copy", out, inp), performance_mode=mode,
+        semantics=Copy(out, inp), performance_mode=mode,
         counters=_counters(ctx, [inp], [out]),
     )
 
@@ -240,7 +251,7 @@ def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref) -> int:
         Engine.VECTOR, "TENSOR_REDUCE", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"op={alu} axis=X src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("reduce", alu, out, inp), counters=_counters(ctx, [inp], [out]),
+        semantics=Reduce(alu, out, inp), counters=_counters(ctx, [inp], [out]),
     )
 
 
@@ -251,19 +262,19 @@ def reciprocal(ctx: Context, out: Ref, inp: Ref) -> int:
         Engine.VECTOR, "RECIPROCAL", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
         text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=("reciprocal", out, inp), counters=_counters(ctx, [inp], [out]),
+        semantics=Reciprocal(out, inp), counters=_counters(ctx, [inp], [out]),
     )
 
 
 def select(ctx: Context, out: Ref, pred: Ref, a: Ref, b: Ref) -> int:
     spec = ctx.spec
-    cycles = costs.vector_cycles(spec, "tensor_tensor", out.cols)  # copy_predicated, both in SBUF
+    cycles: float = costs.vector_cycles(spec, "tensor_tensor", out.cols)  # copy_predicated, both in SBUF
     return ctx.em.instruction(
         Engine.VECTOR, "TENSOR_COPY_PREDICATED", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(pred), sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
         text=(f"pred={ctx.ref_text(pred)} src={ctx.ref_text(a)} else={ctx.ref_text(b)} "
               f"dst={ctx.ref_text(out)}"),
-        semantics=("select", out, pred, a, b),
+        semantics=Select(out, pred, a, b),
         counters=_counters(ctx, [pred, a, b], [out]),
     )
 
@@ -385,7 +396,7 @@ def lower_iota(ctx: Context, op: Op) -> None:
             costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
             reads=[], writes=[sbuf_key(out)],
             text=f"dim={dim} first_row={first_row} dst={ctx.ref_text(out)}",
-            semantics=("iota", out, tuple(op.shape), dim, first_row),
+            semantics=Iota(out, tuple(op.shape), dim, first_row),
             counters=NodeCounters(sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize),
         )
         ctx.produced(op, t, out)

@@ -15,6 +15,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
 from neuroncore.hardware import Engine
@@ -153,7 +154,7 @@ def lower_gather(ctx: Context, op: Op) -> None:
             trigger_cost_ns=costs.cycles_to_ns(spec, Engine.GPSIMD,
                                                costs.gpsimd_cycles(spec, tile.rows)),
             text=f"gather hbm:{table_name}[{ctx.ref_text(idx)}] -> {ctx.ref_text(out)} {nbytes}B",
-            semantics=("gather", out, table_access, idx),
+            semantics=Gather(out, table_access, idx),
             trigger_opcode="DMA_DESCRIPTOR_GEN",
             trigger_text=f"{queue.name} indirect idx={ctx.ref_text(idx)} rows={tile.rows}",
             counters=NodeCounters(hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes),

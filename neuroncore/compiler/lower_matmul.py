@@ -26,6 +26,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
+from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
@@ -49,7 +50,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0) -> int:
         Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
         reads=[sbuf_key(stationary)], writes=[], track=RES_TENSOR_LS,
         text=f"src={ctx.ref_text(stationary)} [{stationary.rows}x{stationary.cols}]",
-        semantics=("ldweights", stationary),
+        semantics=LoadWeights(stationary),
         counters=NodeCounters(sbuf_read_bytes=nbytes),
     )
 
@@ -61,6 +62,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     k, m, n = moving.rows, stationary.cols, moving.cols
     flops = 2 * k * m * n
     passes = 2 if dtype is DType.FP32 and not transpose else 1
+    cycles: float
     if transpose:
         cycles = costs.pe_transpose_cycles(spec, k, m)
     else:
@@ -83,8 +85,8 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             text=(f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} acc={position}"
                   f"{' fp32_pass=' + label if label else ''}{' transpose' if transpose else ''}"
                   f" {k}x{m}x{n}"),
-            semantics=("matmul", psum, moving, position in ("middle", "last"), transpose)
-            if p == 0 else ("nop",),
+            semantics=MatMul(psum, moving, position in ("middle", "last"), transpose)
+            if p == 0 else NOP,
             tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
             counters=counters,
         )

@@ -68,6 +68,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
             inp = ctx.tile(src, t, "row")  # free-dim reduction: row tiles whatever the layout
         else:
             name = loader[0]()
+            assert view_tiles is not None
             vt = view_tiles[t]
             buf = ctx.alloc(vt.rows, reduced, src.dtype, f"{op.name}.in{t}")
             inp = Ref(buf.id, 0, vt.rows, 0, reduced)

@@ -10,7 +10,7 @@ and reporting a program costs array operations, not Python loops.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,12 +18,27 @@ from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph
 
+if TYPE_CHECKING:
+    from neuroncore.compiler.node_semantics import NodeSemantics
+    from neuroncore.runtime.scheduler import RecordLayout
+
 # Resource ids used by the timing model: the five engines, then the Tensor engine's second track.
+# The timing loop is compiled with numba, which bakes these module constants into its code.
 RES_TENSOR_LS = int(Engine.TENSOR)  # LoadStationary stream ("Tensor" row)
+RES_VECTOR = int(Engine.VECTOR)
+RES_SCALAR = int(Engine.SCALAR)
+RES_GPSIMD = int(Engine.GPSIMD)
+RES_SYNC = int(Engine.SYNC)
 RES_TENSOR_MM = 5  # MultiplyMoving stream ("TensorMatrix" row), same PE
 RES_DMA = 6  # every DMA transfer; its queue is in ``queue``
 RES_CC = 7  # collectives, run by the CC-core over NeuronLink; timed at run time from the topology
 N_ENGINE_RESOURCES = 6
+N_RESOURCES = 8  # resource ids are 0 .. N_RESOURCES - 1
+
+# Bits of ``Program.ports``: the on-chip memories an instruction touches. On NC-v2 some engines
+# share an access port to a memory (neuroncore.md §2.5), so the timing model serialises them.
+PORT_SBUF = 1
+PORT_PSUM = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +143,16 @@ class HbmView:
 
 
 @dataclass
+class DerivedTables:
+    """Tables the runtime derives from a program on its first execution and keeps with it, so a
+    program executed many times pays for them once. The compiler never fills them; each field has
+    one owner that builds it (named below) and nothing else writes it."""
+
+    record_layout: RecordLayout | None = None  # neuroncore.runtime.scheduler.record_layout
+    static_columns: dict[str, dict[str, np.ndarray]] | None = None  # runtime.records._static_columns
+
+
+@dataclass
 class Program:
     """Everything the runtime needs to execute one compiled graph on one NeuronCore."""
 
@@ -159,14 +184,14 @@ class Program:
     sem_increment: np.ndarray  # int16: semaphore the node increments on completion (-1: none)
     sem_value: np.ndarray  # int32: that semaphore's value after the increment
     trigger: np.ndarray  # int64: for DMA transfers, the node that triggered it (-1 otherwise)
-    ports: np.ndarray  # int8 bit mask of on-chip memories an instruction touches: 1 SBUF, 2 PSUM
+    ports: np.ndarray  # int8 bit mask of on-chip memories an instruction touches: PORT_SBUF | PORT_PSUM
     # -- per-node Python data (not touched by the timing model) ------------------------------
     opcodes: list[str]
     operands: list[str]
     activation_fn: list[str | None]
     tensor_instruction_type: list[str | None]
     performance_mode: list[str | None]
-    semantics: list[tuple[Any, ...]]  # what the node computes, for the numerics interpreter
+    semantics: list[NodeSemantics]  # what the node computes, for the numerics interpreter
     # -- tables ------------------------------------------------------------------------------
     buffers: dict[int, Buffer]
     hbm_tensors: dict[str, HbmTensor]
@@ -176,7 +201,7 @@ class Program:
     input_tensors: list[str]  # HBM tensor per graph parameter, in parameter order
     output_tensors: list[str]  # HBM tensor per graph output
     stats: dict[str, Any] = field(default_factory=dict)
-    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived per-program tables
+    derived: DerivedTables = field(default_factory=DerivedTables, init=False, repr=False, compare=False)
 
     @property
     def n_nodes(self) -> int:

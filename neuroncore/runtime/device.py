@@ -11,7 +11,6 @@ forward so successive executions sit one after another on the device timeline.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -30,12 +29,11 @@ from neuroncore.events import sink as default_sink
 from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.runtime import records
+from neuroncore.runtime.ids import PROCESS_IDS
 from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
 from neuroncore.runtime.scheduler import Timeline, schedule
 
 LAUNCH_GAP_NS = 2_000  # device idle time between back-to-back executions [assumption]
-_model_ids = itertools.count(1)
-_execution_ids = itertools.count(1)
 
 
 @dataclass
@@ -67,7 +65,7 @@ class LoadedModel:
         self.core = core
         self.sink = sink
         self.rank = rank
-        self.model_id = next(_model_ids)
+        self.model_id = PROCESS_IDS.next_model_id()
         self.executions = 0
         self._weights: dict[str, np.ndarray] | None = None
         self._announced = -1  # sink generation the program was last reported to
@@ -119,7 +117,7 @@ class LoadedModel:
         program = self.program
         end = int(np.ceil(timeline.finish_ns)) if program.n_nodes else t0
         with self.core.lock:
-            execution_id = next(_execution_ids)
+            execution_id = PROCESS_IDS.next_execution_id()
             self.core.clock_ns = max(self.core.clock_ns, end + LAUNCH_GAP_NS)
         self.executions += 1
         sink, core = self.sink, self.core.index

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.program import HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to
@@ -26,7 +29,7 @@ class ExecutionError(RuntimeError):
     """A run that cannot complete (e.g. an embedding index outside its table)."""
 
 
-ALU: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+ALU: dict[str, Callable[[npt.ArrayLike, npt.ArrayLike], np.ndarray]] = {
     "add": np.add,
     "subtract": np.subtract,
     "mult": np.multiply,
@@ -85,12 +88,12 @@ class Machine:
     def read(self, ref: Ref) -> np.ndarray:
         return self.buf(ref.buf)[ref.p0:ref.p1, ref.f0:ref.f1]
 
-    def scalar(self, operand: float | Ref) -> float | np.ndarray:
+    def scalar(self, operand: float | Ref) -> np.float32 | np.ndarray:
         if isinstance(operand, Ref):
             return self.read(operand)[:, :1]
         return np.float32(operand)
 
-    def write(self, ref: Ref, values: np.ndarray) -> None:
+    def write(self, ref: Ref, values: npt.ArrayLike) -> None:
         target = self.buf(ref.buf)
         region = np.broadcast_to(values, (ref.rows, ref.cols))
         target[ref.p0:ref.p1, ref.f0:ref.f1] = round_to(region, self.dtypes[ref.buf])
@@ -138,111 +141,124 @@ class Machine:
         return self.program.hbm_views[name].shape
 
     # -- execution ---------------------------------------------------------------------------
-    def run(self) -> None:
-        handlers = {
-            "load": self._load, "load_ktiled": self._load_ktiled, "store": self._store,
-            "tt": self._tt, "ts": self._ts,
-            "act": self._act, "copy": self._copy, "reduce": self._reduce,
-            "reciprocal": self._reciprocal, "select": self._select, "memset": self._memset,
-            "iota": self._iota, "identity": self._identity, "ldweights": self._ldweights,
-            "matmul": self._matmul, "gather": self._gather, "collective": self._collective,
-            "nop": lambda: None,
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        """The handler of each node-semantics record type (``node_semantics.SEMANTIC_KINDS``)."""
+        return {
+            ns.Nop: _nothing, ns.Load: self._load, ns.LoadKTiled: self._load_ktiled,
+            ns.Store: self._store, ns.Gather: self._gather, ns.TensorTensor: self._tensor_tensor,
+            ns.TensorScalar: self._tensor_scalar, ns.Activate: self._activate, ns.Copy: self._copy,
+            ns.Reduce: self._reduce, ns.Reciprocal: self._reciprocal, ns.Select: self._select,
+            ns.Memset: self._memset, ns.Iota: self._iota, ns.Identity: self._identity,
+            ns.LoadWeights: self._load_weights, ns.MatMul: self._matmul,
+            ns.Collective: self._collective,
         }
-        for sem in self.program.semantics:
-            handlers[sem[0]](*sem[1:])
 
-    def _load(self, dst: Ref, src: HbmAccess) -> None:
+    def run(self) -> None:
+        handlers = self.handlers()
+        for node, sem in enumerate(self.program.semantics):
+            handler = handlers.get(type(sem))
+            if handler is None:
+                raise ExecutionError(f"node {node} carries {sem!r}, which is not a node-semantics "
+                                     f"record the interpreter knows")
+            handler(sem)
+
+    def _load(self, s: ns.Load) -> None:
+        src = s.src
         block = self.hbm3d(src)[src.batch, src.r0:src.r1, src.c0:src.c1]
-        self.write(dst, block)
+        self.write(s.dst, block)
 
-    def _load_ktiled(self, dst: Ref, src: HbmAccess, ktiles: int) -> None:
+    def _load_ktiled(self, s: ns.LoadKTiled) -> None:
+        src, ktiles = s.src, s.ktiles
         block = self.hbm3d(src)[src.batch, src.r0:src.r1, src.c0:src.c1]
         rows, width = block.shape
         padded = np.zeros((ktiles * 128, width), np.float32)
         padded[:rows] = block
         tiled = padded.reshape(ktiles, 128, width).transpose(1, 0, 2).reshape(128, ktiles * width)
-        self.write(dst, tiled[:dst.rows])
+        self.write(s.dst, tiled[:s.dst.rows])
 
-    def _store(self, dst: HbmAccess, src: Ref) -> None:
+    def _store(self, s: ns.Store) -> None:
+        dst = s.dst
         tensor = self.program.hbm_tensors[dst.tensor]
-        self.hbm3d(dst)[dst.batch, dst.r0:dst.r1, dst.c0:dst.c1] = round_to(self.read(src),
+        self.hbm3d(dst)[dst.batch, dst.r0:dst.r1, dst.c0:dst.c1] = round_to(self.read(s.src),
                                                                             tensor.dtype)
 
-    def _tt(self, alu: str, out: Ref, a: Ref, b: Ref) -> None:
+    def _tensor_tensor(self, s: ns.TensorTensor) -> None:
         with np.errstate(all="ignore"):
-            self.write(out, ALU[alu](self.read(a), self.read(b)))
+            self.write(s.out, ALU[s.alu](self.read(s.a), self.read(s.b)))
 
-    def _ts(self, out: Ref, inp: Ref, ops: tuple) -> None:
-        x = self.read(inp)
+    def _tensor_scalar(self, s: ns.TensorScalar) -> None:
+        x = self.read(s.inp)
         with np.errstate(all="ignore"):
-            for alu, operand, reverse in ops:
-                s = self.scalar(operand)
-                x = ALU[alu](s, x) if reverse else ALU[alu](x, s)
-        self.write(out, x)
+            for step in s.steps:
+                operand = self.scalar(step.operand)
+                alu = ALU[step.alu]
+                x = alu(operand, x) if step.reverse else alu(x, operand)
+        self.write(s.out, x)
 
-    def _act(self, func: str, out: Ref, inp: Ref, scale: float | Ref, bias: float | Ref,
-             accumulate: Ref | None) -> None:
+    def _activate(self, s: ns.Activate) -> None:
         with np.errstate(all="ignore"):
-            y = ACTIVATIONS[func](self.read(inp) * self.scalar(scale) + self.scalar(bias))
+            y = ACTIVATIONS[s.func](self.read(s.inp) * self.scalar(s.scale) + self.scalar(s.bias))
         y = np.asarray(y, np.float32)
-        if accumulate is not None:
-            self.write(accumulate, y.sum(axis=1, keepdims=True))
-        self.write(out, y)
+        if s.accumulate is not None:
+            self.write(s.accumulate, y.sum(axis=1, keepdims=True))
+        self.write(s.out, y)
 
-    def _copy(self, out: Ref, inp: Ref) -> None:
-        self.write(out, self.read(inp))
+    def _copy(self, s: ns.Copy) -> None:
+        self.write(s.out, self.read(s.inp))
 
-    def _reduce(self, alu: str, out: Ref, inp: Ref) -> None:
-        x = self.read(inp)
-        self.write(out, x.sum(axis=1, keepdims=True) if alu == "add" else x.max(axis=1, keepdims=True))
+    def _reduce(self, s: ns.Reduce) -> None:
+        x = self.read(s.inp)
+        self.write(s.out, x.sum(axis=1, keepdims=True) if s.alu == "add" else x.max(axis=1, keepdims=True))
 
-    def _reciprocal(self, out: Ref, inp: Ref) -> None:
+    def _reciprocal(self, s: ns.Reciprocal) -> None:
         with np.errstate(all="ignore"):
-            self.write(out, 1.0 / self.read(inp))
+            self.write(s.out, 1.0 / self.read(s.inp))
 
-    def _select(self, out: Ref, pred: Ref, a: Ref, b: Ref) -> None:
-        self.write(out, np.where(self.read(pred) != 0, self.read(a), self.read(b)))
+    def _select(self, s: ns.Select) -> None:
+        self.write(s.out, np.where(self.read(s.pred) != 0, self.read(s.a), self.read(s.b)))
 
-    def _memset(self, out: Ref, value: float) -> None:
-        self.write(out, np.float32(value))
+    def _memset(self, s: ns.Memset) -> None:
+        self.write(s.out, np.float32(s.value))
 
-    def _iota(self, out: Ref, shape: tuple[int, ...], dim: int, first_row: int) -> None:
+    def _iota(self, s: ns.Iota) -> None:
+        out, shape, dim = s.out, s.shape, s.dim
         if not shape:
             self.write(out, np.float32(0))
             return
         if dim == len(shape) - 1:
             self.write(out, np.broadcast_to(np.arange(out.cols, dtype=np.float32), (out.rows, out.cols)))
             return
-        rows = np.arange(first_row, first_row + out.rows)
+        rows = np.arange(s.first_row, s.first_row + out.rows)
         coords = np.unravel_index(rows, shape[:-1])[dim].astype(np.float32)
         self.write(out, np.broadcast_to(coords[:, None], (out.rows, out.cols)))
 
-    def _identity(self, ref: Ref) -> None:
-        self.write(ref, np.eye(ref.rows, ref.cols, dtype=np.float32))
+    def _identity(self, s: ns.Identity) -> None:
+        self.write(s.out, np.eye(s.out.rows, s.out.cols, dtype=np.float32))
 
-    def _ldweights(self, ref: Ref) -> None:
-        self.weights = self.read(ref).copy()
+    def _load_weights(self, s: ns.LoadWeights) -> None:
+        self.weights = self.read(s.stationary).copy()
 
-    def _matmul(self, psum: Ref, moving: Ref, accumulate: bool, transpose: bool) -> None:
+    def _matmul(self, s: ns.MatMul) -> None:
         assert self.weights is not None
-        product = self.weights.T @ self.read(moving)
-        if accumulate:
-            product = self.read(psum) + product
-        self.write(psum, product)
+        product = self.weights.T @ self.read(s.moving)
+        if s.accumulate:
+            product = self.read(s.psum) + product
+        self.write(s.psum, product)
 
-    def _gather(self, out: Ref, table: HbmAccess, idx: Ref) -> None:
+    def _gather(self, s: ns.Gather) -> None:
+        table = s.table
         rows = self.hbm3d(table)[0]
-        indices = self.read(idx)[:, 0].astype(np.int64)
+        indices = self.read(s.idx)[:, 0].astype(np.int64)
         bad = (indices < 0) | (indices >= rows.shape[0])
         if bad.any():
             raise ExecutionError(
                 f"gather index {int(indices[bad][0])} outside table of {rows.shape[0]} rows "
                 f"({table.tensor})")
-        self.write(out, rows[indices, table.c0:table.c1])
+        self.write(s.out, rows[indices, table.c0:table.c1])
 
-
-    def _collective(self, op_index: int, src: HbmAccess, dst: HbmAccess) -> None:
-        op = self.program.graph.ops[op_index]
+    def _collective(self, s: ns.Collective) -> None:
+        src, dst = s.src, s.dst
+        op = self.program.graph.ops[s.op_index]
         if self.exchange is None:
             raise ExecutionError(f"{op.describe()} needs the other ranks of its tensor-parallel group; "
                                  f"run the program through neuroncore.parallel")
@@ -250,6 +266,10 @@ class Machine:
         result = self.exchange(op, value)
         target = self.program.hbm_tensors[dst.tensor]
         self.hbm[dst.tensor] = round_to(np.asarray(result, np.float32), target.dtype).reshape(target.shape)
+
+
+def _nothing(_: ns.Nop) -> None:
+    """A node that computes nothing (a DMA trigger, an FP32 matmul's second pass)."""
 
 
 def prepare_hbm(program: Program, inputs: list[np.ndarray],

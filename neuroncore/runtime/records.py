@@ -58,7 +58,7 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **
 
 def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[str, np.ndarray]]:
     """Columns that are the same for every execution of a program, built once and cached."""
-    cached = program.cache.get("static_columns")
+    cached = program.derived.static_columns
     if cached is not None:
         return cached
     idx = layout.instr_nodes
@@ -94,7 +94,7 @@ def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[st
         "source_engine": program.engine[producers],
     }
     cached = {"instruction": instruction, "packet": packet, "semaphore": semaphore}
-    program.cache["static_columns"] = cached
+    program.derived.static_columns = cached
     return cached
 
 

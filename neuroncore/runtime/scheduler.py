@@ -21,7 +21,24 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from neuroncore.compiler.program import RES_CC, RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM, Program
+from neuroncore.compiler.program import (
+    N_RESOURCES,
+    PORT_PSUM,
+    PORT_SBUF,
+    RES_CC,
+    RES_DMA,
+    RES_GPSIMD,
+    RES_SCALAR,
+    RES_TENSOR_LS,
+    RES_TENSOR_MM,
+    RES_VECTOR,
+    Program,
+)
+
+# NC-v2 port sharing (neuroncore.md §2.5): Vector and GpSimd share SBUF's port, Vector and Scalar
+# PSUM's. The other engine of a pair is ``PAIR - r`` (a sum, so the numba loop needs no table).
+SBUF_PORT_PAIR = RES_VECTOR + RES_GPSIMD
+PSUM_PORT_PAIR = RES_VECTOR + RES_SCALAR
 
 
 @njit(cache=True, nogil=True)
@@ -29,13 +46,13 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
               n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
               slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
               hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used, ports, port_rules):
-    engine_free = np.full(8, t0)  # 0-5 engine tracks, 6 unused (DMA), 7 the CC-core
+    engine_free = np.full(N_RESOURCES, t0)  # 0-5 engine tracks, RES_DMA unused, RES_CC the CC-core
     dma_free = np.full(n_dma_engines, t0)
     queue_free = np.full((n_dma_engines, n_queues), t0)
     queue_done = np.full(n_queues, t0)
     n_buckets = used.shape[1]
-    sbuf_port_end = np.full(7, t0)  # last SBUF access by Vector (1) / GpSimd (3)
-    psum_port_end = np.full(7, t0)  # last PSUM access by Vector (1) / Scalar (2)
+    sbuf_port_end = np.full(N_RESOURCES, t0)  # last SBUF access, by resource (Vector / GpSimd read it)
+    psum_port_end = np.full(N_RESOURCES, t0)  # last PSUM access, by resource (Vector / Scalar read it)
     last_mm_start = t0
     rotate = 0
     p = 0
@@ -94,12 +111,12 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
             if port_rules:
                 # NC-v2: Vector and GpSimd cannot use SBUF at once, Vector and Scalar not PSUM;
                 # the compiler serialises such pairs in program order (neuroncore.md §2.5)
-                if (r == 1 or r == 3) and ports[i] & 1:
-                    other = sbuf_port_end[4 - r]
+                if r in (RES_VECTOR, RES_GPSIMD) and ports[i] & PORT_SBUF:
+                    other = sbuf_port_end[SBUF_PORT_PAIR - r]
                     if other > ready:
                         ready = other
-                if (r == 1 or r == 2) and ports[i] & 2:
-                    other = psum_port_end[3 - r]
+                if r in (RES_VECTOR, RES_SCALAR) and ports[i] & PORT_PSUM:
+                    other = psum_port_end[PSUM_PORT_PAIR - r]
                     if other > ready:
                         ready = other
             s = avail if avail > ready else ready
@@ -107,9 +124,9 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
             start[i] = s
             end[i] = s + cost_ns[i]
             engine_free[r] = end[i]
-            if ports[i] & 1:
+            if ports[i] & PORT_SBUF:
                 sbuf_port_end[r] = end[i]
-            if ports[i] & 2:
+            if ports[i] & PORT_PSUM:
                 psum_port_end[r] = end[i]
             if r == RES_TENSOR_MM:
                 last_mm_start = s
@@ -204,7 +221,7 @@ HBM_MIN_PERIOD_NS = 1000.0
 
 
 def record_layout(program: Program) -> RecordLayout:
-    cached = program.cache.get("record_layout")
+    cached = program.derived.record_layout
     if cached is None:
         is_dma = program.resource == RES_DMA
         instr = np.flatnonzero(program.resource < RES_DMA)
@@ -219,7 +236,7 @@ def record_layout(program: Program) -> RecordLayout:
         hbm[~is_dma] = 0.0
         cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm,
                               np.flatnonzero(program.resource == RES_CC))
-        program.cache["record_layout"] = cached
+        program.derived.record_layout = cached
     return cached
 
 

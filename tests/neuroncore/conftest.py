@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import neuroncore as nc
+from neuroncore.compiler.node_semantics import NodeSemantics
 from neuroncore.compiler.program import RES_DMA
 from neuroncore.dtypes import DType, as_dtype
 from neuroncore.hardware import Engine
@@ -40,7 +41,7 @@ class Node:
     activation_fn: str | None
     tensor_instruction_type: str | None
     operands: str
-    semantics: tuple
+    semantics: NodeSemantics
 
 
 def decode(program: nc.Program) -> list[Node]:

@@ -5,12 +5,17 @@ These were keyword bags and positional tuples; a misspelt counter used to be acc
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import pytest
 
+import neuroncore as nc
+from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.counters import COUNTER_NAMES, NodeCounters
 from neuroncore.compiler.emitter import Emitter
 from neuroncore.compiler.program import Ref
 from neuroncore.hardware import Engine
+from neuroncore.runtime.interpreter import ExecutionError, Machine
 
 
 def _ref() -> Ref:
@@ -20,7 +25,7 @@ def _ref() -> Ref:
 def _memset(em: Emitter, **extra: object) -> int:
     ref = _ref()
     return em.instruction(Engine.VECTOR, "MEMSET", 10.0, reads=[], writes=[(("buf", 0), (0, 128, 0, 64))],
-                          text="dst", semantics=("memset", ref, 0.0), **extra)  # type: ignore[arg-type]
+                          text="dst", semantics=ns.Memset(ref, 0.0), **extra)  # type: ignore[arg-type]
 
 
 def test_misspelt_counter_is_an_error_at_the_call() -> None:
@@ -49,3 +54,36 @@ def test_counters_are_frozen_and_split_between_trigger_and_transfer() -> None:
     assert c.spill_part() == NodeCounters(spill_save_bytes=8)
     assert c.transfer_part() == NodeCounters(hbm_write_bytes=8, sbuf_read_bytes=8, dma_bytes=8)
     assert c.spill_part() + c.transfer_part() == c
+
+
+def test_emitter_refuses_semantics_that_are_not_records() -> None:
+    em = Emitter()
+    with pytest.raises(TypeError, match="node semantics must be a record"):
+        em.instruction(Engine.VECTOR, "MEMSET", 1.0, reads=[], writes=[], text="",
+                       semantics=("memset", _ref(), 0.0))  # type: ignore[arg-type]
+    assert em.n_nodes == 0  # nothing half-emitted
+
+
+def test_semantic_records_are_closed() -> None:
+    with pytest.raises(TypeError):
+        ns.MatMul(psum=_ref(), moving=_ref())  # type: ignore[call-arg]  # fields missing
+    with pytest.raises(TypeError):
+        ns.Memset(_ref(), 0.0, 1)  # type: ignore[call-arg]  # one field too many
+    with pytest.raises(TypeError):
+        ns.Copy(out=_ref(), src=_ref())  # type: ignore[call-arg]  # misspelt field
+
+
+def test_interpreter_dispatches_by_type_and_rejects_unknown_records() -> None:
+    b = nc.GraphBuilder("tiny")
+    x = b.parameter("x", (4, 8), "fp32")
+    program = nc.compile(b.build([b.exp(x)]), "trn1")
+    machine = Machine(program, {})
+    assert set(machine.handlers()) == ns.SEMANTIC_KINDS  # every kind has exactly one handler
+
+    @dataclass(frozen=True)
+    class Fused:  # a record the interpreter was never taught
+        out: Ref
+
+    broken = replace(program, semantics=[Fused(_ref())])
+    with pytest.raises(ExecutionError, match=r"node 0 carries .*Fused"):
+        Machine(broken, {}).run()

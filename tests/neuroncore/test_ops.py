@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import neuroncore as nc
+from neuroncore.compiler.node_semantics import Gather, Load, MatMul, Store
 from neuroncore.dtypes import DType, as_dtype
 from neuroncore.hardware import Engine
 
@@ -244,7 +245,7 @@ def test_unary(run, assert_close, rng, name, dtype):
     # the result is stored to its output tensor on an output queue, ordered after the ACTIVATE:
     # triggered by the Scalar engine itself, or by another engine waiting on Scalar's semaphore
     program = res.program
-    stores = [n for n in res.nodes(y) if n.is_dma and n.semantics[0] == "store"]
+    stores = [n for n in res.nodes(y) if n.is_dma and isinstance(n.semantics, Store)]
     assert len(stores) == n_tiles(R)
     for n in stores:
         assert program.queues[program.queue[n.index]].queue_type == "output"
@@ -498,8 +499,8 @@ def test_reshape_alias_is_free(run, assert_close, rng, dtype, src_shape, dst_sha
     assert_close(res.out, np.exp(f64(rounded(data, dtype))).reshape(dst_shape) + 1, dtype)
     assert res.nodes(r) == [], "an aliasing reshape emits nothing"
     # y reads e's tiles in place: no store of e and no reload through a view
-    assert not any(n.is_dma for n in res.nodes(y) if n.semantics[0] == "load")
-    assert not any(n.semantics[0] == "store" and n.semantics[1].tensor.startswith(e.name)
+    assert not any(n.is_dma for n in res.nodes(y) if isinstance(n.semantics, Load))
+    assert not any(isinstance(n.semantics, Store) and n.semantics.dst.tensor.startswith(e.name)
                    for n in res.nodes())
     assert kinds(compute(res.nodes(y))) == {("TENSOR_SCALAR", VECTOR)}
 
@@ -872,7 +873,7 @@ def test_dot(run, assert_close, rng, case, dtype):
         assert len(regular) == 2 * batches
         passes = sorted(n.operands.split("fp32_pass=")[1][:2] for n in regular)
         assert passes == sorted(["hi", "lo"] * batches)
-        assert sum(n.semantics[0] == "matmul" for n in regular) == batches
+        assert sum(isinstance(n.semantics, MatMul) for n in regular) == batches
     else:
         assert len(regular) == batches and not any("fp32_pass" in n.operands for n in regular)
     # operands whose contracting dim is the free dim go through PE transposes
@@ -953,7 +954,7 @@ def test_gather(run, rng, ids_shape, dtype, table_kind):
     assert len(transfers) == rows
     program = res.program
     for n in transfers:
-        assert n.opcode == "DMA_DIRECT2D" and n.semantics[0] == "gather"
+        assert n.opcode == "DMA_DIRECT2D" and isinstance(n.semantics, Gather)
         trig = int(program.trigger[n.index])
         assert program.opcodes[program.opcode_id[trig]] == "DMA_DESCRIPTOR_GEN"
         assert program.engine[trig] == GPSIMD

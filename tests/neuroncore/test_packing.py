@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import neuroncore as nc
+from neuroncore.compiler.node_semantics import MatMul
 from neuroncore.compiler.tiling import is_packed, locate, tile_grid, tiles_of
 
 TARGETS = [("trn1", "trn1.2xlarge"), ("trn2", "trn2.48xlarge")]
@@ -63,8 +64,8 @@ def test_decode_attention_heads_share_one_tile(target, instance):
     assert _count(program, "TENSOR_REDUCE") == 1
     assert _count(program, "RECIPROCAL") == 1
     # each head's scores land on its own partition of the PSUM bank
-    psum_rows = {program.semantics[i][1].p0 for i in range(program.n_nodes)
-                 if program.semantics[i][0] == "matmul" and not program.semantics[i][4]}
+    psum_rows = {sem.psum.p0 for sem in program.semantics
+                 if isinstance(sem, MatMul) and not sem.transpose}
     assert psum_rows == set(range(16))
 
 

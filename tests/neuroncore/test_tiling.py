@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import neuroncore as nc
+from neuroncore.compiler.node_semantics import Activate, Load, LoadWeights, MatMul, Nop
 from neuroncore.hardware import NC_V2, Engine, with_overrides
 
 THIS_FILE = os.path.abspath(__file__)
@@ -36,6 +37,18 @@ def opcode(program: nc.Program, i: int) -> str:
     return program.opcodes[program.opcode_id[i]]
 
 
+def _matmul(program: nc.Program, i: int) -> MatMul:
+    sem = program.semantics[i]
+    assert isinstance(sem, MatMul), sem
+    return sem
+
+
+def _activate(program: nc.Program, i: int) -> Activate:
+    sem = program.semantics[i]
+    assert isinstance(sem, Activate), sem
+    return sem
+
+
 def check_pe_limits(program: nc.Program) -> dict[str, int]:
     """Every LDWEIGHTS/MATMUL obeys the PE limits; returns counts for further checks."""
     spec = program.spec
@@ -45,8 +58,9 @@ def check_pe_limits(program: nc.Program) -> dict[str, int]:
     for i in range(program.n_nodes):
         code = opcode(program, i)
         if code == "LDWEIGHTS":
-            kind, ref = program.semantics[i]
-            assert kind == "ldweights"
+            sem = program.semantics[i]
+            assert isinstance(sem, LoadWeights)
+            ref = sem.stationary
             assert program.engine[i] == TENSOR
             assert 1 <= ref.rows <= spec.max_contraction, "K rows of the stationary operand"
             assert 1 <= ref.cols <= spec.max_stationary_free, "stationary free size"
@@ -65,8 +79,8 @@ def check_pe_limits(program: nc.Program) -> dict[str, int]:
             assert stationary is not None, "a MATMUL needs weights loaded first"
             assert (stationary.rows, stationary.cols) == (k, m), text
             sem = program.semantics[i]
-            if sem[0] == "matmul":
-                _, psum, moving, accumulate, transpose = sem
+            if isinstance(sem, MatMul):
+                psum, moving, accumulate, transpose = sem.psum, sem.moving, sem.accumulate, sem.transpose
                 assert (moving.rows, moving.cols) == (k, n)
                 assert (psum.rows, psum.cols) == (m, n)
                 assert program.buffers[moving.buf].memory == "SBUF"
@@ -80,7 +94,7 @@ def check_pe_limits(program: nc.Program) -> dict[str, int]:
                 assert transpose == (program.tensor_instruction_type[i] == "TRANSPOSE")
                 counts["transpose" if transpose else "matmul"] += 1
             else:
-                assert sem == ("nop",) and "fp32_pass=hi" in text  # second FP32 pass
+                assert sem == Nop() and "fp32_pass=hi" in text  # second FP32 pass
     return counts
 
 
@@ -184,18 +198,20 @@ def test_k_over_128_accumulates_in_psum(run, assert_close, k, dtype):
     groups: dict[int, list[int]] = {}
     for i in regular_matmuls(program, y):
         sem = program.semantics[i]
-        if sem[0] == "matmul":
-            groups.setdefault(sem[1].buf, []).append(i)
+        if isinstance(sem, MatMul):
+            groups.setdefault(sem.psum.buf, []).append(i)
     assert len(groups) == math.ceil(m / 128) * math.ceil(n / 512)
     for nodes in groups.values():
         assert len(nodes) == k_tiles
         positions = [re.search(r"acc=(\w+)", program.operands[i]).group(1) for i in nodes]
         assert positions == ["first", *["middle"] * (k_tiles - 2), "last"]
-        assert [program.semantics[i][3] for i in nodes] == [False] + [True] * (k_tiles - 1)
-        assert sum(program.semantics[i][2].rows for i in nodes) == k  # the K tiles cover K
+        matmuls = [program.semantics[i] for i in nodes]
+        assert all(isinstance(sem, MatMul) for sem in matmuls)
+        assert [sem.accumulate for sem in matmuls] == [False] + [True] * (k_tiles - 1)
+        assert sum(sem.moving.rows for sem in matmuls) == k  # the K tiles cover K
         # the K tiles are 128 rows, the last one partial
         last_rows = k - 128 * (k_tiles - 1)
-        assert [program.semantics[i][2].rows for i in nodes] == [128] * (k_tiles - 1) + [last_rows]
+        assert [sem.moving.rows for sem in matmuls] == [128] * (k_tiles - 1) + [last_rows]
     if dtype == "fp32":
         texts = [program.operands[i] for i in regular_matmuls(program, y)]
         assert sum("fp32_pass=lo" in t for t in texts) == sum("fp32_pass=hi" in t for t in texts)
@@ -223,19 +239,19 @@ def test_n_over_512_uses_several_psum_banks(run, assert_close, n, dtype):
             continue
         if opcode(program, i) == "LDWEIGHTS":
             groups.append([])
-        elif (opcode(program, i) == "MATMUL" and program.semantics[i][0] == "matmul"
+        elif (opcode(program, i) == "MATMUL" and isinstance(program.semantics[i], MatMul)
               and program.tensor_instruction_type[i] == "REGULAR"):
             groups[-1].append(i)
     groups = [grp for grp in groups if grp]
     assert sum(len(grp) for grp in groups) == chunks
     assert [len(grp) for grp in groups] == [min(4, chunks - 4 * j) for j in range(len(groups))]
     for grp in groups:
-        banks = [program.buffers[program.semantics[i][1].buf].address // 2048 for i in grp]
+        banks = [program.buffers[_matmul(program, i).psum.buf].address // 2048 for i in grp]
         assert len(set(banks)) == len(banks), "each 512-column chunk has its own PSUM bank"
-    widths = [program.semantics[i][2].cols for grp in groups for i in grp]
+    widths = [_matmul(program, i).moving.cols for grp in groups for i in grp]
     assert widths == [512] * (chunks - 1) + [n - 512 * (chunks - 1)]
     if chunks > 1:
-        used = {program.buffers[program.semantics[i][1].buf].address // 2048
+        used = {program.buffers[_matmul(program, i).psum.buf].address // 2048
                 for grp in groups for i in grp}
         assert len(used) > 1
 
@@ -346,7 +362,7 @@ def test_sbuf_spill_and_reload(run, assert_close):
         assert "SpillReload" in program.queues[program.queue[transfer]].name
     reloads = [i for i in range(program.n_nodes) if program.resource[i] == 6
                and program.queues[program.queue[i]].name == "qSyncSpillReload0"]
-    assert reloads and all(program.semantics[i][0] == "load" for i in reloads)
+    assert reloads and all(isinstance(program.semantics[i], Load) for i in reloads)
     assert any(t.kind == "scratch" and t.name.startswith("spill.") for t in program.hbm_tensors.values())
     result = nc.Instance("trn1.2xlarge").core(0).load(program).execute(inputs)
     reference = nc.run_reference(g, inputs)
@@ -394,7 +410,7 @@ def test_wide_elementwise_rows_are_processed_in_slices(spec, shape):
     program = nc.compile(g, spec)
     ops = [program.opcodes[program.opcode_id[i]] for i in range(program.n_nodes)]
     activations = [i for i, o in enumerate(ops) if o == "ACTIVATE"]
-    widths = [program.semantics[i][2].cols for i in activations]
+    widths = [_activate(program, i).out.cols for i in activations]
     assert len(activations) > 1 and max(widths) * 4 <= min(16 * 1024, spec.sbuf_bytes_per_partition // 8)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(shape).astype(np.float32) * 0.1 for _ in range(2)]

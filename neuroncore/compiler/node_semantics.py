@@ -1,0 +1,219 @@
+"""What each program node computes, as one typed record per kind, for the numerics interpreter.
+
+The timing model never looks at these; ``neuroncore.runtime.interpreter.Machine`` executes them in
+program order on NumPy copies of SBUF, PSUM and HBM. They used to be positional tuples
+(``("matmul", psum, moving, accumulate, transpose)``) dispatched by their first element, so a
+misplaced or missing field surfaced, if at all, deep inside a NumPy call. Now each kind is a frozen
+dataclass: a wrong field name or count fails where the lowering builds the record, the emitter refuses
+anything that is not one of ``SEMANTIC_KINDS``, and the interpreter dispatches on the record's type.
+
+Adding an instruction kind: declare its record here, add it to ``NodeSemantics`` and
+``SEMANTIC_KINDS``, and give ``Machine`` a handler for it (a test checks every kind has one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from neuroncore.compiler.program import HbmAccess, Ref
+
+Scalar: TypeAlias = float | Ref
+"""An instruction's scalar operand: an immediate, or one value per partition (``[rows, 1]`` in SBUF)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nop:
+    """Computes nothing: DMA triggers, the second pass of an FP32 matmul (the first did the math)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """DMA HBM -> SBUF: ``dst`` gets the block ``src`` addresses."""
+
+    dst: Ref
+    src: HbmAccess
+
+
+@dataclass(frozen=True, slots=True)
+class LoadKTiled:
+    """DMA of rows of a k-tiled weight: ``ktiles`` 128-row tiles side by side along the free dim."""
+
+    dst: Ref
+    src: HbmAccess
+    ktiles: int
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """DMA SBUF -> HBM, rounding to the HBM tensor's dtype."""
+
+    dst: HbmAccess
+    src: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """Indirect DMA: row ``idx[p]`` of ``table`` (columns ``table.c0:c1``) into partition p of ``out``."""
+
+    out: Ref
+    table: HbmAccess
+    idx: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class TensorTensor:
+    """Vector TENSOR_TENSOR: ``out = alu(a, b)`` element-wise."""
+
+    alu: str
+    out: Ref
+    a: Ref
+    b: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarStep:
+    """One ALU step of TENSOR_SCALAR: ``x = alu(x, operand)``, or ``alu(operand, x)`` if ``reverse``."""
+
+    alu: str
+    operand: Scalar
+    reverse: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TensorScalar:
+    """TENSOR_SCALAR: ``inp`` through ``steps`` in order, into ``out``."""
+
+    out: Ref
+    inp: Ref
+    steps: tuple[ScalarStep, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Activate:
+    """Scalar ACTIVATE: ``out = func(inp * scale + bias)``; ``accumulate`` gets its row sums."""
+
+    func: str
+    out: Ref
+    inp: Ref
+    scale: Scalar
+    bias: Scalar
+    accumulate: Ref | None
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """TENSOR_COPY with cast (PSUM evacuation, dtype conversion, broadcast of a column)."""
+
+    out: Ref
+    inp: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """TENSOR_REDUCE along the free dim: ``alu`` is ``add`` (sum) or ``max``."""
+
+    alu: str
+    out: Ref
+    inp: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Reciprocal:
+    """RECIPROCAL: ``out = 1 / inp``."""
+
+    out: Ref
+    inp: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """TENSOR_COPY_PREDICATED: ``out = a where pred != 0 else b``."""
+
+    out: Ref
+    pred: Ref
+    a: Ref
+    b: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Memset:
+    """MEMSET: every element of ``out`` is ``value``."""
+
+    out: Ref
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Iota:
+    """GpSimd IOTA: each element of ``out`` gets its coordinate along ``dim`` of ``shape``.
+
+    ``first_row`` is the tile's first logical row, from which each partition's coordinates follow.
+    """
+
+    out: Ref
+    shape: tuple[int, ...]
+    dim: int
+    first_row: int
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The identity matrix (for PE transposes) written into ``out``."""
+
+    out: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWeights:
+    """LDWEIGHTS: ``stationary`` becomes the PE's weights for the next MATMULs."""
+
+    stationary: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class MatMul:
+    """MATMUL: ``psum (+)= weights^T @ moving``; ``transpose`` marks a PE transpose (identity)."""
+
+    psum: Ref
+    moving: Ref
+    accumulate: bool
+    transpose: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A CC-core collective of IR op ``op_index``: the group's exchange of ``src`` lands in ``dst``."""
+
+    op_index: int
+    src: HbmAccess
+    dst: HbmAccess
+
+
+NodeSemantics: TypeAlias = (
+    Nop | Load | LoadKTiled | Store | Gather | TensorTensor | TensorScalar | Activate | Copy | Reduce
+    | Reciprocal | Select | Memset | Iota | Identity | LoadWeights | MatMul | Collective
+)
+"""Any node's semantics."""
+
+SEMANTIC_KINDS: frozenset[type] = frozenset({
+    Nop, Load, LoadKTiled, Store, Gather, TensorTensor, TensorScalar, Activate, Copy, Reduce,
+    Reciprocal, Select, Memset, Iota, Identity, LoadWeights, MatMul, Collective,
+})
+"""Every record type a node may carry; the emitter refuses anything else."""
+
+NOP = Nop()
+
+
+def check_semantics(semantics: object) -> None:
+    """Refuse anything that is not one of the declared records (an old-style tuple, say)."""
+    if type(semantics) not in SEMANTIC_KINDS:
+        raise TypeError(f"node semantics must be a record of neuroncore.compiler.node_semantics, "
+                        f"not {semantics!r}")
+
+
+__all__ = [
+    "NOP", "SEMANTIC_KINDS", "Activate", "Collective", "Copy", "Gather", "Identity", "Iota", "Load",
+    "LoadKTiled", "LoadWeights", "MatMul", "Memset", "NodeSemantics", "Nop", "Reciprocal", "Reduce",
+    "Scalar", "ScalarStep", "Select", "Store", "TensorScalar", "TensorTensor", "check_semantics",
+]
