@@ -48,6 +48,7 @@ from formats.intervals import (
     union_length,
 )
 from formats.sqlsource import TableSource
+from formats.text_lists import parse_ids
 
 if TYPE_CHECKING:
     from formats.reader import Profile
@@ -308,7 +309,7 @@ def _stack_lines(text: str | None, frames: Mapping[str, tuple[str, int, str]],
     writer may list only the leaf), each line once."""
     if not text:
         return []
-    ids = [t.strip() for t in str(text).strip("[] ").split(",") if t.strip()]
+    ids = [str(i) for i in parse_ids(text).ids]
     chain: list[str] = []
     seen: set[str] = set()
     for frame in reversed(ids):  # innermost first while walking up

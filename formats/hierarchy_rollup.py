@@ -18,14 +18,38 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from formats.text_lists import format_intervals, format_list
+
 ENGINE_STEMS = ("tensor", "vector", "scalar", "gpsimd", "sync")  # Engine code order of the core
-# Per-span sums: HBM read/write, SBUF read/write, LDWEIGHTS bytes, instructions, Instruction.raw_flops,
-# flops_transpose, adjusted_flops, PE FLOPs (greatest(raw, transpose) per instruction), per-engine counts.
-SUMS = ("hr", "hw", "sr", "sw", "lw", "ni", "rf", "ft", "af", "pe", *(f"n_{s}" for s in ENGINE_STEMS))
+
+
+@dataclass(frozen=True, slots=True)
+class EventSums:
+    """What each event adds to its op's span, one array per field (one value per event; ``None``:
+    the events carry none, summed as 0). A closed record: an unknown or misspelt name is a
+    ``TypeError`` at the call, never a silently recorded 0. Per-engine instruction counts come from
+    ``events(engine=...)``, not from here."""
+
+    hbm_read: np.ndarray | None = None  # HBM bytes read
+    hbm_write: np.ndarray | None = None  # HBM bytes written
+    sbuf_read: np.ndarray | None = None  # SBUF bytes read
+    sbuf_write: np.ndarray | None = None  # SBUF bytes written
+    load_weight: np.ndarray | None = None  # bytes loaded by LDWEIGHTS
+    instructions: np.ndarray | None = None  # 1 per instruction, 0 for a DMA packet
+    raw_flops: np.ndarray | None = None  # Instruction.raw_flops
+    flops_transpose: np.ndarray | None = None  # Instruction.flops_transpose (>= 0)
+    adjusted_flops: np.ndarray | None = None  # Instruction.adjusted_flops
+    pe_flops: np.ndarray | None = None  # PE FLOPs: greatest(raw, transpose) per instruction
+
+
+SUM_FIELDS = tuple(f.name for f in fields(EventSums))
+# The span columns that add up when spans merge: the EventSums fields, then per-engine counts.
+SUMS = (*SUM_FIELDS, *(f"n_{s}" for s in ENGINE_STEMS))
 NONE = np.iinfo(np.int64).max  # "no instruction" in the id minima
 
 Spans = dict[str, np.ndarray]  # op, s, e, iid, rid and the SUMS columns, equal lengths
@@ -33,7 +57,8 @@ Columns = dict[str, list[Any]]
 
 
 def events(op: np.ndarray, start: np.ndarray, end: np.ndarray, *, rid: np.ndarray,
-           iid: np.ndarray | None = None, engine: np.ndarray | None = None, **sums: np.ndarray) -> Spans:
+           iid: np.ndarray | None = None, engine: np.ndarray | None = None,
+           sums: EventSums = EventSums()) -> Spans:
     """Degenerate spans, one per event (instruction or packet) that belongs to an op (op >= 0)."""
     keep = op >= 0
     n = int(keep.sum())
@@ -46,7 +71,7 @@ def events(op: np.ndarray, start: np.ndarray, end: np.ndarray, *, rid: np.ndarra
             counted = engine[keep] == code if engine is not None else np.zeros(n, bool)
             cols[name] = counted.astype(np.int64)
         else:
-            value = sums.get(name)
+            value = getattr(sums, name)
             cols[name] = value[keep].astype(np.int64) if value is not None else np.zeros(n, np.int64)
     return cols
 
@@ -86,15 +111,6 @@ def _groups(op: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
-def _intervals(starts: Sequence[int], ends: Sequence[int]) -> str:
-    return "[" + ", ".join(f"[{s}, {e}]" for s, e in zip(starts, ends)) + "]"
-
-
-def _text_list(values: Sequence[Any]) -> str:
-    """The schema's text lists: ``[1024, 2048]`` / ``[a, b]`` (FrameworkNode keeps lists as text)."""
-    return "[" + ", ".join("null" if v is None else str(v) for v in values) + "]"
-
-
 def hlo_rows(spans: Spans, run: int, base: int, names: Mapping[int, str]) -> Columns:
     """HloInstruction rows (one per op) of one execution from its merged spans."""
     out: Columns = {k: [] for k in (
@@ -113,12 +129,14 @@ def hlo_rows(spans: Spans, run: int, base: int, names: Mapping[int, str]) -> Col
         row = {
             "id": first, "raw_bir_id": first - base, "raw_penguin_id": op, "raw_hlo_id": op,
             "raw_framework_id": op, "hlo_name": names.get(op, str(op)), "modular_flow_invocation_idx": run,
-            "start_ts": starts[0], "end_ts": max(ends), "time_intervals": _intervals(starts, ends),
+            "start_ts": starts[0], "end_ts": max(ends), "time_intervals": format_intervals(starts, ends),
             "element_count_per_interval": unknown, "transpose_element_count_per_interval": unknown,
-            "hbm_transfer_size_per_interval": (spans["hr"][a:b] + spans["hw"][a:b]).tolist(),
-            "hbm_read_bytes": int(spans["hr"][a:b].sum()), "hbm_write_bytes": int(spans["hw"][a:b].sum()),
-            "sbuf_read_bytes": int(spans["sr"][a:b].sum()), "sbuf_write_bytes": int(spans["sw"][a:b].sum()),
-            "load_weight_bytes": int(spans["lw"][a:b].sum()),
+            "hbm_transfer_size_per_interval": (spans["hbm_read"][a:b] + spans["hbm_write"][a:b]).tolist(),
+            "hbm_read_bytes": int(spans["hbm_read"][a:b].sum()),
+            "hbm_write_bytes": int(spans["hbm_write"][a:b].sum()),
+            "sbuf_read_bytes": int(spans["sbuf_read"][a:b].sum()),
+            "sbuf_write_bytes": int(spans["sbuf_write"][a:b].sum()),
+            "load_weight_bytes": int(spans["load_weight"][a:b].sum()),
             **_totals(spans, a, b),
         }
         for key, value in row.items():
@@ -128,10 +146,11 @@ def hlo_rows(spans: Spans, run: int, base: int, names: Mapping[int, str]) -> Col
 
 def _totals(spans: Spans, a: int, b: int) -> dict[str, int]:
     """The extension columns: instruction count, busy time and FLOP sums of one node."""
-    return {"instruction_count": int(spans["ni"][a:b].sum()),
+    return {"instruction_count": int(spans["instructions"][a:b].sum()),
             "active_time_ns": int((spans["e"][a:b] - spans["s"][a:b]).sum()),
-            "raw_flops": int(spans["rf"][a:b].sum()), "flops_transpose": int(spans["ft"][a:b].sum()),
-            "adjusted_flops": int(spans["af"][a:b].sum())}
+            "raw_flops": int(spans["raw_flops"][a:b].sum()),
+            "flops_transpose": int(spans["flops_transpose"][a:b].sum()),
+            "adjusted_flops": int(spans["adjusted_flops"][a:b].sum())}
 
 
 def _percent(num: np.ndarray, den: np.ndarray) -> list[float | None]:
@@ -206,34 +225,34 @@ class FrameworkTree:
         for a, b in sorted(_groups(merged["op"]), key=lambda g: (int(merged["s"][g[0]]), g[0])):
             path = self.nodes[int(merged["op"][a])]
             starts, ends = merged["s"][a:b].tolist(), merged["e"][a:b].tolist()
-            hbm = (merged["hr"][a:b] + merged["hw"][a:b]).tolist()
+            hbm = (merged["hbm_read"][a:b] + merged["hbm_write"][a:b]).tolist()
             values: dict[str, Any] = {
-                "node_name": path, "children_names": _text_list(children.get(path, [])),
+                "node_name": path, "children_names": format_list(children.get(path, [])),
                 "parent_name": path.rpartition("/")[0],
-                "children_ids": _text_list(sorted(self._direct.get(path, []))),
-                "start_ts": starts[0], "end_ts": max(ends), "time_intervals": _intervals(starts, ends),
-                "hbm_transfer_size_per_interval": _text_list(hbm),
-                "hbm_read_bytes": int(merged["hr"][a:b].sum()),
-                "hbm_write_bytes": int(merged["hw"][a:b].sum()),
-                "sbuf_read_bytes": int(merged["sr"][a:b].sum()),
-                "sbuf_write_bytes": int(merged["sw"][a:b].sum()),
-                "load_weight_bytes": int(merged["lw"][a:b].sum()),
+                "children_ids": format_list(sorted(self._direct.get(path, []))),
+                "start_ts": starts[0], "end_ts": max(ends), "time_intervals": format_intervals(starts, ends),
+                "hbm_transfer_size_per_interval": format_list(hbm),
+                "hbm_read_bytes": int(merged["hbm_read"][a:b].sum()),
+                "hbm_write_bytes": int(merged["hbm_write"][a:b].sum()),
+                "sbuf_read_bytes": int(merged["sbuf_read"][a:b].sum()),
+                "sbuf_write_bytes": int(merged["sbuf_write"][a:b].sum()),
+                "load_weight_bytes": int(merged["load_weight"][a:b].sum()),
             }
             for stem in ENGINE_STEMS:
                 values[f"{stem}_engine_instruction_count"] = int(merged[f"n_{stem}"][a:b].sum())
             values.update(_totals(merged, a, b))
             length = (merged["e"][a:b] - merged["s"][a:b]).astype(np.float64)
-            pe = merged["pe"][a:b].astype(np.float64)
-            model = pe - merged["ft"][a:b]
+            pe = merged["pe_flops"][a:b].astype(np.float64)
+            model = pe - merged["flops_transpose"][a:b]
             if peak_flops_per_s:
                 capacity = length * 1e-9 * peak_flops_per_s
-                values["hfu_per_interval"] = _text_list(_percent(pe, capacity))
-                values["mfu_per_interval"] = _text_list(_percent(model, capacity))
+                values["hfu_per_interval"] = format_list(_percent(pe, capacity))
+                values["mfu_per_interval"] = format_list(_percent(model, capacity))
                 values["hfu"] = _percent(np.array([pe.sum()]), np.array([capacity.sum()]))[0]
                 values["mfu"] = _percent(np.array([model.sum()]), np.array([capacity.sum()]))[0]
             if hbm_bytes_per_s:
                 hbm_capacity = length * 1e-9 * hbm_bytes_per_s
-                values["mbu_per_interval"] = _text_list(_percent(np.asarray(hbm, np.float64), hbm_capacity))
+                values["mbu_per_interval"] = format_list(_percent(np.asarray(hbm, np.float64), hbm_capacity))
             for key, value in values.items():
                 out.setdefault(key, []).append(value)
         return out

@@ -492,10 +492,13 @@ class ProfileRecorder:
             execution.spans.append(hierarchy.merge(hierarchy.events(
                 np.where(no_op, -1, packed), np.asarray(c["start_ts"]), np.asarray(c["end_ts"]),
                 rid=node + execution.base, iid=node + execution.base, engine=np.asarray(c["engine"]),
-                hr=np.asarray(c["hbm_read_bytes"]), hw=np.asarray(c["hbm_write_bytes"]), sr=sbuf_read,
-                sw=np.asarray(c["sbuf_write_bytes"]), lw=np.where(loads, sbuf_read, 0),
-                ni=np.ones(n, np.int64), rf=np.asarray(c["raw_flops"]), ft=np.maximum(transpose, 0),
-                af=np.asarray(c["adjusted_flops"]), pe=np.maximum(np.asarray(c["raw_flops"]), transpose))))
+                sums=hierarchy.EventSums(
+                    hbm_read=np.asarray(c["hbm_read_bytes"]), hbm_write=np.asarray(c["hbm_write_bytes"]),
+                    sbuf_read=sbuf_read, sbuf_write=np.asarray(c["sbuf_write_bytes"]),
+                    load_weight=np.where(loads, sbuf_read, 0), instructions=np.ones(n, np.int64),
+                    raw_flops=np.asarray(c["raw_flops"]), flops_transpose=np.maximum(transpose, 0),
+                    adjusted_flops=np.asarray(c["adjusted_flops"]),
+                    pe_flops=np.maximum(np.asarray(c["raw_flops"]), transpose)))))
 
     def _on_dma_packet(self, batch: Any) -> None:
         c = batch.columns
@@ -539,7 +542,8 @@ class ProfileRecorder:
         if self.rollups:
             execution.spans.append(hierarchy.merge(hierarchy.events(
                 np.where(op < 0, -1, _packed_op(program.model_id, op)), np.asarray(c["start_ts"]),
-                np.asarray(c["end_ts"]), rid=transfer + execution.base, hr=hbm_read, hw=hbm_write)))
+                np.asarray(c["end_ts"]), rid=transfer + execution.base,
+                sums=hierarchy.EventSums(hbm_read=hbm_read, hbm_write=hbm_write))))
         first = (rank == 0) & (np.asarray(c["trigger_id"]) >= 0)
         if first.any():
             k = int(first.sum())

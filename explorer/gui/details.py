@@ -24,6 +24,7 @@ from typing import Any
 from explorer.gui.session import LoadedProfile
 from explorer.gui.timeaxis import format_ns
 from formats.sqlsource import TableSource
+from formats.text_lists import parse_ids
 from formats.units import fmt_bytes, fmt_gbps, fmt_pct
 
 _WAIT_RE = re.compile(r"\$S\[(\d+)\]\s*(>=|>|==|<=|<)\s*(-?\d+)")
@@ -186,7 +187,7 @@ def innermost_frame(loaded: LoadedProfile, stack_frame_ids: str | None) -> tuple
     """(file, line) of the innermost frame of a ``stack_frame_ids`` text list."""
     if not stack_frame_ids:
         return None
-    ids = [t.strip() for t in stack_frame_ids.strip("[] ").split(",") if t.strip()]
+    ids = [str(i) for i in parse_ids(stack_frame_ids).ids]
     if not ids or not loaded.profile.has("StackFrame"):
         return None
     frame, location, name = (

@@ -23,6 +23,7 @@ from explorer.gui.session import LoadedProfile
 from formats.source_access import SourceAccess, SourceStatus
 from formats.source_access import read_source as read_source_text
 from formats.sqlsource import TableSource, literal
+from formats.text_lists import parse_ids
 
 
 @dataclass
@@ -121,7 +122,7 @@ def load_source_times(loaded: LoadedProfile) -> SourceTimes:
         for r in loaded.queries.rows(f"""
                 SELECT stack_frame_ids AS stack, count(*) AS n, sum(duration_ns) AS t FROM {source.relation()}
                 WHERE stack_frame_ids IS NOT NULL GROUP BY ALL"""):
-            ids = [t.strip() for t in str(r["stack"]).strip("[] ").split(",") if t.strip()]
+            ids = [str(i) for i in parse_ids(r["stack"]).ids]
             lines = [(frames[i][0], frames[i][1]) for i in ids if i in frames]
             out.stacks[str(r["stack"])] = lines
             t, n = int(r["t"] or 0), int(r["n"])
@@ -154,10 +155,10 @@ def load_source_times(loaded: LoadedProfile) -> SourceTimes:
             line.instructions += int(r["n"])
     _reconcile(loaded, out)
     files: dict[str, list[int]] = {}
-    for (path, _), t in out.lines.items():
+    for (path, _), line_time in out.lines.items():
         entry = files.setdefault(path, [0, 0])
-        entry[0] += t.self_ns
-        entry[1] = max(entry[1], t.inclusive_ns)
+        entry[0] += line_time.self_ns
+        entry[1] = max(entry[1], line_time.inclusive_ns)
     out.files = sorted(
         (FileTime(p, s, i) for p, (s, i) in files.items()),
         key=lambda f: (-f.self_ns, -f.inclusive_ns, f.path),

@@ -109,3 +109,23 @@ def test_model_is_immutable() -> None:
 def test_empty_and_clean() -> None:
     assert from_rows([], []).source == "nothing yet" and from_rows([], []).empty
     assert Malformed().note() == "" and from_rows([], HLO[:1]).source == "HloInstruction"
+
+
+def test_rollup_sums_are_a_closed_record() -> None:
+    """``hierarchy_rollup.events`` takes its per-event sums as a closed record: a misspelt name is an
+    error at the call (it used to be a ``**sums`` bag that recorded 0 for an unknown key)."""
+    from formats.hierarchy_rollup import SUMS, EventSums, events, hlo_rows, merge
+
+    with pytest.raises(TypeError):
+        EventSums(hbm_reads=np.ones(2, np.int64))  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        events(np.zeros(1, np.int64), np.zeros(1), np.ones(1), rid=np.zeros(1), hr=np.ones(1))  # type: ignore[call-arg]
+    op = np.array([0, 0, -1])
+    spans = merge(events(op, np.array([0, 5, 0]), np.array([10, 20, 9]), rid=np.arange(3),
+                         engine=np.array([0, 1, 0]),
+                         sums=EventSums(hbm_read=np.array([1, 2, 4]), instructions=np.ones(3, np.int64))))
+    assert set(SUMS) <= set(spans) and spans["hbm_read"].tolist() == [3]
+    assert spans["n_tensor"].tolist() == [1] and spans["n_vector"].tolist() == [1]
+    row = hlo_rows(spans, 0, 0, {0: "dot"})
+    assert row["hbm_read_bytes"] == [3] and row["instruction_count"] == [2] and row["sbuf_read_bytes"] == [0]
+    assert parse_intervals(row["time_intervals"][0]).spans.tolist() == [[0, 20]]
