@@ -15,7 +15,7 @@ padded positions are masked, and outputs are cut back).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,9 +124,28 @@ class UnsupportedOp:
         return f"UnsupportedOp({self.op.describe()})"
 
 
-def check(fn: Any, example_inputs: Sequence[Any]) -> list[UnsupportedOp]:
-    """Every op the compiler cannot lower, with its layer and source line; nothing is executed."""
-    converted = frontend_for(example_inputs).convert(fn, tuple(example_inputs), autocast=None)
+def _examples(example_inputs: Sequence[Any] | Mapping[str, Any]) -> Any:
+    """Positional example inputs as a tuple; keyword ones (a dict, PyTorch only) as a dict."""
+    if isinstance(example_inputs, Mapping):
+        if not all(isinstance(k, str) for k in example_inputs):
+            raise TraceError("keyword example inputs need string keys (the argument names)")
+        return dict(example_inputs)
+    return tuple(example_inputs)
+
+
+def _frontend(examples: Any) -> Any:
+    frontend = frontend_for([examples] if isinstance(examples, dict) else examples)
+    if isinstance(examples, dict) and not frontend.__name__.endswith("torch_frontend"):
+        raise TraceError("keyword example inputs (a dict) are for PyTorch modules; pass JAX "
+                         "arrays positionally")
+    return frontend
+
+
+def check(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any]) -> list[UnsupportedOp]:
+    """Every op the compiler cannot lower, with its layer and source line; nothing is executed.
+    ``example_inputs`` is a tuple (positional) or, for PyTorch, a dict of keyword inputs."""
+    examples = _examples(example_inputs)
+    converted = _frontend(examples).convert(fn, examples, autocast=None)
     return [UnsupportedOp(op) for op in unsupported_ops(converted.graph)]
 
 
@@ -164,6 +183,7 @@ class TracedModel:
     variants: list[_Variant]
     bucket_dim: int
     last_result: Any = field(default=None)  # ExecutionResult, or a GroupResult when sharded
+    keywords: tuple[str, ...] | None = None  # traced with keyword inputs: their names, in order
 
     @property
     def graph(self) -> Graph:
@@ -177,7 +197,30 @@ class TracedModel:
     def programs(self) -> dict[int | None, Program]:
         return {v.length: v.program for v in self.variants}
 
-    def __call__(self, *inputs: Any) -> Any:
+    def _positional(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
+        """Inputs in the traced order: positional ones first, then keywords by name."""
+        if self.keywords is None:
+            if named:
+                raise TraceError(f"traced with positional inputs; keyword inputs "
+                                 f"({', '.join(named)}) given")
+            return inputs
+        if len(inputs) > len(self.keywords):
+            raise TraceError(f"traced with {len(self.keywords)} inputs "
+                             f"({', '.join(self.keywords)}); {len(inputs)} given")
+        values = dict(zip(self.keywords, inputs))
+        for key, value in named.items():
+            if key not in self.keywords or key in values:
+                why = "given twice" if key in values else "was not traced"
+                raise TraceError(f"input {key!r} {why} (traced: {', '.join(self.keywords)})")
+            values[key] = value
+        missing = [k for k in self.keywords if k not in values]
+        if missing:
+            raise TraceError(f"missing input{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+        return tuple(values[k] for k in self.keywords)
+
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        """Run on the core: inputs positionally, or (when traced with a dict) by name too."""
+        inputs = self._positional(inputs, named)
         variant = self.variants[0]
         arrays = variant.converted.to_arrays(inputs)
         given = [tuple(a.shape) for a in arrays]
@@ -212,13 +255,16 @@ def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> i
     return lengths.pop()
 
 
-def trace(fn: Any, example_inputs: Sequence[Any], *, instance: str | None = None,
+def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *, instance: str | None = None,
           dtype: str | None = None, buckets: Sequence[int] | None = None, bucket_dim: int = 1,
           core: int = 0, tp_degree: int = 1, replicas: int = 1) -> TracedModel:
     """Compile ``fn`` (a torch module or a JAX-traceable function) for one core of ``instance``.
 
     ``dtype="bf16"`` auto-casts matmuls to bf16 with FP32 accumulation (``--auto-cast matmult``);
     anything else runs in the model's own dtypes. Unsupported ops fail with the full list.
+    ``example_inputs`` is a tuple, or for PyTorch a dict of keyword inputs
+    (``{"input_ids": ids, "attention_mask": mask}``, as ``model(**inputs)`` is called); the traced
+    model then takes them by name or positionally in that order.
     ``tp_degree=N`` shards the model Megatron-style over N cores from ``core`` on
     (``neuroncore.parallel``); ``replicas=K`` loads K such copies on the following cores and sends
     each call to the copy that is free first (data parallelism).
@@ -229,9 +275,9 @@ def trace(fn: Any, example_inputs: Sequence[Any], *, instance: str | None = None
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise TraceError(f"{name} must be a positive integer, not {value!r}")
     autocast = "bf16" if dtype == "bf16" else None
-    frontend = frontend_for(example_inputs)
+    examples = _examples(example_inputs)
+    frontend = _frontend(examples)
     inst = Instance(instance)
-    examples = tuple(example_inputs)
     variants: list[_Variant] = []
     lengths: list[int | None] = sorted(set(buckets)) if buckets else [None]
     for length in lengths:
@@ -240,7 +286,8 @@ def trace(fn: Any, example_inputs: Sequence[Any], *, instance: str | None = None
         program, model = _load(converted.graph, inst, core, tp_degree, replicas)
         shapes = [tuple(p.shape) for p in converted.graph.parameters]
         variants.append(_Variant(length, converted, program, model, shapes))
-    return TracedModel(frontend, variants, bucket_dim)
+    keywords = tuple(examples) if isinstance(examples, dict) else None
+    return TracedModel(frontend, variants, bucket_dim, keywords=keywords)
 
 
 def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,

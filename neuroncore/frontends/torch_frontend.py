@@ -40,6 +40,7 @@ import math
 import operator
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends.api import Converted, TraceError
+from neuroncore.frontends.torch_masks import runtime_index
+from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 
@@ -196,16 +199,65 @@ class _Module(torch.nn.Module):
 # -- export -------------------------------------------------------------------------------------
 
 
-def export(fn: Any, example_inputs: Sequence[Any]) -> ExportedProgram:
-    """``torch.export`` + core ATen decompositions, with export failures as one-line TraceErrors."""
+def _register_cache_outputs(module: torch.nn.Module) -> None:
+    """Let ``torch.export`` return a Hugging Face ``DynamicCache`` (``use_cache=True``, the default
+    of causal LMs), with transformers' own pytree registration for export
+    (``integrations.executorch.register_dynamic_cache_export_support``): the cache flattens to its
+    key tensors, layer by layer, then its value tensors. Only for transformers models, and only if
+    transformers is already imported (nothing is imported for other modules)."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None or not isinstance(module, transformers.PreTrainedModel):
+        return
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError:  # an older transformers: the cache stays an export error
+        return
+    register_dynamic_cache_export_support()
+
+
+def _alias_lifted_constants(ep: ExportedProgram) -> None:
+    """Tensors a model creates in ``forward`` (``DynamicLayer``'s empty ``torch.tensor([])``) are
+    lifted as constants named ``<module path>.lifted_tensor_N``; ``run_decompositions`` in torch
+    2.13 re-lifts them under the bare ``lifted_tensor_N`` and its verifier then finds no such
+    constant. Each gets its bare name as an alias (the first one keeps a shared bare name); the
+    converter reads constants by the names in the decomposed program's signature."""
+    for key, value in list(ep.constants.items()):
+        bare = key.rpartition(".")[2]
+        if bare != key and bare.startswith("lifted_tensor") and bare not in ep.constants:
+            ep.constants[bare] = value
+
+
+def _views_as_reshapes(ep: ExportedProgram) -> None:
+    """``aten.view`` nodes become ``aten.reshape`` before decomposition. The decomposed CPU
+    ``scaled_dot_product_attention`` gives its output other strides than eager torch does, so a
+    later ``.view`` that was valid when exported (GPT-2's ``Conv1D``: ``x.view(-1, x.size(-1))``)
+    fails when the decomposition re-runs it on fake tensors. The IR has no strides: a view and a
+    reshape are the same op to it."""
+    changed = False
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedProgram:
+    """``torch.export`` + core ATen decompositions, with export failures as one-line TraceErrors.
+    ``example_inputs`` is a tuple of positional inputs or a dict of keyword inputs."""
     module = fn if isinstance(fn, torch.nn.Module) else _Module(fn)
+    args, kwargs = ((), dict(example_inputs)) if isinstance(example_inputs, dict) \
+        else (tuple(example_inputs), None)
+    _register_cache_outputs(module)
     name = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "function")
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
         with warnings.catch_warnings():  # torch's own deprecation notices about its internals
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
-            ep = torch.export.export(module, tuple(example_inputs))
+            ep = torch.export.export(module, args, kwargs)
+            _alias_lifted_constants(ep)
+            _views_as_reshapes(ep)
             return ep.run_decompositions()
     except Exception as exc:  # torch raises many types; every one is a failed trace
         text = str(exc).strip()
@@ -427,6 +479,8 @@ class _Converter:
                     return Scalar(value, dtype)
                 return self.b.constant(value, dtype, shape=tuple(meta.shape))
         handler = getattr(self, f"_aten_{name}", None)
+        if handler is None and name in HANDLERS:
+            handler = functools.partial(HANDLERS[name], self)
         if handler is None:
             for table, method in ((_UNARY, self._unary), (_BINARY, self._binary),
                                   (_COMPARE, self._compare), (_LOGICAL, self._logical)):
@@ -1135,7 +1189,8 @@ class _Converter:
                 return out
         if positions == [0] and rank == 2 and len(indices) == 1:
             return self.b.gather(x, self._op(idx_nodes[0], DType.INT32))
-        return NotImplemented
+        gathered = runtime_index(self, x, indices, shape)
+        return NotImplemented if gathered is None else gathered
 
     def _constant_index(self, x: Op, positions: list[int], values: list[torch.Tensor],
                         shape: tuple[int, ...]) -> Op | None:
@@ -1256,10 +1311,13 @@ def _uniform(t: torch.Tensor) -> bool:
 # -- the frontend protocol ----------------------------------------------------------------------
 
 
-def convert(fn: Any, example_inputs: Sequence[Any], *, autocast: str | None) -> Converted:
-    """Export ``fn`` (an ``nn.Module`` or a callable) on the example inputs and emit IR."""
+def convert(fn: Any, example_inputs: Sequence[Any] | dict[str, Any], *,
+            autocast: str | None) -> Converted:
+    """Export ``fn`` (an ``nn.Module`` or a callable) on the example inputs (a tuple, or a dict of
+    keyword inputs) and emit IR."""
     name = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "function")
-    return from_exported(export(fn, tuple(example_inputs)), autocast=autocast, name=name)
+    examples = dict(example_inputs) if isinstance(example_inputs, dict) else tuple(example_inputs)
+    return from_exported(export(fn, examples), autocast=autocast, name=name)
 
 
 def from_exported(ep: ExportedProgram, *, autocast: str | None = None,
@@ -1268,6 +1326,7 @@ def from_exported(ep: ExportedProgram, *, autocast: str | None = None,
     (``ep.run_decompositions()``) is what ``convert`` produces; the un-decomposed ATen of
     ``torch.export.export`` (``linear``, ``matmul``, ``silu``, ``triu`` ...) is understood too."""
     name = name or "model"
+    load_handlers()
     converter = _Converter(ep, name, autocast)
     graph, results, out_meta = converter.run()
     in_meta = [(_meta(n).dtype, n.name) for n in converter.user_inputs]
@@ -1316,8 +1375,13 @@ def _is_builtin_spec(spec: Any) -> bool:
     return all(_is_builtin_spec(child) for child in spec.children())
 
 
-def resize(example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, ...]:
-    """Inputs whose ``dim`` has the first input's length, zero-padded (or cut) to ``length``."""
+def resize(example_inputs: Sequence[Any] | dict[str, Any], dim: int,
+           length: int) -> Any:
+    """Inputs whose ``dim`` has the first input's length, zero-padded (or cut) to ``length``
+    (a dict of keyword inputs stays a dict)."""
+    if isinstance(example_inputs, dict):
+        resized = resize(tuple(example_inputs.values()), dim, length)
+        return dict(zip(example_inputs, resized))
     inputs = tuple(example_inputs)
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not tensors or tensors[0].dim() <= dim:

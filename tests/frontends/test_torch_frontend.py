@@ -264,7 +264,7 @@ class WithUnsupported(nn.Module):
 
     def forward(self, x):
         y = self.factor(self.proj(x))
-        return torch.cumsum(y, -1)  # CUMSUM-LINE
+        return torch.cumprod(y, -1)  # CUMSUM-LINE
 
 
 def test_check_lists_unsupported_ops_with_layer_and_line():
@@ -273,7 +273,7 @@ def test_check_lists_unsupported_ops_with_layer_and_line():
     listing = [(op.opcode, op.layer, op.source) for op in missing]
     assert listing == [
         ("aten.linalg_cholesky_ex", "model/factor", f"{THIS_FILE}:{_line('CHOLESKY-LINE')}"),
-        ("aten.cumsum", "model", f"{THIS_FILE}:{_line('CUMSUM-LINE')}"),
+        ("aten.cumprod", "model", f"{THIS_FILE}:{_line('CUMSUM-LINE')}"),
     ]
     assert missing[0].shape == (8, 8) and missing[1].shape == (8, 8)
     with pytest.raises(UnsupportedOpsError) as info:

@@ -1,0 +1,203 @@
+"""Mask-building and index arithmetic: ``any``/``all``, ``cumsum``, ``argmax``/``argmin``,
+``gather`` and ``one_hot``-style comparisons, as the default (sdpa) attention-mask path of Hugging
+Face models and RoBERTa's position ids use them.
+
+Everything is rewritten into ops the core already runs, as an XLA compiler would:
+
+* ``any``/``all`` reduce a 0/1 tensor with max (``all`` is ``not any(not x)``).
+* ``cumsum`` is a Hillis-Steele scan: log2(n) steps of ``x + shift(x, 2^k)`` on the Vector engine
+  (exact for integers, the same order of additions for floats as a tree reduction).
+* ``argmax``/``argmin`` take the extreme value, then the smallest index where it occurs (``torch``
+  returns the first one), with the indices counted in fp32 (exact below 2^24).
+* ``gather`` and indexing with runtime indices become one row gather from the flattened source,
+  with the flat row number computed from the indices (``sum(index_k * stride_k)``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from neuroncore.dtypes import DType
+from neuroncore.frontends.torch_ops import handles
+from neuroncore.ir.graph import Op
+
+if TYPE_CHECKING:
+    from neuroncore.frontends.torch_frontend import _Converter
+
+
+def _dims(x: Op, dims: Any) -> list[int]:
+    rank = len(x.shape)
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def _truth(c: _Converter, x: Any) -> Op:
+    """``x != 0`` as a pred tensor (a pred tensor as is)."""
+    op = c._op(x)
+    return op if op.dtype is DType.PRED else c.b.compare(op, 0.0, "NE")
+
+
+def _any(c: _Converter, x: Op, dims: list[int], shape: tuple[int, ...]) -> Op:
+    if not x.shape:
+        return x
+    as_float = c.b.convert(x, DType.FP32)
+    out = c.b.compare(c.b.reduce(as_float, dims, "max"), 0.0, "GT")
+    return c.b.reshape(out, shape) if out.shape != shape else out
+
+
+@handles("any")
+def any_(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    shape, _ = c._out(node)
+    x = _truth(c, kw["self"])
+    return _any(c, x, _dims(x, kw.get("dim")), shape)
+
+
+@handles("all")
+def all_(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    shape, _ = c._out(node)
+    x = _truth(c, kw["self"])
+    negated = c.b.compare(x, 0.0, "EQ")
+    return c.b.compare(_any(c, negated, _dims(x, kw.get("dim")), shape), 0.0, "EQ")
+
+
+def shift(c: _Converter, x: Op, dim: int, by: int, fill: float = 0.0) -> Op:
+    """``x`` moved ``by`` places forward along ``dim``, the first ``by`` entries ``fill``."""
+    n = x.shape[dim]
+    if by >= n:
+        return c.b.constant(fill, x.dtype, shape=x.shape)
+    starts, limits = [0] * len(x.shape), list(x.shape)
+    limits[dim] = n - by
+    kept = c.b.slice(x, starts, limits)
+    pad_shape = list(x.shape)
+    pad_shape[dim] = by
+    return c.b.concatenate([c.b.constant(fill, x.dtype, shape=pad_shape), kept], dim)
+
+
+def cumulative_sum(c: _Converter, x: Op, dim: int) -> Op:
+    """Inclusive prefix sum along ``dim`` in ceil(log2(n)) shifted adds."""
+    step = 1
+    while step < x.shape[dim]:
+        x = c.b.add(x, shift(c, x, dim, step))
+        step *= 2
+    return x
+
+
+@handles("cumsum")
+def cumsum(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    _shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    if not x.shape:
+        return x
+    return cumulative_sum(c, x, kw["dim"] % len(x.shape))
+
+
+def first_index_of_extreme(c: _Converter, x: Op, dim: int, kind: str) -> Op:
+    """The first index along ``dim`` (removed) where ``x`` takes its max (or min), as fp32."""
+    work = c._cast(x, DType.FP32)
+    if kind == "min":
+        work = c.b.negate(work)
+    keep = tuple(1 if i == dim else d for i, d in enumerate(work.shape))
+    best = c.b.broadcast_to(c.b.reshape(c.b.reduce(work, [dim], "max"), keep), work.shape)
+    hit = c.b.compare(work, best, "EQ")
+    n = work.shape[dim]
+    position = c.b.iota(work.shape, dim, DType.FP32)
+    # the smallest hit position: max of (n - position) over hits, turned back
+    score = c.b.select(hit, c.b.subtract(float(n), position), 0.0)
+    return c.b.subtract(float(n), c.b.reduce(score, [dim], "max"))
+
+
+def _arg_extreme(c: _Converter, node: torch.fx.Node, kw: dict[str, Any], kind: str) -> Any:
+    shape, dtype = c._out(node)
+    x = c._op(kw["self"])
+    dim = kw.get("dim")
+    if dim is None:
+        x = c.b.reshape(x, (max(x.size, 1),))
+        dim = 0
+    if not x.shape:
+        return c.b.constant(0.0, dtype, shape=shape)
+    index = first_index_of_extreme(c, x, dim % len(x.shape), kind)
+    out = c._cast(index, dtype)
+    return c.b.reshape(out, shape) if out.shape != shape else out
+
+
+@handles("argmax")
+def argmax(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    return _arg_extreme(c, node, kw, "max")
+
+
+@handles("argmin")
+def argmin(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    return _arg_extreme(c, node, kw, "min")
+
+
+def gather_elements(c: _Converter, x: Op, coords: list[Op | None], shape: tuple[int, ...]) -> Op:
+    """``x[coords[0], coords[1], ...]`` elementwise, each coordinate an int32 op of ``shape`` (or
+    None: that dim's own position in ``shape``), as one gather from ``x`` flattened to rows."""
+    strides = [math.prod(x.shape[k + 1:]) for k in range(len(x.shape))]
+    flat: Op | None = None
+    for k, coord in enumerate(coords):
+        term = coord if coord is not None else c.b.iota(shape, k, DType.INT32)
+        term = c.b.broadcast_to(c._cast(term, DType.INT32), shape)
+        if strides[k] != 1:
+            term = c.b.multiply(term, float(strides[k]))
+        flat = term if flat is None else c.b.add(flat, term)
+    assert flat is not None
+    table = c.b.reshape(x, (x.size, 1))
+    return c.b.reshape(c.b.gather(table, flat), shape)
+
+
+@handles("gather")
+def gather(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    shape, dtype = c._out(node)
+    source = kw["self"]
+    known = c.known.get(source) if isinstance(source, torch.fx.Node) else None
+    if known is not None and known.numel() and bool((known == known.reshape(-1)[0]).all()):
+        return c.b.constant(float(known.reshape(-1)[0]), dtype, shape=shape)  # a uniform table
+    x = c._op(source)
+    if not shape:
+        return NotImplemented
+    dim = kw["dim"] % len(x.shape)
+    index = c._op(kw["index"], DType.INT32)
+    coords: list[Op | None] = [None] * len(x.shape)
+    coords[dim] = index
+    return gather_elements(c, x, coords, shape)
+
+
+def runtime_index(c: _Converter, x: Op, indices: list[Any], shape: tuple[int, ...]) -> Op | None:
+    """``x[i0, i1, ...]`` with adjacent leading runtime index tensors (``hidden[arange(b), pos]``,
+    CLIP's pooled output): one row gather of the trailing dims, or None when not of that form."""
+    positions = [i for i, ix in enumerate(indices) if ix is not None]
+    if positions != list(range(len(positions))):
+        return None
+    idx = [c._op(indices[i], DType.INT32) for i in positions]
+    bshape = tuple(torch.broadcast_shapes(*(i.shape for i in idx)))
+    k = len(positions)
+    rest = x.shape[k:]
+    if tuple(shape) != (*bshape, *rest):
+        return None
+    row_width = math.prod(rest)
+    flat: Op | None = None
+    for j, i in enumerate(idx):
+        dim_size = x.shape[j]
+        term = c.b.broadcast_to(i, bshape)
+        # negative indices count from the end, as in torch
+        term = c.b.add(term, c.b.multiply(c.b.convert(c.b.compare(term, 0.0, "LT"), DType.INT32),
+                                          float(dim_size)))
+        stride = math.prod(x.shape[j + 1:k])
+        if stride != 1:
+            term = c.b.multiply(term, float(stride))
+        flat = term if flat is None else c.b.add(flat, term)
+    assert flat is not None
+    table = c.b.reshape(x, (math.prod(x.shape[:k]), row_width))
+    rows = c.b.gather(table, flat if bshape else c.b.reshape(flat, (1,)))
+    return c.b.reshape(rows, shape)
+
+
+__all__ = ["argmax", "argmin", "cumulative_sum", "first_index_of_extreme", "gather_elements",
+           "runtime_index", "shift"]

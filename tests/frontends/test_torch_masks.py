@@ -1,0 +1,51 @@
+"""Mask-building and index ops (neuroncore/frontends/torch_masks.py) against torch, one by one."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import neuroncore as nc  # noqa: E402
+
+
+def _same(fn, *inputs):
+    traced = nc.trace(fn, inputs)
+    got, want = traced(*inputs), fn(*inputs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not [op for op in traced.graph.ops if op.opcode.startswith("aten.")]
+    return traced
+
+
+def test_any_all_over_dims_and_whole():
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0]])
+    _same(lambda m: torch.stack([m.bool().any(-1), m.bool().all(-1)]), mask)
+    _same(lambda m: (m == 0).any(), mask)
+    _same(lambda m: torch.all(m > -1, dim=0, keepdim=True), mask)
+
+
+def test_cumsum_int_positions_and_float():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1]])
+    # RoBERTa's create_position_ids_from_input_ids
+    _same(lambda m: (torch.cumsum(m, dim=1) * m) + 1, mask)
+    _same(lambda x: torch.cumsum(x, 0), torch.randn(9, 3))
+
+
+def test_argmax_argmin_first_occurrence():
+    x = torch.tensor([[1.0, 5.0, 5.0, -2.0], [0.0, 0.0, 0.0, 0.0], [-1.0, -3.0, 7.0, -3.0]])
+    _same(lambda t: torch.stack([t.argmax(-1), t.argmin(-1)]), x)
+    _same(lambda t: t.argmax(), x)
+    ids = torch.tensor([[5, 9, 2, 9], [1, 0, 0, 3]])
+    _same(lambda t: t.argmax(dim=-1), ids)  # CLIP's eos position on int ids
+
+
+def test_gather_and_runtime_index():
+    x = torch.randn(3, 5, 4)
+    index = torch.tensor([[0, 2, 4, 1], [4, 4, 0, 0], [1, 1, 1, 3]])[:, None, :].expand(3, 2, 4)
+    _same(lambda t, i: torch.gather(t, 1, i), x, index.contiguous())
+    hidden = torch.randn(2, 6, 8)
+    ids = torch.tensor([[4, 1, 9, 2, 0, 0], [3, 9, 5, 7, 8, 1]])
+    # CLIP's pooled output: hidden[arange(batch), ids.argmax(-1)]
+    _same(lambda h, i: h[torch.arange(h.shape[0]), i.argmax(dim=-1)], hidden, ids)
+    _same(lambda h, i: h[(i[:, 4] > 0).long() - 2], hidden, ids)  # negative runtime indices count from the end
