@@ -1,6 +1,7 @@
-"""The profile viewer driven through Textual's Pilot: every key binding, code linking both ways,
-problems that jump to where they happen, the real-layout profile, small terminals, and the ``view``
-command's bad-input lines (all before any terminal is taken over)."""
+"""The profile viewer driven through Textual's Pilot: every key binding, search and filter, problems that
+jump to where they happen, the title's marks, instruction rows and figures that fit, the bottom-up
+view, the real-layout profile, small terminals, and the ``view`` command's bad-input lines (all before
+any terminal is taken over). Code linking and the source-file rule are in ``test_viewer_source.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from textual.widgets import DataTable, Input, OptionList
+from textual.geometry import Region
+from textual.widget import Widget
+from textual.widgets import Input, OptionList
 
 from explorer.profile_cli import main
 from explorer.viewer import cli as viewer_cli
@@ -17,36 +20,16 @@ from explorer.viewer.app import HelpScreen, ViewerApp
 from explorer.viewer.panes import SourcePane
 from explorer.viewer.treetable import HierarchyTable
 from formats.dataset import find_profiles
-from tests.fixtures.pilot import settle, sync, type_into, viewer
+from tests.fixtures.pilot import current, goto, settle, sync, tree_names, type_into, viewer
 from tests.fixtures.real_layout import Shape, real_layout_profile
-from tests.fixtures.samples import BERT, LLAMA_TP2, SOURCE_ROOT
-
-
-def tree_names(app: ViewerApp) -> list[str]:
-    return [r.node.name for r in app.query_one("#tree", HierarchyTable).rows_shown]
-
-
-def current(app: ViewerApp) -> str:
-    row = app.query_one("#tree", HierarchyTable).current()
-    assert row is not None
-    return row.node.name
-
-
-async def goto(pilot, app: ViewerApp, name: str) -> None:  # type: ignore[no-untyped-def]
-    """Move the tree cursor down to the row called ``name``."""
-    table = app.query_one("#tree", HierarchyTable)
-    table.focus()
-    names = tree_names(app)
-    table.move_cursor(row=names.index(name))
-    await settle(pilot)
-
+from tests.fixtures.samples import BERT, LLAMA_TP2, bert_copy
 
 # -- our profile -------------------------------------------------------------------------------------
 
 
 @sync
-async def test_overview_tree_and_problems() -> None:
-    app = viewer(BERT)
+async def test_overview_tree_and_problems(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         assert app.overview is not None and app.analysis is not None
@@ -63,8 +46,8 @@ async def test_overview_tree_and_problems() -> None:
 
 
 @sync
-async def test_expand_collapse_and_instruction_pages() -> None:
-    app = viewer(BERT)
+async def test_expand_collapse_and_instruction_pages(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await goto(pilot, app, "output")
@@ -102,8 +85,8 @@ async def test_expand_collapse_and_instruction_pages() -> None:
 
 
 @sync
-async def test_sort_and_reverse() -> None:
-    app = viewer(BERT)
+async def test_sort_and_reverse(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         layers = ["attention", "output", "intermediate"]
@@ -121,8 +104,8 @@ async def test_sort_and_reverse() -> None:
 
 
 @sync
-async def test_filter_box() -> None:
-    app = viewer(BERT)
+async def test_filter_box(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await pilot.press("f")
@@ -144,62 +127,8 @@ async def test_filter_box() -> None:
 
 
 @sync
-async def test_search_next_previous() -> None:
-    app = viewer(BERT)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await settle(pilot)
-        await pilot.press("slash")
-        await type_into(pilot, "layer_norm")
-        await pilot.press("enter")
-        await settle(pilot)
-        first = current(app)
-        assert first.startswith("layer_norm.")
-        await pilot.press("n")
-        await settle(pilot)
-        second = current(app)
-        assert second.startswith("layer_norm.") and second != first
-        await pilot.press("N")
-        await settle(pilot)
-        assert current(app) == first
-        await pilot.press("slash")
-        await type_into(pilot, "zzz")
-        await pilot.press("enter")
-        await settle(pilot)
-        assert app.matches == []
-
-
-@sync
-async def test_code_linking_both_ways() -> None:
-    app = viewer(BERT)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await settle(pilot)
-        await pilot.press("slash")
-        await type_into(pilot, "dot.45")
-        await pilot.press("enter")
-        await settle(pilot)
-        pane = app.query_one("#source", SourcePane)
-        assert pane.file is not None and pane.file.shown_as == "neuroncore/workloads/models.py"
-        assert pane.marked[0] == ("/work/main/neuroncore/workloads/models.py", 29)  # _linear's matmul line
-        await pilot.press("c")
-        table = app.query_one("#source-table", DataTable)
-        assert table.has_focus and table.cursor_row == 28
-        await pilot.press("enter")  # line 29 made every linear layer's matmul
-        await settle(pilot)
-        marked = {app.hierarchy.nodes[k].name for k in app.state.marked or ()}
-        assert {"dot.5", "dot.12", "dot.19", "dot.36", "dot.45", "dot.51"} <= marked
-        assert current(app) == "dot.45" and table.has_focus  # the biggest; browsing lines goes on
-        await pilot.press("escape")
-        assert app.state.marked is None
-        await pilot.press("c")
-        table.move_cursor(row=0)  # the module docstring made nothing
-        await pilot.press("enter")
-        await settle(pilot)
-        assert app.state.marked is None
-
-
-@sync
-async def test_other_file_and_timeline_toggle() -> None:
-    app = viewer(BERT)
+async def test_other_file_and_timeline_toggle(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         files = app.analysis.source.files
@@ -227,24 +156,56 @@ async def test_other_file_and_timeline_toggle() -> None:
 
 
 @sync
-async def test_problem_jumps_to_its_node() -> None:
-    app = viewer(BERT)
+async def test_search_next_previous_with_its_match_count(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        await type_into(pilot, "layer_norm")
+        await pilot.press("enter")
+        await settle(pilot)
+        first = current(app)
+        total = len(app.matches)
+        assert first.startswith("layer_norm.") and total >= 2 and f"1/{total}" in title_text(app)
+        await pilot.press("n")
+        await settle(pilot)
+        second = current(app)
+        assert second.startswith("layer_norm.") and second != first and f"2/{total}" in title_text(app)
+        await pilot.press("N")
+        await settle(pilot)
+        assert current(app) == first and f"1/{total}" in title_text(app)
+        await pilot.press("N")  # before the first: wraps to the last
+        await settle(pilot)
+        assert f"{total}/{total}" in title_text(app)
+        await pilot.press("escape")
+        assert "/{total}" not in title_text(app)
+        await pilot.press("slash")
+        await type_into(pilot, "zzz")
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.matches == []
+
+
+@sync
+async def test_problem_jumps_to_its_node(source_root: Path) -> None:
+    """The problems pane opens with a selection: enter jumps with no mouse and no arrow key first."""
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await pilot.press("p")
         options = app.query_one("#problems", OptionList)
-        assert options.has_focus
-        problem = app.analysis.problems[0]
-        options.highlighted = 0
+        assert options.has_focus and options.highlighted == 0
         await pilot.press("enter")
         await settle(pilot)
-        assert app.state.selected == problem.node and app.query_one("#tree").has_focus
+        problem = app.analysis.problems[0]
+        assert problem.node is not None and app.state.selected == problem.node
+        assert app.query_one("#tree").has_focus
         assert app._timeline_span()[1] == app.hierarchy.nodes[problem.node].stats.span
 
 
 @sync
-async def test_zoom_help_focus_and_quit() -> None:
-    app = viewer(BERT)
+async def test_zoom_help_focus_and_quit(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         await pilot.press("z")
@@ -283,6 +244,168 @@ async def test_switch_profiles_of_a_dataset() -> None:
         assert app.overview.name.endswith("core=0/execution=2")
 
 
+# -- the title, instruction rows, figures -------------------------------------------------------------
+
+
+def title_text(app: ViewerApp) -> str:
+    return str(app.query_one("#title").render())
+
+
+def screen_lines(widget: Widget) -> list[str]:
+    """The lines a widget paints (what the terminal shows of it)."""
+    width, height = widget.size
+    return [strip.text for strip in widget.render_lines(Region(0, 0, width, height))]
+
+
+@sync
+async def test_instruction_rows_show_semaphore_wait_and_operands(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        await type_into(pilot, "dot.45")
+        await pilot.press("enter", "enter")  # jump to the op, open it
+        await settle(pilot)
+        rows = [r.node for r in app.query_one("#tree", HierarchyTable).rows_shown if r.node.kind == "instr"]
+        assert rows
+        # dot.45's LDWEIGHTS that waited 8,377 ns for semaphore 1 to reach 76 (values in the sample)
+        waited = next(n for n in rows if "wait 8.38 µs" in n.detail)
+        assert waited.name == "LDWEIGHTS" and "$S[1]>=76" in waited.detail
+        assert all(" wait " in n.detail for n in rows)
+        table = app.query_one("#tree", HierarchyTable)
+        index = next(i for i, r in enumerate(table.rows_shown) if r.node is waited)
+        assert "wait 8.38 µs  $S[1]>=76" in table._line(index)[0]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "name", "size", "shown", "not_shown"),
+    [
+        ({"capture_complete": False}, "run.incomplete", (80, 24), "INCOMPLETE", None),
+        ({}, "whole", (80, 24), None, "INCOMPLETE"),
+        (
+            {"warm_up_execution": True, "requested_execution": 3},
+            "execution=2",
+            (160, 30),
+            "warm-up execution 2 (asked for 3)",
+            "INCOMPLETE",
+        ),
+    ],
+    ids=["incomplete", "complete", "warm-up"],
+)
+@sync
+async def test_the_title_marks_incomplete_and_warm_up_profiles(
+    tmp_path: Path,
+    metadata: dict[str, object],
+    name: str,
+    size: tuple[int, int],
+    shown: str | None,
+    not_shown: str | None,
+) -> None:
+    app = viewer(bert_copy(tmp_path, metadata=metadata, name=name), source_root=None)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        assert shown is None or shown in title_text(app)
+        assert not_shown is None or not_shown not in title_text(app)
+
+
+@sync
+async def test_summary_at_80x24_never_wraps_inside_a_figure(source_root: Path) -> None:
+    app = viewer(BERT, source_root)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.pause()
+        figures = {f.label: f.value for f in app.overview.figures}
+        lines = screen_lines(app.query_one("#figures"))
+        for figure in (f"MFU {figures['MFU']}", f"HFU {figures['HFU']}", f"MBU {figures['MBU']}",
+                       f"HBM {figures['HBM moved']}", figures["Total time"]):
+            assert any(figure in line for line in lines), (figure, lines)
+        assert not any(line.rstrip().endswith(("MFU", "HFU", "MBU", "HBM")) for line in lines), lines
+        await pilot.resize_terminal(70, 24)
+        await settle(pilot)
+        await pilot.pause()
+        lines = screen_lines(app.query_one("#figures"))
+        assert any(f"MBU {figures['MBU']}" in line for line in lines), lines
+
+
+def test_count_columns_never_run_together() -> None:
+    """Per-engine counts past 9,999 used to print in full into 5-wide cells: ``152k1970115098``."""
+    from explorer.viewer.model import Node, NodeStats
+    from explorer.viewer.treetable import FIGURE_COLUMNS, FIXED_WIDTH, figure_text
+
+    stats = NodeStats(time_ns=125_000, start_ts=0, end_ts=1, hbm_bytes=1_000_000, mfu=1.0,
+                      counts=(152_000, 1_970_115, 98, 0, 99_999_999_999), instructions=10)
+    text = figure_text(Node("H:1", "hlo", "dot.1", "", stats), 125_000)
+    assert len(text) == FIXED_WIDTH - 2  # every row the same width: columns line up under the header
+    assert text.split()[-5:] == ["152k", "1.97M", "98", "·", "100G"]
+    ends = list(__import__("itertools").accumulate(w for _, _, w in FIGURE_COLUMNS))
+    for start in ends[:-1]:  # a blank in front of every column
+        assert text[start] == " ", (text, start)
+    big = NodeStats(hbm_bytes=1_048_000, counts=stats.counts)
+    wide = figure_text(Node("H:1", "hlo", "dot.1", "", big), 1)
+    assert " 1023.4 KiB " in wide  # a cell longer than its column still has a blank on each side
+
+
+# -- a bottom-up view, and problems that point at where the cost is ---------------------------------
+
+
+def test_op_kinds_across_layers() -> None:
+    from explorer.viewer.bottomup import kind_of, op_kind
+
+    assert op_kind("dot.217") == "dot" and op_kind("layer_norm.3") == "layer_norm" and op_kind("add") == "add"
+    a, b = kind_of("model/layers.0/mlp/down_proj", "dot.7"), kind_of("model/layers.9/mlp/down_proj", "dot.90")
+    assert a == b and a.label == "down_proj" and a.key == "K:down_proj"
+    assert kind_of("model/layers.0/mlp/up_proj", "dot.5") != a and kind_of(None, "dot.1").label == "dot"
+
+
+@sync
+async def test_tensor_idle_points_at_the_kind_where_the_waiting_is() -> None:
+    """The finding names the module kind with most of the waiting (self_attn across both decoder
+    layers, 28 %), not the op with the single largest wait; enter goes there."""
+    app = viewer(LLAMA_TP2, source_root=None)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        idle = app.analysis.problems[0]
+        assert idle.title.startswith("Tensor engine idle") and idle.kind == "K:self_attn"
+        assert "most in self_attn (28.3% of it, largest model/layers.0/self_attn, op dot.51)" in idle.detail
+        node = app.analysis.hierarchy.nodes[idle.node]
+        assert node.name == "dot.51" and node.layer == "model/layers.0/self_attn"
+        kind = app.analysis.bottom_up.nodes["K:self_attn"]
+        assert kind.detail.startswith("×") and idle.node in app.analysis.bottom_up.children["K:self_attn"]
+
+
+@sync
+async def test_bottom_up_view_and_problem_jump() -> None:
+    app = viewer(LLAMA_TP2, source_root=None)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("b")
+        await settle(pilot)
+        assert app.bottom_up and app.hierarchy is app.analysis.bottom_up
+        rows = app.query_one("#tree", HierarchyTable).rows_shown
+        kinds = {r.node.name: r.node for r in rows if r.node.kind == "kind"}
+        down = kinds["down_proj"]
+        assert down.detail.startswith("×4")  # a matmul and an add in each decoder layer's down_proj
+        instances = [app.analysis.hierarchy.nodes[k] for k in app.analysis.bottom_up.children[down.key]]
+        assert len(instances) == 4 and {n.layer for n in instances} == {
+            "model/layers.0/mlp/down_proj",
+            "model/layers.1/mlp/down_proj",
+        }
+        from formats.attribution import attribute
+
+        union = attribute(app.data.profile).kinds["down_proj"].inclusive_ns  # the one kind-time definition
+        assert down.stats.time_ns == union <= sum(n.stats.time_ns for n in instances)
+        assert down.stats.counts[0] == sum(n.stats.counts[0] for n in instances)
+        await pilot.press("b")  # back to layers -> ops
+        await settle(pilot)
+        assert not app.bottom_up and app.hierarchy is app.analysis.hierarchy
+        await pilot.press("p", "enter")  # the Tensor-idle finding: its kind, its biggest instance
+        await settle(pilot)
+        problem = app.analysis.problems[0]
+        assert problem.kind is not None and app.bottom_up
+        assert app.state.selected == problem.node and problem.kind in app.state.expanded
+        assert app.hierarchy.nodes[problem.node].parent == problem.kind
+
+
 # -- the real tool's layout ------------------------------------------------------------------------------
 
 
@@ -303,22 +426,6 @@ async def test_real_layout_says_what_is_missing(tmp_path: Path) -> None:
 
 
 @sync
-async def test_real_layout_with_source_root(tmp_path: Path) -> None:
-    app = viewer(real_layout_profile(tmp_path, Shape.LLAMA))
-    async with app.run_test(size=(120, 36)) as pilot:
-        await settle(pilot)
-        await pilot.press("slash")
-        await type_into(pilot, "softmax")
-        await pilot.press("enter")
-        await settle(pilot)
-        pane = app.query_one("#source", SourcePane)
-        assert pane.file.shown_as == "llama/model.py" and pane.marked[0] == (
-            "/home/ubuntu/llama/model.py",
-            13,
-        )
-
-
-@sync
 async def test_profile_without_instructions(tmp_path: Path) -> None:
     root = tmp_path / "bare"
     root.mkdir()
@@ -335,8 +442,8 @@ async def test_profile_without_instructions(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [(30, 8), (70, 14)])
 @sync
-async def test_small_terminals_degrade(size: tuple[int, int]) -> None:
-    app = viewer(BERT)
+async def test_small_terminals_degrade(size: tuple[int, int], source_root: Path) -> None:
+    app = viewer(BERT, source_root)
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
         await pilot.press("down", "right", "c", "enter", "h", "z", "z", "t")
@@ -372,13 +479,13 @@ def test_view_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "needs a terminal" in one_line(capsys.readouterr().err)
 
 
-def test_view_launches_the_viewer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_view_launches_the_viewer(monkeypatch: pytest.MonkeyPatch, source_root: Path) -> None:
     ran: list[ViewerApp] = []
     monkeypatch.setattr(viewer_cli, "is_terminal", lambda: True)
     monkeypatch.setattr(ViewerApp, "run", lambda self: ran.append(self))
-    assert main(["view", str(LLAMA_TP2), "--source-root", str(SOURCE_ROOT)]) == 0
+    assert main(["view", str(LLAMA_TP2), "--source-root", str(source_root)]) == 0
     app = ran[0]
-    assert len(app.entries) == 2 and app.source_root == SOURCE_ROOT
+    assert len(app.entries) == 2 and app.source_root == source_root
     assert app.data is not None and app.data.name == "model=llama_decode/core=0/execution=2"
 
 
