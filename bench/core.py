@@ -30,7 +30,7 @@ os.environ.setdefault("NEURONSCOPE_LIVE", "0")
 import neuroncore as nc
 from neuroncore import workloads
 from neuroncore.hardware import NC_V2
-from neuroncore.runtime.summary import summarize
+from neuroncore.runtime.timing_summary import summarize
 
 PUBLISHED_MATMUL_MS = 6.97
 

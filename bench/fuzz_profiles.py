@@ -366,7 +366,7 @@ def make_case(base: Path, dest: Path, rng: random.Random, mutations: list[str] |
 
 def _cli(argv: list[str]) -> tuple[str, str]:
     """Run ``neuron-profile`` in-process: ("ok"|"refused"|"crash", detail)."""
-    from formats.cli_profile import main
+    from formats.profile_commands import main
 
     # Real streams' encodings: stdout UTF-8 strict (a lone surrogate raises, as on a terminal or pipe),
     # stderr with Python's backslashreplace.

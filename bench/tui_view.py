@@ -275,9 +275,9 @@ def cached_profile(n: int) -> Path:
 
 
 async def _measure(path: Path) -> dict[str, Any]:
-    from explorer.viewer.app import ViewerApp, profile_name
     from explorer.viewer.data import ProfileData
     from explorer.viewer.treetable import HierarchyTable
+    from explorer.viewer.viewer_app import ViewerApp, profile_name
     from formats.dataset import find_profiles
     from formats.reader import open_profile
 

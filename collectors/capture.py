@@ -90,7 +90,7 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     from neuroncore.compiler import compile as compile_graph
     from neuroncore.parallel import TensorParallelModel
     from neuroncore.runtime import Instance
-    from neuroncore.runtime.summary import summarize
+    from neuroncore.runtime.timing_summary import summarize
     from neuroncore.workloads import get, random_inputs
 
     workload = get(args.workload)

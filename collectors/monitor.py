@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from collectors import hostmetrics, instanceinfo, livepaths, monitor_report
-from collectors.cliargs import OneLineParser
 from collectors.inventory import Inventory, InventoryError, discover
 from collectors.livereader import ProcessState, read_live_state
 from collectors.livewindow import LiveTracker
 from collectors.monitor_config import ConfigError, GroupSpec, MonitorConfig, default_config, load_config
+from neuronscope.cli_kit import OneLineParser
 
 HW_COUNTER_KEYS = ("mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_uncorrected", "sram_ecc_corrected")
 

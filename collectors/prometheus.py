@@ -33,7 +33,6 @@ from typing import Any, TextIO
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info, start_http_server
 
-from collectors.cliargs import OneLineParser
 from collectors.reportvalues import (
     MAX_CORES,
     MAX_DEVICES,
@@ -47,6 +46,7 @@ from collectors.reportvalues import (
     read_bounded_line,
     text,
 )
+from neuronscope.cli_kit import OneLineParser
 
 INSTANCE_LABELS = (("instance_name", "instance_name"), ("instance_id", "instance_id"),
                    ("instance_type", "instance_type"), ("availability_zone", "instance_availability_zone"),

@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from collectors.cliargs import OneLineParser
 from collectors.inventory import Inventory, InventoryError, discover
 from explorer import ls_topology
 from explorer.ls_model import (
@@ -40,6 +39,7 @@ from explorer.ls_model import (
     gather,
     memory_text,
 )
+from neuronscope.cli_kit import OneLineParser
 
 INVENTORY_COLUMNS = ("NEURON DEVICE", "NEURON CORES", "NEURON CORE IDS", "NEURON MEMORY",
                      "CONNECTED DEVICES", "PCI BDF", "CPU AFFINITY", "NUMA NODE")

@@ -3,7 +3,7 @@
     neuron-profile capture --workload bert-layer -o out/bert      # collectors.capture
     neuron-profile capture -o out/mine -- python my_script.py     # wrap any program
     neuron-profile run --workload bert-layer --duration 30        # load generator (collectors.loadgen)
-    neuron-profile validate out/bert/device/...                   # formats.cli_profile
+    neuron-profile validate out/bert/device/...                   # formats.profile_commands
     neuron-profile view out/bert/device                           # interactive viewer (explorer.viewer)
 
 Subcommands are small classes (``name``, ``help``, ``prepare_parser``, ``run``) contributed by the
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from collectors.capture import CaptureCommand, CaptureError
 from collectors.loadgen import RunCommand
-from explorer.viewer.cli import ViewCommand
-from formats import cli_profile as formats_cli
-from formats.cli_profile import COMMANDS as FORMAT_COMMANDS
+from explorer.viewer.view_command import ViewCommand
+from formats import profile_commands as formats_cli
+from formats.profile_commands import COMMANDS as FORMAT_COMMANDS
 from formats.reader import ProfileError
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the

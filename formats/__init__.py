@@ -11,7 +11,7 @@ Formats never import the explorer. The profile layer (docs/profiles.md):
 """
 
 from formats.reader import Profile, ProfileError, ProfileTable, ProfileWarning, open_profile
-from formats.recorder import ProfileRecorder, record_profile, sink_writer
+from formats.recorder import ProfileRecorder, record_profile
 from formats.schema import PROFILE_SCHEMA_VERSION, SCHEMA, Schema
 from formats.validate import ValidationReport, validate
 from formats.writer import ProfileWriteError, ProfileWriter
@@ -51,7 +51,6 @@ __all__ = [
     "open_profile",
     "open_query",
     "record_profile",
-    "sink_writer",
     "summary_row",
     "validate",
 ]

@@ -679,5 +679,4 @@ def record_profile(out_dir: str | Path, sink: Any = None, *, core: int | None = 
     recorder.close()
 
 
-sink_writer = record_profile
 """Alias: the sink-to-writer adapter under the name the design notes use."""

@@ -27,7 +27,7 @@ from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import ExecutionError, Instance
-from neuroncore.runtime.summary import summarize
+from neuroncore.runtime.timing_summary import summarize
 from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
 
 

@@ -27,8 +27,8 @@ import pytest
 from formats import figures as F
 from formats import summary, units
 from formats.attribution import attribute
-from formats.cli_profile import main
 from formats.intervals import union_length
+from formats.profile_commands import main
 from formats.reader import open_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +234,7 @@ def test_gui_rows_zoomed_out_show_how_busy(gui, profile, span) -> None:
 
 
 def test_gui_source_lines(gui, attributed) -> None:
-    from explorer.gui.source import load_source_times
+    from explorer.gui.source_times import load_source_times
 
     session, _ = gui
     times = load_source_times(session.profiles[0])
@@ -330,7 +330,7 @@ def test_neuron_top_engine_busy_is_the_fraction_of_time(profile) -> None:
     """neuron-top's per-engine busy (live state) is a fraction in [0, 1] combined per core like the
     Summary's (Σ over processes, capped at 1), shown with the same percent formatting."""
     from explorer.top.aggregate import combine
-    from explorer.top.model import CoreUse, ProcessSnapshot
+    from explorer.top.snapshots import CoreUse, ProcessSnapshot
 
     busy = {name: b.fraction for name, b in F.engine_busy(profile, F.whole(profile)).items()}
     snapshot = ProcessSnapshot(1, "llama", cores={0: CoreUse(0, 100 * busy["Vector"], 0.0, engine_busy=busy)})

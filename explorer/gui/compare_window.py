@@ -15,10 +15,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from explorer.gui.compare import DeltaRow, format_delta, format_value, instance_note, summary_deltas
+from explorer.gui.qt_tables import fill_table, make_table
 from explorer.gui.rows import discover_rows
 from explorer.gui.session import Session, open_session
 from explorer.gui.timeline import TimelineWidget, link_time
-from explorer.gui.widgets import fill_table, make_table
 from explorer.gui.worker import FrameFetcher, TaskRunner
 
 

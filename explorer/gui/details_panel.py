@@ -6,8 +6,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from explorer.gui.details import Dependency, Details
+from explorer.gui.qt_tables import fill_table, make_table, row_data
 from explorer.gui.timeaxis import format_ns
-from explorer.gui.widgets import fill_table, make_table, row_data
 
 
 class DetailsPanel(QWidget):

@@ -36,17 +36,17 @@ from explorer.gui.flame import FlameWidget
 from explorer.gui.flame_tree import FlameNode, Hierarchy, load_hierarchy
 from explorer.gui.frames import Highlight
 from explorer.gui.legend import LegendEntry, legend_entries, legend_html
+from explorer.gui.qt_tables import fill_table, make_table
 from explorer.gui.region import region_summary
 from explorer.gui.region_panel import RegionPanel
 from explorer.gui.rows import DMA, INSTRUCTION, Row, discover_rows
 from explorer.gui.search import SearchError, search
 from explorer.gui.search_panel import SearchPanel
 from explorer.gui.session import Session
-from explorer.gui.source import SourceTimes, load_source_times
 from explorer.gui.source_panel import SourcePanel
+from explorer.gui.source_times import SourceTimes, load_source_times
 from explorer.gui.timeaxis import format_ns
 from explorer.gui.timeline import Arrow, EventRef, TimelineWidget, link_time
-from explorer.gui.widgets import fill_table, make_table
 from explorer.gui.worker import FrameFetcher, TaskRunner
 
 BANNER_LINES = 6

@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
+from explorer.gui.qt_tables import fill_table, make_table
 from explorer.gui.region import RegionSummary, as_text
-from explorer.gui.widgets import fill_table, make_table
 from formats.units import fmt_count, fmt_ns, fmt_pct
 
 

@@ -16,9 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from explorer.gui.qt_tables import fill_table, make_table, row_data
 from explorer.gui.search import FIELDS, SearchResult
 from explorer.gui.timeaxis import format_ns
-from explorer.gui.widgets import fill_table, make_table, row_data
 
 
 class SearchPanel(QWidget):

@@ -9,9 +9,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QComboBox, QLabel, QVBoxLayout, QWidget
 
-from explorer.gui.source import SourceTimes, read_source
+from explorer.gui.qt_tables import make_table
+from explorer.gui.source_times import SourceTimes, read_source
 from explorer.gui.timeaxis import format_ns
-from explorer.gui.widgets import make_table
 
 
 def hottest_line(per_line: dict[int, Any]) -> int | None:

@@ -2,13 +2,13 @@
 
 Layers, each its own module, nvitop-style (data API apart from the screen):
 
-    model          immutable snapshots: Frame, ProcessSnapshot, CoreUse, ...   (the typed data API)
+    snapshots      immutable snapshots: Frame, ProcessSnapshot, CoreUse, ...   (the typed data API)
     report         a neuron-monitor report -> snapshots
     live_source    our live state -> frames;  monitor_source: a neuron-monitor stream -> frames
     host           host vCPU / memory for the live source;  history: sparkline buffers
     aggregate      tabs and the "all" rules;  memtree: the memory tree and its keys
     fmt, render    number formats and every panel as Rich Text (screen and --once alike)
-    collector      the collection thread;  widgets, screens, app: Textual;  text_frame: --once
+    collector      the collection thread;  widgets, screens, top_app: Textual;  text_frame: --once
     cli            ``neuron-top`` itself
 """
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from explorer.top import names
-from explorer.top.model import (
+from explorer.top.snapshots import (
     DEVICE_MEMORY_KEYS,
     HOST_MEMORY_KEYS,
     LINK_KINDS,

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from collectors import livepaths
-from collectors.cliargs import OneLineParser
 from collectors.inventory import InventoryError, discover
 from explorer.top import render
 from explorer.top.text_frame import frame_text
+from neuronscope.cli_kit import OneLineParser
 
 if TYPE_CHECKING:
-    from explorer.top.model import Frame
     from explorer.top.monitor_source import MonitorSource
+    from explorer.top.snapshots import Frame
 
 MIN_INTERVAL_S = 0.05
 
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(frame_text(frame, width=width))
         return 0
 
-    from explorer.top.app import NeuronTopApp
+    from explorer.top.top_app import NeuronTopApp
 
     NeuronTopApp(source, interval=args.interval).run()
     return 0

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from explorer.top.model import Frame
+from explorer.top.snapshots import Frame
 
 
 class Source(Protocol):

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from explorer.top.aggregate import TabData, combine
-from explorer.top.model import HistoryView, ProcessSnapshot
+from explorer.top.snapshots import HistoryView, ProcessSnapshot
 
 DEFAULT_SAMPLES = 60
 

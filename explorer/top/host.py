@@ -14,7 +14,7 @@ from typing import Protocol
 
 import psutil
 
-from explorer.top.model import SystemSnapshot
+from explorer.top.snapshots import SystemSnapshot
 
 
 class HostSampler(Protocol):

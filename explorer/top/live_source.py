@@ -29,7 +29,8 @@ from collectors.livereader import ProcessState, read_live_state
 from collectors.livewindow import LiveTracker, ProcessWindow
 from explorer.top.history import History
 from explorer.top.host import HostSampler, PsutilHost
-from explorer.top.model import (
+from explorer.top.report import parse_process
+from explorer.top.snapshots import (
     ENGINES,
     EXITED,
     RUNNING,
@@ -41,7 +42,6 @@ from explorer.top.model import (
     ProcessSnapshot,
     SourceStatus,
 )
-from explorer.top.report import parse_process
 
 GONE_GRACE_S = 10.0  # an exited process stays in the process table, flagged, this long
 

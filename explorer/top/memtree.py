@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from explorer.top import fmt
 from explorer.top.aggregate import TabData
-from explorer.top.model import DEVICE_MEMORY_KEYS, DEVICE_MEMORY_LABELS, Hardware
+from explorer.top.snapshots import DEVICE_MEMORY_KEYS, DEVICE_MEMORY_LABELS, Hardware
 
 Key = tuple  # ("nd", d) | ("nc", core) | ("model", pid, model_id, core) | (*parent, "cat", name)
 MODEL_NAME_WIDTH = 50

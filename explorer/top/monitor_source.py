@@ -42,14 +42,6 @@ from collectors.reportvalues import (
     text,
 )
 from explorer.top.history import History
-from explorer.top.model import (
-    EXITED,
-    Frame,
-    Hardware,
-    ProcessSnapshot,
-    SourceStatus,
-    SystemSnapshot,
-)
 from explorer.top.report import (
     ReportError,
     check_report,
@@ -59,6 +51,14 @@ from explorer.top.report import (
     parse_system,
     pid_of,
     runtime_groups,
+)
+from explorer.top.snapshots import (
+    EXITED,
+    Frame,
+    Hardware,
+    ProcessSnapshot,
+    SourceStatus,
+    SystemSnapshot,
 )
 
 GONE_GRACE_S = 10.0

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from explorer.top.model import LoadedModel, ProcessSnapshot
+from explorer.top.snapshots import LoadedModel, ProcessSnapshot
 
 _INTERPRETER = re.compile(r"(python|pypy)[\d.]*[a-z]?(\.exe)?")
 _OPTION_WITH_VALUE = {"-W", "-X", "-Q"}

@@ -16,7 +16,7 @@ from typing import Any
 
 from explorer.top import names
 from explorer.top.aggregate import mean_utilization
-from explorer.top.model import EXITED, ProcessSnapshot
+from explorer.top.snapshots import EXITED, ProcessSnapshot
 
 
 class SortKey(Enum):

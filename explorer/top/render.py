@@ -20,7 +20,8 @@ from rich.text import Text
 from explorer.top import fmt, names
 from explorer.top.aggregate import MAX_NUMBERED_TABS, Tab, TabData, mean_utilization
 from explorer.top.memtree import TreeRow, TreeState, is_expanded
-from explorer.top.model import (
+from explorer.top.proctable import SortKey, TableView, ordered, utilization
+from explorer.top.snapshots import (
     DEVICE_MEMORY_KEYS,
     DEVICE_MEMORY_LABELS,
     ENGINES,
@@ -35,7 +36,6 @@ from explorer.top.model import (
     ProcessSnapshot,
     SourceStatus,
 )
-from explorer.top.proctable import SortKey, TableView, ordered, utilization
 
 S_TITLE = "bold white on blue"
 S_SECTION = "black on cyan"

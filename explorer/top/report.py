@@ -30,7 +30,7 @@ from collectors.reportvalues import (
     sized,
     text,
 )
-from explorer.top.model import (
+from explorer.top.snapshots import (
     DEVICE_MEMORY_KEYS,
     ERROR,
     HOST_MEMORY_KEYS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from explorer.top import fmt, memtree, render
 from explorer.top.aggregate import tab_data, tabs
-from explorer.top.model import ENGINES, Frame
+from explorer.top.snapshots import ENGINES, Frame
 
 UNUSED = "."  # the unused part of a bar: dim on screen, a different character in plain text
 

@@ -19,8 +19,8 @@ from textual.widget import Widget
 from textual.widgets import Input
 
 from explorer.top import memtree, render
-from explorer.top.model import Frame, Hardware, ProcessSnapshot
 from explorer.top.proctable import TableView, ordered
+from explorer.top.snapshots import Frame, Hardware, ProcessSnapshot
 
 # rows the other regions need besides the memory summary and status line: title, four section bars,
 # two vCPU bars, the tree's column header and two tree rows, tabs, hints

@@ -3,13 +3,13 @@
     from explorer.viewer import ViewerApp, ProfileData
     ViewerApp(entries, source_root=Path("src")).run()
 
-``data`` answers queries as immutable snapshots (``model``) in worker threads; ``app`` draws them.
+``data`` answers queries as immutable snapshots (``view_model``) in worker threads; ``viewer_app`` draws them.
 The pieces: ``hierarchy`` (layer -> op tree from the hierarchy tables and the Instruction scan),
-``source`` (stack frames -> lines, --source-root lookup), ``problems`` (rule-based findings),
-``timeline`` (engine occupancy strip on formats.viewport), ``figures``/``text`` (formatting),
-``treetable``/``panes`` (widgets), ``cli`` (the ``view`` subcommand).
+``code_links`` (stack frames -> lines, --source-root lookup), ``problems`` (rule-based findings),
+``engine_strip`` (engine occupancy strip on formats.viewport), ``summary_figures``/``text`` (formatting),
+``treetable``/``panes`` (widgets), ``view_command`` (the ``view`` subcommand).
 
-Nothing is imported here eagerly: ``neuron-profile`` imports ``explorer.viewer.cli`` for every
+Nothing is imported here eagerly: ``neuron-profile`` imports ``explorer.viewer.view_command`` for every
 subcommand, and only ``view`` without ``--output-format`` should pay for loading Textual.
 """
 
@@ -22,7 +22,7 @@ __all__ = ["ProfileData", "ViewerApp"]
 
 def __getattr__(name: str) -> Any:
     if name == "ViewerApp":
-        from explorer.viewer.app import ViewerApp
+        from explorer.viewer.viewer_app import ViewerApp
 
         return ViewerApp
     if name == "ProfileData":

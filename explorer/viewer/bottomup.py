@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from explorer.viewer.model import Hierarchy, Node, NodeStats, frozen_map
 from explorer.viewer.text import fmt_ns
+from explorer.viewer.view_model import Hierarchy, Node, NodeStats, frozen_map
 from formats.attribution import module_kind
 
 _OP_NUMBER = re.compile(r"\.\d+$")  # as formats.findings strips it

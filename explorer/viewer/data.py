@@ -1,7 +1,7 @@
 """Everything the viewer asks of one profile, as immutable snapshots; safe to call from worker threads.
 
 The UI thread never runs a query: it starts a worker that calls one of these methods and hands the
-returned snapshot back (``explorer.viewer.app``). Big tables are never loaded whole:
+returned snapshot back (``explorer.viewer.viewer_app``). Big tables are never loaded whole:
 
 * ``overview()`` -- the Summary row (stored, or computed by ``formats.summary`` when a real profile has
   none), the small hierarchy tables, what is missing. Cheap whatever the instruction count: this is
@@ -27,22 +27,22 @@ from typing import Any
 
 import duckdb
 
-from explorer.viewer import bottomup, problems, source, timeline
+from explorer.viewer import bottomup, code_links, engine_strip, problems
 from explorer.viewer import tree_build as tree
-from explorer.viewer.figures import engine_active, figures, total_ns
-from explorer.viewer.model import (
+from explorer.viewer.summary_figures import engine_active, figures, total_ns
+from explorer.viewer.text import fmt_ns
+from explorer.viewer.view_model import (
     ENGINES,
     Analysis,
+    EngineStrip,
     LineStat,
     Node,
     NodeStats,
     Overview,
     SourceFile,
     SourceIndex,
-    Timeline,
     frozen_map,
 )
-from explorer.viewer.text import fmt_ns
 from formats import sqlsource
 from formats.attribution import Attribution
 from formats.dataset import capture_state
@@ -174,12 +174,12 @@ class ProfileData:
     # -- analysis --------------------------------------------------------------------------------
     def analyse(self, overview: Overview) -> Analysis:
         ops = self._op_aggregates() if self.instr.present else []
-        frames = source.Frames(
+        frames = code_links.Frames(
             self._small("StackFrame"),
             self._small("StackFrameFileLocation"),
             self._small("StackFrameFileName"),
         )
-        builder = source.IndexBuilder(frames)
+        builder = code_links.IndexBuilder(frames)
         aggregates: dict[str, tree.OpAggregate] = {}
         for row in ops:
             raw, name = row.get("raw_hlo_id"), row.get("hlo_name")
@@ -357,10 +357,10 @@ class ProfileData:
         agreed to read although they are outside the trusted roots."""
         return read_source(recorded, replace(self.access, confirmed=frozenset(confirmed)))
 
-    def timeline(self, t0: int, t1: int, cells: int) -> Timeline:
+    def timeline(self, t0: int, t1: int, cells: int) -> EngineStrip:
         if not self.instr.present:
-            return Timeline(t0, t1, (), "no Instruction table")
-        return timeline.strip(self.profile, t0, t1, cells, split_tensor=self._split_tensor())
+            return EngineStrip(t0, t1, (), "no Instruction table")
+        return engine_strip.strip(self.profile, t0, t1, cells, split_tensor=self._split_tensor())
 
     def _split_tensor(self) -> bool:
         """Whether the Tensor engine has its two timeline rows here (LoadStationary and MATMUL)."""

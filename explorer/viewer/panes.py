@@ -11,9 +11,9 @@ from textual.message import Message
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from explorer.viewer.model import Line, Overview, Problem, SourceFile, SourceIndex, Timeline
+from explorer.viewer.engine_strip import bar
 from explorer.viewer.text import fmt_count, fmt_ns, fmt_pct
-from explorer.viewer.timeline import bar
+from explorer.viewer.view_model import EngineStrip, Line, Overview, Problem, SourceFile, SourceIndex
 
 SEVERITY = {3: ("●", "bold red"), 2: ("●", "yellow"), 1: ("●", "cyan")}
 SHORT_ENGINE = {"Tensor": "T", "Vector": "V", "Scalar": "S", "GpSimd": "G", "Sync": "Y", "DMA": "DMA"}
@@ -239,7 +239,7 @@ class TimelineStrip(Static):
     def cells(self) -> int:
         return max(4, (self.size.width or 80) - self.LABEL - self.SUFFIX - 2)
 
-    def show_timeline(self, title: str, timeline: Timeline | None, origin: int) -> None:
+    def show_timeline(self, title: str, timeline: EngineStrip | None, origin: int) -> None:
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append("Timeline ", style="bold")
         if timeline is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from explorer.viewer.bottomup import KIND_PREFIX
-from explorer.viewer.model import Hierarchy, Problem
+from explorer.viewer.view_model import Hierarchy, Problem
 from formats.findings import Finding
 
 

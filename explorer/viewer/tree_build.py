@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from explorer.viewer.model import ENGINES, Hierarchy, Node, NodeStats, frozen_map
+from explorer.viewer.view_model import ENGINES, Hierarchy, Node, NodeStats, frozen_map
 from formats.hierarchy_read import FrameworkHierarchy, display_name
 
 NO_LAYER = "(no layer)"

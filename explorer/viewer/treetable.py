@@ -24,9 +24,9 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from explorer.viewer.model import ENGINE_SHORT, Hierarchy, Node
 from explorer.viewer.text import ellipsize, fmt_bytes, fmt_count, fmt_ns, fmt_pct
 from explorer.viewer.tree_build import ordered
+from explorer.viewer.view_model import ENGINE_SHORT, Hierarchy, Node
 
 # widths include one leading space: the longest usual text of each (formats.units: "1.23 µsΣ",
 # "100.0%", "999.9 KiB", counts at most 5 characters) leaves a blank before it; a longer one

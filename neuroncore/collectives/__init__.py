@@ -9,11 +9,13 @@ over an instance topology (``neuroncore.topology``), following neuroncore.md §6
 
 Modules: ``params`` (latencies, size threshold), ``flows`` (one step: routed flows sharing channels;
 ``LinkLedger`` for sharing with other collectives), ``algorithms`` (Ring / Mesh / Direct step
-schedules), ``record`` (``CollectiveRecord``, ``LinkUsage``, bus-bandwidth factors), ``api``.
+schedules), ``record`` (``CollectiveRecord``, ``LinkUsage``, bus-bandwidth factors),
+``operations`` (the entry points).
 """
 
 from neuroncore.collectives.algorithms import DIRECT, LOCAL, MESH, RING
-from neuroncore.collectives.api import (
+from neuroncore.collectives.flows import LinkLedger
+from neuroncore.collectives.operations import (
     all_gather,
     all_reduce,
     all_to_all,
@@ -22,7 +24,6 @@ from neuroncore.collectives.api import (
     permute,
     reduce_scatter,
 )
-from neuroncore.collectives.flows import LinkLedger
 from neuroncore.collectives.params import DEFAULT_PARAMS, CollectiveParams
 from neuroncore.collectives.record import (
     ALL_GATHER,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroncore.frontends.api import TraceError
+from neuroncore.frontends.tracing import TraceError
 from neuroncore.ir.graph import SourceFrame
 
 

@@ -47,7 +47,6 @@ import jaxlib
 import numpy as np
 
 from neuroncore.dtypes import DType, round_to
-from neuroncore.frontends.api import Converted, TraceError
 from neuroncore.frontends.hlo import (
     FrameTable,
     HloComputation,
@@ -59,6 +58,7 @@ from neuroncore.frontends.hlo import (
     literal_values,
     parse_hlo_module,
 )
+from neuroncore.frontends.tracing import Converted, TraceError
 from neuroncore.ir import semantics
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame

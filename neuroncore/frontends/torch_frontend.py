@@ -53,9 +53,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from neuroncore.dtypes import DType
-from neuroncore.frontends.api import Converted, TraceError
 from neuroncore.frontends.torch_masks import runtime_index
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
+from neuroncore.frontends.tracing import Converted, TraceError
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 

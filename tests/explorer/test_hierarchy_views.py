@@ -17,8 +17,8 @@ from textual.widgets import Static
 
 from explorer.gui.flame_tree import load_hierarchy as gui_hierarchy
 from explorer.gui.session import open_session
-from explorer.viewer.app import ViewerApp
 from explorer.viewer.data import ProfileData
+from explorer.viewer.viewer_app import ViewerApp
 from formats.dataset import find_profiles
 from formats.reader import open_profile
 from tests.fixtures.samples import BERT

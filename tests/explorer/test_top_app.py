@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from explorer.top.aggregate import tab_data
-from explorer.top.app import NeuronTopApp
 from explorer.top.live_source import LiveSource
-from explorer.top.model import CoreUse
 from explorer.top.monitor_source import MonitorSource
 from explorer.top.screens import HelpScreen, SignalScreen
+from explorer.top.snapshots import CoreUse
+from explorer.top.top_app import NeuronTopApp
 from explorer.top.widgets import CoreGrid, MemoryTree, Panel, ProcessList
 from tests.fixtures.top_frames import (
     MONITOR_STREAM,

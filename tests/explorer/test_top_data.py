@@ -11,7 +11,9 @@ import pytest
 from explorer.top import fmt, memtree, render
 from explorer.top.aggregate import combine, mean_utilization, tab_data, tabs
 from explorer.top.history import History
-from explorer.top.model import (
+from explorer.top.monitor_source import MonitorSource
+from explorer.top.report import parse_process, parse_system
+from explorer.top.snapshots import (
     EXITED,
     STALE,
     CoreUse,
@@ -21,8 +23,6 @@ from explorer.top.model import (
     SourceStatus,
     SystemSnapshot,
 )
-from explorer.top.monitor_source import MonitorSource
-from explorer.top.report import parse_process, parse_system
 from explorer.top.text_frame import frame_text
 from tests.fixtures.top_frames import (
     MONITOR_STREAM,
@@ -344,7 +344,7 @@ def test_process_table_filter():
 def test_stopped_process_is_flagged_and_idle():
     """SIGSTOP: psutil says ``stopped``; the process keeps its cores and memory, its cores read 0 %
     (its publisher's last rates are not repeated), and the main screen says so (issue 12 §3)."""
-    from explorer.top.model import STOPPED
+    from explorer.top.snapshots import STOPPED
     source = live_source()
     source._status_of = lambda pid: "stopped" if pid == 4100 else "sleeping"
     frame = source.poll()

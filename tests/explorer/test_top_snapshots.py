@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from explorer.top.app import NeuronTopApp
 from explorer.top.monitor_source import MonitorSource
+from explorer.top.top_app import NeuronTopApp
 from tests.fixtures.top_frames import (
     MONITOR_STREAM,
     VERSION,

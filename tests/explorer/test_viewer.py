@@ -15,10 +15,10 @@ from textual.widget import Widget
 from textual.widgets import Input, OptionList
 
 from explorer.profile_cli import main
-from explorer.viewer import cli as viewer_cli
-from explorer.viewer.app import HelpScreen, ViewerApp
+from explorer.viewer import view_command
 from explorer.viewer.panes import SourcePane
 from explorer.viewer.treetable import HierarchyTable
+from explorer.viewer.viewer_app import HelpScreen, ViewerApp
 from formats.dataset import find_profiles
 from tests.fixtures.pilot import current, goto, settle, sync, tree_names, type_into, viewer
 from tests.fixtures.real_layout import Shape, real_layout_profile
@@ -329,8 +329,8 @@ async def test_summary_at_80x24_never_wraps_inside_a_figure(source_root: Path) -
 
 def test_count_columns_never_run_together() -> None:
     """Per-engine counts past 9,999 used to print in full into 5-wide cells: ``152k1970115098``."""
-    from explorer.viewer.model import Node, NodeStats
     from explorer.viewer.treetable import FIGURE_COLUMNS, FIXED_WIDTH, figure_text
+    from explorer.viewer.view_model import Node, NodeStats
 
     stats = NodeStats(time_ns=125_000, start_ts=0, end_ts=1, hbm_bytes=1_000_000, mfu=1.0,
                       counts=(152_000, 1_970_115, 98, 0, 99_999_999_999), instructions=10)
@@ -481,7 +481,7 @@ def test_view_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_view_launches_the_viewer(monkeypatch: pytest.MonkeyPatch, source_root: Path) -> None:
     ran: list[ViewerApp] = []
-    monkeypatch.setattr(viewer_cli, "is_terminal", lambda: True)
+    monkeypatch.setattr(view_command, "is_terminal", lambda: True)
     monkeypatch.setattr(ViewerApp, "run", lambda self: ran.append(self))
     assert main(["view", str(LLAMA_TP2), "--source-root", str(source_root)]) == 0
     app = ran[0]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from explorer.viewer import tree_build as tree
+from explorer.viewer.code_links import Frames, IndexBuilder, location
 from explorer.viewer.data import ProfileData
-from explorer.viewer.source import Frames, IndexBuilder, location
-from explorer.viewer.timeline import bar
-from explorer.viewer.timeline import strip as timeline_strip
+from explorer.viewer.engine_strip import bar
+from explorer.viewer.engine_strip import strip as timeline_strip
 from explorer.viewer.tree_build import OpAggregate
 from formats.dataset import find_profiles
 from formats.hierarchy_read import from_rows

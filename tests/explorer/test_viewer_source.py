@@ -10,8 +10,8 @@ from pathlib import Path
 
 from textual.widgets import DataTable
 
-from explorer.viewer.app import ConfirmRead
 from explorer.viewer.panes import SourcePane
+from explorer.viewer.viewer_app import ConfirmRead
 from formats.source_access import SourceStatus
 from tests.fixtures.pilot import current, settle, sync, type_into, viewer
 from tests.fixtures.real_layout import Shape, real_layout_profile
@@ -130,7 +130,7 @@ async def test_capture_working_directory_is_trusted(tmp_path: Path) -> None:
 def test_gui_reads_source_files_by_the_same_rule(tmp_path: Path) -> None:
     """neuron-explorer's Source tab reads through formats.source_access too: /etc/passwd named by a
     profile is not read; a file under the capture's working directory is."""
-    from explorer.gui.source import read_source as gui_read
+    from explorer.gui.source_times import read_source as gui_read
     from formats.source_access import SourceAccess
 
     assert gui_read("/etc/passwd") is None

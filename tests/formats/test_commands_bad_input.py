@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from formats.cli_profile import main
+from formats.profile_commands import main
 from tests.fixtures.real_layout import metadata_row
 from tests.fixtures.recorded import Recorded
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.validate import validate
 from tests.fixtures.recorded import Recorded
 
@@ -98,7 +98,8 @@ def test_bad_schema_file_exits_2(recorded: Recorded, tmp_path: Path,
 
 
 def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "formats.cli_profile", "validate", str(tmp_path / "none")],
+    result = subprocess.run([sys.executable, "-m", "formats.profile_commands", "validate",
+                             str(tmp_path / "none")],
                             capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr

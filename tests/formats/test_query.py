@@ -11,7 +11,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.query import QueryError, open_query
 from tests.fixtures.recorded import Dataset, Recorded
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from formats import summary
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.query import open_query
 from formats.reader import open_profile
 from tests.fixtures.perfetto_trace import read_trace

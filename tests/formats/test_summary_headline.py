@@ -12,7 +12,7 @@ import pytest
 
 from formats import figures as F
 from formats import summary
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.reader import open_profile
 from formats.units import fmt_ns, fmt_pct
 from tests.fixtures.hand_profiles import write_tiny

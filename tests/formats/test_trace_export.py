@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from formats import trace_export
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.reader import open_profile
 from formats.recorder import metadata_from_spec
 from formats.writer import ProfileWriter

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.query import QueryError, _writing_operator, open_query
 from formats.reader import ProfileError, open_profile
 from formats.validate import validate
@@ -383,7 +383,8 @@ def test_sql_scans_verify_page_checksums_first(copy: Path) -> None:
             assert "DmaPacket.parquet" in str(exc)
             detected += 1
     assert detected == 64
-    done = subprocess.run([sys.executable, "-m", "formats.cli_profile", "view", str(copy), "--output-format",
+    done = subprocess.run([sys.executable, "-m", "formats.profile_commands", "view", str(copy),
+                           "--output-format",
                            "summary-text", "--recompute"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "DmaPacket.parquet: page checksum mismatch" in done.stderr

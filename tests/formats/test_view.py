@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from formats import summary
-from formats.cli_profile import main
+from formats.profile_commands import main
 from formats.reader import open_profile
 from tests.fixtures.perfetto_trace import read_trace
 from tests.fixtures.recorded import Dataset, Recorded

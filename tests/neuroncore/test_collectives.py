@@ -272,21 +272,21 @@ def test_start_waits_for_the_last_rank(trn1):
 def test_a_32_rank_ring_is_cheap_to_time(trn1, monkeypatch):
     """Timing a ring again builds no plan (plans are cached) and times each phase once, not each of its
     2 x 31 steps, so a call's cost does not grow with the ring. (Its wall time is bench/collectives.py's.)"""
-    from neuroncore.collectives import api
+    from neuroncore.collectives import operations
 
     first = cc.all_reduce(trn1, range(32), 64 * MIB, "bf16")  # plan built and cached
-    before = api._plan.cache_info()
+    before = operations._plan.cache_info()
     timed: list[int] = []
-    step_ns = api.step_ns
+    step_ns = operations.step_ns
 
     def counted(*args, **kwargs):
         timed.append(1)
         return step_ns(*args, **kwargs)
 
-    monkeypatch.setattr(api, "step_ns", counted)
+    monkeypatch.setattr(operations, "step_ns", counted)
     for _ in range(100):
         again = cc.all_reduce(trn1, range(32), 64 * MIB, "bf16")
-    after = api._plan.cache_info()
+    after = operations._plan.cache_info()
     assert after.misses == before.misses and after.hits == before.hits + 100
     assert 0 < len(timed) / 100 < 2 * 31  # step times per call: per phase, fewer than the ring's steps
     assert again.duration_ns == first.duration_ns

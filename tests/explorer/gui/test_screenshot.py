@@ -61,7 +61,7 @@ def test_screenshot_range_and_colour_mode(qt_app: Any, tmp_path: Path) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     return subprocess.run(
-        [sys.executable, "-m", "explorer.gui.app", *args],
+        [sys.executable, "-m", "explorer.gui.launcher", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

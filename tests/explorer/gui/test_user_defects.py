@@ -57,7 +57,7 @@ def test_missing_xcb_library_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Qt would print its plugin paragraph and abort (SIGABRT); the command checks first."""
-    from explorer.gui import app, platformcheck
+    from explorer.gui import launcher, platformcheck
 
     if sys.platform != "linux":
         pytest.skip("the xcb platform plugin is Linux's")
@@ -72,8 +72,8 @@ def test_missing_xcb_library_is_one_line_and_exit_2(
         lambda plugin: ["libxcb-cursor.so.0"],
     )
     opened: list[object] = []
-    monkeypatch.setattr(app, "_open_window", lambda *a: opened.append(a))
-    assert app.main([str(BERT)]) == 2
+    monkeypatch.setattr(launcher, "_open_window", lambda *a: opened.append(a))
+    assert launcher.main([str(BERT)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "apt-get install libxcb-cursor0" in err[0], err
     assert not opened
@@ -82,7 +82,7 @@ def test_missing_xcb_library_is_one_line_and_exit_2(
 def test_missing_path_is_named_before_the_display_check() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     done = subprocess.run(
-        [sys.executable, "-m", "explorer.gui.app", "/nonexistent"],
+        [sys.executable, "-m", "explorer.gui.launcher", "/nonexistent"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -171,7 +171,8 @@ def test_counter_band_is_not_drawn_past_the_profile_end(window_factory: Any) -> 
 def test_cli_range_past_the_end_warns(tmp_path: Path) -> None:
     out = tmp_path / "x.png"
     done = subprocess.run(
-        [sys.executable, "-m", "explorer.gui.app", str(BERT), "--screenshot", str(out), "--range", "5s:6s"],
+        [sys.executable, "-m", "explorer.gui.launcher", str(BERT), "--screenshot", str(out),
+         "--range", "5s:6s"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from explorer.viewer.model import ENGINES, Timeline, TimelineRow
+from explorer.viewer.view_model import ENGINES, EngineStrip, StripRow
 from formats.coverage import RowSelect, busiest_opcodes
 from formats.figures import Window, busy_buckets, engine_busy, track_busy
 
@@ -42,7 +42,7 @@ def rows_for(split_tensor: bool) -> list[tuple[RowSelect, bool]]:
     return out
 
 
-def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool = False) -> Timeline:
+def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool = False) -> EngineStrip:
     """Occupancy rows over [t0, t1): the five engines, the Tensor engine's two rows too if split."""
     t1 = max(t1, t0 + 1)
     cells = max(1, cells)
@@ -58,8 +58,8 @@ def strip(profile: Profile, t0: int, t1: int, cells: int, *, split_tensor: bool 
         fraction = busy.fraction if busy is not None and busy.fraction is not None else 0.0
         buckets = busy_buckets(profile, t0, t1, cells, engines=select.engines, tracks=select.tracks)
         cells_busy = tuple(float(x) for x in buckets.fraction)
-        out.append(TimelineRow(select.label, cells_busy, float(fraction), opcodes[select.label], detail))
-    return Timeline(t0, t1, tuple(out), "exact")
+        out.append(StripRow(select.label, cells_busy, float(fraction), opcodes[select.label], detail))
+    return EngineStrip(t0, t1, tuple(out), "exact")
 
 
 def bar(values: tuple[float, ...]) -> str:

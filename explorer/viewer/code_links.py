@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from explorer.viewer.model import Line, LineStat, SourceIndex, frozen_map
+from explorer.viewer.view_model import Line, LineStat, SourceIndex, frozen_map
 from formats.text_lists import parse_ids
 
 

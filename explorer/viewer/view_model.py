@@ -150,7 +150,7 @@ class Analysis:
 
 
 @dataclass(frozen=True)
-class TimelineRow:
+class StripRow:
     engine: str  # the row's label: an engine, "Tensor∪" (both PE rows), or one of the PE rows
     occupancy: tuple[float, ...]  # per cell, busy fraction of the cell (exact: formats.coverage)
     busy: float  # over the whole strip (formats.figures' busy fraction of the range)
@@ -159,8 +159,8 @@ class TimelineRow:
 
 
 @dataclass(frozen=True)
-class Timeline:
+class EngineStrip:
     t0: int
     t1: int
-    rows: tuple[TimelineRow, ...]
+    rows: tuple[StripRow, ...]
     source: str  # "exact", or why there is nothing to draw

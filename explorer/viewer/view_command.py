@@ -1,12 +1,13 @@
 """``neuron-profile view``: the interactive viewer when no ``--output-format`` is given, the formats'
 summary and export writers otherwise.
 
-A subclass of ``formats.cli_profile.ViewCommand`` (same arguments, plus ``--source-root``), assembled
-into ``neuron-profile`` by ``explorer/profile_cli.py``: formats never import the explorer, so the
-explorer wraps the formats' command rather than the other way round. Everything that can be wrong
-with the input is found before the terminal is taken over: a missing directory, a folder with no
-profile, a profile that does not open, and a stdout that is not a terminal are each one line on
-stderr and exit 2 (via ``ProfileError``, which ``neuron-profile``'s ``main`` prints).
+A subclass of ``formats.profile_commands.ViewOutputCommand`` (same arguments, plus
+``--source-root``), assembled into ``neuron-profile`` by ``explorer/profile_cli.py``: formats never
+import the explorer, so the explorer wraps the formats' command rather than the other way round.
+Everything that can be wrong with the input is found before the terminal is taken over: a missing
+directory, a folder with no profile, a profile that does not open, and a stdout that is not a
+terminal are each one line on stderr and exit 2 (via ``ProfileError``, which ``neuron-profile``'s
+``main`` prints).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from formats.cli_profile import EXIT_OK
-from formats.cli_profile import ViewCommand as FormatsViewCommand
 from formats.dataset import find_profiles
+from formats.profile_commands import EXIT_OK, ViewOutputCommand
 from formats.reader import ProfileError, open_profile
 
 
-class ViewCommand(FormatsViewCommand):
+class ViewCommand(ViewOutputCommand):
     """``view DIR``: the Textual viewer; ``view DIR --output-format F``: the formats' writers."""
 
     help = (
@@ -62,8 +62,8 @@ def run_viewer(root: str, *, source_root: str | None = None, include_incomplete:
             "the interactive viewer needs a terminal; use --output-format summary-text "
             "(or summary-json, json, perfetto) in scripts"
         )
-    from explorer.viewer.app import ViewerApp, profile_name
     from explorer.viewer.data import ProfileData
+    from explorer.viewer.viewer_app import ViewerApp, profile_name
 
     data = ProfileData(first, profile_name(entries[0], first.metadata), root_path)
     ViewerApp(entries, source_root=root_path, first=data).run()

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from collectors.cliargs import OneLineParser
+from neuronscope.cli_kit import OneLineParser
 
 PROG = "neuron-explorer"
 EXIT_BAD_INPUT = 2

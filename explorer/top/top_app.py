@@ -26,9 +26,9 @@ from textual.message import Message
 from explorer.top import memtree, names, render
 from explorer.top.aggregate import Tab, TabData, tab_data, tabs
 from explorer.top.collector import Collector, Source
-from explorer.top.model import Frame, Hardware, HistoryView, SourceStatus, SystemSnapshot
 from explorer.top.proctable import SortKey, TableView
 from explorer.top.screens import HelpScreen, SignalScreen
+from explorer.top.snapshots import Frame, Hardware, HistoryView, SourceStatus, SystemSnapshot
 from explorer.top.widgets import (
     RESERVED_ROWS,
     CoreGrid,

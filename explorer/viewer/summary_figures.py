@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from explorer.viewer.model import ENGINES, Figure
 from explorer.viewer.text import fmt_bytes, fmt_count, fmt_ns, fmt_pct
+from explorer.viewer.view_model import ENGINES, Figure
 
 
 def _get(row: Mapping[str, Any], key: str) -> float | None:

@@ -4,7 +4,7 @@ Layout: summary (figures, engine bars, problems, what is missing) | hierarchy ta
 with the engine timeline strip below. Keys are listed in ``HELP`` (``?`` shows them).
 
 Threading, as memray's live viewer and Textual's own examples do it: every query runs in a worker
-thread (``@work(thread=True)``) and comes back as an immutable snapshot (``explorer.viewer.model``)
+thread (``@work(thread=True)``) and comes back as an immutable snapshot (``explorer.viewer.view_model``)
 that the UI thread swaps in; the UI thread itself never reads a Parquet file. Results that arrive
 after the user switched profiles are dropped (``_generation``).
 """
@@ -27,9 +27,9 @@ from textual.widgets import DataTable, Footer, Input, OptionList, Static
 
 from explorer.viewer import tree_build as tree
 from explorer.viewer.data import ProfileData
-from explorer.viewer.model import Analysis, Hierarchy, Node, Overview, Problem, SourceFile, Timeline
 from explorer.viewer.panes import SourcePane, SummaryPane, TimelineStrip
 from explorer.viewer.treetable import HierarchyTable, flatten
+from explorer.viewer.view_model import Analysis, EngineStrip, Hierarchy, Node, Overview, Problem, SourceFile
 from formats.dataset import ProfileEntry
 from formats.reader import open_profile
 from formats.source_access import SourceStatus
@@ -203,7 +203,7 @@ class ViewerApp(App[None]):
         self.analysis: Analysis | None = None
         self._top_down: Hierarchy | None = None
         self.bottom_up = False  # the tree shows op kinds across layers (``b``)
-        self.timeline: Timeline | None = None
+        self.timeline: EngineStrip | None = None
         self.state = ViewState(set(), {})
         self.matches: list[str] = []
         self.match_index = -1
@@ -392,12 +392,12 @@ class ViewerApp(App[None]):
         if data is None:
             return
         try:
-            result: Timeline | None = data.timeline(span[0], span[1], cells)
+            result: EngineStrip | None = data.timeline(span[0], span[1], cells)
         except Exception as exc:
-            result = Timeline(span[0], span[1], (), f"error: {one_line(exc)}")
+            result = EngineStrip(span[0], span[1], (), f"error: {one_line(exc)}")
         self._post(generation, self._show_timeline, result)
 
-    def _show_timeline(self, generation: int, timeline: Timeline) -> None:
+    def _show_timeline(self, generation: int, timeline: EngineStrip) -> None:
         if (timeline.t0, timeline.t1) != self._timeline_wanted:
             return  # an older request, overtaken by a newer selection
         strip = self.query_one("#timeline", TimelineStrip)
@@ -499,7 +499,7 @@ class ViewerApp(App[None]):
         title, span = self._timeline_span()
         strip = self.query_one("#timeline", TimelineStrip)
         if span is None:
-            self.timeline = Timeline(0, 1, (), "no time range")
+            self.timeline = EngineStrip(0, 1, (), "no time range")
             strip.show_timeline(title, self.timeline, 0)
             return
         self.timeline = None

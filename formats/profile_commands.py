@@ -146,7 +146,7 @@ class QueryCommand:
         return EXIT_OK
 
 
-class ViewCommand:
+class ViewOutputCommand:
     """Non-interactive views of a profile: the real tool's summary and export formats."""
 
     name = "view"
@@ -171,7 +171,7 @@ class ViewCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         if args.output_format is None:
-            # formats alone (python -m formats.cli_profile): the viewer is the explorer's, which the
+            # formats alone (python -m formats.profile_commands): the viewer is the explorer's, which the
             # installed neuron-profile assembles (explorer/profile_cli.py)
             print("neuron-profile view: this formats-only command has no interactive viewer (the installed "
                   "neuron-profile opens it); use --output-format summary-text (or summary-json, json, "
@@ -184,7 +184,7 @@ class ViewCommand:
         return EXIT_OK
 
 
-COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewCommand()]
+COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand()]
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
