@@ -16,11 +16,7 @@ the whole sweep, plans included.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from neuroncore import collectives as cc
 from neuroncore.collectives.params import DEFAULT_PARAMS

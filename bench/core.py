@@ -20,10 +20,8 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the core's own speed: no live-state publisher attached (it would make the core build records)
 os.environ.setdefault("NEURONSCOPE_LIVE", "0")
 

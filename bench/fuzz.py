@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# the one bench script that uses a test fixture (tests/fixtures/sysfs.py, the fake sysfs tree to mutate):
+# the repository on the path for ``tests.fixtures`` (bench/README.md)
 sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402

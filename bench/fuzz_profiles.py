@@ -50,9 +50,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-if __package__ in (None, ""):  # run as a script: the repository on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 ENTRIES = ("view", "recompute", "query", "validate", "reader")
 QUERIES = (("SELECT engine, count(*) AS n, sum(duration_ns) AS t FROM Instruction GROUP BY 1 ORDER BY 1",
             "table"), ("SELECT * FROM Summary", "json"), ("SELECT * FROM Metadata", "csv"))

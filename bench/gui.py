@@ -4,10 +4,10 @@
     python bench/gui.py --quick         # 1M only (a smoke test)
     python bench/gui.py --sizes 10m     # chosen sizes
 
-Profiles: synthetic, written through ``ProfileWriter`` (``synthetic_profile`` below: six timeline rows
-incl. TensorMatrix advancing side by side as in a real trace, HLO ops and layers contiguous in time,
-six DMA queues with one packet per 8 instructions, a collective stream, an HBM counter, and the
-derived tables a capture writes at close) into ``$NEURONSCOPE_BENCH_CACHE`` (default
+Profiles: synthetic, written through ``ProfileWriter`` (``formats.synthetic``, ``Shape.SIDE_BY_SIDE``:
+six timeline rows incl. TensorMatrix advancing side by side as in a real trace, HLO ops and layers
+contiguous in time, six DMA queues with one packet per 8 instructions, a collective stream, an HBM
+counter, and the derived tables a capture writes at close) into ``$NEURONSCOPE_BENCH_CACHE`` (default
 ``$TMPDIR/neuronscope-bench-gui``), once; later runs reuse them.
 
 Each size is measured in a fresh child process (so its peak RSS is its own), three times; medians:
@@ -39,12 +39,7 @@ from typing import Any
 
 import numpy as np
 
-# the repository first: run as ``python bench/gui.py`` this folder is sys.path[0], and its
-# formats.py (the formats benchmark) would shadow the formats package
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from formats.recorder import metadata_from_spec
-from neuroncore.hardware import NC_V2
+from formats.synthetic import Shape, write_synthetic
 
 SIZES = {"1m": 1_000_000, "10m": 10_000_000, "100m": 100_000_000}
 STEPS = 240  # 4 s of interaction at 60 steps/s
@@ -61,190 +56,6 @@ def cache_dir() -> Path:
     return path
 
 
-TRACKS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
-ENGINE_OF = [0, 1, 2, 3, 4, 0]
-TRACK_SHARE = np.array([0.15, 0.25, 0.15, 0.05, 0.10, 0.30])
-OPCODES = [
-    "MATMUL",
-    "LDWEIGHTS",
-    "TENSOR_TENSOR",
-    "TENSOR_SCALAR",
-    "TENSOR_COPY",
-    "ACTIVATE",
-    "IOTA",
-    "WRITE",
-    "EVENT_SEMAPHORE",
-    "TENSOR_REDUCE",
-    "NOP",
-]
-TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
-QUEUES = [f"qSyncIO{i}" for i in range(3)] + [f"qSyncWeight{i}" for i in range(3)]
-# the core's NC-v2 constants, as a capture on trn1 writes them
-HARDWARE = {**metadata_from_spec(NC_V2), "is_simulation": True, "profile_name": "synthetic",
-            "instance_type": "trn1.2xlarge"}
-HLO_SPAN_NS = 20_000  # one HLO op every 20 us, 512 distinct ops; a layer every 1 ms, 32 layers
-LAYER_SPAN_NS = 1_000_000
-
-
-def _chunk(rng: np.random.Generator, start: int, m: int) -> dict[str, np.ndarray]:
-    """``m`` instructions over one stretch of time that every track shares (as in a real trace: the
-    engines run side by side), each track busy 30-600 ns per instruction with random idle gaps."""
-    per_track = np.floor(TRACK_SHARE * m).astype(np.int64)
-    per_track[-1] += m - per_track.sum()
-    width = int(per_track.max() * 470)
-    parts = []
-    for t, n in enumerate(per_track.tolist()):
-        duration = rng.integers(30, 600, n).astype(np.int64)
-        idle = max(0, width - int(duration.sum()))
-        weights = rng.random(n)
-        gap = np.floor(weights / weights.sum() * idle).astype(np.int64)
-        begin = start + np.cumsum(gap + duration) - duration
-        parts.append((np.full(n, t, np.int8), begin, duration, gap))
-    track = np.concatenate([p[0] for p in parts])
-    begin = np.concatenate([p[1] for p in parts])
-    order = np.argsort(begin, kind="stable")
-    out = {
-        "track": track[order],
-        "start": begin[order],
-        "duration": np.concatenate([p[2] for p in parts])[order],
-        "gap": np.concatenate([p[3] for p in parts])[order],
-        "end_of_chunk": np.int64(start + width),
-    }
-    opcode = np.empty(m, np.int8)
-    for t, choices in TRACK_OPCODES.items():
-        sel = out["track"] == t
-        opcode[sel] = rng.choice(choices, int(sel.sum()))
-    out["opcode"] = opcode
-    return out
-
-
-def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000) -> None:
-    """An ``n``-instruction profile written through ProfileWriter (memory: one chunk): six timeline
-    rows advancing together, HLO ops and layers contiguous in time, six DMA queues (one packet per 8
-    instructions), one collective stream and an HBM counter every 10 us, plus the derived tables a
-    capture writes at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod)."""
-    import pyarrow as pa
-
-    from formats.derive import write_derived
-    from formats.writer import ProfileWriter
-
-    rng = np.random.default_rng(seed)
-    operands = pa.array(
-        [
-            f"S[{i % 32}] (Tensor)++@complete src=fp16@0x{i:04x}[1,0,0][3,1,1] dst=0x{2 * i:06x}"
-            for i in range(4096)
-        ]
-    )
-    birs = pa.array([f"sg0000:{i}" for i in range(4096)])
-    hlos = pa.array([f"dot.{i}" for i in range(512)])
-    layers = pa.array([f"model/layers.{i}/mlp" for i in range(32)])
-    clock = next_id = packet_id = cc_id = hbm_total = 0
-    with ProfileWriter(path, HARDWARE) as writer:
-        while next_id < n:
-            m = min(chunk, n - next_id)
-            c = _chunk(rng, clock, m)
-            ids = np.arange(next_id, next_id + m, dtype=np.int64)
-            op = (c["start"] // HLO_SPAN_NS) % 512
-            layer = (c["start"] // LAYER_SPAN_NS) % 32
-            flops = np.where(c["opcode"] == 0, 2 * 128 * 128 * 512, 0).astype(np.int64)
-            engine = np.array(ENGINE_OF, np.int8)[c["track"]]
-            writer.write(
-                "Instruction",
-                {
-                    "start_ts": c["start"],
-                    "end_ts": c["start"] + c["duration"],
-                    "duration_ns": c["duration"],
-                    "engine": pa.DictionaryArray.from_arrays(pa.array(engine), pa.array(TRACKS[:5])),
-                    "timeline_track": pa.DictionaryArray.from_arrays(pa.array(c["track"]), pa.array(TRACKS)),
-                    "opcode": pa.DictionaryArray.from_arrays(pa.array(c["opcode"]), pa.array(OPCODES)),
-                    "operands": pa.DictionaryArray.from_arrays(
-                        pa.array((ids % 4096).astype(np.int16)), operands
-                    ),
-                    "bir_id": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), birs),
-                    "hlo_name": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int16)), hlos),
-                    "layer": pa.DictionaryArray.from_arrays(pa.array(layer.astype(np.int8)), layers),
-                    "id": ids,
-                    "pc": ids % 50_000,
-                    "raw_hlo_id": op,
-                    "evt_wait_time_ns": c["gap"],
-                    "raw_flops": flops,
-                    "adjusted_flops": flops,
-                    "pcore_idx": np.zeros(m, np.int64),
-                    "sbuf_read_bytes": np.where(c["opcode"] < 6, 65536, 0),
-                    "sbuf_write_bytes": np.where(c["opcode"] < 6, 32768, 0),
-                },
-            )
-            end = int(c["end_of_chunk"])
-            k = m // 8
-            start = np.sort(rng.integers(clock, end, k))
-            duration = rng.integers(200, 2000, k)
-            nbytes = rng.integers(512, 65536, k)
-            queue = rng.integers(0, len(QUEUES), k)
-            writer.write(
-                "DmaPacket",
-                {
-                    "start_ts": start,
-                    "end_ts": start + duration,
-                    "duration_ns": duration,
-                    "pcore_idx": np.zeros(k, np.int64),
-                    "id": np.arange(packet_id, packet_id + k),
-                    "packet_idx": (np.arange(k) % 4).astype(np.int32),
-                    "packet_aggregation_id": np.arange(packet_id, packet_id + k) // 4,
-                    "engine_idx": np.arange(k) % 16,
-                    "read_bytes": nbytes,
-                    "write_bytes": nbytes,
-                    "transfer_bytes": nbytes,
-                    "throughput": (nbytes / duration * 1e9).astype(np.float32),
-                    "queue_type": pa.DictionaryArray.from_arrays(
-                        pa.array((queue // 3).astype(np.int8)), pa.array(["input", "data"])
-                    ),
-                    "queue_name": pa.DictionaryArray.from_arrays(
-                        pa.array(queue.astype(np.int8)), pa.array(QUEUES)
-                    ),
-                    "queue_idx": queue,
-                    "crc": np.zeros(k, np.int64),
-                    "hbm_read_bytes": nbytes,
-                    "hbm_write_bytes": np.zeros(k, np.int64),
-                },
-            )
-            cc_start = np.arange(clock, end, 50_000, dtype=np.int64)
-            cc_duration = rng.integers(3_000, 12_000, cc_start.size)
-            nc = cc_start.size
-            writer.write(
-                "CcOp",
-                {
-                    "start_ts": cc_start,
-                    "end_ts": cc_start + cc_duration,
-                    "duration_ns": cc_duration,
-                    "operation": pa.array(["AllReduce"] * nc),
-                    "algorithm": pa.array(["Ring"] * nc),
-                    "num_elements": np.full(nc, 1 << 20),
-                    "dtype": pa.array(["bf16"] * nc),
-                    "op_id": np.arange(cc_id, cc_id + nc),
-                    "stream_id": np.zeros(nc, np.int64),
-                    "stream_index": np.arange(cc_id, cc_id + nc),
-                    "trigger_engine": pa.array(["GpSimd"] * nc),
-                },
-            )
-            ts = np.arange(clock, end, 10_000, dtype=np.int64)
-            moved = rng.integers(0, 4_000_000, ts.size)
-            writer.write(
-                "HbmUsage",
-                {
-                    "timestamp": ts,
-                    "current_throughput": (moved * 1e5).astype(np.float32),
-                    "total_transfer_bytes": hbm_total + np.cumsum(moved),
-                    "pcore_idx": np.zeros(ts.size, np.int64),
-                },
-            )
-            hbm_total += int(moved.sum())
-            next_id += m
-            packet_id += k
-            cc_id += nc
-            clock = end
-        write_derived(writer)
-
-
 def ensure_profile(rows: int) -> tuple[Path, float | None]:
     """The cached synthetic profile of ``rows`` instructions (built now if missing) and the build time."""
     path = cache_dir() / f"synthetic-{rows}"
@@ -256,7 +67,7 @@ def ensure_profile(rows: int) -> tuple[Path, float | None]:
 
         shutil.rmtree(path)
     started = time.perf_counter()
-    synthetic_profile(str(path), rows)
+    write_synthetic(str(path), rows, Shape.SIDE_BY_SIDE)
     took = time.perf_counter() - started
     done.write_text(f"{rows} instructions, built in {took:.1f} s\n")
     return path, took
@@ -292,7 +103,6 @@ def _steps(span: tuple[int, int], rng: np.random.Generator) -> list[tuple[float,
 def child(path: str) -> None:
     """Measure one size in this process and print its figures as JSON."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from explorer.gui.qtapp import application
 
     app = application()

@@ -44,7 +44,6 @@ import psutil
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from formats.reader import open_profile  # noqa: E402
 from formats.schema import table_of_file  # noqa: E402

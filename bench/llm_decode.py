@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the core's own speed: no live-state publisher attached (it would make the core build records)
 os.environ.setdefault("NEURONSCOPE_LIVE", "0")
 

@@ -1,7 +1,7 @@
 """Profile-format benchmark: prints one JSON line of figures (medians of repeated runs).
 
-    python bench/formats.py            # full: 20M-instruction peak-RSS run, 3 timed runs of 4M rows
-    python bench/formats.py --quick    # smaller runs (a smoke test)
+    python bench/profile_format.py            # full: 20M-instruction peak-RSS run, 3 timed runs of 4M rows
+    python bench/profile_format.py --quick    # smaller runs (a smoke test)
 
 The rows are the core's own: one execution of a compiled program (Llama-2-7B dims, one decoder
 layer: ~16.5k instructions with their per-node operand text) is captured from the event sink once,
@@ -48,13 +48,11 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import numpy as np
 
-from formats.recorder import ProfileRecorder, metadata_from_spec
+from formats.recorder import ProfileRecorder
+from formats.synthetic import ENGINES, Shape, write_synthetic
 from formats.writer import ProfileWriter
-from neuroncore.hardware import NC_V2
 
 SHIFTED = ("start_ts", "end_ts", "dma_trigger_start_ts", "dma_trigger_end_ts")
 
@@ -191,124 +189,13 @@ def bench_peak_rss(rows: int, layers: int) -> dict[str, Any]:
             "rss_before_writing_mb": child["rss_before_mb"]}
 
 
-# -- synthetic profiles for the read-side figures ------------------------------------------------
-
-ENGINES = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync"]
-TRACKS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
-TRACK_SHARE = [0.15, 0.25, 0.15, 0.05, 0.1, 0.3]
-OPCODES = ["MATMUL", "LDWEIGHTS", "TENSOR_TENSOR", "TENSOR_SCALAR", "TENSOR_COPY", "ACTIVATE", "IOTA",
-           "WRITE", "EVENT_SEMAPHORE", "TENSOR_REDUCE", "NOP"]
-TRACK_OPCODES = {0: [1], 1: [2, 3, 4, 9], 2: [5, 7], 3: [6, 8], 4: [7, 8, 10], 5: [0]}
-# the core's NC-v2 constants, as a capture on trn1 writes them
-HARDWARE = {**metadata_from_spec(NC_V2), "is_simulation": True, "profile_name": "synthetic"}
-
-
-def _chunk(rng: np.random.Generator, clock: np.ndarray, m: int) -> dict[str, np.ndarray]:
-    """``m`` instructions continuing each timeline row's clock: busy 30-600 ns, idle 0-300 ns between."""
-    track = rng.choice(len(TRACKS), m, p=TRACK_SHARE).astype(np.int8)
-    duration = rng.integers(30, 600, m).astype(np.int64)
-    gap = rng.integers(0, 300, m).astype(np.int64)
-    start = np.empty(m, np.int64)
-    for t in range(len(TRACKS)):
-        sel = track == t
-        if sel.any():
-            ends = clock[t] + np.cumsum(duration[sel] + gap[sel])
-            start[sel] = ends - duration[sel]
-            clock[t] = ends[-1]
-    order = np.argsort(start, kind="stable")
-    track, duration, gap, start = track[order], duration[order], gap[order], start[order]
-    opcode = np.empty(m, np.int8)
-    for t, choices in TRACK_OPCODES.items():
-        sel = track == t
-        opcode[sel] = rng.choice(choices, int(sel.sum()))
-    return {"track": track, "engine": np.where(track == 5, 0, track).astype(np.int8), "duration": duration,
-            "gap": gap, "start": start, "opcode": opcode}
-
-
-def synthetic_profile(path: str, n: int, seed: int = 0, chunk: int = 1_000_000, flows: bool = False) -> None:
-    """An ``n``-instruction profile written through ProfileWriter (memory: one chunk), with the tables a
-    capture derives at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod).
-    ``flows``: a ``Flow`` edge into every instruction (from the one before it) and one instruction ->
-    transfer edge per DMA transfer, as a capture's SEMAPHORE and DMA_TRIGGER edges."""
-    import pyarrow as pa
-
-    from formats.derive import write_derived
-
-    rng = np.random.default_rng(seed)
-    clock = np.zeros(len(TRACKS), np.int64)
-    operands = pa.array([f"S[{i % 32}] (Tensor)++@complete src=fp16@0x{i:04x}[1,0,0][3,1,1] dst=0x{2 * i:06x}"
-                         for i in range(4096)])
-    birs = pa.array([f"sg0000:{i}" for i in range(4096)])
-    hlos = pa.array([f"dot.{i}" for i in range(512)])
-    next_id = packet_id = 0
-    with ProfileWriter(path, HARDWARE) as writer:
-        while next_id < n:
-            m = min(chunk, n - next_id)
-            c = _chunk(rng, clock, m)
-            ids = np.arange(next_id, next_id + m, dtype=np.int64)
-            op = rng.integers(0, 512, m)
-            flops = np.where(c["opcode"] == 0, 2 * 128 * 128 * 512, 0).astype(np.int64)
-            writer.write("Instruction", {
-                "start_ts": c["start"], "end_ts": c["start"] + c["duration"], "duration_ns": c["duration"],
-                "engine": pa.DictionaryArray.from_arrays(pa.array(c["engine"]), pa.array(ENGINES)),
-                "timeline_track": pa.DictionaryArray.from_arrays(pa.array(c["track"]), pa.array(TRACKS)),
-                "opcode": pa.DictionaryArray.from_arrays(pa.array(c["opcode"]), pa.array(OPCODES)),
-                "operands": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), operands),
-                "bir_id": pa.DictionaryArray.from_arrays(pa.array((ids % 4096).astype(np.int16)), birs),
-                "hlo_name": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int16)), hlos),
-                "id": ids, "pc": ids % 50_000, "raw_hlo_id": op, "evt_wait_time_ns": c["gap"],
-                "raw_flops": flops, "adjusted_flops": flops, "pcore_idx": np.zeros(m, np.int64),
-                "sbuf_read_bytes": np.where(c["opcode"] < 6, 65536, 0),
-                "sbuf_write_bytes": np.where(c["opcode"] < 6, 32768, 0),
-            })
-            k = m // 8  # DMA packets: 4 per transfer, 16 engines, six queues
-            start = np.sort(rng.integers(int(c["start"][0]), int(c["start"][-1]) + 1, k))
-            duration = rng.integers(200, 2000, k)
-            nbytes = rng.integers(512, 65536, k)
-            queue = rng.integers(0, 6, k)
-            writer.write("DmaPacket", {
-                "start_ts": start, "end_ts": start + duration, "duration_ns": duration,
-                "pcore_idx": np.zeros(k, np.int64), "id": np.arange(packet_id, packet_id + k),
-                "packet_idx": (np.arange(k) % 4).astype(np.int32),
-                "packet_aggregation_id": np.arange(packet_id, packet_id + k) // 4,
-                "engine_idx": np.arange(k) % 16,
-                "read_bytes": nbytes, "write_bytes": nbytes, "transfer_bytes": nbytes,
-                "throughput": (nbytes / duration * 1e9).astype(np.float32),
-                "queue_type": pa.DictionaryArray.from_arrays(pa.array((queue % 3).astype(np.int8)),
-                                                             pa.array(["data", "input", "output"])),
-                "queue_name": pa.DictionaryArray.from_arrays(pa.array(queue.astype(np.int8)),
-                                                             pa.array([f"qSyncIO{i}" for i in range(6)])),
-                "queue_idx": queue, "crc": np.zeros(k, np.int64),
-                "hbm_read_bytes": np.where(queue % 2 == 0, nbytes, 0),
-                "hbm_write_bytes": np.where(queue % 2 == 1, nbytes, 0),
-            })
-            if flows:
-                transfers = np.unique(np.arange(packet_id, packet_id + k) // 4)
-                edges = m + transfers.size
-                writer.write("Flow", {
-                    "in_id": np.concatenate([np.maximum(ids - 1, 0), rng.choice(ids, transfers.size)]),
-                    "out_id": np.concatenate([ids, transfers]),
-                    "in_table": pa.DictionaryArray.from_arrays(pa.array(np.zeros(edges, np.int8)),
-                                                               pa.array(["instruction"])),
-                    "out_table": pa.DictionaryArray.from_arrays(
-                        pa.array(np.repeat(np.array([0, 1], np.int8), [m, transfers.size])),
-                        pa.array(["instruction", "dma_block"])),
-                    "dependency_type": pa.DictionaryArray.from_arrays(
-                        pa.array(np.repeat(np.array([0, 1], np.int8), [m, transfers.size])),
-                        pa.array(["SEMAPHORE", "DMA_TRIGGER"])),
-                })
-            next_id += m
-            packet_id += k
-        write_derived(writer)
-
-
 def bench_summary(work: str, rows: int, repeats: int) -> dict[str, Any]:
     from formats import summary
     from formats.reader import open_profile
 
     path = os.path.join(work, f"synthetic-{rows}")
     t = time.perf_counter()
-    synthetic_profile(path, rows)
+    write_synthetic(path, rows, Shape.ENGINE_CLOCKS)
     built = time.perf_counter() - t
     profile = open_profile(path)
     row_times, table_times = [], []
@@ -330,7 +217,7 @@ def bench_viewport(work: str, rows: int, queries_per_zoom: int) -> dict[str, Any
     from formats.viewport import Viewport
 
     path = os.path.join(work, f"synthetic-{rows}")
-    synthetic_profile(path, rows, seed=1)
+    write_synthetic(path, rows, Shape.ENGINE_CLOCKS, seed=1)
     profile = open_profile(path)
     first, last = int(profile.metadata["first_hw_timestamp"]), int(profile.metadata["last_hw_timestamp"])
     span = last - first
@@ -366,7 +253,7 @@ def cached_synthetic(rows: int, seed: int, flows: bool) -> str:
     path = os.path.join(tempfile.gettempdir(), name)
     if not os.path.exists(path + ".done"):
         shutil.rmtree(path, ignore_errors=True)
-        synthetic_profile(path, rows, seed=seed, flows=flows)
+        write_synthetic(path, rows, Shape.ENGINE_CLOCKS, seed=seed, flows=flows)
         with open(path + ".done", "w", encoding="ascii") as done:
             done.write("ok\n")
     return path
