@@ -20,6 +20,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import QUEUE_SEMAPHORE_BASE, Emitter, hbm_key, sbuf_key
 from neuroncore.compiler.errors import CompileError
+from neuroncore.compiler.lowering_state import Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
@@ -34,7 +35,7 @@ class Value:
     """Placement state of one IR value."""
 
     op: Op
-    layout: str
+    layout: Layout
     home: str  # "sbuf" or "hbm"
     tiles: list[Tile]
     cols: int
@@ -54,13 +55,14 @@ class Value:
                          self.layout, view)
 
 
-QUEUE_SPECS = [
-    ("qSyncIO0", "input", Engine.SYNC),
-    ("qSyncWeight0", "data", Engine.SYNC),
-    ("qSyncOut0", "output", Engine.SYNC),
-    ("qSyncSpillReload0", "data", Engine.SYNC),
-    ("qSyncData0", "data", Engine.SYNC),
-    ("qGpSimdDynamicSW0", "software_dynamic", Engine.GPSIMD),
+# the compiler's queues in index order: (name, DMA queue type as the profile spells it, trigger engine)
+QUEUE_SPECS: list[tuple[QueueName, str, Engine]] = [
+    (QueueName.IO, "input", Engine.SYNC),
+    (QueueName.WEIGHT, "data", Engine.SYNC),
+    (QueueName.OUT, "output", Engine.SYNC),
+    (QueueName.SPILL_RELOAD, "data", Engine.SYNC),
+    (QueueName.DATA, "data", Engine.SYNC),
+    (QueueName.DYNAMIC_SW, "software_dynamic", Engine.GPSIMD),
 ]
 
 
@@ -77,9 +79,9 @@ class Context:
         self.hbm_tensors: dict[str, HbmTensor] = {}
         self.hbm_views: dict[str, HbmView] = {}
         self.values: dict[int, Value] = {}
-        self.queues = [DmaQueue(i, name, qtype, eng, QUEUE_SEMAPHORE_BASE + i)
+        self.queues = [DmaQueue(i, str(name), qtype, eng, QUEUE_SEMAPHORE_BASE + i)
                        for i, (name, qtype, eng) in enumerate(QUEUE_SPECS)]
-        self.queue = {q.name: q for q in self.queues}
+        self.queue: dict[str, DmaQueue] = {q.name: q for q in self.queues}  # + derived queues
         self.pinned: set[int] = set()  # buffer ids that must not be spilled right now
         self.uses: dict[int, list[int]] = {op.index: [] for op in graph.ops}
         for op in graph.ops:
@@ -166,12 +168,12 @@ class Context:
         return out
 
     def hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
-        if access.tensor in self.hbm_views or access.view is not None or access.layout != "row":
+        if access.tensor in self.hbm_views or access.view is not None or access.layout != Layout.ROW:
             names = self.view_sources(access.tensor)
             return [(("hbm", n), (0, 1 << 62, 0, 1 << 62)) for n in names]
         return [hbm_key(access, rows_per_batch)]
 
-    def dma_load(self, queue: str, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
+    def dma_load(self, queue: QueueName, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
                  run_bytes: int | None = None, spill_reload: bool = False, text: str = "",
                  ktiles: int = 1) -> int:
         """HBM -> SBUF transfer of ``dst``'s rows; ``run_bytes`` is the contiguous run per descriptor.
@@ -202,11 +204,11 @@ class Context:
             counters=counters,
         )
 
-    def dma_store(self, queue: str, src: Ref, dst: HbmAccess, dtype: DType, *, rows_per_batch: int,
+    def dma_store(self, queue: QueueName, src: Ref, dst: HbmAccess, dtype: DType, *, rows_per_batch: int,
                   spill_save: bool = False) -> int:
         row_bytes = src.cols * dtype.itemsize
         nbytes = src.rows * row_bytes
-        if dst.layout == "col":
+        if dst.layout == Layout.COL:
             descriptors = src.rows  # one element per partition row
         else:
             descriptors = src.rows
@@ -218,7 +220,7 @@ class Context:
         return self.em.dma(
             q,
             reads=[sbuf_key(src)],
-            writes=[hbm_key(dst, rows_per_batch, whole=dst.layout != "row")],
+            writes=[hbm_key(dst, rows_per_batch, whole=dst.layout != Layout.ROW)],
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
@@ -227,7 +229,7 @@ class Context:
             counters=counters,
         )
 
-    def _store_queue(self, name: str, src: Ref) -> DmaQueue:
+    def _store_queue(self, name: QueueName, src: Ref) -> DmaQueue:
         """Stores are triggered by the engine that produced the data, on that engine's queue.
 
         Triggering from Sync would make the in-order Sync stream wait for each result and hold up
@@ -249,7 +251,7 @@ class Context:
         return costs.cycles_to_ns(self.spec, queue.trigger_engine, self.spec.sync_instruction_cycles)
 
     # -- values ----------------------------------------------------------------------------
-    def define(self, op: Op, *, layout: str = "row", home: str | None = None,
+    def define(self, op: Op, *, layout: Layout = Layout.ROW, home: str | None = None,
                hbm: str | None = None) -> Value:
         """Create the placement of ``op``'s result (before its tiles are produced)."""
         tiles = tiles_of(op.shape, layout)
@@ -298,7 +300,7 @@ class Context:
         if value.home != "hbm":
             return
         c1 = value.cols if c1 is None else c1
-        queue = "qSyncOut0" if op.index in self.outputs else "qSyncSpillReload0"
+        queue = QueueName.OUT if op.index in self.outputs else QueueName.SPILL_RELOAD
         tile = value.tiles[t]
         access = HbmAccess(value.hbm or "", tile.batch, tile.r0 + ref.p0, tile.r0 + ref.p1, c0, c1,
                            value.layout)
@@ -306,7 +308,7 @@ class Context:
         value.in_hbm[t] = True
         self.free(self.buffers[ref.buf])
 
-    def tile(self, op: Op, t: int, layout: str | None = None,
+    def tile(self, op: Op, t: int, layout: Layout | None = None,
              cols: tuple[int, int] | None = None) -> Ref:
         """A readable SBUF ref to tile ``t`` of ``op``'s value, loading or reloading it if needed.
 
@@ -352,18 +354,19 @@ class Context:
         if not resident:
             self.free(self.buffers[ref.buf])
 
-    def load_queue(self, value: Value) -> str:
+    def load_queue(self, value: Value) -> QueueName:
+        """The queue that loads ``value``: by what its HBM tensor holds."""
         tensor = self.hbm_tensors.get(value.hbm or "")
         if tensor is None:
-            return "qSyncData0"
-        return {"input": "qSyncIO0", "weight": "qSyncWeight0"}.get(
-            tensor.kind, "qSyncSpillReload0" if tensor.kind == "scratch" else "qSyncData0")
+            return QueueName.DATA
+        return {"input": QueueName.IO, "weight": QueueName.WEIGHT}.get(
+            tensor.kind, QueueName.SPILL_RELOAD if tensor.kind == "scratch" else QueueName.DATA)
 
     def run_bytes(self, value: Value) -> int | None:
         """Contiguous bytes per descriptor when loading ``value`` (views may be strided)."""
         if value.hbm in self.hbm_views:
             return self.hbm_views[value.hbm].run_elements * value.op.dtype.itemsize
-        if value.layout == "col":
+        if value.layout == Layout.COL:
             return value.op.dtype.itemsize
         return None
 
@@ -394,7 +397,7 @@ class Context:
             value.hbm = self.hbm_tensor(f"{op.name}.splat", op, "scratch")
             for t in range(len(value.tiles)):
                 ref = self._splat_tile(value, t)
-                self.dma_store("qSyncData0", ref, value.access(t), op.dtype,
+                self.dma_store(QueueName.DATA, ref, value.access(t), op.dtype,
                                rows_per_batch=value.rows_per_batch)
                 self.free(self.buffers[ref.buf])
                 value.in_hbm[t] = True
@@ -406,7 +409,7 @@ class Context:
                 buf = value.bufs[t]
                 assert buf is not None, f"tile {t} of {op.name} is nowhere"
                 ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
-                self.dma_store("qSyncData0", ref, value.access(t), op.dtype,
+                self.dma_store(QueueName.DATA, ref, value.access(t), op.dtype,
                                rows_per_batch=value.rows_per_batch)
                 value.in_hbm[t] = True
         return value.hbm
@@ -442,7 +445,7 @@ class Context:
             lazy, value.lazy = value.lazy, None
             lazy()
 
-    def _relayout_tile(self, value: Value, t: int, layout: str) -> Ref:
+    def _relayout_tile(self, value: Value, t: int, layout: Layout) -> Ref:
         name = self.ensure_hbm(value.op)
         op = value.op
         tiles = tiles_of(op.shape, layout)
@@ -451,8 +454,8 @@ class Context:
         buf = self.alloc(tile.rows, cols, op.dtype, f"{op.name}.{layout}{t}")
         ref = Ref(buf.id, 0, tile.rows, 0, cols)
         src = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, cols, layout)
-        run = op.dtype.itemsize if layout == "col" else None
-        self.dma_load("qSyncData0", src, ref, op.dtype, rows_per_batch=rows, run_bytes=run)
+        run = op.dtype.itemsize if layout == Layout.COL else None
+        self.dma_load(QueueName.DATA, src, ref, op.dtype, rows_per_batch=rows, run_bytes=run)
         return ref
 
     def finish(self, op: Op) -> None:
@@ -510,7 +513,7 @@ class Context:
             if value.hbm is None:
                 value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, "scratch")
             ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
-            self.dma_store("qSyncSpillReload0", ref, value.access(t), value.op.dtype,
+            self.dma_store(QueueName.SPILL_RELOAD, ref, value.access(t), value.op.dtype,
                            rows_per_batch=value.rows_per_batch, spill_save=True)
             value.in_hbm[t] = True
             self.stats["spilled_tiles"] += 1

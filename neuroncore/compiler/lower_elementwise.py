@@ -15,6 +15,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.lowering_state import Layout, OperandForm
 from neuroncore.compiler.node_semantics import (
     Activate,
     Copy,
@@ -75,7 +76,7 @@ SWAPPED = {"is_lt": "is_gt", "is_gt": "is_lt", "is_le": "is_ge", "is_ge": "is_le
 class Operand:
     """How an elementwise operand reaches the instruction: immediate, per-partition or tile."""
 
-    kind: str  # "imm", "col", "tile"
+    kind: OperandForm
     op: Op | None = None
     value: float = 0.0
 
@@ -84,34 +85,34 @@ def classify(ctx: Context, x: Op, out_shape: tuple[int, ...]) -> Operand:
     """Recognise operands that need no materialised tile."""
     value = ctx.values.get(x.index)
     if value is not None and value.immediate is not None:
-        return Operand("imm", value=value.immediate)
+        return Operand(OperandForm.IMMEDIATE, value=value.immediate)
     if x.opcode == "broadcast":
         src = x.operands[0]
         src_value = ctx.values[src.index]
         if src_value.immediate is not None or (src.size == 1 and src.opcode == "constant"
                                                and "value" in src.attrs):
-            return Operand("imm", value=float(src_value.immediate if src_value.immediate is not None
-                                              else round_to(np.asarray(src.attrs["value"], np.float32),
-                                                            src.dtype)))
+            immediate = float(src_value.immediate if src_value.immediate is not None
+                              else round_to(np.asarray(src.attrs["value"], np.float32), src.dtype))
+            return Operand(OperandForm.IMMEDIATE, value=immediate)
         rows_shape = out_shape[:-1]
         dims = x.attrs["dims"]
         if len(out_shape) >= 1 and src.shape == rows_shape and tuple(dims) == tuple(range(len(rows_shape))):
-            return Operand("col", src)
+            return Operand(OperandForm.PER_PARTITION, src)
         if src.shape == (*rows_shape, 1) and tuple(dims) == tuple(range(len(out_shape))):
-            return Operand("col", src)
-    return Operand("tile", x)
+            return Operand(OperandForm.PER_PARTITION, src)
+    return Operand(OperandForm.TILE, x)
 
 
-def operand_ref(ctx: Context, operand: Operand, t: int, layout: str,
+def operand_ref(ctx: Context, operand: Operand, t: int, layout: Layout,
                 cols: tuple[int, int] | None = None) -> Ref | float:
-    if operand.kind == "imm":
+    if operand.kind is OperandForm.IMMEDIATE:
         return operand.value
     assert operand.op is not None
-    if operand.kind == "col":
+    if operand.kind is OperandForm.PER_PARTITION:
         src_value = ctx.values[operand.op.index]
-        if src_value.layout == "row" and src_value.cols == 1:
+        if src_value.layout == Layout.ROW and src_value.cols == 1:
             return ctx.tile(operand.op, t)
-        return ctx.tile(operand.op, t, "col")
+        return ctx.tile(operand.op, t, Layout.COL)
     return ctx.tile(operand.op, t, layout, cols)
 
 
@@ -120,11 +121,11 @@ def release(ctx: Context, operand: Operand, ref: Ref | float) -> None:
         ctx.release(operand.op, ref)
 
 
-def output_layout(ctx: Context, op: Op, operands: list[Operand]) -> str:
+def output_layout(ctx: Context, op: Op, operands: list[Operand]) -> Layout:
     for operand in operands:
-        if operand.kind == "tile" and operand.op is not None:
+        if operand.kind is OperandForm.TILE and operand.op is not None:
             return ctx.values[operand.op.index].layout
-    return "row"
+    return Layout.ROW
 
 
 # -- instruction helpers (shared with the fused lowerings) ---------------------------------------
@@ -329,17 +330,17 @@ def lower_binary(ctx: Context, op: Op) -> None:
     alu = ALU_OPS[op.attrs["direction"] if op.opcode == "compare" else op.opcode]
     layout = output_layout(ctx, op, [a, b])
     value = ctx.define(op, layout=layout)
-    if a.kind != "tile" and b.kind != "tile":
-        a = Operand("tile", op.operands[0])
+    if a.kind is not OperandForm.TILE and b.kind is not OperandForm.TILE:
+        a = Operand(OperandForm.TILE, op.operands[0])
     for t in range(len(value.tiles)):
         for c0, c1 in column_chunks(ctx, value):
             ra = operand_ref(ctx, a, t, layout, (c0, c1))
             rb = operand_ref(ctx, b, t, layout, (c0, c1))
             out = ctx.produce(op, t, c0, c1)
-            if a.kind == "tile" and b.kind == "tile":
+            if a.kind is OperandForm.TILE and b.kind is OperandForm.TILE:
                 assert isinstance(ra, Ref) and isinstance(rb, Ref)
                 tensor_tensor(ctx, alu, out, ra, rb)
-            elif a.kind == "tile":
+            elif a.kind is OperandForm.TILE:
                 assert isinstance(ra, Ref)
                 tensor_scalar(ctx, out, ra, [(alu, rb, False)])
             else:
@@ -357,7 +358,7 @@ def lower_binary(ctx: Context, op: Op) -> None:
 
 
 def lower_select(ctx: Context, op: Op) -> None:
-    operands = [Operand("tile", x) for x in op.operands]
+    operands = [Operand(OperandForm.TILE, x) for x in op.operands]
     layout = output_layout(ctx, op, operands)
     value = ctx.define(op, layout=layout)
     for t in range(len(value.tiles)):

@@ -15,6 +15,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.lowering_state import Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
@@ -104,8 +105,8 @@ def _try_alias(ctx: Context, op: Op) -> bool:
     if src_value.home != "sbuf" or src_value.immediate is not None or src_value.lazy is not None:
         return False
     src_flat = [(t.batch * src_value.rows_per_batch + t.r0, t.rows) for t in src_value.tiles]
-    for layout in ("row", "col"):
-        if layout == "col" and (not op.shape or src_value.cols != 1):
+    for layout in (Layout.ROW, Layout.COL):
+        if layout == Layout.COL and (not op.shape or src_value.cols != 1):
             continue
         _, rows, cols = tile_grid(op.shape, layout)
         if cols != src_value.cols:
@@ -125,9 +126,9 @@ def _pe_transposable(ctx: Context, op: Op) -> bool:
     if n < 2 or tuple(perm) != (*range(n - 2), n - 1, n - 2):
         return False
     src_value = ctx.values[op.operands[0].index]
-    if is_packed(op.shape, "row") or is_packed(op.operands[0].shape, "row"):
+    if is_packed(op.shape, Layout.ROW) or is_packed(op.operands[0].shape, Layout.ROW):
         return False  # packed batches would need partition moves; a strided DMA does it
-    return (src_value.home == "sbuf" and src_value.layout == "row" and src_value.alias is None
+    return (src_value.home == "sbuf" and src_value.layout == Layout.ROW and src_value.alias is None
             and src_value.immediate is None and op.dtype.is_float)
 
 
@@ -138,9 +139,9 @@ def lower_gather(ctx: Context, op: Op) -> None:
     value = ctx.define(op)
     spec = ctx.spec
     d = table.shape[1]
-    queue = ctx.queue["qGpSimdDynamicSW0"]
+    queue = ctx.queue[QueueName.DYNAMIC_SW]
     for t, tile in enumerate(value.tiles):
-        idx = ctx.tile(indices, t, "col")
+        idx = ctx.tile(indices, t, Layout.COL)
         out = ctx.produce(op, t)
         nbytes = tile.rows * d * op.dtype.itemsize
         table_access = HbmAccess(table_name, 0, 0, table.shape[0], 0, d)
@@ -171,7 +172,7 @@ def lower_output_copy(ctx: Context, op: Op) -> None:
     for t, tile in enumerate(value.tiles):
         ref = ctx.tile(op, t)
         access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, value.cols, value.layout)
-        ctx.dma_store("qSyncOut0", ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
+        ctx.dma_store(QueueName.OUT, ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
         ctx.release(op, ref)
         ctx.unpin_all()
 

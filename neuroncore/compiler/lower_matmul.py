@@ -26,6 +26,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
+from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
@@ -55,7 +56,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0) -> int:
     )
 
 
-def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, position: str, *,
+def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, position: Accumulation, *,
            transpose: bool = False) -> None:
     """One MultiplyMoving (two FP32_LO_HI passes for FP32 inputs, each recording half the FLOPs)."""
     spec = ctx.spec
@@ -77,7 +78,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
                                     raw_flops=flops // passes,
                                     adjusted_flops=int(flops // passes * dtype.flops_multiplier))
-        accumulate = position in ("middle", "last") or p > 0
+        accumulate = position.accumulates or p > 0
         ctx.em.instruction(
             Engine.TENSOR, "MATMUL", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
             reads=[sbuf_key(moving), *([sbuf_key(psum)] if accumulate else [])],
@@ -85,7 +86,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             text=(f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} acc={position}"
                   f"{' fp32_pass=' + label if label else ''}{' transpose' if transpose else ''}"
                   f" {k}x{m}x{n}"),
-            semantics=MatMul(psum, moving, position in ("middle", "last"), transpose)
+            semantics=MatMul(psum, moving, position.accumulates, transpose)
             if p == 0 else NOP,
             tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
             counters=counters,
@@ -99,7 +100,7 @@ def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: En
     out = Ref(bank.id, 0, src.cols, 0, src.rows)
     ldweights(ctx, src, dtype)
     diagonal = Ref(ident.buf, src.p0, src.p1, src.p0, src.p1)  # the identity on src's partitions
-    matmul(ctx, out, diagonal, src, dtype, "whole", transpose=True)
+    matmul(ctx, out, diagonal, src, dtype, Accumulation.WHOLE, transpose=True)
     tensor_copy(ctx, dst, out, evac_engine)
     ctx.free(bank)
 
@@ -235,13 +236,15 @@ class _Operand:
         self.contract_is_row = contract_is_row
         self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
         resident = (self.value.home == "sbuf" and self.value.immediate is None
-                    and self.value.lazy is None and self.value.layout == "row")
-        self.packed = is_packed(op.shape, "row")
-        self.mode = ("direct" if contract_is_row and resident and not self.packed else
-                     "load" if contract_is_row or self.pretransposed else "transpose")
-        self.streamed = self.mode == "load" or (self.mode == "transpose" and not resident)
+                    and self.value.lazy is None and self.value.layout == Layout.ROW)
+        self.packed = is_packed(op.shape, Layout.ROW)
+        self.mode = (DotOperandMode.DIRECT if contract_is_row and resident and not self.packed else
+                     DotOperandMode.LOAD if contract_is_row or self.pretransposed else
+                     DotOperandMode.TRANSPOSE)
+        self.streamed = (self.mode is DotOperandMode.LOAD
+                         or (self.mode is DotOperandMode.TRANSPOSE and not resident))
         tensor = ctx.hbm_tensors.get(ctx.values[op.index].hbm or "")
-        self.ktiled = self.mode == "load" and tensor is not None and tensor.kind == "weight"
+        self.ktiled = self.mode is DotOperandMode.LOAD and tensor is not None and tensor.kind == "weight"
         self.engines = _alternating()
 
     def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
@@ -253,18 +256,18 @@ class _Operand:
         ctx, op = self.ctx, self.op
         refs: list[Ref] = []
         kt_per_batch = math.ceil(self.k / P)
-        if self.mode == "direct":
+        if self.mode is DotOperandMode.DIRECT:
             for kk in range(k0, k1, P):
                 t = b * kt_per_batch + kk // P
                 ref = ctx.tile(op, t)
                 refs.append(Ref(ref.buf, 0, ref.rows, x0, x1))
             return refs
-        if self.mode == "load":
+        if self.mode is DotOperandMode.LOAD:
             value = ctx.values[op.index]
             name = ctx.ensure_hbm(op)  # an on-chip value not in row layout is stored first
             stored = ctx.hbm_tensors[name].shape if name in ctx.hbm_tensors else \
                 ctx.hbm_views[name].shape
-            rows_per_batch = tile_grid(stored, "row")[1]
+            rows_per_batch = tile_grid(stored, Layout.ROW)[1]
             run = None
             if name in ctx.hbm_views:
                 run = ctx.hbm_views[name].run_elements * op.dtype.itemsize
@@ -298,10 +301,10 @@ class _Operand:
         bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
-            t, p0 = locate(op.shape, "row", b, xx)
+            t, p0 = locate(op.shape, Layout.ROW, b, xx)
             # row tiles whatever the value's own layout; only this k-block's columns (a value that
             # lives in HBM is not loaded whole when K is large)
-            src = ctx.tile(op, t, "row", (k0, k1))
+            src = ctx.tile(op, t, Layout.ROW, (k0, k1))
             nrows = min(x1 - xx, src.rows - p0)
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
@@ -312,7 +315,7 @@ class _Operand:
         return bufs
 
     def release(self, refs: list[Ref]) -> None:
-        if self.mode == "direct":
+        if self.mode is DotOperandMode.DIRECT:
             for ref in refs:
                 self.ctx.release(self.op, ref)
             return
@@ -336,7 +339,8 @@ def lower_dot(ctx: Context, op: Op) -> None:
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home == "sbuf" else [])
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
-                       a_transposed=a.mode == "transpose", b_transposed=bop.mode == "transpose",
+                       a_transposed=a.mode is DotOperandMode.TRANSPOSE,
+                       b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
                        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
                        fits=ctx.sbuf.fits, resident_out=resident_out)
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
@@ -359,7 +363,7 @@ def lower_dot(ctx: Context, op: Op) -> None:
                     a_refs = a_cache.get(k0)
                     if a_refs is None:
                         a_refs, held = _block_or_unbuffer(a, held, b, k0, k1, m0, m1, plan.mb)
-                        if len(k_blocks) == 1 and a.mode != "direct":
+                        if len(k_blocks) == 1 and a.mode is not DotOperandMode.DIRECT:
                             a_cache[k0] = a_refs
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
@@ -388,15 +392,14 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
     dtype = op.operands[0].dtype
     for mm0 in range(m0, m1, P):
         mm1 = min(m1, mm0 + P)
-        t, p0 = locate(op.shape, "row", b, mm0)  # packed batches land at a partition offset
+        t, p0 = locate(op.shape, Layout.ROW, b, mm0)  # packed batches land at a partition offset
         n_rows = mm1 - mm0
         for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
             chunks = [(c, min(n1, c + BANK_COLS))
                       for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS), BANK_COLS)]
             banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
             for j, _kk in enumerate(range(k0, k1, P)):
-                pos = ("whole" if len(a_refs) == 1 else "first" if j == 0 else
-                       "last" if j == len(a_refs) - 1 else "middle")
+                pos = Accumulation.of(j, len(a_refs))
                 stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
                                  a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
                 ldweights(ctx, stationary, dtype, pad=p0)

@@ -18,6 +18,7 @@ from neuroncore.compiler.lower_elementwise import (
     tensor_scalar,
     tensor_tensor,
 )
+from neuroncore.compiler.lowering_state import Layout, QueueName
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.dtypes import DType
@@ -40,7 +41,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
     n = len(src.shape)
     kept = tuple(i for i in range(n) if i not in dims)
     reduced = math.prod(src.shape[d] for d in dims) if dims else 1
-    value = ctx.define(op, layout="col")
+    value = ctx.define(op, layout=Layout.COL)
     if not dims:
         raise CompileError("reduce over no dimensions", op)
     if dims == (n - 1,):
@@ -61,19 +62,19 @@ def lower_reduce(ctx: Context, op: Op) -> None:
 
         loader = (loader_setup, view_shape)
     _free_limit_check(ctx, op, reduced)
-    view_tiles = tiles_of(loader[1], "row") if loader else None
+    view_tiles = tiles_of(loader[1], Layout.ROW) if loader else None
     for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
         if loader is None:
-            inp = ctx.tile(src, t, "row")  # free-dim reduction: row tiles whatever the layout
+            inp = ctx.tile(src, t, Layout.ROW)  # free-dim reduction: row tiles whatever the layout
         else:
             name = loader[0]()
             assert view_tiles is not None
             vt = view_tiles[t]
             buf = ctx.alloc(vt.rows, reduced, src.dtype, f"{op.name}.in{t}")
             inp = Ref(buf.id, 0, vt.rows, 0, reduced)
-            rows = tile_grid(loader[1], "row")[1]
-            ctx.dma_load("qSyncData0", HbmAccess(name, vt.batch, vt.r0, vt.r1, 0, reduced), inp,
+            rows = tile_grid(loader[1], Layout.ROW)[1]
+            ctx.dma_load(QueueName.DATA, HbmAccess(name, vt.batch, vt.r0, vt.r1, 0, reduced), inp,
                          src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
                          * src.dtype.itemsize)
         tensor_reduce(ctx, alu, out, inp)
@@ -105,7 +106,7 @@ def _row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
                                       param.dtype, cols)
     buf = ctx.alloc(rows, cols, param.dtype, f"{op.name}.{param.name}")
     ref = Ref(buf.id, 0, rows, 0, cols)
-    ctx.dma_load("qSyncWeight0", HbmAccess(name, 0, 0, rows, 0, cols), ref, param.dtype,
+    ctx.dma_load(QueueName.WEIGHT, HbmAccess(name, 0, 0, rows, 0, cols), ref, param.dtype,
                  rows_per_batch=rows)
     return ref
 
@@ -116,7 +117,7 @@ def lower_softmax(ctx: Context, op: Op) -> None:
     value = ctx.define(op)
     _free_limit_check(ctx, op, value.cols)
     for t, tile in enumerate(value.tiles):
-        x = ctx.tile(src, t, "row")
+        x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
         rows = tile.rows
         neg_max = _scratch(ctx, rows, 1, f"{op.name}.max")
@@ -146,7 +147,7 @@ def lower_norm(ctx: Context, op: Op) -> None:
     beta = _row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
     ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
     for t, tile in enumerate(value.tiles):
-        x = ctx.tile(src, t, "row")
+        x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
         rows = tile.rows
         stat = _scratch(ctx, rows, 1, f"{op.name}.stat")

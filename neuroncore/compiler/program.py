@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from neuroncore.compiler.lowering_state import Layout
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph
@@ -74,7 +75,7 @@ class HbmAccess:
     r1: int
     c0: int
     c1: int
-    layout: str = "row"  # "row": tiles of [rows, last dim]; "col": [rows, 1] of the last dim
+    layout: Layout = Layout.ROW  # ROW: tiles of [rows, last dim]; COL: [rows, 1] of the last dim
     view: str | None = None
 
 

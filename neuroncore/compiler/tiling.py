@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from neuroncore.compiler.lowering_state import Layout
 from neuroncore.compiler.program import HbmAccess
 
 P = 128
 
 
-def _logical_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
-    if layout == "col":
+def _logical_grid(shape: tuple[int, ...], layout: Layout) -> tuple[int, int, int]:
+    if layout == Layout.COL:
         rows = shape[-1] if shape else 1
         return math.prod(shape[:-1]) if shape else 1, rows, 1
     if len(shape) == 0:
@@ -27,7 +28,7 @@ def _logical_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
     return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
-def is_packed(shape: tuple[int, ...], layout: str) -> bool:
+def is_packed(shape: tuple[int, ...], layout: Layout) -> bool:
     """Batches of fewer than 128 rows (dividing 128) share tiles: ``128 / rows`` batches per tile.
 
     Without packing, 32 attention heads of one decode row each would be 32 single-partition tiles
@@ -37,7 +38,7 @@ def is_packed(shape: tuple[int, ...], layout: str) -> bool:
     return batches > 1 and rows < P and P % rows == 0
 
 
-def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+def tile_grid(shape: tuple[int, ...], layout: Layout) -> tuple[int, int, int]:
     """(batches, rows per batch, cols) of the tiling: packed tensors are one batch of all rows."""
     batches, rows, cols = _logical_grid(shape, layout)
     if is_packed(shape, layout):
@@ -45,7 +46,7 @@ def tile_grid(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
     return batches, rows, cols
 
 
-def locate(shape: tuple[int, ...], layout: str, batch: int, row: int) -> tuple[int, int]:
+def locate(shape: tuple[int, ...], layout: Layout, batch: int, row: int) -> tuple[int, int]:
     """(tile index, partition) of row ``row`` of logical batch ``batch``."""
     _, rows, _ = _logical_grid(shape, layout)
     if is_packed(shape, layout):
@@ -57,8 +58,8 @@ def locate(shape: tuple[int, ...], layout: str, batch: int, row: int) -> tuple[i
 def batch_rows_access(name: str, shape: tuple[int, ...], batch: int, r0: int, r1: int, c0: int,
                       c1: int) -> HbmAccess:
     """HBM access to rows [r0, r1) of logical batch ``batch`` of a row-layout tensor."""
-    if is_packed(shape, "row"):
-        _, rows, _ = _logical_grid(shape, "row")
+    if is_packed(shape, Layout.ROW):
+        _, rows, _ = _logical_grid(shape, Layout.ROW)
         return HbmAccess(name, 0, batch * rows + r0, batch * rows + r1, c0, c1)
     return HbmAccess(name, batch, r0, r1, c0, c1)
 
@@ -74,7 +75,7 @@ class Tile:
         return self.r1 - self.r0
 
 
-def tiles_of(shape: tuple[int, ...], layout: str) -> list[Tile]:
+def tiles_of(shape: tuple[int, ...], layout: Layout) -> list[Tile]:
     batches, rows, _ = tile_grid(shape, layout)
     return [Tile(b, r, min(r + P, rows)) for b in range(batches) for r in range(0, rows, P)]
 

@@ -13,6 +13,7 @@ import neuroncore as nc
 from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.counters import COUNTER_NAMES, NodeCounters
 from neuroncore.compiler.emitter import Emitter
+from neuroncore.compiler.lowering_state import Accumulation, Layout, QueueName
 from neuroncore.compiler.program import Ref
 from neuroncore.hardware import Engine
 from neuroncore.runtime.interpreter import ExecutionError, Machine
@@ -73,10 +74,14 @@ def test_semantic_records_are_closed() -> None:
         ns.Copy(out=_ref(), src=_ref())  # type: ignore[call-arg]  # misspelt field
 
 
-def test_interpreter_dispatches_by_type_and_rejects_unknown_records() -> None:
+def _tiny_graph() -> nc.Graph:
     b = nc.GraphBuilder("tiny")
     x = b.parameter("x", (4, 8), "fp32")
-    program = nc.compile(b.build([b.exp(x)]), "trn1")
+    return b.build([b.exp(x)])
+
+
+def test_interpreter_dispatches_by_type_and_rejects_unknown_records() -> None:
+    program = nc.compile(_tiny_graph(), "trn1")
     machine = Machine(program, {})
     assert set(machine.handlers()) == ns.SEMANTIC_KINDS  # every kind has exactly one handler
 
@@ -87,3 +92,15 @@ def test_interpreter_dispatches_by_type_and_rejects_unknown_records() -> None:
     broken = replace(program, semantics=[Fused(_ref())])
     with pytest.raises(ExecutionError, match=r"node 0 carries .*Fused"):
         Machine(broken, {}).run()
+
+
+def test_lowering_state_is_closed_and_spelt_as_before() -> None:
+    with pytest.raises(ValueError):
+        Layout("rwo")
+    assert [str(layout) for layout in Layout] == ["row", "col"]  # buffer names keep their spelling
+    assert [Accumulation.of(j, 4) for j in range(4)] == [
+        Accumulation.FIRST, Accumulation.MIDDLE, Accumulation.MIDDLE, Accumulation.LAST]
+    assert Accumulation.of(0, 1) is Accumulation.WHOLE
+    assert [a.accumulates for a in Accumulation] == [False, False, True, True]
+    program = nc.compile(_tiny_graph(), "trn1")
+    assert [q.name for q in program.queues][:len(QueueName)] == [str(q) for q in QueueName]
