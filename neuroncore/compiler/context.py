@@ -18,7 +18,14 @@ from typing import Any
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.counters import NodeCounters
-from neuroncore.compiler.emitter import QUEUE_SEMAPHORE_BASE, Emitter, hbm_key, sbuf_key
+from neuroncore.compiler.emitter import (
+    QUEUE_SEMAPHORE_BASE,
+    WHOLE_BUFFER,
+    WHOLE_TENSOR,
+    Emitter,
+    hbm_key,
+    sbuf_key,
+)
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lowering_state import Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
@@ -28,6 +35,8 @@ from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph, Op
+
+NEVER_USED_AGAIN = 1 << 30  # next-use position of a value with no later use: the first to spill
 
 
 @dataclass
@@ -119,7 +128,7 @@ class Context:
         buf = Buffer(self._next_buffer, "SBUF", partitions, free, dtype, address, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
-        self.em.inherit(("buf", buf.id), (0, P, 0, 1 << 40), hazards)
+        self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards)
         if pin:
             self.pinned.add(buf.id)
         return buf
@@ -139,7 +148,7 @@ class Context:
         self._next_buffer += 1
         self.buffers[buf.id] = buf
         self.em.psum_keys.add(("buf", buf.id))
-        self.em.inherit(("buf", buf.id), (0, P, 0, 1 << 40), hazards)
+        self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards)
         return buf
 
     def unpin_all(self) -> None:
@@ -170,7 +179,7 @@ class Context:
     def hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
         if access.tensor in self.hbm_views or access.view is not None or access.layout != Layout.ROW:
             names = self.view_sources(access.tensor)
-            return [(("hbm", n), (0, 1 << 62, 0, 1 << 62)) for n in names]
+            return [(("hbm", n), WHOLE_TENSOR) for n in names]
         return [hbm_key(access, rows_per_batch)]
 
     def dma_load(self, queue: QueueName, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
@@ -492,7 +501,7 @@ class Context:
         for use in self.uses[op_index]:
             if use > self.position:
                 return use
-        return 1 << 30
+        return NEVER_USED_AGAIN
 
     def _spill_one(self, needed: int) -> bool:
         """Spill the resident tile used furthest in the future (Belady); False if none can go."""

@@ -28,6 +28,7 @@ from neuroncore.compiler.program import (
     HbmAccess,
     Ref,
 )
+from neuroncore.compiler.tiling import P
 from neuroncore.hardware import CoreSpec, Engine
 
 # One semaphore per engine (ids 0-4), then one per DMA queue from QUEUE_SEMAPHORE_BASE.
@@ -66,8 +67,15 @@ def _covers(a0: int, a1: int, b0: int, b1: int, x: _Access) -> bool:
     return a0 <= x.a0 and x.a1 <= a1 and b0 <= x.b0 and x.b1 <= b1
 
 
-MemoryKey = tuple[str, Any]
-Rect = tuple[int, int, int, int]
+MemoryKey = tuple[str, Any]  # ("buf", buffer id) for SBUF/PSUM buffers, ("hbm", tensor name)
+Rect = tuple[int, int, int, int]  # partitions (or rows) [a0, a1) x free elements (or cols) [b0, b1)
+
+WHOLE_TENSOR: Rect = (0, 1 << 62, 0, 1 << 62)
+"""An access that may touch any element of an HBM tensor (through a view or a strided relayout):
+it overlaps every other access to that tensor, so it orders against all of them."""
+
+WHOLE_BUFFER: Rect = (0, P, 0, 1 << 40)
+"""Every partition and element of an on-chip buffer (a new buffer inherits its range's hazards)."""
 
 
 class Emitter:
@@ -372,10 +380,11 @@ def sbuf_key(ref: Ref) -> tuple[MemoryKey, Rect]:
 
 def hbm_key(access: HbmAccess, rows_per_batch: int, whole: bool = False) -> tuple[MemoryKey, Rect]:
     if whole or access.view is not None:
-        return ("hbm", access.tensor), (0, 1 << 62, 0, 1 << 62)
+        return ("hbm", access.tensor), WHOLE_TENSOR
     base = access.batch * rows_per_batch
     return ("hbm", access.tensor), (base + access.r0, base + access.r1, access.c0, access.c1)
 
 
 __all__ = ["CC_LANE", "CC_SEMAPHORE", "QUEUE_LANE_BASE", "QUEUE_SEMAPHORE_BASE", "RES_TENSOR_LS",
-           "RES_TENSOR_MM", "Emitter", "hbm_key", "queue_lane", "sbuf_key"]
+           "RES_TENSOR_MM", "WHOLE_BUFFER", "WHOLE_TENSOR", "Emitter", "hbm_key", "queue_lane",
+           "sbuf_key"]
