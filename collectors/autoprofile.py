@@ -49,6 +49,7 @@ def install(sink: Any) -> None:
     """Attach the recorders the environment asks for to ``sink``; they finish at interpreter exit."""
     from collectors.device_profile import DeviceProfileCollector, RecordingError
     from collectors.system import RuntimeEventLog
+    from formats.writer import DEFAULT_ROW_GROUP_ROWS
 
     out_dir = os.environ.get(PROFILE_DIR)
     events_file = os.environ.get(EVENTS_FILE)
@@ -58,8 +59,9 @@ def install(sink: Any) -> None:
     if out_dir:
         nth = os.environ.get(NTH_EXEC)
         rows = os.environ.get(ROW_GROUP_ROWS, "")
-        options = {"row_group_rows": int(rows)} if rows.isdigit() and int(rows) > 0 else {}
-        collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None, **options)
+        row_group_rows = int(rows) if rows.isdigit() and int(rows) > 0 else DEFAULT_ROW_GROUP_ROWS
+        collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None,
+                                           row_group_rows=row_group_rows)
         sink.subscribe(collector)
     log = None
     if events_file:

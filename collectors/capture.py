@@ -167,7 +167,7 @@ def _run_child(command: list[str], env: dict[str, str], watch_fd: int) -> tuple[
     """Run the program to its end: (its exit code as a shell reports it, the signal that asked the
     capture to stop or None). SIGINT, SIGTERM and SIGHUP sent to the wrapper are forwarded."""
     stop: list[int] = []
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}  # signal -> the handler it had
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, lambda s, _f: stop.append(s))

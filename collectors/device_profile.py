@@ -122,9 +122,9 @@ class DeviceProfileCollector:
             self._start(batch)
             return
         if kind == "neuronlink_usage":
-            for target in {id(o): o for e in meta.get("execution_ids", ())
-                           if (o := self._by_execution.get(e))}.values():
-                target.recorder(batch)
+            for sharing in {id(o): o for e in meta.get("execution_ids", ())
+                            if (o := self._by_execution.get(e))}.values():
+                sharing.recorder(batch)
             return
         target = self._by_execution.get(meta.get("execution_id", -1))
         if target is not None:

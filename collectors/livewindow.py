@@ -58,14 +58,17 @@ class ProcessWindow:
 
 
 def _zero_core_counts() -> dict[str, float]:
-    return {"busy_ns": 0, "flops": 0, "executions": 0, "hbm_bytes": 0, **{f"e:{e}": 0.0 for e in ENGINES}}
+    counts: dict[str, float] = {"busy_ns": 0, "flops": 0, "executions": 0, "hbm_bytes": 0}
+    counts.update({f"e:{e}": 0.0 for e in ENGINES})
+    return counts
 
 
 def _counts(state: ProcessState | None, core: int) -> dict[str, float]:
     if state is None or core not in state.cores:
         return _zero_core_counts()
     c = state.cores[core]
-    out = {"busy_ns": c.busy_ns, "flops": c.flops, "executions": c.executions, "hbm_bytes": c.hbm_bytes}
+    out: dict[str, float] = {"busy_ns": c.busy_ns, "flops": c.flops, "executions": c.executions,
+                             "hbm_bytes": c.hbm_bytes}
     out.update({f"e:{e}": c.engine_busy_ns.get(e, 0.0) for e in ENGINES})
     return out
 

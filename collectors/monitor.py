@@ -135,13 +135,9 @@ class Monitor:
                 win = windows[state.pid]
                 body = self._runtime_group(group.spec.type, state, win, wall)
                 reports.setdefault(state.pid, {})[group.spec.type] = monitor_report.envelope(period, body)
-        out = []
-        for entry in sorted(by_entry):
-            for state in by_entry[entry]:
-                out.append({"pid": state.pid, "neuron_runtime_tag": state.tag, "error": "",
-                            "report": reports.get(state.pid, {})})
-        out.sort(key=lambda e: e["pid"])
-        return out
+        listed = sorted((s for entry in sorted(by_entry) for s in by_entry[entry]), key=lambda s: s.pid)
+        return [{"pid": s.pid, "neuron_runtime_tag": s.tag, "error": "", "report": reports.get(s.pid, {})}
+                for s in listed]
 
     def _runtime_group(self, kind: str, state: ProcessState, win: Any, wall: float) -> dict[str, Any]:
         if kind == "neuroncore_counters":

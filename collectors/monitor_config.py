@@ -25,7 +25,12 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typeshed describes the stdlib's regex parser under its old public name
+    import sre_parse
+else:  # the same module; importing it by that name warns (deprecated since 3.11)
+    from re import _parser as sre_parse
 
 from collectors.reportvalues import brief
 
@@ -139,10 +144,6 @@ def compile_tag_filter(pattern: str, where: str) -> re.Pattern[str]:
     if len(pattern) > MAX_PATTERN_CHARS:
         raise ConfigError(f"{where}: regular expression of {len(pattern):,} characters is over the "
                           f"{MAX_PATTERN_CHARS:,} limit")
-    try:
-        from re import _parser as sre_parse  # the stdlib's own parser, to look at the pattern's shape
-    except ImportError:  # pragma: no cover -- Python < 3.11
-        import sre_parse  # type: ignore[no-redef]
     try:
         parsed = sre_parse.parse(pattern)
         compiled = re.compile(pattern)

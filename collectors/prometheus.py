@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import sys
 import threading
 from collections.abc import Iterable, Sequence
@@ -343,8 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-monitor-prometheus: port {args.port} is out of range", file=sys.stderr)
         return 2
     exporter = Exporter()
-    with contextlib.suppress(AttributeError, ValueError):  # bytes that are not UTF-8: a bad line, not a crash
-        sys.stdin.reconfigure(errors="replace")
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8: a bad line, not a crash
+        with contextlib.suppress(ValueError):
+            sys.stdin.reconfigure(errors="replace")
     try:
         server, _ = start_http_server(args.port, addr=args.bind, certfile=args.cert_file,
                                       keyfile=args.key_file)

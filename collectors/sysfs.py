@@ -210,12 +210,12 @@ def _read_core(device: SysfsDevice, index: int, path: Path) -> SysfsCore:
     mem_base, _ = _find(path, "stats/memory_usage/device_mem", "device_mem")
     if mem_base is not None:
         for category in DEVICE_MEM_CATEGORIES:
-            node = mem_base / category
-            if node.exists():
+            mem_node = mem_base / category
+            if mem_node.exists():
                 try:
-                    core.memory[category] = _counter(node)
-                    if (node / "peak").exists():
-                        core.memory_peak[category] = _counter(node, "peak")
+                    core.memory[category] = _counter(mem_node)
+                    if (mem_node / "peak").exists():
+                        core.memory_peak[category] = _counter(mem_node, "peak")
                 except SysfsError as exc:
                     core.errors.append(str(exc))
     status_base, _ = _find(path, "stats/status", "status")

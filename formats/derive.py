@@ -14,7 +14,7 @@ readers compute them on demand from whatever was recorded (``summary.summary_row
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,11 +144,12 @@ def framework_engine_ranges(profile: Profile) -> dict[str, dict[str, tuple[int, 
     return out
 
 
-def add_engine_ranges(rows: Mapping[str, list[Any]], ranges: dict[str, dict[str, tuple[int, int]]]) -> None:
+def add_engine_ranges(rows: MutableMapping[str, list[Any]],
+                      ranges: dict[str, dict[str, tuple[int, int]]]) -> None:
     """Fill ``total_time_<e>`` (text ``[min_ts, max_ts]``) of FrameworkNode columns in place."""
     names = rows.get("node_name", [])
     for stem in summary.ENGINE_STEMS.values():
-        column = rows.setdefault(f"total_time_{stem}", [None] * len(names))  # type: ignore[attr-defined]
+        column = rows.setdefault(f"total_time_{stem}", [None] * len(names))
         for i, name in enumerate(names):
             span = ranges.get(name, {}).get(stem)
             column[i] = None if span is None else f"[{span[0]}, {span[1]}]"

@@ -148,7 +148,7 @@ def dataset_lines(programs: Sequence[Program], labels: Mapping[str, str]) -> lis
     for f in figs:
         for name, b in f.engines.items():
             busy[name] = busy.get(name, 0.0) + b.busy_ns
-    top = max(busy, key=lambda k: busy[k], default=None)
+    top_engine = max(busy, key=lambda k: busy[k], default=None)
     mfu = None if model is None or not peak_time else model / peak_time
     dma_active = sum(f.dma.active_ns for f in figs)
     cc_active = sum(f.collectives.active_ns for f in figs)
@@ -157,7 +157,7 @@ def dataset_lines(programs: Sequence[Program], labels: Mapping[str, str]) -> lis
     def share(x: float) -> str:
         return fmt_pct(x / total_ns) if total_ns else "-"
 
-    busiest = f"{top} {share(busy[top])}" if top else "-"
+    busiest = f"{top_engine} {share(busy[top_engine])}" if top_engine else "-"
     lines.append(f"{AGGREGATE:<{width}} {'':<{rank_width}} {fmt_ns(total_ns):>11} {fmt_pct(mfu):>6} "
                  f"{busiest[:16]:<16} {share(dma_active):>8} {fmt_bytes(hbm):>10} {share(cc_active):>7}")
     lines.append("(all: Σ device time; MFU, busy and active as fractions of Σ device time; Σ bytes)")

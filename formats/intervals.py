@@ -71,7 +71,7 @@ class UnionAccumulator:
             if order is None:
                 order = start_order(start)
             s, e = start[order].astype(np.int64, copy=False), end[order].astype(np.int64, copy=False)
-            self._fold(int(key), s, e)  # type: ignore[arg-type]
+            self._fold(int(key), s, e)
             return
         else:
             keys = np.asarray(key)
@@ -111,8 +111,9 @@ class UnionAccumulator:
         last[-1:] = s.size - 1
         if first.size and first[0] == 0:
             seg_s, seg_e = s[first], reach[last]
-        else:  # the first rows extend the carried segment
-            seg_s = np.concatenate([np.array([carried[0]], np.int64), s[first]])  # type: ignore[index]
+        else:  # the first rows extend the carried segment (new[0] is False only when one is carried)
+            assert carried is not None
+            seg_s = np.concatenate([np.array([carried[0]], np.int64), s[first]])
             seg_e = np.concatenate([reach[[first[0] - 1 if first.size else s.size - 1]], reach[last]])
         if carried is not None and first.size and first[0] == 0:  # carried segment closed before s[0]
             seg_s = np.concatenate([np.array([carried[0]], np.int64), seg_s])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,14 +280,14 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
     tables: dict[str, ProfileTable] = {}
     for name, found in sorted(parts.items()):
         definition = schema.table(name)
-        table = ProfileTable(name, [p for _, p in sorted(found)], definition)
-        for file in table.files:
+        loaded = ProfileTable(name, [p for _, p in sorted(found)], definition)
+        for file in loaded.files:
             file_schema, rows = _read_footer(file)
             if definition is not None:
                 _check_columns(file, definition, file_schema)
-            table.file_schemas.append(file_schema)
-            table.num_rows += rows
-        tables[name] = table
+            loaded.file_schemas.append(file_schema)
+            loaded.num_rows += rows
+        tables[name] = loaded
     profile = Profile(root, tables, schema)
     _load_small_tables(profile)
     return profile
@@ -357,7 +357,7 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def profile_from_files(root: str | os.PathLike[str], files: dict[str, Sequence[Path]],
+def profile_from_files(root: str | os.PathLike[str], files: Mapping[str, Sequence[Path]],
                        metadata: dict[str, Any] | None = None, *, schema: Schema = SCHEMA) -> Profile:
     """A ``Profile`` over given Parquet parts (footers read and checked as ``open_profile`` does), with
     ``metadata`` as its Metadata row. For computing on a profile still being written: the summary at

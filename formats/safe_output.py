@@ -71,7 +71,8 @@ def _output_file(path: str, mode: str) -> Iterator[IO[Any]]:
     fd, temp = _create_temp(path)
     done = False
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as out:
+        out: IO[Any] = os.fdopen(fd, "w", encoding="utf-8") if mode == "w" else os.fdopen(fd, "wb")
+        with out:
             yield out
         check_target(path)  # placed while we were writing: still never replaced through
         os.replace(temp, path)

@@ -34,7 +34,7 @@ def connect(*, threads: int | None = None, memory_limit: str | None = None,
     """A private in-memory DuckDB connection (never the process-wide default one, whose settings other
     code may change). ``threads`` defaults to DuckDB's choice (all cores); ``spill=False`` gives it no
     temporary directory, so it never writes a file (a query over the memory limit fails instead)."""
-    config: dict[str, str | int | bool] = {}
+    config: dict[str, str | bool | int | float | list[str]] = {}
     if not spill:
         config["temp_directory"] = ""
     if threads:

@@ -27,6 +27,7 @@ what they used to define themselves, so there is one implementation.
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 __all__ = [
     "BINARY_UNITS", "UNKNOWN", "count_cell", "fmt_bytes", "fmt_count", "fmt_flops", "fmt_flops_rate",
@@ -39,7 +40,8 @@ _DECIMAL_RATE = (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3))
 _FLOP_PREFIX = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
 
 
-def _known(value: float | None) -> bool:
+def _known(value: float | None) -> TypeGuard[float]:
+    """Not None and not NaN (a TypeGuard, so callers read ``float(value)`` without a cast)."""
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
@@ -50,7 +52,7 @@ def fmt_bytes(count: float | None, *, digits: int = 1, space: bool = True) -> st
     narrow table cells. Rounding never prints ``1024.0 KiB``: it moves to the next unit."""
     if not _known(count):
         return UNKNOWN
-    value = float(count)  # type: ignore[arg-type]
+    value = float(count)
     sign = "-" if value < 0 else ""
     value = abs(value)
     unit = 0
@@ -70,7 +72,7 @@ def fmt_rate(bytes_per_s: float | None, *, space: bool = True) -> str:
     """Throughput in decimal units: ``fmt_rate(2.5e10) == "25.0 GB/s"``, ``"512 B/s"`` when tiny."""
     if not _known(bytes_per_s):
         return UNKNOWN
-    value = float(bytes_per_s)  # type: ignore[arg-type]
+    value = float(bytes_per_s)
     gap = " " if space else ""
     for unit, scale in _DECIMAL_RATE:
         if abs(value) >= scale:
@@ -82,7 +84,7 @@ def fmt_gbps(bytes_per_s: float | None, *, digits: int = 2) -> str:
     """Throughput always in GB/s (decimal): ``fmt_gbps(3.3e8) == "0.33 GB/s"``."""
     if not _known(bytes_per_s):
         return UNKNOWN
-    return f"{float(bytes_per_s) / 1e9:.{digits}f} GB/s"  # type: ignore[arg-type]
+    return f"{float(bytes_per_s) / 1e9:.{digits}f} GB/s"
 
 
 def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
@@ -90,14 +92,14 @@ def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
     would round to 0 prints as ``<0.1%`` (never a misleading ``0.0%``)."""
     if not _known(fraction):
         return UNKNOWN
-    return fmt_percent_value(100.0 * float(fraction), digits=digits)  # type: ignore[arg-type]
+    return fmt_percent_value(100.0 * float(fraction), digits=digits)
 
 
 def fmt_percent_value(percent: float | None, *, digits: int = 1) -> str:
     """A value already in percent (0-100): ``fmt_percent_value(9.3) == "9.3%"``."""
     if not _known(percent):
         return UNKNOWN
-    value = float(percent)  # type: ignore[arg-type]
+    value = float(percent)
     smallest = 10.0 ** -digits
     if value != 0 and abs(value) < smallest / 2:
         return f"<{smallest:.{digits}f}%"
@@ -109,7 +111,7 @@ def percent_cell(percent: float | None) -> str:
     above 99.995 (never 7 characters), ``"    --"`` unknown. neuron-top's grid uses it."""
     if not _known(percent):
         return "    --"
-    value = float(percent)  # type: ignore[arg-type]
+    value = float(percent)
     text = f"{max(value, 0.0):5.2f}"
     if value > 99.995 or text == "100.00":
         return "  100%"
@@ -120,7 +122,7 @@ def fmt_ns(ns: float | None) -> str:
     """A duration in the unit that keeps three significant digits: ``fmt_ns(1234) == "1.23 µs"``."""
     if not _known(ns):
         return UNKNOWN
-    value = float(ns)  # type: ignore[arg-type]
+    value = float(ns)
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
@@ -129,7 +131,7 @@ def fmt_ns(ns: float | None) -> str:
 
 def fmt_seconds(seconds: float | None) -> str:
     """A duration given in seconds (Summary ``*_time`` columns), same convention as :func:`fmt_ns`."""
-    return UNKNOWN if not _known(seconds) else fmt_ns(float(seconds) * 1e9)  # type: ignore[arg-type]
+    return UNKNOWN if not _known(seconds) else fmt_ns(float(seconds) * 1e9)
 
 
 def fmt_count(count: float | None) -> str:
@@ -137,7 +139,7 @@ def fmt_count(count: float | None) -> str:
     ``19.7M``, ``197M``, ``1.97G``."""
     if not _known(count):
         return UNKNOWN
-    n = float(count)  # type: ignore[arg-type]
+    n = float(count)
     if abs(n) < 10_000:
         return f"{n:.0f}"
     suffixes = (("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12))
@@ -163,7 +165,7 @@ def fmt_flops(flops: float | None) -> str:
     """FLOPs with a decimal prefix: ``fmt_flops(1.23e9) == "1.23 GFLOP"``."""
     if not _known(flops):
         return UNKNOWN
-    value = float(flops)  # type: ignore[arg-type]
+    value = float(flops)
     for prefix, scale in _FLOP_PREFIX:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}FLOP"
@@ -174,4 +176,4 @@ def fmt_flops_rate(flops_per_s: float | None, *, digits: int = 2) -> str:
     """A FLOP rate in TFLOP/s: ``fmt_flops_rate(1.9e14) == "190.00 TFLOP/s"``."""
     if not _known(flops_per_s):
         return UNKNOWN
-    return f"{float(flops_per_s) / 1e12:.{digits}f} TFLOP/s"  # type: ignore[arg-type]
+    return f"{float(flops_per_s) / 1e12:.{digits}f} TFLOP/s"

@@ -200,8 +200,9 @@ def _check_table(report: ValidationReport, schema: Schema, name: str, found: lis
     if None in numbers and len(numbers) > 1:
         report.add(WARNING, "both <Table>.parquet and numbered parts exist; read as one table", table=name)
     elif len(numbers) > 1:
-        if sorted(numbers) != list(range(len(numbers))):  # type: ignore[type-var]
-            report.add(WARNING, f"part numbers {sorted(numbers)} are not 0..{len(numbers) - 1}", table=name)
+        parts = sorted(n for n in numbers if n is not None)  # all numbered here (checked above)
+        if parts != list(range(len(parts))):
+            report.add(WARNING, f"part numbers {parts} are not 0..{len(parts) - 1}", table=name)
         report.add(INFO, f"split into {len(files)} parts", table=name)
     definition = schema.table(name)
     rows = 0

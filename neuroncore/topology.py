@@ -342,6 +342,10 @@ def _build(instance: str, nodes: int, lnc: int | None, per_direction: bool,
         raise ValueError(f"{spec.name} has no EFA network (neuroncore.md §1.2), so {nodes} of them "
                          "cannot be joined into one topology")
     n = spec.chips
+    pairs: list[tuple[int, int]]
+    cycles: tuple[tuple[int, ...], ...]
+    routes: list[list[list[int]]]
+    connected: list[tuple[int, ...]]
     if spec.topology == "ring":
         pairs, cycles = chipgraph.ring_links(n), (tuple(range(n)),)
         routes = [[chipgraph.ring_route(n, a, b) for b in range(n)] for a in range(n)]

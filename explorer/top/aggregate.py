@@ -110,9 +110,9 @@ def combine(processes: Iterable[ProcessSnapshot]) -> TabData:
             for k in HOST_MEMORY_KEYS:
                 host[k] += p.host_memory.get(k, 0)
         for core, cats in (p.core_memory or {}).items():
-            slot = core_memory.setdefault(core, dict.fromkeys(DEVICE_MEMORY_KEYS, 0))
+            memory = core_memory.setdefault(core, dict.fromkeys(DEVICE_MEMORY_KEYS, 0))
             for k in DEVICE_MEMORY_KEYS:
-                slot[k] += cats.get(k, 0)
+                memory[k] += cats.get(k, 0)
     models = tuple(m for p in procs for m in p.models)
     return TabData(
         utilization=util, flops=flops, engine_busy=engines, hbm_bytes_per_s=hbm, link_bytes_per_s=links,

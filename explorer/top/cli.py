@@ -30,6 +30,7 @@ from explorer.top.text_frame import frame_text
 from neuronscope.cli_kit import OneLineParser
 
 if TYPE_CHECKING:
+    from explorer.top.live_source import LiveSource
     from explorer.top.monitor_source import MonitorSource
     from explorer.top.snapshots import Frame
 
@@ -81,6 +82,7 @@ def _once_monitor(source: MonitorSource, interval: float) -> Frame | int:
         frame = source.poll() or frame
     if source.reports == 0:
         return _fail(f"no neuron-monitor report in {source.name}")
+    assert frame is not None  # a source's first poll always makes a frame
     return frame
 
 
@@ -95,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tty_problem = (None if args.once or sys.stdout.isatty()
                    else "stdout is not a terminal; use --once for plain text")
     width = args.width or (os.get_terminal_size().columns if sys.stdout.isatty() else 120)
+    source: MonitorSource | LiveSource
     try:
         if args.from_monitor is not None:
             if args.from_monitor == "-":
@@ -124,9 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.once:
         if source.kind == "monitor":
-            frame = _once_monitor(source, args.interval)
-            if isinstance(frame, int):
+            once = _once_monitor(source, args.interval)
+            if isinstance(once, int):
                 return 1
+            frame = once
         else:
             source.poll()  # baseline: rates are over the interval that follows
             time.sleep(args.interval)

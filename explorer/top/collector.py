@@ -16,7 +16,10 @@ from explorer.top.snapshots import Frame
 
 
 class Source(Protocol):
-    kind: str
+    """What neuron-top reads frames from: live state (``LiveSource``) or a neuron-monitor stream."""
+
+    @property
+    def kind(self) -> str: ...
 
     def poll(self) -> Frame | None: ...
 

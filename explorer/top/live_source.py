@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
@@ -112,7 +112,7 @@ def _extras(state: ProcessState, win: ProcessWindow, inventory: Inventory,
 class LiveSource:
     """Reads the live directory once per ``poll()``; everything injectable for tests."""
 
-    kind = "live"
+    kind: Literal["live"] = "live"
 
     def __init__(self, inventory: Inventory, *, live_dir: Path | None = None, host: HostSampler | None = None,
                  follow_publishers: bool = True, clock: Callable[[], float] = time.time,

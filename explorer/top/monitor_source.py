@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from collectors.reportvalues import (
     MAX_LINE_CHARS,
@@ -89,7 +89,7 @@ class MonitorSource:
     """Reads a neuron-monitor stream; ``poll()`` consumes what has arrived and returns a frame when
     anything changed (None otherwise, so an idle stream costs no redraw)."""
 
-    kind = "monitor"
+    kind: Literal["monitor"] = "monitor"
 
     def __init__(self, path: str, stream: TextIO | None = None, *, host_name: str = "",
                  clock: Callable[[], float] = time.time) -> None:

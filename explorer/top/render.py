@@ -540,11 +540,11 @@ def history(frame: Frame, data: TabData, tab: int | None, width: int) -> Text:
     for device in range(hw.device_count):
         line = Text(f"ND{device:<3}"[:LABEL_W].ljust(LABEL_W))
         for local in range(per_dev):
-            series = cores.get(device * per_dev + local)
-            if series is None:
+            core_series = cores.get(device * per_dev + local)
+            if core_series is None:
                 line.append("·" * spark_w, style=S_UNUSED)
             else:
-                line.append(fmt.sparkline(series, spark_w, top=100.0), style=S_USED)
+                line.append(fmt.sparkline(core_series, spark_w, top=100.0), style=S_USED)
             line.append(" ")
         lines.append(_line(line, width))
     return _join(lines)

@@ -211,8 +211,6 @@ class NeuronTopApp(App[None]):
         return self._cache[1]
 
     def _redraw(self) -> None:
-        if not self.is_mounted:
-            return
         with contextlib.suppress(NoMatches):  # a frame arriving at shutdown: the widgets are gone
             self._redraw_widgets()
 
@@ -391,7 +389,7 @@ class NeuronTopApp(App[None]):
         self.signals_sent.append((pid, sig))
         self.notify(f"sent {signal_name(sig)} to {pid}")
 
-    def action_quit(self) -> None:  # type: ignore[override]
+    async def action_quit(self) -> None:  # async, as App.action_quit it overrides
         if self.collector is not None:
             with contextlib.suppress(Exception):
                 self.collector.stop()

@@ -168,7 +168,7 @@ class MemoryTree(LinesWidget, can_focus=True):
         Binding("down", "move(1)", "down", show=False),
         Binding("left", "left", "collapse", show=False),
         Binding("right", "right", "expand", show=False),
-        Binding("enter", "toggle", "expand/collapse", show=False),
+        Binding("enter", "toggle_node", "expand/collapse", show=False),
     ]
 
     class Changed(Message):
@@ -205,7 +205,7 @@ class MemoryTree(LinesWidget, can_focus=True):
     def action_right(self) -> None:
         self._apply(memtree.right(self.rows, self.state))
 
-    def action_toggle(self) -> None:
+    def action_toggle_node(self) -> None:  # not action_toggle: Textual's DOMNode has one (an attribute flip)
         self._apply(memtree.toggle(self.rows, self.state))
 
     def on_resize(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -180,7 +180,9 @@ def _operation(name: str) -> str:
 
 def _groups(topo: Topology, replica_groups: object, operation: str) -> Groups:
     """Normalise to a tuple of int tuples and check: ranks exist, groups disjoint and equal-sized."""
-    items = list(replica_groups)  # type: ignore[call-overload]
+    if not isinstance(replica_groups, Iterable):
+        raise ValueError("replica groups must be core ids, or lists of core ids (one list per group)")
+    items = list(replica_groups)
     if not items:
         raise ValueError("replica groups are empty: give at least one rank")
     if all(isinstance(r, (int, np.integer)) for r in items):
@@ -208,8 +210,8 @@ def _groups(topo: Topology, replica_groups: object, operation: str) -> Groups:
         raise ValueError(f"replica groups must all have the same size, got sizes {sizes}")
     flat = [r for g in groups for r in g]
     if len(set(flat)) != len(flat):
-        twice = next(r for r in flat if flat.count(r) > 1)
-        raise ValueError(f"core {twice} appears more than once in the replica groups")
+        repeated = next(r for r in flat if flat.count(r) > 1)
+        raise ValueError(f"core {repeated} appears more than once in the replica groups")
     return groups
 
 
@@ -256,11 +258,12 @@ def _timeline(plan: Plan, unit_bytes: float, start_ns: float, params: Collective
         row_flows = np.zeros(len(channels), np.int32)
         row_flows[cols] = pattern.flows_per_channel
         alone = step_ns(pattern, unit_bytes, latency)
-        shared = ledger is not None and ledger.flows(pattern.channels, t, t + alone * phase.steps).any()
-        if shared:
+        begin: np.ndarray
+        span: np.ndarray
+        if ledger is not None and ledger.flows(pattern.channels, t, t + alone * phase.steps).any():  # shared
             begin, span = np.zeros(phase.steps), np.zeros(phase.steps)
             for i in range(phase.steps):
-                background = ledger.flows(pattern.channels, t, t + alone)  # type: ignore[union-attr]
+                background = ledger.flows(pattern.channels, t, t + alone)
                 ns = step_ns(pattern, unit_bytes, latency, background) if background.any() else alone
                 begin[i], span[i] = t, ns
                 t += ns

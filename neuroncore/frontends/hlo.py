@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -211,9 +210,11 @@ def _varint(buf: memoryview, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _proto_fields(buf: memoryview) -> Iterator[tuple[int, Any]]:
-    """(field number, value) pairs of one protobuf message (wire format, no schema needed)."""
+def _proto_fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
+    """(field number, value) pairs of one protobuf message (wire format, no schema needed): a varint
+    field's value is an int, every other field's is its bytes."""
     i, n = 0, len(buf)
+    value: int | memoryview
     while i < n:
         key, i = _varint(buf, i)
         number, wire = key >> 3, key & 7
@@ -231,6 +232,17 @@ def _proto_fields(buf: memoryview) -> Iterator[tuple[int, Any]]:
         yield number, value
 
 
+def _bytes_field(value: int | memoryview) -> memoryview:
+    if isinstance(value, int):
+        raise ValueError("malformed HloModuleProto: a varint where a message or string belongs")
+    return value
+
+
+def _varint_fields(buf: memoryview) -> dict[int, int]:
+    """The varint fields of one message by number (the last of a repeated one, as protobuf reads)."""
+    return {number: value for number, value in _proto_fields(buf) if isinstance(value, int)}
+
+
 FrameTable = dict[int, tuple[SourceFrame, int]]  # frame id -> (frame, parent id; 0 = none)
 
 
@@ -238,23 +250,24 @@ def frames_from_proto(data: bytes) -> FrameTable:
     """StackFrameIndexProto: file_names=1, function_names=2, file_locations=3 (file_name_id=1,
     function_name_id=2, line=3), stack_frames=4 (file_location_id=1, parent_frame_id=2); ids are
     1-based, parent 0 means none."""
-    index = next((v for n, v in _proto_fields(memoryview(data)) if n == 17), None)
-    if index is None:
+    found = next((v for n, v in _proto_fields(memoryview(data)) if n == 17), None)
+    if found is None:
         return {}
+    index = _bytes_field(found)
     files: list[str] = []
     functions: list[str] = []
     locations: list[tuple[int, int, int]] = []
     frames: list[tuple[int, int]] = []
     for number, value in _proto_fields(index):
         if number == 1:
-            files.append(bytes(value).decode())
+            files.append(bytes(_bytes_field(value)).decode())
         elif number == 2:
-            functions.append(bytes(value).decode())
+            functions.append(bytes(_bytes_field(value)).decode())
         elif number == 3:
-            loc = dict(_proto_fields(value))
+            loc = _varint_fields(_bytes_field(value))
             locations.append((loc.get(1, 0), loc.get(2, 0), loc.get(3, 0)))
         elif number == 4:
-            frame = dict(_proto_fields(value))
+            frame = _varint_fields(_bytes_field(value))
             frames.append((frame.get(1, 0), frame.get(2, 0)))
     table: FrameTable = {}
     for frame_id, (location_id, parent) in enumerate(frames, 1):

@@ -37,6 +37,7 @@ import math
 import os
 import re
 import traceback
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +65,16 @@ from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                      for m in (jax, jaxlib, np))
+
+
+def _package_dir(package: types.ModuleType) -> str:
+    """The directory a package was imported from, with a trailing separator."""
+    if package.__file__ is None:
+        raise ImportError(f"{package.__name__} has no __file__: cannot tell its frames from user code")
+    return os.path.dirname(os.path.abspath(package.__file__)) + os.sep
+
+
+_LIBRARY_DIRS = tuple(_package_dir(m) for m in (jax, jaxlib, np))
 
 # HLO element types -> IR dtypes. Integers travel as int32 (JAX uses 32-bit ints unless x64 is on).
 _DTYPES = {
@@ -1011,7 +1020,7 @@ def hlo_text(lowered: Any) -> tuple[str, bytes]:
     computation = lowered.compiler_ir("hlo")
     proto = computation.as_serialized_hlo_module_proto()
     try:
-        from jaxlib import _hlo  # HloPrintOptions: the only way to get metadata into the text
+        import jaxlib._hlo as _hlo  # HloPrintOptions: the only way to get metadata into the text
 
         options = _hlo.HloPrintOptions()
         options.print_metadata = True

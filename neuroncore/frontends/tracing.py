@@ -227,12 +227,12 @@ class TracedModel:
         length = None
         if variant.length is not None:
             length = _sequence_length(arrays, variant, self.bucket_dim)
-            fitting = [v for v in self.variants if v.length is not None and v.length >= length]
+            fitting = [(v, v.length) for v in self.variants if v.length is not None and v.length >= length]
             if not fitting:
                 sizes = ", ".join(str(v.length) for v in self.variants)
                 raise TraceError(f"sequence length {length} is larger than every bucket ({sizes})")
-            variant = fitting[0]
-            arrays = [_with_length(a, self.bucket_dim, variant.length)
+            variant, bucket = fitting[0]
+            arrays = [_with_length(a, self.bucket_dim, bucket)
                       if a.ndim > self.bucket_dim and a.shape[self.bucket_dim] == length else a
                       for a in arrays]
         if [tuple(a.shape) for a in arrays] != variant.shapes:
@@ -279,7 +279,7 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *, instanc
     frontend = _frontend(examples)
     inst = Instance(instance)
     variants: list[_Variant] = []
-    lengths: list[int | None] = sorted(set(buckets)) if buckets else [None]
+    lengths: Sequence[int | None] = sorted(set(buckets)) if buckets else [None]
     for length in lengths:
         inputs = examples if length is None else frontend.resize(examples, bucket_dim, length)
         converted = frontend.convert(fn, inputs, autocast=autocast)

@@ -20,6 +20,7 @@ import os
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ class GraphError(ValueError):
 def _capture_frames() -> tuple[SourceFrame, ...]:
     """User stack frames (outermost first), skipping the core's own files."""
     frames: list[SourceFrame] = []
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and len(frames) < MAX_FRAMES:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith(_PACKAGE_DIR + os.sep) or "/workloads/" in path:
@@ -185,6 +186,7 @@ class GraphBuilder:
         ``relayout=(axis, index)`` stores the weight of ``shape`` with entries ``index`` taken along
         ``axis`` (-1: zeros): the same trained values in another layout (padded heads)."""
         self._seed += 1
+        initializer: Initializer | IndexedInitializer
         if array is not None:
             initializer = Initializer("array", array=np.asarray(array, np.float32))
         else:
@@ -429,13 +431,11 @@ class GraphBuilder:
 
     # -- helpers ---------------------------------------------------------------------------
     def _coerce_pair(self, a: Op | float, b: Op | float) -> tuple[Op, Op]:
-        if not isinstance(a, Op) and not isinstance(b, Op):
-            raise GraphError("at least one operand must be a tensor")
-        if not isinstance(a, Op):
-            a = self.constant(a, b.dtype)  # type: ignore[union-attr]
-        if not isinstance(b, Op):
-            b = self.constant(b, a.dtype)
-        return a, b
+        if isinstance(a, Op):
+            return a, (b if isinstance(b, Op) else self.constant(b, a.dtype))
+        if isinstance(b, Op):
+            return self.constant(a, b.dtype), b
+        raise GraphError("at least one operand must be a tensor")
 
     def _broadcast_pair(self, a: Op, b: Op) -> tuple[Op, Op]:
         try:

@@ -24,6 +24,7 @@ All ranks run the same program (only weights and some inputs differ), so the res
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -120,6 +121,11 @@ def join_blocks(parts: list[np.ndarray], split: Split) -> np.ndarray:
     viewed = [p.reshape(*shape[:d], outer, shape[d] // outer, *shape[d + 1:]) for p in parts]
     whole = np.concatenate(viewed, axis=d + 1)
     return whole.reshape(*shape[:d], shape[d] * len(parts), *shape[d + 1:])
+
+
+def _vocab_offset(shape: tuple[int, ...], rows: int, rank: int) -> np.ndarray:
+    """The vocabulary-parallel gather's per-rank input: every id's offset into this rank's rows."""
+    return np.full(shape, rank * rows, np.int32)
 
 
 class _Restart(Exception):
@@ -231,9 +237,9 @@ class _Sharder:
         params = [self.params[p.index] for p in self.graph.parameters] + self.rank_params
         for number, param in enumerate(params):
             param.attrs["number"] = number
-        local = self.b.build(outputs, params).pruned()
+        local_graph = self.b.build(outputs, params).pruned()
         input_splits = [self.split[p.index] for p in self.graph.parameters]
-        return ShardedGraph(self.graph, local, self.tp, input_splits, output_splits, self.rank_inputs)
+        return ShardedGraph(self.graph, local_graph, self.tp, input_splits, output_splits, self.rank_inputs)
 
     def _add(self, op: Op, operands: list[Op], shape: tuple[int, ...], suffix: str = "",
              **attrs: object) -> Op:
@@ -312,10 +318,11 @@ class _Sharder:
                 inner = None if src_split is None else self._localize(op.operands[0], src_split)
                 return None if inner is None else self._add(op, [inner], shape, suffix)
             if code in ("convert", *UNARY_OPS, *BINARY_OPS, "compare", "select"):
-                inners = [self._localize(o, split) for o in op.operands]
-                if any(i is None for i in inners):
+                localized = [self._localize(o, split) for o in op.operands]
+                inners = [i for i in localized if i is not None]
+                if len(inners) != len(localized):
                     return None
-                return self._add(op, inners, shape, suffix)  # type: ignore[arg-type]
+                return self._add(op, inners, shape, suffix)
         return None
 
     # -- ops -------------------------------------------------------------------------------
@@ -360,9 +367,10 @@ class _Sharder:
             split = splits.pop()
             assert split is not None
             if split.dim != exclude:
-                operands = [self._as_split(o, split) for o in op.operands]
-                if all(o is not None for o in operands):
-                    return self._add(op, operands, self._shape(op, split)), split  # type: ignore[arg-type]
+                as_split = [self._as_split(o, split) for o in op.operands]
+                operands = [o for o in as_split if o is not None]
+                if len(operands) == len(as_split):
+                    return self._add(op, operands, self._shape(op, split)), split
         return self._add(op, [self._whole(o) for o in op.operands], op.shape), None
 
     def _transpose(self, op: Op) -> tuple[Op, Sharding]:
@@ -503,8 +511,7 @@ class _Sharder:
         offset = b.add_op("parameter", [], ids.shape, DType.INT32, name=f"tp_vocab_offset.{op.name}",
                           number=0)
         self.rank_params.append(offset)
-        self.rank_inputs.append(lambda rank, shape=ids.shape, rows=rows:
-                                np.full(shape, rank * rows, np.int32))
+        self.rank_inputs.append(functools.partial(_vocab_offset, ids.shape, rows))
         local_ids = b.subtract(ids_local, offset)
         clamped = b.maximum(b.minimum(local_ids, float(rows - 1)), 0.0)
         mine = b.compare(clamped, local_ids, "EQ")
