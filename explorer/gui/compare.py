@@ -14,6 +14,7 @@ says they differ, since e.g. a trn2 core's peak differs from a trn1 core's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -47,6 +48,14 @@ def _fraction(busy: Busy | None) -> float | None:
     return None if busy is None else busy.fraction
 
 
+def _engine_fraction(engine: str, f: Figures) -> float | None:
+    return _fraction(f.engines.get(engine))
+
+
+def _engine_instructions(engine: str, f: Figures) -> float | None:
+    return None if engine not in f.engines else f.engines[engine].instructions
+
+
 def _engine_label(engine: str) -> str:
     return "Tensor active (both rows)" if engine == "Tensor" else f"{engine} active"
 
@@ -55,7 +64,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("total time", lambda f: f.length_ns, Unit.TIME),
     Metric("active", lambda f: f.active_fraction, Unit.FRACTION),
     *(
-        Metric(_engine_label(e), lambda f, e=e: _fraction(f.engines.get(e)), Unit.FRACTION)
+        Metric(_engine_label(e), functools.partial(_engine_fraction, e), Unit.FRACTION)
         for e in ENGINE_NAMES
     ),
     Metric("DMA active", lambda f: f.dma.active_fraction, Unit.FRACTION),
@@ -63,8 +72,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("HFU", lambda f: f.hfu, Unit.FRACTION),
     Metric("MBU", lambda f: f.mbu, Unit.FRACTION),
     *(
-        Metric(f"{e} instructions", lambda f, e=e: None if e not in f.engines else f.engines[e].instructions,
-               Unit.COUNT)
+        Metric(f"{e} instructions", functools.partial(_engine_instructions, e), Unit.COUNT)
         for e in ENGINE_NAMES
     ),
     Metric("hardware FLOPs", lambda f: f.flops.hardware, Unit.FLOPS),
@@ -131,7 +139,7 @@ def deltas(fa: Figures, fb: Figures) -> list[DeltaRow]:
         va = None if va is None else float(va)
         vb = None if vb is None else float(vb)
         delta = None if va is None or vb is None else vb - va
-        ratio = None if va in (None, 0) or vb is None else vb / va  # type: ignore[operator]
+        ratio = None if not va or vb is None else vb / va  # no ratio to nothing or to zero
         out.append(DeltaRow(metric.label, va, vb, delta, ratio, metric.unit))
     return out
 

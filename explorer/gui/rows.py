@@ -119,7 +119,7 @@ def _name_tensor_rows(loaded: LoadedProfile, index: int, rows: list[Row]) -> lis
     from dataclasses import replace
 
     assert loaded.tracks is not None
-    active = {}
+    active: dict[int, list[tuple[Any, ...]]] = {}  # physical core -> its Tensor rows' keys
     for key in loaded.tracks.span_keys(ENGINE_ACTIVE):
         pcore, engine = key.key
         if canonical_engine(engine) == "Tensor":

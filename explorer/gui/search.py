@@ -11,7 +11,8 @@ Matching is case-insensitive substring (``ILIKE``) or, with ``regex``, ``regexp_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from explorer.gui.session import LoadedProfile
@@ -37,7 +38,7 @@ class SearchResult:
     text: str
     regex: bool
     total: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # not field(): a member's name
     where: str = "false"
 
 
