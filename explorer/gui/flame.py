@@ -9,6 +9,7 @@ zooms to it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,9 @@ class _Names(pg.GraphicsObject):
         self._bounds = QRectF()
         self.setZValue(5)
 
-    def set_items(self, items: list[tuple[float, float, float, str]], bounds: QRectF) -> None:
+    def set_items(self, items: Sequence[tuple[float, float, float, str]], bounds: QRectF) -> None:
         self.prepareGeometryChange()
-        self.items, self._bounds = items, bounds
+        self.items, self._bounds = list(items), bounds
         self.update()
 
     def boundingRect(self) -> QRectF:

@@ -1,9 +1,17 @@
 """One frame's data: every visible row's window reduced to pixel buckets, fetched off the UI thread.
 
-    request = FrameRequest(generation=7, t0=0, t1=2_000_000, buckets=1800, rows=(1, 2, 3, 9))
-    frame = fetch_frame(session, rows, request, lods_ready)
+    request = FrameRequest(generation=7, t0=0, t1=2_000_000, buckets=1800, rows=(1, 2, 3, 9),
+                           row_set=RowSet(rows))
+    frame = fetch_frame(session, request, lods_ready)
     frame.spans[2]          # SpanWindow of row 2, times relative to its profile's origin
     frame.pending           # rows not drawn yet (their level of detail is still being built)
+    frame.status.text()     # 'window fetched in 12 ms (events, lod)': a FrameStatus, not parsed text
+
+Thread rules: everything here is immutable or owned by one thread at a time. A ``FrameRequest`` is
+frozen and carries the ``RowSet`` (an immutable snapshot of the timeline's rows) its row indices
+refer to, so the fetch thread never reads the widget's rows; ``fetch_frame`` builds a new
+``FrameData`` that no other thread sees until it is handed over (by a queued Qt signal) -- after
+that only the UI thread touches it.
 
 Per table and profile, one query answers every visible row (``formats.tracks`` groups by key), so a
 frame costs one DuckDB call per table, not per row. Instruction rows are answered, in order of
@@ -20,10 +28,11 @@ bounded by the highlight's time range when it has one).
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -46,16 +55,74 @@ class Highlight:
     bounds: tuple[int, int] | None = None  # relative ns
 
 
+@dataclass(frozen=True, eq=False)
+class RowSet:
+    """An immutable snapshot of the timeline's rows. Requests and pictures index into the snapshot
+    they were made from; the UI makes a new one whenever its rows change, so equality is identity
+    (a frame of an older row set is recognised as stale, not drawn with the wrong rows)."""
+
+    rows: tuple[Row, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Row, ...]: ...
+    def __getitem__(self, index: int | slice) -> Row | tuple[Row, ...]:
+        return self.rows[index]
+
+
+NO_ROWS = RowSet()
+
+
 @dataclass(frozen=True)
 class FrameRequest:
     generation: int
     t0: int  # relative ns (the view's coordinates)
     t1: int
     buckets: int
-    rows: tuple[int, ...]
+    rows: tuple[int, ...]  # indices into ``row_set``
     highlight: Highlight | None = None
     mode: str = "engine"  # colour mode and row height: the fetch thread also paints the picture
     row_px: int = 20
+    row_set: RowSet = NO_ROWS  # the rows the indices refer to (the fetch thread reads only these)
+
+
+class RowSource(enum.Enum):
+    """What answered a row of a frame (the status line lists them)."""
+
+    EVENTS = "events"  # the events themselves
+    LOD = "lod"  # the track level of detail
+    STORED_LOD = "InstructionLod lod"  # the profile's stored InstructionLod (while the LOD builds)
+    EMPTY = "empty"  # nothing in the window
+
+    @classmethod
+    def of(cls, window: SpanWindow, stored: bool = False) -> RowSource:
+        """The source of a window ``formats.tracks`` returned (its ``source`` is ``"events"`` or
+        ``"lod level N"``); ``stored``: it came from the profile's InstructionLod."""
+        if stored:
+            return cls.STORED_LOD
+        return cls.EVENTS if window.source == "events" else cls.LOD
+
+
+@dataclass(frozen=True)
+class FrameStatus:
+    """What the status line says about a frame, as data: how long it took, what answered its rows,
+    how many rows are still loading."""
+
+    fetch_ms: float
+    sources: tuple[RowSource, ...]  # distinct, in text order
+    pending: int
+
+    def text(self) -> str:
+        loading = f", {self.pending} rows loading" if self.pending else ""
+        names = ", ".join(s.value for s in self.sources) or "nothing"
+        return f"window fetched in {self.fetch_ms:.0f} ms ({names}){loading}"
 
 
 @dataclass
@@ -65,9 +132,14 @@ class FrameData:
     counters: dict[int, CounterWindow] = field(default_factory=dict)
     highlights: dict[int, SpanWindow] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
-    sources: dict[int, str] = field(default_factory=dict)
+    sources: dict[int, RowSource] = field(default_factory=dict)
     fetch_ms: float = 0.0
     picture: Any = None  # raster.Picture, painted on the fetch thread when a renderer is set
+
+    @property
+    def status(self) -> FrameStatus:
+        names = sorted({s.value for s in self.sources.values()})
+        return FrameStatus(self.fetch_ms, tuple(RowSource(n) for n in names), len(self.pending))
 
 
 def buckets_for(width_px: int, rows: int) -> int:
@@ -129,15 +201,15 @@ def _single_track_engines(rows: Sequence[Row]) -> set[tuple[int, str]]:
 
 def fetch_frame(
     session: Session,
-    rows: Sequence[Row],
     request: FrameRequest,
-    lods_ready: set[tuple[int, SpanSpec]] | None = None,
+    lods_ready: frozenset[tuple[int, SpanSpec]] | None = None,
 ) -> FrameData:
-    """Windows of the requested rows. ``lods_ready``: (profile, spec) pairs whose level of detail has
-    been built (others are not waited for)."""
+    """Windows of the requested rows (of ``request.row_set``). ``lods_ready``: (profile, spec) pairs
+    whose level of detail has been built (others are not waited for)."""
+    rows = request.row_set.rows
     started = time.perf_counter()
     frame = FrameData(request)
-    ready = lods_ready if lods_ready is not None else set()
+    ready = lods_ready if lods_ready is not None else frozenset()
     single = _single_track_engines(rows)
     by_table: dict[tuple[int, Any], list[int]] = {}
     for index in request.rows:
@@ -174,7 +246,7 @@ def _fetch_spans(
     t0: int,
     t1: int,
     buckets: int,
-    ready: set[tuple[int, SpanSpec]],
+    ready: frozenset[tuple[int, SpanSpec]],
     single: set[tuple[int, str]],
 ) -> None:
     assert loaded.tracks is not None
@@ -191,9 +263,9 @@ def _fetch_spans(
             window = merge_windows(found) if found else None
             if window is not None:
                 frame.spans[i] = _shift(window, loaded.origin)
-                frame.sources[i] = window.source
+                frame.sources[i] = RowSource.of(window)
             else:
-                frame.sources[i] = "empty"
+                frame.sources[i] = RowSource.EMPTY
     for i in indices:
         if i in direct:
             continue
@@ -202,7 +274,7 @@ def _fetch_spans(
             window = _engine_lod_window(loaded, row, t0, t1, buckets)
             if window is not None:
                 frame.spans[i] = _shift(window, loaded.origin)
-                frame.sources[i] = "InstructionLod " + window.source
+                frame.sources[i] = RowSource.of(window, stored=True)
                 continue
         frame.pending.add(i)
 
@@ -254,7 +326,10 @@ __all__ = [
     "MAX_PRIMITIVES",
     "FrameData",
     "FrameRequest",
+    "FrameStatus",
     "Highlight",
+    "RowSet",
+    "RowSource",
     "buckets_for",
     "fetch_frame",
 ]

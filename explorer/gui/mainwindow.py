@@ -9,6 +9,7 @@ picture, not a responsive one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,12 +38,12 @@ from explorer.gui.flame_tree import FlameNode, Hierarchy, load_hierarchy
 from explorer.gui.frames import Highlight
 from explorer.gui.legend import LegendEntry, legend_entries, legend_html
 from explorer.gui.qt_tables import fill_table, make_table
-from explorer.gui.region import region_summary
+from explorer.gui.region import RegionSummary, region_summary
 from explorer.gui.region_panel import RegionPanel
 from explorer.gui.rows import DMA, INSTRUCTION, Row, discover_rows
 from explorer.gui.search import SearchError, search
 from explorer.gui.search_panel import SearchPanel
-from explorer.gui.session import Session
+from explorer.gui.session import LoadedProfile, Session
 from explorer.gui.source_panel import SourcePanel
 from explorer.gui.source_times import SourceTimes, load_source_times
 from explorer.gui.timeaxis import format_ns
@@ -77,7 +78,7 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__()
         self.session = session
-        self.rows = list(rows) if rows is not None else discover_rows(session)
+        rows = list(rows) if rows is not None else discover_rows(session)
         self.synchronous = synchronous
         self.focus = 0  # the profile the hierarchy, source and summary tabs show
         self.runner = TaskRunner()
@@ -90,8 +91,8 @@ class MainWindow(QMainWindow):
         self.opened: list[MainWindow] = []  # windows opened from File > Open
         self.setWindowTitle(window_title(session))
 
-        self.fetcher = FrameFetcher(session, self.rows)
-        self.timeline = TimelineWidget(session, self.rows, self.fetcher)
+        self.fetcher = FrameFetcher(session, rows)
+        self.timeline = TimelineWidget(session, rows, self.fetcher)
         self.flame = FlameWidget()
         link_time(self.timeline.view, self.flame.view)
         self.details_panel = DetailsPanel()
@@ -168,6 +169,11 @@ class MainWindow(QMainWindow):
         self.timeline.plot.setFocus()
 
     # -- chrome ------------------------------------------------------------------------------
+    @property
+    def rows(self) -> tuple[Row, ...]:
+        """The rows the timeline shows now (its current snapshot)."""
+        return self.timeline.rows
+
     def _toolbar(self) -> None:
         bar = QToolBar("view")
         bar.setMovable(False)
@@ -358,7 +364,7 @@ class MainWindow(QMainWindow):
             except SearchError as exc:
                 return exc
 
-        self.run(guarded, then=lambda result, p=profile: self._search_done(p, result))
+        self.run(guarded, then=functools.partial(self._search_done, profile))
 
     def _search_done(self, profile: int, result: Any) -> None:
         if isinstance(result, Exception):
@@ -388,7 +394,7 @@ class MainWindow(QMainWindow):
             ref.kind,
             ref.id,
             ref.start_ts,
-            then=lambda d, p=ref.profile: self._details_ready(p, d),
+            then=functools.partial(self._details_ready, ref.profile),
         )
 
     def _details_ready(self, profile: int, details: Details | None) -> None:
@@ -487,7 +493,7 @@ class MainWindow(QMainWindow):
             half = (x1 - x0) / 2
             self.timeline.set_range((a + b) / 2 - half, (a + b) / 2 + half)
         if dep.table == "dma_block" and dep.id is not None:
-            self.run(details_for, loaded, DMA, dep.id, None, then=lambda d, p=profile: self._show_dma(p, d))
+            self.run(details_for, loaded, DMA, dep.id, None, then=functools.partial(self._show_dma, profile))
 
     def _show_dma(self, profile: int, details: Details | None) -> None:
         self._details_ready(profile, details)
@@ -521,8 +527,11 @@ class MainWindow(QMainWindow):
             mine,
             t0 + loaded.origin,
             t1 + loaded.origin,
-            then=lambda s, lp=loaded: self.region_panel.show_summary(s, lp.label, lp.origin),
+            then=functools.partial(self._show_region_summary, loaded),
         )
+
+    def _show_region_summary(self, loaded: LoadedProfile, summary: RegionSummary) -> None:
+        self.region_panel.show_summary(summary, loaded.label, loaded.origin)
 
     # -- dialogs -----------------------------------------------------------------------------
     def _open_dialog(self) -> None:

@@ -6,13 +6,19 @@ a few milliseconds whatever the zoom, with no per-rectangle Python objects, and 
 paint engine (no OpenGL). The image's columns are the frame's pixel buckets; the timeline places it
 at the frame's time range, so while the next frame loads the last one simply moves with the view.
 
-``Picture.owners`` remembers which event painted each pixel of each row, so a click is answered
-from the picture (what you see is what you select) without another query.
+``Picture.owners`` remembers which event painted each pixel of each row -- a ``PixelOwners`` per
+row: which layer (the row's window or the highlight's) and which event of it, read back through one
+decoder, ``PixelOwners.at`` -- so a click is answered from the picture (what you see is what you
+select) without another query.
+
+Thread rules: ``render`` is a pure function of a ``FrameData`` (whose request carries its own
+``RowSet`` snapshot) and may run on the fetch thread; it reads no widget state. A ``Picture`` is
+built by one thread and then only read (by the UI thread, once handed over).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,17 +40,69 @@ class Label:
     text: str
 
 
+class OwnerLayer(enum.IntEnum):
+    """Which window the event painted at a column comes from."""
+
+    NONE = 0  # nothing painted
+    BASE = 1  # the row's window (``FrameData.spans``)
+    HIGHLIGHT = 2  # the row's highlighted events (``FrameData.highlights``)
+
+
+@dataclass(frozen=True)
+class PixelOwner:
+    """The event painted at one column: its layer and its index in that layer's window."""
+
+    layer: OwnerLayer
+    index: int
+
+
+NEAREST = (0, -1, 1, -2, 2)  # columns tried for a click: a pixel of slack, thin events are hard to hit
+
+
+@dataclass(frozen=True)
+class PixelOwners:
+    """Per column of one row: the layer (``OwnerLayer`` codes) and the event index in that layer's
+    window (-1 where nothing is painted). Two arrays, one meaning each -- no sign-encoded indices."""
+
+    layer: np.ndarray  # uint8, OwnerLayer values
+    index: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, owner: np.ndarray) -> PixelOwners:
+        """From ``owners_of``'s per-column event index of the row's window (-1: none)."""
+        layer = np.where(owner >= 0, OwnerLayer.BASE, OwnerLayer.NONE).astype(np.uint8)
+        return cls(layer, owner.astype(np.int64))
+
+    def with_highlight(self, lit: np.ndarray) -> PixelOwners:
+        """Highlighted events (``owners_of`` over the highlight window) painted over the base."""
+        on = lit >= 0
+        return PixelOwners(np.where(on, np.uint8(OwnerLayer.HIGHLIGHT), self.layer).astype(np.uint8),
+                           np.where(on, lit, self.index).astype(np.int64))
+
+    @property
+    def size(self) -> int:
+        return int(self.index.size)
+
+    def at(self, column: int, nearest: tuple[int, ...] = NEAREST) -> PixelOwner | None:
+        """The one decoder: the event painted at ``column`` (or the nearest one within the slack)."""
+        for dx in nearest:
+            c = column + dx
+            if 0 <= c < self.size and self.layer[c] != OwnerLayer.NONE:
+                return PixelOwner(OwnerLayer(int(self.layer[c])), int(self.index[c]))
+        return None
+
+
 @dataclass
 class Picture:
-    """A rendered frame: ``image`` is (rows x row_px, width, 4) RGBA; ``owners[slot]`` the index into
-    that row's window of the event painted at each column (-1: none)."""
+    """A rendered frame: ``image`` is (rows x row_px, width, 4) RGBA; ``owners[slot]`` which event
+    of which window is painted at each column of that row (``PixelOwners``)."""
 
     image: np.ndarray
     t0: int
     t1: int
     rows: tuple[int, ...]
     row_px: int
-    owners: dict[int, np.ndarray] = field(default_factory=dict)
+    owners: dict[int, PixelOwners] = field(default_factory=dict)
     labels: list[Label] = field(default_factory=list)
     mode: str = "engine"
     busy: dict[int, np.ndarray] = field(default_factory=dict)  # slot -> busy fraction per column
@@ -104,12 +162,16 @@ def _label_attr(row: Row, mode: str) -> str:
     return colors.MODE_ATTR.get(mode, "opcode")
 
 
-def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Picture:
-    """The frame as an image: one band of ``row_px`` pixels per requested row, one column per bucket.
+def render(frame: FrameData, mode: str | None = None, row_px: int | None = None) -> Picture:
+    """The frame as an image: one band of ``row_px`` pixels per requested row, one column per bucket;
+    ``mode`` and ``row_px`` default to the request's. The rows are the request's own snapshot.
 
     Each row is painted as one line of ``width`` pixels and copied down its band (a broadcast copy),
     so the per-pixel work is done once per row, not once per pixel row."""
     request = frame.request
+    rows = request.row_set
+    mode = request.mode if mode is None else mode
+    row_px = request.row_px if row_px is None else row_px
     width = request.buckets
     picture = Picture(
         np.empty((len(request.rows) * row_px, width, 4), np.uint8),
@@ -135,16 +197,16 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
         if index in frame.pending:
             _hatch(inner)
         if row.kind == COUNTER:
-            window = frame.counters.get(index)
-            if window is not None:
-                _paint_counter(inner, window, row, width, request.t0, request.t1)
+            counter = frame.counters.get(index)
+            if counter is not None:
+                _paint_counter(inner, counter, row, width, request.t0, request.t1)
             continue
         window = frame.spans.get(index)
         if window is None or not len(window):
             continue
         x0, x1 = pixel_spans(window.start_ts, window.end_ts, request.t0, request.t1, width)
         owner = owners_of(x0, x1, width)
-        picture.owners[slot] = owner
+        picture.owners[slot] = PixelOwners.of(owner)
         palette = np.asarray(event_colors(window, row, mode))
         if highlighting:
             palette = colors.dim(palette)
@@ -159,7 +221,7 @@ def render(frame: FrameData, rows: Sequence[Row], mode: str, row_px: int) -> Pic
             lit_owner = owners_of(hx0, hx1, width)
             on = lit_owner >= 0
             line[on] = np.asarray(event_colors(lit, row, mode))[lit_owner[on]]
-            picture.owners[slot] = np.where(on, -2 - lit_owner, owner)  # -2-k: highlight event k
+            picture.owners[slot] = picture.owners[slot].with_highlight(lit_owner)
         busy = _busy_columns(window, frame.highlights.get(index) if highlighting else None, owner)
         if busy is None:
             inner[:] = line

@@ -9,6 +9,13 @@ stays and moves with the view.
 Input (as in the real tool): wheel zooms around the cursor, Shift+wheel pans, Ctrl+wheel scrolls rows;
 drag pans; Shift+drag (or right-drag) selects a box; click selects an event; W/S zoom, A/D pan (arrows
 too), F fits the whole profile, Esc clears the selection and the highlight.
+
+Thread rules: the widget lives on the UI thread and only the UI thread reads or changes it. Its rows
+are an immutable ``RowSet`` snapshot; ``set_rows`` replaces the snapshot (never edits it), and every
+request carries the snapshot it was made from, so the fetch thread (``worker.FrameFetcher``) and its
+renderer (``raster.render``, a pure function of the frame) never look at the widget. A frame made
+for an older snapshot or generation is dropped when it arrives. Status comes back as data
+(``FrameData.status``), written out by ``FrameStatus.text``.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
+from PySide6.QtGui import QColor, QFont, QKeyEvent, QPainter, QPen, QPolygonF
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QScrollBar, QWidget
 
-from explorer.gui.frames import FrameData, FrameRequest, Highlight, buckets_for
-from explorer.gui.raster import Picture, render
+from explorer.gui.frames import FrameData, FrameRequest, Highlight, RowSet, buckets_for
+from explorer.gui.raster import OwnerLayer, Picture, render
 from explorer.gui.rows import HEADER, Row
 from explorer.gui.session import Session
 from explorer.gui.timeaxis import TimeAxis, format_ns
@@ -255,7 +262,7 @@ class TimelineWidget(QWidget):
     ) -> None:
         super().__init__(parent)
         self.session = session
-        self.rows = list(rows)
+        self.row_set = RowSet(tuple(rows))
         self.fetcher = fetcher
         self.mode = "engine"
         self.highlight: Highlight | None = None
@@ -315,13 +322,27 @@ class TimelineWidget(QWidget):
         self.view.clicked.connect(self._on_click)
         self.view.boxed.connect(self._on_box)
         self.view.scroll_rows.connect(lambda step: self.scrollbar.setValue(self.scrollbar.value() + 3 * step))
-        fetcher.renderer = lambda frame: render(frame, self.rows, frame.request.mode, frame.request.row_px)
+        fetcher.renderer = render  # a pure function of the frame: reads no widget state
         fetcher.ready.connect(self.show_frame)
         fetcher.lod_ready.connect(lambda _table: self.request_frame(force=True))
         fetcher.failed.connect(self.status.emit)
         self.set_span(self.span)
         self.view.setXRange(*self.span, padding=0)
         self._apply_rows()
+
+    # -- rows --------------------------------------------------------------------------------
+    @property
+    def rows(self) -> tuple[Row, ...]:
+        return self.row_set.rows
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        """Show other rows: a new snapshot; frames fetched for the old one are dropped on arrival."""
+        self.row_set = RowSet(tuple(rows))
+        self.frame = self.picture = None
+        self.image.clear()
+        self.labels.set_labels([], QRectF())
+        self.clear_selection()
+        self._apply_rows()  # requests a frame: the request's row set differs from the last one
 
     # -- geometry ----------------------------------------------------------------------------
     def _session_span(self) -> tuple[int, int]:
@@ -427,7 +448,7 @@ class TimelineWidget(QWidget):
         self.set_range(x0 + shift, x1 + shift)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.plot and event.type() == QEvent.Type.KeyPress:
+        if watched is self.plot and isinstance(event, QKeyEvent) and event.type() == QEvent.Type.KeyPress:
             return self.handle_key(event.key())
         return False
 
@@ -466,12 +487,18 @@ class TimelineWidget(QWidget):
         t1 = int(np.ceil(x1 + MARGIN * width))
         buckets = buckets_for(span, len(rows))
         return FrameRequest(
-            self._generation + 1, t0, max(t1, t0 + 1), buckets, rows, self.highlight, self.mode, ROW_PX
+            self._generation + 1, t0, max(t1, t0 + 1), buckets, rows, self.highlight, self.mode, ROW_PX,
+            self.row_set,
         )
 
     def _needs_fetch(self, request: FrameRequest) -> bool:
         last = self._requested
-        if last is None or last.rows != request.rows or last.highlight != request.highlight:
+        if (
+            last is None
+            or last.row_set is not request.row_set
+            or last.rows != request.rows
+            or last.highlight != request.highlight
+        ):
             return True
         x0, x1 = self.time_range()
         inside = last.t0 <= x0 and x1 <= last.t1
@@ -498,8 +525,8 @@ class TimelineWidget(QWidget):
         return frame
 
     def show_frame(self, frame: FrameData) -> None:
-        if frame.request.generation < self._shown_generation:
-            return
+        if frame.request.generation < self._shown_generation or frame.request.row_set is not self.row_set:
+            return  # an older view's frame, or one of rows no longer shown
         self._shown_generation = frame.request.generation
         asked = self._request_times.pop(frame.request.generation, None)
         if asked is not None:
@@ -508,11 +535,7 @@ class TimelineWidget(QWidget):
             del self._request_times[old]
         self.frame = frame
         self._draw()
-        pending = f", {len(frame.pending)} rows loading" if frame.pending else ""
-        sources = sorted({s.split(" level")[0] for s in frame.sources.values()})
-        self.status.emit(
-            f"window fetched in {frame.fetch_ms:.0f} ms ({', '.join(sources) or 'nothing'}){pending}"
-        )
+        self.status.emit(frame.status.text())
         self.frame_shown.emit(frame)
 
     def _draw(self) -> None:
@@ -522,7 +545,7 @@ class TimelineWidget(QWidget):
         request = frame.request
         picture = frame.picture
         if picture is None or picture.mode != self.mode or picture.row_px != ROW_PX:
-            picture = frame.picture = render(frame, self.rows, self.mode, ROW_PX)
+            picture = frame.picture = render(frame, self.mode, ROW_PX)
         self.picture = picture
         first = request.rows[0] if request.rows else 0
         self.image.setImage(picture.image, autoLevels=False, levels=None)
@@ -558,16 +581,12 @@ class TimelineWidget(QWidget):
         column = int((x - picture.t0) * picture.width / max(1, picture.t1 - picture.t0))
         if not 0 <= column < owner.size:
             return None
-        hit = -1
-        for dx in (0, -1, 1, -2, 2):  # a pixel of slack: thin events are hard to hit exactly
-            if 0 <= column + dx < owner.size and owner[column + dx] != -1:
-                hit = int(owner[column + dx])
-                break
-        if hit == -1:
+        hit = owner.at(column)
+        if hit is None:
             return None
-        window = frame.highlights[index] if hit <= -2 else frame.spans[index]
-        k = -2 - hit if hit <= -2 else hit
-        row = self.rows[index]
+        window = frame.highlights[index] if hit.layer is OwnerLayer.HIGHLIGHT else frame.spans[index]
+        k = hit.index
+        row = frame.request.row_set[index]
         origin = self.session.profiles[row.profile].origin
         attrs = {name: values[k] for name, values in window.attrs.items()}
         return EventRef(

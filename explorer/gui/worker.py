@@ -5,11 +5,22 @@ takes the newest one (requests posted while it was busy are dropped, not queued)
 one query per fetch, not one per mouse event. Results come back as Qt signals, which Qt delivers on
 the UI thread. Levels of detail are built on their own thread right after opening, one table at a
 time (instructions first); each one finished is announced so the timeline can refetch.
+
+Thread rules (three threads: UI, ``frame-fetch``, ``lod-build``; plus the ``TaskRunner`` pool):
+
+* The fetch thread reads only what the request carries (``FrameRequest.row_set``, an immutable
+  snapshot of the rows) and the session's thread-safe readers (``TrackViewport``: its own locks);
+  it never reads a widget. The renderer it runs is a pure function of the frame (``raster.render``).
+* Shared mutable state lives here and only under ``_cond``: the next request, the busy flag, the
+  stop flag and the set of built levels of detail (``lods_ready`` hands out a frozen copy).
+* Results cross to the UI thread only as Qt signals (queued: the receiver runs on the UI thread),
+  carrying objects no other thread touches afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -40,8 +51,8 @@ class FrameFetcher(QObject):
     def __init__(self, session: Session, rows: Sequence[Row]) -> None:
         super().__init__()
         self.session = session
-        self.rows = list(rows)
-        self.lods_ready: set[tuple[int, SpanSpec]] = set()
+        self.rows = tuple(rows)  # whose levels of detail to build (fixed: the tables do not change)
+        self._lods_ready: set[tuple[int, SpanSpec]] = set()  # under _cond
         self._cond = threading.Condition()
         self._next: FrameRequest | None = None
         self._stopped = False
@@ -49,7 +60,23 @@ class FrameFetcher(QObject):
         self._thread = threading.Thread(target=self._loop, name="frame-fetch", daemon=True)
         self._thread.start()
         self._lod_thread: threading.Thread | None = None
-        self.renderer: Callable[[FrameData], Any] | None = None  # paints the picture off the UI thread
+        # paints the picture off the UI thread: must be a pure function of the frame (no widget state)
+        self.renderer: Callable[[FrameData], Any] | None = None
+
+    @property
+    def lods_ready(self) -> frozenset[tuple[int, SpanSpec]]:
+        """(profile, spec) pairs whose level of detail is built: a snapshot, safe on any thread."""
+        with self._cond:
+            return frozenset(self._lods_ready)
+
+    @property
+    def stopped(self) -> bool:
+        with self._cond:
+            return self._stopped
+
+    def _lod_built(self, key: tuple[int, SpanSpec]) -> None:
+        with self._cond:
+            self._lods_ready.add(key)
 
     # -- frames ------------------------------------------------------------------------------
     def request(self, request: FrameRequest) -> None:
@@ -59,7 +86,7 @@ class FrameFetcher(QObject):
 
     def fetch_now(self, request: FrameRequest) -> FrameData:
         """Synchronously (headless screenshots, tests): the same work on the calling thread."""
-        return fetch_frame(self.session, self.rows, request, set(self.lods_ready))
+        return fetch_frame(self.session, request, self.lods_ready)
 
     @property
     def idle(self) -> bool:
@@ -71,12 +98,13 @@ class FrameFetcher(QObject):
             with self._cond:
                 while self._next is None and not self._stopped:
                     self._cond.wait()
-                if self._stopped:
+                request = self._next
+                if self._stopped or request is None:
                     return
-                request, self._next = self._next, None
+                self._next = None
                 self._busy = True
             try:
-                frame = fetch_frame(self.session, self.rows, request, set(self.lods_ready))
+                frame = fetch_frame(self.session, request, self.lods_ready)
                 if self.renderer is not None:
                     frame.picture = self.renderer(frame)
             except Exception as exc:  # a query failure must not kill the thread; it is shown instead
@@ -116,7 +144,7 @@ class FrameFetcher(QObject):
         quick_done = []
         for p, spec in specs:
             loaded = self.session.profiles[p]
-            if spec.table != "Instruction" or loaded.tracks is None or self._stopped:
+            if spec.table != "Instruction" or loaded.tracks is None or self.stopped:
                 continue
             try:
                 quick = quick_instruction_lod(loaded.profile, loaded.tracks.span_keys(spec))
@@ -126,12 +154,12 @@ class FrameFetcher(QObject):
             if quick is not None:
                 loaded.tracks.install_lod(spec, quick)
                 quick_done.append((p, spec))
-                self.lods_ready.add((p, spec))
+                self._lod_built((p, spec))
                 with contextlib.suppress(RuntimeError):
                     self.lod_ready.emit(spec.table)
         ordered = [ps for ps in specs if ps not in quick_done] + quick_done
         for p, spec in ordered:
-            if self._stopped:
+            if self.stopped:
                 return
             loaded = self.session.profiles[p]
             try:
@@ -140,7 +168,7 @@ class FrameFetcher(QObject):
             except Exception as exc:
                 self._emit_failed(f"level of detail for {spec.table} not built: {_one_line(exc)}")
                 continue
-            self.lods_ready.add((p, spec))
+            self._lod_built((p, spec))
             try:
                 self.lod_ready.emit(spec.table)
             except RuntimeError:
@@ -180,7 +208,7 @@ class TaskRunner(QObject):
             self._token += 1
             token = self._token
         future = self._pool.submit(fn, *args)
-        future.add_done_callback(lambda f, t=token: self._finish(t, f))
+        future.add_done_callback(functools.partial(self._finish, token))
         return token
 
     def _finish(self, token: int, future: Future[Any]) -> None:

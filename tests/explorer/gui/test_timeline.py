@@ -34,7 +34,7 @@ def _row_index(window: Any, label: str, profile: int = 0) -> int:
 def _drawn_column(window: Any, row: int) -> tuple[int, int]:
     """(column, event index) in the middle of the widest event drawn in ``row``."""
     picture = window.timeline.picture
-    owner = picture.owners[picture.rows.index(row)]
+    owner = picture.owners[picture.rows.index(row)].index
     runs = np.flatnonzero(np.diff(np.r_[-1, owner, -1]) != 0)
     best = max(((a, b) for a, b in itertools.pairwise(runs) if owner[a] >= 0), key=lambda ab: ab[1] - ab[0])
     column = (best[0] + best[1]) // 2
