@@ -8,21 +8,14 @@ trials of the same kind.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from formats.dataset import capture_state, find_profiles
+from tests.fixtures.bench_scripts import load_bench
 
-REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("kill_trials", REPO / "bench" / "kill_trials.py")
-assert spec is not None and spec.loader is not None
-kill_trials = importlib.util.module_from_spec(spec)
-sys.modules["kill_trials"] = kill_trials  # its dataclasses look their module up
-spec.loader.exec_module(kill_trials)
+kill_trials = load_bench("kill_trials")
 
 pytestmark = pytest.mark.slow
 

@@ -4,33 +4,20 @@ entry point): ``bench/fuzz_profiles.py`` runs the same mutations 10,000 times. N
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.bench_scripts import load_bench
 from tests.fixtures.recorded import Recorded
 
-
-def _load_fuzzer() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz_profiles.py"
-    spec = importlib.util.spec_from_file_location("fuzz_profiles", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzzer()
+fuzz = load_bench("fuzz_profiles")
 MUTATIONS = sorted(name for name in fuzz.MUTATIONS if name != "many_empty")  # 10k files: test_trust
 cases = st.tuples(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=3), st.integers(0, 2**32))
 
