@@ -44,6 +44,7 @@ import pyarrow as pa
 from formats import hierarchy_rollup as hierarchy
 from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
+from neuroncore.enums import ENGINE_NAMES, SEMAPHORE_BUS_SOURCE, Resource
 
 # Semaphore updates made by a DMA transfer's completion arrive over the bus (profile-schema §2.5).
 BUS_SOURCE = "AXI"
@@ -70,7 +71,7 @@ class _Program:
     semaphore_ids: pa.Array  # per semaphore number, as text
     # per node: Instruction text columns (distinct values, null mask per node, index per node)
     node_text: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    # the dependency graph (CSR over node ids) and each node's resource (6 DMA transfer, 7 collective)
+    # the dependency graph (CSR over node ids) and each node's resource (``neuroncore.enums.Resource``)
     dep_ptr: np.ndarray | None = None
     dep_idx: np.ndarray | None = None
     resource: np.ndarray | None = None
@@ -570,7 +571,7 @@ class ProfileRecorder:
         within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
         source = idx[first + within]
         target = np.repeat(node, counts)
-        keep = resource[source] != 7
+        keep = resource[source] != Resource.CC
         source, target = source[keep], target[keep]
         k = source.size
         if not k:
@@ -578,7 +579,7 @@ class ProfileRecorder:
         self.writer.write("Flow", {
             "in_id": source + execution.base,
             "out_id": target + execution.base,
-            "in_table": pa.DictionaryArray.from_arrays((resource[source] == 6).astype(np.int8),
+            "in_table": pa.DictionaryArray.from_arrays((resource[source] == Resource.DMA).astype(np.int8),
                                                        ["instruction", "dma_block"]),
             "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["instruction"]),
             "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["SEMAPHORE"]),
@@ -603,9 +604,9 @@ class ProfileRecorder:
         program = self.programs[execution.model_id]
         sem = np.asarray(c["semaphore"])
         n = sem.size
-        source = np.where(np.asarray(c["is_dma"]), 5, np.asarray(c["source_engine"])).astype(np.int8)
-        labels = pa.array([*(m.get("engine_labels") or ["Tensor", "Vector", "Scalar", "GpSimd", "Sync"]),
-                           BUS_SOURCE])
+        source = np.where(np.asarray(c["is_dma"]), SEMAPHORE_BUS_SOURCE,
+                          np.asarray(c["source_engine"])).astype(np.int8)
+        labels = pa.array([*(m.get("engine_labels") or ENGINE_NAMES), BUS_SOURCE])
         self.writer.write("SemaphoreUpdate", {
             "timestamp": c["timestamp"],
             "id": _dict(sem, program.semaphore_ids),

@@ -19,6 +19,8 @@ import pyarrow as pa
 from formats.schema_def import ARROW_TYPES, FieldDef, TableDef
 from formats.schema_ext import EXTENSION_COLUMNS, EXTENSION_TABLES
 from formats.schema_tables import ENUMS, TABLES
+from neuroncore.enums import ENGINE_NAMES as CORE_ENGINE_NAMES
+from neuroncore.enums import Engine
 
 PROFILE_SCHEMA_VERSION = "7.4.0"
 """The Neuron Explorer schema version we write and were built for (SDK 2.31/2.32)."""
@@ -27,15 +29,23 @@ TABLE_FILE_RE = re.compile(r"^(?P<table>[A-Za-z][A-Za-z0-9]*?)(?:_(?P<part>\d+))
 """``<Table>.parquet`` or ``<Table>_N.parquet`` (§1.1); never a prefix glob, which would catch
 ``DmaPacketAggregated`` when asking for ``DmaPacket``."""
 
-# Canonical engine names (capitalised, as Instruction.engine holds them) by every spelling seen (§2.5).
-ENGINE_ALIASES: dict[str, str] = {
-    "tensor": "Tensor", "pe": "Tensor", "tensormatrix": "Tensor",
-    "vector": "Vector", "dve": "Vector",
-    "scalar": "Scalar", "act": "Scalar", "activation": "Scalar",
-    "gpsimd": "GpSimd", "pool": "GpSimd",
-    "sync": "Sync", "sp": "Sync",
+ENGINE_NAMES = CORE_ENGINE_NAMES
+"""Canonical engine names (capitalised, as Instruction.engine holds them), in the core's code order;
+the one list is ``neuroncore.enums.ENGINE_LABELS``."""
+
+# Canonical engine names by every spelling seen in real profiles (§2.5): each engine's own name in
+# lower case, plus the hardware unit names the real tool writes in some tables.
+_OTHER_SPELLINGS: dict[Engine, tuple[str, ...]] = {
+    Engine.TENSOR: ("pe", "tensormatrix"),
+    Engine.VECTOR: ("dve",),
+    Engine.SCALAR: ("act", "activation"),
+    Engine.GPSIMD: ("pool",),
+    Engine.SYNC: ("sp",),
 }
-ENGINE_NAMES = ("Tensor", "Vector", "Scalar", "GpSimd", "Sync")
+ENGINE_ALIASES: dict[str, str] = {
+    spelling: engine.label
+    for engine in Engine for spelling in (engine.stem, *_OTHER_SPELLINGS[engine])
+}
 
 # Columns holding engine names, whose case differs by table in real profiles.
 ENGINE_COLUMNS: dict[str, tuple[str, ...]] = {

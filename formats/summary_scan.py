@@ -24,13 +24,13 @@ from formats.figures import Hardware, device_time_ns
 from formats.intervals import UnionAccumulator, key_order, merge_slices, start_order, time_slices
 from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource, ident, literal
+from neuroncore.enums import Engine
 
 if TYPE_CHECKING:
     from formats.lod import LodBuilder
     from formats.reader import Profile
 
-ENGINE_STEMS: dict[str, str] = {"Tensor": "tensor", "Vector": "vector", "Scalar": "scalar", "Sync": "sync",
-                                "GpSimd": "gpsimd"}
+ENGINE_STEMS: dict[str, str] = {e.label: e.stem for e in Engine}  # "GpSimd" -> "gpsimd"
 OTHER_ENGINE = len(ENGINE_NAMES)  # code of an engine name we do not know (kept in totals)
 
 # Opcodes that do not count towards total_exec_time (§4.1: setup/teardown).

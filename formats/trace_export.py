@@ -54,9 +54,12 @@ from formats import sqlsource, summary
 from formats.intervals import merge_slices, time_slices
 from formats.reader import Profile
 from formats.sqlsource import TableSource, arrow_table
+from neuroncore.enums import Resource
 
 SEQUENCE_ID = 0x4E53  # "NS": our one packet sequence
-TRACK_ORDER = ("Tensor", "TensorMatrix", "Vector", "Scalar", "GpSimd", "Sync")
+TRACK_ORDER = tuple(r.track_label for r in (Resource.TENSOR_LS, Resource.TENSOR_MM, Resource.VECTOR,
+                                              Resource.SCALAR, Resource.GPSIMD, Resource.SYNC))
+"""Engine rows top to bottom: the Tensor engine's two streams together, then the other engines."""
 WINDOW_ROWS = 150_000  # rows per time slice of a table
 CHUNK_EVENTS = 16_384  # events encoded at once
 INTERN_LIMIT = 400_000  # interned strings kept before the sequence's interning is cleared

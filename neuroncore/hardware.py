@@ -8,31 +8,9 @@ choice is stated and the value is a field, so a caller can override it with ``da
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import IntEnum
+from neuroncore.enums import ENGINE_LABELS, Engine  # declared once in neuroncore.enums; re-exported
 
-
-class Engine(IntEnum):
-    """The five instruction sequencers of a NeuronCore (neuroncore.md §2.1), in profile order."""
-
-    TENSOR = 0
-    VECTOR = 1
-    SCALAR = 2
-    GPSIMD = 3
-    SYNC = 4
-
-    @property
-    def label(self) -> str:
-        """Capitalised name as the real profiler writes ``Instruction.engine``."""
-        return ENGINE_LABELS[self]
-
-
-ENGINE_LABELS = {
-    Engine.TENSOR: "Tensor",
-    Engine.VECTOR: "Vector",
-    Engine.SCALAR: "Scalar",
-    Engine.GPSIMD: "GpSimd",
-    Engine.SYNC: "Sync",
-}
+__all__ = ["ENGINE_LABELS", "Engine"]  # plus the specs below; kept for callers that import them here
 
 
 @dataclass(frozen=True)

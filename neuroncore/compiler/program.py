@@ -16,6 +16,7 @@ import numpy as np
 
 from neuroncore.compiler.lowering_state import Layout
 from neuroncore.dtypes import DType
+from neuroncore.enums import Resource
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph
 
@@ -23,18 +24,19 @@ if TYPE_CHECKING:
     from neuroncore.compiler.node_semantics import NodeSemantics
     from neuroncore.runtime.scheduler import RecordLayout
 
-# Resource ids used by the timing model: the five engines, then the Tensor engine's second track.
-# The timing loop is compiled with numba, which bakes these module constants into its code.
-RES_TENSOR_LS = int(Engine.TENSOR)  # LoadStationary stream ("Tensor" row)
-RES_VECTOR = int(Engine.VECTOR)
-RES_SCALAR = int(Engine.SCALAR)
-RES_GPSIMD = int(Engine.GPSIMD)
-RES_SYNC = int(Engine.SYNC)
-RES_TENSOR_MM = 5  # MultiplyMoving stream ("TensorMatrix" row), same PE
-RES_DMA = 6  # every DMA transfer; its queue is in ``queue``
-RES_CC = 7  # collectives, run by the CC-core over NeuronLink; timed at run time from the topology
-N_ENGINE_RESOURCES = 6
-N_RESOURCES = 8  # resource ids are 0 .. N_RESOURCES - 1
+# Resource ids used by the timing model, declared in ``neuroncore.enums.Resource`` (the five engines,
+# then the Tensor engine's second track, DMA, CC), as plain ints: the timing loop is compiled with
+# numba, which bakes these module constants into its code.
+RES_TENSOR_LS = int(Resource.TENSOR_LS)  # LoadStationary stream ("Tensor" row)
+RES_VECTOR = int(Resource.VECTOR)
+RES_SCALAR = int(Resource.SCALAR)
+RES_GPSIMD = int(Resource.GPSIMD)
+RES_SYNC = int(Resource.SYNC)
+RES_TENSOR_MM = int(Resource.TENSOR_MM)  # MultiplyMoving stream ("TensorMatrix" row), same PE
+RES_DMA = int(Resource.DMA)  # every DMA transfer; its queue is in ``queue``
+RES_CC = int(Resource.CC)  # collectives, run by the CC-core over NeuronLink; timed at run time
+N_ENGINE_RESOURCES = int(Resource.DMA)  # instruction tracks: neuroncore.enums.N_TRACKS
+N_RESOURCES = len(Resource)  # resource ids are 0 .. N_RESOURCES - 1
 
 # Bits of ``Program.ports``: the on-chip memories an instruction touches. On NC-v2 some engines
 # share an access port to a memory (neuroncore.md §2.5), so the timing model serialises them.

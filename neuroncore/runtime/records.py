@@ -8,12 +8,9 @@ import numpy as np
 
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import RES_DMA, Program
+from neuroncore.enums import ENGINE_NAMES, TRACK_LABELS
 from neuroncore.events import BATCH_ROWS, EventSink
-from neuroncore.hardware import ENGINE_LABELS, Engine
 from neuroncore.runtime.scheduler import RecordLayout, Timeline
-
-TRACK_LABELS = ["Tensor", "Vector", "Scalar", "GpSimd", "Sync", "TensorMatrix"]
-ENGINE_NAMES = [ENGINE_LABELS[e] for e in Engine]
 
 
 # runtime opcode -> what the compiler emitted (profile-schema §2.8: pseudo-instructions are expanded)
@@ -48,8 +45,8 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **
         opcodes=program.opcodes,
         compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
         hbm_bytes_by_kind=program.hbm_bytes_by_kind(),
-        # per node: what the engine ran it as, and the dependency graph (CSR over node ids; resource 6
-        # is a DMA transfer, 7 a collective on the CC-core) for the profile's Flow edges
+        # per node: what the engine ran it as, and the dependency graph (CSR over node ids; resource
+        # codes are neuroncore.enums.Resource) for the profile's Flow edges
         activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
         performance_mode=program.performance_mode, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
         resource=program.resource, **where,
@@ -132,7 +129,7 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
                 "dma_trigger_start_ts": timeline.i_dma_start[part],
                 "dma_trigger_end_ts": timeline.i_dma_end[part],
             },
-            engine_labels=ENGINE_NAMES, track_labels=TRACK_LABELS, opcodes=program.opcodes, **meta,
+            engine_labels=list(ENGINE_NAMES), track_labels=list(TRACK_LABELS), opcodes=program.opcodes, **meta,
         )
     queues = [(q.index, q.name, q.queue_type) for q in program.queues]
     for part in _chunks(layout.packet_node.size):
