@@ -8,9 +8,9 @@ choice is stated and the value is a field, so a caller can override it with ``da
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from neuroncore.enums import ENGINE_LABELS, Engine  # declared once in neuroncore.enums; re-exported
 
-__all__ = ["ENGINE_LABELS", "Engine"]  # plus the specs below; kept for callers that import them here
+from neuroncore.enums import ENGINE_LABELS as ENGINE_LABELS  # declared in neuroncore.enums; re-exported
+from neuroncore.enums import Engine
 
 
 @dataclass(frozen=True)
