@@ -12,7 +12,6 @@ from neuroncore.enums import ENGINE_NAMES, TRACK_LABELS
 from neuroncore.events import BATCH_ROWS, EventSink
 from neuroncore.runtime.scheduler import RecordLayout, Timeline
 
-
 # runtime opcode -> what the compiler emitted (profile-schema §2.8: pseudo-instructions are expanded)
 COMPILER_OPCODES = {"WRITE": "PSEUDO_DMA_TRIGGER"}
 
@@ -129,7 +128,8 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
                 "dma_trigger_start_ts": timeline.i_dma_start[part],
                 "dma_trigger_end_ts": timeline.i_dma_end[part],
             },
-            engine_labels=list(ENGINE_NAMES), track_labels=list(TRACK_LABELS), opcodes=program.opcodes, **meta,
+            engine_labels=list(ENGINE_NAMES), track_labels=list(TRACK_LABELS), opcodes=program.opcodes,
+            **meta,
         )
     queues = [(q.index, q.name, q.queue_type) for q in program.queues]
     for part in _chunks(layout.packet_node.size):
