@@ -15,9 +15,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neuronscope.cli_kit import OneLineParser
+
+if TYPE_CHECKING:  # Qt is imported only once the command line has been checked (the gui extra may be absent)
+    from PySide6.QtWidgets import QMainWindow, QStatusBar
+
+    from explorer.gui.timeline import TimelineWidget
 
 PROG = "neuron-explorer"
 EXIT_BAD_INPUT = 2
@@ -155,18 +160,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _open_window(dirs: Sequence[str], compare: bool, time_range: tuple[int, int] | None, mode: str) -> object:
+def _open_window(dirs: Sequence[str], compare: bool, time_range: tuple[int, int] | None,
+                 mode: str) -> QMainWindow:
     from explorer.gui.compare_window import open_compare
     from explorer.gui.mainwindow import MainWindow
     from explorer.gui.session import open_session
 
     if compare:
-        window = open_compare(dirs[0], dirs[1])
+        pair = open_compare(dirs[0], dirs[1])
         if time_range:
-            _show_range(window.timelines[0], time_range, window.statusBar())
-        for timeline in window.timelines:
+            _show_range(pair.timelines[0], time_range, pair.statusBar())
+        for timeline in pair.timelines:
             timeline.set_mode(mode)
-        return window
+        return pair
     window = MainWindow(open_session(dirs))
     window.set_mode(mode)
     if time_range:
@@ -174,7 +180,7 @@ def _open_window(dirs: Sequence[str], compare: bool, time_range: tuple[int, int]
     return window
 
 
-def _show_range(timeline: Any, time_range: tuple[int, int], status: Any) -> None:
+def _show_range(timeline: TimelineWidget, time_range: tuple[int, int], status: QStatusBar) -> None:
     """Show ``--range``, cut to the profile; a range past its end is clamped with a warning."""
     t0, t1, warning = timeline.clamp_to_span(*time_range)
     if warning:

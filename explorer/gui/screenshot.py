@@ -11,8 +11,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from explorer.gui.qtapp import application
+
+if TYPE_CHECKING:
+    from explorer.gui.compare_window import CompareWindow
+    from explorer.gui.mainwindow import MainWindow
 
 
 @dataclass
@@ -46,14 +51,15 @@ def render_screenshot(
     target = Path(out)
     if target.parent and not target.parent.exists():
         raise OSError(2, "no such directory", str(target.parent))
+    window: CompareWindow | MainWindow
     if compare:
-        window = open_compare(str(dirs[0]), str(dirs[1]), synchronous=True)
-        timelines = window.timelines
+        pair = open_compare(str(dirs[0]), str(dirs[1]), synchronous=True)
+        window, timelines = pair, pair.timelines
     else:
-        window = MainWindow(open_session(list(dirs)), synchronous=True)
-        window.set_mode(mode)
-        window.tabs.setCurrentWidget(window.summary_table)  # nothing is selected: show the profile's figures
-        timelines = [window.timeline]
+        single = MainWindow(open_session(list(dirs)), synchronous=True)
+        single.set_mode(mode)
+        single.tabs.setCurrentWidget(single.summary_table)  # nothing is selected: show the profile's figures
+        window, timelines = single, [single.timeline]
     window.resize(*size)
     window.show()
     app.processEvents()
