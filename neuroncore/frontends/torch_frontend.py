@@ -532,6 +532,10 @@ class _Converter:
             ops.append(self.b.add_op(f"aten.{name}", operands, tuple(val.shape), dtype, **attrs))
         return ops[0] if isinstance(meta, torch.Tensor) else tuple(ops)
 
+    def _out_dtype(self, meta: Any) -> DType:
+        """The IR dtype of one output's metadata (a multi-output op's element)."""
+        return ir_dtype(meta.dtype, self._where(self.node) if self.node is not None else "")
+
     def _out(self, node: torch.fx.Node) -> tuple[tuple[int, ...], DType]:
         meta = _meta(node)
         return tuple(meta.shape), ir_dtype(meta.dtype, self._where(node))

@@ -36,7 +36,7 @@ def handles(*names: str) -> Callable[[Handler], Handler]:
     return register
 
 
-MODULES = ("neuroncore.frontends.torch_masks",)
+MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv")
 
 
 def load_handlers() -> None:

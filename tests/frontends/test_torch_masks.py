@@ -48,4 +48,5 @@ def test_gather_and_runtime_index():
     ids = torch.tensor([[4, 1, 9, 2, 0, 0], [3, 9, 5, 7, 8, 1]])
     # CLIP's pooled output: hidden[arange(batch), ids.argmax(-1)]
     _same(lambda h, i: h[torch.arange(h.shape[0]), i.argmax(dim=-1)], hidden, ids)
-    _same(lambda h, i: h[(i[:, 4] > 0).long() - 2], hidden, ids)  # negative runtime indices count from the end
+    # negative runtime indices count from the end
+    _same(lambda h, i: h[(i[:, 4] > 0).long() - 2], hidden, ids)
