@@ -32,6 +32,7 @@ from neuroncore.compiler.lower_layout import (
 )
 from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
+from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import RES_CC, RES_DMA, Program
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine, core_spec
@@ -116,7 +117,7 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1") -> Program:  # noqa: 
         if op.index in output_indices:
             value = ctx.values[op.index]
             tensor = ctx.hbm_tensors.get(value.hbm or "")
-            if tensor is None or tensor.kind != "output" or value.alias is not None:
+            if tensor is None or tensor.kind is not HbmTensorKind.OUTPUT or value.alias is not None:
                 lower_output_copy(ctx, op)
         ctx.finish(op)
         ctx.unpin_all()

@@ -27,7 +27,7 @@ from neuroncore.compiler.emitter import (
     sbuf_key,
 )
 from neuroncore.compiler.errors import CompileError
-from neuroncore.compiler.lowering_state import Layout, QueueName
+from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
@@ -160,7 +160,7 @@ class Context:
         return self.graph.ops[idx] if idx >= 0 else None
 
     # -- HBM -------------------------------------------------------------------------------
-    def hbm_tensor(self, name: str, op: Op, kind: str, *, shape: tuple[int, ...] | None = None,
+    def hbm_tensor(self, name: str, op: Op, kind: HbmTensorKind, *, shape: tuple[int, ...] | None = None,
                    pretransposed: bool = False) -> str:
         if name not in self.hbm_tensors:
             self.hbm_tensors[name] = HbmTensor(name, shape if shape is not None else op.shape,
@@ -272,7 +272,7 @@ class Context:
         value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
                       [hbm is not None] * len(tiles))
         if home == "hbm" and value.hbm is None:
-            kind = "output" if op.index in self.outputs else "scratch"
+            kind = HbmTensorKind.OUTPUT if op.index in self.outputs else HbmTensorKind.SCRATCH
             value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind)
         self.values[op.index] = value
         return value
@@ -344,7 +344,7 @@ class Context:
         buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.t{t}")
         ref = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
         tensor = self.hbm_tensors.get(value.hbm or "")
-        reload = tensor is not None and tensor.kind == "scratch" and value.home == "sbuf"
+        reload = tensor is not None and tensor.kind is HbmTensorKind.SCRATCH and value.home == "sbuf"
         queue = self.load_queue(value)
         self.dma_load(queue, value.access(t, c0, c1), ref, op.dtype,
                       rows_per_batch=value.rows_per_batch, run_bytes=self.run_bytes(value),
@@ -368,8 +368,8 @@ class Context:
         tensor = self.hbm_tensors.get(value.hbm or "")
         if tensor is None:
             return QueueName.DATA
-        return {"input": QueueName.IO, "weight": QueueName.WEIGHT}.get(
-            tensor.kind, QueueName.SPILL_RELOAD if tensor.kind == "scratch" else QueueName.DATA)
+        return {HbmTensorKind.INPUT: QueueName.IO, HbmTensorKind.WEIGHT: QueueName.WEIGHT,
+                HbmTensorKind.SCRATCH: QueueName.SPILL_RELOAD}.get(tensor.kind, QueueName.DATA)
 
     def run_bytes(self, value: Value) -> int | None:
         """Contiguous bytes per descriptor when loading ``value`` (views may be strided)."""
@@ -403,7 +403,7 @@ class Context:
         self.prepare(value)
         if value.immediate is not None and value.hbm is None:
             # materialise the splat once so views of it can be loaded
-            value.hbm = self.hbm_tensor(f"{op.name}.splat", op, "scratch")
+            value.hbm = self.hbm_tensor(f"{op.name}.splat", op, HbmTensorKind.SCRATCH)
             for t in range(len(value.tiles)):
                 ref = self._splat_tile(value, t)
                 self.dma_store(QueueName.DATA, ref, value.access(t), op.dtype,
@@ -412,7 +412,7 @@ class Context:
                 value.in_hbm[t] = True
             return value.hbm
         if value.hbm is None:
-            value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, "scratch")
+            value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, HbmTensorKind.SCRATCH)
         for t, done in enumerate(value.in_hbm):
             if not done:
                 buf = value.bufs[t]
@@ -520,7 +520,7 @@ class Context:
         assert buf is not None
         if not value.in_hbm[t]:
             if value.hbm is None:
-                value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, "scratch")
+                value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, HbmTensorKind.SCRATCH)
             ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
             self.dma_store(QueueName.SPILL_RELOAD, ref, value.access(t), value.op.dtype,
                            rows_per_batch=value.rows_per_batch, spill_save=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
+from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.node_semantics import Collective
 from neuroncore.compiler.program import HbmAccess
 from neuroncore.ir.graph import Op
@@ -20,7 +21,7 @@ CC_OPCODES = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER"}
 def lower_collective(ctx: Context, op: Op) -> None:
     src = op.operands[0]
     source = ctx.ensure_hbm(src)
-    target = ctx.hbm_tensor(f"{op.name}.cc", op, "scratch")
+    target = ctx.hbm_tensor(f"{op.name}.cc", op, HbmTensorKind.SCRATCH)
     ctx.define(op, home="hbm", hbm=target)
     whole_src = HbmAccess(source, 0, 0, 1, 0, 1)
     whole_dst = HbmAccess(target, 0, 0, 1, 0, 1)

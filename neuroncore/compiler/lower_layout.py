@@ -15,7 +15,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
-from neuroncore.compiler.lowering_state import Layout, QueueName
+from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
@@ -24,7 +24,7 @@ from neuroncore.ir.graph import Op
 
 
 def lower_parameter(ctx: Context, op: Op) -> None:
-    name = ctx.hbm_tensor(f"input{op.attrs['number']}.{op.name}", op, "input")
+    name = ctx.hbm_tensor(f"input{op.attrs['number']}.{op.name}", op, HbmTensorKind.INPUT)
     ctx.define(op, home="hbm", hbm=name)
 
 
@@ -39,7 +39,7 @@ def lower_weight(ctx: Context, op: Op) -> None:
         label = f"{op.operands[0].attrs.get('label', op.name)}.{op.dtype.value}"
     else:
         label = op.attrs.get("label", op.name)
-    name = ctx.hbm_tensor(f"weight.{label}", op, "weight", shape=shape,
+    name = ctx.hbm_tensor(f"weight.{label}", op, HbmTensorKind.WEIGHT, shape=shape,
                           pretransposed=pretransposed)
     value = ctx.define(op, home="hbm", hbm=name)
     value.pretransposed = pretransposed
@@ -168,7 +168,7 @@ def lower_gather(ctx: Context, op: Op) -> None:
 def lower_output_copy(ctx: Context, op: Op) -> None:
     """Store a graph output that is not already in its output tensor (e.g. a view or a parameter)."""
     value = ctx.values[op.index]
-    name = ctx.hbm_tensor(ctx.tensor_name(op), op, "output")
+    name = ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT)
     for t, tile in enumerate(value.tiles):
         ref = ctx.tile(op, t)
         access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, value.cols, value.layout)

@@ -26,7 +26,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
-from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, Layout
+from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
@@ -244,7 +244,8 @@ class _Operand:
         self.streamed = (self.mode is DotOperandMode.LOAD
                          or (self.mode is DotOperandMode.TRANSPOSE and not resident))
         tensor = ctx.hbm_tensors.get(ctx.values[op.index].hbm or "")
-        self.ktiled = self.mode is DotOperandMode.LOAD and tensor is not None and tensor.kind == "weight"
+        self.ktiled = (self.mode is DotOperandMode.LOAD and tensor is not None
+                       and tensor.kind is HbmTensorKind.WEIGHT)
         self.engines = _alternating()
 
     def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
@@ -272,7 +273,7 @@ class _Operand:
             if name in ctx.hbm_views:
                 run = ctx.hbm_views[name].run_elements * op.dtype.itemsize
             tensor = ctx.hbm_tensors.get(name or "")
-            if tensor is not None and tensor.kind == "weight":
+            if tensor is not None and tensor.kind is HbmTensorKind.WEIGHT:
                 # weights are stored k-tiled by the compiler: one transfer, one run per partition
                 kt = math.ceil((k1 - k0) / P)
                 width = x1 - x0

@@ -62,6 +62,15 @@ class Accumulation(StrEnum):
         return Accumulation.LAST if index == count - 1 else Accumulation.MIDDLE
 
 
+class HbmTensorKind(StrEnum):
+    """What an HBM tensor of a program holds; the keys of ``Program.hbm_bytes_by_kind`` (in this order)."""
+
+    WEIGHT = "weight"  # a weight, stored once when the program is loaded (k-tiled, maybe pre-transposed)
+    INPUT = "input"  # a model input, written by the host before each execution
+    OUTPUT = "output"  # a model output, read by the host after each execution
+    SCRATCH = "scratch"  # compiler scratch: spills, relayouts, HBM-home intermediate values
+
+
 class QueueName(StrEnum):
     """The compiler's DMA queues (profile-schema §2.9: ``q<Engine><Purpose><n>``).
 
@@ -77,4 +86,4 @@ class QueueName(StrEnum):
     DYNAMIC_SW = "qGpSimdDynamicSW0"  # gathers: descriptors built by GpSimd from indices
 
 
-__all__ = ["Accumulation", "DotOperandMode", "Layout", "OperandForm", "QueueName"]
+__all__ = ["Accumulation", "DotOperandMode", "HbmTensorKind", "Layout", "OperandForm", "QueueName"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from neuroncore.compiler.lowering_state import Layout
+from neuroncore.compiler.lowering_state import HbmTensorKind, Layout
 from neuroncore.dtypes import DType
 from neuroncore.enums import Resource
 from neuroncore.hardware import CoreSpec, Engine
@@ -105,9 +105,13 @@ class HbmTensor:
     name: str
     shape: tuple[int, ...]
     dtype: DType
-    kind: str  # "input", "weight", "output", "scratch"
+    kind: HbmTensorKind
     op_index: int  # the IR op whose value this holds
     pretransposed: bool = False  # weight stored with its last two dims swapped by the compiler
+
+    def __post_init__(self) -> None:
+        # a closed set: an unknown kind is refused here, a plain "weight" becomes the enum member
+        object.__setattr__(self, "kind", HbmTensorKind(self.kind))
 
     @property
     def nbytes(self) -> int:
@@ -228,11 +232,11 @@ class Program:
         return self.dep_idx[self.dep_ptr[node]:self.dep_ptr[node + 1]]
 
     def weight_bytes(self) -> int:
-        return sum(t.nbytes for t in self.hbm_tensors.values() if t.kind == "weight")
+        return sum(t.nbytes for t in self.hbm_tensors.values() if t.kind is HbmTensorKind.WEIGHT)
 
     def hbm_bytes_by_kind(self) -> dict[str, int]:
         """Device memory the loaded program holds: weights, inputs, outputs and compiler scratch."""
-        usage = {"weight": 0, "input": 0, "output": 0, "scratch": 0}
+        usage = {str(kind): 0 for kind in HbmTensorKind}
         for tensor in self.hbm_tensors.values():
             usage[tensor.kind] = usage.get(tensor.kind, 0) + tensor.nbytes
         return usage

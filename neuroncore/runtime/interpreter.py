@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neuroncore.compiler import node_semantics as ns
+from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to
@@ -290,7 +291,7 @@ def materialize_weights(program: Program, rank: int = 0) -> dict[str, np.ndarray
     tensor-parallel rank's shard of sharded weights."""
     weights: dict[str, np.ndarray] = {}
     for name, tensor in program.hbm_tensors.items():
-        if tensor.kind != "weight":
+        if tensor.kind is not HbmTensorKind.WEIGHT:
             continue
         op = program.graph.ops[tensor.op_index]
         source = op.operands[0] if op.opcode == "convert" else op  # folded convert of a weight
@@ -303,7 +304,7 @@ def materialize_weights(program: Program, rank: int = 0) -> dict[str, np.ndarray
 
 def weights_bytes(program: Program) -> int:
     return sum(math.prod(t.shape) * t.dtype.itemsize for t in program.hbm_tensors.values()
-               if t.kind == "weight")
+               if t.kind is HbmTensorKind.WEIGHT)
 
 
 __all__ = ["DType", "ExecutionError", "Machine", "materialize_weights", "prepare_hbm"]

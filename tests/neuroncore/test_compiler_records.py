@@ -13,8 +13,9 @@ import neuroncore as nc
 from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.counters import COUNTER_NAMES, NodeCounters
 from neuroncore.compiler.emitter import Emitter
-from neuroncore.compiler.lowering_state import Accumulation, Layout, QueueName
-from neuroncore.compiler.program import Ref
+from neuroncore.compiler.lowering_state import Accumulation, HbmTensorKind, Layout, QueueName
+from neuroncore.compiler.program import HbmTensor, Ref
+from neuroncore.dtypes import DType
 from neuroncore.hardware import Engine
 from neuroncore.runtime.interpreter import ExecutionError, Machine
 
@@ -104,3 +105,11 @@ def test_lowering_state_is_closed_and_spelt_as_before() -> None:
     assert [a.accumulates for a in Accumulation] == [False, False, True, True]
     program = nc.compile(_tiny_graph(), "trn1")
     assert [q.name for q in program.queues][:len(QueueName)] == [str(q) for q in QueueName]
+
+
+def test_hbm_tensor_kinds_are_closed() -> None:
+    with pytest.raises(ValueError, match="wieght"):
+        HbmTensor("w", (2, 2), DType.BF16, "wieght", 0)  # type: ignore[arg-type]
+    assert HbmTensor("w", (2, 2), DType.BF16, "weight", 0).kind is HbmTensorKind.WEIGHT  # type: ignore[arg-type]
+    program = nc.compile(_tiny_graph(), "trn1")
+    assert list(program.hbm_bytes_by_kind()) == ["weight", "input", "output", "scratch"]
