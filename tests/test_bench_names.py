@@ -1,12 +1,14 @@
 """``python bench/NAME.py`` puts ``bench/`` first on ``sys.path``: a script named like a package we import
 shadows it for every bench script (``bench/formats.py`` once made ``python bench/gui.py`` fail at its first
-import). And the scripts import the installed packages, not a ``sys.path`` of their own making."""
+import). The scripts import the installed packages, not a ``sys.path`` of their own making."""
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
+
+import pytest
 
 from tests.fixtures.samples import REPO
 
@@ -20,11 +22,10 @@ def test_no_bench_script_shadows_an_importable_module() -> None:
     assert shadowing == []
 
 
-def test_a_bench_script_imports_our_packages() -> None:
-    """What ``python bench/gui.py`` did first: import ``formats`` with ``bench/`` first on the path."""
-    probe = "import formats.recorder, formats.synthetic, explorer, collectors, neuroncore; print('ok')"
+@pytest.mark.parametrize("script", ["gui.py", "profile_format.py", "tui_view.py"])
+def test_bench_scripts_start_as_documented(script: str) -> None:
+    """``python bench/gui.py --help`` from the repository root: what failed at its first import."""
     done = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(BENCH)!r}); {probe}"],
-        capture_output=True, text=True, cwd=BENCH, timeout=120,
+        [sys.executable, f"bench/{script}", "--help"], capture_output=True, text=True, cwd=REPO, timeout=300
     )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
