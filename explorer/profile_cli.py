@@ -23,11 +23,12 @@ from collectors.loadgen import RunCommand
 from explorer.viewer.view_command import ViewCommand
 from formats import profile_commands as formats_cli
 from formats.profile_commands import COMMANDS as FORMAT_COMMANDS
+from formats.profile_commands import Command
 from formats.reader import ProfileError
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
 # interactive viewer as the default and hands --output-format to the formats' code
-COMMANDS = [CaptureCommand(), RunCommand(),
+COMMANDS: list[Command] = [CaptureCommand(), RunCommand(),
             *(ViewCommand() if c.name == "view" else c for c in FORMAT_COMMANDS)]
 
 
