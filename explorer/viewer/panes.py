@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
@@ -185,9 +186,10 @@ class SourcePane(Vertical):
         mine = tuple(ln for ln in lines if ln[0] == self.file.recorded and 1 <= ln[1] <= len(self.file.lines))
         for line in self.marked:
             if line not in mine:
-                table.update_cell_at((line[1] - 1, 0), " ")
+                table.update_cell_at(Coordinate(line[1] - 1, 0), " ")
         for i, line in enumerate(mine):
-            table.update_cell_at((line[1] - 1, 0), Text("▶" if i == 0 else "▸", style="bold yellow"))
+            marker = Text("▶" if i == 0 else "▸", style="bold yellow")
+            table.update_cell_at(Coordinate(line[1] - 1, 0), marker)
         self.marked = mine
         if move and mine:
             row = mine[0][1] - 1

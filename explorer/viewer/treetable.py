@@ -141,7 +141,7 @@ class HierarchyTable(ScrollView, can_focus=True):
         Binding("enter", "select", "Open/close", show=False),
         Binding("right", "expand", "Expand", show=False),
         Binding("left", "collapse", "Collapse", show=False),
-        Binding("space", "toggle", "Open/close", show=False),
+        Binding("space", "toggle_node", "Open/close", show=False),
     ]
 
     class Toggle(Message):
@@ -191,7 +191,8 @@ class HierarchyTable(ScrollView, can_focus=True):
 
     def show_message(self, message: str) -> None:
         """No rows, one line saying why (nothing matches the filter, loading, an error)."""
-        self.show([], *self._shown_with[:1], None, *self._shown_with[1:])
+        total_ns, sort, reverse = self._shown_with
+        self.show([], total_ns, None, sort, reverse)
         self.message = message
         self.refresh()
 
@@ -238,7 +239,7 @@ class HierarchyTable(ScrollView, can_focus=True):
         if row is not None:
             self.post_message(self.Toggle(row.node.key, False))
 
-    def action_toggle(self) -> None:
+    def action_toggle_node(self) -> None:  # not action_toggle: Textual's DOMNode has one (an attribute flip)
         row = self.current()
         if row is not None:
             self.post_message(self.Toggle(row.node.key, None))

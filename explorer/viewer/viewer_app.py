@@ -23,6 +23,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, OptionList, Static
 
 from explorer.viewer import tree_build as tree
@@ -803,7 +804,7 @@ class ViewerApp(App[None]):
             target = focused.parent if focused.id == "source-table" else focused
             if focused.id == "problems":
                 target = self.query_one("#summary")
-            if target is not None:
+            if isinstance(target, Widget):
                 self.screen.maximize(target, container=False)
 
     def action_switch_profile(self, step: int) -> None:
