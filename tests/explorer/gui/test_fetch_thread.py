@@ -40,7 +40,7 @@ def test_rows_change_while_the_fetch_thread_renders(qt_app: Any, qtbot: Any) -> 
     window.fetcher.renderer = spy
     timeline.frame_shown.connect(lambda frame: shown.append((frame, timeline.row_set)))
     try:
-        qtbot.waitUntil(lambda: timeline.frame is not None, timeout=20_000)
+        qtbot.waitUntil(lambda: timeline.frame is not None, timeout=60_000)
         full = timeline.rows
         variants = [full[::-1], full[1::2], tuple(r for r in full if r.kind != HEADER), full]
         for step in range(24):  # the UI changes rows and zooms while frames are fetched and painted
@@ -51,7 +51,7 @@ def test_rows_change_while_the_fetch_thread_renders(qt_app: Any, qtbot: Any) -> 
             lambda: window.fetcher.idle
             and timeline.frame is not None
             and timeline.frame.request.row_set is timeline.row_set,
-            timeout=20_000,
+            timeout=60_000,
         )
     finally:
         window.release()
