@@ -268,7 +268,8 @@ class MainWindow(QMainWindow):
             then(fn(*args))
             return
         token = self.runner.submit(fn, *args)
-        self._callbacks[token] = then
+        if token is not None:  # None: the window was released (a late signal asked for work)
+            self._callbacks[token] = then
 
     def _task_done(self, token: int, result: Any) -> None:
         callback = self._callbacks.pop(token, None)

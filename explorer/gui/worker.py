@@ -201,13 +201,18 @@ class TaskRunner(QObject):
         super().__init__()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gui-query")
         self._token = 0
+        self._closed = False
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> int:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> int | None:
+        """Run ``fn(*args)`` on the pool; None (and nothing run) once shut down -- a signal queued
+        before the window was released may still ask for work after it."""
         with self._lock:
+            if self._closed:
+                return None
             self._token += 1
             token = self._token
-        future = self._pool.submit(fn, *args)
+            future = self._pool.submit(fn, *args)
         future.add_done_callback(functools.partial(self._finish, token))
         return token
 
@@ -222,4 +227,6 @@ class TaskRunner(QObject):
             pass
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -95,3 +95,16 @@ def test_frame_status_is_data() -> None:
     assert frame.status == FrameStatus(12.4, (RowSource.STORED_LOD, RowSource.EVENTS, RowSource.LOD), 1)
     assert frame.status.text() == "window fetched in 12 ms (InstructionLod lod, events, lod), 1 rows loading"
     assert FrameData(FrameRequest(1, 0, 10, 16, ())).status.text() == "window fetched in 0 ms (nothing)"
+
+
+def test_a_late_signal_after_release_asks_for_nothing(qt_app: Any, qtbot: Any) -> None:
+    """``lods_done`` (queued from the level-of-detail thread) can arrive after the window was released;
+    the focus reload it starts must not submit to the shut-down pool (it raised RuntimeError)."""
+    from explorer.gui.mainwindow import MainWindow
+    from explorer.gui.session import open_session
+
+    window = MainWindow(open_session([str(LLAMA_TP2)]))
+    qtbot.addWidget(window)
+    window.release()
+    window.load_focus()  # what a late lods_done does
+    assert window.runner.submit(print, "never") is None
