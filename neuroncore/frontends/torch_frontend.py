@@ -54,6 +54,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_masks import runtime_index
+from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
 from neuroncore.frontends.tracing import Converted, TraceError
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
@@ -253,7 +254,7 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
-        with warnings.catch_warnings():  # torch's own deprecation notices about its internals
+        with warnings.catch_warnings(), all_experts(module):  # MoE: see torch_moe.py
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             ep = torch.export.export(module, args, kwargs)
             _alias_lifted_constants(ep)

@@ -199,5 +199,41 @@ def runtime_index(c: _Converter, x: Op, indices: list[Any], shape: tuple[int, ..
     return c.b.reshape(rows, shape)
 
 
-__all__ = ["argmax", "argmin", "cumulative_sum", "first_index_of_extreme", "gather_elements",
-           "runtime_index", "shift"]
+
+
+@handles("topk")
+def topk(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``topk`` (MoE routing) as k rounds of "take the first extreme, then mask it out": values in
+    descending order (ascending for ``largest=False``) with their indices, as torch sorts them."""
+    meta: Any = node.meta["val"]
+    x = c._op(kw["self"], c._out_dtype(meta[0]))
+    k = int(kw["k"])
+    if not x.shape or not x.dtype.is_float:
+        return NotImplemented
+    dim = int(kw.get("dim", -1)) % len(x.shape)
+    largest = kw.get("largest", True)
+    work = x if largest else c.b.negate(x)
+    keep = tuple(1 if i == dim else d for i, d in enumerate(x.shape))
+    position = c.b.iota(x.shape, dim, DType.FP32)
+    values, indices = [], []
+    for _ in range(k):
+        index = first_index_of_extreme(c, work, dim, "max")
+        best = c.b.reduce(work, [dim], "max")
+        values.append(c.b.reshape(best if largest else c.b.negate(best), keep))
+        indices.append(c.b.reshape(index, keep))
+        taken = c.b.compare(position, c.b.broadcast_to(c.b.reshape(index, keep), x.shape), "EQ")
+        work = c.b.select(taken, float("-inf"), work)
+    cat_values = values[0] if k == 1 else c.b.concatenate(values, dim)
+    cat_indices = indices[0] if k == 1 else c.b.concatenate(indices, dim)
+    return cat_values, c._cast(cat_indices, c._out_dtype(meta[1]))
+
+__all__ = [
+    "argmax",
+    "argmin",
+    "cumulative_sum",
+    "first_index_of_extreme",
+    "gather_elements",
+    "runtime_index",
+    "shift",
+    "topk",
+]

@@ -105,3 +105,23 @@ def test_positional_call_and_errors():
         traced(input_ids=inputs["input_ids"])
     with pytest.raises(nc.TraceError, match="'labels' was not traced"):
         traced(**inputs, labels=inputs["input_ids"])
+
+
+def test_mixtral_all_experts_with_experts_in_the_hierarchy():
+    """Mixtral (4 experts, top-2) with defaults: compiled as NxD Inference's forward_all_experts,
+    every expert a layer of its own; the model is left as it was (no expert views, its own
+    experts implementation) after tracing."""
+    torch.manual_seed(0)
+    config = T.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                             num_local_experts=4, num_experts_per_tok=2,
+                             max_position_embeddings=64)
+    model = T.MixtralForCausalLM(config).eval()
+    implementation = model.config._experts_implementation
+    traced, _errors = compare(model, _inputs())
+    assert model.config._experts_implementation == implementation
+    assert not any(name.endswith(".expert") for name, _ in model.named_modules())
+    layers = {op.layer for op in traced.graph.ops if op.opcode == "dot"}
+    for e in range(4):
+        assert f"model/model/layers.1/mlp/experts/expert.{e}" in layers
+    assert "model/model/layers.0/mlp/gate" in layers  # the router

@@ -50,3 +50,16 @@ def test_gather_and_runtime_index():
     _same(lambda h, i: h[torch.arange(h.shape[0]), i.argmax(dim=-1)], hidden, ids)
     # negative runtime indices count from the end
     _same(lambda h, i: h[(i[:, 4] > 0).long() - 2], hidden, ids)
+
+
+def test_topk_values_and_indices_like_torch():
+    x = torch.tensor([[0.1, 0.7, 0.05, 0.7, 0.15], [3.0, -1.0, 2.0, 0.0, 1.0]])
+    _same(lambda t: torch.topk(t, 2, dim=-1).values, x)
+    _same(lambda t: torch.topk(t, 3, dim=-1).indices, x)  # ties: the first one first, as torch
+    _same(lambda t: torch.topk(t, 2, dim=0, largest=False).indices, x)
+
+
+def test_einsum_and_index_updates():
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8)
+    _same(lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b), q, k)
+    _same(lambda a, b: torch.einsum("bhqd,bhkd->bqk", a, b), q, k)
