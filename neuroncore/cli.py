@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _load_target(spec: str) -> tuple[object, tuple]:
+def _load_target(spec: str) -> tuple[object, tuple | dict]:
     """``path/to/script.py[:function]``: the function (default ``build``) returns
     ``(model_or_function, example_inputs)``. The script is the user's own code, run as is."""
     path, _, function = spec.partition(":")
@@ -113,35 +113,52 @@ def _load_target(spec: str) -> tuple[object, tuple]:
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ValueError(f"{path}:{function}() must return (model_or_function, example_inputs)")
     model, examples = result
+    if isinstance(examples, dict):  # keyword inputs (PyTorch): model(**examples)
+        return model, examples
     return model, tuple(examples) if isinstance(examples, (list, tuple)) else (examples,)
 
 
-def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    """Operator coverage: every op the core cannot run, with layer and source line. Exit 1 if any."""
-    from neuroncore.frontends import check, frontend_for
-
-    model, examples = _load_target(args.target)
-    frontend = frontend_for(examples).__name__.rsplit(".", 1)[-1].replace("_frontend", "")
-    missing = check(model, examples)
-    if not missing:
-        console.print(f"[green]all ops supported[/] ({frontend}): {args.target} can run on the core")
-        return 0
-    title = f"{len(missing)} unsupported op{'s' if len(missing) != 1 else ''} ({frontend})"
-    header = ("op", "HLO name", "layer", "source")
-    rows = [(op.opcode, op.name, op.layer or "-", op.source) for op in missing]
-    if not console.is_terminal:  # a pipe or a file: every column whole, whatever COLUMNS says
+def _print_table(console: Console, title: str, header: tuple[str, ...],
+                 rows: list[tuple[str, ...]]) -> None:
+    """A table on a terminal (cells wrap, never cut); plain aligned columns, every cell whole,
+    when the output is a pipe or a file, whatever COLUMNS says."""
+    if not console.is_terminal:
         print(title)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        return 1
+        return
     table = Table(title=title)
     for column in header:
         table.add_column(column, overflow="fold")  # a narrow terminal wraps a cell, never cuts it
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    return 1
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    """Operator coverage: every op the core cannot run (one line each: op, HLO name, layer,
+    file:line), then the model's coverage table (every opcode, its count, supported or not).
+    Exit 1 if anything is unsupported."""
+    from neuroncore.frontends.tracing import coverage
+
+    model, examples = _load_target(args.target)
+    result = coverage(model, examples)
+    frontend = result.frontend
+    missing = result.unsupported
+    if not missing:
+        console.print(f"[green]all ops supported[/] ({frontend}): {args.target} can run on the core")
+    else:
+        title = f"{len(missing)} unsupported op{'s' if len(missing) != 1 else ''} ({frontend})"
+        _print_table(console, title, ("op", "HLO name", "layer", "source"),
+                     [(op.opcode, op.name, op.layer or "-", op.source) for op in missing])
+    n_codes = sum(1 for r in result.rows if not r.supported)
+    title = (f"coverage ({frontend}): {result.total} ops of {len(result.rows)} kinds, "
+             f"{result.unsupported_count} unsupported ({n_codes} kind{'s' if n_codes != 1 else ''})")
+    _print_table(console, title, ("op", "count", "status"),
+                 [(r.opcode, str(r.count), "supported" if r.supported else "UNSUPPORTED")
+                  for r in result.rows])
+    return 1 if missing else 0
 
 
 def cmd_workloads(args: argparse.Namespace, console: Console) -> int:

@@ -141,6 +141,55 @@ def _frontend(examples: Any) -> Any:
     return frontend
 
 
+LEAF_OPCODES = frozenset({"parameter", "constant"})  # inputs and weights: not ops to cover
+
+
+@dataclass(frozen=True)
+class OpCount:
+    """One row of a coverage table: an IR opcode, how many ops of it the model has, whether the
+    core runs it (unsupported framework ops keep their framework name: ``aten.sort``, ``sort``)."""
+
+    opcode: str
+    count: int
+    supported: bool
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What ``neuroncore check`` prints for one model: every opcode with its count, and the
+    unsupported ops one by one (with layer and file:line)."""
+
+    frontend: str
+    rows: tuple[OpCount, ...]
+    unsupported: tuple[UnsupportedOp, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(r.count for r in self.rows)
+
+    @property
+    def unsupported_count(self) -> int:
+        return len(self.unsupported)
+
+
+def coverage(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any]) -> Coverage:
+    """The model's ops by opcode (supported first, then unsupported; most frequent first), without
+    inputs and weights; nothing is compiled or executed."""
+    examples = _examples(example_inputs)
+    frontend = _frontend(examples)
+    converted = frontend.convert(fn, examples, autocast=None)
+    missing = [UnsupportedOp(op) for op in unsupported_ops(converted.graph)]
+    missing_codes = {m.opcode for m in missing}
+    counts: dict[str, int] = {}
+    for op in converted.graph.ops:
+        if op.opcode not in LEAF_OPCODES:
+            counts[op.opcode] = counts.get(op.opcode, 0) + 1
+    rows = sorted((OpCount(code, n, code not in missing_codes) for code, n in counts.items()),
+                  key=lambda r: (not r.supported, -r.count, r.opcode))
+    name = frontend.__name__.rsplit(".", 1)[-1].replace("_frontend", "")
+    return Coverage(name, tuple(rows), tuple(missing))
+
+
 def check(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any]) -> list[UnsupportedOp]:
     """Every op the compiler cannot lower, with its layer and source line; nothing is executed.
     ``example_inputs`` is a tuple (positional) or, for PyTorch, a dict of keyword inputs."""
@@ -311,4 +360,5 @@ def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
     return program, copies[0] if replicas == 1 else DataParallelModel(copies)
 
 
-__all__ = ["Converted", "TraceError", "TracedModel", "UnsupportedOp", "check", "frontend_for", "trace"]
+__all__ = ["Converted", "Coverage", "OpCount", "TraceError", "TracedModel", "UnsupportedOp", "check",
+           "coverage", "frontend_for", "trace"]

@@ -113,3 +113,58 @@ def test_check_results_print_layer_and_line():
     assert str(sort) == f"{sort.name} (sort) at model/sort [model.py:5]"
     assert f"{sort.name} (sort) at model/sort [model.py:5]" in repr(missing)  # print(nc.check(...))
     assert sort.shape == (4, 8) and sort.layer == "model/sort" and sort.source == "model.py:5"
+
+
+TORCH_PARTLY = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(self.conv(x).mean(dim=(2, 3)))
+        return torch.cumprod(y, -1)  # not on the core
+
+def build():
+    return Net(), {"x": torch.ones(1, 3, 8, 8)}
+"""
+
+
+def test_coverage_table_counts_supported_and_unsupported_ops(tmp_path):
+    """Piped: one line per unsupported op (op, name, layer, file:line), then the coverage table
+    (every opcode, its count, its status), every cell whole; keyword example inputs work."""
+    pytest.importorskip("torch")
+    path = _script(tmp_path, TORCH_PARTLY)
+    proc = subprocess.run([sys.executable, "-m", "neuroncore.cli", "check", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "1 unsupported op (torch)"
+    op_line = next(line for line in lines if line.startswith("aten.cumprod "))
+    assert op_line.split()[2] == "model" and op_line.endswith(f"{path}:12")
+    title = next(line for line in lines if line.startswith("coverage (torch):"))
+    assert title.endswith("1 unsupported (1 kind)")
+    rows = {line.split()[0]: line.split()[1:] for line in lines[lines.index(title) + 2:]}
+    assert rows["dot"] == ["2", "supported"]  # the convolution's im2col matmul and the linear
+    assert rows["aten.cumprod"] == ["1", "UNSUPPORTED"]
+    assert sum(int(count) for count, _ in rows.values()) == int(title.split()[2])
+
+
+def test_coverage_api_and_all_supported_exit(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    import neuroncore as nc
+    from neuroncore.frontends.tracing import coverage
+
+    result = coverage(torch.nn.Conv1d(2, 3, 3), (torch.ones(1, 2, 8),))
+    assert result.unsupported == () and all(r.supported for r in result.rows)
+    assert {r.opcode for r in result.rows} >= {"dot", "slice"}
+    assert nc.check(torch.nn.Conv1d(2, 3, 3), (torch.ones(1, 2, 8),)) == []
+    path = _script(tmp_path, "import torch\n\ndef build():\n"
+                             "    return torch.nn.Conv1d(2, 3, 3), (torch.ones(1, 2, 8),)\n")
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "all ops supported" in out and "coverage (torch)" in out
