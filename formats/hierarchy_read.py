@@ -23,8 +23,11 @@ Definitions (one per figure):
   (times, bytes and counts add, the span widens, spans concatenate);
 * a layer's parent is its ``parent_name`` when that is a layer of the table, else it is a root.
 
-Bad input never raises: ids that are not integers are skipped, unreadable ``time_intervals`` give no
-spans, rows without a name are dropped -- and each is counted in ``malformed``.
+A profile without the tables can have its tree rebuilt from ``Instruction`` (``from_instructions``:
+layer paths and HLO names, op times summed).
+
+Bad input never raises: ids that are not integers are skipped, unreadable ``time_intervals`` give
+no spans, rows without a name are dropped -- and each is counted in ``malformed``.
 
 Immutable after construction (frozen dataclasses, read-only arrays): safe to hand between threads.
 """
@@ -41,12 +44,17 @@ from formats.hierarchy_rollup import ENGINE_STEMS
 from formats.text_lists import Intervals, parse_ids, parse_intervals
 
 if TYPE_CHECKING:
+    import duckdb
+
     from formats.reader import Profile
 
 Row = Mapping[str, object]
 FRAMEWORK_TABLE = "FrameworkNode"
 HLO_TABLE = "HloInstruction"
 NOTHING = "nothing yet"
+SCANNED = "Instruction (layer, hlo_name)"
+SCAN_BUCKETS = 4096  # time resolution of a hierarchy rebuilt from the instructions
+SCAN_ROWS = 200_000  # (layer, op, bucket) groups read at most
 
 
 @dataclass(frozen=True)
@@ -146,10 +154,14 @@ class FrameworkHierarchy:
     ops: tuple[Op, ...] = ()
     malformed: Malformed = field(default_factory=Malformed)
     tables: tuple[str, ...] = ()  # which hierarchy tables had rows
+    scanned: bool = False  # rebuilt from Instruction (``from_instructions``): op times are sums
 
     @property
     def source(self) -> str:
-        """``FrameworkNode + HloInstruction`` (the tables that had rows), or ``nothing yet``."""
+        """``FrameworkNode + HloInstruction`` (the tables that had rows), ``Instruction (layer,
+        hlo_name)`` for a tree rebuilt from the instructions, or ``nothing yet``."""
+        if self.scanned:
+            return SCANNED
         return " + ".join(self.tables) or NOTHING
 
     @property
@@ -297,3 +309,70 @@ def load_hierarchy(profile: Profile) -> FrameworkHierarchy:
     views then build theirs from ``Instruction.layer`` / ``hlo_name``."""
     return from_rows(_table_rows(profile, FRAMEWORK_TABLE), _table_rows(profile, HLO_TABLE))
 
+
+
+def _merge_spans(spans: list[tuple[int, int]], slack: int) -> Intervals:
+    """Sorted intervals with overlaps (and gaps up to ``slack``) merged, as an (n, 2) array."""
+    out: list[list[int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1] + slack:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return _frozen(np.asarray(out, np.int64))
+
+
+def from_instructions(profile: Profile, con: duckdb.DuckDBPyConnection, *, buckets: int = SCAN_BUCKETS,
+                      max_rows: int = SCAN_ROWS) -> FrameworkHierarchy:
+    """The tree of a profile without hierarchy tables, from one grouped scan of ``Instruction`` by
+    (layer, HLO op, time bucket): layers are the ``layer`` paths and all their prefixes, ops sit
+    under their layer; each node gets the buckets it ran in, merged into spans (a layer that runs many
+    times shows many spans). An op's ``time_ns`` is the *sum* of its instruction durations
+    (``scanned``: overlapping instructions count twice); layers have no busy time of their own.
+    ``con`` is the caller's DuckDB connection (used from this thread only for the call)."""
+    from formats.sqlsource import TableSource
+
+    source = TableSource(profile, "Instruction")
+    if not source.present:
+        return FrameworkHierarchy(scanned=True)
+    bounds = con.execute(f"SELECT min(start_ts), max(end_ts) FROM {source.relation()}").fetchall()
+    if not bounds or bounds[0][0] is None or bounds[0][1] is None:
+        return FrameworkHierarchy(scanned=True)
+    first, last = int(bounds[0][0]), int(bounds[0][1])
+    width = max(1, (last - first) // buckets + 1)
+    rows = con.execute(f"""
+        SELECT {source.col("layer")} AS layer, {source.col("hlo_name")} AS hlo, min(start_ts) AS s,
+               max(end_ts) AS e, count(*) AS n, sum(duration_ns) AS t
+        FROM {source.relation()} GROUP BY layer, hlo, (start_ts - {first}) // {width}
+        ORDER BY s LIMIT {int(max_rows)}""").fetchall()
+    layer_spans: dict[str, list[tuple[int, int]]] = {}
+    layer_counts: dict[str, int] = {}
+    op_spans: dict[tuple[str | None, str], list[tuple[int, int]]] = {}
+    op_sums: dict[tuple[str | None, str], list[int]] = {}
+    for layer_value, hlo, start, end, count, total in rows:
+        span = (int(start), int(end))
+        layer = None if layer_value is None else str(layer_value)
+        if layer is not None:
+            parts = layer.split("/")
+            for depth in range(len(parts)):
+                path = "/".join(parts[: depth + 1])
+                layer_spans.setdefault(path, []).append(span)
+                layer_counts[path] = layer_counts.get(path, 0) + int(count)
+        if hlo is not None:
+            key = (layer, str(hlo))
+            op_spans.setdefault(key, []).append(span)
+            sums = op_sums.setdefault(key, [0, 0])
+            sums[0] += int(count)
+            sums[1] += int(total or 0)
+    layers = []
+    for path, spans in layer_spans.items():
+        merged = _merge_spans(spans, width)
+        layers.append(Layer(path, path.rpartition("/")[0], merged, (), int(merged[0, 0]),
+                            int(merged[:, 1].max()), instructions=layer_counts[path]))
+    ops = []
+    for (layer, name), spans in op_spans.items():
+        merged = _merge_spans(spans, width)
+        count, total = op_sums[(layer, name)]
+        ops.append(Op(OpKey(None, name), name, layer, merged, int(merged[0, 0]), int(merged[:, 1].max()),
+                      time_ns=total, instructions=count))
+    return FrameworkHierarchy(tuple(layers), tuple(ops), scanned=True)

@@ -6,8 +6,9 @@
 
 Sources, best first: the hierarchy tables as ``formats.hierarchy_read`` loads them (``FrameworkNode``
 layers over ``HloInstruction`` ops -- the same model, times and malformed-id count the terminal viewer
-shows; this module only lays it out), else a real profile without ``FrameworkNode`` gets its tree from
-one grouped scan of ``Instruction`` by (layer, HLO op, time bucket).
+shows), else a real profile without ``FrameworkNode`` gets its tree from one grouped scan of
+``Instruction`` by (layer, HLO op, time bucket) (``formats.hierarchy_read.from_instructions``). This
+module only lays the tree out as flame nodes.
 
 Each node is drawn at its busy intervals (not one bar from first to last), so gaps where a layer
 waited show as gaps. Depth is the module path's depth; ops sit one level under their layer.
@@ -16,14 +17,13 @@ waited show as gaps. Depth is the module path's depth; ops sit one level under t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from explorer.gui.session import LoadedProfile
-from formats.hierarchy_read import FrameworkHierarchy
+from formats.hierarchy_read import FrameworkHierarchy, from_instructions
 from formats.hierarchy_read import load_hierarchy as read_hierarchy
-from formats.sqlsource import TableSource, literal
+from formats.sqlsource import literal
 
 MAX_INTERVALS = 200_000  # beyond this, nodes keep only their first-to-last span
 
@@ -72,12 +72,17 @@ def load_hierarchy(loaded: LoadedProfile) -> Hierarchy:
     tables = read_hierarchy(loaded.profile)
     if tables.layers:
         return from_hierarchy(tables)
-    if loaded.profile.num_rows("Instruction"):
-        return _from_instructions(loaded)
-    return Hierarchy(note="no hierarchy: the profile has neither FrameworkNode nor instructions")
+    if not loaded.profile.num_rows("Instruction"):
+        return Hierarchy(note="no hierarchy: the profile has neither FrameworkNode nor instructions")
+    with loaded.queries.lock:
+        scanned = from_instructions(loaded.profile, loaded.queries.con)
+    tree = from_hierarchy(scanned, max_intervals=None)  # the scan is bounded already
+    if not tree.nodes:
+        tree.note = "no hierarchy: the instructions carry no layer or HLO op"
+    return tree
 
 
-def from_hierarchy(tables: FrameworkHierarchy) -> Hierarchy:
+def from_hierarchy(tables: FrameworkHierarchy, max_intervals: int | None = MAX_INTERVALS) -> Hierarchy:
     """Flame nodes for the hierarchy ``formats.hierarchy_read`` loaded (the one the terminal viewer
     shows too): a layer's depth is its path's, an op sits one level under its layer (0 without one).
     Past ``MAX_INTERVALS`` spans in all, a node is drawn as one bar from its first start to last end."""
@@ -87,7 +92,7 @@ def from_hierarchy(tables: FrameworkHierarchy) -> Hierarchy:
     def spans(intervals: np.ndarray, start: int | None, end: int | None) -> np.ndarray:
         nonlocal total
         total += len(intervals)
-        if total > MAX_INTERVALS and start is not None and end is not None:
+        if max_intervals is not None and total > max_intervals and start is not None and end is not None:
             return np.array([[start, end]], np.int64)
         return intervals
 
@@ -136,74 +141,3 @@ def _bounds(start: int | None, end: int | None, intervals: np.ndarray) -> tuple[
     if end is None:
         end = int(intervals[:, 1].max()) if len(intervals) else start
     return start, end
-
-
-FALLBACK_BUCKETS = 4096  # time resolution of a hierarchy rebuilt from the instructions
-
-
-def _merge(spans: list[tuple[int, int]], slack: int) -> np.ndarray:
-    """Sorted intervals with overlaps (and gaps up to ``slack``) merged, as an (n, 2) array."""
-    out: list[list[int]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1] + slack:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return np.asarray(out, np.int64).reshape(-1, 2)
-
-
-def _from_instructions(loaded: LoadedProfile) -> Hierarchy:
-    """The tree from one grouped scan of Instruction by (layer, HLO op, time bucket): each node gets
-    the time buckets it ran in (merged into intervals), so a layer that runs many times shows many
-    bars, not one bar from its first start to its last end."""
-    source = TableSource(loaded.profile, "Instruction")
-    bounds = loaded.queries.rows(f"SELECT min(start_ts) AS s, max(end_ts) AS e FROM {source.relation()}")[0]
-    first, last = int(bounds["s"]), int(bounds["e"])
-    width = max(1, (last - first) // FALLBACK_BUCKETS + 1)
-    rows = loaded.queries.rows(f"""
-        SELECT {source.col("layer")} AS layer, {source.col("hlo_name")} AS hlo, min(start_ts) AS s,
-               max(end_ts) AS e, count(*) AS n, sum(duration_ns) AS t
-        FROM {source.relation()} GROUP BY layer, hlo, (start_ts - {first}) // {width}
-        ORDER BY s LIMIT {MAX_INTERVALS}""")
-    tree = Hierarchy(source="Instruction (layer, hlo_name)")
-    layers: dict[str, list[Any]] = {}
-    ops: dict[tuple[Any, str], list[Any]] = {}
-    for r in rows:
-        span = (int(r["s"]), int(r["e"]))
-        if r["layer"] is not None:
-            parts = str(r["layer"]).split("/")
-            for depth in range(len(parts)):
-                entry = layers.setdefault("/".join(parts[: depth + 1]), [[], 0])
-                entry[0].append(span)
-                entry[1] += int(r["n"])
-        if r["hlo"] is not None:
-            entry = ops.setdefault((r["layer"], str(r["hlo"])), [[], 0, 0])
-            entry[0].append(span)
-            entry[1] += int(r["n"])
-            entry[2] += int(r["t"] or 0)
-    for path, (spans, n) in layers.items():
-        merged = _merge(spans, width)
-        tree.nodes.append(
-            FlameNode(
-                path,
-                path.rsplit("/", 1)[-1],
-                "layer",
-                path.count("/"),
-                int(merged[0, 0]),
-                int(merged[:, 1].max()),
-                merged,
-                n,
-                parent=path.rsplit("/", 1)[0] if "/" in path else None,
-            )
-        )
-    for (layer, hlo), (spans, n, t) in ops.items():
-        merged = _merge(spans, width)
-        depth = str(layer).count("/") + 1 if layer is not None else 0
-        tree.nodes.append(
-            FlameNode(
-                hlo, hlo, "hlo", depth, int(merged[0, 0]), int(merged[:, 1].max()), merged, n, t, parent=layer
-            )
-        )
-    if not tree.nodes:
-        tree.note = "no hierarchy: the instructions carry no layer or HLO op"
-    return tree

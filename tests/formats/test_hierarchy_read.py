@@ -129,3 +129,31 @@ def test_rollup_sums_are_a_closed_record() -> None:
     row = hlo_rows(spans, 0, 0, {0: "dot"})
     assert row["hbm_read_bytes"] == [3] and row["instruction_count"] == [2] and row["sbuf_read_bytes"] == [0]
     assert parse_intervals(row["time_intervals"][0]).spans.tolist() == [[0, 20]]
+
+
+def test_from_instructions_rebuilds_the_tree_of_a_real_layout_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A real-tool profile without FrameworkNode/HloInstruction: layers are the ``layer`` paths and
+    their prefixes, ops hang under their layer, op times are the sums of their instructions'."""
+    from formats import sqlsource
+    from formats.hierarchy_read import from_instructions, load_hierarchy
+    from formats.reader import open_profile
+    from tests.fixtures.real_layout import Shape, real_layout_profile
+
+    profile = open_profile(real_layout_profile(tmp_path, Shape.LLAMA))
+    assert load_hierarchy(profile).empty
+    con = sqlsource.connect()
+    try:
+        tree = from_instructions(profile, con)
+        relation = sqlsource.TableSource(profile, "Instruction").relation()
+        truth = {(layer, hlo): (int(n), int(t)) for layer, hlo, n, t in con.execute(
+            f"SELECT layer, hlo_name, count(*), sum(duration_ns) FROM {relation} "
+            "WHERE hlo_name IS NOT NULL GROUP BY ALL").fetchall()}
+    finally:
+        con.close()
+    assert tree.scanned and tree.source == "Instruction (layer, hlo_name)"
+    paths = {layer.path for layer in tree.layers}
+    assert paths and all(layer.parent in paths or layer.parent == "" for layer in tree.layers)
+    assert {(op.layer, op.name): (op.instructions, op.time_ns) for op in tree.ops} == truth
+    assert all(op.layer is None or op.layer in paths for op in tree.ops)
+    for node in (*tree.layers, *tree.ops):
+        assert node.spans.shape[1] == 2 and node.spans.size and not node.spans.flags.writeable
