@@ -36,7 +36,8 @@ def handles(*names: str) -> Callable[[Handler], Handler]:
     return register
 
 
-MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv")
+MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv",
+           "neuroncore.frontends.torch_scatter")
 
 
 def load_handlers() -> None:
