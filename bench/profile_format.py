@@ -23,10 +23,11 @@ Figures:
   tables of a 10M-instruction profile (``formats.summary.compute(tables=False)``: DuckDB aggregates and
   the sliced interval sweeps). Target <= 2. ``derived_tables_s_10m`` adds ActiveTime and DmaUsage
   (what a capture writes at close).
-* ``viewport_ms_20m``: median time of ``formats.viewport.engine_window`` -- one engine's instructions
-  overlapping [t0, t1] reduced to 2000 pixel buckets, longest event per bucket -- on a 20M-instruction
-  profile, over windows from the whole profile down to 0.01% of it (``viewport_ms_20m_by_zoom``: median
-  per zoom). Target <= 50. ``viewport_first_ms`` is the first call (connection, LOD load).
+* ``viewport_ms_20m``: median time of ``formats.tracks.TrackViewport.engine_window`` -- one engine's
+  instructions overlapping [t0, t1] reduced to 2000 pixel buckets, longest event per bucket -- on a
+  20M-instruction profile, over windows from the whole profile down to 0.01% of it
+  (``viewport_ms_20m_by_zoom``: median per zoom). Target <= 50. ``viewport_first_ms`` is the first
+  call (connection, LOD load).
 
 The 10M/20M profiles are synthetic, written once through ``ProfileWriter`` into a temporary directory
 (Instruction rows in time order over five engines and six timeline rows with gaps, one DMA packet per
@@ -214,14 +215,14 @@ def bench_summary(work: str, rows: int, repeats: int) -> dict[str, Any]:
 
 def bench_viewport(work: str, rows: int, queries_per_zoom: int) -> dict[str, Any]:
     from formats.reader import open_profile
-    from formats.viewport import Viewport
+    from formats.tracks import TrackViewport
 
     path = os.path.join(work, f"synthetic-{rows}")
     write_synthetic(path, rows, Shape.ENGINE_CLOCKS, seed=1)
     profile = open_profile(path)
     first, last = int(profile.metadata["first_hw_timestamp"]), int(profile.metadata["last_hw_timestamp"])
     span = last - first
-    view = Viewport(profile)
+    view = TrackViewport(profile)
     rng = np.random.default_rng(3)
     t = time.perf_counter()
     view.engine_window("Tensor", first, last, 2000)

@@ -24,7 +24,7 @@ from explorer.viewer.view_command import ViewCommand
 from formats import profile_commands as formats_cli
 from formats.profile_commands import COMMANDS as FORMAT_COMMANDS
 from formats.profile_commands import Command
-from formats.reader import ProfileError
+from formats.read_api import ProfileError
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
 # interactive viewer as the default and hands --output-format to the formats' code

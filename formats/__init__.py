@@ -6,8 +6,9 @@ Formats never import the explorer. The profile layer (docs/profiles.md):
 * ``ProfileWriter`` (streaming writer) and ``record_profile`` / ``ProfileRecorder`` (event sink -> writer),
 * ``validate(path) -> ValidationReport``,
 * ``SCHEMA`` (documented tables + our extensions),
-* ``summary_row(profile)``, ``open_query(path)``, ``engine_window(profile, ...)`` -- the read side, loaded
-  on first use (they bring DuckDB in; recording does not need it until a capture closes).
+* ``summary_row(profile)``, ``open_query(path)`` -- loaded on first use (they bring DuckDB in;
+  recording does not need it until a capture closes). A viewer's read side -- windows, levels of
+  detail, figures, source lines -- is ``formats.read_api``.
 """
 
 from formats.reader import Profile, ProfileError, ProfileTable, ProfileWarning, open_profile
@@ -17,8 +18,7 @@ from formats.validate import ValidationReport, validate
 from formats.writer import ProfileWriteError, ProfileWriter
 
 _LAZY = {"summary_row": "formats.summary", "opcode_summary": "formats.summary",
-         "open_query": "formats.query", "QuerySession": "formats.query", "QueryError": "formats.query",
-         "engine_window": "formats.viewport", "Viewport": "formats.viewport"}
+         "open_query": "formats.query", "QuerySession": "formats.query", "QueryError": "formats.query"}
 
 
 def __getattr__(name: str) -> object:
@@ -45,8 +45,6 @@ __all__ = [
     "QuerySession",
     "Schema",
     "ValidationReport",
-    "Viewport",
-    "engine_window",
     "opcode_summary",
     "open_profile",
     "open_query",

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from formats import sqlsource, summary, viewport
+from formats import sqlsource, summary
+from formats.lod import LOD_TABLE
 from formats.reader import Profile, profile_from_files
 from formats.schema import canonical_engine
 from formats.sqlsource import TableSource
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 # What the summary reads; finished (closed, footers written) before it runs.
 SOURCE_TABLES = ("Instruction", "DmaPacket", "DmaPacketAggregated", "CcOp", "CcInstruction",
                  "SemaphoreUpdate", "HbmUsage", "ExecutionInfo")
-DERIVED_TABLES = ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", viewport.LOD_TABLE)
+DERIVED_TABLES = ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", LOD_TABLE)
 # At a capture's close the capturing process has the writer's memory in use already; the derived
 # tables are computed in small steps so the close adds little to its peak (bench: peak_rss_mb).
 CLOSE_ROWS_PER_SLICE = 100_000
@@ -80,8 +81,8 @@ def write_derived(writer: ProfileWriter, facts: summary.ProgramFacts | None = No
         if derived.lod is not None and derived.lod.num_rows:
             derived.summary["total_row_count"] += derived.lod.num_rows
             for batch in derived.lod.to_batches():  # chunk by chunk: no combined copy
-                writer.write(viewport.LOD_TABLE, batch)
-            written[viewport.LOD_TABLE] = derived.lod.num_rows
+                writer.write(LOD_TABLE, batch)
+            written[LOD_TABLE] = derived.lod.num_rows
         for name, table in derived.tables():
             writer.write(name, table)
             written[name] = table.num_rows

@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TENSOR_ROWS", "BucketBusy", "Busy", "Collectives", "DmaFigures", "Figures", "Flops", "Hardware",
-    "HbmBytes", "Window", "busiest", "busy_buckets", "collectives", "device_time_ns", "dma", "engine_busy",
-    "figures", "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy", "whole",
+    "HbmBytes", "RowSelect", "Window", "busiest", "busiest_opcodes", "busy_buckets", "busy_per_bucket",
+    "busy_rows", "collectives", "covered_per_bucket", "device_time_ns", "dma", "engine_busy", "figures",
+    "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy", "whole",
 ]
 
 # The Tensor engine's two timeline rows: ``Tensor`` (LoadStationary: LDWEIGHTS/transposes) and
@@ -514,10 +515,12 @@ def _instructions(profile: Profile, window: Window, con: duckdb.DuckDBPyConnecti
         engine = ENGINE_NAMES[key % 8 - 1] if key % 8 else None
         if engine is not None:
             per_engine.setdefault(engine, [0, 0, 0])[0] += length
-    engines = {name: Busy(name, *per_engine.get(name, (0, 0, 0))[:1], window.length_ns,
-                          *per_engine.get(name, (0, 0, 0))[1:]) for name in keys.engines}
-    tracks = {name: Busy(name, *per_track.get(name, (0, 0, 0))[:1], window.length_ns,
-                         *per_track.get(name, (0, 0, 0))[1:]) for name in keys.tracks}
+    def busy(name: str, sums: Mapping[str, list[int]]) -> Busy:
+        busy_ns, count, duration = sums.get(name, [0, 0, 0])
+        return Busy(name, busy_ns, window.length_ns, count, duration)
+
+    engines = {name: busy(name, per_engine) for name in keys.engines}
+    tracks = {name: busy(name, per_track) for name in keys.tracks}
     _, ts, te = total.segments()
     return _Instructions(engines, tracks, (ts, te))
 
@@ -575,6 +578,73 @@ def _selection_sql(source: TableSource, engines: Sequence[str], tracks: Sequence
     return extra
 
 
+def busy_per_bucket(start: np.ndarray, width: float, covered: np.ndarray, reach: np.ndarray, t0: int,
+                    t1: int, buckets: int) -> np.ndarray:
+    """Per bucket of [t0, t1), the fraction of it a row is busy (0..1), from per-bucket aggregates at
+    a stated resolution ``width`` -- the busy figure of docs/figures.md (|∪ of the row's intervals ∩
+    bucket| / its width) when a caller has aggregates, not segments (the GUI's windows: a DuckDB
+    ``sum`` per pixel in the window's own query, or a level of detail's buckets). The exact
+    evaluation from a union's segments is :func:`covered_per_bucket` (``busy_rows``).
+
+    Input per *source bucket* of width ``width`` (at most an output bucket): source bucket k covers
+    [start[k], start[k] + width); ``covered[k]`` is the time the row's pieces starting in it cover
+    inside it, ``reach[k]`` the latest end of those pieces. A source bucket's covered time is shared
+    between the (at most two) output buckets it touches in proportion to its overlap with each; a
+    piece that runs on past its source bucket covers ``[bucket end, reach)`` (bucket by bucket,
+    through the running maximum of the reaches). So it equals the exact figure when the source
+    buckets are the output buckets and the pieces do not overlap (an instruction row's events:
+    ``tests/formats/test_tracks.py`` checks it against ``busy_rows``); from a level of detail it is
+    within one source bucket per output bucket; pieces that overlap (DMA packets in flight
+    together) count once per piece, capped at the bucket."""
+    buckets = max(1, int(buckets))
+    pixel = (t1 - t0) / buckets
+    out = np.zeros(buckets)
+    if start.size == 0:
+        return out
+    start = start.astype(np.float64)
+    end = start + width
+    covered = covered.astype(np.float64)
+    reach = reach.astype(np.float64)
+    first = np.maximum(start, t0)
+    p0 = np.clip(np.floor((first - t0) / pixel), 0, buckets - 1).astype(np.int64)
+    p0_end = t0 + (p0 + 1) * pixel
+    here = np.clip(np.minimum(end, p0_end) - first, 0, None) / width
+    after = np.clip(np.minimum(end, t1) - np.maximum(p0_end, first), 0, None) / width
+    np.add.at(out, p0, covered * here)
+    nxt = p0 + 1 < buckets
+    np.add.at(out, p0[nxt] + 1, covered[nxt] * after[nxt])
+    inside = end < t1  # the run-on after each source bucket: first in the pixel holding its end ...
+    pe = np.clip(np.floor((np.maximum(end, t0) - t0) / pixel), 0, buckets - 1).astype(np.int64)[inside]
+    pe_end = t0 + (pe + 1) * pixel
+    np.add.at(out, pe, np.clip(np.minimum(reach[inside], pe_end) - np.maximum(end[inside], t0), 0, None))
+    latest = np.full(buckets, -np.inf)  # ... then in every later pixel it reaches
+    np.maximum.at(latest, pe, reach[inside])
+    earlier = np.r_[-np.inf, np.maximum.accumulate(latest)[:-1]]
+    starts = t0 + np.arange(buckets) * pixel
+    out += np.clip(np.minimum(earlier, starts + pixel) - starts, 0.0, pixel)
+    fraction: np.ndarray = np.clip(out / pixel, 0.0, 1.0)
+    return fraction
+
+
+def covered_per_bucket(start: np.ndarray, end: np.ndarray, t0: int, t1: int, buckets: int) -> np.ndarray:
+    """ns covered in each of ``buckets`` equal buckets of [t0, t1) by *disjoint* sorted intervals (a
+    union's segments) -- the definition itself, exactly: C(x) = covered length before x, and bucket
+    i gets C(edge i+1) - C(edge i) (a bucket no segment touches gets exactly 0)."""
+    buckets = max(1, int(buckets))
+    edges = t0 + (t1 - t0) * np.arange(buckets + 1, dtype=np.float64) / buckets
+    if start.size == 0:
+        return np.zeros(buckets)
+    s = np.clip(start.astype(np.float64), t0, t1)
+    e = np.clip(end.astype(np.float64), t0, t1)
+    before = np.concatenate([[0.0], np.cumsum(e - s)])  # covered length up to segment i's start
+    i = np.searchsorted(s, edges, side="right")  # segments starting at or before each edge
+    last = np.maximum(i - 1, 0)
+    inside = np.where(i > 0, np.minimum(edges, e[last]) - s[last], 0.0)
+    covered = before[last] * (i > 0) + np.maximum(inside, 0.0)
+    ns: np.ndarray = np.diff(covered)
+    return ns
+
+
 @dataclass(frozen=True)
 class BucketBusy:
     """Busy time of one selection in equal buckets of ``[t0, t1)`` (a zoomed-out row's pixels, a
@@ -589,9 +659,23 @@ class BucketBusy:
 
     @property
     def fraction(self) -> np.ndarray:
-        """busy_ns / bucket width, each in [0, 1]."""
+        """busy_ns / bucket width, each in [0, 1] per physical core (Σ over cores: up to their count)."""
         width = np.diff(self.edges)
-        return np.divide(self.busy_ns, width, out=np.zeros_like(self.busy_ns), where=width > 0)
+        fraction: np.ndarray = np.divide(self.busy_ns, width, out=np.zeros_like(self.busy_ns),
+                                         where=width > 0)
+        return fraction
+
+
+@dataclass(frozen=True)
+class RowSelect:
+    """One row of a timeline: the instructions of ``engines`` (canonical names; ``Tensor`` = the union
+    of the engine's two timeline rows) or of ``tracks`` (``coalesce(timeline_track, engine)``),
+    optionally of one physical core."""
+
+    label: str
+    engines: tuple[str, ...] = ()
+    tracks: tuple[str, ...] = ()
+    pcore: int | None = None
 
 
 def busy_buckets(profile: Profile, t0: int, t1: int, buckets: int, *, engines: Sequence[str] = (),
@@ -599,55 +683,142 @@ def busy_buckets(profile: Profile, t0: int, t1: int, buckets: int, *, engines: S
                  con: duckdb.DuckDBPyConnection | None = None) -> BucketBusy:
     """Per-bucket busy time of a selection (as :func:`row_busy`: ``engines`` by canonical name --
     ``["Tensor"]`` is the union of both Tensor rows -- or ``tracks`` by timeline row, optionally one
-    physical core; Σ over cores) over ``buckets`` equal buckets of ``[t0, t1)``. The bucketing is
-    ``formats.coverage``'s (one implementation; it also does several rows in one scan)."""
-    from formats.coverage import RowSelect, covered_per_bucket
-    from formats.coverage import busy_buckets as rows_busy_buckets
-
+    physical core; Σ over cores) over ``buckets`` equal buckets of ``[t0, t1)``: :func:`busy_rows`
+    of one row."""
     t0, t1, n = int(t0), int(t1), max(1, int(buckets))
+    if t1 <= t0:
+        return BucketBusy(t0 + (t1 - t0) * np.arange(n + 1, dtype=np.float64) / n, np.zeros(n), "Instruction")
+    select = RowSelect("row", tuple(engines), tuple(tracks), pcore)
+    return busy_rows(profile, t0, t1, n, [select], use_active_time=use_active_time, con=con)["row"]
+
+
+def busy_rows(profile: Profile, t0: int, t1: int, buckets: int, rows: Sequence[RowSelect], *,
+              use_active_time: bool = True, con: duckdb.DuckDBPyConnection | None = None
+              ) -> dict[str, BucketBusy]:
+    """Per row label, the busy time of each of ``buckets`` equal buckets of [t0, t1): the union of
+    the row's instruction intervals inside the bucket, Σ over physical cores (docs/figures.md), so
+    ``mean(fraction) == engine_busy/track_busy(...)[row].fraction`` over the same window and the
+    buckets of adjacent windows add up. Whole-engine rows read the engine's stored merged stretches
+    (``ActiveTime``, the same union) when the profile has them and ``use_active_time``; every other
+    row comes from one sweep of the instructions overlapping the window, in time slices (row groups
+    pruned by their ``start_ts`` statistics, swept in NumPy by ``formats.intervals``), so memory is
+    one slice and a 10M-instruction profile costs one scan."""
+    t0, t1, n = int(t0), int(t1), max(1, int(buckets))
+    if t1 <= t0:
+        raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
     edges = t0 + (t1 - t0) * np.arange(n + 1, dtype=np.float64) / n
-    width = (t1 - t0) / n
+    out: dict[str, BucketBusy] = {}
     with _connection(con) as c:
         active = TableSource(profile, "ActiveTime")
-        if use_active_time and engines and not tracks and active.present and t1 > t0:
-            busy = np.zeros(n)
-            stems = ", ".join(literal(e.lower()) for e in engines)
-            core_sql = f"coalesce({active.col('pcore_idx')}, 0)"
-            cond = (f"lower({active.col('engine', engines=False)}) IN ({stems}) "
-                    f"AND start_ts < ? AND end_ts > ?")
-            if pcore is not None:
-                cond += f" AND {core_sql} = {int(pcore)}"
-            cols = c.execute(f"SELECT start_ts AS s, end_ts AS e, {core_sql} AS p "
-                             f"FROM {active.relation()} WHERE {cond}", [t1, t0]).fetchnumpy()
-            s, e, core = _ints(cols["s"]), _ints(cols["e"]), _ints(cols["p"])
-            for k in np.unique(core).tolist():  # Σ over physical cores
-                mine = core == k
-                acc = UnionAccumulator(keep_segments=True)  # several engines of one core may overlap
-                acc.add(0, s[mine], e[mine])
-                _, ms, me = acc.segments()
-                busy += covered_per_bucket(ms, me, t0, t1, n)
-            return BucketBusy(edges, busy, "ActiveTime")
-        if t1 <= t0:
-            return BucketBusy(edges, np.zeros(n), "Instruction")
-        cores = [pcore] if pcore is not None else None
-        select = RowSelect("row", tuple(engines), tuple(tracks))
-        if cores is None:
-            fraction = rows_busy_buckets(profile, t0, t1, n, [select], c)["row"]
-        else:
-            fraction = _one_core(profile, t0, t1, n, select, int(pcore), c)  # type: ignore[arg-type]
-        return BucketBusy(edges, fraction * width, "Instruction")
+        swept = []
+        for row in rows:
+            if use_active_time and row.engines and not row.tracks and active.present:
+                out[row.label] = BucketBusy(edges, _active_time_busy(active, row, t0, t1, n, c), "ActiveTime")
+            else:
+                swept.append(row)
+        busy = _instruction_busy(profile, t0, t1, n, swept, c)
+        for row in swept:
+            out[row.label] = BucketBusy(edges, busy[row.label], "Instruction")
+    return {row.label: out[row.label] for row in rows}
 
 
-def _one_core(profile: Profile, t0: int, t1: int, n: int, select: Any, pcore: int,
-              con: duckdb.DuckDBPyConnection) -> np.ndarray:
-    """Per-bucket busy fraction of a selection on one physical core."""
-    from formats.coverage import covered_per_bucket
+def _active_time_busy(active: TableSource, row: RowSelect, t0: int, t1: int, n: int,
+                      con: duckdb.DuckDBPyConnection) -> np.ndarray:
+    """ns busy per bucket of a whole-engine row from ``ActiveTime`` (Σ over physical cores)."""
+    busy = np.zeros(n)
+    stems = ", ".join(literal(e.lower()) for e in row.engines)
+    core_sql = f"coalesce({active.col('pcore_idx')}, 0)"
+    cond = f"lower({active.col('engine', engines=False)}) IN ({stems}) AND start_ts < ? AND end_ts > ?"
+    if row.pcore is not None:
+        cond += f" AND {core_sql} = {int(row.pcore)}"
+    cols = con.execute(f"SELECT start_ts AS s, end_ts AS e, {core_sql} AS p "
+                       f"FROM {active.relation()} WHERE {cond}", [t1, t0]).fetchnumpy()
+    s, e, core = _ints(cols["s"]), _ints(cols["e"]), _ints(cols["p"])
+    for k in np.unique(core).tolist():  # Σ over physical cores
+        mine = core == k
+        acc = UnionAccumulator(keep_segments=True)  # several engines of one core may overlap
+        acc.add(0, s[mine], e[mine])
+        _, ms, me = acc.segments()
+        busy += covered_per_bucket(ms, me, t0, t1, n)
+    return busy
 
+
+def _pick_sql(source: TableSource, rows: Sequence[RowSelect]) -> list[str]:
+    """One boolean SQL column per row selection (``r0``, ``r1`` ...)."""
+    picks = []
+    for i, row in enumerate(rows):
+        condition = _selection_sql(source, row.engines, row.tracks, row.pcore) or "false"
+        picks.append(f"coalesce({condition}, false) AS r{i}")
+    return picks
+
+
+def _instruction_busy(profile: Profile, t0: int, t1: int, buckets: int, rows: Sequence[RowSelect],
+                      con: duckdb.DuckDBPyConnection) -> dict[str, np.ndarray]:
+    """ns busy per bucket of each row from one sweep of the instructions (Σ over physical cores)."""
+    out = {row.label: np.zeros(buckets) for row in rows}
     source = TableSource(profile, "Instruction")
-    extra = _selection_sql(source, select.engines, select.tracks, pcore)
-    _, _, _, total, _ = _sweep(profile, source, Window.span(t0, t1), con, "0", extra)
-    _, s, e = total.segments()
-    return covered_per_bucket(s, e, t0, t1, n) / ((t1 - t0) / n)
+    if not source.present or not rows:
+        return out
+    pcore = f"coalesce({source.col('pcore_idx')}, 0)"
+    picks = _pick_sql(source, rows)  # an instruction may belong to several rows (Tensor ∪ its tracks)
+    where, params = _window_filter(profile, source, Window.span(t0, t1), con)
+    acc = UnionAccumulator(keep_segments=True)
+    for low, high in time_slices(source.files, "start_ts", ROWS_PER_SLICE):
+        cond, args = where, list(params)
+        if low is not None:
+            cond, args = f"{cond} AND start_ts >= ?", [*args, low]
+        if high is not None:
+            cond, args = f"{cond} AND start_ts < ?", [*args, high]
+        cols = con.execute(f"SELECT start_ts AS s, end_ts AS e, {pcore} AS p, {', '.join(picks)} "
+                           f"FROM {source.relation()} WHERE {cond}", args).fetchnumpy()
+        if not len(cols["s"]):
+            continue
+        s, e = _clip(_ints(cols["s"]), _ints(cols["e"]), Window.span(t0, t1))
+        core = _ints(cols["p"])
+        keys, starts, ends = [], [], []
+        for i in range(len(rows)):
+            mine = np.asarray(cols[f"r{i}"], bool)
+            if mine.any():
+                keys.append(i + len(rows) * core[mine])
+                starts.append(s[mine])
+                ends.append(e[mine])
+        if not keys:
+            continue
+        key, start, end = np.concatenate(keys), np.concatenate(starts), np.concatenate(ends)
+        acc.add(key, start, end, key_order(key, start_order(start)))
+    key, start, end = acc.segments()
+    width = (t1 - t0) / buckets
+    for k in np.unique(key).tolist():  # one (row, physical core) at a time: fractions add up
+        mine = key == k
+        order = np.argsort(start[mine], kind="stable")
+        covered = covered_per_bucket(start[mine][order], end[mine][order], t0, t1, buckets)
+        out[rows[k % len(rows)].label] += covered / width
+    return {label: fraction * width for label, fraction in out.items()}
+
+
+def busiest_opcodes(profile: Profile, t0: int, t1: int, rows: Sequence[RowSelect],
+                    con: duckdb.DuckDBPyConnection | None = None) -> dict[str, str]:
+    """Per row label: the opcode with the most instruction time inside [t0, t1) (Σ of the
+    instructions' durations clipped to the window; "" when idle) -- one grouped scan of the rows
+    overlapping the window."""
+    source = TableSource(profile, "Instruction")
+    if not source.present or not rows or t1 <= t0:
+        return {row.label: "" for row in rows}
+    with _connection(con) as c:
+        where, params = _window_filter(profile, source, Window.span(t0, t1), c)
+        sums = ", ".join(f"sum(CASE WHEN r{i} THEN d END) AS t{i}" for i in range(len(rows)))
+        picks = ", ".join(_pick_sql(source, rows))
+        found = c.execute(f"""
+            SELECT op, {sums} FROM (
+                SELECT {source.col('opcode', engines=False)} AS op,
+                       least(end_ts, {int(t1)}) - greatest(start_ts, {int(t0)}) AS d, {picks}
+                FROM {source.relation()} WHERE {where})
+            GROUP BY op""", params).fetchall()
+    out = {}
+    for i, row in enumerate(rows):
+        best = max(((r[1 + i] or 0, str(r[0])) for r in found if r[0] is not None), default=(0, ""))
+        out[row.label] = best[1] if best[0] > 0 else ""
+    return out
 
 
 # -- DMA, HBM, FLOPs, collectives ----------------------------------------------------------------

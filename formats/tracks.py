@@ -1,45 +1,65 @@
 """What a timeline draws for any row -- instruction tracks, DMA queues, collective streams -- and for
 counter tracks, reduced to pixel buckets in DuckDB, never by loading the events.
 
-    tracks = TrackViewport(profile)
+    tracks = TrackViewport(profile)                   # one per open profile; see its thread rules
     tracks.span_keys(INSTRUCTION_TRACKS)              # [SpanKey(key=(0, 'TensorMatrix'), rows=..), ...]
     windows = tracks.span_windows(DMA_QUEUES, t0, t1, buckets=2000)
-    windows[(0, "qSyncIO0")].start_ts                 # the longest transfer packet of each bucket
+    windows[(0, "qSyncIO0")].start_ts                 # the transfer packet drawn in each bucket
+    tracks.engine_window("Tensor", t0, t1, 2000)      # one canonical engine, any spelling, both rows
     tracks.counter_windows(HBM_THROUGHPUT, t0, t1, 2000)[()].high   # max per bucket
 
-``formats.viewport`` answers one canonical engine from the precomputed ``InstructionLod``. A timeline
-also needs rows that are not engines (the Tensor engine's ``TensorMatrix`` stream, DMA queues, CC
-streams), per physical core, with the attributes it colours by (HLO op, layer), and counters. This
-module does that with Perfetto's rules for zoomed-out tracks:
+A timeline needs rows that are engines and rows that are not (the Tensor engine's ``TensorMatrix``
+stream, DMA queues, CC streams), per physical core, with the attributes it colours by (HLO op,
+layer), and counters. This module answers them all with Perfetto's rules for zoomed-out tracks:
 
-* **Span rows**: per pixel bucket the longest event whose start falls in it (events that began
-  before ``t0`` go to bucket 0), with the number of events there. Zoomed in, one DuckDB query per
-  table groups the visible rows of every key at once (row groups pruned by their time statistics).
-  Zoomed out, a level of detail built once per table by one DuckDB aggregate (``build_span_lod``:
-  per key, the longest event starting in each of 2^15 buckets, then 4x coarser levels in NumPy),
-  held in memory -- its size is bounded by the bucket count, not by the profile.
+* **Span rows**: per pixel bucket the event of largest rank (``formats.lod``: the longest, ties to
+  the larger id) whose start falls in it (events that began before ``t0`` go to bucket 0), with the
+  number of events there and the fraction of the bucket the row is busy. Zoomed in, one DuckDB query
+  per table groups the visible rows of every key at once (row groups pruned by their time
+  statistics). Zoomed out, a level of detail (``formats.lod.SpanLod``) built once per table by one
+  DuckDB aggregate (``build_span_lod``), held in memory -- its size is bounded by the bucket count,
+  not by the profile. Until it is built, ``install_quick_lod`` stands one in from the profile's
+  stored ``InstructionLod`` (no scan for engines drawn as one row); ``engine_window`` answers a whole
+  engine from that stored table.
 * **Counter rows**: per pixel bucket the minimum, maximum and last sample, plus the value in force
   at ``t0``, so a sparse counter draws as steps and a dense one as a min/max band.
-
-Ties between equally long events are broken by id (the packed key ``duration * 2^20 + id mod 2^20``),
-so the start, id and attributes of a bucket always come from the same event.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from formats import sqlsource
+from formats.figures import busy_per_bucket
 from formats.intervals import time_slices
+from formats.lod import (
+    LOD_COARSEST,
+    LOD_FACTOR,
+    LOD_PER_PIXEL,
+    LOD_SLICE_ROWS,
+    LOD_TABLE,
+    SpanLod,
+    SpanWindow,
+    build_lod,
+    codes_of,
+    empty_window,
+    lod_buckets,
+    lod_from_table,
+    lod_geometry,
+    lod_widths,
+    longest_per_bucket,
+    longest_sorted,
+    rank_sql,
+    recode,
+)
+from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource, arrow_table
 
 if TYPE_CHECKING:
@@ -47,20 +67,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CC_STREAMS", "COUNTERS", "DMA_QUEUES", "DMA_THROUGHPUT", "ENGINE_ACTIVE", "HBM_THROUGHPUT",
-    "INSTRUCTION_TRACKS", "LOD_BUCKETS", "LOD_MAX_BUCKETS", "NEURONLINK_THROUGHPUT", "PENDING_DMA",
-    "PSUM_USAGE", "SBUF_USAGE", "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec",
-    "SpanWindow", "TrackViewport", "build_span_lod", "busy_per_bucket", "key_condition", "lod_buckets",
-    "merge_windows", "quick_instruction_lod",
+    "INSTRUCTION_ENGINES", "INSTRUCTION_TRACKS", "NEURONLINK_THROUGHPUT", "PENDING_DMA", "PSUM_USAGE",
+    "SBUF_USAGE", "CounterSpec", "CounterWindow", "SpanKey", "SpanLod", "SpanSpec", "SpanWindow",
+    "TrackViewport", "build_span_lod", "key_condition", "merge_windows", "quick_instruction_lod",
 ]
 
-LOD_BUCKETS = 2**15  # level-0 buckets over a table's span, at least ...
-LOD_MAX_BUCKETS = 2**18  # ... and at most (memory: ~60 bytes per bucket and key, all levels)
-LOD_EVENTS_PER_BUCKET = 32  # between the two, about this many events (of all keys) per level-0 bucket
-LOD_SLICE_ROWS = 8_000_000  # the build aggregates this many rows at a time (bounded hash table)
-LOD_FACTOR = 4
-LOD_COARSEST = 64
-LOD_PER_PIXEL = 2  # LOD buckets per pixel at least: a bucket straddling pixels leaves few holes
-_TIE = 1 << 20  # tie-break factor of the packed (duration, id) key
+TRACK_ONLY = ("tensormatrix",)  # timeline rows that are part of an engine, not an engine (§2.5)
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,8 @@ class CounterSpec:
 
 INSTRUCTION_TRACKS = SpanSpec("Instruction", ("pcore_idx", "timeline_track", "engine"), "id",
                               ("opcode", "hlo_name", "layer"))
+# one row per engine spelling, all cores and timeline rows together (``engine_window``)
+INSTRUCTION_ENGINES = SpanSpec("Instruction", ("engine",), "id", ("opcode",))
 DMA_QUEUES = SpanSpec("DmaPacket", ("pcore_idx", "queue_name", "queue_idx"), "packet_aggregation_id",
                       ("queue_type",))
 CC_STREAMS = SpanSpec("CcOp", ("stream_id",), "op_id", ("operation", "algorithm"))
@@ -118,72 +132,6 @@ class SpanKey:
     rows: int
     first: int
     last: int
-
-
-@dataclass(frozen=True)
-class SpanWindow:
-    """The events to draw for one row: one (the longest) per non-empty pixel bucket, in bucket order."""
-
-    bucket: np.ndarray
-    start_ts: np.ndarray
-    end_ts: np.ndarray
-    id: np.ndarray
-    count: np.ndarray  # events starting in the bucket (raw path: overlapping the window, clamped)
-    attrs: dict[str, np.ndarray]  # attribute -> object array of str (None where null)
-    source: str  # "events" or "lod level N"
-    # per pixel bucket of the window (every bucket, not only those with an event): the fraction of
-    # it the row is busy, 0..1; None from a source that has no busy time (the precomputed
-    # InstructionLod)
-    busy: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return int(self.bucket.size)
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        return self.end_ts - self.start_ts
-
-
-def busy_per_bucket(start: np.ndarray, width: float, covered: np.ndarray, reach: np.ndarray, t0: int,
-                    t1: int, buckets: int) -> np.ndarray:
-    """Per pixel bucket of [t0, t1), the fraction of it a row is busy (0..1), from source buckets.
-
-    Source bucket k covers [start[k], start[k] + width) (``width`` at most a pixel); ``covered[k]``
-    is the time its events (those starting in it) cover inside it, ``reach[k]`` the latest end of
-    those events. A bucket's covered time is shared between the (at most two) pixels it touches in
-    proportion to its overlap with each; every event that starts in an earlier bucket and runs on
-    covers the time from that bucket's end to its own end, so ``[bucket end, reach)`` is busy
-    (pixel by pixel, through the running maximum of the reaches). Exact for rows whose events do not
-    overlap (an engine runs one instruction at a time) when the source buckets are the pixels; from
-    coarser source buckets, within how unevenly a bucket is busy inside. Overlapping events (several
-    DMA packets in flight) count once per event, capped at the pixel."""
-    buckets = max(1, int(buckets))
-    pixel = (t1 - t0) / buckets
-    out = np.zeros(buckets)
-    if start.size == 0:
-        return out
-    start = start.astype(np.float64)
-    end = start + width
-    covered = covered.astype(np.float64)
-    reach = reach.astype(np.float64)
-    first = np.maximum(start, t0)
-    p0 = np.clip(np.floor((first - t0) / pixel), 0, buckets - 1).astype(np.int64)
-    p0_end = t0 + (p0 + 1) * pixel
-    here = np.clip(np.minimum(end, p0_end) - first, 0, None) / width
-    after = np.clip(np.minimum(end, t1) - np.maximum(p0_end, first), 0, None) / width
-    np.add.at(out, p0, covered * here)
-    nxt = p0 + 1 < buckets
-    np.add.at(out, p0[nxt] + 1, covered[nxt] * after[nxt])
-    inside = end < t1  # the run-on after each source bucket: first in the pixel holding its end ...
-    pe = np.clip(np.floor((np.maximum(end, t0) - t0) / pixel), 0, buckets - 1).astype(np.int64)[inside]
-    pe_end = t0 + (pe + 1) * pixel
-    np.add.at(out, pe, np.clip(np.minimum(reach[inside], pe_end) - np.maximum(end[inside], t0), 0, None))
-    latest = np.full(buckets, -np.inf)  # ... then in every later pixel it reaches
-    np.maximum.at(latest, pe, reach[inside])
-    earlier = np.r_[-np.inf, np.maximum.accumulate(latest)[:-1]]
-    starts = t0 + np.arange(buckets) * pixel
-    out += np.clip(np.minimum(earlier, starts + pixel) - starts, 0.0, pixel)
-    return np.clip(out / pixel, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -293,119 +241,7 @@ def _key_tuples(cols: dict[str, Any], n_keys: int, rows: int) -> tuple[list[tupl
     return list(index), inverse
 
 
-# -- the level of detail -------------------------------------------------------------------------
-
-
-@dataclass
-class SpanLod:
-    """Per key and level, the longest event starting in each bucket (arrays sorted by bucket start)."""
-
-    origin: int
-    widths: list[int]
-    levels: dict[tuple[Any, ...], list[dict[str, np.ndarray]]] = field(default_factory=dict)
-    max_duration: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    # attribute -> its distinct values; levels hold int32 codes into them (-1: null), so millions of
-    # buckets cost 4 bytes per attribute, not a Python string each
-    dictionaries: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def finest(self) -> int:
-        return self.widths[0]
-
-    def window(self, key: tuple[Any, ...], t0: int, t1: int, buckets: int) -> SpanWindow | None:
-        """None when a pixel is narrower than the finest bucket (the caller reads the events)."""
-        entries = self.levels.get(key)
-        pixel = (t1 - t0) / buckets
-        usable = [i for i, w in enumerate(self.widths) if w * LOD_PER_PIXEL <= pixel]
-        if not usable:
-            return None
-        if entries is None:
-            return _empty_window(f"lod level {usable[-1]}", ())
-        level = usable[-1]
-        part = entries[level]
-        width = self.widths[level]
-        lo = np.searchsorted(part["bucket_ts"], t0 - self.max_duration.get(key, 0) - width, "left")
-        hi = np.searchsorted(part["bucket_ts"], t1, "left")
-        keep = (part["reach"] if "reach" in part else part["end_ts"])[lo:hi] > t0
-        cols = {k: v[lo:hi][keep] for k, v in part.items()}
-        bucket = np.clip((cols["start_ts"] - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
-        window = _longest(bucket, cols, f"lod level {level}")
-        if "covered" in cols:
-            window = replace(window, busy=busy_per_bucket(cols["bucket_ts"], width, cols["covered"],
-                                                          cols["reach"], t0, t1, buckets))
-        for name, codes in window.attrs.items():
-            values = self.dictionaries[name]  # one more entry at the end: None, for code -1
-            window.attrs[name] = values[np.where(codes < 0, values.size - 1, codes)]
-        return window
-
-
-def lod_buckets(rows: int) -> int:
-    """Level-0 buckets for a table of ``rows`` events: about ``LOD_EVENTS_PER_BUCKET`` per bucket, so
-    a window too narrow for the LOD holds few enough events to read them directly, whatever the
-    table's size (within [LOD_BUCKETS, LOD_MAX_BUCKETS])."""
-    wanted = 2 ** math.ceil(math.log2(max(1, rows / LOD_EVENTS_PER_BUCKET)))
-    return int(min(LOD_MAX_BUCKETS, max(LOD_BUCKETS, wanted)))
-
-
-def _lod_geometry(first: int, last: int, buckets: int = LOD_BUCKETS) -> list[int]:
-    span = max(1, last - first)
-    widths = [max(1, math.ceil(span / buckets))]
-    while span / widths[-1] > LOD_COARSEST:
-        widths.append(widths[-1] * LOD_FACTOR)
-    return widths
-
-
-def _longest(bucket: np.ndarray, cols: dict[str, np.ndarray], source: str) -> SpanWindow:
-    """Per bucket the longest event (ties: the larger id), counts added."""
-    duration = cols["end_ts"] - cols["start_ts"]
-    order = np.lexsort((-cols["id"], -duration, bucket))
-    b = bucket[order]
-    head = np.r_[True, b[1:] != b[:-1]] if b.size else np.zeros(0, bool)
-    pick = order[head]
-    heads = np.flatnonzero(head)
-    counts = np.add.reduceat(cols["count"][order], heads) if b.size else np.zeros(0, np.int64)
-    attrs = {k[2:]: v[pick] for k, v in cols.items() if k.startswith("a:")}
-    return SpanWindow(bucket[pick], cols["start_ts"][pick], cols["end_ts"][pick], cols["id"][pick],
-                      counts.astype(np.int64), attrs, source)
-
-
-def merge_windows(windows: Sequence[SpanWindow]) -> SpanWindow:
-    """Several windows of the same pixel grid drawn as one row: the longest per bucket again."""
-    windows = [w for w in windows if w is not None]
-    if len(windows) == 1:
-        return windows[0]
-    if not windows:
-        return _empty_window("events", ())
-    names = sorted(set().union(*(w.attrs for w in windows)))
-    cols: dict[str, np.ndarray] = {
-        "start_ts": np.concatenate([w.start_ts for w in windows]),
-        "end_ts": np.concatenate([w.end_ts for w in windows]),
-        "id": np.concatenate([w.id for w in windows]),
-        "count": np.concatenate([w.count for w in windows]),
-    }
-    for a in names:
-        cols[f"a:{a}"] = np.concatenate([w.attrs.get(a, np.full(len(w), None, object)) for w in windows])
-    merged = _longest(np.concatenate([w.bucket for w in windows]), cols, windows[0].source)
-    busy = [w.busy for w in windows]
-    if all(b is not None for b in busy) and len({b.size for b in busy}) == 1:  # type: ignore[union-attr]
-        # raw keys of one row (two spellings of an engine) never run at once: their busy time adds up
-        merged = replace(merged, busy=np.minimum(1.0, np.sum(busy, axis=0)))
-    return merged
-
-
-def _empty_window(source: str, attrs: Sequence[str]) -> SpanWindow:
-    empty = np.zeros(0, np.int64)
-    return SpanWindow(empty, empty, empty, empty, empty, {a: np.zeros(0, object) for a in attrs}, source)
-
-
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """(int32 codes, distinct values) of a column; nulls get code -1."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_dictionary(array.type):
-        array = array.cast(array.type.value_type)
-    encoded = pc.dictionary_encode(array)
-    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
-    return codes, encoded.dictionary.to_pylist()
+# -- levels of detail from the events ----------------------------------------------------------
 
 
 def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512MB",
@@ -428,7 +264,7 @@ def build_span_lod(profile: Profile, spec: SpanSpec, *, memory_limit: str = "512
         if span is None or span[0] is None:
             return None
         first, last = int(span[0]), int(span[1])
-        lod = SpanLod(first, _lod_geometry(first, last, lod_buckets(source.num_rows)))
+        lod = SpanLod(first, lod_widths(first, last, lod_buckets(source.num_rows), LOD_COARSEST))
         table = _aggregate(con, source, spec, lod, None, rows_per_slice)
     finally:
         con.close()
@@ -440,7 +276,7 @@ def _aggregate(con: Any, source: TableSource, spec: SpanSpec, lod: SpanLod, cond
                rows_per_slice: int) -> pa.Table:
     """Per (key, level-0 bucket of ``lod``) the longest event, slice by slice, as one Arrow table."""
     start, end = source.col(spec.start), source.col(spec.end)
-    rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
+    rank = rank_sql(f"({end}) - ({start})", source.col(spec.id))
     attrs = ", ".join(f"arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
     keys = _key_exprs(source, spec.keys)
     key_names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
@@ -473,9 +309,9 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
         base["covered"] = _numbers(table.column("c"))
         base["reach"] = _numbers(table.column("x"))
     for i, a in enumerate(spec.attrs):
-        codes, values = _codes(table.column(f"a{i}"))
-        base[f"a:{a}"] = _recode(lod, a, codes, values)
-    key_codes = [_codes(table.column(f"k{i}")) for i in range(len(spec.keys))]
+        codes, values = codes_of(table.column(f"a{i}"))
+        base[f"a:{a}"] = recode(lod, a, codes, values)
+    key_codes = [codes_of(table.column(f"k{i}")) for i in range(len(spec.keys))]
     if key_codes:
         combined = np.zeros(base["b"].size, np.int64)  # one integer per key tuple (mixed radix)
         for codes, values in key_codes:
@@ -491,7 +327,7 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
     for k, key in enumerate(keys_found):
         pick = order[bounds[k]:bounds[k + 1]]
         mine = {name: v[pick] for name, v in base.items()}
-        mine = _longest_sorted(mine, mine["b"])  # buckets that two slices share
+        mine = longest_sorted(mine, mine["b"])  # buckets that two slices share
         levels = []
         for level, width in enumerate(lod.widths):
             if level:
@@ -500,7 +336,7 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
                     parent_end = lod.origin + (mine["b"] // LOD_FACTOR + 1) * width
                     spill = np.clip(np.minimum(mine["reach"], parent_end) - child_end, 0, None)
                     mine = {**mine, "covered": mine["covered"] + spill}
-                mine = _longest_sorted(mine, mine["b"] // LOD_FACTOR)
+                mine = longest_sorted(mine, mine["b"] // LOD_FACTOR)
             part = {name: v for name, v in mine.items() if name != "b"}
             part["bucket_ts"] = lod.origin + mine["b"] * width
             levels.append(part)
@@ -508,70 +344,62 @@ def _add_levels(lod: SpanLod, spec: SpanSpec, table: pa.Table) -> None:
         lod.max_duration[key] = int((mine["end_ts"] - mine["start_ts"]).max()) if mine["b"].size else 0
 
 
-def _recode(lod: SpanLod, attr: str, codes: np.ndarray, values: list[Any]) -> np.ndarray:
-    """Codes into ``lod.dictionaries[attr]``, extending it with values it lacks."""
-    known = lod.dictionaries.get(attr)
-    table = [] if known is None else list(known[:-1])
-    index = {v: i for i, v in enumerate(table)}
-    mapping = np.empty(len(values), np.int32)
-    for j, value in enumerate(values):
-        if value not in index:
-            index[value] = len(table)
-            table.append(value)
-        mapping[j] = index[value]
-    lod.dictionaries[attr] = np.array([*table, None], dtype=object)
-    return np.where(codes < 0, -1, mapping[np.maximum(codes, 0)] if mapping.size else -1).astype(np.int32)
+def _numbers(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def merge_windows(windows: Sequence[SpanWindow]) -> SpanWindow:
+    """Several windows of the same pixel grid drawn as one row: the longest per bucket again."""
+    windows = [w for w in windows if w is not None]
+    if len(windows) == 1:
+        return windows[0]
+    if not windows:
+        return empty_window("events")
+    names = sorted(set().union(*(w.attrs for w in windows)))
+    cols: dict[str, np.ndarray] = {
+        "start_ts": np.concatenate([w.start_ts for w in windows]),
+        "end_ts": np.concatenate([w.end_ts for w in windows]),
+        "id": np.concatenate([w.id for w in windows]),
+        "count": np.concatenate([w.count for w in windows]),
+    }
+    for a in names:
+        cols[f"a:{a}"] = np.concatenate([w.attrs.get(a, np.full(len(w), None, object)) for w in windows])
+    merged = longest_per_bucket(np.concatenate([w.bucket for w in windows]), cols, windows[0].source)
+    busy = [w.busy for w in windows if w.busy is not None]
+    if len(busy) == len(windows) and len({b.size for b in busy}) == 1:
+        # raw keys of one row (two spellings of an engine) never run at once: their busy time adds up
+        merged = replace(merged, busy=np.minimum(1.0, np.sum(busy, axis=0)))
+    return merged
 
 
 def quick_instruction_lod(profile: Profile, keys: Sequence[SpanKey], spec: SpanSpec | None = None, *,
                           memory_limit: str = "512MB") -> SpanLod | None:
-    """A first level of detail for ``Instruction``, made in a fraction of the full build's time: an
-    engine drawn as one track is taken from the profile's precomputed ``InstructionLod`` (no scan);
-    only the rows of engines split into several tracks (the PE's ``Tensor``/``TensorMatrix``) are
-    aggregated, on the same bucket grid. Opcode is the only attribute. None when the profile has no
-    ``InstructionLod`` or several physical cores (``InstructionLod`` is per engine, not per core).
-    ``keys``: the table's rows (``TrackViewport.span_keys``)."""
-    from formats.schema import canonical_engine
-
+    """A first level of detail for ``Instruction`` rows, made in a fraction of the full build's time:
+    an engine drawn as one row is taken from the profile's stored ``InstructionLod``
+    (``formats.lod.lod_from_table``, no scan); the rows of engines split into several rows (the PE's
+    ``Tensor``/``TensorMatrix``) are aggregated on the same bucket grid. Opcode is the only
+    attribute. None when the profile has no ``InstructionLod`` or several physical cores
+    (``InstructionLod`` is per engine, not per core). ``keys``: the table's rows (``span_keys``)."""
     spec = spec or INSTRUCTION_TRACKS
-    if not profile.num_rows("InstructionLod") or spec.keys != INSTRUCTION_TRACKS.keys:
+    if not profile.num_rows(LOD_TABLE) or spec.keys != INSTRUCTION_TRACKS.keys:
         return None
     if len({k.key[0] or 0 for k in keys}) > 1:
         return None
-    engine_lod = profile.table("InstructionLod")
-    level = engine_lod.column("level").to_numpy()
-    widths_found = {int(lv): int(w) for lv, w in zip(level.tolist(),
-                                                     engine_lod.column("bucket_width_ns").to_numpy().tolist())}
-    widths = [widths_found[lv] for lv in sorted(widths_found)]
-    if not widths or any(b != a * LOD_FACTOR for a, b in itertools.pairwise(widths)):
+    stored = lod_from_table(profile.table(LOD_TABLE))
+    if stored is None:
         return None
-    bucket_ts = engine_lod.column("bucket_ts").to_numpy()
-    origin = int(bucket_ts[level == 0].min())
-    lod = SpanLod(origin, widths)
+    lod = SpanLod(stored.origin, stored.widths, dictionaries=dict(stored.dictionaries))
     tracks_of: dict[str, set[str]] = {}
     for k in keys:
         engine = canonical_engine(k.key[2]) or str(k.key[2])
         tracks_of.setdefault(engine, set()).add(k.key[1] or engine)
     split = sorted(e for e, names in tracks_of.items() if len(names) > 1)
-    engines = np.asarray([canonical_engine(e) or "" for e in engine_lod.column("engine").to_pylist()], object)
-    codes, values = _codes(engine_lod.column("opcode"))
-    opcode = _recode(lod, "opcode", codes, values)
     for engine in tracks_of:
-        if engine in split:
+        if engine in split or (engine,) not in stored.levels:
             continue
         key = next(k.key for k in keys if (canonical_engine(k.key[2]) or str(k.key[2])) == engine)
-        mine = engines == engine
-        levels = []
-        for lv in range(len(widths)):
-            sel = mine & (level == lv)
-            order = np.argsort(bucket_ts[sel], kind="stable")
-            part = {name: engine_lod.column(name).to_numpy()[sel][order].astype(np.int64)
-                    for name in ("bucket_ts", "start_ts", "end_ts", "id", "count")}
-            part["a:opcode"] = opcode[sel][order]
-            levels.append(part)
-        lod.levels[key] = levels
-        durations = levels[0]["end_ts"] - levels[0]["start_ts"]
-        lod.max_duration[key] = int(durations.max()) if durations.size else 0
+        lod.levels[key] = stored.levels[(engine,)]
+        lod.max_duration[key] = stored.max_duration[(engine,)]
     if split:
         source = TableSource(profile, spec.table)
         spellings = [k.key[2] for k in keys if (canonical_engine(k.key[2]) or str(k.key[2])) in split]
@@ -587,104 +415,128 @@ def quick_instruction_lod(profile: Profile, keys: Sequence[SpanKey], spec: SpanS
     return lod
 
 
-def _numbers(column: pa.ChunkedArray) -> np.ndarray:
-    return column.to_numpy().astype(np.int64, copy=False)
-
-
-def _longest_sorted(rows: dict[str, np.ndarray], bucket: np.ndarray) -> dict[str, np.ndarray]:
-    """One row per value of ``bucket`` (non-decreasing): the longest (ties: the larger id), counts
-    added -- in O(n) passes (``reduceat``), no sort, as the rows arrive sorted by bucket."""
-    n = bucket.size
-    if n == 0:
-        return {**rows, "b": bucket}
-    head = np.empty(n, bool)
-    head[0] = True
-    np.not_equal(bucket[1:], bucket[:-1], out=head[1:])
-    starts = np.flatnonzero(head)
-    rank = (rows["end_ts"] - rows["start_ts"]) * _TIE + rows["id"] % _TIE
-    best = np.maximum.reduceat(rank, starts)
-    group = np.cumsum(head) - 1
-    hits = np.flatnonzero(rank == best[group])
-    first = hits[np.r_[True, group[hits][1:] != group[hits][:-1]]]
-    out = {k: v[first] for k, v in rows.items()}
-    out["b"] = bucket[first]
-    out["count"] = np.add.reduceat(rows["count"], starts)
-    if "covered" in rows:
-        out["covered"] = np.add.reduceat(rows["covered"], starts)
-        out["reach"] = np.maximum.reduceat(rows["reach"], starts)
-    return out
-
-
 # -- the viewport --------------------------------------------------------------------------------
 
 
 class TrackViewport:
     """Window queries over one profile's span and counter tables, with one DuckDB connection and the
-    levels of detail kept between calls (a GUI holds one per open profile; calls are serialised)."""
+    levels of detail kept between calls. A viewer holds one per open profile and closes it.
+
+    Thread rules (a GUI's UI thread, its fetch thread and its level-of-detail thread share one):
+
+    * every public method may be called from any thread, concurrently;
+    * the DuckDB connection runs one statement at a time (``_con_lock``, held for each query and its
+      fetch); building a level of detail uses a connection of its own, outside every lock, so windows
+      are answered meanwhile;
+    * the remembered state -- levels of detail, row keys, longest events -- is read and replaced
+      only under ``_state_lock``, which is never held while a query or a build runs; a ``SpanLod``
+      is installed finished and never changed after, so a window computed from one needs no lock;
+    * one build per table at a time (``_build_locks``): a second caller waits for the first's result;
+      a full level of detail is never replaced by a quick one.
+    """
 
     def __init__(self, profile: Profile, *, memory_limit: str = "512MB") -> None:
         self.profile = profile
         self.con = sqlsource.connect(memory_limit=memory_limit)
-        self._lock = threading.Lock()
+        self._con_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._build_locks: dict[SpanSpec, threading.Lock] = {}
         self._lods: dict[SpanSpec, SpanLod | None] = {}
+        self._full: set[SpanSpec] = set()  # specs whose full level of detail is built
         self._longest: dict[SpanSpec, int] = {}
         self._keys: dict[SpanSpec, set[tuple[Any, ...]]] = {}
-        self._full: set[SpanSpec] = set()  # specs whose full level of detail is built
         self._key_list: dict[SpanSpec, list[SpanKey]] = {}
+        self._engines: SpanLod | None = None  # the stored InstructionLod, keyed by canonical engine
+        self._engines_loaded = False
         self._memory_limit = memory_limit
 
     def close(self) -> None:
-        with self._lock:
+        with self._con_lock:
             self.con.close()
 
     def _source(self, table: str) -> TableSource:
         return TableSource(self.profile, table)
 
+    def _query(self, sql: str) -> dict[str, Any]:
+        with self._con_lock:
+            result: dict[str, Any] = self.con.execute(sql).fetchnumpy()
+            return result
+
+    def _build_lock(self, spec: SpanSpec) -> threading.Lock:
+        with self._state_lock:
+            return self._build_locks.setdefault(spec, threading.Lock())
+
     # -- levels of detail --------------------------------------------------------------------
     def has_lod(self, spec: SpanSpec) -> bool:
-        return spec in self._lods
+        with self._state_lock:
+            return self._lods.get(spec) is not None or spec in self._full
 
     def lod(self, spec: SpanSpec) -> SpanLod | None:
-        """The table's level of detail, built on first use (``build_span_lod``; may take a while on a
-        large table -- call it from a background thread first if the caller must stay responsive)."""
-        if spec not in self._full:
+        """The table's full level of detail, built on first use (``build_span_lod``; may take a while
+        on a large table -- call it from a background thread first if the caller must stay
+        responsive)."""
+        with self._build_lock(spec):
+            with self._state_lock:
+                if spec in self._full:
+                    return self._lods[spec]
             built = build_span_lod(self.profile, spec, memory_limit=self._memory_limit)
-            self._lods[spec] = built
-            self._full.add(spec)
-            if built is not None:
-                self._longest[spec] = max(built.max_duration.values(), default=0)
-        return self._lods[spec]
+            with self._state_lock:
+                self._lods[spec] = built
+                self._full.add(spec)
+                if built is not None:
+                    self._longest[spec] = max(built.max_duration.values(), default=0)
+            return built
 
     def install_lod(self, spec: SpanSpec, lod: SpanLod) -> None:
-        """Use ``lod`` for ``spec`` until a full one is built (``quick_instruction_lod``)."""
-        self._lods[spec] = lod
-        self._longest.setdefault(spec, max(lod.max_duration.values(), default=0))
+        """Use ``lod`` for ``spec`` until a full one is built (a full one is never replaced)."""
+        with self._state_lock:
+            if spec in self._full:
+                return
+            self._lods[spec] = lod
+            self._longest.setdefault(spec, max(lod.max_duration.values(), default=0))
+
+    def install_quick_lod(self, spec: SpanSpec) -> bool:
+        """Install ``quick_instruction_lod`` for ``spec`` (an Instruction spec); False when the profile
+        cannot give one (no stored ``InstructionLod``, several physical cores)."""
+        quick = quick_instruction_lod(self.profile, self.span_keys(spec), spec,
+                                      memory_limit=self._memory_limit)
+        if quick is None:
+            return False
+        self.install_lod(spec, quick)
+        return True
 
     def has_full_lod(self, spec: SpanSpec) -> bool:
-        return spec in self._full
+        with self._state_lock:
+            return spec in self._full
+
+    def _current_lod(self, spec: SpanSpec) -> SpanLod | None:
+        with self._state_lock:
+            return self._lods.get(spec)
 
     def lod_serves(self, spec: SpanSpec, t0: int, t1: int, buckets: int) -> bool:
-        """True if a built level of detail answers this window (pixels wider than its finest bucket)."""
-        lod = self._lods.get(spec)
-        return lod is not None and (t1 - t0) / max(1, buckets) >= lod.finest * LOD_PER_PIXEL
+        """True if an installed level of detail answers this window (pixels at least ``LOD_PER_PIXEL``
+        finest buckets wide)."""
+        lod = self._current_lod(spec)
+        return lod is not None and lod.serves(t0, t1, buckets)
 
     # -- span rows ---------------------------------------------------------------------------
     def span_keys(self, spec: SpanSpec) -> list[SpanKey]:
         """Every row of the table: key, event count, first start and last end (one grouped scan, then
         remembered)."""
-        if spec in self._key_list:
-            return list(self._key_list[spec])
+        with self._state_lock:
+            known = self._key_list.get(spec)
+        if known is not None:
+            return list(known)
         source = self._source(spec.table)
         if not source.present:
             return []
         keys = _key_exprs(source, spec.keys)
         names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
-        with self._lock:
-            cols = self.con.execute(f"""
-                SELECT {names + ',' if names else ''} count(*) AS n, min(s) AS first, max(e) AS last
-                FROM (SELECT {', '.join(keys) + ',' if keys else ''} {source.col(spec.start)} AS s,
-                             {source.col(spec.end)} AS e FROM {source.relation()})
-                {'GROUP BY ALL' if names else ''}""").fetchnumpy()
+        cols = self._query(f"""
+            SELECT {names + ',' if names else ''} count(*) AS n, min(s) AS first, max(e) AS last
+            FROM (SELECT {', '.join(keys) + ',' if keys else ''} {source.col(spec.start)} AS s,
+                         {source.col(spec.end)} AS e FROM {source.relation()})
+            {'GROUP BY ALL' if names else ''}""")
         rows = len(cols["n"])
         found, inverse = _key_tuples(cols, len(spec.keys), rows)
         out = []
@@ -694,24 +546,28 @@ class TrackViewport:
                 continue
             out.append(SpanKey(tuple(_python(v) for v in key), int(cols["n"][r]), int(cols["first"][r]),
                                int(cols["last"][r])))
-        self._keys[spec] = {k.key for k in out}
-        self._key_list[spec] = sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
-        return list(self._key_list[spec])
+        ordered = sorted(out, key=lambda s: tuple((v is None, str(v)) for v in s.key))
+        with self._state_lock:
+            self._keys[spec] = {k.key for k in out}
+            self._key_list[spec] = ordered
+        return list(ordered)
 
     def span_windows(self, spec: SpanSpec, t0: int, t1: int, buckets: int = 2000,
                      keys: Iterable[tuple[Any, ...]] | None = None, where: str | None = None,
                      ) -> dict[tuple[Any, ...], SpanWindow]:
         """Events of ``spec`` overlapping [t0, t1), per key (all keys, or those in ``keys``), reduced
-        to the longest per pixel bucket. ``where`` (a SQL condition over the table's columns) keeps
-        only matching events -- for highlights -- and always reads the events (no LOD)."""
+        to the one of largest rank per pixel bucket. ``where`` (a SQL condition over the table's
+        columns) keeps only matching events -- for highlights -- and always reads the events (no LOD)."""
         t0, t1, buckets = int(t0), int(t1), max(1, int(buckets))
         if t1 <= t0:
             raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
         wanted = None if keys is None else [tuple(k) for k in keys]
-        if wanted is not None and spec in self._keys and self._keys[spec] <= set(wanted):
+        with self._state_lock:
+            known = self._keys.get(spec)
+            lod = self._lods.get(spec)
+        if wanted is not None and known is not None and known <= set(wanted):
             wanted = None  # every row is wanted: no per-row key test (an OR of key tuples costs 4x the scan)
-        lod = self._lods.get(spec)
-        if where is None and lod is not None and (t1 - t0) / buckets >= lod.finest * LOD_PER_PIXEL:
+        if where is None and lod is not None and lod.serves(t0, t1, buckets):
             out = {}
             for key in (wanted if wanted is not None else list(lod.levels)):
                 window = lod.window(key, t0, t1, buckets)
@@ -720,13 +576,71 @@ class TrackViewport:
             return out
         return self._raw_spans(spec, t0, t1, buckets, wanted, where)
 
+    def engine_window(self, engine: str, t0: int, t1: int, buckets: int = 2000) -> SpanWindow:
+        """Instructions of ``engine`` (a canonical engine in any spelling: all its timeline rows and
+        cores together; or a timeline row such as ``TensorMatrix``) overlapping [t0, t1), one per
+        pixel bucket. Zoomed out, from the stored ``InstructionLod`` (built from the events, once,
+        for a profile without one); zoomed in, from the events."""
+        t0, t1, buckets = int(t0), int(t1), max(1, int(buckets))
+        if t1 <= t0:
+            raise ValueError(f"empty window: t1 ({t1}) must be after t0 ({t0})")
+        name = canonical_engine(engine) or engine
+        if name in ENGINE_NAMES and engine.lower() not in TRACK_ONLY:
+            lod = self._engine_lod(t0, t1, buckets)
+            if lod is not None:
+                window = lod.window((name,), t0, t1, buckets)
+                if window is not None:
+                    return window
+            spec = INSTRUCTION_ENGINES
+            keys = [k.key for k in self.span_keys(spec) if (canonical_engine(k.key[0]) or "") == name]
+        else:
+            spec = INSTRUCTION_TRACKS
+            keys = [k.key for k in self.span_keys(spec) if k.key[1] == engine]
+        if not keys:
+            return empty_window("events", spec.attrs)
+        found = list(self._raw_spans(spec, t0, t1, buckets, keys, None).values())
+        return merge_windows(found) if found else empty_window("events", spec.attrs)
+
+    def _engine_lod(self, t0: int, t1: int, buckets: int) -> SpanLod | None:
+        """The stored ``InstructionLod`` as a level of detail keyed by canonical engine: loaded on first
+        use, or built from the events when the profile has none and this window is wide enough to
+        want it (then kept: one build per viewport)."""
+        with self._state_lock:
+            if self._engines_loaded:
+                return self._engines
+        if not self.profile.num_rows(LOD_TABLE):
+            meta = self.profile.metadata
+            first, last = meta.get("first_hw_timestamp"), meta.get("last_hw_timestamp")
+            if first is not None and last is not None and last > first:
+                _, widths = lod_geometry(first, last)
+                if (t1 - t0) / buckets < widths[0] * LOD_PER_PIXEL:
+                    return None  # zoomed in: the events answer; no build yet
+        with self._build_lock(INSTRUCTION_ENGINES):
+            with self._state_lock:
+                if self._engines_loaded:
+                    return self._engines
+            if self.profile.num_rows(LOD_TABLE):
+                table = self.profile.table(LOD_TABLE)
+            else:
+                table = build_lod(self.profile, memory_limit=self._memory_limit)
+            built = lod_from_table(table)
+            with self._state_lock:
+                self._engines, self._engines_loaded = built, True
+            return built
+
     def _longest_event(self, spec: SpanSpec, source: TableSource) -> int:
-        if spec not in self._longest:
-            start, end = source.col(spec.start), source.col(spec.end)
+        with self._state_lock:
+            known = self._longest.get(spec)
+        if known is not None:
+            return known
+        start, end = source.col(spec.start), source.col(spec.end)
+        with self._con_lock:
             rows = self.con.execute(f"SELECT max(({end}) - ({start})) FROM {source.relation()}").fetchall()
-            row = rows[0] if rows else None
-            self._longest[spec] = int(row[0] or 0) if row else 0
-        return self._longest[spec]
+        row = rows[0] if rows else None
+        longest = int(row[0] or 0) if row else 0
+        with self._state_lock:
+            self._longest.setdefault(spec, longest)
+            return self._longest[spec]
 
     def _raw_spans(self, spec: SpanSpec, t0: int, t1: int, buckets: int, wanted: list[tuple[Any, ...]] | None,
                    where: str | None) -> dict[tuple[Any, ...], SpanWindow]:
@@ -736,24 +650,23 @@ class TrackViewport:
         start, end = source.col(spec.start), source.col(spec.end)
         keys = _key_exprs(source, spec.keys)
         names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
-        rank = f"(({end}) - ({start})) * {_TIE} + ({source.col(spec.id)} % {_TIE})"
+        rank = rank_sql(f"({end}) - ({start})", source.col(spec.id))
         attrs = "".join(f", arg_max(a{i}, r) AS a{i}" for i in range(len(spec.attrs)))
         attr_cols = "".join(f", {source.col(a)} AS a{i}" for i, a in enumerate(spec.attrs))
-        with self._lock:
-            lookback = t0 - self._longest_event(spec, source)
-            condition = (f"{start} < {t1} AND {end} > {t0} AND {start} >= {lookback}"
-                         + _key_filter(source, spec.keys, wanted) + (f" AND ({where})" if where else ""))
-            cols = self.con.execute(f"""
-                SELECT {names + ',' if names else ''} b, arg_max(s, r) AS s, arg_max(e, r) AS e,
-                       arg_max(i, r) AS i, count(*) AS n {attrs},
-                       sum(least(e, {t0} + (b + 1) * {(t1 - t0) / buckets!r}) - greatest(s, {t0})) AS c,
-                       max(e) AS x
-                FROM (SELECT {', '.join(keys) + ',' if keys else ''}
-                             least({buckets - 1},
-                                   greatest(0, ({start} - {t0}) * {buckets} // {t1 - t0})) AS b,
-                             {start} AS s, {end} AS e, {source.col(spec.id)} AS i, {rank} AS r {attr_cols}
-                      FROM {source.relation()} WHERE {condition})
-                GROUP BY ALL ORDER BY b""").fetchnumpy()
+        lookback = t0 - self._longest_event(spec, source)
+        condition = (f"{start} < {t1} AND {end} > {t0} AND {start} >= {lookback}"
+                     + _key_filter(source, spec.keys, wanted) + (f" AND ({where})" if where else ""))
+        cols = self._query(f"""
+            SELECT {names + ',' if names else ''} b, arg_max(s, r) AS s, arg_max(e, r) AS e,
+                   arg_max(i, r) AS i, count(*) AS n {attrs},
+                   sum(least(e, {t0} + (b + 1) * {(t1 - t0) / buckets!r}) - greatest(s, {t0})) AS c,
+                   max(e) AS x
+            FROM (SELECT {', '.join(keys) + ',' if keys else ''}
+                         least({buckets - 1},
+                               greatest(0, ({start} - {t0}) * {buckets} // {t1 - t0})) AS b,
+                         {start} AS s, {end} AS e, {source.col(spec.id)} AS i, {rank} AS r {attr_cols}
+                  FROM {source.relation()} WHERE {condition})
+            GROUP BY ALL ORDER BY b""")
         rows = len(cols["b"])
         found, inverse = _key_tuples(cols, len(spec.keys), rows)
         out: dict[tuple[Any, ...], SpanWindow] = {}
@@ -777,7 +690,7 @@ class TrackViewport:
             return []
         keys = _key_exprs(source, spec.keys)
         names = ", ".join(f"k{i}" for i in range(len(spec.keys)))
-        with self._lock:
+        with self._con_lock:
             cols = self.con.execute(f"""
                 SELECT {names + ',' if names else ''} count(*) AS n
                 FROM (SELECT {', '.join(keys) + ',' if keys else ''} 1 AS one FROM {source.relation()})
@@ -809,7 +722,7 @@ class TrackViewport:
         lead = names + "," if names else ""
         key_cols = ", ".join(keys_sql) + "," if keys_sql else ""
         key_filter = _key_filter(source, spec.keys, wanted)
-        with self._lock:
+        with self._con_lock:
             cols = self.con.execute(f"""
                 SELECT {lead} b, min(v) AS lo, max(v) AS hi, arg_max(v, t) AS last, count(*) AS n,
                        arg_max(u, t) AS u
@@ -861,7 +774,7 @@ class TrackViewport:
             return None
         wanted = None if keys is None else [tuple(k) for k in keys]
         value = f"CAST({source.col(spec.value)} AS DOUBLE)"
-        with self._lock:
+        with self._con_lock:
             row = self.con.execute(f"SELECT min({value}), max({value}) FROM {source.relation()} "
                                    f"WHERE true {_key_filter(source, spec.keys, wanted)}").fetchall()[0]
         if row is None or row[0] is None:

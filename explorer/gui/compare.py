@@ -20,10 +20,20 @@ from dataclasses import dataclass
 from enum import Enum
 
 from explorer.gui.session import LoadedProfile
-from formats import units
-from formats.figures import Busy, Figures, from_summary
-from formats.schema import ENGINE_NAMES
-from formats.summary import summary_row
+from formats.read_api import (
+    ENGINE_NAMES,
+    UNKNOWN,
+    Busy,
+    Figures,
+    fmt_bytes,
+    fmt_count,
+    fmt_flops,
+    fmt_gbps,
+    fmt_ns,
+    fmt_pct,
+    from_summary,
+    summary_row,
+)
 
 
 class Unit(Enum):
@@ -95,18 +105,18 @@ def profile_figures(loaded: LoadedProfile) -> Figures:
 def format_value(value: float | None, unit: Unit) -> str:
     """One figure as every view prints it (``formats.units``)."""
     if value is None:
-        return units.UNKNOWN
+        return UNKNOWN
     if unit is Unit.TIME:
-        return units.fmt_ns(value)
+        return fmt_ns(value)
     if unit is Unit.FRACTION:
-        return units.fmt_pct(value, digits=2)
+        return fmt_pct(value, digits=2)
     if unit is Unit.BYTES:
-        return units.fmt_bytes(value)
+        return fmt_bytes(value)
     if unit is Unit.FLOPS:
-        return units.fmt_flops(value)
+        return fmt_flops(value)
     if unit is Unit.RATE:
-        return units.fmt_gbps(value)
-    return units.fmt_count(value)
+        return fmt_gbps(value)
+    return fmt_count(value)
 
 
 def figure_lines(figs: Figures) -> list[tuple[str, str]]:
@@ -159,13 +169,13 @@ def instance_note(a: LoadedProfile, b: LoadedProfile) -> str:
 def format_delta(row: DeltaRow) -> tuple[str, str]:
     """(B - A, B / A) as printed: percentage points for fractions."""
     if row.delta is None:
-        return units.UNKNOWN, units.UNKNOWN
+        return UNKNOWN, UNKNOWN
     sign = "+" if row.delta > 0 else "-" if row.delta < 0 else ""
     if row.unit is Unit.FRACTION:
         delta = f"{sign}{abs(row.delta) * 100:.2f} pp"
     else:
         delta = sign + format_value(abs(row.delta), row.unit)
-    ratio = units.UNKNOWN if row.ratio is None else f"×{row.ratio:.3f}"
+    ratio = UNKNOWN if row.ratio is None else f"×{row.ratio:.3f}"
     return delta, ratio
 
 

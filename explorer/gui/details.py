@@ -23,9 +23,7 @@ from typing import Any
 
 from explorer.gui.session import LoadedProfile
 from explorer.gui.timeaxis import format_ns
-from formats.sqlsource import TableSource
-from formats.text_lists import parse_ids
-from formats.units import fmt_bytes, fmt_gbps, fmt_pct
+from formats.read_api import TableSource, fmt_bytes, fmt_gbps, fmt_pct, parse_ids
 
 _WAIT_RE = re.compile(r"\$S\[(\d+)\]\s*(>=|>|==|<=|<)\s*(-?\d+)")
 # columns the details panel shows in its own lines above the rest (which follow in schema order)

@@ -17,9 +17,9 @@ Per table and profile, one query answers every visible row (``formats.tracks`` g
 frame costs one DuckDB call per table, not per row. Instruction rows are answered, in order of
 preference, by the track level of detail (built in the background after opening), by the events
 themselves when the window is narrow enough to read them quickly, or -- while the level of detail is
-still building -- by the profile's precomputed ``InstructionLod`` through ``formats.viewport`` for
-engines that have a single row. A row none of these can answer yet is ``pending``: the timeline
-keeps what it drew last for it.
+still building -- by the profile's stored ``InstructionLod`` (``TrackViewport.engine_window``, the
+same level-of-detail rule) for engines that have a single row. A row none of these can answer yet
+is ``pending``: the timeline keeps what it drew last for it.
 
 Highlights (search results, a hierarchy node, source lines) are a SQL condition over the Instruction
 table; matching events are fetched the same way with the condition applied (always from the events,
@@ -38,7 +38,7 @@ import numpy as np
 
 from explorer.gui.rows import CC, COUNTER, DMA, INSTRUCTION, Row
 from explorer.gui.session import LoadedProfile, Session
-from formats.tracks import CounterSpec, CounterWindow, SpanSpec, SpanWindow, merge_windows
+from formats.read_api import CounterSpec, CounterWindow, SpanSpec, SpanWindow, merge_windows
 
 RAW_ROWS_LIMIT = 3_000_000  # read the events directly when the window holds about this many at most
 MAX_PRIMITIVES = 50_000  # events drawn per frame at most, whatever the zoom
@@ -173,19 +173,10 @@ def _estimated_rows(loaded: LoadedProfile, spec: SpanSpec, t0: int, t1: int) -> 
 
 
 def _engine_lod_window(loaded: LoadedProfile, row: Row, t0: int, t1: int, buckets: int) -> SpanWindow | None:
-    """The precomputed InstructionLod's window for a row that is a whole engine (interim path)."""
-    if loaded.viewport is None or row.engine is None or not loaded.profile.num_rows("InstructionLod"):
+    """The stored InstructionLod's window for a row that is a whole engine (interim path)."""
+    if loaded.tracks is None or row.engine is None or not loaded.profile.num_rows("InstructionLod"):
         return None
-    window = loaded.viewport.engine_window(row.engine, t0, t1, buckets)
-    return SpanWindow(
-        window.bucket,
-        window.start_ts,
-        window.end_ts,
-        window.id,
-        window.count,
-        {"opcode": np.asarray(window.opcode, dtype=object)},
-        window.source,
-    )
+    return loaded.tracks.engine_window(row.engine, t0, t1, buckets)
 
 
 def _single_track_engines(rows: Sequence[Row]) -> set[tuple[int, str]]:

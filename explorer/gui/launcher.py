@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if absent:  # Qt would print a paragraph and abort the process: one line and exit 2 instead
             return _error(platformcheck.xcb_error(absent))
     from explorer.gui.session import SessionError
-    from formats.reader import ProfileError
+    from formats.read_api import ProfileError
 
     try:
         app = application()

@@ -544,7 +544,7 @@ class MainWindow(QMainWindow):
         """Open ``paths`` in a new window (this one stays); a path that does not open is reported in
         the status bar and a message box, not raised."""
         from explorer.gui.session import SessionError, open_session
-        from formats.reader import ProfileError
+        from formats.read_api import ProfileError
 
         try:
             session = open_session(list(paths))
@@ -628,7 +628,7 @@ class ShortcutsDialog(QDialog):
 def _summary_lines(loaded: Any) -> list[tuple[str, str]]:
     """The focus profile's whole-execution figures (``formats.figures``, from its Summary row)."""
     from explorer.gui.compare import figure_lines, profile_figures
-    from formats.units import fmt_count
+    from formats.read_api import fmt_count
 
     lines = [
         ("profile", loaded.label + ("  [INCOMPLETE capture]" if loaded.incomplete else "")),
@@ -639,7 +639,7 @@ def _summary_lines(loaded: Any) -> list[tuple[str, str]]:
 
 
 def _time_range(loaded: Any, where: str) -> tuple[int, int] | None:
-    from formats.sqlsource import TableSource
+    from formats.read_api import TableSource
 
     source = TableSource(loaded.profile, "Instruction")
     found = loaded.queries.rows(

@@ -26,7 +26,7 @@ import numpy as np
 from explorer.gui import colors
 from explorer.gui.frames import FrameData
 from explorer.gui.rows import COUNTER, HEADER, Row
-from formats.tracks import CounterWindow, SpanWindow
+from formats.read_api import CounterWindow, SpanWindow
 
 LABEL_MIN_PX = 48  # events at least this wide get their name written on them
 MAX_LABELS = 400

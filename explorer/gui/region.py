@@ -24,10 +24,7 @@ from dataclasses import dataclass, field
 
 from explorer.gui.rows import INSTRUCTION, Row
 from explorer.gui.session import LoadedProfile
-from formats import figures as figs
-from formats.figures import Busy, Figures, Window
-from formats.sqlsource import TableSource
-from formats.tracks import key_condition
+from formats.read_api import Busy, Figures, TableSource, Window, figures, key_condition, row_busy
 
 TENSOR_UNION = "Tensor engine (both rows)"
 
@@ -84,16 +81,16 @@ def region_summary(loaded: LoadedProfile, rows: Sequence[Row], t0: int, t1: int)
     with queries.lock:
         con = queries.con
         for row in instr_rows:
-            busy = figs.row_busy(
+            busy = row_busy(
                 loaded.profile, window, tracks=[row.label], pcore=row.pcore or 0, label=row.shown, con=con
             )
             summary.busy.append(busy)
         tensor_cores = sorted({r.pcore or 0 for r in instr_rows if r.engine == "Tensor"})
         for pcore in tensor_cores:
             label = TENSOR_UNION if len(tensor_cores) == 1 else f"{TENSOR_UNION}, pcore {pcore}"
-            summary.busy.append(figs.row_busy(loaded.profile, window, engines=["Tensor"], pcore=pcore,
+            summary.busy.append(row_busy(loaded.profile, window, engines=["Tensor"], pcore=pcore,
                                               label=label, con=con))
-        summary.device = figs.figures(loaded.profile, window, con)
+        summary.device = figures(loaded.profile, window, con)
     source = TableSource(loaded.profile, "Instruction")
     if source.present and instr_rows:
         condition = _instruction_condition(source, instr_rows)
@@ -124,7 +121,7 @@ def _longest(loaded: LoadedProfile) -> int:
 def as_text(summary: RegionSummary, origin: int = 0) -> list[tuple[str, str]]:
     """The summary as (name, value) lines (the panel and the clipboard), printed by ``formats.units``."""
     from explorer.gui.compare import figure_lines
-    from formats.units import fmt_count, fmt_ns, fmt_pct
+    from formats.read_api import fmt_count, fmt_ns, fmt_pct
 
     lines = [
         (

@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from explorer.gui.qt_tables import fill_table, make_table
 from explorer.gui.region import RegionSummary, as_text
-from formats.units import fmt_count, fmt_ns, fmt_pct
+from formats.read_api import fmt_count, fmt_ns, fmt_pct
 
 
 class RegionPanel(QWidget):

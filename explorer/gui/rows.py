@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from explorer.gui.session import LoadedProfile, Session
-from formats.schema import ENGINE_NAMES, canonical_engine
-from formats.tracks import (
+from formats.read_api import (
     CC_STREAMS,
     DMA_QUEUES,
     DMA_THROUGHPUT,
     ENGINE_ACTIVE,
+    ENGINE_NAMES,
     HBM_THROUGHPUT,
     INSTRUCTION_TRACKS,
     NEURONLINK_THROUGHPUT,
@@ -32,6 +32,7 @@ from formats.tracks import (
     SBUF_USAGE,
     CounterSpec,
     SpanSpec,
+    canonical_engine,
 )
 
 HEADER, INSTRUCTION, DMA, CC, COUNTER = "header", "instruction", "dma", "cc", "counter"
@@ -185,7 +186,7 @@ def _channel_labels(loaded: LoadedProfile) -> dict[int, tuple[str, int]]:
 
 
 def _relation(loaded: LoadedProfile, table: str) -> str:
-    from formats.sqlsource import TableSource
+    from formats.read_api import TableSource
 
     return TableSource(loaded.profile, table).relation()
 

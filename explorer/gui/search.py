@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from explorer.gui.session import LoadedProfile
-from formats.sqlsource import TableSource, literal
+from formats.read_api import TableSource, literal
 
 FIELDS = {
     "opcode": "opcode",

@@ -23,12 +23,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from formats import sqlsource
-from formats.dataset import ProfileEntry, capture_state, find_profiles, in_incomplete_capture
-from formats.reader import Profile, ProfileError, ProfileWarning, open_profile, profile_from_files
-from formats.schema import table_of_file
-from formats.tracks import TrackViewport
-from formats.viewport import Viewport
+from formats.read_api import (
+    Profile,
+    ProfileEntry,
+    ProfileError,
+    ProfileWarning,
+    TrackViewport,
+    capture_state,
+    connect,
+    find_profiles,
+    in_incomplete_capture,
+    open_profile,
+    profile_from_files,
+    table_of_file,
+)
 
 
 class SessionError(Exception):
@@ -48,7 +56,6 @@ class LoadedProfile:
     origin: int
     notes: list[str] = field(default_factory=list)
     tracks: TrackViewport | None = None
-    viewport: Viewport | None = None
     queries: Any = None  # a QueryConnection (formats.sqlsource connection + lock), set by open_session
 
     incomplete: bool = False  # an interrupted capture (``formats.dataset.capture_state``, or a folder above)
@@ -69,10 +76,10 @@ class LoadedProfile:
     def close(self) -> None:
         """Close the connections and drop them (DuckDB objects left alive at exit are reported as
         leaks by its bindings)."""
-        for closable in (self.tracks, self.viewport, self.queries):
+        for closable in (self.tracks, self.queries):
             if closable is not None:
                 closable.close()
-        self.tracks = self.viewport = self.queries = None
+        self.tracks = self.queries = None
 
 
 class QueryConnection:
@@ -82,7 +89,7 @@ class QueryConnection:
     def __init__(self, memory_limit: str = "512MB") -> None:
         import threading
 
-        self.con = sqlsource.connect(memory_limit=memory_limit)
+        self.con = connect(memory_limit=memory_limit)
         self.lock = threading.Lock()
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -247,7 +254,6 @@ def open_session(paths: Sequence[str | os.PathLike[str]], *, connect: bool = Tru
         banner += item.notes
         if connect:
             item.tracks = TrackViewport(item.profile)
-            item.viewport = Viewport(item.profile)
             item.queries = QueryConnection()
     title = ", ".join(str(Path(p)) for p in paths)
     return Session(loaded, banner, title)

@@ -20,10 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from explorer.gui.session import LoadedProfile
-from formats.source_access import SourceAccess, SourceStatus
-from formats.source_access import read_source as read_source_text
-from formats.sqlsource import TableSource, literal
-from formats.text_lists import parse_ids
+from formats.read_api import SourceAccess, SourceStatus, TableSource, literal, parse_ids
+from formats.read_api import read_source as read_source_text
 
 
 @dataclass
@@ -95,7 +93,7 @@ def _reconcile(loaded: LoadedProfile, out: SourceTimes) -> None:
     under the line -- the same intervals the tree's op and layer times use, so a line that calls the
     MLP shows the MLP nodes' time (a sum of instruction durations counted overlaps twice and left
     out the ops' DMA). Which lines there are, and the stacks behind them, stay as read above."""
-    from formats.attribution import attribute
+    from formats.read_api import attribute
 
     if not out.lines:
         return

@@ -32,7 +32,7 @@ from PySide6.QtCore import QObject, Signal
 from explorer.gui.frames import FrameData, FrameRequest, fetch_frame
 from explorer.gui.rows import Row
 from explorer.gui.session import Session
-from formats.tracks import SpanSpec, quick_instruction_lod
+from formats.read_api import SpanSpec
 
 
 def _one_line(exc: BaseException) -> str:
@@ -147,12 +147,11 @@ class FrameFetcher(QObject):
             if spec.table != "Instruction" or loaded.tracks is None or self.stopped:
                 continue
             try:
-                quick = quick_instruction_lod(loaded.profile, loaded.tracks.span_keys(spec))
+                installed = loaded.tracks.install_quick_lod(spec)
             except Exception as exc:  # the full build below still runs
                 self._emit_failed(f"quick level of detail not built: {_one_line(exc)}")
                 continue
-            if quick is not None:
-                loaded.tracks.install_lod(spec, quick)
+            if installed:
                 quick_done.append((p, spec))
                 self._lod_built((p, spec))
                 with contextlib.suppress(RuntimeError):

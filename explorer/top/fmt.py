@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from formats.units import fmt_bytes, fmt_rate, percent_cell
+from formats.read_api import fmt_bytes, fmt_rate, percent_cell
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -6,7 +6,7 @@
 ``data`` answers queries as immutable snapshots (``view_model``) in worker threads; ``viewer_app`` draws them.
 The pieces: ``hierarchy`` (layer -> op tree from the hierarchy tables and the Instruction scan),
 ``code_links`` (stack frames -> lines, --source-root lookup), ``problems`` (rule-based findings),
-``engine_strip`` (engine occupancy strip on formats.viewport), ``summary_figures``/``text`` (formatting),
+``engine_strip`` (engine occupancy strip, exact: ``busy_rows``), ``summary_figures``/``text`` (formatting),
 ``treetable``/``panes`` (widgets), ``view_command`` (the ``view`` subcommand).
 
 Nothing is imported here eagerly: ``neuron-profile`` imports ``explorer.viewer.view_command`` for every

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from explorer.viewer.text import fmt_ns
 from explorer.viewer.view_model import Hierarchy, Node, NodeStats, frozen_map
-from formats.attribution import module_kind
+from formats.read_api import module_kind
 
 _OP_NUMBER = re.compile(r"\.\d+$")  # as formats.findings strips it
 KIND_PREFIX = "K:"

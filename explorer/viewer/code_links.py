@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from explorer.viewer.view_model import Line, LineStat, SourceIndex, frozen_map
-from formats.text_lists import parse_ids
+from formats.read_api import parse_ids
 
 
 class Frames:

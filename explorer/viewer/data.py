@@ -43,13 +43,18 @@ from explorer.viewer.view_model import (
     SourceIndex,
     frozen_map,
 )
-from formats import sqlsource
-from formats.attribution import Attribution
-from formats.dataset import capture_state
-from formats.hierarchy_read import load_hierarchy
-from formats.reader import Profile, ProfileError
-from formats.source_access import SourceAccess, read_source
-from formats.sqlsource import TableSource, literal
+from formats.read_api import (
+    Attribution,
+    Profile,
+    ProfileError,
+    SourceAccess,
+    TableSource,
+    capture_state,
+    connect,
+    literal,
+    load_hierarchy,
+    read_source,
+)
 
 PAGE = 100
 FEATURES = (  # (table, what the viewer loses without it) -- for the "missing" lines
@@ -71,7 +76,7 @@ class ProfileData:
         self.source_root = source_root
         self.access = SourceAccess.for_profile(profile.metadata, source_root)
         self.instr = TableSource(profile, "Instruction")
-        self.con = sqlsource.connect(memory_limit="1GB")
+        self.con = connect(memory_limit="1GB")
         self._lock = threading.Lock()
         self._summary: dict[str, Any] | None = None
         self._tensor_split: bool | None = None
@@ -109,7 +114,7 @@ class ProfileData:
 
     # -- overview --------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        from formats.summary import summary_row
+        from formats.read_api import summary_row
 
         if self._summary is None:
             self._summary = (
@@ -216,9 +221,7 @@ class ProfileData:
             available,
             "" if builder.lines else "no source lines: the profile has no stack frames or source locations",
         )
-        from formats.attribution import attribute
-        from formats.figures import from_summary
-        from formats.findings import find
+        from formats.read_api import attribute, find, from_summary
 
         attribution = attribute(self.profile)  # the figures' op/layer/line/kind times (one definition)
         index = self._line_times(index, attribution)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from explorer.viewer.bottomup import KIND_PREFIX
 from explorer.viewer.view_model import Hierarchy, Problem
-from formats.findings import Finding
+from formats.read_api import Finding
 
 
 def from_findings(found: Sequence[Finding], hierarchy: Hierarchy) -> tuple[Problem, ...]:

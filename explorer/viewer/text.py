@@ -7,7 +7,7 @@ Kept as a module so the viewer's imports stay as they were; new code imports ``f
 
 from __future__ import annotations
 
-from formats.units import UNKNOWN, fmt_bytes, fmt_count, fmt_ns, fmt_pct
+from formats.read_api import UNKNOWN, fmt_bytes, fmt_count, fmt_ns, fmt_pct
 
 __all__ = ["UNKNOWN", "ellipsize", "fmt_bytes", "fmt_count", "fmt_ns", "fmt_pct"]
 

@@ -16,9 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from formats.dataset import find_profiles
 from formats.profile_commands import EXIT_OK, ViewOutputCommand
-from formats.reader import ProfileError, open_profile
+from formats.read_api import ProfileError, find_profiles, open_profile
 
 
 class ViewCommand(ViewOutputCommand):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from formats.source_access import SourceText as SourceFile  # noqa: F401  (one file as a pane shows it)
+from formats.read_api import SourceText as SourceFile  # noqa: F401  (one file as a pane shows it)
 
 ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd", "Sync")
 ENGINE_SHORT = ("T", "V", "S", "G", "Y")  # column headers: Y = sYnc (S is Scalar)
@@ -152,7 +152,7 @@ class Analysis:
 @dataclass(frozen=True)
 class StripRow:
     engine: str  # the row's label: an engine, "Tensor∪" (both PE rows), or one of the PE rows
-    occupancy: tuple[float, ...]  # per cell, busy fraction of the cell (exact: formats.coverage)
+    occupancy: tuple[float, ...]  # per cell, busy fraction of the cell (exact: busy_rows)
     busy: float  # over the whole strip (formats.figures' busy fraction of the range)
     top_opcode: str
     detail: bool = False  # one of the Tensor engine's two rows under its union (dropped when short)

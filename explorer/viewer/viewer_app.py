@@ -31,9 +31,7 @@ from explorer.viewer.data import ProfileData
 from explorer.viewer.panes import SourcePane, SummaryPane, TimelineStrip
 from explorer.viewer.treetable import HierarchyTable, flatten
 from explorer.viewer.view_model import Analysis, EngineStrip, Hierarchy, Node, Overview, Problem, SourceFile
-from formats.dataset import ProfileEntry
-from formats.reader import open_profile
-from formats.source_access import SourceStatus
+from formats.read_api import ProfileEntry, SourceStatus, open_profile
 
 HELP = """\
 [b]neuron-profile view[/b] — keys

@@ -1,13 +1,21 @@
-"""formats.coverage: exact busy fraction per bucket, agreeing with formats.figures' busy figures."""
+"""Busy time per bucket (``formats.figures.busy_rows`` over ``covered_per_bucket`` over
+``busy_per_bucket``): exact, agreeing with the busy figures over the same window."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from formats.coverage import RowSelect, busy_buckets, covered_per_bucket
 from formats.dataset import find_profiles
-from formats.figures import Window, engine_busy, track_busy
+from formats.figures import (
+    RowSelect,
+    Window,
+    busiest_opcodes,
+    busy_rows,
+    covered_per_bucket,
+    engine_busy,
+    track_busy,
+)
 from formats.reader import open_profile
 from tests.fixtures.samples import BERT, LLAMA_TP2
 
@@ -35,7 +43,9 @@ def test_buckets_add_up_to_the_figures_busy_time(path) -> None:  # type: ignore[
     for t0, t1 in ((first, last), (first + (last - first) // 3, first + (last - first) // 2)):
         rows = [RowSelect("Tensor", engines=("Tensor",)), RowSelect("LS", tracks=("Tensor",)),
                 RowSelect("MM", tracks=("TensorMatrix",)), RowSelect("Vector", engines=("Vector",))]
-        cov = busy_buckets(profile, t0, t1, 97, rows)
+        cov = {k: b.fraction for k, b in busy_rows(profile, t0, t1, 97, rows, use_active_time=False).items()}
+        stored = busy_rows(profile, t0, t1, 97, rows)  # whole-engine rows from ActiveTime: the same union
+        np.testing.assert_allclose(stored["Tensor"].fraction, cov["Tensor"], atol=1e-9)
         window = Window.span(t0, t1)
         engines, tracks = engine_busy(profile, window), track_busy(profile, window)
         assert cov["Tensor"].mean() == pytest.approx(engines["Tensor"].fraction, abs=1e-9)
@@ -46,8 +56,6 @@ def test_buckets_add_up_to_the_figures_busy_time(path) -> None:  # type: ignore[
 
 
 def test_busiest_opcode_per_row() -> None:
-    from formats.coverage import busiest_opcodes
-
     profile = open_profile(find_profiles(BERT)[0][0].path)
     t0, t1 = profile.metadata["first_hw_timestamp"], profile.metadata["last_hw_timestamp"]
     top = busiest_opcodes(profile, t0, t1, [RowSelect("LS", tracks=("Tensor",)),

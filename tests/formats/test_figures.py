@@ -171,8 +171,6 @@ def test_busy_buckets_show_how_busy_each_pixel_is(tiny) -> None:
 def test_two_physical_cores_add_up_in_every_busy_figure(tmp_path: Path) -> None:
     import numpy as np
 
-    from formats.coverage import RowSelect
-    from formats.coverage import busy_buckets as coverage_buckets
     from tests.fixtures.hand_profiles import filled, write_profile
 
     tables = {"Instruction": filled("Instruction", {
@@ -192,5 +190,6 @@ def test_two_physical_cores_add_up_in_every_busy_figure(tmp_path: Path) -> None:
         b = F.busy_buckets(profile, 0, 1000, 10, engines=["Tensor"], use_active_time=use_active_time)
         assert b.busy_ns.tolist() == [200.0, 0.0, 100.0] + [0.0] * 7, b.source
     assert F.busy_buckets(profile, 0, 1000, 10, engines=["Tensor"], pcore=0).busy_ns.sum() == 100
-    cov = coverage_buckets(profile, 0, 1000, 10, [RowSelect("t", engines=("Tensor",))])["t"]
-    assert cov.mean() == pytest.approx(F.engine_busy(profile, w)["Tensor"].fraction)
+    rows = [F.RowSelect("t", engines=("Tensor",))]
+    cov = F.busy_rows(profile, 0, 1000, 10, rows, use_active_time=False)["t"]
+    assert cov.fraction.mean() == pytest.approx(F.engine_busy(profile, w)["Tensor"].fraction)

@@ -1,4 +1,5 @@
-"""``formats.tracks``: span windows (raw and LOD) against brute force, counters' min/max, keys."""
+"""``formats.tracks`` over ``formats.lod``: span windows (raw and LOD) against brute force, counters' min/max,
+keys, the one tie-break rule, and the viewport's thread rules."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from formats import lod as lods
 from formats import tracks
+from formats.figures import busy_per_bucket
 from formats.reader import open_profile
 from formats.sqlsource import TableSource
 from formats.writer import ProfileWriter
@@ -65,7 +68,7 @@ def test_lod_agrees_with_the_events_when_zoomed_out(llama: tracks.TrackViewport)
     last = int(llama.profile.metadata["last_hw_timestamp"])
     raw = llama.span_windows(spec, first, last, 50)
     lod = llama.lod(spec)
-    assert lod is not None and lod.finest * tracks.LOD_PER_PIXEL <= (last - first) / 50
+    assert lod is not None and lod.finest * lods.LOD_PER_PIXEL <= (last - first) / 50
     assert llama.lod_serves(spec, first, last, 50)
     served = llama.span_windows(spec, first, last, 50)
     assert set(served) == set(raw)
@@ -86,9 +89,9 @@ def test_lod_built_in_slices_equals_one_pass(tmp_path: Path) -> None:
         for a, b in zip(levels, sliced.levels[key]):
             for name in ("bucket_ts", "start_ts", "end_ts", "id", "count"):
                 assert np.array_equal(a[name], b[name]), name
-    assert tracks.lod_buckets(10) == tracks.LOD_BUCKETS
-    assert tracks.lod_buckets(10**10) == tracks.LOD_MAX_BUCKETS
-    assert tracks.LOD_BUCKETS < tracks.lod_buckets(2 * 10**6) < tracks.LOD_MAX_BUCKETS
+    assert lods.lod_buckets(10) == lods.LOD_BUCKETS
+    assert lods.lod_buckets(10**10) == lods.LOD_MAX_BUCKETS
+    assert lods.LOD_BUCKETS < lods.lod_buckets(2 * 10**6) < lods.LOD_MAX_BUCKETS
 
 
 def _many_row_groups(path: Path) -> Path:
@@ -306,21 +309,143 @@ def test_merged_windows_keep_busy_time() -> None:
 def test_busy_per_bucket_spreads_coarse_buckets_and_run_ons() -> None:
     # a 4 ns bucket at 6 with 2 ns covered straddles pixels [0, 8) and [8, 16); one at 16 holds an
     # event running to 40
-    busy = tracks.busy_per_bucket(np.array([6, 16]), 4, np.array([2, 4]), np.array([10, 40]), 0, 48, 6)
+    busy = busy_per_bucket(np.array([6, 16]), 4, np.array([2, 4]), np.array([10, 40]), 0, 48, 6)
     np.testing.assert_allclose(busy, [1 / 8, 1 / 8, 1.0, 1.0, 1.0, 0.0])
 
 
 def test_busy_per_pixel_is_the_row_busy_figure(llama: tracks.TrackViewport) -> None:
     """The timeline's busy bars show ``formats.figures``' row busy with the pixel as the window
     (computed here from the windows' own aggregates, there by sweeping the instructions)."""
-    from formats.coverage import RowSelect, busy_buckets
+    from formats.figures import RowSelect, busy_rows
 
     table = llama.profile.table("Instruction", ["start_ts", "end_ts"])
     start, end = table.column("start_ts").to_numpy(), table.column("end_ts").to_numpy()
     t0, t1, buckets = int(start.min()) + 1234, int(end.max()) - 999, 700
     windows = llama.span_windows(tracks.INSTRUCTION_TRACKS, t0, t1, buckets)
     rows = [RowSelect(str(key[1]), tracks=(str(key[1]),)) for key in windows]
-    expected = busy_buckets(llama.profile, t0, t1, buckets, rows)
+    expected = busy_rows(llama.profile, t0, t1, buckets, rows)
     for key, window in windows.items():
         assert window.source == "events"
-        np.testing.assert_allclose(window.busy, expected[str(key[1])], atol=1e-9, err_msg=str(key))
+        np.testing.assert_allclose(window.busy, expected[str(key[1])].fraction, atol=1e-9, err_msg=str(key))
+
+
+# -- one tie-break rule ----------------------------------------------------------------------------
+
+
+def _ties_profile(path: Path) -> Path:
+    """Per 1000 ns, two Vector instructions with the same start and end (ids 3k, written first, and
+    3k+1) and a shorter one (3k+2): every reader must draw 3k+1 (``formats.lod.rank``: the longest,
+    ties to the larger id), whatever the row order."""
+    n = 3000
+    base = np.arange(n, dtype=np.int64) * 1000
+    start = np.stack([base, base, base + 500], axis=1).reshape(-1)
+    end = np.stack([base + 300, base + 300, base + 600], axis=1).reshape(-1)
+    ids = np.arange(3 * n, dtype=np.int64)
+    m = start.size
+    with ProfileWriter(path, HW) as writer:
+        writer.write("Instruction", {
+            "start_ts": start, "end_ts": end, "duration_ns": end - start,
+            "engine": pa.array(["Vector"] * m), "timeline_track": pa.array(["Vector"] * m),
+            "opcode": pa.array(["TENSOR_COPY"] * m), "operands": pa.array([""] * m),
+            "id": ids, "pc": ids, "bir_id": pa.array(["sg0000:0"] * m),
+        })
+    return path
+
+
+def test_every_reader_breaks_ties_to_the_larger_id(tmp_path: Path) -> None:
+    profile = open_profile(_ties_profile(tmp_path / "ties"))
+    losers = set((np.arange(3000) * 3).tolist())  # as long as 3k+1, same start, smaller id
+    view = tracks.TrackViewport(profile)
+    t1 = 3000 * 1000
+    raw = view.span_windows(tracks.INSTRUCTION_TRACKS, 0, t1, 3000)  # a pixel per period
+    assert {w.source for w in raw.values()} == {"events"}
+    assert set(next(iter(raw.values())).id.tolist()) == set((np.arange(3000) * 3 + 1).tolist())
+    built = view.lod(tracks.INSTRUCTION_TRACKS)
+    stored = lods.lod_from_table(lods.build_lod(profile))  # what a capture's close writes
+    assert built is not None and stored is not None
+    for lod in (built, stored):
+        for level in next(iter(lod.levels.values())):
+            assert level["id"].size and not set(level["id"].tolist()) & losers
+    wide = view.engine_window("Vector", 0, t1, 30)  # from the (built) stored table
+    assert wide.source.startswith("lod level") and not set(wide.id.tolist()) & losers
+    assert int(wide.count.sum()) == 9000
+    merged = tracks.merge_windows([raw[k] for k in raw] * 2)  # merging picks by the same rank
+    assert not set(merged.id.tolist()) & losers
+    # the rank in NumPy and in SQL is one rule
+    assert lods.rank(np.array([300, 300]), np.array([7, 9])).argmax() == 1
+    assert f"* {lods.TIE}" in lods.rank_sql("d", "i")
+    view.close()
+
+
+# -- thread rules ----------------------------------------------------------------------------------
+
+
+def test_one_viewport_answers_many_threads_at_once(llama: tracks.TrackViewport) -> None:
+    """A UI thread, a fetch thread and a level-of-detail thread share one ``TrackViewport``: windows,
+    keys, counters and LOD builds run concurrently and answer what one thread alone gets."""
+    import threading
+
+    profile = llama.profile
+    first = int(profile.metadata["first_hw_timestamp"])
+    last = int(profile.metadata["last_hw_timestamp"])
+    windows = [(first, last, 50), (first + (last - first) // 3, first + (last - first) // 2, 700),
+               (first + 1000, first + 40_000, 300)]
+
+    def snapshot(view: tracks.TrackViewport) -> list[object]:
+        out: list[object] = []
+        for spec in (tracks.INSTRUCTION_TRACKS, tracks.DMA_QUEUES):
+            out.append([k.key for k in view.span_keys(spec)])
+            for t0, t1, n in windows:
+                for key, w in sorted(view.span_windows(spec, t0, t1, n).items(), key=lambda kv: str(kv[0])):
+                    out.append((key, w.source.split(" ")[0], w.bucket.tolist(), w.id.tolist(),
+                                int(w.count.sum())))
+        for t0, t1, n in windows:
+            w = view.engine_window("Tensor", t0, t1, n)
+            out.append((w.source.split(" ")[0], w.id.tolist()))
+            counters = view.counter_windows(tracks.HBM_THROUGHPUT, t0, t1, n)
+            out.append({k: c.high.tolist() for k, c in counters.items()})
+        return out
+
+    reference_view = tracks.TrackViewport(profile)
+    reference_view.lod(tracks.INSTRUCTION_TRACKS)
+    reference_view.lod(tracks.DMA_QUEUES)
+    reference = snapshot(reference_view)
+    reference_view.close()
+
+    shared = tracks.TrackViewport(profile)
+    errors: list[BaseException] = []
+    results: list[list[object]] = []
+    start = threading.Barrier(6)
+
+    def run(job: object) -> None:
+        try:
+            start.wait()
+            assert callable(job)
+            job()
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    def builder(spec: tracks.SpanSpec) -> object:
+        return lambda: shared.lod(spec)
+
+    def reader() -> None:
+        for _ in range(2):
+            snapshot(shared)
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in
+               (builder(tracks.INSTRUCTION_TRACKS), builder(tracks.DMA_QUEUES),
+                builder(tracks.INSTRUCTION_TRACKS),
+                lambda: shared.install_quick_lod(tracks.INSTRUCTION_TRACKS), reader, reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors[0]
+    assert shared.has_full_lod(tracks.INSTRUCTION_TRACKS) and shared.has_full_lod(tracks.DMA_QUEUES)
+    results.append(snapshot(shared))  # full LODs in place: exactly what one thread alone answers
+    assert results[0] == reference
+    shared.install_lod(tracks.INSTRUCTION_TRACKS, tracks.quick_instruction_lod(
+        profile, shared.span_keys(tracks.INSTRUCTION_TRACKS)) or tracks.SpanLod(0, [1]))
+    assert shared.lod(tracks.INSTRUCTION_TRACKS) is not None
+    assert snapshot(shared) == reference  # a full level of detail is never replaced by a quick one
+    shared.close()

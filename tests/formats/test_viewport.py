@@ -1,4 +1,5 @@
-"""``engine_window`` (longest event per pixel bucket) and the interval unions behind the summary."""
+"""``TrackViewport.engine_window`` (one engine, longest event per pixel bucket, from the events or the
+stored ``InstructionLod``) and the interval unions behind the summary."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from formats import viewport
+from formats import lod as lods
 from formats.intervals import UnionAccumulator, time_slices
 from formats.reader import open_profile
+from formats.tracks import INSTRUCTION_ENGINES, TrackViewport
 from formats.writer import ProfileWriter
 from tests.fixtures.hand_profiles import HW
 from tests.fixtures.recorded import Recorded
@@ -37,12 +39,12 @@ def test_raw_window_is_the_longest_per_bucket(recorded: Recorded, buckets: int) 
     vector = instr.filter(pc.equal(instr.column("engine"), "Vector"))
     start, end = vector.column("start_ts").to_numpy(), vector.column("end_ts").to_numpy()
     t0, t1 = int(start.min()) + 500, int(np.median(end))
-    view = viewport.Viewport(profile)
-    window = view._raw(view._engine_condition("Vector"), t0, t1, buckets)
+    view = TrackViewport(profile)
+    window = view.span_windows(INSTRUCTION_ENGINES, t0, t1, buckets, keys=[("Vector",)])[("Vector",)]
     view.close()
     expected = brute_window(start, end, t0, t1, buckets)
     assert dict(zip(window.bucket.tolist(), window.duration_ns.tolist())) == expected
-    assert len(window) <= buckets and window.source == "instructions"
+    assert len(window) <= buckets and window.source == "events"
     ids = set(vector.column("id").to_pylist())
     assert set(window.id.tolist()) <= ids
     assert int(window.count.sum()) == int(((start < t1) & (end > t0)).sum())
@@ -50,12 +52,13 @@ def test_raw_window_is_the_longest_per_bucket(recorded: Recorded, buckets: int) 
 
 def test_engine_window_uses_the_lod_when_zoomed_out(recorded: Recorded) -> None:
     profile = open_profile(recorded.path)
-    assert profile.num_rows(viewport.LOD_TABLE) > 0  # written when the capture closed
+    assert profile.num_rows(lods.LOD_TABLE) > 0  # written when the capture closed
     first, last = profile.metadata["first_hw_timestamp"], profile.metadata["last_hw_timestamp"]
-    view = viewport.viewport(profile)
+    view = TrackViewport(profile)
     wide = view.engine_window("tensor", first, last, 50)  # any spelling of the engine
     assert wide.source.startswith("lod level")
-    raw = view._raw(view._engine_condition("Tensor"), first, last, 50)
+    spellings = [k.key for k in view.span_keys(INSTRUCTION_ENGINES) if k.key[0] == "Tensor"]
+    raw = view.span_windows(INSTRUCTION_ENGINES, first, last, 50, keys=spellings)[("Tensor",)]
     # same events to draw: every LOD pick is a real Tensor instruction; totals agree
     instr = profile.table("Instruction", ["engine", "id", "start_ts", "end_ts"])
     tensor = instr.filter(pc.equal(instr.column("engine"), "Tensor"))
@@ -65,20 +68,24 @@ def test_engine_window_uses_the_lod_when_zoomed_out(recorded: Recorded) -> None:
         assert by_id[i] == (s, e)
     assert int(wide.count.sum()) == tensor.num_rows == int(raw.count.sum())
     assert max(wide.duration_ns) == max(raw.duration_ns)
+    assert all(isinstance(o, str) for o in wide.attrs["opcode"])
     narrow = view.engine_window("Tensor", first, first + 2_000, 2000)  # zoomed in: instructions
-    assert narrow.source == "instructions"
+    assert narrow.source == "events"
     matrix = view.engine_window("TensorMatrix", first, last, 100)  # a timeline row, not an engine
-    assert matrix.source == "instructions" and set(matrix.id.tolist()) <= set(by_id)
+    assert matrix.source == "events" and set(matrix.id.tolist()) <= set(by_id)
+    view.close()
 
 
 def test_lod_is_built_for_profiles_without_one(recorded: Recorded) -> None:
     profile = open_profile(recorded.path)
-    built = viewport.build_lod(profile)
-    stored = profile.table(viewport.LOD_TABLE)
+    built = lods.build_lod(profile)
+    stored = profile.table(lods.LOD_TABLE)
     assert built.num_rows == stored.num_rows
     assert built.column("id").to_pylist() == stored.column("id").to_pylist()
+    view = TrackViewport(profile)
     with pytest.raises(ValueError, match="empty window"):
-        viewport.engine_window(profile, "Tensor", 10, 10)
+        view.engine_window("Tensor", 10, 10)
+    view.close()
 
 
 def test_time_slices_follow_row_group_statistics(tmp_path: Path) -> None:
