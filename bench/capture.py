@@ -24,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ["NEURONSCOPE_LIVE"] = "0"
-
 import psutil
+
+from neuronscope import settings
+
+os.environ[settings.LIVE.name] = "0"
 
 import neuroncore as nc
 from collectors.device_profile import profile

@@ -22,8 +22,10 @@ import platform
 import statistics
 import time
 
+from neuronscope import settings
+
 # the core's own speed: no live-state publisher attached (it would make the core build records)
-os.environ.setdefault("NEURONSCOPE_LIVE", "0")
+os.environ.setdefault(settings.LIVE.name, "0")
 
 import neuroncore as nc
 from neuroncore import workloads

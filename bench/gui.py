@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from formats.synthetic import Shape, write_synthetic
+from neuronscope import settings
 
 SIZES = {"1m": 1_000_000, "10m": 10_000_000, "100m": 100_000_000}
 STEPS = 240  # 4 s of interaction at 60 steps/s
@@ -48,10 +49,7 @@ REPEATS = 3
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("NEURONSCOPE_BENCH_CACHE") or os.path.join(
-        tempfile.gettempdir(), "neuronscope-bench-gui"
-    )
-    path = Path(root)
+    path = settings.BENCH_CACHE.get() or Path(tempfile.gettempdir(), "neuronscope-bench-gui")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

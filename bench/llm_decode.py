@@ -27,8 +27,10 @@ import json
 import os
 import time
 
+from neuronscope import settings
+
 # the core's own speed: no live-state publisher attached (it would make the core build records)
-os.environ.setdefault("NEURONSCOPE_LIVE", "0")
+os.environ.setdefault(settings.LIVE.name, "0")
 
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import Instance

@@ -1,6 +1,6 @@
 """Recording inside a program started by ``neuron-profile capture -- CMD``: the env-var handshake.
 
-The wrapper sets, for its child:
+The wrapper sets, for its child (declared in ``neuronscope.settings``; docs/settings.md):
 
 * ``NEURONSCOPE_PROFILE_DIR``: where device profiles go (``collectors.profile`` layout);
 * ``NEURONSCOPE_PROFILE_NTH_EXEC``: profile only each model's nth execution per core (0: none);
@@ -35,12 +35,8 @@ import sys
 import threading
 from typing import Any
 
-PROFILE_DIR = "NEURONSCOPE_PROFILE_DIR"
-NTH_EXEC = "NEURONSCOPE_PROFILE_NTH_EXEC"
-EVENTS_FILE = "NEURONSCOPE_EVENTS_FILE"
-STATUS_FILE = "NEURONSCOPE_CAPTURE_STATUS"
-WRAPPER_FD = "NEURONSCOPE_WRAPPER_FD"
-ROW_GROUP_ROWS = "NEURONSCOPE_ROW_GROUP_ROWS"
+from neuronscope import settings
+
 EVENTS_NAME = ".runtime-events.jsonl"
 SIGTERM_EXIT = 128 + signal.SIGTERM
 
@@ -51,26 +47,27 @@ def install(sink: Any) -> None:
     from collectors.system import RuntimeEventLog
     from formats.writer import DEFAULT_ROW_GROUP_ROWS
 
-    out_dir = os.environ.get(PROFILE_DIR)
-    events_file = os.environ.get(EVENTS_FILE)
-    if not out_dir and not events_file:
+    out_dir = settings.PROFILE_DIR.get()
+    events_file = settings.EVENTS_FILE.get()
+    if out_dir is None and events_file is None:
         return
     collector = None
-    if out_dir:
-        nth = os.environ.get(NTH_EXEC)
-        rows = os.environ.get(ROW_GROUP_ROWS, "")
-        row_group_rows = int(rows) if rows.isdigit() and int(rows) > 0 else DEFAULT_ROW_GROUP_ROWS
-        collector = DeviceProfileCollector(out_dir, nth_exec=int(nth) if nth else None,
+    if out_dir is not None:
+        try:
+            row_group_rows = settings.ROW_GROUP_ROWS.get() or DEFAULT_ROW_GROUP_ROWS
+        except settings.SettingError:  # the user's optional tuning: a bad value keeps the default
+            row_group_rows = DEFAULT_ROW_GROUP_ROWS
+        collector = DeviceProfileCollector(out_dir, nth_exec=settings.PROFILE_NTH_EXEC.get(),
                                            row_group_rows=row_group_rows)
         sink.subscribe(collector)
     log = None
-    if events_file:
+    if events_file is not None:
         log = RuntimeEventLog(os.uname().nodename)
         sink.subscribe(log)
 
     def finish() -> None:
         _shield_signals()
-        if log is not None and events_file:
+        if log is not None and events_file is not None:
             with contextlib.suppress(OSError):
                 log.write_jsonl(events_file)
         if collector is None:
@@ -103,11 +100,11 @@ def _uncaught() -> str | None:
 
 
 def _report(message: str) -> None:
-    status = os.environ.get(STATUS_FILE)
-    if status:
+    status = settings.CAPTURE_STATUS.get()
+    if status is not None:
         with contextlib.suppress(OSError), open(status, "w", encoding="utf-8") as out:
             json.dump({"errors": [message]}, out)
-    if not os.environ.get(WRAPPER_FD):  # the wrapper prints it itself
+    if not settings.WRAPPER_FD.is_set():  # the wrapper prints it itself
         print(f"neuronscope: {message}", file=sys.stderr)
 
 
@@ -141,10 +138,12 @@ def _stop_on_sigterm() -> None:
 
 def _watch_wrapper() -> None:
     """Stop this program (SIGTERM to itself) when the wrapping ``neuron-profile capture`` dies."""
-    text = os.environ.get(WRAPPER_FD)
-    if not text or not text.isdigit():
+    try:
+        fd = settings.WRAPPER_FD.get()
+    except settings.SettingError:
         return
-    fd = int(text)
+    if fd is None:
+        return
 
     def watch() -> None:
         try:
@@ -161,5 +160,4 @@ def _watch_wrapper() -> None:
         threading.Thread(target=watch, name="neuronscope-wrapper-watch", daemon=True).start()
 
 
-__all__ = ["EVENTS_FILE", "EVENTS_NAME", "NTH_EXEC", "PROFILE_DIR", "ROW_GROUP_ROWS", "STATUS_FILE",
-           "WRAPPER_FD", "install"]
+__all__ = ["EVENTS_NAME", "install"]

@@ -41,6 +41,7 @@ from collectors.system import SystemProfileCollector, system_profile
 from formats import units
 from formats.dataset import capture_state, find_profiles
 from formats.reader import ProfileError
+from neuronscope import settings
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 EXIT_RECORDING_FAILED = 3  # the program succeeded but a device profile could not be recorded whole
@@ -207,19 +208,19 @@ def capture_command(args: argparse.Namespace, console: Console) -> CaptureResult
     _prepare_output(out, args.force)
     env = dict(os.environ)
     status_file = (out / f".capture-status-{os.getpid()}.json").resolve()
-    env[autoprofile.STATUS_FILE] = str(status_file)
+    env[settings.CAPTURE_STATUS.name] = str(status_file)
     if not args.system_only:
-        env[autoprofile.PROFILE_DIR] = str((out / "device").resolve())
-        env[autoprofile.NTH_EXEC] = str(args.profile_nth_exec)
+        env[settings.PROFILE_DIR.name] = str((out / "device").resolve())
+        env[settings.PROFILE_NTH_EXEC.name] = str(args.profile_nth_exec)
     system = None if args.device_only else SystemProfileCollector(out / "system",
                                                                   interval_s=args.system_interval)
     # the program's runtime events are written inside the system profile being recorded, so that
     # whatever happens to the wrapper they belong to it (folded in and removed when it finishes)
     events_file = None if system is None else system.writer.staging / autoprofile.EVENTS_NAME
     if events_file is not None:
-        env[autoprofile.EVENTS_FILE] = str(events_file.resolve())
+        env[settings.EVENTS_FILE.name] = str(events_file.resolve())
     watch_read, watch_write = os.pipe()  # the program notices the wrapper's death by this pipe's EOF
-    env[autoprofile.WRAPPER_FD] = str(watch_read)
+    env[settings.WRAPPER_FD.name] = str(watch_read)
     started = time.monotonic()
     stopped_by: int | None = None
     try:

@@ -10,9 +10,10 @@ empty except ``instance_type``, the simulated type. ``NEURONSCOPE_IMDS=0`` skips
 
 from __future__ import annotations
 
-import os
 import urllib.error
 import urllib.request
+
+from neuronscope import settings
 
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 TIMEOUT_S = 0.4
@@ -43,9 +44,14 @@ def imds_info(fallback_type: str, endpoint: str | None = None, timeout: float = 
     """The fields from IMDS; on failure the fields that could not be read are empty and ``error``
     says why (``instance_type`` falls back to what the inventory found)."""
     info = {**dict.fromkeys(KEYS, ""), "instance_type": fallback_type, "error": ""}
-    if os.environ.get("NEURONSCOPE_IMDS", "1") == "0":
+    try:
+        wanted = settings.IMDS.get()
+    except settings.SettingError as exc:
+        info["error"] = str(exc)
         return info
-    base = (endpoint or os.environ.get("NEURONSCOPE_IMDS_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    if not wanted:
+        return info
+    base = (endpoint or settings.IMDS_ENDPOINT.get() or DEFAULT_ENDPOINT).rstrip("/")
     try:
         request = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
                                          headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})

@@ -12,7 +12,6 @@ Logical cores: on trn2 the runtime groups physical cores by ``NEURON_LOGICAL_NC_
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from collectors import sysfs
 from neuroncore.config import default_instance
 from neuroncore.hardware import INFERENTIA2, INSTANCE_TYPES, TRAINIUM1, TRAINIUM2, ChipSpec
 from neuroncore.topology import instance_topology, resolve_lnc
+from neuronscope import settings
 
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 DMI_PRODUCT = Path("/sys/devices/virtual/dmi/id/product_name")
 
 # neuron_hardware_info values by chip (sys-tools.md §1.9)
@@ -112,13 +111,11 @@ class Inventory:
 
 
 def _lnc_setting() -> int | None:
-    text = os.environ.get(LNC_ENV)
-    if not text:
-        return None
     try:
-        return int(text)
-    except ValueError:
-        raise InventoryError(f"{LNC_ENV}={text!r} is not 1 or 2") from None
+        return settings.LOGICAL_NC_CONFIG.get()
+    except settings.SettingError:
+        lnc = settings.LOGICAL_NC_CONFIG
+        raise InventoryError(f"{lnc.name}={lnc.raw()!r} is not 1 or 2") from None
 
 
 def simulated(instance: str | None = None) -> Inventory:

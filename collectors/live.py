@@ -8,10 +8,21 @@ A rename is atomic, so a reader sees the previous file or the
 new one, never half of one, and never waits for a writer (there are no locks to wait on). Readers
 (``collectors.livereader``) drop files whose process has died.
 
-The execution core attaches :func:`install` to its event sink through the ``neuronscope.sink_listeners``
-entry point, so any program that makes an ``Instance`` publishes without importing this module.
-Publishing starts with the first record (a process that only imports the core writes nothing) and
-its file is removed at normal exit. ``NEURONSCOPE_LIVE=0`` turns it off.
+When publishing starts (one place: :meth:`_ProcessLive.attach`). The execution core hands every
+event sink to :func:`install` through the ``neuronscope.sink_listeners`` entry point when an
+``Instance`` is made, so any program publishes without importing this module. What ``install`` does
+depends on ``NEURONSCOPE_LIVE`` (``neuronscope.settings.LIVE``):
+
+* ``auto`` (the default): nothing but register a probe on the sink (``EventSink.add_probe``). The
+  core runs it from an execution at most once a second; it lists the live directory for watcher
+  files (``collectors.livedemand``: neuron-top, neuron-monitor) and, once it finds one, attaches.
+  Until then the sink has no listener, the core builds no records, and there is no thread, hook or
+  file. Once attached, the process publishes until it exits.
+* ``1``: attach at once (tests, and hosts where ``neuron-ls`` should always list the process).
+* ``0``: nothing.
+
+Attaching subscribes the process's one accumulator to the sink and registers the exit and fork
+hooks; the publisher thread starts with the first record, and the file is removed at normal exit.
 
 File contents (JSON, ``"format": "neuronscope-live"``, ``"version": 1``): the process (pid, start
 time, tag from ``NEURON_PROCESS_TAG`` or the pid, command line, user, runtime version), the sample
@@ -34,40 +45,47 @@ from typing import Any
 
 import psutil
 
-from collectors import livepaths
+from collectors import livedemand, livepaths
 from collectors.livereader import ProcessState, read_live_state
 from collectors.livestate import LiveAccumulator
+from neuronscope import settings
+from neuronscope.settings import LiveMode
 
-ENABLE_ENV = "NEURONSCOPE_LIVE"
-PERIOD_ENV = "NEURONSCOPE_LIVE_PERIOD"
-DEFAULT_PERIOD_S = 0.5
+DEFAULT_PERIOD_S = settings.LIVE_PERIOD.default
 FORMAT = "neuronscope-live"
 VERSION = 1
 
 _log = logging.getLogger(__name__)
 
 
+def mode() -> LiveMode:
+    """``NEURONSCOPE_LIVE``; a value that does not parse warns and counts as the default (this runs
+    inside someone else's program, which must not fail over a monitoring setting)."""
+    try:
+        return settings.LIVE.get()
+    except settings.SettingError as exc:
+        _log.warning("%s; using %s", exc, settings.LIVE.default.value)
+        return settings.LIVE.default
+
+
 def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether this process may publish at all (always, or while watched)."""
+    return mode() is not LiveMode.OFF
 
 
 def publish_period() -> float:
-    """The publishing period from the environment; a bad value falls back to the default (this runs
-    inside someone else's program, which must not fail over a monitoring setting)."""
-    text = os.environ.get(PERIOD_ENV)
-    if not text:
-        return DEFAULT_PERIOD_S
+    """The publishing period from the environment; a bad value falls back to the default."""
     try:
-        value = float(text)
-    except ValueError:
-        _log.warning("%s=%r is not a number of seconds; using %s", PERIOD_ENV, text, DEFAULT_PERIOD_S)
+        value = settings.LIVE_PERIOD.get()
+    except settings.SettingError as exc:
+        _log.warning("%s; using %s", exc, DEFAULT_PERIOD_S)
         return DEFAULT_PERIOD_S
     return min(max(value, 0.02), 60.0)
 
 
 def process_tag() -> str:
     """``NEURON_PROCESS_TAG`` (at most 255 characters, as the real runtime), else the pid."""
-    tag = os.environ.get("NEURON_PROCESS_TAG", "")
+    tag = settings.PROCESS_TAG.get()
     return tag[:255] if tag else str(os.getpid())
 
 
@@ -179,7 +197,8 @@ class Publisher:
 
 
 class _ProcessLive:
-    """The one accumulator and publisher of this process, started by the first record."""
+    """The one accumulator and publisher of this process, started by the first record after
+    :meth:`attach`."""
 
     def __init__(self) -> None:
         self.accumulator = LiveAccumulator()
@@ -199,6 +218,14 @@ class _ProcessLive:
                 publisher.start()
                 self.publisher = publisher
 
+    def attach(self, sink: Any) -> None:
+        """Feed ``sink``'s batches to this process's live state: the one place publishing starts."""
+        with self._lock:
+            if sink in self.sinks:
+                return
+            self.sinks.add(sink)
+        sink.subscribe(self)
+
     def shutdown(self) -> None:
         if self.publisher is not None and self.publisher.pid == os.getpid():
             self.publisher.stop(remove=True)
@@ -212,26 +239,50 @@ class _ProcessLive:
 
 _process: _ProcessLive | None = None
 _install_lock = threading.Lock()
+_probed: weakref.WeakSet[Any] = weakref.WeakSet()  # sinks that already have a DemandProbe
 
 
-def install(sink: Any) -> None:
-    """Entry point for the core's listener hook: publish this process's live state from ``sink``.
-
-    Several sinks may be given (one per private sink an ``Instance`` uses); they feed one state."""
+def _process_live() -> _ProcessLive:
+    """This process's live state, made (with its exit and fork hooks) the first time it is needed."""
     global _process
-    if not enabled():
-        return
     with _install_lock:
         if _process is None:
             _process = _ProcessLive()
             atexit.register(_process.shutdown)
             if hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=_process.after_fork_in_child)
-        if sink in _process.sinks:
-            return
-        _process.sinks.add(sink)
-    sink.subscribe(_process)
+        return _process
 
 
-__all__ = ["DEFAULT_PERIOD_S", "ENABLE_ENV", "FORMAT", "PERIOD_ENV", "VERSION", "ProcessState",
-           "Publisher", "enabled", "install", "process_tag", "publish_period", "read_live_state"]
+class DemandProbe:
+    """Run by the core from an execution (``EventSink.poll``, at most once a second) while nobody
+    watches: attaches live state to the sink as soon as a watcher's file appears."""
+
+    def __init__(self, sink: Any, directory: Path | None = None) -> None:
+        self.sink = sink
+        self.directory = directory or livepaths.live_dir()
+
+    def __call__(self) -> None:
+        if livedemand.watched(self.directory):
+            self.sink.remove_probe(self)
+            _process_live().attach(self.sink)
+
+
+def install(sink: Any) -> None:
+    """Entry point for the core's listener hook: publish this process's live state from ``sink``,
+    now (``NEURONSCOPE_LIVE=1``) or once someone watches (the default); see the module docstring.
+
+    Several sinks may be given (one per private sink an ``Instance`` uses); they feed one state."""
+    wanted = mode()
+    if wanted is LiveMode.ON:
+        _process_live().attach(sink)
+    elif wanted is LiveMode.AUTO:
+        with _install_lock:
+            if sink in _probed:
+                return
+            _probed.add(sink)
+        sink.add_probe(DemandProbe(sink))
+
+
+__all__ = ["DEFAULT_PERIOD_S", "FORMAT", "VERSION", "DemandProbe", "ProcessState", "Publisher", "enabled",
+           "install", "mode", "process_tag", "publish_period", "read_live_state"]

@@ -32,18 +32,19 @@ from pathlib import Path
 
 import psutil
 
+from neuronscope import settings
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
-LIVE_DIR_ENV = "NEURONSCOPE_LIVE_DIR"
 SUFFIX = ".json"
 START_TIME_TOLERANCE_S = 1.0  # start times come from /proc in clock ticks; allow for rounding
 
 
 def live_dir() -> Path:
     """The live-state directory for this user (not created here)."""
-    explicit = os.environ.get(LIVE_DIR_ENV)
-    if explicit:
-        return Path(explicit)
+    explicit = settings.LIVE_DIR.get()
+    if explicit is not None:
+        return explicit
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
         return Path(runtime) / "neuronscope"
@@ -63,7 +64,8 @@ def _check_stat(path: Path, info: os.stat_result) -> None:
         raise LiveDirError(f"live-state directory {path} is not a directory; refusing to use it")
     if info.st_uid != os.getuid():
         raise LiveDirError(f"live-state directory {path} is owned by uid {info.st_uid}, not you "
-                           f"(uid {os.getuid()}); refusing to use it (remove it, or set {LIVE_DIR_ENV})")
+                           f"(uid {os.getuid()}); refusing to use it (remove it, or set "
+                           f"{settings.LIVE_DIR.name})")
     if info.st_mode & 0o077:
         raise LiveDirError(f"live-state directory {path} has mode {stat.S_IMODE(info.st_mode):04o}, "
                            f"open to other users; refusing to use it (chmod 700 {path})")
@@ -188,6 +190,6 @@ def same_process_alive(pid: int, start_time: float) -> bool:
     return abs(now - start_time) <= START_TIME_TOLERANCE_S
 
 
-__all__ = ["LIVE_DIR_ENV", "LiveDirError", "check_live_dir", "ensure_live_dir", "live_dir",
+__all__ = ["LiveDirError", "check_live_dir", "ensure_live_dir", "live_dir",
            "open_live_dir", "pid_of", "process_start_time", "read_private", "same_process_alive",
            "state_file", "write_private"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from collectors import hostmetrics, instanceinfo, livepaths, monitor_report
+from collectors import hostmetrics, instanceinfo, livedemand, livepaths, monitor_report
 from collectors.inventory import Inventory, InventoryError, discover
 from collectors.livereader import ProcessState, read_live_state
 from collectors.livewindow import LiveTracker
@@ -238,8 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{len(inventory.devices)} devices; {len(config.runtimes)} runtime selectors, "
               f"{len(config.system)} system groups", file=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    monitor = Monitor(config, inventory)
+    if config.runtimes:  # it reports processes: ask them to publish (collectors.livedemand); removed at exit
+        livedemand.Watch(monitor.live_dir).start()
     try:
-        Monitor(config, inventory).run(sys.stdout, args.count)
+        monitor.run(sys.stdout, args.count)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:

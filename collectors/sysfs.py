@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.reportvalues import MAX_CORES_PER_DEVICE, MAX_DEVICES, text
+from neuronscope import settings
 
 DEFAULT_ROOT = "/sys/devices/virtual/neuron_device"
-ROOT_ENVS = ("NEURON_SYSFS_ROOT", "NEURONSCOPE_SYSFS_ROOT")
 SEARCH_DEPTH = 4
 MAX_NODE_BYTES = 64 << 10  # sysfs attributes are at most a page
 MAX_DIR_ENTRIES = 4096  # entries looked at in any one directory
@@ -67,11 +67,7 @@ class SysfsError(OSError):
 
 
 def sysfs_root() -> Path:
-    for env in ROOT_ENVS:
-        value = os.environ.get(env)
-        if value:
-            return Path(value)
-    return Path(DEFAULT_ROOT)
+    return settings.NEURON_SYSFS_ROOT.get() or settings.SYSFS_ROOT.get() or Path(DEFAULT_ROOT)
 
 
 def present(root: Path | None = None) -> bool:
@@ -330,5 +326,5 @@ def driver_version(module_root: Path = Path("/sys/module/neuron")) -> str | None
         return None
 
 
-__all__ = ["DEFAULT_ROOT", "HW_COUNTERS", "MONITOR_CATEGORY", "ROOT_ENVS", "SysfsCore", "SysfsDevice",
+__all__ = ["DEFAULT_ROOT", "HW_COUNTERS", "MONITOR_CATEGORY", "SysfsCore", "SysfsDevice",
            "SysfsError", "driver_version", "present", "read_device", "read_devices", "sysfs_root"]

@@ -21,6 +21,7 @@ from formats.schema_ext import EXTENSION_COLUMNS, EXTENSION_TABLES
 from formats.schema_tables import ENUMS, TABLES
 from neuroncore.enums import ENGINE_NAMES as CORE_ENGINE_NAMES
 from neuroncore.enums import Engine
+from neuronscope import settings
 
 PROFILE_SCHEMA_VERSION = "7.4.0"
 """The Neuron Explorer schema version we write and were built for (SDK 2.31/2.32)."""
@@ -149,9 +150,9 @@ SCHEMA: Schema = DOCUMENTED.with_extensions()
 def reference_json_path() -> Path | None:
     """The reference ``profile-schema.json`` if it can be found: ``$NEURONSCOPE_PROFILE_SCHEMA``, else
     ``../shared/reference/profile-schema.json`` next to the source checkout."""
-    env = os.environ.get("NEURONSCOPE_PROFILE_SCHEMA")
-    if env:
-        return Path(env) if Path(env).is_file() else None
+    env = settings.PROFILE_SCHEMA.get()
+    if env is not None:
+        return env if env.is_file() else None
     candidate = Path(__file__).resolve().parents[2] / "shared" / "reference" / "profile-schema.json"
     return candidate if candidate.is_file() else None
 

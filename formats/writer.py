@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from formats.schema import PROFILE_SCHEMA_VERSION, SCHEMA, Schema
 from formats.schema_def import OPENAPI_TYPES, TableDef
+from neuronscope import settings
 
 DEFAULT_ROW_GROUP_ROWS = 131_072
 DEFAULT_ROW_GROUP_BYTES = 32 * 2**20  # a row group also ends here: rows of long text stay bounded
@@ -54,7 +55,6 @@ DEFAULT_ENCODER_THREADS = 2
 INCOMPLETE_CATEGORY = "Incomplete Profile"
 INCOMPLETE_SUFFIX = ".incomplete"
 MARKS_REFRESH_S = 2.0  # a killed capture's provisional Metadata is at most this stale
-COMMIT_LOG_ENV = "NEURONSCOPE_COMMIT_LOG"  # a file each committed part is appended to (crash tests)
 IN_PROGRESS_MESSAGE = ("profile is incomplete: the capture did not finish (it is still running, or its "
                        "process was killed); tables hold the parts committed before it stopped")
 
@@ -256,7 +256,7 @@ class ProfileWriter:
         self._metadata_version = 0
         self._marks_version = -1
         self._marks_at = 0.0
-        self._commit_log = os.environ.get(COMMIT_LOG_ENV)
+        self._commit_log = settings.COMMIT_LOG.get()  # each committed part is appended (crash tests)
         # Marked incomplete from the first moment: if this process is killed, the folder
         # (<target>.incomplete), its Metadata and a Warning row all say so.
         self._write_marks()

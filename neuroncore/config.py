@@ -11,12 +11,13 @@ import tomllib
 from pathlib import Path
 
 from neuroncore.hardware import DEFAULT_INSTANCE, INSTANCE_TYPES
+from neuronscope import settings
 
 
 def config_path() -> Path:
-    explicit = os.environ.get("NEURONSCOPE_CONFIG")
-    if explicit:
-        return Path(explicit)
+    explicit = settings.CONFIG.get()
+    if explicit is not None:
+        return explicit
     base = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
     return base / "neuronscope" / "config.toml"
 
@@ -33,7 +34,7 @@ def load_config() -> dict:
 
 
 def default_instance() -> str:
-    name = os.environ.get("NEURONSCOPE_INSTANCE") or load_config().get("instance") or DEFAULT_INSTANCE
+    name = settings.INSTANCE.get() or load_config().get("instance") or DEFAULT_INSTANCE
     if name not in INSTANCE_TYPES:
         known = ", ".join(sorted(INSTANCE_TYPES))
         raise ValueError(f"default instance {name!r} is not a known type; known: {known}")

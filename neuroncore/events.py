@@ -11,11 +11,13 @@ small integers whose names travel in ``batch.meta`` so a batch costs array slice
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 BATCH_ROWS = 65536
+PROBE_PERIOD_S = 1.0  # how often an execution may run the sink's probes (EventSink.poll)
 
 RECORD_KINDS: dict[str, str] = {
     "program_loaded": "a model was loaded: its ops (HLO name, layer, frames) and static instruction info",
@@ -54,6 +56,8 @@ class EventSink:
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
         self.generation = 0  # bumped by every subscribe: loaded models re-announce themselves
+        self._probes: tuple[Callable[[], None], ...] = ()
+        self._next_poll = 0.0
 
     @property
     def active(self) -> bool:
@@ -70,6 +74,30 @@ class EventSink:
                 self._listeners = tuple(x for x in self._listeners if x is not listener)
 
         return unsubscribe
+
+    def add_probe(self, probe: Callable[[], None]) -> None:
+        """Run ``probe`` from :meth:`poll` (at most every ``PROBE_PERIOD_S``). A listener that should
+        attach only on demand (live state: only while someone watches) registers a probe instead of
+        subscribing, so until the probe subscribes, the core builds no records for it."""
+        with self._lock:
+            self._probes = (*self._probes, probe)
+
+    def remove_probe(self, probe: Callable[[], None]) -> None:
+        with self._lock:
+            self._probes = tuple(p for p in self._probes if p is not probe)
+
+    def poll(self, now: float | None = None) -> None:
+        """Called by the runtime at every execution: runs the probes when one is due (``now``:
+        ``time.monotonic()`` unless given, for tests). Without probes this is one attribute test;
+        with them, one clock read per execution."""
+        if not self._probes:
+            return
+        now = time.monotonic() if now is None else now
+        if now < self._next_poll:
+            return
+        self._next_poll = now + PROBE_PERIOD_S
+        for probe in self._probes:
+            probe()
 
     def emit(self, kind: str, columns: dict[str, Any] | None = None, **meta: Any) -> None:
         listeners = self._listeners

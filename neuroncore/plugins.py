@@ -10,13 +10,13 @@ reports to. A listener that fails to load is reported once as a warning and neve
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 import weakref
 from importlib.metadata import entry_points
 
 from neuroncore.events import EventSink
+from neuronscope import settings
 
 GROUP = "neuronscope.sink_listeners"
 _activated: weakref.WeakSet[EventSink] = weakref.WeakSet()  # ids would be reused after a sink dies
@@ -25,7 +25,12 @@ _lock = threading.Lock()
 
 def activate(sink: EventSink) -> list[str]:
     """Attach every advertised listener to ``sink`` (once per sink); returns the names attached."""
-    if os.environ.get("NEURONSCOPE_PLUGINS", "1") == "0":
+    try:
+        wanted = settings.PLUGINS.get()
+    except settings.SettingError as exc:  # a bad setting must not stop the model: say so, use the default
+        warnings.warn(f"{exc}; listeners stay on", RuntimeWarning, stacklevel=2)
+        wanted = True
+    if not wanted:
         return []
     with _lock:
         if sink in _activated:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from collectors import livepaths
+from collectors import livedemand, livepaths
 from collectors.inventory import InventoryError, discover
 from explorer.top import render
 from explorer.top.text_frame import frame_text
@@ -117,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             livepaths.check_live_dir()  # someone else's or an open directory: one line, exit 2
             source = LiveSource(discover(args.instance), follow_publishers=args.instance is None)
+            # asking is watching: model-running processes publish while a watch file is present
+            # (collectors.livedemand); removed at exit
+            livedemand.Watch(source.live_dir).start()
     except (InventoryError, ValueError, livepaths.LiveDirError) as exc:
         return _fail(str(exc))
     except OSError as exc:

@@ -121,6 +121,7 @@ class LoadedModel:
             self.core.clock_ns = max(self.core.clock_ns, end + LAUNCH_GAP_NS)
         self.executions += 1
         sink, core = self.sink, self.core.index
+        sink.poll()  # on-demand listeners (live state while watched) attach here, before the report
         if sink.active:
             self.announce()
             host = {"host_start_ns": host_start_ns or time.time_ns(), "pid": os.getpid(),
