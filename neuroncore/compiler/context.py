@@ -33,6 +33,7 @@ from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memse
 from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.dtypes import DType
+from neuroncore.enums import DmaQueueType, Memory
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph, Op
 
@@ -45,7 +46,7 @@ class Value:
 
     op: Op
     layout: Layout
-    home: str  # "sbuf" or "hbm"
+    home: Memory  # SBUF: tiles stay on chip until their last use; HBM: stored, read back in tiles
     tiles: list[Tile]
     cols: int
     rows_per_batch: int
@@ -64,14 +65,14 @@ class Value:
                          self.layout, view)
 
 
-# the compiler's queues in index order: (name, DMA queue type as the profile spells it, trigger engine)
-QUEUE_SPECS: list[tuple[QueueName, str, Engine]] = [
-    (QueueName.IO, "input", Engine.SYNC),
-    (QueueName.WEIGHT, "data", Engine.SYNC),
-    (QueueName.OUT, "output", Engine.SYNC),
-    (QueueName.SPILL_RELOAD, "data", Engine.SYNC),
-    (QueueName.DATA, "data", Engine.SYNC),
-    (QueueName.DYNAMIC_SW, "software_dynamic", Engine.GPSIMD),
+# the compiler's queues in index order: (name, DMA queue type, trigger engine)
+QUEUE_SPECS: list[tuple[QueueName, DmaQueueType, Engine]] = [
+    (QueueName.IO, DmaQueueType.INPUT, Engine.SYNC),
+    (QueueName.WEIGHT, DmaQueueType.DATA, Engine.SYNC),
+    (QueueName.OUT, DmaQueueType.OUTPUT, Engine.SYNC),
+    (QueueName.SPILL_RELOAD, DmaQueueType.DATA, Engine.SYNC),
+    (QueueName.DATA, DmaQueueType.DATA, Engine.SYNC),
+    (QueueName.DYNAMIC_SW, DmaQueueType.SOFTWARE_DYNAMIC, Engine.GPSIMD),
 ]
 
 
@@ -125,7 +126,7 @@ class Context:
                         f"(SBUF {self.spec.sbuf_bytes_per_partition} bytes per partition)",
                         self.current_op,
                     ) from None
-        buf = Buffer(self._next_buffer, "SBUF", partitions, free, dtype, address, name)
+        buf = Buffer(self._next_buffer, Memory.SBUF, partitions, free, dtype, address, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
         self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards)
@@ -136,14 +137,14 @@ class Context:
     def free(self, buf: Buffer) -> None:
         nodes = self.em.forget(("buf", buf.id))
         self.pinned.discard(buf.id)
-        if buf.memory == "PSUM":
+        if buf.memory is Memory.PSUM:
             self.psum.release(buf.address // (self.spec.psum_bank_bytes_per_partition), nodes)
         else:
             self.sbuf.release(buf.address, buf.bytes_per_partition, nodes)
 
     def alloc_psum(self, partitions: int, free: int, name: str) -> Buffer:
         bank, hazards = self.psum.allocate()
-        buf = Buffer(self._next_buffer, "PSUM", partitions, free, DType.FP32,
+        buf = Buffer(self._next_buffer, Memory.PSUM, partitions, free, DType.FP32,
                      bank * self.spec.psum_bank_bytes_per_partition, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
@@ -260,18 +261,21 @@ class Context:
         return costs.cycles_to_ns(self.spec, queue.trigger_engine, self.spec.sync_instruction_cycles)
 
     # -- values ----------------------------------------------------------------------------
-    def define(self, op: Op, *, layout: Layout = Layout.ROW, home: str | None = None,
+    def define(self, op: Op, *, layout: Layout = Layout.ROW, home: Memory | None = None,
                hbm: str | None = None) -> Value:
         """Create the placement of ``op``'s result (before its tiles are produced)."""
+        layout = Layout(layout)  # a closed set: "row" from a caller not yet converted is Layout.ROW
         tiles = tiles_of(op.shape, layout)
         _, rows, cols = tile_grid(op.shape, layout)
-        if home is None:
+        if home is not None:
+            home = Memory(home)  # a closed set: "sbuf" from a caller not yet converted is Memory.SBUF
+        else:
             per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
             only_output = op.index in self.outputs and not self.uses[op.index]
-            home = "hbm" if (only_output or per_partition > self.hbm_home_bytes) else "sbuf"
+            home = Memory.HBM if (only_output or per_partition > self.hbm_home_bytes) else Memory.SBUF
         value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
                       [hbm is not None] * len(tiles))
-        if home == "hbm" and value.hbm is None:
+        if home is Memory.HBM and value.hbm is None:
             kind = HbmTensorKind.OUTPUT if op.index in self.outputs else HbmTensorKind.SCRATCH
             value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind)
         self.values[op.index] = value
@@ -293,7 +297,7 @@ class Context:
         tile = value.tiles[t]
         c1 = value.cols if c1 is None else c1
         p0, p1 = rows if rows is not None else (0, tile.rows)
-        if value.home == "hbm":
+        if value.home is Memory.HBM:
             buf = self.alloc(p1, c1 - c0, op.dtype, f"{op.name}.stage{t}")
             return Ref(buf.id, p0, p1, 0, c1 - c0)
         resident = value.bufs[t]
@@ -306,7 +310,7 @@ class Context:
     def produced(self, op: Op, t: int, ref: Ref, c0: int = 0, c1: int | None = None) -> None:
         """The producer finished writing ``ref``; HBM-home values store it and free the stage."""
         value = self.values[op.index]
-        if value.home != "hbm":
+        if value.home is not Memory.HBM:
             return
         c1 = value.cols if c1 is None else c1
         queue = QueueName.OUT if op.index in self.outputs else QueueName.SPILL_RELOAD
@@ -340,16 +344,16 @@ class Context:
         if not value.in_hbm[t]:
             raise CompileError(f"internal: tile {t} of {op.name} was never produced", self.current_op)
         tile = value.tiles[t]
-        c0, c1 = cols if cols is not None and value.home == "hbm" else (0, value.cols)
+        c0, c1 = cols if cols is not None and value.home is Memory.HBM else (0, value.cols)
         buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.t{t}")
         ref = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
         tensor = self.hbm_tensors.get(value.hbm or "")
-        reload = tensor is not None and tensor.kind is HbmTensorKind.SCRATCH and value.home == "sbuf"
+        reload = tensor is not None and tensor.kind is HbmTensorKind.SCRATCH and value.home is Memory.SBUF
         queue = self.load_queue(value)
         self.dma_load(queue, value.access(t, c0, c1), ref, op.dtype,
                       rows_per_batch=value.rows_per_batch, run_bytes=self.run_bytes(value),
                       spill_reload=reload)
-        if value.home == "sbuf":
+        if value.home is Memory.SBUF:
             value.bufs[t] = buf  # resident again; stays until its last use or a spill
             return _narrow(ref, cols)
         return ref
@@ -549,7 +553,7 @@ class Context:
     # -- text ------------------------------------------------------------------------------
     def ref_text(self, ref: Ref) -> str:
         buf = self.buffers[ref.buf]
-        if buf.memory == "PSUM":
+        if buf.memory is Memory.PSUM:
             bank = buf.address // self.spec.psum_bank_bytes_per_partition
             return f"psum[{bank}]@fp32[{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
         addr = buf.address + ref.f0 * buf.dtype.itemsize

@@ -13,6 +13,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.node_semantics import Collective
 from neuroncore.compiler.program import HbmAccess
+from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
 CC_OPCODES = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER"}
@@ -22,7 +23,7 @@ def lower_collective(ctx: Context, op: Op) -> None:
     src = op.operands[0]
     source = ctx.ensure_hbm(src)
     target = ctx.hbm_tensor(f"{op.name}.cc", op, HbmTensorKind.SCRATCH)
-    ctx.define(op, home="hbm", hbm=target)
+    ctx.define(op, home=Memory.HBM, hbm=target)
     whole_src = HbmAccess(source, 0, 0, 1, 0, 1)
     whole_dst = HbmAccess(target, 0, 0, 1, 0, 1)
     reads = ctx.hbm_rects(HbmAccess(source, 0, 0, 1, 0, 1, view="whole"), 1)

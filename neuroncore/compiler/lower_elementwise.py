@@ -29,6 +29,7 @@ from neuroncore.compiler.node_semantics import (
 )
 from neuroncore.compiler.program import Ref
 from neuroncore.dtypes import DType, round_to
+from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
 
@@ -136,13 +137,13 @@ def dtype_of(ctx: Context, ref: Ref) -> DType:
 
 
 def in_psum(ctx: Context, ref: Ref) -> bool:
-    return ctx.buffers[ref.buf].memory == "PSUM"
+    return ctx.buffers[ref.buf].memory is Memory.PSUM
 
 
 def _bytes(ctx: Context, ref: Ref) -> tuple[bool, int]:
     """Whether ``ref`` is in PSUM (else SBUF), and the bytes it covers."""
     buf = ctx.buffers[ref.buf]
-    return buf.memory == "PSUM", ref.rows * ref.cols * buf.dtype.itemsize
+    return buf.memory is Memory.PSUM, ref.rows * ref.cols * buf.dtype.itemsize
 
 
 def _counters(ctx: Context, reads: list[Ref], writes: list[Ref]) -> NodeCounters:
@@ -374,7 +375,7 @@ def lower_select(ctx: Context, op: Op) -> None:
 
 def lower_constant_splat(ctx: Context, op: Op) -> Value:
     """Scalar/splat constants are immediates; tiles are made (MEMSET) only if someone needs them."""
-    value = ctx.define(op, home="sbuf")
+    value = ctx.define(op, home=Memory.SBUF)
     # the constant holds its value in its own dtype (a bf16 0.1 is 0.10009765625), as the reference does
     value.immediate = float(round_to(np.asarray(op.attrs["value"], np.float32), op.dtype))
     return value

@@ -19,13 +19,14 @@ from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
+from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
 
 
 def lower_parameter(ctx: Context, op: Op) -> None:
     name = ctx.hbm_tensor(f"input{op.attrs['number']}.{op.name}", op, HbmTensorKind.INPUT)
-    ctx.define(op, home="hbm", hbm=name)
+    ctx.define(op, home=Memory.HBM, hbm=name)
 
 
 def lower_weight(ctx: Context, op: Op) -> None:
@@ -41,7 +42,7 @@ def lower_weight(ctx: Context, op: Op) -> None:
         label = op.attrs.get("label", op.name)
     name = ctx.hbm_tensor(f"weight.{label}", op, HbmTensorKind.WEIGHT, shape=shape,
                           pretransposed=pretransposed)
-    value = ctx.define(op, home="hbm", hbm=name)
+    value = ctx.define(op, home=Memory.HBM, hbm=name)
     value.pretransposed = pretransposed
 
 
@@ -85,7 +86,7 @@ def lower_view(ctx: Context, op: Op) -> None:
         lower_pe_transpose(ctx, op)
         return
     view_name = f"{op.name}.view"
-    value = ctx.define(op, home="hbm", hbm=view_name)
+    value = ctx.define(op, home=Memory.HBM, hbm=view_name)
 
     def materialize_sources() -> None:
         sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
@@ -102,7 +103,7 @@ def _try_alias(ctx: Context, op: Op) -> bool:
     src_value = ctx.values[src.index]
     while src_value.alias is not None:
         src_value = ctx.values[src_value.alias.index]
-    if src_value.home != "sbuf" or src_value.immediate is not None or src_value.lazy is not None:
+    if src_value.home is not Memory.SBUF or src_value.immediate is not None or src_value.lazy is not None:
         return False
     src_flat = [(t.batch * src_value.rows_per_batch + t.r0, t.rows) for t in src_value.tiles]
     for layout in (Layout.ROW, Layout.COL):
@@ -113,7 +114,7 @@ def _try_alias(ctx: Context, op: Op) -> bool:
             continue
         flat = [(t.batch * rows + t.r0, t.rows) for t in tiles_of(op.shape, layout)]
         if flat == src_flat:
-            value = ctx.define(op, layout=layout, home="sbuf")
+            value = ctx.define(op, layout=layout, home=Memory.SBUF)
             value.alias = src_value.op
             ctx.extend_uses(src_value.op, op)
             return True
@@ -128,7 +129,7 @@ def _pe_transposable(ctx: Context, op: Op) -> bool:
     src_value = ctx.values[op.operands[0].index]
     if is_packed(op.shape, Layout.ROW) or is_packed(op.operands[0].shape, Layout.ROW):
         return False  # packed batches would need partition moves; a strided DMA does it
-    return (src_value.home == "sbuf" and src_value.layout == Layout.ROW and src_value.alias is None
+    return (src_value.home is Memory.SBUF and src_value.layout == Layout.ROW and src_value.alias is None
             and src_value.immediate is None and op.dtype.is_float)
 
 

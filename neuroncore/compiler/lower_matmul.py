@@ -31,6 +31,7 @@ from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
+from neuroncore.enums import Memory
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Op
 
@@ -235,7 +236,7 @@ class _Operand:
         self.free_size = free_size
         self.contract_is_row = contract_is_row
         self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
-        resident = (self.value.home == "sbuf" and self.value.immediate is None
+        resident = (self.value.home is Memory.SBUF and self.value.immediate is None
                     and self.value.lazy is None and self.value.layout == Layout.ROW)
         self.packed = is_packed(op.shape, Layout.ROW)
         self.mode = (DotOperandMode.DIRECT if contract_is_row and resident and not self.packed else
@@ -338,7 +339,7 @@ def lower_dot(ctx: Context, op: Op) -> None:
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
     value = ctx.define(op)
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
-                    if value.home == "sbuf" else [])
+                    if value.home is Memory.SBUF else [])
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
                        a_transposed=a.mode is DotOperandMode.TRANSPOSE,
                        b_transposed=bop.mode is DotOperandMode.TRANSPOSE,

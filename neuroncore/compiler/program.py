@@ -16,7 +16,7 @@ import numpy as np
 
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout
 from neuroncore.dtypes import DType
-from neuroncore.enums import Resource
+from neuroncore.enums import DmaQueueType, Memory, Resource
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph
 
@@ -86,12 +86,18 @@ class Buffer:
     """An on-chip allocation. SBUF buffers span the same byte range on every partition they use."""
 
     id: int
-    memory: str  # "SBUF" or "PSUM"
+    memory: Memory  # SBUF or PSUM
     partitions: int
     free: int  # elements per partition
     dtype: DType
     address: int  # byte offset within each partition (PSUM: bank * bank size)
     name: str
+
+    def __post_init__(self) -> None:
+        memory = Memory(str(self.memory).lower())  # "SBUF" from older callers is Memory.SBUF
+        if memory is Memory.HBM:
+            raise ValueError(f"buffer {self.name}: on-chip buffers live in SBUF or PSUM, not HBM")
+        object.__setattr__(self, "memory", memory)
 
     @property
     def bytes_per_partition(self) -> int:
@@ -127,7 +133,7 @@ class DmaQueue:
 
     index: int
     name: str
-    queue_type: str  # DmaQueueType enum value
+    queue_type: DmaQueueType
     trigger_engine: Engine
     semaphore: int
 

@@ -14,8 +14,9 @@ from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.counters import COUNTER_NAMES, NodeCounters
 from neuroncore.compiler.emitter import Emitter
 from neuroncore.compiler.lowering_state import Accumulation, HbmTensorKind, Layout, QueueName
-from neuroncore.compiler.program import HbmTensor, Ref
+from neuroncore.compiler.program import Buffer, HbmTensor, Ref
 from neuroncore.dtypes import DType
+from neuroncore.enums import DmaQueueType, Memory
 from neuroncore.hardware import Engine
 from neuroncore.runtime.interpreter import ExecutionError, Machine
 
@@ -113,3 +114,15 @@ def test_hbm_tensor_kinds_are_closed() -> None:
     assert HbmTensor("w", (2, 2), DType.BF16, "weight", 0).kind is HbmTensorKind.WEIGHT  # type: ignore[arg-type]
     program = nc.compile(_tiny_graph(), "trn1")
     assert list(program.hbm_bytes_by_kind()) == ["weight", "input", "output", "scratch"]
+
+
+def test_buffers_and_values_live_in_a_declared_memory() -> None:
+    buf = Buffer(0, "SBUF", 128, 4, DType.BF16, 0, "b")  # type: ignore[arg-type]
+    assert buf.memory is Memory.SBUF
+    with pytest.raises(ValueError):
+        Buffer(0, "SRAM", 128, 4, DType.BF16, 0, "b")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not HBM"):
+        Buffer(0, Memory.HBM, 128, 4, DType.BF16, 0, "b")
+    program = nc.compile(_tiny_graph(), "trn1")
+    assert {b.memory for b in program.buffers.values()} <= {Memory.SBUF, Memory.PSUM}
+    assert {q.queue_type for q in program.queues} <= set(DmaQueueType)

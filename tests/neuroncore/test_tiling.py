@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import neuroncore as nc
 from neuroncore.compiler.node_semantics import Activate, Load, LoadWeights, MatMul, Nop
+from neuroncore.enums import Memory
 from neuroncore.hardware import NC_V2, Engine, with_overrides
 
 THIS_FILE = os.path.abspath(__file__)
@@ -64,7 +65,7 @@ def check_pe_limits(program: nc.Program) -> dict[str, int]:
             assert program.engine[i] == TENSOR
             assert 1 <= ref.rows <= spec.max_contraction, "K rows of the stationary operand"
             assert 1 <= ref.cols <= spec.max_stationary_free, "stationary free size"
-            assert program.buffers[ref.buf].memory == "SBUF"
+            assert program.buffers[ref.buf].memory is Memory.SBUF
             stationary = ref
             counts["ldweights"] += 1
         elif code == "MATMUL":
@@ -83,9 +84,9 @@ def check_pe_limits(program: nc.Program) -> dict[str, int]:
                 psum, moving, accumulate, transpose = sem.psum, sem.moving, sem.accumulate, sem.transpose
                 assert (moving.rows, moving.cols) == (k, n)
                 assert (psum.rows, psum.cols) == (m, n)
-                assert program.buffers[moving.buf].memory == "SBUF"
+                assert program.buffers[moving.buf].memory is Memory.SBUF
                 psum_buf = program.buffers[psum.buf]
-                assert psum_buf.memory == "PSUM"
+                assert psum_buf.memory is Memory.PSUM
                 assert psum.f1 <= bank_cols, "a MATMUL writes within one PSUM bank"
                 bank = psum_buf.address // spec.psum_bank_bytes_per_partition
                 assert 0 <= bank < spec.psum_banks
