@@ -32,6 +32,7 @@ from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocato
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
+from neuroncore.compiler.view_steps import Reshape
 from neuroncore.dtypes import DType
 from neuroncore.enums import DmaQueueType, Memory
 from neuroncore.hardware import CoreSpec, Engine
@@ -433,7 +434,7 @@ class Context:
         source = self.ensure_hbm(value.alias)
         name = f"{value.op.name}.view"
         if name not in self.hbm_views:
-            self.hbm_views[name] = HbmView(name, (("reshape", value.op.shape),), (source,),
+            self.hbm_views[name] = HbmView(name, (Reshape(value.op.shape),), (source,),
                                            value.op.shape, value.op.dtype, value.cols)
         return name
 

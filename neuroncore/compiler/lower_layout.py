@@ -19,6 +19,7 @@ from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
+from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
@@ -90,7 +91,7 @@ def lower_view(ctx: Context, op: Op) -> None:
 
     def materialize_sources() -> None:
         sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
-        ctx.hbm_views[view_name] = HbmView(view_name, (("op", op.index),), sources, op.shape,
+        ctx.hbm_views[view_name] = HbmView(view_name, (ApplyOp(op.index),), sources, op.shape,
                                            op.dtype, run_elements(op))
 
     value.lazy = materialize_sources

@@ -21,6 +21,7 @@ from neuroncore.compiler.lower_elementwise import (
 from neuroncore.compiler.lowering_state import Layout, QueueName
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
+from neuroncore.compiler.view_steps import BroadcastRows, Reshape, Transpose
 from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Op
 
@@ -56,7 +57,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
             name = f"{op.name}.reduce_view"
             if name not in ctx.hbm_views:
                 run = src.shape[-1] if perm[-1] == n - 1 else 1
-                ctx.hbm_views[name] = HbmView(name, (("transpose", perm), ("reshape", view_shape)),
+                ctx.hbm_views[name] = HbmView(name, (Transpose(perm), Reshape(view_shape)),
                                               (source,), view_shape, src.dtype, run)
             return name
 
@@ -102,7 +103,7 @@ def _row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
     name = f"{param.name}.rows{rows}"
     cols = param.shape[-1]
     if name not in ctx.hbm_views:
-        ctx.hbm_views[name] = HbmView(name, (("broadcast_rows", rows),), (source,), (rows, cols),
+        ctx.hbm_views[name] = HbmView(name, (BroadcastRows(rows),), (source,), (rows, cols),
                                       param.dtype, cols)
     buf = ctx.alloc(rows, cols, param.dtype, f"{op.name}.{param.name}")
     ref = Ref(buf.id, 0, rows, 0, cols)

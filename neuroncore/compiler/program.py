@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout
+from neuroncore.compiler.view_steps import ViewStep
 from neuroncore.dtypes import DType
 from neuroncore.enums import DmaQueueType, Memory, Resource
 from neuroncore.hardware import CoreSpec, Engine
@@ -142,13 +143,14 @@ class DmaQueue:
 class HbmView:
     """A relayout of HBM tensors, read through a DMA access pattern instead of being stored.
 
-    ``steps`` is either ``(("op", index),)`` (the IR op's semantics applied to ``sources``) or a chain
-    of ``("transpose", perm)`` / ``("reshape", shape)`` applied to the single source.
-    ``run_elements`` is the contiguous run the access pattern reads, which sets DMA efficiency.
+    ``steps`` (``neuroncore.compiler.view_steps``) is either ``(ApplyOp(index),)`` (the IR op's
+    semantics applied to ``sources``) or a chain of ``Transpose`` / ``Reshape`` / ``BroadcastRows``
+    applied to the single source. ``run_elements`` is the contiguous run the access pattern reads,
+    which sets DMA efficiency.
     """
 
     name: str
-    steps: tuple[tuple[Any, ...], ...]
+    steps: tuple[ViewStep, ...]
     sources: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: DType

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neuroncore.compiler import node_semantics as ns
+from neuroncore.compiler import view_steps as vs
 from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
@@ -109,19 +110,21 @@ class Machine:
     def _evaluate_view(self, name: str) -> np.ndarray:
         view = self.program.hbm_views[name]
         sources = [self.tensor(s) for s in view.sources]
-        kind = view.steps[0][0]
-        if kind == "op":
-            op = self.program.graph.ops[view.steps[0][1]]
+        first = view.steps[0]
+        if isinstance(first, vs.ApplyOp):
+            op = self.program.graph.ops[first.op_index]
             shaped = [s.reshape(o.shape) for s, o in zip(sources, op.operands)]
             return np.ascontiguousarray(ir_semantics._evaluate(op, shaped), dtype=np.float32)
         arr = sources[0]
         for step in view.steps:
-            if step[0] == "transpose":
-                arr = np.transpose(arr.reshape(self._source_shape(view.sources[0], arr)), step[1])
-            elif step[0] == "reshape":
-                arr = arr.reshape(step[1])
-            elif step[0] == "broadcast_rows":
-                arr = np.broadcast_to(arr.reshape(1, -1), (step[1], arr.size))
+            if isinstance(step, vs.Transpose):
+                arr = np.transpose(arr.reshape(self._source_shape(view.sources[0], arr)), step.perm)
+            elif isinstance(step, vs.Reshape):
+                arr = arr.reshape(step.shape)
+            elif isinstance(step, vs.BroadcastRows):
+                arr = np.broadcast_to(arr.reshape(1, -1), (step.rows, arr.size))
+            else:
+                raise ExecutionError(f"view {name}: {step!r} is not a view step the interpreter knows")
         return np.ascontiguousarray(arr, dtype=np.float32)
 
     def _source_shape(self, name: str, arr: np.ndarray) -> tuple[int, ...]:
