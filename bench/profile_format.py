@@ -72,16 +72,7 @@ def capture(layers: int = 1) -> tuple[Any, list[Any], int]:
     loaded = next(b for b in batches if b.kind == "program_loaded")
     instructions = [b for b in batches if b.kind == "instruction"]
     end = next(b for b in batches if b.kind == "execution_end")
-    return loaded, instructions, int(end.meta["device_time_ns"]) + 2_000
-
-
-class _Batch:
-    """An event batch lookalike (kind, columns, meta) for replaying."""
-
-    __slots__ = ("columns", "kind", "meta")
-
-    def __init__(self, kind: str, columns: dict[str, Any], meta: dict[str, Any]) -> None:
-        self.kind, self.columns, self.meta = kind, columns, meta
+    return loaded, instructions, int(end.meta.device_time_ns) + 2_000
 
 
 def replay(out_dir: str, loaded: Any, instructions: list[Any], period_ns: int, rows: int,
@@ -93,19 +84,28 @@ def replay(out_dir: str, loaded: Any, instructions: list[Any], period_ns: int, r
     recorder(loaded)
     per_execution = sum(len(b.columns["id"]) for b in instructions)
     executions = max(1, round(rows / per_execution))
-    meta = {k: loaded.meta[k] for k in ("model_id", "core")}
+    from dataclasses import replace
+
+    from neuroncore.events import EventBatch
+    from neuroncore.record_kinds import ExecutionEndMeta, ExecutionStartMeta, RecordKind
+
+    ids = {"model_id": loaded.meta.model_id, "core": loaded.meta.core}
+    host = {"host_start_ns": 0, "pid": os.getpid(), "thread_id": 0}
     for e in range(executions):
         offset = e * period_ns
-        run = {**meta, "execution_id": e + 1, "start_ns": offset}
-        recorder(_Batch("execution_start", {}, run))
+        recorder(EventBatch(RecordKind.EXECUTION_START, {}, ExecutionStartMeta(
+            execution_id=e + 1, start_ns=offset, model_name=loaded.meta.model_name, rank=0, **ids, **host)))
         for batch in instructions:
             columns = dict(batch.columns)
             for name in SHIFTED:
                 values = columns[name]
                 columns[name] = np.where(values >= 0, values + offset, values) if name.startswith("dma") \
                     else values + offset
-            recorder(_Batch("instruction", columns, {**batch.meta, **run}))
-        recorder(_Batch("execution_end", {}, {**run, "end_ns": offset + period_ns - 2_000}))
+            recorder(EventBatch(RecordKind.INSTRUCTION, columns, replace(batch.meta, execution_id=e + 1)))
+        end = offset + period_ns - 2_000
+        recorder(EventBatch(RecordKind.EXECUTION_END, {}, ExecutionEndMeta(
+            execution_id=e + 1, start_ns=offset, end_ns=end, device_time_ns=end - offset, timing_only=True,
+            host_end_ns=0, **ids, **host)))
     recorder.close()
     return executions * per_execution
 

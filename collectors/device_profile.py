@@ -32,6 +32,15 @@ from typing import Any
 from collectors.recording import recording
 from formats.recorder import ProfileRecorder
 from formats.writer import ProfileWriter
+from neuroncore.events import EventBatch
+from neuroncore.record_kinds import (
+    ExecutionEndMeta,
+    ExecutionMeta,
+    ExecutionStartMeta,
+    NeuronLinkUsageMeta,
+    ProgramLoadedMeta,
+    meta_of,
+)
 
 
 def _safe(text: str) -> str:
@@ -39,12 +48,13 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "model"
 
 
-def _program_identity(program: Any, model_id: int) -> Any:
+def _program_identity(program: EventBatch | None, model_id: int) -> Any:
     """What identifies a compiled program across its loads: one ``Program`` object per compiled
     model, whose per-node operand list every ``program_loaded`` batch of it carries (tensor-parallel
     ranks and reloads share it). The batch is kept, so the identity is never reused."""
-    operands = program.meta.get("operands") if program is not None else None
-    return id(operands) if operands is not None else ("model", model_id)
+    if program is None:
+        return ("model", model_id)
+    return id(meta_of(program, ProgramLoadedMeta).operands)
 
 
 @dataclass
@@ -96,7 +106,7 @@ class DeviceProfileCollector:
         self.writer_options = writer_options
         self.profiles: list[CapturedProfile] = []
         self.errors: list[str] = []  # one line per recording failure
-        self._programs: dict[tuple[int, int], Any] = {}  # (model_id, core) -> program_loaded batch
+        self._programs: dict[tuple[int, int], EventBatch] = {}  # (model_id, core) -> program_loaded batch
         self._counts: dict[tuple[Any, int], int] = {}
         self._open: dict[int, _Open] = {}  # core -> its latest execution's profile
         self._by_execution: dict[int, _Open] = {}
@@ -105,31 +115,32 @@ class DeviceProfileCollector:
         self._lock = threading.Lock()
 
     # -- listener ----------------------------------------------------------------------------
-    def __call__(self, batch: Any) -> None:
+    def __call__(self, batch: EventBatch) -> None:
         with self._lock:
             try:
                 self._route(batch)
             except Exception as exc:  # never into the program's execute()
+                meta = batch.meta
                 self._failed(f"recording a {batch.kind} batch failed: {type(exc).__name__}: {exc}",
-                             batch.meta.get("execution_id"))
+                             meta.execution_id if isinstance(meta, ExecutionMeta) else None)
 
-    def _route(self, batch: Any) -> None:
-        kind, meta = batch.kind, batch.meta
-        if kind == "program_loaded":
-            self._programs[(int(meta["model_id"]), int(meta["core"]))] = batch
+    def _route(self, batch: EventBatch) -> None:
+        meta = batch.meta
+        if isinstance(meta, ProgramLoadedMeta):
+            self._programs[(meta.model_id, meta.core)] = batch
             return
-        if kind == "execution_start":
-            self._start(batch)
+        if isinstance(meta, ExecutionStartMeta):
+            self._start(batch, meta)
             return
-        if kind == "neuronlink_usage":
-            for sharing in {id(o): o for e in meta.get("execution_ids", ())
+        if isinstance(meta, NeuronLinkUsageMeta):
+            for sharing in {id(o): o for e in meta.execution_ids
                             if (o := self._by_execution.get(e))}.values():
                 sharing.recorder(batch)
             return
-        target = self._by_execution.get(meta.get("execution_id", -1))
+        target = self._by_execution.get(meta.execution_id)
         if target is not None:
             target.recorder(batch)
-            if kind == "execution_end":
+            if isinstance(meta, ExecutionEndMeta):
                 target.ended = True
 
     def _failed(self, message: str, execution_id: Any) -> None:
@@ -140,9 +151,8 @@ class DeviceProfileCollector:
             with contextlib.suppress(Exception):
                 self._finish(entry, complete=False, reason=message)
 
-    def _start(self, batch: Any) -> None:
-        meta = batch.meta
-        core, model_id = int(meta["core"]), int(meta["model_id"])
+    def _start(self, batch: EventBatch, meta: ExecutionStartMeta) -> None:
+        core, model_id = meta.core, meta.model_id
         program = self._programs.get((model_id, core))
         # executions are counted per program and core: a program loaded again continues its count
         key = (_program_identity(program, model_id), core)
@@ -163,14 +173,14 @@ class DeviceProfileCollector:
                 self.profiles.remove(superseded)
             shutil.rmtree(superseded.path, ignore_errors=True)
         warm_up = nth is not None and count < nth
-        name = self._name(key[0], str(meta.get("model_name") or
-                                      (program.meta.get("model_name") if program else "model")))
+        loaded = None if program is None else meta_of(program, ProgramLoadedMeta)
+        name = self._name(key[0], meta.model_name or (loaded.model_name if loaded else "model"))
         path = self.out_dir / f"model={name}" / f"core={core}" / f"execution={count}"
         info = dict(self.metadata)
-        if program is not None:
-            for source, target in (("instance_type", "instance_type"), ("device", "neuron_device_idx")):
-                if program.meta.get(source) is not None:
-                    info.setdefault(target, program.meta[source])
+        if loaded is not None:
+            if loaded.instance_type is not None:
+                info.setdefault("instance_type", loaded.instance_type)
+            info.setdefault("neuron_device_idx", loaded.device)
         info.setdefault("neuroncore_idx", core)
         info.setdefault("profile_name", f"{name} core {core} execution {count}")
         info.setdefault("capture_working_dir", _working_dir())  # where source files may be read
@@ -178,9 +188,9 @@ class DeviceProfileCollector:
             info.update(requested_execution=nth, warm_up_execution=warm_up)
         writer = ProfileWriter(path, {"is_simulation": True, **info}, **self.writer_options)
         recorder = ProfileRecorder(writer, core=core)
-        entry = _Open(recorder, path, name, core, count, key, warm_up, {int(meta["execution_id"])})
+        entry = _Open(recorder, path, name, core, count, key, warm_up, {meta.execution_id})
         self._open[core] = entry
-        self._by_execution[int(meta["execution_id"])] = entry
+        self._by_execution[meta.execution_id] = entry
         if program is not None:
             recorder(program)
         recorder(batch)

@@ -16,16 +16,27 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from collectors import latency
+from neuroncore.enums import ENGINE_NAMES, N_TRACKS, Engine, Resource
+from neuroncore.events import EventBatch
+from neuroncore.record_kinds import (
+    ExecutionEndMeta,
+    ModelMeta,
+    ProgramLoadedMeta,
+    RecordKind,
+    meta_of,
+)
 
-ENGINES = ("Tensor", "Vector", "Scalar", "GpSimd", "Sync", "DMA")
-_TRACK_ENGINE = {1: "Vector", 2: "Scalar", 3: "GpSimd", 4: "Sync"}  # single-stream tracks
-_TENSOR_TRACKS = (0, 5)  # LoadStationary, MultiplyMoving
+ENGINES = (*ENGINE_NAMES, "DMA")
+_TRACK_ENGINE = {int(r): Engine(r).label for r in (Resource.VECTOR, Resource.SCALAR, Resource.GPSIMD,
+                                                    Resource.SYNC)}  # single-stream tracks
+_TENSOR_TRACKS = (int(Resource.TENSOR_LS), int(Resource.TENSOR_MM))
 INSTRUCTION_BYTES = 64  # one encoded engine instruction in the program image [assumption]
 DESCRIPTOR_BYTES = 32  # one DMA descriptor [assumption]
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
@@ -89,29 +100,27 @@ class ModelRecord:
                 "last_execution_at": self.last_execution_at}
 
 
-def model_memory(meta: dict[str, Any]) -> dict[str, int]:
+def model_memory(meta: ProgramLoadedMeta) -> dict[str, int]:
     """A program's device memory by neuron-monitor category (sys-tools.md §1.6 ``memory_used``).
 
     constants = weights; tensors = inputs + outputs; model_shared_scratchpad = compiler scratch
     (spills, relayouts); model_code = instructions + DMA descriptors at the assumed encoded sizes;
     runtime_memory = 0 (the execution core has no runtime of its own in device memory)."""
-    kinds = meta.get("hbm_bytes_by_kind") or {}
+    kinds = meta.hbm_bytes_by_kind
     return {
         "constants": int(kinds.get("weight", 0)),
-        "model_code": int(meta.get("n_instructions", 0)) * INSTRUCTION_BYTES
-        + int(meta.get("n_dma_transfers", 0)) * DESCRIPTOR_BYTES,
+        "model_code": meta.n_instructions * INSTRUCTION_BYTES + meta.n_dma_transfers * DESCRIPTOR_BYTES,
         "model_shared_scratchpad": int(kinds.get("scratch", 0)),
         "runtime_memory": 0,
         "tensors": int(kinds.get("input", 0)) + int(kinds.get("output", 0)),
     }
 
 
-def program_uuid(meta: dict[str, Any], hlo_names: list[str]) -> str:
+def program_uuid(meta: ProgramLoadedMeta, hlo_names: list[str]) -> str:
     """32 hex digits naming the program, equal for the same program loaded on several cores (as the
     real runtime's uuid is equal for one NEFF loaded several times)."""
     digest = hashlib.md5(usedforsecurity=False)
-    digest.update(repr((meta.get("model_name"), meta.get("n_instructions"), meta.get("n_dma_transfers"),
-                        getattr(meta.get("spec"), "name", None))).encode())
+    digest.update(repr((meta.model_name, meta.n_instructions, meta.n_dma_transfers, meta.spec.name)).encode())
     for name in hlo_names:
         digest.update(name.encode())
     return digest.hexdigest()
@@ -137,12 +146,12 @@ class LiveAccumulator:
 
     # -- listener ------------------------------------------------------------------------------
 
-    def __call__(self, batch: Any) -> None:
-        handler = getattr(self, "_on_" + batch.kind, None)
-        if handler is None:
+    def __call__(self, batch: EventBatch) -> None:
+        handler = self._handlers.get(batch.kind)
+        if handler is None:  # execution-level detail the live counters do not use
             return
         with self._lock:
-            handler(batch)
+            handler(self, batch)
 
     def _core(self, index: int) -> CoreCounters:
         core = self.cores.get(index)
@@ -150,24 +159,23 @@ class LiveAccumulator:
             core = self.cores[index] = CoreCounters()
         return core
 
-    def _on_program_loaded(self, batch: Any) -> None:
-        meta = batch.meta
-        index = int(meta["core"])
-        spec = meta.get("spec")
+    def _on_program_loaded(self, batch: EventBatch) -> None:
+        meta = meta_of(batch, ProgramLoadedMeta)
+        index = meta.core
         core = self._core(index)
-        core.generation = int(getattr(spec, "generation", 0) or 0)
-        core.device = int(meta.get("device", 0))
-        if meta.get("instance_type"):
-            self.instance_type = str(meta["instance_type"])
-        model_id = int(meta["model_id"])
+        core.generation = meta.spec.generation
+        core.device = meta.device
+        if meta.instance_type:
+            self.instance_type = meta.instance_type
+        model_id = meta.model_id
         if model_id in self.models:  # re-announced to a new listener: already counted
             return
-        uuid = program_uuid(meta, list(batch.columns.get("hlo_name", ())))
+        uuid = program_uuid(meta, list(batch.columns["hlo_name"]))
         self.models[model_id] = ModelRecord(
-            model_id=model_id, name=str(meta.get("model_name", "")), uuid=uuid, core=index,
-            device=core.device, rank=int(meta.get("rank", 0)), loaded_at=time.time(),
+            model_id=model_id, name=meta.model_name, uuid=uuid, core=index,
+            device=core.device, rank=meta.rank, loaded_at=time.time(),
             memory=model_memory(meta))
-        self._evict(index, int(getattr(spec, "hbm_bytes", 0) or 0))
+        self._evict(index, meta.spec.hbm_bytes)
 
     def _evict(self, core: int, capacity: int) -> None:
         """Forget the oldest models of a core once they could no longer all fit in its memory.
@@ -185,69 +193,83 @@ class LiveAccumulator:
             total -= sum(model.memory.values())
             del self.models[model.model_id]
 
-    def _on_execution_start(self, batch: Any) -> None:
-        core = int(batch.meta["core"])
+    @staticmethod
+    def _core_index(batch: EventBatch) -> int:
+        return meta_of(batch, ModelMeta).core
+
+    def _on_execution_start(self, batch: EventBatch) -> None:
+        core = self._core_index(batch)
         for engine in ENGINES:
             self._carry[(core, engine)] = float("-inf")
 
-    def _on_instruction(self, batch: Any) -> None:
+    def _on_instruction(self, batch: EventBatch) -> None:
         cols = batch.columns
-        core = self._core(int(batch.meta["core"]))
-        index = int(batch.meta["core"])
+        index = self._core_index(batch)
+        core = self._core(index)
         track = np.asarray(cols["track"])
         duration = np.asarray(cols["duration_ns"], dtype=np.float64)
-        per_track = np.bincount(track, weights=duration, minlength=6)
+        per_track = np.bincount(track, weights=duration, minlength=N_TRACKS)
         for t, engine in _TRACK_ENGINE.items():
             core.engine_busy_ns[engine] += float(per_track[t])
         tensor = (track == _TENSOR_TRACKS[0]) | (track == _TENSOR_TRACKS[1])
         if tensor.any():
-            key = (index, "Tensor")
+            key = (index, Engine.TENSOR.label)
             busy, self._carry[key] = union_ns(np.asarray(cols["start_ts"])[tensor],
                                               np.asarray(cols["end_ts"])[tensor],
                                               self._carry.get(key, float("-inf")))
-            core.engine_busy_ns["Tensor"] += busy
+            core.engine_busy_ns[Engine.TENSOR.label] += busy
         core.flops += int(np.asarray(cols["raw_flops"], dtype=np.int64).sum())
 
-    def _on_dma_packet(self, batch: Any) -> None:
+    def _on_dma_packet(self, batch: EventBatch) -> None:
         cols = batch.columns
-        index = int(batch.meta["core"])
+        index = self._core_index(batch)
         key = (index, "DMA")
         busy, self._carry[key] = union_ns(np.asarray(cols["start_ts"]), np.asarray(cols["end_ts"]),
                                           self._carry.get(key, float("-inf")))
         self._core(index).engine_busy_ns["DMA"] += busy
 
-    def _on_hbm_usage(self, batch: Any) -> None:
-        total = np.asarray(batch.columns.get("total_transfer_bytes", ()))
+    def _on_hbm_usage(self, batch: EventBatch) -> None:
+        total = np.asarray(batch.columns["total_transfer_bytes"])
         if total.size:
-            self._core(int(batch.meta["core"])).hbm_bytes += int(total[-1])
+            self._core(self._core_index(batch)).hbm_bytes += int(total[-1])
 
-    def _on_neuronlink_usage(self, batch: Any) -> None:
+    def _on_neuronlink_usage(self, batch: EventBatch) -> None:
         """Bytes moved over chip-to-chip links by kind (``neuronlink``, ``efa``, ``on_chip``)."""
         cols = batch.columns
-        kinds = list(cols.get("channel_kind", cols.get("kind", ())))
-        moved = np.asarray(cols.get("transfer_bytes", ()), dtype=np.int64)
+        kinds = list(cols["channel_kind"])
+        moved = np.asarray(cols["transfer_bytes"], dtype=np.int64)
         for kind in set(kinds):
             mask = np.fromiter((k == kind for k in kinds), bool, len(kinds))
             name = str(kind).lower().replace("-", "_")
             self.link_bytes[name] = self.link_bytes.get(name, 0) + int(moved[mask].sum())
 
-    def _on_execution_end(self, batch: Any) -> None:
-        meta = batch.meta
+    def _on_execution_end(self, batch: EventBatch) -> None:
+        meta = meta_of(batch, ExecutionEndMeta)
         now = time.time()
-        core = self._core(int(meta["core"]))
-        device_ns = int(meta.get("device_time_ns", 0))
+        core = self._core(meta.core)
+        device_ns = meta.device_time_ns
         core.busy_ns += device_ns
         core.executions += 1
         core.last_execution_at = now
-        model = self.models.get(int(meta.get("model_id", -1)))
+        model = self.models.get(meta.model_id)
         if model is not None:
             model.executions += 1
             model.last_execution_at = now
         self.status["completed"] += 1
-        start, end = meta.get("host_start_ns"), meta.get("host_end_ns")
-        host_ns = (end - start) if start is not None and end is not None else device_ns
+        host_ns = meta.host_end_ns - meta.host_start_ns
         _count(self.total_latency, latency.bucket(host_ns))
         _count(self.device_latency, latency.bucket(device_ns))
+
+    _handlers: ClassVar[dict[RecordKind, Callable[[LiveAccumulator, EventBatch], None]]] = {
+        RecordKind.PROGRAM_LOADED: _on_program_loaded,
+        RecordKind.EXECUTION_START: _on_execution_start,
+        RecordKind.INSTRUCTION: _on_instruction,
+        RecordKind.DMA_PACKET: _on_dma_packet,
+        RecordKind.HBM_USAGE: _on_hbm_usage,
+        RecordKind.NEURONLINK_USAGE: _on_neuronlink_usage,
+        RecordKind.EXECUTION_END: _on_execution_end,
+    }
+    """The record kinds the live counters read (semaphore updates and collectives they do not)."""
 
     # -- snapshot ------------------------------------------------------------------------------
 

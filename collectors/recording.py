@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from neuroncore.events import EventBatch
 
 
 class Finishable(Protocol):
-    def __call__(self, batch: Any) -> None: ...
+    def __call__(self, batch: EventBatch) -> None: ...
 
     def close(self) -> Any: ...
 

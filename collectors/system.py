@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,9 @@ from collectors.recording import recording
 from formats.recorder import metadata_from_spec
 from formats.writer import ProfileWriter, timestamp_text
 from neuroncore.config import default_instance
+from neuroncore.events import EventBatch
 from neuroncore.hardware import INSTANCE_TYPES, core_spec
+from neuroncore.record_kinds import CcOpMeta, ExecutionEndMeta, ExecutionStartMeta, ProgramLoadedMeta
 
 FIRST_FLUSH_S = 5.0
 FLUSH_FRACTION = 0.1
@@ -54,23 +56,23 @@ class RuntimeEventLog:
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
         self.rows: dict[str, list[Any]] = {name: [] for name in EVENT_COLUMNS}
-        self._starts: dict[int, dict[str, Any]] = {}  # execution id -> execution_start meta
+        self._starts: dict[int, ExecutionStartMeta] = {}  # execution id -> its start
         self._lock = threading.Lock()
 
-    def __call__(self, batch: Any) -> None:
-        kind, meta = batch.kind, batch.meta
+    def __call__(self, batch: EventBatch) -> None:
+        meta = batch.meta
         with self._lock:
-            if kind == "program_loaded":
+            if isinstance(meta, ProgramLoadedMeta):
                 now = time.time_ns()
-                self._event("nrt_load", now, now, os.getpid(), threading.get_native_id(), meta.get("core"),
-                            {"model_id": meta.get("model_id"), "model_name": meta.get("model_name"),
-                             "instructions": meta.get("n_instructions"), "rank": meta.get("rank")})
-            elif kind == "execution_start":
-                self._starts[int(meta["execution_id"])] = dict(meta)
-            elif kind == "execution_end":
+                self._event("nrt_load", now, now, os.getpid(), threading.get_native_id(), meta.core,
+                            {"model_id": meta.model_id, "model_name": meta.model_name,
+                             "instructions": meta.n_instructions, "rank": meta.rank})
+            elif isinstance(meta, ExecutionStartMeta):
+                self._starts[meta.execution_id] = meta
+            elif isinstance(meta, ExecutionEndMeta):
                 self._execution(meta)
-            elif kind == "cc_op":
-                self._collectives(batch)
+            elif isinstance(meta, CcOpMeta):
+                self._collectives(batch.columns, meta)
 
     def write_jsonl(self, path: str | Path) -> None:
         with self._lock, open(path, "w", encoding="utf-8") as out:
@@ -109,35 +111,32 @@ class RuntimeEventLog:
         events["worker_gid"].append(extra.get("rank"))
         events["extra_attributes_json"].append(json.dumps(extra, default=str))
 
-    def _execution(self, meta: dict[str, Any]) -> None:
-        start = self._starts.get(int(meta["execution_id"]), meta)
-        host_start = int(meta.get("host_start_ns") or start.get("host_start_ns") or time.time_ns())
-        host_end = int(meta.get("host_end_ns") or time.time_ns())
-        pid, tid = int(meta.get("pid", os.getpid())), int(meta.get("thread_id", threading.get_native_id()))
-        extra = {"execution_id": meta["execution_id"], "model_id": meta.get("model_id"),
-                 "model_name": start.get("model_name"), "rank": start.get("rank"),
-                 "device_start_ns": meta.get("start_ns"), "device_end_ns": meta.get("end_ns"),
-                 "timing_only": meta.get("timing_only")}
-        self._event("nrt_execute", host_start, host_end, pid, tid, meta.get("core"), extra)
-        device_ns = int(meta.get("device_time_ns") or 0)
-        self._event("nc_exec_running", host_start, host_start + device_ns, pid, tid, meta.get("core"), extra)
+    def _execution(self, meta: ExecutionEndMeta) -> None:
+        start = self._starts.get(meta.execution_id)
+        host_start, host_end = meta.host_start_ns, meta.host_end_ns
+        pid, tid = meta.pid, meta.thread_id
+        extra = {"execution_id": meta.execution_id, "model_id": meta.model_id,
+                 "model_name": None if start is None else start.model_name,
+                 "rank": None if start is None else start.rank,
+                 "device_start_ns": meta.start_ns, "device_end_ns": meta.end_ns,
+                 "timing_only": meta.timing_only}
+        self._event("nrt_execute", host_start, host_end, pid, tid, meta.core, extra)
+        device_ns = meta.device_time_ns
+        self._event("nc_exec_running", host_start, host_start + device_ns, pid, tid, meta.core, extra)
 
-    def _collectives(self, batch: Any) -> None:
-        meta, columns = batch.meta, batch.columns
-        start = self._starts.get(int(meta["execution_id"]))
-        if start is None or "host_start_ns" not in start:
+    def _collectives(self, columns: Mapping[str, Any], meta: CcOpMeta) -> None:
+        start = self._starts.get(meta.execution_id)
+        if start is None:
             return
-        offset = int(start["host_start_ns"]) - int(start["start_ns"])  # device -> host (see module doc)
-        for i, operation in enumerate(columns.get("operation", ())):
-            extra = {"execution_id": meta["execution_id"], "operation": operation,
+        offset = start.host_start_ns - start.start_ns  # device -> host (see module doc)
+        for i, operation in enumerate(columns["operation"]):
+            extra = {"execution_id": meta.execution_id, "operation": operation,
                      "algorithm": columns["algorithm"][i], "replica_group": columns["replica_group"][i],
-                     "bytes": columns["input_size"][i], "rank": meta.get("rank"),
+                     "bytes": int(columns["input_size"][i]), "rank": meta.rank,
                      "device_start_ns": int(columns["start_ts"][i]),
                      "device_end_ns": int(columns["end_ts"][i])}
             self._event("nrt_cc", int(columns["start_ts"][i]) + offset, int(columns["end_ts"][i]) + offset,
-                        int(start.get("pid", os.getpid())), int(start.get("thread_id", 0)), meta.get("core"),
-                        extra)
-
+                        start.pid, start.thread_id, meta.core, extra)
 
 
 class SystemProfileCollector:
@@ -207,12 +206,13 @@ class SystemProfileCollector:
             self.samples += 1
 
     # -- runtime events ----------------------------------------------------------------------
-    def __call__(self, batch: Any) -> None:
-        if batch.kind == "program_loaded" and batch.meta.get("spec") is not None:
+    def __call__(self, batch: EventBatch) -> None:
+        meta = batch.meta
+        if isinstance(meta, ProgramLoadedMeta):
             with self._lock:
-                if self.writer.is_open and batch.meta.get("instance_type"):
-                    self.writer.update_metadata(instance_type=batch.meta["instance_type"],
-                                                **metadata_from_spec(batch.meta["spec"]))
+                if self.writer.is_open and meta.instance_type:
+                    self.writer.update_metadata(instance_type=meta.instance_type,
+                                                **metadata_from_spec(meta.spec))
         self.events(batch)
 
     def add_events(self, path: str | Path) -> int:

@@ -33,18 +33,33 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from formats import hierarchy_rollup as hierarchy
-from formats.schema import SCHEMA
 from formats.writer import ProfileWriter
 from neuroncore.enums import ENGINE_NAMES, SEMAPHORE_BUS_SOURCE, Resource
+from neuroncore.events import EventBatch, EventSink
+from neuroncore.record_kinds import (
+    CcOpMeta,
+    DmaPacketMeta,
+    ExecutionEndMeta,
+    ExecutionMeta,
+    ExecutionStartMeta,
+    HbmUsageMeta,
+    InstructionMeta,
+    NeuronLinkUsageMeta,
+    ProgramLoadedMeta,
+    RecordKind,
+    SemaphoreUpdateMeta,
+    core_of,
+    meta_of,
+)
 
 # Semaphore updates made by a DMA transfer's completion arrive over the bus (profile-schema §2.5).
 BUS_SOURCE = "AXI"
@@ -170,16 +185,15 @@ def _packed_op(model_id: int, op: np.ndarray) -> np.ndarray:
     return (np.int64(model_id) << np.int64(32)) | op.astype(np.int64)
 
 
-# program_loaded per-node facts -> Instruction columns (what the engine ran each node as)
-_NODE_TEXT = {"tensor_instruction_type": "tensor_instruction_type", "performance_mode": "performance_mode",
-              "activation_fn": "scalar_activation_fn"}
-
-
-def _node_text(meta: Mapping[str, Any], n_nodes: int) -> dict[str, tuple[pa.Array, np.ndarray, np.ndarray]]:
+def _node_text(meta: ProgramLoadedMeta, n_nodes: int) -> dict[str, tuple[pa.Array, np.ndarray, np.ndarray]]:
+    """Instruction text columns from the per-node facts of ``program_loaded`` (what the engine ran
+    each node as), for the columns that have any value."""
+    per_node: dict[str, Sequence[str | None]] = {
+        "tensor_instruction_type": meta.tensor_instruction_type, "performance_mode": meta.performance_mode,
+        "scalar_activation_fn": meta.activation_fn}
     out: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = {}
-    for key, column in _NODE_TEXT.items():
-        values = meta.get(key)
-        if values is None or not any(v is not None for v in values):
+    for column, values in per_node.items():
+        if not any(v is not None for v in values):
             continue
         texts = [None if v is None else str(v) for v in values][:n_nodes]
         texts += [None] * (n_nodes - len(texts))
@@ -220,13 +234,12 @@ class ProfileRecorder:
         self._packet_carry: tuple[int, int, int] | None = None  # (execution, transfer, next rank)
         self._cc_op_id = 0
         self._other_cores: dict[int, int] = {}
-        self._unknown_kinds: dict[str, int] = {}
         self._spec_seen = False
         self._lock = threading.Lock()
         self.error: BaseException | None = None
 
     # -- listener --------------------------------------------------------------------------
-    def __call__(self, batch: Any) -> None:
+    def __call__(self, batch: EventBatch) -> None:
         with self._lock:
             if self.error is not None or not self.writer.is_open:
                 return
@@ -237,19 +250,15 @@ class ProfileRecorder:
                 self.writer.abort(f"recording failed on a {batch.kind} batch: {type(exc).__name__}: {exc}")
                 warnings.warn(f"profile recording stopped: {exc}", RuntimeWarning, stacklevel=2)
 
-    def _dispatch(self, batch: Any) -> None:
-        core = batch.meta.get("core")
+    def _dispatch(self, batch: EventBatch) -> None:
+        core = core_of(batch.meta)
         if core is not None:
             if self.core is None:
-                self.core = int(core)
-            elif int(core) != self.core:
-                self._other_cores[int(core)] = self._other_cores.get(int(core), 0) + 1
+                self.core = core
+            elif core != self.core:
+                self._other_cores[core] = self._other_cores.get(core, 0) + 1
                 return
-        handler = getattr(self, f"_on_{batch.kind}", None)
-        if handler is None:
-            self._unknown_kinds[batch.kind] = self._unknown_kinds.get(batch.kind, 0) + 1
-            return
-        handler(batch)
+        self._handlers[batch.kind](self, batch)
 
     # -- finishing ---------------------------------------------------------------------------
     def close(self) -> Path:
@@ -296,11 +305,8 @@ class ProfileRecorder:
         for core, n in sorted(self._other_cores.items()):
             self.writer.warn(f"{n} batches from core {core} were not recorded: this profile holds core "
                              f"{self.core}; record each core into its own profile", "Missing Data")
-        for kind, n in sorted(self._unknown_kinds.items()):
-            self.writer.warn(f"{n} '{kind}' batches had no table to go to", "Missing Data")
         self._frames = _FrameInterner()
         self._other_cores.clear()
-        self._unknown_kinds.clear()
 
     def _write_summaries(self) -> Any:
         """Summary tables computed over the finished event tables (``formats.derive``); a failure is a
@@ -325,15 +331,14 @@ class ProfileRecorder:
                              f"them from the event tables", "Processing")
             return None
 
-    def _facts(self, meta: Mapping[str, Any]) -> None:
+    def _facts(self, meta: ProgramLoadedMeta) -> None:
         """NEFF-level sizes for the Summary (weights, inputs, outputs, queue count), over every loaded
         program of this profile."""
-        usage = meta.get("hbm_bytes_by_kind") or {}
+        usage = meta.hbm_bytes_by_kind
         for kind in ("weight", "input", "output"):
             if kind in usage:
                 self._program_facts[kind] = self._program_facts.get(kind, 0) + int(usage[kind])
-        if meta.get("queues") is not None:
-            self._program_facts["queues"] = self._program_facts.get("queues", 0) + len(meta["queues"])
+        self._program_facts["queues"] = self._program_facts.get("queues", 0) + len(meta.queues)
 
     def _write_execution_info(self) -> None:
         done = [e for e in self.executions.values() if e.start_ns is not None]
@@ -352,47 +357,45 @@ class ProfileRecorder:
         self.executions.clear()
 
     # -- batch handlers ----------------------------------------------------------------------
-    def _on_program_loaded(self, batch: Any) -> None:
-        c, m = batch.columns, batch.meta
-        if int(m["model_id"]) in self.programs:  # the runtime re-announces models to new listeners
+    def _on_program_loaded(self, batch: EventBatch) -> None:
+        c, m = batch.columns, meta_of(batch, ProgramLoadedMeta)
+        if m.model_id in self.programs:  # the runtime re-announces models to new listeners
             return
-        spec = m.get("spec")
-        if spec is not None and not self._spec_seen:
+        if not self._spec_seen:
             self._spec_seen = True
             extra = {"neuroncore_idx": self.core, "is_simulation": True}
-            defaults = {**metadata_from_spec(spec), **extra}
+            defaults = {**metadata_from_spec(m.spec), **extra}
             self.writer.update_metadata(**{k: v for k, v in defaults.items()
                                            if self.writer.metadata.get(k) is None})
-        n_nodes = int(m.get("n_instructions", 0)) + int(m.get("n_dma_transfers", 0))
-        operands = list(m.get("operands") or [])
+        n_nodes = m.n_instructions + m.n_dma_transfers
+        operands = list(m.operands)
         n_nodes = max(n_nodes, len(operands))
         operands += [""] * (n_nodes - len(operands))
-        frames = c.get("frames") or [[] for _ in c.get("hlo_name", [])]
+        frames = c["frames"]
         chains = [self._frames.chain(f) for f in frames]
-        opcodes = list(m.get("opcodes") or [])
-        compiler = m.get("compiler_opcodes") or {}
-        queues = sorted(m.get("queues") or [])
-        size = (queues[-1][0] + 1) if queues else 0
+        opcodes = list(m.opcodes)
+        compiler = m.compiler_opcodes
+        queues = sorted(m.queues)
+        size = (queues[-1].queue_idx + 1) if queues else 0
         names: list[str | None] = [None] * size
         types: list[str | None] = [None] * size
         for index, name, queue_type in queues:
             names[index], types[index] = name, queue_type
-        base = int(m["model_id"]) << 32
-        for i, (name, layer) in enumerate(zip(c.get("hlo_name", []), c.get("layer", []))):
+        base = m.model_id << 32
+        for i, (name, layer) in enumerate(zip(c["hlo_name"], c["layer"])):
             self._op_names[base | i] = str(name)
             self._tree.add_op(base | i, layer or None)
-        sem_names = m.get("semaphore_names") or {}
-        n_sem = max([*sem_names, 255]) + 1
-        self.programs[int(m["model_id"])] = _Program(
-            model_id=int(m["model_id"]),
-            name=str(m.get("model_name") or ""),
+        n_sem = max([*m.semaphore_names, 255]) + 1
+        self.programs[m.model_id] = _Program(
+            model_id=m.model_id,
+            name=m.model_name,
             n_nodes=n_nodes,
             operands=pa.array(operands, pa.string()),
             bir_ids=pa.array([f"sg0000:{i}" for i in range(n_nodes)], pa.string()),
             opcodes=opcodes,
             compiler_opcodes=pa.array([compiler.get(o, o) for o in opcodes], pa.string()),
-            hlo_names=pa.array(list(c.get("hlo_name", [])), pa.string()),
-            layers=pa.array([x or None for x in c.get("layer", [])], pa.string()),
+            hlo_names=pa.array(list(c["hlo_name"]), pa.string()),
+            layers=pa.array([x or None for x in c["layer"]], pa.string()),
             frame_ids=pa.array(["[" + ", ".join(map(str, ids)) + "]" if ids else None for ids in chains],
                                pa.string()),
             source_locations=pa.array([f"{f[-1][0]}:{f[-1][1]}" if f else None for f in frames], pa.string()),
@@ -400,22 +403,22 @@ class ProfileRecorder:
             queue_types=pa.array([t or "unknown" for t in types], pa.string()),
             semaphore_ids=pa.array([str(i) for i in range(n_sem)], pa.string()),
             node_text=_node_text(m, n_nodes),
-            dep_ptr=None if m.get("dep_ptr") is None else np.asarray(m["dep_ptr"], np.int64),
-            dep_idx=None if m.get("dep_idx") is None else np.asarray(m["dep_idx"], np.int64),
-            resource=None if m.get("resource") is None else np.asarray(m["resource"], np.int8),
+            dep_ptr=np.asarray(m.dep_ptr, np.int64),
+            dep_idx=np.asarray(m.dep_idx, np.int64),
+            resource=np.asarray(m.resource, np.int8),
         )
         self._facts(m)
 
-    def _on_execution_start(self, batch: Any) -> None:
-        m = batch.meta
-        self._execution(m).start_ns = int(m["start_ns"])
+    def _on_execution_start(self, batch: EventBatch) -> None:
+        m = meta_of(batch, ExecutionStartMeta)
+        self._execution(m).start_ns = m.start_ns
 
-    def _on_execution_end(self, batch: Any) -> None:
-        m = batch.meta
+    def _on_execution_end(self, batch: EventBatch) -> None:
+        m = meta_of(batch, ExecutionEndMeta)
         execution = self._execution(m)
-        execution.end_ns = int(m["end_ns"])
+        execution.end_ns = m.end_ns
         if execution.start_ns is None:
-            execution.start_ns = int(m.get("start_ns", m["end_ns"]))
+            execution.start_ns = m.start_ns
         if self.rollups and execution.spans:
             spans = hierarchy.merge(hierarchy.concat(execution.spans))
             execution.spans = []
@@ -424,11 +427,11 @@ class ProfileRecorder:
                 self.writer.write("HloInstruction", rows)
             self._tree.add(spans)
 
-    def _execution(self, meta: Mapping[str, Any]) -> _Execution:
-        execution_id = int(meta["execution_id"])
+    def _execution(self, meta: ExecutionMeta) -> _Execution:
+        execution_id = meta.execution_id
         execution = self.executions.get(execution_id)
         if execution is None:
-            model_id = int(meta["model_id"])
+            model_id = meta.model_id
             program = self.programs.get(model_id)
             if program is None:
                 raise ValueError(f"execution {execution_id} of model {model_id} arrived before the model's "
@@ -438,8 +441,8 @@ class ProfileRecorder:
             self.executions[execution_id] = execution
         return execution
 
-    def _on_instruction(self, batch: Any) -> None:
-        c, m = batch.columns, batch.meta
+    def _on_instruction(self, batch: EventBatch) -> None:
+        c, m = batch.columns, meta_of(batch, InstructionMeta)
         execution = self._execution(m)
         program = self.programs[execution.model_id]
         node = np.asarray(c["id"], dtype=np.int64)
@@ -456,10 +459,10 @@ class ProfileRecorder:
             "start_ts": c["start_ts"],
             "end_ts": c["end_ts"],
             "duration_ns": c["duration_ns"],
-            "engine": _dict(np.asarray(c["engine"]), pa.array(m["engine_labels"])),
-            "timeline_track": _dict(np.asarray(c["track"]), pa.array(m["track_labels"])),
+            "engine": _dict(np.asarray(c["engine"]), pa.array(m.engine_labels)),
+            "timeline_track": _dict(np.asarray(c["track"]), pa.array(m.track_labels)),
             "pcore_idx": np.zeros(n, np.int64),
-            "opcode": _dict(opcode, pa.array(m.get("opcodes") or program.opcodes)),
+            "opcode": _dict(opcode, pa.array(m.opcodes or program.opcodes)),
             "operands": _dict(node, program.operands),
             "compiler_opcode": _dict(opcode, program.compiler_opcodes),
             "id": node + execution.base,
@@ -487,7 +490,7 @@ class ProfileRecorder:
         execution.rows += n
         self._dependency_flows(node, execution, program)
         if self.rollups:
-            opcodes = list(m.get("opcodes") or program.opcodes)
+            opcodes = list(m.opcodes or program.opcodes)
             sbuf_read = np.asarray(c["sbuf_read_bytes"])
             loads = opcode == opcodes.index("LDWEIGHTS") if "LDWEIGHTS" in opcodes else np.zeros(n, bool)
             execution.spans.append(hierarchy.merge(hierarchy.events(
@@ -501,9 +504,9 @@ class ProfileRecorder:
                     adjusted_flops=np.asarray(c["adjusted_flops"]),
                     pe_flops=np.maximum(np.asarray(c["raw_flops"]), transpose)))))
 
-    def _on_dma_packet(self, batch: Any) -> None:
+    def _on_dma_packet(self, batch: EventBatch) -> None:
         c = batch.columns
-        execution = self._execution(batch.meta)
+        execution = self._execution(meta_of(batch, DmaPacketMeta))
         program = self.programs[execution.model_id]
         transfer = np.asarray(c["transfer_id"], dtype=np.int64)
         n = transfer.size
@@ -598,15 +601,15 @@ class ProfileRecorder:
         self._packet_carry = (execution, int(transfer[-1]), int(rank[-1]) + 1)
         return rank
 
-    def _on_semaphore_update(self, batch: Any) -> None:
-        c, m = batch.columns, batch.meta
+    def _on_semaphore_update(self, batch: EventBatch) -> None:
+        c, m = batch.columns, meta_of(batch, SemaphoreUpdateMeta)
         execution = self._execution(m)
         program = self.programs[execution.model_id]
         sem = np.asarray(c["semaphore"])
         n = sem.size
         source = np.where(np.asarray(c["is_dma"]), SEMAPHORE_BUS_SOURCE,
                           np.asarray(c["source_engine"])).astype(np.int8)
-        labels = pa.array([*(m.get("engine_labels") or ENGINE_NAMES), BUS_SOURCE])
+        labels = pa.array([*ENGINE_NAMES, BUS_SOURCE])  # by source code: engines, then the bus
         self.writer.write("SemaphoreUpdate", {
             "timestamp": c["timestamp"],
             "id": _dict(sem, program.semaphore_ids),
@@ -618,9 +621,9 @@ class ProfileRecorder:
         })
         execution.rows += n
 
-    def _on_hbm_usage(self, batch: Any) -> None:
+    def _on_hbm_usage(self, batch: EventBatch) -> None:
         c = batch.columns
-        execution = self._execution(batch.meta)
+        execution = self._execution(meta_of(batch, HbmUsageMeta))
         n = len(c["timestamp"])
         self.writer.write("HbmUsage", {
             "timestamp": c["timestamp"],
@@ -630,32 +633,39 @@ class ProfileRecorder:
         })
         execution.rows += n
 
-    def _on_cc_op(self, batch: Any) -> None:
-        """Collective ops, columns named as the CcOp table (``CollectiveRecord.ccop_row`` keys).
-        Ids and the trigger engine are the writer's to assign when the batch has none."""
-        columns = {k: v for k, v in batch.columns.items() if k in _CCOP_COLUMNS}
-        n = len(next(iter(columns.values()))) if columns else 0
+    def _on_cc_op(self, batch: EventBatch) -> None:
+        """Collective ops, columns named as the CcOp table (``record_kinds`` declares them); op ids and
+        the trigger engine are the recorder's to assign."""
+        meta_of(batch, CcOpMeta)
+        n = len(batch)
         if not n:
             return
-        columns.setdefault("op_id", np.arange(self._cc_op_id, self._cc_op_id + n, dtype=np.int64))
-        columns.setdefault("stream_id", np.zeros(n, np.int64))
-        columns.setdefault("stream_index", np.zeros(n, np.int64))
-        columns.setdefault("trigger_engine", [CC_TRIGGER_ENGINE] * n)
+        columns = {**batch.columns,
+                   "op_id": np.arange(self._cc_op_id, self._cc_op_id + n, dtype=np.int64),
+                   "trigger_engine": [CC_TRIGGER_ENGINE] * n}
         self._cc_op_id += n
-        extra = sorted(set(batch.columns) - _CCOP_COLUMNS)
-        if extra:
-            self._unknown_kinds[f"cc_op column(s) {', '.join(extra)}"] = 1
         self.writer.write("CcOp", columns)
 
-    def _on_neuronlink_usage(self, batch: Any) -> None:
+    def _on_neuronlink_usage(self, batch: EventBatch) -> None:
+        meta_of(batch, NeuronLinkUsageMeta)
         self.writer.write("NeuronLinkUsage", dict(batch.columns))
 
-
-_CCOP_COLUMNS = frozenset(SCHEMA.tables["CcOp"].names)
+    _handlers: ClassVar[dict[RecordKind, Callable[[ProfileRecorder, EventBatch], None]]] = {
+        RecordKind.PROGRAM_LOADED: _on_program_loaded,
+        RecordKind.EXECUTION_START: _on_execution_start,
+        RecordKind.INSTRUCTION: _on_instruction,
+        RecordKind.DMA_PACKET: _on_dma_packet,
+        RecordKind.SEMAPHORE_UPDATE: _on_semaphore_update,
+        RecordKind.HBM_USAGE: _on_hbm_usage,
+        RecordKind.CC_OP: _on_cc_op,
+        RecordKind.NEURONLINK_USAGE: _on_neuronlink_usage,
+        RecordKind.EXECUTION_END: _on_execution_end,
+    }
+    """Which handler takes each record kind (every declared kind has one; a test checks)."""
 
 
 @contextlib.contextmanager
-def record_profile(out_dir: str | Path, sink: Any = None, *, core: int | None = None,
+def record_profile(out_dir: str | Path, sink: EventSink | None = None, *, core: int | None = None,
                    metadata: Mapping[str, Any] | None = None, summaries: bool = True,
                    **writer_options: Any) -> Iterator[ProfileRecorder]:
     """Record everything ``sink`` (default: the core's process-wide sink) emits into ``out_dir``.

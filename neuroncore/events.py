@@ -4,41 +4,37 @@ The core hands plain columnar batches (NumPy arrays and lists, never formatted t
 whoever subscribed. With no subscriber, ``sink.active`` is False and the runtime skips building
 records entirely, so an unobserved core pays nothing for being observable.
 
-Batch kinds and their columns are listed in ``RECORD_KINDS``; codes (engine, opcode, queue) are
-small integers whose names travel in ``batch.meta`` so a batch costs array slices, not strings.
+Every batch kind, its columns and its metadata record are declared once in
+``neuroncore.record_kinds``; codes (engine, opcode, queue) are small integers whose names travel in
+``batch.meta`` so a batch costs array slices, not strings. A sink made with ``check=True`` (and every
+sink while ``EventSink.check_all`` is set, as the test suite does) checks each batch against its
+declaration before handing it on.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from neuroncore.record_kinds import RECORD_KINDS, Meta, RecordKind, check_batch
 
 BATCH_ROWS = 65536
 PROBE_PERIOD_S = 1.0  # how often an execution may run the sink's probes (EventSink.poll)
 
-RECORD_KINDS: dict[str, str] = {
-    "program_loaded": "a model was loaded: its ops (HLO name, layer, frames) and static instruction info",
-    "execution_start": "an execution began on a core (meta only)",
-    "instruction": "executed engine instructions with start/end, wait, bytes and FLOPs",
-    "dma_packet": "DMA packets: one engine's share of one transfer, with queue and bytes",
-    "semaphore_update": "semaphore increments at instruction/transfer completion",
-    "hbm_usage": "HBM throughput samples over the execution",
-    "cc_op": "collectives of a tensor-parallel execution, one row per collective as one rank saw it",
-    "neuronlink_usage": "NeuronLink / EFA / on-chip channel traffic sampled over a tensor-parallel execution",
-    "execution_end": "an execution finished (meta: device time, counts)",
-}
+__all__ = ["BATCH_ROWS", "RECORD_KINDS", "EventBatch", "EventSink", "Listener", "RecordKind", "sink"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventBatch:
-    """One batch of records of one ``kind``. Columns are equal-length arrays or lists."""
+    """One batch of records of one ``kind``: equal-length columns as ``RECORD_KINDS[kind]`` declares
+    them, and that kind's metadata record."""
 
-    kind: str
-    columns: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    kind: RecordKind
+    columns: Mapping[str, Any]
+    meta: Meta
 
     def __len__(self) -> int:
         for column in self.columns.values():
@@ -52,9 +48,13 @@ Listener = Callable[[EventBatch], None]
 class EventSink:
     """Fan-out of batches to listeners; thread-safe subscribe/unsubscribe."""
 
-    def __init__(self) -> None:
+    check_all: ClassVar[bool] = False
+    """Check every batch of every sink against its declaration (set by the test suite)."""
+
+    def __init__(self, *, check: bool = False) -> None:
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
+        self.check = check
         self.generation = 0  # bumped by every subscribe: loaded models re-announce themselves
         self._probes: tuple[Callable[[], None], ...] = ()
         self._next_poll = 0.0
@@ -99,11 +99,14 @@ class EventSink:
         for probe in self._probes:
             probe()
 
-    def emit(self, kind: str, columns: dict[str, Any] | None = None, **meta: Any) -> None:
+    def emit(self, kind: RecordKind, columns: Mapping[str, Any], meta: Meta) -> None:
+        """Hand one batch to every listener (nothing is built when nobody listens)."""
         listeners = self._listeners
         if not listeners:
             return
-        batch = EventBatch(kind, columns or {}, meta)
+        batch = EventBatch(kind, columns, meta)
+        if self.check or EventSink.check_all:
+            check_batch(batch)
         for listener in listeners:
             listener(batch)
 

@@ -20,3 +20,9 @@ except ImportError:
     pytest_plugins: list[str] = []
 else:
     pytest_plugins = ["pytestqt.plugin"]
+
+# Every batch any test makes the execution core emit is checked against its declaration
+# (neuroncore.record_kinds): a column or metadata field that drifts fails the test that emitted it.
+from neuroncore.events import EventSink
+
+EventSink.check_all = True

@@ -28,6 +28,7 @@ from neuroncore.events import EventSink
 from neuroncore.events import sink as default_sink
 from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.record_kinds import ExecutionEndMeta, ExecutionStartMeta, RecordKind
 from neuroncore.runtime import records
 from neuroncore.runtime.ids import PROCESS_IDS
 from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
@@ -124,18 +125,21 @@ class LoadedModel:
         sink.poll()  # on-demand listeners (live state while watched) attach here, before the report
         if sink.active:
             self.announce()
-            host = {"host_start_ns": host_start_ns or time.time_ns(), "pid": os.getpid(),
-                    "thread_id": threading.get_native_id()}
-            sink.emit("execution_start", execution_id=execution_id, model_id=self.model_id,
-                      core=core, start_ns=t0, model_name=program.graph.name, rank=self.rank, **host)
+            host_ns, pid, tid = host_start_ns or time.time_ns(), os.getpid(), threading.get_native_id()
+            sink.emit(RecordKind.EXECUTION_START, {},
+                      ExecutionStartMeta(execution_id=execution_id, model_id=self.model_id, core=core,
+                                         start_ns=t0, model_name=program.graph.name, rank=self.rank,
+                                         host_start_ns=host_ns, pid=pid, thread_id=tid))
             records.emit_execution(sink, program, timeline, execution_id=execution_id,
                                    model_id=self.model_id, core=core)
             if collectives:
                 records.emit_collectives(sink, program, collectives, rank=self.rank,
                                          execution_id=execution_id, model_id=self.model_id, core=core)
-            sink.emit("execution_end", execution_id=execution_id, model_id=self.model_id,
-                      core=core, start_ns=t0, end_ns=end, device_time_ns=end - t0,
-                      timing_only=timing_only, host_end_ns=time.time_ns(), **host)
+            sink.emit(RecordKind.EXECUTION_END, {},
+                      ExecutionEndMeta(execution_id=execution_id, model_id=self.model_id, core=core,
+                                       start_ns=t0, end_ns=end, device_time_ns=end - t0,
+                                       timing_only=timing_only, host_end_ns=time.time_ns(),
+                                       host_start_ns=host_ns, pid=pid, thread_id=tid))
         return ExecutionResult(execution_id, self.model_id, core, t0, end, outputs, timeline, program)
 
 

@@ -10,6 +10,18 @@ from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.enums import ENGINE_NAMES, TRACK_LABELS
 from neuroncore.events import BATCH_ROWS, EventSink
+from neuroncore.record_kinds import (
+    RECORD_KINDS,
+    CcOpMeta,
+    DmaPacketMeta,
+    HbmUsageMeta,
+    InstructionMeta,
+    NeuronLinkUsageMeta,
+    ProgramLoadedMeta,
+    QueueInfo,
+    RecordKind,
+    SemaphoreUpdateMeta,
+)
 from neuroncore.runtime.scheduler import RecordLayout, Timeline
 
 # runtime opcode -> what the compiler emitted (profile-schema §2.8: pseudo-instructions are expanded)
@@ -21,13 +33,18 @@ def _chunks(n: int) -> Iterator[slice]:
         yield slice(s, min(n, s + BATCH_ROWS))
 
 
-def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **where: object) -> None:
-    """A loaded program's ops and static facts; ``where`` adds the core's place (device, instance
-    type, tensor-parallel rank) to the meta."""
+def _queues(program: Program) -> list[QueueInfo]:
+    return [QueueInfo(q.index, q.name, q.queue_type) for q in program.queues]
+
+
+def emit_program(sink: EventSink, program: Program, model_id: int, core: int, *, device: int,
+                 instance_type: str | None, rank: int) -> None:
+    """A loaded program's ops and static facts, and the core's place (device, instance type,
+    tensor-parallel rank)."""
     graph = program.graph
     ops = graph.ops
     sink.emit(
-        "program_loaded",
+        RecordKind.PROGRAM_LOADED,
         {
             "op_index": np.arange(len(ops), dtype=np.int32),
             "hlo_name": [op.name for op in ops],
@@ -37,18 +54,19 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, **
             "dtype": [op.dtype.value for op in ops],
             "frames": [[(f.file, f.line, f.function) for f in op.frames] for op in ops],
         },
-        model_id=model_id, core=core, model_name=graph.name, spec=program.spec,
-        n_instructions=program.n_instructions, n_dma_transfers=program.n_dma_transfers,
-        queues=[(q.index, q.name, q.queue_type) for q in program.queues],
-        semaphore_names=dict(program.semaphore_names), operands=program.operands,
-        opcodes=program.opcodes,
-        compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
-        hbm_bytes_by_kind=program.hbm_bytes_by_kind(),
-        # per node: what the engine ran it as, and the dependency graph (CSR over node ids; resource
-        # codes are neuroncore.enums.Resource) for the profile's Flow edges
-        activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
-        performance_mode=program.performance_mode, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
-        resource=program.resource, **where,
+        ProgramLoadedMeta(
+            model_id=model_id, core=core, model_name=graph.name, spec=program.spec, device=device,
+            instance_type=instance_type, rank=rank,
+            n_instructions=program.n_instructions, n_dma_transfers=program.n_dma_transfers,
+            queues=_queues(program), semaphore_names=dict(program.semaphore_names),
+            operands=program.operands, opcodes=program.opcodes,
+            compiler_opcodes={name: COMPILER_OPCODES.get(name, name) for name in program.opcodes},
+            hbm_bytes_by_kind=program.hbm_bytes_by_kind(),
+            # per node: what the engine ran it as, and the dependency graph (CSR over node ids;
+            # resource codes are neuroncore.enums.Resource) for the profile's Flow edges
+            activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
+            performance_mode=program.performance_mode, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
+            resource=program.resource),
     )
 
 
@@ -102,7 +120,8 @@ def _packet_bytes(program: Program, nodes: np.ndarray) -> np.ndarray:
     rank = np.arange(nodes.size) - np.repeat(starts, np.diff(np.r_[starts, nodes.size]))
     total = program.dma_bytes[nodes]
     engines = np.maximum(program.dma_engines[nodes].astype(np.int64), 1)
-    return total // engines + (rank < total % engines)
+    shares: np.ndarray = total // engines + (rank < total % engines)
+    return shares
 
 
 def _sliced(columns: dict[str, np.ndarray], part: slice) -> dict[str, np.ndarray]:
@@ -112,13 +131,13 @@ def _sliced(columns: dict[str, np.ndarray], part: slice) -> dict[str, np.ndarray
 def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, execution_id: int,
                    model_id: int, core: int) -> None:
     """Hand one execution's records to the sink: array views, no per-record Python work."""
-    meta = {"execution_id": execution_id, "model_id": model_id, "core": core}
+    ids = {"execution_id": execution_id, "model_id": model_id, "core": core}
     layout = timeline.layout
     static = _static_columns(program, layout)
     for part in _chunks(layout.instr_nodes.size):
         start, end = timeline.i_start[part], timeline.i_end[part]
         sink.emit(
-            "instruction",
+            RecordKind.INSTRUCTION,
             {
                 **_sliced(static["instruction"], part),
                 "start_ts": start,
@@ -128,14 +147,14 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
                 "dma_trigger_start_ts": timeline.i_dma_start[part],
                 "dma_trigger_end_ts": timeline.i_dma_end[part],
             },
-            engine_labels=list(ENGINE_NAMES), track_labels=list(TRACK_LABELS), opcodes=program.opcodes,
-            **meta,
+            InstructionMeta(engine_labels=ENGINE_NAMES, track_labels=TRACK_LABELS, opcodes=program.opcodes,
+                            **ids),
         )
-    queues = [(q.index, q.name, q.queue_type) for q in program.queues]
+    queues = _queues(program)
     for part in _chunks(layout.packet_node.size):
         start, end = timeline.packet_start_ns[part], timeline.packet_end_ns[part]
         sink.emit(
-            "dma_packet",
+            RecordKind.DMA_PACKET,
             {
                 **_sliced(static["packet"], part),
                 "start_ts": start,
@@ -143,17 +162,17 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
                 "duration_ns": end - start,
                 "engine_idx": timeline.packet_engine[part],
             },
-            queues=queues, **meta,
+            DmaPacketMeta(queues=queues, **ids),
         )
     for part in _chunks(layout.producers.size):
         sink.emit(
-            "semaphore_update",
+            RecordKind.SEMAPHORE_UPDATE,
             {**_sliced(static["semaphore"], part), "timestamp": timeline.sem_ts[part]},
-            semaphore_names=program.semaphore_names, **meta,
+            SemaphoreUpdateMeta(semaphore_names=program.semaphore_names, **ids),
         )
     times, throughput, cumulative = hbm_samples(program, timeline)
-    sink.emit("hbm_usage", {"timestamp": times, "current_throughput": throughput,
-                            "total_transfer_bytes": cumulative}, **meta)
+    sink.emit(RecordKind.HBM_USAGE, {"timestamp": times, "current_throughput": throughput,
+                                     "total_transfer_bytes": cumulative}, HbmUsageMeta(**ids))
 
 
 def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -179,14 +198,19 @@ def emit_collectives(sink: EventSink, program: Program, collectives: Sequence[tu
         return
     rows = [record.ccop_row(record.ranks[rank] if rank < len(record.ranks) else None)
             for _, record in collectives]
-    columns: dict[str, object] = {name: [row[name] for row in rows] for name in rows[0]}
+    declared = {column.name: column for column in RECORD_KINDS[RecordKind.CC_OP].columns}
+    columns: dict[str, object] = {}
+    for name in rows[0]:  # as declared: numbers as NumPy arrays, text as lists
+        values = [row[name] for row in rows]
+        dtype = declared[name].dtype
+        columns[name] = np.array(values, dtype.value) if dtype.is_array else values
     columns["stream_id"] = np.zeros(len(rows), np.int64)  # one CC-core stream per program
     columns["stream_index"] = np.arange(len(rows), dtype=np.int64)
     nodes = [node for node, _ in collectives]
     op_indices = [int(program.op_index[node]) for node in nodes]
-    sink.emit("cc_op", columns, execution_id=execution_id, model_id=model_id, core=core, rank=rank,
-              nodes=nodes, op_indices=op_indices,
-              hlo_names=[program.graph.ops[i].name for i in op_indices])
+    sink.emit(RecordKind.CC_OP, columns,
+              CcOpMeta(execution_id=execution_id, model_id=model_id, core=core, rank=rank, nodes=nodes,
+                       op_indices=op_indices, hlo_names=[program.graph.ops[i].name for i in op_indices]))
 
 
 CHANNEL_KINDS = {"NeuronLink": "neuronlink", "EFA": "efa", "on-chip": "on_chip"}
@@ -220,7 +244,7 @@ def emit_link_usage(sink: EventSink, records: Sequence[CollectiveRecord], t0: fl
     channels = [topology.channels[int(c)] for c in channel]
     capacity = topology.channel_bytes_per_s
     sink.emit(
-        "neuronlink_usage",
+        RecordKind.NEURONLINK_USAGE,
         {
             "timestamp": np.rint(edges[window]).astype(np.int64),
             "duration_ns": np.full(window.size, round(width), np.int64),
@@ -235,6 +259,7 @@ def emit_link_usage(sink: EventSink, records: Sequence[CollectiveRecord], t0: fl
             "active_flows": flows[window, channel],
             "capacity": capacity[channel].astype(np.float32),
         },
-        topology=topology.name, execution_ids=list(execution_ids),
-        channel_labels={int(c): topology.channels[int(c)].label for c in np.unique(channel)},
+        NeuronLinkUsageMeta(
+            topology=topology.name, execution_ids=list(execution_ids),
+            channel_labels={int(c): topology.channels[int(c)].label for c in np.unique(channel)}),
     )

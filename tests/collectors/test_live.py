@@ -22,6 +22,7 @@ from collectors.livereader import parse_state, read_live_state
 from collectors.livestate import ENGINES, LiveAccumulator, union_ns
 from collectors.livewindow import LiveTracker, window
 from neuroncore.events import EventBatch, EventSink
+from neuroncore.record_kinds import ProgramLoadedMeta, RecordKind, check_batch
 from tests.fixtures.live import (
     PYTHON,
     REPO,
@@ -130,23 +131,21 @@ def test_models_beyond_a_cores_memory_are_forgotten_oldest_first():
     """There is no unload event: models of dropped Instances leave once a core could not hold them all."""
     acc = LiveAccumulator()
     six_gib = {"weight": 6 * 2**30, "input": 0, "output": 0, "scratch": 0}
+    no_deps = np.zeros(1, np.int64)
     for model_id in (1, 2, 3):
-        acc(
-            EventBatch(
-                "program_loaded",
-                {"hlo_name": ["dot.1"]},
-                {
-                    "model_id": model_id,
-                    "core": 0,
-                    "device": 0,
-                    "model_name": "big",
-                    "spec": nc.NC_V2,
-                    "n_instructions": 10,
-                    "n_dma_transfers": 2,
-                    "hbm_bytes_by_kind": six_gib,
-                },
-            )
+        batch = EventBatch(
+            RecordKind.PROGRAM_LOADED,
+            {"op_index": np.zeros(1, np.int32), "hlo_name": ["dot.1"], "opcode": ["dot"], "layer": [""],
+             "shape": [[4, 4]], "dtype": ["bf16"], "frames": [[]]},
+            ProgramLoadedMeta(
+                model_id=model_id, core=0, device=0, model_name="big", spec=nc.NC_V2,
+                instance_type="trn1.2xlarge", rank=0, n_instructions=10, n_dma_transfers=2, queues=[],
+                semaphore_names={}, operands=[], opcodes=[], compiler_opcodes={},
+                hbm_bytes_by_kind=six_gib, activation_fn=[], tensor_instruction_type=[],
+                performance_mode=[], dep_ptr=no_deps, dep_idx=no_deps[:0], resource=np.zeros(0, np.int8)),
         )
+        check_batch(batch)
+        acc(batch)
     assert [m["model_id"] for m in acc.snapshot()["models"]] == [2, 3]  # 18 GiB > the core's 16 GiB
 
 

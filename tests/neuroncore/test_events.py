@@ -9,8 +9,9 @@ import pytest
 
 import neuroncore as nc
 from neuroncore.compiler.program import RES_DMA
-from neuroncore.events import RECORD_KINDS, EventBatch, EventSink
+from neuroncore.events import EventBatch, EventSink
 from neuroncore.hardware import NC_V2, with_overrides
+from neuroncore.record_kinds import HbmUsageMeta, RecordKind, check_batch
 from neuroncore.runtime import records
 from neuroncore.workloads import get, random_inputs
 
@@ -89,7 +90,9 @@ def test_nothing_is_built_without_a_listener(monkeypatch):
 def test_emit_without_listeners_is_a_no_op():
     sink = EventSink()
     assert not sink.active
-    sink.emit("instruction", {"id": np.arange(3)})  # nobody to hand it to; no error
+    # nobody to hand it to: not even checked against its declaration
+    meta = HbmUsageMeta(execution_id=1, model_id=1, core=0)
+    sink.emit(RecordKind.HBM_USAGE, {"timestamp": np.arange(3)}, meta)
 
 
 # -- one execution, observed -------------------------------------------------------------------------
@@ -99,7 +102,7 @@ def test_batches_are_columnar(observed):
     _, batches, _ = observed
     assert batches
     for batch in batches:
-        assert batch.kind in RECORD_KINDS
+        check_batch(batch)
         lengths = {name: len(col) for name, col in batch.columns.items()}
         assert len(set(lengths.values())) <= 1, (batch.kind, lengths)
         assert len(batch) == (next(iter(lengths.values())) if lengths else 0)
@@ -121,8 +124,8 @@ def test_every_instruction_arrives_exactly_once(observed):
     assert np.array_equal(column(batches, "instruction", "opcode"), program.opcode_id[ids])
     assert int(column(batches, "instruction", "raw_flops").sum()) == int(program.raw_flops.sum())
     for batch in of_kind(batches, "instruction"):
-        assert batch.meta["opcodes"] == program.opcodes
-        assert batch.meta["execution_id"] == result.execution_id
+        assert batch.meta.opcodes == program.opcodes
+        assert batch.meta.execution_id == result.execution_id
 
 
 def test_instructions_are_split_into_batches(monkeypatch):
@@ -203,7 +206,7 @@ def test_semaphore_updates(observed):
         order = np.lexsort((value[mine], ts[mine]))
         v = value[mine][order]
         assert np.all(np.diff(v) > 0), f"semaphore {s} values are not increasing in time"
-    names = of_kind(batches, "semaphore_update")[0].meta["semaphore_names"]
+    names = of_kind(batches, "semaphore_update")[0].meta.semaphore_names
     assert all(int(s) in names for s in np.unique(sem))
 
 
@@ -258,12 +261,12 @@ def test_program_loaded_carries_the_ops():
     assert frames and any(f[0].endswith("test_events.py") for f in frames)
     assert all(len(f) == 3 for f in frames)  # (file, line, function)
     meta = loaded.meta
-    assert meta["model_id"] == model.model_id and meta["core"] == 1
-    assert meta["model_name"] == "small"
-    assert meta["n_instructions"] == program.n_instructions
-    assert meta["n_dma_transfers"] == program.n_dma_transfers
-    assert meta["opcodes"] == program.opcodes
-    assert len(meta["operands"]) == program.n_nodes
+    assert meta.model_id == model.model_id and meta.core == 1
+    assert meta.model_name == "small"
+    assert meta.n_instructions == program.n_instructions
+    assert meta.n_dma_transfers == program.n_dma_transfers
+    assert meta.opcodes == program.opcodes
+    assert len(meta.operands) == program.n_nodes
 
 
 def test_execution_start_and_end_bracket_the_records():
@@ -279,7 +282,7 @@ def test_execution_start_and_end_bracket_the_records():
     assert kinds[0] == "program_loaded"
     by_execution = defaultdict(list)
     for position, batch in enumerate(batches[1:], start=1):
-        by_execution[batch.meta["execution_id"]].append((position, batch))
+        by_execution[batch.meta.execution_id].append((position, batch))
     assert sorted(by_execution) == [first.execution_id, second.execution_id]
     for result, timing_only in ((first, False), (second, True)):
         entries = by_execution[result.execution_id]
@@ -289,11 +292,11 @@ def test_execution_start_and_end_bracket_the_records():
         inner = {b.kind for _, b in entries[1:-1]}
         assert inner == {"instruction", "dma_packet", "semaphore_update", "hbm_usage"}
         start, end = entries[0][1].meta, entries[-1][1].meta
-        assert start["start_ns"] == result.start_ns and start["model_id"] == model.model_id
-        assert end["end_ns"] == result.end_ns and end["device_time_ns"] == result.device_time_ns
-        assert end["timing_only"] is timing_only
+        assert start.start_ns == result.start_ns and start.model_id == model.model_id
+        assert end.end_ns == result.end_ns and end.device_time_ns == result.device_time_ns
+        assert end.timing_only is timing_only
         for _, batch in entries:
-            assert batch.meta["core"] == 0 and batch.meta["model_id"] == model.model_id
+            assert batch.meta.core == 0 and batch.meta.model_id == model.model_id
     # numerics and timing-only runs report the same records apart from the clock
     a = next(b for _, b in by_execution[first.execution_id] if b.kind == "instruction")
     b = next(b for _, b in by_execution[second.execution_id] if b.kind == "instruction")

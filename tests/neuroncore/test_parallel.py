@@ -137,7 +137,7 @@ def test_records_per_rank_and_link_usage():
     for batch in batches:
         by_kind.setdefault(batch.kind, []).append(batch)
     assert len(by_kind["program_loaded"]) == 4
-    assert sorted(b.meta["core"] for b in by_kind["execution_end"]) == [4, 5, 6, 7]
+    assert sorted(b.meta.core for b in by_kind["execution_end"]) == [4, 5, 6, 7]
     cc_ops = by_kind["cc_op"]
     assert len(cc_ops) == 4 and all(len(b) == 3 for b in cc_ops)
     row = cc_ops[0].columns
@@ -145,9 +145,9 @@ def test_records_per_rank_and_link_usage():
     assert row["replica_group"][0] == "[[4, 5, 6, 7]]"
     assert all(e > s for s, e in zip(row["start_ts"], row["end_ts"]))
     assert list(row["stream_index"]) == [0, 1, 2]
-    assert cc_ops[0].meta["hlo_names"][0].startswith("all-reduce")
+    assert cc_ops[0].meta.hlo_names[0].startswith("all-reduce")
     # instructions exclude the collectives (they are CcOp rows, not engine instructions)
-    n_instr = sum(len(b) for b in by_kind["instruction"] if b.meta["core"] == 4)
+    n_instr = sum(len(b) for b in by_kind["instruction"] if b.meta.core == 4)
     assert n_instr == group.program.n_instructions
     links = by_kind["neuronlink_usage"]
     assert len(links) == 1 and len(links[0]) > 0
