@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from neuroncore.enums import ENGINE_LABELS as ENGINE_LABELS  # declared in neuroncore.enums; re-exported
-from neuroncore.enums import Engine
+# declared in neuroncore.enums; re-exported here for callers that import them with the specs
+from neuroncore.enums import ENGINE_LABELS as ENGINE_LABELS
+from neuroncore.enums import Engine as Engine
 
 
 @dataclass(frozen=True)
