@@ -42,13 +42,14 @@ from formats import units
 from formats.dataset import capture_state, find_profiles
 from formats.reader import ProfileError
 from neuronscope import settings
+from neuronscope.cli_kit import CliError
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 EXIT_RECORDING_FAILED = 3  # the program succeeded but a device profile could not be recorded whole
 
 
-class CaptureError(ValueError):
-    """Bad capture arguments or a capture that cannot run (one line for the user)."""
+class CaptureError(CliError, ValueError):
+    """Bad capture arguments or a capture that cannot run (one line for the user, exit 2)."""
 
 
 @dataclass

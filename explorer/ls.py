@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from rich import box
@@ -39,7 +39,7 @@ from explorer.ls_model import (
     gather,
     memory_text,
 )
-from neuronscope.cli_kit import OneLineParser
+from neuronscope.cli_kit import OneLineParser, Renderers, add_instance_option
 
 INVENTORY_COLUMNS = ("NEURON DEVICE", "NEURON CORES", "NEURON CORE IDS", "NEURON MEMORY",
                      "CONNECTED DEVICES", "PCI BDF", "CPU AFFINITY", "NUMA NODE")
@@ -108,6 +108,11 @@ def header_lines(inventory: Inventory, instance_id: str = "") -> list[str]:
     return lines
 
 
+RENDERERS: Renderers[Callable[[Inventory, Sequence[DeviceRow], argparse.Namespace, TextIO], None]] = (
+    Renderers("neuron-ls"))
+
+
+@RENDERERS.register("table", "the real tool's tables")
 def render_text(inventory: Inventory, rows: Sequence[DeviceRow], args: argparse.Namespace,
                 out: TextIO) -> None:
     console = Console(file=out, width=100_000, color_system=None, highlight=False, markup=False,
@@ -127,6 +132,7 @@ def render_text(inventory: Inventory, rows: Sequence[DeviceRow], args: argparse.
         console.print(make_table(INVENTORY_COLUMNS, inventory_groups(rows)))
 
 
+@RENDERERS.register("json", "one JSON document")
 def render_json(inventory: Inventory, rows: Sequence[DeviceRow], args: argparse.Namespace,
                 out: TextIO) -> None:
     width = WIDE_COMMAND_WIDTH if args.wide else COMMAND_WIDTH
@@ -147,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also list processes holding devices that are not Neuron runtimes")
     parser.add_argument("-t", "--topology", action="store_true", help="print the device topology")
     parser.add_argument("-j", "--json-output", action="store_true", help="JSON array (pre-2.34 layout)")
-    parser.add_argument("--output-format", choices=("table", "json"), default="table", help="output format")
-    parser.add_argument("--instance", help="simulated instance type to show (default: real devices, else the "
-                                           "configured instance)")
+    RENDERERS.add_option(parser, default="table")
+    add_instance_option(parser, "simulated instance type to show (default: real devices, else the "
+                                "configured instance)")
     return parser
 
 
@@ -162,10 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rows = gather(inventory, show_all=args.show_all_procs)
     try:
-        if args.json_output or args.output_format == "json":
-            render_json(inventory, rows, args, sys.stdout)
-        else:
-            render_text(inventory, rows, args, sys.stdout)
+        render = RENDERERS.get("json" if args.json_output else args.output_format)
+        render(inventory, rows, args, sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:
         return 0

@@ -18,13 +18,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from collectors.capture import CaptureCommand, CaptureError
+from collectors.capture import CaptureCommand
 from collectors.loadgen import RunCommand
 from explorer.viewer.view_command import ViewCommand
 from formats import profile_commands as formats_cli
 from formats.profile_commands import COMMANDS as FORMAT_COMMANDS
-from formats.profile_commands import Command
-from formats.read_api import ProfileError
+from neuronscope.cli_kit import Command
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
 # interactive viewer as the default and hands --output-format to the formats' code
@@ -37,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # compile errors, sharding and unknown options are ValueErrors; disk errors OSErrors
-    return formats_cli.run_cli(argv, COMMANDS, (ProfileError, CaptureError, ValueError, OSError),
+    # ProfileError and CaptureError are CliErrors; compile errors, sharding and unknown options are
+    # ValueErrors; disk errors OSErrors: each is one line and exit 2 (neuronscope.cli_kit)
+    return formats_cli.run_cli(argv, COMMANDS, (ValueError, OSError),
                                "interrupted; what was recorded is kept (marked incomplete)")
 
 

@@ -19,21 +19,18 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Protocol
 
 from formats.reader import ProfileError
 from formats.schema import Schema
-
-EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
-
-
-class Command(Protocol):
-    name: str
-    help: str
-
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace) -> int: ...
+from neuronscope.cli_kit import (
+    EXIT_BAD_INPUT,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    Command,
+    OneLineParser,
+    command_parser,
+    run_command,
+)
 
 
 class ValidateCommand:
@@ -151,13 +148,12 @@ class ViewOutputCommand:
 
     name = "view"
     help = "show a profile's summary (summary-text, summary-json) or export it (json, perfetto)"
-    FORMATS = ("summary-text", "summary-json", "json", "perfetto")
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        from formats.view_formats import VIEW_FORMATS
+
         parser.add_argument("profile", metavar="DIR", help="profile directory, or a folder of them")
-        parser.add_argument("--output-format", choices=self.FORMATS,
-                            help="summary-text / summary-json (stdout unless --output-file), json (legacy "
-                                 "device-profile JSON, one profile) or perfetto (.pftrace)")
+        VIEW_FORMATS.add_option(parser)
         parser.add_argument("--output-file", "-o", metavar="PATH",
                             help="where to write (json/perfetto default: device_profile_<name>.json/.pftrace "
                                  "in the current directory; '-' = stdout for the text formats and json)")
@@ -188,13 +184,7 @@ COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand(
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuron-profile", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in commands:
-        child = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.prepare_parser(child)
-        child.set_defaults(handler=command)
-    return parser
+    return command_parser("neuron-profile", __doc__.split("\n\n")[0], commands, OneLineParser)
 
 
 def _note_captures(args: argparse.Namespace) -> None:
@@ -212,21 +202,18 @@ def _note_captures(args: argparse.Namespace) -> None:
 
 
 def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
-            bad_input: tuple[type[BaseException], ...] = (ProfileError, OSError),
+            bad_input: tuple[type[BaseException], ...] = (OSError,),
             interrupted: str = "interrupted") -> int:
-    """Parse ``argv`` against ``commands`` and run one; ``bad_input`` errors (and an OSError such as
-    an output file that cannot be written) become one line and exit 2, Ctrl-C exits 130."""
+    """Parse ``argv`` against ``commands`` and run one; a ``CliError`` (``ProfileError`` is one) or a
+    ``bad_input`` error (an OSError such as an output file that cannot be written) becomes one line
+    and exit 2, Ctrl-C exits 130 (``neuronscope.cli_kit.run_command``)."""
     args = build_parser(commands).parse_args(argv)
-    try:
+
+    def body() -> int:
         _note_captures(args)
         return int(args.handler.run(args))
-    except bad_input as exc:
-        text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")  # names that are not UTF-8
-        print(f"neuron-profile: error: {text}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print(f"neuron-profile: {interrupted}", file=sys.stderr)
-        return 130
+
+    return run_command("neuron-profile", body, bad_input=bad_input, interrupted=interrupted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

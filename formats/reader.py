@@ -38,10 +38,12 @@ from formats.schema import (
 )
 from formats.schema_def import TableDef
 from formats.writer import INCOMPLETE_CATEGORY
+from neuronscope.cli_kit import CliError
 
 
-class ProfileError(Exception):
-    """A profile that cannot be read; ``str()`` is one line naming the file, table or column."""
+class ProfileError(CliError):
+    """A profile that cannot be read; ``str()`` is one line naming the file, table or column (a
+    ``CliError``: a command line prints it and exits 2)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from formats.dataset import capture_state, find_profiles
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 from formats.safe_output import output_file
+from formats.view_formats import VIEW_FORMATS, ViewJob
 
 DEVICE_TABLES = ("Instruction", "DmaPacket", "CcOp", "Summary")
 
@@ -109,37 +110,45 @@ def render(root: str, fmt: str, path: str | None, *, recompute: bool = False,
            include_incomplete: bool = False, all_flows: bool = False) -> None:
     """Write ``root``'s profiles in ``fmt`` (summary-text, summary-json, json, perfetto). A file that
     fails while being read (corrupt pages behind a sound footer) is a ``ProfileError`` (one line)."""
+    write = VIEW_FORMATS.get(fmt)  # the registry: formats.view_formats
     try:
-        _render(root, fmt, path, recompute=recompute, include_incomplete=include_incomplete,
-                all_flows=all_flows)
+        write(ViewJob(root, path, recompute=recompute, include_incomplete=include_incomplete,
+                      all_flows=all_flows))
     except (duckdb.Error, pa.ArrowException) as exc:
         entries, _ = find_profiles(root, include_incomplete=include_incomplete)
         profiles = [open_profile(e.path) for e in entries]
         raise ProfileError(read_error(profiles, exc, f"{root}: cannot read the profile: ")) from None
 
 
-def _render(root: str, fmt: str, path: str | None, *, recompute: bool, include_incomplete: bool,
-            all_flows: bool) -> None:
-    programs = _programs(root, include_incomplete)
-    if fmt in ("summary-text", "summary-json"):
-        values = export.collect(programs, recompute=recompute)
-        text = summary_report(programs, values) if fmt == "summary-text" else export.summary_json(values)
-        _write_text(text, path)
+def write_summary(job: ViewJob, *, as_json: bool) -> None:
+    """summary-text (a headline first) or summary-json, to stdout or ``job.path``."""
+    programs = _programs(job.root, job.include_incomplete)
+    values = export.collect(programs, recompute=job.recompute)
+    _write_text(export.summary_json(values) if as_json else summary_report(programs, values), job.path)
+
+
+def write_legacy(job: ViewJob) -> None:
+    """Legacy device-profile JSON of the one profile under ``job.root``."""
+    root, path, recompute = job.root, job.path, job.recompute
+    programs = _programs(root, job.include_incomplete)
+    if len(programs) != 1:
+        raise ProfileError(f"{root}: holds {len(programs)} profiles; legacy JSON is one file per "
+                           f"profile, give one profile directory")
+    name, profile = programs[0]
+    values = export.metrics(profile, recompute=recompute)
+    target = path or trace_export.default_path(name).replace(".pftrace", ".json")
+    if target == "-":
+        export.write_legacy_json(profile, sys.stdout, summary_values=values)
         return
-    if fmt == "json":
-        if len(programs) != 1:
-            raise ProfileError(f"{root}: holds {len(programs)} profiles; legacy JSON is one file per "
-                               f"profile, give one profile directory")
-        name, profile = programs[0]
-        values = export.metrics(profile, recompute=recompute)
-        target = path or trace_export.default_path(name).replace(".pftrace", ".json")
-        if target == "-":
-            export.write_legacy_json(profile, sys.stdout, summary_values=values)
-            return
-        with output_file(target, "w") as out:
-            count = export.write_legacy_json(profile, out, summary_values=values)
-        print(f"wrote {count:,} instructions to {target}", file=sys.stderr)
-        return
+    with output_file(target, "w") as out:
+        count = export.write_legacy_json(profile, out, summary_values=values)
+    print(f"wrote {count:,} instructions to {target}", file=sys.stderr)
+
+
+def write_perfetto(job: ViewJob) -> None:
+    """Every profile under ``job.root`` in one Perfetto trace (a file: the format is binary)."""
+    root, path, all_flows = job.root, job.path, job.all_flows
+    programs = _programs(root, job.include_incomplete)
     target = path or trace_export.default_path(programs[0][0] if len(programs) == 1 else Path(root).name)
     if target == "-":
         raise ProfileError("perfetto output is binary: give a file with --output-file")

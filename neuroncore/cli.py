@@ -29,6 +29,7 @@ from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import ExecutionError, Instance
 from neuroncore.runtime.timing_summary import summarize
 from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
+from neuronscope.cli_kit import CliError, OneLineParser, add_instance_option, run_command
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -173,7 +174,7 @@ def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuroncore", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="neuroncore", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compile and execute a built-in workload, print its timing")
     run.add_argument("--workload", "-w", required=True, choices=sorted(WORKLOADS))
@@ -181,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="workload option, e.g. --set layers=4 (repeatable)")
     run.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
-    run.add_argument("--instance", choices=sorted(INSTANCE_TYPES),
-                     help="instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)")
+    add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
+                        choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")
     run.add_argument("--tp", type=int, default=1, metavar="N",
                      help="tensor-parallel degree: shard Megatron-style over N cores")
@@ -202,17 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args, console))
-    except (CompileError, GraphError, ExecutionError, ValueError) as exc:
-        print(f"neuroncore: error: {exc}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("neuroncore: error: out of host memory; try --timing-only", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("neuroncore: interrupted", file=sys.stderr)
-        return 130
+
+    def body() -> int:
+        try:
+            return int(args.func(args, console))
+        except MemoryError:
+            raise CliError("out of host memory; try --timing-only") from None
+
+    return run_command("neuroncore", body, bad_input=(CompileError, GraphError, ExecutionError, ValueError))
 
 
 if __name__ == "__main__":

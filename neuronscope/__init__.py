@@ -5,4 +5,5 @@ This package imports nothing of ours, so the core (``neuroncore``), the recorder
 that the core never imports the packages above it.
 
     neuronscope.cli_kit     argument parsing, the one CLI error type, output renderers
+    neuronscope.settings    every environment variable we read (docs/settings.md)
 """
