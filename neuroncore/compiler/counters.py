@@ -9,7 +9,7 @@ the set closed: an unknown name is a ``TypeError`` where the lowering builds the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from operator import attrgetter
 
 
@@ -36,12 +36,19 @@ class NodeCounters:
 
     def spill_part(self) -> NodeCounters:
         """Only the spill counters: what a DMA's trigger instruction reports (it starts the spill)."""
+        if not (self.spill_save_bytes or self.spill_reload_bytes):
+            return NO_COUNTERS
         return NodeCounters(spill_save_bytes=self.spill_save_bytes,
                             spill_reload_bytes=self.spill_reload_bytes)
 
     def transfer_part(self) -> NodeCounters:
         """Everything but the spill counters: what the DMA transfer itself reports."""
-        return replace(self, spill_save_bytes=0, spill_reload_bytes=0)
+        if not (self.spill_save_bytes or self.spill_reload_bytes):
+            return self
+        return NodeCounters(self.raw_flops, self.adjusted_flops, self.transpose_flops,
+                            self.hbm_read_bytes, self.hbm_write_bytes, self.sbuf_read_bytes,
+                            self.sbuf_write_bytes, self.psum_read_bytes, self.psum_write_bytes,
+                            0, 0, self.dma_bytes)
 
     def as_tuple(self) -> tuple[int, ...]:
         """The values in ``COUNTER_NAMES`` order."""
@@ -54,5 +61,8 @@ COUNTER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(NodeCounters))
 NO_COUNTERS = NodeCounters()
 
 _values: attrgetter[tuple[int, ...]] = attrgetter(*COUNTER_NAMES)
+counter_values = _values
+"""``counter_values(c)``: the values of ``c`` in ``COUNTER_NAMES`` order (a C-level getter: the
+emitter calls it once per node)."""
 
-__all__ = ["COUNTER_NAMES", "NO_COUNTERS", "NodeCounters"]
+__all__ = ["COUNTER_NAMES", "NO_COUNTERS", "NodeCounters", "counter_values"]

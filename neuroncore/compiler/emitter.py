@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters
+from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters, counter_values
 from neuroncore.compiler.node_semantics import NOP, NodeSemantics, check_semantics
 from neuroncore.compiler.program import (
     PORT_PSUM,
@@ -325,7 +325,7 @@ class Emitter:
 
     def counter_columns(self) -> dict[str, np.ndarray]:
         """One int64 column per counter (``Program`` fields of the same names), in node order."""
-        table = np.array([c.as_tuple() for c in self.counters], np.int64).reshape(-1, len(COUNTER_NAMES))
+        table = np.array(list(map(counter_values, self.counters)), np.int64).reshape(-1, len(COUNTER_NAMES))
         return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------

@@ -95,7 +95,9 @@ class Buffer:
     name: str
 
     def __post_init__(self) -> None:
-        memory = Memory(str(self.memory).lower())  # "SBUF" from older callers is Memory.SBUF
+        memory = self.memory
+        if not isinstance(memory, Memory):
+            memory = Memory(str(memory).lower())  # "SBUF" from older callers is Memory.SBUF
         if memory is Memory.HBM:
             raise ValueError(f"buffer {self.name}: on-chip buffers live in SBUF or PSUM, not HBM")
         object.__setattr__(self, "memory", memory)
