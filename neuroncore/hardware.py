@@ -8,6 +8,7 @@ choice is stated and the value is a field, so a caller can override it with ``da
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 # declared in neuroncore.enums; re-exported here for callers that import them with the specs
 from neuroncore.enums import ENGINE_LABELS as ENGINE_LABELS
@@ -231,6 +232,9 @@ def core_spec(name: str | CoreSpec) -> CoreSpec:
     raise ValueError(f"unknown target {name!r}; known: {known}")
 
 
-def with_overrides(spec: CoreSpec, **changes: object) -> CoreSpec:
-    """A copy of ``spec`` with some facts changed (tests shrink SBUF to force spills this way)."""
+def with_overrides(spec: CoreSpec, **changes: Any) -> CoreSpec:
+    """A copy of ``spec`` with some facts changed (tests shrink SBUF to force spills this way).
+
+    An unknown field is a TypeError (``dataclasses.replace``); code the checker should see through
+    calls ``dataclasses.replace`` itself, which mypy checks field by field."""
     return replace(spec, **changes)
