@@ -579,7 +579,8 @@ class _Converter:
                                  ins.metadata)
         return self._unsupported(renamed, operands)
 
-    def _op_constant(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_constant(self, ins: HloInstruction, operands: list[Val], name: str,
+                     shape: tuple[int, ...], dtype: DType) -> Op:
         values = literal_values(ins.literal)
         if values.size == 1 or (values.size and np.all(values == values.flat[0])):
             return self._constant(float(values.flat[0]), shape, dtype, name)
@@ -589,17 +590,20 @@ class _Converter:
         op.name = name
         return op
 
-    def _op_iota(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_iota(self, ins: HloInstruction, operands: list[Val], name: str,
+                 shape: tuple[int, ...], dtype: DType) -> Op:
         return self._emit("iota", [], shape, dtype, name, dimension=int(ins.attrs["iota_dimension"]))
 
-    def _op_convert(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_convert(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         if x.dtype is dtype:
             self.used.discard(name)
             return x
         return self._convert(x, dtype, name)
 
-    def _op_broadcast(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_broadcast(self, ins: HloInstruction, operands: list[Val], name: str,
+                      shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         dims = ints(ins.attrs.get("dimensions"))
         if tuple(shape) == x.shape and dims == tuple(range(len(shape))):
@@ -610,19 +614,22 @@ class _Converter:
             self.known[id(op)] = self.known[id(x)]
         return op
 
-    def _op_reshape(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_reshape(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...], dtype: DType) -> Op:
         op = self._reshape(operands[0], shape, name)
         if op.name != name:
             self.used.discard(name)
         return op
 
-    def _op_transpose(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_transpose(self, ins: HloInstruction, operands: list[Val], name: str,
+                      shape: tuple[int, ...], dtype: DType) -> Op:
         op = self._transpose(operands[0], ints(ins.attrs["dimensions"]), name)
         if op is operands[0]:
             self.used.discard(name)
         return op
 
-    def _op_slice(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_slice(self, ins: HloInstruction, operands: list[Val], name: str,
+                  shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         ranges = [tuple(int(v) for v in r.split(":")) for r in re.findall(r"\[([^\]]*)\]",
                                                                             ins.attrs["slice"])]
@@ -637,7 +644,8 @@ class _Converter:
         return self._emit("slice", [x], shape, dtype, name, starts=starts, limits=limits,
                           strides=strides)
 
-    def _op_dynamic_slice(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_dynamic_slice(self, ins: HloInstruction, operands: list[Val], name: str,
+                          shape: tuple[int, ...], dtype: DType) -> Op:
         x, starts = operands[0], operands[1:]
         if not all(id(s) in self.known for s in starts):
             raise _Unmappable("dynamic start")
@@ -649,14 +657,16 @@ class _Converter:
         return self._emit("slice", [x], shape, dtype, name, starts=tuple(begin), limits=limits,
                           strides=(1,) * len(shape))
 
-    def _op_concatenate(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_concatenate(self, ins: HloInstruction, operands: list[Val], name: str,
+                        shape: tuple[int, ...], dtype: DType) -> Op:
         if len(operands) == 1:
             self.used.discard(name)
             return operands[0]
         dimension = ints(ins.attrs["dimensions"])[0]
         return self._emit("concatenate", operands, shape, dtype, name, dimension=dimension)
 
-    def _op_pad(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_pad(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         x, value = operands
         spec = [tuple(int(v) for v in d.split("_")) for d in ins.attrs["padding"].split("x")]
         if any(len(s) > 2 and s[2] != 0 for s in spec):
@@ -693,45 +703,53 @@ class _Converter:
         result.name = name  # the last op computes the instruction's value
         return result
 
-    def _op_select(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_select(self, ins: HloInstruction, operands: list[Val], name: str,
+                   shape: tuple[int, ...], dtype: DType) -> Op:
         pred, on_true, on_false = operands
         if id(pred) in self.known:
             self.used.discard(name)
             return on_true if self.known[id(pred)] else on_false
         return self._emit("select", [pred, on_true, on_false], shape, dtype, name)
 
-    def _op_clamp(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_clamp(self, ins: HloInstruction, operands: list[Val], name: str,
+                  shape: tuple[int, ...], dtype: DType) -> Op:
         low, x, high = operands
         low = self._splat(low, shape, self._aux(name, "low"))
         high = self._splat(high, shape, self._aux(name, "high"))
         return self._binary("minimum", self._binary("maximum", x, low, self._aux(name, "max")), high,
                             name)
 
-    def _op_compare(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_compare(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...], dtype: DType) -> Op:
         return self._compare(operands[0], operands[1], ins.attrs["direction"], name)
 
-    def _op_and(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_and(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         if dtype is not DType.PRED:
             raise _Unmappable(dtype.value)  # bitwise integer ops have no IR op
         return self._binary("multiply", operands[0], operands[1], name)
 
-    def _op_or(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_or(self, ins: HloInstruction, operands: list[Val], name: str,
+               shape: tuple[int, ...], dtype: DType) -> Op:
         if dtype is not DType.PRED:
             raise _Unmappable(dtype.value)
         return self._binary("maximum", operands[0], operands[1], name)
 
-    def _op_xor(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_xor(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         if dtype is not DType.PRED:
             raise _Unmappable(dtype.value)
         return self._compare(operands[0], operands[1], "NE", name)
 
-    def _op_not(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_not(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         if dtype is not DType.PRED:
             raise _Unmappable(dtype.value)
         x = operands[0]
         return self._compare(x, self._scalar_like(0.0, x, name, "false"), "EQ", name)
 
-    def _op_sign(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_sign(self, ins: HloInstruction, operands: list[Val], name: str,
+                 shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         zero = self._scalar_like(0.0, x, name, "zero")
         positive = self._compare(x, zero, "GT", self._aux(name, "positive"))
@@ -741,22 +759,26 @@ class _Converter:
         return self._emit("select", [positive, self._scalar_like(1.0, x, name, "one"), minus], shape,
                           dtype, name)
 
-    def _op_is_finite(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_is_finite(self, ins: HloInstruction, operands: list[Val], name: str,
+                      shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         magnitude = self._unary("abs", x, self._aux(name, "abs"))
         return self._compare(magnitude, self._scalar_like(math.inf, x, name, "inf"), "LT", name)
 
-    def _op_exponential_minus_one(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_exponential_minus_one(self, ins: HloInstruction, operands: list[Val], name: str,
+                                  shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         e = self._unary("exponential", x, self._aux(name, "exp"))
         return self._binary("subtract", e, self._scalar_like(1.0, x, name, "one"), name)
 
-    def _op_log_plus_one(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_log_plus_one(self, ins: HloInstruction, operands: list[Val], name: str,
+                         shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]
         return self._unary("log", self._binary("add", x, self._scalar_like(1.0, x, name, "one"),
                                                self._aux(name, "add_one")), name)
 
-    def _op_power(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_power(self, ins: HloInstruction, operands: list[Val], name: str,
+                  shape: tuple[int, ...], dtype: DType) -> Op:
         x, y = operands
         if id(y) not in self.known:
             raise _Unmappable("non-constant exponent")
@@ -780,7 +802,8 @@ class _Converter:
             self.used.discard(name)
         return result
 
-    def _op_erf(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_erf(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         """XLA's f32 erf: x * P(x^2) / Q(x^2) with x clamped to [-4, 4] (bf16/fp16 in FP32)."""
         x = operands[0]
         if dtype is not DType.FP32:
@@ -815,7 +838,8 @@ class _Converter:
             return self._arrange(x, k_last, [*batch, size, k], name, role), -1
         return self._arrange(x, k_rows, [*batch, k, size], name, role), -2
 
-    def _op_dot(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_dot(self, ins: HloInstruction, operands: list[Val], name: str,
+                shape: tuple[int, ...], dtype: DType) -> Op:
         lhs, rhs = operands
         a = ins.attrs
         lb, lc = list(ints(a.get("lhs_batch_dims"))), list(ints(a.get("lhs_contracting_dims")))
@@ -852,7 +876,8 @@ class _Converter:
             x = self._reshape(x, shape, self._aux(name, f"{role}_reshape"))
         return x
 
-    def _op_reduce(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_reduce(self, ins: HloInstruction, operands: list[Val], name: str,
+                   shape: tuple[int, ...], dtype: DType) -> Op:
         if len(operands) != 2:
             raise _Unmappable("variadic")  # argmax and friends
         x, init = operands
@@ -900,7 +925,8 @@ class _Converter:
             return None
         return _COMBINERS.get(root.opcode)
 
-    def _op_gather(self, ins, operands, name, shape, dtype) -> Op:
+    def _op_gather(self, ins: HloInstruction, operands: list[Val], name: str,
+                   shape: tuple[int, ...], dtype: DType) -> Op:
         """The embedding lookup (rows of a 2-D table); HLO clamps out-of-range rows, the IR gather
         expects ids in range."""
         table, indices = operands

@@ -166,6 +166,34 @@ def _dim(d: int, rank: int) -> int:
     return d % rank if rank else 0
 
 
+def _opname(node: torch.fx.Node) -> str:
+    """The op's name without namespace or overload (``add`` for ``aten.add.Tensor``)."""
+    target = node.target
+    return str(getattr(target, "_opname", None) or getattr(target, "__name__", target))
+
+
+def _int_arg(value: object) -> int:
+    """A dimension or index argument: a Python int in every graph torch.export makes (shapes are
+    static), so anything else is an op this frontend does not know how to read."""
+    if not isinstance(value, int):
+        raise TraceError(f"expected an integer argument, got {type(value).__name__}")
+    return value
+
+
+def _int_list_arg(value: object) -> list[int]:
+    """A list of dimensions (``permute``'s order, ``sum``'s dims)."""
+    if not isinstance(value, (list, tuple)):
+        raise TraceError(f"expected a list of integers, got {type(value).__name__}")
+    return [_int_arg(v) for v in value]
+
+
+def _number_arg(value: object) -> float:
+    """A scalar argument (``fill``'s value, ``add``'s alpha) as a float."""
+    if not isinstance(value, (bool, int, float)):
+        raise TraceError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _meta(node: torch.fx.Node) -> Any:
     return node.meta.get("val")
 
@@ -349,7 +377,10 @@ class _Converter:
         graph = self.b.build(outputs).pruned()
         return graph, results, dtypes
 
-    def _where(self, node: torch.fx.Node) -> str:
+    def _where(self, node: torch.fx.Node | None) -> str:
+        """`` at layer [file:line]`` of ``node`` for error messages; empty without one."""
+        if node is None:
+            return ""
         layer = layer_path(node.meta.get("nn_module_stack"))
         frames = stack_frames(node.meta.get("stack_trace"), node.meta.get("nn_module_stack"))
         return f" at {layer}" + (f" [{frames[-1].file}:{frames[-1].line}]" if frames else "")
@@ -392,8 +423,9 @@ class _Converter:
     # -- trace-time values of input-independent nodes --------------------------------------------
     def _evaluate_known(self, node: torch.fx.Node) -> None:
         meta = _meta(node)
-        if any(a not in self.known for a in node.all_input_nodes):
-            return
+        target = node.target
+        if isinstance(target, str) or any(a not in self.known for a in node.all_input_nodes):
+            return  # (a call_function's target is the function itself, never a name)
         if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
             return  # random numbers are not constants
         vals = meta if isinstance(meta, (list, tuple)) else [meta]
@@ -403,7 +435,7 @@ class _Converter:
                                             (node.args, node.kwargs))
         try:
             with torch.no_grad():
-                value = node.target(*args, **kwargs)  # type: ignore[operator]
+                value = target(*args, **kwargs)
         except Exception:  # anything torch cannot run eagerly is simply not known
             return
         if isinstance(value, torch.Tensor):
@@ -457,7 +489,7 @@ class _Converter:
         if target is operator.getitem:
             seq = self._value(node.args[0])
             return seq[node.args[1]]
-        name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+        name = _opname(node)
         if name in _SKIPPED:
             return None
         if name == "with_effects":  # an ordered side effect (error checks): (token, results...)
@@ -525,7 +557,7 @@ class _Converter:
             if not used or (only is not None and i not in only):
                 ops.append(None)
                 continue
-            attrs = {"torch_op": str(node.target)}
+            attrs: dict[str, Any] = {"torch_op": str(node.target)}  # Op.attrs
             if val.dtype not in _DTYPES:
                 attrs["torch_dtype"] = str(val.dtype)
             if not isinstance(meta, torch.Tensor):
@@ -535,7 +567,7 @@ class _Converter:
 
     def _out_dtype(self, meta: Any) -> DType:
         """The IR dtype of one output's metadata (a multi-output op's element)."""
-        return ir_dtype(meta.dtype, self._where(self.node) if self.node is not None else "")
+        return ir_dtype(meta.dtype, self._where(self.node))
 
     def _out(self, node: torch.fx.Node) -> tuple[tuple[int, ...], DType]:
         meta = _meta(node)
@@ -552,10 +584,10 @@ class _Converter:
         a, b = node.args[0], node.args[1]
         if opcode == "divide" and node.kwargs.get("rounding_mode") is not None:
             return NotImplemented
-        alpha = node.kwargs.get("alpha", 1)
+        alpha = _number_arg(node.kwargs.get("alpha", 1))
         x, y = self._operand(a, dtype), self._operand(b, dtype)
         if alpha != 1:
-            y = y * alpha if isinstance(y, float) else self.b.multiply(y, float(alpha))
+            y = y * alpha if isinstance(y, float) else self.b.multiply(y, alpha)
         if opcode == "divide" and not dtype.is_float:
             return NotImplemented
         return self._emit_binary(opcode, x, y, shape, dtype)
@@ -563,8 +595,10 @@ class _Converter:
     def _emit_binary(self, opcode: str, x: Op | float, y: Op | float, shape: tuple[int, ...],
                      dtype: DType) -> Op:
         if not isinstance(x, Op) and not isinstance(y, Op):
-            fn = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul,
-                  "divide": operator.truediv, "maximum": max, "minimum": min}[opcode]
+            folds: dict[str, Callable[[float, float], float]] = {
+                "add": operator.add, "subtract": operator.sub, "multiply": operator.mul,
+                "divide": operator.truediv, "maximum": max, "minimum": min}
+            fn = folds[opcode]
             return self.b.constant(fn(x, y), dtype, shape=shape)
         identity = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}.get(opcode)
         if identity is not None and isinstance(y, float) and y == identity and isinstance(x, Op) \
@@ -577,16 +611,20 @@ class _Converter:
         return self.b.broadcast_to(out, shape)
 
     def _compute_dtype(self, node: torch.fx.Node) -> DType:
-        probes = []
+        """The dtype torch computes a comparison in (type promotion of both operands)."""
+        probes: list[torch.Tensor | bool | int | float] = []
         for a in node.args[:2]:
             if isinstance(a, torch.fx.Node):
                 m = _meta(a)
                 probes.append(torch.empty((0,) if m.dim() else (), dtype=m.dtype))
-            else:
+            elif isinstance(a, (bool, int, float)):
                 probes.append(a)
-        if len(probes) == 1:
+            else:
+                raise TraceError(f"aten.{_opname(node)} compares a {type(a).__name__}{self._where(node)}")
+        if len(probes) == 1 and isinstance(probes[0], torch.Tensor):
             return ir_dtype(probes[0].dtype)
-        return ir_dtype(torch.result_type(*probes))
+        first, second = probes
+        return ir_dtype(torch.result_type(first, second))
 
     def _compare(self, node: torch.fx.Node, direction: str) -> Any:
         shape, _ = self._out(node)
@@ -778,7 +816,7 @@ class _Converter:
     def _aten_permute(self, node: torch.fx.Node, kw: Any) -> Any:
         x = self._op(node.args[0])
         rank = len(x.shape)
-        perm = [_dim(d, rank) for d in node.args[1]]
+        perm = [_dim(d, rank) for d in _int_list_arg(node.args[1])]
         return self._transpose(x, perm)
 
     def _transpose(self, x: Op, perm: list[int]) -> Op:
@@ -797,7 +835,7 @@ class _Converter:
     def _aten_transpose(self, node: torch.fx.Node, kw: Any) -> Any:
         x = self._op(node.args[0])
         rank = len(x.shape)
-        d0, d1 = _dim(node.args[1], rank), _dim(node.args[2], rank)
+        d0, d1 = _dim(_int_arg(node.args[1]), rank), _dim(_int_arg(node.args[2]), rank)
         perm = list(range(rank))
         perm[d0], perm[d1] = perm[d1], perm[d0]
         return self._transpose(x, perm)
@@ -1066,7 +1104,7 @@ class _Converter:
         x = self._op(kw["self"])
         dims = [_dim(kw["dim"], len(x.shape))]
         values = self._reduce_to(x, dims, kind, tuple(meta[0].shape), ir_dtype(meta[0].dtype))
-        indices = self._unsupported(node, node.target._opname, only={1})[1]  # type: ignore[union-attr]
+        indices = self._unsupported(node, _opname(node), only={1})[1]
         return values, indices
 
     def _variance(self, x: Op, dims: list[int], correction: float) -> tuple[Op, Op]:
@@ -1212,13 +1250,13 @@ class _Converter:
                        and not bool((full == full.narrow(d, 0, 1)).all())]
             if len(varying) > 1:
                 return None
-            origin = full.reshape(-1)[0].item()
+            origin = int(full.reshape(-1)[0].item())
             if not varying:
                 starts[pos], limits[pos] = origin, origin + 1
                 continue
             d = varying[0]
             idx = [0] * len(bshape)
-            seq = [full[tuple([*idx[:d], j, *idx[d + 1:]])].item() for j in range(bshape[d])]
+            seq = [int(full[tuple([*idx[:d], j, *idx[d + 1:]])].item()) for j in range(bshape[d])]
             step = seq[1] - seq[0] if len(seq) > 1 else 1
             if step <= 0 or any(b - a != step for a, b in itertools.pairwise(seq)):
                 return None
@@ -1268,7 +1306,7 @@ class _Converter:
         shape, dtype = self._out(node)
         known = self.known.get(node)
         if known is None:
-            name = node.target._opname  # type: ignore[union-attr]
+            name = _opname(node)
             if name in ("fill", "full_like", "new_full"):
                 value = node.args[1] if name != "new_full" else node.args[2]
                 if isinstance(value, torch.fx.Node):
@@ -1279,7 +1317,7 @@ class _Converter:
                 value = node.args[0]
             else:
                 value = 0.0
-            known = torch.full((1,), float(value))
+            known = torch.full((1,), _number_arg(value))
         value = float(known.reshape(-1)[0]) if known.numel() else 0.0
         return Scalar(value, dtype) if not shape else self.b.constant(value, dtype, shape=shape)
 
