@@ -245,10 +245,10 @@ def test_gui_source_lines(gui, attributed) -> None:
 
 
 def test_gui_flame_graph_nodes(gui, attributed) -> None:
-    from explorer.gui.flame_tree import load_hierarchy
+    from explorer.gui.flame_tree import load_flame_tree
 
     session, _ = gui
-    tree = load_hierarchy(session.profiles[0])
+    tree = load_flame_tree(session.profiles[0])
     layers = {n.name: n for n in tree.nodes if n.kind == "layer"}
     assert set(layers) == set(attributed.layers)
     for path, layer in attributed.layers.items():

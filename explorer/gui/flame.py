@@ -19,7 +19,7 @@ from PySide6.QtGui import QColor, QFont, QPainter
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QScrollBar, QVBoxLayout, QWidget
 
 from explorer.gui import colors
-from explorer.gui.flame_tree import FlameNode, Hierarchy
+from explorer.gui.flame_tree import FlameNode, FlameTree
 from explorer.gui.raster import owners_of, pixel_spans
 
 ROW_PX = 18
@@ -89,7 +89,7 @@ class FlameWidget(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.tree: Hierarchy | None = None
+        self.tree: FlameTree | None = None
         self.origin = 0
         self._flat: list[dict[str, np.ndarray]] = []
         self.view = _FlameView()
@@ -129,7 +129,7 @@ class FlameWidget(QWidget):
         self.view.sigResized.connect(self.redraw)
         self.view.clicked.connect(self._on_click)
 
-    def set_tree(self, tree: Hierarchy, origin: int, label: str = "") -> None:
+    def set_tree(self, tree: FlameTree, origin: int, label: str = "") -> None:
         self.tree, self.origin = tree, origin
         self._flat = []
         node_colors = colors.name_colors([n.name for n in tree.nodes])  # once: redraws only index it

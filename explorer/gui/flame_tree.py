@@ -1,6 +1,6 @@
 """The hierarchy as a flame chart: framework layers (module paths) over HLO ops, over time.
 
-    tree = load_hierarchy(loaded)
+    tree = load_flame_tree(loaded)
     tree.nodes[0].name, tree.nodes[0].depth, tree.nodes[0].intervals   # 'model', 0, [[s, e], ...]
     tree.where(node)     # SQL over Instruction selecting the node's instructions (for highlighting)
 
@@ -44,7 +44,7 @@ class FlameNode:
 
 
 @dataclass
-class Hierarchy:
+class FlameTree:
     nodes: list[FlameNode] = field(default_factory=list)
     source: str = ""
     note: str = ""  # replaces the chart's caption: why there is no tree
@@ -66,14 +66,14 @@ class Hierarchy:
         return condition
 
 
-def load_hierarchy(loaded: LoadedProfile) -> Hierarchy:
+def load_flame_tree(loaded: LoadedProfile) -> FlameTree:
     """The flame chart's tree: from the hierarchy tables when the profile has layers, else rebuilt
     from the instructions. Runs on a worker thread; the result is not shared until it returns."""
     tables = read_hierarchy(loaded.profile)
     if tables.layers:
         return from_hierarchy(tables)
     if not loaded.profile.num_rows("Instruction"):
-        return Hierarchy(note="no hierarchy: the profile has neither FrameworkNode nor instructions")
+        return FlameTree(note="no hierarchy: the profile has neither FrameworkNode nor instructions")
     with loaded.queries.lock:
         scanned = from_instructions(loaded.profile, loaded.queries.con)
     tree = from_hierarchy(scanned, max_intervals=None)  # the scan is bounded already
@@ -82,11 +82,11 @@ def load_hierarchy(loaded: LoadedProfile) -> Hierarchy:
     return tree
 
 
-def from_hierarchy(tables: FrameworkHierarchy, max_intervals: int | None = MAX_INTERVALS) -> Hierarchy:
+def from_hierarchy(tables: FrameworkHierarchy, max_intervals: int | None = MAX_INTERVALS) -> FlameTree:
     """Flame nodes for the hierarchy ``formats.hierarchy_read`` loaded (the one the terminal viewer
     shows too): a layer's depth is its path's, an op sits one level under its layer (0 without one).
     Past ``MAX_INTERVALS`` spans in all, a node is drawn as one bar from its first start to last end."""
-    tree = Hierarchy(source=tables.source, malformed=tables.malformed.note())
+    tree = FlameTree(source=tables.source, malformed=tables.malformed.note())
     total = 0
 
     def spans(intervals: np.ndarray, start: int | None, end: int | None) -> np.ndarray:

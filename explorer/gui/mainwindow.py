@@ -34,7 +34,7 @@ from explorer.gui import colors
 from explorer.gui.details import Dependency, Details, details_for
 from explorer.gui.details_panel import DetailsPanel
 from explorer.gui.flame import FlameWidget
-from explorer.gui.flame_tree import FlameNode, Hierarchy, load_hierarchy
+from explorer.gui.flame_tree import FlameNode, FlameTree, load_flame_tree
 from explorer.gui.frames import Highlight
 from explorer.gui.legend import LegendEntry, legend_entries, legend_html
 from explorer.gui.qt_tables import fill_table, make_table
@@ -85,7 +85,7 @@ class MainWindow(QMainWindow):
         self._callbacks: dict[int, Callable[[Any], None]] = {}
         self.runner.done.connect(self._task_done)
         self.runner.failed.connect(self._task_failed)
-        self.hierarchy: Hierarchy | None = None
+        self.hierarchy: FlameTree | None = None
         self.source_times: SourceTimes | None = None
         self.details: Details | None = None
         self.opened: list[MainWindow] = []  # windows opened from File > Open
@@ -287,11 +287,11 @@ class MainWindow(QMainWindow):
 
     def load_focus(self) -> None:
         loaded = self.session.profiles[self.focus]
-        self.run(load_hierarchy, loaded, then=self._hierarchy_ready)
+        self.run(load_flame_tree, loaded, then=self._hierarchy_ready)
         self.run(load_source_times, loaded, then=self._source_ready)
         self.run(_summary_lines, loaded, then=lambda lines: fill_table(self.summary_table, lines))
 
-    def _hierarchy_ready(self, tree: Hierarchy) -> None:
+    def _hierarchy_ready(self, tree: FlameTree) -> None:
         self.hierarchy = tree
         loaded = self.session.profiles[self.focus]
         self.flame.set_tree(tree, loaded.origin, loaded.label if len(self.session.profiles) > 1 else "")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from textual.widgets import Static
 
-from explorer.gui.flame_tree import load_hierarchy as gui_hierarchy
+from explorer.gui.flame_tree import load_flame_tree
 from explorer.gui.session import open_session
 from explorer.viewer.data import ProfileData
 from explorer.viewer.viewer_app import ViewerApp
@@ -67,7 +67,7 @@ def viewer_tree(root: Path) -> tuple[dict[str, object], dict[object, object], st
 def gui_tree(root: Path) -> tuple[dict[str, object], dict[object, object], str]:
     session = open_session([_profile_dir(root)])
     try:
-        tree = gui_hierarchy(session.profiles[0])
+        tree = load_flame_tree(session.profiles[0])
     finally:
         session.close()
     layers = {n.name: (n.parent, n.active_ns, n.instructions) for n in tree.nodes if n.kind == "layer"}
