@@ -61,7 +61,16 @@ if TYPE_CHECKING:
         whole,
     )
     from formats.findings import Finding, find
-    from formats.hierarchy_read import FrameworkHierarchy, Layer, Op, display_name, load_hierarchy
+    from formats.hierarchy_read import (
+        FrameworkHierarchy,
+        Layer,
+        Malformed,
+        Op,
+        OpKey,
+        display_name,
+        from_instructions,
+        load_hierarchy,
+    )
     from formats.reader import Profile, ProfileError, ProfileWarning, open_profile, profile_from_files
     from formats.schema import ENGINE_NAMES, canonical_engine, table_of_file
     from formats.source_access import SourceAccess, SourceStatus, SourceText, read_source
@@ -108,7 +117,8 @@ _HOME: dict[str, tuple[str, ...]] = {
                         "busy_buckets", "busy_rows", "engine_busy", "figures", "from_summary", "row_busy",
                         "track_busy", "whole"),
     "formats.findings": ("Finding", "find"),
-    "formats.hierarchy_read": ("FrameworkHierarchy", "Layer", "Op", "display_name", "load_hierarchy"),
+    "formats.hierarchy_read": ("FrameworkHierarchy", "Layer", "Malformed", "Op", "OpKey", "display_name",
+                               "from_instructions", "load_hierarchy"),
     "formats.reader": ("Profile", "ProfileError", "ProfileWarning", "open_profile", "profile_from_files"),
     "formats.schema": ("ENGINE_NAMES", "canonical_engine", "table_of_file"),
     "formats.source_access": ("SourceAccess", "SourceStatus", "SourceText", "read_source"),
@@ -159,7 +169,9 @@ __all__ = [
     "FrameworkHierarchy",
     "IdList",
     "Layer",
+    "Malformed",
     "Op",
+    "OpKey",
     "Profile",
     "ProfileEntry",
     "ProfileError",
@@ -193,6 +205,7 @@ __all__ = [
     "fmt_ns",
     "fmt_pct",
     "fmt_rate",
+    "from_instructions",
     "from_summary",
     "in_incomplete_capture",
     "key_condition",

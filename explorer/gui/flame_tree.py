@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from explorer.gui.session import LoadedProfile
-from formats.hierarchy_read import FrameworkHierarchy, from_instructions
-from formats.hierarchy_read import load_hierarchy as read_hierarchy
-from formats.sqlsource import literal
+from formats.read_api import FrameworkHierarchy, from_instructions, literal
+from formats.read_api import load_hierarchy as read_hierarchy
 
 MAX_INTERVALS = 200_000  # beyond this, nodes keep only their first-to-last span
 

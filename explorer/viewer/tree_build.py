@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from explorer.viewer.view_model import ENGINES, Hierarchy, Node, NodeStats, frozen_map
-from formats.hierarchy_read import FrameworkHierarchy, display_name
+from formats.read_api import FrameworkHierarchy, display_name
 
 NO_LAYER = "(no layer)"
 

@@ -15,9 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # what explorer may import from formats besides the read API: the CLI plumbing (subcommands, exit
 # codes), which is not the read side
 ALLOWED = {"formats.read_api", "formats.profile_commands"}
-# the hierarchy renderers (the hierarchy work's, being finished on formats.hierarchy_read, the read
-# API's hierarchy slot); they also query through TableSource meanwhile
-PENDING = {"explorer/gui/flame_tree.py", "explorer/viewer/tree_build.py"}
+PENDING: set[str] = set()  # none left: the hierarchy renderers read through the API too
 
 
 def _formats_imports(path: Path) -> set[str]:
