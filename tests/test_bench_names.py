@@ -4,7 +4,6 @@ import). The scripts import the installed packages, not a ``sys.path`` of their 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,16 @@ from tests.fixtures.samples import REPO
 BENCH = REPO / "bench"
 
 
-def test_no_bench_script_shadows_an_importable_module() -> None:
+def test_no_bench_script_shadows_an_importable_module(tmp_path: Path) -> None:
+    """Asked in a fresh interpreter (this one has test folders on its path and bench scripts loaded as
+    modules): which bench script names would import something else if ``bench/`` were not first."""
     stems = sorted(p.stem for p in BENCH.glob("*.py"))
     assert "profile_format" in stems
-    found = {s: importlib.util.find_spec(s) for s in stems}
-    # a bench script another test loaded as a module (tests.fixtures.bench_scripts) is itself, not a clash
-    shadowing = [s for s, spec in found.items() if spec and Path(spec.origin or "").parent != BENCH]
-    assert shadowing == []
+    probe = f"import importlib.util; print([s for s in {stems!r} if importlib.util.find_spec(s)])"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize("script", ["gui.py", "profile_format.py", "tui_view.py"])
