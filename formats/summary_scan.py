@@ -9,12 +9,13 @@ every union ("active time") and the DmaUsage samples. Why slices: see ``formats.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import duckdb
 import numpy as np
@@ -29,6 +30,9 @@ from neuroncore.enums import Engine
 if TYPE_CHECKING:
     from formats.lod import LodBuilder
     from formats.reader import Profile
+
+T = TypeVar("T")
+_Columns = dict[str, dict[str, np.ndarray]]  # one time slice: query name -> column -> values
 
 ENGINE_STEMS: dict[str, str] = {e.label: e.stem for e in Engine}  # "GpSimd" -> "gpsimd"
 OTHER_ENGINE = len(ENGINE_NAMES)  # code of an engine name we do not know (kept in totals)
@@ -214,7 +218,7 @@ class _Computation:
         n_ops = len(opcodes) + 1
         cursor = self.con.cursor()
 
-        def fetch(bounds: tuple[int | None, int | None]) -> dict[str, dict[str, np.ndarray]]:
+        def fetch(bounds: tuple[int | None, int | None]) -> _Columns:
             where, params = _slice_filter(*bounds)
             return {name: cursor.execute(sql.format(where=where), params).fetchnumpy()
                     for name, sql in queries.items()}
@@ -223,12 +227,13 @@ class _Computation:
         # interpreter exit where no thread can start) one slice is in memory at a time
         pool = ThreadPoolExecutor(1, thread_name_prefix="summary-scan") if self.prefetch else None
         with pool if pool is not None else contextlib.nullcontext():
-            pending: Any = pool.submit(fetch, slices[0]) if pool else _Ready(lambda: fetch(slices[0]))
+            pending: Future[_Columns] | _Ready[_Columns] = (
+                pool.submit(fetch, slices[0]) if pool else _Ready(functools.partial(fetch, slices[0])))
             for index in range(len(slices)):
                 data = pending.result()
                 if index + 1 < len(slices):
                     bounds = slices[index + 1]
-                    pending = pool.submit(fetch, bounds) if pool else _Ready(lambda b=bounds: fetch(b))
+                    pending = pool.submit(fetch, bounds) if pool else _Ready(functools.partial(fetch, bounds))
                 sorted_s: list[np.ndarray] = []
                 sorted_e: list[np.ndarray] = []
                 cols = data.get("instr")
@@ -347,13 +352,13 @@ def _resolve_group(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-class _Ready:
+class _Ready(Generic[T]):
     """A deferred call with a Future's ``result()``: the synchronous stand-in for a prefetch."""
 
-    def __init__(self, call: Callable[[], Any]) -> None:
+    def __init__(self, call: Callable[[], T]) -> None:
         self.call = call
 
-    def result(self) -> Any:
+    def result(self) -> T:
         return self.call()
 
 
