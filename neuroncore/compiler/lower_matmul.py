@@ -128,7 +128,7 @@ def lower_pe_transpose(ctx: Context, op: Op) -> None:
         ctx.unpin_all()
 
 
-def _alternating():
+def _alternating() -> Iterator[Engine]:
     while True:
         yield Engine.SCALAR
         yield Engine.VECTOR

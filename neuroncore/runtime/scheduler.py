@@ -42,10 +42,15 @@ PSUM_PORT_PAIR = RES_VECTOR + RES_SCALAR
 
 
 @njit(cache=True, nogil=True)
-def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, n_queues,
-              n_dma_engines, dma_fixed_ns, t0, start, end, wait, pkt_start, pkt_end, pkt_engine,
-              slot, i_start, i_end, i_wait, i_dma_start, i_dma_end, sem_slot, sem_ts,
-              hbm_bytes, hbm_width, hbm_bins, fluid, bucket_ns, used, ports, port_rules):
+def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_engines: np.ndarray,
+              dep_ptr: np.ndarray, dep_idx: np.ndarray, trigger: np.ndarray, n_queues: int,
+              n_dma_engines: int, dma_fixed_ns: float, t0: float, start: np.ndarray, end: np.ndarray,
+              wait: np.ndarray, pkt_start: np.ndarray, pkt_end: np.ndarray, pkt_engine: np.ndarray,
+              slot: np.ndarray, i_start: np.ndarray, i_end: np.ndarray, i_wait: np.ndarray,
+              i_dma_start: np.ndarray, i_dma_end: np.ndarray, sem_slot: np.ndarray, sem_ts: np.ndarray,
+              hbm_bytes: np.ndarray, hbm_width: float, hbm_bins: np.ndarray, fluid: bool, bucket_ns: float,
+              used: np.ndarray, ports: np.ndarray, port_rules: bool) -> int:
+    # (annotations are for the checker: numba types the arguments from the first call's values)
     engine_free = np.full(N_RESOURCES, t0)  # 0-5 engine tracks, RES_DMA unused, RES_CC the CC-core
     dma_free = np.full(n_dma_engines, t0)
     queue_free = np.full((n_dma_engines, n_queues), t0)
@@ -141,7 +146,8 @@ def _schedule(resource, cost_ns, queue, dma_engines, dep_ptr, dep_idx, trigger, 
 
 
 @njit(cache=True, nogil=True)
-def _fluid_place(used, e, s, work, t0, width, n_buckets):
+def _fluid_place(used: np.ndarray, e: int, s: float, work: float, t0: float, width: float,
+                 n_buckets: int) -> tuple[float, float]:
     """Serve ``work`` ns on DMA engine ``e`` from time ``s``, sharing it with work placed before.
 
     Each engine's time is divided into buckets of ``width`` ns; a bucket serves at most ``width``
@@ -179,7 +185,7 @@ def _fluid_place(used, e, s, work, t0, width, n_buckets):
 
 
 @njit(cache=True, nogil=True)
-def _spread_one(s, e, a, t0, width, out):
+def _spread_one(s: float, e: float, a: float, t0: float, width: float, out: np.ndarray) -> None:
     """Add ``a`` over [s, e) to the fixed-width bins it overlaps, pro rata (clipped to ``out``)."""
     nbins = out.shape[0]
     if e <= s:
