@@ -202,7 +202,7 @@ def _node_text(meta: ProgramLoadedMeta, n_nodes: int) -> dict[str, tuple[pa.Arra
         distinct = sorted({t for t in texts if t is not None})
         index = {t: i for i, t in enumerate(distinct)}
         out[column] = (pa.array(distinct, pa.string()), np.array([t is None for t in texts]),
-                       np.array([index.get(t, 0) for t in texts], np.int32))  # type: ignore[arg-type]
+                       np.array([0 if t is None else index[t] for t in texts], np.int32))
     return out
 
 
@@ -344,12 +344,13 @@ class ProfileRecorder:
         done = [e for e in self.executions.values() if e.start_ns is not None]
         if not done:
             return
-        origin = min(e.start_ns for e in done if e.start_ns is not None)
+        starts = [e.start_ns for e in done if e.start_ns is not None]  # all of them: narrowed for the checker
+        origin = min(starts)
         self.writer.write("ExecutionInfo", {
             "execution_index": [e.index for e in done],
             "neff_name": [self.programs[e.model_id].name if e.model_id in self.programs else None
                           for e in done],
-            "execution_start_ts": [e.start_ns - origin for e in done],  # type: ignore[operator]
+            "execution_start_ts": [start - origin for start in starts],
             "execution_end_ts": [None if e.end_ns is None else e.end_ns - origin for e in done],
             "num_subgraphs": [1] * len(done),
             "row_count": [e.rows for e in done],

@@ -72,7 +72,8 @@ def parse_version(text: str) -> tuple[int, int, int]:
     match = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*", text or "")
     if not match:
         raise ValueError(f"not a schema version: {text!r}")
-    return tuple(int(g or 0) for g in match.groups())  # type: ignore[return-value]
+    major, minor, patch = (int(g or 0) for g in match.groups())
+    return major, minor, patch
 
 
 def table_of_file(filename: str) -> tuple[str, int | None] | None:

@@ -109,12 +109,12 @@ def region_summary(loaded: LoadedProfile, rows: Sequence[Row], t0: int, t1: int)
 
 def _longest(loaded: LoadedProfile) -> int:
     """The longest instruction (bounds the lookback so row groups far before t0 are skipped)."""
-    cached = getattr(loaded, "_longest_instruction", None)
+    cached = loaded.longest_instruction_ns
     if cached is None:
         source = TableSource(loaded.profile, "Instruction")
         found = loaded.queries.rows(f"SELECT max(end_ts - start_ts) AS d FROM {source.relation()}")
         cached = int(found[0]["d"] or 0) if found else 0
-        loaded._longest_instruction = cached  # type: ignore[attr-defined]
+        loaded.longest_instruction_ns = cached
     return cached
 
 

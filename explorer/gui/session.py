@@ -60,6 +60,7 @@ class LoadedProfile:
 
     incomplete: bool = False  # an interrupted capture (``formats.dataset.capture_state``, or a folder above)
     warm_up: bool = False  # a warm-up execution kept in place of the one asked for
+    longest_instruction_ns: int | None = None  # found on first use (region lookbacks are bounded by it)
 
     @property
     def instructions(self) -> int:
