@@ -155,8 +155,9 @@ class HierarchyTable(ScrollView, can_focus=True):
     class Selected(Message):
         """Enter (or a click) on the cursor row."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, name: str | None = None, id: str | None = None,  # noqa: A002 (Textual's name)
+                 classes: str | None = None, disabled: bool = False) -> None:
+        super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self.rows_shown: list[Row] = []
         self.cursor_row = 0
         self.message = ""
