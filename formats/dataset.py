@@ -147,7 +147,10 @@ def capture_state(path: str | os.PathLike[str]) -> CaptureState:
         or bool(reasons)
     match = re.fullmatch(r"execution=(\d+)", _INCOMPLETE_RE.sub("", root.name))
     requested = metadata.get("requested_execution")
-    return CaptureState(incomplete, reasons[0] if reasons else None, bool(metadata.get("warm_up_execution")),
+    # ``is True``: a warm-up mark is a bool column; any other type (a damaged or foreign file) is no
+    # mark at all, and the reader refuses that Metadata with its own one line
+    warm_up = metadata.get("warm_up_execution") is True
+    return CaptureState(incomplete, reasons[0] if reasons else None, warm_up,
                         int(match.group(1)) if match else None,
                         _plain_int(requested))
 
@@ -171,6 +174,7 @@ def capture_notes(root: str | os.PathLike[str], *, include_incomplete: bool = Fa
             why = f": {state.reason}" if state.reason else ""
             notes.append(f"{entry.path} is an incomplete profile (capture did not finish){why}")
         if state.warm_up:
+            asked = f" {state.requested_execution}" if state.requested_execution is not None else ""
             notes.append(f"{entry.path} holds a warm-up execution: the program ran the model fewer times "
-                         f"than the requested execution {state.requested_execution}")
+                         f"than the requested execution{asked}")
     return notes

@@ -21,12 +21,11 @@ on demand from their event tables (``formats.summary``).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Mapping
-from decimal import Decimal
 from typing import IO, Any
 
 from formats import sqlsource, summary
+from formats.jsonsafe import json_value
 from formats.reader import Profile
 from formats.sqlsource import TableSource, ident
 from formats.units import fmt_bytes, fmt_flops, fmt_pct, fmt_seconds
@@ -83,16 +82,7 @@ def metrics(profile: Profile, *, recompute: bool = False) -> dict[str, Any]:
     row = dict(summary.summary_row(profile, recompute=recompute))
     for key, column in LEGACY_EXTRAS.items():
         row[key] = profile.metadata.get(column)
-    return {k: _plain(v) for k, v in row.items()}
-
-
-def _plain(value: Any) -> Any:
-    """JSON-safe: Decimal sums to int, NaN to null, float32 noise kept as Python floats."""
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    return value
+    return {k: json_value(v) for k, v in row.items()}
 
 
 def summary_json(programs: Mapping[str, Mapping[str, Any]]) -> str:
@@ -176,7 +166,7 @@ def legacy_rows(profile: Profile, batch_size: int = 65_536) -> Iterator[str]:
 def write_legacy_json(profile: Profile, out: IO[str], *, summary_values: Mapping[str, Any]) -> int:
     """Stream ``{"summary": [...], "instruction": [...]}`` to ``out``; returns the instruction count."""
     out.write('{"summary": [')
-    out.write(json.dumps({k: v for k, v in summary_values.items() if v is not None}))
+    out.write(json.dumps({k: json_value(v) for k, v in summary_values.items() if v is not None}))
     out.write('],\n"instruction": [')
     count = 0
     for text in legacy_rows(profile):

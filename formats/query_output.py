@@ -10,7 +10,6 @@ temporary name renamed into place; a symlinked ``-o`` target is refused).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from formats.jsonsafe import json_value
 from formats.query import QueryError, QuerySession, iter_batches
 from formats.safe_output import output_file
 
@@ -35,16 +35,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, Decimal):
         return str(int(value)) if value == value.to_integral_value() else str(value)
     return str(value)
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, bytes):
-        return value.hex()
-    return value
 
 
 @contextmanager
@@ -125,7 +115,7 @@ def write_result(session: QuerySession, sql: str, fmt: str, path: str | None, ma
         out.write("[")
         for batch in batches:
             for row in batch.to_pylist():
-                text = json.dumps({k: _json_value(v) for k, v in row.items()})
+                text = json.dumps({k: json_value(v) for k, v in row.items()})
                 out.write(("\n" if rows == 0 else ",\n") + text)
                 rows += 1
         out.write("\n]\n")

@@ -487,3 +487,58 @@ def test_row_group_slices_of_damaged_footers_never_abort(tmp_path: Path) -> None
                              str(tmp_path / "mutant.parquet")], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-400:]
+
+
+def test_partition_names_are_parsed_in_linear_time() -> None:
+    """A profile named by a 10^5-character segment with no "=" (a fuzzed Metadata value) held
+    ``view --recompute`` for a minute: the partition regex rescanned the segment from every character."""
+    from formats.headline import _partitions
+
+    box: list[dict[str, str]] = []
+    name = "m" * 1_000_000 + "/core=3"
+    thread = threading.Thread(target=lambda: box.append(_partitions(name)), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert box == [{"core": "3"}]
+    assert _partitions("model=bert/core=0/execution=2") == {"model": "bert", "core": "0", "execution": "2"}
+    assert _partitions("x/rank=1") == {"rank": "1"}
+
+
+def test_a_retyped_warm_up_mark_is_one_error_line(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Metadata.warm_up_execution stored as int8 1: the note 'holds a warm-up execution ... requested
+    execution None' came before the reader's refusal, two lines on stderr for one error."""
+    from formats.dataset import capture_state
+
+    path = copy / "Metadata.parquet"
+    table = pq.read_table(path)
+    index = table.schema.get_field_index("warm_up_execution")
+    as_int8 = pa.array([1] * table.num_rows, pa.int8())
+    pq.write_table(table.set_column(index, "warm_up_execution", as_int8), path)
+    assert capture_state(copy).warm_up is False
+    for argv in (["view", str(copy), "--output-format", "summary-json"],
+                 ["query", str(copy), "SELECT count(*) FROM Instruction"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "warm_up_execution" in err and "None" not in err, err
+
+
+def test_json_views_write_any_cell_type(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Summary column holding dates (another tool's file, or damage) ended summary-json with
+    'Object of type date is not JSON serializable'."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from formats.jsonsafe import json_value
+
+    path = copy / "Summary.parquet"
+    table = pq.read_table(path)
+    table = table.append_column("made_on", pa.array([dt.date(2026, 11, 24)] * table.num_rows, pa.date32()))
+    pq.write_table(table, path)
+    assert main(["view", str(copy), "--output-format", "summary-json"]) == 0, capsys.readouterr().err
+    assert "2026-11-24" in capsys.readouterr().out
+    legacy = copy.parent / "legacy.json"
+    argv = ["view", str(copy), "--output-format", "json", "-o", str(legacy)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "2026-11-24" in json.dumps(json.loads(legacy.read_text())["summary"])
+    assert json_value([Decimal("2"), Decimal("NaN"), float("inf"), b"\x01", dt.timedelta(seconds=2)]) == \
+        [2, None, None, "01", 2.0]
