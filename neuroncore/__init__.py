@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from neuroncore.hardware import INSTANCE_TYPES, NC_V2, NC_V3, CoreSpec, Engine
     from neuroncore.ir import Graph, GraphBuilder, GraphError, run_reference
     from neuroncore.runtime import ExecutionError, ExecutionResult, Instance
+    from neuroncore.training import TrainStep, trace_train_step
 
 __version__ = "0.1.0"
 
@@ -31,13 +32,14 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("INSTANCE_TYPES", "NC_V2", "NC_V3", "CoreSpec", "Engine"), "neuroncore.hardware"),
     **dict.fromkeys(("Graph", "GraphBuilder", "GraphError", "run_reference"), "neuroncore.ir"),
     **dict.fromkeys(("ExecutionError", "ExecutionResult", "Instance"), "neuroncore.runtime"),
+    **dict.fromkeys(("TrainStep", "trace_train_step"), "neuroncore.training"),
 }
 
 __all__ = [
     "INSTANCE_TYPES", "NC_V2", "NC_V3", "CompileError", "CoreSpec", "Engine", "EventBatch",
     "EventSink", "ExecutionError", "ExecutionResult", "Graph", "GraphBuilder", "GraphError",
-    "Instance", "Program", "TraceError", "TracedModel", "UnsupportedOpsError", "check", "compile",
-    "run_reference", "sink", "trace",
+    "Instance", "Program", "TraceError", "TracedModel", "TrainStep", "UnsupportedOpsError", "check",
+    "compile", "run_reference", "sink", "trace", "trace_train_step",
 ]
 
 

@@ -143,6 +143,48 @@ class LoadedModel:
         return ExecutionResult(execution_id, self.model_id, core, t0, end, outputs, timeline, program)
 
 
+class DeviceState:
+    """Tensors that stay in one core's HBM from one execution to the next: a training step's
+    parameters, optimizer state and gradient buffers. A program reads them as inputs and writes
+    their new values as outputs, as XLA aliases a program's inputs to its outputs; the host sends
+    only what is not resident (the batch, a few scalars) and reads back only what it asks for.
+
+    The core must have room for them next to the loaded programs (one-line error otherwise)."""
+
+    def __init__(self, core: NeuronCore, tensors: Mapping[str, np.ndarray]) -> None:
+        self.core = core
+        self.tensors: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in tensors.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(v.size) * 4 for v in self.tensors.values())
+
+    def inputs(self, names: Sequence[str], host: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """A program's inputs in order: resident tensors by name, the rest from ``host``."""
+        values = []
+        for name in names:
+            if name in self.tensors:
+                values.append(self.tensors[name])
+            elif name in host:
+                values.append(host[name])
+            else:
+                raise ValueError(f"input {name!r} is neither resident on core {self.core.index} "
+                                 f"nor given by the host")
+        return values
+
+    def update(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """Make a program's outputs the resident values of the tensors they alias."""
+        for name, value in outputs.items():
+            if name not in self.tensors:
+                raise ValueError(f"output {name!r} aliases no resident tensor")
+            self.tensors[name] = np.asarray(value, np.float32).reshape(self.tensors[name].shape)
+
+    def zero(self, names: Sequence[str]) -> None:
+        """Reset resident tensors (gradient buffers after an optimizer step) to zeros."""
+        for name in names:
+            self.tensors[name] = np.zeros_like(self.tensors[name], dtype=np.float32)
+
+
 class NeuronCore:
     """One core of an instance, with its own device clock."""
 

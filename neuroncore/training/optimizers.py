@@ -1,0 +1,144 @@
+"""Optimizer updates as graph ops, with torch.optim's exact formulas.
+
+    spec = optimizer_spec(torch_optimizer)                 # AdamWSpec / SGDSpec, per param group
+    new_param, new_state = emit_update(b, spec, param, grad, state, scalars)
+
+The per-step numbers torch computes on the host from Python floats (``lr``, ``1 - lr * wd``, the bias
+corrections ``1 - beta ** step``; torch's default, non-capturable path) are computed on the host
+here too and fed to the program as one small FP32 input per group (:func:`host_scalars`), so a
+learning-rate scheduler changing ``param_group["lr"]`` between steps is honoured without
+recompiling. Everything per element runs on the core in the order torch's single-tensor kernels
+use (``_single_tensor_adam`` with decoupled weight decay, ``_single_tensor_sgd``), in FP32.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.graph import Op
+
+
+class OptimizerKind(enum.Enum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """One param group's hyper-parameters (the ones fixed at trace time; ``lr`` is read per step)."""
+
+    kind: OptimizerKind
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    maximize: bool = False
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """Per-parameter state tensors, named as ``optimizer.state_dict()`` names them."""
+        if self.kind is OptimizerKind.SGD:
+            return ("momentum_buffer",) if self.momentum else ()
+        return ("exp_avg", "exp_avg_sq")
+
+    @property
+    def scalar_names(self) -> tuple[str, ...]:
+        """The host-computed scalars of one step, in the order of :func:`host_scalars`."""
+        if self.kind is OptimizerKind.SGD:
+            return ("lr", "buf_keep", "grad_in") if self.momentum else ("lr",)
+        return ("decay", "step_size", "bias_correction2_sqrt")
+
+
+class OptimizerError(ValueError):
+    """An optimizer (or an option of one) the training step cannot run."""
+
+
+def optimizer_spec(optimizer: object, group: dict[str, object]) -> OptimizerSpec:
+    """The spec of one param group of a ``torch.optim`` AdamW, Adam or SGD optimizer."""
+    name = type(optimizer).__name__
+    if group.get("amsgrad"):
+        raise OptimizerError(f"{name}(amsgrad=True) is not supported by the training step")
+    if group.get("differentiable"):
+        raise OptimizerError(f"{name}(differentiable=True) is not supported by the training step")
+    maximize = bool(group.get("maximize", False))
+    wd = float(group.get("weight_decay", 0.0) or 0.0)  # type: ignore[arg-type]
+    if name in ("AdamW", "Adam"):
+        if name == "Adam" and wd and not group.get("decoupled_weight_decay", False):
+            raise OptimizerError("Adam with L2 weight_decay is not supported; use AdamW")
+        betas = group["betas"]
+        assert isinstance(betas, (tuple, list))
+        return OptimizerSpec(OptimizerKind.ADAMW if name == "AdamW" else OptimizerKind.ADAM,
+                             weight_decay=wd, betas=(float(betas[0]), float(betas[1])),
+                             eps=float(group["eps"]), maximize=maximize)  # type: ignore[arg-type]
+    if name == "SGD":
+        return OptimizerSpec(OptimizerKind.SGD, weight_decay=wd,
+                             momentum=float(group.get("momentum", 0.0) or 0.0),  # type: ignore[arg-type]
+                             dampening=float(group.get("dampening", 0.0) or 0.0),  # type: ignore[arg-type]
+                             nesterov=bool(group.get("nesterov", False)), maximize=maximize)
+    raise OptimizerError(f"optimizer {name} is not supported by the training step "
+                         f"(supported: AdamW, Adam, SGD)")
+
+
+def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> np.ndarray:
+    """The group's per-step scalars (``step`` counts from 1), as torch computes them in Python."""
+    if spec.kind is OptimizerKind.SGD:
+        if not spec.momentum:
+            return np.array([lr], np.float32)
+        first = step == 1  # torch clones the gradient into a fresh buffer on the first step
+        keep, take = (0.0, 1.0) if first else (spec.momentum, 1.0 - spec.dampening)
+        return np.array([lr, keep, take], np.float32)
+    beta1, beta2 = spec.betas
+    decay = 1.0 - lr * spec.weight_decay if spec.kind is OptimizerKind.ADAMW else 1.0
+    step_size = lr / (1.0 - beta1 ** step)
+    return np.array([decay, step_size, math.sqrt(1.0 - beta2 ** step)], np.float32)
+
+
+def split_scalars(b: GraphBuilder, spec: OptimizerSpec, scalars: Op) -> list[Op]:
+    """The group's scalar vector (one program input) as one [1] tensor per scalar, made once per
+    group and broadcast to each parameter."""
+    return [b.slice(scalars, [i], [i + 1], [1]) for i in range(len(spec.scalar_names))]
+
+
+def emit_update(b: GraphBuilder, spec: OptimizerSpec, param: Op, grad: Op, state: Sequence[Op],
+                s: Sequence[Op]) -> tuple[Op, list[Op]]:
+    """The updated parameter and state (FP32 ops), as torch.optim's single-tensor kernels compute;
+    ``s`` are the group's scalars from :func:`split_scalars`."""
+    if spec.maximize:
+        grad = b.negate(grad)
+    if spec.kind is OptimizerKind.SGD:
+        if spec.weight_decay:
+            grad = b.add(grad, b.multiply(param, spec.weight_decay))
+        new_state: list[Op] = []
+        if spec.momentum:
+            lr, keep, take = s
+            buf = b.add(b.multiply(state[0], b.broadcast_to(keep, param.shape)),
+                        b.multiply(grad, b.broadcast_to(take, param.shape)))
+            new_state = [buf]
+            grad = b.add(grad, b.multiply(buf, spec.momentum)) if spec.nesterov else buf
+        else:
+            (lr,) = s
+        step = b.multiply(grad, b.broadcast_to(lr, param.shape))
+        return b.subtract(param, step), new_state
+    decay, step_size, bc2_sqrt = (b.broadcast_to(x, param.shape) for x in s)
+    beta1, beta2 = spec.betas
+    if spec.kind is OptimizerKind.ADAMW and spec.weight_decay:
+        param = b.multiply(param, decay)
+    exp_avg, exp_avg_sq = state
+    exp_avg = b.add(exp_avg, b.multiply(b.subtract(grad, exp_avg), 1.0 - beta1))  # lerp, w < 0.5
+    exp_avg_sq = b.add(b.multiply(exp_avg_sq, beta2), b.multiply(b.multiply(grad, 1.0 - beta2), grad))
+    denom = b.add(b.divide(b.sqrt(exp_avg_sq), bc2_sqrt), spec.eps)
+    update = b.divide(b.multiply(exp_avg, step_size), denom)
+    return b.subtract(param, update), [exp_avg, exp_avg_sq]
+
+
+__all__ = ["OptimizerError", "OptimizerKind", "OptimizerSpec", "emit_update", "host_scalars",
+           "optimizer_spec", "split_scalars"]

@@ -1,0 +1,202 @@
+"""The joint forward + backward graph of a PyTorch loss, through torch's own autograd.
+
+    joint = joint_graph(module, example_inputs)      # JointGraph: an FX graph of core ATen ops
+
+Two steps, both torch's: ``torch.export`` captures the module's forward (training IR, with every
+node's ``nn_module_stack`` and user stack trace), then ``make_fx`` traces a function that replays
+that graph with ``torch.fx.Interpreter`` (so each node's metadata is current while it runs:
+``preserve_node_meta``) and calls ``torch.autograd.grad`` on the loss. Autograd's backward formulas
+run under the tracer and torch's core-ATen decomposition table turns their ``*_backward`` ops
+(``native_layer_norm_backward``, ``threshold_backward``, ``embedding_dense_backward``,
+``_softmax_backward_data``, ``convolution_backward`` ...) into core ops the frontend lowers already.
+
+The result has one placeholder per trainable parameter (in ``named_parameters`` order), then one per
+user input; its outputs are the loss and one gradient per parameter. Nodes keep their phase in
+``node.meta["train_phase"]`` (``forward`` for what the replay made, ``backward`` for what autograd
+made) and backward nodes borrow the layer path and source frames of the forward nodes they read, so
+a profile's hierarchy holds layer -> HLO op -> instruction inside each phase.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch._decomp import core_aten_decompositions
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuroncore.frontends.tracing import TraceError
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+@dataclass
+class JointGraph:
+    """An FX graph computing ``(loss, grad_1, ..., grad_P)`` from ``(param_1..P, buffers, inputs)``."""
+
+    module: torch.fx.GraphModule
+    param_names: list[str]  # qualified names of the trainable parameters, in placeholder order
+    buffer_names: list[str]  # buffers and constants the forward reads (inputs after the params)
+    buffers: list[torch.Tensor]
+    n_inputs: int  # user inputs (after the buffers)
+
+
+class LossModule(torch.nn.Module):
+    """``loss_fn(model(*inputs[:-1]), inputs[-1])`` when a loss function is given, else the model's
+    own output (a tensor, or the ``loss`` of a Hugging Face ``ModelOutput``, or its first element)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any] | None, scale: float) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.scale = scale
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        if self.loss_fn is not None:
+            out = self.model(*inputs[:-1])
+            loss = self.loss_fn(out, inputs[-1])
+        else:
+            out = self.model(*inputs)
+            loss = _loss_of(out)
+        return loss * self.scale if self.scale != 1.0 else loss
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    """The loss a model returned: a 0-d tensor, ``out.loss``, or the first element of a tuple."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, (tuple, list)) and out:
+        loss = out[0]
+    if loss is None and isinstance(out, torch.Tensor):
+        loss = out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TraceError("the model's forward must return the loss (a tensor with one element, "
+                         "or an output with .loss: pass labels), or pass loss_fn=")
+    return loss
+
+
+def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+                loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0) -> JointGraph:
+    """Trace the loss and the gradients of every parameter that requires grad (see module doc)."""
+    wrapper = LossModule(model, loss_fn, loss_scale)
+    name = type(model).__name__
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
+            ep = torch.export.export(wrapper, tuple(example_inputs))
+    except TraceError:
+        raise
+    except Exception as exc:  # torch raises many types; every one is a failed trace
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise TraceError(f"{name}: torch.export failed: {first}") from exc
+    sig = ep.graph_signature
+    named = dict(wrapper.named_parameters())
+    tables = {**ep.state_dict, **ep.constants}
+    params: list[str] = []
+    others: list[str] = []
+    positions: list[tuple[str, int]] = []  # (kind, index) per graph input, in graph order
+    n_user = 0
+    for spec in sig.input_specs:
+        target = spec.target or ""
+        if spec.kind is InputKind.PARAMETER and named.get(target) is not None \
+                and named[target].requires_grad:
+            positions.append(("param", len(params)))
+            params.append(target)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            positions.append(("buffer", len(others)))
+            others.append(target)
+        elif spec.kind is InputKind.USER_INPUT:
+            positions.append(("input", n_user))
+            n_user += 1
+        else:
+            raise TraceError(f"{name}: inputs of kind {spec.kind.name} are not supported in a "
+                             f"training step")
+    mutated = [s for s in sig.output_specs if s.kind is not OutputKind.USER_OUTPUT]
+    if mutated:
+        kinds = ", ".join(sorted({s.kind.name.lower() for s in mutated}))
+        raise TraceError(f"{name}: the forward mutates state ({kinds}: e.g. BatchNorm running "
+                         f"statistics in train mode); a training step cannot carry it yet: use "
+                         f"eval-mode normalisation or LayerNorm/GroupNorm")
+    if not params:
+        raise TraceError(f"{name} has no parameters that require grad: nothing to train")
+    buffers = [tables[t].detach() for t in others]
+    gm = ep.graph_module
+
+    def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
+              *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args: list[torch.Tensor] = []
+        for kind, index in positions:
+            args.append(param_values[index] if kind == "param" else
+                        buffer_values[index] if kind == "buffer" else inputs[index])
+        with fx_traceback.preserve_node_meta():
+            outs = torch.fx.Interpreter(gm).run(*args)
+        loss = outs[0] if isinstance(outs, (tuple, list)) else outs
+        grads = torch.autograd.grad(loss, param_values, allow_unused=True)
+        return (loss, *[g if g is not None else torch.zeros_like(p)
+                        for g, p in zip(grads, param_values)])
+
+    values = [named[p].detach().clone().requires_grad_(True) for p in params]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
+            traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
+                values, buffers, *example_inputs)
+    except Exception as exc:  # any tracer failure is a failed trace
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
+    _tag_phases(traced.graph, params)
+    return JointGraph(traced, params, others, buffers, len(example_inputs))
+
+
+def _module_path(stack: Any) -> str:
+    """The innermost module's qualified name in an ``nn_module_stack`` ("" for the root)."""
+    return str(list(stack.values())[-1][0]) if stack else ""
+
+
+def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
+    """``train_phase`` on every op node, and a layer for each backward node, chosen in order:
+    the module of a forward node it reads (a layer's saved activations: LayerNorm's mean and rstd),
+    else the parameter module whose gradient is all it feeds (a linear layer's weight gradient),
+    else the layer of whatever it reads. The hierarchy then holds layer -> HLO op inside each phase."""
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    for node in nodes:
+        if "nn_module_stack" in node.meta and "from_node" in node.meta:
+            node.meta["train_phase"] = FORWARD
+        else:
+            node.meta["train_phase"] = BACKWARD
+    feeds: dict[torch.fx.Node, str | None] = {}
+    output = next(n for n in graph.nodes if n.op == "output")
+    results = list(output.args[0])
+    owners = [p.rpartition(".")[0] for p in params]
+    for node, owner in zip(results[1:], owners):
+        feeds[node] = owner
+    for node in reversed(nodes):
+        if node.meta["train_phase"] != BACKWARD or node in feeds:
+            continue
+        labels = {feeds.get(u) for u in node.users if u.op == "call_function"
+                  and u.meta.get("train_phase") == BACKWARD}
+        feeds[node] = labels.pop() if len(labels) == 1 else None
+    for node in nodes:
+        if node.meta["train_phase"] != BACKWARD:
+            continue
+        read = [n for n in node.all_input_nodes if "nn_module_stack" in n.meta]
+        layered = [n for n in read if n.meta.get("train_phase") == FORWARD
+                   and _module_path(n.meta["nn_module_stack"]) not in ("", "model")]
+        donor = layered[-1] if layered else None
+        fed = feeds.get(node)
+        if donor is None and fed is not None:
+            node.meta["nn_module_stack"] = {"owner": (fed or "model", None)}
+            continue
+        donor = donor or (read[-1] if read else None)
+        if donor is not None:
+            node.meta["nn_module_stack"] = donor.meta["nn_module_stack"]
+            if "stack_trace" in donor.meta:
+                node.meta["stack_trace"] = donor.meta["stack_trace"]
+
+
+__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "joint_graph"]

@@ -1,0 +1,396 @@
+"""A PyTorch training step compiled for one NeuronCore: forward, backward and optimizer update.
+
+    step = neuroncore.trace_train_step(model, optimizer, (x, y), loss_fn=F.cross_entropy)
+    for x, y in batches:
+        loss = step(x, y)          # one execution on the core; the loss comes back to the host
+
+What happens at trace time: :func:`neuroncore.training.torch_joint.joint_graph` captures the loss
+and its gradients through torch's autograd; the PyTorch frontend lowers that FX graph to IR; the
+optimizer's update (:mod:`neuroncore.training.optimizers`) is appended as IR ops; the whole is
+compiled to ONE program per step. The parameters, the optimizer state (and, with gradient
+accumulation, the gradient buffers) are program inputs whose updated values are outputs: they stay
+on the core between steps (:class:`neuroncore.runtime.device.DeviceState`, as XLA aliases a
+program's inputs to its outputs). Only the user inputs and a few host scalars per step go in, and
+only the loss comes out to the host.
+
+After every call the host copies are brought up to date (eagerly, after each step):
+``model.parameters()`` hold the new values and ``optimizer.state_dict()`` the new state (``step``,
+``exp_avg``, ``exp_avg_sq`` for Adam/AdamW; ``momentum_buffer`` for SGD), as if the user's own
+``loss.backward(); optimizer.step(); optimizer.zero_grad()`` had run.
+
+Gradient accumulation (``accumulation_steps=K``): a call takes K micro-batches stacked along dim 0
+(each input K times the traced batch). The first K-1 run an *accumulate* program (forward +
+backward, gradients added to resident buffers) and the last the *update* program (forward +
+backward + the summed gradients + the optimizer), each loss scaled by 1/K as ``(loss / K).backward()``
+does; the call returns the mean loss. Both programs are compiled once.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.program import Program
+from neuroncore.dtypes import DType
+from neuroncore.frontends.torch_frontend import (
+    _TORCH_DIR,
+    _Converter,
+    _from_numpy,
+    _to_numpy,
+    ir_dtype,
+    layer_path,
+    stack_frames,
+)
+from neuroncore.frontends.torch_ops import load_handlers
+from neuroncore.frontends.tracing import TraceError
+from neuroncore.ir.graph import Graph, Op, SourceFrame
+from neuroncore.runtime import Instance
+from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
+from neuroncore.training.optimizers import (
+    OptimizerError,
+    OptimizerKind,
+    OptimizerSpec,
+    emit_update,
+    host_scalars,
+    optimizer_spec,
+    split_scalars,
+)
+from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph
+
+
+class ProgramKind(enum.Enum):
+    """The two programs of a step: ``update`` always, ``accumulate`` with gradient accumulation."""
+
+    UPDATE = "update"
+    ACCUMULATE = "accumulate"
+
+
+PHASES = ("forward", "backward", "optimizer")  # the levels a step's ops sit under: model/<phase>/...
+
+
+@dataclass
+class _Group:
+    spec: OptimizerSpec
+    params: list[int]  # indices into the step's parameter list
+    torch_group: dict[str, Any]
+
+
+@dataclass
+class _Layout:
+    """Where each input and output of a compiled step program lives."""
+
+    inputs: list[str]  # program parameter names, in order
+    outputs: list[str]  # resident-state name (or "loss") per program output
+
+
+def _strip(name: str) -> str:
+    """A qualified name inside the user's model (the step wraps it as ``model``)."""
+    if name == "model":
+        return ""
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+class _JointExport:
+    """What ``_Converter`` reads of an ``ExportedProgram``, for a joint FX graph whose
+    placeholders are all runtime inputs (parameters and state are resident, not constants)."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        self.graph_module = module
+        self.graph = module.graph
+        self.graph_signature = SimpleNamespace(input_specs=[], output_specs=[])
+        self.state_dict: dict[str, torch.Tensor] = {}
+        self.constants: dict[str, torch.Tensor] = {}
+
+
+class _StepConverter(_Converter):
+    """Lowers a joint graph: placeholders get the step's input names; every op's layer path is
+    ``model/<phase>/<module path>`` so the hierarchy is phase -> layer -> HLO op."""
+
+    def __init__(self, joint: JointGraph, name: str, autocast: str | None,
+                 input_names: list[str]) -> None:
+        super().__init__(_JointExport(joint.module), name, autocast)  # type: ignore[arg-type]
+        self.input_names = input_names
+        self.placeholders: list[Op] = []
+
+    def _placeholder(self, node: torch.fx.Node) -> None:
+        meta = node.meta.get("val")
+        if not isinstance(meta, torch.Tensor):
+            raise TraceError(f"{self.b.name}: a non-tensor input ({node.name}) in a training step")
+        name = self.input_names[len(self.placeholders)]
+        dtype = ir_dtype(meta.dtype, f" (input {name!r})")
+        with self.b.located("model", ()):
+            op = self.b.parameter(name, tuple(meta.shape), dtype)
+        self.placeholders.append(op)
+        self.env[node] = op
+
+    def lower(self) -> list[Op]:
+        """IR ops for the joint graph's outputs (loss, then one gradient per parameter)."""
+        outputs: list[Op] = []
+        for node in self.ep.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "call_function":
+                stack = node.meta.get("nn_module_stack")
+                path = _strip(list(stack.values())[-1][0]) if stack else ""
+                module = layer_path({"": (path, None)} if path else None)
+                phase = node.meta.get("train_phase", FORWARD)
+                layer = "model/" + phase + module[len("model"):]
+                frames = stack_frames(node.meta.get("stack_trace"), stack)
+                self.frames = frames
+                with self.b.located(layer, frames):
+                    self._evaluate_known(node)
+                    self.env[node] = self._call(node)
+            elif node.op == "output":
+                for arg in node.args[0]:
+                    meta = arg.meta["val"]
+                    with self.b.located("model/backward", ()):
+                        outputs.append(self._as_op(self.env.get(arg), tuple(meta.shape),
+                                                   ir_dtype(meta.dtype)))
+            elif node.op == "get_attr":
+                raise TraceError(f"{self.b.name}: graph attribute {node.target!r} is not supported "
+                                 f"in a training step")
+        return outputs
+
+
+class TrainStep:
+    """A compiled training step: call it with a batch; it returns the loss as a 0-d tensor."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Sequence[torch.Tensor], *, loss_fn: Callable[..., Any] | None,
+                 precision: Precision, accumulation_steps: int, instance: str | None,
+                 core: int, frames: tuple[SourceFrame, ...]) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.accumulation_steps = accumulation_steps
+        self.example_shapes = [tuple(x.shape) for x in example_inputs]
+        self.example_dtypes = [x.dtype for x in example_inputs]
+        self.name = type(model).__name__
+        self.steps = 0
+        self.last_results: list[ExecutionResult] = []
+        scale = 1.0 / accumulation_steps
+        self.joint = joint_graph(model, example_inputs, loss_fn=loss_fn, loss_scale=scale)
+        named = {f"model.{k}": p for k, p in model.named_parameters()}
+        self.params = [named[n] for n in self.joint.param_names]
+        self.param_names = [_strip(n) for n in self.joint.param_names]
+        self.groups = self._groups(optimizer)
+        self._frames = frames
+        self.instance = Instance(instance)
+        self.core = self.instance.core(core)
+        self.programs: dict[ProgramKind, tuple[Program, LoadedModel, _Layout]] = {}
+        kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
+        for kind in kinds:
+            graph, layout = self._build(kind)
+            program = compile_graph(graph, self.core.spec)
+            self.programs[kind] = (program, self.core.load(program), layout)
+        self.state = DeviceState(self.core, self._initial_state())
+
+    # -- trace time ----------------------------------------------------------------------------
+    def _groups(self, optimizer: torch.optim.Optimizer) -> list[_Group]:
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups: list[_Group] = []
+        seen: set[int] = set()
+        for group in optimizer.param_groups:
+            try:
+                spec = optimizer_spec(optimizer, group)
+            except OptimizerError as exc:
+                raise TraceError(str(exc)) from None
+            members = [index[id(p)] for p in group["params"] if id(p) in index]
+            seen.update(members)
+            groups.append(_Group(spec, members, group))
+        missing = [self.param_names[i] for i in range(len(self.params)) if i not in seen]
+        if missing:
+            raise TraceError(f"parameters {', '.join(missing[:3])} require grad but are in no "
+                             f"param group of the optimizer")
+        return groups
+
+    def _state_names(self, i: int) -> list[str]:
+        spec = next(g.spec for g in self.groups if i in g.params)
+        return [f"state/{self.param_names[i]}/{s}" for s in spec.state_names]
+
+    def _input_names(self) -> list[str]:
+        names = [f"param/{n}" for n in self.param_names]
+        names += [f"buffer/{n}" for n in (_strip(b) for b in self.joint.buffer_names)]
+        names += [f"input/{i}" for i in range(self.joint.n_inputs)]
+        return names
+
+    def _build(self, kind: ProgramKind) -> tuple[Graph, _Layout]:
+        load_handlers()
+        autocast = "bf16" if self.precision is Precision.BF16 else None
+        name = self.name + ("_train_step" if kind is ProgramKind.UPDATE else "_accumulate")
+        conv = _StepConverter(self.joint, name, autocast, self._input_names())
+        b = conv.b
+        loss, *grads = conv.lower()
+        params = conv.placeholders[: len(self.params)]
+        outputs: list[Op] = [loss]
+        names = ["loss"]
+        accumulate = self.accumulation_steps > 1
+        if accumulate:
+            for i, grad in enumerate(grads):
+                with b.located(f"model/backward/accumulate/{self._module_of(i)}", self._frames):
+                    acc = b.parameter(f"grad/{self.param_names[i]}", grad.shape, DType.FP32)
+                    grads[i] = b.add(acc, grad)
+        if kind is ProgramKind.ACCUMULATE:
+            outputs += grads
+            names += [f"grad/{n}" for n in self.param_names]
+        else:
+            for g, group in enumerate(self.groups):
+                with b.located("model/optimizer", self._frames):
+                    vector = b.parameter(f"scalars/{g}", (len(group.spec.scalar_names),), DType.FP32)
+                    scalars = split_scalars(b, group.spec, vector)
+                for i in group.params:
+                    with b.located(f"model/optimizer/{self._module_of(i)}", self._frames):
+                        state = [b.parameter(n, params[i].shape, DType.FP32) for n in self._state_names(i)]
+                        grad = grads[i] if grads[i].dtype is DType.FP32 else b.convert(grads[i], DType.FP32)
+                        new_param, new_state = emit_update(b, group.spec, params[i], grad, state, scalars)
+                    outputs += [new_param, *new_state]
+                    names += [f"param/{self.param_names[i]}", *self._state_names(i)]
+        graph = b.build(outputs).pruned()
+        inputs = [p.name for p in graph.parameters]
+        return graph, _Layout(inputs, names)
+
+    def _module_of(self, i: int) -> str:
+        module = self.param_names[i].rpartition(".")[0]
+        return layer_path({"": (module, None)} if module else None)[len("model/"):] or "model"
+
+    def _initial_state(self) -> dict[str, np.ndarray]:
+        """Parameters, optimizer state (resumed from ``optimizer.state`` when it has some),
+        gradient buffers and buffers, as they are put on the core before the first step."""
+        tensors: dict[str, np.ndarray] = {}
+        for i, p in enumerate(self.params):
+            tensors[f"param/{self.param_names[i]}"] = _to_numpy(p.detach()).astype(np.float32)
+            held = self.optimizer.state.get(p, {})
+            for full in self._state_names(i):
+                value = held.get(full.rpartition("/")[2])
+                tensors[full] = (_to_numpy(value).astype(np.float32) if isinstance(value, torch.Tensor)
+                                 else np.zeros(tuple(p.shape), np.float32))
+            if self.accumulation_steps > 1:
+                tensors[f"grad/{self.param_names[i]}"] = np.zeros(tuple(p.shape), np.float32)
+            step = held.get("step")
+            if step is not None and i == 0:
+                self.steps = int(float(step))
+        for name, value in zip(self.joint.buffer_names, self.joint.buffers):
+            tensors[f"buffer/{_strip(name)}"] = _to_numpy(value)
+        return tensors
+
+    # -- run time ------------------------------------------------------------------------------
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ``inputs`` (``accumulation_steps`` micro-batches along dim 0)."""
+        micro = self._micro_batches(inputs)
+        self.steps += 1
+        self.last_results = []
+        total = 0.0
+        for k, batch in enumerate(micro):
+            last = k == len(micro) - 1
+            kind = ProgramKind.UPDATE if last else ProgramKind.ACCUMULATE
+            _program, loaded, layout = self.programs[kind]
+            host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
+            if last:
+                for g, group in enumerate(self.groups):
+                    host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                                                        self.steps)
+            result = loaded.execute(self.state.inputs(layout.inputs, host))
+            outputs = result.outputs or []
+            self.state.update(dict(zip(layout.outputs[1:], outputs[1:])))
+            total += float(np.asarray(outputs[0]).reshape(-1)[0])
+            self.last_results.append(result)
+        if self.accumulation_steps > 1:
+            self.state.zero([f"grad/{n}" for n in self.param_names])
+        self._sync_host()
+        return torch.tensor(total, dtype=torch.float32)
+
+    def _micro_batches(self, inputs: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+        k = self.accumulation_steps
+        if len(inputs) != len(self.example_shapes):
+            raise TraceError(f"{self.name} step was traced with {len(self.example_shapes)} inputs; "
+                             f"{len(inputs)} given")
+        for x, shape, dtype in zip(inputs, self.example_shapes, self.example_dtypes):
+            want = (shape[0] * k, *shape[1:]) if shape else shape
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != want or x.dtype != dtype:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise TraceError(f"{self.name} step: input of shape {list(want)} ({dtype}) expected"
+                                 f"{f' ({k} micro-batches of {shape[0]})' if k > 1 else ''}, got {got}")
+        if k == 1:
+            return [list(inputs)]
+        return [[x[j * s[0]:(j + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)] for j in range(k)]
+
+    def _sync_host(self) -> None:
+        """Copy the resident parameters and optimizer state into the model and optimizer."""
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                name = self.param_names[i]
+                p.copy_(_from_numpy(self.state.tensors[f"param/{name}"], p.dtype))
+                p.grad = None
+                held = self.optimizer.state[p]
+                spec = next(g.spec for g in self.groups if i in g.params)
+                for full in self._state_names(i):
+                    held[full.rpartition("/")[2]] = _from_numpy(self.state.tensors[full], p.dtype)
+                if spec.kind is not OptimizerKind.SGD:
+                    held["step"] = torch.tensor(float(self.steps), dtype=torch.float32)
+
+    # -- what a caller may inspect -------------------------------------------------------------
+    @property
+    def program(self) -> Program:
+        """The update program (forward + backward + optimizer)."""
+        return self.programs[ProgramKind.UPDATE][0]
+
+    @property
+    def graph(self) -> Graph:
+        return self.program.graph
+
+
+def _caller_frames() -> tuple[SourceFrame, ...]:
+    """The user's line that traced the step (the optimizer ops' source)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for info in inspect.stack()[1:]:
+        path = os.path.abspath(info.filename)
+        if not path.startswith(here + os.sep) and not path.startswith(_TORCH_DIR + os.sep):
+            return (SourceFrame(path, info.lineno, info.function),)
+    return ()
+
+
+def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     example_inputs: Sequence[torch.Tensor], *,
+                     loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
+                     accumulation_steps: int = 1, instance: str | None = None,
+                     core: int = 0) -> TrainStep:
+    """Compile ``model``'s training step with ``optimizer`` for one core (see the module doc).
+
+    ``example_inputs``: one micro-batch, positionally; with ``loss_fn`` the last one is the target
+    (``loss_fn(model(*inputs[:-1]), inputs[-1])``), else the model's forward returns the loss.
+    ``precision``: ``"fp32"``, ``"bf16"`` (auto-cast: bf16 matmuls, FP32 master weights and
+    optimizer state) or ``"bf16-sr"`` (bf16 weights updated with stochastic rounding).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TraceError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TraceError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+    if not isinstance(accumulation_steps, int) or isinstance(accumulation_steps, bool) \
+            or accumulation_steps < 1:
+        raise TraceError(f"accumulation_steps must be a positive integer, not {accumulation_steps!r}")
+    examples = tuple(example_inputs)
+    if not examples or not all(isinstance(x, torch.Tensor) for x in examples):
+        raise TraceError("example_inputs must be a non-empty sequence of torch tensors")
+    if accumulation_steps > 1 and any(x.dim() == 0 for x in examples):
+        raise TraceError("gradient accumulation splits inputs along dim 0; a 0-d input has none")
+    try:
+        prec = parse_precision(precision)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+    return TrainStep(model, optimizer, examples, loss_fn=loss_fn, precision=prec,
+                     accumulation_steps=accumulation_steps, instance=instance, core=core,
+                     frames=_caller_frames())
+
+
+__all__ = ["PHASES", "ProgramKind", "TrainStep", "trace_train_step"]

@@ -1,0 +1,141 @@
+"""PyTorch training steps on the core against PyTorch's own training: same loss and parameters after
+several steps (fp32 tight), optimizer state on the host, gradient accumulation, bad inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuroncore
+from neuroncore.frontends.tracing import TraceError
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+def _reference_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     batches: list[tuple[torch.Tensor, torch.Tensor]], accumulation: int = 1) -> list[float]:
+    """PyTorch's own loop: (loss / K).backward() per micro-batch, then step and zero_grad."""
+    losses = []
+    for x, y in batches:
+        total = 0.0
+        for xm, ym in zip(x.chunk(accumulation), y.chunk(accumulation)):
+            loss = F.cross_entropy(model(xm), ym) / accumulation
+            loss.backward()
+            total += float(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses
+
+
+def _batches(n: int, batch: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 8, generator=g), torch.randint(0, 4, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module, atol: float) -> None:
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(p, q, atol=atol, rtol=0), f"{name}: max diff {(p - q).abs().max()}"
+
+
+OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3, dampening=0.1),
+    "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fp32_steps_match_pytorch(name: str) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = OPTIMIZERS[name](model.parameters()), OPTIMIZERS[name](ref.parameters())
+    batches = _batches(4)
+    step = neuroncore.trace_train_step(model, opt, batches[0], loss_fn=F.cross_entropy)
+    losses = [float(step(x, y)) for x, y in batches]
+    expected = _reference_steps(ref, ref_opt, batches)
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    _assert_same_params(model, ref, atol=1e-5)
+    # the optimizer's state on the host is PyTorch's, name for name
+    ours, theirs = opt.state_dict()["state"], ref_opt.state_dict()["state"]
+    assert ours.keys() == theirs.keys()
+    for key in theirs:
+        assert ours[key].keys() == theirs[key].keys()
+        for field, value in theirs[key].items():
+            assert torch.allclose(ours[key][field], value, atol=1e-5), (key, field)
+
+
+def test_gradient_accumulation_matches_pytorch() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    batches = _batches(3, batch=8)
+    micro = (batches[0][0][:2], batches[0][1][:2])
+    step = neuroncore.trace_train_step(model, opt, micro, loss_fn=F.cross_entropy, accumulation_steps=4)
+    losses = [float(step(x, y)) for x, y in batches]
+    assert len(step.last_results) == 4  # 3 accumulate executions + 1 update
+    assert losses == pytest.approx(_reference_steps(ref, ref_opt, batches, accumulation=4), rel=1e-5)
+    _assert_same_params(model, ref, atol=1e-5)
+
+
+def test_lr_scheduler_changes_are_honoured() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    sched, ref_sched = (torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in (opt, ref_opt))
+    batches = _batches(3)
+    step = neuroncore.trace_train_step(model, opt, batches[0], loss_fn=F.cross_entropy)
+    for x, y in batches:
+        step(x, y)
+        sched.step()
+    for x, y in batches:
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_sched.step()
+    _assert_same_params(model, ref, atol=1e-6)
+
+
+def test_step_program_has_forward_backward_and_optimizer_levels() -> None:
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = _batches(1)[0]
+    step = neuroncore.trace_train_step(model, opt, (x, y), loss_fn=F.cross_entropy)
+    layers = {op.layer for op in step.graph.ops if op.opcode not in ("parameter", "constant")}
+    assert {"model/forward/fc1", "model/backward/fc1", "model/optimizer/fc1"} <= layers
+    assert all(layer.split("/")[1] in ("forward", "backward", "optimizer") for layer in layers
+               if layer != "model")
+    # the forward keeps the user's source line
+    fwd = [op for op in step.graph.ops if op.layer == "model/forward" and op.frames]
+    assert any(f.file == __file__ for op in fwd for f in op.frames)
+
+
+def test_bad_inputs_are_one_line_errors() -> None:
+    model = MLP()
+    x, y = _batches(1)[0]
+    with pytest.raises(TraceError, match="not supported by the training step"):
+        neuroncore.trace_train_step(model, torch.optim.Adagrad(model.parameters()), (x, y),
+                                    loss_fn=F.cross_entropy)
+    step = neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y),
+                                       loss_fn=F.cross_entropy)
+    with pytest.raises(TraceError, match=r"input of shape \[6, 8\]"):
+        step(x[:3], y[:3])
+    with pytest.raises(TraceError, match="must return the loss"):
+        neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,))
