@@ -9,6 +9,12 @@ Figures:
 * ``sink_overhead_ratio``: execute() time with a no-op event listener / without. Target <= 1.10.
 * ``matmul_4096x8192x8192_bf16_ms`` on one trn1 core and its error against the public 6.97 ms
   (calibration point 1 of neuroncore.md §9.1). Target: within 15 %.
+* ``compile_instructions_per_s``: instructions (engine instructions, not DMA transfers) compiled per
+  wall second for that Llama-2-7B decode graph (one ``nc.compile``). Target >= 200,000
+  (issue 15 §5; not met: see docs/execution-core.md "Compile speed").
+* ``shard_llama2_70b_tp32_s``: the tensor-parallel sharding pass on the full Llama-2-70B decode graph
+  (80 layers, tp 32, batch 8): a pass that finds misplaced inputs now collects them all, so the graph
+  settles in 2 passes instead of one pass per layer's KV-cache input (81).
 * ``hbm_bound_efficiency``: decode-shaped matvec (batch 1, 4096 x 11008 bf16): simulated time over
   weight bytes / the core's HBM bandwidth share (410 GB/s), with the parts the model attributes it to.
 """
@@ -76,12 +82,22 @@ def bench_simulation(layers: int, repeats: int) -> dict:
         "sim_instructions": n,
         "sim_dma_transfers": program.n_dma_transfers,
         "sim_compile_s": round(compile_s, 2),
+        "compile_instructions_per_s": round(program.n_instructions / compile_s),
         "sim_execute_s_median": round(median, 4),
         "sim_instructions_per_s": round(n / median),
         "sink_overhead_ratio": round(statistics.median(with_sink) / statistics.median(without), 3),
         "sink_batches_per_execution": received[0] // (repeats + 1),
         "llama2_7b_decode_device_ms": round(result.device_time_ns / 1e6, 3),
     }
+
+
+def bench_sharding() -> dict:
+    from neuroncore.parallel.sharding import shard
+
+    graph = workloads.get("llama-decode").graph("llama2-70b", batch=8, tp_degree=32)
+    t = time.perf_counter()
+    shard(graph, 32)
+    return {"shard_llama2_70b_tp32_s": round(time.perf_counter() - t, 2)}
 
 
 def bench_matmul() -> dict:
@@ -131,6 +147,7 @@ def main() -> None:
     layers, repeats = (4, 3) if args.quick else (32, 7)
     figures = {"bench": "core", "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
     figures.update(bench_simulation(layers, repeats))
+    figures.update(bench_sharding())
     figures.update(bench_matmul())
     figures.update(bench_hbm_bound())
     print(json.dumps(figures))

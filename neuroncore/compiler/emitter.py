@@ -10,7 +10,6 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,23 +47,12 @@ def queue_lane(queue: DmaQueue) -> int:
     return QUEUE_LANE_BASE + queue.index
 
 
-@dataclass(slots=True)
-class _Access:
-    a0: int
-    a1: int
-    b0: int
-    b1: int
-    node: int
-    lane: int  # in-order lane of the accessing node (engine, CC_LANE, or queue_lane(queue))
-    write: bool
-
-
-def _overlaps(x: _Access, a0: int, a1: int, b0: int, b1: int) -> bool:
-    return x.a0 < a1 and a0 < x.a1 and x.b0 < b1 and b0 < x.b1
-
-
-def _covers(a0: int, a1: int, b0: int, b1: int, x: _Access) -> bool:
-    return a0 <= x.a0 and x.a1 <= a1 and b0 <= x.b0 and x.b1 <= b1
+# One recorded access: (a0, a1, b0, b1, node, lane, write) -- a plain tuple, because the emitter makes
+# and scans one per operand of every node and a tuple is the cheapest record Python has. The rectangle
+# is partitions (or rows) [a0, a1) x free elements (or cols) [b0, b1); ``lane`` is the accessing
+# node's in-order lane (engine, CC_LANE, or queue_lane(queue)).
+_Access = tuple[int, int, int, int, int, int, bool]
+_NODE, _LANE, _WRITE = 4, 5, 6
 
 
 MemoryKey = tuple[str, Any]  # ("buf", buffer id) for SBUF/PSUM buffers, ("hbm", tensor name)
@@ -102,7 +90,7 @@ class Emitter:
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
-        self._accesses: dict[MemoryKey, list[_Access]] = defaultdict(list)
+        self._accesses: defaultdict[MemoryKey, list[_Access]] = defaultdict(list)
         self._lane: list[int] = []
         # LDWEIGHTS -> the first MATMUL after it. The Tensor engine's two tracks share semaphore 0,
         # and a background LoadStationary can finish before the previous MultiplyMoving does, so an
@@ -118,8 +106,12 @@ class Emitter:
     # -- hazards ---------------------------------------------------------------------------
     def compact(self, nodes: set[int] | list[int]) -> list[int]:
         """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
-        latest: dict[int, int] = {}
+        if not nodes:
+            return []
         lanes = self._lane
+        if len(nodes) == 1:
+            return list(nodes)
+        latest: dict[int, int] = {}
         for node in nodes:
             lane = lanes[node]
             if node > latest.get(lane, -1):
@@ -129,12 +121,14 @@ class Emitter:
     def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
         """Earlier users of a reused address range become hazards of the new buffer there."""
         accesses = self._accesses[key]
+        a0, a1, b0, b1 = rect
+        lanes = self._lane
         for node in self.compact(nodes):
-            accesses.append(_Access(*rect, node, self._lane[node], True))
+            accesses.append((a0, a1, b0, b1, node, lanes[node], True))
 
     def last_writer_engine(self, key: MemoryKey) -> Engine | None:
         """The engine of the latest write to a buffer (None if a DMA wrote it or nobody did)."""
-        writers = [a.node for a in self._accesses.get(key, ()) if a.write]
+        writers = [a[_NODE] for a in self._accesses.get(key, ()) if a[_WRITE]]
         if not writers:
             return None
         node = max(writers)
@@ -145,36 +139,45 @@ class Emitter:
     def forget(self, key: MemoryKey) -> list[int]:
         """Drop a buffer's access list; returns the nodes a later user of its range must wait for."""
         accesses = self._accesses.pop(key, [])
-        return self.compact({a.node for a in accesses})
+        return self.compact({a[_NODE] for a in accesses})
 
     def _hazards(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
                  writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
+        """Read-after-write on every read; any earlier access on every write (other lanes only)."""
         deps: set[int] = set()
+        get = self._accesses.get
         for key, (a0, a1, b0, b1) in reads:
-            for acc in self._accesses.get(key, ()):
-                if acc.write and acc.lane != lane and _overlaps(acc, a0, a1, b0, b1):
-                    deps.add(acc.node)
+            for x0, x1, y0, y1, node, other, write in get(key, ()):
+                if write and other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                    deps.add(node)
         for key, (a0, a1, b0, b1) in writes:
-            for acc in self._accesses.get(key, ()):
-                if acc.lane != lane and _overlaps(acc, a0, a1, b0, b1):
-                    deps.add(acc.node)
+            for x0, x1, y0, y1, node, other, _ in get(key, ()):
+                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                    deps.add(node)
         return deps
 
     def _record(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
                 writes: list[tuple[MemoryKey, Rect]]) -> None:
-        for key, rect in writes:
-            a0, a1, b0, b1 = rect
-            kept = [x for x in self._accesses[key] if not _covers(a0, a1, b0, b1, x)]
-            kept.append(_Access(a0, a1, b0, b1, node, lane, True))
-            self._accesses[key] = kept
-        for key, rect in reads:
-            a0, a1, b0, b1 = rect
-            accesses = self._accesses[key]
-            accesses[:] = [
-                x for x in accesses
-                if x.write or x.lane != lane or not _covers(a0, a1, b0, b1, x)
-            ]
-            accesses.append(_Access(a0, a1, b0, b1, node, lane, False))
+        """A write hides every access it covers; a read hides this lane's reads it covers."""
+        table = self._accesses
+        for key, (a0, a1, b0, b1) in writes:
+            accesses = table[key]
+            for x in accesses:
+                if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+                    accesses = [x for x in accesses
+                                if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
+                    table[key] = accesses
+                    break
+            accesses.append((a0, a1, b0, b1, node, lane, True))
+        for key, (a0, a1, b0, b1) in reads:
+            accesses = table[key]
+            for x in accesses:
+                if not x[6] and x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+                    accesses[:] = [x for x in accesses
+                                   if x[6] or x[5] != lane
+                                   or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
+                    break
+            accesses.append((a0, a1, b0, b1, node, lane, False))
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, *, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
@@ -184,8 +187,9 @@ class Emitter:
                 counters: NodeCounters) -> int:
         check_semantics(semantics)
         node = len(self.resource)
-        if self._mm_after_ls:
-            deps = {self._mm_after_ls.get(d, d) for d in deps}
+        if deps and self._mm_after_ls:
+            after = self._mm_after_ls
+            deps = {after.get(d, d) for d in deps}
         if resource == RES_TENSOR_MM:
             for ls in self._pending_ls:
                 self._mm_after_ls[ls] = node
@@ -230,7 +234,8 @@ class Emitter:
     ) -> int:
         lane = track if track is not None else int(engine)
         deps = self._hazards(lane, reads, writes)
-        cost_ns = self._dependent_cost(engine, lane, reads, cost_ns)
+        if engine is Engine.VECTOR or engine is Engine.SCALAR:
+            cost_ns = self._dependent_cost(engine, lane, reads, cost_ns)
         self._last_writes[lane] = writes
         if extra_deps:
             deps |= {d for d in extra_deps if self._lane[d] != lane}
@@ -243,9 +248,13 @@ class Emitter:
         )
         self._record(node, lane, reads, writes)
         ports = 0
-        for key, _ in (*reads, *writes):
+        psum_keys = self.psum_keys
+        for key, _ in reads:
             if key[0] == "buf":
-                ports |= PORT_PSUM if key in self.psum_keys else PORT_SBUF
+                ports |= PORT_PSUM if key in psum_keys else PORT_SBUF
+        for key, _ in writes:
+            if key[0] == "buf":
+                ports |= PORT_PSUM if key in psum_keys else PORT_SBUF
         self.ports[node] = ports
         return node
 
@@ -256,12 +265,15 @@ class Emitter:
         Scalar issues no faster than ~264 cycles."""
         if self.spec is None or engine not in (Engine.VECTOR, Engine.SCALAR):
             return cost_ns
-        previous = self._last_writes.get(lane, ())
-        dependent = any(
-            key == wkey and a0 < w1 and w0 < a1 and b0 < x1 and x0 < b1
-            for key, (a0, a1, b0, b1) in reads
-            for wkey, (w0, w1, x0, x1) in previous
-        )
+        previous = self._last_writes.get(lane)
+        if not previous:
+            return cost_ns
+        dependent = False
+        for wkey, (w0, w1, x0, x1) in previous:
+            for key, (a0, a1, b0, b1) in reads:
+                if key == wkey and a0 < w1 and w0 < a1 and b0 < x1 and x0 < b1:
+                    dependent = True
+                    break
         if not dependent:
             return cost_ns
         ns_per_cycle = 1e9 / self.spec.clock_hz(engine)
@@ -332,37 +344,48 @@ class Emitter:
     def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Decide which nodes increment which semaphore, and prefix operand strings with the waits."""
         n = len(self.resource)
-        sem_of = np.empty(n, np.int16)
-        for i in range(n):
-            if self.resource[i] == RES_DMA:
-                sem_of[i] = queues[self.queue[i]].semaphore
-            elif self.resource[i] == RES_CC:
-                sem_of[i] = CC_SEMAPHORE
-            else:
-                sem_of[i] = self.engine[i]
+        resource = np.asarray(self.resource, np.int64)
+        queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
+        queue = np.asarray(self.queue, np.int64)
+        sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
+                          np.where(resource == RES_CC, CC_SEMAPHORE, np.asarray(self.engine, np.int64)))
         producer = np.zeros(n, bool)
-        for i in range(n):
-            for d in self.deps[i]:
-                producer[d] = True
+        flat = [d for deps in self.deps for d in deps]
+        if flat:
+            producer[np.asarray(flat, np.int64)] = True
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
+        # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
+        steps = np.where(producer, np.where(resource == RES_DMA, DMA_COMPLETION_INCREMENT, 1), 0)
+        order = np.argsort(sem_of, kind="stable")
+        running = np.cumsum(steps[order])
+        group_start = np.r_[True, np.diff(sem_of[order]) != 0]
+        base = np.maximum.accumulate(np.where(group_start, running - steps[order], 0))
         sem_value = np.zeros(n, np.int32)
-        running: dict[int, int] = defaultdict(int)
-        for node in np.flatnonzero(producer).tolist():
-            step = DMA_COMPLETION_INCREMENT if self.resource[node] == RES_DMA else 1
-            running[int(sem_of[node])] += step
-            sem_value[node] = running[int(sem_of[node])]
+        sem_value[order] = (running - base).astype(np.int32)
+        sem_value[~producer] = 0
+        sem_list: list[int] = sem_of.tolist()
+        value_list: list[int] = sem_value.tolist()
+        owner = {s: _owner(s, queues) for s in set(sem_list)}
         texts: list[str] = []
-        for i in range(n):
+        append = texts.append
+        for i, (deps, text, is_producer) in enumerate(zip(self.deps, self.text, producer.tolist(), strict=True)):
+            if not deps and not is_producer:
+                append(text)
+                continue
             parts: list[str] = []
-            waits: dict[int, int] = {}
-            for d in self.deps[i]:
-                s = int(sem_of[d])
-                waits[s] = max(waits.get(s, 0), int(sem_value[d]))
-            parts.extend(f"$S[{s}]>={v}" for s, v in sorted(waits.items()))
-            if producer[i]:
-                parts.append(f"S[{int(sem_of[i])}] ({_owner(int(sem_of[i]), queues)})++@complete")
-            parts.append(self.text[i])
-            texts.append(" ".join(parts))
+            if deps:
+                waits: dict[int, int] = {}
+                for d in deps:
+                    sem = sem_list[d]
+                    value = value_list[d]
+                    if value > waits.get(sem, 0):
+                        waits[sem] = value
+                parts.extend(f"$S[{sem}]>={value}" for sem, value in sorted(waits.items()))
+            if is_producer:
+                sem = sem_list[i]
+                parts.append(f"S[{sem}] ({owner[sem]})++@complete")
+            parts.append(text)
+            append(" ".join(parts))
         return sem_increment, sem_value, texts
 
 

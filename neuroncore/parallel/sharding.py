@@ -129,16 +129,20 @@ def _vocab_offset(shape: tuple[int, ...], rows: int, rank: int) -> np.ndarray:
 
 
 class _Restart(Exception):
-    """A graph input turned out to be needed split after it was placed whole: start over with it
-    split from the beginning (its whole uses then all-gather it)."""
+    """Graph inputs turned out to be needed split after they were placed whole: start over with them
+    split from the beginning (their whole uses then all-gather them)."""
 
-    def __init__(self, param: Op, split: Split) -> None:
-        super().__init__(param.name)
-        self.param, self.split = param, split
+    def __init__(self, splits: dict[int, Split]) -> None:
+        super().__init__(", ".join(map(str, splits)))
+        self.splits = splits
 
 
 def shard(graph: Graph, tp: int) -> ShardedGraph:
-    """Split ``graph`` over ``tp`` ranks (see the module docstring)."""
+    """Split ``graph`` over ``tp`` ranks (see the module docstring).
+
+    A pass that finds inputs it should have split goes on to the end, collecting every such input,
+    and the next pass splits them all from the start: a Llama graph settles in two or three passes,
+    not one pass per layer's KV-cache input."""
     if not isinstance(tp, int) or tp < 1:
         raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
     presplit: dict[int, Split] = {}
@@ -146,7 +150,7 @@ def shard(graph: Graph, tp: int) -> ShardedGraph:
         try:
             return _Sharder(graph, tp, presplit).run()
         except _Restart as restart:
-            presplit[restart.param.index] = restart.split
+            presplit.update(restart.splits)
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
 
 
@@ -222,16 +226,25 @@ class _Sharder:
         self.rank_inputs: list[Callable[[int], np.ndarray]] = []
         self.vocab_tables = self._vocab_parallel_tables()
         self.current: Op = graph.ops[0]
+        self.wanted_split: dict[int, Split] = {}  # inputs placed whole that a later op wants split
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> ShardedGraph:
         for op in self.graph.ops:
             self.current = op
-            with self.b.located(op.layer, op.frames):
-                local, split = self._lower(op)
-                if split == PARTIAL:  # Megatron reduces right where the partial sums are made
+            try:
+                with self.b.located(op.layer, op.frames):
+                    local, split = self._lower(op)
+            except ShardingError:
+                if self.wanted_split:  # the detour of a misplaced input; the next pass avoids it
+                    raise _Restart(self.wanted_split) from None
+                raise
+            if split == PARTIAL:  # Megatron reduces right where the partial sums are made
+                with self.b.located(op.layer, op.frames):
                     local, split = (self._all_reduce(local) if self.tp > 1 else local), None
             self.local[op.index], self.split[op.index] = local, split
+        if self.wanted_split:
+            raise _Restart(self.wanted_split)
         outputs = [self.local[o.index] for o in self.graph.outputs]
         output_splits = [self.split[o.index] for o in self.graph.outputs]
         params = [self.params[p.index] for p in self.graph.parameters] + self.rank_params
@@ -293,8 +306,9 @@ class _Sharder:
         shape = self._shape(op, split)
         suffix = f".tp{dim}"
         with self.b.located(op.layer, op.frames):
-            if code == "parameter":
-                raise _Restart(op, split)
+            if code == "parameter":  # split it from the start next pass; this pass goes on without
+                self.wanted_split.setdefault(op.index, split)
+                return None
             if code == "constant":
                 if "init" not in op.attrs:
                     return self._add(op, [], shape, suffix)
