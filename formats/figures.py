@@ -50,9 +50,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TENSOR_ROWS", "BucketBusy", "Busy", "Collectives", "DmaFigures", "Figures", "Flops", "Hardware",
-    "HbmBytes", "RowSelect", "Window", "busiest", "busiest_opcodes", "busy_buckets", "busy_per_bucket",
-    "busy_rows", "collectives", "covered_per_bucket", "device_time_ns", "dma", "engine_busy", "figures",
-    "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy", "whole",
+    "HbmBytes", "RowSelect", "TrainingStepFigures", "Window", "busiest", "busiest_opcodes", "busy_buckets",
+    "busy_per_bucket", "busy_rows", "collectives", "covered_per_bucket", "device_time_ns", "dma",
+    "engine_busy", "figures", "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy",
+    "training_step_figures", "whole",
 ]
 
 # The Tensor engine's two timeline rows: ``Tensor`` (LoadStationary: LDWEIGHTS/transposes) and
@@ -1053,3 +1054,34 @@ def _hardware_from_row(row: Mapping[str, Any], length: float | None) -> Hardware
     if mbu and total and length:
         hbm = total / (mbu * length * 1e-9)
     return Hardware(peak, hbm, None)
+
+
+# -- training steps --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingStepFigures:
+    """The headline figures of a training step (docs/figures.md, "Training step").
+
+    * ``step_s`` = step time S (seconds, the step's wall time on its slowest rank);
+    * ``seq_per_s`` = global batch B / S; ``tokens_per_s`` = B x sequence length / S;
+    * ``mfu`` = model FLOPs of the step / (S x ranks x peak FLOP/s per rank), where model FLOPs are
+      6 N + 12 L h s per token (PaLM, appendix B: weights forward + backward, and attention),
+      counted once whatever is recomputed or padded -- so MFU is comparable across layouts.
+    """
+
+    step_s: float
+    seq_per_s: float
+    tokens_per_s: float
+    mfu: float | None
+
+
+def training_step_figures(step_ns: float, global_batch: int, seq: int, model_flops: float,
+                          ranks: int, peak_flops_per_rank: float | None) -> TrainingStepFigures:
+    """:class:`TrainingStepFigures` from a step's time, batch and model FLOPs (one definition for the
+    bench, the Summary and neuron-top)."""
+    step_s = step_ns / 1e9
+    seq_per_s = global_batch / step_s if step_s > 0 else 0.0
+    capacity = step_s * ranks * (peak_flops_per_rank or 0.0)
+    mfu = model_flops / capacity if capacity > 0 else None
+    return TrainingStepFigures(step_s, seq_per_s, seq_per_s * seq, mfu)

@@ -1,0 +1,500 @@
+"""One rank's training programs, built at full size with the builder API (no weight is allocated).
+
+A training step of a transformer is, per rank, the same few programs run many times: the forward
+and the backward of one layer (every layer of a model has the same shapes), the embedding and the
+LM head with the loss, and the optimizer update over the rank's share of the parameters. This
+module writes each of them as an HLO-level graph **at the rank's own shapes** under Megatron
+tensor parallelism (``tp`` ranks: column-parallel q/k/v and gate/up, row-parallel o/down, each
+row-parallel output all-reduced; in the backward the all-reduce moves to the gradient of the
+column-parallel inputs, Megatron's "f" operator), so the compiler and the cost model time them
+exactly as they time inference graphs.
+
+Why built here and not traced: a joint forward/backward graph traced from PyTorch at 7B-70B sizes
+would take minutes to trace and compile per configuration, and all its layers repeat; building one
+layer's backward from the forward's shapes keeps each benchmark configuration under a minute. The
+backward follows the textbook derivatives: for ``y = x W`` the gradients ``dx = dy W^T`` and
+``dW = x^T dy`` (twice the forward's matmul FLOPs), plus the elementwise gradients of the norms,
+activations and rotary embedding. Attention is a causal flash-attention (NKI kernel in NxD /
+NeMo-Megatron on Neuron): queries in blocks, each block against the keys up to its end only (the
+masked upper triangle is skipped), scores recomputed in the backward from the saved log-sum-exp
+instead of storing probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.graph import Graph, Op
+
+ATTENTION_BLOCK = 1024  # query rows per flash-attention block [assumption: the NKI kernel's tile]
+OPTIMIZER_CHUNK = 1 << 24  # elements per simulated optimizer chunk (the update is a linear stream)
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A transformer's dimensions and the layer variant its family uses."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    norm: str = "rms"  # "rms" (Llama) or "layer" (GPT, BERT, ViT)
+    mlp: str = "swiglu"  # "swiglu" (Llama) or "gelu"
+    bias: bool = False
+    causal: bool = True
+    rope: bool = True
+    tied_head: bool = False  # the head's weight is the embedding table (counted once; BERT's MLM)
+    classes: int = 0  # a classifier head instead of an LM head (ViT)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def check(self, tp: int) -> None:
+        """One line for a layout tensor parallelism cannot split."""
+        if self.heads % tp or (self.kv_heads % tp and tp % self.kv_heads):
+            raise ValueError(f"{self.name}: tp {tp} does not divide {self.heads} heads "
+                             f"({self.kv_heads} KV heads)")
+        if self.intermediate % tp:
+            raise ValueError(f"{self.name}: tp {tp} does not divide the MLP size {self.intermediate}")
+
+    def layer_params(self) -> int:
+        """Trained parameters of one layer (whole model, not per rank)."""
+        h, hd = self.hidden, self.head_dim
+        attn = h * self.heads * hd * 2 + h * self.kv_heads * hd * 2
+        mlp = h * self.intermediate * (3 if self.mlp == "swiglu" else 2)
+        norms = h * (2 if self.norm == "rms" else 4)
+        bias = (self.heads * hd + 2 * self.kv_heads * hd + h + self.intermediate + h) if self.bias else 0
+        return attn + mlp + norms + bias
+
+    def other_params(self) -> int:
+        """Embedding, final norm and the head."""
+        head = self.hidden * self.classes if self.classes else (
+            0 if self.tied_head else self.hidden * self.vocab)
+        return self.vocab * self.hidden + head + self.hidden * 2
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.other_params()
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """What one rank holds of a layer under ``tp``-way Megatron sharding."""
+
+    tokens: int  # micro-batch x sequence
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+
+    @classmethod
+    def of(cls, model: Transformer, micro_batch: int, seq: int, tp: int) -> RankShapes:
+        model.check(tp)
+        kv = max(1, model.kv_heads // tp)  # fewer KV heads than ranks: each rank keeps a copy
+        return cls(micro_batch * seq, micro_batch, seq, model.heads // tp, kv, model.head_dim,
+                   model.hidden, model.intermediate // tp)
+
+
+def _all_reduce(b: GraphBuilder, x: Op, tp: int) -> Op:
+    """Megatron's all-reduce over the tensor-parallel group (nothing with one rank)."""
+    if tp == 1:
+        return x
+    return b.add_op("all-reduce", [x], x.shape, x.dtype, reduction="sum", name=f"all-reduce.{b.n_ops}")
+
+
+def _weight(b: GraphBuilder, name: str, shape: tuple[int, ...], dtype: str) -> Op:
+    with b.scope(name):
+        return b.weight("weight", shape, dtype)
+
+
+def _column_sum(b: GraphBuilder, x: Op) -> Op:
+    """Sum over the token rows of [tokens, n] -> [n], as a matmul with a ones vector: how compilers
+    reduce over the partition dim (a bias or norm-weight gradient), on the Tensor engine."""
+    t, n = x.shape
+    ones = b.weight("ones", (t, 1), x.dtype, init="ones")
+    return b.reshape(b.dot(x, ones, lhs_contract=-2), (n,))
+
+
+def _row(b: GraphBuilder, v: Op, shape: tuple[int, ...], dims: tuple[int, ...]) -> Op:
+    return b.broadcast(v, shape, dims)
+
+
+def _norm(b: GraphBuilder, m: Transformer, x: Op, name: str, dtype: str) -> Op:
+    with b.scope(name):
+        gamma = b.weight("weight", (x.shape[-1],), dtype, init="ones")
+        if m.norm == "rms":
+            return b.rms_norm(x, gamma)
+        return b.layer_norm(x, gamma, b.weight("bias", (x.shape[-1],), dtype, scale=0.02))
+
+
+def _norm_backward(b: GraphBuilder, m: Transformer, x: Op, dy: Op, name: str, dtype: str) -> tuple[Op, Op]:
+    """d(norm)/dx and the weight gradient, recomputing the statistics from the saved input."""
+    t, h = x.shape
+    with b.scope(name):
+        gamma = b.weight("weight", (h,), dtype, init="ones")
+        xc = x
+        if m.norm == "layer":
+            mean = b.multiply(b.reduce(x, [1]), 1.0 / h)
+            xc = b.subtract(x, _row(b, mean, (t, h), (0,)))
+        var = b.multiply(b.reduce(b.multiply(xc, xc), [1]), 1.0 / h)
+        rstd = _row(b, b.rsqrt(b.add(var, 1e-6)), (t, h), (0,))
+        xhat = b.multiply(xc, rstd)
+        dgamma = _column_sum(b, b.multiply(dy, xhat))
+        dxhat = b.multiply(dy, _row(b, gamma, (t, h), (1,)))
+        proj = b.multiply(b.reduce(b.multiply(dxhat, xhat), [1]), 1.0 / h)
+        inner = b.subtract(dxhat, b.multiply(xhat, _row(b, proj, (t, h), (0,))))
+        if m.norm == "layer":
+            mean_d = b.multiply(b.reduce(dxhat, [1]), 1.0 / h)
+            inner = b.subtract(inner, _row(b, mean_d, (t, h), (0,)))
+            dgamma = b.add(dgamma, _column_sum(b, dy))  # + dbeta, folded into one output
+        return b.multiply(inner, rstd), dgamma
+
+
+def _heads(b: GraphBuilder, y: Op, r: RankShapes, n: int) -> Op:
+    """[tokens, n*hd] -> [batch, n, seq, hd]."""
+    return b.transpose(b.reshape(y, (r.batch, r.seq, n, r.head_dim)), (0, 2, 1, 3))
+
+
+def _tokens(b: GraphBuilder, y: Op, r: RankShapes) -> Op:
+    """[batch, n, seq, hd] -> [tokens, n*hd]."""
+    n = y.shape[1]
+    return b.reshape(b.transpose(y, (0, 2, 1, 3)), (r.tokens, n * r.head_dim))
+
+
+def _rope(b: GraphBuilder, x: Op, dtype: str, sign: float = 1.0) -> Op:
+    """Rotate-half rotary embedding over [batch, n, seq, hd] (``sign=-1``: its transpose, the
+    backward). The tables are trained-free constants [seq, hd/2]."""
+    bt, n, s, hd = x.shape
+    half = hd // 2
+    with b.scope("rotary_emb"):
+        cos = b.weight("cos_cached", (s, half), dtype)
+        sin = b.weight("sin_cached", (s, half), dtype)
+    x1 = b.slice(x, (0, 0, 0, 0), (bt, n, s, half))
+    x2 = b.slice(x, (0, 0, 0, half), (bt, n, s, hd))
+    shape = (bt, n, s, half)
+    c, sn = b.broadcast(cos, shape, (2, 3)), b.broadcast(sin, shape, (2, 3))
+    if sign < 0:
+        sn = b.negate(sn)
+    first = b.subtract(b.multiply(x1, c), b.multiply(x2, sn))
+    second = b.add(b.multiply(x2, c), b.multiply(x1, sn))
+    return b.concatenate([first, second], 3)
+
+
+def _expand_kv(b: GraphBuilder, kv: Op, heads: int) -> Op:
+    """Grouped-query K/V [b, kv, s, hd] read by ``heads`` query heads -> [b, heads, s, hd]."""
+    bt, n, s, hd = kv.shape
+    if n == heads:
+        return kv
+    g = heads // n
+    return b.reshape(b.broadcast(kv, (bt, n, g, s, hd), (0, 1, 3, 4)), (bt, heads, s, hd))
+
+
+def _blocks(m: Transformer, seq: int) -> list[tuple[int, int, int]]:
+    """(query start, query end, keys visible) per flash-attention block."""
+    if not m.causal or seq <= ATTENTION_BLOCK:
+        return [(0, seq, seq)]
+    starts = range(0, seq, ATTENTION_BLOCK)
+    return [(s, min(seq, s + ATTENTION_BLOCK), min(seq, s + ATTENTION_BLOCK)) for s in starts]
+
+
+def _attention_forward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op) -> tuple[Op, Op]:
+    """Causal block attention; returns the context [b, h, s, hd] and the log-sum-exp [b, h, s]."""
+    bt, nh, s, hd = q.shape
+    scale = 1.0 / math.sqrt(hd)
+    outs: list[Op] = []
+    lses: list[Op] = []
+    for q0, q1, keys in _blocks(m, s):
+        qi = q if (q0, q1) == (0, s) else b.slice(q, (0, 0, q0, 0), (bt, nh, q1, hd))
+        ki = k if keys == s else b.slice(k, (0, 0, 0, 0), (bt, nh, keys, hd))
+        vi = v if keys == s else b.slice(v, (0, 0, 0, 0), (bt, nh, keys, hd))
+        scores = b.multiply(b.dot(qi, ki, rhs_contract=-1), scale)
+        probs = b.softmax(scores)
+        lses.append(b.reduce(scores, [3], kind="max"))  # the kernel keeps its row statistic
+        outs.append(b.dot(probs, vi))
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return b.concatenate(outs, 2), b.concatenate(lses, 2)
+
+
+def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, out: Op, lse: Op,
+                        dout: Op) -> tuple[Op, Op, Op]:
+    """Flash-attention backward: per block, scores recomputed and exponentiated against the saved
+    log-sum-exp; dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)), dQ = dS K, dK = dS^T Q."""
+    bt, nh, s, hd = q.shape
+    scale = 1.0 / math.sqrt(hd)
+    delta = b.reduce(b.multiply(dout, out), [3])  # [b, h, s]
+    dqs: list[Op] = []
+    dk: Op | None = None
+    dv: Op | None = None
+    for q0, q1, keys in _blocks(m, s):
+        rows = q1 - q0
+        whole = (q0, q1) == (0, s)
+        qi = q if whole else b.slice(q, (0, 0, q0, 0), (bt, nh, q1, hd))
+        doi = dout if whole else b.slice(dout, (0, 0, q0, 0), (bt, nh, q1, hd))
+        ki = k if keys == s else b.slice(k, (0, 0, 0, 0), (bt, nh, keys, hd))
+        vi = v if keys == s else b.slice(v, (0, 0, 0, 0), (bt, nh, keys, hd))
+        lse_i = lse if whole else b.slice(lse, (0, 0, q0), (bt, nh, q1))
+        delta_i = delta if whole else b.slice(delta, (0, 0, q0), (bt, nh, q1))
+        grid = (bt, nh, rows, keys)
+        scores = b.multiply(b.dot(qi, ki, rhs_contract=-1), scale)
+        probs = b.exp(b.subtract(scores, b.broadcast(lse_i, grid, (0, 1, 2))))
+        dvi = b.dot(probs, doi, lhs_contract=-2)  # [b, h, keys, hd]
+        dp = b.dot(doi, vi, rhs_contract=-1)
+        ds = b.multiply(b.multiply(probs, b.subtract(dp, b.broadcast(delta_i, grid, (0, 1, 2)))), scale)
+        dqs.append(b.dot(ds, ki))
+        dki = b.dot(ds, qi, lhs_contract=-2)
+        if keys < s:  # the keys this block saw; the rest get nothing from it
+            pad = b.constant(0.0, dki.dtype, (bt, nh, s - keys, hd))
+            dki, dvi = b.concatenate([dki, pad], 2), b.concatenate([dvi, pad], 2)
+        dk = dki if dk is None else b.add(dk, dki)
+        dv = dvi if dv is None else b.add(dv, dvi)
+    assert dk is not None and dv is not None
+    dq = dqs[0] if len(dqs) == 1 else b.concatenate(dqs, 2)
+    return dq, dk, dv
+
+
+def _fold_kv(b: GraphBuilder, g: Op, kv_heads: int) -> Op:
+    """Gradient of :func:`_expand_kv`: sum the query heads' shares back onto their KV head."""
+    bt, nh, s, hd = g.shape
+    if nh == kv_heads:
+        return g
+    return b.reduce(b.reshape(g, (bt, kv_heads, nh // kv_heads, s, hd)), [2])
+
+
+def _linear(b: GraphBuilder, x: Op, d_in: int, d_out: int, name: str, dtype: str, bias: bool) -> Op:
+    with b.scope(name):
+        y = b.matmul(x, b.weight("weight", (d_in, d_out), dtype))
+        if bias:
+            y = b.add(y, b.weight("bias", (d_out,), dtype, scale=0.02))
+    return y
+
+
+def _linear_backward(b: GraphBuilder, x: Op, dy: Op, d_in: int, d_out: int, name: str, dtype: str,
+                     bias: bool, grads: list[Op]) -> Op:
+    """dx = dy W^T; dW = x^T dy (and db = sum dy), appended to ``grads``."""
+    with b.scope(name):
+        w = b.weight("weight", (d_in, d_out), dtype)
+        dx = b.dot(dy, w, rhs_contract=-1)
+        grads.append(b.dot(x, dy, lhs_contract=-2))
+        if bias:
+            grads.append(_column_sum(b, dy))
+    return dx
+
+
+def _gelu_grad(b: GraphBuilder, x: Op) -> Op:
+    """d gelu_tanh(x) / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3))."""
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = b.multiply(x, x)
+    t = b.tanh(b.multiply(b.add(x, b.multiply(b.multiply(x2, x), a)), c))
+    left = b.multiply(b.add(t, 1.0), 0.5)
+    right = b.multiply(b.multiply(b.multiply(x, b.subtract(1.0, b.multiply(t, t))), 0.5 * c),
+                       b.add(b.multiply(x2, 3 * a), 1.0))
+    return b.add(left, right)
+
+
+def layer_forward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
+    """One layer's forward on one rank: input [tokens, hidden] -> output, plus the activations the
+    backward reads (written to HBM, as a training step keeps them; attention probabilities are
+    not kept, flash attention keeps the log-sum-exp)."""
+    b = GraphBuilder(f"{m.name}_layer_fwd", root_layer="layers.0")
+    t, h = r.tokens, r.hidden
+    x = b.parameter("hidden_states", (t, h), dtype)
+    n1 = _norm(b, m, x, "input_layernorm", dtype)
+    with b.scope("self_attn"):
+        q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, "q_proj", dtype, m.bias), r, r.heads)
+        k = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, "k_proj", dtype, m.bias), r, r.kv_heads)
+        v = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, "v_proj", dtype, m.bias), r, r.kv_heads)
+        if m.rope:
+            q, k = _rope(b, q, dtype), _rope(b, k, dtype)
+        ctx, lse = _attention_forward(b, m, q, _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads))
+        ctx_t = _tokens(b, ctx, r)
+        with b.scope("o_proj"):
+            o = _all_reduce(b, b.matmul(ctx_t, b.weight("weight", (r.heads * r.head_dim, h), dtype)), tp)
+            if m.bias:
+                o = b.add(o, b.weight("bias", (h,), dtype, scale=0.02))
+    x2 = b.add(x, o)
+    n2 = _norm(b, m, x2, "post_attention_layernorm", dtype)
+    with b.scope("mlp"):
+        if m.mlp == "swiglu":
+            gate = _linear(b, n2, h, r.intermediate, "gate_proj", dtype, False)
+            up = _linear(b, n2, h, r.intermediate, "up_proj", dtype, False)
+            act = b.multiply(b.silu(gate), up)
+            saved_mlp = [gate, up]
+        else:
+            pre = _linear(b, n2, h, r.intermediate, "fc1", dtype, m.bias)
+            act = b.gelu(pre)
+            saved_mlp = [pre]
+        with b.scope("down_proj"):
+            down = _all_reduce(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), tp)
+            if m.bias:
+                down = b.add(down, b.weight("bias", (h,), dtype, scale=0.02))
+    y = b.add(x2, down)
+    return b.build([y, q, k, v, ctx, lse, x2, *saved_mlp])
+
+
+def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
+                   grad_dtype: str = "fp32") -> Graph:
+    """One layer's backward on one rank: the output gradient and the saved activations in, the
+    input gradient and the weight gradients (accumulated into ``grad_dtype`` buffers, as gradient
+    accumulation over micro-batches does) out. Megatron's backward all-reduces the gradient of each
+    column-parallel block's input (after q/k/v and after gate/up)."""
+    b = GraphBuilder(f"{m.name}_layer_bwd", root_layer="layers.0")
+    t, h, hd = r.tokens, r.hidden, r.head_dim
+    bt, s = r.batch, r.seq
+    x = b.parameter("hidden_states", (t, h), dtype)
+    q = b.parameter("q", (bt, r.heads, s, hd), dtype)
+    k = b.parameter("k", (bt, r.kv_heads, s, hd), dtype)
+    v = b.parameter("v", (bt, r.kv_heads, s, hd), dtype)
+    ctx = b.parameter("attn_out", (bt, r.heads, s, hd), dtype)
+    lse = b.parameter("lse", (bt, r.heads, s), dtype)
+    x2 = b.parameter("residual", (t, h), dtype)
+    dy = b.parameter("grad_output", (t, h), dtype)
+    grads: list[Op] = []
+    # MLP
+    with b.scope("mlp"):
+        if m.mlp == "swiglu":
+            gate = b.parameter("gate", (t, r.intermediate), dtype)
+            up = b.parameter("up", (t, r.intermediate), dtype)
+            sg = b.logistic(gate)
+            silu = b.multiply(gate, sg)
+            act = b.multiply(silu, up)
+        else:
+            pre = b.parameter("fc1_out", (t, r.intermediate), dtype)
+            act = b.gelu(pre)
+        if m.bias:
+            grads.append(_column_sum(b, dy))  # down_proj bias: dy is replicated, any rank has it
+        with b.scope("down_proj"):
+            w = b.weight("weight", (r.intermediate, h), dtype)
+            dact = b.dot(dy, w, rhs_contract=-1)
+            grads.append(b.dot(act, dy, lhs_contract=-2))
+        n2 = _norm(b, m, x2, "post_attention_layernorm", dtype)  # recomputed (cheap, saves memory)
+        if m.mlp == "swiglu":
+            dgate = b.multiply(b.multiply(dact, up),
+                               b.multiply(sg, b.add(b.multiply(gate, b.subtract(1.0, sg)), 1.0)))
+            dup = b.multiply(dact, silu)
+            dn2 = b.add(_linear_backward(b, n2, dgate, h, r.intermediate, "gate_proj", dtype, False, grads),
+                        _linear_backward(b, n2, dup, h, r.intermediate, "up_proj", dtype, False, grads))
+        else:
+            dpre = b.multiply(dact, _gelu_grad(b, pre))
+            dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
+        dn2 = _all_reduce(b, dn2, tp)
+    dx2_norm, dg2 = _norm_backward(b, m, x2, dn2, "post_attention_layernorm", dtype)
+    grads.append(dg2)
+    dx2 = b.add(dy, dx2_norm)
+    # attention
+    with b.scope("self_attn"):
+        if m.bias:
+            grads.append(_column_sum(b, dx2))
+        ctx_t = _tokens(b, ctx, r)
+        dctx = _heads(b, _linear_backward(b, ctx_t, dx2, r.heads * hd, h, "o_proj", dtype, False, grads),
+                      r, r.heads)
+        kx, vx = _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads)
+        dq, dk, dv = _attention_backward(b, m, q, kx, vx, ctx, lse, dctx)
+        dk, dv = _fold_kv(b, dk, r.kv_heads), _fold_kv(b, dv, r.kv_heads)
+        if m.rope:
+            dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
+        n1 = _norm(b, m, x, "input_layernorm", dtype)
+        dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias, grads)
+        dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dk, r), h, r.kv_heads * hd, "k_proj",
+                                          dtype, m.bias, grads))
+        dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
+                                          dtype, m.bias, grads))
+        dn1 = _all_reduce(b, dn1, tp)
+    dx_norm, dg1 = _norm_backward(b, m, x, dn1, "input_layernorm", dtype)
+    grads.append(dg1)
+    dx = b.add(dx2, dx_norm)
+    accumulated = []
+    with b.scope("grad_accumulation"):
+        for i, g in enumerate(grads):
+            acc = b.parameter(f"grad_acc.{i}", g.shape, grad_dtype)
+            accumulated.append(b.add(acc, b.convert(g, grad_dtype)))
+    return b.build([dx, *accumulated])
+
+
+def head_graph(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
+    """Embedding lookup, final norm, the (vocab-parallel) head and the loss, forward and backward,
+    on one rank: the parts of a step outside the repeated layers.
+
+    The embedding is vocab-parallel (each rank looks its ids up in its rows, the others' ids are
+    masked to zero, all-reduce); the LM head is column-parallel over the vocabulary, and the
+    cross-entropy's max and sum over the vocabulary are all-reduced as Megatron's
+    vocab-parallel cross-entropy does. ViT has a patch embedding (a matmul) and a small classifier.
+    """
+    b = GraphBuilder(f"{m.name}_head", root_layer="model")
+    t, h = r.tokens, r.hidden
+    vocab = -(-m.vocab // tp) if not m.classes else m.vocab  # padded to a multiple of tp (Megatron)
+    with b.scope("embed_tokens"):
+        if m.classes:  # ViT: patches [tokens, 3*16*16] @ [768, hidden]
+            x = b.matmul(b.parameter("patches", (t, m.vocab), dtype), b.weight("weight", (m.vocab, h), dtype))
+        else:
+            ids = b.parameter("input_ids", (t,), "int32", low=0, high=vocab)
+            keep = b.parameter("in_shard", (t,), dtype)
+            x = b.multiply(b.gather(b.weight("weight", (vocab, h), dtype, scale=0.02), ids),
+                           b.broadcast(keep, (t, h), (0,)))
+            x = _all_reduce(b, x, tp)
+    last = b.parameter("last_hidden", (t, h), dtype)
+    n = _norm(b, m, last, "norm", dtype)
+    outputs: list[Op] = [x]
+    width = m.classes if m.classes else vocab
+    rows = r.batch if m.classes else t  # a classifier reads the [CLS] token only
+    feats = b.slice(n, (0, 0), (rows, h)) if rows != t else n
+    with b.scope("lm_head" if not m.classes else "classifier"):
+        w = b.weight("weight", (h, width), dtype)
+        logits = b.convert(b.matmul(feats, w), "fp32")
+    with b.scope("loss"):
+        peak = b.reduce(logits, [1], kind="max")
+        peak = _all_reduce(b, peak, tp) if not m.classes else peak  # (max as a sum: same bytes)
+        shifted = b.subtract(logits, b.broadcast(peak, (rows, width), (0,)))
+        e = b.exp(shifted)
+        total = b.reduce(e, [1])
+        total = _all_reduce(b, total, tp) if not m.classes else total
+        probs = b.divide(e, b.broadcast(total, (rows, width), (0,)))
+        target = b.parameter("target_onehot_mask", (rows, width), "fp32")
+        dlogits = b.convert(b.subtract(probs, target), dtype)
+        loss = b.reduce(b.reduce(b.multiply(b.log(b.add(probs, 1e-30)), target), [1]), [0])
+    with b.scope("lm_head" if not m.classes else "classifier"):
+        dn = _all_reduce(b, b.dot(dlogits, w, rhs_contract=-1), tp)
+        dw = b.dot(feats, dlogits, lhs_contract=-2)
+    if rows != t:
+        dn = b.concatenate([dn, b.constant(0.0, dtype, (t - rows, h))], 0)
+    dlast, dgamma = _norm_backward(b, m, last, dn, "norm", dtype)
+    outputs += [loss, dw, dlast, dgamma]
+    return b.build(outputs)
+
+
+def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = "fp32",
+                    model_dtype: str = "bf16", weight_decay: float = 0.01) -> Graph:
+    """AdamW over ``elements`` parameters held as one flat fp32 stream (master weights, both moments
+    and the gradient in, the updated master, moments and the model-dtype copy out), as
+    ``torch.optim.AdamW`` computes it: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + lr wd p."""
+    cols = 2048
+    rows = max(1, -(-elements // cols))
+    b = GraphBuilder("adamw", root_layer="optimizer")
+    shape = (rows, cols)
+    p = b.parameter("param", shape, param_dtype)
+    g = b.convert(b.parameter("grad", shape, grad_dtype), param_dtype)
+    m1 = b.parameter("exp_avg", shape, param_dtype)
+    m2 = b.parameter("exp_avg_sq", shape, param_dtype)
+    lr, b1, b2, eps = 1e-4, 0.9, 0.999, 1e-8
+    m1n = b.add(b.multiply(m1, b1), b.multiply(g, 1 - b1))
+    m2n = b.add(b.multiply(m2, b2), b.multiply(b.multiply(g, g), 1 - b2))
+    denom = b.add(b.sqrt(b.multiply(m2n, 1 / (1 - b2))), eps)
+    step = b.divide(b.multiply(m1n, lr / (1 - b1)), denom)
+    pn = b.subtract(b.multiply(p, 1 - lr * weight_decay), step)
+    outs = [pn, m1n, m2n]
+    if model_dtype != param_dtype:
+        outs.append(b.convert(pn, model_dtype))
+    return b.build(outs)
+
+
+__all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Transformer", "head_graph",
+           "layer_backward", "layer_forward", "optimizer_graph"]

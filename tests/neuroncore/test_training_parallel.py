@@ -1,0 +1,155 @@
+"""Parallel training steps composed from one rank's simulated programs (neuroncore.parallel.training):
+the layer programs carry Megatron's collectives, pipeline bubbles follow 1F1B, gradient collectives
+overlap the backward in buckets, ZeRO-1 shards the optimizer, and bad layouts are one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from formats.figures import training_step_figures
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.parallel.training import (
+    DDP_BUCKET_BYTES,
+    ParallelPlan,
+    PlanError,
+    StepTiming,
+    _grad_buckets,
+    overlap_fraction,
+    time_training_step,
+)
+from neuroncore.workloads.train_graphs import RankShapes, layer_backward, layer_forward
+from neuroncore.workloads.training import SMALL, TRAIN_WORKLOADS, get_train
+
+LLAMA = SMALL["llama-train"]
+
+
+def _collectives(graph) -> list[str]:
+    return [op.opcode for op in graph.ops if op.opcode in ("all-reduce", "all-gather")]
+
+
+def test_layer_programs_carry_megatrons_collectives_and_twice_the_matmul_work() -> None:
+    """Megatron: forward all-reduces after o_proj and down_proj, backward after the gradients of the
+    column-parallel inputs (q/k/v and gate/up); the backward's matmuls are 2x the forward's plus the
+    recomputed attention scores."""
+    r = RankShapes.of(LLAMA, 1, 128, 2)
+    fwd, bwd = layer_forward(LLAMA, r, 2), layer_backward(LLAMA, r, 2)
+    assert _collectives(fwd) == ["all-reduce", "all-reduce"]
+    assert _collectives(bwd) == ["all-reduce", "all-reduce"]
+    assert _collectives(layer_forward(LLAMA, RankShapes.of(LLAMA, 1, 128, 1), 1)) == []
+    f = int(compile_graph(fwd, "trn1").raw_flops.sum())
+    b = int(compile_graph(bwd, "trn1").raw_flops.sum())
+    assert 2.0 <= b / f <= 3.0
+
+
+@pytest.fixture(scope="module")
+def steps() -> dict[str, StepTiming]:
+    w = get_train("llama-train")
+    out = {}
+    for name, opts in {
+        "dp": dict(tp=2, pp=1, seq=128, micro_batch=1, global_batch=64),
+        "zero1": dict(tp=2, pp=1, zero1=True, seq=128, micro_batch=1, global_batch=64),
+        "pp": dict(tp=2, pp=2, seq=128, micro_batch=1, global_batch=32),
+        "efa": dict(tp=2, pp=1, seq=128, micro_batch=1, global_batch=64, nodes=2),
+        "efa_trn1n": dict(tp=2, pp=1, seq=128, micro_batch=1, global_batch=64, nodes=2,
+                          instance="trn1n.32xlarge"),
+    }.items():
+        model, plan = w.configure(None, **opts)
+        out[name] = time_training_step(model, plan)
+    return out
+
+
+def test_step_is_the_sum_of_its_levels(steps: dict[str, StepTiming]) -> None:
+    for step in steps.values():
+        assert step.step_ns == pytest.approx(sum(step.parts.values()))
+        assert set(step.parts) == {"forward", "backward", "pipeline", "gradient_sync", "optimizer"}
+        assert step.parts["forward"] > 0 and step.parts["backward"] > step.parts["forward"]
+        fig = training_step_figures(step.step_ns, step.plan.global_batch, step.plan.seq,
+                                    step.model_flops, step.plan.world, step.peak_flops_per_core)
+        assert fig.mfu is not None and 0 < fig.mfu < 1
+
+
+def test_data_parallel_sync_is_bucketed_and_overlaps_the_backward(steps: dict[str, StepTiming]) -> None:
+    dp = steps["dp"]
+    assert dp.plan.dp == 16 and dp.parts["pipeline"] == 0
+    assert all(s.operation == "AllReduce" for s in dp.sync)
+    starts = [s.start_ns for s in dp.sync]
+    assert starts == sorted(starts)
+    assert all(b.start_ns >= a.end_ns for a, b in zip(dp.sync, dp.sync[1:]))  # one CC stream
+    assert 0 < overlap_fraction(dp.sync) <= 1
+    # only what runs past the backward is exposed
+    assert dp.parts["gradient_sync"] <= dp.sync_total_ns - dp.sync_overlapped_ns + 1e-6
+
+
+def test_zero1_reduce_scatters_shards_the_optimizer_and_all_gathers(steps: dict[str, StepTiming]) -> None:
+    dp, z = steps["dp"], steps["zero1"]
+    ops = [s.operation for s in z.sync]
+    assert ops[-1] == "AllGather" and set(ops[:-1]) == {"ReduceScatter"}
+    assert z.optimizer.device_ns < dp.optimizer.device_ns / 4  # 1/16 of the parameters each
+
+
+def test_pipeline_bubble_follows_1f1b(steps: dict[str, StepTiming]) -> None:
+    pp = steps["pp"]
+    m, p = pp.plan.micro_batches, pp.plan.pp
+    slot = (pp.parts["forward"] + pp.parts["backward"]) / m
+    assert pp.p2p_ns > 0
+    assert pp.parts["pipeline"] == pytest.approx((p - 1) * (slot + 2 * pp.p2p_ns) + m * 2 * pp.p2p_ns)
+
+
+def test_efa_bandwidth_sets_the_cost_of_gradient_sync_across_nodes(steps: dict[str, StepTiming]) -> None:
+    one, two, fast = steps["dp"], steps["efa"], steps["efa_trn1n"]
+    assert two.sync_total_ns > one.sync_total_ns  # 32 ranks over EFA vs 16 over NeuronLink
+    assert fast.sync_total_ns < two.sync_total_ns  # trn1n: 1,600 Gbps
+
+
+@pytest.mark.parametrize("opts, message", [
+    (dict(tp=2, dp=4), "= 8 ranks, but trn1.32xlarge has 32"),
+    (dict(tp=3), "does not divide"),
+    (dict(tp=2, global_batch=20), "not a multiple"),
+    (dict(pp=4, tp=2), "pp 4 does not divide 2 layers"),
+    (dict(precision="fp8"), "precision must be"),
+])
+def test_bad_layouts_are_one_line(opts: dict, message: str) -> None:
+    model, plan = get_train("llama-train").configure(None, seq=128, **opts)
+    with pytest.raises(PlanError, match=message):
+        time_training_step(model, plan)
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(PlanError, match="no option"):
+        get_train("llama-train").configure(None, tensor_parallel=2)
+    with pytest.raises(PlanError, match="expects int"):
+        get_train("llama-train").configure(None, tp="2")
+    with pytest.raises(PlanError, match="no preset"):
+        get_train("bert-pretrain").configure("bert-huge")
+    with pytest.raises(PlanError, match="unknown training workload"):
+        get_train("resnet-train")
+
+
+def test_workloads_have_the_published_presets() -> None:
+    assert set(TRAIN_WORKLOADS) == {"llama-train", "bert-pretrain", "gpt-train", "vit-finetune"}
+    assert set(TRAIN_WORKLOADS["llama-train"].presets) == {
+        "llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b"}
+    # parameter counts of the published models (Hugging Face configs)
+    assert TRAIN_WORKLOADS["llama-train"].presets["llama2-7b"].params() == pytest.approx(6.74e9, rel=0.01)
+    assert TRAIN_WORKLOADS["llama-train"].presets["llama3.1-70b"].params() == pytest.approx(70.6e9, rel=0.01)
+    assert TRAIN_WORKLOADS["bert-pretrain"].presets["bert-large"].params() == pytest.approx(335e6, rel=0.03)
+    assert TRAIN_WORKLOADS["gpt-train"].presets["gpt3-6.7b"].params() == pytest.approx(6.7e9, rel=0.03)
+
+
+def test_buckets_cover_every_gradient_once() -> None:
+    buckets = _grad_buckets(10 * 2**20, 8, 3 * 2**20)
+    assert sum(b for b, _ in buckets) == 83 * 2**20
+    assert all(b == DDP_BUCKET_BYTES for b, _ in buckets[:-1])
+    assert [d for _, d in buckets] == sorted(d for _, d in buckets) and buckets[-1][1] == 8
+
+
+def test_training_figures_definition() -> None:
+    fig = training_step_figures(2e9, 1024, 4096, 1e18, 512, 91.75e12)
+    assert fig.step_s == 2.0 and fig.seq_per_s == 512.0 and fig.tokens_per_s == 512.0 * 4096
+    assert fig.mfu == pytest.approx(1e18 / (2.0 * 512 * 91.75e12))
+    assert training_step_figures(1e9, 8, 128, 1e12, 1, None).mfu is None
+
+
+def test_plan_key_is_the_benchmark_key() -> None:
+    assert ParallelPlan(tp=8, dp=64, nodes=16, seq=4096, global_batch=1024).key("llama2-7b") == \
+        "llama2-7b/16xtrn1.32xlarge/tp8pp1dp64/seq4096/gbs1024"
