@@ -153,6 +153,19 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     return JointGraph(traced, params, others, buffers, len(example_inputs))
 
 
+def saved_activations(joint: JointGraph) -> int:
+    """Bytes of the forward values the backward reads (what autograd saves between the passes)."""
+    total = 0
+    for node in joint.module.graph.nodes:
+        if node.meta.get("train_phase") != FORWARD:
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(
+                u.meta.get("train_phase") == BACKWARD for u in node.users):
+            total += val.numel() * val.element_size()
+    return total
+
+
 def _module_path(stack: Any) -> str:
     """The innermost module's qualified name in an ``nn_module_stack`` ("" for the root)."""
     return str(list(stack.values())[-1][0]) if stack else ""
@@ -199,4 +212,4 @@ def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
                 node.meta["stack_trace"] = donor.meta["stack_trace"]
 
 
-__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "joint_graph"]
+__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "joint_graph", "saved_activations"]

@@ -55,6 +55,7 @@ from neuroncore.frontends.tracing import TraceError
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 from neuroncore.runtime import Instance
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
+from neuroncore.training.memory import MemoryBreakdown, MemoryCheckError, check_fits, training_memory
 from neuroncore.training.optimizers import (
     OptimizerError,
     OptimizerKind,
@@ -65,7 +66,7 @@ from neuroncore.training.optimizers import (
     split_scalars,
 )
 from neuroncore.training.precision import Precision, parse_precision
-from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph
+from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph, saved_activations
 
 
 class ProgramKind(enum.Enum):
@@ -179,6 +180,9 @@ class TrainStep:
         self.name = type(model).__name__
         self.steps = 0
         self.last_results: list[ExecutionResult] = []
+        self.instance = Instance(instance)
+        self.core = self.instance.core(core)
+        self._check_memory(activations=0)  # parameters alone: before anything is traced
         scale = 1.0 / accumulation_steps
         self.joint = joint_graph(model, example_inputs, loss_fn=loss_fn, loss_scale=scale)
         named = {f"model.{k}": p for k, p in model.named_parameters()}
@@ -186,8 +190,7 @@ class TrainStep:
         self.param_names = [_strip(n) for n in self.joint.param_names]
         self.groups = self._groups(optimizer)
         self._frames = frames
-        self.instance = Instance(instance)
-        self.core = self.instance.core(core)
+        self.memory = self._check_memory(activations=saved_activations(self.joint))  # before compiling
         self.programs: dict[ProgramKind, tuple[Program, LoadedModel, _Layout]] = {}
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
         for kind in kinds:
@@ -197,6 +200,24 @@ class TrainStep:
         self.state = DeviceState(self.core, self._initial_state())
 
     # -- trace time ----------------------------------------------------------------------------
+    def _check_memory(self, activations: int) -> MemoryBreakdown:
+        """Refuse (one line with the breakdown) a step whose weights, gradients, optimizer state and
+        saved activations do not fit in the core's free HBM."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        kinds = {optimizer_spec(self.optimizer, g).kind for g in self.optimizer.param_groups
+                 if _supported(self.optimizer, g)}
+        kind = OptimizerKind.ADAMW if kinds - {OptimizerKind.SGD} else OptimizerKind.SGD
+        momentum = any(float(g.get("momentum", 0.0) or 0.0) for g in self.optimizer.param_groups)
+        need = training_memory(sum(p.numel() for p in trainable), self.precision, kind,
+                               activations=activations, momentum=momentum)
+        free = self.core.spec.hbm_bytes - self.core.hbm_used_bytes
+        try:
+            check_fits(need, hbm_bytes=free, what=f"{self.name} training step",
+                       where=f"core {self.core.index} of {self.instance.name}")
+        except MemoryCheckError as exc:
+            raise TraceError(str(exc)) from None
+        return need
+
     def _groups(self, optimizer: torch.optim.Optimizer) -> list[_Group]:
         index = {id(p): i for i, p in enumerate(self.params)}
         groups: list[_Group] = []
@@ -348,6 +369,14 @@ class TrainStep:
     @property
     def graph(self) -> Graph:
         return self.program.graph
+
+
+def _supported(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    try:
+        optimizer_spec(optimizer, group)
+    except OptimizerError:
+        return False
+    return True
 
 
 def _caller_frames() -> tuple[SourceFrame, ...]:
