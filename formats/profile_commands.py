@@ -6,6 +6,7 @@
     neuron-profile query out/bert "SELECT opcode, count(*) FROM Instruction GROUP BY 1"
     neuron-profile query out/run/device "SELECT core, ..." --format csv -o result.csv
     neuron-profile view out/bert --output-format summary-text      # or summary-json, json, perfetto
+    neuron-profile analyze out/bert             # why: critical path, idle by cause, stragglers
 
 Each subcommand is a small class (name, help, ``prepare_parser``, ``run``) in ``COMMANDS``, in the
 style of memray's CLI; ``explorer/profile_cli.py`` adds ``capture`` the same way. Bad input (a missing
@@ -180,7 +181,13 @@ class ViewOutputCommand:
         return EXIT_OK
 
 
-COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand()]
+def _analyze_command() -> Command:
+    from formats.analyze_command import AnalyzeCommand
+
+    return AnalyzeCommand()
+
+
+COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand(), _analyze_command()]
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:

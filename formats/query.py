@@ -143,6 +143,12 @@ class QuerySession:
                 raise QueryError(read_error([p for _, p in self.profiles], exc,
                                             f"{self.root}: cannot read table {name}: ")) from None
             self.tables.append(name)
+        # the analyses as views over the table views (formats.analysis_sql; not listed in ``tables``:
+        # they are computed, and counting their rows would run them)
+        from formats.analysis_sql import view_statements
+
+        for statement in view_statements(self.single):
+            self.con.execute(statement)
 
     def _view_sql(self, name: str) -> str:
         branches = []

@@ -16,10 +16,12 @@ program_loaded       Metadata hardware constants; StackFrame* lookup tables; per
                      (operands, bir ids) and per-op attribution kept for the Instruction rows
 execution_start/end  ExecutionInfo (one row per execution, written at close)
 instruction          Instruction
-dma_packet           DmaPacket, and one Flow edge per transfer (triggering instruction -> dma_block)
+dma_packet           DmaPacket, one Flow edge per transfer (triggering instruction -> dma_block) and
+                     one per semaphore wait of the transfer
 semaphore_update     SemaphoreUpdate
 hbm_usage            HbmUsage
-cc_op                CcOp (columns named as the CcOp table; ids filled in when absent)
+cc_op                CcOp (columns named as the CcOp table; ids filled in when absent), and Flow
+                     edges into and out of each collective (``cc_op`` = ``CcOp.op_id``)
 neuronlink_usage     NeuronLinkUsage (our extension table)
 ===================  =====================================================================
 
@@ -549,6 +551,7 @@ class ProfileRecorder:
                 np.where(op < 0, -1, _packed_op(program.model_id, op)), np.asarray(c["start_ts"]),
                 np.asarray(c["end_ts"]), rid=transfer + execution.base,
                 sums=hierarchy.EventSums(hbm_read=hbm_read, hbm_write=hbm_write))))
+        self._dependency_flows(transfer[rank == 0], execution, program, table="dma_block")
         first = (rank == 0) & (np.asarray(c["trigger_id"]) >= 0)
         if first.any():
             k = int(first.sum())
@@ -560,10 +563,11 @@ class ProfileRecorder:
                 "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["DMA_TRIGGER"]),
             })
 
-    def _dependency_flows(self, node: np.ndarray, execution: _Execution, program: _Program) -> None:
-        """One ``Flow`` edge per semaphore wait of these instructions: the instruction or DMA transfer
-        (``dma_block``) whose completion it waited for -> the instruction. Collectives are CcOp rows,
-        not instructions, so waits on them are left out."""
+    def _dependency_flows(self, node: np.ndarray, execution: _Execution, program: _Program,
+                          table: str = "instruction") -> None:
+        """One ``Flow`` edge per semaphore wait of these instructions (or, ``table="dma_block"``, DMA
+        transfers): the instruction or DMA transfer (``dma_block``) whose completion it waited for ->
+        it. Waits on collectives are written with the CcOp rows (``_collective_flows``)."""
         ptr, idx, resource = program.dep_ptr, program.dep_idx, program.resource
         if ptr is None or idx is None or resource is None or not node.size:
             return
@@ -585,7 +589,7 @@ class ProfileRecorder:
             "out_id": target + execution.base,
             "in_table": pa.DictionaryArray.from_arrays((resource[source] == Resource.DMA).astype(np.int8),
                                                        ["instruction", "dma_block"]),
-            "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["instruction"]),
+            "out_table": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), [table]),
             "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k, np.int8), ["SEMAPHORE"]),
         })
 
@@ -644,8 +648,49 @@ class ProfileRecorder:
         columns = {**batch.columns,
                    "op_id": np.arange(self._cc_op_id, self._cc_op_id + n, dtype=np.int64),
                    "trigger_engine": [CC_TRIGGER_ENGINE] * n}
+        first_id = self._cc_op_id
         self._cc_op_id += n
         self.writer.write("CcOp", columns)
+        meta = meta_of(batch, CcOpMeta)
+        if len(meta.nodes) == n:
+            self._collective_flows(np.asarray(meta.nodes, np.int64),
+                                   np.arange(first_id, first_id + n, dtype=np.int64), meta)
+
+    def _collective_flows(self, nodes: np.ndarray, op_ids: np.ndarray, meta: CcOpMeta) -> None:
+        """``Flow`` edges of the collectives (``cc_op`` = ``CcOp.op_id``): what each waited for before
+        it started, and the instructions and transfers that waited for it -- the semaphore waits
+        ``_dependency_flows`` leaves out because a collective is no instruction."""
+        execution = self._execution(meta)
+        program = self.programs[execution.model_id]
+        ptr, idx, resource = program.dep_ptr, program.dep_idx, program.resource
+        if ptr is None or idx is None or resource is None or not nodes.size:
+            return
+        op_of = dict(zip(nodes.tolist(), op_ids.tolist()))
+        counts = ptr[nodes + 1] - ptr[nodes]
+        source = idx[np.repeat(ptr[nodes], counts) + np.arange(int(counts.sum()))
+                     - np.repeat(np.cumsum(counts) - counts, counts)]
+        into = np.repeat(op_ids, counts)
+        keep = resource[source] != Resource.CC
+        source, into = source[keep], into[keep]
+        owner = np.repeat(np.arange(ptr.size - 1, dtype=np.int64), np.diff(ptr))
+        hit = np.isin(idx, nodes)
+        consumer, waited = owner[hit], idx[hit]
+        out_of = np.array([op_of[int(w)] for w in waited], np.int64)
+        keep = resource[consumer] != Resource.CC
+        consumer, out_of = consumer[keep], out_of[keep]
+        k_in, k_out = source.size, consumer.size
+        if not k_in + k_out:
+            return
+        tables = ["instruction", "dma_block", "cc_op"]
+        self.writer.write("Flow", {
+            "in_id": np.concatenate([source + execution.base, out_of]),
+            "out_id": np.concatenate([into, consumer + execution.base]),
+            "in_table": pa.DictionaryArray.from_arrays(np.concatenate([
+                (resource[source] == Resource.DMA).astype(np.int8), np.full(k_out, 2, np.int8)]), tables),
+            "out_table": pa.DictionaryArray.from_arrays(np.concatenate([
+                np.full(k_in, 2, np.int8), (resource[consumer] == Resource.DMA).astype(np.int8)]), tables),
+            "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k_in + k_out, np.int8), ["SEMAPHORE"]),
+        })
 
     def _on_neuronlink_usage(self, batch: EventBatch) -> None:
         meta_of(batch, NeuronLinkUsageMeta)

@@ -1,0 +1,151 @@
+"""``neuron-profile analyze DIR``: the analyses of ``formats.analysis`` from the command line.
+
+    neuron-profile analyze out/bert/device/model=bert_layer/core=0/execution=2
+    neuron-profile analyze out/llama/device --output-format json      # a folder: every profile + ranks
+
+DIR is one profile or a folder of them (a capture's ``device/``: the ranks of a parallel group);
+a folder adds the across-ranks analysis (``formats.ranks``). Text is for people (ranked findings with
+their evidence first); JSON for scripts (docs/analyses.md lists its keys). Errors are one line and
+exit 2 (``neuronscope.cli_kit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from formats.analysis import Analysis, analyze
+from formats.units import fmt_ns, fmt_pct
+from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
+
+__all__ = ["ANALYZE_FORMATS", "AnalyzeCommand", "analyze_dir", "text_lines"]
+
+ANALYZE_FORMATS: Renderers[Any] = Renderers("neuron-profile analyze")
+
+
+def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any]:
+    """Analyse every profile under ``root``: ``{"profiles": {relpath: Analysis}, "ranks": RankReport
+    or None}``. A folder holding no profile is a one-line ``CliError``."""
+    from formats.dataset import find_profiles
+    from formats.ranks import rank_report
+    from formats.reader import open_profile
+
+    entries, _ = find_profiles(root, include_incomplete=include_incomplete)
+    if not entries:
+        raise CliError(f"{root}: no profile found (a profile is a directory of <Table>.parquet files)")
+    profiles = {(str(root) if entry.name == "." else entry.name): open_profile(entry.path)
+                for entry in entries}
+    analyses = {name: analyze(p) for name, p in profiles.items()}
+    ranks = rank_report(profiles, analyses) if len(profiles) > 1 else None
+    return {"profiles": analyses, "ranks": ranks}
+
+
+def _share_line(label: str, table: dict[str, int], total: int, n: int = 6) -> str | None:
+    if not table:
+        return None
+    items = list(table.items())[:n]
+    return f"  {label:<12}" + "  ".join(f"{k} {fmt_pct(v / total)}" for k, v in items)
+
+
+def profile_lines(name: str, a: Analysis) -> Iterator[str]:
+    """One profile's text report: headline, ranked findings, path shares, idle by cause."""
+    yield f"{name}: device time {fmt_ns(a.device_time_ns)}"
+    path = a.critical_path
+    if path is not None:
+        same = "= device time" if path.length_ns == a.device_time_ns else \
+            f"(device time {fmt_ns(a.device_time_ns)})"
+        yield (f"critical path {fmt_ns(path.length_ns)} {same}: {path.events:,} events, "
+               f"{path.implicit_events:,} linked by timing alone")
+    if a.findings:
+        yield "findings (ranked by the time they account for):"
+        for i, f in enumerate(a.findings, 1):
+            gain = f"; measured gain {fmt_ns(f.gain_ns)}" if f.gain_ns is not None else ""
+            yield f"  {i}. {f.title}"
+            yield f"     evidence: {f.evidence}{gain}"
+            if f.where:
+                yield f"     where: {f.where}"
+    if path is not None and path.length_ns:
+        yield "critical path by:"
+        for label, table in (("engine", path.by_engine), ("DMA queue", path.by_queue),
+                             ("collective", path.by_collective), ("op kind", path.by_op_kind),
+                             ("layer kind", path.by_layer_kind)):
+            line = _share_line(label, table, path.length_ns)
+            if line:
+                yield line
+        ops = [c for c in path.top if c.source][:5]
+        if ops:
+            yield "top ops on the path:"
+            for c in ops:
+                yield f"  {c.name:<16}{fmt_ns(c.time_ns):>10}  {c.layer or '-'}  {c.source}"
+    if a.idle:
+        yield "idle by cause:"
+        for engine, r in a.idle.items():
+            frac = fmt_pct(r.total_ns / a.device_time_ns) if a.device_time_ns else "-"
+            causes = ", ".join(f"{c} {fmt_ns(v)}" for c, v in list(r.by_cause.items())[:4])
+            yield f"  {engine:<7} {fmt_ns(r.total_ns):>9} ({frac}): {causes}"
+    for analysis, reason in a.skipped:
+        yield f"not run: {analysis}: {reason}"
+    for note in a.notes:
+        yield f"note: {note}"
+
+
+def text_lines(result: dict[str, Any]) -> Iterator[str]:
+    """The text report of ``analyze_dir``'s result."""
+    ranks = result.get("ranks")
+    if ranks is not None:
+        yield from ranks.text_lines()
+        yield ""
+    for name, a in result["profiles"].items():
+        yield from profile_lines(name, a)
+        yield ""
+
+
+def to_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The JSON report: one profile -> its analysis object; a folder -> profiles + ranks."""
+    profiles = result["profiles"]
+    if len(profiles) == 1 and result.get("ranks") is None:
+        return next(iter(profiles.values())).to_json()
+    out: dict[str, Any] = {"profiles": {name: a.to_json() for name, a in profiles.items()}}
+    ranks = result.get("ranks")
+    if ranks is not None:
+        out.update(ranks.to_json())
+    return out
+
+
+@ANALYZE_FORMATS.register("text", "ranked findings with evidence, then the path and idle tables")
+def _render_text(result: dict[str, Any], out: Any) -> None:
+    for line in text_lines(result):
+        print(line, file=out)
+
+
+@ANALYZE_FORMATS.register("json", "one JSON object (docs/analyses.md lists the keys)")
+def _render_json(result: dict[str, Any], out: Any) -> None:
+    json.dump(to_json(result), out, indent=1, allow_nan=False)
+    print(file=out)
+
+
+class AnalyzeCommand:
+    """Why is this slow: critical path, idle attribution, across ranks."""
+
+    name = "analyze"
+    help = "explain a profile: critical path, idle time by cause, stragglers across ranks"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("profile", metavar="DIR", help="profile directory, or a folder of them (ranks)")
+        ANALYZE_FORMATS.add_option(parser, default="text")
+        parser.add_argument("--include-incomplete", action="store_true",
+                            help="also read interrupted captures (<dir>.incomplete)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        result = analyze_dir(args.profile, include_incomplete=args.include_incomplete)
+        ANALYZE_FORMATS.get(args.output_format)(result, sys.stdout)
+        return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - the installed CLI is neuron-profile
+    from formats.profile_commands import run_cli
+
+    return run_cli(argv, [AnalyzeCommand()])

@@ -1,0 +1,190 @@
+"""The analyses (``formats.analysis``, ``formats.critical_path``): a hand-built program with a known
+critical path and idle causes, captured workloads (path length = device time, idle causes sum to idle
+time, the SQL views agree with the compiled implementation), a real-layout profile without our extra
+tables, and ``neuron-profile analyze`` through its real entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from formats.analysis import analyze
+from formats.query import open_query
+from formats.reader import open_profile
+from tests.fixtures.hand_profiles import filled, write_profile
+from tests.fixtures.real_layout import Shape, real_layout_profile
+
+
+def _chain_tables(flows: bool) -> dict[str, dict[str, Any]]:
+    """One execution [0, 1000): Sync 6 [0,10) triggers DMA 100 (qSyncIO0, [0,300)); MATMUL 1
+    [300,500) waits on the DMA; Vector 2 [0,100); Vector 3 [500,700) waits on 1; Scalar 4 [100,200)
+    waits on 2; Scalar 5 [700,1000) waits on 3. ``flows=False`` leaves out the Flow table."""
+    instr = filled("Instruction", {
+        "start_ts": np.array([300, 0, 500, 100, 700, 0]),
+        "end_ts": np.array([500, 100, 700, 200, 1000, 10]),
+        "engine": ["Tensor", "Vector", "Vector", "Scalar", "Scalar", "Sync"],
+        "timeline_track": ["TensorMatrix", "Vector", "Vector", "Scalar", "Scalar", "Sync"],
+        "opcode": ["MATMUL", "TENSOR_TENSOR", "TENSOR_TENSOR", "ACTIVATE", "ACTIVATE", "WRITE"],
+        "id": np.array([1, 2, 3, 4, 5, 6]),
+        "hlo_name": ["dot.1", "add.2", "add.3", "exp.4", "exp.5", "copy.6"],
+        "layer": ["m/mlp/down_proj", "m/attn", "m/mlp", "m/attn", "m/mlp", "m"],
+        "bir_debug_info_source_location": ["m.py:10", "m.py:20", "m.py:30", "m.py:40", "m.py:50", "m.py:60"],
+    })
+    tables: dict[str, dict[str, Any]] = {
+        "Instruction": instr,
+        "DmaPacket": filled("DmaPacket", {
+            "start_ts": np.array([0, 0]), "end_ts": np.array([300, 300]), "id": np.array([1, 2]),
+            "packet_aggregation_id": np.array([100, 100]), "transfer_bytes": np.array([0, 4096]),
+            "read_bytes": np.array([0, 4096]), "write_bytes": np.array([0, 4096]),
+            "queue_type": ["data", "data"], "queue_name": ["qSyncIO0", "qSyncIO0"]}),
+        "ExecutionInfo": {"execution_index": pa.array([0], pa.int32()), "neff_name": ["chain"],
+                          "execution_start_ts": [0], "execution_end_ts": [1000]},
+    }
+    if flows:
+        edges = [("instruction", 6, "dma_block", 100, "DMA_TRIGGER"),
+                 ("dma_block", 100, "instruction", 1, "SEMAPHORE"),
+                 ("instruction", 1, "instruction", 3, "SEMAPHORE"),
+                 ("instruction", 2, "instruction", 4, "SEMAPHORE"),
+                 ("instruction", 3, "instruction", 5, "SEMAPHORE")]
+        tables["Flow"] = {"in_table": [e[0] for e in edges], "in_id": np.array([e[1] for e in edges]),
+                          "out_table": [e[2] for e in edges], "out_id": np.array([e[3] for e in edges]),
+                          "dependency_type": [e[4] for e in edges]}
+    return tables
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_profile(tmp_path_factory.mktemp("chain") / "p", _chain_tables(True), summary=False,
+                         metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
+
+
+def test_hand_built_chain_has_the_known_critical_path(chain: Path) -> None:
+    """Scalar 5 <- Vector 3 <- MATMUL 1 <- DMA 100 (started before its trigger ended: no predecessor)
+    = 300 + 200 + 200 + 300 = 1000 ns."""
+    a = analyze(open_profile(chain))
+    path = a.critical_path
+    assert path is not None
+    assert a.device_time_ns == 1000 and path.length_ns == 1000
+    assert path.by_queue == {"qSyncIO0": 300}
+    assert path.by_engine == {"Scalar": 300, "Tensor": 200, "Vector": 200}
+    assert path.implicit_events == 0
+    assert list(path.event_ids) == [5, 3, 1, 100]
+    assert [c.name for c in path.top][:2] == ["dma qSyncIO0", "exp.5"]
+    assert path.top[1].source == "m.py:50" and path.top[1].layer == "m/mlp"
+    assert path.by_layer_kind == {"mlp": 500, "down_proj": 200}
+    share = a.to_json()["critical_path"]["share"]
+    assert share["queue"] == {"qSyncIO0": 0.3} and share["engine"]["Scalar"] == 0.3
+
+
+def test_hand_built_chain_idle_causes(chain: Path) -> None:
+    a = analyze(open_profile(chain))
+    assert a.idle["Tensor"].by_cause == {"starved": 500, "dma:qSyncIO0": 300}
+    assert a.idle["Vector"].by_cause == {"engine:Tensor": 400, "starved": 300}
+    assert a.idle["Scalar"].by_cause == {"engine:Vector": 600}
+    assert a.idle["Sync"].by_cause == {"starved": 990}
+    assert a.idle["Tensor"].by_op == {"dot.1": 300}
+    for report in a.idle.values():
+        assert sum(report.by_cause.values()) == report.total_ns
+    assert a.findings and a.findings[0].time_ns >= a.findings[-1].time_ns
+
+
+def test_without_flow_the_path_is_inferred_from_timing(tmp_path: Path) -> None:
+    path_dir = write_profile(tmp_path / "p", _chain_tables(False), summary=False,
+                             metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
+    a = analyze(open_profile(path_dir))
+    assert a.critical_path is not None and a.critical_path.length_ns == 1000
+    assert a.critical_path.implicit_events > 0
+    assert any("Flow" in reason for _, reason in a.skipped)
+    assert a.idle["Tensor"].by_cause["dma:qSyncIO0"] == 300
+
+
+def test_sql_views_reproduce_the_hand_built_answer(chain: Path) -> None:
+    with open_query(chain) as q:
+        rows = q.sql("SELECT id, contribution_ns FROM analysis_critical_path ORDER BY step").fetchall()
+        assert rows == [(5, 300), (3, 200), (1, 200), (100, 300)]
+        idle = dict(q.sql("SELECT cause, sum(idle_ns)::BIGINT FROM analysis_idle WHERE engine = 'Vector' "
+                          "GROUP BY 1").fetchall())
+        assert idle == {"engine:Tensor": 400, "starved": 300}
+
+
+def _sql_numbers(root: Path) -> tuple[int, dict[str, dict[str, int]], dict[str, int]]:
+    with open_query(root) as q:
+        length = q.sql("SELECT sum(contribution_ns)::BIGINT FROM analysis_critical_path").fetchall()[0][0]
+        idle: dict[str, dict[str, int]] = {}
+        for engine, cause, ns in q.sql("SELECT engine, cause, sum(idle_ns)::BIGINT FROM analysis_idle "
+                                       "GROUP BY 1, 2").fetchall():
+            idle.setdefault(engine, {})[cause] = int(ns)
+        lanes = dict(q.sql("SELECT lane, sum(contribution_ns)::BIGINT FROM analysis_critical_path "
+                           "WHERE kind_name = 'dma_block' GROUP BY 1").fetchall())
+    return int(length), idle, {k: int(v) for k, v in lanes.items()}
+
+
+def test_captured_workload_path_equals_device_time(recorded: Any) -> None:
+    """bert-layer, two executions in one profile: the path tiles both, idle causes add up, and the SQL
+    views give the same numbers."""
+    a = analyze(open_profile(recorded.path))
+    path = a.critical_path
+    assert path is not None
+    assert path.length_ns == a.device_time_ns == sum(r.device_time_ns for r in recorded.results)
+    assert path.implicit_events < path.events / 2  # most links come from Flow edges
+    for report in a.idle.values():
+        assert sum(report.by_cause.values()) == report.total_ns
+        assert 0 < report.total_ns <= a.device_time_ns
+    length, idle, queues = _sql_numbers(recorded.path)
+    assert length == path.length_ns
+    assert {e: r.by_cause for e, r in a.idle.items()} == idle
+    assert queues == path.by_queue
+
+
+def test_tensor_parallel_ranks_have_collectives_on_the_path(tp_dataset: Any) -> None:
+    profiles = sorted(p.parent for p in tp_dataset.root.rglob("Instruction.parquet"))
+    assert len(profiles) == 2
+    for root in profiles:
+        a = analyze(open_profile(root))
+        assert a.critical_path is not None and a.critical_path.length_ns == a.device_time_ns
+        assert a.critical_path.by_collective  # the all-reduces are on it, linked by their Flow edges
+        flow = open_profile(root).table("Flow", ["in_table", "out_table"]).to_pylist()
+        assert {"in_table": "cc_op", "out_table": "instruction"} in flow
+
+
+def test_real_layout_profile_without_our_tables_degrades_with_a_message(tmp_path: Path) -> None:
+    root = real_layout_profile(tmp_path, Shape.LLAMA)
+    a = analyze(open_profile(root))
+    assert a.critical_path is not None and a.critical_path.length_ns == a.device_time_ns
+    assert any("Flow" in reason for _, reason in a.skipped)
+    for report in a.idle.values():
+        assert sum(report.by_cause.values()) == report.total_ns
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "explorer.profile_cli", "analyze", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_json_and_text(chain: Path) -> None:
+    done = _cli(str(chain), "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["device_time_ns"] == data["critical_path"]["length_ns"] == 1000
+    assert data["idle"]["Tensor"]["total_ns"] == 800
+    assert data["idle"]["Tensor"]["by_cause"] == {"starved": 500, "dma:qSyncIO0": 300}
+    text = _cli(str(chain))
+    assert text.returncode == 0 and "critical path 1 µs = device time" in text.stdout
+    assert "idle by cause:" in text.stdout
+
+
+def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
+    done = _cli(str(tmp_path / "missing"))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _cli(str(empty))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
