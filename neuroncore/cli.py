@@ -4,6 +4,8 @@
     neuroncore run --workload llama-decode --preset llama2-7b --timing-only
     neuroncore run --workload llama-decode --preset llama2-70b --instance trn1.32xlarge --tp 32 --timing-only
     neuroncore run --workload matmul --set m=4096 --set k=8192 --set n=8192 --timing-only
+    neuroncore run --workload llama-train --preset llama2-7b --nodes 16 --tp 8 --zero1 --set seq=4096 \
+        --set global_batch=1024
     neuroncore workloads
     neuroncore check my_model.py:build    # unsupported ops of a PyTorch module / JAX function
 
@@ -32,7 +34,59 @@ from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
 from neuronscope.cli_kit import CliError, OneLineParser, add_instance_option, run_command
 
 
+def cmd_train(args: argparse.Namespace, console: Console) -> int:
+    """A training workload: one rank's programs simulated, the step composed over the layout."""
+    from neuroncore.parallel.training import overlap_fraction, time_training_step
+    from neuroncore.workloads.training import get_train
+
+    overrides = parse_overrides(args.set)
+    for name in ("tp", "pp", "dp", "nodes"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    if args.zero1:
+        overrides["zero1"] = True
+    if args.instance:
+        overrides["instance"] = args.instance
+    model, plan = get_train(args.workload).configure(args.preset, **overrides)
+    step = time_training_step(model, plan)
+    console.print(f"[bold]{args.workload}[/] {model.name}: {model.params() / 1e9:.3f} B parameters on "
+                  f"{plan.nodes}x {plan.instance} (tp {plan.tp}, pp {plan.pp}, dp {plan.dp}"
+                  f"{', ZeRO-1' if plan.zero1 else ''}), seq {plan.seq}, micro-batch {plan.micro_batch}, "
+                  f"global batch {plan.global_batch} ({plan.micro_batches} micro-batches per rank), "
+                  f"{plan.precision}; timing only")
+    table = Table(title=f"training step {step.step_ns / 1e6:,.1f} ms (simulated in {step.sim_wall_s:.1f} s)")
+    for column in ("level", "ms", "share"):
+        table.add_column(column, justify="left" if column == "level" else "right")
+    for level, ns in step.parts.items():
+        table.add_row(level, f"{ns / 1e6:,.2f}", f"{100 * ns / step.step_ns:.1f}%")
+    console.print(table)
+    per = ", ".join(f"{p.name} {p.device_ns / 1e6:,.2f} ms" for p in
+                    (step.forward_layer, step.backward_layer, step.head, step.optimizer))
+    console.print(f"one rank's programs: {per} (layer programs include "
+                  f"{step.forward_layer.collective_ns / 1e6:,.2f} + {step.backward_layer.collective_ns / 1e6:,.2f}"
+                  f" ms of tensor-parallel collectives)")
+    if step.sync:
+        console.print(f"gradient synchronisation: {len(step.sync)} collectives, "
+                      f"{step.sync_total_ns / 1e6:,.2f} ms, {100 * overlap_fraction(step.sync):.0f}% "
+                      f"overlapped with the backward")
+    console.print(f"model FLOPs per step {step.model_flops:.3e} over {plan.world} ranks "
+                  f"(throughput and MFU: neuron-profile capture, or bench/train.py)")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from neuroncore.workloads.training import TRAIN_WORKLOADS
+
+    if args.workload in TRAIN_WORKLOADS:
+        return cmd_train(args, console)
+    for name in ("pp", "dp", "nodes"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name} applies to training workloads ({', '.join(sorted(TRAIN_WORKLOADS))})")
+    if args.zero1:
+        raise ValueError("--zero1 applies to training workloads")
+    if args.tp is None:
+        args.tp = 1
     workload = get(args.workload)
     overrides = parse_overrides(args.set)
     if args.dtype:
@@ -169,6 +223,12 @@ def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
     for w in WORKLOADS.values():
         table.add_row(w.name, w.description, ", ".join(f"{k}={v}" for k, v in w.defaults.items()),
                       ", ".join(w.presets) or "-")
+    from neuroncore.workloads.training import PLAN_DEFAULTS, TRAIN_WORKLOADS
+
+    for t in TRAIN_WORKLOADS.values():
+        options = dict(PLAN_DEFAULTS, **t.defaults)
+        table.add_row(t.name, t.description, ", ".join(f"{k}={v}" for k, v in options.items()),
+                      ", ".join(t.presets))
     console.print(table)
     return 0
 
@@ -177,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="neuroncore", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compile and execute a built-in workload, print its timing")
-    run.add_argument("--workload", "-w", required=True, choices=sorted(WORKLOADS))
+    from neuroncore.workloads.training import TRAIN_WORKLOADS
+
+    run.add_argument("--workload", "-w", required=True, choices=sorted([*WORKLOADS, *TRAIN_WORKLOADS]))
     run.add_argument("--preset", help="named configuration, e.g. llama2-7b")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="workload option, e.g. --set layers=4 (repeatable)")
@@ -185,8 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
                         choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")
-    run.add_argument("--tp", type=int, default=1, metavar="N",
+    run.add_argument("--tp", type=int, default=None, metavar="N",
                      help="tensor-parallel degree: shard Megatron-style over N cores")
+    run.add_argument("--pp", type=int, metavar="N", help="pipeline stages (training workloads)")
+    run.add_argument("--dp", type=int, metavar="N",
+                     help="data-parallel replicas (training workloads; default: the remaining cores)")
+    run.add_argument("--zero1", action="store_true", help="ZeRO-1 optimizer sharding (training workloads)")
+    run.add_argument("--nodes", type=int, metavar="N", help="instances joined by EFA (training workloads)")
     run.add_argument("--timing-only", action="store_true",
                      help="simulate timing from shapes only; weights are never allocated")
     run.add_argument("--seed", type=int, default=0)
