@@ -63,9 +63,9 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     per = ", ".join(f"{p.name} {p.device_ns / 1e6:,.2f} ms" for p in
                     (step.forward_layer, step.backward_layer, step.head, step.optimizer))
-    console.print(f"one rank's programs: {per} (layer programs include "
-                  f"{step.forward_layer.collective_ns / 1e6:,.2f} + {step.backward_layer.collective_ns / 1e6:,.2f}"
-                  f" ms of tensor-parallel collectives)")
+    tp_ms = (step.forward_layer.collective_ns + step.backward_layer.collective_ns) / 1e6
+    console.print(f"one rank's programs: {per} (a layer's forward + backward include {tp_ms:,.2f} ms "
+                  f"of tensor-parallel collectives)")
     if step.sync:
         console.print(f"gradient synchronisation: {len(step.sync)} collectives, "
                       f"{step.sync_total_ns / 1e6:,.2f} ms, {100 * overlap_fraction(step.sync):.0f}% "
