@@ -1,23 +1,43 @@
-"""Whole-model LLM timing on whole instances, tensor-parallel: prints one JSON line.
+"""LLM generation timing on whole instances, tensor-parallel, against the published tables: one JSON line.
 
-    python bench/llm_decode.py            # every configuration of issue 4 (about 5-10 min on 2 cores)
-    python bench/llm_decode.py --quick    # Llama-2-7B only
+    python bench/llm_decode.py            # the whole grid below (slow: see bench/README.md)
+    python bench/llm_decode.py --quick    # the two LLM calibration configurations only
+    python bench/llm_decode.py --models llama2-7b --batches 1 --lengths 128-128
 
-For each model / instance / tp_degree / batch it builds the full-size Llama-2 graph (random weights,
-timing only: no weight is ever allocated), lays the heads out for the ranks (padded query heads,
-replicated KV heads, padded MLP and vocabulary, as transformers-neuronx does), shards it Megatron-
-style, compiles the rank program once, loads it on every rank and runs:
+The grid is the one AWS publishes for transformers-neuronx (Neuron 2.18 decoder tables): Llama-2
+7B/13B/70B, Llama-3 8B/70B and Mistral-7B, on inf2.48xlarge (tp 24) and trn1.32xlarge (tp 32),
+batch 1/4/8, input/output tokens 128/128, 128/3968 (inf2) or 128/8064 (trn1), 2048/2048, 4096/4096
+and 8192/8192, each where input + output fits the model's max positions (``MAX_POSITIONS``).
+Every model is the full-size graph (random weights, timing only: no weight is ever allocated), its
+heads laid out for the ranks as transformers-neuronx does, sharded Megatron-style and compiled once
+per shape.
 
-* ``tpot_ms``: one decode step (one new token per sequence, 128 tokens of context in the KV cache):
-  the simulated device time per output token;
-* ``ttft_ms``: context encoding of a 128-token prompt (causal attention, all layers, last-token
-  logits): the simulated time to the first token;
-* ``sim_wall_s``: wall seconds to simulate the decode step plus the prefill (execution only; the
-  one-off shard + compile + load is ``compile_wall_s``); ``decode_wall_s``: the decode step alone.
+Per key ``"<model>/<instance>/tp<N>/b<B>/<in>-<out>"``:
 
-Per key it also reports the collective time inside a decode step and the number of collectives.
+Both latencies are what the host sees (``neuroncore.runtime.host_io.request_latency_ns``): the
+runtime's per-execution overhead, the token ids copied in, the execution, the logits copied out (the
+KV cache stays on the device, as transformers-neuronx keeps it).
+
+* ``ttft_ms``: context encoding of the ``in``-token prompt (causal attention, all layers, last-token
+  logits). transformers-neuronx compiles prompt buckets of half each token bucket, so every
+  published input (128, 2048, 4096, 8192) is a bucket of its own: the prefill runs at exactly ``in``.
+* ``tpot_ms``: the mean over the generation's decode steps (every output token after the first,
+  which the prefill makes) with the context growing, each step run in its context bucket: the
+  smallest of the compiled buckets that holds its context (``neuroncore.generation.select_bucket``).
+  The buckets are transformers-neuronx's default for ``n_positions = in + out``: powers of two from
+  128, then ``n_positions`` itself (``bucket.token_sizes`` -> ``power_of_two_bucket_sizes(128, n)``),
+  e.g. 128/3968 -> 128, 256, ..., 2048, 4096. Each bucket's decode step is simulated once (timing
+  only, its KV cache the bucket's length) and weighted by how many steps run in it
+  (``steps_per_bucket``). A step's simulated time depends only on its program, i.e. on its bucket
+  (the cache the program reads is the bucket's length whatever the live context), so this weighted
+  mean equals the mean over all tokens exactly.
+* ``tokens_per_s``: generated tokens over the generation's time, ``B * out / (ttft + (out-1)*tpot)``.
+* ``sim_wall_s``: wall seconds simulating the executions this key uses (its prefill and each
+  bucket's decode step; compilation excluded, it is in ``compile_wall_s`` once per program).
+
 The numbers come from the execution core's cost model (neuroncore.md: engine rates, HBM and DMA
-costs) and the collective model (NeuronLink topology, ring/mesh, hop latency), not from hardware.
+costs, per-execution overheads) and the collective model (NeuronLink topology, algorithms, hop
+latency), not from hardware. ``calibration`` gives the error on each public calibration point.
 """
 
 from __future__ import annotations
@@ -26,62 +46,163 @@ import argparse
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from neuronscope import settings
 
 # the core's own speed: no live-state publisher attached (it would make the core build records)
 os.environ.setdefault(settings.LIVE.name, "0")
 
+from neuroncore.generation import normalize_buckets, steps_per_bucket
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import Instance
-from neuroncore.workloads import get
+from neuroncore.runtime.host_io import request_latency_ns
+from neuroncore.workloads import MAX_POSITIONS, get
 
-CONTEXT = 128
-CONFIGS = [  # (model preset, instance, tp_degree)
-    ("llama2-7b", "inf2.48xlarge", 24),
-    ("llama2-7b", "trn1.32xlarge", 32),
-    ("llama2-13b", "inf2.48xlarge", 24),
-    ("llama2-70b", "inf2.48xlarge", 24),
-    ("llama2-70b", "trn1.32xlarge", 32),
-    ("llama2-7b", "inf2.xlarge", 2),
-]
-BATCHES = (1, 8)
+MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "mistral-7b")
+INSTANCES = {"inf2.48xlarge": 24, "trn1.32xlarge": 32}  # instance -> tp degree of the tables
+LONG_OUTPUT = {"inf2.48xlarge": 3968, "trn1.32xlarge": 8064}  # 128 + out = 4096 / 8192
+BATCHES = (1, 4, 8)
+
+# public calibration points (ms): key -> {figure: published}
+CALIBRATION = {
+    "llama2-7b/inf2.48xlarge/tp24/b1/128-3968": {"ttft_ms": 27.6, "tpot_ms": 6.47},
+    "llama2-70b/trn1.32xlarge/tp32/b1/128-128": {"ttft_ms": 53.9, "tpot_ms": 25.18},
+}
 
 
-def run_phase(workload: str, model: str, instance: str, tp: int, batch: int) -> dict:
-    graph = get(workload).graph(model, batch=batch, context=CONTEXT, tp_degree=tp)
-    t0 = time.perf_counter()
-    group = TensorParallelModel.load(graph, Instance(instance), tp_degree=tp)
-    t1 = time.perf_counter()
-    result = group.execute(timing_only=True)
-    t2 = time.perf_counter()
-    return {"device_ms": result.device_time_ns / 1e6, "compile_s": t1 - t0, "wall_s": t2 - t1,
-            "cc_ms": result.collective_ns / 1e6, "collectives": len(result.collectives),
-            "rank_nodes": group.program.n_nodes}
+def lengths_for(instance: str) -> list[tuple[int, int]]:
+    return [(128, 128), (128, LONG_OUTPUT[instance]), (2048, 2048), (4096, 4096), (8192, 8192)]
+
+
+def token_buckets(n_positions: int) -> tuple[int, ...]:
+    """transformers-neuronx's default token-generation buckets for ``n_positions`` (bucket.py)."""
+    sizes, size = [], 128
+    while size < n_positions:
+        sizes.append(size)
+        size *= 2
+    return normalize_buckets([*sizes, n_positions])
+
+
+@dataclass(frozen=True)
+class Key:
+    model: str
+    instance: str
+    tp: int
+    batch: int
+    prompt: int
+    output: int
+
+    def __str__(self) -> str:
+        return f"{self.model}/{self.instance}/tp{self.tp}/b{self.batch}/{self.prompt}-{self.output}"
+
+
+@dataclass
+class Timed:
+    device_ms: float  # the execution on the device
+    request_ms: float  # as the host sees it: + launch overhead, token ids in, logits out
+    wall_s: float
+    compile_s: float
+    cc_ms: float
+    collectives: int
+
+
+class Grid:
+    """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[str, str, str, int, int], Timed] = {}
+
+    def run(self, workload: str, key: Key, context: int) -> Timed:
+        cache_key = (workload, key.model, key.instance, key.batch, context)
+        if cache_key not in self.cache:
+            graph = get(workload).graph(key.model, batch=key.batch, context=context, tp_degree=key.tp)
+            t0 = time.perf_counter()
+            group = TensorParallelModel.load(graph, Instance(key.instance), tp_degree=key.tp)
+            t1 = time.perf_counter()
+            result = group.execute(timing_only=True)
+            t2 = time.perf_counter()
+            program = group.program
+            # the KV cache stays on the device: only the ids and positions go in, the logits out
+            host_in = sum(p.nbytes for p in program.graph.parameters if not p.dtype.is_float)
+            host_out = program.graph.outputs[0].nbytes
+            request = request_latency_ns(program.spec, result.device_time_ns, host_in, host_out)
+            self.cache[cache_key] = Timed(result.device_time_ns / 1e6, request / 1e6, t2 - t1, t1 - t0,
+                                          result.collective_ns / 1e6, len(result.collectives))
+        return self.cache[cache_key]
+
+    def figures(self, key: Key) -> dict[str, float | int | dict[str, int]]:
+        prefill = self.run("llama-prefill", key, key.prompt)
+        per_bucket = steps_per_bucket(token_buckets(key.prompt + key.output), key.prompt, key.output)
+        # a bucket-b step attends over b positions: b - 1 cached plus the new token's
+        decode = {b: self.run("llama-decode", key, b - 1) for b in per_bucket}
+        steps = sum(per_bucket.values())
+        tpot = sum(decode[b].request_ms * n for b, n in per_bucket.items()) / steps
+        total_ms = prefill.request_ms + tpot * steps
+        return {
+            "tpot_ms": round(tpot, 3),
+            "ttft_ms": round(prefill.request_ms, 3),
+            "tokens_per_s": round(key.batch * key.output / (total_ms / 1e3), 1),
+            "sim_wall_s": round(prefill.wall_s + sum(t.wall_s for t in decode.values()), 3),
+            "compile_wall_s": round(prefill.compile_s + sum(t.compile_s for t in decode.values()), 2),
+            "decode_cc_ms_by_bucket": {str(b): round(t.cc_ms, 3) for b, t in decode.items()},
+            "decode_device_ms_by_bucket": {str(b): round(t.device_ms, 3) for b, t in decode.items()},
+            "steps_by_bucket": {str(b): n for b, n in per_bucket.items()},
+        }
+
+
+def grid_keys(models: list[str], instances: list[str], batches: list[int],
+              lengths: list[tuple[int, int]] | None) -> list[Key]:
+    keys = []
+    for model in models:
+        for instance in instances:
+            for batch in batches:
+                for prompt, output in lengths_for(instance):
+                    if lengths is not None and (prompt, output) not in lengths:
+                        continue
+                    if prompt + output <= MAX_POSITIONS[model]:
+                        keys.append(Key(model, instance, INSTANCES[instance], batch, prompt, output))
+    return keys
+
+
+def calibration_errors(out: dict) -> dict[str, dict[str, dict[str, float]]]:
+    """Simulated vs published on every calibration point the run covered; error = sim / pub - 1."""
+    errors: dict[str, dict[str, dict[str, float]]] = {}
+    for key, published in CALIBRATION.items():
+        if key in out:
+            errors[key] = {figure: {"published": value, "simulated": out[key][figure],
+                                    "error": round(out[key][figure] / value - 1.0, 4)}
+                           for figure, value in published.items()}
+    return errors
+
+
+def _length(text: str) -> tuple[int, int]:
+    prompt, _, output = text.partition("-")
+    return int(prompt), int(output)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="Llama-2-7B configurations only")
+    parser.add_argument("--quick", action="store_true", help="the LLM calibration configurations only")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--instances", nargs="+", choices=list(INSTANCES), default=list(INSTANCES))
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument("--lengths", nargs="+", type=_length, metavar="IN-OUT",
+                        help="input-output token pairs of the grid, e.g. 128-128 2048-2048")
     args = parser.parse_args()
-    configs = [c for c in CONFIGS if not args.quick or c[0] == "llama2-7b"]
-    out: dict = {"context_tokens": CONTEXT, "prompt_tokens": CONTEXT, "dtype": "bf16"}
+    if args.quick:
+        keys = [k for k in grid_keys(list(MODELS), list(INSTANCES), list(BATCHES), None)
+                if str(k) in CALIBRATION]
+    else:
+        keys = grid_keys(args.models, args.instances, args.batches, args.lengths)
+    out: dict = {"dtype": "bf16", "bucket_rule": "powers of two from 128 up to in+out, then in+out"}
+    grid = Grid()
     started = time.perf_counter()
-    for model, instance, tp in configs:
-        for batch in BATCHES:
-            decode = run_phase("llama-decode", model, instance, tp, batch)
-            prefill = run_phase("llama-prefill", model, instance, tp, batch)
-            out[f"{model}/{instance}/tp{tp}/b{batch}"] = {
-                "tpot_ms": round(decode["device_ms"], 3),
-                "ttft_ms": round(prefill["device_ms"], 3),
-                "sim_wall_s": round(decode["wall_s"] + prefill["wall_s"], 3),
-                "decode_wall_s": round(decode["wall_s"], 3),
-                "compile_wall_s": round(decode["compile_s"] + prefill["compile_s"], 2),
-                "decode_cc_ms": round(decode["cc_ms"], 3),
-                "decode_collectives": decode["collectives"],
-                "tokens_per_s": round(batch * 1e3 / decode["device_ms"], 1),
-            }
-    out["max_decode_wall_s"] = max(v["decode_wall_s"] for v in out.values() if isinstance(v, dict))
+    for key in keys:
+        out[str(key)] = grid.figures(key)
+    out["calibration"] = calibration_errors(out)
+    out["programs_simulated"] = len(grid.cache)
+    out["compile_wall_s"] = round(sum(t.compile_s for t in grid.cache.values()), 1)
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out))
 

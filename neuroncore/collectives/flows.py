@@ -6,7 +6,11 @@ route (``Topology.path``); on every channel it crosses it gets ``bandwidth / flo
 and it moves at the smallest of those shares. The step ends when its slowest flow has paid its
 latency and moved its bytes:
 
-    step_ns = max over flows (latency of the flow's kind + bytes / min over its channels (B_c / n_c))
+    step_ns = max over flows (sum of its hops' latencies + bytes / min over its channels (B_c / n_c))
+
+The latency is paid per hop (§6 publishes a per-hop latency, 1-2 us within a node): a flow that a
+Mesh routes through intermediate chips pays one hop latency for each link it crosses, as a Ring's
+neighbour-to-neighbour flow pays one.
 
 This is the "slowest link share" bound: on the bottleneck channel every flow ends together, which is
 what an equal-share fluid model gives there; flows elsewhere that could speed up when others finish
@@ -29,7 +33,8 @@ class Pattern:
     """The flows of one step as a flow x channel incidence; byte counts are ``weights x unit``."""
 
     weights: np.ndarray  # (F,) bytes of each flow per unit
-    flow_kind: np.ndarray  # (F,) highest channel kind each flow crosses (selects its latency)
+    flow_kind: np.ndarray  # (F,) highest channel kind each flow crosses
+    entry_kind: np.ndarray  # (E,) channel kind of each incidence (selects that hop's latency)
     entry_flow: np.ndarray  # (E,) flow of each incidence, grouped by flow
     entry_local: np.ndarray  # (E,) index into ``channels`` of each incidence
     flow_first_entry: np.ndarray  # (F,) first incidence of each flow (for np.minimum.reduceat)
@@ -72,6 +77,7 @@ def build_pattern(topo: Topology, src: np.ndarray, dst: np.ndarray, weights: np.
     return Pattern(
         weights=weights,
         flow_kind=np.maximum.reduceat(kinds, first) if len(src) else np.zeros(0, np.int8),
+        entry_kind=kinds,
         entry_flow=entry_flow,
         entry_local=entry_local,
         flow_first_entry=first,
@@ -94,7 +100,8 @@ def step_ns(pattern: Pattern, unit_bytes: float, latency_by_kind_ns: np.ndarray,
     share = pattern.bandwidth / sharing  # bytes/s each flow gets on each channel
     rate = np.minimum.reduceat(share[pattern.entry_local], pattern.flow_first_entry)
     seconds = pattern.weights * unit_bytes / rate
-    return float(np.max(latency_by_kind_ns[pattern.flow_kind] + seconds * 1e9))
+    latency = np.add.reduceat(latency_by_kind_ns[pattern.entry_kind], pattern.flow_first_entry)
+    return float(np.max(latency + seconds * 1e9))
 
 
 class LinkLedger:

@@ -13,9 +13,9 @@ class CollectiveParams:
     """Step latencies and algorithm choice. Change one with ``dataclasses.replace``.
 
     A step costs its latency plus its transfer time (§6: "time = step latency + transfer time"). The
-    latency is the synchronisation and DMA start-up of one step, paid once per step whatever the
-    number of links a transfer crosses (routing through intermediate chips is cut-through
-    [assumption]); a step whose flows cross EFA pays the EFA latency instead.
+    latency is the synchronisation and DMA start-up of a hop, paid for every link a flow crosses
+    (§6 publishes it per hop): a Ring step between neighbours pays one, a Mesh flow routed through
+    intermediate chips one per link, a flow over EFA the EFA hop latency.
     """
 
     hop_latency_ns: float = 1_500.0  # §6: 1-2 us per hop intra-node (depends on HBM load); midpoint

@@ -63,16 +63,43 @@ class RangeAllocator:
         raise OutOfMemory(size)
 
     def _allocate_top(self, size: int) -> tuple[int, list[int]]:
-        """Large blocks go top-down, away from the small next-fit buffers, to limit fragmentation."""
+        """Large blocks go to an end of a free range, away from the small next-fit buffers, to limit
+        fragmentation: of the places that fit, the one whose previous users are oldest (least
+        recently freed), the topmost on ties.
+
+        Taking the range freed longest ago is what lets a weight load run ahead of the compute: the
+        next layer's weights land in a range nobody has touched for a while, so their DMA waits for
+        no recent reader and streams while this layer computes (neuronx-cc prefetches weights across
+        layers as far as SBUF holds them). Always taking the topmost range would hand every large
+        block the one its predecessor just left, and each load would wait for the matmul before it.
+        """
+        best: tuple[int, int] | None = None  # (recency, -at)
         for i in range(len(self.free) - 1, -1, -1):
             start, end = self.free[i]
-            if end - start >= size:
-                at = end - size
-                self.free[i:i + 1] = [(start, at)] if at > start else []
-                self.in_use += size
-                self.peak = max(self.peak, self.in_use)
-                return at, self._take_hazards(at, end)
-        raise OutOfMemory(size)
+            if end - start < size:
+                continue
+            for at in dict.fromkeys((end - size, start)):
+                key = (self._last_user(at, at + size), -at)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            raise OutOfMemory(size)
+        at = -best[1]
+        for i, (start, end) in enumerate(self.free):
+            if start <= at and at + size <= end:
+                self.free[i:i + 1] = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
+                break
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+        return at, self._take_hazards(at, at + size)
+
+    def _last_user(self, start: int, end: int) -> int:
+        """The newest node that last touched [start, end) before it was freed (-1: none)."""
+        newest = -1
+        for t in self.tombstones:
+            if t.end > start and t.start < end and t.nodes:
+                newest = max(newest, max(t.nodes))
+        return newest
 
     def release(self, start: int, size: int, nodes: list[int]) -> None:
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)

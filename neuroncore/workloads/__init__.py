@@ -64,7 +64,16 @@ LLAMA_PRESETS = {
     "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, intermediate=11008, vocab=32000),
     "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, intermediate=13824, vocab=32000),
     "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=32000),
+    # Llama-3 and Mistral-7B (v0.2: no sliding window) share the architecture; dims from their
+    # Hugging Face configs. Their max positions (RoPE theta differs; timing does not depend on it)
+    # are in MAX_POSITIONS.
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=128256),
+    "mistral-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=32000),
 }
+# max_position_embeddings of each preset's Hugging Face config: the longest sequence it serves
+MAX_POSITIONS = {"llama2-7b": 4096, "llama2-13b": 4096, "llama2-70b": 4096, "llama3-8b": 8192,
+                 "llama3-70b": 8192, "mistral-7b": 32768}
 
 WORKLOADS: dict[str, Workload] = {
     w.name: w
@@ -128,4 +137,4 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
     return values
 
 
-__all__ = ["WORKLOADS", "Workload", "get", "parse_overrides", "random_inputs"]
+__all__ = ["MAX_POSITIONS", "WORKLOADS", "Workload", "get", "parse_overrides", "random_inputs"]

@@ -45,11 +45,12 @@ def trn1():
 def test_8_rank_single_ring_all_reduce(inf2):
     # core 0 of devices 0..7 of the inf2 ring of 12; one ring. Each of the 2(r-1) steps every rank
     # sends S / r to the next; hops 0->1 .. 6->7 use one link each and the closing 7 -> 0 goes on
-    # round through devices 8..11: every link direction carries one flow.
+    # round through devices 8..11: every link direction carries one flow. The latency is per hop
+    # (§6), so each step lasts as long as the closing flow's 5 hops.
     r, size = 8, 8 * MIB
     ranks = [2 * d for d in range(r)]
     rec = cc.all_reduce(inf2, ranks, size // 4, "fp32", params=cc.CollectiveParams(max_rings=1))
-    expected = 2 * (r - 1) * (L_NS + ns(size / r / INF2_LINK))
+    expected = 2 * (r - 1) * (5 * L_NS + ns(size / r / INF2_LINK))
     assert rec.algorithm == "Ring" and rec.rings == 1 and rec.steps == 2 * (r - 1)
     assert rec.duration_ns == pytest.approx(expected)
     assert rec.link_usage.step_flows.max() == 1
