@@ -304,8 +304,9 @@ def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> i
     return lengths.pop()
 
 
-def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *, instance: str | None = None,
-          dtype: str | None = None, buckets: Sequence[int] | None = None, bucket_dim: int = 1,
+def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
+          instance: str | Instance | None = None, dtype: str | None = None,
+          buckets: Sequence[int] | None = None, bucket_dim: int = 1,
           core: int = 0, tp_degree: int = 1, replicas: int = 1) -> TracedModel:
     """Compile ``fn`` (a torch module or a JAX-traceable function) for one core of ``instance``.
 
@@ -314,6 +315,8 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *, instanc
     ``example_inputs`` is a tuple, or for PyTorch a dict of keyword inputs
     (``{"input_ids": ids, "attention_mask": mask}``, as ``model(**inputs)`` is called); the traced
     model then takes them by name or positionally in that order.
+    ``instance`` is an instance type, or an :class:`Instance` whose cores already hold other programs
+    (programs that share device-resident state, such as a decoder's bucket programs, load on one).
     ``tp_degree=N`` shards the model Megatron-style over N cores from ``core`` on
     (``neuroncore.parallel``); ``replicas=K`` loads K such copies on the following cores and sends
     each call to the copy that is free first (data parallelism).
@@ -326,7 +329,7 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *, instanc
     autocast = "bf16" if dtype == "bf16" else None
     examples = _examples(example_inputs)
     frontend = _frontend(examples)
-    inst = Instance(instance)
+    inst = instance if isinstance(instance, Instance) else Instance(instance)
     variants: list[_Variant] = []
     lengths: Sequence[int | None] = sorted(set(buckets)) if buckets else [None]
     for length in lengths:

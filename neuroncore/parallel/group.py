@@ -30,11 +30,12 @@ from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.program import Program
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
-from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, join_blocks, shard
+from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
 from neuroncore.runtime import records
 from neuroncore.runtime.device import ExecutionResult, Instance, LoadedModel
 from neuroncore.runtime.interpreter import Exchange
 from neuroncore.runtime.scheduler import Timeline, schedule
+from neuroncore.runtime.state import StateBinding, without_holes
 from neuroncore.topology import Topology, instance_topology
 
 CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER}
@@ -133,17 +134,28 @@ class TensorParallelModel:
         return cc.collective(CC_OPERATIONS[op.opcode], self.topology, [self.ranks], operand.size,
                              op.dtype.value)
 
-    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
-                timing_only: bool = False) -> GroupResult:
-        """Run one step on every rank: the full graph's ``inputs`` in, its outputs out."""
+    def execute(self, inputs: Sequence[np.ndarray | None] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False, state: StateBinding | None = None) -> GroupResult:
+        """Run one step on every rank: the full graph's ``inputs`` in, its outputs out.
+
+        With ``state`` (``neuroncore.runtime.state``), the bound parameters read each rank's own
+        resident tensors (its shard: a KV cache split by heads stays split on the ranks) and the
+        bound outputs are written back there; ``outputs`` holds the others."""
         host_start_ns = time.time_ns()
         per_rank: list[list[np.ndarray]] | None = None
-        if not timing_only:
+        if state is not None:
+            if isinstance(inputs, Mapping):
+                raise ValueError("inputs bound to resident state are passed as a sequence")
+            if not timing_only:
+                if inputs is None:
+                    raise ValueError("inputs are required unless timing_only=True")
+                per_rank = self._compute(self._host_inputs(list(inputs), state), state)
+        elif not timing_only:
             if inputs is None:
                 raise ValueError("inputs are required unless timing_only=True")
-            per_rank = self._compute(bind_inputs(self.sharded.full, inputs))
+            per_rank = self._compute(bind_inputs(self.sharded.full, without_holes(inputs)))
         elif inputs is not None:
-            bind_inputs(self.sharded.full, inputs)
+            bind_inputs(self.sharded.full, without_holes(inputs))
         cores = [m.core for m in self.models]
         for core in cores:
             core.lock.acquire()
@@ -163,10 +175,40 @@ class TensorParallelModel:
         if sink.active and collectives:
             records.emit_link_usage(sink, collectives, float(t0), float(results[0].end_ns),
                                     execution_ids=[r.execution_id for r in results])
-        outputs = None if per_rank is None else self.sharded.gather_outputs(per_rank)
+        outputs = None
+        if per_rank is not None:
+            writes = state.writes if state is not None else {}
+            splits = [s for i, s in enumerate(self.sharded.output_splits) if i not in writes]
+            outputs = [parts[0] if split is None else join_blocks(parts, split)
+                       for parts, split in zip(zip(*per_rank), splits)] if splits else []
+        for result, model in zip(results, self.models):
+            result.host_to_device_bytes, result.device_to_host_bytes = model.host_transfer_bytes(state)
         return GroupResult(results, collectives, outputs, timeline)
 
-    def _compute(self, inputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    def _host_inputs(self, inputs: list[np.ndarray | None], state: StateBinding) -> list[np.ndarray | None]:
+        """The host's inputs checked against the full graph (None where resident-bound)."""
+        params = self.sharded.full.parameters
+        if len(inputs) != len(params):
+            raise ValueError(f"expected {len(params)} inputs (None where resident), got {len(inputs)}")
+        for number, (param, value) in enumerate(zip(params, inputs)):
+            if number not in state.reads and value is not None and tuple(np.shape(value)) != param.shape:
+                raise ValueError(f"input {param.name!r}: shape {list(np.shape(value))} given, "
+                                 f"compiled for {list(param.shape)}")
+        return inputs
+
+    def _rank_inputs(self, inputs: list[np.ndarray | None], rank: int,
+                     state: StateBinding | None) -> list[np.ndarray]:
+        """Rank ``rank``'s program inputs: its blocks of the host's, its own resident tensors."""
+        if state is None:
+            return self.sharded.rank_arrays([np.asarray(a) for a in inputs], rank)
+        local = [p.shape for p in self.program.graph.parameters]
+        host = [None if a is None else block_of(np.asarray(a), split, self.tp, rank)
+                for a, split in zip(inputs, self.sharded.input_splits)]
+        host += [make(rank) for make in self.sharded.rank_inputs]
+        return self.models[rank].core.state.bind_inputs(local, host, state)
+
+    def _compute(self, inputs: Sequence[np.ndarray | None],
+                 state: StateBinding | None = None) -> list[list[np.ndarray]]:
         tp = self.tp
         rendezvous = _Rendezvous(tp)
         outputs: list[list[np.ndarray] | None] = [None] * tp
@@ -174,8 +216,10 @@ class TensorParallelModel:
 
         def run(rank: int) -> None:
             try:
-                arrays = self.sharded.rank_arrays(inputs, rank)
-                outputs[rank] = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
+                arrays = self._rank_inputs(list(inputs), rank, state)
+                result = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
+                core = self.models[rank].core
+                outputs[rank] = result if state is None else core.state.store_outputs(result, state)
             except BaseException as exc:
                 errors.append(exc)
                 rendezvous.barrier.abort()
@@ -241,10 +285,15 @@ class DataParallelModel:
         models = replica.models if isinstance(replica, TensorParallelModel) else [replica]
         return max(m.core.clock_ns for m in models)
 
-    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
-                timing_only: bool = False) -> GroupResult | ExecutionResult:
+    def execute(self, inputs: Sequence[np.ndarray | None] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False,
+                state: StateBinding | None = None) -> GroupResult | ExecutionResult:
+        """Run on the replica that is free first. Resident state is per replica's cores, so a
+        stateful call must go to the replica that holds it: pass ``state`` only with one replica."""
+        if state is not None and len(self.replicas) > 1:
+            raise ValueError("resident state belongs to one replica's cores; run it on that replica")
         replica = min(self.replicas, key=self._free_at)
-        return replica.execute(inputs, timing_only=timing_only)
+        return replica.execute(inputs, timing_only=timing_only, state=state)
 
 
 __all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel", "check_placement"]

@@ -23,7 +23,7 @@ from neuroncore import plugins
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler.program import Program
 from neuroncore.config import default_instance
-from neuroncore.dtypes import to_storage
+from neuroncore.dtypes import DType, to_storage
 from neuroncore.events import EventSink
 from neuroncore.events import sink as default_sink
 from neuroncore.hardware import INSTANCE_TYPES, CoreSpec, InstanceSpec
@@ -34,6 +34,7 @@ from neuroncore.runtime.host_io import EXECUTION_OVERHEAD_NS
 from neuroncore.runtime.ids import PROCESS_IDS
 from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
 from neuroncore.runtime.scheduler import Timeline, schedule
+from neuroncore.runtime.state import DeviceState, ResidentTensor, StateBinding, host_bytes, without_holes
 
 # device idle time between back-to-back executions: the runtime's per-execution overhead (~10-13 us
 # between executions in Neuron runtime traces, aws-neuron-sdk#1370; see runtime/host_io.py)
@@ -52,6 +53,10 @@ class ExecutionResult:
     outputs: list[np.ndarray] | None
     timeline: Timeline
     program: Program
+    # bytes the host sent for this execution's inputs and got back as outputs; tensors bound to
+    # resident state (neuroncore.runtime.state) stay on the device and are not counted
+    host_to_device_bytes: int = 0
+    device_to_host_bytes: int = 0
 
     @property
     def device_time_ns(self) -> int:
@@ -84,21 +89,47 @@ class LoadedModel:
                                  instance_type=core.instance_type, rank=self.rank)
             self._announced = sink.generation
 
-    def execute(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None, *,
-                timing_only: bool = False) -> ExecutionResult:
+    def execute(self, inputs: Sequence[np.ndarray | None] | Mapping[str, np.ndarray] | None = None, *,
+                timing_only: bool = False, state: StateBinding | None = None) -> ExecutionResult:
+        """Run the program once. With ``state``, the bound parameters read the core's resident
+        tensors (their ``inputs`` are None) and the bound outputs are written back to them in place
+        instead of being returned (``outputs`` then holds only the others, in order)."""
         program = self.program
         host_start_ns = time.time_ns()
         outputs: list[np.ndarray] | None = None
-        if not timing_only:
+        if state is not None:
+            if isinstance(inputs, Mapping):
+                raise ValueError("inputs bound to resident state are passed as a sequence")
+            params = [p.shape for p in program.graph.parameters]
+            if not timing_only:
+                if inputs is None:
+                    raise ValueError("inputs are required unless timing_only=True")
+                with self.core.lock:
+                    arrays = self.core.state.bind_inputs(params, list(inputs), state)
+                    outputs = self.core.state.store_outputs(self.compute(bind_inputs(program.graph, arrays)),
+                                                            state)
+        elif not timing_only:
             if inputs is None:
                 raise ValueError("inputs are required unless timing_only=True")
-            outputs = self.compute(bind_inputs(program.graph, inputs))
+            outputs = self.compute(bind_inputs(program.graph, without_holes(inputs)))
         elif inputs is not None:
-            bind_inputs(program.graph, inputs)  # still reject wrong shapes
+            bind_inputs(program.graph, without_holes(inputs))  # still reject wrong shapes
         with self.core.lock:
             t0 = self.core.clock_ns
             timeline = schedule(program, float(t0))
-            return self.record(t0, timeline, outputs, timing_only, host_start_ns=host_start_ns)
+            result = self.record(t0, timeline, outputs, timing_only, host_start_ns=host_start_ns)
+        result.host_to_device_bytes, result.device_to_host_bytes = self.host_transfer_bytes(state)
+        return result
+
+    def host_transfer_bytes(self, state: StateBinding | None) -> tuple[int, int]:
+        """Bytes of one execution's inputs the host sends and outputs it reads back (resident-bound
+        tensors excluded)."""
+        graph, binding = self.program.graph, state or StateBinding()
+        sent = host_bytes([p.shape for p in graph.parameters], [p.dtype for p in graph.parameters],
+                          binding.reads)
+        received = host_bytes([o.shape for o in graph.outputs], [o.dtype for o in graph.outputs],
+                              binding.writes)
+        return sent, received
 
     def compute(self, inputs: list[np.ndarray], exchange: Exchange | None = None) -> list[np.ndarray]:
         """Numerics only: the outputs for bound ``inputs``; ``exchange`` serves collectives."""
@@ -200,11 +231,31 @@ class NeuronCore:
         self.instance_type: str | None = None  # set by the Instance that owns the core
         self.lock = threading.RLock()
         self.models: list[LoadedModel] = []
+        self.state = DeviceState()  # tensors kept in HBM across executions (KV caches)
 
     @property
     def hbm_used_bytes(self) -> int:
-        """Device memory held by the models loaded on this core."""
-        return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models)
+        """Device memory held by the models loaded on this core and its resident tensors."""
+        return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models) + self.state.nbytes
+
+    def allocate_state(self, name: str, shape: tuple[int, ...], dtype: DType) -> ResidentTensor:
+        """Reserve a resident tensor (zeros) in this core's HBM; it must fit next to what is loaded.
+        Allocating a name again with the same shape and dtype returns the tensor, zeroed."""
+        existing = self.state.tensors.get(name)
+        if existing is not None:
+            if existing.shape != shape or existing.dtype != dtype:
+                raise ValueError(f"resident tensor {name} exists on core {self.index} as "
+                                 f"{list(existing.shape)} {existing.dtype}")
+            existing.values = None
+            return existing
+        tensor = ResidentTensor(name, shape, dtype)
+        self.require_hbm({"state": tensor.nbytes}, name)
+        self.state.tensors[name] = tensor
+        return tensor
+
+    def free_state(self, name: str) -> None:
+        """Release a resident tensor (nothing happens for a name that is not held)."""
+        self.state.tensors.pop(name, None)
 
     def load(self, program: Program, *, rank: int = 0) -> LoadedModel:
         """Place ``program`` on this core; it must fit in the core's HBM with what is loaded already.

@@ -1,0 +1,440 @@
+"""``NeuronCausalLM``: a Hugging Face causal LM generating on the execution core, served the way
+transformers-neuronx serves one.
+
+    gen = NeuronCausalLM(model, n_positions=(128, 256, 512), batch_size=2, tp_degree=2)
+    ids = gen.generate(input_ids, attention_mask, max_new_tokens=32)          # like model.generate
+    gen.last_timing.ttft_ns, gen.last_timing.tpot_ns                         # simulated latency
+
+* **Context encoding** (prefill): the prompt, right-padded to the smallest ``context_length_estimate``
+  bucket, runs once; it returns the logits of each row's last prompt token and writes every
+  layer's keys and values into the KV cache **on the device**.
+* **Token generation**: each new token runs the program of the smallest ``n_positions`` bucket that
+  holds its context. The program reads the leading ``bucket`` positions of the resident cache, attends
+  over them (slots not yet written and the prompt's padding are masked), and writes its token's
+  keys and values into the cache slot in place (``index_copy``: the scatter ops of
+  ``frontends/torch_scatter.py``). Only the token, its position, the mask and the slot go to the
+  device, and only the logits come back (``neuroncore.runtime.state``).
+* One program per phase and bucket, each compiled on first use (or all by :meth:`to_neuron`) and
+  kept; all load on the same cores, which hold the cache.
+
+The traced programs are the model's own forward (``model.base_model`` with a ``DynamicCache`` of the
+bucket's cached positions, then the output embedding on the last hidden state), so any family whose
+forward takes ``position_ids`` and ``past_key_values`` works with its default settings. Every
+execution is an ordinary one on the core: ``neuron-profile capture`` records one per step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuroncore.frontends.tracing import TracedModel, TraceError, trace
+from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
+from neuroncore.generation.sampling import Sampling, next_tokens
+from neuroncore.runtime import Instance, StateBinding
+from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
+
+_IDS = itertools.count()
+
+
+class GenerationError(ValueError):
+    """A generation that cannot run as asked (batch, lengths, model family), in one line."""
+
+
+class Phase(StrEnum):
+    """transformers-neuronx's two kinds of program."""
+
+    CONTEXT_ENCODING = "context_encoding"  # the prompt: prefill, time to first token
+    TOKEN_GENERATION = "token_generation"  # one new token per sequence: a decode step
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One execution of a generation: its program (phase, bucket), the context it attended over,
+    its simulated device time and what crossed between host and device."""
+
+    phase: Phase
+    bucket: int
+    context: int
+    start_ns: int
+    device_time_ns: int
+    execution_ids: tuple[int, ...]  # one per rank
+    model_ids: tuple[int, ...]  # the loaded program on each rank: which bucket's program ran
+    host_to_device_bytes: int
+    device_to_host_bytes: int
+
+
+@dataclass(frozen=True)
+class GenerationTiming:
+    """The steps of one ``generate`` call, in order (the first is the context encoding)."""
+
+    steps: tuple[StepTiming, ...]
+
+    @property
+    def ttft_ns(self) -> int:
+        """Time to first token: the context encoding's device time."""
+        return self.steps[0].device_time_ns
+
+    @property
+    def token_steps(self) -> tuple[StepTiming, ...]:
+        return tuple(s for s in self.steps if s.phase is Phase.TOKEN_GENERATION)
+
+    @property
+    def tpot_ns(self) -> float:
+        """Time per output token: the mean device time of the token-generation steps (0.0 when the
+        generation made one token, which the context encoding produced)."""
+        steps = self.token_steps
+        return sum(s.device_time_ns for s in steps) / len(steps) if steps else 0.0
+
+    @property
+    def per_token_ns(self) -> list[int]:
+        """Device time behind each output token: the prefill's for the first, then each step's."""
+        return [s.device_time_ns for s in self.steps]
+
+    @property
+    def buckets(self) -> list[int]:
+        """The bucket of the program each step ran (the context encoding's first)."""
+        return [s.bucket for s in self.steps]
+
+
+def _cache_tensors(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's keys and values of a transformers cache ([batch, kv heads, positions, dim])."""
+    if hasattr(cache, "layers"):
+        return [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+    return list(cache.key_cache), list(cache.value_cache)
+
+
+class _ContextEncoding(torch.nn.Module):
+    """The prompt: all layers over the bucket, the logits of each row's ``last`` position and
+    every layer's keys, then values (written into the resident cache)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                last: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids, use_cache=True)
+        hidden = out.last_hidden_state
+        pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
+        logits = self.model.get_output_embeddings()((hidden * pick[:, :, None]).sum(1))
+        keys, values = _cache_tensors(out.past_key_values)
+        return (logits, *keys, *values)
+
+
+class _TokenGeneration(torch.nn.Module):
+    """One new token per row over a ``bucket``-position cache: its logits, and the cache with the
+    token's keys and values written at ``slots`` (the same slot for every row)."""
+
+    def __init__(self, model: torch.nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
+        self.layers = layers
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                slots: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from transformers import DynamicCache
+
+        keys, values = cache[:self.layers], cache[self.layers:]
+        past = DynamicCache(ddp_cache_data=list(zip(keys, values)))
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids, past_key_values=past, use_cache=True)
+        logits = self.model.get_output_embeddings()(out.last_hidden_state[:, -1])
+        new_keys, new_values = _cache_tensors(out.past_key_values)
+        width = input_ids.shape[1]
+        updated = [torch.index_copy(old, 2, slots, new[:, :, -width:])
+                   for old, new in zip(cache, [*new_keys, *new_values])]
+        return (logits, *updated)
+
+
+@dataclass
+class _Program:
+    """One compiled phase/bucket and how its parameters and outputs meet the resident cache."""
+
+    traced: TracedModel
+    names: list[str]  # graph parameter names, in order
+    binding: StateBinding
+
+    @property
+    def runnable(self) -> Any:
+        return self.traced.variants[0].model
+
+
+def _as_numpy(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # anything that is not array-like
+        raise GenerationError(f"{what} must be a tensor or an array, not {type(value).__name__}") from exc
+
+
+def _eos_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+class NeuronCausalLM:
+    """A transformers causal LM compiled for the execution core, generating as transformers-neuronx
+    does (see the module docstring). Names follow transformers-neuronx: ``n_positions`` (the
+    token-generation buckets; the largest is the KV cache length), ``context_length_estimate``
+    (the prompt buckets; default: ``n_positions``), ``batch_size``, ``tp_degree``, :meth:`to_neuron`.
+    """
+
+    def __init__(self, model: Any, *, n_positions: int | Sequence[int] = (128, 256, 512),
+                 context_length_estimate: int | Sequence[int] | None = None, batch_size: int = 1,
+                 tp_degree: int = 1, instance: str | Instance | None = None, dtype: str | None = None,
+                 core: int = 0) -> None:
+        try:
+            self.n_positions = normalize_buckets(n_positions)
+            self.context_length_estimate = normalize_buckets(
+                self.n_positions if context_length_estimate is None else context_length_estimate,
+                name="context_length_estimate")
+        except BucketError as exc:
+            raise GenerationError(str(exc)) from None
+        if self.context_length_estimate[-1] > self.n_positions[-1]:
+            raise GenerationError(f"context_length_estimate {self.context_length_estimate[-1]} is larger "
+                                  f"than the KV cache (n_positions {self.n_positions[-1]})")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise GenerationError(f"batch_size must be a positive integer, not {batch_size!r}")
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(model, "base_model") or model.get_output_embeddings() is None:
+            raise GenerationError(f"{type(model).__name__} is not a transformers causal LM "
+                                  f"(it needs a config, base_model and an output embedding)")
+        window = getattr(config, "sliding_window", None)
+        if isinstance(window, int) and window < self.n_positions[-1]:
+            raise GenerationError(f"{type(model).__name__} attends over a sliding window of {window} "
+                                  f"positions, shorter than the cache ({self.n_positions[-1]}): "
+                                  f"sliding-window caches are not supported")
+        self.model = model.eval()
+        self.batch_size = batch_size
+        self.tp_degree = tp_degree
+        self.dtype = dtype
+        self.core = core
+        self.instance = instance if isinstance(instance, Instance) else Instance(instance)
+        self.layers = 0
+        self.vocab_size = 0
+        self._prefix = f"kv{next(_IDS)}"
+        self._programs: dict[tuple[Phase, int], _Program] = {}
+        self._cache: list[str] = []
+        self.last_timing: GenerationTiming | None = None
+
+    # -- compiling ---------------------------------------------------------------------------
+    @property
+    def compiled(self) -> list[tuple[Phase, int]]:
+        """The (phase, bucket) programs compiled so far."""
+        return sorted(self._programs)
+
+    def to_neuron(self) -> NeuronCausalLM:
+        """Compile every context-encoding and token-generation bucket now (transformers-neuronx's
+        ``to_neuron``); without it each compiles on first use."""
+        for bucket in self.context_length_estimate:
+            self._program(Phase.CONTEXT_ENCODING, bucket)
+        for bucket in self.n_positions:
+            self._program(Phase.TOKEN_GENERATION, bucket)
+        return self
+
+    def _trace(self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> TracedModel:
+        try:
+            with torch.no_grad():
+                return trace(module, inputs, instance=self.instance, dtype=self.dtype, core=self.core,
+                             tp_degree=self.tp_degree)
+        except TraceError as exc:
+            raise GenerationError(str(exc)) from None
+
+    def _program(self, phase: Phase, bucket: int) -> _Program:
+        key = (phase, bucket)
+        program = self._programs.get(key)
+        if program is None:
+            if phase is Phase.TOKEN_GENERATION and not self._cache:
+                self._program(Phase.CONTEXT_ENCODING, self.context_length_estimate[0])
+            program = self._compile(phase, bucket)
+            self._programs[key] = program
+        return program
+
+    def _compile(self, phase: Phase, bucket: int) -> _Program:
+        b = self.batch_size
+        ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
+        if phase is Phase.CONTEXT_ENCODING:
+            traced = self._trace(_ContextEncoding(self.model),
+                                 (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
+            if not self._cache:
+                self._allocate_cache(traced)
+            return self._bind(traced, reads=False)
+        shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
+        cache = tuple(torch.zeros(s) for s in shapes)
+        traced = self._trace(_TokenGeneration(self.model, self.layers),
+                             (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
+                              torch.zeros(1, dtype=torch.int64), *cache))
+        return self._bind(traced, reads=True)
+
+    def _allocate_cache(self, traced: TracedModel) -> None:
+        """The KV cache: one resident tensor per layer's keys and values on every core of the group,
+        as long as the largest bucket (each core holds its rank's heads)."""
+        outputs = traced.graph.outputs
+        if len(outputs) < 3 or (len(outputs) - 1) % 2:
+            raise GenerationError(f"{type(self.model).__name__}: the context encoding returned "
+                                  f"{len(outputs)} tensors, not logits and per-layer keys and values")
+        self.layers = (len(outputs) - 1) // 2
+        self.vocab_size = outputs[0].shape[-1]
+        self._full_shapes = [tuple(o.shape) for o in outputs[1:]]
+        self._cache = [f"{self._prefix}.{kind}{i}" for kind in ("k", "v") for i in range(self.layers)]
+        local = traced.variants[0].program.graph.outputs[1:]
+        for core in _cores(traced.variants[0].model):
+            for name, out in zip(self._cache, local):
+                shape = (*out.shape[:2], self.n_positions[-1], *out.shape[3:])
+                try:
+                    core.allocate_state(name, shape, out.dtype)
+                except ValueError as exc:
+                    raise GenerationError(str(exc)) from None
+
+    def _cache_shape(self, index: int, bucket: int) -> tuple[int, ...]:
+        shape = self._full_shapes[index]
+        return (*shape[:2], bucket, *shape[3:])
+
+    def _bind(self, traced: TracedModel, *, reads: bool) -> _Program:
+        graph = traced.graph
+        names = [p.name for p in graph.parameters]
+        if len(graph.outputs) != 1 + 2 * self.layers:
+            raise GenerationError(f"{type(self.model).__name__}: a program returned {len(graph.outputs)} "
+                                  f"tensors, expected logits and {2 * self.layers} cache tensors")
+        read_map = {}
+        if reads:
+            for i, name in enumerate(self._cache):
+                if f"cache_{i}" not in names:
+                    raise GenerationError(f"{type(self.model).__name__}: the token-generation program "
+                                          f"does not read cache tensor {i}")
+                read_map[names.index(f"cache_{i}")] = name
+        writes = {1 + i: name for i, name in enumerate(self._cache)}
+        return _Program(traced, names, StateBinding(reads=read_map, writes=writes))
+
+    def model_ids(self, phase: Phase, bucket: int) -> tuple[int, ...]:
+        """The loaded-model ids of one compiled program (one per rank), as profiles name them."""
+        program = self._programs.get((phase, bucket))
+        if program is None:
+            raise GenerationError(f"no {phase} program for bucket {bucket} is compiled")
+        runnable = program.runnable
+        models = [runnable] if isinstance(runnable, LoadedModel) else list(runnable.models)
+        return tuple(m.model_id for m in models)
+
+    # -- running -----------------------------------------------------------------------------
+    def _run(self, phase: Phase, bucket: int, context: int, values: dict[str, np.ndarray]) -> tuple[
+            np.ndarray, StepTiming]:
+        program = self._program(phase, bucket)
+        inputs: list[np.ndarray | None] = [None if i in program.binding.reads else values[name]
+                                           for i, name in enumerate(program.names)]
+        result = program.runnable.execute(inputs, state=program.binding)
+        ranks: list[ExecutionResult] = result.ranks if hasattr(result, "ranks") else [result]
+        logits = np.asarray(result.outputs[0], np.float32)
+        step = StepTiming(phase, bucket, context, result.start_ns, result.device_time_ns,
+                          tuple(r.execution_id for r in ranks), tuple(r.model_id for r in ranks),
+                          sum(r.host_to_device_bytes for r in ranks),
+                          sum(r.device_to_host_bytes for r in ranks))
+        return logits, step
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, *, max_new_tokens: int = 20,
+                 do_sample: bool = False, top_k: int = 50, top_p: float = 1.0, temperature: float = 1.0,
+                 seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None) -> Any:
+        """The prompt followed by up to ``max_new_tokens`` new tokens per row, as
+        ``transformers``' ``generate`` returns them (a row that produced an end-of-sequence token is
+        filled with ``pad_token_id``; generation stops when every row has). ``input_ids`` is
+        [batch_size, length], left-padded where rows differ, with ``attention_mask`` 1 on real
+        tokens. Returns a torch tensor for a torch input, else a NumPy array. The simulated timing of
+        every step is in :attr:`last_timing`."""
+        ids = _as_numpy(input_ids, "input_ids").astype(np.int64)
+        if ids.ndim != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1:
+            raise GenerationError(f"input_ids must be [batch_size={self.batch_size}, length], "
+                                  f"not {list(ids.shape)}")
+        mask = np.ones_like(ids) if attention_mask is None else \
+            _as_numpy(attention_mask, "attention_mask").astype(np.int64)
+        if mask.shape != ids.shape:
+            raise GenerationError(f"attention_mask {list(mask.shape)} does not match input_ids "
+                                  f"{list(ids.shape)}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
+        sampling = Sampling(do_sample, top_k, top_p, temperature)
+        prompt = ids.shape[1]
+        if prompt + max_new_tokens - 1 > self.n_positions[-1]:
+            raise GenerationError(f"a {prompt}-token prompt and {max_new_tokens} new tokens need "
+                                  f"{prompt + max_new_tokens - 1} cache positions; n_positions holds "
+                                  f"{self.n_positions[-1]}")
+        try:
+            prefill = select_bucket(self.context_length_estimate, prompt)
+        except BucketError as exc:
+            raise GenerationError(f"the prompt: {exc}") from None
+        config = getattr(self.model, "generation_config", None)
+        eos = _eos_ids(eos_token_id if eos_token_id is not None else getattr(config, "eos_token_id", None))
+        pad = pad_token_id if pad_token_id is not None else getattr(config, "pad_token_id", None)
+        if pad is None:
+            pad = eos[0] if eos else 0
+        rng = np.random.default_rng(seed)
+        steps: list[StepTiming] = []
+
+        # context encoding: right-padded into its bucket, logits of the last prompt position
+        b = self.batch_size
+        padded = np.zeros((b, prefill), np.int64)
+        padded[:, :prompt] = ids
+        valid = np.zeros((b, self.n_positions[-1]), np.int64)  # cache slots a token may attend to
+        valid[:, :prompt] = mask
+        positions = np.cumsum(valid[:, :prefill], axis=-1) - 1
+        positions[valid[:, :prefill] == 0] = 1  # as transformers' generate places padding
+        logits, step = self._run(Phase.CONTEXT_ENCODING, prefill, prompt, {
+            "input_ids": padded, "position_ids": positions, "attention_mask": valid[:, :prefill],
+            "last": np.full(b, prompt - 1, np.int64)})
+        steps.append(step)
+        unfinished = np.ones(b, bool)
+        generated: list[np.ndarray] = []
+        slot = prompt
+        while True:
+            token = next_tokens(logits, sampling, rng)
+            token = np.where(unfinished, token, pad)
+            generated.append(token)
+            if eos:
+                unfinished &= ~np.isin(token, eos)
+            if len(generated) == max_new_tokens or not unfinished.any():
+                break
+            # token generation: the new token attends to the valid slots and itself
+            context = slot + 1
+            bucket = select_bucket(self.n_positions, context)
+            attend = np.concatenate([valid[:, :bucket], np.ones((b, 1), np.int64)], axis=1)
+            logits, step = self._run(Phase.TOKEN_GENERATION, bucket, context, {
+                "input_ids": token[:, None], "position_ids": valid.sum(axis=1, keepdims=True),
+                "attention_mask": attend, "slots": np.array([slot], np.int64)})
+            steps.append(step)
+            valid[:, slot] = 1
+            slot += 1
+        self.last_timing = GenerationTiming(tuple(steps))
+        out = np.concatenate([ids, np.stack(generated, axis=1)], axis=1)
+        return torch.from_numpy(out) if isinstance(input_ids, torch.Tensor) else out
+
+    def cache_values(self, layer: int, kind: str = "k", core_rank: int = 0) -> np.ndarray:
+        """The resident KV cache of one layer as rank ``core_rank``'s core holds it (a view)."""
+        cores = _cores(next(iter(self._programs.values())).runnable) if self._programs else []
+        if not cores:
+            raise GenerationError("nothing has been compiled yet: there is no cache")
+        tensor = cores[core_rank].state[f"{self._prefix}.{kind}{layer}"]
+        return tensor.read(tensor.shape)
+
+
+def _cores(runnable: Any) -> list[NeuronCore]:
+    """The cores a loaded program runs on (one, or a tensor-parallel group's in rank order)."""
+    if isinstance(runnable, LoadedModel):
+        return [runnable.core]
+    models = getattr(runnable, "models", None)
+    if models is None:
+        raise GenerationError(f"{type(runnable).__name__} cannot hold a resident KV cache")
+    return [m.core for m in models]
+
+
+__all__ = ["GenerationError", "GenerationTiming", "NeuronCausalLM", "Phase", "StepTiming"]

@@ -1,0 +1,202 @@
+"""``NeuronCausalLM``: tiny random-weight transformers models generating on the core.
+
+Greedy tokens equal ``transformers``' own ``generate`` exactly (Llama and GPT-2, batch 1 and a
+left-padded batch of 2), each step runs in the bucket its context needs, the KV cache never
+crosses to the host, sampling is reproducible and filtered as transformers filters, tp=2 gives
+the tokens of tp=1, and a generation under the profiler gives one profile per step.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from neuroncore.generation import GenerationError, NeuronCausalLM, Phase  # noqa: E402
+
+T = transformers
+NEW = 14  # contexts 7..19 after a 6-token prompt: buckets 8, 16 and 32 all run
+
+
+def _llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                           max_position_embeddings=64)
+    return T.LlamaForCausalLM(config).eval()
+
+
+def _prompt(batch: int = 2, length: int = 6, pad: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    ids = torch.randint(3, 128, (batch, length))
+    mask = torch.ones(batch, length, dtype=torch.int64)
+    if batch > 1:
+        mask[1, :pad] = 0  # left padding, as transformers pads decoder-only batches
+        ids[1, :pad] = 0
+    return ids, mask
+
+
+def _reference(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return _llama()
+
+
+@pytest.fixture(scope="module")
+def llama_gen(llama) -> NeuronCausalLM:
+    """Batch 2, token buckets 8/16/32, one prompt bucket of 8; compiled on first use."""
+    return NeuronCausalLM(llama, n_positions=(8, 16, 32), context_length_estimate=8, batch_size=2,
+                          instance="trn1.2xlarge")
+
+
+@pytest.fixture(scope="module")
+def greedy(llama, llama_gen):
+    ids, mask = _prompt()
+    # eos 2 would end Llama's second row at once: no eos, so every step runs in both rows
+    out = llama_gen.generate(ids, mask, max_new_tokens=NEW, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+    return out, want, llama_gen.last_timing
+
+
+def test_greedy_tokens_equal_transformers_generate_left_padded_batch(greedy):
+    out, want, _ = greedy
+    assert out.dtype == torch.int64 and out.shape == (2, 6 + NEW)
+    assert torch.equal(out, want)
+
+
+def test_each_step_runs_the_program_of_the_smallest_bucket_that_holds_its_context(llama_gen, greedy):
+    _, _, timing = greedy
+    steps = timing.steps
+    assert steps[0].phase is Phase.CONTEXT_ENCODING and steps[0].bucket == 8 and steps[0].context == 6
+    token = timing.token_steps
+    assert [s.context for s in token] == list(range(7, 6 + NEW))
+    # context 7-8 -> 8, 9-16 -> 16, 17-19 -> 32
+    assert [s.bucket for s in token] == [8] * 2 + [16] * 8 + [32] * 3
+    for step in steps:  # the execution really ran that bucket's program (loaded once, reused)
+        assert step.model_ids == llama_gen.model_ids(step.phase, step.bucket)
+    assert llama_gen.compiled == [(Phase.CONTEXT_ENCODING, 8), (Phase.TOKEN_GENERATION, 8),
+                                  (Phase.TOKEN_GENERATION, 16), (Phase.TOKEN_GENERATION, 32)]
+    assert len({s.execution_ids for s in steps}) == len(steps) == NEW
+    # timing the bench reads: TTFT the prefill, TPOT the mean step, a larger bucket costs more
+    assert timing.ttft_ns == steps[0].device_time_ns > 0
+    assert timing.tpot_ns == pytest.approx(np.mean([s.device_time_ns for s in token]))
+    by_bucket = {s.bucket: s.device_time_ns for s in token}
+    assert by_bucket[8] < by_bucket[16] < by_bucket[32]
+    assert all(b.start_ns >= a.start_ns + a.device_time_ns for a, b in itertools.pairwise(steps))
+
+
+def test_the_kv_cache_stays_on_the_device_and_is_written_in_place(llama, llama_gen, greedy):
+    out, _, timing = greedy
+    cache_bytes = 2 * 2 * 32 * 16 * 4  # [batch, kv heads, 32 positions, head dim] fp32, per tensor
+    for step in timing.token_steps:
+        # the host sends the token, its position, the mask (bucket + 1) and the slot: int32 each
+        assert step.host_to_device_bytes == 4 * (2 + 2 + 2 * (step.bucket + 1) + 1)
+        assert step.device_to_host_bytes == 2 * 128 * 4  # the logits, nothing else
+        assert step.host_to_device_bytes < cache_bytes // 8
+    # the resident cache holds what transformers' own cache holds for the same tokens
+    written = 6 + NEW - 1  # the last token was sampled, never run
+    mask = torch.cat([_prompt()[1], torch.ones(2, NEW - 1, dtype=torch.int64)], 1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate places them
+    with torch.no_grad():
+        ref = llama(out[:, :written], attention_mask=mask, position_ids=positions, use_cache=True)
+    ref_keys = ref.past_key_values.layers[1].keys.numpy()
+    ours = llama_gen.cache_values(1, "k")
+    assert ours.shape == (2, 2, 32, 16)
+    np.testing.assert_allclose(ours[0, :, :written], ref_keys[0], atol=1e-4)
+    np.testing.assert_allclose(ours[1, :, 2:written], ref_keys[1, :, 2:], atol=1e-4)  # row 1's pads aside
+    assert not ours[:, :, written:].any()  # slots past the context were never written
+
+
+def test_sampling_is_reproducible_with_a_seed_and_filtered(llama_gen):
+    ids, mask = _prompt()
+    kwargs = dict(max_new_tokens=5, do_sample=True, eos_token_id=[], pad_token_id=0)
+    a = llama_gen.generate(ids, mask, seed=7, top_k=20, top_p=0.9, temperature=3.0, **kwargs)
+    b = llama_gen.generate(ids, mask, seed=7, top_k=20, top_p=0.9, temperature=3.0, **kwargs)
+    c = llama_gen.generate(ids, mask, seed=8, top_k=20, top_p=0.9, temperature=3.0, **kwargs)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    greedy = llama_gen.generate(ids, mask, max_new_tokens=5, eos_token_id=[], pad_token_id=0)
+    assert torch.equal(llama_gen.generate(ids, mask, seed=3, top_k=1, **kwargs), greedy)
+    assert torch.equal(llama_gen.generate(ids, mask, seed=3, top_k=0, top_p=1e-6, **kwargs), greedy)
+
+
+def test_bad_requests_are_one_line_errors(llama, llama_gen):
+    ids, mask = _prompt()
+    with pytest.raises(GenerationError, match=r"input_ids must be \[batch_size=2, length\]"):
+        llama_gen.generate(ids[:1], mask[:1])
+    with pytest.raises(GenerationError, match="need 37 cache positions; n_positions holds 32"):
+        llama_gen.generate(ids, mask, max_new_tokens=32)
+    with pytest.raises(GenerationError, match="the prompt: a context of 9 positions"):
+        llama_gen.generate(torch.ones(2, 9, dtype=torch.int64), max_new_tokens=2)
+    with pytest.raises(GenerationError, match="larger than the KV cache"):
+        NeuronCausalLM(llama, n_positions=16, context_length_estimate=32)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        llama_gen.generate(ids, mask, do_sample=True, top_p=0.0)
+
+
+def test_batch_one_stops_at_eos_like_transformers(llama):
+    gen = NeuronCausalLM(llama, n_positions=16, context_length_estimate=8, batch_size=1,
+                         instance="trn1.2xlarge")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        ids = torch.randint(3, 128, (1, 5))
+        out = gen.generate(ids, max_new_tokens=8, pad_token_id=0)
+        assert torch.equal(out, _reference(llama, ids, torch.ones_like(ids), 8))
+    torch.manual_seed(0)  # a prompt whose first new token is Llama's eos (2): one token, no step
+    ids, mask = _prompt()
+    out = gen.generate(ids[1:], mask[1:], max_new_tokens=8, pad_token_id=0)
+    assert torch.equal(out, _reference(llama, ids[1:], mask[1:], 8)) and out.shape[1] == 7
+    assert len(gen.last_timing.steps) == 1 and gen.last_timing.tpot_ns == 0.0
+
+
+def test_gpt2_greedy_equals_transformers():
+    torch.manual_seed(0)
+    config = T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64,
+                          bos_token_id=1, eos_token_id=2)
+    model = T.GPT2LMHeadModel(config).eval()
+    ids, mask = _prompt()
+    gen = NeuronCausalLM(model, n_positions=(16,), context_length_estimate=8, batch_size=2,
+                         instance="trn1.2xlarge")
+    out = gen.generate(ids, mask, max_new_tokens=8, pad_token_id=0)
+    assert torch.equal(out, _reference(model, ids, mask, 8))
+
+
+def test_tensor_parallel_tokens_equal_one_core(llama, llama_gen, greedy):
+    ids, mask = _prompt()
+    two = NeuronCausalLM(llama, n_positions=32, context_length_estimate=8, batch_size=2,
+                         instance="trn1.2xlarge", tp_degree=2)
+    kwargs = dict(max_new_tokens=NEW, eos_token_id=[], pad_token_id=0)
+    assert torch.equal(two.generate(ids, mask, **kwargs), greedy[0])
+    step = two.last_timing.steps[-1]
+    assert len(step.execution_ids) == 2 and step.bucket == 32  # one execution per rank
+    # each rank's core holds its own heads of the cache: one KV head of two
+    assert two.cache_values(0, "v", core_rank=0).shape == (2, 1, 32, 16)
+    llama_gen.generate(ids, mask, **kwargs)  # the one-core cache after the same generation
+    both = np.concatenate([two.cache_values(0, "v", core_rank=r) for r in (0, 1)], axis=1)
+    np.testing.assert_allclose(both, llama_gen.cache_values(0, "v"), atol=1e-5)
+
+
+def test_generation_under_the_profiler_records_one_profile_per_step(llama_gen, tmp_path):
+    from collectors import profile
+    from formats import open_profile
+    from formats.dataset import find_profiles
+
+    gen = llama_gen  # compiled before the profiler started: its programs are announced to it
+    ids, mask = _prompt()
+    with profile(tmp_path / "device"):
+        gen.generate(ids, mask, max_new_tokens=5, eos_token_id=[], pad_token_id=0)
+    entries, skipped = find_profiles(tmp_path / "device")
+    assert not skipped and len(entries) == len(gen.last_timing.steps) == 5
+    models = sorted(e.partitions["model"] for e in entries)
+    assert len(set(models)) == 3  # the prompt's program and the 8- and 16-position steps
+    for entry in entries:
+        assert open_profile(entry.path).num_rows("Instruction") > 0
