@@ -423,7 +423,7 @@ class NeuronCausalLM:
         cores = _cores(next(iter(self._programs.values())).runnable) if self._programs else []
         if not cores:
             raise GenerationError("nothing has been compiled yet: there is no cache")
-        tensor = cores[core_rank].state[f"{self._prefix}.{kind}{layer}"]
+        tensor = cores[core_rank].resident[f"{self._prefix}.{kind}{layer}"]
         return tensor.read(tensor.shape)
 
 

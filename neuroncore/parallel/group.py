@@ -205,7 +205,7 @@ class TensorParallelModel:
         host = [None if a is None else block_of(np.asarray(a), split, self.tp, rank)
                 for a, split in zip(inputs, self.sharded.input_splits)]
         host += [make(rank) for make in self.sharded.rank_inputs]
-        return self.models[rank].core.state.bind_inputs(local, host, state)
+        return self.models[rank].core.resident.bind_inputs(local, host, state)
 
     def _compute(self, inputs: Sequence[np.ndarray | None],
                  state: StateBinding | None = None) -> list[list[np.ndarray]]:
@@ -219,7 +219,7 @@ class TensorParallelModel:
                 arrays = self._rank_inputs(list(inputs), rank, state)
                 result = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
                 core = self.models[rank].core
-                outputs[rank] = result if state is None else core.state.store_outputs(result, state)
+                outputs[rank] = result if state is None else core.resident.store_outputs(result, state)
             except BaseException as exc:
                 errors.append(exc)
                 rendezvous.barrier.abort()

@@ -34,7 +34,7 @@ from neuroncore.runtime.host_io import EXECUTION_OVERHEAD_NS
 from neuroncore.runtime.ids import PROCESS_IDS
 from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
 from neuroncore.runtime.scheduler import Timeline, schedule
-from neuroncore.runtime.state import DeviceState, ResidentTensor, StateBinding, host_bytes, without_holes
+from neuroncore.runtime.state import ResidentState, ResidentTensor, StateBinding, host_bytes, without_holes
 
 # device idle time between back-to-back executions: the runtime's per-execution overhead (~10-13 us
 # between executions in Neuron runtime traces, aws-neuron-sdk#1370; see runtime/host_io.py)
@@ -105,9 +105,9 @@ class LoadedModel:
                 if inputs is None:
                     raise ValueError("inputs are required unless timing_only=True")
                 with self.core.lock:
-                    arrays = self.core.state.bind_inputs(params, list(inputs), state)
-                    outputs = self.core.state.store_outputs(self.compute(bind_inputs(program.graph, arrays)),
-                                                            state)
+                    resident = self.core.resident
+                    arrays = resident.bind_inputs(params, list(inputs), state)
+                    outputs = resident.store_outputs(self.compute(bind_inputs(program.graph, arrays)), state)
         elif not timing_only:
             if inputs is None:
                 raise ValueError("inputs are required unless timing_only=True")
@@ -231,17 +231,17 @@ class NeuronCore:
         self.instance_type: str | None = None  # set by the Instance that owns the core
         self.lock = threading.RLock()
         self.models: list[LoadedModel] = []
-        self.state = DeviceState()  # tensors kept in HBM across executions (KV caches)
+        self.resident = ResidentState()  # tensors kept in HBM across executions (KV caches)
 
     @property
     def hbm_used_bytes(self) -> int:
         """Device memory held by the models loaded on this core and its resident tensors."""
-        return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models) + self.state.nbytes
+        return sum(sum(m.program.hbm_bytes_by_kind().values()) for m in self.models) + self.resident.nbytes
 
     def allocate_state(self, name: str, shape: tuple[int, ...], dtype: DType) -> ResidentTensor:
         """Reserve a resident tensor (zeros) in this core's HBM; it must fit next to what is loaded.
         Allocating a name again with the same shape and dtype returns the tensor, zeroed."""
-        existing = self.state.tensors.get(name)
+        existing = self.resident.tensors.get(name)
         if existing is not None:
             if existing.shape != shape or existing.dtype != dtype:
                 raise ValueError(f"resident tensor {name} exists on core {self.index} as "
@@ -250,12 +250,12 @@ class NeuronCore:
             return existing
         tensor = ResidentTensor(name, shape, dtype)
         self.require_hbm({"state": tensor.nbytes}, name)
-        self.state.tensors[name] = tensor
+        self.resident.tensors[name] = tensor
         return tensor
 
     def free_state(self, name: str) -> None:
         """Release a resident tensor (nothing happens for a name that is not held)."""
-        self.state.tensors.pop(name, None)
+        self.resident.tensors.pop(name, None)
 
     def load(self, program: Program, *, rank: int = 0) -> LoadedModel:
         """Place ``program`` on this core; it must fit in the core's HBM with what is loaded already.

@@ -77,7 +77,7 @@ class StateBinding:
     writes: Mapping[int, str] = field(default_factory=dict)
 
 
-class DeviceState:
+class ResidentState:
     """The resident tensors of one core, by name."""
 
     def __init__(self) -> None:
@@ -142,4 +142,4 @@ def host_bytes(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[DType],
     return sum(math.prod(s) * d.itemsize for i, (s, d) in enumerate(zip(shapes, dtypes)) if i not in skip)
 
 
-__all__ = ["DeviceState", "ResidentTensor", "StateBinding", "StateError", "host_bytes", "without_holes"]
+__all__ = ["ResidentState", "ResidentTensor", "StateBinding", "StateError", "host_bytes", "without_holes"]
