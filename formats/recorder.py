@@ -192,7 +192,7 @@ def _node_text(meta: ProgramLoadedMeta, n_nodes: int) -> dict[str, tuple[pa.Arra
     each node as), for the columns that have any value."""
     per_node: dict[str, Sequence[str | None]] = {
         "tensor_instruction_type": meta.tensor_instruction_type, "performance_mode": meta.performance_mode,
-        "scalar_activation_fn": meta.activation_fn}
+        "scalar_activation_fn": meta.activation_fn, "nki_source_location": meta.nki_source_location}
     out: dict[str, tuple[pa.Array, np.ndarray, np.ndarray]] = {}
     for column, values in per_node.items():
         if not any(v is not None for v in values):

@@ -134,6 +134,7 @@ class ProgramLoadedMeta(ModelMeta):
     dep_ptr: npt.NDArray[np.int64]  # CSR row pointers over node ids: the nodes each node waits for
     dep_idx: npt.NDArray[np.int64]
     resource: npt.NDArray[np.int8]  # per node, ``neuroncore.enums.Resource`` codes
+    nki_source_location: Sequence[str | None] = ()  # per node: file:line of its NKI call (kernels)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -179,6 +179,13 @@ ROW_GROUP_ROWS: Setting[int | None] = Setting(
     "less on a kill, costs more files)",
     ("collectors.autoprofile",), _positive_int)
 
+# -- NKI kernels ----------------------------------------------------------------------------------
+NKI_TUTORIALS: Setting[Path | None] = Setting(
+    "NEURONSCOPE_NKI_TUTORIALS", "path", None,
+    "a folder of AWS's NKI tutorial kernel files (nki-samples) that `bench/nki.py` runs instead of "
+    "the project's own restatements",
+    ("bench.nki",), _path)
+
 # -- formats -----------------------------------------------------------------------------------------
 PROFILE_SCHEMA: Setting[Path | None] = Setting(
     "NEURONSCOPE_PROFILE_SCHEMA", "path", None,
@@ -223,8 +230,8 @@ BENCH_CACHE: Setting[Path | None] = Setting(
 
 REGISTRY: tuple[Setting[Any], ...] = (
     INSTANCE, CONFIG, PLUGINS, LIVE, LIVE_PERIOD, LIVE_DIR, PROFILE_DIR, PROFILE_NTH_EXEC, EVENTS_FILE,
-    CAPTURE_STATUS, WRAPPER_FD, ROW_GROUP_ROWS, PROFILE_SCHEMA, COMMIT_LOG, IMDS, IMDS_ENDPOINT,
-    SYSFS_ROOT, NEURON_SYSFS_ROOT, PROCESS_TAG, LOGICAL_NC_CONFIG, BENCH_CACHE,
+    CAPTURE_STATUS, WRAPPER_FD, ROW_GROUP_ROWS, NKI_TUTORIALS, PROFILE_SCHEMA, COMMIT_LOG, IMDS,
+    IMDS_ENDPOINT, SYSFS_ROOT, NEURON_SYSFS_ROOT, PROCESS_TAG, LOGICAL_NC_CONFIG, BENCH_CACHE,
 )
 """Every variable, in the order docs/settings.md lists them."""
 
@@ -239,7 +246,8 @@ def by_name(name: str) -> Setting[Any]:
 
 __all__ = [
     "BENCH_CACHE", "CAPTURE_STATUS", "COMMIT_LOG", "CONFIG", "EVENTS_FILE", "IMDS", "IMDS_ENDPOINT",
-    "INSTANCE", "LIVE", "LIVE_DIR", "LIVE_PERIOD", "LOGICAL_NC_CONFIG", "NEURON_SYSFS_ROOT", "PLUGINS",
+    "INSTANCE", "LIVE", "LIVE_DIR", "LIVE_PERIOD", "LOGICAL_NC_CONFIG", "NEURON_SYSFS_ROOT", "NKI_TUTORIALS",
+    "PLUGINS",
     "PROCESS_TAG", "PROFILE_DIR", "PROFILE_NTH_EXEC", "PROFILE_SCHEMA", "REGISTRY", "ROW_GROUP_ROWS",
     "SYSFS_ROOT", "WRAPPER_FD", "LiveMode", "Setting", "SettingError", "by_name",
 ]

@@ -9,11 +9,12 @@ listing all of them (op, HLO name, layer, source line), the check users run befo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from neuroncore.compiler.context import Context
-from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE
+from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
 from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_elementwise import (
@@ -33,12 +34,20 @@ from neuroncore.compiler.lower_layout import (
 from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
 from neuroncore.compiler.lowering_state import HbmTensorKind
-from neuroncore.compiler.program import RES_CC, RES_DMA, Program
+from neuroncore.compiler.program import (
+    RES_CC,
+    RES_DMA,
+    Buffer,
+    DmaQueue,
+    HbmTensor,
+    HbmView,
+    Program,
+)
 from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 
-__all__ = ["CompileError", "Program", "UnsupportedOpsError", "compile", "unsupported_ops"]
+__all__ = ["CompileError", "Program", "UnsupportedOpsError", "assemble", "compile", "unsupported_ops"]
 
 
 def _lower_convert(ctx: Context, op: Op) -> None:
@@ -136,8 +145,23 @@ def _stream_positions(keys: np.ndarray) -> np.ndarray:
 
 
 def _finalize(ctx: Context) -> Program:
-    em = ctx.em
-    sem_increment, sem_value, texts = em.assign_semaphores(ctx.queues)
+    graph = ctx.graph
+    stats = dict(ctx.stats)
+    stats.update(sbuf_peak_bytes_per_partition=ctx.sbuf.peak, n_buffers=len(ctx.buffers))
+    return assemble(ctx.em, graph, ctx.spec, ctx.queues, buffers=ctx.buffers,
+                    hbm_tensors=ctx.hbm_tensors, hbm_views=ctx.hbm_views,
+                    input_tensors=[ctx.values[p.index].hbm or "" for p in graph.parameters],
+                    output_tensors=[ctx.tensor_name(o) for o in graph.outputs], stats=stats)
+
+
+def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], *,
+             buffers: dict[int, Buffer], hbm_tensors: dict[str, HbmTensor],
+             input_tensors: list[str], output_tensors: list[str],
+             hbm_views: dict[str, HbmView] | None = None, stats: dict[str, Any] | None = None,
+             nki_source_location: list[str | None] | None = None) -> Program:
+    """A :class:`Program` from an emitter's nodes: semaphores assigned, columns packed. The compiler
+    calls it when every op is lowered; ``neuroncore.nki`` when a kernel has run."""
+    sem_increment, sem_value, texts = em.assign_semaphores(queues)
     resource = np.asarray(em.resource, np.int8)
     engine = np.asarray(em.engine, np.int8)
     queue = np.asarray(em.queue, np.int16)
@@ -151,14 +175,9 @@ def _finalize(ctx: Context) -> Program:
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
     counters = em.counter_columns()
-    graph = ctx.graph
-    input_tensors = [ctx.values[p.index].hbm or "" for p in graph.parameters]
-    output_tensors = [ctx.tensor_name(o) for o in graph.outputs]
-    stats = dict(ctx.stats)
-    stats.update(sbuf_peak_bytes_per_partition=ctx.sbuf.peak, n_buffers=len(ctx.buffers))
     return Program(
         graph=graph,
-        spec=ctx.spec,
+        spec=spec,
         resource=resource,
         engine=engine,
         cost_ns=np.asarray(em.cost_ns, np.float64),
@@ -179,15 +198,16 @@ def _finalize(ctx: Context) -> Program:
         tensor_instruction_type=em.tensor_instruction_type,
         performance_mode=em.performance_mode,
         semantics=em.semantics,
-        buffers=ctx.buffers,
-        hbm_tensors=ctx.hbm_tensors,
-        hbm_views=ctx.hbm_views,
-        queues=ctx.queues,
+        buffers=buffers,
+        hbm_tensors=hbm_tensors,
+        hbm_views=hbm_views or {},
+        queues=queues,
         semaphore_names={**{int(e): e.label for e in Engine}, CC_SEMAPHORE: "CC",
-                         **{q.semaphore: q.name for q in ctx.queues}},
+                         **{q.semaphore: q.name for q in queues}},
         input_tensors=input_tensors,
         output_tensors=output_tensors,
-        stats=stats,
+        stats=stats or {},
+        nki_source_location=nki_source_location or [],
         raw_flops=counters["raw_flops"],
         adjusted_flops=counters["adjusted_flops"],
         transpose_flops=counters["transpose_flops"],

@@ -141,6 +141,29 @@ class Emitter:
         accesses = self._accesses.pop(key, [])
         return self.compact({a[_NODE] for a in accesses})
 
+    def users(self, key: MemoryKey) -> list[int]:
+        """The latest node per lane that touched ``key`` (what a new occupant of its range waits for),
+        leaving the key's history in place."""
+        return self.compact({a.node for a in self._accesses.get(key, ())})
+
+    def lane_of(self, node: int) -> int:
+        return self._lane[node]
+
+    def ls_alias(self, node: int) -> int:
+        """A wait for a LoadStationary is a wait for the MultiplyMoving after it (see __init__)."""
+        return self._mm_after_ls.get(node, node)
+
+    def hazards_for(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
+                    writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
+        """Nodes a node on ``lane`` reading ``reads`` and writing ``writes`` must wait for."""
+        return self._hazards(lane, reads, writes)
+
+    def record_access(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
+                      writes: list[tuple[MemoryKey, Rect]]) -> None:
+        """Note that an already emitted ``node`` also reads/writes these ranges (NKI kernels
+        retarget a fresh tile's producer to the tensor the tile is assigned to)."""
+        self._record(node, lane, reads, writes)
+
     def _hazards(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
                  writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
         """Read-after-write on every read; any earlier access on every write (other lanes only)."""

@@ -218,6 +218,8 @@ class Program:
     input_tensors: list[str]  # HBM tensor per graph parameter, in parameter order
     output_tensors: list[str]  # HBM tensor per graph output
     stats: dict[str, Any] = field(default_factory=dict)
+    # per node: file:line of the NKI call that made it (NKI kernels only; empty for compiled graphs)
+    nki_source_location: list[str | None] = field(default_factory=list)
     derived: DerivedTables = field(default_factory=DerivedTables, init=False, repr=False, compare=False)
 
     @property

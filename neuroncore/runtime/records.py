@@ -65,7 +65,8 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, *,
             # per node: what the engine ran it as, and the dependency graph (CSR over node ids;
             # resource codes are neuroncore.enums.Resource) for the profile's Flow edges
             activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
-            performance_mode=program.performance_mode, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
+            performance_mode=program.performance_mode,
+            nki_source_location=program.nki_source_location, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
             resource=program.resource),
     )
 
