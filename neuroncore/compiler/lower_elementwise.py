@@ -47,6 +47,7 @@ ACTIVATION_FUNCTIONS = {
     "abs": "Abs",
     "cosine": "Cos",
     "sine": "Sin",
+    "erf": "Erf",
     "silu": "Silu",
     "gelu": "Gelu_apprx_tanh",
     "gelu_exact": "Gelu",

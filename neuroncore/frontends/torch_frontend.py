@@ -83,7 +83,8 @@ _SKIPPED = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_c
 _IDENTITY = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "lift_fresh", "dropout",
              "feature_dropout", "alpha_dropout", "view_as", "_unsafe_view_as"}
 _UNARY = {"exp": "exp", "tanh": "tanh", "sigmoid": "logistic", "rsqrt": "rsqrt", "sqrt": "sqrt",
-          "log": "log", "abs": "abs", "cos": "cosine", "sin": "sine"}
+          "log": "log", "abs": "abs", "cos": "cosine", "sin": "sine",
+          "erf": "erf"}
 _BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
            "maximum": "maximum", "minimum": "minimum", "fmax": "maximum", "fmin": "minimum"}
 _COMPARE = {"eq": "EQ", "ne": "NE", "lt": "LT", "le": "LE", "gt": "GT", "ge": "GE"}

@@ -6,7 +6,9 @@ runtime positions are selects, one per written slot: ``out = where(iota_dim == i
 source[j], out)``, each a Vector-engine pass over the destination (so later slots win, as torch's
 sequential ``index_copy`` does). The number of written slots is capped at ``MAX_SLOTS`` (a decode
 step writes one position per sequence); larger runtime scatters stay unsupported and are listed
-by ``check``. ``accumulate=True`` / ``scatter_add`` / ``index_add`` are not supported.
+by ``check``. ``accumulate=True`` is supported for the embedding backward's form (rows of a 2-D
+table, any number of ids): ``table + one_hot(ids)^T @ values``, one matmul on the Tensor engine, so
+repeated ids add up as torch's accumulate does. Other ``scatter_add`` / ``index_add`` forms are not.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def index_copy(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
 def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
     if kw.get("accumulate"):
-        return NotImplemented
+        return _accumulate_rows(c, kw, dtype)
     x = c._op(kw["self"], dtype)
     indices = list(kw["indices"])
     given = [i for i, ix in enumerate(indices) if ix is not None]
@@ -111,6 +113,52 @@ def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     values = c.b.broadcast_to(values, slot_shape) if values.shape != slot_shape else values
     out = write_slots(c, x, dim, index, values)
     return NotImplemented if out is None else out
+
+
+def _accumulate_rows(c: _Converter, kw: dict[str, Any], dtype: DType) -> Any:
+    """``x.index_put_([ids], values, accumulate=True)`` on a 2-D ``x`` (the gradient of an
+    embedding table): ``x + one_hot(ids)^T @ values`` with the one-hot built from an iota."""
+    x = c._op(kw["self"], dtype)
+    indices = list(kw["indices"])
+    if len(x.shape) != 2 or len(indices) != 1 or indices[0] is None or not dtype.is_float:
+        return NotImplemented
+    ids = c._cast(c._op(indices[0]), DType.INT32)
+    n = ids.size
+    rows, width = x.shape
+    values = c._op(kw["values"], dtype)
+    if values.size != n * width:
+        values = c.b.broadcast_to(values, (*ids.shape, width))
+    flat_ids = c.b.reshape(ids, (n,)) if ids.shape != (n,) else ids
+    flat_values = c.b.reshape(values, (n, width)) if values.shape != (n, width) else values
+    hits = c.b.compare(c.b.iota((rows, n), 0, DType.INT32), c.b.broadcast(flat_ids, (rows, n), (1,)), "EQ")
+    one_hot = c.b.convert(hits, dtype)
+    return c.b.add(x, c.b.dot(one_hot, flat_values))
+
+
+@handles("constant_pad_nd")
+def constant_pad_nd(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``F.pad(x, (left, right, ...), value=v)``: the kept part of ``x`` concatenated with constant
+    blocks, last dim first (torch's order); negative pads crop."""
+    _shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    pads = [int(p) for p in kw["pad"]]
+    value = float(kw.get("value", 0.0) or 0.0)
+    for k in range(len(pads) // 2):
+        dim = len(x.shape) - 1 - k
+        left, right = pads[2 * k], pads[2 * k + 1]
+        cropped = _take(c, x, dim, max(-left, 0), x.shape[dim] - max(-right, 0))
+        if cropped is None:
+            return NotImplemented
+        parts = []
+        for width in (left, None, right):
+            if width is None:
+                parts.append(cropped)
+            elif width > 0:
+                block = list(cropped.shape)
+                block[dim] = width
+                parts.append(c.b.constant(value, dtype, shape=block))
+        x = parts[0] if len(parts) == 1 else c.b.concatenate(parts, dim)
+    return x
 
 
 @handles("scatter")
@@ -140,5 +188,5 @@ def scatter(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return out
 
 
-__all__ = ["MAX_SLOTS", "index_copy", "index_put", "scatter", "select_scatter", "slice_scatter",
-           "write_slots"]
+__all__ = ["MAX_SLOTS", "constant_pad_nd", "index_copy", "index_put", "scatter", "select_scatter",
+           "slice_scatter", "write_slots"]

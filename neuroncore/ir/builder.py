@@ -241,6 +241,9 @@ class GraphBuilder:
     def sine(self, x: Op) -> Op:
         return self._unary("sine", x)
 
+    def erf(self, x: Op) -> Op:
+        return self._unary("erf", x)
+
     def gelu(self, x: Op, approximate: str = "tanh") -> Op:
         self._require_float("gelu", x)
         return self._add("gelu", [x], x.shape, x.dtype, approximate=approximate)

@@ -18,7 +18,7 @@ import numpy as np
 from neuroncore.dtypes import DType
 
 UNARY_OPS = frozenset({"exponential", "tanh", "logistic", "rsqrt", "sqrt", "log", "negate", "abs",
-                       "cosine", "sine"})
+                       "cosine", "sine", "erf"})
 BINARY_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
 FUSED_OPS = frozenset({"softmax", "layer_norm", "rms_norm", "gelu", "silu"})
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate"})

@@ -25,6 +25,12 @@ def gelu(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float32])(x / math.sqrt(2.0)))
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float32])(x)
+
+
 def logistic(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -40,6 +46,7 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "cosine": np.cos,
     "sine": np.sin,
+    "erf": lambda x: _erf(x),
     "silu": lambda x: x * logistic(x),
 }
 

@@ -58,6 +58,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "cosine": np.cos,
     "sine": np.sin,
+    "erf": ir_semantics.UNARY["erf"],
     "silu": ir_semantics.UNARY["silu"],
     "gelu": lambda x: ir_semantics.gelu(x, "tanh"),
     "gelu_exact": lambda x: ir_semantics.gelu(x, "none"),

@@ -29,6 +29,7 @@ import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from neuroncore.frontends.tracing import TraceError
 
@@ -144,11 +145,13 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
-            traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
-                values, buffers, *example_inputs)
+            with sdpa_kernel([SDPBackend.MATH]):  # attention as ops autograd differentiates
+                traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
+                    values, buffers, *example_inputs)
     except Exception as exc:  # any tracer failure is a failed trace
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
+    _drop_pool_indices(traced)
     _tag_phases(traced.graph, params)
     return JointGraph(traced, params, others, buffers, len(example_inputs))
 
@@ -164,6 +167,24 @@ def saved_activations(joint: JointGraph) -> int:
                 u.meta.get("train_phase") == BACKWARD for u in node.users):
             total += val.numel() * val.element_size()
     return total
+
+
+_POOL_BACKWARD = {torch.ops.aten.max_pool2d_with_indices_backward.default}
+
+
+def _drop_pool_indices(module: torch.fx.GraphModule) -> None:
+    """Max-pool backward recomputes its window maxima (torch_backward.py) instead of reading the
+    forward's argmax indices, so the forward need not produce them: the indices argument is
+    replaced by the gradient (same shape, never read) and the dead index outputs go."""
+    graph = module.graph
+    changed = False
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _POOL_BACKWARD and len(node.args) == 8:
+            node.args = (*node.args[:7], node.args[0])
+            changed = True
+    if changed:
+        graph.eliminate_dead_code()
+        module.recompile()
 
 
 def _module_path(stack: Any) -> str:

@@ -1,0 +1,149 @@
+"""Backward ATen ops that torch's core-ATen decomposition table keeps whole, lowered to ops the core
+runs (the training step's joint graph has them; inference graphs never do).
+
+* ``convolution_backward`` (groups = 1, not transposed): the weight gradient is the forward's
+  im2col patches contracted with the output gradient (one Tensor-engine matmul, as the forward);
+  the input gradient is the output gradient times the weight (another matmul) folded back onto the
+  input (col2im): each kernel offset's slab is dilated by the stride, placed at its offset in the
+  padded input and added; the bias gradient is a sum.
+* ``max_pool2d_with_indices_backward`` (1-D pooling runs as 2-D in ATen): the window maximum is
+  recomputed from the input, and each window position's gradient goes to the first offset holding the maximum (torch's choice on
+  ties), folded back like col2im. The saved indices are not read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from neuroncore.frontends.torch_conv import (
+    _ints,
+    _lowest,
+    _out_size,
+    _patches,
+    pad_spatial,
+    window_slices,
+)
+from neuroncore.frontends.torch_ops import handles
+from neuroncore.ir.graph import Op
+
+if TYPE_CHECKING:
+    from neuroncore.frontends.torch_frontend import _Converter
+
+
+def _place(c: _Converter, slab: Op, offset: tuple[int, ...], stride: list[int], dilation: list[int],
+           padded: list[int]) -> Op:
+    """``slab`` [N, C, *out] written at ``offset * dilation + i * stride`` of a zero tensor whose
+    spatial dims are ``padded`` (the col2im placement of one kernel offset)."""
+    x = slab
+    for k, s in enumerate(stride):
+        dim = 2 + k
+        if s > 1:  # interleave s-1 zeros after each element: [.., o, 1, ..] ++ zeros -> [.., o*s, ..]
+            shape = list(x.shape)
+            expanded = c.b.reshape(x, [*shape[:dim + 1], 1, *shape[dim + 1:]])
+            zeros = list(expanded.shape)
+            zeros[dim + 1] = s - 1
+            joined = c.b.concatenate([expanded, c.b.constant(0.0, x.dtype, shape=zeros)], dim + 1)
+            shape[dim] *= s
+            x = c.b.reshape(joined, shape)
+        before = offset[k] * dilation[k]
+        used = min(x.shape[dim], padded[k] - before)
+        if used < x.shape[dim]:
+            starts, limits = [0] * len(x.shape), list(x.shape)
+            limits[dim] = used
+            x = c.b.slice(x, starts, limits)
+        x = pad_spatial(c, x, [(before, padded[k] - before - used) if j == k else (0, 0)
+                               for j in range(len(stride))])
+    return x
+
+
+def _fold(c: _Converter, slabs: list[Op], kernel: list[int], stride: list[int], dilation: list[int],
+          padding: list[int], size: list[int]) -> Op:
+    """col2im: the slabs (one per kernel offset) added at their places, padding cropped off."""
+    padded = [s + 2 * p for s, p in zip(size, padding)]
+    total: Op | None = None
+    for slab, offset in zip(slabs, itertools.product(*(range(k) for k in kernel))):
+        placed = _place(c, slab, offset, stride, dilation, padded)
+        total = placed if total is None else c.b.add(total, placed)
+    assert total is not None
+    if any(padding):
+        rank = len(total.shape)
+        starts = [0, 0, *padding]
+        limits = [total.shape[0], total.shape[1], *(p + s for p, s in zip(padding, size))]
+        total = c.b.slice(total, starts, limits, [1] * rank)
+    return total
+
+
+@handles("convolution_backward")
+def convolution_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    meta: Any = node.meta["val"]
+    dtype = c._out_dtype(next(m for m in meta if m is not None))
+    if kw.get("transposed") or int(kw.get("groups", 1) or 1) != 1 or not dtype.is_float:
+        return NotImplemented
+    grad = c._op(kw["grad_output"], dtype)
+    x = c._op(kw["input"], dtype)
+    w = c._op(kw["weight"], dtype)
+    spatial = len(x.shape) - 2
+    stride, padding = _ints(kw["stride"], spatial), _ints(kw["padding"], spatial)
+    dilation = _ints(kw["dilation"], spatial)
+    if any(int(p) for p in _ints(kw.get("output_padding", 0), spatial)):
+        return NotImplemented
+    mask = list(kw.get("output_mask") or (True, True, True))
+    kernel = list(w.shape[2:])
+    out = [_out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k]) for k in range(spatial)]
+    n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
+    k_total, rows = math.prod(kernel), n * math.prod(out)
+    # grad_output as [rows, O] (the forward's result layout before its final transpose)
+    g_rows = c.b.reshape(c.b.transpose(grad, [0, *range(2, 2 + spatial), 1]), (rows, out_channels))
+    results: list[Op | None] = [None, None, None]
+    if mask[1]:
+        patches = c.b.reshape(_patches(c, x, kernel, stride, padding, dilation, out),
+                              (rows, channels * k_total))
+        gw = c.b.dot(c.b.transpose(g_rows, [1, 0]), patches)  # [O, C*K]
+        results[1] = c.b.reshape(gw, tuple(w.shape))
+    if mask[0]:
+        gp = c.b.dot(g_rows, c.b.reshape(w, (out_channels, channels * k_total)))  # [rows, C*K]
+        gp = c.b.reshape(gp, (n, *out, channels, k_total))
+        gp = c.b.transpose(gp, [0, 1 + spatial, *range(1, 1 + spatial), 2 + spatial])  # [N,C,*out,K]
+        slabs = [c.b.reshape(c.b.slice(gp, [0] * (2 + spatial) + [j], [*gp.shape[:-1], j + 1],
+                                       [1] * (3 + spatial)), gp.shape[:-1]) for j in range(k_total)]
+        results[0] = _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]))
+    if mask[2]:
+        results[2] = c.b.reduce(grad, [0, *range(2, 2 + spatial)], "sum")
+    return tuple(results)
+
+
+@handles("max_pool2d_with_indices_backward")
+def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    _shape, dtype = c._out(node)
+    if kw.get("ceil_mode") or not dtype.is_float:
+        return NotImplemented
+    grad = c._op(kw["grad_output"], dtype)
+    x = c._op(kw["self"], dtype)
+    spatial = len(x.shape) - 2
+    kernel = _ints(kw["kernel_size"], spatial)
+    stride = _ints(kw.get("stride") or kernel, spatial)
+    padding, dilation = _ints(kw.get("padding", 0), spatial), _ints(kw.get("dilation", 1), spatial)
+    out = list(grad.shape[2:])
+    padded = pad_spatial(c, x, [(p, p) for p in padding], _lowest(dtype))
+    slices = window_slices(c, padded, kernel, stride, dilation, out)
+    best = slices[0]
+    for s in slices[1:]:
+        best = c.b.maximum(best, s)
+    taken: Op | None = None  # windows whose maximum has been routed already (first offset wins)
+    slabs = []
+    for s in slices:
+        hit = c.b.compare(s, best, "EQ")
+        if taken is not None:
+            hit = c.b.minimum(hit, c.b.compare(taken, 0.0, "EQ"))
+            taken = c.b.maximum(taken, hit)
+        else:
+            taken = hit
+        slabs.append(c.b.select(hit, grad, 0.0))
+    return _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]))
+
+
+__all__ = ["convolution_backward", "max_pool_backward"]

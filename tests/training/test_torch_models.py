@@ -1,0 +1,78 @@
+"""Training steps of real model families on the core against PyTorch: a CNN (convolution, max-pool
+and exact-GELU backward), and transformers models from configs whose forward returns the loss
+(BERT with classification labels, Llama with causal-LM labels)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuroncore
+
+transformers = pytest.importorskip("transformers")
+
+
+class Labelled(torch.nn.Module):
+    """``model(input_ids=..., labels=...).loss``: how a Hugging Face model is trained."""
+
+    def __init__(self, model: torch.nn.Module, **options: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.options = options
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, labels=labels, **self.options).loss
+
+
+def _compare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], steps: int,
+             loss_fn: Callable[..., torch.Tensor] | None = None, atol: float = 1e-5) -> None:
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
+    step = neuroncore.trace_train_step(model, opt, inputs, loss_fn=loss_fn)
+    for _ in range(steps):
+        loss = float(step(*inputs))
+        out = ref(*inputs[:-1]) if loss_fn is not None else ref(*inputs)
+        expected = loss_fn(out, inputs[-1]) if loss_fn is not None else out
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss == pytest.approx(float(expected), rel=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p, q, atol=atol, rtol=0), f"{name}: {(p - q).abs().max()}"
+
+
+def test_cnn_with_strided_padded_conv_and_overlapping_max_pool() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1, stride=2), torch.nn.GELU(),
+        torch.nn.MaxPool2d(3, stride=1, padding=1), torch.nn.Conv2d(4, 4, 3), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 2 * 2, 4))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 4, (2,))
+    _compare(model, (x, y), steps=2, loss_fn=F.cross_entropy)
+
+
+def test_bert_sequence_classification_from_a_config() -> None:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        num_labels=3)
+    model = Labelled(transformers.BertForSequenceClassification(config))
+    ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 3, (2,))
+    _compare(model, (ids, labels), steps=2)
+
+
+def test_llama_causal_lm_from_a_config() -> None:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32)
+    model = Labelled(transformers.LlamaForCausalLM(config), use_cache=False)
+    ids = torch.randint(0, 64, (2, 8))
+    _compare(model, (ids, ids), steps=2)
