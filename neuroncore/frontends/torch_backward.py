@@ -7,8 +7,8 @@ runs (the training step's joint graph has them; inference graphs never do).
   input (col2im): each kernel offset's slab is dilated by the stride, placed at its offset in the
   padded input and added; the bias gradient is a sum.
 * ``max_pool2d_with_indices_backward`` (1-D pooling runs as 2-D in ATen): the window maximum is
-  recomputed from the input, and each window position's gradient goes to the first offset holding the maximum (torch's choice on
-  ties), folded back like col2im. The saved indices are not read.
+  recomputed from the input, and each window position's gradient goes to the first offset holding
+  the maximum (torch's choice on ties), folded back like col2im. The saved indices are not read.
 """
 
 from __future__ import annotations
