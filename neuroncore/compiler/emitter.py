@@ -144,7 +144,7 @@ class Emitter:
     def users(self, key: MemoryKey) -> list[int]:
         """The latest node per lane that touched ``key`` (what a new occupant of its range waits for),
         leaving the key's history in place."""
-        return self.compact({a.node for a in self._accesses.get(key, ())})
+        return self.compact({a[_NODE] for a in self._accesses.get(key, ())})
 
     def lane_of(self, node: int) -> int:
         return self._lane[node]

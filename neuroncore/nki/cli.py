@@ -89,7 +89,7 @@ def load_kernel(path: str, name: str) -> Any:
         raise CliError(f"no such kernel file: {path}")
     shim.install()
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    namespace = runpy.run_path(path, run_name="__nki_kernels__")
+    namespace = runpy.run_path(os.path.abspath(path), run_name="__nki_kernels__")
     kernel = namespace.get(name)
     if kernel is None:
         found = sorted(k for k, v in namespace.items() if isinstance(v, Kernel))
@@ -158,7 +158,7 @@ def run_file(path: str, argv: Sequence[str]) -> int:
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
-        runpy.run_path(path, run_name="__main__")
+        runpy.run_path(os.path.abspath(path), run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -499,3 +499,11 @@ def test_profile_instructions_carry_kernel_lines(tmp_path):
     locs = {r[0]: r[1] for r in rows}
     assert locs["ACTIVATE"] == f"{HERE}:{kernel_line(k.fn, 'nl.exp(t)')}"
     assert locs["WRITE"] is not None and all(r[2] for r in rows if r[1])
+    # per-line time and instruction counts, as the terminal viewer and the GUI show kernel source
+    from formats.read_api import attribute
+
+    lines = {(lt.file, lt.line): lt for lt in attribute(profile).lines.values()}
+    exp_line = lines[(str(HERE), kernel_line(k.fn, "nl.exp(t)"))]
+    assert exp_line.self_ns > 0 and exp_line.instructions == 1 and exp_line.function == "k"
+    kernel_frame = [lt for (f, n), lt in lines.items() if f == str(HERE) and lt.function == "k"]
+    assert len(kernel_frame) >= 3  # load, exp, store lines
