@@ -39,6 +39,7 @@ from neuroncore.generation.buckets import BucketError, normalize_buckets, select
 from neuroncore.generation.sampling import Sampling, next_tokens
 from neuroncore.runtime import Instance, StateBinding
 from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
+from neuroncore.runtime.host_io import request_latency_ns
 
 _IDS = itertools.count()
 
@@ -64,6 +65,7 @@ class StepTiming:
     context: int
     start_ns: int
     device_time_ns: int
+    latency_ns: float  # as the host sees it: launch, input copy, execution, output copy (host_io)
     execution_ids: tuple[int, ...]  # one per rank
     model_ids: tuple[int, ...]  # the loaded program on each rank: which bucket's program ran
     host_to_device_bytes: int
@@ -77,9 +79,10 @@ class GenerationTiming:
     steps: tuple[StepTiming, ...]
 
     @property
-    def ttft_ns(self) -> int:
-        """Time to first token: the context encoding's device time."""
-        return self.steps[0].device_time_ns
+    def ttft_ns(self) -> float:
+        """Time to first token: the context encoding's latency as the host sees it
+        (``neuroncore.runtime.host_io.request_latency_ns``, as ``bench/llm_decode.py`` reports it)."""
+        return self.steps[0].latency_ns
 
     @property
     def token_steps(self) -> tuple[StepTiming, ...]:
@@ -87,14 +90,19 @@ class GenerationTiming:
 
     @property
     def tpot_ns(self) -> float:
-        """Time per output token: the mean device time of the token-generation steps (0.0 when the
+        """Time per output token: the mean latency of the token-generation steps (0.0 when the
         generation made one token, which the context encoding produced)."""
         steps = self.token_steps
-        return sum(s.device_time_ns for s in steps) / len(steps) if steps else 0.0
+        return sum(s.latency_ns for s in steps) / len(steps) if steps else 0.0
 
     @property
-    def per_token_ns(self) -> list[int]:
-        """Device time behind each output token: the prefill's for the first, then each step's."""
+    def per_token_ns(self) -> list[float]:
+        """Latency behind each output token: the prefill's for the first, then each step's."""
+        return [s.latency_ns for s in self.steps]
+
+    @property
+    def device_ns(self) -> list[int]:
+        """The simulated device time of each step (what a device profile of it shows)."""
         return [s.device_time_ns for s in self.steps]
 
     @property
@@ -336,7 +344,10 @@ class NeuronCausalLM:
         result = program.runnable.execute(inputs, state=program.binding)
         ranks: list[ExecutionResult] = result.ranks if hasattr(result, "ranks") else [result]
         logits = np.asarray(result.outputs[0], np.float32)
-        step = StepTiming(phase, bucket, context, result.start_ns, result.device_time_ns,
+        first = ranks[0]  # every rank copies its own inputs and outputs at the same time
+        latency = request_latency_ns(first.program.spec, result.device_time_ns,
+                                     first.host_to_device_bytes, first.device_to_host_bytes)
+        step = StepTiming(phase, bucket, context, result.start_ns, result.device_time_ns, latency,
                           tuple(r.execution_id for r in ranks), tuple(r.model_id for r in ranks),
                           sum(r.host_to_device_bytes for r in ranks),
                           sum(r.device_to_host_bytes for r in ranks))
