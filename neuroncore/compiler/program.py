@@ -220,6 +220,10 @@ class Program:
     stats: dict[str, Any] = field(default_factory=dict)
     # per node: file:line of the NKI call that made it (NKI kernels only; empty for compiled graphs)
     nki_source_location: list[str | None] = field(default_factory=list)
+    # True: each DMA queue spends the per-transfer fixed cost on one transfer at a time, so a queue
+    # issues at most one transfer per ``dma_fixed_latency_ns`` (NKI kernels, whose every load and
+    # store is its own transfer); False: the fixed cost is latency only (the compiler's programs)
+    dma_queue_serial: bool = False
     derived: DerivedTables = field(default_factory=DerivedTables, init=False, repr=False, compare=False)
 
     @property

@@ -38,7 +38,7 @@ from neuroncore.compiler.emitter import (
     MemoryKey,
     Rect,
 )
-from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
+from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.node_semantics import NOP
 from neuroncore.compiler.program import RES_DMA, DmaQueue, HbmTensor, Program
 from neuroncore.enums import DmaQueueType
@@ -466,12 +466,6 @@ class KernelTrace:
         self.em = Emitter(spec)
         self.queues: list[DmaQueue] = []
         self._queue_by_name: dict[str, DmaQueue] = {}
-        for qname, qtype, engine in (
-            (QueueName.IO, DmaQueueType.INPUT, Engine.SYNC),
-            (QueueName.OUT, DmaQueueType.OUTPUT, Engine.SYNC),
-            (QueueName.DATA, DmaQueueType.DATA, Engine.SYNC),
-        ):
-            self._queue(str(qname), qtype, engine)
         self.ops: list[Op] = []
         self._sites: dict[tuple[str, tuple[SourceFrame, ...]], int] = {}
         self._site_count: dict[str, int] = {}
@@ -481,6 +475,8 @@ class KernelTrace:
         self._psum_ring: list[MemoryKey | None] = [None] * spec.psum_banks
         self._psum_next = 0
         self._hbm_written: set[MemoryKey] = set()
+        self._dma_slots: dict[tuple[int, str, Engine], int] = {}
+        self._dma_slot_count: dict[tuple[str, Engine], int] = {}
         self.hbm_tensors: dict[str, HbmTensor] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
@@ -813,19 +809,27 @@ class KernelTrace:
         run = max(1, min(run, max(1, elements)))
         descriptors = max(1, math.ceil(elements / run))
         if src.tensor.on_chip and not dst.tensor.on_chip:
-            qname, qtype = str(QueueName.OUT), DmaQueueType.OUTPUT
+            purpose, qtype = "Out", DmaQueueType.OUTPUT
         elif not src.tensor.on_chip and dst.tensor.on_chip:
-            qname, qtype = str(QueueName.IO), DmaQueueType.INPUT
+            purpose, qtype = "IO", DmaQueueType.INPUT
         else:
-            qname, qtype = str(QueueName.DATA), DmaQueueType.DATA
+            purpose, qtype = "Data", DmaQueueType.DATA
         trigger = engine
         if trigger is None and src.tensor.on_chip:
             # stores are triggered by the engine that produced the data (as the compiler does)
             writer = self.em.last_writer_engine(src.tensor.key)
             trigger = writer if writer not in (None, Engine.TENSOR) else Engine.SYNC
         trigger = trigger or Engine.SYNC
-        if trigger is not Engine.SYNC:
-            qname = qname.replace("Sync", trigger.label, 1)
+        # each DMA statement of the kernel gets its own queue (of the 16 an engine has), so the
+        # transfers of one statement are issued in order and different statements' overlap
+        slot_key = (self.em.current_op, purpose, trigger)
+        slot = self._dma_slots.get(slot_key)
+        if slot is None:
+            used = self._dma_slot_count.get((purpose, trigger), 0)
+            slot = used % self.spec.dma_queues_per_engine
+            self._dma_slot_count[(purpose, trigger)] = used + 1
+            self._dma_slots[slot_key] = slot
+        qname = f"q{trigger.label}{purpose}{slot}"
         queue = self._queue(qname, qtype, trigger)
         counters = NodeCounters(
             hbm_read_bytes=0 if src.tensor.on_chip else nbytes,
@@ -925,7 +929,7 @@ class KernelTrace:
         graph = Graph(self.name, list(self.ops), [o for o in self.ops if o.opcode == "parameter"], [])
         pad = self.em.n_nodes - len(self.node_location)
         self.node_location.extend([None] * pad)
-        return assemble(
+        program = assemble(
             self.em,
             graph,
             self.spec,
@@ -937,6 +941,8 @@ class KernelTrace:
             nki_source_location=list(self.node_location),
             stats={"nki_kernel": self.name},
         )
+        program.dma_queue_serial = True
+        return program
 
 
 def activate(trace: KernelTrace | None) -> KernelTrace | None:

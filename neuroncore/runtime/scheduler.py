@@ -49,12 +49,13 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
               slot: np.ndarray, i_start: np.ndarray, i_end: np.ndarray, i_wait: np.ndarray,
               i_dma_start: np.ndarray, i_dma_end: np.ndarray, sem_slot: np.ndarray, sem_ts: np.ndarray,
               hbm_bytes: np.ndarray, hbm_width: float, hbm_bins: np.ndarray, fluid: bool, bucket_ns: float,
-              used: np.ndarray, ports: np.ndarray, port_rules: bool) -> int:
+              used: np.ndarray, ports: np.ndarray, port_rules: bool, queue_serial: bool) -> int:
     # (annotations are for the checker: numba types the arguments from the first call's values)
     engine_free = np.full(N_RESOURCES, t0)  # 0-5 engine tracks, RES_DMA unused, RES_CC the CC-core
     dma_free = np.full(n_dma_engines, t0)
     queue_free = np.full((n_dma_engines, n_queues), t0)
     queue_done = np.full(n_queues, t0)
+    queue_issue = np.full(n_queues, t0)  # when each queue's descriptor processing is free (queue_serial)
     n_buckets = used.shape[1]
     sbuf_port_end = np.full(N_RESOURCES, t0)  # last SBUF access, by resource (Vector / GpSimd read it)
     psum_port_end = np.full(N_RESOURCES, t0)  # last PSUM access, by resource (Vector / Scalar read it)
@@ -70,7 +71,13 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
             if e > ready:
                 ready = e
         if r == RES_DMA:
-            s_min = end[trigger[i]] + dma_fixed_ns
+            if queue_serial:
+                # the queue spends the fixed cost on one transfer at a time (descriptor processing)
+                issue = end[trigger[i]] if end[trigger[i]] > queue_issue[queue[i]] else queue_issue[queue[i]]
+                s_min = issue + dma_fixed_ns
+                queue_issue[queue[i]] = s_min
+            else:
+                s_min = end[trigger[i]] + dma_fixed_ns
             if ready > s_min:
                 s_min = ready
             first = 1e300
@@ -313,7 +320,8 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
                   spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
                   pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
                   i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, width,
-                  hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2)
+                  hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2,
+                  program.dma_queue_serial)
         return hbm_bins
 
     # pass 1 (DMA engines FIFO in program order) bounds the horizon; pass 2 shares the engines
