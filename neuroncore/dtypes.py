@@ -103,6 +103,22 @@ def round_to(values: np.ndarray, dtype: DType) -> np.ndarray:
     return (values != 0).astype(np.float32)
 
 
+def stochastic_round(values: np.ndarray, dtype: DType, rng: np.random.Generator) -> np.ndarray:
+    """Round FP32 working values to ``dtype`` stochastically (bf16 only; other dtypes as
+    :func:`round_to`): a uniform random 16-bit integer is added to the low half of each FP32 bit
+    pattern before it is cut off, so a value between two bf16 neighbours becomes the upper one with
+    probability equal to its distance from the lower one: the expected value is the FP32 value
+    (``NEURON_RT_STOCHASTIC_ROUNDING_EN=1`` on Trainium). Non-finite values round to nearest."""
+    if dtype is not DType.BF16:
+        return round_to(values, dtype)
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    noise = rng.integers(0, 1 << 16, size=x.shape, dtype=np.uint64)
+    cut = ((bits + noise) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    finite = np.isfinite(x) & np.isfinite(cut)
+    return np.where(finite, cut, round_to(x, dtype)).astype(np.float32)
+
+
 def to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
     """Convert FP32 working values to the NumPy storage type of ``dtype`` (for outputs)."""
     if dtype is DType.PRED:

@@ -221,6 +221,15 @@ LOGICAL_NC_CONFIG: Setting[int | None] = Setting(
     "NEURON_LOGICAL_NC_CONFIG", "int", None,
     "logical NeuronCore size (1 or 2) of the simulated inventory (default: the instance's)",
     ("collectors.inventory",), _int, owner="Neuron runtime")
+STOCHASTIC_ROUNDING: Setting[bool | None] = Setting(
+    "NEURON_RT_STOCHASTIC_ROUNDING_EN", "flag", None,
+    "1: engines round FP32 results stochastically when they write bf16 (expected value = the FP32 "
+    "value); 0: round to nearest even. Unset: off, except a bf16-sr training step turns it on",
+    ("neuroncore.runtime.device",), _flag, owner="Neuron runtime")
+STOCHASTIC_ROUNDING_SEED: Setting[int | None] = Setting(
+    "NEURON_RT_STOCHASTIC_ROUNDING_SEED", "int", None,
+    "seed of the stochastic-rounding random bits (default 0: runs repeat exactly)",
+    ("neuroncore.runtime.device",), _int, owner="Neuron runtime")
 
 # -- benchmarks ----------------------------------------------------------------------------------------
 BENCH_CACHE: Setting[Path | None] = Setting(
@@ -231,7 +240,8 @@ BENCH_CACHE: Setting[Path | None] = Setting(
 REGISTRY: tuple[Setting[Any], ...] = (
     INSTANCE, CONFIG, PLUGINS, LIVE, LIVE_PERIOD, LIVE_DIR, PROFILE_DIR, PROFILE_NTH_EXEC, EVENTS_FILE,
     CAPTURE_STATUS, WRAPPER_FD, ROW_GROUP_ROWS, NKI_TUTORIALS, PROFILE_SCHEMA, COMMIT_LOG, IMDS,
-    IMDS_ENDPOINT, SYSFS_ROOT, NEURON_SYSFS_ROOT, PROCESS_TAG, LOGICAL_NC_CONFIG, BENCH_CACHE,
+    IMDS_ENDPOINT, SYSFS_ROOT, NEURON_SYSFS_ROOT, PROCESS_TAG, LOGICAL_NC_CONFIG, STOCHASTIC_ROUNDING,
+    STOCHASTIC_ROUNDING_SEED, BENCH_CACHE,
 )
 """Every variable, in the order docs/settings.md lists them."""
 

@@ -35,6 +35,7 @@ from neuroncore.runtime.ids import PROCESS_IDS
 from neuroncore.runtime.interpreter import Exchange, Machine, materialize_weights, prepare_hbm
 from neuroncore.runtime.scheduler import Timeline, schedule
 from neuroncore.runtime.state import ResidentState, ResidentTensor, StateBinding, host_bytes, without_holes
+from neuronscope import settings
 
 # device idle time between back-to-back executions: the runtime's per-execution overhead (~10-13 us
 # between executions in Neuron runtime traces, aws-neuron-sdk#1370; see runtime/host_io.py)
@@ -77,6 +78,10 @@ class LoadedModel:
         self.model_id = PROCESS_IDS.next_model_id()
         self.executions = 0
         self._weights: dict[str, np.ndarray] | None = None
+        # NEURON_RT_STOCHASTIC_ROUNDING_EN: bf16 writes round stochastically (a bf16-sr training
+        # step turns it on for its programs unless the variable says 0); one seeded stream per model
+        self.stochastic_rounding = bool(settings.STOCHASTIC_ROUNDING.get())
+        self._rounding_rng = np.random.default_rng(settings.STOCHASTIC_ROUNDING_SEED.get() or 0)
         self._announced = -1  # sink generation the program was last reported to
         self.announce()
 
@@ -137,7 +142,8 @@ class LoadedModel:
         if self._weights is None:
             self._weights = materialize_weights(program, self.rank)
         hbm = prepare_hbm(program, inputs, self._weights)
-        Machine(program, hbm, exchange).run()
+        rounding = self._rounding_rng if self.stochastic_rounding else None
+        Machine(program, hbm, exchange, rounding).run()
         return [to_storage(hbm[name].reshape(op.shape), op.dtype)
                 for name, op in zip(program.output_tensors, program.graph.outputs)]
 
@@ -175,6 +181,13 @@ class LoadedModel:
                                        timing_only=timing_only, host_end_ns=time.time_ns(),
                                        host_start_ns=host_ns, pid=pid, thread_id=tid))
         return ExecutionResult(execution_id, self.model_id, core, t0, end, outputs, timeline, program)
+
+
+def stochastic_rounding_wanted(requested: bool) -> bool:
+    """Whether a model should round bf16 writes stochastically: what ``NEURON_RT_STOCHASTIC_ROUNDING_EN``
+    says when it is set, else ``requested`` (a bf16-sr training step requests it)."""
+    value = settings.STOCHASTIC_ROUNDING.get()
+    return requested if value is None else bool(value)
 
 
 class DeviceState:

@@ -19,7 +19,7 @@ from neuroncore.compiler import view_steps as vs
 from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
-from neuroncore.dtypes import DType, round_to
+from neuroncore.dtypes import DType, round_to, stochastic_round
 from neuroncore.ir import semantics as ir_semantics
 from neuroncore.ir.graph import Op
 
@@ -70,8 +70,11 @@ class Machine:
     """Memory state of one execution."""
 
     def __init__(self, program: Program, hbm: dict[str, np.ndarray],
-                 exchange: Exchange | None = None) -> None:
+                 exchange: Exchange | None = None, rounding: np.random.Generator | None = None) -> None:
+        """``rounding``: the random source of stochastic rounding of bf16 writes (None: every
+        write rounds to nearest even)."""
         self.program = program
+        self.rounding = rounding
         self.hbm = hbm
         self.exchange = exchange
         self.buffers: dict[int, np.ndarray] = {}
@@ -99,7 +102,13 @@ class Machine:
     def write(self, ref: Ref, values: npt.ArrayLike) -> None:
         target = self.buf(ref.buf)
         region = np.broadcast_to(values, (ref.rows, ref.cols))
-        target[ref.p0:ref.p1, ref.f0:ref.f1] = round_to(region, self.dtypes[ref.buf])
+        target[ref.p0:ref.p1, ref.f0:ref.f1] = self.round(region, self.dtypes[ref.buf])
+
+    def round(self, values: npt.ArrayLike, dtype: DType) -> np.ndarray:
+        """An engine's write of FP32 results into a ``dtype`` tensor."""
+        if self.rounding is not None and dtype is DType.BF16:
+            return stochastic_round(np.asarray(values, np.float32), dtype, self.rounding)
+        return round_to(np.asarray(values), dtype)
 
     def tensor(self, name: str) -> np.ndarray:
         if name in self.hbm:
@@ -184,8 +193,8 @@ class Machine:
     def _store(self, s: ns.Store) -> None:
         dst = s.dst
         tensor = self.program.hbm_tensors[dst.tensor]
-        self.hbm3d(dst)[dst.batch, dst.r0:dst.r1, dst.c0:dst.c1] = round_to(self.read(s.src),
-                                                                            tensor.dtype)
+        self.hbm3d(dst)[dst.batch, dst.r0:dst.r1, dst.c0:dst.c1] = self.round(self.read(s.src),
+                                                                              tensor.dtype)
 
     def _tensor_tensor(self, s: ns.TensorTensor) -> None:
         with np.errstate(all="ignore"):

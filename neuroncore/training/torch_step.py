@@ -54,7 +54,12 @@ from neuroncore.frontends.torch_ops import load_handlers
 from neuroncore.frontends.tracing import TraceError
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 from neuroncore.runtime import Instance
-from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
+from neuroncore.runtime.device import (
+    DeviceState,
+    ExecutionResult,
+    LoadedModel,
+    stochastic_rounding_wanted,
+)
 from neuroncore.training.memory import MemoryBreakdown, MemoryCheckError, check_fits, training_memory
 from neuroncore.training.optimizers import (
     OptimizerError,
@@ -122,6 +127,9 @@ class _StepConverter(_Converter):
         super().__init__(_JointExport(joint.module), name, autocast)  # type: ignore[arg-type]
         self.input_names = input_names
         self.placeholders: list[Op] = []
+        self.values: list[Op] = []  # what the graph reads of each placeholder
+        self.bf16_params = False  # bf16-sr: parameters held in bf16, read as FP32
+
 
     def _placeholder(self, node: torch.fx.Node) -> None:
         meta = node.meta.get("val")
@@ -129,10 +137,13 @@ class _StepConverter(_Converter):
             raise TraceError(f"{self.b.name}: a non-tensor input ({node.name}) in a training step")
         name = self.input_names[len(self.placeholders)]
         dtype = ir_dtype(meta.dtype, f" (input {name!r})")
+        held = self.bf16_params and name.startswith("param/") and dtype is DType.FP32
         with self.b.located("model", ()):
-            op = self.b.parameter(name, tuple(meta.shape), dtype)
+            op = self.b.parameter(name, tuple(meta.shape), DType.BF16 if held else dtype)
+            value = self.b.convert(op, DType.FP32) if held else op
         self.placeholders.append(op)
-        self.env[node] = op
+        self.values.append(value)
+        self.env[node] = value
 
     def lower(self) -> list[Op]:
         """IR ops for the joint graph's outputs (loss, then one gradient per parameter)."""
@@ -196,7 +207,9 @@ class TrainStep:
         for kind in kinds:
             graph, layout = self._build(kind)
             program = compile_graph(graph, self.core.spec)
-            self.programs[kind] = (program, self.core.load(program), layout)
+            loaded = self.core.load(program)
+            loaded.stochastic_rounding = stochastic_rounding_wanted(precision is Precision.BF16_SR)
+            self.programs[kind] = (program, loaded, layout)
         self.state = DeviceState(self.core, self._initial_state())
 
     # -- trace time ----------------------------------------------------------------------------
@@ -248,12 +261,13 @@ class TrainStep:
 
     def _build(self, kind: ProgramKind) -> tuple[Graph, _Layout]:
         load_handlers()
-        autocast = "bf16" if self.precision is Precision.BF16 else None
+        autocast = "bf16" if self.precision is not Precision.FP32 else None
         name = self.name + ("_train_step" if kind is ProgramKind.UPDATE else "_accumulate")
         conv = _StepConverter(self.joint, name, autocast, self._input_names())
+        conv.bf16_params = self.precision is Precision.BF16_SR
         b = conv.b
         loss, *grads = conv.lower()
-        params = conv.placeholders[: len(self.params)]
+        params = conv.values[: len(self.params)]
         outputs: list[Op] = [loss]
         names = ["loss"]
         accumulate = self.accumulation_steps > 1
@@ -275,6 +289,8 @@ class TrainStep:
                         state = [b.parameter(n, params[i].shape, DType.FP32) for n in self._state_names(i)]
                         grad = grads[i] if grads[i].dtype is DType.FP32 else b.convert(grads[i], DType.FP32)
                         new_param, new_state = emit_update(b, group.spec, params[i], grad, state, scalars)
+                        if conv.bf16_params:  # stored back in bf16: rounded stochastically
+                            new_param = b.convert(new_param, DType.BF16)
                     outputs += [new_param, *new_state]
                     names += [f"param/{self.param_names[i]}", *self._state_names(i)]
         graph = b.build(outputs).pruned()
