@@ -270,18 +270,23 @@ class NeuronCausalLM:
             self._programs[key] = program
         return program
 
+    def _named(self, cls: type[torch.nn.Module], phase: Phase, bucket: int) -> type[torch.nn.Module]:
+        """``cls`` under the name its program shows in profiles (``model=``):
+        ``LlamaForCausalLM.token_generation.256``."""
+        return type(f"{type(self.model).__name__}.{phase}.{bucket}", (cls,), {})
+
     def _compile(self, phase: Phase, bucket: int) -> _Program:
         b = self.batch_size
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
-            traced = self._trace(_ContextEncoding(self.model),
+            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self.model),
                                  (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
             if not self._cache:
                 self._allocate_cache(traced)
             return self._bind(traced, reads=False)
         shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
         cache = tuple(torch.zeros(s) for s in shapes)
-        traced = self._trace(_TokenGeneration(self.model, self.layers),
+        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model, self.layers),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
                               torch.zeros(1, dtype=torch.int64), *cache))
         return self._bind(traced, reads=True)

@@ -199,6 +199,8 @@ def test_generation_under_the_profiler_records_one_profile_per_step(llama_gen, t
     entries, skipped = find_profiles(tmp_path / "device")
     assert not skipped and len(entries) == len(gen.last_timing.steps) == 5
     models = sorted(e.partitions["model"] for e in entries)
-    assert len(set(models)) == 3  # the prompt's program and the 8- and 16-position steps
+    # the prompt's program and the 8- and 16-position steps, named for the phase and the bucket
+    assert models == ["LlamaForCausalLM.context_encoding.8"] + ["LlamaForCausalLM.token_generation.16"] * 2 \
+        + ["LlamaForCausalLM.token_generation.8"] * 2
     for entry in entries:
         assert open_profile(entry.path).num_rows("Instruction") > 0
