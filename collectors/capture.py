@@ -91,6 +91,7 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     """Compile a built-in workload, run it ``num_exec`` times under the collectors."""
     from neuroncore.compiler import compile as compile_graph
     from neuroncore.parallel import TensorParallelModel
+    from neuroncore.parallel.group import parse_slowdown
     from neuroncore.runtime import Instance
     from neuroncore.runtime.timing_summary import summarize
     from neuroncore.workloads import get, random_inputs
@@ -99,6 +100,8 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     overrides = _overrides(args.set)
     if args.dtype:
         overrides["dtype"] = args.dtype
+    if args.rank_slowdown and args.tp < 2:
+        raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp
     options = workload.options(args.preset, **overrides)
@@ -116,8 +119,9 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
         with _progress(console) as progress:
             task = progress.add_task(f"compiling {workload.name}", total=args.num_exec)
             if args.tp > 1:
-                runner: Any = TensorParallelModel.load(graph, instance, tp_degree=args.tp,
-                                                       first_rank=args.core)
+                runner: Any = TensorParallelModel.load(
+                    graph, instance, tp_degree=args.tp, first_rank=args.core,
+                    rank_slowdown=parse_slowdown(args.rank_slowdown or []))
             else:
                 runner = instance.core(args.core).load(compile_graph(graph, instance.spec.chip.core))
             inputs = None if args.timing_only else random_inputs(graph, seed=args.seed)
@@ -355,6 +359,9 @@ class CaptureCommand:
         parser.add_argument("--instance", choices=sorted(INSTANCE_TYPES),
                             help="instance type (default: NEURONSCOPE_INSTANCE or config)")
         parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+        parser.add_argument("--rank-slowdown", action="append", metavar="RANK=FACTOR",
+                            help="make rank RANK of the tensor-parallel group FACTOR x slower (its engine "
+                                 "instructions; repeatable, e.g. 1=2.0)")
         parser.add_argument("--core", type=int, default=0, help="first core")
         parser.add_argument("--timing-only", action="store_true", help="no numerics, no weights")
         parser.add_argument("--seed", type=int, default=0)

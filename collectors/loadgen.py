@@ -26,7 +26,7 @@ from collectors.capture import CaptureError, _overrides
 def _load(args: argparse.Namespace) -> tuple[list[Any], str]:
     from neuroncore.compiler import compile as compile_graph
     from neuroncore.parallel import TensorParallelModel
-    from neuroncore.parallel.group import check_placement
+    from neuroncore.parallel.group import check_placement, check_slowdown, parse_slowdown
     from neuroncore.parallel.sharding import shard
     from neuroncore.runtime import Instance
     from neuroncore.topology import instance_topology
@@ -34,6 +34,8 @@ def _load(args: argparse.Namespace) -> tuple[list[Any], str]:
 
     workload = get(args.workload)
     overrides = _overrides(args.set)
+    if args.rank_slowdown and args.tp < 2:
+        raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp
     graph = workload.graph(args.preset, **overrides)
@@ -43,9 +45,12 @@ def _load(args: argparse.Namespace) -> tuple[list[Any], str]:
     if args.tp > 1:
         sharded = shard(graph, args.tp)
         program = compile_graph(sharded.local, instance.spec.chip.core)
+        slowdown = check_slowdown(parse_slowdown(args.rank_slowdown or []), args.tp)
         replicas: list[Any] = [
             TensorParallelModel(sharded, program, instance, first_rank=args.core + k * args.tp,
-                                topology=topology) for k in range(args.replicas)]
+                                topology=topology,
+                                rank_slowdown=slowdown)
+            for k in range(args.replicas)]
     else:
         program = compile_graph(graph, instance.spec.chip.core)
         replicas = [instance.core(topology.physical_cores_of(args.core + k)[0]).load(program)
@@ -107,6 +112,8 @@ class RunCommand:
                             help="workload option (repeatable)")
         parser.add_argument("--instance", choices=sorted(INSTANCE_TYPES))
         parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+        parser.add_argument("--rank-slowdown", action="append", metavar="RANK=FACTOR",
+                            help="make rank RANK of each tensor-parallel group FACTOR x slower (repeatable)")
         parser.add_argument("--replicas", type=int, default=1, metavar="K",
                             help="copies on consecutive cores (data parallel)")
         parser.add_argument("--core", type=int, default=0, help="first core")

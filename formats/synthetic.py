@@ -128,11 +128,21 @@ def _clocked_chunk(rng: np.random.Generator, clock: np.ndarray, m: int) -> dict[
             "gap": gap, "start": start, "opcode": opcode}
 
 
+def _causal_sources(ids: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each instruction (rows in start order), a semaphore source as a capture's would be: the
+    instruction of the chunk that ended last at or before its start (itself for the first ones,
+    an edge the analyses drop), so the dependency graph is consistent with the timing."""
+    order = np.argsort(end, kind="stable")
+    pos = np.searchsorted(end[order], start, side="right") - 1
+    return np.where(pos >= 0, ids[order[np.maximum(pos, 0)]], ids)
+
+
 def _write_engine_clocks(path: str, n: int, seed: int, chunk: int, flows: bool) -> None:
     """An ``n``-instruction profile written through ProfileWriter (memory: one chunk), with the tables a
     capture derives at close (Summary, OpcodeSummary, ActiveTime, DmaUsage, InstructionLod).
-    ``flows``: a ``Flow`` edge into every instruction (from the one before it) and one instruction ->
-    transfer edge per DMA transfer, as a capture's SEMAPHORE and DMA_TRIGGER edges."""
+    ``flows``: a ``Flow`` edge into every instruction (from the instruction that ended last before it
+    started: consistent with the timing, as a capture's) and one instruction -> transfer edge per DMA
+    transfer, as a capture's SEMAPHORE and DMA_TRIGGER edges."""
     rng = np.random.default_rng(seed)
     clock = np.zeros(len(TRACKS), np.int64)
     operands, birs, hlos = _operand_dictionaries()
@@ -182,7 +192,8 @@ def _write_engine_clocks(path: str, n: int, seed: int, chunk: int, flows: bool) 
                 transfers = np.unique(np.arange(packet_id, packet_id + k) // 4)
                 edges = m + transfers.size
                 writer.write("Flow", {
-                    "in_id": np.concatenate([np.maximum(ids - 1, 0), rng.choice(ids, transfers.size)]),
+                    "in_id": np.concatenate([_causal_sources(ids, c["start"], c["start"] + c["duration"]),
+                                             rng.choice(ids, transfers.size)]),
                     "out_id": np.concatenate([ids, transfers]),
                     "in_table": pa.DictionaryArray.from_arrays(pa.array(np.zeros(edges, np.int8)),
                                                                pa.array(["instruction"])),

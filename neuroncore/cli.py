@@ -28,6 +28,7 @@ from neuroncore.compiler import CompileError, compile  # noqa: A004
 from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
 from neuroncore.parallel import TensorParallelModel
+from neuroncore.parallel.group import parse_slowdown
 from neuroncore.runtime import ExecutionError, Instance
 from neuroncore.runtime.timing_summary import summarize
 from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
@@ -79,6 +80,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from neuroncore.workloads.training import TRAIN_WORKLOADS
 
     if args.workload in TRAIN_WORKLOADS:
+        if args.rank_slowdown:
+            raise ValueError("--rank-slowdown applies to tensor-parallel inference workloads")
         return cmd_train(args, console)
     for name in ("pp", "dp", "nodes"):
         if getattr(args, name) is not None:
@@ -93,6 +96,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         overrides["dtype"] = args.dtype
     if args.tp < 1:
         raise ValueError(f"--tp must be a positive number of cores, not {args.tp}")
+    if args.rank_slowdown and args.tp < 2:
+        raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
     options = workload.options(args.preset, **overrides)
@@ -101,7 +106,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     t = time.perf_counter()
     group = None
     if args.tp > 1:
-        group = TensorParallelModel.load(graph, instance, tp_degree=args.tp, first_rank=args.core)
+        group = TensorParallelModel.load(graph, instance, tp_degree=args.tp, first_rank=args.core,
+                                         rank_slowdown=parse_slowdown(args.rank_slowdown or []))
         program = group.program
     else:
         program = compile(graph, instance.spec.chip.core)
@@ -254,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="data-parallel replicas (training workloads; default: the remaining cores)")
     run.add_argument("--zero1", action="store_true", help="ZeRO-1 optimizer sharding (training workloads)")
     run.add_argument("--nodes", type=int, metavar="N", help="instances joined by EFA (training workloads)")
+    run.add_argument("--rank-slowdown", action="append", metavar="RANK=FACTOR",
+                     help="make rank RANK of the tensor-parallel group FACTOR x slower (its engine "
+                          "instructions; repeatable, e.g. 1=2.0)")
     run.add_argument("--timing-only", action="store_true",
                      help="simulate timing from shapes only; weights are never allocated")
     run.add_argument("--seed", type=int, default=0)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
-from neuroncore.compiler.program import Program
+from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
@@ -95,7 +95,8 @@ class TensorParallelModel:
     """A sharded program loaded on ``tp`` consecutive ranks (logical cores) of an instance."""
 
     def __init__(self, sharded: ShardedGraph, program: Program, instance: Instance, *,
-                 first_rank: int = 0, topology: Topology | None = None) -> None:
+                 first_rank: int = 0, topology: Topology | None = None,
+                 rank_slowdown: Mapping[int, float] | None = None) -> None:
         self.sharded = sharded
         self.program = program
         self.instance = instance
@@ -111,10 +112,11 @@ class TensorParallelModel:
         self._costs = program.cost_ns.copy()
         for node, record in zip(program.collective_nodes, self._templates):
             self._costs[node] = record.duration_ns
+        self.rank_slowdown = check_slowdown(rank_slowdown or {}, tp)
 
     @classmethod
     def load(cls, graph: Graph, instance: str | Instance | None = None, *, tp_degree: int,
-             first_rank: int = 0) -> TensorParallelModel:
+             first_rank: int = 0, rank_slowdown: Mapping[int, float] | None = None) -> TensorParallelModel:
         """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once, load it on each."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
         topology = instance_topology(inst.name, nodes=inst.nodes)
@@ -122,7 +124,8 @@ class TensorParallelModel:
         sharded = shard(graph, tp_degree)
         _require_fit(sharded.local, inst, topology, range(first_rank, first_rank + tp_degree))
         program = compile_graph(sharded.local, inst.spec.chip.core)
-        return cls(sharded, program, inst, first_rank=first_rank, topology=topology)
+        return cls(sharded, program, inst, first_rank=first_rank, topology=topology,
+                   rank_slowdown=rank_slowdown)
 
     @property
     def tp(self) -> int:
@@ -161,11 +164,17 @@ class TensorParallelModel:
             core.lock.acquire()
         try:
             t0 = max(core.clock_ns for core in cores)
-            timeline = schedule(self.program, float(t0), self._costs)
-            placed = [(int(node), template.shifted(timeline.start_ns[node] - template.start_ns))
-                      for node, template in zip(self.program.collective_nodes, self._templates)]
-            results = [model.record(t0, timeline, None if per_rank is None else per_rank[i],
-                                    timing_only, placed, host_start_ns=host_start_ns)
+            if self.rank_slowdown:
+                timelines, placed_of = self._schedule_ranks(float(t0))
+            else:
+                timeline = schedule(self.program, float(t0), self._costs)
+                placed = [(int(node), template.shifted(timeline.start_ns[node] - template.start_ns))
+                          for node, template in zip(self.program.collective_nodes, self._templates)]
+                timelines, placed_of = [timeline] * self.tp, [placed] * self.tp
+            timeline = timelines[0]
+            placed = placed_of[0]
+            results = [model.record(t0, timelines[i], None if per_rank is None else per_rank[i],
+                                    timing_only, placed_of[i], host_start_ns=host_start_ns)
                        for i, model in enumerate(self.models)]
         finally:
             for core in cores:
@@ -207,6 +216,38 @@ class TensorParallelModel:
         host += [make(rank) for make in self.sharded.rank_inputs]
         return self.models[rank].core.resident.bind_inputs(local, host, state)
 
+    def _schedule_ranks(self, t0: float) -> tuple[list[Timeline], list[list[tuple[int, CollectiveRecord]]]]:
+        """One schedule per rank when ranks run at different speeds (``rank_slowdown``): a slowed
+        rank's engine instructions last ``factor`` x longer (its DMA and links are unchanged), and
+        every collective starts when the last rank arrives -- a rank that arrives early waits in it.
+        The collectives are settled in program order: schedule every rank, find each one's arrival at
+        the next unsettled collective, stretch that collective on the early ranks by their wait."""
+        program, tp = self.program, self.tp
+        is_instr = program.resource < RES_DMA
+        costs = []
+        for rank in range(tp):
+            c = self._costs.copy()
+            c[is_instr] *= self.rank_slowdown.get(rank, 1.0)
+            costs.append(c)
+        nodes = [int(n) for n in program.collective_nodes]
+        arrivals: list[list[float]] = []
+        for node, template in zip(nodes, self._templates):
+            timelines = [schedule(program, t0, costs[r]) for r in range(tp)]
+            arrive = [float(t.start_ns[node]) for t in timelines]
+            last = max(arrive)
+            for r in range(tp):
+                costs[r][node] = template.duration_ns + (last - arrive[r])
+            arrivals.append(arrive)
+        timelines = [schedule(program, t0, costs[r]) for r in range(tp)]
+        placed_of: list[list[tuple[int, CollectiveRecord]]] = [[] for _ in range(tp)]
+        for (node, template), arrive in zip(zip(nodes, self._templates), arrivals):
+            start = max(arrive)
+            record = replace(template.shifted(start - template.start_ns),
+                             ready_ns=tuple(arrive[: len(template.ready_ns)]))
+            for r in range(tp):
+                placed_of[r].append((node, record))
+        return timelines, placed_of
+
     def _compute(self, inputs: Sequence[np.ndarray | None],
                  state: StateBinding | None = None) -> list[list[np.ndarray]]:
         tp = self.tp
@@ -233,6 +274,35 @@ class TensorParallelModel:
         if real or errors:
             raise (real or errors)[0]
         return [o for o in outputs if o is not None]
+
+
+def parse_slowdown(items: Sequence[str]) -> dict[int, float]:
+    """``["1=2.0"]`` (``--rank-slowdown RANK=FACTOR``, repeatable) -> ``{1: 2.0}``; ValueError (one
+    line) on anything else."""
+    out: dict[int, float] = {}
+    for item in items:
+        rank, sep, factor = str(item).partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise ValueError(f"--rank-slowdown takes RANK=FACTOR (e.g. 1=2.0), not {item!r}") from None
+    return out
+
+
+def check_slowdown(slowdown: Mapping[int, float], tp: int) -> dict[int, float]:
+    """Refuse, in one line, a slowdown for a rank the group does not have or a factor that is not a
+    finite number >= 1 (a rank can be made slower, not faster than the hardware)."""
+    out: dict[int, float] = {}
+    for rank, factor in slowdown.items():
+        if not isinstance(rank, int) or not 0 <= rank < tp:
+            raise ShardingError(f"rank_slowdown names rank {rank!r}, but the group has ranks 0..{tp - 1}")
+        if not (isinstance(factor, (int, float)) and np.isfinite(factor) and factor >= 1.0):
+            raise ShardingError(f"rank_slowdown factor for rank {rank} must be a number >= 1, not {factor!r}")
+        if factor != 1.0:
+            out[rank] = float(factor)
+    return out
 
 
 def check_placement(topology: Topology, tp_degree: int, first_rank: int = 0, replicas: int = 1) -> None:
@@ -296,4 +366,5 @@ class DataParallelModel:
         return replica.execute(inputs, timing_only=timing_only, state=state)
 
 
-__all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel", "check_placement"]
+__all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel", "check_placement", "check_slowdown",
+           "parse_slowdown"]

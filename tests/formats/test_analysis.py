@@ -188,3 +188,47 @@ def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
     empty.mkdir()
     done = _cli(str(empty))
     assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+def test_a_slowed_rank_is_found_as_the_straggler(tmp_path: Path) -> None:
+    """--rank-slowdown's Python keyword: rank 1 twice as slow arrives last at every collective, and the
+    analysis names it with the cause read from its own profile."""
+    import neuroncore as nc
+    from collectors.device_profile import profile
+    from formats.analyze_command import analyze_dir
+    from neuroncore import workloads
+    from neuroncore.parallel import TensorParallelModel
+
+    workload = workloads.get("llama-decode")
+    graph = workload.build(**workload.options(None, tp_degree=2, layers=1))
+    sink = nc.EventSink()
+    instance = nc.Instance("trn1.32xlarge", sink=sink)
+    root = tmp_path / "device"
+    with profile(root, sink=sink):
+        model = TensorParallelModel.load(graph, instance, tp_degree=2, rank_slowdown={1: 2.0})
+        result = model.execute(None, timing_only=True)
+    assert result.ranks[1].device_time_ns >= result.ranks[0].device_time_ns
+    report = analyze_dir(str(root))
+    ranks = report["ranks"]
+    assert ranks is not None and ranks.stragglers
+    assert all("core=1" in s.rank for s in ranks.stragglers)
+    assert all("2.00x" in s.cause for s in ranks.stragglers)
+    assert ranks.wait_ns[next(n for n in ranks.wait_ns if "core=0" in n)] > 0
+    for a in report["profiles"].values():
+        assert a.critical_path is not None and a.critical_path.length_ns == a.device_time_ns
+    from formats.analyze_command import to_json
+    data = to_json(report)
+    assert {"rank", "collective", "late_ns", "cause"} <= set(data["stragglers"][0])
+
+
+def test_rank_slowdown_is_checked() -> None:
+    from neuroncore.parallel.group import check_slowdown, parse_slowdown
+    from neuroncore.parallel.sharding import ShardingError
+
+    assert parse_slowdown(["1=2.5"]) == {1: 2.5}
+    with pytest.raises(ValueError, match="RANK=FACTOR"):
+        parse_slowdown(["two"])
+    with pytest.raises(ShardingError, match=r"ranks 0\.\.1"):
+        check_slowdown({2: 2.0}, 2)
+    with pytest.raises(ShardingError, match=">= 1"):
+        check_slowdown({1: 0.5}, 2)
