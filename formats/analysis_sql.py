@@ -11,7 +11,8 @@ definitions are the ones of ``formats.critical_path`` (docs/analyses.md), writte
 * ``analysis_release``  -- per event its releasing predecessor (``pred_kind``, ``pred_id``,
   ``pred_end``, ``implicit``);
 * ``analysis_critical_path`` -- the path, last event first (``step``), with each event's
-  ``contribution_ns`` and ``wait_ns``;
+  ``contribution_ns`` and ``wait_ns``; a ``host`` row (step -1) per execution whose window ends after
+  its last event, so ``sum(contribution_ns)`` is the path length;
 * ``analysis_idle``     -- every idle interval of every engine with its ``cause``.
 
 They are plain SQL over the table views (recursive for the path), so they are exact but not fast:
@@ -132,7 +133,14 @@ JOIN analysis_events e ON e.profile = path.profile AND e.kind = path.kind AND e.
 JOIN analysis_windows w ON w.profile = path.profile AND w.execution = path.execution
 LEFT JOIN analysis_release r ON r.profile = e.profile AND r.kind = e.kind AND r.id = e.id
 LEFT JOIN analysis_events pe ON pe.profile = r.profile AND pe.kind = r.pred_kind AND pe.id = r.pred_id
-     AND pe.execution = path.execution""",
+     AND pe.execution = path.execution
+UNION ALL  -- host: from the last event's end to the window's end (step -1)
+SELECT w.profile, w.execution, -1, 'host', NULL, coalesce(l.e, w.start_ts), w.end_ts, 'host', NULL, NULL, NULL,
+       NULL, w.end_ts - coalesce(l.e, w.start_ts), 0, false
+FROM analysis_windows w
+LEFT JOIN (SELECT profile, execution, max(end_ts) AS e FROM analysis_events GROUP BY 1, 2) l
+       ON l.profile = w.profile AND l.execution = w.execution
+WHERE w.end_ts > coalesce(l.e, w.start_ts)""",
         """CREATE VIEW analysis_idle AS
 WITH instr AS (
     SELECT e.*, max(end_ts) OVER (PARTITION BY e.profile, e.engine, e.execution ORDER BY e.start_ts, e.id
