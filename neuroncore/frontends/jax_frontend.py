@@ -81,7 +81,9 @@ _DTYPES = {
     "f32": DType.FP32, "f64": DType.FP32, "bf16": DType.BF16, "f16": DType.FP16, "pred": DType.PRED,
     **{t: DType.INT32 for t in ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")},
 }
-_UNARY = UNARY_OPS  # HLO opcodes the IR has under the same name
+# HLO opcodes the IR has under the same name; erf keeps XLA's own approximation (_op_erf), which
+# is what JAX computes, rather than the IR's exact erf
+_UNARY = UNARY_OPS - {"erf"}
 _BINARY = BINARY_OPS
 _COMBINERS = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "prod", "and": "and",
               "or": "or"}
@@ -781,7 +783,14 @@ class _Converter:
                   shape: tuple[int, ...], dtype: DType) -> Op:
         x, y = operands
         if id(y) not in self.known:
-            raise _Unmappable("non-constant exponent")
+            base = self.known.get(id(x))
+            if base is None or not base > 0 or not math.isfinite(base) or not dtype.is_float:
+                raise _Unmappable("non-constant exponent")
+            # a positive constant to a runtime power (Adam's bias correction beta ** count):
+            # exp(y * ln(base)), ln taken in double precision
+            scaled = self._binary("multiply", y, self._scalar_like(math.log(base), y, name, "ln_base"),
+                                  self._aux(name, "scaled"))
+            return self._unary("exponential", scaled, name)
         p = self.known[id(y)]
         if p == 0.5:
             return self._unary("sqrt", x, name)

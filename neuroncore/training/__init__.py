@@ -10,16 +10,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from neuroncore.training.jax_step import JaxTrainStep, trace_jax_train_step
     from neuroncore.training.precision import Precision
     from neuroncore.training.torch_step import TrainStep, trace_train_step
 
 _EXPORTS = {
+    "JaxTrainStep": "neuroncore.training.jax_step",
+    "trace_jax_train_step": "neuroncore.training.jax_step",
     "Precision": "neuroncore.training.precision",
     "TrainStep": "neuroncore.training.torch_step",
     "trace_train_step": "neuroncore.training.torch_step",
 }
 
-__all__ = ["Precision", "TrainStep", "trace_train_step"]
+__all__ = ["JaxTrainStep", "Precision", "TrainStep", "trace_jax_train_step", "trace_train_step"]
 
 
 def __getattr__(name: str) -> Any:
