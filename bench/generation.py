@@ -23,20 +23,21 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 from neuronscope import settings
 
 os.environ.setdefault(settings.LIVE.name, "0")  # the core's own speed: no live-state publisher
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch
+import transformers
 
-from neuroncore.generation import NeuronCausalLM  # noqa: E402
+from neuroncore.generation import NeuronCausalLM
 
 PROMPT, NEW = 32, 64
 
 
-def run(model: torch.nn.Module, batch: int, tp: int) -> dict:
+def run(model: Any, batch: int, tp: int) -> dict:
     torch.manual_seed(batch)
     ids = torch.randint(3, 1000, (batch, PROMPT))
     mask = torch.ones_like(ids)
