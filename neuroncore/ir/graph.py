@@ -27,7 +27,7 @@ OTHER_OPS = frozenset(
 )
 # Collectives over the tensor-parallel group a program runs in (inserted by the sharding pass):
 # "all-reduce" sums across ranks; "all-gather" concatenates the ranks' values along ``dimension``.
-COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather"})
+COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter"})
 ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS | COLLECTIVE_OPS
 COMPARE_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
 

@@ -103,11 +103,13 @@ class RankShapes:
                    model.hidden, model.intermediate // tp)
 
 
-def _all_reduce(b: GraphBuilder, x: Op, tp: int) -> Op:
-    """Megatron's all-reduce over the tensor-parallel group (nothing with one rank)."""
+def _all_reduce(b: GraphBuilder, x: Op, tp: int, group: str = "tp") -> Op:
+    """Megatron's all-reduce over the tensor-parallel group (nothing with one rank). ``group`` tags
+    the op with the rank group it runs over, for programs that hold collectives of several groups."""
     if tp == 1:
         return x
-    return b.add_op("all-reduce", [x], x.shape, x.dtype, reduction="sum", name=f"all-reduce.{b.n_ops}")
+    return b.add_op("all-reduce", [x], x.shape, x.dtype, reduction="sum", name=f"all-reduce.{b.n_ops}",
+                    group=group)
 
 
 def _weight(b: GraphBuilder, name: str, shape: tuple[int, ...], dtype: str) -> Op:
@@ -300,13 +302,28 @@ def _gelu_grad(b: GraphBuilder, x: Op) -> Op:
     return b.add(left, right)
 
 
-def layer_forward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
-    """One layer's forward on one rank: input [tokens, hidden] -> output, plus the activations the
-    backward reads (written to HBM, as a training step keeps them; attention probabilities are
-    not kept, flash attention keeps the log-sum-exp)."""
-    b = GraphBuilder(f"{m.name}_layer_fwd", root_layer="layers.0")
-    t, h = r.tokens, r.hidden
-    x = b.parameter("hidden_states", (t, h), dtype)
+@dataclass(frozen=True)
+class Saved:
+    """The activations a layer's forward keeps for its backward (attention probabilities are not
+    kept: flash attention keeps the row statistic ``lse`` and recomputes the scores)."""
+
+    x: Op
+    q: Op
+    k: Op
+    v: Op
+    ctx: Op
+    lse: Op
+    x2: Op
+    mlp: tuple[Op, ...]  # swiglu: (gate, up); gelu: (fc1 output,)
+
+    def outputs(self) -> list[Op]:
+        return [self.q, self.k, self.v, self.ctx, self.lse, self.x2, *self.mlp]
+
+
+def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, x: Op,
+                group: str = "tp") -> tuple[Op, Saved]:
+    """One layer's forward ops added to ``b`` (inside the caller's scope): output and saved values."""
+    h = r.hidden
     n1 = _norm(b, m, x, "input_layernorm", dtype)
     with b.scope("self_attn"):
         q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, "q_proj", dtype, m.bias), r, r.heads)
@@ -317,57 +334,44 @@ def layer_forward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -
         ctx, lse = _attention_forward(b, m, q, _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads))
         ctx_t = _tokens(b, ctx, r)
         with b.scope("o_proj"):
-            o = _all_reduce(b, b.matmul(ctx_t, b.weight("weight", (r.heads * r.head_dim, h), dtype)), tp)
+            o = _all_reduce(b, b.matmul(ctx_t, b.weight("weight", (r.heads * r.head_dim, h), dtype)), tp,
+                            group)
             if m.bias:
                 o = b.add(o, b.weight("bias", (h,), dtype, scale=0.02))
     x2 = b.add(x, o)
     n2 = _norm(b, m, x2, "post_attention_layernorm", dtype)
     with b.scope("mlp"):
+        saved_mlp: tuple[Op, ...]
         if m.mlp == "swiglu":
             gate = _linear(b, n2, h, r.intermediate, "gate_proj", dtype, False)
             up = _linear(b, n2, h, r.intermediate, "up_proj", dtype, False)
             act = b.multiply(b.silu(gate), up)
-            saved_mlp = [gate, up]
+            saved_mlp = (gate, up)
         else:
             pre = _linear(b, n2, h, r.intermediate, "fc1", dtype, m.bias)
             act = b.gelu(pre)
-            saved_mlp = [pre]
+            saved_mlp = (pre,)
         with b.scope("down_proj"):
-            down = _all_reduce(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), tp)
+            down = _all_reduce(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), tp, group)
             if m.bias:
                 down = b.add(down, b.weight("bias", (h,), dtype, scale=0.02))
-    y = b.add(x2, down)
-    return b.build([y, q, k, v, ctx, lse, x2, *saved_mlp])
+    return b.add(x2, down), Saved(x, q, k, v, ctx, lse, x2, saved_mlp)
 
 
-def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
-                   grad_dtype: str = "fp32") -> Graph:
-    """One layer's backward on one rank: the output gradient and the saved activations in, the
-    input gradient and the weight gradients (accumulated into ``grad_dtype`` buffers, as gradient
-    accumulation over micro-batches does) out. Megatron's backward all-reduces the gradient of each
-    column-parallel block's input (after q/k/v and after gate/up)."""
-    b = GraphBuilder(f"{m.name}_layer_bwd", root_layer="layers.0")
-    t, h, hd = r.tokens, r.hidden, r.head_dim
-    bt, s = r.batch, r.seq
-    x = b.parameter("hidden_states", (t, h), dtype)
-    q = b.parameter("q", (bt, r.heads, s, hd), dtype)
-    k = b.parameter("k", (bt, r.kv_heads, s, hd), dtype)
-    v = b.parameter("v", (bt, r.kv_heads, s, hd), dtype)
-    ctx = b.parameter("attn_out", (bt, r.heads, s, hd), dtype)
-    lse = b.parameter("lse", (bt, r.heads, s), dtype)
-    x2 = b.parameter("residual", (t, h), dtype)
-    dy = b.parameter("grad_output", (t, h), dtype)
+def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, s: Saved,
+                 dy: Op, group: str = "tp") -> tuple[Op, list[Op]]:
+    """One layer's backward ops added to ``b``: the input gradient and the weight gradients."""
+    h, hd = r.hidden, r.head_dim
     grads: list[Op] = []
-    # MLP
+    x, x2 = s.x, s.x2
     with b.scope("mlp"):
         if m.mlp == "swiglu":
-            gate = b.parameter("gate", (t, r.intermediate), dtype)
-            up = b.parameter("up", (t, r.intermediate), dtype)
+            gate, up = s.mlp
             sg = b.logistic(gate)
             silu = b.multiply(gate, sg)
             act = b.multiply(silu, up)
         else:
-            pre = b.parameter("fc1_out", (t, r.intermediate), dtype)
+            (pre,) = s.mlp
             act = b.gelu(pre)
         if m.bias:
             grads.append(_column_sum(b, dy))  # down_proj bias: dy is replicated, any rank has it
@@ -385,19 +389,18 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
         else:
             dpre = b.multiply(dact, _gelu_grad(b, pre))
             dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
-        dn2 = _all_reduce(b, dn2, tp)
+        dn2 = _all_reduce(b, dn2, tp, group)
     dx2_norm, dg2 = _norm_backward(b, m, x2, dn2, "post_attention_layernorm", dtype)
     grads.append(dg2)
     dx2 = b.add(dy, dx2_norm)
-    # attention
     with b.scope("self_attn"):
         if m.bias:
             grads.append(_column_sum(b, dx2))
-        ctx_t = _tokens(b, ctx, r)
+        ctx_t = _tokens(b, s.ctx, r)
         dctx = _heads(b, _linear_backward(b, ctx_t, dx2, r.heads * hd, h, "o_proj", dtype, False, grads),
                       r, r.heads)
-        kx, vx = _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads)
-        dq, dk, dv = _attention_backward(b, m, q, kx, vx, ctx, lse, dctx)
+        kx, vx = _expand_kv(b, s.k, r.heads), _expand_kv(b, s.v, r.heads)
+        dq, dk, dv = _attention_backward(b, m, s.q, kx, vx, s.ctx, s.lse, dctx)
         dk, dv = _fold_kv(b, dk, r.kv_heads), _fold_kv(b, dv, r.kv_heads)
         if m.rope:
             dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
@@ -407,10 +410,41 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
                                           dtype, m.bias, grads))
         dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
                                           dtype, m.bias, grads))
-        dn1 = _all_reduce(b, dn1, tp)
+        dn1 = _all_reduce(b, dn1, tp, group)
     dx_norm, dg1 = _norm_backward(b, m, x, dn1, "input_layernorm", dtype)
     grads.append(dg1)
-    dx = b.add(dx2, dx_norm)
+    return b.add(dx2, dx_norm), grads
+
+
+def layer_forward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
+    """One layer's forward on one rank: input [tokens, hidden] -> output, plus the activations the
+    backward reads (written to HBM, as a training step keeps them)."""
+    b = GraphBuilder(f"{m.name}_layer_fwd", root_layer="layers.0")
+    x = b.parameter("hidden_states", (r.tokens, r.hidden), dtype)
+    y, saved = forward_ops(b, m, r, tp, dtype, x)
+    return b.build([y, *saved.outputs()])
+
+
+def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
+                   grad_dtype: str = "fp32") -> Graph:
+    """One layer's backward on one rank: the output gradient and the saved activations in, the
+    input gradient and the weight gradients (accumulated into ``grad_dtype`` buffers, as gradient
+    accumulation over micro-batches does) out. Megatron's backward all-reduces the gradient of each
+    column-parallel block's input (after q/k/v and after gate/up)."""
+    b = GraphBuilder(f"{m.name}_layer_bwd", root_layer="layers.0")
+    t, h, hd = r.tokens, r.hidden, r.head_dim
+    bt, sq = r.batch, r.seq
+    mlp = ((b.parameter("gate", (t, r.intermediate), dtype), b.parameter("up", (t, r.intermediate), dtype))
+           if m.mlp == "swiglu" else (b.parameter("fc1_out", (t, r.intermediate), dtype),))
+    saved = Saved(b.parameter("hidden_states", (t, h), dtype),
+                  b.parameter("q", (bt, r.heads, sq, hd), dtype),
+                  b.parameter("k", (bt, r.kv_heads, sq, hd), dtype),
+                  b.parameter("v", (bt, r.kv_heads, sq, hd), dtype),
+                  b.parameter("attn_out", (bt, r.heads, sq, hd), dtype),
+                  b.parameter("lse", (bt, r.heads, sq), dtype),
+                  b.parameter("residual", (t, h), dtype), mlp)
+    dy = b.parameter("grad_output", (t, h), dtype)
+    dx, grads = backward_ops(b, m, r, tp, dtype, saved, dy)
     accumulated = []
     with b.scope("grad_accumulation"):
         for i, g in enumerate(grads):
@@ -419,55 +453,67 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
     return b.build([dx, *accumulated])
 
 
-def head_graph(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
-    """Embedding lookup, final norm, the (vocab-parallel) head and the loss, forward and backward,
-    on one rank: the parts of a step outside the repeated layers.
-
-    The embedding is vocab-parallel (each rank looks its ids up in its rows, the others' ids are
-    masked to zero, all-reduce); the LM head is column-parallel over the vocabulary, and the
-    cross-entropy's max and sum over the vocabulary are all-reduced as Megatron's
-    vocab-parallel cross-entropy does. ViT has a patch embedding (a matmul) and a small classifier.
-    """
-    b = GraphBuilder(f"{m.name}_head", root_layer="model")
+def embedding_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str,
+                  group: str = "tp") -> Op:
+    """The input embedding on one rank: vocab-parallel (each rank looks its ids up in its rows, the
+    others' ids are masked to zero, all-reduce); ViT's patch embedding is a matmul."""
     t, h = r.tokens, r.hidden
-    vocab = -(-m.vocab // tp) if not m.classes else m.vocab  # padded to a multiple of tp (Megatron)
+    vocab = -(-m.vocab // tp)  # padded to a multiple of tp (Megatron)
     with b.scope("embed_tokens"):
         if m.classes:  # ViT: patches [tokens, 3*16*16] @ [768, hidden]
-            x = b.matmul(b.parameter("patches", (t, m.vocab), dtype), b.weight("weight", (m.vocab, h), dtype))
-        else:
-            ids = b.parameter("input_ids", (t,), "int32", low=0, high=vocab)
-            keep = b.parameter("in_shard", (t,), dtype)
-            x = b.multiply(b.gather(b.weight("weight", (vocab, h), dtype, scale=0.02), ids),
-                           b.broadcast(keep, (t, h), (0,)))
-            x = _all_reduce(b, x, tp)
-    last = b.parameter("last_hidden", (t, h), dtype)
+            return b.matmul(b.parameter("patches", (t, m.vocab), dtype),
+                            b.weight("weight", (m.vocab, h), dtype))
+        ids = b.parameter("input_ids", (t,), "int32", low=0, high=vocab)
+        keep = b.parameter("in_shard", (t,), dtype)
+        x = b.multiply(b.gather(b.weight("weight", (vocab, h), dtype, scale=0.02), ids),
+                       b.broadcast(keep, (t, h), (0,)))
+        return _all_reduce(b, x, tp, group)
+
+
+def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, last: Op,
+             group: str = "tp") -> tuple[Op, Op, list[Op]]:
+    """Final norm, the head and the loss, forward and backward: (loss, gradient of ``last``, the
+    head's weight gradients). The LM head is column-parallel over the (padded) vocabulary and the
+    cross-entropy's max and sum are all-reduced, as Megatron's vocab-parallel cross-entropy does;
+    a classifier (ViT) reads the first token of each sequence."""
+    t, h = r.tokens, r.hidden
+    vocab = -(-m.vocab // tp)
     n = _norm(b, m, last, "norm", dtype)
-    outputs: list[Op] = [x]
     width = m.classes if m.classes else vocab
-    rows = r.batch if m.classes else t  # a classifier reads the [CLS] token only
+    rows = r.batch if m.classes else t
     feats = b.slice(n, (0, 0), (rows, h)) if rows != t else n
-    with b.scope("lm_head" if not m.classes else "classifier"):
+    head = "classifier" if m.classes else "lm_head"
+    with b.scope(head):
         w = b.weight("weight", (h, width), dtype)
         logits = b.convert(b.matmul(feats, w), "fp32")
     with b.scope("loss"):
         peak = b.reduce(logits, [1], kind="max")
-        peak = _all_reduce(b, peak, tp) if not m.classes else peak  # (max as a sum: same bytes)
-        shifted = b.subtract(logits, b.broadcast(peak, (rows, width), (0,)))
-        e = b.exp(shifted)
+        peak = peak if m.classes else _all_reduce(b, peak, tp, group)  # (a max: same bytes as a sum)
+        e = b.exp(b.subtract(logits, b.broadcast(peak, (rows, width), (0,))))
         total = b.reduce(e, [1])
-        total = _all_reduce(b, total, tp) if not m.classes else total
+        total = total if m.classes else _all_reduce(b, total, tp, group)
         probs = b.divide(e, b.broadcast(total, (rows, width), (0,)))
         target = b.parameter("target_onehot_mask", (rows, width), "fp32")
         dlogits = b.convert(b.subtract(probs, target), dtype)
         loss = b.reduce(b.reduce(b.multiply(b.log(b.add(probs, 1e-30)), target), [1]), [0])
-    with b.scope("lm_head" if not m.classes else "classifier"):
-        dn = _all_reduce(b, b.dot(dlogits, w, rhs_contract=-1), tp)
+    with b.scope(head):
+        dn = b.dot(dlogits, w, rhs_contract=-1)
+        dn = dn if m.classes else _all_reduce(b, dn, tp, group)
         dw = b.dot(feats, dlogits, lhs_contract=-2)
     if rows != t:
         dn = b.concatenate([dn, b.constant(0.0, dtype, (t - rows, h))], 0)
     dlast, dgamma = _norm_backward(b, m, last, dn, "norm", dtype)
-    outputs += [loss, dw, dlast, dgamma]
-    return b.build(outputs)
+    return loss, dlast, [dw, dgamma]
+
+
+def head_graph(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> Graph:
+    """The parts of a step outside the repeated layers on one rank: the embedding, and the final
+    norm, head and loss forward and backward."""
+    b = GraphBuilder(f"{m.name}_head", root_layer="model")
+    x = embedding_ops(b, m, r, tp, dtype)
+    last = b.parameter("last_hidden", (r.tokens, r.hidden), dtype)
+    loss, dlast, grads = head_ops(b, m, r, tp, dtype, last)
+    return b.build([x, loss, dlast, *grads])
 
 
 def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = "fp32",
@@ -496,5 +542,5 @@ def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = 
     return b.build(outs)
 
 
-__all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Transformer", "head_graph",
-           "layer_backward", "layer_forward", "optimizer_graph"]
+__all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Saved", "Transformer", "backward_ops",
+           "embedding_ops", "forward_ops", "head_graph", "head_ops", "layer_backward", "layer_forward", "optimizer_graph"]
