@@ -39,7 +39,13 @@ from formats.writer import ProfileWriter, timestamp_text
 from neuroncore.config import default_instance
 from neuroncore.events import EventBatch
 from neuroncore.hardware import INSTANCE_TYPES, core_spec
-from neuroncore.record_kinds import CcOpMeta, ExecutionEndMeta, ExecutionStartMeta, ProgramLoadedMeta
+from neuroncore.record_kinds import (
+    CcOpMeta,
+    ExecutionEndMeta,
+    ExecutionStartMeta,
+    ProgramLoadedMeta,
+    TrainStepMeta,
+)
 
 FIRST_FLUSH_S = 5.0
 FLUSH_FRACTION = 0.1
@@ -73,6 +79,8 @@ class RuntimeEventLog:
                 self._execution(meta)
             elif isinstance(meta, CcOpMeta):
                 self._collectives(batch.columns, meta)
+            elif isinstance(meta, TrainStepMeta):
+                self._train_step(meta)
 
     def write_jsonl(self, path: str | Path) -> None:
         with self._lock, open(path, "w", encoding="utf-8") as out:
@@ -123,6 +131,17 @@ class RuntimeEventLog:
         self._event("nrt_execute", host_start, host_end, pid, tid, meta.core, extra)
         device_ns = meta.device_time_ns
         self._event("nc_exec_running", host_start, host_start + device_ns, pid, tid, meta.core, extra)
+
+    def _train_step(self, meta: TrainStepMeta) -> None:
+        """A ``train_step`` mark over the step's execution on the host clock: where steps begin and
+        end in the system profile, with the step's layout and batch."""
+        start = self._starts.get(meta.execution_id)
+        pid, tid = (start.pid, start.thread_id) if start else (os.getpid(), threading.get_native_id())
+        begin = start.host_start_ns if start else meta.host_start_ns
+        extra = {"execution_id": meta.execution_id, "step": meta.step, "layout": meta.layout,
+                 "global_batch": meta.global_batch, "seq": meta.seq, "step_time_ns": meta.step_time_ns,
+                 "rank": None if start is None else start.rank}
+        self._event("train_step", begin, begin + meta.step_time_ns, pid, tid, meta.core, extra)
 
     def _collectives(self, columns: Mapping[str, Any], meta: CcOpMeta) -> None:
         start = self._starts.get(meta.execution_id)

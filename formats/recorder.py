@@ -23,6 +23,8 @@ hbm_usage            HbmUsage
 cc_op                CcOp (columns named as the CcOp table; ids filled in when absent), and Flow
                      edges into and out of each collective (``cc_op`` = ``CcOp.op_id``)
 neuronlink_usage     NeuronLinkUsage (our extension table)
+train_step           TrainingStep (one row per step) and TrainingCollective (its collectives with their
+                     compute overlap) -- our extension tables
 ===================  =====================================================================
 
 Ids: the core numbers instructions and DMA transfers by their node in one program, so the recorder
@@ -59,6 +61,7 @@ from neuroncore.record_kinds import (
     ProgramLoadedMeta,
     RecordKind,
     SemaphoreUpdateMeta,
+    TrainStepMeta,
     core_of,
     meta_of,
 )
@@ -692,6 +695,26 @@ class ProfileRecorder:
             "dependency_type": pa.DictionaryArray.from_arrays(np.zeros(k_in + k_out, np.int8), ["SEMAPHORE"]),
         })
 
+    def _on_train_step(self, batch: EventBatch) -> None:
+        """A training step: its row of TrainingStep and its collectives' TrainingCollective rows."""
+        m = meta_of(batch, TrainStepMeta)
+        levels = m.levels
+        self.writer.write("TrainingStep", {
+            "execution_id": np.array([m.execution_id], np.int64), "step": np.array([m.step], np.int64),
+            "start_ts": np.array([m.start_ns], np.int64),
+            "step_time_ns": np.array([m.step_time_ns], np.int64),
+            "global_batch": np.array([m.global_batch], np.int64), "seq": np.array([m.seq], np.int64),
+            "model_flops": np.array([m.model_flops], np.float64), "ranks": np.array([m.ranks], np.int64),
+            "peak_flops_per_rank": np.array([m.peak_flops_per_rank], np.float64),
+            **{f"{level}_ns": np.array([int(levels.get(level, 0))], np.int64)
+               for level in ("forward", "backward", "gradient_sync", "optimizer")},
+            "layout": [m.layout],
+        })
+        n = len(batch)
+        if n:
+            self.writer.write("TrainingCollective", {
+                "execution_id": np.full(n, m.execution_id, np.int64), **batch.columns})
+
     def _on_neuronlink_usage(self, batch: EventBatch) -> None:
         meta_of(batch, NeuronLinkUsageMeta)
         self.writer.write("NeuronLinkUsage", dict(batch.columns))
@@ -705,6 +728,7 @@ class ProfileRecorder:
         RecordKind.HBM_USAGE: _on_hbm_usage,
         RecordKind.CC_OP: _on_cc_op,
         RecordKind.NEURONLINK_USAGE: _on_neuronlink_usage,
+        RecordKind.TRAIN_STEP: _on_train_step,
         RecordKind.EXECUTION_END: _on_execution_end,
     }
     """Which handler takes each record kind (every declared kind has one; a test checks)."""

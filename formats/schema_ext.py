@@ -30,6 +30,44 @@ EXTENSION_TABLES: dict[str, TableDef] = {t.name: t for t in (
         """,
         extension=True),
     parse_table(
+        "TrainingStep", "summary", "device",
+        "neuronscope extension: one row per training step (an execution of a step program): its time, "
+        "batch, model FLOPs and the time each level of the step kept the core busy. Throughput and "
+        "training MFU are formats.figures.training_step_figures of these columns.",
+        """
+        execution_id           int64    -            Y  the execution that ran the step
+        step                   int64    -            Y  1 for the program's first step on this core
+        start_ts               int64    nanoseconds  Y  step start (device clock)
+        step_time_ns           int64    nanoseconds  Y  the step's device time
+        global_batch           int64    -            Y  sequences per step over all ranks
+        seq                    int64    -            Y  sequence length (tokens per sequence)
+        model_flops            float64  flops        Y  (6 N + 12 L h s) x tokens of the step
+        ranks                  int64    -            Y  ranks of the job (tp x pp x dp)
+        peak_flops_per_rank    float64  flops        Y  a rank's peak FLOP/s in the step's precision
+        forward_ns             int64    nanoseconds  Y  core busy in model/forward
+        backward_ns            int64    nanoseconds  Y  core busy in model/backward
+        gradient_sync_ns       int64    nanoseconds  Y  core busy in model/gradient_sync (incl. collectives)
+        optimizer_ns           int64    nanoseconds  Y  core busy in model/optimizer
+        layout                 string   -            Y  model/nodes x instance/tp pp dp/seq/gbs
+        """,
+        extension=True),
+    parse_table(
+        "TrainingCollective", "summary", "device",
+        "neuronscope extension: the collectives of a training step, each with how much of it ran while "
+        "a compute engine was busy (communication/computation overlap).",
+        """
+        execution_id        int64   -            Y  the step's execution
+        name                string  -            Y  HLO name (as CcOp and Instruction show it)
+        operation           string  -            Y  AllReduce, ReduceScatter or AllGather
+        replica_group_kind  string  -            Y  tp (inside a layer) or dp (gradient synchronisation)
+        start_ts            int64   nanoseconds  Y  start (device clock)
+        end_ts              int64   nanoseconds  Y  end
+        duration_ns         int64   nanoseconds  Y  end_ts - start_ts
+        size_bytes          int64   bytes        Y  larger of input and output bytes
+        overlap_ns          int64   nanoseconds  Y  time of it during which compute was busy
+        """,
+        extension=True),
+    parse_table(
         "InstructionLod", "summary", "device",
         "neuronscope extension: level of detail for zoomed-out timelines -- per engine and level, the "
         "longest instruction starting in each time bucket (bucket widths grow 4x per level from "

@@ -44,6 +44,7 @@ class RecordKind(StrEnum):
     HBM_USAGE = "hbm_usage"
     CC_OP = "cc_op"
     NEURONLINK_USAGE = "neuronlink_usage"
+    TRAIN_STEP = "train_step"
     EXECUTION_END = "execution_end"
 
 
@@ -201,6 +202,28 @@ class CcOpMeta(ExecutionMeta):
     hlo_names: Sequence[str]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainStepMeta(ExecutionMeta):
+    """One training step (an execution of a step program): what the step-level figures need.
+
+    ``levels`` maps forward / backward / gradient_sync / optimizer to the time the level kept the
+    core busy (union of its nodes' intervals, ns); the figures (seq/s, training MFU) are computed
+    from these by ``formats.figures.training_step_figures``, never here."""
+
+    step: int  # 1 for the first step of this program on this core
+    step_time_ns: int
+    start_ns: int  # device clock
+    global_batch: int
+    seq: int
+    model_flops: float  # (6 N + 12 L h s) x tokens of the step
+    ranks: int
+    peak_flops_per_rank: float
+    levels: Mapping[str, float]
+    layout: str  # "<model>/<nodes>x<instance>/tp<T>pp<P>dp<D>/seq<S>/gbs<G>"
+    host_start_ns: int
+    host_end_ns: int
+
+
 @dataclass(frozen=True, slots=True)
 class NeuronLinkUsageMeta:
     """One tensor-parallel group execution (all its ranks' executions); no single core."""
@@ -211,7 +234,7 @@ class NeuronLinkUsageMeta:
 
 
 Meta = (ProgramLoadedMeta | ExecutionStartMeta | ExecutionEndMeta | InstructionMeta | DmaPacketMeta
-        | SemaphoreUpdateMeta | HbmUsageMeta | CcOpMeta | NeuronLinkUsageMeta)
+        | SemaphoreUpdateMeta | HbmUsageMeta | CcOpMeta | NeuronLinkUsageMeta | TrainStepMeta)
 """Every metadata record a batch can carry."""
 
 M = TypeVar("M", bound="ModelMeta | NeuronLinkUsageMeta")  # a metadata class or a base of some
@@ -364,6 +387,17 @@ RECORD_KINDS: dict[RecordKind, KindDecl] = {d.kind: d for d in (
                  Column("active_flows", Dtype.INT32, "count", "most concurrent flows in the window"),
                  Column("capacity", Dtype.FLOAT32, "bytes/s", "the channel's bandwidth"),
              )),
+    KindDecl(RecordKind.TRAIN_STEP,
+             "a training step's collectives, one row per collective of the step program, with how much "
+             "of each overlapped compute; the step's own figures are in the metadata",
+             TrainStepMeta, (
+                 Column("name", Dtype.TEXT, "-", "HLO name of the collective"),
+                 Column("operation", Dtype.TEXT, "-", "AllReduce, ReduceScatter, AllGather"),
+                 Column("replica_group_kind", Dtype.TEXT, "-", "tp (inside a layer) or dp (gradients)"),
+                 *_SPAN,
+                 Column("size_bytes", Dtype.INT64, _BYTES, "bytes of the larger of input and output"),
+                 Column("overlap_ns", Dtype.INT64, _NS, "of its duration, time some compute engine was busy"),
+             )),
     KindDecl(RecordKind.EXECUTION_END, "an execution finished (metadata only: device time, host clock)",
              ExecutionEndMeta, ()),
 )}
@@ -454,10 +488,31 @@ def markdown_table() -> str:
 
 
 __all__ = [
-    "RECORD_KINDS", "CcOpMeta", "Column", "DmaPacketMeta", "Dtype", "ExecutionEndMeta", "ExecutionMeta",
-    "ExecutionStartMeta", "HbmUsageMeta", "HostMeta", "InstructionMeta", "KindDecl", "Meta", "ModelMeta",
-    "NeuronLinkUsageMeta", "ProgramLoadedMeta", "QueueInfo", "RecordContractError", "RecordKind",
-    "SemaphoreUpdateMeta", "check_batch", "core_of", "markdown_table", "meta_of",
+    "RECORD_KINDS",
+    "CcOpMeta",
+    "Column",
+    "DmaPacketMeta",
+    "Dtype",
+    "ExecutionEndMeta",
+    "ExecutionMeta",
+    "ExecutionStartMeta",
+    "HbmUsageMeta",
+    "HostMeta",
+    "InstructionMeta",
+    "KindDecl",
+    "Meta",
+    "ModelMeta",
+    "NeuronLinkUsageMeta",
+    "ProgramLoadedMeta",
+    "QueueInfo",
+    "RecordContractError",
+    "RecordKind",
+    "SemaphoreUpdateMeta",
+    "TrainStepMeta",
+    "check_batch",
+    "core_of",
+    "markdown_table",
+    "meta_of",
 ]
 
 if __name__ == "__main__":

@@ -183,11 +183,7 @@ class StepTiming:
 
     @property
     def model_flops(self) -> float:
-        """Model FLOPs of a step (PaLM's appendix B: 6 N per token for the weights plus 12 L h s
-        for attention): the numerator of MFU, independent of recomputation and padding."""
-        m = self.model
-        per_token = 6 * m.params() + 12 * m.layers * m.hidden * self.plan.seq
-        return float(per_token * self.tokens_per_step)
+        return model_flops(self.model, self.plan)
 
     @property
     def sync_overlapped_ns(self) -> float:
@@ -196,6 +192,13 @@ class StepTiming:
     @property
     def sync_total_ns(self) -> float:
         return float(sum(s.duration_ns for s in self.sync))
+
+
+def model_flops(model: Transformer, plan: ParallelPlan) -> float:
+    """Model FLOPs of a step (PaLM's appendix B: 6 N per token for the weights plus 12 L h s for
+    attention), the numerator of training MFU: independent of recomputation and padding."""
+    per_token = 6 * model.params() + 12 * model.layers * model.hidden * plan.seq
+    return float(per_token * plan.global_batch * plan.seq)
 
 
 def rank_layout(plan: ParallelPlan) -> tuple[list[int], list[int], list[list[int]]]:
@@ -347,4 +350,5 @@ def overlap_fraction(sync: Sequence[SyncCollective]) -> float:
 
 
 __all__ = ["DDP_BUCKET_BYTES", "ParallelPlan", "PlanError", "ProgramTiming", "StepTiming",
-           "SyncCollective", "overlap_fraction", "rank_layout", "time_program", "time_training_step"]
+           "SyncCollective", "model_flops", "overlap_fraction", "rank_layout", "time_program",
+           "time_training_step"]

@@ -543,4 +543,5 @@ def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = 
 
 
 __all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Saved", "Transformer", "backward_ops",
-           "embedding_ops", "forward_ops", "head_graph", "head_ops", "layer_backward", "layer_forward", "optimizer_graph"]
+           "embedding_ops", "forward_ops", "head_graph", "head_ops", "layer_backward", "layer_forward",
+           "optimizer_graph"]

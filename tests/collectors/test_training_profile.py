@@ -1,0 +1,99 @@
+"""A training step's profile: one program per step of rank 0 with forward / backward /
+gradient_sync / optimizer as the hierarchy's levels, its collectives (TP inside the layers, DP
+gradient buckets) on the CC-core with their compute overlap, the step row the figures read, and the
+system profile's step marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import neuroncore as nc
+from collectors.device_profile import profile
+from collectors.system import RuntimeEventLog
+from formats import open_profile
+from formats.figures import training_step_figures
+from neuroncore.events import EventSink
+from neuroncore.parallel.train_step import LEVELS, TrainingStepRun, step_graph
+from neuroncore.parallel.training import PlanError
+from neuroncore.workloads.training import get_train
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainingStepRun, list, RuntimeEventLog]:
+    out = tmp_path_factory.mktemp("train") / "device"
+    sink = EventSink()
+    events = RuntimeEventLog("i-test")
+    sink.subscribe(events)
+    model, plan = get_train("llama-train").configure(None, tp=2, dp=16, zero1=True, seq=128, global_batch=32)
+    with profile(out, nth_exec=2, sink=sink) as collector:
+        run = TrainingStepRun.load(model, plan, nc.Instance("trn1.32xlarge", sink=sink))
+        results = [run.execute() for _ in range(2)]
+    assert [p.execution for p in collector.profiles] == [2]
+    return collector.profiles[0].path, run, results, events
+
+
+def test_the_step_program_has_the_levels_of_a_training_step(captured) -> None:
+    _, run, _, _ = captured
+    layers = {op.layer.split("/")[1] for op in run.program.graph.ops if op.layer.count("/") >= 1}
+    assert set(LEVELS) <= layers
+    ops = run.program.graph.ops
+    tp = [op for op in ops if op.opcode == "all-reduce" and op.attrs.get("group") == "tp"]
+    # per micro-batch (2): the embedding (1), 2 layers x (2 forward + 2 backward), the head and loss (3)
+    assert len(tp) == 2 * (1 + 2 * 4 + 3)
+    dp = [op for op in ops if op.attrs.get("group") == "dp"]
+    assert {op.opcode for op in dp} == {"reduce-scatter", "all-gather"}
+    assert all(op.layer.startswith("model/gradient_sync/") for op in dp)
+
+
+def test_profile_holds_the_step_and_its_collectives_with_overlap(captured) -> None:
+    path, run, results, _ = captured
+    p = open_profile(path)
+    assert not p.warnings
+    step = p.table("TrainingStep").to_pylist()
+    assert len(step) == 1 and step[0]["step"] == 2
+    row = step[0]
+    assert row["global_batch"] == 32 and row["seq"] == 128 and row["ranks"] == 32
+    assert row["forward_ns"] > 0 and row["backward_ns"] > row["forward_ns"] and row["optimizer_ns"] > 0
+    result = results[1][0]
+    assert row["step_time_ns"] == result.end_ns - result.start_ns
+    fig = training_step_figures(row["step_time_ns"], row["global_batch"], row["seq"], row["model_flops"],
+                                row["ranks"], row["peak_flops_per_rank"])
+    assert fig.mfu is not None and 0 < fig.mfu < 1 and fig.seq_per_s > 0
+    cc = p.table("TrainingCollective").to_pylist()
+    ccop = p.table("CcOp")
+    assert len(cc) == ccop.num_rows == len(run.program.collective_nodes)
+    assert {c["replica_group_kind"] for c in cc} == {"tp", "dp"}
+    assert {c["operation"] for c in cc} >= {"AllReduce", "ReduceScatter", "AllGather"}
+    for c in cc:
+        assert 0 <= c["overlap_ns"] <= c["end_ts"] - c["start_ts"]
+    # the hierarchy: levels under model/ with the layers inside
+    layers = set(p.table("Instruction", ["layer"]).column("layer").to_pylist())
+    assert any(x.startswith("model/backward/microbatch.1/layers.0/") for x in layers if x)
+    assert any(x.startswith("model/optimizer/bucket.0") for x in layers if x)
+
+
+def test_system_profile_marks_each_step(captured) -> None:
+    _, _, _, events = captured
+    names = events.rows["name"]
+    steps = [i for i, n in enumerate(names) if n == "train_step"]
+    assert len(steps) == 2
+    assert all(events.rows["duration_ns"][i] > 0 for i in steps)
+
+
+def test_data_parallel_gradient_buckets_overlap_the_backward() -> None:
+    """Without ZeRO-1, with small buckets... the head's bucket is ready before the layers' backward
+    ends, so its all-reduce overlaps compute."""
+    model, plan = get_train("llama-train").configure(None, tp=1, dp=32, seq=128, global_batch=32)
+    run = TrainingStepRun.load(model, plan, nc.Instance("trn1.32xlarge", sink=EventSink()))
+    _, rows, levels = run.execute()
+    dp = [r for r in rows if r.group == "dp"]
+    assert dp and all(r.operation == "AllReduce" for r in dp)
+    assert set(levels) == set(LEVELS)
+
+
+def test_pipeline_parallel_steps_are_refused_in_one_line() -> None:
+    model, plan = get_train("llama-train").configure(None, tp=2, pp=2, seq=128, global_batch=32)
+    with pytest.raises(PlanError, match="one pipeline stage"):
+        step_graph(model, plan)
