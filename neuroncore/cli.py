@@ -6,6 +6,8 @@
     neuroncore run --workload matmul --set m=4096 --set k=8192 --set n=8192 --timing-only
     neuroncore run --workload llama-train --preset llama2-7b --nodes 16 --tp 8 --zero1 --set seq=4096 \
         --set global_batch=1024
+    neuroncore run --workload matmul --dtype fp32 --auto-cast-type fp8_e4m3 --instance trn2.48xlarge
+    neuroncore run --workload llama-decode --preset llama2-7b --quantize int8-weight-only --timing-only
     neuroncore workloads
     neuroncore check my_model.py:build    # unsupported ops of a PyTorch module / JAX function
 
@@ -25,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from neuroncore.compiler import CompileError, compile  # noqa: A004
+from neuroncore.compiler.options import AutoCast, AutoCastType, CompilerOptions, Quantization
 from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
 from neuroncore.parallel import TensorParallelModel
@@ -100,6 +103,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
+    compiler_options = CompilerOptions.parse(args.auto_cast, args.auto_cast_type, args.quantize)
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
@@ -107,10 +111,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     group = None
     if args.tp > 1:
         group = TensorParallelModel.load(graph, instance, tp_degree=args.tp, first_rank=args.core,
-                                         rank_slowdown=parse_slowdown(args.rank_slowdown or []))
+                                         rank_slowdown=parse_slowdown(args.rank_slowdown or []),
+                                         options=compiler_options)
         program = group.program
     else:
-        program = compile(graph, instance.spec.chip.core)
+        program = compile(graph, instance.spec.chip.core, compiler_options)
     compile_s = time.perf_counter() - t
     inputs = None if args.timing_only else random_inputs(graph, seed=args.seed)
     t = time.perf_counter()
@@ -124,6 +129,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     summary = summarize(result)
     total = summary.device_time_ns
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
+    if not compiler_options.is_default:
+        opts += (f"; auto-cast {compiler_options.auto_cast.value} to "
+                 f"{compiler_options.auto_cast_type.value}, quantize {compiler_options.quantize.value}")
     where = (f"cores {args.core}..{args.core + args.tp - 1} (tp {args.tp}; rank 0 shown)" if group
              else f"core {args.core}")
     console.print(f"[bold]{workload.name}[/] ({opts}) on {instance.name} {where} "
@@ -249,7 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", help="named configuration, e.g. llama2-7b")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="workload option, e.g. --set layers=4 (repeatable)")
-    run.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
+    run.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"],
+                     help="the workload's own element type")
+    run.add_argument("--auto-cast", choices=[m.value for m in AutoCast],
+                     help="cast FP32 matmuls (matmult) or all FP32 ops to --auto-cast-type, as "
+                          "neuronx-cc --auto-cast (default: none, the workload's own types)")
+    run.add_argument("--auto-cast-type", choices=[m.value for m in AutoCastType],
+                     help="the auto-cast target type (default bf16; alone it means --auto-cast matmult)")
+    run.add_argument("--quantize", choices=[m.value for m in Quantization],
+                     help="int8-weight-only: linear weights stored int8 with per-channel scales")
     add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
                         choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")

@@ -62,6 +62,10 @@ class CoreSpec:
     events: int = 256
     # NC-v3 only: DVE performance modes (§2.6)
     vector_perf_modes: bool = False
+    # NC-v3 only: FP8 "double-row" matmuls, K up to 256 per MultiplyMoving in the time of a K=128
+    # BF16 one (§3.1; the 4x128 FP8 input path of §2.2): FP8 runs at 2x the BF16 rate (158 TFLOPS).
+    # NC-v2 runs FP8 (cFP8) at the BF16 rate (§1.1, §2.3).
+    fp8_double_row: bool = False
 
     @property
     def sbuf_bytes(self) -> int:
@@ -75,6 +79,11 @@ class CoreSpec:
     def pe_peak_bf16_flops_per_s(self) -> float:
         """Dense BF16 peak = rows x cols x 2 FLOP/MAC x PE clock (§2.3)."""
         return self.pe_rows * self.pe_cols * 2 * self.pe_clock_hz
+
+    @property
+    def pe_peak_fp8_flops_per_s(self) -> float:
+        """FP8 peak: twice BF16 with double-row matmuls (NC-v3, 157 TFLOPS), else the BF16 rate."""
+        return self.pe_peak_bf16_flops_per_s * (2 if self.fp8_double_row else 1)
 
     @property
     def pe_peak_fp32_flops_per_s(self) -> float:
@@ -123,6 +132,7 @@ NC_V3 = CoreSpec(
     hbm_bytes_per_s=362e9,  # one 725 GB/s stack shared by a core pair, on average (§1.1)
     hbm_bytes=12 * 2**30,  # half of a 24 GiB stack per physical core
     vector_perf_modes=True,
+    fp8_double_row=True,
 )
 
 

@@ -1,6 +1,11 @@
 """The compiler for one NeuronCore: HLO-level graph -> per-engine instruction streams + DMA transfers.
 
     program = compile(graph, target="trn1")
+    program = compile(graph, "trn2", CompilerOptions(auto_cast=AutoCast.MATMULT,
+                                                     auto_cast_type=AutoCastType.FP8_E4M3))
+
+Precision options (auto-cast, int8 weight-only quantisation) rewrite the graph first
+(``precision.apply_options``); ``program.graph`` is the rewritten graph.
 
 Before lowering anything it checks every op, so a model with several unsupported ops gets one error
 listing all of them (op, HLO name, layer, source line), the check users run before migrating.
@@ -34,6 +39,14 @@ from neuroncore.compiler.lower_layout import (
 from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
 from neuroncore.compiler.lowering_state import HbmTensorKind
+from neuroncore.compiler.options import (
+    AutoCast,
+    AutoCastType,
+    CompilerOptions,
+    OptionsError,
+    Quantization,
+)
+from neuroncore.compiler.precision import apply_options
 from neuroncore.compiler.program import (
     RES_CC,
     RES_DMA,
@@ -43,11 +56,11 @@ from neuroncore.compiler.program import (
     HbmView,
     Program,
 )
-from neuroncore.dtypes import DType
 from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 
-__all__ = ["CompileError", "Program", "UnsupportedOpsError", "assemble", "compile", "unsupported_ops"]
+__all__ = ["AutoCast", "AutoCastType", "CompileError", "CompilerOptions", "OptionsError", "Program",
+           "Quantization", "UnsupportedOpsError", "assemble", "compile", "unsupported_ops"]
 
 
 def _lower_convert(ctx: Context, op: Op) -> None:
@@ -106,13 +119,19 @@ def _check_placeable(op: Op) -> None:
     if op.opcode in FLOAT_ONLY and not op.dtype.is_float:
         raise CompileError(f"{op.opcode} on {op.dtype.value} cannot be placed: the engines run it "
                            f"on fp32, bf16 or fp16 only", op)
-    if op.opcode == "dot" and op.dtype is DType.INT32:
-        raise CompileError("integer matmul cannot be placed on the Tensor engine", op)
+    if op.opcode == "dot" and not all(o.dtype.is_float for o in op.operands):
+        raise CompileError("integer matmul cannot be placed on the Tensor engine (int8 weights run "
+                           "dequantised: Quantization.INT8_WEIGHT_ONLY)", op)
 
 
-def compile(graph: Graph, target: str | CoreSpec = "trn1") -> Program:  # noqa: A001 - domain verb
-    """Compile ``graph`` for one core of ``target`` ("trn1", "inf2", "trn2", an instance type or a spec)."""
+def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domain verb
+            options: CompilerOptions | None = None) -> Program:
+    """Compile ``graph`` for one core of ``target`` ("trn1", "inf2", "trn2", an instance type or a
+    spec), with precision ``options`` (auto-cast, quantisation; default: the model's own types)."""
     spec = core_spec(target)
+    if options is not None and not isinstance(options, CompilerOptions):
+        raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
+    graph = apply_options(graph, options)
     missing = unsupported_ops(graph)
     if missing:
         raise UnsupportedOpsError(missing)
@@ -123,7 +142,8 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1") -> Program:  # noqa: 
     for op in graph.ops:
         ctx.position = op.index
         ctx.em.current_op = op.index
-        LOWERINGS[op.opcode](ctx, op)
+        if op.index not in ctx.lowered_with:  # e.g. a dequantising scale fused into its matmul
+            LOWERINGS[op.opcode](ctx, op)
         if op.index in output_indices:
             value = ctx.values[op.index]
             tensor = ctx.hbm_tensors.get(value.hbm or "")

@@ -105,6 +105,7 @@ class Context:
         self._next_buffer = 0
         self._identity: Buffer | None = None
         self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
+        self.lowered_with: dict[int, int] = {}  # op index -> the earlier op whose lowering made it
 
     # -- buffers ---------------------------------------------------------------------------
     def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
@@ -163,10 +164,12 @@ class Context:
 
     # -- HBM -------------------------------------------------------------------------------
     def hbm_tensor(self, name: str, op: Op, kind: HbmTensorKind, *, shape: tuple[int, ...] | None = None,
-                   pretransposed: bool = False) -> str:
+                   pretransposed: bool = False, dtype: DType | None = None) -> str:
+        """Declare an HBM tensor holding ``op``'s value; ``dtype`` when it is stored in another type
+        than the value's (an int8 weight read as bf16)."""
         if name not in self.hbm_tensors:
             self.hbm_tensors[name] = HbmTensor(name, shape if shape is not None else op.shape,
-                                               op.dtype, kind, op.index, pretransposed)
+                                               dtype or op.dtype, kind, op.index, pretransposed)
         return name
 
     def view_sources(self, name: str) -> list[str]:

@@ -16,11 +16,34 @@ from neuroncore.hardware import CoreSpec, Engine
 
 
 def matmul_cycles(spec: CoreSpec, moving_free: int, dtype: DType) -> int:
-    """MultiplyMoving II = max(N_moving, MM_INIT_LATENCY) PE cycles; FP32 costs x4 (two passes)."""
+    """MultiplyMoving II = max(N_moving, MM_INIT_LATENCY) PE cycles; FP32 costs x4 (two passes).
+
+    BF16, FP16, TF32 and FP8 all run at this rate per instruction (§3.3); FP8's 2x on NC-v3 comes
+    from the instruction covering K = 256 (``double_row``), not from a shorter instruction.
+    """
     cycles = max(moving_free, spec.mm_init_latency_cycles)
     if dtype is DType.FP32:
         cycles *= spec.fp32_matmul_factor
     return cycles
+
+
+def double_row(spec: CoreSpec, dtype: DType) -> bool:
+    """Whether matmuls of ``dtype`` use NC-v3's FP8 double-row mode: K up to 256 per instruction
+    in the time of a K = 128 BF16 one (§3.1), i.e. twice the BF16 FLOP rate (158 TFLOPS)."""
+    return spec.fp8_double_row and dtype.is_fp8
+
+
+def contraction_per_matmul(spec: CoreSpec, dtype: DType) -> int:
+    """Rows of K one MultiplyMoving contracts: 128 (the PE rows), 256 for double-row FP8."""
+    return spec.max_contraction * (2 if double_row(spec, dtype) else 1)
+
+
+def adjusted_flops_factor(spec: CoreSpec, dtype: DType) -> float:
+    """BF16-equivalent FLOPs per raw FLOP (§3.6): x4 FP32, x1 BF16/FP16/TF32, FP8 x1 on NC-v2 and
+    x0.5 on NC-v3 (where it runs at twice the BF16 rate)."""
+    if dtype.is_fp8:
+        return 0.5 if spec.fp8_double_row else 1.0
+    return dtype.flops_multiplier
 
 
 def ldweights_cycles(spec: CoreSpec, stationary_free: int, dtype: DType) -> int:

@@ -20,6 +20,7 @@ from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
 from neuroncore.compiler.view_steps import ApplyOp
+from neuroncore.dtypes import DType
 from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import Op
@@ -37,12 +38,16 @@ def lower_weight(ctx: Context, op: Op) -> None:
         u.opcode == "dot" and _needs_transpose(u, u.operands.index(op)) for u in uses
     ) and all(u.operands.count(op) == 1 for u in uses)
     shape = (*op.shape[:-2], op.shape[-1], op.shape[-2]) if pretransposed else op.shape
+    stored = op.dtype
     if op.opcode == "convert":  # a cast weight, folded: named after its source and type
         label = f"{op.operands[0].attrs.get('label', op.name)}.{op.dtype.value}"
+        if op.operands[0].dtype is DType.INT8:  # int8 weight-only: stays int8 in HBM, cast in the
+            stored = DType.INT8                  # DMA that loads it (neuroncore.md §5.3)
+            label = op.operands[0].attrs.get("label", op.name)
     else:
         label = op.attrs.get("label", op.name)
     name = ctx.hbm_tensor(f"weight.{label}", op, HbmTensorKind.WEIGHT, shape=shape,
-                          pretransposed=pretransposed)
+                          pretransposed=pretransposed, dtype=stored)
     value = ctx.define(op, home=Memory.HBM, hbm=name)
     value.pretransposed = pretransposed
 

@@ -43,25 +43,34 @@ SBUF_BUDGET_FRACTION = 0.7
 # -- PE instructions ---------------------------------------------------------------------------
 
 
-def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0) -> int:
-    """LoadStationary; ``pad`` zero columns before it place its output rows at PSUM partition pad."""
+def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
+              stationary2: Ref | None = None) -> int:
+    """LoadStationary; ``pad`` zero columns before it place its output rows at PSUM partition pad.
+    ``stationary2`` makes it an FP8 double-row load ``[128, 2, M]`` (NC-v3): the 4x128 FP8 input
+    path moves both rows in the time of one BF16 row (§2.2) [assumption for LS]."""
     spec = ctx.spec
     cycles = costs.ldweights_cycles(spec, stationary.cols + pad, dtype)
-    nbytes = stationary.rows * stationary.cols * dtype.itemsize
+    rows = stationary.rows + (stationary2.rows if stationary2 is not None else 0)
+    nbytes = rows * stationary.cols * dtype.itemsize
+    reads = [sbuf_key(stationary), *([sbuf_key(stationary2)] if stationary2 is not None else [])]
+    shape = (f"[{stationary.rows}x{stationary.cols}]" if stationary2 is None
+             else f"[{stationary.rows}x2x{stationary.cols}] perf_mode=double_row")
     return ctx.em.instruction(
         Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
-        reads=[sbuf_key(stationary)], writes=[], track=RES_TENSOR_LS,
-        text=f"src={ctx.ref_text(stationary)} [{stationary.rows}x{stationary.cols}]",
-        semantics=LoadWeights(stationary),
+        reads=reads, writes=[], track=RES_TENSOR_LS,
+        text=f"src={ctx.ref_text(stationary)} {shape} {dtype.profile_name}",
+        semantics=LoadWeights(stationary, stationary2),
         counters=NodeCounters(sbuf_read_bytes=nbytes),
     )
 
 
 def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, position: Accumulation, *,
-           transpose: bool = False) -> None:
-    """One MultiplyMoving (two FP32_LO_HI passes for FP32 inputs, each recording half the FLOPs)."""
+           transpose: bool = False, moving2: Ref | None = None) -> None:
+    """One MultiplyMoving (two FP32_LO_HI passes for FP32 inputs, each recording half the FLOPs).
+    ``moving2`` makes it an FP8 double-row MultiplyMoving (NC-v3): K up to 256 in the time of a
+    K = 128 BF16 instruction (§3.1)."""
     spec = ctx.spec
-    k, m, n = moving.rows, stationary.cols, moving.cols
+    k, m, n = moving.rows + (moving2.rows if moving2 is not None else 0), stationary.cols, moving.cols
     flops = 2 * k * m * n
     passes = 2 if dtype is DType.FP32 and not transpose else 1
     cycles: float
@@ -78,16 +87,19 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
         else:
             counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
                                     raw_flops=flops // passes,
-                                    adjusted_flops=int(flops // passes * dtype.flops_multiplier))
+                                    adjusted_flops=int(flops // passes
+                                                       * costs.adjusted_flops_factor(spec, dtype)))
         accumulate = position.accumulates or p > 0
+        extra = [sbuf_key(moving2)] if moving2 is not None else []
         ctx.em.instruction(
             Engine.TENSOR, "MATMUL", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
-            reads=[sbuf_key(moving), *([sbuf_key(psum)] if accumulate else [])],
+            reads=[sbuf_key(moving), *extra, *([sbuf_key(psum)] if accumulate else [])],
             writes=[sbuf_key(psum)], track=RES_TENSOR_MM,
             text=(f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} acc={position}"
                   f"{' fp32_pass=' + label if label else ''}{' transpose' if transpose else ''}"
-                  f" {k}x{m}x{n}"),
-            semantics=MatMul(psum, moving, position.accumulates, transpose)
+                  f"{' perf_mode=double_row' if moving2 is not None else ''}"
+                  f" {dtype.profile_name} {k}x{m}x{n}"),
+            semantics=MatMul(psum, moving, position.accumulates, transpose, moving2)
             if p == 0 else NOP,
             tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
             counters=counters,
@@ -200,7 +212,8 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         eff_a = _row_efficiency(spec, (kt if a_ktiled else 1) * min(mb, m) * item)
         eff_b = _row_efficiency(spec, (kt if b_ktiled else 1) * min(nb, n) * item)
         dma_ns = (traffic_a / eff_a + traffic_b / eff_b) / spec.dma_bytes_per_s * 1e9 * batches
-        mms = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / P) * batches
+        mms = (math.ceil(m / P) * math.ceil(n / BANK_COLS)
+               * math.ceil(k / costs.contraction_per_matmul(spec, dtype)) * batches)
         pe_ns = mms * mm_cycles * 1e9 / spec.pe_clock_hz
         if a_transposed:
             pe_ns += (math.ceil(m / P) * math.ceil(k / P) * reloads_a * batches
@@ -281,7 +294,8 @@ class _Operand:
                 buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk")
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
-                ctx.dma_load(ctx.load_queue(value), access, whole, op.dtype,
+                # the DMA moves the stored type (int8 for a quantised weight, cast in flight)
+                ctx.dma_load(ctx.load_queue(value), access, whole, tensor.dtype,
                              rows_per_batch=rows_per_batch, ktiles=kt)
                 for j, kk in enumerate(range(k0, k1, P)):
                     refs.append(Ref(buf.id, 0, min(P, k1 - kk), j * width, (j + 1) * width))
@@ -337,7 +351,13 @@ def lower_dot(ctx: Context, op: Op) -> None:
     dtype = lhs.dtype  # operand type sets PE cost; the result type (op.dtype) only the evacuation
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
-    value = ctx.define(op)
+    scaled = fused_scale(ctx, op)
+    target = op
+    if scaled is not None:  # the dot writes the scaled product: the multiply's value
+        target = scaled.product
+        for fused in scaled.fused:
+            ctx.lowered_with[fused.index] = op.index
+    value = ctx.define(target)
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home is Memory.SBUF else [])
     plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
@@ -369,7 +389,7 @@ def lower_dot(ctx: Context, op: Op) -> None:
                             a_cache[k0] = a_refs
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
-                                    first, last, acc_buf, evac)
+                                    first, last, acc_buf, evac, scaled)
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
@@ -385,12 +405,49 @@ def lower_dot(ctx: Context, op: Op) -> None:
             ctx.unpin_all()
 
 
+@dataclass(frozen=True)
+class FusedScale:
+    """A dot whose only reader multiplies it by a row of per-column scales (int8 weight-only
+    dequantisation, ``compiler.precision``), maybe then cast: the PSUM evacuation multiplies the
+    FP32 sums by the scales and writes ``product``'s value (the multiply or its cast) directly."""
+
+    product: Op  # the multiply, or the convert of it
+    scales: Op  # the broadcast of the 1-D scale constant to the dot's shape
+    fused: tuple[Op, ...]  # the ops lowered by the dot's lowering
+
+
+def _only_user(ctx: Context, op: Op) -> Op | None:
+    uses = ctx.uses[op.index]
+    if len(uses) != 1 or op.index in ctx.outputs:
+        return None
+    return ctx.graph.ops[uses[0]]
+
+
+def fused_scale(ctx: Context, op: Op) -> FusedScale | None:
+    """The scale multiply (and cast) that can be folded into ``op``'s evacuation, if any."""
+    user = _only_user(ctx, op)
+    if user is None or user.opcode != "multiply" or user.operands[0] is not op:
+        return None
+    spread = user.operands[1]
+    source = spread.operands[0] if spread.operands else None
+    if (spread.opcode != "broadcast" or spread.index > op.index or source is None
+            or source.opcode != "constant" or "init" not in source.attrs or len(source.shape) != 1
+            or tuple(spread.attrs["dims"]) != (len(op.shape) - 1,)
+            or {user.dtype, spread.dtype, op.dtype} != {DType.FP32}):
+        return None
+    cast = _only_user(ctx, user)
+    if cast is not None and cast.opcode == "convert" and cast.dtype.is_float:
+        return FusedScale(cast, spread, (user, cast))
+    return FusedScale(user, spread, (user,))
+
+
 def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs: list[Ref], b: int,
                     ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
-                    last: bool, acc_buf: Buffer | None, evac: Iterator[Engine]) -> None:
+                    last: bool, acc_buf: Buffer | None, evac: Iterator[Engine],
+                    scaled: FusedScale | None = None) -> None:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
     per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
-    (m0, m1), (n0, n1), (k0, k1) = ms, ns, ks
+    (m0, m1), (n0, n1) = ms, ns
     dtype = op.operands[0].dtype
     for mm0 in range(m0, m1, P):
         mm1 = min(m1, mm0 + P)
@@ -400,24 +457,42 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
             chunks = [(c, min(n1, c + BANK_COLS))
                       for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS), BANK_COLS)]
             banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
-            for j, _kk in enumerate(range(k0, k1, P)):
-                pos = Accumulation.of(j, len(a_refs))
-                stationary = Ref(a_refs[j].buf, 0, a_refs[j].rows,
-                                 a_refs[j].f0 + mm0 - m0, a_refs[j].f0 + mm1 - m0)
-                ldweights(ctx, stationary, dtype, pad=p0)
+            # k-tiles per MultiplyMoving: pairs in FP8 double-row mode (NC-v3), else one each;
+            # the second tile of a pair must be full (K rows 128..255 of a [128, 2, x] operand)
+            groups: list[list[int]] = []
+            for j in range(len(a_refs)):
+                if (groups and len(groups[-1]) == 1 and costs.double_row(ctx.spec, dtype)
+                        and a_refs[groups[-1][0]].rows == P):
+                    groups[-1].append(j)
+                else:
+                    groups.append([j])
+            for g, tiles in enumerate(groups):
+                pos = Accumulation.of(g, len(groups))
+                stationary, *second = (Ref(a_refs[j].buf, 0, a_refs[j].rows, a_refs[j].f0 + mm0 - m0,
+                                           a_refs[j].f0 + mm1 - m0) for j in tiles)
+                ldweights(ctx, stationary, dtype, pad=p0, stationary2=second[0] if second else None)
                 for bank, (c0, c1) in zip(banks, chunks):
-                    moving = Ref(b_refs[j].buf, 0, b_refs[j].rows,
-                                 b_refs[j].f0 + c0 - n0, b_refs[j].f0 + c1 - n0)
+                    moving, *moving2 = (Ref(b_refs[j].buf, 0, b_refs[j].rows, b_refs[j].f0 + c0 - n0,
+                                            b_refs[j].f0 + c1 - n0) for j in tiles)
                     matmul(ctx, Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0), moving, stationary,
-                           dtype, pos)
+                           dtype, pos, moving2=moving2[0] if moving2 else None)
+            # a fused dequantisation scale: one load of the group's scale columns, for all its banks
+            scale_tile = (ctx.tile(scaled.scales, t, Layout.ROW, (chunks[0][0], chunks[-1][1]))
+                          if scaled is not None and last else None)
             for bank, (c0, c1) in zip(banks, chunks):
                 psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
                 acc_ref = None
                 if acc_buf is not None:
                     base = (mm0 - m0) // P * plan.nb + c0 - n0
                     acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
-                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac))
+                scale = None
+                if scale_tile is not None:
+                    offset = scale_tile.f0 + c0 - chunks[0][0]
+                    scale = Ref(scale_tile.buf, p0, p0 + n_rows, offset, offset + c1 - c0)
+                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac), scaled, scale)
                 ctx.free(bank)
+            if scaled is not None and scale_tile is not None:
+                ctx.release(scaled.scales, scale_tile)
 
 
 def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,
@@ -435,9 +510,23 @@ def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]]
 
 
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
-              acc: Ref | None, engine: Engine) -> None:
-    """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split."""
+              acc: Ref | None, engine: Engine, scaled: FusedScale | None = None,
+              scale: Ref | None = None) -> None:
+    """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split; with a
+    fused scale the last step multiplies by the ``scale`` row (a Vector op in place of the copy)."""
     rows = (psum.p0, psum.p1)
+    if scaled is not None and last:
+        assert scale is not None
+        target = scaled.product
+        out = ctx.produce(target, t, c0, c1, rows)
+        if first:
+            tensor_tensor(ctx, "mult", out, psum, scale)
+        else:
+            assert acc is not None
+            tensor_tensor(ctx, "add", out, acc, psum)
+            tensor_tensor(ctx, "mult", out, out, scale)
+        ctx.produced(target, t, out, c0, c1)
+        return
     if first and last:
         out = ctx.produce(op, t, c0, c1, rows)
         tensor_copy(ctx, out, psum, engine)

@@ -166,19 +166,23 @@ class Identity:
 
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
-    """LDWEIGHTS: ``stationary`` becomes the PE's weights for the next MATMULs."""
+    """LDWEIGHTS: ``stationary`` becomes the PE's weights for the next MATMULs; an FP8 double-row
+    load (NC-v3) also holds ``stationary2``, the next 128 rows of K, below it."""
 
     stationary: Ref
+    stationary2: Ref | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class MatMul:
-    """MATMUL: ``psum (+)= weights^T @ moving``; ``transpose`` marks a PE transpose (identity)."""
+    """MATMUL: ``psum (+)= weights^T @ moving``; ``transpose`` marks a PE transpose (identity). An
+    FP8 double-row MATMUL (NC-v3) streams ``moving2`` (the next 128 rows of K) below ``moving``."""
 
     psum: Ref
     moving: Ref
     accumulate: bool
     transpose: bool
+    moving2: Ref | None = None
 
 
 @dataclass(frozen=True, slots=True)

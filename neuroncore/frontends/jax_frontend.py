@@ -79,6 +79,7 @@ _LIBRARY_DIRS = tuple(_package_dir(m) for m in (jax, jaxlib, np))
 # HLO element types -> IR dtypes. Integers travel as int32 (JAX uses 32-bit ints unless x64 is on).
 _DTYPES = {
     "f32": DType.FP32, "f64": DType.FP32, "bf16": DType.BF16, "f16": DType.FP16, "pred": DType.PRED,
+    "f8e4m3fn": DType.FP8_E4M3, "f8e5m2": DType.FP8_E5M2,  # the Tensor engine's FP8 inputs
     **{t: DType.INT32 for t in ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")},
 }
 # HLO opcodes the IR has under the same name; erf keeps XLA's own approximation (_op_erf), which

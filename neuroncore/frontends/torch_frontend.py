@@ -68,6 +68,8 @@ _DTYPES = {
     torch.float32: DType.FP32,
     torch.bfloat16: DType.BF16,
     torch.float16: DType.FP16,
+    torch.float8_e4m3fn: DType.FP8_E4M3,  # the Tensor engine's FP8 inputs (NC-v3 double-row)
+    torch.float8_e5m2: DType.FP8_E5M2,
     torch.int64: DType.INT32,
     torch.int32: DType.INT32,
     torch.bool: DType.PRED,
@@ -201,7 +203,7 @@ def _meta(node: torch.fx.Node) -> Any:
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach().cpu()
-    if t.dtype in (torch.bfloat16, torch.float16):
+    if t.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
         t = t.float()
     if t.dtype == torch.int64:
         t = t.to(torch.int32)

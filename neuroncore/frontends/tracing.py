@@ -23,6 +23,7 @@ import numpy as np
 
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler import unsupported_ops
+from neuroncore.compiler.options import AutoCast, CompilerOptions
 from neuroncore.compiler.program import Program
 from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Graph, Op
@@ -307,11 +308,15 @@ def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> i
 def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
           instance: str | Instance | None = None, dtype: str | None = None,
           buckets: Sequence[int] | None = None, bucket_dim: int = 1,
-          core: int = 0, tp_degree: int = 1, replicas: int = 1) -> TracedModel:
+          core: int = 0, tp_degree: int = 1, replicas: int = 1,
+          options: CompilerOptions | None = None) -> TracedModel:
     """Compile ``fn`` (a torch module or a JAX-traceable function) for one core of ``instance``.
 
     ``dtype="bf16"`` auto-casts matmuls to bf16 with FP32 accumulation (``--auto-cast matmult``);
-    anything else runs in the model's own dtypes. Unsupported ops fail with the full list.
+    anything else runs in the model's own dtypes. ``options`` (a ``CompilerOptions``) chooses any
+    other auto-cast (``AutoCast.MATMULT``/``ALL`` to BF16, FP16, TF32 or FP8_E4M3) and int8
+    weight-only quantisation (``Quantization.INT8_WEIGHT_ONLY``). Unsupported ops fail with the full
+    list.
     ``example_inputs`` is a tuple, or for PyTorch a dict of keyword inputs
     (``{"input_ids": ids, "attention_mask": mask}``, as ``model(**inputs)`` is called); the traced
     model then takes them by name or positionally in that order.
@@ -323,6 +328,10 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
     """
     if dtype not in (None, "fp32", "bf16"):
         raise TraceError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
+    if options is not None and not isinstance(options, CompilerOptions):
+        raise TraceError(f"options must be a CompilerOptions, not {type(options).__name__}")
+    if dtype == "bf16" and options is not None and options.auto_cast is not AutoCast.NONE:
+        raise TraceError("dtype='bf16' is an auto-cast already; give the auto-cast in options only")
     for name, value in (("tp_degree", tp_degree), ("replicas", replicas)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise TraceError(f"{name} must be a positive integer, not {value!r}")
@@ -335,7 +344,7 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
     for length in lengths:
         inputs = examples if length is None else frontend.resize(examples, bucket_dim, length)
         converted = frontend.convert(fn, inputs, autocast=autocast)
-        program, model = _load(converted.graph, inst, core, tp_degree, replicas)
+        program, model = _load(converted.graph, inst, core, tp_degree, replicas, options)
         shapes = [tuple(p.shape) for p in converted.graph.parameters]
         variants.append(_Variant(length, converted, program, model, shapes))
     keywords = tuple(examples) if isinstance(examples, dict) else None
@@ -343,10 +352,10 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
 
 
 def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
-          replicas: int) -> tuple[Program, Runnable]:
+          replicas: int, options: CompilerOptions | None = None) -> tuple[Program, Runnable]:
     """Compile and load on one core, or sharded over ``tp_degree`` cores, ``replicas`` times."""
     if tp_degree == 1 and replicas == 1:
-        program = compile_graph(graph, inst.spec.chip.core)
+        program = compile_graph(graph, inst.spec.chip.core, options)
         return program, inst.core(core).load(program)
     from neuroncore.parallel import DataParallelModel, ShardingError, TensorParallelModel, shard
     from neuroncore.parallel.group import check_placement
@@ -355,7 +364,7 @@ def _load(graph: Graph, inst: Instance, core: int, tp_degree: int,
     try:
         check_placement(instance_topology(inst.name, nodes=inst.nodes), tp_degree, core, replicas)
         sharded = shard(graph, tp_degree)
-        program = compile_graph(sharded.local, inst.spec.chip.core)
+        program = compile_graph(sharded.local, inst.spec.chip.core, options)
         copies = [TensorParallelModel(sharded, program, inst, first_rank=core + k * tp_degree)
                   for k in range(replicas)]
     except ShardingError as exc:

@@ -27,6 +27,7 @@ import numpy as np
 from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.options import CompilerOptions
 from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
@@ -116,14 +117,16 @@ class TensorParallelModel:
 
     @classmethod
     def load(cls, graph: Graph, instance: str | Instance | None = None, *, tp_degree: int,
-             first_rank: int = 0, rank_slowdown: Mapping[int, float] | None = None) -> TensorParallelModel:
-        """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once, load it on each."""
+             first_rank: int = 0, rank_slowdown: Mapping[int, float] | None = None,
+             options: CompilerOptions | None = None) -> TensorParallelModel:
+        """Shard ``graph`` over ``tp_degree`` ranks, compile the rank program once (with precision
+        ``options``, applied to the rank's graph), load it on each."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
         topology = instance_topology(inst.name, nodes=inst.nodes)
         check_placement(topology, tp_degree, first_rank)
         sharded = shard(graph, tp_degree)
         _require_fit(sharded.local, inst, topology, range(first_rank, first_rank + tp_degree))
-        program = compile_graph(sharded.local, inst.spec.chip.core)
+        program = compile_graph(sharded.local, inst.spec.chip.core, options)
         return cls(sharded, program, inst, first_rank=first_rank, topology=topology,
                    rank_slowdown=rank_slowdown)
 
@@ -339,7 +342,7 @@ class DataParallelModel:
 
     @classmethod
     def load(cls, graph: Graph, instance: str | Instance | None = None, *, tp_degree: int = 1,
-             replicas: int | None = None) -> DataParallelModel:
+             replicas: int | None = None, options: CompilerOptions | None = None) -> DataParallelModel:
         """``replicas`` copies (default: as many as fit) of ``graph``, each on ``tp_degree`` ranks."""
         inst = instance if isinstance(instance, Instance) else Instance(instance)
         topology = instance_topology(inst.name, nodes=inst.nodes)
@@ -347,7 +350,7 @@ class DataParallelModel:
         check_placement(topology, tp_degree, 0, count)
         sharded = shard(graph, tp_degree)
         _require_fit(sharded.local, inst, topology, range(count * tp_degree))
-        program = compile_graph(sharded.local, inst.spec.chip.core)
+        program = compile_graph(sharded.local, inst.spec.chip.core, options)
         return cls([TensorParallelModel(sharded, program, inst, first_rank=k * tp_degree, topology=topology)
                     for k in range(count)])
 

@@ -250,11 +250,17 @@ class Machine:
         self.write(s.out, np.eye(s.out.rows, s.out.cols, dtype=np.float32))
 
     def _load_weights(self, s: ns.LoadWeights) -> None:
-        self.weights = self.read(s.stationary).copy()
+        weights = self.read(s.stationary)
+        if s.stationary2 is not None:  # FP8 double-row: K rows 128..255 below the first 128
+            weights = np.concatenate([weights, self.read(s.stationary2)])
+        self.weights = weights.copy()
 
     def _matmul(self, s: ns.MatMul) -> None:
         assert self.weights is not None
-        product = self.weights.T @ self.read(s.moving)
+        moving = self.read(s.moving)
+        if s.moving2 is not None:
+            moving = np.concatenate([moving, self.read(s.moving2)])
+        product = self.weights.T @ moving
         if s.accumulate:
             product = self.read(s.psum) + product
         self.write(s.psum, product)
