@@ -85,6 +85,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.workload in TRAIN_WORKLOADS:
         if args.rank_slowdown:
             raise ValueError("--rank-slowdown applies to tensor-parallel inference workloads")
+        if args.auto_cast or args.auto_cast_type or args.quantize:
+            raise ValueError("--auto-cast, --auto-cast-type and --quantize apply to inference workloads; "
+                             "training workloads set theirs with --set precision=...")
         return cmd_train(args, console)
     for name in ("pp", "dp", "nodes"):
         if getattr(args, name) is not None:

@@ -7,6 +7,11 @@ type (ml_dtypes / torch casts), products accumulated in FP32, the result rounded
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -29,6 +34,7 @@ from neuroncore.dtypes import DType, as_dtype, round_to, to_storage
 from neuroncore.hardware import NC_V2, NC_V3
 from neuroncore.workloads import WORKLOADS, random_inputs
 
+REPO = Path(__file__).resolve().parents[2]
 INSTANCES = {"trn1": "trn1.2xlarge", "trn2": "trn2.48xlarge"}
 NUMPY_TYPES = {DType.BF16: ml_dtypes.bfloat16, DType.FP16: np.float16,
                DType.FP8_E4M3: ml_dtypes.float8_e4m3fn, DType.FP8_E5M2: ml_dtypes.float8_e5m2}
@@ -355,3 +361,38 @@ def test_int8_weight_only_with_tensor_parallel_quantises_each_rank():
     out = group.execute(inputs).outputs[0].astype(np.float32)
     exact = nc.run_reference(graph, inputs)[0].astype(np.float32)
     assert np.abs(out - exact).max() / np.abs(exact).max() < 0.1
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def _neuroncore(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURONSCOPE_")}
+    env.update(COLUMNS="160", NEURONSCOPE_CONFIG=str(REPO / "nonexistent-test-config.toml"))
+    return subprocess.run([sys.executable, "-m", "neuroncore.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_runs_fp8_auto_cast_and_int8_quantisation():
+    fp8 = _neuroncore("run", "-w", "matmul", "--set", "m=128", "--set", "k=512", "--set", "n=512",
+                      "--dtype", "fp32", "--auto-cast-type", "fp8_e4m3", "--instance", "trn2.48xlarge")
+    assert fp8.returncode == 0, fp8.stderr
+    assert "auto-cast matmult to fp8_e4m3" in fp8.stdout
+    quant = _neuroncore("run", "-w", "llama-decode", "--set", "layers=1", "--quantize", "int8-weight-only",
+                        "--timing-only")
+    assert quant.returncode == 0, quant.stderr
+    assert "quantize int8-weight-only" in quant.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--auto-cast", "all", "--auto-cast-type", "fp8_e4m3"), "FP8 is a Tensor-engine input format"),
+    (("--auto-cast-type", "fp8_e4m3", "--quantize", "int8-weight-only"), "cannot be combined with FP8"),
+    (("--auto-cast-type", "int4"), "invalid choice: 'int4'"),
+])
+def test_cli_refuses_bad_precision_options_in_one_line(args, fragment):
+    result = _neuroncore("run", "-w", "matmul", "--set", "m=128", "--set", "k=128", "--set", "n=128",
+                         *args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neuroncore") and fragment in lines[0], lines
