@@ -507,3 +507,23 @@ def test_profile_instructions_carry_kernel_lines(tmp_path):
     assert exp_line.self_ns > 0 and exp_line.instructions == 1 and exp_line.function == "k"
     kernel_frame = [lt for (f, n), lt in lines.items() if f == str(HERE) and lt.function == "k"]
     assert len(kernel_frame) >= 3  # load, exp, store lines
+
+
+def test_nki_profile_writes_one_of_our_profiles(tmp_path):
+    script = tmp_path / "p.py"
+    script.write_text(
+        "import numpy as np\nfrom neuroncore import nki\nimport neuroncore.nki.language as nl\n"
+        f"@nki.profile(working_directory={str(tmp_path / 'prof')!r}, save_trace_name='double')\n"
+        "def double(x):\n"
+        "    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, value=nl.load(x) * 2.0)\n"
+        "    return out\n"
+        "print(float(double(np.ones((128, 64), np.float32)).sum()))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "16384.0" in done.stdout, done.stderr
+    found = sorted((tmp_path / "prof" / "double").rglob("Instruction*.parquet"))
+    assert found, sorted(p.name for p in (tmp_path / "prof").rglob("*"))
+    from formats.read_api import open_profile
+
+    table = open_profile(found[0].parent).table("Instruction", ["nki_source_location"]).to_pylist()
+    assert any(str(script) + ":7" == r["nki_source_location"] for r in table)
