@@ -173,8 +173,9 @@ def _by_name(names: Iterable[str], weights: np.ndarray) -> dict[str, int]:
     return out
 
 
-def path_report(graph: DepGraph, path: cp.Path) -> PathReport:
-    """Sum the path by engine, queue, collective, op kind, layer kind; its top contributors."""
+def path_report(graph: DepGraph, path: cp.Path, lookup: Any = None) -> PathReport:
+    """Sum the path by engine, queue, collective, op kind, layer kind; its top contributors.
+    ``lookup(ids, column)`` gives instructions' text by id (the source lines of the contributors)."""
     ev, contrib = path.events, path.contribution_ns
     kind = graph.kind[ev]
     by_engine: dict[str, int] = {}
@@ -222,13 +223,14 @@ def path_report(graph: DepGraph, path: cp.Path) -> PathReport:
         first_event: dict[int, int] = {}
         for e, c in zip(ev[hlo_codes >= 0].tolist(), codes.tolist()):
             first_event.setdefault(c, e)
+        chosen = [int(graph.ident[first_event[int(c)]]) for c in np.argsort(-sums)[:TOP] if sums[c] > 0]
+        sources = lookup(chosen, "bir_debug_info_source_location") if lookup is not None else {}
         for c in np.argsort(-sums)[:TOP]:
             if sums[c] <= 0:
                 break
             e = first_event[int(c)]
             contributors.append(Contributor(hlo_names[int(c)], graph.text("layer", e),
-                                            graph.text("bir_debug_info_source_location", e),
-                                            int(sums[c]), int(counts[c])))
+                                            sources.get(int(graph.ident[e])), int(sums[c]), int(counts[c])))
     for lane_kind, table, label in ((DMA, by_queue, "dma"), (CC, by_cc, "collective")):
         for name, ns in table.items():
             count = int(((kind == lane_kind) & (graph.lane[ev] == lanes.index(name))).sum())
@@ -322,9 +324,14 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
     try:
         graph = depgraph.load_graph(profile, con)
         t, _ = device_time_ns(profile, con)
+        return _analyze(profile, graph, t,
+                        lambda ids, column: depgraph.instruction_text(profile, ids, column, con))
     finally:
         if own:
             con.close()
+
+
+def _analyze(profile: Profile, graph: DepGraph, t: float | None, lookup: Any) -> Analysis:
     device_ns = int(t or graph.device_time_ns)
     skipped: list[tuple[str, str]] = []
     notes = [g for g in graph.gaps if not g.startswith("no Instruction")]
@@ -333,7 +340,7 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
         skipped += [("critical path", reason), ("idle attribution", reason)]
         return Analysis(str(profile.path), device_ns, None, {}, [], skipped, notes, graph.n)
     rel = cp.release(graph)
-    path = path_report(graph, cp.critical_path(graph, rel))
+    path = path_report(graph, cp.critical_path(graph, rel), lookup)
     idle = idle_report(graph, cp.idle_gaps(graph, rel))
     if not graph.flow_edges:
         skipped.append(("dependency edges", "the profile has no Flow table; the critical path and idle "

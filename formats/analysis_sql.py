@@ -135,8 +135,8 @@ LEFT JOIN analysis_release r ON r.profile = e.profile AND r.kind = e.kind AND r.
 LEFT JOIN analysis_events pe ON pe.profile = r.profile AND pe.kind = r.pred_kind AND pe.id = r.pred_id
      AND pe.execution = path.execution
 UNION ALL  -- host: from the last event's end to the window's end (step -1)
-SELECT w.profile, w.execution, -1, 'host', NULL, coalesce(l.e, w.start_ts), w.end_ts, 'host', NULL, NULL, NULL,
-       NULL, w.end_ts - coalesce(l.e, w.start_ts), 0, false
+SELECT w.profile, w.execution, -1, 'host', NULL, coalesce(l.e, w.start_ts), w.end_ts, 'host', NULL, NULL,
+       NULL, NULL, w.end_ts - coalesce(l.e, w.start_ts), 0, false
 FROM analysis_windows w
 LEFT JOIN (SELECT profile, execution, max(end_ts) AS e FROM analysis_events GROUP BY 1, 2) l
        ON l.profile = w.profile AND l.execution = w.execution

@@ -41,10 +41,12 @@ if TYPE_CHECKING:
 
     from formats.reader import Profile
 
-__all__ = ["CC", "DMA", "INSTRUCTION", "KIND_NAMES", "TEXT_COLUMNS", "DepGraph", "load_graph"]
+__all__ = ["CC", "DMA", "INSTRUCTION", "KIND_NAMES", "TEXT_COLUMNS", "DepGraph", "instruction_text",
+           "load_graph"]
 
-TEXT_COLUMNS = ("opcode", "hlo_name", "layer", "bir_debug_info_source_location")
-"""Instruction text columns kept (as dictionary codes) for grouping: op, layer, source line."""
+TEXT_COLUMNS = ("hlo_name", "layer")
+"""Instruction text columns kept (as dictionary codes) for grouping: op and layer. Other columns of
+the few events a report names (source lines) are looked up by id (``instruction_text``)."""
 
 INSTRUCTION, DMA, CC = 0, 1, 2
 KIND_NAMES = ("instruction", "dma_block", "cc_op")
@@ -273,6 +275,24 @@ def _read_flow(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
         return empty, empty, empty.astype(np.int32), empty.astype(np.int32), 0
     return (np.concatenate(srcs), np.concatenate(dsts), np.concatenate(skinds), np.concatenate(dkinds),
             total)
+
+
+def instruction_text(profile: Profile, ids: list[int], column: str,
+                     con: duckdb.DuckDBPyConnection | None = None) -> dict[int, str]:
+    """``column`` of the instructions with these ``ids`` (a handful: the ones a report names)."""
+    source = TableSource(profile, "Instruction")
+    if not ids or not source.present or not source.has(column):
+        return {}
+    own = con is None
+    con = con or sqlsource.connect(threads=2)
+    try:
+        wanted = ", ".join(str(int(i)) for i in ids)
+        rows = con.execute(f"SELECT id, {source.col(column)}::VARCHAR FROM {source.relation()} "
+                           f"WHERE id IN ({wanted})").fetchall()
+        return {int(i): str(v) for i, v in rows if v is not None}
+    finally:
+        if own:
+            con.close()
 
 
 def load_graph(profile: Profile, con: duckdb.DuckDBPyConnection | None = None) -> DepGraph:
