@@ -32,7 +32,9 @@ from formats.units import fmt_ns, fmt_pct
 if TYPE_CHECKING:
     from formats.reader import Profile
 
-__all__ = ["Analysis", "Contributor", "Finding", "IdleReport", "PathReport", "analyze"]
+__all__ = ["Analysis", "Contributor", "Finding", "IdleReport", "PathReport", "analyze", "critical_path_where"]
+
+MAX_HIGHLIGHT_IDS = 50_000  # instructions a timeline highlight of the path names (the last ones)
 
 TOP = 10  # contributors, ops and layers listed per table
 
@@ -347,3 +349,21 @@ def _analyze(profile: Profile, graph: DepGraph, t: float | None, lookup: Any) ->
                                             "causes are inferred from timing alone (implicit predecessors)"))
     return Analysis(str(profile.path), device_ns, path, idle, _findings(device_ns, path, idle), skipped,
                     notes, graph.n)
+
+
+def critical_path_where(analysis: Analysis) -> tuple[str, str] | None:
+    """The critical path's instructions as an SQL condition over ``Instruction`` (``id IN (...)``)
+    and a one-line description, for a viewer's timeline highlight; None when there is no path. At most
+    ``MAX_HIGHLIGHT_IDS`` ids (the ones nearest the end of the execution) -- the description says so."""
+    path = analysis.critical_path
+    if path is None:
+        return None
+    ids = path.event_ids[path.event_kinds == INSTRUCTION]
+    if not ids.size:
+        return None
+    shown = ids[:MAX_HIGHLIGHT_IDS]
+    more = f" (the last {len(shown):,} of {ids.size:,})" if ids.size > shown.size else ""
+    other = path.events - int(ids.size)
+    extra = f"; {other:,} DMA/collective events on it" if other else ""
+    where = "id IN (" + ", ".join(str(int(i)) for i in shown) + ")"
+    return where, f"critical path: {ids.size:,} instructions{more}{extra}, {fmt_ns(path.length_ns)}"

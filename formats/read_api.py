@@ -23,6 +23,9 @@ here, by job (each job has exactly one implementation):
   ``engine_busy``, ``track_busy``, ``row_busy``, ``busy_buckets`` (busy time per bucket: one
   definition, the exact union), ``from_summary``, ``summary_row``; op/layer/line times
   (``attribute``) and ``find`` (the findings).
+* **Analyses** (``formats.analysis``, docs/analyses.md): ``analyze`` -> ``Analysis`` (critical path,
+  idle by cause, findings), ``profile_lines`` (its text report), ``critical_path_where`` (the path's
+  instructions as an SQL condition over ``Instruction``, for a timeline highlight).
 * **Source lines**: ``SourceAccess``, ``read_source``, ``SourceText``, ``SourceStatus`` (a profile's
   recorded paths never escape its working directory).
 * **Queries** of a viewer's own: ``TableSource`` (a table's files as a DuckDB relation),
@@ -42,6 +45,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from formats.analysis import Analysis, analyze, critical_path_where
+    from formats.analyze_command import profile_lines
     from formats.attribution import Attribution, attribute, module_kind
     from formats.dataset import ProfileEntry, capture_state, find_profiles, in_incomplete_capture
     from formats.figures import (
@@ -111,6 +116,8 @@ if TYPE_CHECKING:
     )
 
 _HOME: dict[str, tuple[str, ...]] = {
+    "formats.analysis": ("Analysis", "analyze", "critical_path_where"),
+    "formats.analyze_command": ("profile_lines",),
     "formats.attribution": ("Attribution", "attribute", "module_kind"),
     "formats.dataset": ("ProfileEntry", "capture_state", "find_profiles", "in_incomplete_capture"),
     "formats.figures": ("BucketBusy", "Busy", "Figures", "RowSelect", "Window", "busiest_opcodes",
@@ -159,6 +166,7 @@ __all__ = [
     "PSUM_USAGE",
     "SBUF_USAGE",
     "UNKNOWN",
+    "Analysis",
     "Attribution",
     "BucketBusy",
     "Busy",
@@ -186,6 +194,7 @@ __all__ = [
     "TableSource",
     "TrackViewport",
     "Window",
+    "analyze",
     "attribute",
     "busiest_opcodes",
     "busy_buckets",
@@ -193,6 +202,7 @@ __all__ = [
     "canonical_engine",
     "capture_state",
     "connect",
+    "critical_path_where",
     "display_name",
     "engine_busy",
     "figures",
@@ -217,6 +227,7 @@ __all__ = [
     "parse_ids",
     "percent_cell",
     "profile_from_files",
+    "profile_lines",
     "read_source",
     "row_busy",
     "summary_row",

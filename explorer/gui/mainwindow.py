@@ -229,6 +229,12 @@ class MainWindow(QMainWindow):
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         menu.addAction(quit_action)
+        analyze_menu = self.menuBar().addMenu("&Analyze")
+        path = QAction("Highlight critical path", self)
+        path.setShortcut(QKeySequence("Ctrl+Shift+P"))
+        path.setToolTip("the chain of dependencies whose length is the device time (docs/analyses.md)")
+        path.triggered.connect(self.highlight_critical_path)
+        analyze_menu.addAction(path)
         help_menu = self.menuBar().addMenu("&Help")
         keys = QAction("Keyboard and mouse…", self)
         keys.setShortcuts([QKeySequence(Qt.Key.Key_F1), QKeySequence("?")])
@@ -344,6 +350,21 @@ class MainWindow(QMainWindow):
         description = ", ".join(f"{p.rsplit('/', 1)[-1]}:{n}" for p, n in lines[:3])
         self.timeline.set_highlight(Highlight(f"lines {description}", where, self.focus))
         self.run(_time_range, loaded, where, then=self._zoom_to_absolute)
+
+    def highlight_critical_path(self) -> None:
+        """Emphasise the critical path's instructions of the focused profile (Analyze menu); the
+        analysis runs on the query pool (``formats.analysis``, through the read API)."""
+        loaded = self.session.profiles[self.focus]
+        self.statusBar().showMessage(f"computing the critical path of {loaded.label}…")
+        self.run(_critical_path, loaded, then=lambda found: self._critical_path_ready(self.focus, found))
+
+    def _critical_path_ready(self, profile: int, found: tuple[str, str] | str) -> None:
+        if isinstance(found, str):
+            self.statusBar().showMessage(found, 8000)
+            return
+        where, description = found
+        self.timeline.set_highlight(Highlight(description, where, profile))
+        self.statusBar().showMessage(description, 8000)
 
     def _zoom_to_absolute(self, span: tuple[int, int] | None) -> None:
         if span is None:
@@ -636,6 +657,14 @@ def _summary_lines(loaded: Any) -> list[tuple[str, str]]:
         ("instructions", fmt_count(loaded.instructions)),
     ]
     return lines + figure_lines(profile_figures(loaded))
+
+
+def _critical_path(loaded: Any) -> tuple[str, str] | str:
+    """(SQL condition, description) of the profile's critical path, or why there is none."""
+    from formats.read_api import analyze, critical_path_where
+
+    found = critical_path_where(analyze(loaded.profile))
+    return found if found is not None else "no critical path: the profile has no instructions"
 
 
 def _time_range(loaded: Any, where: str) -> tuple[int, int] | None:

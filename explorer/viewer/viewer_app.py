@@ -182,6 +182,7 @@ class ViewerApp(App[None]):
         Binding("left_square_bracket", "switch_profile(-1)", "Prev profile", show=False),
         Binding("right_square_bracket", "switch_profile(1)", "Next profile", show=False),
         Binding("escape", "clear", "Clear", show=False),
+        Binding("w", "why", "Why", show=False),
     ]
 
     def __init__(
@@ -709,6 +710,15 @@ class ViewerApp(App[None]):
         return done
 
     # -- actions -------------------------------------------------------------------------------------
+    def action_why(self) -> None:
+        """The analyses pane (critical path, idle by cause) of the profile on screen."""
+        if self.data is None:
+            self.notify("the profile is still opening", timeout=2)
+            return
+        from explorer.viewer.why_screen import WhyScreen
+
+        self.push_screen(WhyScreen(self.data.profile, self.data.name))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 

@@ -516,3 +516,25 @@ async def test_switch_to_a_broken_profile_shows_the_error(tmp_path: Path) -> Non
         await pilot.press("left_square_bracket")
         await settle(pilot)
         assert app.error is None and app.analysis is not None
+
+
+@sync
+async def test_why_pane_shows_the_critical_path(source_root: Path) -> None:
+    """``w`` opens the analyses pane: the critical path (= device time) and idle by cause."""
+    from explorer.viewer.why_screen import WhyScreen
+
+    app = viewer(BERT, source_root)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("w")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, WhyScreen)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert screen.lines is not None
+        text = "\n".join(screen.lines)
+        assert "= device time" in text and "idle by cause:" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, WhyScreen)

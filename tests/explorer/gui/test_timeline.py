@@ -376,3 +376,20 @@ def test_async_window_draws_without_blocking(qt_app: Any, qtbot: Any) -> None:
         assert window.timeline.latencies_ms
     finally:
         window.release()
+
+
+def test_critical_path_is_highlighted(window_factory: Any) -> None:
+    """Analyze > Highlight critical path lights exactly the path's instructions."""
+    from formats.read_api import analyze
+
+    window = window_factory(BERT)
+    loaded = window.session.profiles[0]
+    window.highlight_critical_path()
+    highlight = window.timeline.highlight
+    assert highlight is not None and highlight.description.startswith("critical path:")
+    path = analyze(loaded.profile).critical_path
+    assert path is not None
+    expected = {int(i) for i, k in zip(path.event_ids, path.event_kinds) if k == 0}
+    frame = window.timeline.fetch_now()
+    lit = {int(i) for w in frame.highlights.values() for i in w.id}
+    assert lit and lit <= expected
