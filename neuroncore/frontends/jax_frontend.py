@@ -33,6 +33,7 @@ arranged into the IR's ``dot`` (batch dims first, one contracting dim) with tran
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import os
 import re
@@ -48,6 +49,7 @@ import jaxlib
 import numpy as np
 
 from neuroncore.dtypes import DType, round_to
+from neuroncore.frontends import conv_lowering
 from neuroncore.frontends.hlo import (
     FrameTable,
     HloComputation,
@@ -935,6 +937,97 @@ class _Converter:
             return None
         return _COMBINERS.get(root.opcode)
 
+    def _named_helpers(self, start: int, name: str, result: Op) -> Op:
+        """Name the ops a shared lowering added since ``start`` after the instruction
+        (``<name>.<opcode><k>``), the last one, which computes its value, ``name`` itself."""
+        for k, op in enumerate(self.b.ops_since(start)):
+            if op is not result:
+                op.name = self._aux(name, f"{op.opcode}{k}")
+        result.name = name
+        return result
+
+    def _op_convolution(self, ins: HloInstruction, operands: list[Val], name: str,
+                        shape: tuple[int, ...], dtype: DType) -> Op:
+        """``conv_general_dilated``: the operands are brought to [N, C, *spatial] and [O, I, *k]
+        and lowered as the PyTorch frontend lowers ``aten.convolution`` (``conv_lowering``: im2col
+        + one matmul; feature groups a batched matmul; input dilation spreads the input with
+        zeros, as a transposed convolution does)."""
+        lhs, rhs = operands
+        a = ins.attrs
+        labels = re.fullmatch(r"(\w+)_(\w+)->(\w+)", a.get("dim_labels", ""))
+        if labels is None:
+            raise _Unmappable("dim_labels")
+        lhs_l, rhs_l, out_l = labels.groups()
+        spatial = len(lhs_l) - 2
+        if int(a.get("batch_group_count", 1)) != 1:
+            raise _Unmappable("batch_group_count")
+        if not lhs.dtype.is_float or not rhs.dtype.is_float:
+            raise _Unmappable("integer convolution")
+        window = _window(a.get("window", ""), spatial)
+        if any(window["rhs_reversal"]):
+            raise _Unmappable("window reversal")
+        digits = [str(k) for k in range(spatial)]
+        x = self._transpose(lhs, [lhs_l.index("b"), lhs_l.index("f"), *map(lhs_l.index, digits)],
+                            self._aux(name, "lhs_transpose"))
+        w = self._transpose(rhs, [rhs_l.index("o"), rhs_l.index("i"), *map(rhs_l.index, digits)],
+                            self._aux(name, "rhs_transpose"))
+        if lhs.dtype is not rhs.dtype:
+            x, w = self._convert(x, dtype, self._aux(name, "lhs_convert")), \
+                self._convert(w, dtype, self._aux(name, "rhs_convert"))
+        start = self.b.n_ops
+        spread = conv_lowering.zero_insert(self.b, x, window["lhs_dilate"])
+        y = conv_lowering.conv(self.b, spread, w, None, window["stride"], window["pad"],
+                               window["rhs_dilate"], int(a.get("feature_group_count", 1)))
+        source = {"b": 0, "f": 1, **{d: 2 + k for k, d in enumerate(digits)}}
+        order = [source[label] for label in out_l]
+        if not _is_identity(order):
+            y = self.b.transpose(y, order)
+        if y.dtype is not dtype:
+            y = self.b.convert(y, dtype)
+        if y.shape != tuple(shape):
+            raise _Unmappable(f"shape {list(y.shape)} != {list(shape)}")
+        return self._named_helpers(start, name, y)
+
+    def _op_reduce_window(self, ins: HloInstruction, operands: list[Val], name: str,
+                          shape: tuple[int, ...], dtype: DType) -> Op:
+        """``reduce_window`` (pooling: ``lax.reduce_window``, flax's ``max_pool`` / ``avg_pool``)
+        with an add or max computation: one strided slice per window offset, combined on the
+        Vector engine, as the PyTorch frontend pools."""
+        if len(operands) != 2:
+            raise _Unmappable("variadic")
+        x, init = operands
+        kind = self._combiner(ins.attrs.get("to_apply", ""))
+        if kind not in ("sum", "max") or not dtype.is_float:
+            raise _Unmappable(kind or "custom computation")
+        rank = len(x.shape)
+        window = _window(ins.attrs.get("window", ""), rank)
+        if any(d != 1 for d in window["lhs_dilate"]):
+            raise _Unmappable("base dilation")
+        start = self.b.n_ops
+        lowest = -3.3895e38 if dtype is DType.BF16 else -3.4028234e38
+        padded = x
+        for dim, (low, high) in enumerate(window["pad"]):
+            if low or high:
+                padded = conv_lowering.pad_axis(self.b, padded, dim, low, high,
+                                                0.0 if kind == "sum" else lowest)
+        result: Op | None = None
+        for offset in itertools.product(*(range(k) for k in window["size"])):
+            starts = [o * d for o, d in zip(offset, window["rhs_dilate"])]
+            limits = [b + (n - 1) * st + 1 for b, n, st in zip(starts, shape, window["stride"])]
+            whole = starts == [0] * rank and limits == list(padded.shape) and \
+                all(st == 1 for st in window["stride"])
+            piece = padded if whole else self.b.slice(padded, starts, limits, window["stride"])
+            result = piece if result is None else (
+                self.b.add(result, piece) if kind == "sum" else self.b.maximum(result, piece))
+        assert result is not None
+        if not (id(init) in self.known and self.known[id(init)] == _IDENTITY[kind]):
+            init_b = self.b.broadcast(init, result.shape, ())
+            result = self.b.add(result, init_b) if kind == "sum" else self.b.maximum(result, init_b)
+        if result is x:
+            self.used.discard(name)
+            return x
+        return self._named_helpers(start, name, result)
+
     def _op_gather(self, ins: HloInstruction, operands: list[Val], name: str,
                    shape: tuple[int, ...], dtype: DType) -> Op:
         """The embedding lookup (rows of a 2-D table); HLO clamps out-of-range rows, the IR gather
@@ -957,6 +1050,26 @@ class _Converter:
         op = self.b.gather(table, indices)
         op.name = name
         return op
+
+
+def _window(text: str, rank: int) -> dict[str, list[Any]]:
+    """An HLO ``window={size=3x3 stride=2x2 pad=1_1x1_1 lhs_dilate=.. rhs_dilate=..}`` per dim,
+    with XLA's defaults for what is not printed."""
+    fields = dict(re.findall(r"(\w+)=([-\d_x]+)", text))
+
+    def per_dim(key: str, default: int) -> list[int]:
+        return [int(v) for v in fields[key].split("x")] if key in fields else [default] * rank
+
+    pads = [(0, 0)] * rank
+    if "pad" in fields:
+        pads = [(int(lo), int(hi)) for lo, hi in (p.split("_") for p in fields["pad"].split("x"))]
+    window: dict[str, list[Any]] = {
+        "size": per_dim("size", 1), "stride": per_dim("stride", 1), "pad": pads,
+        "lhs_dilate": per_dim("lhs_dilate", 1), "rhs_dilate": per_dim("rhs_dilate", 1),
+        "rhs_reversal": per_dim("rhs_reversal", 0)}
+    if any(len(v) != rank for v in window.values()):
+        raise _Unmappable(f"window {text}")
+    return window
 
 
 def _callee(reference: str) -> str:

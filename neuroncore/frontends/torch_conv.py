@@ -1,32 +1,36 @@
-"""Convolutions, pooling, batch norm (eval), group norm and nearest upsampling for the PyTorch
-frontend, as ops the core already runs.
+"""Convolutions (direct and transposed), pooling, batch norm (eval), group norm and nearest and
+linear (bilinear, trilinear) upsampling for the PyTorch frontend, as ops the core already runs.
 
-**Convolution is im2col + one Tensor-engine matmul**, the way a compiler for a systolic array tiles
-it: the input is zero-padded (concatenations with zero constants), each of the ``kh x kw`` kernel
-offsets is a strided slice of the padded input (an HBM access pattern the next DMA reads, no copy),
-the slices are stacked into patches ``[N*OH*OW, C*kh*kw]`` and contracted with the weight read as
-``[O, C*kh*kw]``. So the contraction (``C*kh*kw``) lands on the PE array's 128 partitions and the
-output pixels stream as the moving side, like any linear layer; the output is ``[N, O, OH, OW]``
-again. Grouped and depthwise convolutions are one *batched* matmul with the group as the batch dim
-(contraction ``C/groups * kh*kw`` per group). A convolution whose kernel equals its stride without
-padding (ViT's and CLIP's patch embedding) needs no slices: a reshape and a transpose make the
-patches. 1-D and 3-D convolutions use the same code (one or three spatial dims).
+Convolutions lower through ``conv_lowering`` (shared with the JAX frontend): im2col + one
+Tensor-engine matmul; a transposed convolution is a convolution of the zero-spread input with the
+flipped kernel (or, when its kernel equals its stride, one matmul whose columns are the kernel
+offsets).
 
 Pooling takes the same strided slices and combines them on the Vector engine (max / sum * 1/k);
 batch norm (eval) is a per-channel scale and shift; group norm reduces over each group's channels
-and positions; nearest upsampling by integer factors is a broadcast.
+and positions; nearest upsampling by integer factors is a broadcast; linear upsampling (bilinear
+and its 1-D and 3-D forms) contracts each spatial dim with a constant interpolation matrix on the
+Tensor engine (``conv_lowering.interpolation_matrix``, torch's source-index rule).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from neuroncore.dtypes import DType
+from neuroncore.frontends.conv_lowering import (
+    conv,
+    interpolation_matrix,
+    out_size,
+    pad_spatial,
+    transposed_conv,
+    window_slices,
+)
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
 
@@ -39,69 +43,11 @@ def _ints(value: Any, n: int) -> list[int]:
     return [int(v) for v in values] * n if len(values) == 1 else [int(v) for v in values]
 
 
-def pad_spatial(c: _Converter, x: Op, pads: list[tuple[int, int]], fill: float = 0.0) -> Op:
-    """``x`` [N, C, *spatial] with ``(before, after)`` entries of ``fill`` around each spatial dim."""
-    for k, (before, after) in enumerate(pads):
-        dim = 2 + k
-        parts = []
-        for width in (before, after):
-            shape = list(x.shape)
-            shape[dim] = width
-            parts.append(c.b.constant(fill, x.dtype, shape=shape) if width else None)
-        pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
-        if len(pieces) > 1:
-            x = c.b.concatenate(pieces, dim)
-    return x
-
-
-def window_slices(c: _Converter, x: Op, kernel: list[int], stride: list[int], dilation: list[int],
-                  out: list[int]) -> list[Op]:
-    """One strided slice of ``x`` [N, C, *spatial] per kernel offset, each [N, C, *out]."""
-    rank = len(x.shape)
-    slices = []
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        starts, limits, strides = [0] * rank, list(x.shape), [1] * rank
-        for k, o in enumerate(offset):
-            starts[2 + k] = o * dilation[k]
-            limits[2 + k] = starts[2 + k] + (out[k] - 1) * stride[k] + 1
-            strides[2 + k] = stride[k]
-        whole = starts == [0] * rank and limits == list(x.shape) and strides == [1] * rank
-        slices.append(x if whole else c.b.slice(x, starts, limits, strides))
-    return slices
-
-
-def _out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def _patches(c: _Converter, x: Op, kernel: list[int], stride: list[int], padding: list[int],
-             dilation: list[int], out: list[int]) -> Op:
-    """[N, *out, C, prod(kernel)]: the input under each output position's window."""
-    n, channels = x.shape[0], x.shape[1]
-    spatial = len(kernel)
-    k_total = math.prod(kernel)
-    if kernel == stride and not any(padding) and all(d == 1 for d in dilation):
-        # non-overlapping windows: cut the spatial dims into (out, kernel) pairs
-        used = [o * k for o, k in zip(out, kernel)]
-        if used != list(x.shape[2:]):
-            x = c.b.slice(x, [0] * len(x.shape), [n, channels, *used])
-        split = c.b.reshape(x, [n, channels, *[v for o, k in zip(out, kernel) for v in (o, k)]])
-        outs = [2 + 2 * k for k in range(spatial)]
-        kerns = [3 + 2 * k for k in range(spatial)]
-        moved = c.b.transpose(split, [0, *outs, 1, *kerns])
-        return c.b.reshape(moved, [n, *out, channels, k_total])
-    padded = pad_spatial(c, x, [(p, p) for p in padding])
-    slices = window_slices(c, padded, kernel, stride, dilation, out)
-    stacked = slices[0] if k_total == 1 else c.b.concatenate(
-        [c.b.reshape(s, (*s.shape, 1)) for s in slices], len(x.shape))
-    stacked = c.b.reshape(stacked, [n, channels, *out, k_total])
-    return c.b.transpose(stacked, [0, *range(2, 2 + spatial), 1, 2 + spatial])
-
-
-@handles("convolution", "conv1d", "conv2d", "conv3d")
+@handles("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+         "conv_transpose3d")
 def convolution(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
-    if kw.get("transposed") or not dtype.is_float:
+    if not dtype.is_float:
         return NotImplemented
     x = c._op(kw["input"], dtype)
     w = c._op(kw["weight"], dtype)
@@ -113,27 +59,13 @@ def convolution(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
         return NotImplemented  # "same"/"valid" appear only before decomposition
     stride, padding = _ints(kw.get("stride", 1), spatial), _ints(padding_arg, spatial)
     dilation, groups = _ints(kw.get("dilation", 1), spatial), int(kw.get("groups", 1) or 1)
-    kernel = list(w.shape[2:])
-    out = [_out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k])
-           for k in range(spatial)]
-    n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
-    k_total = math.prod(kernel)
-    per_group = channels // groups
-    patches = _patches(c, x, kernel, stride, padding, dilation, out)  # [N, *out, C, K]
-    rows = n * math.prod(out)
-    if groups == 1:
-        flat = c.b.reshape(patches, (rows, channels * k_total))
-        result = c.b.dot(flat, c.b.reshape(w, (out_channels, channels * k_total)), rhs_contract=-1)
-    else:
-        grouped = c.b.reshape(patches, (rows, groups, per_group * k_total))
-        lhs = c.b.transpose(grouped, [1, 0, 2])  # [G, rows, C/G*K]
-        weights = c.b.reshape(w, (groups, out_channels // groups, per_group * k_total))
-        per = c.b.dot(lhs, weights, rhs_contract=-1)  # [G, rows, O/G]
-        result = c.b.reshape(c.b.transpose(per, [1, 0, 2]), (rows, out_channels))
-    if kw.get("bias") is not None:
-        result = c.b.add(result, c.b.broadcast_to(c._op(kw["bias"], dtype), result.shape))
-    result = c.b.reshape(result, (n, *out, out_channels))
-    return c.b.transpose(result, [0, spatial + 1, *range(1, spatial + 1)])
+    bias = c._op(kw["bias"], dtype) if kw.get("bias") is not None else None
+    transposed = bool(kw.get("transposed")) or str(getattr(node.target, "_opname", "")).startswith(
+        "conv_transpose")
+    if transposed:
+        output_padding = _ints(kw.get("output_padding", 0), spatial)
+        return transposed_conv(c.b, x, w, bias, stride, padding, output_padding, dilation, groups)
+    return conv(c.b, x, w, bias, stride, [(p, p) for p in padding], dilation, groups)
 
 
 def _pool_geometry(x: Op, kw: dict[str, Any], spatial: int, stride_default: Any
@@ -144,7 +76,7 @@ def _pool_geometry(x: Op, kw: dict[str, Any], spatial: int, stride_default: Any
     dilation = _ints(kw.get("dilation", 1), spatial)
     if kw.get("ceil_mode"):
         return None
-    out = [_out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k])
+    out = [out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k])
            for k in range(spatial)]
     return kernel, stride, padding, dilation, out
 
@@ -164,8 +96,8 @@ def max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     if geometry is None or not dtype.is_float:
         return NotImplemented
     kernel, stride, padding, dilation, out = geometry
-    padded = pad_spatial(c, x, [(p, p) for p in padding], _lowest(dtype))
-    slices = window_slices(c, padded, kernel, stride, dilation, out)
+    padded = pad_spatial(c.b, x, [(p, p) for p in padding], _lowest(dtype))
+    slices = window_slices(c.b, padded, kernel, stride, dilation, out)
     result = slices[0]
     for s in slices[1:]:
         result = c.b.maximum(result, s)
@@ -189,8 +121,8 @@ def avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     kernel, stride, padding, dilation, out = geometry
     if any(padding) and not kw.get("count_include_pad", True):
         return NotImplemented
-    padded = pad_spatial(c, x, [(p, p) for p in padding])
-    slices = window_slices(c, padded, kernel, stride, dilation, out)
+    padded = pad_spatial(c.b, x, [(p, p) for p in padding])
+    slices = window_slices(c.b, padded, kernel, stride, dilation, out)
     total = slices[0]
     for s in slices[1:]:
         total = c.b.add(total, s)
@@ -292,4 +224,38 @@ def upsample_nearest(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> 
     return c.b.reshape(spread, shape)
 
 
-__all__ = ["convolution", "pad_spatial", "window_slices"]
+
+
+@handles("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d")
+def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """Linear interpolation, separable: each spatial dim is moved last and contracted with its
+    constant ``[out, in]`` interpolation matrix (one Tensor-engine matmul per dim, the result kept
+    in the input's dtype: torch does not auto-cast resizes)."""
+    shape, dtype = c._out(node)
+    if not dtype.is_float:
+        return NotImplemented
+    x = c._op(kw["self"], dtype)
+    spatial = len(x.shape) - 2
+    factors = kw.get("scale_factors")
+    if factors is None:
+        names = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
+        factors = [kw.get(n) for n in names[spatial]]
+    align = bool(kw.get("align_corners"))
+    for k in range(spatial):
+        dim = 2 + k
+        size, out = x.shape[dim], shape[dim]
+        if size == out and (align or factors[k] in (None, 1.0)):
+            continue
+        rank = len(x.shape)
+        order = [d for d in range(rank) if d != dim] + [dim]
+        moved = x if dim == rank - 1 else c.b.transpose(x, order)
+        flat = c.b.reshape(moved, (-1, size))
+        matrix = c.b.weight(f"interpolation_{k}", (out, size), dtype,
+                            array=interpolation_matrix(size, out, align, factors[k]))
+        result = c.b.dot(flat, matrix, rhs_contract=-1, out_dtype=dtype)
+        result = c.b.reshape(result, (*moved.shape[:-1], out))
+        x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))
+    return x
+
+
+__all__ = ["convolution", "upsample_linear"]

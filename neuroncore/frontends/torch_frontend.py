@@ -32,6 +32,7 @@ result is unused are dropped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -42,15 +43,17 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.overrides import TorchFunctionMode
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_masks import runtime_index
@@ -61,6 +64,7 @@ from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_OWN_FILE = os.path.abspath(__file__)  # _Module.forward: the wrapper of a plain function
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 KNOWN_MAX_ELEMENTS = 1 << 20  # trace-time evaluation of input-independent values stops here
 
@@ -141,7 +145,7 @@ def stack_frames(trace: str | None, stack: dict[str, tuple[str, Any]] | None = N
     region) gets the ``forward`` of its innermost module, when that module's source is known."""
     frames = [SourceFrame(os.path.abspath(f), int(line), fn)
               for f, line, fn in _FRAME_RE.findall(trace or "") if not f.startswith("<")]
-    frames = [f for f in frames if not f.file.startswith(_TORCH_DIR + os.sep)]
+    frames = [f for f in frames if not f.file.startswith(_TORCH_DIR + os.sep) and f.file != _OWN_FILE]
     if not frames and stack:
         fallback = _forward_frame(list(stack.values())[-1][1])
         frames = [fallback] if fallback is not None else []
@@ -160,7 +164,8 @@ def _forward_frame(cls: Any) -> SourceFrame | None:
         line = inspect.getsourcelines(forward)[1]
     except (AttributeError, ImportError, OSError, TypeError, ValueError):
         return None
-    if not path or os.path.abspath(path).startswith(_TORCH_DIR + os.sep):
+    if not path or os.path.abspath(path).startswith(_TORCH_DIR + os.sep) or \
+            os.path.abspath(path) == _OWN_FILE:
         return None
     return SourceFrame(os.path.abspath(path), line, "forward")
 
@@ -228,6 +233,47 @@ class _Module(torch.nn.Module):
         return self.fn(*args)
 
 
+# -- shapes-only models ---------------------------------------------------------------------------
+
+
+class _EmptyOnMeta(TorchFunctionMode):
+    """``torch.empty`` without a device makes a meta tensor: how ``nn.Linear``, ``nn.Embedding``,
+    convolutions and transformers' experts allocate their parameters before initialising them."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.empty and kwargs.get("device") is None:
+            kwargs = {**kwargs, "device": torch.device("meta")}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Build a model inside this to give it **parameters on the meta device** (shapes, no values,
+    no memory, no initialisation time) and everything else as usual: buffers computed in
+    ``__init__`` (RoPE frequencies, position ids) keep their values, so the traced program is the
+    one the real model compiles to. Such a model traces to a shapes-only ``TracedModel`` that runs
+    :meth:`~neuroncore.frontends.tracing.TracedModel.timing_only`: a full-size model (Llama-3-8B,
+    Mixtral-8x7B) compiles and times on a laptop. ``torch.device("meta")`` works too, but puts the
+    buffers on meta as well, so constants the frontend would fold are computed on the device.
+    Not thread-safe: it patches ``nn.Module.register_parameter`` while active."""
+    original = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str,
+                         param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:  # made with ones/zeros/full: small
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
+    try:
+        with _EmptyOnMeta():
+            yield
+    finally:
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
 # -- export -------------------------------------------------------------------------------------
 
 
@@ -274,6 +320,64 @@ def _views_as_reshapes(ep: ExportedProgram) -> None:
         ep.graph_module.recompile()
 
 
+# ops kept whole although core ATen decomposes them: linear interpolation becomes gathers at
+# index tensors computed from aranges, while torch_conv.upsample_linear contracts each spatial dim
+# with one constant interpolation matrix (bilinear2d.vec already stays whole)
+_KEPT_WHOLE = ("upsample_linear1d.default", "upsample_linear1d.vec", "upsample_trilinear3d.vec")
+
+
+def _decompositions() -> dict[Any, Any]:
+    """torch.export's core-ATen decomposition table without the ops in ``_KEPT_WHOLE``."""
+    table = torch.export.default_decompositions()
+    for name in _KEPT_WHOLE:
+        packet, _, overload = name.partition(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    return dict(table)
+
+
+def is_shapes_only(tensor: torch.Tensor) -> bool:
+    """A tensor with a shape but no values: on the meta device, or the fake CPU stand-in
+    ``_cpu_stand_ins`` exports it as."""
+    return tensor.is_meta or isinstance(tensor, FakeTensor)
+
+
+@contextlib.contextmanager
+def _cpu_stand_ins(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+                   ) -> Iterator[tuple[tuple[Any, ...], dict[str, Any] | None]]:
+    """Export a module with meta parameters (or buffers) as if they were on the CPU: fake CPU
+    tensors (no memory) stand in for them while ``torch.export`` runs, and the inputs become fake
+    too. Exported on the meta device, every activation would be a meta tensor and torch would
+    decompose attention for another device than the CPU the real model exports on."""
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    mode: FakeTensorMode | None = None
+    for sub in module.modules():
+        tables: tuple[dict[str, Any], ...] = (sub._parameters, sub._buffers)
+        for table in tables:
+            for key, value in list(table.items()):
+                if value is None or not value.is_meta:
+                    continue
+                mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
+                with mode:
+                    stand_in = torch.empty(value.shape, dtype=value.dtype, device="cpu")
+                if isinstance(value, torch.nn.Parameter):
+                    stand_in = torch.nn.Parameter(stand_in, requires_grad=False)
+                swapped.append((table, key, value))
+                table[key] = stand_in
+    if mode is None:
+        yield args, kwargs
+        return
+    fake_mode = mode
+
+    def fake(x: Any) -> Any:
+        return fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not x.is_meta else x
+
+    try:
+        yield pytree.tree_map(fake, args), (None if kwargs is None else pytree.tree_map(fake, kwargs))
+    finally:
+        for table, key, value in swapped:
+            table[key] = value
+
+
 def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedProgram:
     """``torch.export`` + core ATen decompositions, with export failures as one-line TraceErrors.
     ``example_inputs`` is a tuple of positional inputs or a dict of keyword inputs."""
@@ -285,12 +389,13 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
-        with warnings.catch_warnings(), all_experts(module):  # MoE: see torch_moe.py
+        with warnings.catch_warnings(), all_experts(module), \
+                _cpu_stand_ins(module, args, kwargs) as (args, kwargs):  # MoE: see torch_moe.py
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             ep = torch.export.export(module, args, kwargs)
             _alias_lifted_constants(ep)
             _views_as_reshapes(ep)
-            return ep.run_decompositions()
+            return ep.run_decompositions(_decompositions())
     except Exception as exc:  # torch raises many types; every one is a failed trace
         text = str(exc).strip()
         first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
@@ -309,9 +414,21 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
 # -- conversion ---------------------------------------------------------------------------------
 
 
+def _function_frame(fn: Any) -> tuple[SourceFrame, ...]:
+    """Where a plain function traced through ``_Module`` is defined: torch records only the
+    wrapper's ``forward`` frame, so this is the best line its ops have."""
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    if code is None or code.co_filename.startswith("<"):
+        return ()
+    return (SourceFrame(os.path.abspath(code.co_filename), code.co_firstlineno, code.co_name),)
+
+
 class _Converter:
-    def __init__(self, ep: ExportedProgram, name: str, autocast: str | None) -> None:
+    def __init__(self, ep: ExportedProgram, name: str, autocast: str | None,
+                 default_frames: tuple[SourceFrame, ...] = ()) -> None:
         self.ep = ep
+        self.default_frames = default_frames  # for ops without a user frame of their own
+        self.meta_weights: list[str] = []  # weights on the meta device: shapes, no values
         self.b = GraphBuilder(name, autocast=autocast)
         self.env: dict[torch.fx.Node, Any] = {}
         self.known: dict[torch.fx.Node, torch.Tensor] = {}
@@ -346,7 +463,8 @@ class _Converter:
                 self._placeholder(node)
             elif node.op == "call_function":
                 layer = layer_path(node.meta.get("nn_module_stack"))
-                frames = stack_frames(node.meta.get("stack_trace"), node.meta.get("nn_module_stack"))
+                frames = stack_frames(node.meta.get("stack_trace"),
+                                      node.meta.get("nn_module_stack")) or self.default_frames
                 self.frames = frames
                 with self.b.located(layer, frames):
                     self._evaluate_known(node)
@@ -369,7 +487,8 @@ class _Converter:
             node = nodes[arg_name]
             value = self.env.get(node)
             meta = _meta(node)
-            with self.b.located("model", stack_frames(node.meta.get("stack_trace"))):
+            with self.b.located("model", stack_frames(node.meta.get("stack_trace"))
+                                or self.default_frames):
                 op = self._as_op(value, tuple(meta.shape), ir_dtype(meta.dtype))
             if op not in outputs:
                 outputs.append(op)
@@ -385,7 +504,8 @@ class _Converter:
         if node is None:
             return ""
         layer = layer_path(node.meta.get("nn_module_stack"))
-        frames = stack_frames(node.meta.get("stack_trace"), node.meta.get("nn_module_stack"))
+        frames = stack_frames(node.meta.get("stack_trace"),
+                              node.meta.get("nn_module_stack")) or self.default_frames
         return f" at {layer}" + (f" [{frames[-1].file}:{frames[-1].line}]" if frames else "")
 
     def _placeholder(self, node: torch.fx.Node) -> None:
@@ -394,7 +514,8 @@ class _Converter:
             return
         if node.name in self.consts:
             tensor = self.consts[node.name]
-            if node.name in self.buffers and tensor.numel() <= KNOWN_MAX_ELEMENTS:
+            if node.name in self.buffers and tensor.numel() <= KNOWN_MAX_ELEMENTS \
+                    and not is_shapes_only(tensor):
                 self.known[node] = tensor.detach()
             self.env[node] = _LazyWeight(node.name)
             return
@@ -417,8 +538,12 @@ class _Converter:
         layer = layer_path({"": (module, None)}) if module else "model"
         dtype = ir_dtype(tensor.dtype, f" (weight {qualified!r})")
         with self.b.located(layer, self.frames):  # the frames of its first use
-            array = _to_numpy(tensor).astype(np.float32)
-            op = self.b.weight(leaf or qualified, tuple(tensor.shape), dtype, array=array)
+            if is_shapes_only(tensor):  # a seeded stand-in no timing-only run materialises
+                self.meta_weights.append(qualified)
+                op = self.b.weight(leaf or qualified, tuple(tensor.shape), dtype)
+            else:
+                array = _to_numpy(tensor).astype(np.float32)
+                op = self.b.weight(leaf or qualified, tuple(tensor.shape), dtype, array=array)
         op.attrs["qualified_name"] = qualified
         self.weights[key] = op
         return op
@@ -436,12 +561,14 @@ class _Converter:
             return
         args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: self.known[n],
                                             (node.args, node.kwargs))
+        if kwargs.get("device") == torch.device("meta"):  # a model built on the meta device
+            kwargs = {**kwargs, "device": torch.device("cpu")}
         try:
             with torch.no_grad():
                 value = target(*args, **kwargs)
         except Exception:  # anything torch cannot run eagerly is simply not known
             return
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and not is_shapes_only(value):
             self.known[node] = value
 
     # -- value access -------------------------------------------------------------------------
@@ -1363,23 +1490,29 @@ def convert(fn: Any, example_inputs: Sequence[Any] | dict[str, Any], *,
     keyword inputs) and emit IR."""
     name = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "function")
     examples = dict(example_inputs) if isinstance(example_inputs, dict) else tuple(example_inputs)
-    return from_exported(export(fn, examples), autocast=autocast, name=name)
+    frames = () if isinstance(fn, torch.nn.Module) else _function_frame(fn)
+    return from_exported(export(fn, examples), autocast=autocast, name=name, default_frames=frames)
 
 
 def from_exported(ep: ExportedProgram, *, autocast: str | None = None,
-                  name: str | None = None) -> Converted:
+                  name: str | None = None, default_frames: tuple[SourceFrame, ...] = ()
+                  ) -> Converted:
     """IR for an ``ExportedProgram`` (e.g. from ``torch.export.load``). Core ATen
     (``ep.run_decompositions()``) is what ``convert`` produces; the un-decomposed ATen of
     ``torch.export.export`` (``linear``, ``matmul``, ``silu``, ``triu`` ...) is understood too."""
     name = name or "model"
     load_handlers()
-    converter = _Converter(ep, name, autocast)
+    converter = _Converter(ep, name, autocast, default_frames)
     graph, results, out_meta = converter.run()
     in_meta = [(_meta(n).dtype, n.name) for n in converter.user_inputs]
     out_spec = ep.call_spec.out_spec
     builtin = _is_builtin_spec(out_spec)
 
     def to_arrays(inputs: Sequence[Any]) -> list[np.ndarray]:
+        if converter.meta_weights:
+            raise TraceError(f"{name} has weights on the meta device ({converter.meta_weights[0]}"
+                             f"{' ...' if len(converter.meta_weights) > 1 else ''}): shapes only, "
+                             f"so it runs timing-only (TracedModel.timing_only()), not on inputs")
         leaves = [x for x in pytree.tree_leaves(tuple(inputs))
                   if isinstance(x, (torch.Tensor, np.ndarray))]
         if len(leaves) != len(in_meta):
@@ -1409,7 +1542,8 @@ def from_exported(ep: ExportedProgram, *, autocast: str | None = None,
             return pytree.tree_unflatten(leaves, out_spec)
         return tuple(leaves)
 
-    return Converted(graph=graph, to_arrays=to_arrays, from_arrays=from_arrays)
+    return Converted(graph=graph, to_arrays=to_arrays, from_arrays=from_arrays,
+                     shapes_only=bool(converter.meta_weights))
 
 
 def _is_builtin_spec(spec: Any) -> bool:
@@ -1446,4 +1580,5 @@ def resize(example_inputs: Sequence[Any] | dict[str, Any], dim: int,
     return tuple(out)
 
 
-__all__ = ["Scalar", "convert", "export", "from_exported", "layer_path", "resize", "stack_frames"]
+__all__ = ["Scalar", "convert", "export", "from_exported", "is_shapes_only", "layer_path",
+           "meta_parameters", "resize", "stack_frames"]

@@ -6,15 +6,25 @@ runtime positions are selects, one per written slot: ``out = where(iota_dim == i
 source[j], out)``, each a Vector-engine pass over the destination (so later slots win, as torch's
 sequential ``index_copy`` does). The number of written slots is capped at ``MAX_SLOTS`` (a decode
 step writes one position per sequence); larger runtime scatters stay unsupported and are listed
-by ``check``. ``accumulate=True`` is supported for the embedding backward's form (rows of a 2-D
-table, any number of ids): ``table + one_hot(ids)^T @ values``, one matmul on the Tensor engine, so
-repeated ids add up as torch's accumulate does. Other ``scatter_add`` / ``index_add`` forms are not.
+by ``check``.
+
+Accumulating updates have no slot cap. ``index_add`` (``index_put`` with ``accumulate=True`` and
+one 1-D index) is a one-hot matmul on the Tensor engine: ``out = x + onehot(index)^T @ values``,
+the one-hot matrix ``[slots, size]`` made by one compare of an iota with the indices (kept in the values' dtype, never
+auto-cast, so fp32 sums stay fp32). ``scatter_add`` and ``scatter_reduce`` (sum, mean, amax, amin),
+whose index has one entry per source element, compare every source element's index with every
+destination position along ``dim`` and reduce the matching values on the Vector engine
+(``[*index.shape, size]`` elements, one pass). ``scatter_reduce(reduce="prod")`` is not supported.
+The embedding backward's form (``index_put`` of rows of a 2-D table at ids of any shape) is
+the same one-hot matmul (``_accumulate_rows``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from neuroncore.dtypes import DType
@@ -96,8 +106,6 @@ def index_copy(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
 @handles("index_put")
 def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
-    if kw.get("accumulate"):
-        return _accumulate_rows(c, kw, dtype)
     x = c._op(kw["self"], dtype)
     indices = list(kw["indices"])
     given = [i for i, ix in enumerate(indices) if ix is not None]
@@ -105,13 +113,16 @@ def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
         return NotImplemented
     dim = given[0]
     index = c._op(indices[dim])
-    if len(index.shape) != 1:
-        return NotImplemented
+    if len(index.shape) != 1:  # rows of a table at ids of any shape: the embedding backward
+        return _accumulate_rows(c, kw, dtype) if kw.get("accumulate") else NotImplemented
     slot_shape = (*x.shape[:dim], index.shape[0], *x.shape[dim + 1:])
     values = c._op(kw["values"], dtype)
     # values broadcast against x[..., index, ...]: [*before, slots, *after]
     values = c.b.broadcast_to(values, slot_shape) if values.shape != slot_shape else values
-    out = write_slots(c, x, dim, index, values)
+    if kw.get("accumulate"):  # index_add's decomposition
+        out = accumulate_slots(c, x, dim, index, values)
+    else:
+        out = write_slots(c, x, dim, index, values)
     return NotImplemented if out is None else out
 
 
@@ -166,10 +177,13 @@ def scatter(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     """``out[..., index[..j..], ...] = src[..j..]`` along ``dim`` (``scatter.src`` and
     ``scatter.value``), one select per position of ``index`` along ``dim``."""
     _shape, dtype = c._out(node)
-    if kw.get("reduce") is not None:
-        return NotImplemented
     x = c._op(kw["self"], dtype)
     dim = int(kw["dim"]) % len(x.shape)
+    if kw.get("reduce") is not None:  # scatter(..., reduce="add") is scatter_add
+        if kw["reduce"] != "add" or not isinstance(kw.get("src"), torch.fx.Node):
+            return NotImplemented
+        out = reduce_into(c, x, dim, c._op(kw["index"]), c._op(kw["src"], dtype), "sum", True)
+        return NotImplemented if out is None else out
     index = c._cast(c._op(kw["index"]), DType.INT32)
     others = [d for i, d in enumerate(index.shape) if i != dim]
     if others != [d for i, d in enumerate(x.shape) if i != dim] or index.shape[dim] > MAX_SLOTS:
@@ -188,5 +202,120 @@ def scatter(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return out
 
 
-__all__ = ["MAX_SLOTS", "constant_pad_nd", "index_copy", "index_put", "scatter", "select_scatter",
-           "slice_scatter", "write_slots"]
+def _normalized(c: _Converter, index: Op, size: int) -> Op:
+    """int32 indices with negative ones counted from the end of a dim of ``size``."""
+    index = c._cast(index, DType.INT32)
+    return c.b.add(index, c.b.multiply(c.b.convert(c.b.compare(index, 0.0, "LT"), DType.INT32),
+                                       float(size)))
+
+
+def accumulate_slots(c: _Converter, x: Op, dim: int, index: Op, values: Op) -> Op | None:
+    """``x[..., index[j], ...] += values[..., j, ...]`` along ``dim`` (``index`` 1-D, repeated
+    indices add up): ``x + onehot^T @ values`` with the written dim moved first."""
+    if not x.dtype.is_float or len(index.shape) != 1 or len(values.shape) != len(x.shape):
+        return None
+    slots, size = index.shape[0], x.shape[dim]
+    rank = len(x.shape)
+    order = [dim, *(d for d in range(rank) if d != dim)]
+    rest = math.prod(x.shape) // size
+    flat_values = c.b.reshape(c.b.transpose(values, order) if dim else values, (slots, rest))
+    positions = c.b.iota((slots, size), 1, DType.INT32)
+    targets = c.b.broadcast(_normalized(c, index, size), (slots, size), (0,))
+    onehot = c.b.convert(c.b.compare(positions, targets, "EQ"), x.dtype)
+    added = c.b.dot(onehot, flat_values, lhs_contract=-2, rhs_contract=-2, out_dtype=x.dtype)
+    moved_shape = [x.shape[d] for d in order]
+    added = c.b.reshape(added, moved_shape)
+    if dim:
+        added = c.b.transpose(added, list(np.argsort(order)))
+    return c.b.add(x, added)
+
+
+@handles("index_add")
+def index_add(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    _shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    dim = int(kw["dim"]) % len(x.shape)
+    source = c._op(kw["source"], dtype)
+    alpha = kw.get("alpha", 1)
+    if alpha != 1:
+        source = c.b.multiply(source, float(alpha))
+    out = accumulate_slots(c, x, dim, c._op(kw["index"]), source)
+    return NotImplemented if out is None else out
+
+
+_REDUCTIONS = ("sum", "mean", "amax", "amin")
+
+
+def reduce_into(c: _Converter, x: Op, dim: int, index: Op, src: Op, reduce: str,
+                include_self: bool) -> Op | None:
+    """``scatter_reduce``: ``out[.., index[i], ..] <reduce>= src[i]`` along ``dim``; ``index`` has
+    ``x``'s shape outside ``dim`` (``src`` is read in ``index``'s shape). A mask ``[*index.shape,
+    size]`` (source element i goes to position p) selects each position's values, reduced over the
+    index's ``dim``; positions nothing is written to keep ``x``."""
+    rank = len(x.shape)
+    size = x.shape[dim]
+    if reduce not in _REDUCTIONS or len(index.shape) != rank or len(src.shape) != rank:
+        return None
+    if any(index.shape[d] != x.shape[d] for d in range(rank) if d != dim):
+        return None
+    if any(src.shape[d] < index.shape[d] for d in range(rank)):
+        return None
+    if reduce == "mean" and not x.dtype.is_float:
+        return None
+    if src.shape != index.shape:
+        src = c.b.slice(src, [0] * rank, list(index.shape))
+    wide = (*index.shape[:dim + 1], size, *index.shape[dim + 1:])  # the new axis after ``dim``
+    kept = [d for d in range(rank + 1) if d != dim + 1]
+    hit = c.b.compare(c.b.iota(wide, dim + 1, DType.INT32),
+                      c.b.broadcast(_normalized(c, index, size), wide, kept), "EQ")
+    values = c.b.broadcast(src, wide, kept)
+    if reduce in ("sum", "mean"):
+        total = c.b.reduce(c.b.select(hit, values, 0.0), [dim], "sum")
+        if reduce == "sum":
+            return c.b.add(x, total) if include_self else c.b.select(
+                c.b.compare(_hits(c, hit, dim), 0.0, "GT"), total, x)
+        count = _hits(c, hit, dim, x.dtype)
+        if include_self:
+            return c.b.divide(c.b.add(x, total), c.b.add(count, 1.0))
+        written = c.b.compare(count, 0.0, "GT")
+        return c.b.select(written, c.b.divide(total, c.b.maximum(count, 1.0)), x)
+    lowest = -3.0e38 if x.dtype.is_float else -2.0**31
+    signed = values if reduce == "amax" else _negated(c, values)
+    best = c.b.reduce(c.b.select(hit, signed, lowest), [dim], "max")
+    best = best if reduce == "amax" else _negated(c, best)
+    if include_self:
+        return c.b.maximum(x, best) if reduce == "amax" else c.b.minimum(x, best)
+    return c.b.select(c.b.compare(_hits(c, hit, dim), 0.0, "GT"), best, x)
+
+
+def _hits(c: _Converter, hit: Op, dim: int, dtype: DType = DType.INT32) -> Op:
+    """How many source elements land on each destination position."""
+    return c.b.reduce(c.b.convert(hit, dtype), [dim], "sum")
+
+
+def _negated(c: _Converter, x: Op) -> Op:
+    return c.b.negate(x) if x.dtype.is_float else c.b.multiply(x, -1.0)
+
+
+@handles("scatter_add")
+def scatter_add(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    _shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    dim = int(kw["dim"]) % len(x.shape)
+    out = reduce_into(c, x, dim, c._op(kw["index"]), c._op(kw["src"], dtype), "sum", True)
+    return NotImplemented if out is None else out
+
+
+@handles("scatter_reduce")
+def scatter_reduce(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    _shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    dim = int(kw["dim"]) % len(x.shape)
+    out = reduce_into(c, x, dim, c._op(kw["index"]), c._op(kw["src"], dtype), str(kw["reduce"]),
+                      bool(kw.get("include_self", True)))
+    return NotImplemented if out is None else out
+
+
+__all__ = ["MAX_SLOTS", "accumulate_slots", "constant_pad_nd", "index_add", "index_copy", "index_put",
+           "reduce_into", "scatter", "scatter_add", "scatter_reduce", "select_scatter", "slice_scatter",
+           "write_slots"]

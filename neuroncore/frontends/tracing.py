@@ -41,6 +41,8 @@ class Converted:
     graph: Graph
     to_arrays: Callable[[Sequence[Any]], list[np.ndarray]]  # user inputs -> one array per parameter
     from_arrays: Callable[[list[np.ndarray]], Any]  # output arrays -> the framework's outputs
+    # weights without values (a PyTorch model built on the meta device): it runs timing-only
+    shapes_only: bool = False
 
 
 class Frontend(Protocol):
@@ -246,6 +248,27 @@ class TracedModel:
     @property
     def programs(self) -> dict[int | None, Program]:
         return {v.length: v.program for v in self.variants}
+
+    @property
+    def shapes_only(self) -> bool:
+        """True when the weights have shapes but no values (a PyTorch model built on
+        ``torch.device("meta")``): only :meth:`timing_only` runs it."""
+        return self.variants[0].converted.shapes_only
+
+    def timing_only(self, length: int | None = None) -> Any:
+        """One execution with the cost model alone: shapes only, no inputs, no weights allocated
+        (the runtime's ``execute(timing_only=True)``); the variant of bucket ``length`` (default:
+        the first). Returns the ExecutionResult (a GroupResult when sharded), also kept in
+        ``last_result``; its ``device_time_ns`` is the simulated latency."""
+        variant = self.variants[0]
+        if length is not None:
+            chosen = next((v for v in self.variants if v.length == length), None)
+            if chosen is None:
+                sizes = ", ".join(str(v.length) for v in self.variants)
+                raise TraceError(f"no bucket of length {length} (compiled: {sizes or 'none'})")
+            variant = chosen
+        self.last_result = variant.model.execute(timing_only=True)
+        return self.last_result
 
     def _positional(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
         """Inputs in the traced order: positional ones first, then keywords by name."""

@@ -120,6 +120,11 @@ class GraphBuilder:
     def n_ops(self) -> int:
         return len(self._ops)
 
+    def ops_since(self, start: int) -> list[Op]:
+        """The ops added since ``n_ops`` was ``start`` (a frontend names the helpers of a lowering
+        it ran through the builder after the framework's instruction)."""
+        return self._ops[start:]
+
     @property
     def layer(self) -> str:
         return "/".join(self._scope)

@@ -68,3 +68,54 @@ def test_pools_norms_upsampling():
 def test_unsupported_pool_mode_is_listed():
     missing = nc.check(nn.MaxPool2d(3, stride=2, ceil_mode=True), (torch.randn(1, 2, 8, 8),))
     assert [m.opcode for m in missing] == ["aten.max_pool2d_with_indices"]
+
+
+@pytest.mark.parametrize("options", [
+    dict(kernel_size=3, stride=2, padding=1, output_padding=1),
+    dict(kernel_size=(3, 2), stride=(2, 1), padding=(0, 1), dilation=(1, 2)),
+    dict(kernel_size=4, stride=2, padding=3, bias=False),  # padding > dilation*(k-1): a crop
+    dict(kernel_size=3, stride=2, padding=1, groups=2),
+    dict(kernel_size=2, stride=2),  # a learned 2x upsampling: one matmul, no zeros inserted
+])
+def test_conv_transpose2d(options):
+    torch.manual_seed(0)
+    traced = _same(nn.ConvTranspose2d(4, 6, **options), torch.randn(2, 4, 5, 4))
+    dots = [op for op in traced.graph.ops if op.opcode == "dot"]
+    assert len(dots) == 1
+    if options["kernel_size"] == options["stride"]:
+        assert "slice" not in {op.opcode for op in traced.graph.ops}
+
+
+def test_conv_transpose1d_and_3d():
+    torch.manual_seed(0)
+    _same(nn.ConvTranspose1d(3, 2, 3, stride=3, padding=1), torch.randn(2, 3, 6))
+    _same(nn.ConvTranspose3d(2, 3, 2, stride=2), torch.randn(1, 2, 3, 2, 2))
+
+
+@pytest.mark.parametrize("options", [
+    dict(scale_factor=2, align_corners=False),
+    dict(scale_factor=2, align_corners=True),
+    dict(size=(5, 13), align_corners=False),   # uneven factors
+    dict(size=(3, 4), align_corners=True),     # downsampling
+    dict(scale_factor=(1.5, 0.5), align_corners=False),
+])
+def test_bilinear_upsampling(options):
+    torch.manual_seed(0)
+    traced = _same(nn.Upsample(mode="bilinear", **options), torch.randn(2, 3, 6, 8))
+    # separable: one constant interpolation matrix per spatial dim, contracted on the Tensor engine
+    assert [op.opcode for op in traced.graph.ops].count("dot") == 2
+
+
+def test_linear_and_trilinear_upsampling():
+    torch.manual_seed(0)
+    _same(nn.Upsample(scale_factor=3, mode="linear"), torch.randn(2, 3, 5))
+    _same(nn.Upsample(size=(4, 6, 3), mode="trilinear", align_corners=True), torch.randn(1, 2, 2, 3, 3))
+
+
+def test_bilinear_upsampling_bf16_is_not_auto_cast():
+    """torch's autocast leaves resizes in fp32, so ``dtype="bf16"`` does too (only matmuls of the
+    model are auto-cast)."""
+    torch.manual_seed(0)
+    module, x = nn.Upsample(size=(7, 9), mode="bilinear"), torch.randn(1, 2, 4, 5)
+    traced = nc.trace(module, (x,), dtype="bf16")
+    torch.testing.assert_close(traced(x), module(x), rtol=1e-5, atol=1e-6)

@@ -44,3 +44,64 @@ def test_constant_position_writes_and_scatter():
     index = torch.tensor([[2, 0, 1], [0, 2, 3]])
     _same(lambda s, i: torch.zeros(2, 4).scatter(1, i, s), src, index)
     _same(lambda i: torch.zeros(2, 4).scatter(1, i, 1.0), index)  # a one-hot mask
+
+
+def _close(fn, *inputs):
+    """Accumulating updates sum in another order than torch: equal to rounding."""
+    traced = nc.trace(fn, inputs)
+    got, want = traced(*inputs), fn(*inputs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not [op for op in traced.graph.ops if op.opcode.startswith("aten.")]
+    return traced
+
+
+def test_index_add_repeated_indices_accumulate():
+    torch.manual_seed(0)
+    index = torch.tensor([0, 2, 2, 4, 0, 1])  # repeats add up
+    traced = _close(lambda x, i, s: x.index_add(0, i, s), torch.randn(5, 3), index, torch.randn(6, 3))
+    dot = next(op for op in traced.graph.ops if op.opcode == "dot")
+    assert dot.dtype.value == "fp32"  # the one-hot matmul: values are never rounded
+    _close(lambda x, i, s: x.index_add(1, i, s, alpha=0.5), torch.randn(2, 4, 3),
+           torch.tensor([3, 3, 0]), torch.randn(2, 3, 3))
+
+    def put(x, i, v):  # x[i] += v with repeats: index_put(accumulate=True)
+        return x.index_put((i,), v, accumulate=True)
+
+    _close(put, torch.randn(6, 2), torch.tensor([1, 1, 5, -1]), torch.randn(4, 2))
+
+
+def test_index_add_bf16_model_is_not_rounded_by_autocast():
+    torch.manual_seed(0)
+    x, index, src = torch.randn(5, 3), torch.tensor([0, 2, 2, 4]), torch.randn(4, 3)
+    fn = lambda x, i, s: x.index_add(0, i, s)  # noqa: E731
+    traced = nc.trace(fn, (x, index, src), dtype="bf16")
+    torch.testing.assert_close(traced(x, index, src), fn(x, index, src), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    torch.manual_seed(0)
+    index = torch.tensor([[0, 2, 2, 5], [1, 1, 4, 1]])  # positions 3 (row 0) and 0 (row 1): untouched
+    _close(lambda x, i, s: x.scatter_reduce(1, i, s, reduce=reduce, include_self=include_self),
+           torch.randn(2, 6), index, torch.randn(2, 5))
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter:UserWarning")
+def test_scatter_add_and_reduce_add():
+    torch.manual_seed(0)
+    index = torch.tensor([[0, 1], [0, 0], [2, 1]])
+    _close(lambda x, i, s: x.scatter_add(0, i, s), torch.randn(3, 2), index, torch.randn(3, 2))
+    _close(lambda x, i, s: x.scatter(0, i, s, reduce="add"), torch.randn(3, 2), index,
+           torch.randn(3, 2))
+    counts = lambda i: torch.zeros(4, dtype=torch.int64).scatter_add(  # noqa: E731
+        0, i, torch.ones_like(i))
+    _same(counts, torch.tensor([3, 0, 3, 3, 1]))  # integer counts (a bincount)
+
+
+def test_scatter_reduce_prod_is_listed():
+    fn = lambda x, i, s: x.scatter_reduce(0, i, s, reduce="prod")  # noqa: E731
+    missing = nc.check(fn, (torch.randn(3), torch.tensor([0, 0]), torch.randn(2)))
+    assert [m.opcode for m in missing] == ["aten.scatter_reduce"]
+    assert "test_torch_scatter.py" in missing[0].source

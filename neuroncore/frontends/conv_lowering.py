@@ -1,0 +1,212 @@
+"""Convolution lowerings shared by the PyTorch and JAX frontends, on the builder alone (no framework
+imported): im2col convolutions, transposed convolutions, padding and window slices, and linear
+interpolation matrices.
+
+**Convolution is im2col + one Tensor-engine matmul**, the way a compiler for a systolic array tiles
+it: the input is zero-padded (concatenations with zero constants), each of the ``kh x kw`` kernel
+offsets is a strided slice of the padded input (an HBM access pattern the next DMA reads, no copy),
+the slices are stacked into patches ``[N*OH*OW, C*kh*kw]`` and contracted with the weight read as
+``[O, C*kh*kw]``. So the contraction (``C*kh*kw``) lands on the PE array's 128 partitions and the
+output pixels stream as the moving side, like any linear layer; the output is ``[N, O, OH, OW]``
+again. Grouped and depthwise convolutions are one *batched* matmul with the group as the batch dim
+(contraction ``C/groups * kh*kw`` per group). A convolution whose kernel equals its stride without
+padding (ViT's and CLIP's patch embedding) needs no slices: a reshape and a transpose make the
+patches. 1-D and 3-D convolutions use the same code (one or three spatial dims).
+
+A transposed convolution (``transposed_conv``) is a convolution of the input spread with
+``stride - 1`` zeros, with the kernel flipped; when its kernel equals its stride it is one matmul
+whose output columns are the kernel offsets. Input dilation (XLA's ``lhs_dilate``) is the same
+zero spreading (``zero_insert``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.graph import Op
+
+
+def pad_axis(b: GraphBuilder, x: Op, dim: int, before: int, after: int, fill: float = 0.0) -> Op:
+    """``x`` with ``before``/``after`` entries of ``fill`` around ``dim``; a negative count crops."""
+    if before < 0 or after < 0:
+        starts, limits = [0] * len(x.shape), list(x.shape)
+        starts[dim], limits[dim] = max(-before, 0), x.shape[dim] - max(-after, 0)
+        x = b.slice(x, starts, limits)
+        before, after = max(before, 0), max(after, 0)
+    parts = []
+    for width in (before, after):
+        shape = list(x.shape)
+        shape[dim] = width
+        parts.append(b.constant(fill, x.dtype, shape=shape) if width else None)
+    pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
+    return b.concatenate(pieces, dim) if len(pieces) > 1 else x
+
+
+def pad_spatial(b: GraphBuilder, x: Op, pads: list[tuple[int, int]], fill: float = 0.0) -> Op:
+    """``x`` [N, C, *spatial] with ``(before, after)`` entries of ``fill`` around each spatial dim; a
+    negative entry crops that many positions instead (a transposed convolution's large padding)."""
+    for k, (before, after) in enumerate(pads):
+        x = pad_axis(b, x, 2 + k, before, after, fill)
+    return x
+
+
+def window_slices(b: GraphBuilder, x: Op, kernel: list[int], stride: list[int], dilation: list[int],
+                  out: list[int], flipped: bool = False) -> list[Op]:
+    """One strided slice of ``x`` [N, C, *spatial] per kernel offset, each [N, C, *out], in the
+    order of the weight's flattened kernel dims; ``flipped`` reads the kernel back to front (a
+    transposed convolution is a convolution with the kernel flipped)."""
+    rank = len(x.shape)
+    slices = []
+    for index in itertools.product(*(range(k) for k in kernel)):
+        offset = [k - 1 - i for k, i in zip(kernel, index)] if flipped else list(index)
+        starts, limits, strides = [0] * rank, list(x.shape), [1] * rank
+        for k, o in enumerate(offset):
+            starts[2 + k] = o * dilation[k]
+            limits[2 + k] = starts[2 + k] + (out[k] - 1) * stride[k] + 1
+            strides[2 + k] = stride[k]
+        whole = starts == [0] * rank and limits == list(x.shape) and strides == [1] * rank
+        slices.append(x if whole else b.slice(x, starts, limits, strides))
+    return slices
+
+
+def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def patches(b: GraphBuilder, x: Op, kernel: list[int], stride: list[int],
+             pads: list[tuple[int, int]], dilation: list[int], out: list[int],
+             flipped: bool = False) -> Op:
+    """[N, *out, C, prod(kernel)]: the input under each output position's window."""
+    n, channels = x.shape[0], x.shape[1]
+    spatial = len(kernel)
+    k_total = math.prod(kernel)
+    if (kernel == stride and not any(a or b for a, b in pads) and all(d == 1 for d in dilation)
+            and not flipped):
+        # non-overlapping windows: cut the spatial dims into (out, kernel) pairs
+        used = [o * k for o, k in zip(out, kernel)]
+        if used != list(x.shape[2:]):
+            x = b.slice(x, [0] * len(x.shape), [n, channels, *used])
+        split = b.reshape(x, [n, channels, *[v for o, k in zip(out, kernel) for v in (o, k)]])
+        outs = [2 + 2 * k for k in range(spatial)]
+        kerns = [3 + 2 * k for k in range(spatial)]
+        moved = b.transpose(split, [0, *outs, 1, *kerns])
+        return b.reshape(moved, [n, *out, channels, k_total])
+    padded = pad_spatial(b, x, pads)
+    slices = window_slices(b, padded, kernel, stride, dilation, out, flipped)
+    stacked = slices[0] if k_total == 1 else b.concatenate(
+        [b.reshape(s, (*s.shape, 1)) for s in slices], len(x.shape))
+    stacked = b.reshape(stacked, [n, channels, *out, k_total])
+    return b.transpose(stacked, [0, *range(2, 2 + spatial), 1, 2 + spatial])
+
+
+def conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list[int],
+          pads: list[tuple[int, int]], dilation: list[int], groups: int,
+          flipped: bool = False) -> Op:
+    """im2col + one matmul: ``x`` [N, C, *in] with ``w`` [O, C/groups, *kernel] -> [N, O, *out]."""
+    spatial = len(x.shape) - 2
+    kernel = list(w.shape[2:])
+    out = [(x.shape[2 + k] + a + b - dilation[k] * (kernel[k] - 1) - 1) // stride[k] + 1
+           for k, (a, b) in enumerate(pads)]
+    n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
+    k_total = math.prod(kernel)
+    per_group = channels // groups
+    windows = patches(b, x, kernel, stride, pads, dilation, out, flipped)  # [N, *out, C, K]
+    rows = n * math.prod(out)
+    if groups == 1:
+        flat = b.reshape(windows, (rows, channels * k_total))
+        result = b.dot(flat, b.reshape(w, (out_channels, channels * k_total)), rhs_contract=-1)
+    else:
+        grouped = b.reshape(windows, (rows, groups, per_group * k_total))
+        lhs = b.transpose(grouped, [1, 0, 2])  # [G, rows, C/G*K]
+        weights = b.reshape(w, (groups, out_channels // groups, per_group * k_total))
+        per = b.dot(lhs, weights, rhs_contract=-1)  # [G, rows, O/G]
+        result = b.reshape(b.transpose(per, [1, 0, 2]), (rows, out_channels))
+    if bias is not None:
+        result = b.add(result, b.broadcast_to(bias, result.shape))
+    result = b.reshape(result, (n, *out, out_channels))
+    return b.transpose(result, [0, spatial + 1, *range(1, spatial + 1)])
+
+
+def zero_insert(b: GraphBuilder, x: Op, stride: list[int]) -> Op:
+    """``x`` [N, C, *in] with ``stride - 1`` zeros between neighbours along each spatial dim
+    ([N, C, *((in - 1) * stride + 1)]): a reshape, a concatenation with zeros, a reshape, a slice."""
+    for k, s in enumerate(stride):
+        if s == 1:
+            continue
+        dim = 2 + k
+        size = x.shape[dim]
+        lifted = b.reshape(x, (*x.shape[:dim + 1], 1, *x.shape[dim + 1:]))
+        zeros = b.constant(0.0, x.dtype, shape=(*x.shape[:dim + 1], s - 1, *x.shape[dim + 1:]))
+        spread = b.reshape(b.concatenate([lifted, zeros], dim + 1),
+                             (*x.shape[:dim], size * s, *x.shape[dim + 1:]))
+        limits = list(spread.shape)
+        limits[dim] = (size - 1) * s + 1
+        x = b.slice(spread, [0] * len(limits), limits)
+    return x
+
+
+def transposed_conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list[int],
+                     padding: list[int], output_padding: list[int], dilation: list[int],
+                     groups: int) -> Op:
+    """``conv_transpose``: ``w`` is [C, O/groups, *kernel]. A kernel equal to its stride without
+    padding (a learned 2x upsampling) is one matmul whose output columns are the kernel offsets,
+    moved into place by a reshape and a transpose; anything else is the textbook equivalence: the
+    input with ``stride - 1`` zeros inserted, padded by ``dilation * (kernel - 1) - padding``
+    (``+ output_padding`` after), convolved at stride 1 with the kernel flipped and its in/out
+    channels swapped. The zeros cost Tensor-engine work (``stride^d`` times the useful MACs), as
+    they do in a compiler that lowers it this way."""
+    spatial = len(x.shape) - 2
+    n, channels = x.shape[0], x.shape[1]
+    kernel = list(w.shape[2:])
+    per_out = w.shape[1]
+    out_channels = per_out * groups
+    k_total = math.prod(kernel)
+    if (groups == 1 and kernel == stride and not any(padding) and not any(output_padding)
+            and all(d == 1 for d in dilation)):
+        rows = n * math.prod(x.shape[2:])
+        flat = b.reshape(b.transpose(x, [0, *range(2, 2 + spatial), 1]), (rows, channels))
+        cols = b.dot(flat, b.reshape(w, (channels, out_channels * k_total)))  # [rows, O*K]
+        if bias is not None:
+            cols = b.add(cols, b.reshape(b.broadcast(bias, (out_channels, k_total), (0,)),
+                                             (1, out_channels * k_total)))
+        split = b.reshape(cols, (n, *x.shape[2:], out_channels, *kernel))
+        # [N, in_0, .., O, k_0, ..] -> [N, O, in_0, k_0, in_1, k_1, ..]
+        order = [0, 1 + spatial, *[v for k in range(spatial) for v in (1 + k, 2 + spatial + k)]]
+        return b.reshape(b.transpose(split, order),
+                           (n, out_channels, *[i * k for i, k in zip(x.shape[2:], kernel)]))
+    spread = zero_insert(b, x, stride)
+    pads = [(dilation[k] * (kernel[k] - 1) - padding[k],
+             dilation[k] * (kernel[k] - 1) - padding[k] + output_padding[k]) for k in range(spatial)]
+    # [C, O/G, *k] -> [G, C/G, O/G, K] -> [G, O/G, C/G, K] -> [O, C/G, *k]
+    swapped = b.transpose(b.reshape(w, (groups, channels // groups, per_out, k_total)),
+                            [0, 2, 1, 3])
+    direct = b.reshape(swapped, (out_channels, channels // groups, *kernel))
+    return conv(b, spread, direct, bias, [1] * spatial, pads, dilation, groups, flipped=True)
+
+
+def interpolation_matrix(size: int, out: int, align_corners: bool, scale: float | None
+                          ) -> np.ndarray:
+    """[out, size]: row ``o`` holds the two linear-interpolation weights of output ``o``, placed
+    by torch's ``area_pixel_compute_source_index`` (half-pixel centres clamped at 0, or the corners
+    aligned; a given scale factor is used as given, as torch does)."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    matrix = np.zeros((out, size), np.float32)
+    for o in range(out):
+        source = ratio * o if align_corners else max(ratio * (o + 0.5) - 0.5, 0.0)
+        low = min(int(source), size - 1)
+        high = low + 1 if low < size - 1 else low
+        frac = np.float32(source - low)
+        matrix[o, low] += np.float32(1.0) - frac
+        matrix[o, high] += frac
+    return matrix
+
+
+__all__ = ["conv", "interpolation_matrix", "out_size", "pad_axis", "pad_spatial", "patches",
+           "transposed_conv", "window_slices", "zero_insert"]
