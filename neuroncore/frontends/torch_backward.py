@@ -19,14 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from neuroncore.frontends.torch_conv import (
-    _ints,
-    _lowest,
-    _out_size,
-    _patches,
-    pad_spatial,
-    window_slices,
-)
+from neuroncore.frontends.conv_lowering import out_size, pad_spatial, patches, window_slices
+from neuroncore.frontends.torch_conv import _ints, _lowest
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
 
@@ -55,7 +49,7 @@ def _place(c: _Converter, slab: Op, offset: tuple[int, ...], stride: list[int], 
             starts, limits = [0] * len(x.shape), list(x.shape)
             limits[dim] = used
             x = c.b.slice(x, starts, limits)
-        x = pad_spatial(c, x, [(before, padded[k] - before - used) if j == k else (0, 0)
+        x = pad_spatial(c.b, x, [(before, padded[k] - before - used) if j == k else (0, 0)
                                for j in range(len(stride))])
     return x
 
@@ -93,16 +87,16 @@ def convolution_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any])
         return NotImplemented
     mask = list(kw.get("output_mask") or (True, True, True))
     kernel = list(w.shape[2:])
-    out = [_out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k]) for k in range(spatial)]
+    out = [out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k]) for k in range(spatial)]
     n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     k_total, rows = math.prod(kernel), n * math.prod(out)
     # grad_output as [rows, O] (the forward's result layout before its final transpose)
     g_rows = c.b.reshape(c.b.transpose(grad, [0, *range(2, 2 + spatial), 1]), (rows, out_channels))
     results: list[Op | None] = [None, None, None]
     if mask[1]:
-        patches = c.b.reshape(_patches(c, x, kernel, stride, padding, dilation, out),
+        windows = c.b.reshape(patches(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, out),
                               (rows, channels * k_total))
-        gw = c.b.dot(c.b.transpose(g_rows, [1, 0]), patches)  # [O, C*K]
+        gw = c.b.dot(c.b.transpose(g_rows, [1, 0]), windows)  # [O, C*K]
         results[1] = c.b.reshape(gw, tuple(w.shape))
     if mask[0]:
         gp = c.b.dot(g_rows, c.b.reshape(w, (out_channels, channels * k_total)))  # [rows, C*K]
@@ -128,8 +122,8 @@ def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     stride = _ints(kw.get("stride") or kernel, spatial)
     padding, dilation = _ints(kw.get("padding", 0), spatial), _ints(kw.get("dilation", 1), spatial)
     out = list(grad.shape[2:])
-    padded = pad_spatial(c, x, [(p, p) for p in padding], _lowest(dtype))
-    slices = window_slices(c, padded, kernel, stride, dilation, out)
+    padded = pad_spatial(c.b, x, [(p, p) for p in padding], _lowest(dtype))
+    slices = window_slices(c.b, padded, kernel, stride, dilation, out)
     best = slices[0]
     for s in slices[1:]:
         best = c.b.maximum(best, s)

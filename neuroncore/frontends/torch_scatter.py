@@ -10,13 +10,13 @@ by ``check``.
 
 Accumulating updates have no slot cap. ``index_add`` (``index_put`` with ``accumulate=True`` and
 one 1-D index) is a one-hot matmul on the Tensor engine: ``out = x + onehot(index)^T @ values``,
-the one-hot matrix ``[slots, size]`` made by one compare of an iota with the indices (kept in the values' dtype, never
-auto-cast, so fp32 sums stay fp32). ``scatter_add`` and ``scatter_reduce`` (sum, mean, amax, amin),
-whose index has one entry per source element, compare every source element's index with every
+the one-hot matrix ``[slots, size]`` made by one compare of an iota with the indices (kept in the
+values' dtype, never auto-cast, so fp32 sums stay fp32). The embedding backward's form
+(``index_put`` of rows of a 2-D table at ids of any shape) is the same one-hot matmul
+(``_accumulate_rows``). ``scatter_add`` and ``scatter_reduce`` (sum, mean, amax, amin), whose
+index has one entry per source element, compare every source element's index with every
 destination position along ``dim`` and reduce the matching values on the Vector engine
 (``[*index.shape, size]`` elements, one pass). ``scatter_reduce(reduce="prod")`` is not supported.
-The embedding backward's form (``index_put`` of rows of a 2-D table at ids of any shape) is
-the same one-hot matmul (``_accumulate_rows``).
 """
 
 from __future__ import annotations
