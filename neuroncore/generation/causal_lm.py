@@ -220,6 +220,8 @@ class NeuronCausalLM:
             raise GenerationError(f"{type(model).__name__} is not a transformers causal LM "
                                   f"(it needs a config, base_model and an output embedding)")
         window = getattr(config, "sliding_window", None)
+        if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo's local layers
+            window = getattr(config, "window_size", None)
         if isinstance(window, int) and window < self.n_positions[-1]:
             raise GenerationError(f"{type(model).__name__} attends over a sliding window of {window} "
                                   f"positions, shorter than the cache ({self.n_positions[-1]}): "
