@@ -20,6 +20,7 @@ from neuroncore.compiler.node_semantics import (
     Activate,
     Copy,
     Iota,
+    Memset,
     Reciprocal,
     Reduce,
     ScalarStep,
@@ -269,6 +270,16 @@ def reciprocal(ctx: Context, out: Ref, inp: Ref) -> int:
     )
 
 
+def memset(ctx: Context, out: Ref, value: float) -> int:
+    spec = ctx.spec
+    cycles = costs.vector_cycles(spec, "memset", out.cols)
+    return ctx.em.instruction(
+        Engine.VECTOR, "MEMSET", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
+        reads=[], writes=[sbuf_key(out)], text=f"value={value:g} dst={ctx.ref_text(out)}",
+        semantics=Memset(out, float(value)), counters=_counters(ctx, [], [out]),
+    )
+
+
 def select(ctx: Context, out: Ref, pred: Ref, a: Ref, b: Ref) -> int:
     spec = ctx.spec
     cycles: float = costs.vector_cycles(spec, "tensor_tensor", out.cols)  # copy_predicated, both in SBUF
@@ -360,16 +371,46 @@ def lower_binary(ctx: Context, op: Op) -> None:
 
 
 def lower_select(ctx: Context, op: Op) -> None:
-    operands = [Operand(OperandForm.TILE, x) for x in op.operands]
+    """TENSOR_COPY_PREDICATED. An operand that is a per-row value broadcast along the last dim (an
+    attention mask ``[.., R, 1] -> [.., R, C]``) is loaded as its column and widened on chip by a
+    TENSOR_COPY reading it with a zero free stride, as the engines' access patterns allow; a DMA of
+    the broadcast view would move it one element per descriptor."""
+    forms = [classify(ctx, x, op.shape) for x in op.operands]
+    operands = [f if f.kind is not OperandForm.TILE else Operand(OperandForm.TILE, x)
+                for f, x in zip(forms, op.operands)]
+    if forms[0].kind is OperandForm.IMMEDIATE:  # a constant predicate: read it as a tile
+        operands[0] = Operand(OperandForm.TILE, op.operands[0])
     layout = output_layout(ctx, op, operands)
     value = ctx.define(op, layout=layout)
-    for t in range(len(value.tiles)):
+    for t, tile in enumerate(value.tiles):
         for c0, c1 in column_chunks(ctx, value):
-            refs = [ctx.tile(x, t, layout, (c0, c1)) for x in op.operands]
+            refs: list[Ref] = []
+            widened: list[Ref] = []
+            for operand, x in zip(operands, op.operands):
+                if operand.kind is OperandForm.IMMEDIATE:  # a splat: MEMSET, never a DMA
+                    buf = ctx.alloc(tile.rows, c1 - c0, x.dtype, f"{x.name}.splat{t}")
+                    wide = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
+                    memset(ctx, wide, operand.value)
+                    widened.append(wide)
+                    refs.append(wide)
+                elif operand.kind is OperandForm.PER_PARTITION:
+                    column = operand_ref(ctx, operand, t, layout)
+                    assert isinstance(column, Ref)
+                    buf = ctx.alloc(column.p1, c1 - c0, x.dtype, f"{x.name}.wide{t}")
+                    wide = Ref(buf.id, column.p0, column.p1, 0, c1 - c0)
+                    tensor_copy(ctx, wide, column)
+                    release(ctx, operand, column)
+                    widened.append(wide)
+                    refs.append(wide)
+                else:
+                    refs.append(ctx.tile(x, t, layout, (c0, c1)))
             out = ctx.produce(op, t, c0, c1)
-            select(ctx, out, *refs)
-            for x, r in zip(op.operands, refs):
-                ctx.release(x, r)
+            select(ctx, out, refs[0], refs[1], refs[2])
+            for operand, x, r in zip(operands, op.operands, refs):
+                if operand.kind is OperandForm.TILE:
+                    ctx.release(x, r)
+            for wide in widened:
+                ctx.free(ctx.buffers[wide.buf])
             ctx.produced(op, t, out, c0, c1)
             ctx.unpin_all()
 

@@ -18,7 +18,7 @@ from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
-from neuroncore.compiler.tiling import is_packed, tile_grid, tiles_of
+from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.dtypes import DType
 from neuroncore.enums import Memory
@@ -132,11 +132,34 @@ def _pe_transposable(ctx: Context, op: Op) -> bool:
     n = len(perm)
     if n < 2 or tuple(perm) != (*range(n - 2), n - 1, n - 2):
         return False
-    src_value = ctx.values[op.operands[0].index]
-    if is_packed(op.shape, Layout.ROW) or is_packed(op.operands[0].shape, Layout.ROW):
-        return False  # packed batches would need partition moves; a strided DMA does it
-    return (src_value.home is Memory.SBUF and src_value.layout == Layout.ROW and src_value.alias is None
-            and src_value.immediate is None and op.dtype.is_float)
+    src = op.operands[0]
+    src_value = ctx.values[src.index]
+    if not op.dtype.is_float or src_value.immediate is not None or src_value.layout != Layout.ROW:
+        return False
+    if src_value.home is Memory.SBUF:
+        return src_value.alias is None
+    # an activation (or a view of one) in HBM: NC-v2 DMA has no transpose, so reading it transposed
+    # moves one element per descriptor; loading its rows and transposing on the PE is what the
+    # compiler does instead (weights are pre-transposed at compile time, so they never get here)
+    return src_value.home is Memory.HBM and not _reads_a_constant(src)
+
+
+VIEW_OPCODES = ("reshape", "transpose", "slice", "broadcast", "concatenate", "convert")
+
+
+def _reads_a_constant(op: Op) -> bool:
+    """Whether ``op`` is a weight or constant, or a chain of views reading one."""
+    stack, seen = [op], set()
+    while stack:
+        x = stack.pop()
+        if x.index in seen:
+            continue
+        seen.add(x.index)
+        if x.opcode == "constant":
+            return True
+        if x.opcode in VIEW_OPCODES:
+            stack.extend(x.operands)
+    return False
 
 
 def lower_gather(ctx: Context, op: Op) -> None:

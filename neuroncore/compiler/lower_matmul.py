@@ -110,8 +110,9 @@ def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: En
     """dst[f, p] = src[p, f]: LS the block, multiply an identity through it, evacuate PSUM."""
     ident = ctx.identity(dtype)
     bank = ctx.alloc_psum(P, BANK_COLS, "transpose")
-    out = Ref(bank.id, 0, src.cols, 0, src.rows)
-    ldweights(ctx, src, dtype)
+    # the result lands on dst's partitions: the stationary goes in at that PE column offset
+    out = Ref(bank.id, dst.p0, dst.p0 + src.cols, 0, src.rows)
+    ldweights(ctx, src, dtype, pad=dst.p0)
     diagonal = Ref(ident.buf, src.p0, src.p1, src.p0, src.p1)  # the identity on src's partitions
     matmul(ctx, out, diagonal, src, dtype, Accumulation.WHOLE, transpose=True)
     tensor_copy(ctx, dst, out, evac_engine)
@@ -119,23 +120,35 @@ def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: En
 
 
 def lower_pe_transpose(ctx: Context, op: Op) -> None:
-    """A transpose of the last two dims of an on-chip value, 128x128 blocks through the PE."""
+    """A transpose of the last two dims, 128x128 blocks through the PE.
+
+    Packed values (several small batches per tile, e.g. the 64-row heads of ``K^T``) are handled
+    block by block: a batch's block sits at a partition offset of its source tile, and its
+    transpose lands at its own offset of the output tile (the stationary placed at that PE column
+    offset), so engines never move data across partitions."""
     src = op.operands[0]
     value = ctx.define(op)
-    src_value = ctx.values[src.index]
-    src_tiles_per_batch = math.ceil(src_value.rows_per_batch / P)
+    batches = math.prod(op.shape[:-2])
+    out_rows, out_cols = op.shape[-2], op.shape[-1]  # source cols, source rows
+    work: dict[int, list[tuple[int, int, int]]] = {}  # output tile -> (batch, first row, partition)
+    for b in range(batches):
+        for r0 in range(0, out_rows, P):
+            t_out, p_out = locate(op.shape, Layout.ROW, b, r0)
+            work.setdefault(t_out, []).append((b, r0, p_out))
     engines = _alternating()
-    for t, tile in enumerate(value.tiles):
+    for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
-        # output rows [r0, r1) are source cols; output cols are all source rows of the batch
-        for st in range(src_tiles_per_batch):
-            s_index = tile.batch * src_tiles_per_batch + st
-            s_ref = ctx.tile(src, s_index)
-            s_tile = src_value.tiles[s_index]
-            block = Ref(s_ref.buf, 0, s_tile.rows, tile.r0, tile.r1)
-            dst = Ref(out.buf, 0, tile.rows, out.f0 + s_tile.r0, out.f0 + s_tile.r1)
-            pe_transpose(ctx, block, dst, op.dtype, next(engines))
-            ctx.release(src, s_ref)
+        for b, r0, p_out in work.get(t, []):
+            r1 = min(out_rows, r0 + P)
+            for s0 in range(0, out_cols, P):
+                s1 = min(out_cols, s0 + P)
+                t_src, p_src = locate(src.shape, Layout.ROW, b, s0)
+                s_ref = ctx.tile(src, t_src)
+                block = Ref(s_ref.buf, s_ref.p0 + p_src, s_ref.p0 + p_src + s1 - s0,
+                            s_ref.f0 + r0, s_ref.f0 + r1)
+                dst = Ref(out.buf, out.p0 + p_out, out.p0 + p_out + r1 - r0, out.f0 + s0, out.f0 + s1)
+                pe_transpose(ctx, block, dst, op.dtype, next(engines))
+                ctx.release(src, s_ref)
         ctx.produced(op, t, out)
         ctx.unpin_all()
 

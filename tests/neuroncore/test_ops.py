@@ -589,7 +589,9 @@ def test_transpose_4d_is_a_dma_view(run, rng, dtype, on_chip):
     assert view.shape == (2, 20, 3, 16) and view.run_elements == 16
 
 
-def test_transpose_of_parameter_is_a_view(run, rng):
+def test_transpose_of_parameter_runs_on_the_pe(run, rng):
+    # NC-v2 DMA cannot transpose: read as a view, the transpose would move one element per
+    # descriptor; the compiler loads the rows and transposes them on the PE instead
     b = nc.GraphBuilder("transpose_param")
     x = b.parameter("x", (R, C), "fp32")
     t = b.transpose(x, (1, 0))
@@ -598,8 +600,24 @@ def test_transpose_of_parameter_is_a_view(run, rng):
     data = rng.standard_normal((R, C)).astype(np.float32)
     res = run(g, [data])
     np.testing.assert_array_equal(res.out, data.T + np.float32(0.5))
-    assert not any(n.opcode == "MATMUL" for n in res.nodes())
-    assert res.program.hbm_views[f"{t.name}.view"].run_elements == 1  # element-strided reads
+    assert any(n.opcode == "MATMUL" and "transpose" in n.operands for n in res.nodes(t))
+    assert f"{t.name}.view" not in res.program.hbm_views
+
+
+def test_packed_transpose_of_a_view_runs_on_the_pe(run, rng):
+    # K^T of attention heads: [h, s, d] (a view of the projection) -> [h, d, s]; the 64-row
+    # outputs of two heads share a tile, each transposed block landing at its partition offset
+    b = nc.GraphBuilder("packed_transpose")
+    x = b.parameter("x", (128, 4 * 64), "fp32")
+    heads = b.transpose(b.reshape(x, (128, 4, 64)), (1, 0, 2))  # [4, 128, 64], a view
+    t = b.transpose(heads, (0, 2, 1))  # [4, 64, 128]: packed, two heads per tile
+    y = b.multiply(t, 0.125)
+    g = b.build([y])
+    data = rng.standard_normal((128, 256)).astype(np.float32)
+    res = run(g, [data])
+    expected = data.reshape(128, 4, 64).transpose(1, 2, 0) * np.float32(0.125)
+    np.testing.assert_array_equal(res.out, expected)
+    assert any(n.opcode == "MATMUL" and "transpose" in n.operands for n in res.nodes(t))
 
 
 SLICES = [
