@@ -253,6 +253,28 @@ def resolve_key(shape: tuple[int, ...], key: Any) -> AccessPlan:
     return AccessPlan(tuple(out), tuple(spans), tuple(np_key), True)
 
 
+def _span(values: np.ndarray, varying: list[int]) -> DimSpan:
+    """The range one dimension's index values cover (fast for the usual single-axis ramps)."""
+    axis = varying[0] if len(varying) == 1 else (-1 if not varying else varying[-1])
+    flat = values.ravel()
+    if flat.size == 0:
+        return DimSpan(0, 0, 0, 1, axis)
+    if flat.size == 1:
+        v = int(flat[0])
+        return DimSpan(v, v + 1, 1, 1, axis)
+    if len(varying) == 1:
+        step = int(flat[1] - flat[0])
+        if step > 0 and int(flat[-1]) - int(flat[0]) == step * (flat.size - 1) and \
+                (flat.size < 3 or bool(np.all(np.diff(flat) == step))):
+            return DimSpan(int(flat[0]), int(flat[-1]) + 1, int(flat.size), step, axis)
+    uniq = np.unique(flat)
+    count = int(uniq.size)
+    step = int(uniq[1] - uniq[0]) if count > 1 else 1
+    if count > 1 and not np.all(np.diff(uniq) == step):
+        step = 0  # irregular
+    return DimSpan(int(uniq[0]), int(uniq[-1]) + 1, count, step, axis)
+
+
 def _advanced(shape: tuple[int, ...], keys: list[Any]) -> AccessPlan:
     arrays: list[np.ndarray] = []
     for k in keys:
@@ -292,20 +314,7 @@ def _advanced(shape: tuple[int, ...], keys: list[Any]) -> AccessPlan:
                 text = text or f"index range [{lo}, {hi}] of dimension {dim} is outside [0, {n})"
                 values = np.clip(values, 0, n - 1)
         varying = [a for a in range(values.ndim) if values.shape[a] > 1]
-        flat = np.unique(values) if values.size > 1 else values.ravel()
-        count = int(flat.size)
-        step = int(flat[1] - flat[0]) if count > 1 else 1
-        if count > 1 and not np.all(np.diff(flat) == step):
-            step = 0  # irregular
-        spans.append(
-            DimSpan(
-                int(flat[0]) if count else 0,
-                int(flat[-1]) + 1 if count else 0,
-                count,
-                step,
-                varying[0] if len(varying) == 1 else (-1 if not varying else varying[-1]),
-            )
-        )
+        spans.append(_span(values, varying))
         np_key.append(values)
         shapes.append(values.shape)
     out_shape = tuple(int(s) for s in np.broadcast_shapes(*shapes))

@@ -518,7 +518,8 @@ def test_nki_profile_writes_one_of_our_profiles(tmp_path):
         "    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)\n"
         "    nl.store(out, value=nl.load(x) * 2.0)\n"
         "    return out\n"
-        "print(float(double(np.ones((128, 64), np.float32)).sum()))\n")
+        "print(float(double(np.ones((128, 64), np.float32)).sum()))\n"
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "16384.0" in done.stdout, done.stderr
     found = sorted((tmp_path / "prof" / "double").rglob("Instruction*.parquet"))
@@ -527,3 +528,38 @@ def test_nki_profile_writes_one_of_our_profiles(tmp_path):
 
     table = open_profile(found[0].parent).table("Instruction", ["nki_source_location"]).to_pylist()
     assert any(str(script) + ":7" == r["nki_source_location"] for r in table)
+
+
+def test_neuron_profile_capture_of_a_kernel_file(tmp_path):
+    """``neuron-profile capture -- python -m neuroncore.nki FILE``: the unchanged file's kernel call is
+    recorded, its instructions linked to the kernel lines."""
+    path = tmp_path / "kern.py"
+    path.write_text(
+        KERNEL_FILE + "\nimport numpy as np\nprint(float(scale(np.ones((256, 8), np.float32), 0).sum()))\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "explorer.profile_cli",
+            "capture",
+            "-o",
+            str(tmp_path / "out"),
+            "--",
+            sys.executable,
+            "-m",
+            "neuroncore.nki",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "4096.0" in done.stdout, done.stderr
+    found = sorted((tmp_path / "out" / "device").rglob("Instruction*.parquet"))
+    assert found
+    from formats.read_api import open_profile
+
+    table = open_profile(found[0].parent).table("Instruction", ["opcode", "nki_source_location"]).to_pylist()
+    assert {f"{path}:10"} <= {r["nki_source_location"] for r in table}
