@@ -436,6 +436,17 @@ class NeuronCausalLM:
         out = np.concatenate([ids, np.stack(generated, axis=1)], axis=1)
         return torch.from_numpy(out) if isinstance(input_ids, torch.Tensor) else out
 
+    def sample(self, input_ids: Any, sequence_length: int, *, attention_mask: Any = None, top_k: int = 50,
+               top_p: float = 1.0, temperature: float = 1.0, seed: int | None = None) -> Any:
+        """transformers-neuronx's ``sample``: top-k (and top-p) sampling until every row is
+        ``sequence_length`` tokens long, prompt included (``top_k=1`` is greedy)."""
+        ids = _as_numpy(input_ids, "input_ids")
+        if ids.ndim != 2 or not isinstance(sequence_length, int) or sequence_length <= ids.shape[1]:
+            raise GenerationError(f"sequence_length must be longer than the prompt "
+                                  f"({ids.shape[-1] if ids.ndim else 0} tokens), not {sequence_length!r}")
+        return self.generate(input_ids, attention_mask, max_new_tokens=sequence_length - ids.shape[1],
+                             do_sample=True, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
+
     def cache_values(self, layer: int, kind: str = "k", core_rank: int = 0) -> np.ndarray:
         """The resident KV cache of one layer as rank ``core_rank``'s core holds it (a view)."""
         cores = _cores(next(iter(self._programs.values())).runnable) if self._programs else []

@@ -129,6 +129,10 @@ def test_sampling_is_reproducible_with_a_seed_and_filtered(llama_gen):
     greedy = llama_gen.generate(ids, mask, max_new_tokens=5, eos_token_id=[], pad_token_id=0)
     assert torch.equal(llama_gen.generate(ids, mask, seed=3, top_k=1, **kwargs), greedy)
     assert torch.equal(llama_gen.generate(ids, mask, seed=3, top_k=0, top_p=1e-6, **kwargs), greedy)
+    # transformers-neuronx's spelling: sample to a total sequence_length (top-k 50 by default)
+    sampled = llama_gen.sample(ids, 11, attention_mask=mask, seed=5)
+    assert sampled.shape == (2, 11)
+    assert torch.equal(sampled, llama_gen.generate(ids, mask, max_new_tokens=5, do_sample=True, seed=5))
 
 
 def test_bad_requests_are_one_line_errors(llama, llama_gen):
