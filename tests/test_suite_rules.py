@@ -1,6 +1,7 @@
 """How tests share code, checked (tests/fixtures/__init__.py): shared inputs are ``tests.fixtures``
 modules and conftest fixtures; no test module imports another test module or a conftest, nothing in
-``tests/`` edits ``sys.path``, and no frozen copy of our source sits among the test data."""
+``tests/`` edits ``sys.path``, no frozen copy of our source sits among the test data, and no two test
+modules share a basename."""
 
 from __future__ import annotations
 
@@ -51,3 +52,12 @@ def test_no_source_file_among_the_test_data() -> None:
     frozen copy that drifts from the file it copies."""
     copies = [p for p in sorted(TESTS.rglob("*.py")) if "data" in p.relative_to(TESTS).parts]
     assert [str(p.relative_to(REPO)) for p in copies] == []
+
+
+def test_test_module_names_are_unique() -> None:
+    """Test folders are not packages, so pytest imports each test module by its basename: two
+    ``test_x.py`` in two folders stop the whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
