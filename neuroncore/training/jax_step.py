@@ -23,6 +23,7 @@ three phases as levels of the hierarchy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from neuroncore.runtime import Instance
 from neuroncore.runtime.device import DeviceState, ExecutionResult
 from neuroncore.training.memory import MemoryBreakdown, MemoryCheckError, check_fits
 from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.step_records import emit_step
 
 
 def _phase(op_name: str) -> str | None:
@@ -150,7 +152,7 @@ class JaxTrainStep:
 
             return loss, optax.apply_updates(params, updates), opt_state
 
-        update.__name__ = f"{self.name}_train_step"
+        update.__name__ = update.__qualname__ = f"{self.name}_train_step"  # the program's name
         state_leaves, self._state_tree = jax.tree_util.tree_flatten((params, self.opt_state))
         self.n_state = len(state_leaves)
         self.instance = Instance(instance)
@@ -195,12 +197,18 @@ class JaxTrainStep:
             raise TraceError(f"{self.name} step: batch of shapes {shapes} given; traced with "
                              f"{self.batch_shapes}")
         names = self.input_names
+        host_start = time.time_ns()
         host = {name: np.asarray(leaf) for name, leaf in zip(names[self.n_state:], leaves)}
         result = self.loaded.execute(self.state.inputs(names, host))
         outputs = result.outputs or []
         self.state.update(dict(zip(names[: self.n_state], outputs[1: 1 + self.n_state])))
         self.last_result = result
         self.steps += 1
+        shape = np.shape(leaves[0]) if leaves else ()
+        integer = bool(leaves) and np.issubdtype(np.asarray(leaves[0]).dtype, np.integer)
+        emit_step(self.loaded, [result], step=self.steps, global_batch=int(shape[0]) if shape else 1,
+                  seq=int(shape[1]) if len(shape) == 2 and integer else 0, name=self.name,
+                  bf16=self.precision is not Precision.FP32, host_start_ns=host_start)
         templates = jax.tree_util.tree_leaves((self.params, self.opt_state))
         new = [jax.numpy.asarray(np.asarray(self.state.tensors[n]).astype(np.dtype(t.dtype)))
                .reshape(np.shape(t)) for n, t in zip(names, templates)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import inspect
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -71,6 +72,7 @@ from neuroncore.training.optimizers import (
     split_scalars,
 )
 from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.step_records import PHASES, emit_step
 from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph, saved_activations
 
 
@@ -81,7 +83,6 @@ class ProgramKind(enum.Enum):
     ACCUMULATE = "accumulate"
 
 
-PHASES = ("forward", "backward", "optimizer")  # the levels a step's ops sit under: model/<phase>/...
 
 
 @dataclass
@@ -325,6 +326,7 @@ class TrainStep:
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``inputs`` (``accumulation_steps`` micro-batches along dim 0)."""
         micro = self._micro_batches(inputs)
+        host_start = time.time_ns()
         self.steps += 1
         self.last_results = []
         total = 0.0
@@ -344,6 +346,11 @@ class TrainStep:
             self.last_results.append(result)
         if self.accumulation_steps > 1:
             self.state.zero([f"grad/{n}" for n in self.param_names])
+        first = inputs[0]
+        seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
+        emit_step(self.programs[ProgramKind.UPDATE][1], self.last_results, step=self.steps,
+                  global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
+                  bf16=self.precision is not Precision.FP32, host_start_ns=host_start)
         self._sync_host()
         return torch.tensor(total, dtype=torch.float32)
 

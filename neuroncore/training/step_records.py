@@ -1,0 +1,100 @@
+"""The TRAIN_STEP record of a single-core training step (PyTorch or JAX): what a profile's
+TrainingStep table and the step figures (``formats.figures.training_step_figures``) read.
+
+A step is one execution, or ``K`` with gradient accumulation (K-1 accumulate programs, then the
+update program): its time runs from the first execution's start to the last one's end on the core's
+clock, and each phase's busy time (forward, backward, optimizer: ``model/<phase>/...`` layers) is
+the union of its nodes' intervals in each execution, summed over the executions.
+
+Model FLOPs, for models that are not the transformer presets (whose 6N + 12Lhs formula the
+parallel workloads use): 3 x the FLOPs of the forward's matmuls (the backward computes two matmuls
+per forward matmul: the input's and the weight's gradients), per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from neuroncore.compiler.program import Program
+from neuroncore.record_kinds import RecordKind, TrainStepMeta
+from neuroncore.runtime.device import ExecutionResult, LoadedModel
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of intervals."""
+    if not len(starts):
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    total, cur_s, cur_e = 0.0, float(s[0]), float(e[0])
+    for a, z in zip(s[1:].tolist(), e[1:].tolist()):
+        if a <= cur_e:
+            cur_e = max(cur_e, z)
+        else:
+            total += cur_e - cur_s
+            cur_s, cur_e = a, z
+    return total + cur_e - cur_s
+
+
+def phase_busy_ns(result: ExecutionResult) -> dict[str, float]:
+    """Busy time of each phase in one execution (union of its nodes' intervals, ns)."""
+    program, timeline = result.program, result.timeline
+    ops = program.graph.ops
+    phase_of = np.array([_phase_index(ops[int(i)].layer) if i >= 0 else -1 for i in program.op_index])
+    busy = {}
+    for k, name in enumerate(PHASES):
+        mask = phase_of == k
+        busy[name] = _union_ns(timeline.start_ns[mask], timeline.end_ns[mask]) if mask.any() else 0.0
+    return busy
+
+
+def _phase_index(layer: str) -> int:
+    parts = layer.split("/")
+    return PHASES.index(parts[1]) if len(parts) > 1 and parts[1] in PHASES else -1
+
+
+def forward_matmul_flops(program: Program) -> float:
+    """2 x M x N x K of every forward matmul (``dot`` under ``model/forward``) of one execution."""
+    total = 0.0
+    for op in program.graph.ops:
+        if op.opcode == "dot" and _phase_index(op.layer) == 0:
+            lhs = op.operands[0]
+            contract = lhs.shape[int(op.attrs.get("lhs_contract", len(lhs.shape) - 1))]
+            total += 2.0 * math.prod(op.shape) * contract
+    return total
+
+
+def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: int, global_batch: int,
+              seq: int, name: str, bf16: bool, host_start_ns: int) -> None:
+    """Report one step (its executions ``results``, the update last) to the core's sink."""
+    sink = loaded.sink
+    if not sink.active or not results:
+        return
+    first, last = results[0], results[-1]
+    levels = dict.fromkeys(PHASES, 0.0)
+    flops = 0.0
+    for result in results:
+        for phase, ns in phase_busy_ns(result).items():
+            levels[phase] += ns
+        flops += 3.0 * forward_matmul_flops(result.program)
+    core = loaded.core
+    peak = core.spec.pe_peak_bf16_flops_per_s if bf16 else core.spec.pe_peak_fp32_flops_per_s
+    empty_i64 = np.zeros(0, np.int64)
+    columns = {"name": [], "operation": [], "replica_group_kind": [], "start_ts": empty_i64,
+               "end_ts": empty_i64, "duration_ns": empty_i64, "size_bytes": empty_i64,
+               "overlap_ns": empty_i64}
+    sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
+        execution_id=last.execution_id, model_id=last.model_id, core=last.core, step=step,
+        step_time_ns=last.end_ns - first.start_ns, start_ns=first.start_ns, global_batch=global_batch,
+        seq=seq, model_flops=flops, ranks=1, peak_flops_per_rank=peak, levels=levels,
+        layout=f"{name}/1x{core.instance_type}/tp1pp1dp1/seq{seq}/gbs{global_batch}",
+        host_start_ns=host_start_ns, host_end_ns=time.time_ns()))
+
+
+__all__ = ["PHASES", "emit_step", "forward_matmul_flops", "phase_busy_ns"]
