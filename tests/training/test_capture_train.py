@@ -72,7 +72,10 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     return root / "out", neuron_profile("capture", "-o", str(root / "out"), "--", sys.executable, str(script))
 
 
-def test_the_training_script_runs_and_is_captured(captured: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+Captured = tuple[Path, subprocess.CompletedProcess[str]]
+
+
+def test_the_training_script_runs_and_is_captured(captured: Captured) -> None:
     out, done = captured
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trained" in done.stdout and "Traceback" not in done.stderr
