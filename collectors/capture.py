@@ -87,6 +87,58 @@ def _prepare_output(out: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+RERUN_FILE = "rerun.json"
+RERUN_FORMAT = "neuronscope-rerun/1"
+# hardware facts a capture may scale (--scale-hardware FIELD=FACTOR): what-if studies of bandwidth,
+# latency and clocks (neuroncore.hardware.CoreSpec field names)
+SCALABLE_HARDWARE = ("hbm_bytes_per_s", "dma_engine_bytes_per_s", "dma_fixed_latency_ns", "pe_clock_hz",
+                     "vector_clock_hz", "scalar_clock_hz", "gpsimd_clock_hz")
+
+
+def parse_scaling(items: list[str] | None) -> dict[str, float]:
+    """``["hbm_bytes_per_s=2"]`` -> ``{"hbm_bytes_per_s": 2.0}``; one-line CaptureError otherwise."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        name, sep, factor = str(item).partition("=")
+        try:
+            value = float(factor)
+        except ValueError:
+            value = float("nan")
+        if not sep or name not in SCALABLE_HARDWARE or not value > 0 or value == float("inf"):
+            raise CaptureError(f"--scale-hardware takes FIELD=FACTOR with FIELD one of "
+                               f"{', '.join(SCALABLE_HARDWARE)} and FACTOR > 0, not {item!r}")
+        out[name] = value
+    return out
+
+
+def scale_hardware(instance: Any, factors: dict[str, float]) -> None:
+    """Scale facts of every core of ``instance`` (and the spec programs are compiled for) in place."""
+    if not factors:
+        return
+    from dataclasses import replace
+
+    core = instance.spec.chip.core
+    scaled = replace(core, **{name: getattr(core, name) * f for name, f in factors.items()})
+    instance.spec = replace(instance.spec, chip=replace(instance.spec.chip, core=scaled))
+    for c in instance.cores:
+        c.spec = scaled
+
+
+def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path:
+    """``rerun.json`` beside the profiles: what re-running this capture needs (workload and options,
+    never code or pickles), read by ``neuron-profile analyze --what-if`` (collectors/whatif.py)."""
+    facts = {
+        "format": RERUN_FORMAT, "workload": args.workload, "preset": args.preset, "set": list(args.set),
+        "dtype": args.dtype, "instance": instance_name, "tp": args.tp, "core": args.core,
+        "timing_only": bool(args.timing_only), "seed": args.seed, "num_exec": args.num_exec,
+        "profile_nth_exec": args.profile_nth_exec, "rank_slowdown": list(args.rank_slowdown or []),
+        "scale_hardware": list(getattr(args, "scale_hardware", None) or []),
+    }
+    path = out / RERUN_FILE
+    path.write_text(json.dumps(facts, indent=1) + "\n")
+    return path
+
+
 def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResult:
     """Compile a built-in workload, run it ``num_exec`` times under the collectors."""
     from neuroncore.compiler import compile as compile_graph
@@ -107,8 +159,10 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
+    scale_hardware(instance, parse_scaling(getattr(args, "scale_hardware", None)))
     out = Path(args.output)
     _prepare_output(out, args.force)
+    write_rerun(out, args, instance.name)
     results: list[Any] = []
     profiles: list[CapturedProfile] = []
     with contextlib.ExitStack() as stack:
@@ -363,6 +417,9 @@ class CaptureCommand:
                             help="make rank RANK of the tensor-parallel group FACTOR x slower (its engine "
                                  "instructions; repeatable, e.g. 1=2.0)")
         parser.add_argument("--core", type=int, default=0, help="first core")
+        parser.add_argument("--scale-hardware", action="append", metavar="FIELD=FACTOR",
+                            help="scale a hardware fact of the simulated cores (repeatable; what-if "
+                                 "studies): " + ", ".join(SCALABLE_HARDWARE))
         parser.add_argument("--timing-only", action="store_true", help="no numerics, no weights")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--num-exec", type=int, default=2, help="executions of a workload (default 2)")

@@ -20,15 +20,18 @@ from collections.abc import Sequence
 
 from collectors.capture import CaptureCommand
 from collectors.loadgen import RunCommand
+from collectors.whatif import WhatIfAnalyzeCommand
 from explorer.viewer.view_command import ViewCommand
 from formats import profile_commands as formats_cli
 from formats.profile_commands import COMMANDS as FORMAT_COMMANDS
 from neuronscope.cli_kit import Command
 
 # formats' own ``view`` (summary and exports only) is replaced by the explorer's, which adds the
-# interactive viewer as the default and hands --output-format to the formats' code
+# interactive viewer as the default and hands --output-format to the formats' code; formats' own
+# ``analyze`` by the collectors' one, which adds --what-if (re-simulation needs the capture)
 COMMANDS: list[Command] = [CaptureCommand(), RunCommand(),
-            *(ViewCommand() if c.name == "view" else c for c in FORMAT_COMMANDS)]
+            *(ViewCommand() if c.name == "view" else WhatIfAnalyzeCommand() if c.name == "analyze" else c
+              for c in FORMAT_COMMANDS)]
 
 
 def build_parser() -> argparse.ArgumentParser:

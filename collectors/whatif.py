@@ -1,0 +1,243 @@
+"""What-if by re-simulation: re-run a captured workload with one assumption changed, and compare.
+
+    neuron-profile analyze out/bert/device --what-if dma-bandwidth=2 --what-if batch=2
+    neuron-profile analyze out/bert/device --what-if auto     # the changes the findings point at
+
+A capture of a built-in workload leaves ``rerun.json`` beside its profiles (``collectors.capture``:
+workload name and options, instance, tp, hardware scaling -- JSON, never code or pickles). A what-if
+is that capture again, with one change, through the same ``capture_workload`` (so its result *is* a
+fresh ``neuron-profile capture`` with the changed option; the report prints that command), into a
+temporary directory that is removed afterwards; both are analysed (``formats.analysis``) and
+compared: device time before and after, the gain, and the critical path's shares after.
+
+Changes (``--what-if NAME=VALUE``):
+
+* ``dma-bandwidth=F``: each DMA engine's bandwidth x F (``--scale-hardware dma_engine_bytes_per_s=F``);
+* ``hbm-bandwidth=F``: the core's HBM bandwidth x F (``--scale-hardware hbm_bytes_per_s=F``);
+* ``dma-latency=F``: the per-transfer fixed DMA latency x F (``--scale-hardware dma_fixed_latency_ns=F``);
+* ``tp=N``: tensor-parallel degree (``--tp N``); ``instance=NAME``: another instance type
+  (``--instance NAME``); ``dtype=D``: the workload's dtype (``--dtype D``);
+* ``KEY=VALUE``: any other workload option, e.g. ``batch=2`` (``--set KEY=VALUE``).
+
+``auto`` runs ``dma-bandwidth=2``, ``hbm-bandwidth=2`` and ``dma-latency=0.5`` when a finding points
+at a DMA queue. Findings then carry the gain measured for the change that addresses them
+(``Finding.gain_ns``): a DMA-queue finding the largest gain among the DMA and HBM changes run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from formats.analysis import Analysis
+from formats.analyze_command import ANALYZE_FORMATS, AnalyzeCommand, analyze_dir, text_lines, to_json
+from formats.units import fmt_ns, fmt_pct
+from neuronscope.cli_kit import EXIT_OK, CliError
+
+__all__ = ["WhatIf", "WhatIfAnalyzeCommand", "find_rerun", "run_what_if"]
+
+HARDWARE_KNOBS = {"dma-bandwidth": "dma_engine_bytes_per_s", "hbm-bandwidth": "hbm_bytes_per_s",
+                  "dma-latency": "dma_fixed_latency_ns"}
+AUTO = ("dma-bandwidth=2", "hbm-bandwidth=2", "dma-latency=0.5")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One re-simulation and its comparison with the captured run."""
+
+    change: str
+    capture: str  # the equivalent neuron-profile capture command
+    before_ns: int
+    after_ns: int
+    share_after: dict[str, dict[str, float]]
+
+    @property
+    def gain_ns(self) -> int:
+        return self.before_ns - self.after_ns
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "capture": self.capture,
+                "device_time_ns": {"before": self.before_ns, "after": self.after_ns},
+                "gain_ns": self.gain_ns, "gain": self.gain_ns / self.before_ns if self.before_ns else None,
+                "critical_path_share_after": self.share_after}
+
+
+def find_rerun(root: str | Path) -> Path | None:
+    """The ``rerun.json`` of the capture a profile or folder belongs to (it or up to 4 levels up)."""
+    from collectors.capture import RERUN_FILE
+
+    here = Path(root).resolve()
+    for folder in [here, *list(here.parents)[:4]]:
+        candidate = folder / RERUN_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_rerun(path: Path) -> dict[str, Any]:
+    from collectors.capture import RERUN_FORMAT
+
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{path}: cannot read the re-run facts: {exc}") from None
+    if not isinstance(facts, dict) or facts.get("format") != RERUN_FORMAT or not facts.get("workload"):
+        raise CliError(f"{path}: not a {RERUN_FORMAT} file")
+    return facts
+
+
+def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argparse.Namespace, str]:
+    """The capture's arguments with ``change`` applied, and the equivalent command line."""
+    name, sep, value = change.partition("=")
+    if not sep or not name or not value:
+        raise CliError(f"--what-if takes NAME=VALUE (e.g. dma-bandwidth=2, tp=2, batch=4), not {change!r}")
+    args = argparse.Namespace(
+        workload=facts["workload"], preset=facts.get("preset"), set=list(facts.get("set") or []),
+        dtype=facts.get("dtype"), instance=facts.get("instance"), tp=int(facts.get("tp") or 1),
+        core=int(facts.get("core") or 0), timing_only=bool(facts.get("timing_only", True)),
+        seed=int(facts.get("seed") or 0), num_exec=int(facts.get("num_exec") or 2),
+        profile_nth_exec=int(facts.get("profile_nth_exec") or 2),
+        rank_slowdown=list(facts.get("rank_slowdown") or []),
+        scale_hardware=list(facts.get("scale_hardware") or []), output=str(out), force=True,
+        system_only=False, device_only=True, system_interval=0.1)
+    if name in HARDWARE_KNOBS:
+        field = HARDWARE_KNOBS[name]
+        try:
+            factor = float(value)
+        except ValueError:
+            raise CliError(f"--what-if {name} takes a factor, not {value!r}") from None
+        kept = [s for s in args.scale_hardware if not s.startswith(field + "=")]
+        old = next((float(s.partition("=")[2]) for s in args.scale_hardware if s.startswith(field + "=")),
+                   1.0)
+        args.scale_hardware = [*kept, f"{field}={old * factor:g}"]
+    elif name == "tp":
+        try:
+            args.tp = int(value)
+        except ValueError:
+            raise CliError(f"--what-if tp takes a whole number, not {value!r}") from None
+        if args.tp < 2:
+            args.rank_slowdown = []
+    elif name == "instance":
+        args.instance = value
+    elif name == "dtype":
+        args.dtype = value
+    else:
+        args.set = [s for s in args.set if not s.startswith(name + "=")] + [f"{name}={value}"]
+    command = ["neuron-profile", "capture", "--workload", args.workload, "--device-only"]
+    for flag, v in (("--preset", args.preset), ("--dtype", args.dtype), ("--instance", args.instance)):
+        if v:
+            command += [flag, str(v)]
+    if args.tp > 1:
+        command += ["--tp", str(args.tp)]
+    if args.timing_only:
+        command.append("--timing-only")
+    for flag, items in (("--set", args.set), ("--rank-slowdown", args.rank_slowdown),
+                        ("--scale-hardware", args.scale_hardware)):
+        for item in items:
+            command += [flag, item]
+    return args, " ".join(command) + " -o DIR"
+
+
+def _device_time(analyses: dict[str, Analysis]) -> int:
+    """The step's device time: the longest rank's (all ranks of a step run together)."""
+    return max((a.device_time_ns for a in analyses.values()), default=0)
+
+
+def run_what_if(root: str, changes: list[str], baseline: dict[str, Any]) -> list[WhatIf]:
+    """Re-simulate the capture ``root`` belongs to once per change (module docstring)."""
+    from collectors.capture import capture_workload
+
+    rerun = find_rerun(root)
+    if rerun is None:
+        raise CliError(f"{root}: no rerun.json beside this profile: --what-if re-runs captures of built-in "
+                       f"workloads (neuron-profile capture --workload ...); this one cannot be re-run")
+    facts = _load_rerun(rerun)
+    before = _device_time(baseline["profiles"])
+    out: list[WhatIf] = []
+    quiet = Console(stderr=True, quiet=True)
+    for change in changes:
+        with tempfile.TemporaryDirectory(prefix="neuronscope-whatif-") as tmp:
+            args, command = _capture_args(facts, change, Path(tmp) / "capture")
+            try:
+                capture_workload(args, quiet)
+            except CliError:
+                raise
+            except (ValueError, KeyError) as exc:
+                raise CliError(f"--what-if {change}: {exc}") from None
+            result = analyze_dir(str(Path(tmp) / "capture" / "device"))
+            profiles: dict[str, Analysis] = result["profiles"]
+            first = next(iter(profiles.values()))
+            share = first.critical_path.share() if first.critical_path is not None else {}
+            out.append(WhatIf(change, command, before, _device_time(profiles), share))
+            shutil.rmtree(Path(tmp) / "capture", ignore_errors=True)
+    return out
+
+
+def attach_gains(baseline: dict[str, Any], what_ifs: list[WhatIf]) -> None:
+    """Give each DMA-queue finding the largest gain measured by a DMA/HBM change (in place)."""
+    dma = [w for w in what_ifs if w.change.partition("=")[0] in HARDWARE_KNOBS]
+    if not dma:
+        return
+    best = max(dma, key=lambda w: w.gain_ns)
+    for name, analysis in baseline["profiles"].items():
+        note = f"; re-simulated with {best.change}: {fmt_ns(best.before_ns)} -> {fmt_ns(best.after_ns)}"
+        findings = [replace(f, gain_ns=best.gain_ns, evidence=f.evidence + note)
+                    if f.title.startswith("DMA queue") or "dma:" in f.title else f
+                    for f in analysis.findings]
+        baseline["profiles"][name] = replace(analysis, findings=findings)
+
+
+def what_if_lines(what_ifs: list[WhatIf]) -> list[str]:
+    lines = ["what-if (re-simulated; each is a fresh capture with the change):"]
+    for w in what_ifs:
+        gain = fmt_pct(w.gain_ns / w.before_ns) if w.before_ns else "-"
+        lines.append(f"  {w.change:<22} device time {fmt_ns(w.before_ns)} -> {fmt_ns(w.after_ns)} "
+                     f"(gain {fmt_ns(w.gain_ns)}, {gain})")
+        lines.append(f"    = {w.capture}")
+    return lines
+
+
+class WhatIfAnalyzeCommand(AnalyzeCommand):
+    """``neuron-profile analyze`` with ``--what-if``: the formats command plus re-simulation."""
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        super().prepare_parser(parser)
+        parser.add_argument("--what-if", action="append", metavar="CHANGE",
+                            help="re-simulate the captured workload with one change and compare "
+                                 "(repeatable): dma-bandwidth=F, hbm-bandwidth=F, dma-latency=F, tp=N, "
+                                 "instance=NAME, dtype=D, any workload option KEY=VALUE, or auto")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if not args.what_if:
+            return super().run(args)
+        result = analyze_dir(args.profile, include_incomplete=args.include_incomplete)
+        changes: list[str] = []
+        for change in args.what_if:
+            if change == "auto":
+                wants_dma = any(f.title.startswith("DMA queue") or "dma:" in f.title
+                                for a in result["profiles"].values() for f in a.findings)
+                changes += [c for c in AUTO if wants_dma and c not in changes]
+            elif change not in changes:
+                changes.append(change)
+        what_ifs = run_what_if(args.profile, changes, result)
+        attach_gains(result, what_ifs)
+        if args.output_format == "json":
+            data = to_json(result)
+            data["what_if"] = [w.as_dict() for w in what_ifs]
+            json.dump(data, sys.stdout, indent=1, allow_nan=False)
+            print()
+        else:
+            for line in [*text_lines(result), *what_if_lines(what_ifs)]:
+                print(line)
+        return EXIT_OK
+
+
+assert "json" in ANALYZE_FORMATS and "text" in ANALYZE_FORMATS

@@ -1,0 +1,78 @@
+"""``neuron-profile analyze --what-if``: a re-simulation equals a fresh capture with the changed option,
+findings carry the measured gain, and a profile that cannot be re-run says so in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = [sys.executable, "-m", "explorer.profile_cli"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+
+
+def _capture(out: Path, *extra: str) -> Path:
+    done = _run("capture", "--workload", "bert-layer", "--instance", "trn1.2xlarge", "--timing-only",
+                "--device-only", "--num-exec", "1", "--profile-nth-exec", "1", "-o", str(out), *extra)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _device_time(root: Path) -> int:
+    done = _run("analyze", str(root / "device"), "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    return int(data["device_time_ns"])
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _capture(tmp_path_factory.mktemp("whatif") / "bert")
+
+
+def test_capture_leaves_rerun_facts(captured: Path) -> None:
+    facts = json.loads((captured / "rerun.json").read_text())
+    assert facts["format"] == "neuronscope-rerun/1" and facts["workload"] == "bert-layer"
+    assert facts["instance"] == "trn1.2xlarge" and facts["timing_only"] is True
+
+
+def test_what_if_equals_a_fresh_capture_with_the_change(captured: Path, tmp_path: Path) -> None:
+    done = _run("analyze", str(captured / "device"), "--output-format", "json",
+                "--what-if", "dma-bandwidth=2", "--what-if", "batch=2")
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    by_change = {w["change"]: w for w in data["what_if"]}
+    before = _device_time(captured)
+    assert by_change["dma-bandwidth=2"]["device_time_ns"]["before"] == before
+    fresh_dma = _device_time(_capture(tmp_path / "dma", "--scale-hardware", "dma_engine_bytes_per_s=2"))
+    fresh_batch = _device_time(_capture(tmp_path / "batch", "--set", "batch=2"))
+    assert by_change["dma-bandwidth=2"]["device_time_ns"]["after"] == fresh_dma < before
+    assert by_change["batch=2"]["device_time_ns"]["after"] == fresh_batch > before
+    assert "--scale-hardware dma_engine_bytes_per_s=2" in by_change["dma-bandwidth=2"]["capture"]
+    # the DMA-queue finding carries the gain that was measured
+    gains = [f["gain_ns"] for f in data["findings"] if f["title"].startswith("DMA queue")]
+    assert gains and gains[0] == before - fresh_dma
+
+
+def test_what_if_needs_a_rerunnable_capture(tmp_path: Path) -> None:
+    from tests.fixtures.hand_profiles import write_tiny
+
+    root = write_tiny(tmp_path / "tiny", summary=False)
+    done = _run("analyze", str(root), "--what-if", "dma-bandwidth=2")
+    assert done.returncode == 2
+    assert "no rerun.json" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_bad_what_if_is_one_line(captured: Path) -> None:
+    done = _run("analyze", str(captured / "device"), "--what-if", "nonsense")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NAME=VALUE" in done.stderr
+    done = _run("capture", "--workload", "bert-layer", "--scale-hardware", "warp_speed=9", "-o",
+                str(captured.parent / "bad"))
+    assert done.returncode == 2 and "--scale-hardware" in done.stderr and done.stderr.count("\n") == 1
