@@ -17,6 +17,10 @@ Figures:
   settles in 2 passes instead of one pass per layer's KV-cache input (81).
 * ``hbm_bound_efficiency``: decode-shaped matvec (batch 1, 4096 x 11008 bf16): simulated time over
   weight bytes / the core's HBM bandwidth share (410 GB/s), with the parts the model attributes it to.
+* ``dtype_*`` (issue 15 §2): the 4096x8192x8192 matmul on one Trainium2 core (NC-v3) in bf16 and fp8
+  (e4m3, double-row: 2x the bf16 PE rate, neuroncore.md §3.1) and their ratio, the same fp8 matmul
+  on Trainium1 (cFP8 at the bf16 rate), and the decode matvec above with int8 weight-only
+  quantisation (half the weight bytes) against bf16.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ os.environ.setdefault(settings.LIVE.name, "0")
 
 import neuroncore as nc
 from neuroncore import workloads
+from neuroncore.compiler import CompilerOptions, Quantization
 from neuroncore.hardware import NC_V2
 from neuroncore.runtime.timing_summary import summarize
 
@@ -140,6 +145,38 @@ def bench_hbm_bound() -> dict:
     }
 
 
+def _device_ms(graph: nc.Graph, target: str, instance: str,
+               options: CompilerOptions | None = None) -> float:
+    program = nc.compile(graph, target, options)
+    result = nc.Instance(instance, sink=nc.EventSink()).core(0).load(program).execute(timing_only=True)
+    return result.device_time_ns / 1e6
+
+
+def bench_dtypes(quick: bool) -> dict:
+    m, k, n = (1024, 2048, 2048) if quick else (4096, 8192, 8192)
+    shape = f"{m}x{k}x{n}"
+    matmul = workloads.get("matmul")
+    bf16_v3 = _device_ms(matmul.graph(m=m, k=k, n=n, dtype="bf16"), "trn2", "trn2.48xlarge")
+    fp8_v3 = _device_ms(matmul.graph(m=m, k=k, n=n, dtype="fp8_e4m3"), "trn2", "trn2.48xlarge")
+    fp8_v2 = _device_ms(matmul.graph(m=m, k=k, n=n, dtype="fp8_e4m3"), "trn1", "trn1.32xlarge")
+    b = nc.GraphBuilder("matvec")
+    x = b.parameter("x", (1, 4096), "bf16")
+    with b.scope("mlp/gate_proj"):
+        y = b.matmul(x, b.weight("weight", (4096, 11008), "bf16"))
+    matvec = b.build([y])
+    bf16_us = _device_ms(matvec, "trn1", "trn1.2xlarge") * 1e3
+    int8_us = _device_ms(matvec, "trn1", "trn1.2xlarge",
+                         CompilerOptions(quantize=Quantization.INT8_WEIGHT_ONLY)) * 1e3
+    return {
+        f"dtype_matmul_{shape}_trn2_bf16_ms": round(bf16_v3, 3),
+        f"dtype_matmul_{shape}_trn2_fp8_ms": round(fp8_v3, 3),
+        "dtype_trn2_fp8_speedup_vs_bf16": round(bf16_v3 / fp8_v3, 3),
+        f"dtype_matmul_{shape}_trn1_fp8_ms": round(fp8_v2, 3),
+        "dtype_matvec_4096x11008_int8_weight_only_us": round(int8_us, 1),
+        "dtype_matvec_int8_speedup_vs_bf16": round(bf16_us / int8_us, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 layers, 3 repeats")
@@ -150,6 +187,7 @@ def main() -> None:
     figures.update(bench_sharding())
     figures.update(bench_matmul())
     figures.update(bench_hbm_bound())
+    figures.update(bench_dtypes(args.quick))
     print(json.dumps(figures))
 
 
