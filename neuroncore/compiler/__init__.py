@@ -82,7 +82,15 @@ def _lower_constant(ctx: Context, op: Op) -> None:
         lower_constant_splat(ctx, op)
 
 
+def _lower_nki_kernel(ctx: Context, op: Op) -> None:
+    """An NKI kernel called inside a traced model: its instructions go straight into this program."""
+    from neuroncore.nki.embed import lower_call  # the NKI package builds on the compiler
+
+    lower_call(ctx, op)
+
+
 LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
+    "nki_kernel": _lower_nki_kernel,
     "parameter": lower_parameter,
     "constant": _lower_constant,
     "convert": _lower_convert,
@@ -169,8 +177,10 @@ def _finalize(ctx: Context) -> Program:
     graph = ctx.graph
     stats = dict(ctx.stats)
     stats.update(sbuf_peak_bytes_per_partition=ctx.sbuf.peak, n_buffers=len(ctx.buffers))
+    locations = ctx.nki_locations
+    per_node = [locations.get(i) for i in range(ctx.em.n_nodes)] if locations else None
     return assemble(ctx.em, graph, ctx.spec, ctx.queues, buffers=ctx.buffers,
-                    hbm_tensors=ctx.hbm_tensors, hbm_views=ctx.hbm_views,
+                    hbm_tensors=ctx.hbm_tensors, hbm_views=ctx.hbm_views, nki_source_location=per_node,
                     input_tensors=[ctx.values[p.index].hbm or "" for p in graph.parameters],
                     output_tensors=[ctx.tensor_name(o) for o in graph.outputs], stats=stats)
 

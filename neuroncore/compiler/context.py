@@ -105,6 +105,7 @@ class Context:
         self._next_buffer = 0
         self._identity: Buffer | None = None
         self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
+        self.nki_locations: dict[int, str] = {}  # node -> file:line of the NKI call (kernels in models)
         self.lowered_with: dict[int, int] = {}  # op index -> the earlier op whose lowering made it
 
     # -- buffers ---------------------------------------------------------------------------

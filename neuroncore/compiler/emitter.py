@@ -146,6 +146,12 @@ class Emitter:
         leaving the key's history in place."""
         return self.compact({a[_NODE] for a in self._accesses.get(key, ())})
 
+    def rename(self, old: MemoryKey, new: MemoryKey) -> None:
+        """Accesses recorded under ``old`` now belong to ``new``, as whole-range accesses (an NKI
+        kernel's output tensor becomes the compiled model's HBM tensor of that value)."""
+        moved = [(*WHOLE_TENSOR, *a[4:]) for a in self._accesses.pop(old, [])]
+        self._accesses[new].extend(moved)
+
     def lane_of(self, node: int) -> int:
         return self._lane[node]
 

@@ -194,15 +194,26 @@ class Collective:
     dst: HbmAccess
 
 
+@dataclass(frozen=True, slots=True)
+class KernelCall:
+    """An NKI kernel called inside a compiled model: its values, computed at once by running the
+    kernel (``neuroncore.nki.embed``) on the HBM tensors ``inputs`` into ``output``. Carried by the
+    kernel's last instruction; its other instructions only time it."""
+
+    kernel: str  # key in ``neuroncore.nki.embed.CALLS``
+    inputs: tuple[str, ...]
+    output: str
+
+
 NodeSemantics: TypeAlias = (
     Nop | Load | LoadKTiled | Store | Gather | TensorTensor | TensorScalar | Activate | Copy | Reduce
-    | Reciprocal | Select | Memset | Iota | Identity | LoadWeights | MatMul | Collective
+    | Reciprocal | Select | Memset | Iota | Identity | LoadWeights | MatMul | Collective | KernelCall
 )
 """Any node's semantics."""
 
 SEMANTIC_KINDS: frozenset[type] = frozenset({
     Nop, Load, LoadKTiled, Store, Gather, TensorTensor, TensorScalar, Activate, Copy, Reduce,
-    Reciprocal, Select, Memset, Iota, Identity, LoadWeights, MatMul, Collective,
+    Reciprocal, Select, Memset, Iota, Identity, LoadWeights, MatMul, Collective, KernelCall,
 })
 """Every record type a node may carry; the emitter refuses anything else."""
 
@@ -217,7 +228,8 @@ def check_semantics(semantics: object) -> None:
 
 
 __all__ = [
-    "NOP", "SEMANTIC_KINDS", "Activate", "Collective", "Copy", "Gather", "Identity", "Iota", "Load",
+    "NOP", "SEMANTIC_KINDS", "Activate", "Collective", "Copy", "Gather", "Identity", "Iota", "KernelCall",
+    "Load",
     "LoadKTiled", "LoadWeights", "MatMul", "Memset", "NodeSemantics", "Nop", "Reciprocal", "Reduce",
     "Scalar", "ScalarStep", "Select", "Store", "TensorScalar", "TensorTensor", "check_semantics",
 ]

@@ -37,7 +37,8 @@ def handles(*names: str) -> Callable[[Handler], Handler]:
 
 
 MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv",
-           "neuroncore.frontends.torch_scatter", "neuroncore.frontends.torch_backward")
+           "neuroncore.frontends.torch_scatter", "neuroncore.frontends.torch_backward",
+           "neuroncore.frontends.torch_nki")
 
 
 def load_handlers() -> None:

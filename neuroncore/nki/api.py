@@ -22,7 +22,7 @@ import numpy as np
 
 from neuroncore.compiler.program import Program
 from neuroncore.events import EventSink
-from neuroncore.hardware import core_spec
+from neuroncore.hardware import CoreSpec, core_spec
 from neuroncore.nki import dtypes as ndt
 from neuroncore.nki.errors import NkiError
 from neuroncore.nki.tracer import HBM_BUFFERS, KernelTrace, Tensor, View, activate, as_view
@@ -147,25 +147,32 @@ def _is_array(x: Any) -> bool:
 # -- running --------------------------------------------------------------------------------------
 
 
-def run_kernel(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    *,
-    grid: tuple[int, ...] = (),
-    timing_only: bool | None = None,
-    target: str | None = None,
-    instance: str | None = None,
-    sink: EventSink | None = None,
-) -> KernelRun:
+def run_kernel(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *,
+               grid: tuple[int, ...] = (), timing_only: bool | None = None, target: str | None = None,
+               instance: str | None = None, sink: EventSink | None = None) -> KernelRun:
     """Run ``fn`` as a kernel on the simulated core; see the module docstring."""
     instance_name = instance or DEFAULT_INSTANCE
     inst = INSTANCES.get(instance_name, sink)
     spec = core_spec(target) if target else inst.spec.chip.core
+    trace, outputs = trace_kernel(fn, args, kwargs, spec=spec, grid=grid, timing_only=timing_only)
+    program = trace.program()
+    core = inst.core(0)
+    model = core.load(program)
+    execution = model.execute(timing_only=True)
+    core.models.remove(model)  # a kernel call does not stay resident
+    return KernelRun(outputs, program, execution)
+
+
+def trace_kernel(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *, spec: CoreSpec,
+                 grid: tuple[int, ...] = (), timing_only: bool | None = None,
+                 trace: KernelTrace | None = None) -> tuple[KernelTrace, Any]:
+    """Run the kernel's Python (every SPMD program of ``grid``) into ``trace`` (a new one unless
+    given); returns the trace and the outputs, as the kind of array the arguments were."""
     if timing_only is None:
         timing_only = any(isinstance(a, ShapeSpec) for a in [*args, *kwargs.values()])
     code = getattr(fn, "__code__", None)
-    trace = KernelTrace(spec, name=getattr(fn, "__name__", "kernel"), code=code, numerics=not timing_only)
+    if trace is None:
+        trace = KernelTrace(spec, name=getattr(fn, "__name__", "kernel"), code=code, numerics=not timing_only)
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
@@ -189,16 +196,12 @@ def run_kernel(
                 result = out
     finally:
         activate(previous)
-    outputs = _outputs(trace, result, like)
-    program = trace.program()
-    core = inst.core(0)
-    model = core.load(program)
-    execution = model.execute(timing_only=True)
-    core.models.remove(model)  # a kernel call does not stay resident
-    return KernelRun(outputs, program, execution)
+    return trace, _outputs(trace, result, like)
 
 
 def _bind(trace: KernelTrace, name: str, value: Any) -> Any:
+    if isinstance(value, Tensor):  # already bound (a kernel embedded in a compiled model)
+        return value
     if isinstance(value, ShapeSpec):
         return trace.input(name, value.shape, value.dtype, None)
     if _is_array(value):
@@ -219,6 +222,8 @@ def _outputs(trace: KernelTrace, result: Any, like: str) -> Any:
                 f"(nl.ndarray(..., buffer=nl.shared_hbm))"
             )
         trace.mark_output(t)
+        if trace.returned is None:
+            trace.returned = t
         if t.data is None:
             return None
         return _from_numpy(np.asarray(t.data), t.dtype, like)
@@ -270,6 +275,10 @@ class Kernel:
         return run
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from neuroncore.nki import embed
+
+        if embed.is_torch_tracing(args):  # inside torch.export: one op the compiler lowers to this kernel
+            return embed.call_in_torch(self.fn, args, kwargs)
         if self.mode == "benchmark":
             return self._benchmark(args, kwargs)
         if self.mode == "profile":

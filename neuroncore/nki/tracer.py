@@ -34,6 +34,7 @@ from neuroncore.compiler.counters import NO_COUNTERS, NodeCounters
 from neuroncore.compiler.emitter import (
     QUEUE_SEMAPHORE_BASE,
     WHOLE_BUFFER,
+    WHOLE_TENSOR,
     Emitter,
     MemoryKey,
     Rect,
@@ -458,14 +459,22 @@ class _SeqLoop:
 class KernelTrace:
     """Everything one kernel run emits; see the module docstring."""
 
-    def __init__(self, spec: CoreSpec, *, name: str, code: CodeType | None, numerics: bool) -> None:
+    def __init__(self, spec: CoreSpec, *, name: str, code: CodeType | None, numerics: bool,
+                 emitter: Emitter | None = None, queues: list[DmaQueue] | None = None,
+                 host_op: int | None = None) -> None:
+        """``emitter``, ``queues`` and ``host_op`` embed the kernel in a program being compiled (a
+        kernel called inside a traced model): its instructions join that program as parts of IR op
+        ``host_op``, on queues of its own added to ``queues``."""
         self.spec = spec
         self.name = name
         self.code = code
         self.numerics = numerics
-        self.em = Emitter(spec)
-        self.queues: list[DmaQueue] = []
-        self._queue_by_name: dict[str, DmaQueue] = {}
+        self.em = emitter if emitter is not None else Emitter(spec)
+        self.host_op = host_op
+        self._node_base = self.em.n_nodes
+        self._queue_purpose_prefix = "Nki" if emitter is not None else ""
+        self.queues: list[DmaQueue] = queues if queues is not None else []
+        self._queue_by_name: dict[str, DmaQueue] = {q.name: q for q in self.queues}
         self.ops: list[Op] = []
         self._sites: dict[tuple[str, tuple[SourceFrame, ...]], int] = {}
         self._site_count: dict[str, int] = {}
@@ -483,6 +492,7 @@ class KernelTrace:
         self.location: str | None = None
         self.frames: tuple[SourceFrame, ...] = ()
         self.api = ""
+        self.returned: Tensor | None = None  # the HBM tensor the kernel returned (first, if several)
         self.grid_shape: tuple[int, ...] = (1,)
         self.grid_position: tuple[int, ...] = (0,)
         self._hbm_allocs: list[Tensor] = []
@@ -525,6 +535,8 @@ class KernelTrace:
         self.location, self.frames = self._locate()
 
     def _site(self, shape: tuple[int, ...], dtype: ndt.NkiDtype) -> int:
+        if self.host_op is not None:
+            return self.host_op
         key = (self.api, self.frames)
         index = self._sites.get(key)
         if index is None:
@@ -737,6 +749,8 @@ class KernelTrace:
     def key_rect(self, v: View, write: bool) -> list[tuple[MemoryKey, Rect]]:
         t = v.tensor
         if not t.on_chip:
+            if t.key[1].__class__ is str:  # a tensor of the model the kernel is embedded in
+                return [(t.key, WHOLE_TENSOR)]
             if write:
                 self._hbm_written.add(t.key)
             elif t.key not in self._hbm_written:
@@ -744,7 +758,7 @@ class KernelTrace:
         return [(t.key, v.rect())]
 
     def _after_emit(self, site_shape: tuple[int, ...], dtype: ndt.NkiDtype) -> None:
-        pad = self.em.n_nodes - len(self.node_location)
+        pad = self.em.n_nodes - self._node_base - len(self.node_location)
         self.node_location.extend([self.location] * pad)
 
     def instruction(
@@ -829,7 +843,7 @@ class KernelTrace:
             slot = used % self.spec.dma_queues_per_engine
             self._dma_slot_count[(purpose, trigger)] = used + 1
             self._dma_slots[slot_key] = slot
-        qname = f"q{trigger.label}{purpose}{slot}"
+        qname = f"q{trigger.label}{self._queue_purpose_prefix}{purpose}{slot}"
         queue = self._queue(qname, qtype, trigger)
         counters = NodeCounters(
             hbm_read_bytes=0 if src.tensor.on_chip else nbytes,

@@ -164,7 +164,7 @@ class Machine:
             ns.Reduce: self._reduce, ns.Reciprocal: self._reciprocal, ns.Select: self._select,
             ns.Memset: self._memset, ns.Iota: self._iota, ns.Identity: self._identity,
             ns.LoadWeights: self._load_weights, ns.MatMul: self._matmul,
-            ns.Collective: self._collective,
+            ns.Collective: self._collective, ns.KernelCall: self._kernel_call,
         }
 
     def run(self) -> None:
@@ -175,6 +175,12 @@ class Machine:
                 raise ExecutionError(f"node {node} carries {sem!r}, which is not a node-semantics "
                                      f"record the interpreter knows")
             handler(sem)
+
+    def _kernel_call(self, s: ns.KernelCall) -> None:
+        from neuroncore.nki.embed import compute_call  # the NKI package builds on this runtime
+
+        out = self.hbm[s.output]
+        out[...] = compute_call(s.kernel, [self.hbm[name] for name in s.inputs]).reshape(out.shape)
 
     def _load(self, s: ns.Load) -> None:
         src = s.src

@@ -563,3 +563,41 @@ def test_neuron_profile_capture_of_a_kernel_file(tmp_path):
 
     table = open_profile(found[0].parent).table("Instruction", ["opcode", "nki_source_location"]).to_pylist()
     assert {f"{path}:10"} <= {r["nki_source_location"] for r in table}
+
+
+def test_a_kernel_replaces_a_layer_inside_a_traced_torch_model():
+    """``neuroncore.trace`` of a module that calls an NKI kernel: the kernel's instructions join the
+    compiled program (with their kernel lines) and its values come out right."""
+    torch = pytest.importorskip("torch")
+    import neuroncore as nc
+
+    @nki.jit
+    def gelu_twice(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(x.shape[0] // 128):
+            t = nl.load(x[i * 128 : (i + 1) * 128, :])
+            nl.store(out[i * 128 : (i + 1) * 128, :], value=nl.gelu(t) * 2.0)
+        return out
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64)
+
+        def forward(self, x):
+            return self.fc2(gelu_twice(self.fc1(x)))
+
+    model, x = Mlp().eval(), torch.randn(256, 64)
+    traced = nc.trace(model, (x,), instance="trn1.2xlarge")
+    y = traced(x)
+    ref = model.fc2(torch.nn.functional.gelu(model.fc1(x)) * 2.0)
+    assert (y - ref).abs().max().item() < 1e-4
+    program = traced.last_result.program
+    line = f"{HERE}:{kernel_line(gelu_twice.fn, 'nl.gelu(t)')}"
+    opcodes = {
+        program.opcodes[program.opcode_id[i]]
+        for i, loc in enumerate(program.nki_source_location)
+        if loc == line
+    }
+    assert "ACTIVATE" in opcodes
+    assert any(op.opcode == "nki_kernel" for op in program.graph.ops)
