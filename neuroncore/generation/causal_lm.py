@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
 from neuroncore.runtime.host_io import request_latency_ns
 
 _IDS = itertools.count()
+_M = TypeVar("_M", bound=torch.nn.Module)
 
 
 class GenerationError(ValueError):
@@ -122,9 +123,10 @@ class _ContextEncoding(torch.nn.Module):
     """The prompt: all layers over the bucket, the logits of each row's ``last`` position and
     every layer's keys, then values (written into the resident cache)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, select: bool = False) -> None:
         super().__init__()
         self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
+        self.select = select  # return the greedy token (on-device generation), not the logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 last: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -134,17 +136,18 @@ class _ContextEncoding(torch.nn.Module):
         pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
         logits = self.model.get_output_embeddings()((hidden * pick[:, :, None]).sum(1))
         keys, values = _cache_tensors(out.past_key_values)
-        return (logits, *keys, *values)
+        return (torch.argmax(logits, dim=-1) if self.select else logits, *keys, *values)
 
 
 class _TokenGeneration(torch.nn.Module):
     """One new token per row over a ``bucket``-position cache: its logits, and the cache with the
     token's keys and values written at ``slots`` (the same slot for every row)."""
 
-    def __init__(self, model: torch.nn.Module, layers: int) -> None:
+    def __init__(self, model: torch.nn.Module, layers: int, select: bool = False) -> None:
         super().__init__()
         self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
         self.layers = layers
+        self.select = select  # return the greedy token (on-device generation), not the logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 slots: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -159,7 +162,7 @@ class _TokenGeneration(torch.nn.Module):
         width = input_ids.shape[1]
         updated = [torch.index_copy(old, 2, slots, new[:, :, -width:])
                    for old, new in zip(cache, [*new_keys, *new_values])]
-        return (logits, *updated)
+        return (torch.argmax(logits, dim=-1) if self.select else logits, *updated)
 
 
 @dataclass
@@ -202,7 +205,7 @@ class NeuronCausalLM:
     def __init__(self, model: Any, *, n_positions: int | Sequence[int] = (128, 256, 512),
                  context_length_estimate: int | Sequence[int] | None = None, batch_size: int = 1,
                  tp_degree: int = 1, instance: str | Instance | None = None, dtype: str | None = None,
-                 core: int = 0) -> None:
+                 core: int = 0, on_device_generation: bool = False) -> None:
         try:
             self.n_positions = normalize_buckets(n_positions)
             self.context_length_estimate = normalize_buckets(
@@ -228,6 +231,7 @@ class NeuronCausalLM:
                                   f"sliding-window caches are not supported")
         self.model = model.eval()
         self.batch_size = batch_size
+        self.on_device_generation = on_device_generation
         self.tp_degree = tp_degree
         self.dtype = dtype
         self.core = core
@@ -272,7 +276,7 @@ class NeuronCausalLM:
             self._programs[key] = program
         return program
 
-    def _named(self, cls: type[torch.nn.Module], phase: Phase, bucket: int) -> type[torch.nn.Module]:
+    def _named(self, cls: type[_M], phase: Phase, bucket: int) -> type[_M]:
         """``cls`` under the name its program shows in profiles (``model=``):
         ``LlamaForCausalLM.token_generation.256``."""
         return type(f"{type(self.model).__name__}.{phase}.{bucket}", (cls,), {})
@@ -281,14 +285,16 @@ class NeuronCausalLM:
         b = self.batch_size
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
-            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self.model),
+            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self.model,
+                                                                              self.on_device_generation),
                                  (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
             if not self._cache:
                 self._allocate_cache(traced)
             return self._bind(traced, reads=False)
         shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
         cache = tuple(torch.zeros(s) for s in shapes)
-        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model, self.layers),
+        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model, self.layers,
+                                                                          self.on_device_generation),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
                               torch.zeros(1, dtype=torch.int64), *cache))
         return self._bind(traced, reads=True)
@@ -301,7 +307,7 @@ class NeuronCausalLM:
             raise GenerationError(f"{type(self.model).__name__}: the context encoding returned "
                                   f"{len(outputs)} tensors, not logits and per-layer keys and values")
         self.layers = (len(outputs) - 1) // 2
-        self.vocab_size = outputs[0].shape[-1]
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or outputs[0].shape[-1])
         self._full_shapes = [tuple(o.shape) for o in outputs[1:]]
         self._cache = [f"{self._prefix}.{kind}{i}" for kind in ("k", "v") for i in range(self.layers)]
         local = traced.variants[0].program.graph.outputs[1:]
@@ -350,7 +356,7 @@ class NeuronCausalLM:
                                            for i, name in enumerate(program.names)]
         result = program.runnable.execute(inputs, state=program.binding)
         ranks: list[ExecutionResult] = result.ranks if hasattr(result, "ranks") else [result]
-        logits = np.asarray(result.outputs[0], np.float32)
+        logits = np.asarray(result.outputs[0])  # [batch, vocab], or [batch] token ids (on device)
         first = ranks[0]  # every rank copies its own inputs and outputs at the same time
         latency = request_latency_ns(first.program.spec, result.device_time_ns,
                                      first.host_to_device_bytes, first.device_to_host_bytes)
@@ -382,6 +388,9 @@ class NeuronCausalLM:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
         sampling = Sampling(do_sample, top_k, top_p, temperature)
+        if do_sample and self.on_device_generation:
+            raise GenerationError("on_device_generation compiles greedy selection into the programs; "
+                                  "sampling needs the logits (build it with on_device_generation=False)")
         prompt = ids.shape[1]
         if prompt + max_new_tokens - 1 > self.n_positions[-1]:
             raise GenerationError(f"a {prompt}-token prompt and {max_new_tokens} new tokens need "
@@ -415,7 +424,8 @@ class NeuronCausalLM:
         generated: list[np.ndarray] = []
         slot = prompt
         while True:
-            token = next_tokens(logits, sampling, rng)
+            token = (logits.astype(np.int64) if self.on_device_generation
+                     else next_tokens(logits.astype(np.float32), sampling, rng))
             token = np.where(unfinished, token, pad)
             generated.append(token)
             if eos:

@@ -225,3 +225,16 @@ def test_windowed_attention_shorter_than_the_cache_is_refused():
     with pytest.raises(GenerationError, match="sliding window of 8"):
         NeuronCausalLM(mistral, n_positions=(8, 16))
     NeuronCausalLM(mistral, n_positions=8)  # the window covers the whole cache: accepted
+
+
+def test_on_device_generation_returns_the_greedy_token_not_the_logits(llama, greedy):
+    """transformers-neuronx's on-device generation, greedy: the programs end in an argmax (over the
+    vocabulary the ranks split, gathered on the device), so a step sends back one id per row."""
+    ids, mask = _prompt()
+    gen = NeuronCausalLM(llama, n_positions=32, context_length_estimate=8, batch_size=2,
+                         instance="trn1.2xlarge", tp_degree=2, on_device_generation=True)
+    out = gen.generate(ids, mask, max_new_tokens=NEW, eos_token_id=[], pad_token_id=0)
+    assert torch.equal(out, greedy[0])
+    assert all(s.device_to_host_bytes == 2 * 2 * 4 for s in gen.last_timing.steps)  # 2 ranks x [2] ids
+    with pytest.raises(GenerationError, match="sampling needs the logits"):
+        gen.generate(ids, mask, do_sample=True)
