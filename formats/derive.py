@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # What the summary reads; finished (closed, footers written) before it runs.
 SOURCE_TABLES = ("Instruction", "DmaPacket", "DmaPacketAggregated", "CcOp", "CcInstruction",
-                 "SemaphoreUpdate", "HbmUsage", "ExecutionInfo")
+                 "SemaphoreUpdate", "HbmUsage", "ExecutionInfo", "TrainingStep")
 DERIVED_TABLES = ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", LOD_TABLE)
 # At a capture's close the capturing process has the writer's memory in use already; the derived
 # tables are computed in small steps so the close adds little to its peak (bench: peak_rss_mb).

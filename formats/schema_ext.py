@@ -130,4 +130,17 @@ EXTENSION_COLUMNS: dict[str, tuple[FieldDef, ...]] = {
     ),
     "HloInstruction": _ROLLUP_COLUMNS,
     "FrameworkNode": _ROLLUP_COLUMNS,
+    # A profile of a training step: the step's headline figures from its TrainingStep rows
+    # (formats.figures.training_step_figures; null when the profile holds no training step)
+    "Summary": (
+        FieldDef("training_step_time", "float64", "seconds", False,
+                 "neuronscope extension: mean TrainingStep.step_time_ns of the profile's steps (s)"),
+        FieldDef("training_seq_per_s", "float64", None, False,
+                 "neuronscope extension: global batch / step time (sequences or samples per second)"),
+        FieldDef("training_tokens_per_s", "float64", None, False,
+                 "neuronscope extension: training_seq_per_s x sequence length (0 without sequences)"),
+        FieldDef("training_mfu_percent", "float64", "percent", False,
+                 "neuronscope extension: model FLOPs of a step / (step time x ranks x peak FLOP/s per "
+                 "rank), a fraction 0-1"),
+    ),
 }

@@ -221,6 +221,7 @@ def _assemble(work: _Computation, want_tables: bool,
     for section in (_time_bases, _engines, _flops_and_memory, _dma, _collectives):
         section(m, row)
     profile = work.profile
+    _training(profile, row)
     row["event_count"] = profile.num_rows("SemaphoreUpdate")
     row["trace_count"] = profile.num_rows("Instruction") + profile.num_rows("DmaPacket") + row["event_count"]
 
@@ -382,6 +383,26 @@ def _collectives(m: _Measured, row: dict[str, Any]) -> None:
         row[active_key] = _seconds(active)
         row[f"{active_key}_percent"] = _ratio(active, m.total_ns)
         row[f"{prefix}_count"] = m.cc[name]["count"]
+
+
+def _training(profile: Profile, row: dict[str, Any]) -> None:
+    """Our extension: a training step's figures (formats.figures.training_step_figures, one
+    definition with the bench and neuron-top) from the profile's TrainingStep rows, their mean step."""
+    if not profile.has("TrainingStep"):
+        return
+    from formats.figures import training_step_figures
+
+    steps = profile.table("TrainingStep", ["step_time_ns", "global_batch", "seq", "model_flops", "ranks",
+                                           "peak_flops_per_rank"]).to_pylist()
+    if not steps:
+        return
+    mean = {k: sum(float(s[k] or 0) for s in steps) / len(steps) for k in steps[0]}
+    fig = training_step_figures(mean["step_time_ns"], round(mean["global_batch"]), round(mean["seq"]),
+                                mean["model_flops"], round(mean["ranks"]), mean["peak_flops_per_rank"])
+    row["training_step_time"] = fig.step_s
+    row["training_seq_per_s"] = fig.seq_per_s
+    row["training_tokens_per_s"] = fig.tokens_per_s
+    row["training_mfu_percent"] = fig.mfu
 
 
 def _opcode_table(groups: list[dict[str, Any]], opcodes: list[str], lengths: Mapping[int, int],

@@ -119,6 +119,10 @@ def test_the_step_is_recorded_with_its_time_and_phases(
     assert row["step_time_ns"] > 0 and row["model_flops"] > 0
     assert row["forward_ns"] > 0 and row["backward_ns"] > 0 and row["optimizer_ns"] > 0
     assert row["forward_ns"] + row["backward_ns"] + row["optimizer_ns"] >= row["step_time_ns"] * 0.1
+    summary = open_profile(_profile(out, "MLP_train_step")).table("Summary").to_pylist()[0]
+    assert summary["training_step_time"] == pytest.approx(row["step_time_ns"] / 1e9)
+    assert summary["training_seq_per_s"] == pytest.approx(8 / (row["step_time_ns"] / 1e9))
+    assert 0 < summary["training_mfu_percent"] < 1
     events = pq.read_table(next((out / "system").glob("SystemProfileEvents*.parquet"))).to_pylist()
     steps = [json.loads(e["extra_attributes_json"]) for e in events if e["name"] == "train_step"]
     assert sorted(s["step"] for s in steps if s["layout"].startswith("MLP/")) == [1, 2, 3]
