@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -122,6 +122,10 @@ class Analysis:
     skipped: list[tuple[str, str]]  # (analysis, why it could not run)
     notes: list[str]  # what the profile lacked that the analyses worked around
     graph_events: int
+    temporal: Any = None  # formats.breakdown.Temporal
+    dma_queues: list[Any] = field(default_factory=list)  # formats.breakdown.DmaQueue
+    bottom_up: list[Any] = field(default_factory=list)  # formats.breakdown.OpKind
+    dma_ceiling_bytes_per_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         path = self.critical_path
@@ -144,6 +148,9 @@ class Analysis:
             "idle": {name: {"total_ns": r.total_ns, "by_cause": r.by_cause, "by_op": r.by_op,
                             "by_layer": r.by_layer, "intervals": r.intervals}
                      for name, r in self.idle.items()},
+            "temporal": None if self.temporal is None else self.temporal.as_dict(),
+            "dma_queues": [q.as_dict(self.dma_ceiling_bytes_per_s) for q in self.dma_queues],
+            "bottom_up": [o.as_dict() for o in self.bottom_up],
             "findings": [f.as_dict() for f in self.findings],
             "skipped": [{"analysis": a, "reason": r} for a, r in self.skipped],
             "notes": self.notes,
@@ -299,11 +306,11 @@ def _findings(device_ns: int, path: PathReport | None, idle: Mapping[str, IdleRe
                                  f"{top.events} instructions", where, top.time_ns))
     for name, report in idle.items():
         # the question users ask is "why is my Tensor engine idle"; other engines' idle is reported
-        # when it waits on data movement or collectives, not on each other
+        # when it waits on collectives
         if not device_ns or not report.by_cause:
             continue
         cause, ns = next(iter(report.by_cause.items()))
-        if name != "Tensor" and not cause.startswith(("dma:", "collective:")):
+        if name != "Tensor" and not cause.startswith("collective:"):
             continue
         if ns >= 0.10 * device_ns and cause not in (cp.STARVED,):
             op = next(iter(report.by_op), None)
@@ -326,8 +333,15 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
     try:
         graph = depgraph.load_graph(profile, con)
         t, _ = device_time_ns(profile, con)
-        return _analyze(profile, graph, t,
-                        lambda ids, column: depgraph.instruction_text(profile, ids, column, con))
+        result = _analyze(profile, graph, t,
+                          lambda ids, column: depgraph.instruction_text(profile, ids, column, con))
+        from formats import breakdown
+
+        ceiling = profile.metadata.get("dma_ddr_bandwidth")
+        return replace(result, temporal=breakdown.temporal(graph, result.device_time_ns) if graph.n else None,
+                       dma_queues=breakdown.dma_efficiency(graph),
+                       bottom_up=breakdown.bottom_up(profile, con, profile.metadata),
+                       dma_ceiling_bytes_per_s=float(ceiling) if ceiling else None)
     finally:
         if own:
             con.close()

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from formats.analysis import Analysis, analyze
-from formats.units import fmt_ns, fmt_pct
+from formats.units import fmt_bytes, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
 
 __all__ = ["ANALYZE_FORMATS", "AnalyzeCommand", "analyze_dir", "text_lines"]
@@ -80,6 +80,33 @@ def profile_lines(name: str, a: Analysis) -> Iterator[str]:
             yield "top ops on the path:"
             for c in ops:
                 yield f"  {c.name:<16}{fmt_ns(c.time_ns):>10}  {c.layer or '-'}  {c.source}"
+    t = a.temporal
+    if t is not None and t.device_time_ns:
+        T = t.device_time_ns
+        overlap = ", ".join(f"{label} {fmt_pct(v)} overlapped with compute"
+                            for label, v in (("DMA", t.dma_overlap), ("collectives", t.collective_overlap))
+                            if v is not None)
+        yield (f"time: compute {fmt_pct(t.compute_ns / T)}, DMA only {fmt_pct(t.dma_only_ns / T)}, "
+               f"collective only {fmt_pct(t.collective_only_ns / T)}, idle {fmt_pct(t.idle_ns / T)}"
+               + (f"; {overlap}" if overlap else ""))
+    if a.dma_queues:
+        yield "DMA queues (bytes per transfer, small transfers, achieved rate):"
+        for q in a.dma_queues[:6]:
+            rate = q.achieved_bytes_per_s
+            of = (f" = {fmt_pct(rate / a.dma_ceiling_bytes_per_s)} of the DMA ceiling"
+                  if rate and a.dma_ceiling_bytes_per_s else "")
+            per = fmt_bytes(q.bytes_per_transfer)
+            yield (f"  {q.queue:<20} {q.transfers:>6} transfers  {per:>10}/transfer  "
+                   f"{q.small_transfers} under 32 KiB  {fmt_gbps(rate) if rate else '-'}{of}")
+    roof = [o for o in a.bottom_up if o.flops]
+    if roof:
+        yield "op kinds on the Tensor roofline (FLOP per HBM byte, achieved vs bound):"
+        for o in roof[:5]:
+            got, bound = o.achieved_flops_per_s, o.roofline_flops_per_s
+            share = f" ({fmt_pct(got / bound)})" if got and bound else ""
+            intensity = f"{o.intensity:.1f}" if o.intensity is not None else "-"
+            yield (f"  {o.kind:<16} intensity {intensity:>8}  {fmt_flops(got) if got else '-'}/s of "
+                   f"{fmt_flops(bound) if bound else '-'}/s{share}, {o.bound or '-'}-bound")
     if a.idle:
         yield "idle by cause:"
         for engine, r in a.idle.items():

@@ -173,6 +173,16 @@ class Path:
 
 
 @njit(cache=True, nogil=True)
+def _last_events(end: np.ndarray, execution: np.ndarray, last: np.ndarray) -> None:
+    """Per execution, the event of largest (end, index): one pass, no sort."""
+    for i in range(end.size):
+        w = execution[i]
+        j = last[w]
+        if j < 0 or end[i] >= end[j]:
+            last[w] = i
+
+
+@njit(cache=True, nogil=True)
 def _walk(start: np.ndarray, end: np.ndarray, execution: np.ndarray, pred: np.ndarray,
           last: np.ndarray, window_start: np.ndarray, out: np.ndarray, contrib: np.ndarray,
           wait: np.ndarray) -> int:
@@ -203,10 +213,7 @@ def critical_path(graph: DepGraph, rel: Release) -> Path:
     last = np.full(n_windows, -1, np.int64)
     host = np.zeros(n_windows, np.int64)
     if graph.n:
-        by_end = np.lexsort((np.arange(graph.n), graph.end, graph.execution))
-        ex = graph.execution[by_end]
-        final = np.flatnonzero(np.r_[ex[1:] != ex[:-1], True])
-        last[ex[final]] = by_end[final]
+        _last_events(graph.end, graph.execution, last)
     for w in range(n_windows):
         a, b = graph.windows[w]
         host[w] = b - (graph.end[last[w]] if last[w] >= 0 else a)

@@ -235,6 +235,9 @@ def _index_of(sorted_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     if not sorted_ids.size or not wanted.size:
         return out
     lo, hi = int(sorted_ids[0]), int(sorted_ids[-1])
+    if hi - lo == sorted_ids.size - 1:  # contiguous ids: the position is the offset
+        pos = wanted - lo
+        return np.where((pos >= 0) & (pos < sorted_ids.size), pos, -1)
     inside = (wanted >= lo) & (wanted <= hi)
     if hi - lo < 4 * sorted_ids.size + 1024:
         lut = np.full(hi - lo + 1, -1, np.int64)

@@ -95,6 +95,19 @@ def test_hand_built_chain_idle_causes(chain: Path) -> None:
     assert a.findings and a.findings[0].time_ns >= a.findings[-1].time_ns
 
 
+def test_hand_built_temporal_breakdown_and_dma_queue(chain: Path) -> None:
+    """Instructions cover [0,200) and [300,1000) = 900 ns; the DMA [0,300) adds [200,300) = 100 ns of
+    DMA-only time; 200 of its 300 ns overlap compute."""
+    a = analyze(open_profile(chain))
+    t = a.temporal
+    assert t is not None
+    assert (t.compute_ns, t.dma_only_ns, t.collective_only_ns, t.idle_ns) == (900, 100, 0, 0)
+    assert t.dma_overlap == pytest.approx(200 / 300) and t.collective_overlap is None
+    (queue,) = a.dma_queues
+    got = (queue.queue, queue.transfers, queue.bytes, queue.packets, queue.small_transfers, queue.active_ns)
+    assert got == ("qSyncIO0", 1, 4096, 2, 1, 300)
+
+
 def test_without_flow_the_path_is_inferred_from_timing(tmp_path: Path) -> None:
     path_dir = write_profile(tmp_path / "p", _chain_tables(False), summary=False,
                              metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
@@ -137,6 +150,12 @@ def test_captured_workload_path_equals_device_time(recorded: Any) -> None:
     for report in a.idle.values():
         assert sum(report.by_cause.values()) == report.total_ns
         assert 0 < report.total_ns <= a.device_time_ns
+    t = a.temporal
+    assert t is not None
+    assert t.compute_ns + t.dma_only_ns + t.collective_only_ns + t.idle_ns == a.device_time_ns
+    dot = next(o for o in a.bottom_up if o.kind == "dot")
+    assert dot.flops > 0 and dot.intensity is not None and dot.roofline_flops_per_s is not None
+    assert dot.achieved_flops_per_s is not None and dot.achieved_flops_per_s <= dot.roofline_flops_per_s
     length, idle, queues = _sql_numbers(recorded.path)
     assert length == path.length_ns
     assert {e: r.by_cause for e, r in a.idle.items()} == idle

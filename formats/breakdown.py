@@ -1,0 +1,219 @@
+"""Aggregate analyses of one profile: HTA's temporal breakdown and overlap, DMA efficiency per
+queue, and a bottom-up table of op kinds on the Tensor engine's roofline.
+
+    temporal(graph)              # compute / DMA-only / collective-only / idle, Σ = device time
+    dma_efficiency(graph, meta)  # per queue: transfers, bytes per transfer, small ones, achieved rate
+    bottom_up(profile, con)      # per op kind across layers: time, FLOPs, HBM bytes, intensity, roofline
+
+Definitions (docs/analyses.md):
+
+* **Temporal breakdown** (as HTA's, with DMA and collectives for its communication): every instant of
+  an execution window is *compute* when an instruction runs, else *DMA-only* when a DMA transfer is
+  in flight, else *collective-only* when a collective runs, else *idle*. With I, D, C the unions of
+  instruction, transfer and collective intervals: compute = |I|, DMA-only = |I∪D| − |I|,
+  collective-only = |I∪D∪C| − |I∪D|, idle = T − |I∪D∪C|. **Overlap** (HTA's
+  "communication overlapped with computation"): |I∩C| / |C| for collectives, |I∩D| / |D| for DMA.
+* **DMA efficiency** per queue: transfers, bytes, bytes per transfer (a transfer is one descriptor
+  chain, ``packet_aggregation_id``), packets, transfers under ``SMALL_DMA_BYTES`` (32 KiB, the
+  findings' threshold), achieved bandwidth = bytes / |∪ of the queue's transfer intervals| and its
+  fraction of ``Metadata.dma_ddr_bandwidth`` (the core's DMA ceiling).
+* **Bottom-up / roofline**: per op kind (``hlo_name`` without its number, across every layer):
+  instructions, Σ instruction time, PE FLOPs (Σ ``greatest(raw_flops, flops_transpose)`` on Tensor,
+  the hardware-FLOPs rule of docs/figures.md), HBM bytes (Σ of the op's DMA packets'
+  ``hbm_read_bytes + hbm_write_bytes``), arithmetic intensity = FLOPs / HBM bytes, op time = Σ over
+  its ops of the op time (the union of the op's instructions and packets, ``HloInstruction.
+  active_time_ns`` where stored, else Σ instruction time), achieved FLOP/s = FLOPs / op time, and the
+  roofline bound min(PEAK, intensity × HBM_BW)
+  with PEAK and HBM_BW from Metadata (``formats.figures.Hardware``); ``bound`` says which side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
+from formats.figures import Hardware
+from formats.findings import SMALL_DMA_BYTES
+from formats.sqlsource import TableSource
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from formats.reader import Profile
+
+__all__ = ["DmaQueue", "OpKind", "Temporal", "bottom_up", "dma_efficiency", "temporal"]
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> int:
+    """|∪ [start, end)| in NumPy: sort by start, running max of ends, sum the merged pieces."""
+    if not start.size:
+        return 0
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    prev = np.r_[np.iinfo(np.int64).min, reach[:-1]]  # how far the earlier intervals reach
+    return int(np.clip(reach - np.maximum(s, prev), 0, None).sum())
+
+
+@dataclass(frozen=True)
+class Temporal:
+    device_time_ns: int
+    compute_ns: int
+    dma_only_ns: int
+    collective_only_ns: int
+    idle_ns: int
+    dma_overlap: float | None  # |I ∩ D| / |D|
+    collective_overlap: float | None  # |I ∩ C| / |C|
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device_time_ns": self.device_time_ns, "compute_ns": self.compute_ns,
+                "dma_only_ns": self.dma_only_ns, "collective_only_ns": self.collective_only_ns,
+                "idle_ns": self.idle_ns, "dma_overlap": self.dma_overlap,
+                "collective_overlap": self.collective_overlap}
+
+
+def temporal(graph: DepGraph, device_time_ns: int) -> Temporal:
+    """HTA's temporal breakdown and overlap (module docstring)."""
+    sel = {k: graph.kind == k for k in (INSTRUCTION, DMA, CC)}
+
+    def u(*kinds: int) -> int:
+        mask = np.zeros(graph.n, bool)
+        for k in kinds:
+            mask |= sel[k]
+        return _union(graph.start[mask], graph.end[mask])
+
+    i, d, c = u(INSTRUCTION), u(DMA), u(CC)
+    i_d = u(INSTRUCTION, DMA)
+    i_c = u(INSTRUCTION, CC) if c else i
+    all_ = u(INSTRUCTION, DMA, CC) if c else i_d
+    return Temporal(device_time_ns, i, i_d - i, all_ - i_d, max(device_time_ns - all_, 0),
+                    (i + d - i_d) / d if d else None, (i + c - i_c) / c if c else None)
+
+
+@dataclass(frozen=True)
+class DmaQueue:
+    queue: str
+    transfers: int
+    bytes: int
+    packets: int
+    small_transfers: int
+    active_ns: int
+
+    @property
+    def bytes_per_transfer(self) -> float:
+        return self.bytes / self.transfers if self.transfers else 0.0
+
+    @property
+    def achieved_bytes_per_s(self) -> float | None:
+        return self.bytes / self.active_ns * 1e9 if self.active_ns else None
+
+    def as_dict(self, ceiling: float | None) -> dict[str, Any]:
+        rate = self.achieved_bytes_per_s
+        return {"queue": self.queue, "transfers": self.transfers, "bytes": self.bytes,
+                "packets": self.packets,
+                "bytes_per_transfer": self.bytes_per_transfer, "small_transfers": self.small_transfers,
+                "active_ns": self.active_ns, "achieved_bytes_per_s": rate,
+                "of_dma_ceiling": rate / ceiling if rate is not None and ceiling else None}
+
+
+def dma_efficiency(graph: DepGraph) -> list[DmaQueue]:
+    """Per DMA queue (module docstring), most bytes first."""
+    base = graph.n_instr
+    out = []
+    lanes = graph.lane[base:base + graph.n_dma]
+    for code in np.unique(lanes):
+        sel = np.flatnonzero(lanes == code)
+        nbytes = graph.dma_bytes[sel] if graph.dma_bytes.size else np.zeros(sel.size, np.int64)
+        packets = graph.dma_packets[sel] if graph.dma_packets.size else np.zeros(sel.size, np.int64)
+        idx = sel + base
+        out.append(DmaQueue(graph.lanes[int(code)], int(sel.size), int(nbytes.sum()), int(packets.sum()),
+                            int((nbytes < SMALL_DMA_BYTES).sum()), _union(graph.start[idx], graph.end[idx])))
+    out.sort(key=lambda q: (-q.bytes, q.queue))
+    return out
+
+
+@dataclass(frozen=True)
+class OpKind:
+    kind: str
+    ops: int
+    instructions: int
+    time_ns: int
+    tensor_ns: int
+    op_time_ns: int  # Σ over its ops of the op time (∪ of the op's events: docs/figures.md)
+    flops: int
+    hbm_bytes: int
+    peak_flops_per_s: float | None
+    hbm_bytes_per_s: float | None
+
+    @property
+    def intensity(self) -> float | None:
+        return self.flops / self.hbm_bytes if self.hbm_bytes and self.flops else None
+
+    @property
+    def achieved_flops_per_s(self) -> float | None:
+        return self.flops / self.op_time_ns * 1e9 if self.op_time_ns and self.flops else None
+
+    @property
+    def roofline_flops_per_s(self) -> float | None:
+        if self.peak_flops_per_s is None or self.intensity is None or self.hbm_bytes_per_s is None:
+            return None
+        return min(self.peak_flops_per_s, self.intensity * self.hbm_bytes_per_s)
+
+    @property
+    def bound(self) -> str | None:
+        if self.roofline_flops_per_s is None or self.peak_flops_per_s is None:
+            return None
+        return "compute" if self.roofline_flops_per_s >= self.peak_flops_per_s else "memory"
+
+    def as_dict(self) -> dict[str, Any]:
+        roof, got = self.roofline_flops_per_s, self.achieved_flops_per_s
+        return {"kind": self.kind, "ops": self.ops, "instructions": self.instructions,
+                "time_ns": self.time_ns, "tensor_ns": self.tensor_ns, "op_time_ns": self.op_time_ns,
+                "flops": self.flops, "hbm_bytes": self.hbm_bytes,
+                "intensity": self.intensity, "achieved_flops_per_s": got, "roofline_flops_per_s": roof,
+                "of_roofline": got / roof if got is not None and roof else None, "bound": self.bound}
+
+
+def bottom_up(profile: Profile, con: duckdb.DuckDBPyConnection, metadata: Mapping[str, Any]) -> list[OpKind]:
+    """Per op kind across layers, most instruction time first (module docstring)."""
+    instr = TableSource(profile, "Instruction")
+    if not instr.present or not instr.has("hlo_name"):
+        return []
+    col = instr.col
+    flops = f"greatest(coalesce({col('raw_flops')}, 0), coalesce({col('flops_transpose')}, 0))"
+    kind = f"regexp_replace({col('hlo_name')}, '[.0-9]+$', '')"
+    rows = con.execute(f"""
+        SELECT {kind} AS kind, count(DISTINCT {col('hlo_name')}) AS ops, count(*) AS n,
+               sum(duration_ns)::BIGINT AS t,
+               sum(duration_ns) FILTER (WHERE {col('engine')} = 'Tensor')::BIGINT AS tt,
+               sum({flops}) FILTER (WHERE {col('engine')} = 'Tensor')::BIGINT AS f
+        FROM {instr.relation()} WHERE {col('hlo_name')} IS NOT NULL GROUP BY 1""").fetchall()
+    hbm: dict[str, int] = {}
+    packets = TableSource(profile, "DmaPacket")
+    if packets.present and packets.has("raw_hlo_id") and instr.has("raw_hlo_id"):
+        pc = packets.col
+        for k, b in con.execute(f"""
+                WITH names AS (SELECT DISTINCT {col('raw_hlo_id')} AS op, {kind} AS kind
+                               FROM {instr.relation()}
+                               WHERE {col('raw_hlo_id')} IS NOT NULL AND {col('hlo_name')} IS NOT NULL)
+                SELECT names.kind, sum(coalesce({pc('hbm_read_bytes')}, 0)
+                                       + coalesce({pc('hbm_write_bytes')}, 0))::BIGINT
+                FROM {packets.relation()} p JOIN names ON names.op = p.raw_hlo_id GROUP BY 1""").fetchall():
+            hbm[str(k)] = int(b or 0)
+    op_time: dict[str, int] = {}
+    hlo = TableSource(profile, "HloInstruction")
+    if hlo.present and hlo.has("active_time_ns") and hlo.has("hlo_name"):
+        for k, ns in con.execute(f"""SELECT regexp_replace(hlo_name, '[.0-9]+$', ''),
+                                            sum(active_time_ns)::BIGINT
+                                     FROM {hlo.relation()} GROUP BY 1""").fetchall():
+            op_time[str(k)] = int(ns or 0)
+    hw = Hardware.from_metadata(metadata)
+    out = [OpKind(str(k), int(ops), int(n), int(t or 0), int(tt or 0), op_time.get(str(k), int(t or 0)),
+                  int(f or 0), hbm.get(str(k), 0), hw.peak_flops_per_s, hw.hbm_bytes_per_s)
+           for k, ops, n, t, tt, f in rows]
+    out.sort(key=lambda o: (-o.time_ns, o.kind))
+    return out
