@@ -125,6 +125,23 @@ def _column_sum(b: GraphBuilder, x: Op) -> Op:
     return b.reshape(b.dot(x, ones, lhs_contract=-2), (n,))
 
 
+ROW_CHUNK = 8192  # a wide row (a vocabulary of logits) is reduced in chunks that fit a partition
+
+
+def _row_reduce(b: GraphBuilder, x: Op, kind: str = "sum") -> Op:
+    """Reduce [rows, n] over n in chunks of ROW_CHUNK columns, then combine the partial results:
+    how a compiler reduces a row longer than an SBUF partition holds."""
+    rows, n = x.shape
+    if n <= ROW_CHUNK:
+        return b.reduce(x, [1], kind=kind)
+    parts = [b.reduce(b.slice(x, (0, c), (rows, min(n, c + ROW_CHUNK))), [1], kind=kind)
+             for c in range(0, n, ROW_CHUNK)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = b.maximum(out, p) if kind == "max" else b.add(out, p)
+    return out
+
+
 def _row(b: GraphBuilder, v: Op, shape: tuple[int, ...], dims: tuple[int, ...]) -> Op:
     return b.broadcast(v, shape, dims)
 
@@ -487,15 +504,15 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
         w = b.weight("weight", (h, width), dtype)
         logits = b.convert(b.matmul(feats, w), "fp32")
     with b.scope("loss"):
-        peak = b.reduce(logits, [1], kind="max")
+        peak = _row_reduce(b, logits, "max")
         peak = peak if m.classes else _all_reduce(b, peak, tp, group)  # (a max: same bytes as a sum)
         e = b.exp(b.subtract(logits, b.broadcast(peak, (rows, width), (0,))))
-        total = b.reduce(e, [1])
+        total = _row_reduce(b, e)
         total = total if m.classes else _all_reduce(b, total, tp, group)
         probs = b.divide(e, b.broadcast(total, (rows, width), (0,)))
         target = b.parameter("target_onehot_mask", (rows, width), "fp32")
         dlogits = b.convert(b.subtract(probs, target), dtype)
-        loss = b.reduce(b.reduce(b.multiply(b.log(b.add(probs, 1e-30)), target), [1]), [0])
+        loss = b.reduce(_row_reduce(b, b.multiply(b.log(b.add(probs, 1e-30)), target)), [0])
     with b.scope(head):
         dn = b.dot(dlogits, w, rhs_contract=-1)
         dn = dn if m.classes else _all_reduce(b, dn, tp, group)
