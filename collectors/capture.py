@@ -3,6 +3,7 @@
     neuron-profile capture --workload bert-layer -o out/bert
     neuron-profile capture --workload llama-decode --preset llama2-7b --instance inf2.48xlarge --tp 24 \\
         --timing-only -o out/llama
+    neuron-profile capture --workload llama-train --tp 2 --set seq=256 --set global_batch=64 -o out/train
     neuron-profile capture -o out/mine -- python my_script.py --steps 3
 
 Output: ``DIR/device/model=<m>/core=<c>/execution=<k>/`` (one device profile per profiled execution,
@@ -138,9 +139,76 @@ def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path
     path.write_text(json.dumps(facts, indent=1) + "\n")
     return path
 
+def capture_training(args: argparse.Namespace, console: Console) -> CaptureResult:
+    """A training workload: rank 0's step program run ``num_exec`` times (steps) under the
+    collectors; the profile has the step's levels, its collectives and its TrainingStep row."""
+    from formats.figures import collective_overlap, training_step_figures
+    from neuroncore.parallel.train_step import TrainingStepRun
+    from neuroncore.parallel.training import PlanError
+    from neuroncore.runtime import Instance
+    from neuroncore.workloads.training import get_train
+
+    overrides = _overrides(args.set)
+    if args.tp > 1:
+        overrides["tp"] = args.tp
+    if args.instance:
+        overrides["instance"] = args.instance
+    if args.dtype:
+        raise CaptureError("--dtype does not apply to training workloads; use --set precision=...")
+    if getattr(args, "rank_slowdown", None) or getattr(args, "scale_hardware", None):
+        raise CaptureError("--rank-slowdown and --scale-hardware do not apply to training workloads")
+    try:
+        model, plan = get_train(args.workload).configure(args.preset, **overrides)
+    except PlanError as exc:
+        raise CaptureError(str(exc)) from None
+    out = Path(args.output)
+    _prepare_output(out, args.force)
+    profiles: list[CapturedProfile] = []
+    steps: list[Any] = []
+    with contextlib.ExitStack() as stack:
+        if not args.system_only:
+            device = stack.enter_context(profile(out / "device", nth_exec=args.profile_nth_exec))
+        if not args.device_only:
+            stack.enter_context(system_profile(out / "system", interval_s=args.system_interval))
+        with _progress(console) as progress:
+            task = progress.add_task(f"compiling {args.workload} step", total=args.num_exec)
+            try:
+                run = TrainingStepRun.load(model, plan, Instance(plan.instance, nodes=plan.nodes))
+            except PlanError as exc:
+                raise CaptureError(str(exc)) from None
+            progress.update(task, description=f"training {model.name}")
+            for _ in range(args.num_exec):
+                steps.append(run.execute())
+                progress.advance(task)
+    if not args.system_only:
+        profiles = device.profiles
+    result, rows, _ = steps[min(len(steps), max(args.profile_nth_exec, 1)) - 1]
+    step_ns = result.end_ns - result.start_ns
+    fig = training_step_figures(step_ns, plan.global_batch, plan.seq, run.step_flops,
+                                plan.world, run.peak_flops_per_rank)
+    dp_rows = [r for r in rows if r.group == "dp"]
+    dp_ns = sum(r.end_ns - r.start_ns for r in dp_rows)
+    overlap = collective_overlap([r.end_ns - r.start_ns for r in dp_rows], [r.overlap_ns for r in dp_rows])
+    lines = [
+        f"captured {args.workload} ({model.name}) {plan.key(model.name)}: {len(steps)} steps of rank 0's "
+        f"program, profiled step {args.profile_nth_exec or 'none'}",
+        f"step {units.fmt_ns(step_ns)}; {fig.seq_per_s:,.1f} seq/s; MFU {units.fmt_pct(fig.mfu)}; "
+        f"{run.program.n_instructions:,} instructions",
+        f"collectives: {len(rows)} ({len(dp_rows)} gradient synchronisation, "
+        f"{units.fmt_ns(dp_ns)}, {units.fmt_pct(overlap)} overlapped with compute)",
+        f"{len(profiles)} device profile(s) in {out / 'device'}" + ("" if args.device_only else
+                                                                   f"; system profile in {out / 'system'}"),
+    ]
+    return CaptureResult(out, [p.path for p in profiles], None if args.device_only else out / "system",
+                         lines)
+
 
 def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResult:
     """Compile a built-in workload, run it ``num_exec`` times under the collectors."""
+    from neuroncore.workloads.training import TRAIN_WORKLOADS
+
+    if args.workload in TRAIN_WORKLOADS:
+        return capture_training(args, console)
     from neuroncore.compiler import compile as compile_graph
     from neuroncore.parallel import TensorParallelModel
     from neuroncore.parallel.group import parse_slowdown
@@ -403,9 +471,11 @@ class CaptureCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         from neuroncore.hardware import INSTANCE_TYPES
         from neuroncore.workloads import WORKLOADS
+        from neuroncore.workloads.training import TRAIN_WORKLOADS
 
         parser.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-        parser.add_argument("--workload", "-w", choices=sorted(WORKLOADS), help="built-in workload to run")
+        parser.add_argument("--workload", "-w", choices=sorted([*WORKLOADS, *TRAIN_WORKLOADS]),
+                            help="built-in workload to run (a training workload: one step per execution)")
         parser.add_argument("--preset", help="workload preset, e.g. llama2-7b")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="workload option (repeatable)")

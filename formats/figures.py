@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 __all__ = [
     "TENSOR_ROWS", "BucketBusy", "Busy", "Collectives", "DmaFigures", "Figures", "Flops", "Hardware",
     "HbmBytes", "RowSelect", "TrainingStepFigures", "Window", "busiest", "busiest_opcodes", "busy_buckets",
-    "busy_per_bucket", "busy_rows", "collectives", "covered_per_bucket", "device_time_ns", "dma",
+    "busy_per_bucket", "busy_rows", "collective_overlap", "collectives", "covered_per_bucket",
+    "device_time_ns", "dma",
     "engine_busy", "figures", "flops", "from_summary", "hbm_bytes", "row_busy", "track_busy",
     "training_step_figures", "whole",
 ]
@@ -1085,3 +1086,11 @@ def training_step_figures(step_ns: float, global_batch: int, seq: int, model_flo
     capacity = step_s * ranks * (peak_flops_per_rank or 0.0)
     mfu = model_flops / capacity if capacity > 0 else None
     return TrainingStepFigures(step_s, seq_per_s, seq_per_s * seq, mfu)
+
+
+def collective_overlap(durations_ns: Sequence[float], overlaps_ns: Sequence[float]) -> float | None:
+    """Communication/computation overlap of a set of collectives: Σ time each ran while a compute
+    engine was busy / Σ their durations (None for no collective time). docs/figures.md, "Training
+    step"."""
+    total = float(sum(durations_ns))
+    return float(sum(overlaps_ns)) / total if total > 0 else None

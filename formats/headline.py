@@ -17,14 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from formats.figures import Figures, from_summary
+from formats.figures import Figures, collective_overlap, from_summary, training_step_figures
 from formats.schema import ENGINE_NAMES
 from formats.units import fmt_bytes, fmt_count, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 
 if TYPE_CHECKING:
     from formats.reader import Profile
 
-__all__ = ["MAX_PROBLEMS", "Program", "dataset_lines", "headline_lines", "longest", "rank_labels"]
+__all__ = ["MAX_PROBLEMS", "Program", "dataset_lines", "headline_lines", "longest", "rank_labels",
+           "training_lines"]
 
 MAX_PROBLEMS = 3
 AGGREGATE = "all"
@@ -107,6 +108,7 @@ def headline_lines(program: Program, label: str = "", problems: Sequence[Any] = 
     if cc.count:
         lines.append(f"collectives     {fmt_count(cc.count)} ops, {fmt_ns(cc.time_ns)}, active "
                      f"{fmt_pct(cc.active_fraction)}")
+    lines += training_lines(program.profile)
     if problems:
         for index, finding in enumerate(list(problems)[:MAX_PROBLEMS], start=1):
             lead = "problems        " if index == 1 else " " * 16
@@ -114,6 +116,35 @@ def headline_lines(program: Program, label: str = "", problems: Sequence[Any] = 
             lines.append(f"{lead}{index}. {finding.title}: {finding.detail}{where}")
     else:
         lines.append("problems        none found by the rules in docs/figures.md")
+    return lines
+
+
+def training_lines(profile: Profile) -> list[str]:
+    """The training-step block of a profile that recorded a step (TrainingStep, TrainingCollective):
+    step time, throughput, training MFU, time per level, gradient-synchronisation overlap."""
+    if not profile.has("TrainingStep"):
+        return []
+    steps = profile.table("TrainingStep").to_pylist()
+    if not steps:
+        return []
+    s = steps[0]
+    fig = training_step_figures(s["step_time_ns"], s["global_batch"], s["seq"], s["model_flops"],
+                                s["ranks"], s["peak_flops_per_rank"])
+    lines = [f"training step   {fmt_ns(s['step_time_ns'])} · {fig.seq_per_s:,.1f} seq/s · "
+             f"{fig.tokens_per_s:,.0f} tokens/s · training MFU {fmt_pct(fig.mfu)}  ({s['layout']}, "
+             f"step {s['step']})",
+             "step levels     " + " · ".join(
+                 f"{level.replace('_', ' ')} {fmt_ns(s[f'{level}_ns'])}"
+                 for level in ("forward", "backward", "gradient_sync", "optimizer"))]
+    if profile.has("TrainingCollective"):
+        rows = profile.table("TrainingCollective").to_pylist()
+        for kind, what in (("dp", "grad sync cc"), ("tp", "tp cc")):
+            mine = [r for r in rows if r["replica_group_kind"] == kind]
+            if mine:
+                durations = [r["duration_ns"] for r in mine]
+                overlap = collective_overlap(durations, [r["overlap_ns"] for r in mine])
+                lines.append(f"{what:<16}{fmt_count(len(mine))} ops, {fmt_ns(sum(durations))}, "
+                             f"{fmt_pct(overlap)} overlapped with compute")
     return lines
 
 

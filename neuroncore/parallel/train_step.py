@@ -223,6 +223,10 @@ class TrainingStepRun:
             self._groups.append(group)
             costs[node] = memo[key].duration_ns
         self._costs = costs
+        core_spec = loaded.core.spec
+        self.peak_flops_per_rank = (core_spec.pe_peak_fp32_flops_per_s if plan.precision == "fp32"
+                                    else core_spec.pe_peak_bf16_flops_per_s)
+        self.step_flops = model_flops(model, plan)
 
     @classmethod
     def load(cls, model: Transformer, plan: ParallelPlan,
@@ -283,10 +287,6 @@ class TrainingStepRun:
     def _emit(self, result: ExecutionResult, rows: list[CollectiveOverlap], levels: dict[str, float],
               host_start: int) -> None:
         plan, model = self.plan, self.model
-        flops = model_flops(model, plan)
-        core_spec = self.loaded.core.spec
-        peak = (core_spec.pe_peak_fp32_flops_per_s if plan.precision == "fp32"
-                else core_spec.pe_peak_bf16_flops_per_s)
         columns = {
             "name": [r.name for r in rows],
             "operation": [r.operation for r in rows],
@@ -300,8 +300,8 @@ class TrainingStepRun:
         self.loaded.sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
             execution_id=result.execution_id, model_id=result.model_id, core=result.core,
             step=self.steps, step_time_ns=result.end_ns - result.start_ns, start_ns=result.start_ns,
-            global_batch=plan.global_batch, seq=plan.seq, model_flops=flops, ranks=plan.world,
-            peak_flops_per_rank=peak, levels=dict(levels), layout=plan.key(model.name),
+            global_batch=plan.global_batch, seq=plan.seq, model_flops=self.step_flops, ranks=plan.world,
+            peak_flops_per_rank=self.peak_flops_per_rank, levels=dict(levels), layout=plan.key(model.name),
             host_start_ns=host_start, host_end_ns=time.time_ns()))
 
 

@@ -97,3 +97,36 @@ def test_pipeline_parallel_steps_are_refused_in_one_line() -> None:
     model, plan = get_train("llama-train").configure(None, tp=2, pp=2, seq=128, global_batch=32)
     with pytest.raises(PlanError, match="one pipeline stage"):
         step_graph(model, plan)
+
+
+def test_capture_of_a_training_workload_and_its_summary(tmp_path: Path) -> None:
+    """``neuron-profile capture --workload llama-train`` through the real entry point: the warm-up
+    step is skipped (default --profile-nth-exec 2), the summary shows the training block."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NEURONSCOPE_LIVE": "0", "PYTHONPATH": str(repo)}
+    out = tmp_path / "cap"
+    done = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "capture", "--workload",
+                           "llama-train", "--tp", "2", "--set", "seq=128", "--set", "global_batch=32",
+                           "-o", str(out)],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "seq/s" in done.stdout and "MFU" in done.stdout and "gradient synchronisation" in done.stdout
+    profiles = sorted((out / "device").glob("model=*/core=0/execution=*"))
+    assert [p.name for p in profiles] == ["execution=2"]
+    view = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "view", "--output-format",
+                           "summary-text", str(profiles[0])], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert view.returncode == 0, view.stderr
+    text = view.stdout
+    assert "training step" in text and "training MFU" in text and "step levels" in text
+    assert "grad sync cc" in text and "overlapped with compute" in text
+    bad = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "capture", "--workload",
+                          "llama-train",
+                          "--tp", "2", "--set", "pp=2", "--set", "seq=128", "-o", str(tmp_path / "bad")],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "pipeline stage" in bad.stderr
