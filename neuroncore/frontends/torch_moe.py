@@ -50,9 +50,26 @@ class ExpertView(torch.nn.Module):
             out = out + getattr(experts, f"{name}_bias")[self.index]
         return out
 
+    def _gate_and_up(self, x: torch.Tensor) -> torch.Tensor:
+        """``act(x @ gate^T) * (x @ up^T)`` with the fused ``[gate; up]`` weight read as two
+        weights, as NxD's ``ExpertMLPs`` keeps them: two column-parallel linears under tensor
+        parallelism, each rank holding its block of both (one matmul on the fused weight would
+        split gate and up across ranks and need their outputs gathered)."""
+        experts = self._experts
+        weight = experts.gate_up_proj[self.index]
+        gate_w, up_w = weight.chunk(2, dim=-1 if experts.is_transposed else 0)
+        gate = x @ gate_w if experts.is_transposed else F.linear(x, gate_w)
+        up = x @ up_w if experts.is_transposed else F.linear(x, up_w)
+        if experts.has_bias:
+            gate_b, up_b = experts.gate_up_proj_bias[self.index].chunk(2, dim=-1)
+            gate, up = gate + gate_b, up + up_b
+        return experts.act_fn(gate) * up
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         experts = self._experts
-        if experts.has_gate:
+        if experts.has_gate and _default_gate(experts):
+            hidden = self._gate_and_up(hidden_states)
+        elif experts.has_gate:
             hidden = experts._apply_gate(self._linear(hidden_states, "gate_up_proj"))
         else:
             hidden = experts.act_fn(self._linear(hidden_states, "up_proj"))
@@ -60,6 +77,18 @@ class ExpertView(torch.nn.Module):
         if experts.has_post_expert_norm:
             out = experts.post_expert_norm(out)
         return out
+
+
+def _default_gate(experts: Any) -> bool:
+    """Whether ``experts`` gates with transformers' default ``act(gate) * up`` on the halves of a
+    concatenated ``[gate; up]`` projection (a model with its own ``_apply_gate`` keeps it)."""
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:
+        return False
+    gate_fn = getattr(type(experts), "_apply_gate", None)
+    return gate_fn is _default_apply_gate and getattr(experts, "is_concatenated", True) \
+        and hasattr(experts, "gate_up_proj")
 
 
 def all_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -32,7 +32,7 @@ import numpy as np
 
 from neuroncore.dtypes import DType
 from neuroncore.ir.builder import GraphBuilder
-from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, Initializer, Op
+from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, IndexedInitializer, Initializer, Op
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ShardingError(ValueError):
 class ShardedInitializer:
     """A rank's block of a weight: the full weight's values, sliced along ``dim``."""
 
-    base: Initializer | ShardedInitializer
+    base: Initializer | IndexedInitializer | ShardedInitializer
     full_shape: tuple[int, ...]
     split: Split
     tp: int
@@ -152,6 +152,9 @@ def shard(graph: Graph, tp: int) -> ShardedGraph:
         except _Restart as restart:
             presplit.update(restart.splits)
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
+
+
+_WEIGHT_INITS = (Initializer, IndexedInitializer)
 
 
 def _local_shape(shape: tuple[int, ...], split: Sharding, tp: int) -> tuple[int, ...]:
@@ -331,6 +334,8 @@ class _Sharder:
                 src_split, _ = _moved_split(op.shape, op.operands[0].shape, split, self.tp)
                 inner = None if src_split is None else self._localize(op.operands[0], src_split)
                 return None if inner is None else self._add(op, [inner], shape, suffix)
+            if code == "slice":
+                return self._local_slice(op, split, shape, suffix)
             if code in ("convert", *UNARY_OPS, *BINARY_OPS, "compare", "select"):
                 localized = [self._localize(o, split) for o in op.operands]
                 inners = [i for i in localized if i is not None]
@@ -338,6 +343,31 @@ class _Sharder:
                     return None
                 return self._add(op, inners, shape, suffix)
         return None
+
+    def _local_slice(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op | None:
+        """A rank's block of a slice. Of a trained weight (one expert of a stacked experts
+        tensor, the gate half of a fused gate/up projection, through reshapes): a weight of its own
+        holding that part, then split, so each rank stores only its block. Of anything else: the
+        slice of the operand's block, when the split dim is not cut."""
+        src = op.operands[0]
+        starts, limits, strides = op.attrs["starts"], op.attrs["limits"], op.attrs["strides"]
+        view = _weight_view(op)
+        if view is not None:
+            init, root, label = view
+            sharded = ShardedInitializer(init, op.shape, split, self.tp)
+            attrs = {k: v for k, v in root.attrs.items() if k != "init"}
+            attrs["label"] = label  # a weight of its own in HBM, where weights are stored by label
+            return self.b.add_op("constant", [], shape, op.dtype, name=op.name + suffix, init=sharded,
+                                 **attrs)
+        d = split.dim
+        if not (starts[d] == 0 and limits[d] == src.shape[d] and strides[d] == 1):
+            return None
+        inner = self._localize(src, split)
+        if inner is None:
+            return None
+        local_limits = list(limits)
+        local_limits[d] = inner.shape[d]
+        return self._add(op, [inner], shape, suffix, limits=tuple(local_limits))
 
     # -- ops -------------------------------------------------------------------------------
     def _lower(self, op: Op) -> tuple[Op, Sharding]:
@@ -534,9 +564,37 @@ class _Sharder:
         return b.select(keep, looked_up, 0.0), PARTIAL
 
 
+def _weight_view(op: Op) -> tuple[Initializer | IndexedInitializer, Op, str] | None:
+    """``op``'s values as an initializer of its own when it is a trained weight seen through
+    slices and reshapes (an initializer materialises at any shape of its size): the initializer,
+    the weight constant it reads and a label naming the part."""
+    if op.opcode == "constant":
+        init = op.attrs.get("init")
+        if not isinstance(init, _WEIGHT_INITS):
+            return None
+        return init, op, str(op.attrs.get("label", op.name))
+    if op.opcode not in ("reshape", "slice"):
+        return None
+    src = op.operands[0]
+    inner = _weight_view(src)
+    if inner is None or op.opcode == "reshape":
+        return None if inner is None else (inner[0], inner[1], f"{inner[2]}{list(op.shape)}")
+    init, root, label = inner
+    current = src.shape
+    parts = []
+    for axis, (start, limit, stride) in enumerate(zip(op.attrs["starts"], op.attrs["limits"],
+                                                       op.attrs["strides"])):
+        parts.append(f"{start}:{limit}" + (f":{stride}" if stride != 1 else ""))
+        if (start, limit, stride) != (0, current[axis], 1):
+            init = IndexedInitializer(init, current, axis, tuple(range(start, limit, stride)))
+            current = (*current[:axis], len(range(start, limit, stride)), *current[axis + 1:])
+    return init, root, f"{label}[{','.join(parts)}]"
+
+
 def _is_weight(op: Op) -> bool:
-    """A trained constant, possibly cast or relaid out: what a linear layer's weight looks like."""
-    while op.opcode in ("convert", "transpose", "reshape"):
+    """A trained constant, possibly cast, relaid out or sliced (one expert of a stacked experts
+    tensor): what a linear layer's weight looks like."""
+    while op.opcode in ("convert", "transpose", "reshape", "slice"):
         op = op.operands[0]
     return op.opcode == "constant" and "init" in op.attrs and len(op.shape) >= 1
 
