@@ -3,6 +3,7 @@
     python bench/llm_decode.py            # the whole grid below (slow: see bench/README.md)
     python bench/llm_decode.py --quick    # the two LLM calibration configurations only
     python bench/llm_decode.py --models llama2-7b --batches 1 --lengths 128-128
+    python bench/llm_decode.py --models llama2-7b --batches 1 --lengths 128-128 --quantize int8-weight-only
 
 The grid is the one AWS publishes for transformers-neuronx (Neuron 2.18 decoder tables): Llama-2
 7B/13B/70B, Llama-3 8B/70B and Mistral-7B, on inf2.48xlarge (tp 24) and trn1.32xlarge (tp 32),
@@ -53,6 +54,7 @@ from neuronscope import settings
 # the core's own speed: no live-state publisher attached (it would make the core build records)
 os.environ.setdefault(settings.LIVE.name, "0")
 
+from neuroncore.compiler import CompilerOptions, Quantization
 from neuroncore.generation import normalize_buckets, steps_per_bucket
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.runtime import Instance
@@ -110,15 +112,17 @@ class Timed:
 class Grid:
     """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: CompilerOptions | None = None) -> None:
         self.cache: dict[tuple[str, str, str, int, int], Timed] = {}
+        self.options = options  # precision of every program (e.g. int8 weight-only)
 
     def run(self, workload: str, key: Key, context: int) -> Timed:
         cache_key = (workload, key.model, key.instance, key.batch, context)
         if cache_key not in self.cache:
             graph = get(workload).graph(key.model, batch=key.batch, context=context, tp_degree=key.tp)
             t0 = time.perf_counter()
-            group = TensorParallelModel.load(graph, Instance(key.instance), tp_degree=key.tp)
+            group = TensorParallelModel.load(graph, Instance(key.instance), tp_degree=key.tp,
+                                             options=self.options)
             t1 = time.perf_counter()
             result = group.execute(timing_only=True)
             t2 = time.perf_counter()
@@ -189,14 +193,19 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--lengths", nargs="+", type=_length, metavar="IN-OUT",
                         help="input-output token pairs of the grid, e.g. 128-128 2048-2048")
+    parser.add_argument("--quantize", choices=[q.value for q in Quantization], default="none",
+                        help="int8-weight-only: transformers-neuronx's quantized configuration (int8 "
+                             "linear weights, per-channel scales); calibration points are bf16 runs")
     args = parser.parse_args()
+    options = CompilerOptions(quantize=Quantization(args.quantize))
     if args.quick:
         keys = [k for k in grid_keys(list(MODELS), list(INSTANCES), list(BATCHES), None)
                 if str(k) in CALIBRATION]
     else:
         keys = grid_keys(args.models, args.instances, args.batches, args.lengths)
-    out: dict = {"dtype": "bf16", "bucket_rule": "powers of two from 128 up to in+out, then in+out"}
-    grid = Grid()
+    out: dict = {"dtype": "bf16", "quantize": args.quantize,
+                 "bucket_rule": "powers of two from 128 up to in+out, then in+out"}
+    grid = Grid(options)
     started = time.perf_counter()
     for key in keys:
         out[str(key)] = grid.figures(key)

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from neuroncore.compiler.options import CompilerOptions
 from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
 from neuroncore.generation.sampling import Sampling, next_tokens
@@ -200,12 +201,16 @@ class NeuronCausalLM:
     does (see the module docstring). Names follow transformers-neuronx: ``n_positions`` (the
     token-generation buckets; the largest is the KV cache length), ``context_length_estimate``
     (the prompt buckets; default: ``n_positions``), ``batch_size``, ``tp_degree``, :meth:`to_neuron`.
+    ``options`` (a ``CompilerOptions``) compiles every program with that precision, e.g.
+    ``CompilerOptions(quantize=Quantization.INT8_WEIGHT_ONLY)`` as transformers-neuronx's
+    ``quantized`` configuration (docs/frontends.md, "Data types").
     """
 
     def __init__(self, model: Any, *, n_positions: int | Sequence[int] = (128, 256, 512),
                  context_length_estimate: int | Sequence[int] | None = None, batch_size: int = 1,
                  tp_degree: int = 1, instance: str | Instance | None = None, dtype: str | None = None,
-                 core: int = 0, on_device_generation: bool = False) -> None:
+                 core: int = 0, on_device_generation: bool = False,
+                 options: CompilerOptions | None = None) -> None:
         try:
             self.n_positions = normalize_buckets(n_positions)
             self.context_length_estimate = normalize_buckets(
@@ -234,6 +239,7 @@ class NeuronCausalLM:
         self.on_device_generation = on_device_generation
         self.tp_degree = tp_degree
         self.dtype = dtype
+        self.options = options  # precision: auto-cast, int8 weight-only (transformers-neuronx quant)
         self.core = core
         self.instance = instance if isinstance(instance, Instance) else Instance(instance)
         self.layers = 0
@@ -262,7 +268,7 @@ class NeuronCausalLM:
         try:
             with torch.no_grad():
                 return trace(module, inputs, instance=self.instance, dtype=self.dtype, core=self.core,
-                             tp_degree=self.tp_degree)
+                             tp_degree=self.tp_degree, options=self.options)
         except TraceError as exc:
             raise GenerationError(str(exc)) from None
 
