@@ -338,6 +338,10 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
         from formats import breakdown
 
         ceiling = profile.metadata.get("dma_ddr_bandwidth")
+        throttle = _throttle_finding(profile, con, result.device_time_ns)
+        if throttle is not None:
+            result = replace(result, findings=sorted([*result.findings, throttle],
+                                                     key=lambda f: (-f.time_ns, f.title)))
         return replace(result, temporal=breakdown.temporal(graph, result.device_time_ns) if graph.n else None,
                        dma_queues=breakdown.dma_efficiency(graph),
                        bottom_up=breakdown.bottom_up(profile, con, profile.metadata),
@@ -345,6 +349,26 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
     finally:
         if own:
             con.close()
+
+
+def _throttle_finding(profile: Profile, con: Any, device_ns: int) -> Finding | None:
+    """Power throttling the profile recorded (``Throttle`` rows: the real tool's "Active FLOPS
+    Throttling"): Σ duration, the tightest limit k/n and the Tensor instructions that ran under it."""
+    from formats.sqlsource import TableSource
+
+    source = TableSource(profile, "Throttle")
+    if not source.present:
+        return None
+    total, count, limit, first = con.execute(f"""
+        SELECT sum(duration)::BIGINT, count(*), min(k::DOUBLE / nullif(n, 0)), min(timestamp)
+        FROM {source.relation()}""").fetchall()[0]
+    if not total:
+        return None
+    share = f" ({fmt_pct(total / device_ns)} of device time)" if device_ns else ""
+    cap = f", limit down to {fmt_pct(limit)} of peak activity" if limit is not None else ""
+    return Finding("Power throttling",
+                   f"{int(count)} throttling periods for {fmt_ns(int(total))}{share}{cap}",
+                   f"first at {int(first)} ns" if first is not None else None, int(total), "throttle")
 
 
 def _analyze(profile: Profile, graph: DepGraph, t: float | None, lookup: Any) -> Analysis:

@@ -108,6 +108,17 @@ def test_hand_built_temporal_breakdown_and_dma_queue(chain: Path) -> None:
     assert got == ("qSyncIO0", 1, 4096, 2, 1, 300)
 
 
+def test_throttling_the_profile_recorded_is_a_finding(tmp_path: Path) -> None:
+    tables = _chain_tables(True)
+    tables["Throttle"] = {"timestamp": np.array([300, 600]), "duration": np.array([100, 50]),
+                          "k": pa.array([1, 1], pa.int32()), "n": pa.array([2, 2], pa.int32()),
+                          "type": ["activity_0", "activity_0"]}
+    root = write_profile(tmp_path / "p", tables, summary=False,
+                         metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
+    found = [f for f in analyze(open_profile(root)).findings if f.title == "Power throttling"]
+    assert len(found) == 1 and found[0].time_ns == 150 and "50.0%" in found[0].evidence
+
+
 def test_without_flow_the_path_is_inferred_from_timing(tmp_path: Path) -> None:
     path_dir = write_profile(tmp_path / "p", _chain_tables(False), summary=False,
                              metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
