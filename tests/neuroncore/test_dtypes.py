@@ -396,3 +396,28 @@ def test_cli_refuses_bad_precision_options_in_one_line(args, fragment):
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("neuroncore") and fragment in lines[0], lines
+
+
+@pytest.mark.parametrize("workload,options", [
+    ("bert-layer", CompilerOptions(auto_cast=AutoCast.ALL, auto_cast_type=AutoCastType.FP16)),
+    ("llama-prefill", CompilerOptions(auto_cast=AutoCast.MATMULT, quantize=Quantization.INT8_WEIGHT_ONLY)),
+    ("llama-decode", CompilerOptions(auto_cast=AutoCast.MATMULT, auto_cast_type=AutoCastType.FP8_E4M3)),
+])
+def test_fp32_workloads_under_precision_options_compute_their_rewritten_graph(workload, options):
+    """Whole models (norms, softmax, RoPE gathers, masks, KV-cache writes) through each option: the
+    core computes ``run_reference(program.graph)``; the error against FP32 is the option's."""
+    small = dict(hidden=256, heads=4, intermediate=512)
+    if workload != "bert-layer":
+        small.update(layers=1, kv_heads=2, vocab=512)
+    graph = WORKLOADS[workload].graph(dtype="fp32", **small, **({"seq": 64} if workload == "bert-layer"
+                                                                 else {"context": 64}))
+    inputs = random_inputs(graph, seed=0)
+    program = nc.compile(graph, "trn2", options)
+    out = _run(program, inputs, "trn2").outputs[0].astype(np.float32)
+    own = nc.run_reference(program.graph, inputs)[0].astype(np.float32)
+    exact = nc.run_reference(graph, inputs)[0].astype(np.float32)
+    assert np.abs(out - own).max() <= 2e-3 * np.abs(own).max()
+    err = np.abs(out - exact).max() / np.abs(exact).max()
+    assert {AutoCastType.FP16: 1e-4, AutoCastType.BF16: 1e-3, AutoCastType.FP8_E4M3: 1e-2}[
+        options.auto_cast_type] < err < {AutoCastType.FP16: 5e-3, AutoCastType.BF16: 5e-2,
+                                         AutoCastType.FP8_E4M3: 0.3}[options.auto_cast_type]
