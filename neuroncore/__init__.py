@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neuroncore.compiler import CompileError, Program, UnsupportedOpsError, compile  # noqa: A004
+    from neuroncore.compiler.options import AutoCast, AutoCastType, CompilerOptions, Quantization
     from neuroncore.events import EventBatch, EventSink, sink
     from neuroncore.frontends import TracedModel, TraceError, check, trace
     from neuroncore.hardware import INSTANCE_TYPES, NC_V2, NC_V3, CoreSpec, Engine
@@ -27,6 +28,8 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("CompileError", "Program", "UnsupportedOpsError", "compile"), "neuroncore.compiler"),
+    **dict.fromkeys(("AutoCast", "AutoCastType", "CompilerOptions", "Quantization"),
+                    "neuroncore.compiler.options"),
     **dict.fromkeys(("EventBatch", "EventSink", "sink"), "neuroncore.events"),
     **dict.fromkeys(("TracedModel", "TraceError", "check", "trace"), "neuroncore.frontends"),
     **dict.fromkeys(("INSTANCE_TYPES", "NC_V2", "NC_V3", "CoreSpec", "Engine"), "neuroncore.hardware"),
@@ -36,10 +39,35 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "INSTANCE_TYPES", "NC_V2", "NC_V3", "CompileError", "CoreSpec", "Engine", "EventBatch",
-    "EventSink", "ExecutionError", "ExecutionResult", "Graph", "GraphBuilder", "GraphError",
-    "Instance", "Program", "TraceError", "TracedModel", "TrainStep", "UnsupportedOpsError", "check",
-    "compile", "run_reference", "sink", "trace", "trace_train_step",
+    "INSTANCE_TYPES",
+    "NC_V2",
+    "NC_V3",
+    "AutoCast",
+    "AutoCastType",
+    "CompileError",
+    "CompilerOptions",
+    "CoreSpec",
+    "Engine",
+    "EventBatch",
+    "EventSink",
+    "ExecutionError",
+    "ExecutionResult",
+    "Graph",
+    "GraphBuilder",
+    "GraphError",
+    "Instance",
+    "Program",
+    "Quantization",
+    "TraceError",
+    "TracedModel",
+    "TrainStep",
+    "UnsupportedOpsError",
+    "check",
+    "compile",
+    "run_reference",
+    "sink",
+    "trace",
+    "trace_train_step",
 ]
 
 
