@@ -391,6 +391,10 @@ class NeuronCausalLM:
         if mask.shape != ids.shape:
             raise GenerationError(f"attention_mask {list(mask.shape)} does not match input_ids "
                                   f"{list(ids.shape)}")
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or 0)
+        if vocab and ((ids < 0) | (ids >= vocab)).any():
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise GenerationError(f"input_ids holds token {bad}, outside the vocabulary (0..{vocab - 1})")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
         sampling = Sampling(do_sample, top_k, top_p, temperature)

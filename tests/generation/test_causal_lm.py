@@ -145,6 +145,8 @@ def test_bad_requests_are_one_line_errors(llama, llama_gen):
         llama_gen.generate(torch.ones(2, 9, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(GenerationError, match="larger than the KV cache"):
         NeuronCausalLM(llama, n_positions=16, context_length_estimate=32)
+    with pytest.raises(GenerationError, match=r"token 128, outside the vocabulary \(0..127\)"):
+        llama_gen.generate(torch.full((2, 4), 128), max_new_tokens=2)
     with pytest.raises(ValueError, match="top_p must be in"):
         llama_gen.generate(ids, mask, do_sample=True, top_p=0.0)
 
