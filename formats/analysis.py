@@ -16,7 +16,6 @@ module only groups and names. A profile that lacks what an analysis needs (no ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ import numpy as np
 from formats import critical_path as cp
 from formats import depgraph
 from formats.attribution import module_kind
+from formats.breakdown import op_kind
 from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
 from formats.units import fmt_ns, fmt_pct
 
@@ -157,9 +157,6 @@ class Analysis:
         }
 
 
-def op_kind(hlo_name: str) -> str:
-    """An HLO op's kind: its name without the number (``dot.3`` -> ``dot``)."""
-    return re.sub(r"[.\d]+$", "", hlo_name) or hlo_name
 
 
 def _top(values: Mapping[str, int], n: int = TOP) -> dict[str, int]:
@@ -344,7 +341,7 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
                                                      key=lambda f: (-f.time_ns, f.title)))
         return replace(result, temporal=breakdown.temporal(graph, result.device_time_ns) if graph.n else None,
                        dma_queues=breakdown.dma_efficiency(graph),
-                       bottom_up=breakdown.bottom_up(profile, con, profile.metadata),
+                       bottom_up=breakdown.bottom_up(graph, profile, con, profile.metadata),
                        dma_ceiling_bytes_per_s=float(ceiling) if ceiling else None)
     finally:
         if own:

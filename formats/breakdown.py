@@ -29,16 +29,25 @@ Definitions (docs/analyses.md):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numba import njit
 
 from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
 from formats.figures import Hardware
 from formats.findings import SMALL_DMA_BYTES
+from formats.schema import ENGINE_NAMES
 from formats.sqlsource import TableSource
+
+
+def op_kind(hlo_name: str) -> str:
+    """An HLO op's kind: its name without the number (``dot.3`` -> ``dot``)."""
+    return re.sub(r"[.\d]+$", "", hlo_name) or hlo_name
+
 
 if TYPE_CHECKING:
     import duckdb
@@ -48,15 +57,26 @@ if TYPE_CHECKING:
 __all__ = ["DmaQueue", "OpKind", "Temporal", "bottom_up", "dma_efficiency", "temporal"]
 
 
+@njit(cache=True, nogil=True)
+def _union_sorted(start: np.ndarray, end: np.ndarray, keep: np.ndarray) -> int:
+    """|∪ [start, end)| of the intervals with ``keep`` set, given in start order: one pass."""
+    total = 0
+    reach = np.int64(-(2 ** 62))
+    for i in range(start.size):
+        if not keep[i]:
+            continue
+        s = start[i] if start[i] > reach else reach
+        if end[i] > s:
+            total += end[i] - s
+        if end[i] > reach:
+            reach = end[i]
+    return total
+
+
 def _union(start: np.ndarray, end: np.ndarray) -> int:
-    """|∪ [start, end)| in NumPy: sort by start, running max of ends, sum the merged pieces."""
-    if not start.size:
-        return 0
+    """|∪ [start, end)| (any order)."""
     order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    prev = np.r_[np.iinfo(np.int64).min, reach[:-1]]  # how far the earlier intervals reach
-    return int(np.clip(reach - np.maximum(s, prev), 0, None).sum())
+    return int(_union_sorted(start[order], end[order], np.ones(order.size, np.bool_)))
 
 
 @dataclass(frozen=True)
@@ -78,13 +98,11 @@ class Temporal:
 
 def temporal(graph: DepGraph, device_time_ns: int) -> Temporal:
     """HTA's temporal breakdown and overlap (module docstring)."""
-    sel = {k: graph.kind == k for k in (INSTRUCTION, DMA, CC)}
+    order = np.argsort(graph.start, kind="stable")  # one sort; each union is then one pass
+    start, end, kind = graph.start[order], graph.end[order], graph.kind[order]
 
     def u(*kinds: int) -> int:
-        mask = np.zeros(graph.n, bool)
-        for k in kinds:
-            mask |= sel[k]
-        return _union(graph.start[mask], graph.end[mask])
+        return int(_union_sorted(start, end, np.isin(kind, kinds)))
 
     i, d, c = u(INSTRUCTION), u(DMA), u(CC)
     i_d = u(INSTRUCTION, DMA)
@@ -178,42 +196,54 @@ class OpKind:
                 "of_roofline": got / roof if got is not None and roof else None, "bound": self.bound}
 
 
-def bottom_up(profile: Profile, con: duckdb.DuckDBPyConnection, metadata: Mapping[str, Any]) -> list[OpKind]:
-    """Per op kind across layers, most instruction time first (module docstring)."""
-    instr = TableSource(profile, "Instruction")
-    if not instr.present or not instr.has("hlo_name"):
+def bottom_up(graph: DepGraph, profile: Profile, con: duckdb.DuckDBPyConnection,
+              metadata: Mapping[str, Any]) -> list[OpKind]:
+    """Per op kind across layers, most instruction time first (module docstring). Instruction sums come
+    from the graph's arrays (no second scan of Instruction); HBM bytes and op times from DmaPacket and
+    the HloInstruction rollup when the profile has them."""
+    n = graph.n_instr
+    codes = graph.text_codes.get("hlo_name")
+    names = graph.text_values.get("hlo_name", [])
+    if not n or codes is None or not names:
         return []
-    col = instr.col
-    flops = f"greatest(coalesce({col('raw_flops')}, 0), coalesce({col('flops_transpose')}, 0))"
-    kind = f"regexp_replace({col('hlo_name')}, '[.0-9]+$', '')"
-    rows = con.execute(f"""
-        SELECT {kind} AS kind, count(DISTINCT {col('hlo_name')}) AS ops, count(*) AS n,
-               sum(duration_ns)::BIGINT AS t,
-               sum(duration_ns) FILTER (WHERE {col('engine')} = 'Tensor')::BIGINT AS tt,
-               sum({flops}) FILTER (WHERE {col('engine')} = 'Tensor')::BIGINT AS f
-        FROM {instr.relation()} WHERE {col('hlo_name')} IS NOT NULL GROUP BY 1""").fetchall()
+    has = codes >= 0
+    c = codes[has].astype(np.int64)
+    duration = (graph.end[:n] - graph.start[:n])[has]
+    tensor = (graph.engine[:n] == ENGINE_NAMES.index("Tensor"))[has]
+    flops = graph.flops[:n][has] if graph.flops.size else np.zeros(c.size, np.int64)
+    count = np.bincount(c, minlength=len(names))
+    time_ns = np.bincount(c, weights=duration, minlength=len(names))
+    tensor_ns = np.bincount(c, weights=np.where(tensor, duration, 0), minlength=len(names))
+    pe_flops = np.bincount(c, weights=np.where(tensor, flops, 0).astype(np.float64), minlength=len(names))
+    kinds: dict[str, list[int]] = {}
+    for code in np.flatnonzero(count):
+        kinds.setdefault(op_kind(names[int(code)]), []).append(int(code))
     hbm: dict[str, int] = {}
-    packets = TableSource(profile, "DmaPacket")
-    if packets.present and packets.has("raw_hlo_id") and instr.has("raw_hlo_id"):
-        pc = packets.col
-        for k, b in con.execute(f"""
-                WITH names AS (SELECT DISTINCT {col('raw_hlo_id')} AS op, {kind} AS kind
-                               FROM {instr.relation()}
-                               WHERE {col('raw_hlo_id')} IS NOT NULL AND {col('hlo_name')} IS NOT NULL)
-                SELECT names.kind, sum(coalesce({pc('hbm_read_bytes')}, 0)
-                                       + coalesce({pc('hbm_write_bytes')}, 0))::BIGINT
-                FROM {packets.relation()} p JOIN names ON names.op = p.raw_hlo_id GROUP BY 1""").fetchall():
-            hbm[str(k)] = int(b or 0)
     op_time: dict[str, int] = {}
     hlo = TableSource(profile, "HloInstruction")
-    if hlo.present and hlo.has("active_time_ns") and hlo.has("hlo_name"):
-        for k, ns in con.execute(f"""SELECT regexp_replace(hlo_name, '[.0-9]+$', ''),
-                                            sum(active_time_ns)::BIGINT
-                                     FROM {hlo.relation()} GROUP BY 1""").fetchall():
-            op_time[str(k)] = int(ns or 0)
+    packets = TableSource(profile, "DmaPacket")
+    if hlo.present and hlo.has("hlo_name"):
+        if hlo.has("active_time_ns"):
+            for name, ns in con.execute(f"SELECT hlo_name, sum(active_time_ns)::BIGINT "
+                                        f"FROM {hlo.relation()} GROUP BY 1").fetchall():
+                k = op_kind(str(name))
+                op_time[k] = op_time.get(k, 0) + int(ns or 0)
+        if packets.present and packets.has("raw_hlo_id") and hlo.has("raw_hlo_id"):
+            pc = packets.col
+            for name, b in con.execute(f"""
+                    WITH names AS (SELECT DISTINCT raw_hlo_id AS op, hlo_name FROM {hlo.relation()})
+                    SELECT names.hlo_name, sum(coalesce({pc('hbm_read_bytes')}, 0)
+                                               + coalesce({pc('hbm_write_bytes')}, 0))::BIGINT
+                    FROM {packets.relation()} p JOIN names ON names.op = p.raw_hlo_id
+                    GROUP BY 1""").fetchall():
+                k = op_kind(str(name))
+                hbm[k] = hbm.get(k, 0) + int(b or 0)
     hw = Hardware.from_metadata(metadata)
-    out = [OpKind(str(k), int(ops), int(n), int(t or 0), int(tt or 0), op_time.get(str(k), int(t or 0)),
-                  int(f or 0), hbm.get(str(k), 0), hw.peak_flops_per_s, hw.hbm_bytes_per_s)
-           for k, ops, n, t, tt, f in rows]
+    out = []
+    for k, members in kinds.items():
+        t = int(time_ns[members].sum())
+        out.append(OpKind(k, len(members), int(count[members].sum()), t, int(tensor_ns[members].sum()),
+                          op_time.get(k, t), int(pe_flops[members].sum()), hbm.get(k, 0),
+                          hw.peak_flops_per_s, hw.hbm_bytes_per_s))
     out.sort(key=lambda o: (-o.time_ns, o.kind))
     return out

@@ -292,7 +292,8 @@ def idle_gaps(graph: DepGraph, rel: Release) -> IdleGaps:
     """Every idle interval of every engine that ran anything, with its cause (module docstring)."""
     n = graph.n_instr
     engines = graph.engine[:n]
-    present = [int(e) for e in np.unique(engines) if e >= 0]
+    present = [int(e) for e in np.flatnonzero(np.bincount(engines.astype(np.int64) + 1,
+                                                          minlength=len(ENGINE_NAMES) + 1)[1:])]
     parts: list[tuple[np.ndarray, ...]] = []
     by_start = np.argsort(graph.start[:n], kind="stable")
     eng_sorted = engines[by_start]
@@ -322,14 +323,18 @@ def idle_gaps(graph: DepGraph, rel: Release) -> IdleGaps:
     held &= graph.end[np.maximum(pred, 0)] > g_start
     if held.any():
         p = pred[held]
-        key = graph.kind[p].astype(np.int64) * (1 << 40) + np.where(
-            graph.kind[p] == INSTRUCTION, graph.engine[p].astype(np.int64) + (1 << 20), graph.lane[p])
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        codes = []
-        for f in first:
-            name = cause_name(graph, int(p[f]))
+        # a small key per (kind, engine or lane): a lookup table, not a sort of millions of keys
+        width = len(graph.lanes) + len(ENGINE_NAMES) + 1
+        key = graph.kind[p].astype(np.int64) * width + np.where(
+            graph.kind[p] == INSTRUCTION, graph.engine[p].astype(np.int64) + 1,
+            graph.lane[p].astype(np.int64) + len(ENGINE_NAMES) + 1)
+        first = np.full(3 * width, -1, np.int64)
+        first[key[::-1]] = np.arange(key.size)[::-1]  # one gap with each key (any one names it)
+        lut = np.zeros(3 * width, np.int32)
+        for slot in np.flatnonzero(first >= 0).tolist():
+            name = cause_name(graph, int(p[first[slot]]))
             if name not in causes:
                 causes.append(name)
-            codes.append(causes.index(name))
-        cause[held] = np.array(codes, np.int32)[inverse]
+            lut[slot] = causes.index(name)
+        cause[held] = lut[key]
     return IdleGaps(engine, g_start, g_end, waiter, cause, causes, [ENGINE_NAMES[e] for e in present])

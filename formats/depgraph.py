@@ -80,6 +80,7 @@ class DepGraph:
     # analyses group by (TEXT_COLUMNS)
     text_codes: dict[str, np.ndarray] = field(default_factory=dict)
     text_values: dict[str, list[str]] = field(default_factory=dict)
+    flops: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per instruction: PE FLOPs
 
     def text(self, column: str, event: int) -> str | None:
         """An instruction's ``column`` value (None for nulls, other events, absent columns)."""
@@ -144,10 +145,10 @@ def _int_column(table: pa.Table, name: str, fill: int = -1) -> np.ndarray:
 
 def _read_instructions(profile: Profile, lanes: _Lanes,
                        texts: dict[str, tuple[dict[str, int], list[str]]]) -> tuple[np.ndarray, ...]:
-    """id, start, end, lane code, engine code of every instruction, sorted by id; the codes of the
-    TEXT_COLUMNS go to ``texts`` (values interned there) and come back last, one array each."""
+    """id, start, end, lane code, engine code, PE FLOPs of every instruction, sorted by id; the codes
+    of the TEXT_COLUMNS go to ``texts`` (values interned there) and come back last, one array each."""
     files = profile.files("Instruction")
-    ids, starts, ends, lane_codes, engine_codes = [], [], [], [], []
+    ids, starts, ends, lane_codes, engine_codes, flops = [], [], [], [], [], []
     text_parts: dict[str, list[np.ndarray]] = {c: [] for c in TEXT_COLUMNS}
     engine_of: dict[str, int] = {}
 
@@ -158,15 +159,21 @@ def _read_instructions(profile: Profile, lanes: _Lanes,
     lane_map: dict[str, int] = {}
     for path in files:
         names = pq.ParquetFile(path).schema_arrow.names
-        wanted = ("id", "start_ts", "end_ts", "engine", "timeline_track", *TEXT_COLUMNS)
+        numbers = ("id", "start_ts", "end_ts", "raw_flops", "flops_transpose")
+        wanted = (*numbers, "engine", "timeline_track", *TEXT_COLUMNS)
         cols = [c for c in wanted if c in names]
-        table = pq.read_table(path, columns=cols, read_dictionary=[c for c in cols if c not in
-                                                                    ("id", "start_ts", "end_ts")])
+        table = pq.read_table(path, columns=cols, read_dictionary=[c for c in cols if c not in numbers])
         if not table.num_rows:
             continue
         ids.append(_int_column(table, "id"))
         starts.append(_int_column(table, "start_ts", 0))
         ends.append(_int_column(table, "end_ts", 0))
+        # PE FLOPs: greatest(raw_flops, flops_transpose), the hardware-FLOPs rule of docs/figures.md
+        raw = (_int_column(table, "raw_flops", 0) if "raw_flops" in cols
+               else np.zeros(table.num_rows, np.int64))
+        if "flops_transpose" in cols:
+            raw = np.maximum(raw, _int_column(table, "flops_transpose", 0))
+        flops.append(raw)
         engine = _dictionary_codes(table.column("engine"), engine_of, engine_code)
         engine_codes.append(engine)
         # the lane: the timeline row, else the engine's canonical name
@@ -188,19 +195,21 @@ def _read_instructions(profile: Profile, lanes: _Lanes,
                                       if column in cols else np.full(engine.size, -1, np.int32))
     if not ids:
         empty = np.zeros(0, np.int64)
-        return (empty, empty, empty, empty.astype(np.int32), empty.astype(np.int8),
+        return (empty, empty, empty, empty.astype(np.int32), empty.astype(np.int8), empty,
                 *(empty.astype(np.int32) for _ in TEXT_COLUMNS))
     id_ = np.concatenate(ids)
     start = np.concatenate(starts)
     end = np.concatenate(ends)
     lane = np.concatenate(lane_codes).astype(np.int32)
     eng = np.concatenate(engine_codes).astype(np.int8)
+    pe_flops = np.concatenate(flops)
     text_codes = [np.concatenate(text_parts[c]).astype(np.int32) for c in TEXT_COLUMNS]
     if id_.size > 1 and not (np.diff(id_) > 0).all():
         order = np.argsort(id_, kind="stable")
         id_, start, end, lane, eng = id_[order], start[order], end[order], lane[order], eng[order]
+        pe_flops = pe_flops[order]
         text_codes = [t[order] for t in text_codes]
-    return (id_, start, end, lane, eng, *text_codes)
+    return (id_, start, end, lane, eng, pe_flops, *text_codes)
 
 
 def _windows(profile: Profile, con: duckdb.DuckDBPyConnection, first: int | None,
@@ -313,7 +322,7 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
     lanes = _Lanes()
     gaps: list[str] = []
     texts: dict[str, tuple[dict[str, int], list[str]]] = {c: ({}, []) for c in TEXT_COLUMNS}
-    i_id, i_start, i_end, i_lane, i_engine, *i_text = _read_instructions(profile, lanes, texts)
+    i_id, i_start, i_end, i_lane, i_engine, i_flops, *i_text = _read_instructions(profile, lanes, texts)
     if not i_id.size:
         gaps.append("no Instruction rows: there is nothing to analyse")
     packets = TableSource(profile, "DmaPacket")
@@ -399,5 +408,5 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
                     lanes=lanes.names, n_instr=int(i_id.size), n_dma=int(d_id.size), n_cc=int(c_id.size),
                     edge_src=src[keep], edge_dst=dst[keep], windows=windows, window_source=window_source,
                     execution=execution, flow_edges=n_flow, gaps=gaps, dma_bytes=d_bytes, dma_packets=d_count,
-                    text_codes=dict(zip(TEXT_COLUMNS, i_text)),
+                    text_codes=dict(zip(TEXT_COLUMNS, i_text)), flops=i_flops,
                     text_values={c: values for c, (_, values) in texts.items()})
