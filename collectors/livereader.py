@@ -74,6 +74,22 @@ class ModelSample:
 
 
 @dataclass(frozen=True)
+class TrainingSample:
+    """Cumulative training-step counters of a process that trains (``collectors.livestate``)."""
+
+    layout: str
+    steps: int
+    sequences: int
+    tokens: int
+    step_ns: int  # device time of the steps
+    model_flops: float
+    ranks: int
+    peak_flops_per_rank: float
+    seq: int
+    step_latency_hist: Mapping[int, int]
+
+
+@dataclass(frozen=True)
 class ProcessState:
     """One publisher's file as read at one moment."""
 
@@ -98,6 +114,7 @@ class ProcessState:
     total_latency_hist: Mapping[int, int]
     device_latency_hist: Mapping[int, int]
     link_bytes: Mapping[str, int]
+    training: TrainingSample | None = None
     stale: bool = False
     path: Path | None = field(default=None, compare=False)
 
@@ -142,7 +159,17 @@ def parse_state(data: Mapping[str, Any], path: Path | None = None, *, stale: boo
         total_latency_hist={int(k): int(v) for k, v in data.get("total_latency_hist", {}).items()},
         device_latency_hist={int(k): int(v) for k, v in data.get("device_latency_hist", {}).items()},
         link_bytes={k: int(v) for k, v in data.get("link_bytes", {}).items()},
-        stale=stale, path=path)
+        training=_training(data.get("training")), stale=stale, path=path)
+
+
+def _training(raw: Any) -> TrainingSample | None:
+    if not isinstance(raw, Mapping):
+        return None
+    return TrainingSample(
+        layout=str(raw["layout"]), steps=int(raw["steps"]), sequences=int(raw["sequences"]),
+        tokens=int(raw["tokens"]), step_ns=int(raw["step_ns"]), model_flops=float(raw["model_flops"]),
+        ranks=int(raw["ranks"]), peak_flops_per_rank=float(raw["peak_flops_per_rank"]), seq=int(raw["seq"]),
+        step_latency_hist={int(k): int(v) for k, v in raw.get("step_latency_hist", {}).items()})
 
 
 def _remove(path: Path) -> None:
@@ -230,4 +257,4 @@ def _float(value: Any) -> float | None:
         return None
 
 
-__all__ = ["CoreSample", "ModelSample", "ProcessState", "parse_state", "read_live_state"]
+__all__ = ["CoreSample", "ModelSample", "ProcessState", "TrainingSample", "parse_state", "read_live_state"]

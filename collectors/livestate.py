@@ -30,6 +30,7 @@ from neuroncore.record_kinds import (
     ModelMeta,
     ProgramLoadedMeta,
     RecordKind,
+    TrainStepMeta,
     meta_of,
 )
 
@@ -143,6 +144,7 @@ class LiveAccumulator:
         self.device_latency: dict[int, int] = {}
         self.link_bytes: dict[str, int] = {}
         self._carry: dict[tuple[int, str], float] = {}  # (core, engine) -> covered-until, per execution
+        self.training: dict[str, Any] | None = None  # cumulative training-step counters, once a step ran
 
     # -- listener ------------------------------------------------------------------------------
 
@@ -260,6 +262,23 @@ class LiveAccumulator:
         _count(self.total_latency, latency.bucket(host_ns))
         _count(self.device_latency, latency.bucket(device_ns))
 
+    def _on_train_step(self, batch: EventBatch) -> None:
+        """A training step: cumulative steps, sequences, tokens, step device time, model FLOPs and a
+        step-latency histogram (readers turn them into throughput, MFU and percentiles)."""
+        m = meta_of(batch, TrainStepMeta)
+        t = self.training
+        if t is None or t["layout"] != m.layout:
+            t = self.training = {"layout": m.layout, "steps": 0, "sequences": 0, "tokens": 0,
+                                 "step_ns": 0, "model_flops": 0.0, "ranks": m.ranks,
+                                 "peak_flops_per_rank": m.peak_flops_per_rank, "seq": m.seq,
+                                 "step_latency_hist": {}}
+        t["steps"] += 1
+        t["sequences"] += m.global_batch
+        t["tokens"] += m.global_batch * m.seq
+        t["step_ns"] += m.step_time_ns
+        t["model_flops"] += m.model_flops
+        _count(t["step_latency_hist"], latency.bucket(m.step_time_ns))
+
     _handlers: ClassVar[dict[RecordKind, Callable[[LiveAccumulator, EventBatch], None]]] = {
         RecordKind.PROGRAM_LOADED: _on_program_loaded,
         RecordKind.EXECUTION_START: _on_execution_start,
@@ -268,6 +287,7 @@ class LiveAccumulator:
         RecordKind.HBM_USAGE: _on_hbm_usage,
         RecordKind.NEURONLINK_USAGE: _on_neuronlink_usage,
         RecordKind.EXECUTION_END: _on_execution_end,
+        RecordKind.TRAIN_STEP: _on_train_step,
     }
     """The record kinds the live counters read (semaphore updates and collectives they do not)."""
 
@@ -285,6 +305,10 @@ class LiveAccumulator:
                 "total_latency_hist": {str(k): v for k, v in self.total_latency.items()},
                 "device_latency_hist": {str(k): v for k, v in self.device_latency.items()},
                 "link_bytes": dict(self.link_bytes),
+                **({} if self.training is None else {"training": {
+                    **self.training,
+                    "step_latency_hist": {str(k): v
+                                          for k, v in self.training["step_latency_hist"].items()}}}),
             }
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from collectors import latency
-from collectors.livereader import ProcessState
+from collectors.livereader import ProcessState, TrainingSample
 from collectors.livestate import ENGINES
 
 
@@ -55,6 +55,42 @@ class ProcessWindow:
     vcpu_user: float  # percent of the whole machine
     vcpu_system: float
     link_bytes_per_s: Mapping[str, float]
+    training: TrainingWindow | None = None
+
+
+@dataclass(frozen=True)
+class TrainingWindow:
+    """The training steps that ended in a window: throughput, MFU and step-latency percentiles
+    (``formats.figures.training_step_figures`` over the window's steps: their sequences over their
+    device time)."""
+
+    layout: str
+    steps: int
+    seq_per_s: float
+    tokens_per_s: float
+    mfu: float | None
+    step_latency: Mapping[str, float] | None  # seconds, p0..p100
+
+
+def training_window(previous: TrainingSample | None, current: TrainingSample | None) -> TrainingWindow | None:
+    """Steps between two samples (all of them when the layout changed or there was no sample)."""
+    from formats.figures import training_step_figures
+
+    if current is None:
+        return None
+    if previous is not None and previous.layout != current.layout:
+        previous = None
+    steps = current.steps - (previous.steps if previous else 0)
+    step_ns = current.step_ns - (previous.step_ns if previous else 0)
+    if steps <= 0 or step_ns <= 0:
+        return TrainingWindow(current.layout, 0, 0.0, 0.0, None, None)
+    sequences = current.sequences - (previous.sequences if previous else 0)
+    flops = current.model_flops - (previous.model_flops if previous else 0.0)
+    fig = training_step_figures(step_ns, sequences, current.seq, flops, current.ranks,
+                                current.peak_flops_per_rank)
+    hist = latency.difference(current.step_latency_hist, previous.step_latency_hist if previous else None)
+    return TrainingWindow(current.layout, steps, fig.seq_per_s, fig.tokens_per_s, fig.mfu,
+                          latency.percentiles(hist))
 
 
 def _zero_core_counts() -> dict[str, float]:
@@ -108,7 +144,8 @@ def window(previous: ProcessState | None, current: ProcessState, cpus: int | Non
         total_latency=latency.percentiles(total), device_latency=latency.percentiles(device),
         vcpu_user=max(cpu_user, 0.0) / wall_s / cpus * 100.0,
         vcpu_system=max(cpu_system, 0.0) / wall_s / cpus * 100.0,
-        link_bytes_per_s={k: v / wall_s for k, v in links.items()})
+        link_bytes_per_s={k: v / wall_s for k, v in links.items()},
+        training=training_window(previous.training if previous else None, current.training))
 
 
 def _delta(now: Mapping[str, int], before: Mapping[str, int] | None) -> dict[str, int]:
@@ -124,7 +161,10 @@ def repeated(last: ProcessWindow) -> ProcessWindow:
         pid=last.pid, period_s=last.period_s, cores=cores,
         execution_status=dict.fromkeys(last.execution_status, 0), errors=dict.fromkeys(last.errors, 0),
         total_latency=None, device_latency=None, vcpu_user=last.vcpu_user, vcpu_system=last.vcpu_system,
-        link_bytes_per_s=last.link_bytes_per_s)
+        link_bytes_per_s=last.link_bytes_per_s,
+        training=None if last.training is None else TrainingWindow(
+            last.training.layout, 0, last.training.seq_per_s, last.training.tokens_per_s, last.training.mfu,
+            None))
 
 
 class LiveTracker:
@@ -158,4 +198,5 @@ class LiveTracker:
         return out
 
 
-__all__ = ["CoreWindow", "LiveTracker", "ProcessWindow", "repeated", "window"]
+__all__ = ["CoreWindow", "LiveTracker", "ProcessWindow", "TrainingWindow", "repeated", "training_window",
+           "window"]

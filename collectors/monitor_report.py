@@ -17,7 +17,7 @@ from typing import Any
 
 from collectors.inventory import Inventory
 from collectors.livereader import ProcessState
-from collectors.livewindow import ProcessWindow
+from collectors.livewindow import ProcessWindow, TrainingWindow
 
 MEMORY_KEYS = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 MODEL_DEVICE_KEYS = ("constants", "model_code", "runtime_memory", "tensors")  # no scratchpad per model
@@ -53,7 +53,7 @@ def neuroncore_counters(state: ProcessState, win: ProcessWindow, inventory: Inve
 
 
 def execution_stats(win: ProcessWindow) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "error_summary": {k: int(v) for k, v in win.errors.items()},
         "execution_summary": {k: int(v) for k, v in win.execution_status.items()},
         "latency_stats": {
@@ -61,6 +61,20 @@ def execution_stats(win: ProcessWindow) -> dict[str, Any]:
             "device_latency": _rounded(win.device_latency),
         },
     }
+    if win.training is not None:
+        out["training_stats"] = training_stats(win.training)
+    return out
+
+
+def training_stats(t: TrainingWindow) -> dict[str, Any]:
+    """neuronscope extension of execution_stats for a process running training steps (the real
+    neuron-monitor has no such group; readers of the real report ignore the key): the steps that
+    ended in the period, their throughput, training MFU and step-latency percentiles (seconds)."""
+    return {"layout": t.layout, "steps": t.steps,
+            "throughput": {"sequences_per_s": float(f"{t.seq_per_s:.9g}"),
+                           "tokens_per_s": float(f"{t.tokens_per_s:.9g}")},
+            "mfu": None if t.mfu is None else float(f"{t.mfu:.6g}"),
+            "step_latency": _rounded(t.step_latency)}
 
 
 def _rounded(p: Any) -> dict[str, float] | None:

@@ -446,9 +446,34 @@ def hint_bar(width: int) -> Text:
 
 
 def status_line(frame: Frame, width: int) -> Text | None:
-    """The one line of news: no activity, the stream's state, stopped processes, or the latest
-    problem; None if none."""
-    return status_line_of(frame.status, frame.hardware, bool(frame.active), width, stopped_note(frame))
+    """The one line of news: no activity, the stream's state, stopped processes, training jobs, or
+    the latest problem; None if none."""
+    return status_line_of(frame.status, frame.hardware, bool(frame.active), width, news_note(frame))
+
+
+def training_note(frame: Frame) -> str:
+    """``training pid 4100 llama2-7b/16xtrn1.32xlarge/...: 3 steps, 95.1 seq/s, MFU 38.2%, step p50
+    10.8 s p99 10.9 s`` for each process running training steps, or ``""``."""
+    parts = []
+    for p in frame.active:
+        t = p.training
+        if t is None:
+            continue
+        mfu = "-" if t.mfu is None else f"{100 * t.mfu:.1f}%"
+        lat = "" if t.step_p50_s is None else f", step p50 {_seconds(t.step_p50_s)}"
+        lat += "" if t.step_p99_s is None else f" p99 {_seconds(t.step_p99_s)}"
+        parts.append(f"training pid {p.pid} {t.layout}: {t.steps} steps, {t.seq_per_s:,.1f} seq/s, "
+                     f"MFU {mfu}{lat}")
+    return "; ".join(parts)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
+
+
+def news_note(frame: Frame) -> str:
+    """Stopped processes first, then training jobs (what the status line shows besides problems)."""
+    return "  |  ".join(n for n in (stopped_note(frame), training_note(frame)) if n)
 
 
 def stopped_note(frame: Frame) -> str:
@@ -663,6 +688,7 @@ __all__ = [
     "hint_bar",
     "history",
     "memory_summary",
+    "news_note",
     "no_activity",
     "process_header",
     "process_row",
@@ -677,6 +703,7 @@ __all__ = [
     "tab_bar",
     "title",
     "tool_version",
+    "training_note",
     "tree_header",
     "tree_lines",
     "tree_row",

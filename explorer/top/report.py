@@ -40,6 +40,7 @@ from explorer.top.snapshots import (
     LoadedModel,
     ProcessSnapshot,
     SystemSnapshot,
+    TrainingUse,
 )
 
 RUNTIME_GROUPS = ("neuroncore_counters", "memory_used", "neuron_runtime_vcpu_usage", "execution_stats")
@@ -239,6 +240,23 @@ def _p50(stats: Mapping[str, Any]) -> float | None:
     return number(total["p50"], "latency p50", lo=0.0, hi=1e9)
 
 
+def _training(stats: Mapping[str, Any]) -> TrainingUse | None:
+    raw = stats.get("training_stats")
+    if raw is None:
+        return None
+    t = _mapping(raw, "training_stats")
+    lat = t.get("step_latency")
+    lat = lat if isinstance(lat, Mapping) else {}
+    mfu = t.get("mfu")
+    throughput = _mapping(t.get("throughput", {}), "throughput")
+    return TrainingUse(
+        layout=text(t.get("layout", ""), 120), steps=_amount(t.get("steps", 0), "steps"),
+        seq_per_s=number(throughput.get("sequences_per_s", 0.0), "sequences_per_s", lo=0.0, hi=1e15),
+        mfu=None if mfu is None else number(mfu, "mfu", lo=0.0, hi=10.0),
+        step_p50_s=None if lat.get("p50") is None else number(lat["p50"], "step p50", lo=0.0, hi=1e9),
+        step_p99_s=None if lat.get("p99") is None else number(lat["p99"], "step p99", lo=0.0, hi=1e9))
+
+
 def parse_process(entry: Mapping[str, Any], hardware: Hardware,
                   previous: Mapping[str, Any] | None = None) -> ProcessSnapshot:
     """One ``neuron_runtime_data`` entry; ``previous`` holds this pid's last groups, used for groups
@@ -279,7 +297,7 @@ def parse_process(entry: Mapping[str, Any], hardware: Hardware,
             else:
                 summary = _mapping(group.get("execution_summary"), "execution_summary")
                 fields.update(executions=_amount(summary.get("completed", 0), "completed"),
-                              latency_p50_s=_p50(group))
+                              latency_p50_s=_p50(group), training=_training(group))
         except KeyError as exc:
             group_errors[name] = f"malformed (missing {text(exc, 60)})"
         except BadValue as exc:

@@ -85,6 +85,18 @@ class LoadedModel:
 
 
 @dataclass(frozen=True)
+class TrainingUse:
+    """A training job's last period: steps, throughput, training MFU, step-latency percentiles."""
+
+    layout: str
+    steps: int
+    seq_per_s: float
+    mfu: float | None
+    step_p50_s: float | None
+    step_p99_s: float | None
+
+
+@dataclass(frozen=True)
 class ProcessSnapshot:
     """One Neuron application, as its report (and, for live state, its own file) describes it."""
 
@@ -99,6 +111,7 @@ class ProcessSnapshot:
     vcpu_system: float | None = None
     executions: int | None = None  # completed in the last period
     latency_p50_s: float | None = None
+    training: TrainingUse | None = None  # a process running training steps (execution_stats.training_stats)
     group_errors: Mapping[str, str] = field(default_factory=dict)
     command: str | None = None
     user: str | None = None

@@ -243,7 +243,7 @@ class NeuronTopApp(App[None]):
         self.query_one("#engines", Panel).show((hw, data, engine_cores, frame.status.kind))
         self.query_one("#history", Panel).show((frame, data, self.tab_pid))
         status = self.query_one("#status", Panel)
-        status.show((frame.status, frame.hardware, bool(frame.active), render.stopped_note(frame)))
+        status.show((frame.status, frame.hardware, bool(frame.active), render.news_note(frame)))
         shown = render.status_line(frame, max(self.size.width, 1)) is not None
         if status.display != shown:
             status.display = shown
@@ -259,7 +259,7 @@ class NeuronTopApp(App[None]):
         """Rows the grid may take: what the other regions leave at this size (at least 2)."""
         width = self.main_width()
         key = (width, self.size.height, data.host_memory, data.device_memory, frame.system, frame.status,
-               bool(frame.active), frame.hardware, render.stopped_note(frame))
+               bool(frame.active), frame.hardware, render.news_note(frame))
         if self._rows_cache is None or self._rows_cache[0] != key:
             summary = render.memory_summary(frame, data, width).plain.count("\n") + 1
             status = 1 if render.status_line(frame, width) is not None else 0
