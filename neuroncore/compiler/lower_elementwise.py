@@ -381,6 +381,9 @@ def lower_select(ctx: Context, op: Op) -> None:
     if forms[0].kind is OperandForm.IMMEDIATE:  # a constant predicate: read it as a tile
         operands[0] = Operand(OperandForm.TILE, op.operands[0])
     layout = output_layout(ctx, op, operands)
+    if layout != Layout.ROW:  # a per-row operand is per-partition only when rows are partitions
+        operands = [Operand(OperandForm.TILE, x) if o.kind is OperandForm.PER_PARTITION else o
+                    for o, x in zip(operands, op.operands)]
     value = ctx.define(op, layout=layout)
     for t, tile in enumerate(value.tiles):
         for c0, c1 in column_chunks(ctx, value):

@@ -68,7 +68,9 @@ class MemoryBreakdown:
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:.1f} GB" if n >= 0.1 * GB else f"{n / 2**20:.1f} MiB"
+    if n >= 0.1 * GB:
+        return f"{n / GB:.1f} GB"
+    return f"{n / 2**20:.1f} MiB" if n >= 0.1 * 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def optimizer_state_bytes_per_param(kind: OptimizerKind, momentum: bool = True) -> int:
@@ -80,8 +82,12 @@ def optimizer_state_bytes_per_param(kind: OptimizerKind, momentum: bool = True) 
 
 def training_memory(n_params: float, precision: Precision, optimizer: OptimizerKind, *,
                     activations: int = 0, tp: int = 1, pp: int = 1, dp: int = 1, zero1: bool = False,
-                    momentum: bool = True) -> MemoryBreakdown:
+                    momentum: bool = True, master_copy: bool = True) -> MemoryBreakdown:
     """One rank's memory for a model of ``n_params`` parameters (see the module doc).
+
+    ``master_copy=False``: bf16 auto-cast without a bf16 copy of the weights -- the FP32 weights are
+    the master and each matmul casts its operands as it reads them (a single-core traced step does
+    this): weights 4 B/param, no separate master.
 
     ``activations``: bytes of saved activations on this rank (from :func:`transformer_activations`
     or :func:`saved_activation_bytes`); already per rank."""
@@ -91,9 +97,10 @@ def training_memory(n_params: float, precision: Precision, optimizer: OptimizerK
     local = n_params / (tp * pp)
     sharded = local / dp if zero1 else local
     grad_bytes = 2 if precision is Precision.BF16_SR else 4
+    separate = master_copy or precision is not Precision.BF16
     return MemoryBreakdown(
-        weights=round(local * precision.weight_bytes),
-        master_weights=round(sharded * precision.master_bytes),
+        weights=round(local * (precision.weight_bytes if separate else 4)),
+        master_weights=round(sharded * precision.master_bytes) if separate else 0,
         gradients=round(local * grad_bytes),
         optimizer_state=round(sharded * optimizer_state_bytes_per_param(optimizer, momentum)),
         activations=int(activations),

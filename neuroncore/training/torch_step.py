@@ -100,6 +100,9 @@ class _Layout:
     outputs: list[str]  # resident-state name (or "loss") per program output
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def _strip(name: str) -> str:
     """A qualified name inside the user's model (the step wraps it as ``model``)."""
     if name == "model":
@@ -159,7 +162,8 @@ class _StepConverter(_Converter):
                 module = layer_path({"": (path, None)} if path else None)
                 phase = node.meta.get("train_phase", FORWARD)
                 layer = "model/" + phase + module[len("model"):]
-                frames = stack_frames(node.meta.get("stack_trace"), stack)
+                frames = tuple(f for f in stack_frames(node.meta.get("stack_trace"), stack)
+                               if not f.file.startswith(_PACKAGE_DIR))  # the step's own wrapper
                 self.frames = frames
                 with self.b.located(layer, frames):
                     self._evaluate_known(node)
@@ -223,7 +227,7 @@ class TrainStep:
         kind = OptimizerKind.ADAMW if kinds - {OptimizerKind.SGD} else OptimizerKind.SGD
         momentum = any(float(g.get("momentum", 0.0) or 0.0) for g in self.optimizer.param_groups)
         need = training_memory(sum(p.numel() for p in trainable), self.precision, kind,
-                               activations=activations, momentum=momentum)
+                               activations=activations, momentum=momentum, master_copy=False)
         free = self.core.spec.hbm_bytes - self.core.hbm_used_bytes
         try:
             check_fits(need, hbm_bytes=free, what=f"{self.name} training step",

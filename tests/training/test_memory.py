@@ -44,6 +44,8 @@ def test_sharding_divides_what_it_shards() -> None:
     assert z.optimizer_state == pytest.approx(full.optimizer_state / 32, rel=1e-9)
     assert z.master_weights == pytest.approx(full.master_weights / 32, rel=1e-9)
     assert z.weights == tp.weights and z.gradients == tp.gradients  # ZeRO-1 shards only state
+    cast = training_memory(1e9, Precision.BF16, OptimizerKind.ADAMW, master_copy=False)
+    assert cast.weights == 4 * GB and cast.master_weights == 0  # FP32 weights are the master
     sgd = training_memory(1e9, Precision.FP32, OptimizerKind.SGD, momentum=False)
     assert sgd.optimizer_state == 0 and sgd.weights == 4 * GB
 
