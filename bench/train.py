@@ -4,9 +4,10 @@
     python bench/train.py --quick      # the two calibration points only
 
 Keys: ``"<model>/<nodes>x<instance>/tp<T>pp<P>dp<D>/seq<S>/gbs<G>": {"seq_per_s", "step_s", "mfu",
-"sim_wall_s"}``, plus per key the step's parts (forward, backward, pipeline bubble and sends,
-exposed gradient synchronisation, optimizer) and how much of the gradient collectives overlapped the
-backward. The configurations are those of the Neuron training-performance tables for trn1
+"sim_wall_s"}``, plus ``sim_cpu_s`` (the simulation's CPU time: its wall time on an idle machine),
+per key the step's parts (forward, backward, pipeline bubble and sends, exposed gradient
+synchronisation, optimizer) and how much of the gradient collectives overlapped the backward.
+The configurations are those of the Neuron training-performance tables for trn1
 (about-neuron/benchmarks/trn1/training_data_*.csv): NxD Llama-2/Llama-3.1 (BF16 auto-cast, FP32
 optimizer, micro-batch 1, global batch 1,024), BERT-large phase 1 (BF16 + stochastic rounding,
 micro-batch 16) on 1 and 16 nodes, ViT-base fine-tuning (micro-batch 64, global batch 2,048), and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -58,9 +60,9 @@ CALIBRATION = {  # key -> published seq/s (issue 16's two calibration points)
 
 def run(workload: str, preset: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     model, plan = get_train(workload).configure(preset, **options)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step = time_training_step(model, plan)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     fig = training_step_figures(step.step_ns, plan.global_batch, plan.seq, step.model_flops,
                                 plan.world, step.peak_flops_per_core)
     return plan.key(model.name), {
@@ -68,6 +70,7 @@ def run(workload: str, preset: str, options: dict[str, Any]) -> tuple[str, dict[
         "step_s": round(fig.step_s, 4),
         "mfu": None if fig.mfu is None else round(fig.mfu, 4),
         "sim_wall_s": round(wall, 2),
+        "sim_cpu_s": round(cpu, 2),  # this process's CPU time: wall on a machine shared with others
         "parts_ms": {k: round(v / 1e6, 2) for k, v in step.parts.items()},
         "grad_sync_overlap": round(overlap_fraction(step.sync), 3),
     }
@@ -84,6 +87,7 @@ def main() -> None:
             continue
         key, row = run(workload, preset, options)
         out[key] = row
+        print(json.dumps({key: row}), file=sys.stderr, flush=True)  # progress; the line is stdout
     out["calibration"] = {key: {"published_seq_per_s": ref,
                                 "simulated_seq_per_s": out[key]["seq_per_s"],
                                 "error": round(out[key]["seq_per_s"] / ref - 1, 3)}
