@@ -66,6 +66,7 @@ class PathReport:
     by_queue: dict[str, int]
     by_collective: dict[str, int]
     host_ns: int
+    instruction_wait_ns: int  # Σ over the path's instructions of release -> start (not their engine's)
     queue_wait_ns: dict[str, int]  # per queue: the part of its path time before its transfers started
     by_op_kind: dict[str, int]
     by_layer_kind: dict[str, int]
@@ -74,12 +75,14 @@ class PathReport:
     event_kinds: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int8))
 
     def share(self) -> dict[str, dict[str, float]]:
-        """Fractions of the path length: by engine, queue and collective (and host)."""
+        """Fractions of the path length: by engine, queue and collective, host and instruction wait
+        (Σ of every fraction = 1)."""
         total = self.length_ns or 1
         return {"engine": {k: v / total for k, v in self.by_engine.items()},
                 "queue": {k: v / total for k, v in self.by_queue.items()},
                 "collective": {k: v / total for k, v in self.by_collective.items()},
-                "host": {"host": self.host_ns / total} if self.host_ns else {}}
+                "host": {"host": self.host_ns / total} if self.host_ns else {},
+                "wait": {"wait": self.instruction_wait_ns / total} if self.instruction_wait_ns else {}}
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ class Analysis:
                 "wait_ns": path.wait_ns,
                 "share": path.share(),
                 "time_ns": {"engine": path.by_engine, "queue": path.by_queue,
-                            "collective": path.by_collective, "host": path.host_ns},
+                            "collective": path.by_collective, "host": path.host_ns,
+                            "wait": path.instruction_wait_ns},
                 "queue_wait_ns": path.queue_wait_ns,
                 "by_op_kind": path.by_op_kind,
                 "by_layer_kind": path.by_layer_kind,
@@ -186,8 +190,12 @@ def path_report(graph: DepGraph, path: cp.Path, lookup: Any = None) -> PathRepor
     kind = graph.kind[ev]
     by_engine: dict[str, int] = {}
     instr = kind == INSTRUCTION
+    # an instruction's engine gets the time it ran; the time between its release and its start (a
+    # wait the profile has no edge for) is "wait" -- a transfer's or collective's stays theirs
+    instr_wait = int(path.wait_ns[instr].sum())
     if instr.any():
-        sums = np.bincount(graph.engine[ev[instr]].astype(np.int64) + 1, weights=contrib[instr])
+        sums = np.bincount(graph.engine[ev[instr]].astype(np.int64) + 1,
+                           weights=(contrib - path.wait_ns)[instr])
         from formats.schema import ENGINE_NAMES
         by_engine = {(ENGINE_NAMES[i - 1] if i else "?"): int(v) for i, v in enumerate(sums) if v}
     lanes = graph.lanes
@@ -245,7 +253,8 @@ def path_report(graph: DepGraph, path: cp.Path, lookup: Any = None) -> PathRepor
     return PathReport(
         length_ns=path.length_ns, events=int(ev.size), implicit_events=int(path.implicit.sum()),
         wait_ns=int(path.wait_ns.sum()), by_engine=_top(by_engine, 99), by_queue=_top(by_queue, 99),
-        by_collective=_top(by_cc, 99), host_ns=int(path.host_ns.sum()), queue_wait_ns=queue_wait,
+        by_collective=_top(by_cc, 99), host_ns=int(path.host_ns.sum()), instruction_wait_ns=instr_wait,
+        queue_wait_ns=queue_wait,
         by_op_kind=_top(by_op_kind),
         by_layer_kind=_top(by_layer_kind), top=contributors[:TOP], event_ids=graph.ident[ev],
         event_kinds=kind)

@@ -171,6 +171,7 @@ def test_captured_workload_path_equals_device_time(recorded: Any) -> None:
     assert length == path.length_ns
     assert {e: r.by_cause for e, r in a.idle.items()} == idle
     assert queues == path.by_queue
+    assert sum(sum(v.values()) for v in a.to_json()["critical_path"]["share"].values()) == pytest.approx(1.0)
 
 
 def test_tensor_parallel_ranks_have_collectives_on_the_path(tp_dataset: Any) -> None:
