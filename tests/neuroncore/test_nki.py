@@ -601,3 +601,23 @@ def test_a_kernel_replaces_a_layer_inside_a_traced_torch_model():
     }
     assert "ACTIVATE" in opcodes
     assert any(op.opcode == "nki_kernel" for op in program.graph.ops)
+
+
+def test_matmul_without_transpose_x_transpose_and_softmax():
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((a.shape[0], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        sm = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        tr = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a)
+        nl.store(out, value=nl.copy(nl.matmul(at, nl.load(b))))  # a [M, K] is transposed on the PE first
+        nl.store(sm, value=nl.softmax(at, axis=1))
+        nl.store(tr, value=nl.copy(nl.transpose(at)))
+        return out, sm, tr
+
+    a, b = rand(64, 128), rand(128, 96)
+    out, sm, tr = k(a, b)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(sm, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(tr, a.T)
