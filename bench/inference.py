@@ -2,6 +2,7 @@
 
     python bench/inference.py            # BERT-base, BERT-large, ResNet-50 at batch 1, 4, 8
     python bench/inference.py --quick    # the calibration configuration only (BERT-base, batch 1)
+    python bench/inference.py --models resnet-50 --batches 1 8
 
 The configurations AWS publishes for inf2.xlarge (Neuron benchmark tables, ``*_encoder.csv`` and
 ``*_vision_cnn.csv``): an FP32 PyTorch model with BF16 matmul auto-cast (``dtype="bf16"``), one copy
@@ -104,8 +105,10 @@ def measure(name: str, batch: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="BERT-base at batch 1 only")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     args = parser.parse_args()
-    configs = [("bert-base", 1)] if args.quick else [(m, b) for m in MODELS for b in BATCHES]
+    configs = [("bert-base", 1)] if args.quick else [(m, b) for m in args.models for b in args.batches]
     out: dict[str, Any] = {"instance": INSTANCE, "dtype": "fp32 model, bf16 matmul auto-cast",
                            "copies": CORES}
     started = time.perf_counter()

@@ -1,0 +1,77 @@
+"""bench/llm_decode.py's grid and its bucket-weighted TPOT, without compiling anything.
+
+The bench is loaded by its path (bench/README.md: how a bench script is reached from tests); its
+``Grid.run`` (compile + simulate) is replaced by a table of per-program times, so these tests check
+the arithmetic the published comparison rests on, not the cost model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuroncore.generation import decode_contexts, select_bucket
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "llm_decode.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("llm_decode_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_token_buckets_follow_transformers_neuronx(bench):
+    assert bench.token_buckets(256) == (128, 256)
+    assert bench.token_buckets(4096) == (128, 256, 512, 1024, 2048, 4096)
+    assert bench.token_buckets(3000) == (128, 256, 512, 1024, 2048, 3000)
+    assert bench.token_buckets(100) == (100,)
+
+
+def test_grid_respects_max_positions(bench):
+    keys = {str(k) for k in bench.grid_keys(["llama2-7b", "mistral-7b"], ["inf2.48xlarge", "trn1.32xlarge"],
+                                            [1], None)}
+    assert "llama2-7b/inf2.48xlarge/tp24/b1/128-3968" in keys  # 4096 positions: Llama-2's limit
+    assert "llama2-7b/trn1.32xlarge/tp32/b1/128-8064" not in keys  # 8192 > 4096
+    assert "llama2-7b/inf2.48xlarge/tp24/b1/4096-4096" not in keys
+    assert "mistral-7b/trn1.32xlarge/tp32/b1/8192-8192" in keys
+    assert set(bench.CALIBRATION) <= {str(k) for k in bench.grid_keys(
+        list(bench.MODELS), list(bench.INSTANCES), list(bench.BATCHES), None)}
+
+
+def test_tpot_is_the_mean_over_every_decode_step(bench, monkeypatch):
+    """Each bucket's program simulated once and weighted by its steps equals the plain mean over
+    all steps when a step's time depends only on its bucket."""
+    def step_ms(bucket: int) -> float:
+        return 1.0 + bucket / 1000.0
+
+    def fake_run(self, workload, key, context):
+        ms = 50.0 if workload == "llama-prefill" else step_ms(context + 1)
+        return bench.Timed(ms, ms, 0.0, 0.0, 0.0, 0)
+
+    monkeypatch.setattr(bench.Grid, "run", fake_run)
+    key = bench.Key("llama2-7b", "inf2.48xlarge", 24, 2, 128, 3968)
+    figures = bench.Grid().figures(key)
+    buckets = bench.token_buckets(128 + 3968)
+    steps = [step_ms(select_bucket(buckets, c)) for c in decode_contexts(128, 3968)]
+    assert len(steps) == 3967
+    assert figures["tpot_ms"] == pytest.approx(sum(steps) / len(steps), abs=1e-3)
+    assert figures["ttft_ms"] == 50.0
+    total_s = (50.0 + sum(steps)) / 1e3
+    assert figures["tokens_per_s"] == pytest.approx(2 * 3968 / total_s, abs=0.1)
+    assert sum(figures["steps_by_bucket"].values()) == 3967
+
+
+def test_calibration_errors_are_relative(bench):
+    key = "llama2-70b/trn1.32xlarge/tp32/b1/128-128"
+    out = {key: {"ttft_ms": 53.9 * 1.1, "tpot_ms": 25.18 * 0.5}}
+    errors = bench.calibration_errors(out)
+    assert errors[key]["ttft_ms"]["error"] == pytest.approx(0.1)
+    assert errors[key]["tpot_ms"]["error"] == pytest.approx(-0.5)
