@@ -397,7 +397,8 @@ class Emitter:
         owner = {s: _owner(s, queues) for s in set(sem_list)}
         texts: list[str] = []
         append = texts.append
-        for i, (deps, text, is_producer) in enumerate(zip(self.deps, self.text, producer.tolist(), strict=True)):
+        rows = zip(self.deps, self.text, producer.tolist(), strict=True)
+        for i, (deps, text, is_producer) in enumerate(rows):
             if not deps and not is_producer:
                 append(text)
                 continue

@@ -74,7 +74,7 @@ class IndexedInitializer:
     ``base_shape``, then entries ``index`` taken along ``axis`` (-1 gives zeros). Tensor-parallel
     layouts use it to pad attention heads and replicate KV heads without changing the model's values."""
 
-    base: Initializer
+    base: Initializer | IndexedInitializer  # a slice of a slice (one expert of a TP-split stack)
     base_shape: tuple[int, ...]
     axis: int
     index: tuple[int, ...]
