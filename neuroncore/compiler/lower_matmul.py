@@ -262,8 +262,11 @@ class _Operand:
         self.free_size = free_size
         self.contract_is_row = contract_is_row
         self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
+        # resident in row layout -- the operand's own layout too: a reshape aliasing a [.., R, 1]
+        # value can be its column view ([N, C, 1, 1] -> [N, C] in COL layout), not its rows
         resident = (self.value.home is Memory.SBUF and self.value.immediate is None
-                    and self.value.lazy is None and self.value.layout == Layout.ROW)
+                    and self.value.lazy is None and self.value.layout == Layout.ROW
+                    and ctx.values[op.index].layout == Layout.ROW)
         self.packed = is_packed(op.shape, Layout.ROW)
         self.mode = (DotOperandMode.DIRECT if contract_is_row and resident and not self.packed else
                      DotOperandMode.LOAD if contract_is_row or self.pretransposed else

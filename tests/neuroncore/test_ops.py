@@ -1250,3 +1250,18 @@ def test_builder_rejects_bad_graphs():
     with pytest.raises(nc.GraphError, match="direction"):
         b.compare(x, x, "XX")
     assert DType.PRED.numpy == np.bool_
+
+
+def test_matmul_reads_a_column_view_reshape_as_its_rows() -> None:
+    """Regression: ``reshape([N, C, 1, 1] -> [N, C])`` of an on-chip value aliases it as a column
+    view (COL layout); a dot contracting the reshape's rows read the alias's source tile directly
+    ([N*C, 1]) and the run failed with a shape mismatch (a CNN's weight gradient when the last
+    feature map is 1x1)."""
+    b = nc.GraphBuilder("column_view")
+    a, g = b.parameter("a", (2, 8)), b.parameter("g", (2, 4))
+    r = b.reshape(b.maximum(b.reshape(a, (2, 8, 1, 1)), 0.0), (2, 8))
+    program = nc.compile(b.build([b.dot(g, r, lhs_contract=0, rhs_contract=0)]), nc.NC_V2)
+    rng = np.random.default_rng(0)
+    av, gv = rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32)
+    out = nc.Instance("trn1.2xlarge").core(0).load(program).execute([av, gv]).outputs[0]
+    np.testing.assert_allclose(out, gv.T @ np.maximum(av, 0), rtol=1e-5, atol=1e-6)
