@@ -272,6 +272,7 @@ class TrainStep:
         conv.bf16_params = self.precision is Precision.BF16_SR
         b = conv.b
         loss, *grads = conv.lower()
+        grads = self._reduce_gradients(b, grads)
         params = conv.values[: len(self.params)]
         outputs: list[Op] = [loss]
         names = ["loss"]
@@ -301,6 +302,11 @@ class TrainStep:
         graph = b.build(outputs).pruned()
         inputs = [p.name for p in graph.parameters]
         return graph, _Layout(inputs, names)
+
+    def _reduce_gradients(self, b: Any, grads: list[Op]) -> list[Op]:
+        """The gradients the optimizer (or the accumulation) uses: this rank's own on one core;
+        a data-parallel step (``neuroncore.parallel.dp_train``) averages them over its replicas."""
+        return grads
 
     def _module_of(self, i: int) -> str:
         module = self.param_names[i].rpartition(".")[0]

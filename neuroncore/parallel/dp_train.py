@@ -1,0 +1,123 @@
+"""Data-parallel training with real numerics: a PyTorch training step on ``replicas`` cores, each on
+its shard of the batch, gradients averaged by an all-reduce between backward and optimizer.
+
+    step = DataParallelTrainStep(model, optimizer, (x_shard, y_shard), replicas=4, loss_fn=F.mse_loss)
+    loss = step(x, y)        # x: replicas x the traced shard along dim 0; returns the mean loss
+
+Each rank's program is the traced step (``neuroncore.training.TrainStep``) with one all-reduce per
+gradient (group ``dp``) and a 1/replicas scale before the update, as DDP averages gradients. The
+ranks run in their own threads; each all-reduce waits for every rank's gradient and sums them in
+rank order in FP32 (the same rendezvous as tensor-parallel inference). The parameters stay identical
+on every rank, so one resident state serves them all. With a mean loss and equal shards the result
+equals a single core's step on the whole batch -- the check ``tests/training`` makes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuroncore.frontends.torch_frontend import _to_numpy
+from neuroncore.ir.graph import Op
+from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.training import PlanError
+from neuroncore.training.optimizers import host_scalars
+from neuroncore.training.precision import parse_precision
+from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames
+
+
+class _Rendezvous:
+    def __init__(self, ranks: int) -> None:
+        self.barrier = threading.Barrier(ranks)
+        self.slots: list[np.ndarray | None] = [None] * ranks
+
+    def for_rank(self, rank: int) -> Callable[[Op, np.ndarray], np.ndarray]:
+        def exchange(op: Op, value: np.ndarray) -> np.ndarray:
+            if op.opcode != "all-reduce":
+                raise PlanError(f"{op.opcode} is not a data-parallel gradient collective")
+            self.slots[rank] = np.asarray(value, np.float32)
+            self.barrier.wait()
+            total = np.zeros_like(self.slots[0])
+            for part in self.slots:
+                total = total + part
+            self.barrier.wait()
+            return total
+        return exchange
+
+
+class DataParallelTrainStep(TrainStep):
+    """A training step replicated on ``replicas`` cores with gradient all-reduce (DDP)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Sequence[torch.Tensor], *, replicas: int,
+                 loss_fn: Callable[..., Any] | None = None, precision: str = "fp32",
+                 instance: str | None = "trn1.32xlarge") -> None:
+        if not isinstance(replicas, int) or replicas < 1:
+            raise PlanError(f"replicas must be a positive integer, not {replicas!r}")
+        self.replicas = replicas
+        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn,
+                         precision=parse_precision(precision), accumulation_steps=1, instance=instance,
+                         core=0, frames=_caller_frames())
+        if replicas > len(self.instance.cores):
+            raise PlanError(f"{replicas} replicas do not fit {self.instance.name}")
+        program, _, _ = self.programs[ProgramKind.UPDATE]
+        self.rank_models = [self.programs[ProgramKind.UPDATE][1]] + [
+            self.instance.core(r).load(program) for r in range(1, replicas)]
+
+    def _reduce_gradients(self, b: Any, grads: list[Op]) -> list[Op]:
+        out = []
+        for i, grad in enumerate(grads):
+            with b.located(f"model/gradient_sync/{self._module_of(i)}", self._frames):
+                summed = b.add_op("all-reduce", [grad], grad.shape, grad.dtype, reduction="sum",
+                                  group="dp", name=f"all-reduce.{b.n_ops}")
+                out.append(b.multiply(summed, 1.0 / self.replicas))
+        return out
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """One step: ``inputs`` hold ``replicas`` shards along dim 0; returns the mean loss."""
+        shards = [[x[r * s[0]:(r + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)]
+                  for r in range(self.replicas)]
+        for x, s in zip(inputs, self.example_shapes):
+            if tuple(x.shape) != (s[0] * self.replicas, *s[1:]):
+                raise PlanError(f"{self.name} data-parallel step: input of shape "
+                                f"{[s[0] * self.replicas, *s[1:]]} expected, got {list(x.shape)}")
+        self.steps += 1
+        program, _, layout = self.programs[ProgramKind.UPDATE]
+        rendezvous = _Rendezvous(self.replicas)
+        outputs: list[list[np.ndarray] | None] = [None] * self.replicas
+        errors: list[BaseException] = []
+
+        def run(rank: int) -> None:
+            try:
+                host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
+                for g, group in enumerate(self.groups):
+                    lr = float(group.torch_group["lr"])
+                    host[f"scalars/{g}"] = host_scalars(group.spec, lr, self.steps)
+                arrays = bind_inputs(program.graph, self.state.inputs(layout.inputs, host))
+                outputs[rank] = self.rank_models[rank].compute(arrays, rendezvous.for_rank(rank))
+            except BaseException as exc:
+                errors.append(exc)
+                rendezvous.barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"dp-rank-{r}")
+                   for r in range(self.replicas)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+        if real or errors:
+            raise (real or errors)[0]
+        done = [o for o in outputs if o is not None]
+        self.rank_outputs = done
+        self.state.update(dict(zip(layout.outputs[1:], done[0][1:])))
+        self._sync_host()
+        losses = [float(np.asarray(o[0]).reshape(-1)[0]) for o in done]
+        return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
+
+
+__all__ = ["DataParallelTrainStep"]
