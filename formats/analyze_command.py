@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from formats.analysis import Analysis, analyze
+from formats.reader import Profile
 from formats.units import fmt_bytes, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
 
@@ -36,11 +37,27 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
     entries, _ = find_profiles(root, include_incomplete=include_incomplete)
     if not entries:
         raise CliError(f"{root}: no profile found (a profile is a directory of <Table>.parquet files)")
-    profiles = {(str(root) if entry.name == "." else entry.name): open_profile(entry.path)
-                for entry in entries}
+    opened = {(str(root) if entry.name == "." else entry.name): open_profile(entry.path)
+              for entry in entries}
+    # A capture directory holds device/ (one profile per execution and core: the ranks) and system/
+    # (the host side). The system profile has no instructions: it is neither analysed nor a rank.
+    system = sorted(name for name, p in opened.items() if is_system_profile(p))
+    profiles = {name: p for name, p in opened.items() if name not in system}
+    if not profiles:
+        raise CliError(f"{root}: a system (host-side) profile only; analyze reads device profiles "
+                       f"(a capture's device/ folder)")
     analyses = {name: analyze(p) for name, p in profiles.items()}
     ranks = rank_report(profiles, analyses) if len(profiles) > 1 else None
-    return {"profiles": analyses, "ranks": ranks}
+    return {"profiles": analyses, "ranks": ranks, "system": system}
+
+
+def is_system_profile(profile: Profile) -> bool:
+    """True for a host-side system profile (``system/`` of a capture): its tables are the schema's
+    system tables (CPU, host memory, system events) and none is a device table (``Metadata``, which
+    the schema files under device, is in both)."""
+    sides = {t.definition.profile for name, t in profile.tables.items()
+             if t.definition is not None and name != "Metadata"}
+    return "system" in sides and "device" not in sides
 
 
 def _share_line(label: str, table: dict[str, int], total: int, n: int = 6) -> str | None:
@@ -121,6 +138,13 @@ def profile_lines(name: str, a: Analysis) -> Iterator[str]:
 
 def text_lines(result: dict[str, Any]) -> Iterator[str]:
     """The text report of ``analyze_dir``'s result."""
+    system = result.get("system") or []
+    if system:
+        device = [name for name in result["profiles"] if name != "."]
+        yield (f"device profiles (analysed{', the ranks' if len(device) > 1 else ''}): "
+               f"{', '.join(device)}")
+        yield f"system profile (host side: not a rank, not analysed): {', '.join(system)}"
+        yield ""
     ranks = result.get("ranks")
     if ranks is not None:
         yield from ranks.text_lines()
@@ -135,7 +159,8 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
     profiles = result["profiles"]
     if len(profiles) == 1 and result.get("ranks") is None:
         return next(iter(profiles.values())).to_json()
-    out: dict[str, Any] = {"profiles": {name: a.to_json() for name, a in profiles.items()}}
+    out: dict[str, Any] = {"profiles": {name: a.to_json() for name, a in profiles.items()},
+                           "system_profiles": list(result.get("system") or [])}
     ranks = result.get("ranks")
     if ranks is not None:
         out.update(ranks.to_json())

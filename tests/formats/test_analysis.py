@@ -263,3 +263,19 @@ def test_rank_slowdown_is_checked() -> None:
         check_slowdown({2: 2.0}, 2)
     with pytest.raises(ShardingError, match=">= 1"):
         check_slowdown({1: 0.5}, 2)
+
+
+def test_capture_directory_ranks_are_device_profiles_only() -> None:
+    """A capture directory (device/ + system/): the ranks are the device profiles; the host-side
+    system profile is named as such, not analysed, and alone it is a one-line error."""
+    capture = Path(__file__).resolve().parents[2] / "sample_profiles" / "llama-decode-tp2"
+    text = _cli(str(capture))
+    assert text.returncode == 0, text.stderr
+    assert "2 ranks" in text.stdout and "system: device time" not in text.stdout
+    assert "system profile (host side: not a rank, not analysed): system" in text.stdout
+    data = json.loads(_cli(str(capture), "--output-format", "json").stdout)
+    assert data["system_profiles"] == ["system"]
+    assert sorted(data["profiles"]) == [f"device/model=llama_decode/core={r}/execution=2" for r in (0, 1)]
+    assert sorted(data["ranks"]["device_time_ns"]) == sorted(data["profiles"])
+    alone = _cli(str(capture / "system"))
+    assert alone.returncode == 2 and alone.stderr.count("\n") == 1 and "device/" in alone.stderr
