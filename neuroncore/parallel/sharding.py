@@ -330,6 +330,8 @@ class _Sharder:
             if code == "transpose":
                 inner = self._localize(op.operands[0], Split(op.attrs["permutation"][dim], split.outer))
                 return None if inner is None else self._add(op, [inner], shape, suffix)
+            if code == "reshape" and _sliced_weight(op):  # one expert, reshaped: a weight too
+                return self._local_slice(op, split, shape, suffix)
             if code == "reshape":
                 src_split, _ = _moved_split(op.shape, op.operands[0].shape, split, self.tp)
                 inner = None if src_split is None else self._localize(op.operands[0], src_split)
@@ -350,7 +352,6 @@ class _Sharder:
         holding that part, then split, so each rank stores only its block. Of anything else: the
         slice of the operand's block, when the split dim is not cut."""
         src = op.operands[0]
-        starts, limits, strides = op.attrs["starts"], op.attrs["limits"], op.attrs["strides"]
         view = _weight_view(op)
         if view is not None:
             init, root, label = view
@@ -359,6 +360,9 @@ class _Sharder:
             attrs["label"] = label  # a weight of its own in HBM, where weights are stored by label
             return self.b.add_op("constant", [], shape, op.dtype, name=op.name + suffix, init=sharded,
                                  **attrs)
+        if op.opcode != "slice":
+            return None
+        starts, limits, strides = op.attrs["starts"], op.attrs["limits"], op.attrs["strides"]
         d = split.dim
         if not (starts[d] == 0 and limits[d] == src.shape[d] and strides[d] == 1):
             return None
@@ -589,6 +593,15 @@ def _weight_view(op: Op) -> tuple[Initializer | IndexedInitializer, Op, str] | N
             init = IndexedInitializer(init, current, axis, tuple(range(start, limit, stride)))
             current = (*current[:axis], len(range(start, limit, stride)), *current[axis + 1:])
     return init, root, f"{label}[{','.join(parts)}]"
+
+
+def _sliced_weight(op: Op) -> bool:
+    """``op`` reads part of a trained weight through slices and reshapes (at least one slice)."""
+    sliced = False
+    while op.opcode in ("reshape", "slice"):
+        sliced = sliced or op.opcode == "slice"
+        op = op.operands[0]
+    return sliced and _weight_view(op) is not None
 
 
 def _is_weight(op: Op) -> bool:
