@@ -181,8 +181,38 @@ def batch_norm_eval(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
 @handles("native_batch_norm", "_native_batch_norm_legit_functional")
 def batch_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     if kw.get("training"):
-        return NotImplemented
+        return _batch_norm_training(c, node, kw)
     return _batch_norm(c, node, kw)
+
+
+def _batch_norm_training(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """Batch norm in train mode (a training step's forward): batch statistics over every dim but
+    the channel; returns ``(out, mean, 1/sqrt(var + eps))`` as torch does, for the backward. The
+    running statistics' updates (``(1 - m) r + m s``, the variance unbiased) are handed to a
+    converter that keeps them (``buffer_updates``, the training step's) as new buffer values."""
+    meta: Any = node.meta["val"]
+    dtype = c._out_dtype(meta[0])
+    momentum = kw.get("momentum")
+    if momentum is None or not dtype.is_float:
+        return NotImplemented  # a cumulative moving average (momentum=None) counts batches on host
+    x = c._op(kw["input"], dtype)
+    dims = [0, *range(2, len(x.shape))]
+    count = math.prod(x.shape[d] for d in dims)
+    mean = c.b.multiply(c.b.reduce(x, dims, "sum"), 1.0 / count)
+    centred = c.b.subtract(x, _per_channel(c, mean, x))
+    var = c.b.multiply(c.b.reduce(c.b.multiply(centred, centred), dims, "sum"), 1.0 / count)
+    invstd = c.b.rsqrt(c.b.add(var, float(kw["eps"])))
+    scale = invstd if kw.get("weight") is None else c.b.multiply(invstd, c._op(kw["weight"], dtype))
+    out = c.b.multiply(centred, _per_channel(c, scale, x))
+    if kw.get("bias") is not None:
+        out = c.b.add(out, _per_channel(c, c._op(kw["bias"], dtype), x))
+    updates = getattr(c, "buffer_updates", None)
+    m = float(momentum)
+    for key, stat in (("running_mean", mean), ("running_var", c.b.multiply(var, count / max(count - 1, 1)))):
+        running = c._value(kw.get(key))
+        if updates is not None and isinstance(running, Op) and running.opcode == "parameter":
+            updates[running.name] = c.b.add(c.b.multiply(running, 1.0 - m), c.b.multiply(stat, m))
+    return out, mean, invstd
 
 
 @handles("native_group_norm")

@@ -125,7 +125,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
                          f"eval-mode normalisation or LayerNorm/GroupNorm")
     if not params:
         raise TraceError(f"{name} has no parameters that require grad: nothing to train")
-    buffers = [tables[t].detach() for t in others]
+    buffers = [tables[t].detach().clone() for t in others]
     gm = ep.graph_module
 
     def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
@@ -147,7 +147,9 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             with sdpa_kernel([SDPBackend.MATH]):  # attention as ops autograd differentiates
                 traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
-                    values, buffers, *example_inputs)
+                    values, [b.clone() for b in buffers], *example_inputs)  # tracing runs the
+                # forward for real: BatchNorm's running statistics must not move in the model's
+                # buffers, nor in the values the step starts from
     except Exception as exc:  # any tracer failure is a failed trace
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc

@@ -133,6 +133,7 @@ class _StepConverter(_Converter):
         self.placeholders: list[Op] = []
         self.values: list[Op] = []  # what the graph reads of each placeholder
         self.bf16_params = False  # bf16-sr: parameters held in bf16, read as FP32
+        self.buffer_updates: dict[str, Op] = {}  # resident buffer -> its new value (BatchNorm stats)
 
 
     def _placeholder(self, node: torch.fx.Node) -> None:
@@ -299,6 +300,9 @@ class TrainStep:
                             new_param = b.convert(new_param, DType.BF16)
                     outputs += [new_param, *new_state]
                     names += [f"param/{self.param_names[i]}", *self._state_names(i)]
+        for buffer, value in conv.buffer_updates.items():  # running statistics, every forward
+            outputs.append(value)
+            names.append(buffer)
         graph = b.build(outputs).pruned()
         inputs = [p.name for p in graph.parameters]
         return graph, _Layout(inputs, names)
@@ -380,8 +384,19 @@ class TrainStep:
         return [[x[j * s[0]:(j + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)] for j in range(k)]
 
     def _sync_host(self) -> None:
-        """Copy the resident parameters and optimizer state into the model and optimizer."""
+        """Copy the resident parameters, optimizer state and updated buffers (BatchNorm running
+        statistics) into the model and optimizer."""
+        updated = {n for _, _, layout in self.programs.values() for n in layout.outputs
+                   if n.startswith("buffer/")}
+        buffers = dict(self.model.named_buffers())
         with torch.no_grad():
+            for name in updated:
+                target = buffers.get(name[len("buffer/"):])
+                if target is not None:
+                    target.copy_(_from_numpy(self.state.tensors[name], target.dtype))
+                    tracked = buffers.get(name[len("buffer/"):].rpartition(".")[0] + ".num_batches_tracked")
+                    if tracked is not None and name.endswith("running_mean"):
+                        tracked += self.accumulation_steps
             for i, p in enumerate(self.params):
                 name = self.param_names[i]
                 p.copy_(_from_numpy(self.state.tensors[f"param/{name}"], p.dtype))

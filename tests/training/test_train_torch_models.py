@@ -76,3 +76,29 @@ def test_llama_causal_lm_from_a_config() -> None:
     model = Labelled(transformers.LlamaForCausalLM(config), use_cache=False)
     ids = torch.randint(0, 64, (2, 8))
     _compare(model, (ids, ids), steps=2)
+
+
+def test_batch_norm_in_train_mode_updates_its_running_statistics() -> None:
+    """Batch statistics in the forward, their gradient in the backward, and the running mean and
+    variance (unbiased) carried on the device and copied back like the parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 3), torch.nn.BatchNorm1d(3))
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 3, (4,))
+    step = neuroncore.trace_train_step(model, opt, (x, y), loss_fn=F.cross_entropy)
+    for _ in range(3):
+        loss = float(step(x, y))
+        expected = F.cross_entropy(ref(x), y)
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss == pytest.approx(float(expected), rel=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name
+    for (name, a), (_, b) in zip(model.named_buffers(), ref.named_buffers()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5), name
+    assert int(model[1].num_batches_tracked) == 3
