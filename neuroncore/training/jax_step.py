@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.options import CompilerOptions
 from neuroncore.compiler.program import Program
 from neuroncore.frontends import jax_frontend
 from neuroncore.frontends.hlo import parse_hlo_module
@@ -39,7 +40,7 @@ from neuroncore.ir.graph import Graph, Op
 from neuroncore.runtime import Instance
 from neuroncore.runtime.device import DeviceState, ExecutionResult
 from neuroncore.training.memory import MemoryBreakdown, MemoryCheckError, check_fits
-from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.precision import Precision, check_options, parse_precision
 from neuroncore.training.step_records import emit_step
 
 
@@ -136,7 +137,7 @@ class JaxTrainStep:
 
     def __init__(self, loss_fn: Callable[..., Any], params: Any, optimizer: Any,
                  example_batch: Sequence[Any], *, precision: Precision, instance: str | None,
-                 core: int) -> None:
+                 core: int, options: CompilerOptions | None = None) -> None:
         self.optimizer = optimizer
         self.precision = precision
         self.params = params
@@ -163,7 +164,7 @@ class JaxTrainStep:
         converted = jax_frontend.convert(update, examples, autocast=autocast)
         place_phases(converted.graph, _op_names(jax_frontend.lower(update, examples)))
         self.converted = converted
-        self.program: Program = compile_graph(converted.graph, self.core.spec)
+        self.program: Program = compile_graph(converted.graph, self.core.spec, options)
         self.loaded = self.core.load(self.program)
         names = [p.name for p in converted.graph.parameters]
         self.input_names = names
@@ -218,7 +219,8 @@ class JaxTrainStep:
 
 def trace_jax_train_step(loss_fn: Callable[..., Any], params: Any, optimizer: Any,
                          example_batch: Sequence[Any], *, precision: str | Precision = "fp32",
-                         instance: str | None = None, core: int = 0) -> JaxTrainStep:
+                         instance: str | None = None, core: int = 0,
+                         options: CompilerOptions | None = None) -> JaxTrainStep:
     """Compile ``loss_fn(params, *batch)``'s value-and-grad step with an optax ``optimizer``.
 
     ``precision``: ``"fp32"`` or ``"bf16"`` (auto-cast matmuls to bf16; FP32 parameters and state)."""
@@ -231,8 +233,9 @@ def trace_jax_train_step(loss_fn: Callable[..., Any], params: Any, optimizer: An
         raise TraceError(str(exc)) from None
     if prec is Precision.BF16_SR:
         raise TraceError("bf16-sr is supported by PyTorch training steps; a JAX step takes fp32 or bf16")
+    check_options(options)
     return JaxTrainStep(loss_fn, params, optimizer, tuple(example_batch), precision=prec,
-                        instance=instance, core=core)
+                        instance=instance, core=core, options=options)
 
 
 __all__ = ["JaxTrainStep", "place_phases", "trace_jax_train_step"]

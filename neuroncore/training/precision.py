@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import enum
 
+from neuroncore.compiler.options import CompilerOptions, Quantization
+from neuroncore.frontends.tracing import TraceError
+
 
 class Precision(enum.Enum):
     FP32 = "fp32"
@@ -41,4 +44,15 @@ def parse_precision(value: str | Precision) -> Precision:
     raise ValueError(f"precision must be one of fp32, bf16, bf16-sr; not {value!r}")
 
 
-__all__ = ["Precision", "parse_precision"]
+def check_options(options: CompilerOptions | None) -> None:
+    """Compiler options a training step takes: auto-cast yes, weight quantisation no."""
+    if options is None:
+        return
+    if not isinstance(options, CompilerOptions):
+        raise TraceError(f"options must be a CompilerOptions, not {type(options).__name__}")
+    if options.quantize is not Quantization.NONE:
+        raise TraceError(f"quantize={options.quantize.value} is for inference: a training step's "
+                         f"weights are what it updates")
+
+
+__all__ = ["Precision", "check_options", "parse_precision"]

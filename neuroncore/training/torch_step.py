@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.options import CompilerOptions
 from neuroncore.compiler.program import Program
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_frontend import (
@@ -71,7 +72,7 @@ from neuroncore.training.optimizers import (
     optimizer_spec,
     split_scalars,
 )
-from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.precision import Precision, check_options, parse_precision
 from neuroncore.training.step_records import PHASES, emit_step
 from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph, saved_activations
 
@@ -187,7 +188,8 @@ class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: Sequence[torch.Tensor], *, loss_fn: Callable[..., Any] | None,
                  precision: Precision, accumulation_steps: int, instance: str | None,
-                 core: int, frames: tuple[SourceFrame, ...]) -> None:
+                 core: int, frames: tuple[SourceFrame, ...],
+                 options: CompilerOptions | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
@@ -212,7 +214,7 @@ class TrainStep:
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
         for kind in kinds:
             graph, layout = self._build(kind)
-            program = compile_graph(graph, self.core.spec)
+            program = compile_graph(graph, self.core.spec, options)
             loaded = self.core.load(program)
             loaded.stochastic_rounding = stochastic_rounding_wanted(precision is Precision.BF16_SR)
             self.programs[kind] = (program, loaded, layout)
@@ -441,13 +443,16 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      example_inputs: Sequence[torch.Tensor], *,
                      loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                      accumulation_steps: int = 1, instance: str | None = None,
-                     core: int = 0) -> TrainStep:
+                     core: int = 0, options: CompilerOptions | None = None) -> TrainStep:
     """Compile ``model``'s training step with ``optimizer`` for one core (see the module doc).
 
     ``example_inputs``: one micro-batch, positionally; with ``loss_fn`` the last one is the target
     (``loss_fn(model(*inputs[:-1]), inputs[-1])``), else the model's forward returns the loss.
     ``precision``: ``"fp32"``, ``"bf16"`` (auto-cast: bf16 matmuls, FP32 master weights and
     optimizer state) or ``"bf16-sr"`` (bf16 weights updated with stochastic rounding).
+    ``options``: the compiler's precision options (``CompilerOptions``: auto-cast mode and type, e.g.
+    matmuls in fp16 or fp8), applied to the whole step program; weight quantisation is refused (a
+    step's weights are what it trains).
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -465,9 +470,10 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         prec = parse_precision(precision)
     except ValueError as exc:
         raise TraceError(str(exc)) from None
+    check_options(options)
     return TrainStep(model, optimizer, examples, loss_fn=loss_fn, precision=prec,
                      accumulation_steps=accumulation_steps, instance=instance, core=core,
-                     frames=_caller_frames())
+                     frames=_caller_frames(), options=options)
 
 
 __all__ = ["PHASES", "ProgramKind", "TrainStep", "trace_train_step"]

@@ -107,3 +107,29 @@ def test_small_bf16_updates_survive_only_with_stochastic_rounding(enabled: str,
         assert len(np.unique(w)) > 1
     else:
         assert np.all(w == 1.0)
+
+
+def test_compiler_auto_cast_options_apply_to_a_step() -> None:
+    """The model-coverage work's compiler options (auto-cast mode and type) reach the step program:
+    matmuls in fp16 stay within fp16 error of FP32 PyTorch; weight quantisation is refused."""
+    from neuroncore.compiler.options import AutoCast, AutoCastType, CompilerOptions, Quantization
+    from neuroncore.frontends.tracing import TraceError
+
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    fp16 = CompilerOptions(auto_cast=AutoCast.MATMULT, auto_cast_type=AutoCastType.FP16)
+    step = neuroncore.trace_train_step(model, opt, (x, y), loss_fn=F.cross_entropy, options=fp16)
+    assert any(op.opcode == "dot" and op.operands[0].dtype is DType.FP16 for op in step.program.graph.ops)
+    for _ in range(2):
+        loss = float(step(x, y))
+        expected = F.cross_entropy(ref(x), y)
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss == pytest.approx(float(expected), rel=2e-3)
+    with pytest.raises(TraceError, match="quantize=int8-weight-only is for inference"):
+        neuroncore.trace_train_step(model, opt, (x, y), loss_fn=F.cross_entropy,
+                                    options=CompilerOptions(quantize=Quantization.INT8_WEIGHT_ONLY))
