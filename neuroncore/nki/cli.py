@@ -14,6 +14,7 @@ kernel call is recorded in the profile.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import runpy
@@ -114,6 +115,7 @@ def run_one(args: argparse.Namespace, path: str, name: str) -> int:
         if not sep:
             raise CliError(f"--set {item!r}: expected NAME=VALUE")
         kwargs[key] = _value(value)
+    _check_arity(fn, name, len(shapes), kwargs)
     if args.timing_only:
         inputs: list[Any] = [ShapeSpec(s, dtype.name) for s in shapes]
     else:
@@ -122,6 +124,20 @@ def run_one(args: argparse.Namespace, path: str, name: str) -> int:
     run = run_kernel(fn, inputs, kwargs, grid=grid, timing_only=args.timing_only, instance=args.instance)
     report(run, name, args.json)
     return 0
+
+
+def _check_arity(fn: Any, name: str, n_shapes: int, kwargs: dict[str, Any]) -> None:
+    """--shapes (one per positional argument) and --set must fit the kernel's parameters: a
+    mismatch is one line naming them, not a TypeError from inside the kernel call."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(n_shapes), **kwargs)
+    except TypeError as exc:
+        raise CliError(f"{name}{signature}: --shapes gave {n_shapes} argument(s)"
+                       f"{', --set ' + ', '.join(kwargs) if kwargs else ''}: {exc}") from None
 
 
 def summary(run: KernelRun, name: str) -> dict[str, Any]:

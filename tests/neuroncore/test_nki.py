@@ -470,6 +470,19 @@ def test_cli_errors_are_one_line(tmp_path):
     assert bad.returncode == 2 and "--shapes" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_cli_shapes_that_do_not_fit_the_kernel_are_one_line(tmp_path):
+    """Fewer --shapes than the kernel's arguments, or a --set name it does not take: one line naming
+    the kernel's parameters, not a TypeError traceback from the kernel call."""
+    path = tmp_path / "kern.py"
+    path.write_text(KERNEL_FILE)
+    few = _cli(f"{path}:scale", "--shapes", "512x256", "--timing-only")
+    assert few.returncode == 2 and "Traceback" not in few.stderr
+    assert len(few.stderr.strip().splitlines()) == 1 and "scale(x, y)" in few.stderr and "'y'" in few.stderr
+    unknown = _cli(f"{path}:scale", "--shapes", "512x256,1x1", "--set", "z=1", "--timing-only")
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "'z'" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
 # -- profiles linked to kernel lines ----------------------------------------------------------------------
 
 
