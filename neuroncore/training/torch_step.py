@@ -375,11 +375,13 @@ class TrainStep:
         if len(inputs) != len(self.example_shapes):
             raise TraceError(f"{self.name} step was traced with {len(self.example_shapes)} inputs; "
                              f"{len(inputs)} given")
-        for x, shape, dtype in zip(inputs, self.example_shapes, self.example_dtypes):
+        for i, (x, shape, dtype) in enumerate(zip(inputs, self.example_shapes, self.example_dtypes)):
             want = (shape[0] * k, *shape[1:]) if shape else shape
             if not isinstance(x, torch.Tensor) or tuple(x.shape) != want or x.dtype != dtype:
-                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise TraceError(f"{self.name} step: input of shape {list(want)} ({dtype}) expected"
+                # the shape and the dtype both: a float target where int64 class ids were traced
+                # must not read as "[8] expected, got (8,)"
+                got = f"{list(x.shape)} ({x.dtype})" if isinstance(x, torch.Tensor) else type(x).__name__
+                raise TraceError(f"{self.name} step: input {i} of shape {list(want)} ({dtype}) expected"
                                  f"{f' ({k} micro-batches of {shape[0]})' if k > 1 else ''}, got {got}")
         if k == 1:
             return [list(inputs)]

@@ -135,7 +135,12 @@ def test_bad_inputs_are_one_line_errors() -> None:
                                     loss_fn=F.cross_entropy)
     step = neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y),
                                        loss_fn=F.cross_entropy)
-    with pytest.raises(TraceError, match=r"input of shape \[6, 8\]"):
+    with pytest.raises(TraceError, match=r"input 0 of shape \[6, 8\]"):
         step(x[:3], y[:3])
+    # the right shape in the wrong dtype (float class ids): the message shows both, so it does not
+    # read "[6] expected, got (6,)"
+    with pytest.raises(TraceError, match=r"input 1 of shape \[6\] \(torch.int64\) expected, got \[6\] "
+                                         r"\(torch.float32\)"):
+        step(x, y.float())
     with pytest.raises(TraceError, match="must return the loss"):
         neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,))
