@@ -28,8 +28,10 @@ from rich.table import Table
 
 from neuroncore.compiler import CompileError, compile  # noqa: A004
 from neuroncore.compiler.options import AutoCast, AutoCastType, CompilerOptions, Quantization
+from neuroncore.compiler.precision import apply_options
 from neuroncore.hardware import INSTANCE_TYPES
 from neuroncore.ir.builder import GraphError
+from neuroncore.ir.graph import Graph
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.parallel.group import parse_slowdown
 from neuroncore.runtime import ExecutionError, Instance
@@ -137,8 +139,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                  f"{compiler_options.auto_cast_type.value}, quantize {compiler_options.quantize.value}")
     where = (f"cores {args.core}..{args.core + args.tp - 1} (tp {args.tp}; rank 0 shown)" if group
              else f"core {args.core}")
+    unchanged = _options_change_nothing(graph, compiler_options)
     console.print(f"[bold]{workload.name}[/] ({opts}) on {instance.name} {where} "
                   f"[{program.spec.name}], {'timing only' if args.timing_only else 'numerics + timing'}")
+    if unchanged:
+        console.print(f"note: {unchanged}")
     console.print(f"compiled {program.n_instructions:,} instructions + {program.n_dma_transfers:,} DMA "
                   f"transfers in {compile_s:.2f} s; executed in {run_s:.2f} s (execution "
                   f"{result.execution_id})")
@@ -248,6 +253,26 @@ def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
                       ", ".join(t.presets))
     console.print(table)
     return 0
+
+
+def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | None:
+    """Why the precision options leave ``graph`` as it is, or None when they change it: auto-cast
+    rewrites FP32 ops only and int8 quantises 2-D matmul weights only, so on a bf16 workload (the
+    default of most) ``--auto-cast-type fp8_e4m3`` alone would otherwise time the same program
+    without a word."""
+    if options.is_default:
+        return None
+    rewritten = apply_options(graph, options)
+    if len(rewritten.ops) != len(graph.ops) or any(
+            a.dtype is not b.dtype for a, b in zip(rewritten.ops, graph.ops)):
+        return None
+    parts = []
+    if options.auto_cast is not AutoCast.NONE:
+        parts.append("auto-cast casts FP32 ops only and this workload has none (--dtype fp32)")
+    if options.quantize is not Quantization.NONE:
+        parts.append("int8 weight-only quantises a matmul's 2-D weight and this workload's matmuls "
+                     "read none")
+    return "the precision options change nothing: " + "; ".join(parts)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -180,3 +180,19 @@ def test_workloads_in_process(capsys):
     out = capsys.readouterr().out
     for name in ("matmul", "mlp", "bert-layer", "llama-decode"):
         assert name in out
+
+
+def test_precision_options_that_change_nothing_say_so():
+    """matmul is bf16 by default: auto-cast (FP32 ops only) and int8 weight-only (its right-hand side
+    is an input, not a weight) leave the program as it is, and the run says so instead of timing the
+    same program silently; on FP32 the cast applies and there is no note."""
+    cast = run_cli("run", "-w", "matmul", "--timing-only", "--auto-cast-type", "fp8_e4m3",
+                   "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
+    assert cast.returncode == 0, cast.stderr
+    assert "change nothing: auto-cast casts FP32 ops only" in cast.stdout
+    quant = run_cli("run", "-w", "matmul", "--timing-only", "--quantize", "int8-weight-only",
+                    "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
+    assert quant.returncode == 0 and "int8 weight-only quantises" in quant.stdout
+    fp32 = run_cli("run", "-w", "matmul", "--timing-only", "--auto-cast-type", "fp8_e4m3", "--dtype", "fp32",
+                   "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
+    assert fp32.returncode == 0 and "change nothing" not in fp32.stdout
