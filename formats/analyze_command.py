@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from formats.analysis import Analysis, analyze
+from formats.breakdown import OpKind
 from formats.reader import Profile
 from formats.units import fmt_bytes, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
@@ -119,11 +120,7 @@ def profile_lines(name: str, a: Analysis) -> Iterator[str]:
     if roof:
         yield "op kinds on the Tensor roofline (FLOP per HBM byte, achieved vs bound):"
         for o in roof[:5]:
-            got, bound = o.achieved_flops_per_s, o.roofline_flops_per_s
-            share = f" ({fmt_pct(got / bound)})" if got and bound else ""
-            intensity = f"{o.intensity:.1f}" if o.intensity is not None else "-"
-            yield (f"  {o.kind:<16} intensity {intensity:>8}  {fmt_flops(got) if got else '-'}/s of "
-                   f"{fmt_flops(bound) if bound else '-'}/s{share}, {o.bound or '-'}-bound")
+            yield roofline_line(o)
     if a.idle:
         yield "idle by cause:"
         for engine, r in a.idle.items():
@@ -134,6 +131,21 @@ def profile_lines(name: str, a: Analysis) -> Iterator[str]:
         yield f"not run: {analysis}: {reason}"
     for note in a.notes:
         yield f"note: {note}"
+
+
+def roofline_line(o: OpKind) -> str:
+    """One op kind against its roofline; an op kind without a bound says why (not "-/s, --bound")."""
+    got, bound = o.achieved_flops_per_s, o.roofline_flops_per_s
+    share = f" ({fmt_pct(got / bound)})" if got and bound else ""
+    intensity = f"{o.intensity:.1f}" if o.intensity is not None else "-"
+    achieved = f"{fmt_flops(got)}/s" if got else "-"
+    if bound:
+        against = f" of {fmt_flops(bound)}/s{share}, {o.bound}-bound"
+    elif not o.hbm_bytes:  # its operands never left the chip: no memory side to bound it
+        against = ", no HBM bytes (operands on chip): no roofline bound"
+    else:
+        against = ", no roofline bound (the profile's Metadata has no peak FLOPs or HBM bandwidth)"
+    return f"  {o.kind:<16} intensity {intensity:>8}  {achieved}{against}"
 
 
 def text_lines(result: dict[str, Any]) -> Iterator[str]:

@@ -279,3 +279,17 @@ def test_capture_directory_ranks_are_device_profiles_only() -> None:
     assert sorted(data["ranks"]["device_time_ns"]) == sorted(data["profiles"])
     alone = _cli(str(capture / "system"))
     assert alone.returncode == 2 and alone.stderr.count("\n") == 1 and "device/" in alone.stderr
+
+
+def test_roofline_line_without_a_bound_says_why() -> None:
+    """A dot whose operands never touched HBM (a training step's backward) has no intensity and no
+    roofline: the text says so instead of '-/s, --bound'."""
+    from formats.analyze_command import roofline_line
+    from formats.breakdown import OpKind
+
+    on_chip = OpKind("dot", 3, 10, 1000, 1000, 1000, 4_000_000, 0, 91.8e12, 820e9)
+    line = roofline_line(on_chip)
+    assert "--bound" not in line and "-/s" not in line
+    assert "4 TFLOP/s" in line and "no HBM bytes" in line and "no roofline bound" in line
+    from_hbm = OpKind("dot", 3, 10, 1000, 1000, 1000, 4_000_000, 40_000, 91.8e12, 820e9)
+    assert "memory-bound" in roofline_line(from_hbm) and "of 82 TFLOP/s" in roofline_line(from_hbm)
