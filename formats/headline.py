@@ -130,8 +130,10 @@ def training_lines(profile: Profile) -> list[str]:
     s = steps[0]
     fig = training_step_figures(s["step_time_ns"], s["global_batch"], s["seq"], s["model_flops"],
                                 s["ranks"], s["peak_flops_per_rank"])
+    # a model without a sequence axis (an MLP on feature vectors: seq 0) has samples, not tokens
+    tokens = f"{fig.tokens_per_s:,.0f} tokens/s · " if s["seq"] else ""
     lines = [f"training step   {fmt_ns(s['step_time_ns'])} · {fig.seq_per_s:,.1f} seq/s · "
-             f"{fig.tokens_per_s:,.0f} tokens/s · training MFU {fmt_pct(fig.mfu)}  ({s['layout']}, "
+             f"{tokens}training MFU {fmt_pct(fig.mfu)}  ({s['layout']}, "
              f"step {s['step']})",
              "step levels     " + " · ".join(
                  f"{level.replace('_', ' ')} {fmt_ns(s[f'{level}_ns'])}"

@@ -130,3 +130,23 @@ def test_capture_of_a_training_workload_and_its_summary(tmp_path: Path) -> None:
                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "pipeline stage" in bad.stderr
+
+
+def test_training_block_has_no_tokens_for_a_model_without_a_sequence(tmp_path: Path) -> None:
+    """An MLP's step (seq 0: feature vectors, no tokens) shows seq/s and no '0 tokens/s'; a
+    sequence model's shows both."""
+    import numpy as np
+
+    from formats.headline import training_lines
+    from formats.reader import open_profile
+    from tests.fixtures.hand_profiles import filled, write_profile
+
+    def first_line(seq: int) -> str:
+        step = filled("TrainingStep", {"step_time_ns": np.array([1000]), "global_batch": np.array([32]),
+                                       "seq": np.array([seq]), "model_flops": np.array([10 ** 6])})
+        root = write_profile(tmp_path / f"seq{seq}", {"TrainingStep": step}, summary=False)
+        return training_lines(open_profile(root))[0]
+
+    mlp = first_line(0)
+    assert "seq/s" in mlp and "tokens/s" not in mlp
+    assert "4,096,000,000 tokens/s" in first_line(128)
