@@ -38,8 +38,8 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
     entries, _ = find_profiles(root, include_incomplete=include_incomplete)
     if not entries:
         raise CliError(f"{root}: no profile found (a profile is a directory of <Table>.parquet files)")
-    opened = {(str(root) if entry.name == "." else entry.name): open_profile(entry.path)
-              for entry in entries}
+    names = {entry.name: (str(root) if entry.name == "." else entry.name) for entry in entries}
+    opened = {names[entry.name]: open_profile(entry.path) for entry in entries}
     # A capture directory holds device/ (one profile per execution and core: the ranks) and system/
     # (the host side). The system profile has no instructions: it is neither analysed nor a rank.
     system = sorted(name for name, p in opened.items() if is_system_profile(p))
@@ -48,8 +48,21 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
         raise CliError(f"{root}: a system (host-side) profile only; analyze reads device profiles "
                        f"(a capture's device/ folder)")
     analyses = {name: analyze(p) for name, p in profiles.items()}
-    ranks = rank_report(profiles, analyses) if len(profiles) > 1 else None
-    return {"profiles": analyses, "ranks": ranks, "system": system}
+    # Ranks are the cores that ran one program together: the same model= and execution= partitions
+    # on different core= (a tensor-parallel group). A generation's context-encoding and
+    # token-generation programs on one core are two programs, not two ranks.
+    groups: dict[str, list[str]] = {}
+    for entry in entries:
+        name = names[entry.name]
+        if name in profiles:
+            key = ", ".join(f"{k}={entry.partitions[k]}" for k in ("model", "execution")
+                            if k in entry.partitions)
+            groups.setdefault(key, []).append(name)
+    reports = {key: rank_report({n: profiles[n] for n in members}, {n: analyses[n] for n in members})
+               for key, members in groups.items() if len(members) > 1}
+    ranks = next(iter(reports.values())) if len(reports) == 1 else None
+    return {"profiles": analyses, "ranks": ranks, "system": system,
+            "rank_groups": reports if len(reports) > 1 else {}}
 
 
 def is_system_profile(profile: Profile) -> bool:
@@ -153,13 +166,16 @@ def text_lines(result: dict[str, Any]) -> Iterator[str]:
     system = result.get("system") or []
     if system:
         device = [name for name in result["profiles"] if name != "."]
-        yield (f"device profiles (analysed{', the ranks' if len(device) > 1 else ''}): "
-               f"{', '.join(device)}")
+        yield f"device profiles (analysed): {', '.join(device)}"
         yield f"system profile (host side: not a rank, not analysed): {', '.join(system)}"
         yield ""
     ranks = result.get("ranks")
     if ranks is not None:
         yield from ranks.text_lines()
+        yield ""
+    for key, report in (result.get("rank_groups") or {}).items():
+        yield f"ranks of {key}:"
+        yield from report.text_lines()
         yield ""
     for name, a in result["profiles"].items():
         yield from profile_lines(name, a)
@@ -176,6 +192,8 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
     ranks = result.get("ranks")
     if ranks is not None:
         out.update(ranks.to_json())
+    if result.get("rank_groups"):
+        out["rank_groups"] = {key: r.to_json() for key, r in result["rank_groups"].items()}
     return out
 
 

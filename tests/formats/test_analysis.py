@@ -293,3 +293,31 @@ def test_roofline_line_without_a_bound_says_why() -> None:
     assert "4 TFLOP/s" in line and "no HBM bytes" in line and "no roofline bound" in line
     from_hbm = OpKind("dot", 3, 10, 1000, 1000, 1000, 4_000_000, 40_000, 91.8e12, 820e9)
     assert "memory-bound" in roofline_line(from_hbm) and "of 82 TFLOP/s" in roofline_line(from_hbm)
+
+
+def test_different_programs_on_one_core_are_not_ranks(tmp_path: Path) -> None:
+    """A generation's capture: context encoding and token generation on core 0 are two programs,
+    not two ranks; under tp 2 each program's two cores are a rank group of their own."""
+    from formats.analyze_command import analyze_dir, text_lines, to_json
+
+    def write(root: Path, model: str, core: int) -> None:
+        write_profile(root / f"device/model={model}/core={core}/execution=2", _chain_tables(True),
+                      summary=False, metadata={"first_hw_timestamp": 0, "last_hw_timestamp": 1000})
+
+    one = tmp_path / "one"
+    write(one, "lm.context_encoding.32", 0)
+    write(one, "lm.token_generation.32", 0)
+    result = analyze_dir(str(one))
+    assert len(result["profiles"]) == 2 and result["ranks"] is None and not result["rank_groups"]
+    assert not any("ranks" in line for line in text_lines(result))
+    tp = tmp_path / "tp"
+    for model in ("ctx", "tok"):
+        for core in (0, 1):
+            write(tp, model, core)
+    result = analyze_dir(str(tp))
+    assert result["ranks"] is None and sorted(result["rank_groups"]) == ["model=ctx, execution=2",
+                                                                         "model=tok, execution=2"]
+    text = list(text_lines(result))
+    assert "ranks of model=ctx, execution=2:" in text and text.count("2 ranks") == 2
+    assert set(to_json(result)["rank_groups"]["model=tok, execution=2"]["ranks"]["device_time_ns"]) == {
+        "device/model=tok/core=0/execution=2", "device/model=tok/core=1/execution=2"}
