@@ -350,7 +350,9 @@ def trace(fn: Any, example_inputs: Sequence[Any] | Mapping[str, Any], *,
     each call to the copy that is free first (data parallelism).
     """
     if dtype not in (None, "fp32", "bf16"):
-        raise TraceError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
+        raise TraceError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}; other precisions: options="
+                         f"CompilerOptions(auto_cast=AutoCast.MATMULT, auto_cast_type=AutoCastType.FP16 "
+                         f"(or TF32, FP8_E4M3)) or quantize=Quantization.INT8_WEIGHT_ONLY")
     if options is not None and not isinstance(options, CompilerOptions):
         raise TraceError(f"options must be a CompilerOptions, not {type(options).__name__}")
     if dtype == "bf16" and options is not None and options.auto_cast is not AutoCast.NONE:

@@ -83,6 +83,10 @@ def test_trace_refuses_bad_options(mlp_and_input):
         nc.trace(model, (x,), options="int8-weight-only")  # type: ignore[arg-type]
     with pytest.raises(TraceError, match="auto-cast already"):
         nc.trace(model, (x,), dtype="bf16", options=CompilerOptions(auto_cast=AutoCast.MATMULT))
+    # dtype="fp16" (a user's first guess) points at the option that gives it
+    with pytest.raises(TraceError, match=r"not 'fp16'; other precisions: options=CompilerOptions\("
+                                         r"auto_cast=AutoCast.MATMULT, auto_cast_type=AutoCastType.FP16"):
+        nc.trace(model, (x,), dtype="fp16")
 
 
 @pytest.mark.parametrize("fp8", [jnp.float8_e4m3fn, jnp.float8_e5m2])
