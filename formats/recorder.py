@@ -655,7 +655,9 @@ class ProfileRecorder:
         self._cc_op_id += n
         self.writer.write("CcOp", columns)
         meta = meta_of(batch, CcOpMeta)
-        if len(meta.nodes) == n:
+        # the Flow edges need the program's dependencies: collectives reported without a loaded
+        # program (another recorder's core, a replayed stream) are kept as CcOp rows, edges left out
+        if len(meta.nodes) == n and meta.model_id in self.programs:
             self._collective_flows(np.asarray(meta.nodes, np.int64),
                                    np.arange(first_id, first_id + n, dtype=np.int64), meta)
 
