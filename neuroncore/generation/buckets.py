@@ -23,13 +23,18 @@ class BucketError(ValueError):
 
 def normalize_buckets(n_positions: int | Iterable[int], *, name: str = "n_positions") -> tuple[int, ...]:
     """Buckets as a sorted tuple of distinct positive ints (one int is one bucket)."""
-    raw = [n_positions] if isinstance(n_positions, int) else list(n_positions)
+    if isinstance(n_positions, (int, str, bytes)) or not isinstance(n_positions, Iterable):
+        raw: list[object] = [n_positions]  # "128" or 128.0 is one bad bucket, not an iterable of them
+    else:
+        raw = list(n_positions)
     if not raw:
         raise BucketError(f"{name} needs at least one bucket")
+    buckets: set[int] = set()
     for value in raw:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BucketError(f"{name} must be positive integers, not {value!r}")
-    return tuple(sorted(set(raw)))
+        buckets.add(value)
+    return tuple(sorted(buckets))
 
 
 def select_bucket(buckets: Sequence[int], context: int) -> int:

@@ -36,3 +36,11 @@ def test_steps_per_bucket_over_a_generation():
 def test_bad_buckets_are_one_line(bad):
     with pytest.raises(BucketError):
         normalize_buckets(bad)
+
+
+@pytest.mark.parametrize(("bad", "shown"), [("128", "'128'"), (128.0, "128.0"), (None, "None")])
+def test_a_bucket_that_is_not_a_list_is_named_whole(bad, shown):
+    """n_positions="128" was read character by character ("not '1'"); 128.0 was a TypeError
+    traceback ('float' object is not iterable)."""
+    with pytest.raises(BucketError, match=f"not {shown}$"):
+        normalize_buckets(bad)
