@@ -66,6 +66,10 @@ from neuroncore.ir import semantics
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame
 
+NKI_CALL_TARGET_PREFIX = "neuronscope_nki:"
+"""``custom_call_target`` of an NKI kernel called inside a traced function (``neuroncore.nki.embed``),
+followed by the call's key."""
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -594,6 +598,17 @@ class _Converter:
         op = self.b.weight(name, shape, dtype, array=values.astype(np.float32).reshape(shape))
         op.name = name
         return op
+
+    def _op_custom_call(self, ins: HloInstruction, operands: list[Val], name: str,
+                        shape: tuple[int, ...], dtype: DType) -> Val:
+        """An NKI kernel called inside the function (``neuroncore.nki.embed``) is the IR op
+        ``nki_kernel``, as from PyTorch; any other custom call stays unsupported under its name."""
+        target = str(ins.attrs.get("custom_call_target", "")).strip("\"")
+        if not target.startswith(NKI_CALL_TARGET_PREFIX):
+            return self._unsupported_named(ins, operands, name)
+        flat = [o for v in operands for o in _leaves(v)]
+        return self._emit("nki_kernel", flat, shape, dtype, name,
+                          kernel=target.removeprefix(NKI_CALL_TARGET_PREFIX))
 
     def _op_iota(self, ins: HloInstruction, operands: list[Val], name: str,
                  shape: tuple[int, ...], dtype: DType) -> Op:

@@ -279,6 +279,8 @@ class Kernel:
 
         if embed.is_torch_tracing(args):  # inside torch.export: one op the compiler lowers to this kernel
             return embed.call_in_torch(self.fn, args, kwargs)
+        if embed.is_jax_tracing(args):  # inside a traced JAX function: one custom call, the same op
+            return embed.call_in_jax(self.fn, args, kwargs)
         if self.mode == "benchmark":
             return self._benchmark(args, kwargs)
         if self.mode == "profile":

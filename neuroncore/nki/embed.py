@@ -1,7 +1,10 @@
-"""NKI kernels inside traced PyTorch models: a kernel replacing a layer, as users do with attention.
+"""NKI kernels inside traced PyTorch models and JAX functions: a kernel replacing a layer, as users do
+with attention.
 
 Calling an ``@nki.jit`` kernel on tensors while ``torch.export`` traces a model (``neuroncore.trace``)
-records one ``neuronscope::nki_kernel`` op; the PyTorch frontend turns it into an IR op ``nki_kernel``
+records one ``neuronscope::nki_kernel`` op; the PyTorch frontend turns it into an IR op ``nki_kernel``.
+Calling it on JAX tracers records one ``custom-call`` whose target names the call
+(``neuronscope_nki:<key>``); the JAX frontend turns that into the same IR op
 and the compiler lowers it here: the kernel's Python runs once more, timing-only, emitting straight into
 the program being compiled (its operands and result are that program's HBM tensors, its instructions
 parts of the IR op, each with its kernel line). Its values come from one ``KernelCall`` semantics
@@ -57,6 +60,21 @@ def compute_call(key: str, inputs: list[np.ndarray]) -> np.ndarray:
         timing_only=False,
     )
     return np.asarray(out, np.float32)
+
+
+def result_shape(key: str, args: list[tuple[Any, str]]) -> tuple[int, ...]:
+    """The shape of the HBM tensor call ``key`` returns for arguments of these (shape, dtype name)s:
+    the kernel runs once from shapes alone, timing-only (what a framework's abstract evaluation needs)."""
+    from neuroncore.hardware import core_spec
+    from neuroncore.nki.api import ShapeSpec
+
+    fn, constants = CALLS[key]
+    shapes = [ShapeSpec(tuple(int(d) for d in shape), dtype) for shape, dtype in args]
+    trace, _ = trace_kernel(fn, shapes, dict(constants), spec=core_spec("trn1"), timing_only=True)
+    result = trace.returned
+    if result is None:
+        raise ValueError(f"NKI kernel {trace.name} returned no HBM tensor")
+    return tuple(int(d) for d in result.shape)
 
 
 def lower_call(ctx: Context, op: Op) -> None:
@@ -116,18 +134,8 @@ def torch_op() -> Any:
 
     @nki_kernel.register_fake
     def _(args: list[torch.Tensor], kernel: str) -> torch.Tensor:
-        from neuroncore.hardware import core_spec
-        from neuroncore.nki.api import ShapeSpec
-
-        fn, constants = CALLS[kernel]
-        shapes = [
-            ShapeSpec(tuple(int(d) for d in a.shape), str(a.dtype).removeprefix("torch.")) for a in args
-        ]
-        trace, _ = trace_kernel(fn, shapes, dict(constants), spec=core_spec("trn1"), timing_only=True)
-        result = trace.returned
-        if result is None:
-            raise ValueError(f"NKI kernel {trace.name} returned no HBM tensor")
-        return args[0].new_empty(result.shape)
+        return args[0].new_empty(result_shape(kernel, [(a.shape, str(a.dtype).removeprefix("torch."))
+                                                       for a in args]))
 
     _TORCH_OP = torch.ops.neuronscope.nki_kernel.default
     return _TORCH_OP
@@ -147,12 +155,36 @@ def call_in_torch(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return torch_op()(list(args), key)
 
 
+# -- JAX: an XLA custom call ---------------------------------------------------------------------------
+
+def is_jax_tracing(args: tuple[Any, ...]) -> bool:
+    """True when an argument is a JAX tracer (inside ``jax.jit`` / ``neuroncore.trace`` of a function)."""
+    return any(type(a).__module__.startswith("jax") and type(a).__name__.endswith("Tracer") for a in args)
+
+
+def call_in_jax(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One ``custom-call`` in the traced function's HLO, which the JAX frontend turns into the IR op
+    ``nki_kernel`` (the same op a PyTorch call becomes). Only lowering to HLO is asked of JAX: the target
+    is never registered with XLA, so the function runs on the core, not under ``jax.jit`` on the CPU."""
+    import jax
+
+    from neuroncore.frontends.jax_frontend import NKI_CALL_TARGET_PREFIX
+
+    key = register_call(fn, kwargs)
+    shape = result_shape(key, [(a.shape, str(a.dtype)) for a in args])
+    result = jax.ShapeDtypeStruct(shape, args[0].dtype)
+    return jax.ffi.ffi_call(NKI_CALL_TARGET_PREFIX + key, result)(*args)
+
+
 __all__ = [
     "CALLS",
+    "call_in_jax",
     "call_in_torch",
     "compute_call",
+    "is_jax_tracing",
     "is_torch_tracing",
     "lower_call",
     "register_call",
+    "result_shape",
     "torch_op",
 ]

@@ -616,6 +616,41 @@ def test_a_kernel_replaces_a_layer_inside_a_traced_torch_model():
     assert any(op.opcode == "nki_kernel" for op in program.graph.ops)
 
 
+def test_a_kernel_replaces_a_layer_inside_a_traced_jax_function():
+    """``neuroncore.trace`` of a JAX function that calls an NKI kernel: the call is one custom call in
+    the HLO, the same ``nki_kernel`` op a PyTorch call becomes, with the kernel lines on its
+    instructions and the values of the function with the kernel's math written in jax.numpy."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import neuroncore as nc
+
+    @nki.jit
+    def tanh_plus_one(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(x.shape[0] // 128):
+            t = nl.load(x[i * 128 : (i + 1) * 128, :])
+            nl.store(out[i * 128 : (i + 1) * 128, :], value=nl.tanh(t) + 1.0)
+        return out
+
+    rng = np.random.default_rng(3)
+    w1 = jnp.asarray(rng.standard_normal((64, 96)).astype(np.float32) * 0.2)
+    w2 = jnp.asarray(rng.standard_normal((96, 32)).astype(np.float32) * 0.2)
+
+    def mlp(x):
+        return tanh_plus_one(x @ w1) @ w2
+
+    x = jnp.asarray(rng.standard_normal((256, 64)).astype(np.float32))
+    traced = nc.trace(mlp, (x,), instance="trn1.2xlarge")
+    y = np.asarray(traced(x))
+    ref = np.asarray((jnp.tanh(x @ w1) + 1.0) @ w2)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    program = traced.last_result.program
+    assert any(op.opcode == "nki_kernel" for op in program.graph.ops)
+    line = f"{HERE}:{kernel_line(tanh_plus_one.fn, 'nl.tanh(t)')}"
+    assert line in set(program.nki_source_location)
+
+
 def test_matmul_without_transpose_x_transpose_and_softmax():
     @nki.jit
     def k(a, b):
