@@ -34,7 +34,7 @@ from collectors.inventory import Inventory, InventoryError, discover
 from collectors.livereader import ProcessState, read_live_state
 from collectors.livewindow import LiveTracker
 from collectors.monitor_config import ConfigError, GroupSpec, MonitorConfig, default_config, load_config
-from neuronscope.cli_kit import OneLineParser
+from neuronscope.cli_kit import OneLineParser, quiet_stdout
 
 HW_COUNTER_KEYS = ("mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_uncorrected", "sram_ecc_corrected")
 
@@ -246,20 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         return 0
     return 0
-
-
-def _quiet_stdout() -> None:
-    """After the reader went away: point stdout at /dev/null so the interpreter's final flush is silent."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

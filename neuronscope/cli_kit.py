@@ -20,6 +20,7 @@ all read that one registry, so a new format is one function and one decorator.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ def run_command(prog: str, body: Callable[[], int], *,
     keeps its traceback."""
     try:
         return int(body())
+    except BrokenPipeError:  # the reader went away (``| head``): what it wanted, it has
+        quiet_stdout()
+        return 0
     except CliError as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -105,6 +109,16 @@ def run_command(prog: str, body: Callable[[], int], *,
     except KeyboardInterrupt:
         print(f"{prog}: {interrupted}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def quiet_stdout() -> None:
+    """After stdout's reader went away: point stdout at /dev/null, so the interpreter's final flush
+    does not fail a second time with a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -162,4 +176,5 @@ def add_instance_option(parser: argparse.ArgumentParser, description: str,
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "CliError", "Command",
            "OneLineParser", "Renderer", "Renderers", "add_instance_option", "command_parser", "one_line",
+           "quiet_stdout",
            "run_command"]

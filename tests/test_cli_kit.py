@@ -75,3 +75,13 @@ def test_domain_errors_are_cli_errors():
 
     assert issubclass(ProfileError, CliError) and issubclass(CaptureError, CliError)
     assert issubclass(CaptureError, ValueError)  # callers that caught ValueError still do
+
+
+def test_a_reader_that_goes_away_is_no_error(capsys):
+    """``neuron-profile analyze DIR | head``: the pipe closes early; the command ends quietly, 0."""
+
+    def writes_to_a_closed_pipe() -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_command("tool", writes_to_a_closed_pipe, bad_input=(OSError,)) == 0
+    assert capsys.readouterr().err == ""
