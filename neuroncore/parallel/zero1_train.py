@@ -1,0 +1,262 @@
+"""ZeRO-1 training with real numerics: a PyTorch training step on ``ranks`` cores, each on its shard
+of the batch, gradients reduce-scattered, the optimizer run on each rank's 1/N of the parameters
+with only that shard of the optimizer state on its core, the updated shards all-gathered.
+
+    step = ZeroOneTrainStep(model, optimizer, (x_shard, y_shard), ranks=2, loss_fn=F.mse_loss)
+    loss = step(x, y)        # x: ranks x the traced shard along dim 0; returns the mean loss
+
+Why two programs per rank and not one: the traced step (:class:`neuroncore.training.TrainStep`)
+fuses the optimizer into the step per parameter tensor, while ZeRO-1 shards the *flattened*
+parameters of each param group. So each rank runs
+
+1. the traced step's **gradient program** (forward + backward; the program gradient accumulation
+   uses, whose outputs are the loss and one gradient per parameter), on its batch shard, then
+2. per param group, a small **ZeRO-1 update program**: the group's gradients flattened (padded with
+   zeros to a multiple of N), a ``reduce-scatter`` (group ``dp``: the rank gets the sum of its
+   1/N slice), the 1/N scale DDP's averaging applies, the optimizer update with the same code the
+   traced step uses (:func:`neuroncore.training.optimizers.emit_update`) on the rank's slice of the
+   flattened parameters and its resident state shard, then an ``all-gather`` of the updated slices
+   and the full parameters cut back into their tensors.
+
+The ranks run in threads; a collective waits for every rank and sums in rank order in FP32 (the
+rendezvous of :mod:`neuroncore.parallel.dp_train`). Each rank has its own resident state
+(:class:`~neuroncore.runtime.device.DeviceState`): full parameters and buffers, and only its shard of
+the optimizer state. The host copies (``model.parameters()``, ``optimizer.state``) are assembled after
+every step, the state from every rank's shard.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.dtypes import DType
+from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
+from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.graph import Op
+from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.training import PlanError
+from neuroncore.runtime.device import DeviceState, LoadedModel
+from neuroncore.training.optimizers import OptimizerKind, emit_update, host_scalars, split_scalars
+from neuroncore.training.precision import Precision
+from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames, _Layout
+
+
+class _Rendezvous:
+    """Collectives between the rank threads: FP32 sums in rank order, gathers in rank order."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.barrier = threading.Barrier(ranks)
+        self.slots: list[np.ndarray | None] = [None] * ranks
+
+    def for_rank(self, rank: int) -> Callable[[Op, np.ndarray], np.ndarray]:
+        def exchange(op: Op, value: np.ndarray) -> np.ndarray:
+            self.slots[rank] = np.asarray(value, np.float32)
+            self.barrier.wait()
+            parts = [p for p in self.slots if p is not None]
+            if op.opcode == "reduce-scatter":
+                total = np.zeros_like(parts[0])
+                for part in parts:
+                    total = total + part
+                rows = total.shape[0] // self.ranks
+                result = total[rank * rows:(rank + 1) * rows].copy()
+            elif op.opcode == "all-gather":
+                result = np.concatenate(parts, axis=int(op.attrs.get("dimension", 0)))
+            else:
+                raise PlanError(f"{op.opcode} is not a ZeRO-1 collective")
+            self.barrier.wait()
+            return result
+        return exchange
+
+
+@dataclass
+class _Shard:
+    """One param group's flat layout: its parameters' sizes and the per-rank slice length."""
+
+    params: list[int]
+    sizes: list[int]
+    shard: int  # elements per rank (the flat group padded to ranks * shard)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+
+class ZeroOneTrainStep(TrainStep):
+    """A training step on ``ranks`` cores with ZeRO-1: sharded optimizer state and update."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Sequence[torch.Tensor], *, ranks: int,
+                 loss_fn: Callable[..., Any] | None = None,
+                 instance: str | None = "trn1.32xlarge") -> None:
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+            raise PlanError(f"ranks must be a positive integer, not {ranks!r}")
+        self.ranks = ranks
+        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=Precision.FP32,
+                         accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
+        if ranks > len(self.instance.cores):
+            raise PlanError(f"{ranks} ranks do not fit {self.instance.name}")
+        graph, self.grad_layout = self._build(ProgramKind.ACCUMULATE)  # loss + gradients
+        grad_program = compile_graph(graph, self.core.spec)
+        self.grad_programs: list[LoadedModel] = [self.instance.core(r).load(grad_program)
+                                                 for r in range(ranks)]
+        self.shards = [_Shard(g.params, [self.params[i].numel() for i in g.params],
+                              -(-sum(self.params[i].numel() for i in g.params) // ranks))
+                       for g in self.groups]
+        self.update_programs: list[list[tuple[LoadedModel, _Layout]]] = []
+        for r in range(ranks):
+            per_group = []
+            for g in range(len(self.groups)):
+                ugraph, layout = self._build_update(g, r)
+                per_group.append((self.instance.core(r).load(compile_graph(ugraph, self.core.spec)), layout))
+            self.update_programs.append(per_group)
+        full = self.state.tensors
+        self.rank_states = [DeviceState(self.instance.core(r), self._rank_tensors(full, r))
+                            for r in range(ranks)]
+
+    # -- trace time ----------------------------------------------------------------------------
+    def _shard_names(self, g: int) -> list[str]:
+        return [f"zero1/{g}/{s}" for s in self.groups[g].spec.state_names]
+
+    def _build_update(self, g: int, rank: int) -> tuple[Any, _Layout]:
+        """Rank ``rank``'s ZeRO-1 update of param group ``g`` (see the module doc)."""
+        group, shard = self.groups[g], self.shards[g]
+        n = self.ranks
+        b = GraphBuilder(f"{self.name}_zero1_update_{g}")
+        pad = shard.shard * n - shard.total
+
+        def flat(ops: list[Op]) -> Op:
+            parts = [b.reshape(op, (op.size,)) for op in ops]
+            if pad:
+                parts.append(b.constant(0.0, DType.FP32, (pad,)))
+            return parts[0] if len(parts) == 1 else b.concatenate(parts, 0)
+
+        with b.located("model/gradient_sync", self._frames):
+            grads = [b.parameter(f"grad/{self.param_names[i]}", tuple(self.params[i].shape), DType.FP32)
+                     for i in shard.params]
+            summed = b.add_op("reduce-scatter", [flat(grads)], (shard.shard,), DType.FP32,
+                              reduction="sum", dimension=0, group="dp", name=f"reduce-scatter.{b.n_ops}")
+            grad = b.multiply(summed, 1.0 / n)
+        with b.located("model/optimizer", self._frames):
+            params = [b.parameter(f"param/{self.param_names[i]}", tuple(self.params[i].shape), DType.FP32)
+                      for i in shard.params]
+            start = rank * shard.shard
+            mine = b.slice(flat(params), [start], [start + shard.shard], [1])
+            state = [b.parameter(name, (shard.shard,), DType.FP32) for name in self._shard_names(g)]
+            vector = b.parameter(f"scalars/{g}", (len(group.spec.scalar_names),), DType.FP32)
+            new_param, new_state = emit_update(b, group.spec, mine, grad, state,
+                                               split_scalars(b, group.spec, vector))
+        with b.located("model/gradient_sync", self._frames):
+            gathered = b.add_op("all-gather", [new_param], (shard.shard * n,), DType.FP32,
+                                dimension=0, group="dp", name=f"all-gather.{b.n_ops}")
+            outputs, names, offset = [], [], 0
+            for i, size in zip(shard.params, shard.sizes):
+                piece = b.slice(gathered, [offset], [offset + size], [1])
+                outputs.append(b.reshape(piece, tuple(self.params[i].shape)))
+                names.append(f"param/{self.param_names[i]}")
+                offset += size
+        graph = b.build([*outputs, *new_state]).pruned()
+        return graph, _Layout([p.name for p in graph.parameters], [*names, *self._shard_names(g)])
+
+    def _rank_tensors(self, full: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+        """Rank ``rank``'s resident tensors: parameters and buffers whole, the optimizer state as
+        this rank's slice of each group's flattened state."""
+        tensors = {k: v.copy() for k, v in full.items() if not k.startswith("state/")}
+        for g, shard in enumerate(self.shards):
+            for s, name in zip(self.groups[g].spec.state_names, self._shard_names(g)):
+                pieces = [full[f"state/{self.param_names[i]}/{s}"].reshape(-1) for i in shard.params]
+                whole = np.concatenate([*pieces, np.zeros(shard.shard * self.ranks - shard.total,
+                                                          np.float32)])
+                tensors[name] = whole[rank * shard.shard:(rank + 1) * shard.shard].astype(np.float32)
+        return tensors
+
+    # -- run time ------------------------------------------------------------------------------
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """One step: ``inputs`` hold ``ranks`` shards along dim 0; returns the mean loss."""
+        for x, s in zip(inputs, self.example_shapes):
+            if tuple(x.shape) != (s[0] * self.ranks, *s[1:]):
+                raise PlanError(f"{self.name} ZeRO-1 step: input of shape "
+                                f"{[s[0] * self.ranks, *s[1:]]} expected, got {list(x.shape)}")
+        shards = [[x[r * s[0]:(r + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)]
+                  for r in range(self.ranks)]
+        self.steps += 1
+        rendezvous = _Rendezvous(self.ranks)
+        losses: list[float] = [0.0] * self.ranks
+        errors: list[BaseException] = []
+
+        def run(rank: int) -> None:
+            try:
+                state = self.rank_states[rank]
+                host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
+                loaded = self.grad_programs[rank]
+                layout = self.grad_layout
+                arrays = bind_inputs(loaded.program.graph, state.inputs(layout.inputs, host))
+                outputs = loaded.compute(arrays)
+                losses[rank] = float(np.asarray(outputs[0]).reshape(-1)[0])
+                grads = dict(zip(layout.outputs[1:], outputs[1:]))
+                state.update({k: v for k, v in grads.items() if k.startswith("buffer/")})
+                for g, group in enumerate(self.groups):
+                    update, ulayout = self.update_programs[rank][g]
+                    extra = {k: np.asarray(v, np.float32) for k, v in grads.items() if k.startswith("grad/")}
+                    extra[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                                                         self.steps)
+                    arrays = bind_inputs(update.program.graph, state.inputs(ulayout.inputs, extra))
+                    new = update.compute(arrays, rendezvous.for_rank(rank))
+                    state.update(dict(zip(ulayout.outputs, new)))
+            except BaseException as exc:
+                errors.append(exc)
+                rendezvous.barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"zero1-rank-{r}")
+                   for r in range(self.ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+        if real or errors:
+            raise (real or errors)[0]
+        self._sync_host()
+        return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
+
+    def optimizer_state_elements(self, rank: int) -> int:
+        """Elements of optimizer state resident on ``rank``'s core (its shards only)."""
+        return sum(v.size for k, v in self.rank_states[rank].tensors.items() if k.startswith("zero1/"))
+
+    def _sync_host(self) -> None:
+        """Parameters and buffers from rank 0 (every rank holds the same), the optimizer state
+        assembled from every rank's shard."""
+        if not hasattr(self, "rank_states"):
+            return
+        first = self.rank_states[0].tensors
+        buffers = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, value in first.items():
+                if name.startswith("buffer/") and name[len("buffer/"):] in buffers:
+                    target = buffers[name[len("buffer/"):]]
+                    target.copy_(_from_numpy(value, target.dtype))
+            for g, shard in enumerate(self.shards):
+                spec = self.groups[g].spec
+                whole = {s: np.concatenate([st.tensors[name] for st in self.rank_states])
+                         for s, name in zip(spec.state_names, self._shard_names(g))}
+                offset = 0
+                for i, size in zip(shard.params, shard.sizes):
+                    p = self.params[i]
+                    p.copy_(_from_numpy(first[f"param/{self.param_names[i]}"], p.dtype))
+                    p.grad = None
+                    held = self.optimizer.state[p]
+                    for s, flat in whole.items():
+                        held[s] = _from_numpy(flat[offset:offset + size].reshape(tuple(p.shape)), p.dtype)
+                    if spec.kind is not OptimizerKind.SGD:
+                        held["step"] = torch.tensor(float(self.steps), dtype=torch.float32)
+                    offset += size
+
+
+__all__ = ["ZeroOneTrainStep"]
