@@ -23,11 +23,19 @@ rendezvous of :mod:`neuroncore.parallel.dp_train`). Each rank has its own reside
 (:class:`~neuroncore.runtime.device.DeviceState`): full parameters and buffers, and only its shard of
 the optimizer state. The host copies (``model.parameters()``, ``optimizer.state``) are assembled after
 every step, the state from every rank's shard.
+
+Timing: after the numerics, every rank's executions are timed and recorded on its core (so a
+``neuron-profile capture`` holds them): the gradient program, then each update program, which the
+ranks enter together from the latest of their clocks; each reduce-scatter and all-gather lasts what
+``neuroncore.collectives`` computes for its size over the ranks on the instance topology. The
+gradient program is not overlapped with the collectives (DDP's bucketed overlap is the modelled
+path, ``neuroncore.parallel.training``).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from neuroncore import collectives as cc
+from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
@@ -42,10 +52,14 @@ from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.training import PlanError
-from neuroncore.runtime.device import DeviceState, LoadedModel
+from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
+from neuroncore.runtime.scheduler import schedule
+from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, emit_update, host_scalars, split_scalars
 from neuroncore.training.precision import Precision
 from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames, _Layout
+
+CC_OPERATIONS = {"reduce-scatter": cc.REDUCE_SCATTER, "all-gather": cc.ALL_GATHER}
 
 
 class _Rendezvous:
@@ -104,6 +118,7 @@ class ZeroOneTrainStep(TrainStep):
         if ranks > len(self.instance.cores):
             raise PlanError(f"{ranks} ranks do not fit {self.instance.name}")
         graph, self.grad_layout = self._build(ProgramKind.ACCUMULATE)  # loss + gradients
+        graph.name = f"{self.name}_gradients"  # what a profile calls it: no accumulation here
         grad_program = compile_graph(graph, self.core.spec)
         self.grad_programs: list[LoadedModel] = [self.instance.core(r).load(grad_program)
                                                  for r in range(ranks)]
@@ -117,11 +132,29 @@ class ZeroOneTrainStep(TrainStep):
                 ugraph, layout = self._build_update(g, r)
                 per_group.append((self.instance.core(r).load(compile_graph(ugraph, self.core.spec)), layout))
             self.update_programs.append(per_group)
+        self.topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
+        self._timing = [self._costs(m) for m in
+                        [*self.grad_programs, *(u for per in self.update_programs for u, _ in per)]]
+        self.rank_results: list[list[ExecutionResult]] = [[] for _ in range(ranks)]
         full = self.state.tensors
         self.rank_states = [DeviceState(self.instance.core(r), self._rank_tensors(full, r))
                             for r in range(ranks)]
 
     # -- trace time ----------------------------------------------------------------------------
+    def _costs(self, loaded: LoadedModel) -> tuple[np.ndarray, list[tuple[int, CollectiveRecord]]]:
+        """A program's node costs with each collective's duration from ``neuroncore.collectives``
+        (its size over the ranks on the instance topology), and the collectives' timed templates."""
+        program = loaded.program
+        costs = program.cost_ns.copy()
+        templates = []
+        for node in program.collective_nodes:
+            op = program.graph.ops[int(program.op_index[node])]
+            record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [list(range(self.ranks))],
+                                   op.operands[0].size, op.dtype.value)
+            costs[node] = record.duration_ns
+            templates.append((int(node), record))
+        return costs, templates
+
     def _shard_names(self, g: int) -> list[str]:
         return [f"zero1/{g}/{s}" for s in self.groups[g].spec.state_names]
 
@@ -187,8 +220,10 @@ class ZeroOneTrainStep(TrainStep):
         shards = [[x[r * s[0]:(r + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)]
                   for r in range(self.ranks)]
         self.steps += 1
+        host_start = time.time_ns()
         rendezvous = _Rendezvous(self.ranks)
         losses: list[float] = [0.0] * self.ranks
+        produced: list[list[list[np.ndarray]]] = [[] for _ in range(self.ranks)]
         errors: list[BaseException] = []
 
         def run(rank: int) -> None:
@@ -199,6 +234,7 @@ class ZeroOneTrainStep(TrainStep):
                 layout = self.grad_layout
                 arrays = bind_inputs(loaded.program.graph, state.inputs(layout.inputs, host))
                 outputs = loaded.compute(arrays)
+                produced[rank].append(outputs)
                 losses[rank] = float(np.asarray(outputs[0]).reshape(-1)[0])
                 grads = dict(zip(layout.outputs[1:], outputs[1:]))
                 state.update({k: v for k, v in grads.items() if k.startswith("buffer/")})
@@ -209,6 +245,7 @@ class ZeroOneTrainStep(TrainStep):
                                                          self.steps)
                     arrays = bind_inputs(update.program.graph, state.inputs(ulayout.inputs, extra))
                     new = update.compute(arrays, rendezvous.for_rank(rank))
+                    produced[rank].append(new)
                     state.update(dict(zip(ulayout.outputs, new)))
             except BaseException as exc:
                 errors.append(exc)
@@ -223,8 +260,44 @@ class ZeroOneTrainStep(TrainStep):
         real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
         if real or errors:
             raise (real or errors)[0]
+        self._record(produced, host_start)
         self._sync_host()
         return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
+
+    def _record(self, produced: list[list[list[np.ndarray]]], host_start_ns: int) -> None:
+        """Time and record the step's executions on every rank's core: the gradient program, then
+        each update program; the ranks enter each update program together (its collectives
+        synchronise them), from the latest of their clocks."""
+        stages = [self.grad_programs] + [[self.update_programs[r][g][0] for r in range(self.ranks)]
+                                         for g in range(len(self.groups))]
+        self.rank_results = [[] for _ in range(self.ranks)]
+        for k, stage in enumerate(stages):
+            cores = [m.core for m in stage]
+            for core in cores:
+                core.lock.acquire()
+            try:
+                t0 = max(core.clock_ns for core in cores)
+            finally:
+                for core in cores:
+                    core.lock.release()
+            for rank, loaded in enumerate(stage):
+                costs, templates = self._timing[self._timing_index(loaded)]
+                timeline = schedule(loaded.program, float(t0), costs)
+                placed = [(node, t.shifted(float(timeline.start_ns[node]) - t.start_ns))
+                          for node, t in templates]
+                self.rank_results[rank].append(loaded.record(t0, timeline, produced[rank][k], False, placed,
+                                                             host_start_ns=host_start_ns))
+        self.last_results = self.rank_results[0]
+
+    def _timing_index(self, loaded: LoadedModel) -> int:
+        programs = [*self.grad_programs, *(u for per in self.update_programs for u, _ in per)]
+        return next(i for i, m in enumerate(programs) if m is loaded)
+
+    @property
+    def step_time_ns(self) -> int:
+        """Device time of the last step on rank 0: gradient program start to the last update's end."""
+        results = self.rank_results[0]
+        return results[-1].end_ns - results[0].start_ns if results else 0
 
     def optimizer_state_elements(self, rank: int) -> int:
         """Elements of optimizer state resident on ``rank``'s core (its shards only)."""

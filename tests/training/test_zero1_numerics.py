@@ -71,6 +71,18 @@ def test_zero1_equals_single_core_dp_and_torch() -> None:
             np.testing.assert_allclose(opts[2].state[q][key].numpy(), opts[3].state[p][key].numpy(),
                                        rtol=1e-5, atol=1e-7)
         assert float(opts[2].state[q]["step"]) == 3.0
+    # every rank's executions are recorded: the gradient program, then the update with its two
+    # collectives timed by neuroncore.collectives (they take time and sit inside the update)
+    for results in zero.rank_results:
+        assert len(results) == 2
+        assert results[0].end_ns <= results[1].start_ns
+    update = zero.rank_results[0][1]
+    program = update.program
+    assert len(program.collective_nodes) == 2
+    for node in program.collective_nodes:
+        assert update.timeline.end_ns[node] - update.timeline.start_ns[node] > 0
+    assert zero.step_time_ns >= update.end_ns - update.start_ns > 0
+    assert zero.rank_results[1][1].start_ns == update.start_ns  # the ranks enter the update together
     # each rank holds only its shard of the optimizer state: m and v of ceil(773 / 2) elements
     total = sum(p.numel() for p in models[2].parameters())
     assert total == 773
