@@ -19,6 +19,7 @@ an expand does not wait behind the analysis scan.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Collection
 from dataclasses import replace
@@ -93,7 +94,11 @@ class ProfileData:
             self.peak_flops_per_s = None
 
     def close(self) -> None:
-        self.con.close()
+        """Close the connection when the viewer quits. A worker thread may still be running a query
+        on one of its cursors: DuckDB then closes the connection but reports it "busy with another
+        call" (a second close says "already closed"), which must not escape the app's unmount."""
+        with self._lock, contextlib.suppress(duckdb.Error):
+            self.con.close()
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:

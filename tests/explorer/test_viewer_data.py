@@ -219,3 +219,28 @@ def test_queries_on_our_profile() -> None:
     strip = data.timeline(*overview.span, cells=30)
     assert [len(r.occupancy) for r in strip.rows] == [30] * 7  # Tensor∪, its two rows, four engines
     data.close()
+
+
+def test_closing_while_a_worker_still_queries() -> None:
+    """The viewer quits while a worker thread runs a query: DuckDB refuses to close a busy connection,
+    so close() interrupts the query and closes instead of raising out of the app's unmount."""
+    import threading
+    import time
+
+    entry = find_profiles(BERT)[0][0]
+    data = ProfileData(open_profile(entry.path), entry.name)
+    outcome: list[str] = []
+
+    def long_query() -> None:
+        try:
+            data._cursor().execute("SELECT count(*) FROM range(100000000000)").fetchall()
+            outcome.append("finished")
+        except Exception as exc:  # interrupted: what a worker of a closing viewer gets
+            outcome.append(type(exc).__name__)
+
+    worker = threading.Thread(target=long_query)
+    worker.start()
+    time.sleep(0.3)
+    data.close()  # raised ResourceInUseException before
+    worker.join(timeout=30)
+    assert not worker.is_alive() and outcome
