@@ -7,6 +7,8 @@ That is how buffer reuse stays correct when engines run ahead of each other.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 
 ALIGN = 64
@@ -46,8 +48,10 @@ class RangeAllocator:
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
         if size >= self.capacity // 16:
             return self._allocate_top(size)
-        order = sorted(range(len(self.free)), key=lambda i: (self.free[i][1] <= self.cursor, i))
-        for i in order:
+        # the ranges that end after the cursor, then the others, each in address order (the free
+        # list is kept sorted and coalesced, so its ends are in order too)
+        first = bisect.bisect_right(self.free, self.cursor, key=lambda r: r[1])
+        for i in itertools.chain(range(first, len(self.free)), range(first)):
             start, end = self.free[i]
             at = start
             if start < self.cursor < end and end - self.cursor >= size:
@@ -93,28 +97,38 @@ class RangeAllocator:
         self.peak = max(self.peak, self.in_use)
         return at, self._take_hazards(at, at + size)
 
+    def _overlapping(self, start: int, end: int) -> range:
+        """Positions in ``tombstones`` of those overlapping [start, end). Tombstones never overlap
+        (a range is freed only after it was allocated, which took the tombstones there), so kept in
+        order of start their ends are in order too, and two bisections find them."""
+        tombs = self.tombstones
+        lo = bisect.bisect_right(tombs, start, key=lambda t: t.end)
+        hi = bisect.bisect_left(tombs, end, lo=lo, key=lambda t: t.start)
+        return range(lo, hi)
+
     def _last_user(self, start: int, end: int) -> int:
         """The newest node that last touched [start, end) before it was freed (-1: none)."""
         newest = -1
-        for t in self.tombstones:
-            if t.end > start and t.start < end and t.nodes:
-                newest = max(newest, max(t.nodes))
+        for i in self._overlapping(start, end):
+            nodes = self.tombstones[i].nodes
+            if nodes:
+                newest = max(newest, max(nodes))
         return newest
 
     def release(self, start: int, size: int, nodes: list[int]) -> None:
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
         self.in_use -= size
         if nodes:
-            self.tombstones.append(_Tombstone(start, start + size, list(nodes)))
-        self.free.append((start, start + size))
-        self.free.sort()
-        merged: list[tuple[int, int]] = []
-        for s, e in self.free:
-            if merged and merged[-1][1] == s:
-                merged[-1] = (merged[-1][0], e)
-            else:
-                merged.append((s, e))
-        self.free = merged
+            bisect.insort(self.tombstones, _Tombstone(start, start + size, list(nodes)),
+                          key=lambda t: t.start)
+        # the free list stays sorted and coalesced: only the new range's neighbours can join it
+        free = self.free
+        i = bisect.bisect_left(free, (start, start + size))
+        free.insert(i, (start, start + size))
+        if i + 1 < len(free) and free[i][1] == free[i + 1][0]:
+            free[i:i + 2] = [(free[i][0], free[i + 1][1])]
+        if i > 0 and free[i - 1][1] == free[i][0]:
+            free[i - 1:i + 1] = [(free[i - 1][0], free[i][1])]
 
     def fits(self, sizes: list[int]) -> bool:
         """Whether buffers of these sizes could all be allocated now (first fit, largest first)."""
@@ -132,21 +146,22 @@ class RangeAllocator:
         return max((e - s for s, e in self.free), default=0)
 
     def _take_hazards(self, start: int, end: int) -> list[int]:
+        """The nodes of the tombstones under [start, end) (at most the newest 64), which leave;
+        the parts of them outside the range stay for later allocations there."""
         hazards: list[int] = []
-        keep: list[_Tombstone] = []
-        for t in self.tombstones:
-            if t.end <= start or t.start >= end:
-                keep.append(t)
-                continue
+        span = self._overlapping(start, end)
+        if not span:
+            return hazards
+        kept: list[_Tombstone] = []
+        for t in self.tombstones[span.start:span.stop]:
             hazards.extend(t.nodes)
             if len(hazards) > 64:
                 hazards = sorted(set(hazards))[-64:]
-            # parts of the tombstone outside the new range stay for later allocations there
             if t.start < start:
-                keep.append(_Tombstone(t.start, start, t.nodes))
+                kept.append(_Tombstone(t.start, start, t.nodes))
             if t.end > end:
-                keep.append(_Tombstone(end, t.end, t.nodes))
-        self.tombstones = keep
+                kept.append(_Tombstone(end, t.end, t.nodes))
+        self.tombstones[span.start:span.stop] = kept
         return hazards
 
 
