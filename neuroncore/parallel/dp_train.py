@@ -24,6 +24,7 @@ import torch
 from neuroncore.frontends.torch_frontend import _to_numpy
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
 from neuroncore.training.optimizers import host_scalars
 from neuroncore.training.precision import parse_precision
@@ -89,29 +90,16 @@ class DataParallelTrainStep(TrainStep):
         program, _, layout = self.programs[ProgramKind.UPDATE]
         rendezvous = _Rendezvous(self.replicas)
         outputs: list[list[np.ndarray] | None] = [None] * self.replicas
-        errors: list[BaseException] = []
 
         def run(rank: int) -> None:
-            try:
-                host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
-                for g, group in enumerate(self.groups):
-                    lr = float(group.torch_group["lr"])
-                    host[f"scalars/{g}"] = host_scalars(group.spec, lr, self.steps)
-                arrays = bind_inputs(program.graph, self.state.inputs(layout.inputs, host))
-                outputs[rank] = self.rank_models[rank].compute(arrays, rendezvous.for_rank(rank))
-            except BaseException as exc:
-                errors.append(exc)
-                rendezvous.barrier.abort()
+            host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
+            for g, group in enumerate(self.groups):
+                lr = float(group.torch_group["lr"])
+                host[f"scalars/{g}"] = host_scalars(group.spec, lr, self.steps)
+            arrays = bind_inputs(program.graph, self.state.inputs(layout.inputs, host))
+            outputs[rank] = self.rank_models[rank].compute(arrays, rendezvous.for_rank(rank))
 
-        threads = [threading.Thread(target=run, args=(r,), name=f"dp-rank-{r}")
-                   for r in range(self.replicas)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-        if real or errors:
-            raise (real or errors)[0]
+        run_ranks(self.replicas, run, rendezvous.barrier, "dp")
         done = [o for o in outputs if o is not None]
         self.rank_outputs = done
         self.state.update(dict(zip(layout.outputs[1:], done[0][1:])))

@@ -31,6 +31,7 @@ from neuroncore.compiler.options import CompilerOptions
 from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
 from neuroncore.runtime import records
 from neuroncore.runtime.device import ExecutionResult, Instance, LoadedModel
@@ -256,26 +257,14 @@ class TensorParallelModel:
         tp = self.tp
         rendezvous = _Rendezvous(tp)
         outputs: list[list[np.ndarray] | None] = [None] * tp
-        errors: list[BaseException] = []
 
         def run(rank: int) -> None:
-            try:
-                arrays = self._rank_inputs(list(inputs), rank, state)
-                result = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
-                core = self.models[rank].core
-                outputs[rank] = result if state is None else core.resident.store_outputs(result, state)
-            except BaseException as exc:
-                errors.append(exc)
-                rendezvous.barrier.abort()
+            arrays = self._rank_inputs(list(inputs), rank, state)
+            result = self.models[rank].compute(arrays, rendezvous.for_rank(rank))
+            core = self.models[rank].core
+            outputs[rank] = result if state is None else core.resident.store_outputs(result, state)
 
-        threads = [threading.Thread(target=run, args=(r,), name=f"tp-rank-{r}") for r in range(tp)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-        if real or errors:
-            raise (real or errors)[0]
+        run_ranks(tp, run, rendezvous.barrier, "tp")
         return [o for o in outputs if o is not None]
 
 

@@ -51,6 +51,7 @@ from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
 from neuroncore.runtime.scheduler import schedule
@@ -224,42 +225,29 @@ class ZeroOneTrainStep(TrainStep):
         rendezvous = _Rendezvous(self.ranks)
         losses: list[float] = [0.0] * self.ranks
         produced: list[list[list[np.ndarray]]] = [[] for _ in range(self.ranks)]
-        errors: list[BaseException] = []
 
         def run(rank: int) -> None:
-            try:
-                state = self.rank_states[rank]
-                host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
-                loaded = self.grad_programs[rank]
-                layout = self.grad_layout
-                arrays = bind_inputs(loaded.program.graph, state.inputs(layout.inputs, host))
-                outputs = loaded.compute(arrays)
-                produced[rank].append(outputs)
-                losses[rank] = float(np.asarray(outputs[0]).reshape(-1)[0])
-                grads = dict(zip(layout.outputs[1:], outputs[1:]))
-                state.update({k: v for k, v in grads.items() if k.startswith("buffer/")})
-                for g, group in enumerate(self.groups):
-                    update, ulayout = self.update_programs[rank][g]
-                    extra = {k: np.asarray(v, np.float32) for k, v in grads.items() if k.startswith("grad/")}
-                    extra[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
-                                                         self.steps)
-                    arrays = bind_inputs(update.program.graph, state.inputs(ulayout.inputs, extra))
-                    new = update.compute(arrays, rendezvous.for_rank(rank))
-                    produced[rank].append(new)
-                    state.update(dict(zip(ulayout.outputs, new)))
-            except BaseException as exc:
-                errors.append(exc)
-                rendezvous.barrier.abort()
+            state = self.rank_states[rank]
+            host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
+            loaded = self.grad_programs[rank]
+            layout = self.grad_layout
+            arrays = bind_inputs(loaded.program.graph, state.inputs(layout.inputs, host))
+            outputs = loaded.compute(arrays)
+            produced[rank].append(outputs)
+            losses[rank] = float(np.asarray(outputs[0]).reshape(-1)[0])
+            grads = dict(zip(layout.outputs[1:], outputs[1:]))
+            state.update({k: v for k, v in grads.items() if k.startswith("buffer/")})
+            for g, group in enumerate(self.groups):
+                update, ulayout = self.update_programs[rank][g]
+                extra = {k: np.asarray(v, np.float32) for k, v in grads.items() if k.startswith("grad/")}
+                extra[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                                                     self.steps)
+                arrays = bind_inputs(update.program.graph, state.inputs(ulayout.inputs, extra))
+                new = update.compute(arrays, rendezvous.for_rank(rank))
+                produced[rank].append(new)
+                state.update(dict(zip(ulayout.outputs, new)))
 
-        threads = [threading.Thread(target=run, args=(r,), name=f"zero1-rank-{r}")
-                   for r in range(self.ranks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-        if real or errors:
-            raise (real or errors)[0]
+        run_ranks(self.ranks, run, rendezvous.barrier, "zero1")
         self._record(produced, host_start)
         self._sync_host()
         return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
