@@ -172,7 +172,7 @@ class SourcePane(Vertical):
                     Text(fmt_ns(stat.time_ns) if stat else "", justify="right", style="cyan"),
                     Text(fmt_count(stat.instructions) if stat else "", justify="right", style="cyan"),
                     Text(str(number), justify="right", style="dim"),
-                    "  " + code,
+                    Text("  " + code),  # a str cell is Rich markup: "a[ix, iy]" would lose "[ix, iy]"
                 ]
             )
         table.add_rows(rows)

@@ -159,3 +159,28 @@ def test_a_capture_records_its_working_directory(tmp_path: Path, monkeypatch) ->
         )
     (path,) = (p.parent for p in (tmp_path / "run").rglob("Metadata.parquet"))
     assert open_profile(path).metadata["capture_working_dir"] == str(tmp_path)
+
+
+@sync
+async def test_code_with_brackets_shows_as_written() -> None:
+    """Source is text, not Rich markup: ``nl.load(a[ix, iy])`` keeps its ``[ix, iy]`` (a str cell
+    would read it as a style tag and drop it, as an NKI kernel's lines once showed)."""
+    from textual.app import App, ComposeResult
+    from textual.coordinate import Coordinate
+
+    from explorer.viewer.view_model import SourceIndex
+    from formats.source_access import SourceText
+
+    code = ("x = nl.load(a[ix, iy])", "nl.store(out[i, j], value=x[bold])")
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield SourcePane(id="source")
+
+    app = Host()
+    async with app.run_test(size=(100, 20)):
+        pane = app.query_one("#source", SourcePane)
+        pane.show_file(SourceText("k.py", SourceStatus.OK, code), SourceIndex((), {}, {}, {}, True), "")
+        table = app.query_one("#source-table", DataTable)
+        shown = [table.get_cell_at(Coordinate(row, 4)) for row in range(len(code))]
+        assert [getattr(cell, "plain", None) for cell in shown] == ["  " + line for line in code]
