@@ -93,7 +93,59 @@ def require_trace(api: str) -> KernelTrace:
 # tensors and views
 
 
-class Tensor:
+class _ElementwiseOperators:
+    """Python operators on tiles and views, as nki.language's element-wise functions.
+
+    One copy for `Tensor` and `View`: a kernel writes `a + b` on either, and both trace the same
+    `language.binary` call. The in-place operators differ (a view accumulates into its region) and
+    stay on each class.
+    """
+
+    __slots__ = ()
+
+    def _bin(self, other: Any, op: str, reverse: bool = False) -> Tensor:
+        from neuroncore.nki import language
+
+        return (
+            language.binary(op, other, self, reverse_name=True)
+            if reverse
+            else language.binary(op, self, other)
+        )
+
+    def __add__(self, o: Any) -> Tensor:
+        return self._bin(o, "add")
+
+    def __radd__(self, o: Any) -> Tensor:
+        return self._bin(o, "add", True)
+
+    def __sub__(self, o: Any) -> Tensor:
+        return self._bin(o, "subtract")
+
+    def __rsub__(self, o: Any) -> Tensor:
+        return self._bin(o, "subtract", True)
+
+    def __mul__(self, o: Any) -> Tensor:
+        return self._bin(o, "multiply")
+
+    def __rmul__(self, o: Any) -> Tensor:
+        return self._bin(o, "multiply", True)
+
+    def __truediv__(self, o: Any) -> Tensor:
+        return self._bin(o, "divide")
+
+    def __rtruediv__(self, o: Any) -> Tensor:
+        return self._bin(o, "divide", True)
+
+    def __pow__(self, o: Any) -> Tensor:
+        return self._bin(o, "power")
+
+    def __neg__(self) -> Tensor:
+        from neuroncore.nki import language
+
+        return language.negative(self)
+
+
+class Tensor(_ElementwiseOperators):
     """An NKI tensor: in HBM (kernel inputs and outputs) or on chip (a tile in SBUF or PSUM).
 
     ``pdim`` is the partition dimension of an on-chip tensor (0 unless declared with ``nl.par_dim``
@@ -182,48 +234,6 @@ class Tensor:
             pdim=self.pdim,
         )
 
-    # -- arithmetic (nki.language element-wise functions) ------------------------------------
-    def _bin(self, other: Any, op: str, reverse: bool = False) -> Tensor:
-        from neuroncore.nki import language
-
-        return (
-            language.binary(op, other, self, reverse_name=True)
-            if reverse
-            else language.binary(op, self, other)
-        )
-
-    def __add__(self, o: Any) -> Tensor:
-        return self._bin(o, "add")
-
-    def __radd__(self, o: Any) -> Tensor:
-        return self._bin(o, "add", True)
-
-    def __sub__(self, o: Any) -> Tensor:
-        return self._bin(o, "subtract")
-
-    def __rsub__(self, o: Any) -> Tensor:
-        return self._bin(o, "subtract", True)
-
-    def __mul__(self, o: Any) -> Tensor:
-        return self._bin(o, "multiply")
-
-    def __rmul__(self, o: Any) -> Tensor:
-        return self._bin(o, "multiply", True)
-
-    def __truediv__(self, o: Any) -> Tensor:
-        return self._bin(o, "divide")
-
-    def __rtruediv__(self, o: Any) -> Tensor:
-        return self._bin(o, "divide", True)
-
-    def __pow__(self, o: Any) -> Tensor:
-        return self._bin(o, "power")
-
-    def __neg__(self) -> Tensor:
-        from neuroncore.nki import language
-
-        return language.negative(self)
-
     def __iadd__(self, o: Any) -> Tensor:
         self.whole().__iadd__(o)
         return self
@@ -237,7 +247,7 @@ class Tensor:
         return self
 
 
-class View:
+class View(_ElementwiseOperators):
     """A region of a tensor selected by an index (and optionally a mask or a broadcast)."""
 
     __array_priority__ = 100
@@ -390,53 +400,20 @@ class View:
         return run
 
     # -- in-place arithmetic -------------------------------------------------------------------
-    def __iadd__(self, o: Any) -> View:
+    # `view += x` accumulates into the view's region and stays the view (NKI's semantics), while
+    # `view + x` makes a new tile; mypy wants the in-place result to be the binary one's type, hence
+    # the `override` ignores.
+    def __iadd__(self, o: Any) -> View:  # type: ignore[override]
         self.tensor.trace.accumulate(self, o, "add")
         return self
 
-    def __isub__(self, o: Any) -> View:
+    def __isub__(self, o: Any) -> View:  # type: ignore[override]
         self.tensor.trace.accumulate(self, o, "subtract")
         return self
 
-    def __imul__(self, o: Any) -> View:
+    def __imul__(self, o: Any) -> View:  # type: ignore[override]
         self.tensor.trace.accumulate(self, o, "multiply")
         return self
-
-    # arithmetic on views: the same element-wise functions as on tensors
-    def _bin(self, other: Any, op: str, reverse: bool = False) -> Tensor:
-        from neuroncore.nki import language
-
-        return (
-            language.binary(op, other, self, reverse_name=True)
-            if reverse
-            else language.binary(op, self, other)
-        )
-
-    def __add__(self, o: Any) -> Tensor:
-        return self._bin(o, "add")
-
-    def __radd__(self, o: Any) -> Tensor:
-        return self._bin(o, "add", True)
-
-    def __sub__(self, o: Any) -> Tensor:
-        return self._bin(o, "subtract")
-
-    def __rsub__(self, o: Any) -> Tensor:
-        return self._bin(o, "subtract", True)
-
-    def __mul__(self, o: Any) -> Tensor:
-        return self._bin(o, "multiply")
-
-    def __rmul__(self, o: Any) -> Tensor:
-        return self._bin(o, "multiply", True)
-
-    def __truediv__(self, o: Any) -> Tensor:
-        return self._bin(o, "divide")
-
-    def __neg__(self) -> Tensor:
-        from neuroncore.nki import language
-
-        return language.negative(self)
 
 
 Operand = Tensor | View
