@@ -120,35 +120,55 @@ def _cache_tensors(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return list(cache.key_cache), list(cache.value_cache)
 
 
-class _ContextEncoding(torch.nn.Module):
+class _Program(torch.nn.Module):
+    """A program over a transformers causal LM whose modules keep the model's own names: its base
+    model and output embedding are registered under the attribute names the model gives them
+    (``model`` and ``lm_head`` for Llama, ``transformer`` for GPT-2), so layer paths in profiles
+    read as a trace of the model itself does (``model/model/layers.0/self_attn``), not through
+    this wrapper."""
+
+    def __init__(self, model: Any, select: bool) -> None:
+        super().__init__()
+        children = dict(model.named_children())
+        head = model.get_output_embeddings()
+        self._base_name = str(model.base_model_prefix)
+        self._head_name = next((n for n, m in children.items() if m is head), "lm_head")
+        if self._base_name == self._head_name or children.get(self._base_name) is not model.base_model:
+            self._base_name = "base_model"  # not a direct child: a name of its own
+        self.add_module(self._base_name, model.base_model)
+        self.add_module(self._head_name, head)
+        self.select = select  # return the greedy token (on-device generation), not the logits
+
+    def base(self, **kwargs: Any) -> Any:
+        return getattr(self, self._base_name)(**kwargs)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = getattr(self, self._head_name)(hidden)
+        return torch.argmax(logits, dim=-1) if self.select else logits
+
+
+class _ContextEncoding(_Program):
     """The prompt: all layers over the bucket, the logits of each row's ``last`` position and
     every layer's keys, then values (written into the resident cache)."""
 
-    def __init__(self, model: torch.nn.Module, select: bool = False) -> None:
-        super().__init__()
-        self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
-        self.select = select  # return the greedy token (on-device generation), not the logits
-
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 last: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                    position_ids=position_ids, use_cache=True)
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=True)
         hidden = out.last_hidden_state
         pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
-        logits = self.model.get_output_embeddings()((hidden * pick[:, :, None]).sum(1))
+        logits = self.head((hidden * pick[:, :, None]).sum(1))
         keys, values = _cache_tensors(out.past_key_values)
-        return (torch.argmax(logits, dim=-1) if self.select else logits, *keys, *values)
+        return (logits, *keys, *values)
 
 
-class _TokenGeneration(torch.nn.Module):
+class _TokenGeneration(_Program):
     """One new token per row over a ``bucket``-position cache: its logits, and the cache with the
     token's keys and values written at ``slots`` (the same slot for every row)."""
 
-    def __init__(self, model: torch.nn.Module, layers: int, select: bool = False) -> None:
-        super().__init__()
-        self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its heads vary)
+    def __init__(self, model: Any, select: bool, layers: int) -> None:
+        super().__init__(model, select)
         self.layers = layers
-        self.select = select  # return the greedy token (on-device generation), not the logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 slots: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -156,18 +176,18 @@ class _TokenGeneration(torch.nn.Module):
 
         keys, values = cache[:self.layers], cache[self.layers:]
         past = DynamicCache(ddp_cache_data=list(zip(keys, values)))
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                    position_ids=position_ids, past_key_values=past, use_cache=True)
-        logits = self.model.get_output_embeddings()(out.last_hidden_state[:, -1])
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past, use_cache=True)
+        logits = self.head(out.last_hidden_state[:, -1])
         new_keys, new_values = _cache_tensors(out.past_key_values)
         width = input_ids.shape[1]
         updated = [torch.index_copy(old, 2, slots, new[:, :, -width:])
                    for old, new in zip(cache, [*new_keys, *new_values])]
-        return (torch.argmax(logits, dim=-1) if self.select else logits, *updated)
+        return (logits, *updated)
 
 
 @dataclass
-class _Program:
+class _Compiled:
     """One compiled phase/bucket and how its parameters and outputs meet the resident cache."""
 
     traced: TracedModel
@@ -245,7 +265,7 @@ class NeuronCausalLM:
         self.layers = 0
         self.vocab_size = 0
         self._prefix = f"kv{next(_IDS)}"
-        self._programs: dict[tuple[Phase, int], _Program] = {}
+        self._programs: dict[tuple[Phase, int], _Compiled] = {}
         self._cache: list[str] = []
         self.last_timing: GenerationTiming | None = None
 
@@ -272,7 +292,7 @@ class NeuronCausalLM:
         except TraceError as exc:
             raise GenerationError(str(exc)) from None
 
-    def _program(self, phase: Phase, bucket: int) -> _Program:
+    def _program(self, phase: Phase, bucket: int) -> _Compiled:
         key = (phase, bucket)
         program = self._programs.get(key)
         if program is None:
@@ -287,7 +307,7 @@ class NeuronCausalLM:
         ``LlamaForCausalLM.token_generation.256``."""
         return type(f"{type(self.model).__name__}.{phase}.{bucket}", (cls,), {})
 
-    def _compile(self, phase: Phase, bucket: int) -> _Program:
+    def _compile(self, phase: Phase, bucket: int) -> _Compiled:
         b = self.batch_size
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
@@ -299,8 +319,9 @@ class NeuronCausalLM:
             return self._bind(traced, reads=False)
         shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
         cache = tuple(torch.zeros(s) for s in shapes)
-        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model, self.layers,
-                                                                          self.on_device_generation),
+        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model,
+                                                                          self.on_device_generation,
+                                                                          self.layers),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
                               torch.zeros(1, dtype=torch.int64), *cache))
         return self._bind(traced, reads=True)
@@ -329,7 +350,7 @@ class NeuronCausalLM:
         shape = self._full_shapes[index]
         return (*shape[:2], bucket, *shape[3:])
 
-    def _bind(self, traced: TracedModel, *, reads: bool) -> _Program:
+    def _bind(self, traced: TracedModel, *, reads: bool) -> _Compiled:
         graph = traced.graph
         names = [p.name for p in graph.parameters]
         if len(graph.outputs) != 1 + 2 * self.layers:
@@ -343,7 +364,7 @@ class NeuronCausalLM:
                                           f"does not read cache tensor {i}")
                 read_map[names.index(f"cache_{i}")] = name
         writes = {1 + i: name for i, name in enumerate(self._cache)}
-        return _Program(traced, names, StateBinding(reads=read_map, writes=writes))
+        return _Compiled(traced, names, StateBinding(reads=read_map, writes=writes))
 
     def model_ids(self, phase: Phase, bucket: int) -> tuple[int, ...]:
         """The loaded-model ids of one compiled program (one per rank), as profiles name them."""
@@ -406,6 +427,12 @@ class NeuronCausalLM:
             raise GenerationError(f"a {prompt}-token prompt and {max_new_tokens} new tokens need "
                                   f"{prompt + max_new_tokens - 1} cache positions; n_positions holds "
                                   f"{self.n_positions[-1]}")
+        table = _position_table(self.model)
+        used = int(mask.sum(axis=1).max()) + max_new_tokens - 1  # position ids 0 .. used - 1
+        if table is not None and used > table[1]:
+            raise GenerationError(f"{type(self.model).__name__}'s position table ({table[0]}) holds "
+                                  f"{table[1]} positions; a {int(mask.sum(axis=1).max())}-token prompt "
+                                  f"and {max_new_tokens} new tokens need {used}")
         try:
             prefill = select_bucket(self.context_length_estimate, prompt)
         except BucketError as exc:
@@ -474,6 +501,21 @@ class NeuronCausalLM:
             raise GenerationError("nothing has been compiled yet: there is no cache")
         tensor = cores[core_rank].resident[f"{self._prefix}.{kind}{layer}"]
         return tensor.read(tensor.shape)
+
+
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")  # GPT-2/GPT-Neo, OPT, BERT-like
+
+
+def _position_table(model: Any) -> tuple[str, int] | None:
+    """A learned absolute position table of the model (its module path, the positions it holds),
+    or None for rotary and other position encodings that have no end. OPT's table carries an offset
+    of 2 rows before position 0."""
+    for name, module in model.base_model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and name.rpartition(".")[2] in _POSITION_TABLES:
+            offset = getattr(module, "offset", 0)
+            rows = module.num_embeddings - (offset if isinstance(offset, int) else 0)
+            return f"{model.base_model_prefix}.{name}", rows
+    return None
 
 
 def _cores(runnable: Any) -> list[NeuronCore]:

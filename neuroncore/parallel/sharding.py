@@ -267,8 +267,10 @@ class _Sharder:
 
     # -- collectives -----------------------------------------------------------------------
     def _all_reduce(self, local: Op) -> Op:
+        """The sum of every rank's partial ``local``, named after the value it reduces
+        (``all-reduce.dot.12``), so a profile's collective says which tensor it carries."""
         return self.b.add_op("all-reduce", [local], local.shape, local.dtype, reduction="sum",
-                             name=f"all-reduce.{self.b.n_ops}")
+                             name=f"all-reduce.{local.name}")
 
     def _whole(self, op: Op) -> Op:
         """``op``'s value on every rank: its local value, or an all-gather of its blocks."""
@@ -280,7 +282,7 @@ class _Sharder:
             with self.b.located(self.current.layer, self.current.frames):
                 self.gathered[op.index] = self.b.add_op(
                     "all-gather", [local], op.shape, op.dtype, dimension=split.dim, outer=split.outer,
-                    name=f"all-gather.{self.b.n_ops}")
+                    name=f"all-gather.{op.name}")  # after the tensor it gathers: all-gather.dot.12
         return self.gathered[op.index]
 
     def _as_split(self, op: Op, split: Split) -> Op | None:

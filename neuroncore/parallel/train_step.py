@@ -47,6 +47,7 @@ from neuroncore.workloads.train_graphs import (
     embedding_ops,
     forward_ops,
     head_ops,
+    optimizer_frames,
 )
 
 LEVELS = ("forward", "backward", "gradient_sync", "optimizer")
@@ -146,7 +147,7 @@ def step_graph(model: Transformer, plan: ParallelPlan) -> Graph:
                                   name=f"all-reduce.{b.n_ops}")
             else:
                 synced = flat
-        with b.scope("optimizer"), b.scope(f"bucket.{n}"):
+        with b.scope("optimizer"), b.scope(f"bucket.{n}"), b.source(optimizer_frames()):
             updated = _adamw(b, synced, master, dtype)
         if plan.dp > 1 and plan.zero1:
             with b.scope("gradient_sync"), b.scope(f"bucket.{n}"):

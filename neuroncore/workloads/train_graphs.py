@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from neuroncore.ir.builder import GraphBuilder
-from neuroncore.ir.graph import Graph, Op
+from neuroncore.ir.graph import Graph, Op, SourceFrame
 
 ATTENTION_BLOCK = 1024  # query rows per flash-attention block [assumption: the NKI kernel's tile]
 OPTIMIZER_CHUNK = 1 << 24  # elements per simulated optimizer chunk (the update is a linear stream)
@@ -533,6 +533,13 @@ def head_graph(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> G
     return b.build([x, loss, dlast, *grads])
 
 
+def optimizer_frames(name: str = "AdamW") -> tuple[SourceFrame, ...]:
+    """The source location of a built-in step's optimizer ops: no user line runs the update (the
+    step is built, not traced from ``optimizer.step()``), so a synthetic ``<optimizer AdamW>``
+    says what they are instead of naming whichever caller built the program."""
+    return (SourceFrame(f"<optimizer {name}>", 0, f"{name}.step"),)
+
+
 def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = "fp32",
                     model_dtype: str = "bf16", weight_decay: float = 0.01) -> Graph:
     """AdamW over ``elements`` parameters held as one flat fp32 stream (master weights, both moments
@@ -542,7 +549,13 @@ def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = 
     cols = 2048
     rows = max(1, -(-elements // cols))
     b = GraphBuilder("adamw", root_layer="optimizer")
-    shape = (rows, cols)
+    with b.source(optimizer_frames()):
+        return _adamw_flat(b, (rows, cols), param_dtype, grad_dtype, model_dtype, weight_decay)
+
+
+def _adamw_flat(b: GraphBuilder, shape: tuple[int, int], param_dtype: str, grad_dtype: str,
+                model_dtype: str, weight_decay: float) -> Graph:
+    """The body of :func:`optimizer_graph`."""
     p = b.parameter("param", shape, param_dtype)
     g = b.convert(b.parameter("grad", shape, grad_dtype), param_dtype)
     m1 = b.parameter("exp_avg", shape, param_dtype)
@@ -561,4 +574,4 @@ def optimizer_graph(elements: int, param_dtype: str = "fp32", grad_dtype: str = 
 
 __all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Saved", "Transformer", "backward_ops",
            "embedding_ops", "forward_ops", "head_graph", "head_ops", "layer_backward", "layer_forward",
-           "optimizer_graph"]
+           "optimizer_frames", "optimizer_graph"]

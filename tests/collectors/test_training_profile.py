@@ -47,6 +47,15 @@ def test_the_step_program_has_the_levels_of_a_training_step(captured) -> None:
     assert all(op.layer.startswith("model/gradient_sync/") for op in dp)
 
 
+def test_the_optimizer_ops_name_a_synthetic_source_not_their_caller(captured) -> None:
+    """No user line runs a built-in step's AdamW: its ops say ``<optimizer AdamW>`` rather than the
+    line that happened to build the program (``collectors/capture.py:176`` under capture)."""
+    path, run, _, _ = captured
+    update = [op for op in run.program.graph.ops if op.layer.startswith("model/optimizer/")]
+    assert update and {op.frames[-1].file for op in update} == {"<optimizer AdamW>"}
+    assert "<optimizer AdamW>" in open_profile(path).table("StackFrameFileName").column("name").to_pylist()
+
+
 def test_profile_holds_the_step_and_its_collectives_with_overlap(captured) -> None:
     path, run, results, _ = captured
     p = open_profile(path)

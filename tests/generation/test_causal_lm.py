@@ -178,6 +178,32 @@ def test_gpt2_greedy_equals_transformers():
     assert torch.equal(out, _reference(model, ids, mask, 8))
 
 
+def test_generation_past_a_learned_position_table_is_refused_before_compiling():
+    """GPT-2's ``wpe`` holds ``n_positions`` rows: a generation needing more is one line up front
+    (it used to compile, then fail in the gather); one that fits to the last row runs."""
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=12,
+                                           bos_token_id=1, eos_token_id=2)).eval()
+    gen = NeuronCausalLM(model, n_positions=32, context_length_estimate=8, instance="trn1.2xlarge")
+    ids = torch.randint(3, 64, (1, 6))
+    with pytest.raises(GenerationError, match=r"position table \(transformer.wpe\) holds 12 positions; "
+                                              r"a 6-token prompt and 8 new tokens need 13"):
+        gen.generate(ids, max_new_tokens=8)
+    assert gen.compiled == []
+    out = gen.generate(ids, max_new_tokens=7, eos_token_id=[], pad_token_id=0)  # positions 0..11
+    assert torch.equal(out, model.generate(ids, max_new_tokens=7, do_sample=False, pad_token_id=0,
+                                           eos_token_id=None))
+
+
+def test_layer_paths_read_as_the_models_own_modules(llama_gen, greedy):
+    """The programs name layers as a trace of the model itself does (``model/model/layers.0``:
+    LlamaForCausalLM's ``model.layers.0``), not through the generation wrapper (``model/model/model``)."""
+    for phase, bucket in llama_gen.compiled:
+        layers = {op.layer for op in llama_gen._programs[(phase, bucket)].traced.graph.ops}
+        assert "model/model/layers.0/self_attn/q_proj" in layers and "model/lm_head" in layers
+        assert not any(layer.startswith("model/model/model") for layer in layers)
+
+
 def test_tensor_parallel_tokens_equal_one_core(llama, llama_gen, greedy):
     ids, mask = _prompt()
     two = NeuronCausalLM(llama, n_positions=32, context_length_estimate=8, batch_size=2,
@@ -186,6 +212,10 @@ def test_tensor_parallel_tokens_equal_one_core(llama, llama_gen, greedy):
     assert torch.equal(two.generate(ids, mask, **kwargs), greedy[0])
     step = two.last_timing.steps[-1]
     assert len(step.execution_ids) == 2 and step.bucket == 32  # one execution per rank
+    local = two._programs[(Phase.TOKEN_GENERATION, 32)].traced.variants[0].program.graph
+    reduced = {op.name: op.operands[0].name for op in local.ops if op.opcode == "all-reduce"}
+    # each all-reduce is named after the partial sum it completes (o_proj, down_proj, ...)
+    assert reduced and all(name == f"all-reduce.{src}" for name, src in reduced.items())
     # each rank's core holds its own heads of the cache: one KV head of two
     assert two.cache_values(0, "v", core_rank=0).shape == (2, 1, 32, 16)
     llama_gen.generate(ids, mask, **kwargs)  # the one-core cache after the same generation
@@ -238,5 +268,9 @@ def test_on_device_generation_returns_the_greedy_token_not_the_logits(llama, gre
     out = gen.generate(ids, mask, max_new_tokens=NEW, eos_token_id=[], pad_token_id=0)
     assert torch.equal(out, greedy[0])
     assert all(s.device_to_host_bytes == 2 * 2 * 4 for s in gen.last_timing.steps)  # 2 ranks x [2] ids
+    local = gen._programs[(Phase.TOKEN_GENERATION, 32)].traced.variants[0].program.graph
+    gathers = [op for op in local.ops if op.opcode == "all-gather"]
+    # named after the tensor they gather (the vocabulary-split logits), not the op count
+    assert gathers and all(op.name == f"all-gather.{op.operands[0].name}" for op in gathers)
     with pytest.raises(GenerationError, match="sampling needs the logits"):
         gen.generate(ids, mask, do_sample=True)
