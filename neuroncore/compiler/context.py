@@ -58,6 +58,12 @@ class Value:
     lazy: Callable[[], None] | None = None  # prepares a view's sources on first read
     alias: Op | None = None  # a reshape that reuses another value's tiles as they are
     pretransposed: bool = False  # weight stored with its last two dims swapped
+    # an on-chip view (head split, broadcast of a tile): tile t is the block
+    # (source tile, p0, p1, c0, c1) of ``slice_root``'s tiles, read in place; ``hbm_fallback``
+    # declares the HBM view a consumer needing another layout reads instead
+    slices: list[tuple[int, int, int, int, int]] | None = None
+    slice_root: Op | None = None
+    hbm_fallback: Callable[[], None] | None = None
 
     def access(self, t: int, c0: int = 0, c1: int | None = None, view: str | None = None) -> HbmAccess:
         tile = self.tiles[t]
@@ -337,6 +343,11 @@ class Context:
         value = self.values[op.index]
         if value.alias is not None and (layout is None or layout == value.layout):
             return self.tile(value.alias, t, cols=cols)
+        if value.slices is not None and (layout is None or layout == value.layout):
+            assert value.slice_root is not None
+            st, p0, p1, c0, c1 = value.slices[t]
+            ref = self.tile(value.slice_root, st)
+            return _narrow(Ref(ref.buf, ref.p0 + p0, ref.p0 + p1, ref.f0 + c0, ref.f0 + c1), cols)
         self.prepare(value)
         if layout is not None and layout != value.layout:
             return _narrow(self._relayout_tile(value, t, layout), cols)
@@ -366,8 +377,10 @@ class Context:
     def release(self, op: Op, ref: Ref) -> None:
         """Done reading a tile; temporaries (HBM-home values, relayouts) are freed."""
         value = self.values[op.index]
-        while value.alias is not None:
-            value = self.values[value.alias.index]
+        while value.alias is not None or value.slice_root is not None:
+            source = value.alias if value.alias is not None else value.slice_root
+            assert source is not None
+            value = self.values[source.index]
         resident = any(b is not None and b.id == ref.buf for b in value.bufs)
         if not resident:
             self.free(self.buffers[ref.buf])
@@ -409,6 +422,12 @@ class Context:
         value = self.values[op.index]
         if value.alias is not None:
             return self._alias_hbm(value)
+        if value.slices is not None:  # an on-chip view: its HBM copy is the view of its sources
+            fallback, value.hbm_fallback = value.hbm_fallback, None
+            if fallback is not None:
+                fallback()
+            assert value.hbm is not None
+            return value.hbm
         self.prepare(value)
         if value.immediate is not None and value.hbm is None:
             # materialise the splat once so views of it can be loaded
@@ -454,6 +473,8 @@ class Context:
         value = self.values.get(source.index)
         if value is not None and value.alias is not None:
             self.extend_uses(value.alias, alias)
+        elif value is not None and value.slice_root is not None:
+            self.extend_uses(value.slice_root, alias)
         elif value is not None and value.lazy is not None:
             for upstream in source.operands:
                 self.extend_uses(upstream, alias)
@@ -490,6 +511,10 @@ class Context:
             if value is not None and value.alias is not None and value.alias.index not in candidates:
                 candidates[value.alias.index] = value.alias
                 pending.append(value.alias)
+            root = value.slice_root if value is not None else None
+            if root is not None and root.index not in candidates:
+                candidates[root.index] = root
+                pending.append(root)
         for operand in candidates.values():
             if self.uses[operand.index] and self.uses[operand.index][-1] <= op.index:
                 self.drop(operand)
@@ -498,7 +523,7 @@ class Context:
 
     def drop(self, op: Op) -> None:
         value = self.values.get(op.index)
-        if value is None or value.alias is not None:
+        if value is None or value.alias is not None or value.slices is not None:
             return
         for t, buf in enumerate(value.bufs):
             if buf is not None:

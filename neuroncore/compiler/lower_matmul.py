@@ -291,7 +291,7 @@ class _Operand:
             for kk in range(k0, k1, P):
                 t = b * kt_per_batch + kk // P
                 ref = ctx.tile(op, t)
-                refs.append(Ref(ref.buf, 0, ref.rows, x0, x1))
+                refs.append(Ref(ref.buf, ref.p0, ref.p1, ref.f0 + x0, ref.f0 + x1))
             return refs
         if self.mode is DotOperandMode.LOAD:
             value = ctx.values[op.index]
@@ -484,11 +484,11 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                     groups.append([j])
             for g, tiles in enumerate(groups):
                 pos = Accumulation.of(g, len(groups))
-                stationary, *second = (Ref(a_refs[j].buf, 0, a_refs[j].rows, a_refs[j].f0 + mm0 - m0,
+                stationary, *second = (Ref(a_refs[j].buf, a_refs[j].p0, a_refs[j].p1, a_refs[j].f0 + mm0 - m0,
                                            a_refs[j].f0 + mm1 - m0) for j in tiles)
                 ldweights(ctx, stationary, dtype, pad=p0, stationary2=second[0] if second else None)
                 for bank, (c0, c1) in zip(banks, chunks):
-                    moving, *moving2 = (Ref(b_refs[j].buf, 0, b_refs[j].rows, b_refs[j].f0 + c0 - n0,
+                    moving, *moving2 = (Ref(b_refs[j].buf, b_refs[j].p0, b_refs[j].p1, b_refs[j].f0 + c0 - n0,
                                             b_refs[j].f0 + c1 - n0) for j in tiles)
                     matmul(ctx, Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0), moving, stationary,
                            dtype, pos, moving2=moving2[0] if moving2 else None)

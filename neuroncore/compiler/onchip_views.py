@@ -1,0 +1,201 @@
+"""On-chip views: a reshape / transpose / slice / broadcast of a value that lives in SBUF is read in
+place, or assembled by engine copies, instead of being stored to HBM and read back through a view.
+
+Why: neuronx-cc splits and merges attention heads without touching HBM. Splitting ``[S, H*D]`` into
+heads ``[H, S, D]`` leaves every row on its partition: head ``h`` is the column block
+``[h*D, (h+1)*D)`` of the same tile, which an engine (or the PE) reads through its access pattern at
+no cost (neuroncore.md §2.4: access patterns take any start, stride and zero strides on the free
+dims). Merging heads back is the same blocks written side by side: one copy per head on the Scalar
+and Vector engines, each partition staying on its partition (engines never move data across
+partitions; that takes the PE or a DMA). Going through HBM instead costs a store, a strided load
+with one descriptor per 64-element run, and a wait in the Sync queue that holds up the next weight
+prefetch behind it.
+
+How: the view chain from the op back to a value with its own SBUF tiles (the *root*) is composed as
+an index map (``np.arange`` of the root's elements pushed through each step), and each output tile
+is checked against the root's tiling: one rectangular block of one root tile with the rows on
+partitions ``0..rows`` is a *slice* (read in place, ``Value.slices``); several blocks that keep every
+row on its partition are *copied* into the view's own tiles. Anything else (rows moving across
+partitions, a root in HBM) stays an HBM view, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from neuroncore.compiler.context import Context, Value
+from neuroncore.compiler.lower_elementwise import tensor_copy
+from neuroncore.compiler.lowering_state import Layout
+from neuroncore.compiler.program import Ref
+from neuroncore.compiler.tiling import P, tile_grid
+from neuroncore.enums import Memory
+from neuroncore.hardware import Engine
+from neuroncore.ir.graph import LAYOUT_OPS, Op
+
+CHAIN_OPS = frozenset({"reshape", "transpose", "slice", "broadcast"})
+MAX_INDEX_ELEMENTS = 1 << 22  # index maps larger than this are not built (compile time) [assumption]
+MAX_COPIES_PER_TILE = 64  # more blocks than this per tile: not worth engine copies [assumption]
+MIN_COPY_COLUMNS = 16  # narrower blocks are left to the DMA path [assumption]
+
+Block = tuple[int, int, int, int, int]  # (root tile, p0, p1, c0, c1)
+
+
+def _is_virtual(ctx: Context, value: Value) -> bool:
+    """Whether a value is only a view of others (no tiles of its own)."""
+    return (value.alias is not None or value.slices is not None or value.lazy is not None
+            or (value.home is Memory.HBM and (value.hbm or "") in ctx.hbm_views))
+
+
+def _is_root(value: Value) -> bool:
+    return (value.home is Memory.SBUF and value.immediate is None and value.lazy is None
+            and value.alias is None and value.slices is None and value.layout == Layout.ROW
+            and len(value.op.shape) >= 1)
+
+
+def _step(x: Op, a: np.ndarray) -> np.ndarray:
+    """Push an index array of ``x``'s operand through ``x``."""
+    code = x.opcode
+    if code == "reshape":
+        return a.reshape(x.shape)
+    if code == "transpose":
+        return a.transpose(tuple(x.attrs["permutation"]))
+    if code == "slice":
+        return a[tuple(slice(s, e, st) for s, e, st in
+                       zip(x.attrs["starts"], x.attrs["limits"], x.attrs["strides"]))]
+    dims = tuple(x.attrs["dims"])  # broadcast: operand dim i is output dim dims[i]
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    a = a.transpose(order) if dims else a.reshape(())
+    expanded = [1] * len(x.shape)
+    for i, d in enumerate(sorted(dims)):
+        expanded[d] = a.shape[i]
+    return np.broadcast_to(a.reshape(expanded), x.shape)
+
+
+def index_map(ctx: Context, op: Op) -> tuple[Op, np.ndarray, bool] | None:
+    """(root, flat root index of every element of ``op``, whether a broadcast is on the way), or
+    None when the chain does not end at a value with its own SBUF tiles."""
+    chain = [op]
+    x = op.operands[0]
+    while x.opcode in CHAIN_OPS and len(x.operands) == 1:
+        value = ctx.values.get(x.index)
+        if value is None or not _is_virtual(ctx, value):
+            break
+        chain.append(x)
+        x = x.operands[0]
+    root_value = ctx.values.get(x.index)
+    if root_value is None or not _is_root(root_value):
+        return None
+    if root_value.op.size > MAX_INDEX_ELEMENTS or op.size > MAX_INDEX_ELEMENTS:
+        return None
+    index = np.arange(root_value.op.size, dtype=np.int64).reshape(root_value.op.shape)
+    for step in reversed(chain):
+        index = _step(step, index)
+    return root_value.op, index, any(s.opcode == "broadcast" for s in chain)
+
+
+def _tile_blocks(root: Op, index: np.ndarray, shape: tuple[int, ...]
+                 ) -> tuple[list[Block] | None, list[list[tuple[int, Block]]] | None]:
+    """Per output tile: its single root block (slices), or else its column runs that keep every row
+    on its partition (copies, as (output column, block)); None where neither applies."""
+    _, root_rows, root_cols = tile_grid(root.shape, Layout.ROW)
+    tiles_per_batch = math.ceil(root_rows / P)
+    out_batches, out_rows, out_cols = tile_grid(shape, Layout.ROW)
+    flat = index.reshape(-1, out_cols)
+    rowflat, col = np.divmod(flat, root_cols)
+    rb, rr = np.divmod(rowflat, root_rows)
+    stile = rb * tiles_per_batch + rr // P
+    part = rr % P
+    slices: list[Block] | None = []
+    copies: list[list[tuple[int, Block]]] | None = []
+    columns = np.arange(out_cols)
+    for b in range(out_batches):
+        for r0 in range(0, out_rows, P):
+            r1 = min(out_rows, r0 + P)
+            lo, hi = b * out_rows + r0, b * out_rows + r1
+            st, pt, cl = stile[lo:hi], part[lo:hi], col[lo:hi]
+            rows = hi - lo
+            aligned = bool((pt == np.arange(rows)[:, None]).all())
+            s0, c0 = int(st[0, 0]), int(cl[0, 0])
+            if slices is not None:
+                if aligned and (st == s0).all() and (cl == c0 + columns[None, :]).all():
+                    slices.append((s0, 0, rows, c0, c0 + out_cols))
+                else:
+                    slices = None
+            if copies is None:
+                continue
+            if not (aligned and (st == st[0:1]).all() and (cl == cl[0:1]).all()):
+                copies = None
+                continue
+            runs: list[tuple[int, Block]] = []
+            start = 0
+            for j in range(1, out_cols + 1):
+                if j == out_cols or st[0, j] != st[0, j - 1] or cl[0, j] != cl[0, j - 1] + 1:
+                    runs.append((start, (int(st[0, start]), 0, rows, int(cl[0, start]),
+                                         int(cl[0, start]) + j - start)))
+                    start = j
+            if len(runs) > MAX_COPIES_PER_TILE or min(b[4] - b[3] for _, b in runs) < MIN_COPY_COLUMNS:
+                copies = None
+                continue
+            copies.append(runs)
+    return slices, copies
+
+
+def _swaps_last_two(op: Op) -> bool:
+    """A transpose of the last two dims reads its source's tiles (on the PE), not a view of it."""
+    if op.opcode != "transpose":
+        return False
+    perm = tuple(op.attrs["permutation"])
+    n = len(perm)
+    return n >= 2 and perm == (*range(n - 2), n - 1, n - 2)
+
+
+def on_chip_view(ctx: Context, op: Op, view_name: str, hbm_fallback: Callable[[], None]) -> bool:
+    """Lower ``op`` (a view) on chip if its chain ends at an SBUF value; False to use HBM.
+
+    Views only read by other views are left to their readers (which compose the whole chain), so
+    nothing is copied for an intermediate step of a head merge.
+    """
+    if op.opcode not in CHAIN_OPS or not op.shape or op.index in ctx.outputs:
+        return False
+    users = [ctx.graph.ops[u] for u in ctx.uses[op.index]]
+    if not users or all(u.opcode in LAYOUT_OPS and not _swaps_last_two(u) for u in users):
+        return False
+    found = index_map(ctx, op)
+    if found is None:
+        return False
+    root, index, broadcast = found
+    slices, copies = _tile_blocks(root, index, op.shape)
+    if slices is not None:
+        value = ctx.define(op, home=Memory.SBUF, hbm=view_name)
+        value.slices, value.slice_root, value.hbm_fallback = slices, root, hbm_fallback
+        ctx.extend_uses(root, op)
+        ctx.stats["on_chip_views"] = ctx.stats.get("on_chip_views", 0) + 1
+        return True
+    if copies is None or broadcast:
+        return False
+    _, _, cols = tile_grid(op.shape, Layout.ROW)
+    if len(copies) * cols * op.dtype.itemsize > ctx.hbm_home_bytes:
+        return False  # too large to keep on chip: its home would be HBM anyway
+    ctx.define(op, home=Memory.SBUF)
+    _copy_blocks(ctx, op, root, copies)
+    ctx.stats["on_chip_view_copies"] = ctx.stats.get("on_chip_view_copies", 0) + 1
+    return True
+
+
+def _copy_blocks(ctx: Context, op: Op, root: Op, copies: list[list[tuple[int, Block]]]) -> None:
+    engines = (Engine.SCALAR, Engine.VECTOR)
+    n = 0
+    for t, runs in enumerate(copies):
+        out = ctx.produce(op, t)
+        for c_out, (st, p0, p1, c0, c1) in runs:
+            src = ctx.tile(root, st)
+            block = Ref(src.buf, src.p0 + p0, src.p0 + p1, src.f0 + c0, src.f0 + c1)
+            dst = Ref(out.buf, out.p0 + p0, out.p0 + p1, out.f0 + c_out, out.f0 + c_out + c1 - c0)
+            tensor_copy(ctx, dst, block, engines[n % 2])
+            n += 1
+            ctx.release(root, src)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
