@@ -123,6 +123,13 @@ def join_blocks(parts: list[np.ndarray], split: Split) -> np.ndarray:
     return whole.reshape(*shape[:d], shape[d] * len(parts), *shape[d + 1:])
 
 
+def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
+    """The one-hot matrix that picks rank ``rank``'s ``rows`` rows of ``total``."""
+    select = np.zeros((rows, total), np.float32)
+    select[np.arange(rows), np.arange(rank * rows, (rank + 1) * rows)] = 1.0
+    return select
+
+
 def _vocab_offset(shape: tuple[int, ...], rows: int, rank: int) -> np.ndarray:
     """The vocabulary-parallel gather's per-rank input: every id's offset into this rank's rows."""
     return np.full(shape, rank * rows, np.int32)
@@ -137,18 +144,27 @@ class _Restart(Exception):
         self.splits = splits
 
 
-def shard(graph: Graph, tp: int) -> ShardedGraph:
+def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset()) -> ShardedGraph:
     """Split ``graph`` over ``tp`` ranks (see the module docstring).
 
     A pass that finds inputs it should have split goes on to the end, collecting every such input,
     and the next pass splits them all from the start: a Llama graph settles in two or three passes,
-    not one pass per layer's KV-cache input."""
+    not one pass per layer's KV-cache input.
+
+    ``trained`` names graph *inputs* that are trained weights (a training step's parameters, which
+    stay resident on the ranks rather than being constants): linears reading them are split like
+    linears reading constant weights, and a replicated value that has to meet a split one (the
+    gradient of a weight whose forward ran whole, e.g. the LM head after the all-gather the
+    cross-entropy needs) is cut to the rank's block locally (:meth:`_Sharder._rank_block`) instead of
+    all-gathering the split side, so a weight's update, gradient and optimizer state stay split the
+    way its forward split it. Tables are not vocabulary-split then (the one-hot matmul of the
+    embedding's backward has no vocabulary split)."""
     if not isinstance(tp, int) or tp < 1:
         raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
     presplit: dict[int, Split] = {}
     for _ in range(len(graph.parameters) + 1):
         try:
-            return _Sharder(graph, tp, presplit).run()
+            return _Sharder(graph, tp, presplit, trained).run()
         except _Restart as restart:
             presplit.update(restart.splits)
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
@@ -215,10 +231,12 @@ def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
 
 
 class _Sharder:
-    def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split]) -> None:
+    def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split],
+                 trained: frozenset[str] = frozenset()) -> None:
         self.graph = graph
         self.tp = tp
         self.presplit = presplit
+        self.trained = trained
         self.b = GraphBuilder(graph.name, root_layer="")
         self.local: dict[int, Op] = {}
         self.split: dict[int, Sharding] = {}
@@ -230,6 +248,7 @@ class _Sharder:
         self.vocab_tables = self._vocab_parallel_tables()
         self.current: Op = graph.ops[0]
         self.wanted_split: dict[int, Split] = {}  # inputs placed whole that a later op wants split
+        self.replaced: dict[int, Op] = {}  # training: inputs split on demand -> their whole op
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> ShardedGraph:
@@ -249,6 +268,10 @@ class _Sharder:
         if self.wanted_split:
             raise _Restart(self.wanted_split)
         outputs = [self.local[o.index] for o in self.graph.outputs]
+        if self.replaced:
+            stale = _still_read(outputs, self.replaced)
+            if stale:
+                raise _Restart({i: s for i, s in self.split.items() if i in stale and s is not None})
         output_splits = [self.split[o.index] for o in self.graph.outputs]
         params = [self.params[p.index] for p in self.graph.parameters] + self.rank_params
         for number, param in enumerate(params):
@@ -292,13 +315,69 @@ class _Sharder:
             return self.local[op.index]
         if current is not None:
             return None
-        return self._localize(op, split)
+        local = self._localize(op, split)
+        if local is None and self.trained and op.opcode != "parameter":
+            local = self._rank_block(op, split)
+        return local
+
+    def _split_input(self, op: Op, split: Split) -> Op:
+        """A training step's input split where it is first wanted split (a weight by the linear that
+        reads it, a state tensor by the update that meets its weight), as a constant weight is: the
+        runtime feeds each rank its block. Ops lowered before that read the whole input; if one of
+        them is still used at the end, the next pass splits the input from the start instead."""
+        extra = {k: v for k, v in op.attrs.items() if k != "number"}
+        local = self.b.add_op("parameter", [], self._shape(op, split), op.dtype, name=op.name,
+                              number=0, **extra)
+        self.replaced[op.index] = self.local[op.index]
+        self.params[op.index] = self.local[op.index] = local
+        self.split[op.index] = split
+        return local
+
+    def _rank_block(self, op: Op, split: Split) -> Op | None:
+        """The rank's block of a replicated value every rank computed whole: its rows picked by a
+        rank-dependent one-hot selection matrix (no communication). Training only.
+
+        A matmul rather than a row gather: the gather's lowering reads its table as a stored
+        tensor, and the values cut here are usually views (a slice of a fused projection)."""
+        if split.outer != 1 or not _fits(op.shape[split.dim], split, self.tp) or not op.shape:
+            return None
+        key = (op.index, split)
+        if key in self.localized:
+            return self.localized[key]
+        b, d = self.b, split.dim
+        rows = op.shape[d] // self.tp
+        start = b.n_ops
+        with b.located(self.current.layer, self.current.frames):
+            value = self.local[op.index]
+            order = [d, *(i for i in range(len(op.shape)) if i != d)]
+            moved = value if d == 0 else b.transpose(value, order)
+            rest = moved.shape[1:]
+            table = b.reshape(moved, (moved.shape[0], int(np.prod(rest, dtype=np.int64))))
+            if table.dtype not in (DType.FP32, DType.BF16, DType.FP16):
+                return None
+            select = b.add_op("parameter", [], (rows, op.shape[d]), table.dtype,
+                              name=f"tp_rank_rows.{len(self.rank_params)}", number=0)
+            self.rank_params.append(select)
+            self.rank_inputs.append(functools.partial(_rank_rows, rows, op.shape[d]))
+            picked = b.reshape(b.dot(select, table, lhs_contract=1, rhs_contract=0), (rows, *rest))
+            inverse = [order.index(i) for i in range(len(order))]
+            block = picked if d == 0 else b.transpose(picked, inverse)
+        for k, made in enumerate(b.ops_since(start)):  # copied ops keep the full graph's names:
+            if made.opcode != "parameter":             # builder-made ones must not collide
+                made.name = f"{op.name}.tp_block.{k}"
+        self.localized[key] = block
+        return block
 
     # -- splitting replicated values where they are made -----------------------------------------
     def _localize(self, op: Op, split: Split) -> Op | None:
         key = (op.index, split)
         if key in self.localized:
             return self.localized[key]
+        current = self.split.get(op.index)
+        if current == split:
+            return self.local[op.index]
+        if current is not None:
+            return None
         if not _fits(op.shape[split.dim], split, self.tp):
             return None
         made = self._make_local(op, split)
@@ -311,6 +390,8 @@ class _Sharder:
         shape = self._shape(op, split)
         suffix = f".tp{dim}"
         with self.b.located(op.layer, op.frames):
+            if code == "parameter" and self.trained:  # split from here on, as a constant weight is
+                return self._split_input(op, split)
             if code == "parameter":  # split it from the start next pass; this pass goes on without
                 self.wanted_split.setdefault(op.index, split)
                 return None
@@ -517,15 +598,23 @@ class _Sharder:
             if result is not None:
                 return result
         a, b = self._whole(lhs), self._whole(rhs)
-        if _is_weight(rhs) and not _is_weight(lhs) and self._column_splittable(rhs, rf):
+        if self._is_weight(rhs) and not self._is_weight(lhs) and self._column_splittable(rhs, rf):
             column = self._localize(rhs, Split(rf))  # column-parallel
             if column is not None:
                 return self._add(op, [a, column], self._shape(op, Split(n - 1))), Split(n - 1)
-        if _is_weight(lhs) and not _is_weight(rhs) and self._column_splittable(lhs, lf):
+        if self._is_weight(lhs) and not self._is_weight(rhs) and self._column_splittable(lhs, lf):
             column = self._localize(lhs, Split(lf))
             if column is not None:
                 return self._add(op, [column, b], self._shape(op, Split(n - 2))), Split(n - 2)
         return self._add(op, [a, b], op.shape), None
+
+    def _is_weight(self, op: Op) -> bool:
+        """A trained weight: a constant (:func:`_is_weight`) or, in a training step, a trained input."""
+        if _is_weight(op):
+            return True
+        while op.opcode in ("convert", "transpose", "reshape", "slice"):
+            op = op.operands[0]
+        return op.opcode == "parameter" and op.name in self.trained and len(op.shape) >= 1
 
     def _column_splittable(self, weight: Op, dim: int) -> bool:
         """Linears are split by output features; fewer features than ranks (a 2-class head) stay
@@ -544,7 +633,7 @@ class _Sharder:
         """The gathered weight tables to split by rows: the largest one (the token embedding)."""
         tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
         tables = [t for t in tables if _is_weight(t) and t.shape[0] % self.tp == 0]
-        if not tables or self.tp == 1:
+        if not tables or self.tp == 1 or self.trained:
             return set()
         largest = max(t.size for t in tables)
         return {t.index for t in tables if t.size == largest}
@@ -568,6 +657,23 @@ class _Sharder:
         looked_up = self._add(op, [part, clamped], op.shape)
         keep = b.broadcast(mine, op.shape, tuple(range(len(ids.shape))))
         return b.select(keep, looked_up, 0.0), PARTIAL
+
+
+def _still_read(outputs: list[Op], replaced: dict[int, Op]) -> set[int]:
+    """Graph inputs whose whole (replaced) op a live op still reads."""
+    whole = {id(op): index for index, op in replaced.items()}
+    seen: set[int] = set()
+    found: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if id(op) in whole:
+            found.add(whole[id(op)])
+        stack.extend(op.operands)
+    return found
 
 
 def _weight_view(op: Op) -> tuple[Initializer | IndexedInitializer, Op, str] | None:

@@ -97,14 +97,20 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise TraceError(f"{name}: torch.export failed: {first}") from exc
     sig = ep.graph_signature
     named = dict(wrapper.named_parameters())
+    # a tied weight (GPT-2's lm_head is its token embedding) is one parameter under two names;
+    # both uses read the one placeholder, so its gradient sums over both, as autograd's does
+    canonical = {id(p): n for n, p in named.items()}
+    alias = {n: canonical[id(p)] for n, p in wrapper.named_parameters(remove_duplicate=False)}
     tables = {**ep.state_dict, **ep.constants}
     params: list[str] = []
     others: list[str] = []
     positions: list[tuple[str, int]] = []  # (kind, index) per graph input, in graph order
     n_user = 0
     for spec in sig.input_specs:
-        target = spec.target or ""
-        if spec.kind is InputKind.PARAMETER and named.get(target) is not None \
+        target = alias.get(spec.target or "", spec.target or "")
+        if spec.kind is InputKind.PARAMETER and target in params:
+            positions.append(("param", params.index(target)))
+        elif spec.kind is InputKind.PARAMETER and named.get(target) is not None \
                 and named[target].requires_grad:
             positions.append(("param", len(params)))
             params.append(target)
