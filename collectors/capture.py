@@ -125,6 +125,17 @@ def scale_hardware(instance: Any, factors: dict[str, float]) -> None:
         c.spec = scaled
 
 
+def disable_power_throttling(instance: Any) -> None:
+    """Turn off Trainium2's power throttling on every core of ``instance`` (and in the spec programs
+    are compiled for): ``--no-power-throttling``, the what-if ``power-throttling=off``."""
+    from dataclasses import replace
+
+    core = replace(instance.spec.chip.core, power_throttling=False)
+    instance.spec = replace(instance.spec, chip=replace(instance.spec.chip, core=core))
+    for c in instance.cores:
+        c.spec = core
+
+
 def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path:
     """``rerun.json`` beside the profiles: what re-running this capture needs (workload and options,
     never code or pickles), read by ``neuron-profile analyze --what-if`` (collectors/whatif.py)."""
@@ -134,6 +145,7 @@ def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path
         "timing_only": bool(args.timing_only), "seed": args.seed, "num_exec": args.num_exec,
         "profile_nth_exec": args.profile_nth_exec, "rank_slowdown": list(args.rank_slowdown or []),
         "scale_hardware": list(getattr(args, "scale_hardware", None) or []),
+        "power_throttling": not getattr(args, "no_power_throttling", False),
     }
     path = out / RERUN_FILE
     path.write_text(json.dumps(facts, indent=1) + "\n")
@@ -155,8 +167,10 @@ def capture_training(args: argparse.Namespace, console: Console) -> CaptureResul
         overrides["instance"] = args.instance
     if args.dtype:
         raise CaptureError("--dtype does not apply to training workloads; use --set precision=...")
-    if getattr(args, "rank_slowdown", None) or getattr(args, "scale_hardware", None):
-        raise CaptureError("--rank-slowdown and --scale-hardware do not apply to training workloads")
+    if (getattr(args, "rank_slowdown", None) or getattr(args, "scale_hardware", None)
+            or getattr(args, "no_power_throttling", False)):
+        raise CaptureError("--rank-slowdown, --scale-hardware and --no-power-throttling do not apply to "
+                           "training workloads")
     try:
         model, plan = get_train(args.workload).configure(args.preset, **overrides)
     except PlanError as exc:
@@ -228,6 +242,8 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
     graph = workload.build(**options)
     instance = Instance(args.instance)
     scale_hardware(instance, parse_scaling(getattr(args, "scale_hardware", None)))
+    if getattr(args, "no_power_throttling", False):
+        disable_power_throttling(instance)
     out = Path(args.output)
     _prepare_output(out, args.force)
     write_rerun(out, args, instance.name)
@@ -490,6 +506,9 @@ class CaptureCommand:
         parser.add_argument("--scale-hardware", action="append", metavar="FIELD=FACTOR",
                             help="scale a hardware fact of the simulated cores (repeatable; what-if "
                                  "studies): " + ", ".join(SCALABLE_HARDWARE))
+        parser.add_argument("--no-power-throttling", action="store_true",
+                            help="simulate Trainium2 without its power throttling (what-if studies; "
+                                 "trn1/inf2 never throttle)")
         parser.add_argument("--timing-only", action="store_true", help="no numerics, no weights")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--num-exec", type=int, default=2, help="executions of a workload (default 2)")

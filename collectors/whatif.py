@@ -17,11 +17,14 @@ Changes (``--what-if NAME=VALUE``):
 * ``dma-latency=F``: the per-transfer fixed DMA latency x F (``--scale-hardware dma_fixed_latency_ns=F``);
 * ``tp=N``: tensor-parallel degree (``--tp N``); ``instance=NAME``: another instance type
   (``--instance NAME``); ``dtype=D``: the workload's dtype (``--dtype D``);
+* ``power-throttling=off``: Trainium2 without its power throttling (``--no-power-throttling``);
 * ``KEY=VALUE``: any other workload option, e.g. ``batch=2`` (``--set KEY=VALUE``).
 
 ``auto`` runs ``dma-bandwidth=2``, ``hbm-bandwidth=2`` and ``dma-latency=0.5`` when a finding points
-at a DMA queue. Findings then carry the gain measured for the change that addresses them
-(``Finding.gain_ns``): a DMA-queue finding the largest gain among the DMA and HBM changes run.
+at a DMA queue, and ``power-throttling=off`` when the profile recorded throttling. Findings then carry
+the gain measured for the change that addresses them (``Finding.gain_ns``): a DMA-queue finding the
+largest gain among the DMA and HBM changes run, the power-throttling finding that of
+``power-throttling=off``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
-from formats.analysis import Analysis
+from formats.analysis import THROTTLE_FINDING, Analysis, Finding
 from formats.analyze_command import ANALYZE_FORMATS, AnalyzeCommand, analyze_dir, text_lines, to_json
 from formats.units import fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError
@@ -47,6 +50,7 @@ __all__ = ["WhatIf", "WhatIfAnalyzeCommand", "find_rerun", "run_what_if"]
 HARDWARE_KNOBS = {"dma-bandwidth": "dma_engine_bytes_per_s", "hbm-bandwidth": "hbm_bytes_per_s",
                   "dma-latency": "dma_fixed_latency_ns"}
 AUTO = ("dma-bandwidth=2", "hbm-bandwidth=2", "dma-latency=0.5")
+THROTTLING = "power-throttling"  # power-throttling=off: Trainium2 without its power throttling
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,8 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         profile_nth_exec=int(facts.get("profile_nth_exec") or 2),
         rank_slowdown=list(facts.get("rank_slowdown") or []),
         scale_hardware=list(facts.get("scale_hardware") or []), output=str(out), force=True,
-        system_only=False, device_only=True, system_interval=0.1)
+        system_only=False, device_only=True, system_interval=0.1,
+        no_power_throttling=facts.get("power_throttling", True) is False)
     if name in HARDWARE_KNOBS:
         field = HARDWARE_KNOBS[name]
         try:
@@ -125,6 +130,10 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
             raise CliError(f"--what-if tp takes a whole number, not {value!r}") from None
         if args.tp < 2:
             args.rank_slowdown = []
+    elif name == THROTTLING:
+        if value not in ("on", "off"):
+            raise CliError(f"--what-if {THROTTLING} takes on or off, not {value!r}")
+        args.no_power_throttling = value == "off"
     elif name == "instance":
         args.instance = value
     elif name == "dtype":
@@ -139,6 +148,8 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         command += ["--tp", str(args.tp)]
     if args.timing_only:
         command.append("--timing-only")
+    if args.no_power_throttling:
+        command.append("--no-power-throttling")
     for flag, items in (("--set", args.set), ("--rank-slowdown", args.rank_slowdown),
                         ("--scale-hardware", args.scale_hardware)):
         for item in items:
@@ -181,18 +192,29 @@ def run_what_if(root: str, changes: list[str], baseline: dict[str, Any]) -> list
     return out
 
 
+def _is_dma_finding(f: Finding) -> bool:
+    return f.title.startswith("DMA queue") or "dma:" in f.title
+
+
+def _is_throttle_finding(f: Finding) -> bool:
+    return f.title == THROTTLE_FINDING
+
+
 def attach_gains(baseline: dict[str, Any], what_ifs: list[WhatIf]) -> None:
-    """Give each DMA-queue finding the largest gain measured by a DMA/HBM change (in place)."""
+    """Give each finding the gain measured by the change that addresses it (in place): a DMA-queue
+    finding the largest gain among the DMA/HBM changes run, a power-throttling finding the gain of
+    ``power-throttling=off``."""
     dma = [w for w in what_ifs if w.change.partition("=")[0] in HARDWARE_KNOBS]
-    if not dma:
-        return
-    best = max(dma, key=lambda w: w.gain_ns)
-    for name, analysis in baseline["profiles"].items():
+    off = [w for w in what_ifs if w.change == f"{THROTTLING}=off"]
+    for matches, runs in ((_is_dma_finding, dma), (_is_throttle_finding, off)):
+        if not runs:
+            continue
+        best = max(runs, key=lambda w: w.gain_ns)
         note = f"; re-simulated with {best.change}: {fmt_ns(best.before_ns)} -> {fmt_ns(best.after_ns)}"
-        findings = [replace(f, gain_ns=best.gain_ns, evidence=f.evidence + note)
-                    if f.title.startswith("DMA queue") or "dma:" in f.title else f
-                    for f in analysis.findings]
-        baseline["profiles"][name] = replace(analysis, findings=findings)
+        for name, analysis in baseline["profiles"].items():
+            findings = [replace(f, gain_ns=best.gain_ns, evidence=f.evidence + note) if matches(f) else f
+                        for f in analysis.findings]
+            baseline["profiles"][name] = replace(analysis, findings=findings)
 
 
 def what_if_lines(what_ifs: list[WhatIf]) -> list[str]:
@@ -213,7 +235,8 @@ class WhatIfAnalyzeCommand(AnalyzeCommand):
         parser.add_argument("--what-if", action="append", metavar="CHANGE",
                             help="re-simulate the captured workload with one change and compare "
                                  "(repeatable): dma-bandwidth=F, hbm-bandwidth=F, dma-latency=F, tp=N, "
-                                 "instance=NAME, dtype=D, any workload option KEY=VALUE, or auto")
+                                 "instance=NAME, dtype=D, power-throttling=off, any workload option "
+                                 "KEY=VALUE, or auto")
 
     def run(self, args: argparse.Namespace) -> int:
         if not args.what_if:
@@ -222,9 +245,11 @@ class WhatIfAnalyzeCommand(AnalyzeCommand):
         changes: list[str] = []
         for change in args.what_if:
             if change == "auto":
-                wants_dma = any(f.title.startswith("DMA queue") or "dma:" in f.title
-                                for a in result["profiles"].values() for f in a.findings)
+                findings = [f for a in result["profiles"].values() for f in a.findings]
+                wants_dma = any(_is_dma_finding(f) for f in findings)
                 changes += [c for c in AUTO if wants_dma and c not in changes]
+                if any(_is_throttle_finding(f) for f in findings) and f"{THROTTLING}=off" not in changes:
+                    changes.append(f"{THROTTLING}=off")
             elif change not in changes:
                 changes.append(change)
         what_ifs = run_what_if(args.profile, changes, result)

@@ -32,11 +32,13 @@ from formats.units import fmt_ns, fmt_pct
 if TYPE_CHECKING:
     from formats.reader import Profile
 
-__all__ = ["Analysis", "Contributor", "Finding", "IdleReport", "PathReport", "analyze", "critical_path_where"]
+__all__ = ["THROTTLE_FINDING", "Analysis", "Contributor", "Finding", "IdleReport", "PathReport", "analyze",
+           "critical_path_where"]
 
 MAX_HIGHLIGHT_IDS = 50_000  # instructions a timeline highlight of the path names (the last ones)
 
 TOP = 10  # contributors, ops and layers listed per table
+THROTTLE_FINDING = "Power throttling"  # the title of the finding made from Throttle rows
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,7 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
         from formats import breakdown
 
         ceiling = profile.metadata.get("dma_ddr_bandwidth")
-        throttle = _throttle_finding(profile, con, result.device_time_ns)
+        throttle = _throttle_finding(profile, con, result.device_time_ns, graph)
         if throttle is not None:
             result = replace(result, findings=sorted([*result.findings, throttle],
                                                      key=lambda f: (-f.time_ns, f.title)))
@@ -357,24 +359,23 @@ def analyze(profile: Profile, con: Any = None) -> Analysis:
             con.close()
 
 
-def _throttle_finding(profile: Profile, con: Any, device_ns: int) -> Finding | None:
+def _throttle_finding(profile: Profile, con: Any, device_ns: int, graph: DepGraph | None) -> Finding | None:
     """Power throttling the profile recorded (``Throttle`` rows: the real tool's "Active FLOPS
-    Throttling"): Σ duration, the tightest limit k/n and the Tensor instructions that ran under it."""
-    from formats.sqlsource import TableSource
+    Throttling"): Σ duration, the tightest limit k/n and its cost, the Tensor-engine time the
+    matmuls under it lost (``formats.throttling``); ranked by that cost."""
+    from formats.throttling import throttling
 
-    source = TableSource(profile, "Throttle")
-    if not source.present:
+    t = throttling(profile, con, graph)
+    if t is None:
         return None
-    total, count, limit, first = con.execute(f"""
-        SELECT sum(duration)::BIGINT, count(*), min(k::DOUBLE / nullif(n, 0)), min(timestamp)
-        FROM {source.relation()}""").fetchall()[0]
-    if not total:
-        return None
-    share = f" ({fmt_pct(total / device_ns)} of device time)" if device_ns else ""
-    cap = f", limit down to {fmt_pct(limit)} of peak activity" if limit is not None else ""
-    return Finding("Power throttling",
-                   f"{int(count)} throttling periods for {fmt_ns(int(total))}{share}{cap}",
-                   f"first at {int(first)} ns" if first is not None else None, int(total), "throttle")
+    share = f" ({fmt_pct(t.duration_ns / device_ns)} of device time)" if device_ns else ""
+    cap = f", limit down to {fmt_pct(t.limit)} of peak activity" if t.limit is not None else ""
+    cost = (f"; cost: the Tensor engine's matmuls ran {fmt_ns(t.tensor_lost_ns)} longer than at full "
+            f"speed" if t.tensor_lost_ns else "")
+    return Finding(THROTTLE_FINDING,
+                   f"{t.periods} throttling periods for {fmt_ns(t.duration_ns)}{share}{cap}{cost}",
+                   f"first at {t.first_ns} ns" if t.first_ns is not None else None,
+                   t.tensor_lost_ns or t.duration_ns, "throttle")
 
 
 def _analyze(profile: Profile, graph: DepGraph, t: float | None, lookup: Any) -> Analysis:

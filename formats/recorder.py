@@ -20,6 +20,7 @@ dma_packet           DmaPacket, one Flow edge per transfer (triggering instructi
                      one per semaphore wait of the transfer
 semaphore_update     SemaphoreUpdate
 hbm_usage            HbmUsage
+throttle             Throttle (power throttling periods, NC-v3; ``type`` activity_0, limit k/n)
 cc_op                CcOp (columns named as the CcOp table; ids filled in when absent), and Flow
                      edges into and out of each collective (``cc_op`` = ``CcOp.op_id``)
 neuronlink_usage     NeuronLinkUsage (our extension table)
@@ -61,6 +62,7 @@ from neuroncore.record_kinds import (
     ProgramLoadedMeta,
     RecordKind,
     SemaphoreUpdateMeta,
+    ThrottleMeta,
     TrainStepMeta,
     core_of,
     meta_of,
@@ -68,6 +70,9 @@ from neuroncore.record_kinds import (
 
 # Semaphore updates made by a DMA transfer's completion arrive over the bus (profile-schema §2.5).
 BUS_SOURCE = "AXI"
+# Throttle.type of the power throttling the core models (the schema's values: activity_0,
+# activity_1, unknown; which activity counter the real tool names 0 is not published)
+THROTTLE_TYPE = "activity_0"
 CC_TRIGGER_ENGINE = "Pool"  # the real tool's spelling for GpSimd in CcOp.trigger_engine (§2.5)
 
 
@@ -641,6 +646,21 @@ class ProfileRecorder:
         })
         execution.rows += n
 
+    def _on_throttle(self, batch: EventBatch) -> None:
+        """Power-throttling periods: the real tool's ``Throttle`` rows (``duration`` in ns, no suffix)."""
+        c = batch.columns
+        execution = self._execution(meta_of(batch, ThrottleMeta))
+        n = len(c["timestamp"])
+        self.writer.write("Throttle", {
+            "duration": c["duration_ns"],
+            "k": c["k"],
+            "n": c["n"],
+            "timestamp": c["timestamp"],
+            "type": pa.DictionaryArray.from_arrays(np.zeros(n, np.int8), [THROTTLE_TYPE]),
+            "pcore_idx": np.zeros(n, np.int64),
+        })
+        execution.rows += n
+
     def _on_cc_op(self, batch: EventBatch) -> None:
         """Collective ops, columns named as the CcOp table (``record_kinds`` declares them); op ids and
         the trigger engine are the recorder's to assign."""
@@ -728,6 +748,7 @@ class ProfileRecorder:
         RecordKind.DMA_PACKET: _on_dma_packet,
         RecordKind.SEMAPHORE_UPDATE: _on_semaphore_update,
         RecordKind.HBM_USAGE: _on_hbm_usage,
+        RecordKind.THROTTLE: _on_throttle,
         RecordKind.CC_OP: _on_cc_op,
         RecordKind.NEURONLINK_USAGE: _on_neuronlink_usage,
         RecordKind.TRAIN_STEP: _on_train_step,

@@ -66,6 +66,18 @@ class CoreSpec:
     # BF16 one (§3.1; the 4x128 FP8 input path of §2.2): FP8 runs at 2x the BF16 rate (158 TFLOPS).
     # NC-v2 runs FP8 (cFP8) at the BF16 rate (§1.1, §2.3).
     fp8_double_row: bool = False
+    # NC-v3 (Trainium2) only: power throttling. When the Tensor engine's utilisation stays under
+    # ``throttle_utilisation`` for ``throttle_window_ns`` the next burst of matmuls runs at
+    # ``throttle_rate`` of full speed until the power controller ramps back up
+    # (round2-facts.md, neuron-explorer troubleshooting "Active FLOPS Throttling Detected":
+    # "under 50 % for about 3 us ... the next burst runs at about 50 % until it ramps").
+    # The ramp time is not published: ``throttle_ramp_ns`` = the detection window is an assumption.
+    # ``power_throttling=False`` turns it off (what-if comparisons; docs/execution-core.md).
+    power_throttling: bool = False
+    throttle_window_ns: float = 3000.0
+    throttle_utilisation: float = 0.5
+    throttle_rate: float = 0.5
+    throttle_ramp_ns: float = 3000.0
 
     @property
     def sbuf_bytes(self) -> int:
@@ -133,6 +145,7 @@ NC_V3 = CoreSpec(
     hbm_bytes=12 * 2**30,  # half of a 24 GiB stack per physical core
     vector_perf_modes=True,
     fp8_double_row=True,
+    power_throttling=True,
 )
 
 

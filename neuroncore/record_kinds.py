@@ -42,6 +42,7 @@ class RecordKind(StrEnum):
     DMA_PACKET = "dma_packet"
     SEMAPHORE_UPDATE = "semaphore_update"
     HBM_USAGE = "hbm_usage"
+    THROTTLE = "throttle"
     CC_OP = "cc_op"
     NEURONLINK_USAGE = "neuronlink_usage"
     TRAIN_STEP = "train_step"
@@ -193,6 +194,14 @@ class HbmUsageMeta(ExecutionMeta):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ThrottleMeta(ExecutionMeta):
+    """``extra_ns``: the Tensor-engine time the execution's throttling added in all (Σ over its
+    throttled MATMULs of their throttled minus their full-speed cost)."""
+
+    extra_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CcOpMeta(ExecutionMeta):
     """Per row: the collective's program node, IR op index and HLO name."""
 
@@ -234,7 +243,7 @@ class NeuronLinkUsageMeta:
 
 
 Meta = (ProgramLoadedMeta | ExecutionStartMeta | ExecutionEndMeta | InstructionMeta | DmaPacketMeta
-        | SemaphoreUpdateMeta | HbmUsageMeta | CcOpMeta | NeuronLinkUsageMeta | TrainStepMeta)
+        | SemaphoreUpdateMeta | HbmUsageMeta | ThrottleMeta | CcOpMeta | NeuronLinkUsageMeta | TrainStepMeta)
 """Every metadata record a batch can carry."""
 
 M = TypeVar("M", bound="ModelMeta | NeuronLinkUsageMeta")  # a metadata class or a base of some
@@ -350,6 +359,16 @@ RECORD_KINDS: dict[RecordKind, KindDecl] = {d.kind: d for d in (
                  Column("timestamp", Dtype.INT64, _TS, "start of the period"),
                  Column("current_throughput", Dtype.FLOAT32, "bytes/s", "HBM bytes per second in the period"),
                  Column("total_transfer_bytes", Dtype.INT64, _BYTES, "HBM bytes since the execution began"),
+             )),
+    KindDecl(RecordKind.THROTTLE,
+             "power throttling of one execution (NC-v3: Tensor-engine utilisation under 50 % for "
+             "3 us, then the next matmuls at half rate until the ramp), one row per throttling period; "
+             "emitted only when there was some",
+             ThrottleMeta, (
+                 Column("timestamp", Dtype.INT64, _TS, "start of the period (its first throttled MATMUL)"),
+                 Column("duration_ns", Dtype.INT64, _NS, "until the power controller ramped back up"),
+                 Column("k", Dtype.INT32, "-", "allowed activity level; the limit is k / n of full speed"),
+                 Column("n", Dtype.INT32, "-", "the level scale"),
              )),
     KindDecl(RecordKind.CC_OP,
              "collectives of a tensor-parallel execution, one row per collective as one rank saw it; "
@@ -508,6 +527,7 @@ __all__ = [
     "RecordContractError",
     "RecordKind",
     "SemaphoreUpdateMeta",
+    "ThrottleMeta",
     "TrainStepMeta",
     "check_batch",
     "core_of",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from neuroncore.record_kinds import (
     QueueInfo,
     RecordKind,
     SemaphoreUpdateMeta,
+    ThrottleMeta,
 )
 from neuroncore.runtime.scheduler import RecordLayout, Timeline
 
@@ -174,6 +176,25 @@ def emit_execution(sink: EventSink, program: Program, timeline: Timeline, *, exe
     times, throughput, cumulative = hbm_samples(program, timeline)
     sink.emit(RecordKind.HBM_USAGE, {"timestamp": times, "current_throughput": throughput,
                                      "total_transfer_bytes": cumulative}, HbmUsageMeta(**ids))
+    if timeline.throttle_start_ns.size:
+        emit_throttle(sink, program, timeline, ids)
+
+
+def emit_throttle(sink: EventSink, program: Program, timeline: Timeline, ids: dict[str, int]) -> None:
+    """One ``throttle`` row per power-throttling period of the execution (NC-v3)."""
+    k, n = throttle_level(program.spec.throttle_rate)
+    rows = timeline.throttle_start_ns.size
+    sink.emit(RecordKind.THROTTLE, {
+        "timestamp": timeline.throttle_start_ns,
+        "duration_ns": timeline.throttle_end_ns - timeline.throttle_start_ns,
+        "k": np.full(rows, k, np.int32), "n": np.full(rows, n, np.int32),
+    }, ThrottleMeta(extra_ns=round(timeline.throttle_extra_ns), **ids))
+
+
+def throttle_level(rate: float) -> tuple[int, int]:
+    """The throttled rate as the profile's level ``k`` of ``n`` (0.5 -> 1 of 2)."""
+    level = Fraction(rate).limit_denominator(100)
+    return level.numerator, level.denominator
 
 
 def hbm_samples(program: Program, timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

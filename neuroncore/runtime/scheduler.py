@@ -8,6 +8,16 @@ A DMA transfer starts a fixed latency after its trigger instruction ends; its sh
 DMA engines it is spread over queues behind earlier transfers on that engine (FIFO), and transfers of
 one queue complete in order (the queue's semaphore counts completions).
 
+Power throttling (NC-v3, ``CoreSpec.power_throttling``) is a state machine over the Tensor engine's
+MATMUL stream as the pass builds it, not a rewrite afterwards: when a MATMUL is about to start and the
+stream was busy less than ``throttle_utilisation`` (50 %) of the trailing ``throttle_window_ns``
+(3 us), the throttle engages: from that start, MATMULs run at ``throttle_rate`` (half) of full speed
+until ``throttle_ramp_ns`` later (the ramp; an instruction straddling its end runs its remaining work
+at full speed), and everything waiting on them shifts with them. A window is judged only when it
+lies wholly after the execution's first MATMUL (the first burst of an execution is never throttled)
+and after the end of the previous ramp (the controller measures afresh once it has ramped up). Each
+period is one ``Throttle`` row.
+
 Because every dependency points backwards in the global order, one pass computes the exact
 schedule. The loop is compiled with numba: it is the hot path of every simulated execution. The same
 pass writes the integer-nanosecond record columns the event sink hands out, so observing an
@@ -16,7 +26,7 @@ execution costs no second pass over its instructions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -49,7 +59,10 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
               slot: np.ndarray, i_start: np.ndarray, i_end: np.ndarray, i_wait: np.ndarray,
               i_dma_start: np.ndarray, i_dma_end: np.ndarray, sem_slot: np.ndarray, sem_ts: np.ndarray,
               hbm_bytes: np.ndarray, hbm_width: float, hbm_bins: np.ndarray, fluid: bool, bucket_ns: float,
-              used: np.ndarray, ports: np.ndarray, port_rules: bool, queue_serial: bool) -> int:
+              used: np.ndarray, ports: np.ndarray, port_rules: bool, queue_serial: bool,
+              throttle: bool, thr_window: float, thr_util: float, thr_rate: float, thr_ramp: float,
+              mm_s: np.ndarray, mm_e: np.ndarray, mm_cum: np.ndarray, thr_start: np.ndarray,
+              thr_end: np.ndarray, thr_extra: np.ndarray, thr_n: np.ndarray) -> int:
     # (annotations are for the checker: numba types the arguments from the first call's values)
     engine_free = np.full(N_RESOURCES, t0)  # 0-5 engine tracks, RES_DMA unused, RES_CC the CC-core
     dma_free = np.full(n_dma_engines, t0)
@@ -60,6 +73,15 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
     sbuf_port_end = np.full(N_RESOURCES, t0)  # last SBUF access, by resource (Vector / GpSimd read it)
     psum_port_end = np.full(N_RESOURCES, t0)  # last PSUM access, by resource (Vector / Scalar read it)
     last_mm_start = t0
+    # power throttling (NC-v3): the MATMUL stream's busy intervals so far, the first one still
+    # inside the trailing window, and until when the current throttle holds (module docstring)
+    n_mm = 0
+    mm_lo = 0
+    thr_until = t0
+    judged_from = t0  # a window is judged only after this: the first MATMUL, then each ramp's end
+    n_thr = 0
+    extra = 0.0
+    mm_cum[0] = 0.0
     rotate = 0
     p = 0
     n = resource.shape[0]
@@ -134,7 +156,36 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
             s = avail if avail > ready else ready
             wait[i] = ready - avail if ready > avail else 0.0
             start[i] = s
-            end[i] = s + cost_ns[i]
+            cost = cost_ns[i]
+            if r == RES_TENSOR_MM and throttle:
+                if n_mm == 0:
+                    judged_from = s
+                elif s >= thr_until and s - thr_window >= judged_from:
+                    # Tensor-engine utilisation over the trailing window [s - W, s]
+                    edge = s - thr_window
+                    while mm_lo < n_mm and mm_e[mm_lo] <= edge:
+                        mm_lo += 1
+                    busy = mm_cum[n_mm] - mm_cum[mm_lo]
+                    if mm_lo < n_mm and mm_s[mm_lo] < edge:
+                        busy -= edge - mm_s[mm_lo]
+                    if busy < thr_util * thr_window:
+                        thr_until = s + thr_ramp
+                        judged_from = thr_until
+                        thr_start[n_thr] = s
+                        thr_end[n_thr] = thr_until
+                        n_thr += 1
+                if s < thr_until:
+                    # at ``thr_rate`` of full speed until the ramp ends, at full speed after it
+                    slow = cost / thr_rate
+                    if s + slow > thr_until:
+                        slow = (thr_until - s) + (cost - (thr_until - s) * thr_rate)
+                    extra += slow - cost
+                    cost = slow
+                mm_s[n_mm] = s
+                mm_e[n_mm] = s + cost
+                mm_cum[n_mm + 1] = mm_cum[n_mm] + cost
+                n_mm += 1
+            end[i] = s + cost
             engine_free[r] = end[i]
             if ports[i] & PORT_SBUF:
                 sbuf_port_end[r] = end[i]
@@ -149,6 +200,8 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
                 i_wait[k] = np.int64(wait[i] + 0.5)
         if sem_slot[i] >= 0:
             sem_ts[sem_slot[i]] = np.int64(end[i] + 0.5)
+    thr_n[0] = n_thr
+    thr_extra[0] = extra
     return p
 
 
@@ -277,6 +330,11 @@ class Timeline:
     hbm_bins: np.ndarray  # HBM bytes moved in each sampling period from the start
     hbm_width_ns: float  # HBM counter sampling period
     layout: RecordLayout
+    # power throttling (NC-v3): each period's [start, end) on the core's clock (int64 ns, the end
+    # clipped to the execution's last event) and the Tensor time it added, Σ (throttled - full cost)
+    throttle_start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    throttle_end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    throttle_extra_ns: float = 0.0
 
     @property
     def begin_ns(self) -> float:
@@ -287,9 +345,13 @@ class Timeline:
         return float(self.end_ns.max()) if self.end_ns.size else 0.0
 
 
-def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = None) -> Timeline:
+def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = None, *,
+             power_throttling: bool | None = None) -> Timeline:
     """Simulate ``program`` starting at ``t0_ns``; a pure function of the node costs: the program's
-    static ones, or ``cost_ns`` (the same with collective durations filled in by the runtime)."""
+    static ones, or ``cost_ns`` (the same with collective durations filled in by the runtime).
+
+    ``power_throttling``: model Trainium2's power throttling (None: as the program's core spec says,
+    ``CoreSpec.power_throttling``; False turns it off for a what-if comparison)."""
     n = program.n_nodes
     layout = record_layout(program)
     costs = program.cost_ns if cost_ns is None else np.asarray(cost_ns, np.float64)
@@ -312,6 +374,15 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
     i_dma_end = np.full(n_instr, -1, np.int64)
     sem_ts = np.empty(layout.producers.size, np.int64)
     spec = program.spec
+    throttle = spec.power_throttling if power_throttling is None else bool(power_throttling)
+    n_mm = int(np.count_nonzero(program.resource == RES_TENSOR_MM)) if throttle else 0
+    mm_s = np.empty(n_mm + 1, np.float64)
+    mm_e = np.empty(n_mm + 1, np.float64)
+    mm_cum = np.empty(n_mm + 2, np.float64)
+    thr_start = np.empty(n_mm + 1, np.float64)
+    thr_end = np.empty(n_mm + 1, np.float64)
+    thr_extra = np.zeros(1, np.float64)
+    thr_n = np.zeros(1, np.int64)
 
     def run(fluid: bool, bucket_ns: float, used: np.ndarray) -> np.ndarray:
         hbm_bins = np.zeros(n_bins, np.float64)
@@ -321,7 +392,9 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
                   pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
                   i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, width,
                   hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2,
-                  program.dma_queue_serial)
+                  program.dma_queue_serial, throttle, float(spec.throttle_window_ns),
+                  float(spec.throttle_utilisation), float(spec.throttle_rate), float(spec.throttle_ramp_ns),
+                  mm_s, mm_e, mm_cum, thr_start, thr_end, thr_extra, thr_n)
         return hbm_bins
 
     # pass 1 (DMA engines FIFO in program order) bounds the horizon; pass 2 shares the engines
@@ -332,8 +405,13 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
         bucket_ns = max(DMA_BUCKET_MIN_NS, horizon / DMA_BUCKETS)
         used = np.zeros((spec.dma_engines, int(horizon / bucket_ns) + 1), np.float64)
         hbm_bins = run(True, bucket_ns, used)
+    k = int(thr_n[0])
+    finish = float(end.max()) if n else t0_ns
+    t_start = np.rint(thr_start[:k]).astype(np.int64)
+    t_end = np.rint(np.minimum(thr_end[:k], finish)).astype(np.int64)
     return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
-                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, width, layout)
+                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, width, layout,
+                    t_start, t_end, float(thr_extra[0]))
 
 
 # constants baked into the loop

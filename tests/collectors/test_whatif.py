@@ -76,3 +76,61 @@ def test_bad_what_if_is_one_line(captured: Path) -> None:
     done = _run("capture", "--workload", "bert-layer", "--scale-hardware", "warp_speed=9", "-o",
                 str(captured.parent / "bad"))
     assert done.returncode == 2 and "--scale-hardware" in done.stderr and done.stderr.count("\n") == 1
+
+
+# -- Trainium2 power throttling: recorded, reported with its cost, and re-simulated without it -------
+
+
+def _capture_mlp(out: Path, instance: str, *extra: str) -> Path:
+    done = _run("capture", "--workload", "mlp", "--instance", instance, "--timing-only", "--device-only",
+                "--num-exec", "1", "--profile-nth-exec", "1", "-o", str(out), *extra)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _throttle_rows(root: Path) -> list[dict[str, Any]]:
+    from formats.dataset import find_profiles
+    from formats.reader import open_profile
+
+    (entry,) = find_profiles(root / "device")[0]
+    profile = open_profile(entry.path)
+    if not profile.num_rows("Throttle"):
+        return []
+    return profile.table("Throttle", ["timestamp", "duration", "k", "n", "type"]).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def trn2_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _capture_mlp(tmp_path_factory.mktemp("throttle") / "mlp", "trn2.48xlarge")
+
+
+def test_a_trn2_capture_records_throttling_and_analyze_reports_its_cost(trn2_mlp: Path) -> None:
+    rows = _throttle_rows(trn2_mlp)
+    assert rows and all(r["k"] == 1 and r["n"] == 2 and r["type"] == "activity_0" and r["duration"] > 0
+                        for r in rows)
+    assert json.loads((trn2_mlp / "rerun.json").read_text())["power_throttling"] is True
+    done = _run("analyze", str(trn2_mlp / "device"))
+    assert done.returncode == 0, done.stderr
+    assert "Power throttling" in done.stdout
+    assert f"{len(rows)} throttling periods" in done.stdout and "matmuls ran" in done.stdout
+
+
+def test_what_if_without_throttling_equals_a_fresh_capture(trn2_mlp: Path, tmp_path: Path) -> None:
+    done = _run("analyze", str(trn2_mlp / "device"), "--output-format", "json", "--what-if", "auto")
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    (off,) = [w for w in data["what_if"] if w["change"] == "power-throttling=off"]  # auto asked for it
+    assert off["capture"].endswith("--no-power-throttling -o DIR")
+    fresh = _capture_mlp(tmp_path / "off", "trn2.48xlarge", "--no-power-throttling")
+    assert _throttle_rows(fresh) == []
+    after = _device_time(fresh)
+    assert off["device_time_ns"]["after"] == after < off["device_time_ns"]["before"] == _device_time(trn2_mlp)
+    (finding,) = [f for f in data["findings"] if f["title"] == "Power throttling"]
+    assert finding["gain_ns"] == off["gain_ns"] == off["device_time_ns"]["before"] - after
+
+
+def test_trn1_captures_have_no_throttling(tmp_path: Path) -> None:
+    root = _capture_mlp(tmp_path / "trn1", "trn1.2xlarge")
+    assert _throttle_rows(root) == []
+    done = _run("analyze", str(root / "device"))
+    assert done.returncode == 0 and "Power throttling" not in done.stdout
