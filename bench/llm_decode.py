@@ -33,6 +33,11 @@ KV cache stays on the device, as transformers-neuronx keeps it).
   (the cache the program reads is the bucket's length whatever the live context), so this weighted
   mean equals the mean over all tokens exactly.
 * ``tokens_per_s``: generated tokens over the generation's time, ``B * out / (ttft + (out-1)*tpot)``.
+* ``heads``: the query and KV heads each program stores for the ranks (transformers-neuronx's
+  rule, ``neuroncore.parallel.heads``): the 8 KV heads of Llama-2-70B, Llama-3 and Mistral-7B are
+  replicated to one per rank (24 at tp 24, 32 at tp 32; queries padded 32 -> 48 or 64 -> 72 at tp
+  24), Llama-2-7B/13B (MHA) are padded to 48 (or 64) heads; ``kv_cache_mib_per_rank`` is the cache
+  one rank holds for ``in + out`` positions (bf16).
 * ``sim_wall_s``: wall seconds simulating the executions this key uses (its prefill and each
   bucket's decode step; compilation excluded, it is in ``compile_wall_s`` once per program).
 
@@ -57,9 +62,10 @@ os.environ.setdefault(settings.LIVE.name, "0")
 from neuroncore.compiler import CompilerOptions, Quantization
 from neuroncore.generation import normalize_buckets, steps_per_bucket
 from neuroncore.parallel import TensorParallelModel
+from neuroncore.parallel.heads import head_counts
 from neuroncore.runtime import Instance
 from neuroncore.runtime.host_io import request_latency_ns
-from neuroncore.workloads import MAX_POSITIONS, get
+from neuroncore.workloads import LLAMA_PRESETS, MAX_POSITIONS, get
 
 MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "mistral-7b")
 INSTANCES = {"inf2.48xlarge": 24, "trn1.32xlarge": 32}  # instance -> tp degree of the tables
@@ -152,7 +158,21 @@ class Grid:
             "decode_cc_ms_by_bucket": {str(b): round(t.cc_ms, 3) for b, t in decode.items()},
             "decode_device_ms_by_bucket": {str(b): round(t.device_ms, 3) for b, t in decode.items()},
             "steps_by_bucket": {str(b): n for b, n in per_bucket.items()},
+            "heads": head_figures(key),
         }
+
+
+def head_figures(key: Key) -> dict[str, int | float]:
+    """The heads each program stores for ``key.tp`` ranks (transformers-neuronx's rule,
+    ``neuroncore.parallel.heads``: KV heads replicated when tp does not divide them, query heads
+    padded) and the KV cache one rank holds for the whole generation (bf16, in + out positions):
+    the decode graphs' cache inputs have exactly these heads."""
+    dims = LLAMA_PRESETS[key.model]
+    heads, kv, copies = head_counts(dims["heads"], dims["kv_heads"], key.tp)
+    head_dim = dims["hidden"] // dims["heads"]
+    cache = 2 * dims["layers"] * key.batch * (kv // key.tp) * (key.prompt + key.output) * head_dim * 2
+    return {"q_heads": heads, "kv_heads": kv, "kv_copies": copies,
+            "kv_cache_mib_per_rank": round(cache / 2**20, 1)}
 
 
 def grid_keys(models: list[str], instances: list[str], batches: list[int],

@@ -75,3 +75,19 @@ def test_calibration_errors_are_relative(bench):
     errors = bench.calibration_errors(out)
     assert errors[key]["ttft_ms"]["error"] == pytest.approx(0.1)
     assert errors[key]["tpot_ms"]["error"] == pytest.approx(-0.5)
+
+
+def test_heads_are_laid_out_as_transformers_neuronx_does(bench):
+    """The 8 KV heads of Llama-3-8B are replicated to one per rank at tp 24 (queries padded 32 ->
+    48), and the decode graph the bench times holds exactly those heads in its cache inputs."""
+    from neuroncore.workloads import get
+
+    key = bench.Key("llama3-8b", "inf2.48xlarge", 24, 1, 128, 128)
+    figures = bench.head_figures(key)
+    assert (figures["q_heads"], figures["kv_heads"], figures["kv_copies"]) == (48, 24, 3)
+    # 32 layers x K and V x 1 head per rank x 256 positions x 128 x bf16
+    assert figures["kv_cache_mib_per_rank"] == 2 * 32 * 256 * 128 * 2 / 2**20
+    graph = get("llama-decode").graph("llama3-8b", batch=1, context=127, tp_degree=24)
+    assert {p.shape[1] for p in graph.parameters if p.name.startswith("past_")} == {24}
+    mha = bench.head_figures(bench.Key("llama2-13b", "trn1.32xlarge", 32, 1, 128, 128))
+    assert (mha["q_heads"], mha["kv_heads"], mha["kv_copies"]) == (64, 64, 1)  # padded, not copied

@@ -37,7 +37,9 @@ import torch
 from neuroncore.compiler.options import CompilerOptions
 from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
+from neuroncore.generation.heads import with_heads_for
 from neuroncore.generation.sampling import Sampling, next_tokens
+from neuroncore.parallel.heads import HeadLayout
 from neuroncore.runtime import Instance, StateBinding
 from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
 from neuroncore.runtime.host_io import request_latency_ns
@@ -255,6 +257,14 @@ class NeuronCausalLM:
                                   f"positions, shorter than the cache ({self.n_positions[-1]}): "
                                   f"sliding-window caches are not supported")
         self.model = model.eval()
+        # the model the programs trace: itself, or a copy with KV heads replicated for the ranks
+        self.head_layout: HeadLayout | None = None
+        self._source = self.model
+        if isinstance(tp_degree, int) and not isinstance(tp_degree, bool) and tp_degree > 1:
+            try:
+                self._source, self.head_layout = with_heads_for(self.model, tp_degree)
+            except ValueError as exc:
+                raise GenerationError(str(exc)) from None
         self.batch_size = batch_size
         self.on_device_generation = on_device_generation
         self.tp_degree = tp_degree
@@ -311,7 +321,7 @@ class NeuronCausalLM:
         b = self.batch_size
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
-            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self.model,
+            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self._source,
                                                                               self.on_device_generation),
                                  (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
             if not self._cache:
@@ -319,7 +329,7 @@ class NeuronCausalLM:
             return self._bind(traced, reads=False)
         shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
         cache = tuple(torch.zeros(s) for s in shapes)
-        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self.model,
+        traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self._source,
                                                                           self.on_device_generation,
                                                                           self.layers),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op
+from neuroncore.parallel.heads import HeadLayout, head_layout
 
 
 def matmul(m: int, k: int, n: int, dtype: str = "bf16", transpose_lhs: bool = False) -> Graph:
@@ -106,53 +106,6 @@ def _rotate(b: GraphBuilder, x: Op, cos: Op, sin: Op, rows_dim: int = 0) -> Op:
     first = b.subtract(b.multiply(x1, c), b.multiply(x2, s))
     second = b.add(b.multiply(x2, c), b.multiply(x1, s))
     return b.concatenate([first, second], -1)
-
-
-@dataclass(frozen=True)
-class HeadLayout:
-    """Attention heads laid out for ``tp`` ranks the way transformers-neuronx / NxD do it.
-
-    Megatron needs the ranks to split both the query and the KV heads evenly. When ``tp`` does not
-    divide them, KV heads are replicated (each rank keeps a copy of the one its queries read) and
-    query heads are padded with zero heads; the padded heads' output projection rows are zero, so
-    the model computes exactly what the original does. ``q_source[i]`` / ``kv_source[j]`` is the
-    original head a stored head holds (-1: padding).
-    """
-
-    heads: int
-    kv_heads: int
-    q_source: tuple[int, ...]
-    kv_source: tuple[int, ...]
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-
-def head_layout(heads: int, kv_heads: int, tp: int = 1) -> HeadLayout:
-    """The cheapest layout (fewest query heads) of ``heads`` / ``kv_heads`` that ``tp`` ranks split."""
-    if tp < 1:
-        raise ValueError(f"tp_degree must be a positive integer, not {tp}")
-    group = heads // kv_heads
-    candidates: list[HeadLayout] = []
-    # (a) pad whole KV groups (with their queries) up to a multiple of tp
-    kv_padded = -(-kv_heads // tp) * tp
-    candidates.append(HeadLayout(
-        kv_padded * group, kv_padded,
-        tuple(h if h < heads else -1 for h in range(kv_padded * group)),
-        tuple(j if j < kv_heads else -1 for j in range(kv_padded))))
-    # (b) replicate each KV head r times; its group's queries are shared out among the copies
-    r = math.lcm(kv_heads, tp) // kv_heads
-    per_copy = -(-group // r)
-    q_source: list[int] = []
-    for j in range(kv_heads):
-        for c in range(r):
-            for i in range(per_copy):
-                q = c * per_copy + i
-                q_source.append(j * group + q if q < group else -1)
-    candidates.append(HeadLayout(kv_heads * r * per_copy, kv_heads * r, tuple(q_source),
-                                 tuple(j for j in range(kv_heads) for _ in range(r))))
-    return min(candidates, key=lambda c: (c.heads, c.kv_heads))
 
 
 def _columns(source: tuple[int, ...], hd: int) -> list[int]:
