@@ -96,6 +96,10 @@ class Context:
         self.hbm_tensors: dict[str, HbmTensor] = {}
         self.hbm_views: dict[str, HbmView] = {}
         self.values: dict[int, Value] = {}
+        # values that may hold SBUF tiles, keyed by op index with their position in ``values``:
+        # the spill victim search scans these, not every value ever placed (lazily pruned)
+        self._holding: dict[int, int] = {}
+        self._value_order: dict[int, int] = {}
         self.queues = [DmaQueue(i, str(name), qtype, eng, QUEUE_SEMAPHORE_BASE + i)
                        for i, (name, qtype, eng) in enumerate(QUEUE_SPECS)]
         self.queue: dict[str, DmaQueue] = {q.name: q for q in self.queues}  # + derived queues
@@ -290,6 +294,7 @@ class Context:
             kind = HbmTensorKind.OUTPUT if op.index in self.outputs else HbmTensorKind.SCRATCH
             value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind)
         self.values[op.index] = value
+        self._value_order.setdefault(op.index, len(self._value_order))
         return value
 
     def tensor_name(self, op: Op) -> str:
@@ -315,6 +320,7 @@ class Context:
         if resident is None:
             resident = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
             value.bufs[t] = resident
+            self._holding[op.index] = self._value_order[op.index]
         self.pinned.add(resident.id)
         return Ref(resident.id, p0, p1, c0, c1)
 
@@ -371,6 +377,7 @@ class Context:
                       spill_reload=reload)
         if value.home is Memory.SBUF:
             value.bufs[t] = buf  # resident again; stays until its last use or a spill
+            self._holding[op.index] = self._value_order[op.index]
             return _narrow(ref, cols)
         return ref
 
@@ -540,7 +547,12 @@ class Context:
     def _spill_one(self, needed: int) -> bool:
         """Spill the resident tile used furthest in the future (Belady); False if none can go."""
         best: tuple[int, int, Value, int] | None = None
-        for value in self.values.values():
+        # the same scan order as over ``values`` (first of equal keys wins), resident values only
+        for index in sorted(self._holding, key=self._holding.__getitem__):
+            value = self.values[index]
+            if all(buf is None for buf in value.bufs):
+                del self._holding[index]
+                continue
             for t, buf in enumerate(value.bufs):
                 if buf is None or buf.id in self.pinned:
                     continue
