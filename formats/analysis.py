@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numba import njit
 
 from formats import critical_path as cp
 from formats import depgraph
@@ -262,30 +263,54 @@ def path_report(graph: DepGraph, path: cp.Path, lookup: Any = None) -> PathRepor
         event_kinds=kind)
 
 
+@njit(cache=True, nogil=True)
+def _idle_sums(lo: int, hi: int, g_start: np.ndarray, g_end: np.ndarray, cause: np.ndarray,
+               waiter: np.ndarray, hlo: np.ndarray, layer: np.ndarray, n_causes: int, n_ops: int,
+               n_layers: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Gaps ``lo .. hi - 1`` (one engine's): Σ length, and Σ length by cause, by the waiting
+    instruction's op and layer code (float64 added in gap order, as ``np.bincount`` adds them)."""
+    by_cause = np.zeros(n_causes, np.float64)
+    by_op = np.zeros(n_ops, np.float64)
+    by_layer = np.zeros(n_layers, np.float64)
+    total = 0
+    for g in range(lo, hi):
+        length = g_end[g] - g_start[g]
+        total += length
+        if cause[g] >= 0:
+            by_cause[cause[g]] += length
+        w = waiter[g]
+        if w < 0:
+            continue
+        if hlo.size and hlo[w] >= 0:
+            by_op[hlo[w]] += length
+        if layer.size and layer[w] >= 0:
+            by_layer[layer[w]] += length
+    return total, by_cause, by_op, by_layer
+
+
+def _named(sums: np.ndarray, names: list[str]) -> dict[str, int]:
+    return {names[i]: int(v) for i, v in enumerate(sums) if v}
+
+
 def idle_report(graph: DepGraph, gaps: cp.IdleGaps) -> dict[str, IdleReport]:
-    """Per engine: Σ idle, by cause, by the waiting instruction's op and layer."""
+    """Per engine: Σ idle, by cause, by the waiting instruction's op and layer (one compiled pass over
+    each engine's gaps, which ``idle_gaps`` lists engine by engine)."""
     from formats.schema import ENGINE_NAMES
 
     out: dict[str, IdleReport] = {}
-    length = gaps.end - gaps.start
-    hlo = graph.text_codes.get("hlo_name")
-    layer = graph.text_codes.get("layer")
+    none = np.zeros(0, np.int32)
+    hlo = graph.text_codes.get("hlo_name", none)
+    layer = graph.text_codes.get("layer", none)
+    ops = graph.text_values.get("hlo_name", [])
+    layers = graph.text_values.get("layer", [])
     for name in gaps.engines:
-        sel = gaps.engine == ENGINE_NAMES.index(name)
-        lens = length[sel]
-        by_cause = _group(gaps.cause[sel], lens, gaps.causes)
-        waiter = gaps.waiter[sel]
-        has = waiter >= 0
-        by_op: dict[str, int] = {}
-        by_layer: dict[str, int] = {}
-        if hlo is not None and has.any():
-            by_op = _group(np.where(has, hlo[np.maximum(waiter, 0)], -1), lens,
-                           graph.text_values["hlo_name"])
-        if layer is not None and has.any():
-            by_layer = _group(np.where(has, layer[np.maximum(waiter, 0)], -1), lens,
-                              graph.text_values["layer"])
-        out[name] = IdleReport(name, int(lens.sum()), _top(by_cause, 99), _top(by_op), _top(by_layer),
-                               int(sel.sum()))
+        code = ENGINE_NAMES.index(name)
+        lo = int(np.searchsorted(gaps.engine, code, side="left"))
+        hi = int(np.searchsorted(gaps.engine, code, side="right"))
+        total, by_cause, by_op, by_layer = _idle_sums(lo, hi, gaps.start, gaps.end, gaps.cause, gaps.waiter,
+                                                      hlo, layer, len(gaps.causes), len(ops), len(layers))
+        out[name] = IdleReport(name, int(total), _top(_named(by_cause, gaps.causes), 99),
+                               _top(_named(by_op, ops)), _top(_named(by_layer, layers)), hi - lo)
     return out
 
 

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
+from formats.depgraph import DepGraph
+from formats.event_order import event_order
 from formats.figures import Hardware
 from formats.findings import SMALL_DMA_BYTES
 from formats.schema import ENGINE_NAMES
@@ -96,18 +97,35 @@ class Temporal:
                 "collective_overlap": self.collective_overlap}
 
 
+@njit(cache=True, nogil=True)
+def _unions(by_start: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """|I|, |D|, |C|, |I∪D|, |I∪C|, |I∪D∪C| in one pass over the events in start order: one reach
+    per union (the kind sets of ``SETS``)."""
+    total = np.zeros(6, np.int64)
+    reach = np.full(6, np.int64(-(2 ** 62)))
+    for t in range(by_start.size):
+        i = by_start[t]
+        k = kind[i]
+        for u in range(6):
+            if not _SETS[u, k]:
+                continue
+            s = start[i] if start[i] > reach[u] else reach[u]
+            if end[i] > s:
+                total[u] += end[i] - s
+            if end[i] > reach[u]:
+                reach[u] = end[i]
+    return total
+
+
+# which event kinds (INSTRUCTION, DMA, CC) each union of ``_unions`` takes
+_SETS = np.array([[True, False, False], [False, True, False], [False, False, True],
+                  [True, True, False], [True, False, True], [True, True, True]])
+
+
 def temporal(graph: DepGraph, device_time_ns: int) -> Temporal:
     """HTA's temporal breakdown and overlap (module docstring)."""
-    order = np.argsort(graph.start, kind="stable")  # one sort; each union is then one pass
-    start, end, kind = graph.start[order], graph.end[order], graph.kind[order]
-
-    def u(*kinds: int) -> int:
-        return int(_union_sorted(start, end, np.isin(kind, kinds)))
-
-    i, d, c = u(INSTRUCTION), u(DMA), u(CC)
-    i_d = u(INSTRUCTION, DMA)
-    i_c = u(INSTRUCTION, CC) if c else i
-    all_ = u(INSTRUCTION, DMA, CC) if c else i_d
+    i, d, c, i_d, i_c, all_ = (int(v) for v in _unions(event_order(graph).by_start, graph.start, graph.end,
+                                                        graph.kind))
     return Temporal(device_time_ns, i, i_d - i, all_ - i_d, max(device_time_ns - all_, 0),
                     (i + d - i_d) / d if d else None, (i + c - i_c) / c if c else None)
 
@@ -196,6 +214,29 @@ class OpKind:
                 "of_roofline": got / roof if got is not None and roof else None, "bound": self.bound}
 
 
+@njit(cache=True, nogil=True)
+def _op_sums(codes: np.ndarray, start: np.ndarray, end: np.ndarray, engine: np.ndarray, flops: np.ndarray,
+             tensor: int, n_names: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per op (text code): instructions, Σ duration, Σ duration on Tensor, Σ PE FLOPs on Tensor, in one
+    pass. The sums are float64 added in row order -- what ``np.bincount(codes, weights=...)`` gives,
+    bit for bit."""
+    count = np.zeros(n_names, np.int64)
+    time_ns = np.zeros(n_names, np.float64)
+    tensor_ns = np.zeros(n_names, np.float64)
+    pe_flops = np.zeros(n_names, np.float64)
+    for i in range(codes.size):
+        c = codes[i]
+        if c < 0:
+            continue
+        d = end[i] - start[i]
+        count[c] += 1
+        time_ns[c] += d
+        if engine[i] == tensor:
+            tensor_ns[c] += d
+            pe_flops[c] += flops[i]
+    return count, time_ns, tensor_ns, pe_flops
+
+
 def bottom_up(graph: DepGraph, profile: Profile, con: duckdb.DuckDBPyConnection,
               metadata: Mapping[str, Any]) -> list[OpKind]:
     """Per op kind across layers, most instruction time first (module docstring). Instruction sums come
@@ -206,15 +247,9 @@ def bottom_up(graph: DepGraph, profile: Profile, con: duckdb.DuckDBPyConnection,
     names = graph.text_values.get("hlo_name", [])
     if not n or codes is None or not names:
         return []
-    has = codes >= 0
-    c = codes[has].astype(np.int64)
-    duration = (graph.end[:n] - graph.start[:n])[has]
-    tensor = (graph.engine[:n] == ENGINE_NAMES.index("Tensor"))[has]
-    flops = graph.flops[:n][has] if graph.flops.size else np.zeros(c.size, np.int64)
-    count = np.bincount(c, minlength=len(names))
-    time_ns = np.bincount(c, weights=duration, minlength=len(names))
-    tensor_ns = np.bincount(c, weights=np.where(tensor, duration, 0), minlength=len(names))
-    pe_flops = np.bincount(c, weights=np.where(tensor, flops, 0).astype(np.float64), minlength=len(names))
+    flops = graph.flops[:n] if graph.flops.size else np.zeros(n, np.int64)
+    count, time_ns, tensor_ns, pe_flops = _op_sums(codes, graph.start, graph.end, graph.engine, flops,
+                                                   ENGINE_NAMES.index("Tensor"), len(names))
     kinds: dict[str, list[int]] = {}
     for code in np.flatnonzero(count):
         kinds.setdefault(op_kind(names[int(code)]), []).append(int(code))

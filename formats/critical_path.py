@@ -35,8 +35,11 @@ k is attributed to what k waited for: its releasing predecessor p, as ``dma:<que
 wait for; or ``starved`` when p had already ended before the gap began (nothing visible held it)
 and for the time after the engine's last instruction (no work left). Σ over causes = idle time.
 
-The loops are compiled (numba, as the core's scheduler): one pass over the edges, one over the
-events, one walk along the path.
+The loops are compiled (numba, as the core's scheduler) and walk the events in the orders of
+``formats.event_order`` (by start, by end, per row: built from the rows' own order, no global sort):
+one pass over the edges, one over the events by start for the as-of predecessors, one for every
+engine's gaps, one walk along the path. ``tests/fixtures/analysis_reference.py`` is the same
+definition written plainly (global sorts, a search per event); tests require identical results.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import numpy as np
 from numba import njit
 
 from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
+from formats.event_order import event_order
 from formats.schema import ENGINE_NAMES
 
 __all__ = ["HOST", "STARVED", "IdleGaps", "Path", "Release", "cause_name", "critical_path", "idle_gaps",
@@ -66,51 +70,49 @@ class Release:
 
 
 @njit(cache=True, nogil=True)
-def _csr(dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Incoming-edge CSR: edges sorted by target with a counting sort (O(E), no argsort)."""
-    ptr = np.zeros(n + 1, np.int64)
-    for k in range(dst.size):
-        ptr[dst[k] + 1] += 1
-    for i in range(n):
-        ptr[i + 1] += ptr[i]
-    fill = ptr[:-1].copy()
-    order = np.empty(dst.size, np.int64)
-    for k in range(dst.size):
-        d = dst[k]
-        order[fill[d]] = k
-        fill[d] += 1
-    return ptr, order
-
-
-@njit(cache=True, nogil=True)
 def _release(start: np.ndarray, end: np.ndarray, kind: np.ndarray, execution: np.ndarray,
-             prev_same: np.ndarray, ptr: np.ndarray, order: np.ndarray, src: np.ndarray,
-             by_end: np.ndarray, sorted_end: np.ndarray, pred: np.ndarray, implicit: np.ndarray) -> None:
+             prev_same: np.ndarray, src: np.ndarray, dst: np.ndarray, by_start: np.ndarray,
+             by_end: np.ndarray, pred: np.ndarray, implicit: np.ndarray) -> None:
+    """Explicit candidates first: the previous instruction of the row, then every edge (one pass over
+    the edges in file order; the choice -- largest (end, index) that ended by the start -- does not
+    depend on their order). Then, for the events no explicit candidate released exactly at their
+    start, the as-of scan, with the events visited by start so the position in the by-end order only
+    moves forward (no binary search per event)."""
     n = start.size
+    best_r = np.empty(n, np.int64)
+    lowest = np.int64(-(2 ** 62))
     for i in range(n):
-        s = start[i]
-        best = -1
-        best_r = np.int64(-(2 ** 62))
         p = prev_same[i]
-        if p >= 0 and end[p] <= s:
-            best = p
-            best_r = end[p]
-        for k in range(ptr[i], ptr[i + 1]):
-            q = src[order[k]]
-            r = end[q]
-            if r <= s and (r > best_r or (r == best_r and q > best)):
-                best = q
-                best_r = r
-        pred[i] = best
+        if p >= 0 and end[p] <= start[i]:
+            pred[i] = p
+            best_r[i] = end[p]
+        else:
+            pred[i] = -1
+            best_r[i] = lowest
         implicit[i] = False
-        if kind[i] == DMA or (best >= 0 and best_r == s):
+    for k in range(src.size):
+        q = src[k]
+        i = dst[k]
+        r = end[q]
+        if r <= start[i] and (r > best_r[i] or (r == best_r[i] and q > pred[i])):
+            pred[i] = q
+            best_r[i] = r
+    j = -1  # the last position of by_end whose event ended at or before s
+    m = by_end.size
+    for t in range(by_start.size):
+        i = by_start[t]
+        s = start[i]
+        while j + 1 < m and end[by_end[j + 1]] <= s:
+            j += 1
+        best = best_r[i]
+        if kind[i] == DMA or (pred[i] >= 0 and best == s):
             continue
         # as-of: the last event (by end, then index) with end <= s that started before s
-        j = np.searchsorted(sorted_end, s, side="right") - 1
+        jj = j
         steps = 0
-        while j >= 0 and steps < IMPLICIT_SCAN:
-            q = by_end[j]
-            if end[q] <= best_r:
+        while jj >= 0 and steps < IMPLICIT_SCAN:
+            q = by_end[jj]
+            if end[q] <= best:
                 break
             if execution[q] != execution[i]:
                 break
@@ -118,35 +120,18 @@ def _release(start: np.ndarray, end: np.ndarray, kind: np.ndarray, execution: np
                 pred[i] = q
                 implicit[i] = True
                 break
-            j -= 1
+            jj -= 1
             steps += 1
 
 
 def release(graph: DepGraph) -> Release:
     """Every event's releasing predecessor (module docstring)."""
-    n = graph.n
-    prev_same = _previous_in_lane(graph)
-    ptr, order = _csr(graph.edge_dst, n)
-    by_end = np.argsort(graph.end, kind="stable")
-    sorted_end = graph.end[by_end]
-    pred = np.empty(n, np.int64)
-    implicit = np.empty(n, np.bool_)
-    _release(graph.start, graph.end, graph.kind, graph.execution, prev_same, ptr, order,
-             graph.edge_src, by_end, sorted_end, pred, implicit)
+    order = event_order(graph)
+    pred = np.empty(graph.n, np.int64)
+    implicit = np.empty(graph.n, np.bool_)
+    _release(graph.start, graph.end, graph.kind, graph.execution, order.prev_in_lane, graph.edge_src,
+             graph.edge_dst, order.by_start, order.by_end, pred, implicit)
     return Release(pred, implicit)
-
-
-def _previous_in_lane(graph: DepGraph) -> np.ndarray:
-    """Per instruction, the one before it on its timeline row (by start, then id); -1 otherwise."""
-    n = graph.n_instr
-    prev = np.full(graph.n, -1, np.int64)
-    if n < 2:
-        return prev
-    by_start = np.argsort(graph.start[:n], kind="stable")  # rows are in id order: ties go by id
-    by_lane = by_start[np.argsort(graph.lane[:n][by_start], kind="stable")]
-    same = graph.lane[by_lane[1:]] == graph.lane[by_lane[:-1]]
-    prev[by_lane[1:][same]] = by_lane[:-1][same]
-    return prev
 
 
 # -- the critical path -------------------------------------------------------------------------------
@@ -233,7 +218,8 @@ def critical_path(graph: DepGraph, rel: Release) -> Path:
 class IdleGaps:
     """Every idle interval of every engine: ``engine`` (index into ENGINE_NAMES), ``start``/``end``
     (ns), ``waiter`` (the instruction that started at its end; -1 for the time after the engine's
-    last instruction of an execution), ``cause`` (index into ``causes``)."""
+    last instruction of an execution), ``cause`` (index into ``causes``). Listed engine by engine (in
+    ENGINE_NAMES order), each engine's gaps in time order."""
 
     engine: np.ndarray
     start: np.ndarray
@@ -244,38 +230,90 @@ class IdleGaps:
     engines: list[str]  # engines that ran anything (the ones idle is reported for)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _cause(g_start: int, w: int, pred: np.ndarray, end: np.ndarray, execution: np.ndarray,
+           windows: np.ndarray, kind: np.ndarray, engine: np.ndarray, lane: np.ndarray, width: int,
+           n_engines: int) -> int:
+    """A gap's cause code: 0 host, 1 starved, or -(slot + 2) when its waiter ``w``'s predecessor held
+    it; the slot is a small key of that predecessor, one per cause name (``cause_name``): its engine
+    for an instruction, else its kind and lane."""
+    if w < 0:
+        return 1  # after the engine's last instruction: no work left
+    p = pred[w]
+    if p < 0:
+        return 0 if g_start == windows[execution[w], 0] else 1
+    if end[p] <= g_start:  # it ended before the gap began: nothing visible held the waiter
+        return 1
+    if kind[p] == INSTRUCTION and engine[p] >= 0:
+        return -(engine[p] + 1 + 2)
+    # a transfer, a collective, or an instruction of no known engine: named by its lane
+    return -(kind[p] * width + lane[p] + n_engines + 1 + 2)
+
+
 @njit(cache=True, nogil=True)
-def _gaps(order: np.ndarray, start: np.ndarray, end: np.ndarray, execution: np.ndarray,
-          windows: np.ndarray, g_start: np.ndarray, g_end: np.ndarray, g_waiter: np.ndarray) -> int:
-    """Gaps in the union of the instructions ``order`` (sorted by start) inside each window."""
-    k = 0
-    w_prev = -1
-    reach = np.int64(0)
-    for j in range(order.size):
-        i = order[j]
-        w = execution[i]
-        if w != w_prev:
-            if w_prev >= 0 and windows[w_prev, 1] > reach:  # tail of the previous window
-                g_start[k], g_end[k], g_waiter[k] = reach, windows[w_prev, 1], -1
-                k += 1
-            for v in range(w_prev + 1, w):  # windows without any instruction of this engine
-                g_start[k], g_end[k], g_waiter[k] = windows[v, 0], windows[v, 1], -1
-                k += 1
-            reach = windows[w, 0]
-            w_prev = w
-        if start[i] > reach:
-            g_start[k], g_end[k], g_waiter[k] = reach, start[i], i
-            k += 1
-        if end[i] > reach:
-            reach = end[i]
-    if w_prev >= 0:
-        if windows[w_prev, 1] > reach:
-            g_start[k], g_end[k], g_waiter[k] = reach, windows[w_prev, 1], -1
-            k += 1
-        for v in range(w_prev + 1, windows.shape[0]):
-            g_start[k], g_end[k], g_waiter[k] = windows[v, 0], windows[v, 1], -1
-            k += 1
-    return k
+def _gaps(by_start: np.ndarray, n_instr: int, start: np.ndarray, end: np.ndarray, kind: np.ndarray,
+          engine: np.ndarray, lane: np.ndarray, execution: np.ndarray, windows: np.ndarray,
+          pred: np.ndarray, width: int, offset: np.ndarray, g_start: np.ndarray, g_end: np.ndarray,
+          g_waiter: np.ndarray, g_cause: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Gaps in the union of each engine's instructions inside each window, and their causes, every
+    engine in one pass over the events by start; engine e writes from ``offset[e]``. ``first[e, slot]``
+    gets the predecessor behind engine e's first gap of each held-cause slot (the one that names it).
+    Returns each engine's gap count."""
+    n_engines = offset.size
+    w_prev = np.full(n_engines, -1, np.int64)
+    reach = np.zeros(n_engines, np.int64)
+    k = offset.copy()
+    for t in range(by_start.size + n_engines):
+        if t < by_start.size:
+            i = by_start[t]
+            if i >= n_instr or engine[i] < 0:
+                continue
+            e = engine[i]
+            w = execution[i]
+        else:  # after the last event: each engine's tail and the windows it never ran in
+            i = -1
+            e = t - by_start.size
+            if w_prev[e] < 0:
+                continue
+            w = windows.shape[0]
+        if w != w_prev[e]:
+            if w_prev[e] >= 0 and windows[w_prev[e], 1] > reach[e]:  # tail of the previous window
+                g_start[k[e]], g_end[k[e]], g_waiter[k[e]], g_cause[k[e]] = (
+                    reach[e], windows[w_prev[e], 1], -1, 1)
+                k[e] += 1
+            for v in range(w_prev[e] + 1, w):  # windows without any instruction of this engine
+                g_start[k[e]], g_end[k[e]] = windows[v, 0], windows[v, 1]
+                g_waiter[k[e]], g_cause[k[e]] = -1, 1
+                k[e] += 1
+            if i < 0:
+                continue
+            reach[e] = windows[w, 0]
+            w_prev[e] = w
+        if start[i] > reach[e]:
+            c = _cause(reach[e], i, pred, end, execution, windows, kind, engine, lane, width, n_engines)
+            g_start[k[e]], g_end[k[e]], g_waiter[k[e]], g_cause[k[e]] = reach[e], start[i], i, c
+            if c < 0 and first[e, -c - 2] < 0:
+                first[e, -c - 2] = pred[i]
+            k[e] += 1
+        if end[i] > reach[e]:
+            reach[e] = end[i]
+    return k - offset
+
+
+@njit(cache=True, nogil=True)
+def _pack(offset: np.ndarray, count: np.ndarray, arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+          cause: np.ndarray, lut: np.ndarray) -> int:
+    """Move each engine's gaps next to the previous engine's (in place: they only move left) and turn
+    held-cause slots into cause indices (``lut``); returns the number of gaps."""
+    to = 0
+    for e in range(offset.size):
+        for j in range(offset[e], offset[e] + count[e]):
+            for a in arrays:
+                a[to] = a[j]
+            c = cause[j]
+            cause[to] = lut[-c - 2] if c < 0 else c
+            to += 1
+    return to
 
 
 def cause_name(graph: DepGraph, pred: int) -> str:
@@ -291,50 +329,30 @@ def cause_name(graph: DepGraph, pred: int) -> str:
 def idle_gaps(graph: DepGraph, rel: Release) -> IdleGaps:
     """Every idle interval of every engine that ran anything, with its cause (module docstring)."""
     n = graph.n_instr
-    engines = graph.engine[:n]
-    present = [int(e) for e in np.flatnonzero(np.bincount(engines.astype(np.int64) + 1,
-                                                          minlength=len(ENGINE_NAMES) + 1)[1:])]
-    parts: list[tuple[np.ndarray, ...]] = []
-    by_start = np.argsort(graph.start[:n], kind="stable")
-    eng_sorted = engines[by_start]
+    counts = np.bincount(graph.engine[:n].astype(np.int64) + 1, minlength=len(ENGINE_NAMES) + 1)[1:]
+    present = [int(e) for e in np.flatnonzero(counts)]
     windows = graph.windows if graph.windows.size else np.zeros((1, 2), np.int64)
-    for e in present:
-        order = by_start[eng_sorted == e]
-        cap = order.size + 2 * windows.shape[0] + 1
-        gs, ge, gw = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
-        k = _gaps(order, graph.start, graph.end, graph.execution, windows, gs, ge, gw)
-        parts.append((np.full(k, e, np.int8), gs[:k], ge[:k], gw[:k]))
-    if parts:
-        engine = np.concatenate([p[0] for p in parts])
-        g_start = np.concatenate([p[1] for p in parts])
-        g_end = np.concatenate([p[2] for p in parts])
-        waiter = np.concatenate([p[3] for p in parts])
-    else:
-        engine = np.zeros(0, np.int8)
-        g_start = g_end = waiter = np.zeros(0, np.int64)
-    # causes: vectorised over the gaps, named per distinct (kind, lane/engine) of the predecessor
+    # engine e's gaps go to [offset[e], offset[e] + its instructions + 2 per window + 1), then packed
+    capacity = counts + 2 * windows.shape[0] + 1
+    offset = np.concatenate([[0], np.cumsum(capacity)[:-1]]).astype(np.int64)
+    total = int(capacity.sum())
+    gs, ge, gw = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
+    gc = np.empty(total, np.int32)
+    # held causes: one slot per (kind, engine or lane) of the predecessor, named by the first gap
+    # (in engine order) that has it
+    width = len(graph.lanes) + len(ENGINE_NAMES) + 1
+    first = np.full((len(ENGINE_NAMES), 3 * width), -1, np.int64)
+    found = _gaps(event_order(graph).by_start, n, graph.start, graph.end, graph.kind, graph.engine,
+                  graph.lane, graph.execution, windows, rel.pred, width, offset, gs, ge, gw, gc, first)
     causes = [HOST, STARVED]
-    cause = np.full(engine.size, 1, np.int32)  # starved unless something says otherwise
-    has_waiter = waiter >= 0
-    pred = np.where(has_waiter, rel.pred[np.maximum(waiter, 0)], -1)
-    first_of_window = has_waiter & (g_start == windows[graph.execution[np.maximum(waiter, 0)], 0])
-    cause[has_waiter & (pred < 0) & first_of_window] = 0
-    held = has_waiter & (pred >= 0)
-    held &= graph.end[np.maximum(pred, 0)] > g_start
-    if held.any():
-        p = pred[held]
-        # a small key per (kind, engine or lane): a lookup table, not a sort of millions of keys
-        width = len(graph.lanes) + len(ENGINE_NAMES) + 1
-        key = graph.kind[p].astype(np.int64) * width + np.where(
-            graph.kind[p] == INSTRUCTION, graph.engine[p].astype(np.int64) + 1,
-            graph.lane[p].astype(np.int64) + len(ENGINE_NAMES) + 1)
-        first = np.full(3 * width, -1, np.int64)
-        first[key[::-1]] = np.arange(key.size)[::-1]  # one gap with each key (any one names it)
-        lut = np.zeros(3 * width, np.int32)
-        for slot in np.flatnonzero(first >= 0).tolist():
-            name = cause_name(graph, int(p[first[slot]]))
+    lut = np.zeros(3 * width, np.int32)
+    for slot in range(3 * width):
+        holders = [int(first[e, slot]) for e in present if first[e, slot] >= 0]
+        if holders:
+            name = cause_name(graph, holders[0])
             if name not in causes:
                 causes.append(name)
             lut[slot] = causes.index(name)
-        cause[held] = lut[key]
-    return IdleGaps(engine, g_start, g_end, waiter, cause, causes, [ENGINE_NAMES[e] for e in present])
+    k = _pack(offset, found, (gs, ge, gw), gc, lut)
+    engine = np.repeat(np.array(present, np.int8), [int(found[e]) for e in present])
+    return IdleGaps(engine, gs[:k], ge[:k], gw[:k], gc[:k], causes, [ENGINE_NAMES[e] for e in present])

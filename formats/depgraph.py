@@ -25,14 +25,18 @@ dependencies are inferred from timing alone; no ``Instruction``: nothing to anal
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numba import njit
 
 from formats import sqlsource
+from formats.part_reader import PartJob, PartStream, dictionary_codes, int_column
 from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource
 
@@ -81,6 +85,8 @@ class DepGraph:
     text_codes: dict[str, np.ndarray] = field(default_factory=dict)
     text_values: dict[str, list[str]] = field(default_factory=dict)
     flops: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per instruction: PE FLOPs
+    # what the analyses derive from the arrays once per load (formats.event_order's orders)
+    cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     def text(self, column: str, event: int) -> str | None:
         """An instruction's ``column`` value (None for nulls, other events, absent columns)."""
@@ -120,36 +126,40 @@ class _Lanes:
         return found
 
 
-def _dictionary_codes(column: pa.ChunkedArray, mapping: dict[str, int], intern: object) -> np.ndarray:
-    """Per-row codes of a dictionary (or plain string) column, each distinct value mapped once."""
-    out = []
-    for chunk in column.chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = chunk.dictionary_encode()
-        values = chunk.dictionary.to_pylist()
-        for v in values:
-            if v is not None and v not in mapping:
-                mapping[v] = intern(v)  # type: ignore[operator]
-        codes = np.array([mapping[v] if v is not None else -1 for v in values] + [-1], np.int32)
-        idx = chunk.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-        out.append(codes[idx])
-    return np.concatenate(out) if out else np.zeros(0, np.int32)
+def _part_jobs(profile: Profile, table: str, wanted: Sequence[str], dictionary: Sequence[str],
+               required: Sequence[str] = ()) -> list[PartJob]:
+    """One job per part of ``table`` holding ``required``: the ``wanted`` columns it has."""
+    found = profile.tables.get(table)
+    if found is None:
+        return []
+    jobs = []
+    for path, schema in zip(found.files, found.file_schemas):
+        names = set(schema.names)
+        if not set(required) <= names:
+            continue
+        cols = [c for c in wanted if c in names]
+        jobs.append(PartJob(path, cols, [c for c in dictionary if c in cols]))
+    return jobs
 
 
-def _int_column(table: pa.Table, name: str, fill: int = -1) -> np.ndarray:
-    column = table.column(name)
-    if column.null_count:
-        column = column.fill_null(fill)
-    return column.to_numpy().astype(np.int64, copy=False)
+def _grown(arrays: list[np.ndarray], size: int) -> list[np.ndarray]:
+    """The arrays, each extended (uninitialised) to ``size`` elements."""
+    return [np.concatenate([a, np.empty(size - a.size, a.dtype)]) for a in arrays]
 
 
-def _read_instructions(profile: Profile, lanes: _Lanes,
+INSTRUCTION_NUMBERS = ("id", "start_ts", "end_ts", "raw_flops", "flops_transpose")
+INSTRUCTION_STRINGS = ("engine", "timeline_track", *TEXT_COLUMNS)
+
+
+def _read_instructions(parts: Iterator[tuple[PartJob, pa.Table]], total: int, lanes: _Lanes,
                        texts: dict[str, tuple[dict[str, int], list[str]]]) -> tuple[np.ndarray, ...]:
     """id, start, end, lane code, engine code, PE FLOPs of every instruction, sorted by id; the codes
-    of the TEXT_COLUMNS go to ``texts`` (values interned there) and come back last, one array each."""
-    files = profile.files("Instruction")
-    ids, starts, ends, lane_codes, engine_codes, flops = [], [], [], [], [], []
-    text_parts: dict[str, list[np.ndarray]] = {c: [] for c in TEXT_COLUMNS}
+    of the TEXT_COLUMNS go to ``texts`` (values interned there) and come back last, one array each.
+    Parts are copied into arrays allocated once (``total`` rows, from the footers)."""
+    id_, start, end, pe_flops = (np.empty(total, np.int64) for _ in range(4))
+    lane = np.empty(total, np.int32)
+    eng = np.empty(total, np.int8)
+    text_codes = [np.empty(total, np.int32) for _ in TEXT_COLUMNS]
     engine_of: dict[str, int] = {}
 
     def engine_code(value: str) -> int:
@@ -157,59 +167,162 @@ def _read_instructions(profile: Profile, lanes: _Lanes,
         return ENGINE_NAMES.index(name) if name in ENGINE_NAMES else -1
 
     lane_map: dict[str, int] = {}
-    for path in files:
-        names = pq.ParquetFile(path).schema_arrow.names
-        numbers = ("id", "start_ts", "end_ts", "raw_flops", "flops_transpose")
-        wanted = (*numbers, "engine", "timeline_track", *TEXT_COLUMNS)
-        cols = [c for c in wanted if c in names]
-        table = pq.read_table(path, columns=cols, read_dictionary=[c for c in cols if c not in numbers])
-        if not table.num_rows:
+    # the lane of an instruction without a timeline row: its engine's canonical name
+    fallback: np.ndarray | None = None
+    at = 0
+    for job, table in parts:
+        rows = table.num_rows
+        if not rows:
             continue
-        ids.append(_int_column(table, "id"))
-        starts.append(_int_column(table, "start_ts", 0))
-        ends.append(_int_column(table, "end_ts", 0))
+        if at + rows > total:  # more rows than the footers said (a part changed): grow
+            total = at + rows
+            id_, start, end, pe_flops, lane, eng, *text_codes = _grown(
+                [id_, start, end, pe_flops, lane, eng, *text_codes], total)
+        span = slice(at, at + rows)
+        cols = job.columns
+        id_[span] = int_column(table, "id")
+        start[span] = int_column(table, "start_ts", 0)
+        end[span] = int_column(table, "end_ts", 0)
         # PE FLOPs: greatest(raw_flops, flops_transpose), the hardware-FLOPs rule of docs/figures.md
-        raw = (_int_column(table, "raw_flops", 0) if "raw_flops" in cols
-               else np.zeros(table.num_rows, np.int64))
+        raw = int_column(table, "raw_flops", 0) if "raw_flops" in cols else np.zeros(rows, np.int64)
         if "flops_transpose" in cols:
-            raw = np.maximum(raw, _int_column(table, "flops_transpose", 0))
-        flops.append(raw)
-        engine = _dictionary_codes(table.column("engine"), engine_of, engine_code)
-        engine_codes.append(engine)
-        # the lane: the timeline row, else the engine's canonical name
-        track = (_dictionary_codes(table.column("timeline_track"), lane_map,
-                                   lambda v: lanes.code(str(v)))
-                 if "timeline_track" in cols else np.full(engine.size, -1, np.int32))
-        fallback = np.array([lanes.code(ENGINE_NAMES[e]) if e >= 0 else lanes.code("?")
-                             for e in range(-1, len(ENGINE_NAMES))], np.int32)
-        track = np.where(track >= 0, track, fallback[engine + 1])
-        lane_codes.append(track)
-        for column in TEXT_COLUMNS:
+            raw = np.maximum(raw, int_column(table, "flops_transpose", 0))
+        pe_flops[span] = raw
+        engine = dictionary_codes(table.column("engine"), engine_of, engine_code)
+        eng[span] = engine
+        if fallback is None:
+            fallback = np.array([lanes.code(ENGINE_NAMES[e]) if e >= 0 else lanes.code("?")
+                                 for e in range(-1, len(ENGINE_NAMES))], np.int32)
+        if "timeline_track" in cols:
+            track = dictionary_codes(table.column("timeline_track"), lane_map, lambda v: lanes.code(str(v)))
+            lane[span] = np.where(track >= 0, track, fallback[engine + 1])
+        else:
+            lane[span] = fallback[engine + 1]
+        for column, out in zip(TEXT_COLUMNS, text_codes):
             mapping, values = texts[column]
 
             def intern(v: str, values: list[str] = values) -> int:
                 values.append(str(v))
                 return len(values) - 1
 
-            text_parts[column].append(_dictionary_codes(table.column(column), mapping, intern)
-                                      if column in cols else np.full(engine.size, -1, np.int32))
-    if not ids:
-        empty = np.zeros(0, np.int64)
-        return (empty, empty, empty, empty.astype(np.int32), empty.astype(np.int8), empty,
-                *(empty.astype(np.int32) for _ in TEXT_COLUMNS))
-    id_ = np.concatenate(ids)
-    start = np.concatenate(starts)
-    end = np.concatenate(ends)
-    lane = np.concatenate(lane_codes).astype(np.int32)
-    eng = np.concatenate(engine_codes).astype(np.int8)
-    pe_flops = np.concatenate(flops)
-    text_codes = [np.concatenate(text_parts[c]).astype(np.int32) for c in TEXT_COLUMNS]
-    if id_.size > 1 and not (np.diff(id_) > 0).all():
+            if column in cols:
+                out[span] = dictionary_codes(table.column(column), mapping, intern)
+            else:
+                out[span] = -1
+        at += rows
+    id_, start, end, pe_flops, lane, eng = id_[:at], start[:at], end[:at], pe_flops[:at], lane[:at], eng[:at]
+    text_codes = [t[:at] for t in text_codes]
+    if at > 1 and _first_drop(id_, True) >= 0:
         order = np.argsort(id_, kind="stable")
         id_, start, end, lane, eng = id_[order], start[order], end[order], lane[order], eng[order]
         pe_flops = pe_flops[order]
         text_codes = [t[order] for t in text_codes]
     return (id_, start, end, lane, eng, pe_flops, *text_codes)
+
+
+@njit(cache=True, nogil=True)
+def _first_drop(values: np.ndarray, strict: bool) -> int:
+    """The first position where ``values`` stops increasing (``strict``) or decreases; -1 if none: one
+    pass, no temporary arrays."""
+    for k in range(1, values.size):
+        if values[k] < values[k - 1] or (strict and values[k] == values[k - 1]):
+            return k
+    return -1
+
+
+DMA_NUMBERS = ("packet_aggregation_id", "start_ts", "end_ts", "transfer_bytes")
+
+
+def _dma_fast_path(profile: Profile) -> bool:
+    """True when every DmaPacket part holds the transfer columns as plain integers (a capture's, the
+    real tool's): grouped here from pyarrow arrays; anything else goes through DuckDB's cast rules."""
+    found = profile.tables.get("DmaPacket")
+    if found is None:
+        return False
+    for schema in found.file_schemas:
+        for name in DMA_NUMBERS:
+            if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
+                return False
+        if "queue_idx" in schema.names and not pa.types.is_integer(schema.field("queue_idx").type):
+            return False
+        if "queue_name" in schema.names:
+            kind = schema.field("queue_name").type
+            if pa.types.is_dictionary(kind):
+                kind = kind.value_type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                return False
+    return True
+
+
+Transfers = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]
+"""DMA transfers: id, start, end, bytes, packets (int64 arrays) and queue name, ascending by id."""
+
+
+def _read_transfers(parts: Iterator[tuple[PartJob, pa.Table]]) -> Transfers | None:
+    """DMA transfers from packets: per ``packet_aggregation_id`` (ascending) the first start, last end,
+    Σ transfer_bytes, packets and the smallest queue name (``coalesce(queue_name, 'queue ' ||
+    queue_idx, 'DMA')``) -- the DuckDB query of ``_transfers_sql``, on arrays. None when a value is
+    null (that query's null rules then decide)."""
+    ids, starts, ends, nbytes, queue_rows = [], [], [], [], []
+    names: dict[str, int] = {}
+    clean = True
+    for job, table in parts:
+        if not table.num_rows:
+            continue
+        if any(table.column(c).null_count for c in DMA_NUMBERS):
+            clean = False
+            continue
+        ids.append(int_column(table, "packet_aggregation_id"))
+        starts.append(int_column(table, "start_ts"))
+        ends.append(int_column(table, "end_ts"))
+        nbytes.append(int_column(table, "transfer_bytes"))
+        rows = table.num_rows
+        codes = (dictionary_codes(table.column("queue_name"), names, lambda v: len(names))
+                 if "queue_name" in job.columns else np.full(rows, -1, np.int32))
+        if (codes < 0).any():  # no queue name: 'queue <queue_idx>', else 'DMA'
+            missing = np.flatnonzero(codes < 0)
+            if "queue_idx" in job.columns:
+                index = table.column("queue_idx").take(pa.array(missing)).to_pylist()
+            else:
+                index = [None] * missing.size
+            for row, value in zip(missing.tolist(), index):
+                name = "DMA" if value is None else f"queue {value}"
+                codes[row] = names.setdefault(name, len(names))
+        queue_rows.append(codes)
+    if not clean:
+        return None
+    empty = np.zeros(0, np.int64)
+    if not ids:
+        return empty, empty, empty, empty, empty, []
+    pid = np.concatenate(ids)
+    start, end, size, code = (np.concatenate(x) for x in (starts, ends, nbytes, queue_rows))
+    if _first_drop(pid, False) >= 0:
+        order = np.argsort(pid, kind="stable")
+        pid, start, end, size, code = pid[order], start[order], end[order], size[order], code[order]
+    heads = np.flatnonzero(np.concatenate([[True], pid[1:] != pid[:-1]]))
+    # the smallest name per transfer: codes ranked by the names' order (DuckDB compares bytes; UTF-8
+    # byte order is code point order, Python's)
+    ordered = sorted(names, key=lambda name: name)
+    rank = np.empty(len(names), np.int64)
+    rank[[names[name] for name in ordered]] = np.arange(len(ordered))
+    smallest = np.minimum.reduceat(rank[code], heads)
+    counts = np.diff(np.append(heads, pid.size))
+    return (pid[heads], np.minimum.reduceat(start, heads), np.maximum.reduceat(end, heads),
+            np.add.reduceat(size, heads), counts.astype(np.int64), [ordered[r] for r in smallest.tolist()])
+
+
+def _transfers_sql(profile: Profile, con: duckdb.DuckDBPyConnection) -> Transfers:
+    """DMA transfers grouped by DuckDB (packets whose columns ``_read_transfers`` does not take)."""
+    packets = TableSource(profile, "DmaPacket")
+    col = packets.col
+    queue = f"coalesce({col('queue_name')}, 'queue ' || {col('queue_idx')}::VARCHAR, 'DMA')"
+    result = con.execute(f"""
+        SELECT packet_aggregation_id AS id, min(start_ts) AS s, max(end_ts) AS e,
+               min({queue}) AS q, sum(transfer_bytes)::BIGINT AS b, count(*)::BIGINT AS c
+        FROM {packets.relation()} GROUP BY 1 ORDER BY 1""").fetchnumpy()
+    return (np.asarray(result["id"], np.int64), np.asarray(result["s"], np.int64),
+            np.asarray(result["e"], np.int64), np.asarray(result["b"], np.int64),
+            np.asarray(result["c"], np.int64), [str(q) for q in result["q"]])
 
 
 def _windows(profile: Profile, con: duckdb.DuckDBPyConnection, first: int | None,
@@ -237,56 +350,106 @@ def _windows(profile: Profile, con: duckdb.DuckDBPyConnection, first: int | None
     return np.zeros((0, 2), np.int64), "none"
 
 
-def _index_of(sorted_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Position of each wanted id in ``sorted_ids`` (unique, ascending), -1 where absent. A lookup
-    table when the ids are dense (our recorder's are), a binary search otherwise."""
-    out = np.full(wanted.size, -1, np.int64)
-    if not sorted_ids.size or not wanted.size:
-        return out
-    lo, hi = int(sorted_ids[0]), int(sorted_ids[-1])
-    if hi - lo == sorted_ids.size - 1:  # contiguous ids: the position is the offset
-        pos = wanted - lo
-        return np.where((pos >= 0) & (pos < sorted_ids.size), pos, -1)
-    inside = (wanted >= lo) & (wanted <= hi)
-    if hi - lo < 4 * sorted_ids.size + 1024:
-        lut = np.full(hi - lo + 1, -1, np.int64)
-        lut[sorted_ids - lo] = np.arange(sorted_ids.size)
-        out[inside] = lut[wanted[inside] - lo]
-    else:
-        pos = np.searchsorted(sorted_ids, wanted[inside])
-        pos = np.minimum(pos, sorted_ids.size - 1)
-        hit = sorted_ids[pos] == wanted[inside]
-        sub = np.where(hit, pos, -1)
-        out[inside] = sub
-    return out
+FLOW_COLUMNS = ("in_id", "out_id", "in_table", "out_table")
 
 
-def _read_flow(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """in_id, out_id and the kind codes of in_table/out_table (-1: a table we do not model)."""
-    srcs: list[np.ndarray] = []
-    dsts: list[np.ndarray] = []
-    skinds: list[np.ndarray] = []
-    dkinds: list[np.ndarray] = []
+def _read_flow(parts: Iterator[tuple[PartJob, pa.Table]],
+               total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """in_id, out_id, the kind codes of in_table/out_table (-1: a table we do not model) and the
+    number of Flow rows read."""
+    src_id, dst_id = np.empty(total, np.int64), np.empty(total, np.int64)
+    src_kind, dst_kind = np.empty(total, np.int8), np.empty(total, np.int8)
     kind_code = {name: code for code, name in enumerate(KIND_NAMES)}
-    total = 0
-    for path in profile.files("Flow"):
-        names = pq.ParquetFile(path).schema_arrow.names
-        if not {"in_id", "out_id", "in_table", "out_table"} <= set(names):
+    at = 0
+    for _, table in parts:
+        rows = table.num_rows
+        if not rows:
             continue
-        table = pq.read_table(path, columns=["in_id", "out_id", "in_table", "out_table"],
-                              read_dictionary=["in_table", "out_table"])
-        total += table.num_rows
-        srcs.append(_int_column(table, "in_id"))
-        dsts.append(_int_column(table, "out_id"))
-        for column, out in (("in_table", skinds), ("out_table", dkinds)):
+        if at + rows > total:
+            total = at + rows
+            src_id, dst_id, src_kind, dst_kind = _grown([src_id, dst_id, src_kind, dst_kind], total)
+        span = slice(at, at + rows)
+        src_id[span] = int_column(table, "in_id")
+        dst_id[span] = int_column(table, "out_id")
+        for column, out in (("in_table", src_kind), ("out_table", dst_kind)):
             mapping: dict[str, int] = {}
-            out.append(_dictionary_codes(table.column(column), mapping,
-                                         lambda v: kind_code.get(str(v).lower(), -1)))
-    if not srcs:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty.astype(np.int32), empty.astype(np.int32), 0
-    return (np.concatenate(srcs), np.concatenate(dsts), np.concatenate(skinds), np.concatenate(dkinds),
-            total)
+            out[span] = dictionary_codes(table.column(column), mapping,
+                                         lambda v: kind_code.get(str(v).lower(), -1))
+        at += rows
+    return src_id[:at], dst_id[:at], src_kind[:at], dst_kind[:at], at
+
+
+class _IdIndex:
+    """Where each id of one event kind sits among that kind's events: ids are unique and ascending;
+    contiguous ids (our recorder's) are an offset, a dense range a lookup table, others a binary
+    search. ``remap`` (optional) maps the position in sorted order to the event's position."""
+
+    def __init__(self, sorted_ids: np.ndarray, remap: np.ndarray | None = None) -> None:
+        self.ids = sorted_ids
+        self.lo = int(sorted_ids[0]) if sorted_ids.size else 0
+        hi = int(sorted_ids[-1]) if sorted_ids.size else -1
+        dense = hi - self.lo < 4 * sorted_ids.size + 1024
+        self.mode = 0 if hi - self.lo == sorted_ids.size - 1 else 1 if dense else 2
+        self.lut = np.zeros(0, np.int64)
+        if self.mode == 1 and sorted_ids.size:
+            self.lut = np.full(hi - self.lo + 1, -1, np.int64)
+            self.lut[sorted_ids - self.lo] = np.arange(sorted_ids.size)
+        self.remap = remap if remap is not None else np.zeros(0, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _positions(wanted: np.ndarray, kinds: np.ndarray, code: int, ids: np.ndarray, lo: int, mode: int,
+               lut: np.ndarray, remap: np.ndarray, offset: int, out: np.ndarray) -> None:
+    """``out[e]`` = the event index of ``wanted[e]`` for every edge end whose kind is ``code`` (-1 where
+    no event of that kind has the id); ``out`` may be ``wanted`` (each element is read, then written)."""
+    n = ids.size
+    hi = ids[n - 1] if n else lo - 1
+    mapped = remap.size > 0
+    for e in range(wanted.size):
+        if kinds[e] != code:
+            continue
+        x = wanted[e]
+        if n == 0 or x < lo or x > hi:
+            out[e] = -1
+            continue
+        if mode == 0:
+            pos = x - lo
+        elif mode == 1:
+            pos = lut[x - lo]
+        else:
+            pos = np.searchsorted(ids, x)
+            if ids[pos] != x:
+                pos = -1
+        if pos >= 0 and mapped:
+            pos = remap[pos]
+        out[e] = pos + offset if pos >= 0 else -1
+
+
+@njit(cache=True, nogil=True)
+def _keep_edges(src: np.ndarray, dst: np.ndarray, src_kind: np.ndarray, dst_kind: np.ndarray) -> int:
+    """Move the edges both of whose ends are events (and that are no self-loops) to the front, in
+    order; returns how many. An end of a table we do not model (kind -1) is no event."""
+    k = 0
+    for e in range(src.size):
+        a, b = src[e], dst[e]
+        if src_kind[e] >= 0 and dst_kind[e] >= 0 and a >= 0 and b >= 0 and a != b:
+            src[k] = a
+            dst[k] = b
+            k += 1
+    return k
+
+
+def _map_edges(src_id: np.ndarray, dst_id: np.ndarray, src_kind: np.ndarray, dst_kind: np.ndarray,
+               indexes: Sequence[_IdIndex], offsets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(table, id) -> event index for both ends of every Flow edge; the edges both of whose ends are
+    events here, in file order (the rest point at rows of tables we do not model or do not have)."""
+    src, dst = src_id, dst_id  # mapped in place: the ids are not needed afterwards
+    for code, index in enumerate(indexes):
+        for ends, kinds in ((src, src_kind), (dst, dst_kind)):
+            _positions(ends, kinds, code, index.ids, index.lo, index.mode, index.lut, index.remap,
+                       int(offsets[code]), ends)
+    k = _keep_edges(src, dst, src_kind, dst_kind)
+    return src[:k], dst[:k]
 
 
 def instruction_text(profile: Profile, ids: list[int], column: str,
@@ -333,25 +496,26 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
     lanes = _Lanes()
     gaps: list[str] = []
     texts: dict[str, tuple[dict[str, int], list[str]]] = {c: ({}, []) for c in TEXT_COLUMNS}
-    i_id, i_start, i_end, i_lane, i_engine, i_flops, *i_text = _read_instructions(profile, lanes, texts)
+    # every large part this load reads, decoded in one stream (both cores busy across tables), in
+    # the order consumed: instructions, DMA packets, Flow
+    instr_jobs = _part_jobs(profile, "Instruction", (*INSTRUCTION_NUMBERS, *INSTRUCTION_STRINGS),
+                            INSTRUCTION_STRINGS)
+    packets = TableSource(profile, "DmaPacket")
+    with_packets = packets.present and packets.has("packet_aggregation_id")
+    fast_dma = with_packets and _dma_fast_path(profile)
+    dma_jobs = (_part_jobs(profile, "DmaPacket", (*DMA_NUMBERS, "queue_name", "queue_idx"), ("queue_name",))
+                if fast_dma else [])
+    flow_jobs = _part_jobs(profile, "Flow", FLOW_COLUMNS, ("in_table", "out_table"), required=FLOW_COLUMNS)
+    stream = iter(PartStream([*instr_jobs, *dma_jobs, *flow_jobs]))
+    i_id, i_start, i_end, i_lane, i_engine, i_flops, *i_text = _read_instructions(
+        islice(stream, len(instr_jobs)), profile.num_rows("Instruction"), lanes, texts)
     if not i_id.size:
         gaps.append("no Instruction rows: there is nothing to analyse")
-    packets = TableSource(profile, "DmaPacket")
     d_id = d_start = d_end = d_bytes = d_count = np.zeros(0, np.int64)
     d_lane = np.zeros(0, np.int32)
-    if packets.present and packets.has("packet_aggregation_id"):
-        col = packets.col
-        queue = f"coalesce({col('queue_name')}, 'queue ' || {col('queue_idx')}::VARCHAR, 'DMA')"
-        result = con.execute(f"""
-            SELECT packet_aggregation_id AS id, min(start_ts) AS s, max(end_ts) AS e,
-                   min({queue}) AS q, sum(transfer_bytes)::BIGINT AS b, count(*)::BIGINT AS c
-            FROM {packets.relation()} GROUP BY 1 ORDER BY 1""").fetchnumpy()
-        d_id = np.asarray(result["id"], np.int64)
-        d_start = np.asarray(result["s"], np.int64)
-        d_end = np.asarray(result["e"], np.int64)
-        d_bytes = np.asarray(result["b"], np.int64)
-        d_count = np.asarray(result["c"], np.int64)
-        names = [str(q) for q in result["q"]]
+    if with_packets:
+        transfers = _read_transfers(islice(stream, len(dma_jobs))) if fast_dma else None
+        d_id, d_start, d_end, d_bytes, d_count, names = transfers or _transfers_sql(profile, con)
         distinct = {q: lanes.code(q) for q in sorted(set(names))}
         d_lane = np.array([distinct[q] for q in names], np.int32)
     elif not packets.present:
@@ -375,49 +539,46 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
     ident = np.concatenate([i_id, d_id, c_id])
     lane = np.concatenate([i_lane, d_lane, c_lane]).astype(np.int32)
     engine = np.concatenate([i_engine, np.full(d_id.size + c_id.size, -1, np.int8)])
-    # Flow edges: (table, id) -> event index
-    src_id, dst_id, src_kind, dst_kind, n_flow = _read_flow(profile)
+    # Flow edges: (table, id) -> event index, in one compiled pass
+    src_id, dst_id, src_kind, dst_kind, n_flow = _read_flow(stream, profile.num_rows("Flow"))
     if not n_flow:
         gaps.append("no Flow table: dependencies are inferred from timing alone (an event's predecessor "
                     "is what ended last before it started)")
-    offsets = (0, i_id.size, i_id.size + d_id.size)
-    sorted_ids = (i_id, d_id, np.sort(c_id))
-    cc_order = np.argsort(c_id, kind="stable")
-    src = np.full(src_id.size, -1, np.int64)
-    dst = np.full(dst_id.size, -1, np.int64)
-    for code in (INSTRUCTION, DMA, CC):
-        for ids, kinds, out in ((src_id, src_kind, src), (dst_id, dst_kind, dst)):
-            sel = np.flatnonzero(kinds == code)
-            if not sel.size:
-                continue
-            pos = _index_of(sorted_ids[code], ids[sel])
-            if code == CC:
-                pos = np.where(pos >= 0, cc_order[np.maximum(pos, 0)], -1)
-            out[sel] = np.where(pos >= 0, pos + offsets[code], -1)
-    keep = (src >= 0) & (dst >= 0) & (src != dst)
+    offsets = np.array([0, i_id.size, i_id.size + d_id.size], np.int64)
+    by_kind = (_IdIndex(i_id), _IdIndex(d_id), _IdIndex(np.sort(c_id), np.argsort(c_id, kind="stable")))
+    src, dst = _map_edges(src_id, dst_id, src_kind, dst_kind, by_kind, offsets.tolist())
     first = int(start.min()) if start.size else None
     last = int(end.max()) if end.size else None
     windows, window_source = _windows(profile, con, first, last)
-    if windows.size:
+    if windows.shape[0] > 1:
         # events that begin before the first window (clock skew) belong to it
         execution = np.maximum(np.searchsorted(windows[:, 0], start, side="right") - 1, 0).astype(np.int32)
-        # an execution's window reaches at least its last event and starts no later than its first
-        if start.size:
-            lo = np.full(windows.shape[0], np.iinfo(np.int64).max, np.int64)
-            hi = np.full(windows.shape[0], np.iinfo(np.int64).min, np.int64)
-            if windows.shape[0] == 1:
-                lo[0], hi[0] = start.min(), end.max()
-            else:
-                np.minimum.at(lo, execution, start)
-                np.maximum.at(hi, execution, end)
-            windows[:, 0] = np.minimum(windows[:, 0], lo)
-            seen = hi > np.iinfo(np.int64).min
-            windows[:, 1] = np.maximum(windows[:, 1], np.where(seen, hi, windows[:, 1]))
-    else:
+    else:  # one window (or none): every event is in it
         execution = np.zeros(start.size, np.int32)
+    if windows.size and start.size:
+        # an execution's window reaches at least its last event and starts no later than its first
+        lo, hi = _window_spans(execution, start, end, windows.shape[0])
+        windows[:, 0] = np.minimum(windows[:, 0], lo)
+        seen = hi > np.iinfo(np.int64).min
+        windows[:, 1] = np.maximum(windows[:, 1], np.where(seen, hi, windows[:, 1]))
     return DepGraph(start=start, end=end, kind=kind, ident=ident, lane=lane, engine=engine,
                     lanes=lanes.names, n_instr=int(i_id.size), n_dma=int(d_id.size), n_cc=int(c_id.size),
-                    edge_src=src[keep], edge_dst=dst[keep], windows=windows, window_source=window_source,
+                    edge_src=src, edge_dst=dst, windows=windows, window_source=window_source,
                     execution=execution, flow_edges=n_flow, gaps=gaps, dma_bytes=d_bytes, dma_packets=d_count,
                     text_codes=dict(zip(TEXT_COLUMNS, i_text)), flops=i_flops,
                     text_values={c: values for c, (_, values) in texts.items()})
+
+
+@njit(cache=True, nogil=True)
+def _window_spans(execution: np.ndarray, start: np.ndarray, end: np.ndarray,
+                  n_windows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per window, the first start and last end of its events (int64 max / min where it has none)."""
+    lo = np.full(n_windows, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(n_windows, np.iinfo(np.int64).min, np.int64)
+    for i in range(start.size):
+        w = execution[i]
+        if start[i] < lo[w]:
+            lo[w] = start[i]
+        if end[i] > hi[w]:
+            hi[w] = end[i]
+    return lo, hi
