@@ -81,8 +81,12 @@ def _loss_of(out: Any) -> torch.Tensor:
 
 
 def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-                loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0) -> JointGraph:
-    """Trace the loss and the gradients of every parameter that requires grad (see module doc)."""
+                loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
+                input_grads: Sequence[int] = ()) -> JointGraph:
+    """Trace the loss and the gradients of every parameter that requires grad (see module doc).
+
+    ``input_grads``: user inputs whose gradients are outputs too, after the parameters' (a pipeline
+    stage sends its input's gradient back to the stage before it)."""
     wrapper = LossModule(model, loss_fn, loss_scale)
     name = type(model).__name__
     try:
@@ -143,17 +147,19 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         with fx_traceback.preserve_node_meta():
             outs = torch.fx.Interpreter(gm).run(*args)
         loss = outs[0] if isinstance(outs, (tuple, list)) else outs
-        grads = torch.autograd.grad(loss, param_values, allow_unused=True)
-        return (loss, *[g if g is not None else torch.zeros_like(p)
-                        for g, p in zip(grads, param_values)])
+        wrt = [*param_values, *(inputs[i] for i in input_grads)]
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        return (loss, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grads, wrt)])
 
     values = [named[p].detach().clone().requires_grad_(True) for p in params]
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             with sdpa_kernel([SDPBackend.MATH]):  # attention as ops autograd differentiates
+                examples = [x.detach().clone().requires_grad_(True) if i in input_grads else x
+                            for i, x in enumerate(example_inputs)]
                 traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
-                    values, [b.clone() for b in buffers], *example_inputs)  # tracing runs the
+                    values, [b.clone() for b in buffers], *examples)  # tracing runs the
                 # forward for real: BatchNorm's running statistics must not move in the model's
                 # buffers, nor in the values the step starts from
     except Exception as exc:  # any tracer failure is a failed trace
