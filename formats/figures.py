@@ -44,6 +44,7 @@ from formats import sqlsource
 from formats.intervals import UnionAccumulator, key_order, start_order, time_slices, union_length
 from formats.schema import ENGINE_NAMES
 from formats.sqlsource import TableSource, literal
+from formats.units import fmt_count
 
 if TYPE_CHECKING:
     from formats.reader import Profile
@@ -227,6 +228,18 @@ class DmaFigures:
         """bytes / transfers: Summary.dma_transfer_average_bytes (the real Summary Viewer's
         ``average_dma_size``)."""
         return None if not self.transfers else self.bytes / self.transfers
+
+    @property
+    def count_text(self) -> str:
+        """"85 transfers (1,360 packets)": a transfer is one DMA request, split into packets by the
+        queue (docs/figures.md). Every view names both, so one view's count never reads as
+        contradicting another's."""
+        packets = f"{fmt_count(self.packets)} packets"
+        if self.transfers is None:
+            return packets
+        if not self.packets:  # a Summary without the per-kind packet counts
+            return f"{fmt_count(self.transfers)} transfers"
+        return f"{fmt_count(self.transfers)} transfers ({packets})"
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def headline_lines(program: Program, label: str = "", problems: Sequence[Any] = 
                  f"MBU {fmt_pct(figs.mbu)}   (model FLOPs {fmt_flops(figs.flops.model)})")
     lines.append(f"busiest engine  {_engine_line(figs)}")
     dma = figs.dma
-    lines.append(f"DMA             {fmt_bytes(dma.bytes)} in {fmt_count(dma.packets)} packets, "
+    lines.append(f"DMA             {fmt_bytes(dma.bytes)} in {dma.count_text}, "
                  f"{fmt_gbps(dma.throughput_bytes_per_s)} average, active {fmt_pct(dma.active_fraction)}")
     lines.append(f"HBM             {fmt_bytes(figs.hbm.read)} read, {fmt_bytes(figs.hbm.write)} written")
     cc = figs.collectives

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from formats.hierarchy_rollup import ENGINE_STEMS
+from formats.nullable import add_known, max_known, min_known
 from formats.text_lists import Intervals, parse_ids, parse_intervals
 
 if TYPE_CHECKING:
@@ -185,18 +186,6 @@ def _float(value: object) -> float | None:
     return None
 
 
-def _add(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else a + b
-
-
-def _min(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
-
-
 def _start_order(rows: Sequence[Row]) -> list[Row]:
     """Rows by ``start_ts`` (nulls last), ties in table order."""
     def key(item: tuple[int, Row]) -> tuple[bool, int, int]:
@@ -237,7 +226,7 @@ def from_rows(framework: Sequence[Row], hlo: Sequence[Row]) -> FrameworkHierarch
             start_ts=_int(row.get("start_ts")),
             end_ts=_int(row.get("end_ts")),
             time_ns=active if active is not None else (intervals.union_ns if intervals.spans.size else None),
-            hbm_bytes=_add(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
+            hbm_bytes=add_known(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
             mfu=None if mfu is None else mfu / 100.0,
             counts=counts,
             instructions=instructions if instructions is not None else (sum(known) if known else None),
@@ -266,7 +255,7 @@ def from_rows(framework: Sequence[Row], hlo: Sequence[Row]) -> FrameworkHierarch
             start_ts=_int(row.get("start_ts")),
             end_ts=_int(row.get("end_ts")),
             time_ns=active if active is not None else (intervals.union_ns if intervals.spans.size else None),
-            hbm_bytes=_add(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
+            hbm_bytes=add_known(_int(row.get("hbm_read_bytes")), _int(row.get("hbm_write_bytes"))),
             instructions=_int(row.get("instruction_count")),
         )
         found = merged.get(key)
@@ -280,11 +269,11 @@ def from_rows(framework: Sequence[Row], hlo: Sequence[Row]) -> FrameworkHierarch
             name=found.name,
             layer=found.layer or op.layer,
             spans=found.spans,
-            start_ts=_min(found.start_ts, op.start_ts),
-            end_ts=_max(found.end_ts, op.end_ts),
-            time_ns=_add(found.time_ns, op.time_ns),
-            hbm_bytes=_add(found.hbm_bytes, op.hbm_bytes),
-            instructions=_add(found.instructions, op.instructions),
+            start_ts=min_known(found.start_ts, op.start_ts),
+            end_ts=max_known(found.end_ts, op.end_ts),
+            time_ns=add_known(found.time_ns, op.time_ns),
+            hbm_bytes=add_known(found.hbm_bytes, op.hbm_bytes),
+            instructions=add_known(found.instructions, op.instructions),
             executions=found.executions + 1,
         )
     ops = tuple(
@@ -308,7 +297,6 @@ def load_hierarchy(profile: Profile) -> FrameworkHierarchy:
     (small: read whole). A profile with neither gives an empty hierarchy (``source`` says so); the
     views then build theirs from ``Instruction.layer`` / ``hlo_name``."""
     return from_rows(_table_rows(profile, FRAMEWORK_TABLE), _table_rows(profile, HLO_TABLE))
-
 
 
 def _merge_spans(spans: list[tuple[int, int]], slack: int) -> Intervals:

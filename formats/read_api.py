@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         from_instructions,
         load_hierarchy,
     )
+    from formats.nullable import add_known, max_known, min_known
     from formats.reader import Profile, ProfileError, ProfileWarning, open_profile, profile_from_files
     from formats.schema import ENGINE_NAMES, canonical_engine, table_of_file
     from formats.source_access import SourceAccess, SourceStatus, SourceText, read_source
@@ -126,6 +127,7 @@ _HOME: dict[str, tuple[str, ...]] = {
     "formats.findings": ("Finding", "find"),
     "formats.hierarchy_read": ("FrameworkHierarchy", "Layer", "Malformed", "Op", "OpKey", "display_name",
                                "from_instructions", "load_hierarchy"),
+    "formats.nullable": ("add_known", "max_known", "min_known"),
     "formats.reader": ("Profile", "ProfileError", "ProfileWarning", "open_profile", "profile_from_files"),
     "formats.schema": ("ENGINE_NAMES", "canonical_engine", "table_of_file"),
     "formats.source_access": ("SourceAccess", "SourceStatus", "SourceText", "read_source"),
@@ -194,6 +196,7 @@ __all__ = [
     "TableSource",
     "TrackViewport",
     "Window",
+    "add_known",
     "analyze",
     "attribute",
     "busiest_opcodes",
@@ -221,7 +224,9 @@ __all__ = [
     "key_condition",
     "literal",
     "load_hierarchy",
+    "max_known",
     "merge_windows",
+    "min_known",
     "module_kind",
     "open_profile",
     "parse_ids",

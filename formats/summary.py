@@ -64,6 +64,7 @@ import pyarrow as pa
 from formats import sqlsource
 from formats.intervals import UnionAccumulator
 from formats.lod import LodBuilder
+from formats.nullable import add_known
 from formats.reader import ProfileError
 from formats.schema import ENGINE_NAMES, SCHEMA
 from formats.summary_scan import (
@@ -131,9 +132,6 @@ def _sum(values: Sequence[Any]) -> int | None:
     present = [v for v in values if v is not None]
     return int(sum(present)) if present else None
 
-
-def _add(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else a + b
 
 def compute(profile: Profile, facts: ProgramFacts | None = None, *,
             con: duckdb.DuckDBPyConnection | None = None, rows_per_slice: int = ROWS_PER_SLICE,
@@ -296,8 +294,8 @@ def _flops_and_memory(m: _Measured, row: dict[str, Any]) -> None:
         row["hbm_read_bytes"], row["hbm_write_bytes"] = dma_read or 0, dma_write or 0
         packet_bytes = sum(int(p["nbytes"] or 0) for p in m.packets)
         # a packet's other side is on-chip: bytes read from HBM were written to SBUF, and vice versa
-        row["sbuf_write_bytes"] = _add(instr_sum("sbuf_write_bytes"), packet_bytes - (dma_write or 0))
-        row["sbuf_read_bytes"] = _add(instr_sum("sbuf_read_bytes"), packet_bytes - (dma_read or 0))
+        row["sbuf_write_bytes"] = add_known(instr_sum("sbuf_write_bytes"), packet_bytes - (dma_write or 0))
+        row["sbuf_read_bytes"] = add_known(instr_sum("sbuf_read_bytes"), packet_bytes - (dma_read or 0))
     else:
         for column in ("hbm_read_bytes", "hbm_write_bytes", "sbuf_read_bytes", "sbuf_write_bytes"):
             row[column] = instr_sum(column)

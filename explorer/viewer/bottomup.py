@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from explorer.viewer.text import fmt_ns
 from explorer.viewer.view_model import Hierarchy, Node, NodeStats, frozen_map
-from formats.read_api import module_kind
+from formats.read_api import add_known, module_kind
 
 _OP_NUMBER = re.compile(r"\.\d+$")  # as formats.findings strips it
 KIND_PREFIX = "K:"
@@ -52,10 +52,6 @@ def kind_of(layer: str | None, op_name: str) -> Kind:
     without its number."""
     name = module_kind(layer) if layer else op_kind(op_name)
     return Kind(KIND_PREFIX + name, name)
-
-
-def _add(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else a + b
 
 
 def build(
@@ -85,15 +81,15 @@ def build(
         wait = None
         for op in ops:
             s = op.stats
-            time, hbm = _add(time, s.time_ns), _add(hbm, s.hbm_bytes)
-            instructions = _add(instructions, s.instructions)
+            time, hbm = add_known(time, s.time_ns), add_known(hbm, s.hbm_bytes)
+            instructions = add_known(instructions, s.instructions)
             start = s.start_ts if start is None or (s.start_ts is not None and s.start_ts < start) else start
             end = s.end_ts if end is None or (s.end_ts is not None and s.end_ts > end) else end
-            counts = [_add(a, b) for a, b in zip(counts, s.counts)]
+            counts = [add_known(a, b) for a, b in zip(counts, s.counts)]
             if s.mfu is not None and s.time_ns:
                 model += s.mfu * s.time_ns  # model FLOPs / PEAK, summed
                 mfu_known = True
-            wait = _add(wait, waits.get(op.key))
+            wait = add_known(wait, waits.get(op.key))
             nodes[op.key] = replace(op, parent=key, name=f"{op.name}  {op.layer or ''}".rstrip())
         union = times.get(kind.label)
         stats = NodeStats(

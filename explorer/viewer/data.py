@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
@@ -79,6 +80,7 @@ class ProfileData:
         self.instr = TableSource(profile, "Instruction")
         self.con = connect(memory_limit="1GB")
         self._lock = threading.Lock()
+        self._cursors: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
         self._summary: dict[str, Any] | None = None
         self._tensor_split: bool | None = None
         meta = profile.metadata
@@ -94,15 +96,26 @@ class ProfileData:
             self.peak_flops_per_s = None
 
     def close(self) -> None:
-        """Close the connection when the viewer quits. A worker thread may still be running a query
-        on one of its cursors: DuckDB then closes the connection but reports it "busy with another
-        call" (a second close says "already closed"), which must not escape the app's unmount."""
-        with self._lock, contextlib.suppress(duckdb.Error):
-            self.con.close()
+        """Close the connection when the viewer quits, stopping any worker's query. DuckDB reports a
+        connection with a running query "busy with another call" (a second close says "already
+        closed"); neither may escape the app's unmount."""
+        with self._lock:
+            # Closing does not stop a running query (DuckDB refuses, "busy"), so each worker's cursor
+            # is interrupted first; one taken but not yet run is closed, so its execute() fails at
+            # once instead of running its query to the end after the viewer has gone.
+            for cursor in list(self._cursors):
+                with contextlib.suppress(duckdb.Error):
+                    cursor.interrupt()
+                with contextlib.suppress(duckdb.Error):
+                    cursor.close()
+            with contextlib.suppress(duckdb.Error):
+                self.con.close()
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
-            return self.con.cursor()
+            cursor = self.con.cursor()
+            self._cursors.add(cursor)
+            return cursor
 
     def _rows(self, sql: str) -> list[dict[str, Any]]:
         cur = self._cursor()

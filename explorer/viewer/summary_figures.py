@@ -10,6 +10,7 @@ from typing import Any
 
 from explorer.viewer.text import fmt_bytes, fmt_count, fmt_ns, fmt_pct
 from explorer.viewer.view_model import ENGINES, Figure
+from formats.read_api import from_summary
 
 
 def _get(row: Mapping[str, Any], key: str) -> float | None:
@@ -31,7 +32,6 @@ def figures(row: Mapping[str, Any]) -> tuple[Figure, ...]:
     """Total time, utilisation, DMA, bytes and collectives, in the order the panel shows them."""
     seconds = _get(row, "total_time")
     hbm = _sum(_get(row, "hbm_read_bytes"), _get(row, "hbm_write_bytes"))
-    transfers = row.get("dma_transfer_count")
     cc_time = _get(row, "cc_op_active_time")
     return (
         Figure("Total time", fmt_ns(None if seconds is None else seconds * 1e9), "Summary.total_time"),
@@ -43,8 +43,7 @@ def figures(row: Mapping[str, Any]) -> tuple[Figure, ...]:
         Figure("HBM moved", fmt_bytes(hbm), "hbm_read_bytes + hbm_write_bytes"),
         Figure(
             "DMA moved",
-            f"{fmt_bytes(_get(row, 'dma_transfer_total_bytes'))} in "
-            f"{fmt_count(None if transfers is None else int(transfers))} transfers",
+            f"{fmt_bytes(_get(row, 'dma_transfer_total_bytes'))} in {from_summary(row).dma.count_text}",
             "dma_transfer_total_bytes",
         ),
         Figure(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from explorer.viewer.view_model import ENGINES, Hierarchy, Node, NodeStats, frozen_map
-from formats.read_api import FrameworkHierarchy, display_name
+from formats.read_api import FrameworkHierarchy, add_known, display_name, max_known, min_known
 
 NO_LAYER = "(no layer)"
 
@@ -38,18 +38,6 @@ def hlo_key(ref: tuple[str, str | int] | None) -> str:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _add(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else a + b
-
-
-def _min(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
 
 
 # -- from the hierarchy tables ------------------------------------------------------------------
@@ -98,14 +86,14 @@ def from_hierarchy(tables: FrameworkHierarchy) -> Hierarchy:
 def _merge(a: NodeStats, b: NodeStats) -> NodeStats:
     """Two rows of one op (two executions): times and bytes add, the span widens."""
     return NodeStats(
-        time_ns=_add(a.time_ns, b.time_ns),
+        time_ns=add_known(a.time_ns, b.time_ns),
         summed=a.summed or b.summed,
-        start_ts=_min(a.start_ts, b.start_ts),
-        end_ts=_max(a.end_ts, b.end_ts),
-        hbm_bytes=_add(a.hbm_bytes, b.hbm_bytes),
+        start_ts=min_known(a.start_ts, b.start_ts),
+        end_ts=max_known(a.end_ts, b.end_ts),
+        hbm_bytes=add_known(a.hbm_bytes, b.hbm_bytes),
         mfu=None,
-        counts=tuple(_add(x, y) for x, y in zip(a.counts, b.counts)),
-        instructions=_add(a.instructions, b.instructions),
+        counts=tuple(add_known(x, y) for x, y in zip(a.counts, b.counts)),
+        instructions=add_known(a.instructions, b.instructions),
     )
 
 
@@ -154,15 +142,15 @@ class OpAggregate:
             self.counts[ENGINES.index(engine)] += n
         self.instructions += n
         self.duration_ns += int(row["dur"] or 0)
-        self.start_ts = _min(self.start_ts, _int(row["t0"]))
-        self.end_ts = _max(self.end_ts, _int(row["t1"]))
-        self.model_flops = _add(self.model_flops, _int(row["model"]))
-        self.pe_flops = _add(self.pe_flops, _int(row["pe"]))
-        self.transpose_flops = _add(self.transpose_flops, _int(row["ft"]))
-        self.hbm_bytes = _add(self.hbm_bytes, _int(row["hbm"]))
-        self.spill_reload_bytes = _add(self.spill_reload_bytes, _int(row["spill"]))
+        self.start_ts = min_known(self.start_ts, _int(row["t0"]))
+        self.end_ts = max_known(self.end_ts, _int(row["t1"]))
+        self.model_flops = add_known(self.model_flops, _int(row["model"]))
+        self.pe_flops = add_known(self.pe_flops, _int(row["pe"]))
+        self.transpose_flops = add_known(self.transpose_flops, _int(row["ft"]))
+        self.hbm_bytes = add_known(self.hbm_bytes, _int(row["hbm"]))
+        self.spill_reload_bytes = add_known(self.spill_reload_bytes, _int(row["spill"]))
         if engine == "Tensor":
-            self.tensor_wait_ns = _add(self.tensor_wait_ns, _int(row["wait"]))
+            self.tensor_wait_ns = add_known(self.tensor_wait_ns, _int(row["wait"]))
         self.layer_votes[row.get("layer")] = self.layer_votes.get(row.get("layer"), 0) + n
 
     @property
@@ -200,8 +188,8 @@ def merge_scan(
                     instructions=agg.instructions,
                     mfu=mfu(agg.model_flops, stats.time_ns, peak_flops_per_s),
                     hbm_bytes=stats.hbm_bytes if stats.hbm_bytes is not None else agg.hbm_bytes,
-                    start_ts=_min(stats.start_ts, agg.start_ts),
-                    end_ts=_max(stats.end_ts, agg.end_ts),
+                    start_ts=min_known(stats.start_ts, agg.start_ts),
+                    end_ts=max_known(stats.end_ts, agg.end_ts),
                 ),
             )
             continue
@@ -213,7 +201,7 @@ def merge_scan(
             parent = _ensure_layer(nodes, children, NO_LAYER)
         hbm = agg.hbm_bytes
         if dma_hbm and agg.ref is not None and agg.ref[0] == "raw_hlo_id":
-            hbm = _add(hbm, dma_hbm.get(int(agg.ref[1])))
+            hbm = add_known(hbm, dma_hbm.get(int(agg.ref[1])))
         stats = NodeStats(
             time_ns=agg.duration_ns,
             summed=True,
@@ -283,7 +271,7 @@ def _roll_up_layers(
             else:
                 stats, child_model = visit(child)
             total = _merge(total, stats)
-            model = _add(model, child_model)
+            model = add_known(model, child_model)
         if node.kind != "layer":
             return node.stats, model
         if node.stats.summed:

@@ -193,3 +193,26 @@ def test_two_physical_cores_add_up_in_every_busy_figure(tmp_path: Path) -> None:
     rows = [F.RowSelect("t", engines=("Tensor",))]
     cov = F.busy_rows(profile, 0, 1000, 10, rows, use_active_time=False)["t"]
     assert cov.fraction.mean() == pytest.approx(F.engine_busy(profile, w)["Tensor"].fraction)
+
+
+def test_dma_counts_name_transfers_and_packets_in_every_view() -> None:
+    """The headline said "1360 packets" where the viewer said "85 transfers" for one profile: both
+    now show one text, from DmaFigures.count_text."""
+    from explorer.viewer.summary_figures import figures as panel_figures
+    from formats.headline import Program, headline_lines
+
+    path = SAMPLES / "bert-layer/device/model=bert_layer/core=0/execution=2"
+    if not path.exists():
+        pytest.skip("sample profile not present")
+    profile = open_profile(path)
+    row = summary.stored_summary(profile)
+    assert row is not None
+    dma = F.from_summary(row, profile.metadata).dma
+    assert dma.transfers and dma.packets > dma.transfers
+    assert dma.count_text == f"{units.fmt_count(dma.transfers)} transfers ({units.fmt_count(dma.packets)} packets)"
+    panel = {f.label: f.value for f in panel_figures(row)}
+    assert panel["DMA moved"].endswith(dma.count_text)
+    assert F.DmaFigures(5, 10, 0, 1.0, None).count_text == "5 packets"
+    assert F.DmaFigures(0, 10, 0, 1.0, 3).count_text == "3 transfers"
+    headline = "\n".join(headline_lines(Program("bert", profile, row)))
+    assert f"in {dma.count_text}," in headline
