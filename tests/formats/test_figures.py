@@ -209,7 +209,8 @@ def test_dma_counts_name_transfers_and_packets_in_every_view() -> None:
     assert row is not None
     dma = F.from_summary(row, profile.metadata).dma
     assert dma.transfers and dma.packets > dma.transfers
-    assert dma.count_text == f"{units.fmt_count(dma.transfers)} transfers ({units.fmt_count(dma.packets)} packets)"
+    counts = units.fmt_count(dma.transfers), units.fmt_count(dma.packets)
+    assert dma.count_text == f"{counts[0]} transfers ({counts[1]} packets)"
     panel = {f.label: f.value for f in panel_figures(row)}
     assert panel["DMA moved"].endswith(dma.count_text)
     assert F.DmaFigures(5, 10, 0, 1.0, None).count_text == "5 packets"
