@@ -39,6 +39,7 @@ from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
 from neuroncore.generation.heads import with_heads_for
 from neuroncore.generation.sampling import Sampling, next_tokens
+from neuroncore.generation.windows import AttentionWindows, WindowError, attention_windows
 from neuroncore.parallel.heads import HeadLayout
 from neuroncore.runtime import Instance, StateBinding
 from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
@@ -129,8 +130,9 @@ class _Program(torch.nn.Module):
     read as a trace of the model itself does (``model/model/layers.0/self_attn``), not through
     this wrapper."""
 
-    def __init__(self, model: Any, select: bool) -> None:
+    def __init__(self, model: Any, select: bool, windows: AttentionWindows | None = None) -> None:
         super().__init__()
+        self.windows = windows  # sliding windows: the program builds the masks (generation/windows.py)
         children = dict(model.named_children())
         head = model.get_output_embeddings()
         self._base_name = str(model.base_model_prefix)
@@ -155,8 +157,14 @@ class _ContextEncoding(_Program):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 last: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=True)
+        if self.windows is None:
+            out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=True)
+        else:  # a cache of every position (not the model's sliding layers), masks built here
+            from transformers import DynamicCache
+
+            out = self.base(input_ids=input_ids, attention_mask=self.windows.prefill(attention_mask),
+                            position_ids=position_ids, past_key_values=DynamicCache(), use_cache=True)
         hidden = out.last_hidden_state
         pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
         logits = self.head((hidden * pick[:, :, None]).sum(1))
@@ -168,8 +176,8 @@ class _TokenGeneration(_Program):
     """One new token per row over a ``bucket``-position cache: its logits, and the cache with the
     token's keys and values written at ``slots`` (the same slot for every row)."""
 
-    def __init__(self, model: Any, select: bool, layers: int) -> None:
-        super().__init__(model, select)
+    def __init__(self, model: Any, select: bool, windows: AttentionWindows | None, layers: int) -> None:
+        super().__init__(model, select, windows)
         self.layers = layers
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -178,7 +186,8 @@ class _TokenGeneration(_Program):
 
         keys, values = cache[:self.layers], cache[self.layers:]
         past = DynamicCache(ddp_cache_data=list(zip(keys, values)))
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        mask = attention_mask if self.windows is None else self.windows.decode(attention_mask, slots)
+        out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                         past_key_values=past, use_cache=True)
         logits = self.head(out.last_hidden_state[:, -1])
         new_keys, new_values = _cache_tensors(out.past_key_values)
@@ -249,13 +258,10 @@ class NeuronCausalLM:
         if config is None or not hasattr(model, "base_model") or model.get_output_embeddings() is None:
             raise GenerationError(f"{type(model).__name__} is not a transformers causal LM "
                                   f"(it needs a config, base_model and an output embedding)")
-        window = getattr(config, "sliding_window", None)
-        if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo's local layers
-            window = getattr(config, "window_size", None)
-        if isinstance(window, int) and window < self.n_positions[-1]:
-            raise GenerationError(f"{type(model).__name__} attends over a sliding window of {window} "
-                                  f"positions, shorter than the cache ({self.n_positions[-1]}): "
-                                  f"sliding-window caches are not supported")
+        try:
+            self.windows = attention_windows(model)  # sliding windows: masks the programs build
+        except WindowError as exc:
+            raise GenerationError(str(exc)) from None
         self.model = model.eval()
         # the model the programs trace: itself, or a copy with KV heads replicated for the ranks
         self.head_layout: HeadLayout | None = None
@@ -322,7 +328,8 @@ class NeuronCausalLM:
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
             traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self._source,
-                                                                              self.on_device_generation),
+                                                                              self.on_device_generation,
+                                                                              self.windows),
                                  (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
             if not self._cache:
                 self._allocate_cache(traced)
@@ -331,7 +338,7 @@ class NeuronCausalLM:
         cache = tuple(torch.zeros(s) for s in shapes)
         traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self._source,
                                                                           self.on_device_generation,
-                                                                          self.layers),
+                                                                          self.windows, self.layers),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
                               torch.zeros(1, dtype=torch.int64), *cache))
         return self._bind(traced, reads=True)

@@ -242,21 +242,15 @@ def test_generation_under_the_profiler_records_one_profile_per_step(llama_gen, t
         assert open_profile(entry.path).num_rows("Instruction") > 0
 
 
-def test_windowed_attention_shorter_than_the_cache_is_refused():
-    """A bucket's cache has empty slots between the prompt and the new token, so a window counted in
-    cache positions would be wrong: GPT-Neo's local layers and Mistral's sliding window are refused
-    when the window is shorter than the cache (a wider window attends to everything anyway)."""
+def test_gpt_neo_local_attention_is_refused_in_one_line():
+    """GPT-Neo's local layers mask by the key's index in the traced cache (its ``bias`` buffer), which
+    is not the token's slot in a bucket's cache: refused, not silently wrong (sliding windows of
+    Mistral and Qwen2: tests/generation/test_sliding_window.py)."""
     neo = T.GPTNeoForCausalLM(T.GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=2, vocab_size=64,
                                              attention_types=[[["global", "local"], 1]], window_size=4,
                                              max_position_embeddings=64))
-    with pytest.raises(GenerationError, match="sliding window of 4 positions, shorter than the cache"):
+    with pytest.raises(GenerationError, match=r"local attention layers \(window_size 4\).*not supported"):
         NeuronCausalLM(neo, n_positions=16)
-    mistral = T.MistralForCausalLM(T.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                   num_attention_heads=2, num_key_value_heads=1,
-                                                   vocab_size=64, sliding_window=8))
-    with pytest.raises(GenerationError, match="sliding window of 8"):
-        NeuronCausalLM(mistral, n_positions=(8, 16))
-    NeuronCausalLM(mistral, n_positions=8)  # the window covers the whole cache: accepted
 
 
 def test_on_device_generation_returns_the_greedy_token_not_the_logits(llama, greedy):
