@@ -84,7 +84,8 @@ def attention_windows(model: Any) -> AttentionWindows | None:
     name = type(model).__name__
     if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo's local layers
         size = getattr(config, "window_size", "?")
-        raise WindowError(f"{name}'s local attention layers (window_size {size}) mask by the position in the traced cache, not the token's slot: not supported")
+        raise WindowError(f"{name}'s local attention layers (window_size {size}) mask by the position in "
+                          f"the traced cache, not the token's slot: not supported")
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     implementation = getattr(config, "_attn_implementation", None) or "sdpa"
