@@ -192,24 +192,28 @@ def capture_training(args: argparse.Namespace, console: Console) -> CaptureResul
                 raise CaptureError(str(exc)) from None
             progress.update(task, description=f"training {model.name}")
             for _ in range(args.num_exec):
-                steps.append(run.execute())
+                steps.append((*run.execute(), run.step_time_ns))
                 progress.advance(task)
     if not args.system_only:
         profiles = device.profiles
-    result, rows, _ = steps[min(len(steps), max(args.profile_nth_exec, 1)) - 1]
-    step_ns = result.end_ns - result.start_ns
+    _, rows, _, step_ns = steps[min(len(steps), max(args.profile_nth_exec, 1)) - 1]
     fig = training_step_figures(step_ns, plan.global_batch, plan.seq, run.step_flops,
                                 plan.world, run.peak_flops_per_rank)
     dp_rows = [r for r in rows if r.group == "dp"]
     dp_ns = sum(r.end_ns - r.start_ns for r in dp_rows)
     overlap = collective_overlap([r.end_ns - r.start_ns for r in dp_rows], [r.overlap_ns for r in dp_rows])
+    whose = "rank 0's program" if plan.pp == 1 else f"the programs of rank 0 of each of {plan.pp} stages"
+    instructions = sum(st.program.n_instructions for st in run.stages)
     lines = [
-        f"captured {args.workload} ({model.name}) {plan.key(model.name)}: {len(steps)} steps of rank 0's "
-        f"program, profiled step {args.profile_nth_exec or 'none'}",
+        f"captured {args.workload} ({model.name}) {plan.key(model.name)}: {len(steps)} steps of {whose}, "
+        f"profiled step {args.profile_nth_exec or 'none'}",
         f"step {units.fmt_ns(step_ns)}; {fig.seq_per_s:,.1f} seq/s; MFU {units.fmt_pct(fig.mfu)}; "
-        f"{run.program.n_instructions:,} instructions",
+        f"{instructions:,} instructions",
         f"collectives: {len(rows)} ({len(dp_rows)} gradient synchronisation, "
         f"{units.fmt_ns(dp_ns)}, {units.fmt_pct(overlap)} overlapped with compute)",
+        *([] if plan.pp == 1 else [
+            f"pipeline: {plan.pp} stages, 1F1B over {plan.micro_batches} micro-batches, "
+            f"{sum(r.group == 'pp' for r in rows)} sends/receives on stage 0, one profile per stage"]),
         f"{len(profiles)} device profile(s) in {out / 'device'}" + ("" if args.device_only else
                                                                    f"; system profile in {out / 'system'}"),
     ]

@@ -140,7 +140,9 @@ def training_lines(profile: Profile) -> list[str]:
                  for level in ("forward", "backward", "gradient_sync", "optimizer"))]
     if profile.has("TrainingCollective"):
         rows = profile.table("TrainingCollective").to_pylist()
-        for kind, what in (("dp", "grad sync cc"), ("tp", "tp cc")):
+        # pipeline sends/receives last from their start to the transfer's end: a receive's wait
+        # for its peer stage is in its duration (the bubble)
+        for kind, what in (("dp", "grad sync cc"), ("tp", "tp cc"), ("pp", "pipeline cc")):
             mine = [r for r in rows if r["replica_group_kind"] == kind]
             if mine:
                 durations = [r["duration_ns"] for r in mine]

@@ -108,6 +108,7 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "all-reduce": lower_collective,
     "all-gather": lower_collective,
     "reduce-scatter": lower_collective,
+    "collective-permute": lower_collective,
     **{name: lower_unary for name in UNARY_OPS},
     **{name: lower_binary for name in BINARY_OPS},
     **{name: lower_view for name in LAYOUT_OPS},

@@ -1,4 +1,5 @@
-"""Collectives (all-reduce, all-gather, reduce-scatter) of a parallel program: one CC-core node each.
+"""Collectives (all-reduce, all-gather, reduce-scatter, collective-permute) of a parallel program:
+one CC-core node each.
 
 A collective works on device memory, as the Neuron runtime's do: the operand's tiles are stored to
 HBM, the CC-core runs the operation over NeuronLink into a fresh HBM tensor, and consumers load
@@ -16,7 +17,8 @@ from neuroncore.compiler.program import HbmAccess
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
-CC_OPCODES = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER", "reduce-scatter": "REDUCE_SCATTER"}
+CC_OPCODES = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER", "reduce-scatter": "REDUCE_SCATTER",
+              "collective-permute": "PERMUTE"}
 
 
 def lower_collective(ctx: Context, op: Op) -> None:

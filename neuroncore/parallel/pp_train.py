@@ -34,7 +34,6 @@ core idles until its first activation arrives, and the drain at the end is the b
 
 from __future__ import annotations
 
-import enum
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from neuroncore.frontends.tracing import TraceError
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.pipeline import Pass, one_f_one_b
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
 from neuroncore.runtime.scheduler import schedule
@@ -61,23 +61,6 @@ from neuroncore.training.optimizers import emit_update, host_scalars, split_scal
 from neuroncore.training.precision import Precision
 from neuroncore.training.torch_joint import JointGraph, joint_graph
 from neuroncore.training.torch_step import TrainStep, _caller_frames, _StepConverter
-
-
-class Pass(enum.Enum):
-    """What one slot of a stage's 1F1B schedule runs."""
-
-    FORWARD = "F"
-    BACKWARD = "B"
-
-
-def one_f_one_b(stage: int, stages: int, micro_batches: int) -> list[tuple[Pass, int]]:
-    """Stage ``stage``'s 1F1B order: warm-up forwards, one forward / one backward, the drain."""
-    warm = min(stages - stage - 1, micro_batches)
-    order = [(Pass.FORWARD, k) for k in range(warm)]
-    for k in range(micro_batches - warm):
-        order += [(Pass.FORWARD, warm + k), (Pass.BACKWARD, k)]
-    order += [(Pass.BACKWARD, k) for k in range(micro_batches - warm, micro_batches)]
-    return order
 
 
 class _Stage(torch.nn.Module):

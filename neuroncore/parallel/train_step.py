@@ -35,6 +35,7 @@ from neuroncore.compiler.program import Program
 from neuroncore.enums import Resource
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op
+from neuroncore.parallel.pipeline import Pass, execution_order, one_f_one_b, stage_layers
 from neuroncore.parallel.training import DDP_BUCKET_BYTES, ParallelPlan, PlanError, model_flops, rank_layout
 from neuroncore.record_kinds import RecordKind, TrainStepMeta
 from neuroncore.runtime.device import ExecutionResult, Instance, LoadedModel
@@ -42,6 +43,7 @@ from neuroncore.runtime.scheduler import Timeline, schedule
 from neuroncore.topology import Topology, instance_topology
 from neuroncore.workloads.train_graphs import (
     RankShapes,
+    Saved,
     Transformer,
     backward_ops,
     embedding_ops,
@@ -90,46 +92,89 @@ def _adamw(b: GraphBuilder, grad: Op, master: str, model_dtype: str) -> list[Op]
     return out
 
 
-def step_graph(model: Transformer, plan: ParallelPlan) -> Graph:
-    """Rank 0's whole step (pp must be 1): forward and backward of every micro-batch, gradient
-    buckets synchronised over the DP group, AdamW (on the 1/dp shard with ZeRO-1, then all-gather)."""
-    if plan.pp != 1:
-        raise PlanError("a step program holds one pipeline stage's view only; profile with pp 1 "
-                        "(neuroncore run composes pipeline-parallel steps)")
+def _permute(b: GraphBuilder, value: Op, k: int, kind: str, role: str, peer: int) -> Op:
+    """A pipeline send or receive: a collective-permute over the stage pair (group ``pp``), tagged
+    with its micro-batch, what it carries and which way, so the runtime can pair the two sides."""
+    return b.add_op("collective-permute", [value], value.shape, value.dtype, group="pp",
+                    pp_micro_batch=k, pp_kind=kind, pp_role=role, pp_peer=peer,
+                    name=f"collective-permute.{b.n_ops}")
+
+
+def step_graph(model: Transformer, plan: ParallelPlan, stage: int = 0) -> Graph:
+    """Rank 0 of pipeline stage ``stage``: the forward and backward of every micro-batch of its
+    layers in 1F1B order (:mod:`neuroncore.parallel.pipeline`; with pp 1, forward then backward of
+    each micro-batch), its gradient buckets synchronised over its DP group, AdamW (on the 1/dp
+    shard with ZeRO-1, then all-gather). With pp > 1 the first stage holds the embedding, the last
+    the head and loss, and each stage receives its input activation (and sends its output) and
+    receives its output's gradient (and sends its input's) as collective-permutes under
+    ``model/pipeline/microbatch.k/``: the receive of a stage waiting for its peer is the bubble."""
+    if not 0 <= stage < plan.pp:
+        raise PlanError(f"stage {stage} is not a stage of a {plan.pp}-stage pipeline")
     r = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp)
     dtype, master = plan.compute_dtype, plan.master_dtype
-    b = GraphBuilder(f"{model.name}_train_step", root_layer="model")
+    suffix = f"_stage{stage}" if plan.pp > 1 else ""
+    b = GraphBuilder(f"{model.name}_train_step{suffix}", root_layer="model")
     layers = model.layers
+    mine = stage_layers(layers, plan.pp, stage)
+    first, last = stage == 0, stage == plan.pp - 1
     acc: list[list[Op] | None] = [None] * (layers + 1)  # per layer (+ head) accumulated gradients
-    for k in range(plan.micro_batches):
-        with b.scope("forward"), b.scope(f"microbatch.{k}"):
-            x = embedding_ops(b, model, r, plan.tp, dtype)
-            saved = []
-            for i in range(layers):
-                with b.scope(f"layers.{i}"):
-                    x, s = forward_ops(b, model, r, plan.tp, dtype, x)
-                saved.append(s)
+    outs: dict[int, Op] = {}
+    saved: dict[int, list[Saved]] = {}
+    for kind, k in one_f_one_b(stage, plan.pp, plan.micro_batches):
+        if kind is Pass.FORWARD:
+            if first:
+                with b.scope("forward"), b.scope(f"microbatch.{k}"):
+                    x = embedding_ops(b, model, r, plan.tp, dtype)
+            else:
+                with b.scope("pipeline"), b.scope(f"microbatch.{k}"), b.scope("recv_activation"):
+                    x = _permute(b, b.parameter(f"recv_activation.{k}", (r.tokens, r.hidden), dtype),
+                                 k, "activation", "recv", stage - 1)
+            saved[k] = []
+            with b.scope("forward"), b.scope(f"microbatch.{k}"):
+                for i in mine:
+                    with b.scope(f"layers.{i}"):
+                        x, kept = forward_ops(b, model, r, plan.tp, dtype, x)
+                    saved[k].append(kept)
+            outs[k] = x
+            if not last:
+                with b.scope("pipeline"), b.scope(f"microbatch.{k}"), b.scope("send_activation"):
+                    _permute(b, x, k, "activation", "send", stage + 1)
+            continue
+        head_grads: list[Op] = []
+        if last:
+            with b.scope("backward"), b.scope(f"microbatch.{k}"):
+                _, dy, head_grads = head_ops(b, model, r, plan.tp, dtype, outs[k])
+        else:
+            with b.scope("pipeline"), b.scope(f"microbatch.{k}"), b.scope("recv_gradient"):
+                dy = _permute(b, b.parameter(f"recv_gradient.{k}", outs[k].shape, outs[k].dtype),
+                              k, "gradient", "recv", stage + 1)
+        grads_by_layer: dict[int, list[Op]] = {}
         with b.scope("backward"), b.scope(f"microbatch.{k}"):
-            _, dy, head_grads = head_ops(b, model, r, plan.tp, dtype, x)
-            grads_by_layer: list[list[Op]] = [[] for _ in range(layers)]
-            for i in reversed(range(layers)):
+            for j, i in reversed(list(enumerate(mine))):
                 with b.scope(f"layers.{i}"):
-                    dy, grads_by_layer[i] = backward_ops(b, model, r, plan.tp, dtype, saved[i], dy)
-            for i, grads in enumerate([*grads_by_layer, head_grads]):
+                    dy, grads_by_layer[i] = backward_ops(b, model, r, plan.tp, dtype, saved[k][j], dy)
+        if not first:
+            with b.scope("pipeline"), b.scope(f"microbatch.{k}"), b.scope("send_gradient"):
+                _permute(b, dy, k, "gradient", "send", stage - 1)
+        with b.scope("backward"), b.scope(f"microbatch.{k}"):
+            produced = [(i, grads_by_layer[i]) for i in mine] + ([(layers, head_grads)] if last else [])
+            for i, grads in produced:
                 flat = _flat(b, grads, master)
                 previous = acc[i]
                 acc[i] = [flat if previous is None else b.add(previous[0], flat)]
+        del saved[k]
+    held = ([layers] if last else []) + list(reversed(mine))  # head first: its gradients are final first
     outputs: list[Op] = []
     itemsize = 4 if master == "fp32" else 2
     bucket: list[Op] = []
     buckets: list[list[Op]] = []
     size = 0
-    for i in [layers, *reversed(range(layers))]:  # head first: its gradients are final first
+    for n_held, i in enumerate(held):
         grad = acc[i]
         assert grad is not None
         bucket.append(grad[0])
         size += grad[0].size * itemsize
-        if size >= DDP_BUCKET_BYTES or i == 0:
+        if size >= DDP_BUCKET_BYTES or n_held == len(held) - 1:
             buckets.append(bucket)
             bucket, size = [], 0
     for n, parts in enumerate(buckets):
@@ -199,35 +244,61 @@ def compute_overlap(program: Program, timeline: Timeline, nodes: np.ndarray) -> 
     return out
 
 
-class TrainingStepRun:
-    """Rank 0's step program loaded on its core, its collectives timed for their groups."""
+@dataclass
+class _StageRun:
+    """One pipeline stage's step program on its first rank's core, its collectives timed."""
 
-    def __init__(self, model: Transformer, plan: ParallelPlan, program: Program, loaded: LoadedModel,
+    program: Program
+    loaded: LoadedModel
+    costs: np.ndarray
+    templates: list[CollectiveRecord]
+    groups: list[str]
+
+
+class TrainingStepRun:
+    """Rank 0's step program (rank 0 of every pipeline stage's, with pp > 1) loaded on its core, its
+    collectives timed for their groups."""
+
+    def __init__(self, model: Transformer, plan: ParallelPlan, programs: list[tuple[Program, LoadedModel]],
                  topology: Topology) -> None:
-        self.model, self.plan, self.program = model, plan, program
-        self.loaded, self.topology = loaded, topology
-        _, _, dp_groups = rank_layout(plan)
-        tp_groups = [[d * plan.tp + t for t in range(plan.tp)] for d in range(plan.dp)]
+        self.model, self.plan, self.topology = model, plan, topology
+        self.stages = [self._stage(s, program, loaded) for s, (program, loaded) in enumerate(programs)]
+        self.program, self.loaded = programs[0]
         self.steps = 0
-        self._templates: list[CollectiveRecord] = []
-        self._groups: list[str] = []
-        memo: dict[tuple[str, str, int, str], CollectiveRecord] = {}
+        self.last_results: list[ExecutionResult] = []
+        core_spec = self.loaded.core.spec
+        self.peak_flops_per_rank = (core_spec.pe_peak_fp32_flops_per_s if plan.precision == "fp32"
+                                    else core_spec.pe_peak_bf16_flops_per_s)
+        self.step_flops = model_flops(model, plan)
+
+    def _stage(self, stage: int, program: Program, loaded: LoadedModel) -> _StageRun:
+        plan, topology = self.plan, self.topology
+        width = plan.tp * plan.dp  # ranks per stage: TP innermost, then DP, then PP (Megatron)
+        base = stage * width
+        _, _, dp_groups = rank_layout(plan)
+        dp_groups = [[base + r for r in g] for g in dp_groups]
+        tp_groups = [[base + d * plan.tp + t for t in range(plan.tp)] for d in range(plan.dp)]
+        templates: list[CollectiveRecord] = []
+        groups: list[str] = []
+        memo: dict[tuple[str, str, int, str, int], CollectiveRecord] = {}
         costs = program.cost_ns.copy()
         for node in program.collective_nodes:
             op = program.graph.ops[int(program.op_index[node])]
             group = str(op.attrs.get("group", "tp"))
-            key = (op.opcode, group, op.operands[0].size, op.dtype.value)
+            peer = int(op.attrs.get("pp_peer", -1))
+            key = (op.opcode, group, op.operands[0].size, op.dtype.value, peer)
             if key not in memo:
-                groups = tp_groups if group == "tp" else dp_groups
-                memo[key] = cc.collective(CC_OPERATIONS[op.opcode], topology, groups, key[2], key[3])
-            self._templates.append(memo[key])
-            self._groups.append(group)
+                if group == "pp":  # every rank of the stage with its peer in the other stage
+                    sender, receiver = (stage, peer) if op.attrs["pp_role"] == "send" else (peer, stage)
+                    pairs = [[sender * width + j, receiver * width + j] for j in range(width)]
+                    memo[key] = cc.permute(topology, pairs, key[2], key[3])
+                else:
+                    groups_of = tp_groups if group == "tp" else dp_groups
+                    memo[key] = cc.collective(CC_OPERATIONS[op.opcode], topology, groups_of, key[2], key[3])
+            templates.append(memo[key])
+            groups.append(group)
             costs[node] = memo[key].duration_ns
-        self._costs = costs
-        core_spec = loaded.core.spec
-        self.peak_flops_per_rank = (core_spec.pe_peak_fp32_flops_per_s if plan.precision == "fp32"
-                                    else core_spec.pe_peak_bf16_flops_per_s)
-        self.step_flops = model_flops(model, plan)
+        return _StageRun(program, loaded, costs, templates, groups)
 
     @classmethod
     def load(cls, model: Transformer, plan: ParallelPlan,
@@ -237,56 +308,111 @@ class TrainingStepRun:
         inst = instance or Instance(plan.instance, nodes=plan.nodes)
         if inst.name != plan.instance:
             raise PlanError(f"the plan is for {plan.instance}, the instance is {inst.name}")
-        graph = step_graph(model, plan)
-        program = compile_graph(graph, inst.spec.chip.core)
-        if program.n_instructions > MAX_STEP_INSTRUCTIONS:
-            raise PlanError(f"the step program has {program.n_instructions:,} instructions (over "
-                            f"{MAX_STEP_INSTRUCTIONS:,}); profile fewer layers, micro-batches or a "
-                            f"shorter sequence")
-        loaded = inst.core(topology.physical_cores_of(0)[0]).load(program)
-        return cls(model, plan, program, loaded, topology)
+        programs = []
+        for stage in range(plan.pp):
+            program = compile_graph(step_graph(model, plan, stage), inst.spec.chip.core)
+            if program.n_instructions > MAX_STEP_INSTRUCTIONS:
+                raise PlanError(f"the step program has {program.n_instructions:,} instructions (over "
+                                f"{MAX_STEP_INSTRUCTIONS:,}); profile fewer layers, micro-batches or a "
+                                f"shorter sequence")
+            rank = stage * plan.tp * plan.dp
+            programs.append((program, inst.core(topology.physical_cores_of(rank)[0]).load(program)))
+        return cls(model, plan, programs, topology)
+
+    def _settle(self, t0: float) -> tuple[list[Timeline], list[dict[int, float]]]:
+        """Each stage's schedule with its pipeline receives waiting for their sends: in the order the
+        sends happen (:func:`~neuroncore.parallel.pipeline.execution_order`), a receive lasts from
+        its own start to the end of the transfer, which starts when both the send and the receive
+        have started. Returns the timelines and, per stage, each permute node's transfer start."""
+        stages = self.stages
+        costs = [st.costs.copy() for st in stages]
+        timelines: list[Timeline | None] = [None] * len(stages)
+        transfer_start: list[dict[int, float]] = [{} for _ in stages]
+        nodes: dict[tuple[int, int, str, str], int] = {}  # (stage, k, kind, role) -> node
+        for s, st in enumerate(stages):
+            for node, group in zip(st.program.collective_nodes, st.groups):
+                if group == "pp":
+                    op = st.program.graph.ops[int(st.program.op_index[node])]
+                    nodes[(s, int(op.attrs["pp_micro_batch"]), str(op.attrs["pp_kind"]),
+                           str(op.attrs["pp_role"]))] = int(node)
+
+        def timeline(s: int) -> Timeline:
+            current = timelines[s]
+            if current is None:
+                current = timelines[s] = schedule(stages[s].program, t0, costs[s])
+            return current
+
+        for s, kind, k in execution_order(len(stages), self.plan.micro_batches):
+            last = s == len(stages) - 1
+            if kind is Pass.FORWARD and not last:
+                what, peer = "activation", s + 1
+            elif kind is Pass.BACKWARD and s > 0:
+                what, peer = "gradient", s - 1
+            else:
+                continue
+            send, recv = nodes[(s, k, what, "send")], nodes[(peer, k, what, "recv")]
+            sent = float(timeline(s).start_ns[send])
+            posted = float(timeline(peer).start_ns[recv])
+            start = max(sent, posted)
+            transfer_start[s][send], transfer_start[peer][recv] = sent, start
+            wait = start + float(stages[s].costs[send]) - posted
+            if wait != costs[peer][recv]:
+                costs[peer][recv] = wait
+                timelines[peer] = None
+        return [timeline(s) for s in range(len(stages))], transfer_start
 
     def execute(self) -> tuple[ExecutionResult, list[CollectiveOverlap], dict[str, float]]:
-        """One step (timing only): the execution's records, then a TRAIN_STEP batch."""
+        """One step (timing only): every stage's execution recorded on its core, then a TRAIN_STEP
+        batch per stage; returns stage 0's (with pp 1, the one program's)."""
         host_start = time.time_ns()
-        core = self.loaded.core
-        with core.lock:
-            t0 = core.clock_ns
-            timeline = schedule(self.program, float(t0), self._costs)
-            nodes = self.program.collective_nodes
-            placed = [(int(n), tpl.shifted(timeline.start_ns[n] - tpl.start_ns))
-                      for n, tpl in zip(nodes, self._templates)]
-            result = self.loaded.record(t0, timeline, None, True, placed, host_start_ns=host_start)
-        overlap = compute_overlap(self.program, timeline, nodes)
-        rows = []
-        for k, (node, rec) in enumerate(placed):
-            op = self.program.graph.ops[int(self.program.op_index[node])]
-            rows.append(CollectiveOverlap(node, op.name, rec.operation, self._groups[k],
-                                          float(timeline.start_ns[node]), float(timeline.end_ns[node]),
-                                          rec.size_bytes, float(overlap[k])))
-        levels = self._levels(timeline)
+        cores = [st.loaded.core for st in self.stages]
+        for core in cores:
+            core.lock.acquire()
+        try:
+            t0 = max(core.clock_ns for core in cores)
+            timelines, transfer_start = self._settle(float(t0))
+            outcomes = []
+            for s, (st, timeline) in enumerate(zip(self.stages, timelines)):
+                nodes = st.program.collective_nodes
+                placed = []
+                for n, tpl in zip(nodes, st.templates):
+                    start = transfer_start[s].get(int(n), float(timeline.start_ns[n]))
+                    placed.append((int(n), tpl.shifted(start - tpl.start_ns)))
+                result = st.loaded.record(t0, timeline, None, True, placed, host_start_ns=host_start)
+                outcomes.append((result, timeline, placed))
+        finally:
+            for core in cores:
+                core.lock.release()
         self.steps += 1
-        sink = self.loaded.sink
-        if sink.active:
-            self._emit(result, rows, levels, host_start)
-        return result, rows, levels
+        self.last_results = [result for result, _, _ in outcomes]
+        step_ns = max(r.end_ns for r in self.last_results) - t0
+        first: tuple[ExecutionResult, list[CollectiveOverlap], dict[str, float]] | None = None
+        for st, (result, timeline, placed) in zip(self.stages, outcomes):
+            nodes = st.program.collective_nodes
+            overlap = compute_overlap(st.program, timeline, nodes)
+            rows = []
+            for k, (node, rec) in enumerate(placed):
+                op = st.program.graph.ops[int(st.program.op_index[node])]
+                rows.append(CollectiveOverlap(node, op.name, rec.operation, st.groups[k],
+                                              float(timeline.start_ns[node]), float(timeline.end_ns[node]),
+                                              rec.size_bytes, float(overlap[k])))
+            levels = _levels(st.program, timeline)
+            if st.loaded.sink.active:
+                self._emit(st.loaded, result, rows, levels, host_start, step_ns)
+            if first is None:
+                first = (result, rows, levels)
+        assert first is not None
+        return first
 
-    def _levels(self, timeline: Timeline) -> dict[str, float]:
-        """Busy time per level (union of its nodes' intervals; collectives count in gradient_sync)."""
-        ops = self.program.graph.ops
-        level_of = np.array([_level(ops[int(i)].layer) if i >= 0 else -1 for i in self.program.op_index])
-        out = {}
-        for k, name in enumerate(LEVELS):
-            mask = level_of == k
-            if not mask.any():
-                out[name] = 0.0
-                continue
-            s, e = _busy_union(timeline.start_ns[mask], timeline.end_ns[mask])
-            out[name] = float((e - s).sum())
-        return out
+    @property
+    def step_time_ns(self) -> int:
+        """The last step's device time: from its start to the last stage's end."""
+        if not self.last_results:
+            return 0
+        return max(r.end_ns for r in self.last_results) - min(r.start_ns for r in self.last_results)
 
-    def _emit(self, result: ExecutionResult, rows: list[CollectiveOverlap], levels: dict[str, float],
-              host_start: int) -> None:
+    def _emit(self, loaded: LoadedModel, result: ExecutionResult, rows: list[CollectiveOverlap],
+              levels: dict[str, float], host_start: int, step_ns: int) -> None:
         plan, model = self.plan, self.model
         columns = {
             "name": [r.name for r in rows],
@@ -298,12 +424,29 @@ class TrainingStepRun:
             "size_bytes": np.array([r.size_bytes for r in rows], np.int64),
             "overlap_ns": np.array([int(r.overlap_ns) for r in rows], np.int64),
         }
-        self.loaded.sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
+        loaded.sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
             execution_id=result.execution_id, model_id=result.model_id, core=result.core,
-            step=self.steps, step_time_ns=result.end_ns - result.start_ns, start_ns=result.start_ns,
+            step=self.steps, step_time_ns=step_ns, start_ns=result.start_ns,
             global_batch=plan.global_batch, seq=plan.seq, model_flops=self.step_flops, ranks=plan.world,
             peak_flops_per_rank=self.peak_flops_per_rank, levels=dict(levels), layout=plan.key(model.name),
             host_start_ns=host_start, host_end_ns=time.time_ns()))
+
+
+def _levels(program: Program, timeline: Timeline) -> dict[str, float]:
+    """Busy time per level (union of its nodes' intervals; collectives count in their level:
+    gradient buckets in gradient_sync, tensor-parallel ones in forward/backward; pipeline sends and
+    receives are under ``model/pipeline``, no level: a receive's wait is the bubble, not work)."""
+    ops = program.graph.ops
+    level_of = np.array([_level(ops[int(i)].layer) if i >= 0 else -1 for i in program.op_index])
+    out = {}
+    for k, name in enumerate(LEVELS):
+        mask = level_of == k
+        if not mask.any():
+            out[name] = 0.0
+            continue
+        s, e = _busy_union(timeline.start_ns[mask], timeline.end_ns[mask])
+        out[name] = float((e - s).sum())
+    return out
 
 
 def _level(layer: str) -> int:

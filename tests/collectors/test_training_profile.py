@@ -102,10 +102,43 @@ def test_data_parallel_gradient_buckets_overlap_the_backward() -> None:
     assert set(levels) == set(LEVELS)
 
 
-def test_pipeline_parallel_steps_are_refused_in_one_line() -> None:
+def test_pipeline_stages_are_programs_of_their_own_in_1f1b_order() -> None:
+    """pp 2: each stage's rank 0 runs its own program (stage 0 the embedding and its layers, the last
+    the head too), its micro-batches in 1F1B order, sends and receives as collective-permutes under
+    model/pipeline; a receive waits for its send, so stage 0 idles in the middle (the bubble)."""
     model, plan = get_train("llama-train").configure(None, tp=2, pp=2, seq=128, global_batch=32)
-    with pytest.raises(PlanError, match="one pipeline stage"):
-        step_graph(model, plan)
+    assert plan.micro_batches == 4
+    run = TrainingStepRun.load(model, plan, nc.Instance("trn1.32xlarge", sink=EventSink()))
+    assert len(run.stages) == 2
+    for stage, st in enumerate(run.stages):
+        ops = st.program.graph.ops
+        permutes = [op for op in ops if op.opcode == "collective-permute"]
+        assert len(permutes) == 2 * plan.micro_batches  # one send and one receive per micro-batch
+        assert all(op.layer.startswith("model/pipeline/microbatch.") for op in permutes)
+        roles = [(op.attrs["pp_kind"], op.attrs["pp_role"]) for op in permutes]
+        if stage == 0:
+            assert roles[:3] == [("activation", "send"), ("activation", "send"), ("gradient", "recv")]
+            assert any(op.layer.startswith("model/forward/microbatch.0/embed_tokens") for op in ops)
+        else:
+            assert roles[:2] == [("activation", "recv"), ("gradient", "send")]
+        layer = stage  # 2 layers, one per stage
+        assert any(f"/layers.{layer}/" in op.layer for op in ops)
+        assert not any(f"/layers.{1 - layer}/" in op.layer for op in ops)
+    with pytest.raises(PlanError, match="stage 2 is not a stage of a 2-stage pipeline"):
+        step_graph(model, plan, 2)
+    _, rows, levels = run.execute()
+    stage0, stage1 = run.last_results
+    assert stage0.core != stage1.core and stage0.start_ns == stage1.start_ns
+    assert run.step_time_ns == max(stage0.end_ns, stage1.end_ns) - stage0.start_ns
+    pp_rows = [r for r in rows if r.group == "pp"]
+    assert len(pp_rows) == 8 and all(r.operation == "Permute" for r in pp_rows)
+    # stage 0's first gradient receive waits for stage 1's first backward: longer than a transfer
+    recv = [r for r in pp_rows if r.end_ns - r.start_ns > 10 * min(x.end_ns - x.start_ns for x in pp_rows)]
+    assert recv
+    assert set(levels) == set(LEVELS) and levels["backward"] > 0
+    # the modelled single-stage view equals a pp-1 program when pp is 1 (no permutes at all)
+    model1, plan1 = get_train("llama-train").configure(None, tp=2, seq=128, global_batch=32)
+    assert not any(op.opcode == "collective-permute" for op in step_graph(model1, plan1).ops)
 
 
 def test_capture_of_a_training_workload_and_its_summary(tmp_path: Path) -> None:
@@ -135,10 +168,59 @@ def test_capture_of_a_training_workload_and_its_summary(tmp_path: Path) -> None:
     assert "grad sync cc" in text and "overlapped with compute" in text
     bad = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "capture", "--workload",
                           "llama-train",
-                          "--tp", "2", "--set", "pp=2", "--set", "seq=128", "-o", str(tmp_path / "bad")],
+                          "--tp", "2", "--set", "pp=4", "--set", "seq=128", "-o", str(tmp_path / "bad")],
                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1 and "pipeline stage" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "pp 4 does not divide 2 layers" in bad.stderr
+
+
+def test_capture_of_a_pipeline_parallel_training_workload(tmp_path: Path) -> None:
+    """``capture --workload llama-train --set pp=2`` through the real entry point: one profile per
+    stage (each stage's rank 0 on its own core), each with its TrainingStep row (the pipeline's step
+    time) and its sends/receives as CcOp / TrainingCollective rows of group pp under model/pipeline,
+    next to the forward / backward / gradient_sync / optimizer levels; stage 1 idles until its
+    first activation arrives (the bubble)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NEURONSCOPE_LIVE": "0", "PYTHONPATH": str(repo)}
+    out = tmp_path / "cap"
+    done = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "capture", "--workload",
+                           "llama-train", "--tp", "2", "--set", "pp=2", "--set", "seq=128",
+                           "--set", "global_batch=32", "--device-only", "-o", str(out)],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "pipeline: 2 stages, 1F1B over 4 micro-batches" in done.stdout
+    profiles = sorted((out / "device").glob("model=*/core=*/execution=2"))
+    assert len(profiles) == 2
+    opened = [open_profile(p) for p in profiles]
+    steps = [p.table("TrainingStep").to_pylist()[0] for p in opened]
+    assert steps[0]["step_time_ns"] == steps[1]["step_time_ns"]
+    assert steps[0]["start_ts"] == steps[1]["start_ts"]
+    firsts = []
+    for p in opened:
+        assert not p.warnings
+        cc = p.table("TrainingCollective").to_pylist()
+        pp = [c for c in cc if c["replica_group_kind"] == "pp"]
+        assert len(pp) == 8 and {c["operation"] for c in pp} == {"Permute"}
+        assert p.table("CcOp").num_rows == len(cc)
+        layers = {x for x in p.table("Instruction", ["layer"]).column("layer").to_pylist() if x}
+        for level in ("pipeline", *LEVELS):
+            assert any(x.startswith(f"model/{level}/") for x in layers), level
+        rows = p.table("Instruction", ["start_ts", "engine", "layer"]).to_pylist()
+        norm = [r["start_ts"] for r in rows if r["engine"] != "Sync" and (r["layer"] or "").startswith(
+            "model/forward/microbatch.0/") and "/input_layernorm" in r["layer"]]
+        firsts.append(min(norm))  # the first layer's first read of its input
+    # stage 1 starts on micro-batch 0 only once stage 0's activation has arrived: after the send
+    send = min(c["start_ts"] for c in opened[0].table("CcOp").to_pylist() if c["operation"] == "Permute")
+    assert firsts[0] < send < firsts[1]
+    view = subprocess.run([sys.executable, "-m", "explorer.profile_cli", "view", "--output-format",
+                           "summary-text", str(profiles[0])], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert view.returncode == 0, view.stderr
+    assert "pipeline cc     8 ops" in view.stdout and "training step" in view.stdout
 
 
 def test_training_block_has_no_tokens_for_a_model_without_a_sequence(tmp_path: Path) -> None:
