@@ -304,7 +304,7 @@ def idle_report(graph: DepGraph, gaps: cp.IdleGaps) -> dict[str, IdleReport]:
     ops = graph.text_values.get("hlo_name", [])
     layers = graph.text_values.get("layer", [])
     for name in gaps.engines:
-        code = ENGINE_NAMES.index(name)
+        code = gaps.engine.dtype.type(ENGINE_NAMES.index(name))  # the array's type: no cast of the array
         lo = int(np.searchsorted(gaps.engine, code, side="left"))
         hi = int(np.searchsorted(gaps.engine, code, side="right"))
         total, by_cause, by_op, by_layer = _idle_sums(lo, hi, gaps.start, gaps.end, gaps.cause, gaps.waiter,

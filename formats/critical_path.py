@@ -326,10 +326,20 @@ def cause_name(graph: DepGraph, pred: int) -> str:
     return f"engine:{graph.engine_name(pred) or graph.lane_name(pred)}"
 
 
+@njit(cache=True, nogil=True)
+def _engine_counts(engine: np.ndarray, n_engines: int) -> np.ndarray:
+    """Instructions per engine code (code -1, no known engine, not counted)."""
+    counts = np.zeros(n_engines, np.int64)
+    for e in engine:
+        if e >= 0:
+            counts[e] += 1
+    return counts
+
+
 def idle_gaps(graph: DepGraph, rel: Release) -> IdleGaps:
     """Every idle interval of every engine that ran anything, with its cause (module docstring)."""
     n = graph.n_instr
-    counts = np.bincount(graph.engine[:n].astype(np.int64) + 1, minlength=len(ENGINE_NAMES) + 1)[1:]
+    counts = _engine_counts(graph.engine[:n], len(ENGINE_NAMES))
     present = [int(e) for e in np.flatnonzero(counts)]
     windows = graph.windows if graph.windows.size else np.zeros((1, 2), np.int64)
     # engine e's gaps go to [offset[e], offset[e] + its instructions + 2 per window + 1), then packed

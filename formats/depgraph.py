@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,15 @@ import pyarrow.parquet as pq
 from numba import njit
 
 from formats import sqlsource
-from formats.part_reader import PartJob, PartStream, dictionary_codes, int_column
+from formats.part_reader import (
+    PartJob,
+    PartStream,
+    chunk_codes,
+    dictionary_chunks,
+    dictionary_codes,
+    int_column,
+)
+from formats.reader import ProfileError
 from formats.schema import ENGINE_NAMES, canonical_engine
 from formats.sqlsource import TableSource
 
@@ -128,96 +136,125 @@ class _Lanes:
 
 def _part_jobs(profile: Profile, table: str, wanted: Sequence[str], dictionary: Sequence[str],
                required: Sequence[str] = ()) -> list[PartJob]:
-    """One job per part of ``table`` holding ``required``: the ``wanted`` columns it has."""
+    """One job per part of ``table`` holding ``required``: the ``wanted`` columns it has, and where its
+    rows go (parts in order, each at the sum of the rows before it)."""
     found = profile.tables.get(table)
     if found is None:
         return []
     jobs = []
-    for path, schema in zip(found.files, found.file_schemas):
+    offset = 0
+    rows = found.file_rows or [0] * len(found.files)
+    for path, schema, count in zip(found.files, found.file_schemas, rows):
         names = set(schema.names)
         if not set(required) <= names:
             continue
         cols = [c for c in wanted if c in names]
-        jobs.append(PartJob(path, cols, [c for c in dictionary if c in cols]))
+        jobs.append(PartJob(table, path, cols, [c for c in dictionary if c in cols], offset, count))
+        offset += count
     return jobs
 
 
-def _grown(arrays: list[np.ndarray], size: int) -> list[np.ndarray]:
-    """The arrays, each extended (uninitialised) to ``size`` elements."""
-    return [np.concatenate([a, np.empty(size - a.size, a.dtype)]) for a in arrays]
+def _checked_rows(job: PartJob, table: pa.Table) -> slice:
+    """Where a decoded part's rows go; a part that holds other than its footer's count changed since
+    the profile was opened: one clear error, not a silent misplacement."""
+    if table.num_rows != job.rows:
+        raise ProfileError(f"{job.path}: changed while being read ({table.num_rows} rows, its footer said "
+                           f"{job.rows}); open the profile again")
+    return slice(job.offset, job.offset + job.rows)
 
 
 INSTRUCTION_NUMBERS = ("id", "start_ts", "end_ts", "raw_flops", "flops_transpose")
 INSTRUCTION_STRINGS = ("engine", "timeline_track", *TEXT_COLUMNS)
 
 
-def _read_instructions(parts: Iterator[tuple[PartJob, pa.Table]], total: int, lanes: _Lanes,
-                       texts: dict[str, tuple[dict[str, int], list[str]]]) -> tuple[np.ndarray, ...]:
-    """id, start, end, lane code, engine code, PE FLOPs of every instruction, sorted by id; the codes
-    of the TEXT_COLUMNS go to ``texts`` (values interned there) and come back last, one array each.
-    Parts are copied into arrays allocated once (``total`` rows, from the footers)."""
-    id_, start, end, pe_flops = (np.empty(total, np.int64) for _ in range(4))
-    lane = np.empty(total, np.int32)
-    eng = np.empty(total, np.int8)
-    text_codes = [np.empty(total, np.int32) for _ in TEXT_COLUMNS]
+@dataclass
+class _Events:
+    """The event arrays, allocated once for every row a load may fill (instructions, then DMA
+    transfers, then collectives), so no table is copied twice; per-instruction arrays besides."""
+
+    start: np.ndarray
+    end: np.ndarray
+    ident: np.ndarray
+    lane: np.ndarray
+    engine: np.ndarray
+    flops: np.ndarray
+    text: list[np.ndarray]
+
+    @classmethod
+    def allocate(cls, capacity: int, instructions: int) -> _Events:
+        start, end, ident = (np.empty(capacity, np.int64) for _ in range(3))
+        return cls(start, end, ident, np.empty(capacity, np.int32), np.full(capacity, -1, np.int8),
+                   np.empty(instructions, np.int64), [np.empty(instructions, np.int32) for _ in TEXT_COLUMNS])
+
+
+Strings = dict[str, list[tuple[list[Any], np.ndarray]]]
+"""A part's string columns as (dictionary values, per-row indices with nulls as len(values)) chunks."""
+
+
+def _instruction_numbers(events: _Events, job: PartJob, table: pa.Table) -> Strings:
+    """On a worker: a part's numbers copied into place; its string columns handed on as dictionary
+    chunks (their codes depend on the values seen in earlier parts, so the reader maps them, in order)."""
+    span = _checked_rows(job, table)
+    events.ident[span] = int_column(table, "id")
+    events.start[span] = int_column(table, "start_ts", 0)
+    events.end[span] = int_column(table, "end_ts", 0)
+    # PE FLOPs: greatest(raw_flops, flops_transpose), the hardware-FLOPs rule of docs/figures.md
+    flops = events.flops[span]
+    if "raw_flops" in job.columns:
+        flops[:] = int_column(table, "raw_flops", 0)
+    else:
+        flops[:] = 0
+    if "flops_transpose" in job.columns:
+        np.maximum(flops, int_column(table, "flops_transpose", 0), out=flops)
+    return {name: dictionary_chunks(table.column(name)) for name in job.dictionary}
+
+
+def _read_instructions(parts: Iterator[tuple[PartJob, Strings]], events: _Events, total: int, lanes: _Lanes,
+                       texts: dict[str, tuple[dict[str, int], list[str]]]) -> int:
+    """Every instruction into ``events`` (``total`` rows, from the footers), sorted by id: the workers
+    copied the numbers; here each part's strings become codes -- engine, lane (the timeline row, else
+    the engine's canonical name), the TEXT_COLUMNS (values interned in ``texts``) -- in part order, so
+    codes are numbered by first appearance. Returns the number of instructions."""
     engine_of: dict[str, int] = {}
+    lane_map: dict[str, int] = {}
 
     def engine_code(value: str) -> int:
         name = canonical_engine(value)
         return ENGINE_NAMES.index(name) if name in ENGINE_NAMES else -1
 
-    lane_map: dict[str, int] = {}
-    # the lane of an instruction without a timeline row: its engine's canonical name
-    fallback: np.ndarray | None = None
-    at = 0
-    for job, table in parts:
-        rows = table.num_rows
-        if not rows:
+    fallback: np.ndarray | None = None  # the lane of a row without a timeline row, by engine code + 1
+    for job, strings in parts:
+        if not job.rows:
             continue
-        if at + rows > total:  # more rows than the footers said (a part changed): grow
-            total = at + rows
-            id_, start, end, pe_flops, lane, eng, *text_codes = _grown(
-                [id_, start, end, pe_flops, lane, eng, *text_codes], total)
-        span = slice(at, at + rows)
-        cols = job.columns
-        id_[span] = int_column(table, "id")
-        start[span] = int_column(table, "start_ts", 0)
-        end[span] = int_column(table, "end_ts", 0)
-        # PE FLOPs: greatest(raw_flops, flops_transpose), the hardware-FLOPs rule of docs/figures.md
-        raw = int_column(table, "raw_flops", 0) if "raw_flops" in cols else np.zeros(rows, np.int64)
-        if "flops_transpose" in cols:
-            raw = np.maximum(raw, int_column(table, "flops_transpose", 0))
-        pe_flops[span] = raw
-        engine = dictionary_codes(table.column("engine"), engine_of, engine_code)
-        eng[span] = engine
+        span = slice(job.offset, job.offset + job.rows)
+        engine = chunk_codes(strings["engine"], engine_of, engine_code)
+        events.engine[span] = engine
         if fallback is None:
             fallback = np.array([lanes.code(ENGINE_NAMES[e]) if e >= 0 else lanes.code("?")
                                  for e in range(-1, len(ENGINE_NAMES))], np.int32)
-        if "timeline_track" in cols:
-            track = dictionary_codes(table.column("timeline_track"), lane_map, lambda v: lanes.code(str(v)))
-            lane[span] = np.where(track >= 0, track, fallback[engine + 1])
+        lane = events.lane[span]
+        if "timeline_track" in strings:
+            lane[:] = chunk_codes(strings["timeline_track"], lane_map, lambda v: lanes.code(str(v)))
+            unset = lane < 0
+            if unset.any():
+                lane[unset] = fallback[engine[unset] + 1]
         else:
-            lane[span] = fallback[engine + 1]
-        for column, out in zip(TEXT_COLUMNS, text_codes):
+            lane[:] = fallback[engine + 1]
+        for column, out in zip(TEXT_COLUMNS, events.text):
             mapping, values = texts[column]
 
             def intern(v: str, values: list[str] = values) -> int:
                 values.append(str(v))
                 return len(values) - 1
 
-            if column in cols:
-                out[span] = dictionary_codes(table.column(column), mapping, intern)
-            else:
-                out[span] = -1
-        at += rows
-    id_, start, end, pe_flops, lane, eng = id_[:at], start[:at], end[:at], pe_flops[:at], lane[:at], eng[:at]
-    text_codes = [t[:at] for t in text_codes]
-    if at > 1 and _first_drop(id_, True) >= 0:
-        order = np.argsort(id_, kind="stable")
-        id_, start, end, lane, eng = id_[order], start[order], end[order], lane[order], eng[order]
-        pe_flops = pe_flops[order]
-        text_codes = [t[order] for t in text_codes]
-    return (id_, start, end, lane, eng, pe_flops, *text_codes)
+            out[span] = chunk_codes(strings[column], mapping, intern) if column in strings else -1
+    n = total
+    if n > 1 and _first_drop(events.ident[:n], True) >= 0:
+        order = np.argsort(events.ident[:n], kind="stable")
+        for array in (events.ident, events.start, events.end, events.lane, events.engine, events.flops,
+                      *events.text):
+            array[:n] = array[:n][order]
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -353,30 +390,26 @@ def _windows(profile: Profile, con: duckdb.DuckDBPyConnection, first: int | None
 FLOW_COLUMNS = ("in_id", "out_id", "in_table", "out_table")
 
 
-def _read_flow(parts: Iterator[tuple[PartJob, pa.Table]],
-               total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """in_id, out_id, the kind codes of in_table/out_table (-1: a table we do not model) and the
-    number of Flow rows read."""
-    src_id, dst_id = np.empty(total, np.int64), np.empty(total, np.int64)
-    src_kind, dst_kind = np.empty(total, np.int8), np.empty(total, np.int8)
+@dataclass
+class _Flow:
+    """Flow rows: in_id, out_id and the kind codes of in_table/out_table (-1: a table we do not
+    model), allocated once for every row of the parts read."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    src_kind: np.ndarray
+    dst_kind: np.ndarray
+
+
+def _flow_rows(flow: _Flow, job: PartJob, table: pa.Table) -> None:
+    """On a worker: one part's edges copied into place (the kind codes need no state: a fixed map)."""
+    span = _checked_rows(job, table)
+    flow.src[span] = int_column(table, "in_id")
+    flow.dst[span] = int_column(table, "out_id")
     kind_code = {name: code for code, name in enumerate(KIND_NAMES)}
-    at = 0
-    for _, table in parts:
-        rows = table.num_rows
-        if not rows:
-            continue
-        if at + rows > total:
-            total = at + rows
-            src_id, dst_id, src_kind, dst_kind = _grown([src_id, dst_id, src_kind, dst_kind], total)
-        span = slice(at, at + rows)
-        src_id[span] = int_column(table, "in_id")
-        dst_id[span] = int_column(table, "out_id")
-        for column, out in (("in_table", src_kind), ("out_table", dst_kind)):
-            mapping: dict[str, int] = {}
-            out[span] = dictionary_codes(table.column(column), mapping,
-                                         lambda v: kind_code.get(str(v).lower(), -1))
-        at += rows
-    return src_id[:at], dst_id[:at], src_kind[:at], dst_kind[:at], at
+    for column, out in (("in_table", flow.src_kind), ("out_table", flow.dst_kind)):
+        out[span] = chunk_codes(dictionary_chunks(table.column(column)), {},
+                                lambda v: kind_code.get(str(v).lower(), -1))
 
 
 class _IdIndex:
@@ -496,6 +529,9 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
     lanes = _Lanes()
     gaps: list[str] = []
     texts: dict[str, tuple[dict[str, int], list[str]]] = {c: ({}, []) for c in TEXT_COLUMNS}
+    n_i = profile.num_rows("Instruction")
+    events = _Events.allocate(n_i + profile.num_rows("DmaPacket") + profile.num_rows("CcOp"), n_i)
+    flow = _Flow(*(np.empty(profile.num_rows("Flow"), t) for t in (np.int64, np.int64, np.int8, np.int8)))
     # every large part this load reads, decoded in one stream (both cores busy across tables), in
     # the order consumed: instructions, DMA packets, Flow
     instr_jobs = _part_jobs(profile, "Instruction", (*INSTRUCTION_NUMBERS, *INSTRUCTION_STRINGS),
@@ -506,47 +542,53 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
     dma_jobs = (_part_jobs(profile, "DmaPacket", (*DMA_NUMBERS, "queue_name", "queue_idx"), ("queue_name",))
                 if fast_dma else [])
     flow_jobs = _part_jobs(profile, "Flow", FLOW_COLUMNS, ("in_table", "out_table"), required=FLOW_COLUMNS)
-    stream = iter(PartStream([*instr_jobs, *dma_jobs, *flow_jobs]))
-    i_id, i_start, i_end, i_lane, i_engine, i_flops, *i_text = _read_instructions(
-        islice(stream, len(instr_jobs)), profile.num_rows("Instruction"), lanes, texts)
-    if not i_id.size:
+    n_flow = sum(job.rows for job in flow_jobs)
+    stream = iter(PartStream([*instr_jobs, *dma_jobs, *flow_jobs], convert={
+        "Instruction": lambda job, table: _instruction_numbers(events, job, table),
+        "Flow": lambda job, table: _flow_rows(flow, job, table)}))
+    n_i = _read_instructions(islice(stream, len(instr_jobs)), events, n_i, lanes, texts)
+    if not n_i:
         gaps.append("no Instruction rows: there is nothing to analyse")
-    d_id = d_start = d_end = d_bytes = d_count = np.zeros(0, np.int64)
-    d_lane = np.zeros(0, np.int32)
+    n_d = n_c = 0
+    d_bytes = d_count = np.zeros(0, np.int64)
     if with_packets:
         transfers = _read_transfers(islice(stream, len(dma_jobs))) if fast_dma else None
         d_id, d_start, d_end, d_bytes, d_count, names = transfers or _transfers_sql(profile, con)
         distinct = {q: lanes.code(q) for q in sorted(set(names))}
-        d_lane = np.array([distinct[q] for q in names], np.int32)
+        n_d = d_id.size
+        span = slice(n_i, n_i + n_d)
+        events.ident[span], events.start[span], events.end[span] = d_id, d_start, d_end
+        events.lane[span] = np.array([distinct[q] for q in names], np.int32)
     elif not packets.present:
         gaps.append("no DmaPacket rows: DMA transfers are not in the dependency graph")
     cc = TableSource(profile, "CcOp")
-    c_id = c_start = c_end = np.zeros(0, np.int64)
-    c_lane = np.zeros(0, np.int32)
+    c_id = np.zeros(0, np.int64)
     if cc.present:
         result = con.execute(f"""SELECT {cc.col('op_id')} AS id, start_ts AS s, end_ts AS e,
                                         coalesce({cc.col('operation')}, 'collective') AS op
                                  FROM {cc.relation()} ORDER BY 1, 2""").fetchnumpy()
         c_id = np.asarray(result["id"], np.int64)
-        c_start = np.asarray(result["s"], np.int64)
-        c_end = np.asarray(result["e"], np.int64)
-        ops = [str(o) for o in result["op"]]
-        c_lane = np.array([lanes.code(o) for o in ops], np.int32)
-    start = np.concatenate([i_start, d_start, c_start])
-    end = np.concatenate([i_end, d_end, c_end])
-    kind = np.concatenate([np.full(i_id.size, INSTRUCTION, np.int8), np.full(d_id.size, DMA, np.int8),
-                           np.full(c_id.size, CC, np.int8)])
-    ident = np.concatenate([i_id, d_id, c_id])
-    lane = np.concatenate([i_lane, d_lane, c_lane]).astype(np.int32)
-    engine = np.concatenate([i_engine, np.full(d_id.size + c_id.size, -1, np.int8)])
-    # Flow edges: (table, id) -> event index, in one compiled pass
-    src_id, dst_id, src_kind, dst_kind, n_flow = _read_flow(stream, profile.num_rows("Flow"))
+        n_c = c_id.size
+        span = slice(n_i + n_d, n_i + n_d + n_c)
+        events.ident[span] = c_id
+        events.start[span] = np.asarray(result["s"], np.int64)
+        events.end[span] = np.asarray(result["e"], np.int64)
+        events.lane[span] = np.array([lanes.code(str(o)) for o in result["op"]], np.int32)
+    n = n_i + n_d + n_c
+    start, end, ident, lane, engine = (a[:n] for a in (events.start, events.end, events.ident, events.lane,
+                                                       events.engine))
+    kind = np.empty(n, np.int8)
+    kind[:n_i], kind[n_i:n_i + n_d], kind[n_i + n_d:] = INSTRUCTION, DMA, CC
+    # Flow edges: (table, id) -> event index, in compiled passes over the rows the workers copied
+    for _ in stream:  # the Flow parts (copied into ``flow`` on the workers)
+        pass
     if not n_flow:
         gaps.append("no Flow table: dependencies are inferred from timing alone (an event's predecessor "
                     "is what ended last before it started)")
-    offsets = np.array([0, i_id.size, i_id.size + d_id.size], np.int64)
-    by_kind = (_IdIndex(i_id), _IdIndex(d_id), _IdIndex(np.sort(c_id), np.argsort(c_id, kind="stable")))
-    src, dst = _map_edges(src_id, dst_id, src_kind, dst_kind, by_kind, offsets.tolist())
+    by_kind = (_IdIndex(ident[:n_i]), _IdIndex(ident[n_i:n_i + n_d]),
+               _IdIndex(np.sort(c_id), np.argsort(c_id, kind="stable")))
+    src, dst = _map_edges(flow.src[:n_flow], flow.dst[:n_flow], flow.src_kind[:n_flow],
+                          flow.dst_kind[:n_flow], by_kind, [0, n_i, n_i + n_d])
     first = int(start.min()) if start.size else None
     last = int(end.max()) if end.size else None
     windows, window_source = _windows(profile, con, first, last)
@@ -562,10 +604,11 @@ def _load(profile: Profile, con: duckdb.DuckDBPyConnection) -> DepGraph:
         seen = hi > np.iinfo(np.int64).min
         windows[:, 1] = np.maximum(windows[:, 1], np.where(seen, hi, windows[:, 1]))
     return DepGraph(start=start, end=end, kind=kind, ident=ident, lane=lane, engine=engine,
-                    lanes=lanes.names, n_instr=int(i_id.size), n_dma=int(d_id.size), n_cc=int(c_id.size),
+                    lanes=lanes.names, n_instr=n_i, n_dma=n_d, n_cc=n_c,
                     edge_src=src, edge_dst=dst, windows=windows, window_source=window_source,
                     execution=execution, flow_edges=n_flow, gaps=gaps, dma_bytes=d_bytes, dma_packets=d_count,
-                    text_codes=dict(zip(TEXT_COLUMNS, i_text)), flops=i_flops,
+                    text_codes={c: t[:n_i] for c, t in zip(TEXT_COLUMNS, events.text)},
+                    flops=events.flops[:n_i],
                     text_values={c: values for c, (_, values) in texts.items()})
 
 

@@ -12,10 +12,14 @@ instruction stream in order, so each timeline row, read in id order, is already 
 (when its instructions do not overlap) by end; a DMA queue or a collective stream is nearly so. So:
 
 1. the events are grouped by (kind, lane) with a counting sort (stable, O(n)): each group in index
-   order;
-2. each group is checked (one pass) and sorted on its own only when it is out of order (a DMA queue
-   whose transfers overlap, a synthetic row whose instructions overlap);
-3. the sorted groups are merged with a heap keyed (key, index): O(n log k) for k groups.
+   order, checked on the way for order by start and by end;
+2. a group out of order (a DMA queue whose transfers overlap, a row whose instructions overlap) is
+   sorted on its own;
+3. the sorted groups are merged with a heap keyed (key, index): O(n log k) for k groups, and a
+   stretch of one group that comes before every other group's head is copied in one go.
+
+When the events in index order are already a few time-ordered stretches (at most ``NATURAL_RUNS``:
+a profile written in time order), those stretches are merged instead of the rows: mostly copies.
 
 The result is exactly a stable argsort by start (by end): ties go by index, as ``kind="stable"``
 gives them. ``tests/formats/test_event_order.py`` checks it against ``np.argsort`` on random and
@@ -46,37 +50,47 @@ class EventOrder:
 
 
 @njit(cache=True, nogil=True)
-def group_runs(key: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices grouped by ``key`` (0 <= key < n_keys), each group in index order: ``ptr`` (group g is
-    ``idx[ptr[g]:ptr[g + 1]]``) and ``idx``. A counting sort: two passes, no comparisons."""
+def group_runs(kind: np.ndarray, lane: np.ndarray, n_lanes: int, start: np.ndarray,
+               end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Indices grouped by (kind, lane) -- group ``kind * n_lanes + lane`` -- each group in index order:
+    ``ptr`` (group g is ``idx[ptr[g]:ptr[g + 1]]``) and ``idx``; and per group whether it is already
+    ordered by start and by end. A counting sort: two passes, no comparisons between events."""
+    n_keys = 3 * n_lanes
     ptr = np.zeros(n_keys + 1, np.int64)
-    for i in range(key.size):
-        ptr[key[i] + 1] += 1
+    for i in range(kind.size):
+        ptr[kind[i] * n_lanes + lane[i] + 1] += 1
     for g in range(n_keys):
         ptr[g + 1] += ptr[g]
     fill = ptr[:-1].copy()
-    idx = np.empty(key.size, np.int64)
-    for i in range(key.size):
-        g = key[i]
-        idx[fill[g]] = i
-        fill[g] += 1
-    return ptr, idx
+    idx = np.empty(kind.size, np.int64)
+    by_start = np.ones(n_keys, np.bool_)
+    by_end = np.ones(n_keys, np.bool_)
+    for i in range(kind.size):
+        g = kind[i] * n_lanes + lane[i]
+        k = fill[g]
+        if k > ptr[g]:
+            before = idx[k - 1]
+            if start[i] < start[before]:
+                by_start[g] = False
+            if end[i] < end[before]:
+                by_end[g] = False
+        idx[k] = i
+        fill[g] = k + 1
+    return ptr, idx, by_start, by_end
 
 
 @njit(cache=True, nogil=True)
-def sort_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """A copy of ``idx`` with each group ordered by (value, index): groups already in that order (the
-    common case) are only checked; the others get a stable sort of their own."""
+def sort_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """``idx`` with each group ordered by (value, index): the groups ``ordered`` says are (the common
+    case) stay as they are; the others get a stable sort of their own (in a copy; ``idx`` itself when
+    every group is ordered)."""
+    if ordered.all():
+        return idx
     out = idx.copy()
     for g in range(ptr.size - 1):
-        a, b = ptr[g], ptr[g + 1]
-        ordered = True
-        for k in range(a + 1, b):
-            if value[out[k]] < value[out[k - 1]]:
-                ordered = False
-                break
-        if ordered:
+        if ordered[g]:
             continue
+        a, b = ptr[g], ptr[g + 1]
         run = out[a:b].copy()  # in index order: a stable sort keeps ties by index
         keys = np.empty(b - a, value.dtype)
         for k in range(b - a):
@@ -88,12 +102,38 @@ def sort_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray) -> np.ndarray
 
 
 @njit(cache=True, nogil=True)
+def natural_runs(value: np.ndarray, most: int) -> np.ndarray:
+    """Boundaries (``ptr``) of the maximal non-decreasing stretches of ``value`` in index order, or an
+    empty array when there are more than ``most`` of them. A profile written in time order (a
+    writer's chunks, a recorder that emits by start) is a few such stretches."""
+    ptr = np.empty(most + 1, np.int64)
+    ptr[0] = 0
+    runs = 0
+    for i in range(1, value.size):
+        if value[i] < value[i - 1]:
+            runs += 1
+            if runs >= most:
+                return np.zeros(0, np.int64)
+            ptr[runs] = i
+    runs += 1
+    ptr[runs] = value.size
+    return ptr[:runs + 1].copy()
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _at(idx: np.ndarray, p: int) -> int:
+    return idx[p] if idx.size else p
+
+
+@njit(cache=True, nogil=True)
 def merge_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """Merge groups each ordered by (value, index) into one order by (value, index): a binary heap of
-    the groups' heads, each head's (value, index) kept in the heap itself so a comparison reads two
-    small arrays, not the events."""
+    """Merge groups each ordered by (value, index) into one order by (value, index). An empty ``idx``
+    means the groups are index ranges (``natural_runs``). A binary heap of the groups' heads, each
+    head's (value, index) kept in the heap itself; the group on top keeps handing out events while
+    they come before the runner-up's head (one comparison each: long stretches cost a copy)."""
     n_groups = ptr.size - 1
-    out = np.empty(idx.size, np.int64)
+    total = ptr[-1]
+    out = np.empty(total, np.int64)
     pos = ptr[:-1].copy()
     h_group = np.empty(n_groups, np.int64)
     h_value = np.empty(n_groups, value.dtype)
@@ -102,21 +142,39 @@ def merge_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray) -> np.ndarra
     for g in range(n_groups):
         if ptr[g] < ptr[g + 1]:
             h_group[size] = g
-            h_index[size] = idx[ptr[g]]
+            h_index[size] = _at(idx, ptr[g])
             h_value[size] = value[h_index[size]]
             size += 1
-    if size == 1:
-        g = h_group[0]
-        out[:] = idx[ptr[g]:ptr[g + 1]]
-        return out
     for top in range(size // 2 - 1, -1, -1):
         _sift(h_group, h_value, h_index, top, size)
-    for t in range(idx.size):
-        out[t] = h_index[0]
+    t = 0
+    while size > 0:
         g = h_group[0]
-        pos[g] += 1
-        if pos[g] < ptr[g + 1]:
-            h_index[0] = idx[pos[g]]
+        p, stop = pos[g], ptr[g + 1]
+        out[t] = h_index[0]
+        t += 1
+        p += 1
+        if size == 1:
+            while p < stop:
+                out[t] = _at(idx, p)
+                t += 1
+                p += 1
+        else:
+            c = 2 if size > 2 and (h_value[2] < h_value[1]
+                                   or (h_value[2] == h_value[1] and h_index[2] < h_index[1])) else 1
+            bound_v, bound_i = h_value[c], h_index[c]
+            while p < stop:
+                i = _at(idx, p)
+                v = value[i]
+                if v < bound_v or (v == bound_v and i < bound_i):
+                    out[t] = i
+                    t += 1
+                    p += 1
+                else:
+                    break
+        pos[g] = p
+        if p < stop:
+            h_index[0] = _at(idx, p)
             h_value[0] = value[h_index[0]]
         else:
             size -= 1
@@ -156,15 +214,22 @@ def _previous(runs: np.ndarray, ptr: np.ndarray, n_groups: int, n: int) -> np.nd
     return prev
 
 
+NATURAL_RUNS = 64  # at most this many time-ordered stretches: merge those instead of the rows
+
+
 def _orders(graph: DepGraph) -> EventOrder:
     n_lanes = max(len(graph.lanes), 1)
     # groups: (kind, lane); instructions (kind 0) first, so their rows are groups 0 .. n_lanes - 1
-    key = graph.kind.astype(np.int64) * n_lanes + graph.lane
-    ptr, idx = group_runs(key, 3 * n_lanes)
-    runs_start = sort_runs(idx, ptr, graph.start)
+    ptr, idx, start_ordered, end_ordered = group_runs(graph.kind, graph.lane, n_lanes, graph.start, graph.end)
+    runs_start = sort_runs(idx, ptr, graph.start, start_ordered)
     prev = _previous(runs_start, ptr, n_lanes, graph.n)
-    by_start = merge_runs(runs_start, ptr, graph.start)
-    by_end = merge_runs(sort_runs(idx, ptr, graph.end), ptr, graph.end)
+    none = np.zeros(0, np.int64)
+    natural = natural_runs(graph.start, NATURAL_RUNS)
+    by_start = (merge_runs(none, natural, graph.start) if natural.size
+                else merge_runs(runs_start, ptr, graph.start))
+    natural = natural_runs(graph.end, NATURAL_RUNS)
+    by_end = (merge_runs(none, natural, graph.end) if natural.size
+              else merge_runs(sort_runs(idx, ptr, graph.end, end_ordered), ptr, graph.end))
     return EventOrder(by_start, by_end, prev)
 
 

@@ -1,7 +1,7 @@
 """Read a few columns of many Parquet parts fast: decoded on a small thread pool, handed back in order.
 
-    parts = PartStream([PartJob(path, ["id", "start_ts"], dictionary=[]), ...])
-    for job, table in parts:          # in job order; later parts decode while this one is used
+    parts = PartStream([PartJob("Flow", path, ["in_id", "out_id"]), ...], convert={"Flow": copy_ids})
+    for job, result in parts:         # in job order; later parts decode while this one is used
         ...
 
 Why: the analyses read ten million instruction rows and as many dependency edges, a few columns of
@@ -21,16 +21,18 @@ String columns are read as dictionaries and turned into integer codes per distin
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["PartJob", "PartStream", "dictionary_codes", "int_column", "workers"]
+__all__ = ["PartJob", "PartStream", "chunk_codes", "dictionary_chunks", "dictionary_codes", "int_column",
+           "workers"]
 
 MAX_WORKERS = 4
 
@@ -42,12 +44,15 @@ def workers() -> int:
 
 @dataclass(frozen=True)
 class PartJob:
-    """One part to read: its path, the columns wanted (the ones it has) and which are strings to keep
-    as dictionaries."""
+    """One part to read: its path, the columns wanted (the ones it has), which are strings to keep as
+    dictionaries, and where its rows go among the table's (``offset``; ``rows`` as its footer says)."""
 
+    table: str
     path: Path
     columns: list[str]
     dictionary: list[str] = field(default_factory=list)
+    offset: int = 0
+    rows: int = 0
 
 
 def read_part(job: PartJob) -> pa.Table:
@@ -56,26 +61,38 @@ def read_part(job: PartJob) -> pa.Table:
                          page_checksum_verification=True)
 
 
-class PartStream:
-    """Decode ``jobs`` on a thread pool, yielding ``(job, table)`` in job order with at most
-    ``ahead`` parts decoded or decoding beyond the one handed out."""
+Convert = Callable[[PartJob, pa.Table], Any]
+"""What a worker does with a decoded part (copy its numbers into place, say) before handing it on."""
 
-    def __init__(self, jobs: Sequence[PartJob], ahead: int | None = None) -> None:
+
+class PartStream:
+    """Decode ``jobs`` on a thread pool, yielding ``(job, result)`` in job order with at most
+    ``ahead`` parts decoded or decoding beyond the one handed out. The result is the decoded table,
+    or what ``convert(job, table)`` -- run on the worker, after decoding -- returns for it."""
+
+    def __init__(self, jobs: Sequence[PartJob], convert: Mapping[str, Convert] | None = None,
+                 ahead: int | None = None) -> None:
         self.jobs = list(jobs)
+        self.convert = dict(convert or {})  # by table name
         self.ahead = ahead or 2 * workers()
 
-    def __iter__(self) -> Iterator[tuple[PartJob, pa.Table]]:
+    def _run(self, job: PartJob) -> Any:
+        table = read_part(job)
+        convert = self.convert.get(job.table)
+        return convert(job, table) if convert is not None else table
+
+    def __iter__(self) -> Iterator[tuple[PartJob, Any]]:
         if len(self.jobs) <= 1 or workers() == 1:
             for job in self.jobs:
-                yield job, read_part(job)
+                yield job, self._run(job)
             return
         pool = ThreadPoolExecutor(workers(), thread_name_prefix="part-reader")
-        pending: dict[int, Future[pa.Table]] = {}
+        pending: dict[int, Future[Any]] = {}
         try:
             submitted = 0
             for k, job in enumerate(self.jobs):
                 while submitted < len(self.jobs) and submitted <= k + self.ahead:
-                    pending[submitted] = pool.submit(read_part, self.jobs[submitted])
+                    pending[submitted] = pool.submit(self._run, self.jobs[submitted])
                     submitted += 1
                 yield job, pending.pop(k).result()
         finally:
@@ -90,24 +107,39 @@ def int_column(table: pa.Table, name: str, fill: int = -1) -> np.ndarray:
     return column.to_numpy().astype(np.int64, copy=False)
 
 
-def dictionary_codes(column: pa.ChunkedArray, mapping: dict[str, int],
-                     intern: Callable[[str], int]) -> np.ndarray:
-    """Per-row codes of a dictionary (or plain string) column, -1 for nulls: each distinct value is
-    mapped once (``mapping``, new values through ``intern``, in the order the dictionaries list them),
-    then the rows' indices are looked up in one gather per chunk."""
+def dictionary_chunks(column: pa.ChunkedArray) -> list[tuple[list[Any], np.ndarray]]:
+    """A dictionary (or plain string) column as (distinct values, per-row indices) chunks; null rows get
+    the index ``len(values)``. Cheap to hand between threads: the values are few, the indices ints."""
     out = []
     for chunk in column.chunks:
         if not pa.types.is_dictionary(chunk.type):
             chunk = chunk.dictionary_encode()
         values = chunk.dictionary.to_pylist()
+        indices = chunk.indices
+        if indices.null_count:
+            indices = indices.fill_null(len(values))
+        out.append((values, indices.to_numpy(zero_copy_only=False)))
+    return out
+
+
+def chunk_codes(chunks: list[tuple[list[Any], np.ndarray]], mapping: dict[str, int],
+                intern: Callable[[str], int]) -> np.ndarray:
+    """Per-row codes (-1 for nulls) of ``dictionary_chunks``: each distinct value is mapped once
+    (``mapping``; new values through ``intern``, in the order the dictionaries list them), then the
+    rows' indices are looked up in one gather per chunk."""
+    out = []
+    for values, indices in chunks:
         for v in values:
             if v is not None and v not in mapping:
                 mapping[v] = intern(v)
         codes = np.array([mapping[v] if v is not None else -1 for v in values] + [-1], np.int32)
-        indices = chunk.indices
-        if indices.null_count:
-            indices = indices.fill_null(len(values))
-        out.append(codes[indices.to_numpy(zero_copy_only=False)])
+        out.append(codes[indices])
     if not out:
         return np.zeros(0, np.int32)
     return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+def dictionary_codes(column: pa.ChunkedArray, mapping: dict[str, int],
+                     intern: Callable[[str], int]) -> np.ndarray:
+    """Per-row codes of a string column (``chunk_codes`` of its ``dictionary_chunks``)."""
+    return chunk_codes(dictionary_chunks(column), mapping, intern)

@@ -63,6 +63,7 @@ class ProfileTable:
     definition: TableDef | None  # None: a table this schema does not know (kept, not checked)
     file_schemas: list[pa.Schema] = field(default_factory=list)
     num_rows: int = 0
+    file_rows: list[int] = field(default_factory=list)  # rows of each part, from its footer
 
     @property
     def known(self) -> bool:
@@ -288,6 +289,7 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
             if definition is not None:
                 _check_columns(file, definition, file_schema)
             loaded.file_schemas.append(file_schema)
+            loaded.file_rows.append(rows)
             loaded.num_rows += rows
         tables[name] = loaded
     profile = Profile(root, tables, schema)
@@ -375,6 +377,7 @@ def profile_from_files(root: str | os.PathLike[str], files: Mapping[str, Sequenc
             if definition is not None:
                 _check_columns(file, definition, file_schema)
             table.file_schemas.append(file_schema)
+            table.file_rows.append(rows)
             table.num_rows += rows
         tables[name] = table
     profile = Profile(Path(root), tables, schema)

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from formats import breakdown, depgraph
 from formats import critical_path as cp
 from formats.depgraph import CC, DMA, INSTRUCTION, DepGraph
-from formats.event_order import event_order, group_runs, merge_runs, sort_runs
+from formats.event_order import event_order, group_runs, merge_runs, natural_runs, sort_runs
 from formats.reader import open_profile
 from formats.schema import ENGINE_NAMES
 from formats.writer import ProfileWriter
@@ -33,7 +34,7 @@ QUEUES = ["qSyncIO0", "qSyncWeight1"]
 
 
 def random_graph(seed: int, n_instr: int = 300, n_dma: int = 50, n_cc: int = 6, n_windows: int = 3,
-                 n_edges: int = 400, shuffled: bool = True) -> DepGraph:
+                 n_edges: int = 400, shuffled: bool = True, time_ordered: bool = False) -> DepGraph:
     """A random program as a graph: each row runs in order on its own clock (small integer times, so
     starts and ends tie across rows; now and then an instruction overlaps its row's previous one),
     DMA transfers and collectives at random, random edges, executions split by host gaps."""
@@ -50,10 +51,13 @@ def random_graph(seed: int, n_instr: int = 300, n_dma: int = 50, n_cc: int = 6, 
     if shuffled:  # rows out of id order: the fast path must sort such a row itself
         perm = rng.permutation(n_instr)
         row, start, end_i = row[perm], start[perm], end_i[perm]
+    if time_ordered:  # ids in start order, as a writer in time order gives them: few natural runs
+        perm = np.argsort(start, kind="stable")
+        row, start, end_i = row[perm], start[perm], end_i[perm]
     span = int(end_i.max()) + 10
-    d_start = rng.integers(0, span, n_dma)
+    d_start = np.sort(rng.integers(0, span, n_dma)) if time_ordered else rng.integers(0, span, n_dma)
     d_end = d_start + rng.integers(1, 40, n_dma)
-    c_start = rng.integers(0, span, n_cc)
+    c_start = np.sort(rng.integers(0, span, n_cc)) if time_ordered else rng.integers(0, span, n_cc)
     c_end = c_start + rng.integers(5, 30, n_cc)
     lanes = ROWS + QUEUES + ["AllReduce"]
     engine = np.array([ENGINE_NAMES.index(name) if name in ENGINE_NAMES
@@ -107,6 +111,13 @@ def test_fast_path_equals_reference_on_random_programs(seed: int) -> None:
     assert_same_as_reference(random_graph(seed, shuffled=seed % 3 != 0, n_windows=1 + seed % 4))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_path_on_programs_written_in_time_order(seed: int) -> None:
+    graph = random_graph(30 + seed, shuffled=False, time_ordered=True, n_windows=1 + seed)
+    assert 0 < natural_runs(graph.start, 64).size - 1 <= 3  # the natural-runs merge is the one used
+    assert_same_as_reference(graph)
+
+
 def test_fast_path_without_edges_and_with_one_event_kind() -> None:
     assert_same_as_reference(random_graph(20, n_edges=0))
     assert_same_as_reference(random_graph(21, n_dma=0, n_cc=0, n_windows=1))
@@ -114,15 +125,25 @@ def test_fast_path_without_edges_and_with_one_event_kind() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_merged_runs_are_a_stable_argsort(seed: int) -> None:
-    """Groups in index order, some sorted, some not, merged: exactly ``np.argsort(kind="stable")``."""
+    """Groups in index order, some ordered, some not, merged: exactly ``np.argsort(kind="stable")``;
+    and the same from the index order's own non-decreasing stretches."""
     rng = np.random.default_rng(seed)
     n, k = 5000, 1 + 7 * seed
-    key = rng.integers(0, k, n)
+    kind = rng.integers(0, 3, n).astype(np.int8)
+    lane = rng.integers(0, k, n).astype(np.int32)
     value = rng.integers(0, 50 + 1000 * (seed % 2), n).astype(np.int64)  # many ties when small
-    ptr, idx = group_runs(key, k)
-    assert np.array_equal(idx, np.argsort(key, kind="stable"))
-    runs = sort_runs(idx, ptr, value)
+    if seed % 3 == 2:  # every group ordered: the groups are used as they are
+        value = np.cumsum(rng.integers(0, 3, n)).astype(np.int64)
+    ptr, idx, ordered, _ = group_runs(kind, lane, k, value, value)
+    assert np.array_equal(idx, np.argsort(kind.astype(np.int64) * k + lane, kind="stable"))
+    runs = sort_runs(idx, ptr, value, ordered)
     assert np.array_equal(merge_runs(runs, ptr, value), np.argsort(value, kind="stable"))
+    stretches = np.concatenate([np.sort(part) for part in np.array_split(value, 1 + seed)])  # 1+seed runs
+    natural = natural_runs(stretches, 64)
+    assert natural.size - 1 <= 1 + seed
+    assert np.array_equal(merge_runs(np.zeros(0, np.int64), natural, stretches),
+                          np.argsort(stretches, kind="stable"))
+    assert natural_runs(value, 4).size == 0 or seed % 3 == 2  # too many stretches: not used
 
 
 # -- the loader: parts on a thread pool, DMA packets grouped without DuckDB, ids of every kind --------
@@ -212,3 +233,17 @@ def test_loader_on_split_parts_equals_the_plain_reading(tmp_path: Path, seed: in
     assert list(zip(graph.edge_src.tolist(), graph.edge_dst.tolist())) == expected
     assert graph.flow_edges == len(flow)
     assert_same_as_reference(graph)
+
+
+def test_a_part_that_changed_after_opening_is_one_clear_error(tmp_path: Path) -> None:
+    """Rows are placed by the footers read at open; a part rewritten since (another row count) is a
+    ProfileError naming it, not rows silently misplaced."""
+    from formats.reader import ProfileError
+
+    root = _split_profile(tmp_path / "p", 0)
+    profile = open_profile(root)
+    part = profile.files("Instruction")[0]
+    table = pq.read_table(part)
+    pq.write_table(table.slice(0, table.num_rows - 1), part)
+    with pytest.raises(ProfileError, match="changed while being read"):
+        depgraph.load_graph(profile)
