@@ -141,9 +141,10 @@ class TensorParallelTrainStep(TrainStep):
         self.last_results = self._record(produced, host_start)
         first = inputs[0]
         seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
-        emit_step(self.rank_models[0], self.last_results, step=self.steps,
+        emit_step(self.rank_models[0], self.last_results[:1], step=self.steps,
                   global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
-                  bf16=False, host_start_ns=host_start)
+                  bf16=False, host_start_ns=host_start, tp=self.tp,
+                  whole=self.programs[ProgramKind.UPDATE][0])
         self._sync_host()
         return torch.tensor(float(np.asarray(produced[0][0]).reshape(-1)[0]), dtype=torch.float32)
 

@@ -71,8 +71,13 @@ def forward_matmul_flops(program: Program) -> float:
 
 
 def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: int, global_batch: int,
-              seq: int, name: str, bf16: bool, host_start_ns: int) -> None:
-    """Report one step (its executions ``results``, the update last) to the core's sink."""
+              seq: int, name: str, bf16: bool, host_start_ns: int, tp: int = 1,
+              whole: Program | None = None) -> None:
+    """Report one step (its executions ``results``, the update last) to the core's sink.
+
+    A tensor-parallel step (``tp`` ranks, :mod:`neuroncore.parallel.tp_train`) reports ``tp`` ranks
+    and the model FLOPs of ``whole``, the unsplit step program: a rank's own program holds its share
+    of the matmuls plus whatever every rank computes whole."""
     sink = loaded.sink
     if not sink.active or not results:
         return
@@ -82,7 +87,7 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
     for result in results:
         for phase, ns in phase_busy_ns(result).items():
             levels[phase] += ns
-        flops += 3.0 * forward_matmul_flops(result.program)
+        flops += 3.0 * forward_matmul_flops(result.program if whole is None else whole)
     core = loaded.core
     peak = core.spec.pe_peak_bf16_flops_per_s if bf16 else core.spec.pe_peak_fp32_flops_per_s
     empty_i64 = np.zeros(0, np.int64)
@@ -92,8 +97,8 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
     sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
         execution_id=last.execution_id, model_id=last.model_id, core=last.core, step=step,
         step_time_ns=last.end_ns - first.start_ns, start_ns=first.start_ns, global_batch=global_batch,
-        seq=seq, model_flops=flops, ranks=1, peak_flops_per_rank=peak, levels=levels,
-        layout=f"{name}/1x{core.instance_type}/tp1pp1dp1/seq{seq}/gbs{global_batch}",
+        seq=seq, model_flops=flops, ranks=tp, peak_flops_per_rank=peak, levels=levels,
+        layout=f"{name}/1x{core.instance_type}/tp{tp}pp1dp1/seq{seq}/gbs{global_batch}",
         host_start_ns=host_start_ns, host_end_ns=time.time_ns()))
 
 
