@@ -125,6 +125,18 @@ def scale_hardware(instance: Any, factors: dict[str, float]) -> None:
         c.spec = scaled
 
 
+def compiler_options(args: argparse.Namespace) -> Any:
+    """The ``CompilerOptions`` of a workload capture's flags (one-line CaptureError when refused)."""
+    from neuroncore.compiler.options import CompilerOptions, OptionsError
+
+    try:
+        return CompilerOptions.parse(getattr(args, "auto_cast", None), getattr(args, "auto_cast_type", None),
+                                     getattr(args, "quantize", None),
+                                     prefetch_weights=bool(getattr(args, "prefetch_weights", False)))
+    except OptionsError as exc:
+        raise CaptureError(str(exc)) from None
+
+
 def disable_power_throttling(instance: Any) -> None:
     """Turn off Trainium2's power throttling on every core of ``instance`` (and in the spec programs
     are compiled for): ``--no-power-throttling``, the what-if ``power-throttling=off``."""
@@ -146,6 +158,10 @@ def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path
         "profile_nth_exec": args.profile_nth_exec, "rank_slowdown": list(args.rank_slowdown or []),
         "scale_hardware": list(getattr(args, "scale_hardware", None) or []),
         "power_throttling": not getattr(args, "no_power_throttling", False),
+        "compiler_options": {"auto_cast": getattr(args, "auto_cast", None),
+                             "auto_cast_type": getattr(args, "auto_cast_type", None),
+                             "quantize": getattr(args, "quantize", None),
+                             "prefetch_weights": bool(getattr(args, "prefetch_weights", False))},
     }
     path = out / RERUN_FILE
     path.write_text(json.dumps(facts, indent=1) + "\n")
@@ -168,9 +184,9 @@ def capture_training(args: argparse.Namespace, console: Console) -> CaptureResul
     if args.dtype:
         raise CaptureError("--dtype does not apply to training workloads; use --set precision=...")
     if (getattr(args, "rank_slowdown", None) or getattr(args, "scale_hardware", None)
-            or getattr(args, "no_power_throttling", False)):
-        raise CaptureError("--rank-slowdown, --scale-hardware and --no-power-throttling do not apply to "
-                           "training workloads")
+            or getattr(args, "no_power_throttling", False) or not compiler_options(args).is_default):
+        raise CaptureError("--rank-slowdown, --scale-hardware, --no-power-throttling, --auto-cast(-type), "
+                           "--quantize and --prefetch-weights do not apply to training workloads")
     try:
         model, plan = get_train(args.workload).configure(args.preset, **overrides)
     except PlanError as exc:
@@ -244,6 +260,7 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
         overrides["tp_degree"] = args.tp
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
+    compile_options = compiler_options(args)
     instance = Instance(args.instance)
     scale_hardware(instance, parse_scaling(getattr(args, "scale_hardware", None)))
     if getattr(args, "no_power_throttling", False):
@@ -263,9 +280,10 @@ def capture_workload(args: argparse.Namespace, console: Console) -> CaptureResul
             if args.tp > 1:
                 runner: Any = TensorParallelModel.load(
                     graph, instance, tp_degree=args.tp, first_rank=args.core,
-                    rank_slowdown=parse_slowdown(args.rank_slowdown or []))
+                    rank_slowdown=parse_slowdown(args.rank_slowdown or []), options=compile_options)
             else:
-                runner = instance.core(args.core).load(compile_graph(graph, instance.spec.chip.core))
+                runner = instance.core(args.core).load(
+                    compile_graph(graph, instance.spec.chip.core, compile_options))
             inputs = None if args.timing_only else random_inputs(graph, seed=args.seed)
             progress.update(task, description=f"executing {workload.name}")
             for _ in range(args.num_exec):
@@ -510,6 +528,16 @@ class CaptureCommand:
         parser.add_argument("--scale-hardware", action="append", metavar="FIELD=FACTOR",
                             help="scale a hardware fact of the simulated cores (repeatable; what-if "
                                  "studies): " + ", ".join(SCALABLE_HARDWARE))
+        parser.add_argument("--auto-cast", choices=["none", "matmult", "all"],
+                            help="cast FP32 matmuls (matmult) or all FP32 ops to --auto-cast-type, as "
+                                 "neuronx-cc --auto-cast (default: none)")
+        parser.add_argument("--auto-cast-type", choices=["bf16", "fp16", "tf32", "fp8_e4m3"],
+                            help="the auto-cast type (alone it means --auto-cast matmult); fp8_e4m3 "
+                                 "also casts bf16/fp16 matmuls")
+        parser.add_argument("--quantize", choices=["none", "int8-weight-only"],
+                            help="linear weights stored int8 with per-channel scales")
+        parser.add_argument("--prefetch-weights", action="store_true",
+                            help="compile with each layer's weight loads issued during the layer before")
         parser.add_argument("--no-power-throttling", action="store_true",
                             help="simulate Trainium2 without its power throttling (what-if studies; "
                                  "trn1/inf2 never throttle)")

@@ -18,13 +18,20 @@ Changes (``--what-if NAME=VALUE``):
 * ``tp=N``: tensor-parallel degree (``--tp N``); ``instance=NAME``: another instance type
   (``--instance NAME``); ``dtype=D``: the workload's dtype (``--dtype D``);
 * ``power-throttling=off``: Trainium2 without its power throttling (``--no-power-throttling``);
+* ``prefetch-weights=on``: compiled with each layer's weight loads issued during the layer before
+  (``--prefetch-weights``, ``neuroncore.compiler.prefetch``);
+* ``auto-cast-type=T``, ``auto-cast=M``, ``quantize=Q``: compiler precision options
+  (``--auto-cast-type`` ...); ``auto-cast-type=fp8_e4m3`` is "bf16 -> fp8 matmuls" (FP8 auto-cast casts
+  16-bit matmuls too), and the report notes the FP8 rate of the instance's cores (the BF16 rate on
+  NC-v2, double-row on NC-v3);
 * ``KEY=VALUE``: any other workload option, e.g. ``batch=2`` (``--set KEY=VALUE``).
 
 ``auto`` runs ``dma-bandwidth=2``, ``hbm-bandwidth=2`` and ``dma-latency=0.5`` when a finding points
 at a DMA queue, and ``power-throttling=off`` when the profile recorded throttling. Findings then carry
 the gain measured for the change that addresses them (``Finding.gain_ns``): a DMA-queue finding the
 largest gain among the DMA and HBM changes run, the power-throttling finding that of
-``power-throttling=off``.
+``power-throttling=off``, weight-queue and Tensor-engine findings those of ``prefetch-weights=on`` and
+``auto-cast-type=fp8_e4m3`` (``ADDRESSES``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ HARDWARE_KNOBS = {"dma-bandwidth": "dma_engine_bytes_per_s", "hbm-bandwidth": "h
                   "dma-latency": "dma_fixed_latency_ns"}
 AUTO = ("dma-bandwidth=2", "hbm-bandwidth=2", "dma-latency=0.5")
 THROTTLING = "power-throttling"  # power-throttling=off: Trainium2 without its power throttling
+PREFETCH = "prefetch-weights"  # prefetch-weights=on: each layer's weights loaded during the one before
+AUTO_CAST = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+QUANTIZE = ("none", "int8-weight-only")
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class WhatIf:
     before_ns: int
     after_ns: int
     share_after: dict[str, dict[str, float]]
+    note: str | None = None  # what the change means on this hardware (fp8 on NC-v2, ...)
 
     @property
     def gain_ns(self) -> int:
@@ -71,7 +83,7 @@ class WhatIf:
         return {"change": self.change, "capture": self.capture,
                 "device_time_ns": {"before": self.before_ns, "after": self.after_ns},
                 "gain_ns": self.gain_ns, "gain": self.gain_ns / self.before_ns if self.before_ns else None,
-                "critical_path_share_after": self.share_after}
+                "critical_path_share_after": self.share_after, "note": self.note}
 
 
 def find_rerun(root: str | Path) -> Path | None:
@@ -103,6 +115,9 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
     name, sep, value = change.partition("=")
     if not sep or not name or not value:
         raise CliError(f"--what-if takes NAME=VALUE (e.g. dma-bandwidth=2, tp=2, batch=4), not {change!r}")
+    compiled = facts.get("compiler_options") or {}
+    if not isinstance(compiled, dict):
+        raise CliError("rerun.json: compiler_options is not an object")
     args = argparse.Namespace(
         workload=facts["workload"], preset=facts.get("preset"), set=list(facts.get("set") or []),
         dtype=facts.get("dtype"), instance=facts.get("instance"), tp=int(facts.get("tp") or 1),
@@ -112,7 +127,10 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         rank_slowdown=list(facts.get("rank_slowdown") or []),
         scale_hardware=list(facts.get("scale_hardware") or []), output=str(out), force=True,
         system_only=False, device_only=True, system_interval=0.1,
-        no_power_throttling=facts.get("power_throttling", True) is False)
+        no_power_throttling=facts.get("power_throttling", True) is False,
+        auto_cast=compiled.get("auto_cast"), auto_cast_type=compiled.get("auto_cast_type"),
+        quantize=compiled.get("quantize"),
+        prefetch_weights=bool(compiled.get("prefetch_weights", False)))
     if name in HARDWARE_KNOBS:
         field = HARDWARE_KNOBS[name]
         try:
@@ -134,6 +152,15 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         if value not in ("on", "off"):
             raise CliError(f"--what-if {THROTTLING} takes on or off, not {value!r}")
         args.no_power_throttling = value == "off"
+    elif name == PREFETCH:
+        if value not in ("on", "off"):
+            raise CliError(f"--what-if {PREFETCH} takes on or off, not {value!r}")
+        args.prefetch_weights = value == "on"
+    elif name in ("auto-cast", "auto-cast-type", "quantize"):
+        choices = {"auto-cast": AUTO_CAST, "auto-cast-type": AUTO_CAST_TYPES, "quantize": QUANTIZE}[name]
+        if value not in choices:
+            raise CliError(f"--what-if {name} takes one of {', '.join(choices)}, not {value!r}")
+        setattr(args, name.replace("-", "_"), value)
     elif name == "instance":
         args.instance = value
     elif name == "dtype":
@@ -150,11 +177,31 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         command.append("--timing-only")
     if args.no_power_throttling:
         command.append("--no-power-throttling")
+    if args.prefetch_weights:
+        command.append("--prefetch-weights")
+    for flag, v in (("--auto-cast", args.auto_cast), ("--auto-cast-type", args.auto_cast_type),
+                    ("--quantize", args.quantize)):
+        if v:
+            command += [flag, str(v)]
     for flag, items in (("--set", args.set), ("--rank-slowdown", args.rank_slowdown),
                         ("--scale-hardware", args.scale_hardware)):
         for item in items:
             command += [flag, item]
     return args, " ".join(command) + " -o DIR"
+
+
+def _note(change: str, instance: str | None) -> str | None:
+    """What a precision change means on the instance's cores (the FP8 rate differs by generation)."""
+    from neuroncore.hardware import INSTANCE_TYPES
+
+    if change != "auto-cast-type=fp8_e4m3" or instance not in INSTANCE_TYPES:
+        return None
+    core = INSTANCE_TYPES[instance].chip.core
+    if core.fp8_double_row:
+        return (f"{core.name} runs FP8 matmuls double-row (K = 256 per MATMUL): twice the BF16 rate, "
+                f"and weights move half the bytes")
+    return (f"{core.name} runs FP8 at the BF16 rate: the matmuls are no faster, only the bytes moved "
+            f"halve")
 
 
 def _device_time(analyses: dict[str, Analysis]) -> int:
@@ -187,7 +234,8 @@ def run_what_if(root: str, changes: list[str], baseline: dict[str, Any]) -> list
             profiles: dict[str, Analysis] = result["profiles"]
             first = next(iter(profiles.values()))
             share = first.critical_path.share() if first.critical_path is not None else {}
-            out.append(WhatIf(change, command, before, _device_time(profiles), share))
+            out.append(WhatIf(change, command, before, _device_time(profiles), share,
+                              _note(change, args.instance or facts.get("instance"))))
             shutil.rmtree(Path(tmp) / "capture", ignore_errors=True)
     return out
 
@@ -200,29 +248,50 @@ def _is_throttle_finding(f: Finding) -> bool:
     return f.title == THROTTLE_FINDING
 
 
+def _is_weight_finding(f: Finding) -> bool:
+    """A finding about the weight-load queue (its share of the path, the Tensor engine waiting on it)."""
+    return "qSyncWeight" in f.title
+
+
+def _is_tensor_finding(f: Finding) -> bool:
+    return "engine Tensor" in f.title or f.title.startswith("op dot") or _is_weight_finding(f)
+
+
+# which measured change addresses which finding: (the change, the findings it answers)
+ADDRESSES = (
+    (lambda change: change.partition("=")[0] in HARDWARE_KNOBS, _is_dma_finding),
+    (lambda change: change == f"{THROTTLING}=off", _is_throttle_finding),
+    (lambda change: change == f"{PREFETCH}=on", _is_weight_finding),
+    (lambda change: change == "auto-cast-type=fp8_e4m3", _is_tensor_finding),
+)
+
+
 def attach_gains(baseline: dict[str, Any], what_ifs: list[WhatIf]) -> None:
-    """Give each finding the gain measured by the change that addresses it (in place): a DMA-queue
-    finding the largest gain among the DMA/HBM changes run, a power-throttling finding the gain of
-    ``power-throttling=off``."""
-    dma = [w for w in what_ifs if w.change.partition("=")[0] in HARDWARE_KNOBS]
-    off = [w for w in what_ifs if w.change == f"{THROTTLING}=off"]
-    for matches, runs in ((_is_dma_finding, dma), (_is_throttle_finding, off)):
-        if not runs:
-            continue
-        best = max(runs, key=lambda w: w.gain_ns)
-        note = f"; re-simulated with {best.change}: {fmt_ns(best.before_ns)} -> {fmt_ns(best.after_ns)}"
-        for name, analysis in baseline["profiles"].items():
-            findings = [replace(f, gain_ns=best.gain_ns, evidence=f.evidence + note) if matches(f) else f
-                        for f in analysis.findings]
-            baseline["profiles"][name] = replace(analysis, findings=findings)
+    """Give each finding the largest gain measured by a change that addresses it (in place; the
+    evidence names the change): DMA findings by the DMA/HBM changes, the power-throttling finding
+    by ``power-throttling=off``, weight-queue findings by ``prefetch-weights=on``, Tensor-engine and
+    weight findings by ``auto-cast-type=fp8_e4m3``."""
+    for name, analysis in baseline["profiles"].items():
+        findings = []
+        for f in analysis.findings:
+            runs = [w for w in what_ifs for change, answers in ADDRESSES if change(w.change) and answers(f)]
+            if runs:
+                best = max(runs, key=lambda w: w.gain_ns)
+                note = (f"; re-simulated with {best.change}: {fmt_ns(best.before_ns)} -> "
+                        f"{fmt_ns(best.after_ns)}")
+                f = replace(f, gain_ns=best.gain_ns, evidence=f.evidence + note)
+            findings.append(f)
+        baseline["profiles"][name] = replace(analysis, findings=findings)
 
 
 def what_if_lines(what_ifs: list[WhatIf]) -> list[str]:
     lines = ["what-if (re-simulated; each is a fresh capture with the change):"]
     for w in what_ifs:
         gain = fmt_pct(w.gain_ns / w.before_ns) if w.before_ns else "-"
-        lines.append(f"  {w.change:<22} device time {fmt_ns(w.before_ns)} -> {fmt_ns(w.after_ns)} "
+        lines.append(f"  {w.change:<24} device time {fmt_ns(w.before_ns)} -> {fmt_ns(w.after_ns)} "
                      f"(gain {fmt_ns(w.gain_ns)}, {gain})")
+        if w.note:
+            lines.append(f"    ({w.note})")
         lines.append(f"    = {w.capture}")
     return lines
 
@@ -235,8 +304,8 @@ class WhatIfAnalyzeCommand(AnalyzeCommand):
         parser.add_argument("--what-if", action="append", metavar="CHANGE",
                             help="re-simulate the captured workload with one change and compare "
                                  "(repeatable): dma-bandwidth=F, hbm-bandwidth=F, dma-latency=F, tp=N, "
-                                 "instance=NAME, dtype=D, power-throttling=off, any workload option "
-                                 "KEY=VALUE, or auto")
+                                 "instance=NAME, dtype=D, power-throttling=off, prefetch-weights=on, "
+                                 "auto-cast-type=fp8_e4m3, any workload option KEY=VALUE, or auto")
 
     def run(self, args: argparse.Namespace) -> int:
         if not args.what_if:

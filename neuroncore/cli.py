@@ -87,9 +87,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.workload in TRAIN_WORKLOADS:
         if args.rank_slowdown:
             raise ValueError("--rank-slowdown applies to tensor-parallel inference workloads")
-        if args.auto_cast or args.auto_cast_type or args.quantize:
-            raise ValueError("--auto-cast, --auto-cast-type and --quantize apply to inference workloads; "
-                             "training workloads set theirs with --set precision=...")
+        if args.auto_cast or args.auto_cast_type or args.quantize or args.prefetch_weights:
+            raise ValueError("--auto-cast, --auto-cast-type, --quantize and --prefetch-weights apply to "
+                             "inference workloads; training workloads set theirs with --set precision=...")
         return cmd_train(args, console)
     for name in ("pp", "dp", "nodes"):
         if getattr(args, name) is not None:
@@ -108,7 +108,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
-    compiler_options = CompilerOptions.parse(args.auto_cast, args.auto_cast_type, args.quantize)
+    compiler_options = CompilerOptions.parse(args.auto_cast, args.auto_cast_type, args.quantize,
+                                             prefetch_weights=args.prefetch_weights)
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
@@ -257,10 +258,10 @@ def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
 
 def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | None:
     """Why the precision options leave ``graph`` as it is, or None when they change it: auto-cast
-    rewrites FP32 ops only and int8 quantises 2-D matmul weights only, so on a bf16 workload (the
-    default of most) ``--auto-cast-type fp8_e4m3`` alone would otherwise time the same program
-    without a word."""
-    if options.is_default:
+    rewrites FP32 ops only (and, to FP8, 16-bit matmuls) and int8 quantises 2-D matmul weights only,
+    so on a bf16 workload (the default of most) ``--auto-cast-type tf32`` alone would otherwise time
+    the same program without a word."""
+    if options.precision_is_default:
         return None
     rewritten = apply_options(graph, options)
     if len(rewritten.ops) != len(graph.ops) or any(
@@ -268,7 +269,8 @@ def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | Non
         return None
     parts = []
     if options.auto_cast is not AutoCast.NONE:
-        parts.append("auto-cast casts FP32 ops only and this workload has none (--dtype fp32)")
+        parts.append("auto-cast casts FP32 ops (and, to fp8_e4m3, 16-bit matmuls) only and this "
+                     "workload has none (--dtype fp32)")
     if options.quantize is not Quantization.NONE:
         parts.append("int8 weight-only quantises a matmul's 2-D weight and this workload's matmuls "
                      "read none")
@@ -294,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the auto-cast target type (default bf16; alone it means --auto-cast matmult)")
     run.add_argument("--quantize", choices=[m.value for m in Quantization],
                      help="int8-weight-only: linear weights stored int8 with per-channel scales")
+    run.add_argument("--prefetch-weights", action="store_true",
+                     help="issue each layer's weight loads during the layer before (compiler schedule)")
     add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
                         choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")

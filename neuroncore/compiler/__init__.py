@@ -38,7 +38,7 @@ from neuroncore.compiler.lower_layout import (
 )
 from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
-from neuroncore.compiler.lowering_state import HbmTensorKind
+from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
 from neuroncore.compiler.options import (
     AutoCast,
     AutoCastType,
@@ -47,6 +47,7 @@ from neuroncore.compiler.options import (
     Quantization,
 )
 from neuroncore.compiler.precision import apply_options
+from neuroncore.compiler.prefetch import prefetch_order, reorder
 from neuroncore.compiler.program import (
     RES_CC,
     RES_DMA,
@@ -160,7 +161,21 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
                 lower_output_copy(ctx, op)
         ctx.finish(op)
         ctx.unpin_all()
+    if options is not None and options.prefetch_weights:
+        _prefetch_weights(ctx)
     return _finalize(ctx)
+
+
+def _prefetch_weights(ctx: Context) -> None:
+    """Issue each layer's weight loads during the layer before it (``compiler.prefetch``)."""
+    from neuroncore.runtime.scheduler import schedule  # the runtime builds on the compiler
+
+    emitted = schedule(_finalize(ctx))
+    order = prefetch_order(ctx.em, ctx.graph, ctx.queue[QueueName.WEIGHT].index, emitted.start_ns,
+                           emitted.end_ns)
+    if order is not None:
+        new_of = reorder(ctx.em, order)
+        ctx.nki_locations = {new_of[node]: where for node, where in ctx.nki_locations.items()}
 
 
 def _stream_positions(keys: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Compiler options: the precision choices ``neuronx-cc`` offers, as enums in one frozen record.
+"""Compiler options: the precision choices ``neuronx-cc`` offers, as enums in one frozen record, and
+one scheduling choice (``prefetch_weights``).
 
     program = neuroncore.compile(graph, "trn2", CompilerOptions(auto_cast=AutoCast.MATMULT,
                                                                 auto_cast_type=AutoCastType.FP8_E4M3))
@@ -9,6 +10,9 @@ compiler casts FP32 matmuls to BF16; ours keeps the model's own types unless ask
 stay FP32). ``quantize`` is int8 weight-only quantisation as transformers-neuronx / NxD Inference run
 it (``quantized=True``): int8 weights with one scale per output channel, dequantised before a
 16-bit matmul. The graph rewrite itself is ``compiler.precision.apply_options``.
+
+``prefetch_weights`` issues each layer's weight loads during the layer before it
+(``compiler.prefetch``): a scheduling change, not a graph rewrite (what-if studies, issue 18).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class CompilerOptions:
     auto_cast: AutoCast = AutoCast.NONE
     auto_cast_type: AutoCastType = AutoCastType.BF16
     quantize: Quantization = Quantization.NONE
+    prefetch_weights: bool = False  # each layer's weight loads issued during the layer before
 
     def __post_init__(self) -> None:
         for name, kind in (("auto_cast", AutoCast), ("auto_cast_type", AutoCastType),
@@ -70,6 +75,8 @@ class CompilerOptions:
             if not isinstance(value, kind):
                 raise OptionsError(f"{name} must be a {kind.__name__} "
                                    f"({', '.join(k.name for k in kind)}), not {value!r}")
+        if not isinstance(self.prefetch_weights, bool):
+            raise OptionsError(f"prefetch_weights must be True or False, not {self.prefetch_weights!r}")
         if self.auto_cast is AutoCast.ALL and self.auto_cast_type is AutoCastType.FP8_E4M3:
             raise OptionsError("auto_cast=ALL with FP8_E4M3 is refused: FP8 is a Tensor-engine input "
                                "format (matmuls); cast matmuls only (AutoCast.MATMULT)")
@@ -78,15 +85,22 @@ class CompilerOptions:
     def is_default(self) -> bool:
         return self == CompilerOptions()
 
+    @property
+    def precision_is_default(self) -> bool:
+        """Whether the precision choices (the graph rewrite) are the defaults."""
+        return (self.auto_cast, self.auto_cast_type, self.quantize) == (
+            AutoCast.NONE, AutoCastType.BF16, Quantization.NONE)
+
     @classmethod
     def parse(cls, auto_cast: str | None = None, auto_cast_type: str | None = None,
-              quantize: str | None = None) -> CompilerOptions:
+              quantize: str | None = None, prefetch_weights: bool = False) -> CompilerOptions:
         """From the CLI's spellings (``matmult``, ``fp8_e4m3``, ``int8-weight-only``); a type
         without a mode means ``matmult``, as ``neuronx-cc``'s default mode is."""
         cast = _member(AutoCast, auto_cast, AutoCast.MATMULT if auto_cast_type else AutoCast.NONE)
         return cls(auto_cast=cast,
                    auto_cast_type=_member(AutoCastType, auto_cast_type, AutoCastType.BF16),
-                   quantize=_member(Quantization, quantize, Quantization.NONE))
+                   quantize=_member(Quantization, quantize, Quantization.NONE),
+                   prefetch_weights=bool(prefetch_weights))
 
 
 def _member(kind: type[E], text: str | None, default: E) -> E:

@@ -7,6 +7,9 @@ graph: ``run_reference(program.graph, ...)`` is the ground truth of what the cor
 * ``AutoCast.MATMULT``: an FP32 x FP32 ``dot`` reads its operands cast to the auto-cast type and
   keeps an FP32 result (PSUM accumulates in FP32); a cast weight is folded at compile time into a
   weight stored in the new type (fewer HBM bytes), a cast activation is one copy on an engine.
+  With ``FP8_E4M3``, which is narrower than every 16-bit type, a BF16/FP16 ``dot`` is cast too (its
+  result keeps its type): our extension, so a bf16 model's matmuls can be timed in FP8 (the what-if
+  "bf16 -> fp8 matmuls", issue 18); ``neuronx-cc --auto-cast`` rewrites FP32 operations only.
 * ``AutoCast.ALL``: every FP32 value is computed in the auto-cast type; FP32 program inputs are cast
   on the way in and FP32 outputs cast back, so the program's interface does not change. TF32 is a
   Tensor-engine input format only (the other engines compute in FP32 anyway), so with TF32 ``ALL``
@@ -41,6 +44,7 @@ from neuroncore.dtypes import DType, round_to
 from neuroncore.ir.graph import Graph, Op
 
 QUANT_LEVELS = 127.0  # symmetric int8: [-127, 127]
+SIXTEEN_BIT = (DType.BF16, DType.FP16)  # matmul operand types FP8 auto-cast also narrows
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def check_options(options: CompilerOptions) -> None:
 
 def apply_options(graph: Graph, options: CompilerOptions | None) -> Graph:
     """``graph`` rewritten for ``options`` (the same graph when they change nothing)."""
-    if options is None or options.is_default:
+    if options is None or options.precision_is_default:
         return graph
     check_options(options)
     return _Rewriter(graph, options).run()
@@ -157,8 +161,9 @@ class _Rewriter:
         dtype = op.dtype
         if self.cast_all and dtype is DType.FP32:
             lhs, rhs, dtype = self.cast(lhs, self.target), self.cast(rhs, self.target), self.target
-        elif (self.cast_matmuls and lhs.dtype is DType.FP32 and rhs.dtype is DType.FP32
-              and dtype is DType.FP32):
+        elif self.cast_matmuls and (
+                (lhs.dtype is DType.FP32 and rhs.dtype is DType.FP32 and dtype is DType.FP32)
+                or (self.target.is_fp8 and lhs.dtype in SIXTEEN_BIT and rhs.dtype in SIXTEEN_BIT)):
             lhs, rhs = self.cast(lhs, self.target), self.cast(rhs, self.target)
         weight = _weight_source(rhs)
         if (self.options.quantize is Quantization.INT8_WEIGHT_ONLY and weight is not None
