@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
 from neuroncore.compiler.lower_collective import lower_collective
+from neuroncore.compiler.lower_conv import lower_convolution, lower_reduce_window
 from neuroncore.compiler.lower_elementwise import (
     lower_binary,
     lower_constant_splat,
@@ -105,6 +107,8 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "layer_norm": lower_norm,
     "rms_norm": lower_norm,
     "dot": lower_dot,
+    "convolution": lower_convolution,
+    "reduce-window": lower_reduce_window,
     "gather": lower_gather,
     "all-reduce": lower_collective,
     "all-gather": lower_collective,
@@ -115,7 +119,8 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     **{name: lower_view for name in LAYOUT_OPS},
 }
 
-FLOAT_ONLY = {"dot", "softmax", "layer_norm", "rms_norm", "gelu", "silu", *UNARY_OPS}
+FLOAT_ONLY = {"dot", "convolution", "reduce-window", "softmax", "layer_norm", "rms_norm", "gelu",
+              "silu", *UNARY_OPS}
 
 
 def unsupported_ops(graph: Graph) -> list[Op]:
@@ -141,7 +146,7 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
     spec = core_spec(target)
     if options is not None and not isinstance(options, CompilerOptions):
         raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
-    graph = apply_options(graph, options)
+    graph = channel_major(apply_options(graph, options))
     missing = unsupported_ops(graph)
     if missing:
         raise UnsupportedOpsError(missing)

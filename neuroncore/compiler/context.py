@@ -30,7 +30,7 @@ from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
-from neuroncore.compiler.program import Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.compiler.program import ApRef, Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.compiler.view_steps import Reshape
 from neuroncore.dtypes import DType
@@ -593,8 +593,13 @@ class Context:
         return Ref(self._identity.id, 0, P, 0, P)
 
     # -- text ------------------------------------------------------------------------------
-    def ref_text(self, ref: Ref) -> str:
+    def ref_text(self, ref: Ref | ApRef) -> str:
         buf = self.buffers[ref.buf]
+        if isinstance(ref, ApRef):
+            pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
+            base = "sb" if buf.memory is Memory.SBUF else "psum"
+            return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
+                    f"[{ref.p0}:{ref.p1},{pattern}]")
         if buf.memory is Memory.PSUM:
             bank = buf.address // self.spec.psum_bank_bytes_per_partition
             return f"psum[{bank}]@fp32[{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"

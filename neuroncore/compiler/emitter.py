@@ -23,6 +23,7 @@ from neuroncore.compiler.program import (
     RES_DMA,
     RES_TENSOR_LS,
     RES_TENSOR_MM,
+    ApRef,
     DmaQueue,
     HbmAccess,
     Ref,
@@ -427,7 +428,8 @@ def _owner(semaphore: int, queues: list[DmaQueue]) -> str:
     return queues[semaphore - QUEUE_SEMAPHORE_BASE].name
 
 
-def sbuf_key(ref: Ref) -> tuple[MemoryKey, Rect]:
+def sbuf_key(ref: Ref | ApRef) -> tuple[MemoryKey, Rect]:
+    """The on-chip range an access covers (an access pattern: the range it spans)."""
     return ("buf", ref.buf), (ref.p0, ref.p1, ref.f0, ref.f1)
 
 

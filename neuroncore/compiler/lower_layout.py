@@ -199,8 +199,15 @@ def lower_gather(ctx: Context, op: Op) -> None:
 
 
 def lower_output_copy(ctx: Context, op: Op) -> None:
-    """Store a graph output that is not already in its output tensor (e.g. a view or a parameter)."""
+    """Store a graph output that is not already in its output tensor (e.g. a view or a parameter).
+
+    An output that is a reshape is stored from its source's tiles: a reshape keeps the row-major
+    order, so the output tensor holds the same bytes in the source's shape (the runtime reads it
+    back in the output's). A convolution network's ``[N, C, H, W]`` output is thus stored from its
+    channel-major ``[N, C, H*W]`` tiles, one transfer per 128 channels, not one per channel."""
     value = ctx.values[op.index]
+    if op.opcode == "reshape" and _store_source(ctx, op):
+        return
     name = ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT)
     for t, tile in enumerate(value.tiles):
         ref = ctx.tile(op, t)
@@ -208,6 +215,22 @@ def lower_output_copy(ctx: Context, op: Op) -> None:
         ctx.dma_store(QueueName.OUT, ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
         ctx.release(op, ref)
         ctx.unpin_all()
+
+
+def _store_source(ctx: Context, op: Op) -> bool:
+    src = op.operands[0]
+    source = ctx.values.get(src.index)
+    if (source is None or source.layout != Layout.ROW or source.immediate is not None
+            or len(src.shape) < 2):
+        return False
+    name = ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT, shape=src.shape)
+    for t, tile in enumerate(source.tiles):
+        ref = ctx.tile(src, t)
+        access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, source.cols, Layout.ROW)
+        ctx.dma_store(QueueName.OUT, ref, access, src.dtype, rows_per_batch=source.rows_per_batch)
+        ctx.release(src, ref)
+        ctx.unpin_all()
+    return True
 
 
 __all__ = ["Ref", "lower_gather", "lower_output_copy", "lower_parameter", "lower_view",

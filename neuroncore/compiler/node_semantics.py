@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from neuroncore.compiler.program import HbmAccess, Ref
+from neuroncore.compiler.program import HbmAccess, OnChip, Ref
 
 Scalar: TypeAlias = float | Ref
 """An instruction's scalar operand: an immediate, or one value per partition (``[rows, 1]`` in SBUF)."""
@@ -63,12 +63,13 @@ class Gather:
 
 @dataclass(frozen=True, slots=True)
 class TensorTensor:
-    """Vector TENSOR_TENSOR: ``out = alu(a, b)`` element-wise."""
+    """Vector TENSOR_TENSOR: ``out = alu(a, b)`` element-wise (any of them an access pattern: a
+    pool combines the shifted windows of one tile)."""
 
     alu: str
-    out: Ref
-    a: Ref
-    b: Ref
+    out: OnChip
+    a: OnChip
+    b: OnChip
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +104,11 @@ class Activate:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """TENSOR_COPY with cast (PSUM evacuation, dtype conversion, broadcast of a column)."""
+    """TENSOR_COPY with cast (PSUM evacuation, dtype conversion, broadcast of a column; through an
+    access pattern: a convolution's input placed inside its zero border)."""
 
-    out: Ref
-    inp: Ref
+    out: OnChip
+    inp: OnChip
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,7 @@ class MatMul:
     FP8 double-row MATMUL (NC-v3) streams ``moving2`` (the next 128 rows of K) below ``moving``."""
 
     psum: Ref
-    moving: Ref
+    moving: OnChip  # an access pattern: a convolution's kernel offset over its input tile
     accumulate: bool
     transpose: bool
     moving2: Ref | None = None

@@ -10,7 +10,7 @@ and reporting a program costs array operations, not Python loops.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -62,6 +62,54 @@ class Ref:
     @property
     def cols(self) -> int:
         return self.f1 - self.f0
+
+
+@dataclass(frozen=True, slots=True)
+class ApRef:
+    """A strided access to an on-chip buffer: partitions [p0, p1) x an access pattern over the free
+    dim, element ``offset + sum(i_k * stride_k)`` for ``i_k < count_k`` (``pattern`` holds
+    ``(stride, count)`` pairs, outermost first). Engines read and write SBUF through such patterns
+    (neuroncore.md §2.4): a convolution's kernel offset is a shifted, possibly strided view of the
+    input tile, read by the Tensor engine as its moving operand without any copy.
+
+    ``f0``/``f1`` bound the elements touched (what hazard tracking sees); ``cols`` is the number of
+    elements the pattern yields per partition, in row-major order of the pattern."""
+
+    buf: int
+    p0: int
+    p1: int
+    offset: int
+    pattern: tuple[tuple[int, int], ...]
+
+    @property
+    def rows(self) -> int:
+        return self.p1 - self.p0
+
+    @property
+    def cols(self) -> int:
+        n = 1
+        for _, count in self.pattern:
+            n *= count
+        return n
+
+    @property
+    def f0(self) -> int:
+        return self.offset
+
+    @property
+    def f1(self) -> int:
+        return self.offset + sum(stride * (count - 1) for stride, count in self.pattern) + 1
+
+    def indices(self) -> np.ndarray:
+        """The free-dim element of each position, in the pattern's row-major order."""
+        index = np.full((1,), self.offset, np.int64)
+        for stride, count in self.pattern:
+            index = (index[:, None] + stride * np.arange(count, dtype=np.int64)[None, :]).reshape(-1)
+        return index
+
+
+OnChip: TypeAlias = Ref | ApRef
+"""An on-chip operand: a contiguous block or a strided access pattern."""
 
 
 @dataclass(frozen=True, slots=True)

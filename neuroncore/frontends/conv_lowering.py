@@ -1,9 +1,19 @@
 """Convolution lowerings shared by the PyTorch and JAX frontends, on the builder alone (no framework
-imported): im2col convolutions, transposed convolutions, padding and window slices, and linear
-interpolation matrices.
+imported): implicit-GEMM convolutions and pools, im2col convolutions, transposed convolutions,
+padding and window slices, and linear interpolation matrices.
 
-**Convolution is im2col + one Tensor-engine matmul**, the way a compiler for a systolic array tiles
-it: the input is zero-padded (concatenations with zero constants), each of the ``kh x kw`` kernel
+**A convolution with a trained (constant) weight is one ``convolution`` op** on channel-major
+activations (``neuroncore/ir/conv.py``): the input is reshaped to ``[N, C, H*W]``, the weight is
+stored in the block layout the compiler loads (rearranged at compile time, like neuronx-cc's weight
+layout pass), and the compiler lowers it as implicit GEMM (``compiler/lower_conv.py``): each input
+tile is read into SBUF once and the Tensor engine accumulates the kernel offsets into PSUM with
+moving operands that are shifted access patterns over it. Stride, padding, dilation, groups
+(depthwise included), input dilation (transposed convolutions) and 1-D/2-D/3-D all map onto it.
+Max and average pooling are likewise one ``reduce-window`` op. What follows is the fallback for a
+weight computed at run time (a training step's parameters, a JAX argument) and for negative padding.
+
+**Otherwise a convolution is im2col + one Tensor-engine matmul**, the way a compiler for a systolic
+array tiles it: the input is zero-padded (concatenations with zero constants), each of the ``kh x kw`` kernel
 offsets is a strided slice of the padded input (an HBM access pattern the next DMA reads, no copy),
 the slices are stacked into patches ``[N*OH*OW, C*kh*kw]`` and contracted with the weight read as
 ``[O, C*kh*kw]``. So the contraction (``C*kh*kw``) lands on the PE array's 128 partitions and the
@@ -26,8 +36,88 @@ import math
 
 import numpy as np
 
+from neuroncore.dtypes import DType
 from neuroncore.ir.builder import GraphBuilder
+from neuroncore.ir.conv import (
+    ConvChannels,
+    ConvWeightInitializer,
+    WindowGeometry,
+    choose_group_block,
+    weight_blocks_shape,
+)
 from neuroncore.ir.graph import Op
+
+
+def weight_source(w: Op) -> tuple[Op, tuple[int, ...]] | None:
+    """The trained constant a weight operand reads (through casts and transposes), with the
+    permutation that makes it the operand: None when the weight is computed at run time."""
+    perm = list(range(len(w.shape)))
+    while w.opcode in ("convert", "transpose"):
+        if w.opcode == "transpose":
+            inner = w.attrs["permutation"]
+            perm = [inner[i] for i in perm]
+        w = w.operands[0]
+    if w.opcode != "constant" or "init" not in w.attrs or len(w.shape) != len(perm):
+        return None
+    return w, tuple(perm)
+
+
+def window_geometry(x: Op, kernel: list[int], stride: list[int], pads: list[tuple[int, int]],
+                    dilation: list[int], lhs_dilation: list[int] | None = None) -> WindowGeometry:
+    spatial = len(kernel)
+    return WindowGeometry(tuple(x.shape[2:]), tuple(kernel), tuple(stride),
+                          tuple((int(a), int(b)) for a, b in pads), tuple(dilation),
+                          tuple(lhs_dilation or [1] * spatial))
+
+
+def implicit_gemm_conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list[int],
+                       pads: list[tuple[int, int]], dilation: list[int], groups: int, *,
+                       lhs_dilation: list[int] | None = None, transposed: bool = False) -> Op | None:
+    """One ``convolution`` op (``neuroncore/ir/conv.py``), or None when the weight is not a trained
+    constant or the padding crops: ``x`` [N, C, *in], ``w`` [O, C/groups, *kernel] (transposed:
+    [C, O/groups, *kernel], read flipped with its channels swapped) -> [N, O, *out]."""
+    source = weight_source(w)
+    if source is None or any(lo < 0 or hi < 0 for lo, hi in pads) or not x.dtype.is_float:
+        return None
+    const, perm = source
+    out_dtype = x.dtype
+    if b.autocast is not None and x.dtype is DType.FP32 and w.dtype is DType.FP32:
+        # auto-cast matmuls (neuronx-cc's --auto-cast matmult): the PE reads bf16, PSUM keeps FP32
+        x = b.convert(x, b.autocast)
+    n, channels = x.shape[0], x.shape[1]
+    kernel = list(w.shape[2:])
+    out_channels = w.shape[1] * groups if transposed else w.shape[0]
+    geo = window_geometry(x, kernel, stride, pads, dilation, lhs_dilation)
+    if any(o < 1 for o in geo.out):
+        return None
+    ch = ConvChannels(channels, out_channels, groups,
+                      choose_group_block(groups, channels // groups, out_channels // groups))
+    init = ConvWeightInitializer(const.attrs["init"], tuple(const.shape), ch, tuple(kernel),
+                                 transposed, None if perm == tuple(range(len(perm))) else perm)
+    label = const.attrs.get("label", const.name)
+    blocks = b.add_op("constant", [], weight_blocks_shape(ch, geo.k_total), const.dtype, init=init,
+                      label=f"{label}.blocks")
+    if blocks.dtype is not x.dtype:
+        blocks = b.convert(blocks, x.dtype)
+    flat = b.reshape(x, (n, channels, math.prod(geo.spatial)))
+    y = b.add_op("convolution", [flat, blocks], (n, out_channels, math.prod(geo.out)), out_dtype,
+                 **geo.attrs(), **ch.attrs())
+    if bias is not None:
+        y = b.add(y, b.broadcast(b.convert(bias, y.dtype) if bias.dtype is not y.dtype else bias,
+                                 y.shape, (1,)))
+    return b.reshape(y, (n, out_channels, *geo.out))
+
+
+def reduce_window(b: GraphBuilder, x: Op, kernel: list[int], stride: list[int],
+                  pads: list[tuple[int, int]], dilation: list[int], kind: str, fill: float) -> Op:
+    """Pooling as one ``reduce-window`` op (``kind`` max or sum, borders ``fill``) on the
+    channel-major input: [N, C, *in] -> [N, C, *out]."""
+    n, channels = x.shape[0], x.shape[1]
+    geo = window_geometry(x, kernel, stride, pads, dilation)
+    flat = b.reshape(x, (n, channels, math.prod(geo.spatial)))
+    y = b.add_op("reduce-window", [flat], (n, channels, math.prod(geo.out)), x.dtype,
+                 **geo.attrs(), kind=kind, fill=float(fill))
+    return b.reshape(y, (n, channels, *geo.out))
 
 
 def pad_axis(b: GraphBuilder, x: Op, dim: int, before: int, after: int, fill: float = 0.0) -> Op:
@@ -105,10 +195,21 @@ def patches(b: GraphBuilder, x: Op, kernel: list[int], stride: list[int],
 
 def conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list[int],
           pads: list[tuple[int, int]], dilation: list[int], groups: int,
-          flipped: bool = False) -> Op:
-    """im2col + one matmul: ``x`` [N, C, *in] with ``w`` [O, C/groups, *kernel] -> [N, O, *out]."""
+          flipped: bool = False, lhs_dilation: list[int] | None = None) -> Op:
+    """``x`` [N, C, *in] with ``w`` [O, C/groups, *kernel] -> [N, O, *out]: one implicit-GEMM
+    ``convolution`` op when the weight is a trained constant, else im2col + one matmul.
+    ``lhs_dilation`` spreads the input with zeros first (XLA's input dilation)."""
     spatial = len(x.shape) - 2
     kernel = list(w.shape[2:])
+    fast_patches = (kernel == stride and math.prod(kernel) > 1 and not any(a or c for a, c in pads)
+                    and all(d == 1 for d in dilation) and not any(d != 1 for d in lhs_dilation or []))
+    if not flipped and not fast_patches:
+        direct = implicit_gemm_conv(b, x, w, bias, stride, pads, dilation, groups,
+                                    lhs_dilation=lhs_dilation)
+        if direct is not None:
+            return direct
+    if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
+        x = zero_insert(b, x, lhs_dilation)
     out = [(x.shape[2 + k] + a + b - dilation[k] * (kernel[k] - 1) - 1) // stride[k] + 1
            for k, (a, b) in enumerate(pads)]
     n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
@@ -178,9 +279,13 @@ def transposed_conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list
         order = [0, 1 + spatial, *[v for k in range(spatial) for v in (1 + k, 2 + spatial + k)]]
         return b.reshape(b.transpose(split, order),
                            (n, out_channels, *[i * k for i, k in zip(x.shape[2:], kernel)]))
-    spread = zero_insert(b, x, stride)
     pads = [(dilation[k] * (kernel[k] - 1) - padding[k],
              dilation[k] * (kernel[k] - 1) - padding[k] + output_padding[k]) for k in range(spatial)]
+    direct_op = implicit_gemm_conv(b, x, w, bias, [1] * spatial, pads, dilation, groups,
+                                   lhs_dilation=stride, transposed=True)
+    if direct_op is not None:
+        return direct_op
+    spread = zero_insert(b, x, stride)
     # [C, O/G, *k] -> [G, C/G, O/G, K] -> [G, O/G, C/G, K] -> [O, C/G, *k]
     swapped = b.transpose(b.reshape(w, (groups, channels // groups, per_out, k_total)),
                             [0, 2, 1, 3])
@@ -208,5 +313,6 @@ def interpolation_matrix(size: int, out: int, align_corners: bool, scale: float 
     return matrix
 
 
-__all__ = ["conv", "interpolation_matrix", "out_size", "pad_axis", "pad_spatial", "patches",
-           "transposed_conv", "window_slices", "zero_insert"]
+__all__ = ["conv", "implicit_gemm_conv", "interpolation_matrix", "out_size", "pad_axis",
+           "pad_spatial", "patches", "reduce_window", "transposed_conv", "weight_source",
+           "window_geometry", "window_slices", "zero_insert"]

@@ -990,9 +990,9 @@ class _Converter:
             x, w = self._convert(x, dtype, self._aux(name, "lhs_convert")), \
                 self._convert(w, dtype, self._aux(name, "rhs_convert"))
         start = self.b.n_ops
-        spread = conv_lowering.zero_insert(self.b, x, window["lhs_dilate"])
-        y = conv_lowering.conv(self.b, spread, w, None, window["stride"], window["pad"],
-                               window["rhs_dilate"], int(a.get("feature_group_count", 1)))
+        y = conv_lowering.conv(self.b, x, w, None, window["stride"], window["pad"],
+                               window["rhs_dilate"], int(a.get("feature_group_count", 1)),
+                               lhs_dilation=window["lhs_dilate"])
         source = {"b": 0, "f": 1, **{d: 2 + k for k, d in enumerate(digits)}}
         order = [source[label] for label in out_l]
         if not _is_identity(order):

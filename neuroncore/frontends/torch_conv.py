@@ -6,7 +6,9 @@ Tensor-engine matmul; a transposed convolution is a convolution of the zero-spre
 flipped kernel (or, when its kernel equals its stride, one matmul whose columns are the kernel
 offsets).
 
-Pooling takes the same strided slices and combines them on the Vector engine (max / sum * 1/k);
+Max and average pooling are one ``reduce-window`` op each (``conv_lowering.reduce_window``: the
+window offsets combined on the Vector engine over shifted access patterns of the on-chip tile;
+average is the sum times 1/k); global average pooling is one reduction along the free dim;
 batch norm (eval) is a per-channel scale and shift; group norm reduces over each group's channels
 and positions; nearest upsampling by integer factors is a broadcast; linear upsampling (bilinear
 and its 1-D and 3-D forms) contracts each spatial dim with a constant interpolation matrix on the
@@ -27,9 +29,8 @@ from neuroncore.frontends.conv_lowering import (
     conv,
     interpolation_matrix,
     out_size,
-    pad_spatial,
+    reduce_window,
     transposed_conv,
-    window_slices,
 )
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
@@ -95,12 +96,9 @@ def max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     geometry = _pool_geometry(x, kw, spatial, kw.get("stride"))
     if geometry is None or not dtype.is_float:
         return NotImplemented
-    kernel, stride, padding, dilation, out = geometry
-    padded = pad_spatial(c.b, x, [(p, p) for p in padding], _lowest(dtype))
-    slices = window_slices(c.b, padded, kernel, stride, dilation, out)
-    result = slices[0]
-    for s in slices[1:]:
-        result = c.b.maximum(result, s)
+    kernel, stride, padding, dilation, _out = geometry
+    result = reduce_window(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, "max",
+                           _lowest(dtype))
     if not isinstance(meta, (list, tuple)):
         return result
     indices_used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
@@ -118,14 +116,10 @@ def avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     geometry = _pool_geometry(x, {**kw, "dilation": 1}, spatial, kw.get("stride"))
     if geometry is None or kw.get("divisor_override") is not None:
         return NotImplemented
-    kernel, stride, padding, dilation, out = geometry
+    kernel, stride, padding, dilation, _out = geometry
     if any(padding) and not kw.get("count_include_pad", True):
         return NotImplemented
-    padded = pad_spatial(c.b, x, [(p, p) for p in padding])
-    slices = window_slices(c.b, padded, kernel, stride, dilation, out)
-    total = slices[0]
-    for s in slices[1:]:
-        total = c.b.add(total, s)
+    total = reduce_window(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, "sum", 0.0)
     return c.b.multiply(total, 1.0 / math.prod(kernel))
 
 
@@ -139,6 +133,10 @@ def adaptive_avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     sizes = list(x.shape[2:])
     if len(out) != spatial or any(s % o for s, o in zip(sizes, out)):
         return NotImplemented  # uneven windows
+    if all(o == 1 for o in out):  # global pooling: one reduction along the channel-major free dim
+        flat = c.b.reshape(x, (*x.shape[:2], math.prod(sizes)))
+        mean = c.b.multiply(c.b.reduce(flat, [2], "sum"), 1.0 / math.prod(sizes))
+        return c.b.reshape(mean, shape)
     split = c.b.reshape(x, [*x.shape[:2], *[v for o, s in zip(out, sizes) for v in (o, s // o)]])
     dims = [3 + 2 * k for k in range(spatial)]
     total = c.b.reduce(split, dims, "sum")

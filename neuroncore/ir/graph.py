@@ -25,12 +25,15 @@ LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatena
 OTHER_OPS = frozenset(
     {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota"}
 )
+# Window ops on channel-major [N, C, L] activations (neuroncore/ir/conv.py): the convolution the
+# compiler lowers as implicit GEMM on the Tensor engine, and pooling on the Vector engine.
+WINDOW_OPS = frozenset({"convolution", "reduce-window"})
 # Collectives over the tensor-parallel group a program runs in (inserted by the sharding pass):
 # "all-reduce" sums across ranks; "all-gather" concatenates the ranks' values along ``dimension``;
 # "collective-permute" moves a value between paired ranks (a pipeline stage's send or receive: the
 # sender's result is its operand as sent, the receiver's what arrived into its buffer operand).
 COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "collective-permute"})
-ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS | COLLECTIVE_OPS
+ALL_OPS = UNARY_OPS | BINARY_OPS | FUSED_OPS | LAYOUT_OPS | OTHER_OPS | COLLECTIVE_OPS | WINDOW_OPS
 COMPARE_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
 
 

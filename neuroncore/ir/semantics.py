@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from neuroncore.dtypes import round_to
+from neuroncore.ir.conv import conv_reference, reduce_window_reference
 from neuroncore.ir.graph import Op
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -161,4 +162,8 @@ def _evaluate(op: Op, args: list[np.ndarray]) -> np.ndarray:
         return rms_norm(args[0], args[1], attrs["eps"])
     if code == "gelu":
         return gelu(args[0], attrs.get("approximate", "tanh"))
+    if code == "convolution":
+        return conv_reference(args[0], args[1], attrs)
+    if code == "reduce-window":
+        return reduce_window_reference(args[0], attrs)
     raise ValueError(f"no reference semantics for {op.describe()}")

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler import view_steps as vs
 from neuroncore.compiler.lowering_state import HbmTensorKind
-from neuroncore.compiler.program import HbmAccess, Program, Ref
+from neuroncore.compiler.program import ApRef, HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to, stochastic_round
 from neuroncore.ir import semantics as ir_semantics
@@ -81,6 +81,7 @@ class Machine:
         self.dtypes = {b.id: b.dtype for b in program.buffers.values()}
         self.views: dict[str, np.ndarray] = {}
         self.weights: np.ndarray | None = None
+        self._patterns: dict[tuple[int, tuple[tuple[int, int], ...]], np.ndarray] = {}
 
     # -- memory ------------------------------------------------------------------------------
     def buf(self, buf_id: int) -> np.ndarray:
@@ -91,17 +92,29 @@ class Machine:
             self.buffers[buf_id] = arr
         return arr
 
-    def read(self, ref: Ref) -> np.ndarray:
+    def read(self, ref: Ref | ApRef) -> np.ndarray:
+        if isinstance(ref, ApRef):
+            return self.buf(ref.buf)[ref.p0:ref.p1, self._indices(ref)]
         return self.buf(ref.buf)[ref.p0:ref.p1, ref.f0:ref.f1]
+
+    def _indices(self, ref: ApRef) -> np.ndarray:
+        key = (ref.offset, ref.pattern)
+        index = self._patterns.get(key)
+        if index is None:
+            index = self._patterns[key] = ref.indices()
+        return index
 
     def scalar(self, operand: float | Ref) -> np.float32 | np.ndarray:
         if isinstance(operand, Ref):
             return self.read(operand)[:, :1]
         return np.float32(operand)
 
-    def write(self, ref: Ref, values: npt.ArrayLike) -> None:
+    def write(self, ref: Ref | ApRef, values: npt.ArrayLike) -> None:
         target = self.buf(ref.buf)
         region = np.broadcast_to(values, (ref.rows, ref.cols))
+        if isinstance(ref, ApRef):
+            target[ref.p0:ref.p1, self._indices(ref)] = self.round(region, self.dtypes[ref.buf])
+            return
         target[ref.p0:ref.p1, ref.f0:ref.f1] = self.round(region, self.dtypes[ref.buf])
 
     def round(self, values: npt.ArrayLike, dtype: DType) -> np.ndarray:

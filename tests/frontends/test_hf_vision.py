@@ -55,7 +55,7 @@ def test_resnet():
             m.running_mean.uniform_(-0.5, 0.5)
             m.running_var.uniform_(0.5, 1.5)
     traced, _ = compare(model, (_pixels(),), rtol=2e-4, atol=5e-5)
-    layers = {op.layer for op in traced.graph.ops if op.opcode == "dot"}
+    layers = {op.layer for op in traced.graph.ops if op.opcode == "convolution"}
     assert "model/embedder/embedder/convolution" in layers
     assert any(layer.startswith("model/encoder/stages.1/layers.0/shortcut") for layer in layers)
 

@@ -22,31 +22,70 @@ def _same(module, *inputs, rtol=1e-4, atol=1e-5):
     return traced
 
 
+def _convolutions(traced):
+    return [op for op in traced.graph.ops if op.opcode == "convolution"]
+
+
 @pytest.mark.parametrize("options", [
     dict(kernel_size=3, padding=1),
     dict(kernel_size=3, stride=2, padding=1, bias=False),
     dict(kernel_size=(3, 2), stride=(1, 2), padding=(2, 0), dilation=(2, 1)),
-    dict(kernel_size=4, stride=4),            # ViT's patch embedding: no slices
-    dict(kernel_size=1),                       # a 1x1 convolution is one matmul
+    dict(kernel_size=1),                       # 1x1: one kernel offset, the tile itself
+    dict(kernel_size=1, stride=2),             # ResNet's downsampling shortcut
+    dict(kernel_size=7, stride=2, padding=3),  # ResNet's stem
 ])
 def test_conv2d(options):
     torch.manual_seed(0)
     traced = _same(nn.Conv2d(4, 6, **options), torch.randn(2, 4, 9, 8))
-    dots = [op for op in traced.graph.ops if op.opcode == "dot"]
-    assert len(dots) == 1  # im2col: the whole convolution is one Tensor-engine matmul
+    # implicit GEMM: the whole convolution is one op, no im2col slices, no matmul in the graph
+    assert len(_convolutions(traced)) == 1
+    assert not {"slice", "dot", "concatenate"} & {op.opcode for op in traced.graph.ops}
 
 
-def test_grouped_and_depthwise_conv():
+def test_patch_embedding_is_one_matmul():
     torch.manual_seed(0)
-    _same(nn.Conv2d(4, 8, 3, padding=1, groups=2), torch.randn(1, 4, 6, 6))
-    traced = _same(nn.Conv2d(6, 6, 3, padding=1, groups=6), torch.randn(2, 6, 5, 5))
-    dot = next(op for op in traced.graph.ops if op.opcode == "dot")
-    assert dot.shape[0] == 6  # one batched matmul, the groups as its batch
+    traced = _same(nn.Conv2d(4, 6, kernel_size=4, stride=4), torch.randn(2, 4, 9, 8))
+    assert [op.opcode for op in traced.graph.ops].count("dot") == 1  # ViT's patches: no slices
+    assert not _convolutions(traced)
 
 
-def test_conv1d():
+@pytest.mark.parametrize("module, shape", [
+    (nn.Conv2d(4, 8, 3, padding=1, groups=2), (1, 4, 6, 6)),
+    (nn.Conv2d(6, 6, 3, padding=1, groups=6), (2, 6, 5, 5)),            # depthwise
+    (nn.Conv2d(192, 192, 3, padding=1, groups=192), (1, 192, 5, 5)),    # depthwise, 2 tiles
+    (nn.Conv2d(160, 96, 3, stride=2, padding=1, groups=2), (2, 160, 7, 6)),  # groups across tiles
+    (nn.Conv2d(200, 136, 3, padding=2, dilation=2), (1, 200, 6, 6)),    # > 128 in and out
+    (nn.Conv2d(32, 16, 3, padding=1), (5, 32, 4, 4)),                   # packed images
+])
+def test_grouped_depthwise_and_tiled_conv(module, shape):
+    torch.manual_seed(0)
+    traced = _same(module, torch.randn(*shape), rtol=2e-4, atol=5e-5)
+    (conv,) = _convolutions(traced)
+    if module.groups == module.in_channels and module.groups > 1:
+        # as many channels per block-diagonal stationary as divide the groups and fit 128
+        assert conv.attrs["group_block"] == {6: 6, 192: 96}[module.groups]
+
+
+def test_conv1d_and_conv3d():
     torch.manual_seed(0)
     _same(nn.Conv1d(3, 5, 3, stride=2, padding=2, dilation=2), torch.randn(2, 3, 11))
+    traced = _same(nn.Conv3d(3, 4, (2, 3, 3), stride=(1, 2, 1), padding=1), torch.randn(1, 3, 4, 6, 5))
+    assert len(_convolutions(traced)) == 1
+
+
+def test_conv_network_bf16_stays_within_twice_torch_error():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 7, stride=2, padding=3), nn.BatchNorm2d(16), nn.ReLU(),
+                        nn.MaxPool2d(3, stride=2, padding=1), nn.Conv2d(16, 16, 3, padding=1,
+                                                                        groups=16),
+                        nn.Conv2d(16, 24, 1)).eval()
+    x = torch.randn(2, 3, 20, 20)
+    with torch.no_grad():
+        want = net(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            framework = (net(x).float() - want).abs().max().item()
+    ours = (nc.trace(net, (x,), dtype="bf16")(x) - want).abs().max().item()
+    assert 0 < ours <= 2 * framework, (ours, framework)
 
 
 def test_pools_norms_upsampling():
@@ -73,7 +112,8 @@ def test_unsupported_pool_mode_is_listed():
 @pytest.mark.parametrize("options", [
     dict(kernel_size=3, stride=2, padding=1, output_padding=1),
     dict(kernel_size=(3, 2), stride=(2, 1), padding=(0, 1), dilation=(1, 2)),
-    dict(kernel_size=4, stride=2, padding=3, bias=False),  # padding > dilation*(k-1): a crop
+    dict(kernel_size=4, stride=2, padding=3, bias=False),  # padding = dilation*(k-1): no border
+    dict(kernel_size=3, stride=2, padding=3),  # padding > dilation*(k-1): a crop
     dict(kernel_size=3, stride=2, padding=1, groups=2),
     dict(kernel_size=2, stride=2),  # a learned 2x upsampling: one matmul, no zeros inserted
 ])
@@ -81,9 +121,17 @@ def test_conv_transpose2d(options):
     torch.manual_seed(0)
     traced = _same(nn.ConvTranspose2d(4, 6, **options), torch.randn(2, 4, 5, 4))
     dots = [op for op in traced.graph.ops if op.opcode == "dot"]
-    assert len(dots) == 1
     if options["kernel_size"] == options["stride"]:
+        assert len(dots) == 1  # a learned upsampling: one matmul, columns moved into place
         assert "slice" not in {op.opcode for op in traced.graph.ops}
+    elif options["padding"] == 3 and options["kernel_size"] == 3:
+        assert len(dots) == 1  # a crop: im2col of the spread input
+    else:
+        # the zeros between pixels are the convolution's input dilation: placed on chip
+        (conv,) = _convolutions(traced)
+        stride = options["stride"]
+        assert conv.attrs["lhs_dilation"] == (tuple(stride) if isinstance(stride, tuple)
+                                              else (stride, stride))
 
 
 def test_conv_transpose1d_and_3d():

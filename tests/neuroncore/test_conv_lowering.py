@@ -1,0 +1,109 @@
+"""The implicit-GEMM convolution and pooling lowering (neuroncore/compiler/lower_conv.py) and the
+channel-major pass (neuroncore/compiler/channel_major.py): what the compiled programs contain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import neuroncore as nc  # noqa: E402
+from neuroncore.compiler.lower_conv import bands, output_blocks  # noqa: E402
+from neuroncore.ir.conv import (  # noqa: E402
+    ConvChannels,
+    WindowGeometry,
+    from_blocks,
+    to_blocks,
+)
+
+
+def _traced(module, x, **kw):
+    module.eval()
+    traced = nc.trace(module, (x,), **kw)
+    with torch.no_grad():
+        want = module(x)
+    torch.testing.assert_close(traced(x), want, rtol=2e-4, atol=5e-5)
+    return traced
+
+
+def _opcodes(program, name):
+    return [i for i, o in enumerate(program.opcodes) if o == name]
+
+
+def _nodes(program, opcode):
+    code = program.opcodes.index(opcode) if opcode in program.opcodes else -1
+    return np.flatnonzero(program.opcode_id == code)
+
+
+def test_kernel_offsets_are_access_patterns_not_dma_transfers():
+    torch.manual_seed(0)
+    traced = _traced(nn.Conv2d(64, 64, 3, padding=1, bias=False), torch.randn(1, 64, 24, 24))
+    program = traced.program
+    # the input is read once (one transfer), the weights once, the output stored once: no
+    # transfer per kernel offset as im2col through HBM needed
+    assert program.n_dma_transfers <= 4
+    matmuls = _nodes(program, "MATMUL")
+    # 576 output positions = 2 PSUM banks (whole rows of 24: 21 + 3 rows), 9 offsets each, two
+    # passes each in FP32
+    assert len(matmuls) == 2 * 9 * 2
+    operands = [program.operands[i] for i in matmuls]
+    assert all("[1,24]" in text or "[24," in text for text in operands)  # row pattern over the tile
+    # one LoadStationary per offset serves both banks
+    assert len(_nodes(program, "LDWEIGHTS")) == 9
+
+
+def test_stride_two_reads_every_other_element():
+    torch.manual_seed(0)
+    traced = _traced(nn.Conv2d(8, 16, 1, stride=2, bias=False), torch.randn(1, 8, 10, 10))
+    matmul = _nodes(traced.program, "MATMUL")[0]
+    assert "[20,5],[2,5]" in traced.program.operands[matmul]  # rows 2 apart, columns 2 apart
+
+
+def test_batch_norm_and_relu_between_convolutions_stay_channel_major():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                        nn.Conv2d(16, 8, 3, padding=1))
+    traced = _traced(net, torch.randn(2, 8, 12, 12))
+    graph = traced.program.graph
+    elementwise = [op for op in graph.ops if op.opcode in ("multiply", "add", "maximum")
+                   and len(op.shape) > 1]
+    assert elementwise and all(op.shape in ((2, 16, 144), (2, 8, 144)) for op in elementwise)
+    # the 4-D reshapes between the convolutions are gone
+    assert [op.opcode for op in graph.ops].count("reshape") <= 2
+
+
+def test_large_image_is_read_in_bands():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 130, 130)
+    traced = _traced(nn.Conv2d(2, 4, 3, padding=1), x)
+    geo = WindowGeometry((130, 130), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), (1, 1))
+    assert len(bands(geo, 12288)) > 1  # fp32: a quarter of SBUF holds ~93 padded rows
+    assert len(_nodes(traced.program, "MEMSET")) > 1  # one zeroed band buffer per band
+    _traced(nn.MaxPool2d(3, stride=2, padding=1), x)
+
+
+def test_pooling_is_one_vector_op_per_window_offset():
+    torch.manual_seed(0)
+    traced = _traced(nn.MaxPool2d(3, stride=2, padding=1), torch.randn(1, 64, 16, 16))
+    program = traced.program
+    assert len(_nodes(program, "TENSOR_TENSOR")) == 8  # 9 offsets: one copy, 8 maxima
+    assert program.n_dma_transfers <= 3
+
+
+def test_weight_blocks_round_trip():
+    rng = np.random.default_rng(0)
+    for groups, c, o in ((1, 200, 136), (2, 160, 96), (192, 192, 192), (4, 8, 12)):
+        from neuroncore.ir.conv import choose_group_block
+        ch = ConvChannels(c, o, groups, choose_group_block(groups, c // groups, o // groups))
+        w = rng.standard_normal((o, c // groups, 3, 2)).astype(np.float32)
+        np.testing.assert_array_equal(from_blocks(to_blocks(w, ch), ch, (3, 2)), w)
+
+
+def test_output_blocks_fill_banks_with_whole_rows():
+    blocks = output_blocks((56, 56))
+    assert [b.count for b in blocks[:2]] == [504, 504]  # 9 rows of 56
+    assert sum(b.count for b in blocks) == 56 * 56
+    wide = output_blocks((2, 700))  # a row wider than a bank is cut along it
+    assert sum(b.count for b in wide) == 1400 and max(b.count for b in wide) <= 512
