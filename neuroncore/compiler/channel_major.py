@@ -18,9 +18,11 @@ their ``[N, C, *spatial]`` reshapes so that it works on ``[N, C, L]`` directly:
 * ``transpose(x, (0, 2, .., 1))`` read as ``[N, L, C]`` (attention over pixels) becomes a transpose
   of the last two dims of ``[N, C, L]`` (the PE transposes it on chip), and the way back likewise.
 
-Values are the same element for element (every rewrite only regroups trailing dims), so the
-rewritten graph computes what the original does; ``program.graph`` is it. Graphs without window
-ops are returned unchanged.
+Trained constants move to the front of the graph (they read nothing), so that a convolution's
+lowering can fuse the per-channel scale and shift that follow it (a batch norm folded by the
+frontend) into its PSUM evacuation. Values are the same element for element (every rewrite only
+regroups trailing dims), so the rewritten graph computes what the original does; ``program.graph``
+is it. Graphs without window ops are returned unchanged.
 """
 
 from __future__ import annotations
@@ -104,7 +106,17 @@ class _Pass:
         return None
 
     def run(self) -> Graph:
+        # trained constants first (they read nothing): a convolution's epilogue can then use a
+        # batch norm's folded scale and shift, which the frontend creates after the convolution
+        weights = [op for op in self.graph.ops if op.opcode == "constant" and "init" in op.attrs]
+        weights += [op for op in self.graph.ops if op.opcode == "convert"
+                    and op.operands[0].opcode == "constant" and "init" in op.operands[0].attrs]
+        for op in weights:
+            operands = tuple(self.new[o.index] for o in op.operands)
+            self.new[op.index] = self.emit(op, op.opcode, operands, op.shape, dict(op.attrs), op.name)
         for op in self.graph.ops:
+            if op.index in self.new:
+                continue
             if not self.rewrite(op):
                 operands = tuple(self.full(o) for o in op.operands)
                 self.new[op.index] = self.emit(op, op.opcode, operands, op.shape, dict(op.attrs),

@@ -43,12 +43,20 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
-from neuroncore.compiler.lower_elementwise import tensor_copy
+from neuroncore.compiler.lower_elementwise import activate, tensor_copy, tensor_scalar
 from neuroncore.compiler.lower_matmul import ldweights
 from neuroncore.compiler.lowering_state import Accumulation, Layout
 from neuroncore.compiler.node_semantics import NOP, Copy, MatMul, Memset, TensorTensor
 from neuroncore.compiler.program import RES_TENSOR_MM, ApRef, Buffer, Ref
-from neuroncore.compiler.tiling import P, Tile, batch_rows_access, locate, tile_grid, tiles_of
+from neuroncore.compiler.tiling import (
+    P,
+    Tile,
+    batch_rows_access,
+    is_packed,
+    locate,
+    tile_grid,
+    tiles_of,
+)
 from neuroncore.dtypes import DType
 from neuroncore.hardware import Engine
 from neuroncore.ir.conv import ConvChannels, WindowGeometry
@@ -342,13 +350,115 @@ def _repin(ctx: Context, refs: list[Ref]) -> None:
         ctx.pinned.add(ref.buf)
 
 
+# -- the fused epilogue ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What follows a convolution and is applied while evacuating PSUM: ``func(acc * scale +
+    bias)`` with a per-output-channel ``scale`` and ``bias`` (a batch norm the frontend folded into
+    constants, or a convolution bias) and ReLU, written as ``result``'s value. neuronx-cc fuses a
+    convolution's batch norm and activation the same way: one Scalar ``ACTIVATE`` (or one Vector
+    ``TENSOR_SCALAR``) per PSUM bank instead of three passes over the activation."""
+
+    result: Op
+    fused: tuple[Op, ...]
+    scale: Op | None  # [O] values, already placed
+    bias: Op | None
+    relu: bool
+
+
+def _only_user(ctx: Context, op: Op) -> Op | None:
+    uses = ctx.uses[op.index]
+    if len(uses) != 1 or op.index in ctx.outputs:
+        return None
+    return ctx.graph.ops[uses[0]]
+
+
+def _per_channel(ctx: Context, x: Op, conv: Op) -> Op | None:
+    """The [O] source of a per-output-channel broadcast that is already placed, or None."""
+    if x.opcode != "broadcast" or tuple(x.attrs["dims"]) != (1,):
+        return None
+    src = x.operands[0]
+    if src.shape != (conv.shape[1],) or src.index > conv.index or src.index not in ctx.values:
+        return None
+    return src
+
+
+def _is_zero(x: Op) -> bool:
+    if x.opcode == "broadcast":
+        x = x.operands[0]
+    return x.opcode == "constant" and "init" not in x.attrs and float(x.attrs.get("value", 1.0)) == 0.0
+
+
+def epilogue(ctx: Context, op: Op) -> Epilogue | None:
+    """The scale / shift / ReLU chain after convolution ``op`` that its evacuation can apply."""
+    if is_packed(op.shape, Layout.ROW):
+        return None  # images share partitions: a per-channel scalar is not per partition
+    chain: list[Op] = []
+    found: dict[str, Op] = {}
+    cur = op
+    user = _only_user(ctx, cur)
+    for opcode in ("multiply", "add"):
+        if user is not None and user.opcode == opcode and user.operands[0] is cur:
+            vec = _per_channel(ctx, user.operands[1], op)
+            if vec is not None:
+                found[opcode] = vec
+                chain.append(user)
+                cur = user
+                user = _only_user(ctx, cur)
+    relu = (user is not None and user.opcode == "maximum" and user.operands[0] is cur
+            and _is_zero(user.operands[1]))
+    if relu:
+        assert user is not None
+        chain.append(user)
+        cur = user
+    if not chain:
+        return None
+    return Epilogue(cur, tuple(chain), found.get("multiply"), found.get("add"), relu)
+
+
+def _channel_scalar(ctx: Context, vec: Op | None, channel: int, rows: int) -> tuple[Ref | None, Ref | None]:
+    """(the loaded [rows, 1] tile, the ref of channels [channel, channel + rows)) of ``vec``."""
+    if vec is None:
+        return None, None
+    tile = ctx.tile(vec, channel // P, Layout.COL)
+    p = channel % P
+    return tile, Ref(tile.buf, tile.p0 + p, tile.p0 + p + rows, tile.f0, tile.f0 + 1)
+
+
+def _evacuate(ctx: Context, out: Ref, psum: Ref, engine: Engine, ep: Epilogue | None,
+              scale: Ref | None, bias: Ref | None) -> None:
+    if ep is None:
+        tensor_copy(ctx, out, psum, engine)
+        return
+    if engine is Engine.SCALAR:
+        activate(ctx, "relu" if ep.relu else "copy", out, psum,
+                 scale=scale if scale is not None else 1.0, bias=bias if bias is not None else 0.0)
+        return
+    steps: list[tuple[str, float | Ref, bool]] = []
+    if scale is not None:
+        steps.append(("mult", scale, False))
+    if bias is not None:
+        steps.append(("add", bias, False))
+    if ep.relu:
+        steps.append(("max", 0.0, False))
+    tensor_scalar(ctx, out, psum, steps)
+
+
 # -- convolution ----------------------------------------------------------------------------------
 
 
 def lower_convolution(ctx: Context, op: Op) -> None:
     x, w = op.operands
     geo, ch = WindowGeometry.of(op.attrs), ConvChannels.of(op.attrs)
-    ctx.define(op)
+    ep = epilogue(ctx, op)
+    target = op
+    if ep is not None:  # the evacuation writes the value of the chain's last op
+        target = ep.result
+        for fused in ep.fused:
+            ctx.lowered_with[fused.index] = op.index
+    ctx.define(target)
     dtype = x.dtype
     x_tiles = tiles_of(x.shape, Layout.ROW)
     out_tiles = tiles_of(op.shape, Layout.ROW)
@@ -402,9 +512,18 @@ def lower_convolution(ctx: Context, op: Op) -> None:
                     o0 = gb * ch.ob + ob * P
                     o1 = gb * ch.ob + min(ch.ob, (ob + 1) * P)
                     for out_piece in channel_pieces(op.shape, out_tiles, n, o0, o1):
+                        channel = o0 + out_piece.local
+                        epi = [_channel_scalar(ctx, vec, channel, out_piece.rows)
+                               for vec in ((ep.scale, ep.bias) if ep is not None else (None, None))]
+                        scalars = [ref for ref, _ in epi if ref is not None]
                         for group in groups:
-                            _accumulate(ctx, op, geo, group, pieces, weights, inputs, offsets,
-                                        out_piece, dtype, evac)
+                            _accumulate(ctx, target, geo, group, pieces, weights, inputs, offsets,
+                                        out_piece, dtype, evac, ep, epi[0][1], epi[1][1])
+                            _repin(ctx, held + scalars)
+                        if ep is not None:
+                            for vec, (tile, _) in zip((ep.scale, ep.bias), epi):
+                                if vec is not None and tile is not None:
+                                    ctx.release(vec, tile)
                             _repin(ctx, held)
                     if not keep_weights:
                         for ref in weights:
@@ -421,9 +540,11 @@ def lower_convolution(ctx: Context, op: Op) -> None:
 def _accumulate(ctx: Context, op: Op, geo: WindowGeometry, group: list[OutputBlock],
                 pieces: list[Piece], weights: list[Ref], inputs: dict[int, _Input],
                 offsets: list[tuple[int, ...]], out_piece: Piece, dtype: DType,
-                evac: Iterator[Engine]) -> None:
+                evac: Iterator[Engine], ep: Epilogue | None = None, scale: Ref | None = None,
+                bias: Ref | None = None) -> None:
     """Up to four PSUM banks of output positions for the output channels of ``out_piece``: every
-    (input piece, kernel offset) product accumulated, then the banks evacuated."""
+    (input piece, kernel offset) product accumulated, then the banks evacuated into ``op``'s
+    value (the convolution's, or its fused epilogue's last op's)."""
     banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in group]
     rows_out = out_piece.rows
     p_out = out_piece.p
@@ -448,7 +569,7 @@ def _accumulate(ctx: Context, op: Op, geo: WindowGeometry, group: list[OutputBlo
         psum = Ref(bank.id, p_out, p_out + rows_out, 0, block.count)
         c0, c1 = block.start, block.start + block.count
         out = ctx.produce(op, out_piece.t, c0, c1, (p_out, p_out + rows_out))
-        tensor_copy(ctx, out, psum, next(evac))
+        _evacuate(ctx, out, psum, next(evac), ep, scale, bias)
         ctx.produced(op, out_piece.t, out, c0, c1)
         ctx.free(bank)
 
@@ -485,5 +606,5 @@ def lower_reduce_window(ctx: Context, op: Op) -> None:
             ctx.unpin_all()
 
 
-__all__ = ["Band", "OutputBlock", "bands", "channel_pieces", "lower_convolution", "lower_reduce_window",
-           "output_blocks", "window_pattern"]
+__all__ = ["Band", "Epilogue", "OutputBlock", "bands", "channel_pieces", "epilogue",
+           "lower_convolution", "lower_reduce_window", "output_blocks", "window_pattern"]

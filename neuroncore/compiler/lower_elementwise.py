@@ -54,6 +54,7 @@ ACTIVATION_FUNCTIONS = {
     "gelu_exact": "Gelu",
     "square": "Square",
     "copy": "Copy",
+    "relu": "Relu",  # a convolution's fused epilogue (lower_conv)
 }
 
 # IR binary op -> hardware ALU op name (KLR / ISA spelling)

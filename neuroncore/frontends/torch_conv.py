@@ -31,8 +31,10 @@ from neuroncore.frontends.conv_lowering import (
     out_size,
     reduce_window,
     transposed_conv,
+    weight_source,
 )
 from neuroncore.frontends.torch_ops import handles
+from neuroncore.ir.conv import BatchNormInitializer
 from neuroncore.ir.graph import Op
 
 if TYPE_CHECKING:
@@ -149,6 +151,34 @@ def _per_channel(c: _Converter, v: Op, x: Op) -> Op:
     return c.b.broadcast(v, x.shape, (1,))
 
 
+def _folded_batch_norm(c: _Converter, args: list[Any], dtype: DType, eps: float
+                       ) -> tuple[Op, Op] | None:
+    """Batch norm's per-channel scale and shift as two constants computed at compile time
+    (``ir/conv.BatchNormInitializer``), when its statistics and affine parameters are trained
+    constants; None when any of them is computed at run time."""
+    mean, var, weight, bias = args
+    ops = [mean, var, *(c._op(v, dtype) if v is not None else None for v in (weight, bias))]
+    inits: list[Any] = []
+    label = ""
+    for op in ops:
+        if op is None:
+            inits.append(None)
+            continue
+        source = weight_source(op)
+        if source is None or source[1] != tuple(range(len(op.shape))):
+            return None
+        inits.append(source[0].attrs["init"])
+        label = label or str(source[0].attrs.get("label", source[0].name))
+    channels = mean.shape[0]
+    parts = []
+    for part in ("scale", "shift"):
+        init = BatchNormInitializer(inits[0], inits[1], inits[2], inits[3], channels, eps, part)
+        const = c.b.add_op("constant", [], (channels,), DType.FP32, init=init,
+                           label=f"{label.rsplit('/', 1)[0]}/bn_{part}")
+        parts.append(c.b.convert(const, dtype) if dtype is not DType.FP32 else const)
+    return parts[0], parts[1]
+
+
 def _batch_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     meta: Any = node.meta["val"]
     dtype = c._out_dtype(meta[0])
@@ -157,6 +187,13 @@ def _batch_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     eps = float(kw["eps"])
     mean = c._op(kw["running_mean"], dtype)
     var = c._op(kw["running_var"], dtype)
+    used = {u.args[1] for u in node.users if u.target is operator.getitem}
+    if used & {1, 2}:
+        return NotImplemented  # saved statistics are training outputs
+    folded = _folded_batch_norm(c, [mean, var, kw.get("weight"), kw.get("bias")], dtype, eps)
+    if folded is not None:  # trained statistics: scale and shift are constants
+        scale, shift = folded
+        return c.b.add(c.b.multiply(x, _per_channel(c, scale, x)), _per_channel(c, shift, x)), None, None
     scale = c.b.rsqrt(c.b.add(var, eps))
     if kw.get("weight") is not None:
         scale = c.b.multiply(scale, c._op(kw["weight"], dtype))
@@ -165,9 +202,6 @@ def _batch_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
         shift = c.b.add(shift, c._op(kw["bias"], dtype))
     assert scale.shape == (channels,)
     out = c.b.add(c.b.multiply(x, _per_channel(c, scale, x)), _per_channel(c, shift, x))
-    used = {u.args[1] for u in node.users if u.target is operator.getitem}
-    if used & {1, 2}:
-        return NotImplemented  # saved statistics are training outputs
     return out, None, None
 
 

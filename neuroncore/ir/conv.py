@@ -204,6 +204,35 @@ class ConvWeightInitializer:
         return to_blocks(w, self.channels).reshape(shape)
 
 
+@dataclass(frozen=True)
+class BatchNormInitializer:
+    """Batch norm (eval) folded at compile time: ``part="scale"`` is ``weight / sqrt(var + eps)``,
+    ``part="shift"`` is ``bias - mean * scale``, from the trained statistics' initializers (``None``
+    for an absent affine weight or bias). The compiler then applies them in the convolution's
+    PSUM evacuation (``compiler/lower_conv.py``) as neuronx-cc folds batch norm into the
+    convolution; timing-only runs never compute them."""
+
+    mean: _Materializes
+    var: _Materializes
+    weight: _Materializes | None
+    bias: _Materializes | None
+    channels: int
+    eps: float
+    part: str  # "scale" or "shift"
+
+    def materialize(self, shape: tuple[int, ...], rank: int = 0) -> np.ndarray:
+        c = (self.channels,)
+        scale = 1.0 / np.sqrt(self.var.materialize(c, rank).astype(np.float32) + np.float32(self.eps))
+        if self.weight is not None:
+            scale = scale * self.weight.materialize(c, rank)
+        if self.part == "scale":
+            return scale.astype(np.float32).reshape(shape)
+        shift = -self.mean.materialize(c, rank) * scale
+        if self.bias is not None:
+            shift = shift + self.bias.materialize(c, rank)
+        return shift.astype(np.float32).reshape(shape)
+
+
 def _spread_and_pad(x: np.ndarray, geo: WindowGeometry, fill: float) -> np.ndarray:
     """``x`` [N, C, *spatial] with input dilation zeros and ``fill`` borders."""
     n, c = x.shape[:2]
@@ -253,6 +282,6 @@ def reduce_window_reference(x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     return result.reshape(n, c, -1)
 
 
-__all__ = ["ConvChannels", "ConvWeightInitializer", "WindowGeometry", "choose_group_block",
-           "conv_reference", "direct_weight", "from_blocks", "reduce_window_reference", "to_blocks",
-           "weight_blocks_shape"]
+__all__ = ["BatchNormInitializer", "ConvChannels", "ConvWeightInitializer", "WindowGeometry",
+           "choose_group_block", "conv_reference", "direct_weight", "from_blocks",
+           "reduce_window_reference", "to_blocks", "weight_blocks_shape"]

@@ -63,6 +63,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "gelu": lambda x: ir_semantics.gelu(x, "tanh"),
     "gelu_exact": lambda x: ir_semantics.gelu(x, "none"),
     "square": np.square,
+    "relu": lambda x: np.maximum(x, 0.0),
 }
 
 

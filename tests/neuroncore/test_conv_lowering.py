@@ -107,3 +107,20 @@ def test_output_blocks_fill_banks_with_whole_rows():
     assert sum(b.count for b in blocks) == 56 * 56
     wide = output_blocks((2, 700))  # a row wider than a bank is cut along it
     assert sum(b.count for b in wide) == 1400 and max(b.count for b in wide) <= 512
+
+
+def test_batch_norm_and_relu_are_applied_in_the_evacuation():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+    net[1].running_mean.uniform_(-1, 1)
+    net[1].running_var.uniform_(0.5, 2)
+    traced = _traced(net, torch.randn(1, 8, 12, 12))
+    program = traced.program
+    lowered = {program.graph.ops[i].opcode for i in program.op_index if i >= 0}
+    assert not lowered & {"multiply", "add", "maximum"}  # no pass over the activation of its own
+    evacuations = [program.operands[i] for i in _nodes(program, "ACTIVATE")]
+    evacuations += [program.operands[i] for i in _nodes(program, "TENSOR_SCALAR")]
+    # each bank: func(psum * scale + bias) with per-partition scale and bias, on Scalar or Vector
+    assert [t for t in evacuations if "psum" in t] and all(
+        ("scale=" in t or "operand0=" in t) for t in evacuations if "psum" in t)
+    assert "Relu" in set(program.activation_fn)
