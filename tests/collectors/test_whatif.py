@@ -109,6 +109,11 @@ def test_a_trn2_capture_records_throttling_and_analyze_reports_its_cost(trn2_mlp
     assert rows and all(r["k"] == 1 and r["n"] == 2 and r["type"] == "activity_0" and r["duration"] > 0
                         for r in rows)
     assert json.loads((trn2_mlp / "rerun.json").read_text())["power_throttling"] is True
+    from formats import validate
+    from formats.dataset import find_profiles
+
+    report = validate(find_profiles(trn2_mlp / "device")[0][0].path)  # Throttle rows as the schema says
+    assert report.conformant, "\n".join(report.lines())
     done = _run("analyze", str(trn2_mlp / "device"))
     assert done.returncode == 0, done.stderr
     assert "Power throttling" in done.stdout
