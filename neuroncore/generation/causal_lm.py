@@ -39,7 +39,7 @@ from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
 from neuroncore.generation.heads import with_heads_for
 from neuroncore.generation.sampling import Sampling, next_tokens
-from neuroncore.generation.windows import AttentionWindows, WindowError, attention_windows
+from neuroncore.generation.windows import SLIDING, AttentionWindows, WindowError, attention_windows
 from neuroncore.parallel.heads import HeadLayout
 from neuroncore.runtime import Instance, StateBinding
 from neuroncore.runtime.device import ExecutionResult, LoadedModel, NeuronCore
@@ -172,6 +172,20 @@ class _ContextEncoding(_Program):
         return (logits, *keys, *values)
 
 
+class _RollingContextEncoding(_ContextEncoding):
+    """The prompt into a rolling cache of ``window`` slots: each layer's keys and values of the
+    positions ``keep`` names (slot s holds position ``keep[s]``, -1: none), so the cache holds the
+    prompt's last ``window`` positions at slot ``position % window``. The re-layout is a one-hot
+    matmul built on the device from ``keep``: nothing of the cache crosses to the host."""
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,  # type: ignore[override]
+                attention_mask: torch.Tensor, last: torch.Tensor,
+                keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits, *cache = super().forward(input_ids, position_ids, attention_mask, last)
+        pick = (torch.arange(input_ids.shape[1])[None, :] == keep[:, None]).to(cache[0].dtype)
+        return (logits, *[torch.matmul(pick, c) for c in cache])
+
+
 class _TokenGeneration(_Program):
     """One new token per row over a ``bucket``-position cache: its logits, and the cache with the
     token's keys and values written at ``slots`` (the same slot for every row)."""
@@ -241,7 +255,7 @@ class NeuronCausalLM:
                  context_length_estimate: int | Sequence[int] | None = None, batch_size: int = 1,
                  tp_degree: int = 1, instance: str | Instance | None = None, dtype: str | None = None,
                  core: int = 0, on_device_generation: bool = False,
-                 options: CompilerOptions | None = None) -> None:
+                 options: CompilerOptions | None = None, rolling_cache: bool = False) -> None:
         try:
             self.n_positions = normalize_buckets(n_positions)
             self.context_length_estimate = normalize_buckets(
@@ -249,7 +263,7 @@ class NeuronCausalLM:
                 name="context_length_estimate")
         except BucketError as exc:
             raise GenerationError(str(exc)) from None
-        if self.context_length_estimate[-1] > self.n_positions[-1]:
+        if self.context_length_estimate[-1] > self.n_positions[-1] and not rolling_cache:
             raise GenerationError(f"context_length_estimate {self.context_length_estimate[-1]} is larger "
                                   f"than the KV cache (n_positions {self.n_positions[-1]})")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -262,6 +276,19 @@ class NeuronCausalLM:
             self.windows = attention_windows(model)  # sliding windows: masks the programs build
         except WindowError as exc:
             raise GenerationError(str(exc)) from None
+        # a rolling cache of the window's length (slot = position % window): steps mask on the host
+        self.rolling: int | None = None
+        self._step_windows = self.windows
+        if rolling_cache:
+            if self.windows is None or self.windows.by_layer_type:
+                raise GenerationError(f"rolling_cache needs one sliding window for every layer (Mistral's "
+                                      f"sliding_window); {type(model).__name__} has "
+                                      f"{'none' if self.windows is None else 'full and sliding layers'}")
+            window = self.windows.windows[0][1]
+            assert window is not None
+            self.rolling = window
+            self.n_positions = normalize_buckets([b for b in self.n_positions if b < window] + [window])
+            self._step_windows = AttentionWindows(((SLIDING, None),), False, self.windows.additive)
         self.model = model.eval()
         # the model the programs trace: itself, or a copy with KV heads replicated for the ranks
         self.head_layout: HeadLayout | None = None
@@ -327,10 +354,13 @@ class NeuronCausalLM:
         b = self.batch_size
         ids = torch.zeros(b, bucket if phase is Phase.CONTEXT_ENCODING else 1, dtype=torch.int64)
         if phase is Phase.CONTEXT_ENCODING:
-            traced = self._trace(self._named(_ContextEncoding, phase, bucket)(self._source,
-                                                                              self.on_device_generation,
-                                                                              self.windows),
-                                 (ids, ids.clone(), torch.ones_like(ids), torch.zeros(b, dtype=torch.int64)))
+            encoding = _ContextEncoding if self.rolling is None else _RollingContextEncoding
+            inputs: tuple[torch.Tensor, ...] = (ids, ids.clone(), torch.ones_like(ids),
+                                                torch.zeros(b, dtype=torch.int64))
+            if self.rolling is not None:
+                inputs = (*inputs, torch.zeros(self.rolling, dtype=torch.int64))
+            traced = self._trace(self._named(encoding, phase, bucket)(self._source, self.on_device_generation,
+                                                                      self.windows), inputs)
             if not self._cache:
                 self._allocate_cache(traced)
             return self._bind(traced, reads=False)
@@ -338,7 +368,7 @@ class NeuronCausalLM:
         cache = tuple(torch.zeros(s) for s in shapes)
         traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self._source,
                                                                           self.on_device_generation,
-                                                                          self.windows, self.layers),
+                                                                          self._step_windows, self.layers),
                              (ids, ids.clone(), torch.ones(b, bucket + 1, dtype=torch.int64),
                               torch.zeros(1, dtype=torch.int64), *cache))
         return self._bind(traced, reads=True)
@@ -440,7 +470,7 @@ class NeuronCausalLM:
             raise GenerationError("on_device_generation compiles greedy selection into the programs; "
                                   "sampling needs the logits (build it with on_device_generation=False)")
         prompt = ids.shape[1]
-        if prompt + max_new_tokens - 1 > self.n_positions[-1]:
+        if self.rolling is None and prompt + max_new_tokens - 1 > self.n_positions[-1]:
             raise GenerationError(f"a {prompt}-token prompt and {max_new_tokens} new tokens need "
                                   f"{prompt + max_new_tokens - 1} cache positions; n_positions holds "
                                   f"{self.n_positions[-1]}")
@@ -466,13 +496,19 @@ class NeuronCausalLM:
         b = self.batch_size
         padded = np.zeros((b, prefill), np.int64)
         padded[:, :prompt] = ids
-        valid = np.zeros((b, self.n_positions[-1]), np.int64)  # cache slots a token may attend to
+        # sequence indices a token may attend to (without a rolling cache, also its cache slots)
+        valid = np.zeros((b, max(self.n_positions[-1], prefill, prompt + max_new_tokens)), np.int64)
         valid[:, :prompt] = mask
         positions = np.cumsum(valid[:, :prefill], axis=-1) - 1
         positions[valid[:, :prefill] == 0] = 1  # as transformers' generate places padding
-        logits, step = self._run(Phase.CONTEXT_ENCODING, prefill, prompt, {
-            "input_ids": padded, "position_ids": positions, "attention_mask": valid[:, :prefill],
-            "last": np.full(b, prompt - 1, np.int64)})
+        inputs = {"input_ids": padded, "position_ids": positions, "attention_mask": valid[:, :prefill],
+                  "last": np.full(b, prompt - 1, np.int64)}
+        held = np.full(self.rolling or 0, -1, np.int64)  # a rolling cache: the position each slot holds
+        if self.rolling is not None:
+            for index in range(max(0, prompt - self.rolling), prompt):
+                held[index % self.rolling] = index
+            inputs["keep"] = held.copy()
+        logits, step = self._run(Phase.CONTEXT_ENCODING, prefill, prompt, inputs)
         steps.append(step)
         unfinished = np.ones(b, bool)
         generated: list[np.ndarray] = []
@@ -488,11 +524,19 @@ class NeuronCausalLM:
                 break
             # token generation: the new token attends to the valid slots and itself
             context = slot + 1
-            bucket = select_bucket(self.n_positions, context)
-            attend = np.concatenate([valid[:, :bucket], np.ones((b, 1), np.int64)], axis=1)
+            if self.rolling is None:
+                bucket, write = select_bucket(self.n_positions, context), slot
+                attend = np.concatenate([valid[:, :bucket], np.ones((b, 1), np.int64)], axis=1)
+            else:  # the slots holding positions inside the window, then the token itself
+                bucket = select_bucket(self.n_positions, min(context, self.rolling))
+                write = slot % self.rolling
+                inside = (held[:bucket] >= 0) & (slot - held[:bucket] < self.rolling)
+                attend = np.concatenate([np.where(inside, valid[:, np.maximum(held[:bucket], 0)], 0),
+                                         np.ones((b, 1), np.int64)], axis=1)
+                held[write] = slot
             logits, step = self._run(Phase.TOKEN_GENERATION, bucket, context, {
                 "input_ids": token[:, None], "position_ids": valid.sum(axis=1, keepdims=True),
-                "attention_mask": attend, "slots": np.array([slot], np.int64)})
+                "attention_mask": attend, "slots": np.array([write], np.int64)})
             steps.append(step)
             valid[:, slot] = 1
             slot += 1

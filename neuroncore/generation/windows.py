@@ -16,11 +16,14 @@ program), not from the slot the token really takes. So the programs build the ma
 A model with per-layer attention types (Qwen2's ``layer_types``: full layers below
 ``max_window_layers``, sliding above) gets one mask per type, as its forward takes them.
 
-**What is modelled:** the mask. The KV cache stays ``n_positions`` long and a step attends over its
-whole bucket, masked positions included (they cost what the real hardware spends on them in a
-mask-only implementation). transformers-neuronx can instead keep a rolling cache of ``window``
-positions (slot ``position % window``), which bounds memory and decode cost at the window; that is
-not modelled here.
+**What is modelled:** by default the mask: the KV cache stays ``n_positions`` long and a step attends
+over its whole bucket, masked positions included (they cost what the hardware spends on them in a
+mask-only implementation). ``NeuronCausalLM(..., rolling_cache=True)`` instead keeps a rolling cache
+of ``window`` slots, as transformers-neuronx can (slot ``position % window``): the context encoding
+lays the prompt's last ``window`` positions into it (a one-hot matmul on the device), each step
+attends over the slots whose position is still inside the window (a mask the host computes from the
+positions the slots hold) and overwrites the slot of the position leaving it. Memory and decode cost
+then stop growing at the window, and a generation can run past the cache's length.
 """
 
 from __future__ import annotations

@@ -64,3 +64,32 @@ def test_a_window_shorter_than_the_generation_gives_transformers_tokens(family):
     assert not torch.equal(want, _generate(_full_attention(model), ids, mask))  # the window mattered
     # the cache keeps every position (a mask, not a rolling cache of the window)
     assert gen.cache_values(0, "k").shape[2] == 16
+
+
+def test_a_rolling_cache_of_the_window_generates_past_its_length():
+    """``rolling_cache=True``: the cache holds the window's 4 positions (slot = position % 4), the
+    prompt's last 4 are laid into it on the device, each step attends over the 4 slots still inside
+    the window: transformers' tokens, 18 positions through a 4-position cache."""
+    from neuroncore.generation import GenerationError
+
+    torch.manual_seed(0)
+    model = T.MistralForCausalLM(T.MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, sliding_window=4, max_position_embeddings=64)).eval()
+    ids, mask = _prompt()
+    gen = NeuronCausalLM(model, n_positions=16, context_length_estimate=8, batch_size=2,
+                         instance="trn1.2xlarge", rolling_cache=True)
+    assert gen.n_positions == (4,)  # token buckets stop at the window
+    out = gen.generate(ids, mask, max_new_tokens=12, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)
+    assert torch.equal(out, want)
+    assert gen.cache_values(0, "k").shape == (2, 2, 4, 16)
+    assert gen.last_timing.buckets == [8] + [4] * 11
+    assert all(s.host_to_device_bytes == 4 * (2 + 2 + 2 * 5 + 1) for s in gen.last_timing.token_steps)
+    qwen = T.Qwen2ForCausalLM(T.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+                                            use_sliding_window=True, sliding_window=4, max_window_layers=1))
+    with pytest.raises(GenerationError, match="rolling_cache needs one sliding window for every layer"):
+        NeuronCausalLM(qwen, n_positions=16, rolling_cache=True)
