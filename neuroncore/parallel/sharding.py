@@ -123,6 +123,9 @@ def join_blocks(parts: list[np.ndarray], split: Split) -> np.ndarray:
     return whole.reshape(*shape[:d], shape[d] * len(parts), *shape[d + 1:])
 
 
+_PARTIAL_USERS = frozenset({"add", "reshape", "transpose", "convert"})  # keep a partial sum partial
+
+
 def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
     """The one-hot matrix that picks rank ``rank``'s ``rows`` rows of ``total``."""
     select = np.zeros((rows, total), np.float32)
@@ -249,20 +252,26 @@ class _Sharder:
         self.current: Op = graph.ops[0]
         self.wanted_split: dict[int, Split] = {}  # inputs placed whole that a later op wants split
         self.replaced: dict[int, Op] = {}  # training: inputs split on demand -> their whole op
+        self.users: dict[int, list[Op]] = {}
+        for user in graph.ops:
+            for operand in user.operands:
+                self.users.setdefault(operand.index, []).append(user)
+        self.output_indices = {o.index for o in graph.outputs}
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> ShardedGraph:
         for op in self.graph.ops:
             self.current = op
+            self._reduce_partial_operands(op)
             try:
                 with self.b.located(op.layer, op.frames):
-                    local, split = self._lower(op)
+                    local, split = self._lower_partial(op) or self._lower(op)
             except ShardingError:
                 if self.wanted_split:  # the detour of a misplaced input; the next pass avoids it
                     raise _Restart(self.wanted_split) from None
                 raise
-            if split == PARTIAL:  # Megatron reduces right where the partial sums are made
-                with self.b.located(op.layer, op.frames):
+            if split == PARTIAL and not self._sums_partials(op):  # Megatron reduces right where
+                with self.b.located(op.layer, op.frames):       # the partial sums are made
                     local, split = (self._all_reduce(local) if self.tp > 1 else local), None
             self.local[op.index], self.split[op.index] = local, split
         if self.wanted_split:
@@ -279,6 +288,37 @@ class _Sharder:
         local_graph = self.b.build(outputs, params).pruned()
         input_splits = [self.split[p.index] for p in self.graph.parameters]
         return ShardedGraph(self.graph, local_graph, self.tp, input_splits, output_splits, self.rank_inputs)
+
+    def _sums_partials(self, op: Op) -> bool:
+        """Training: a partial sum read only by additions stays partial, so the additions sum the
+        partials first and one all-reduce follows (autograd adds the input gradients of q/k/v, or
+        gate/up, then Megatron's ``f`` all-reduces that sum once)."""
+        if not self.trained or self.tp == 1 or op.index in self.output_indices:
+            return False
+        users = self.users.get(op.index, [])
+        return bool(users) and all(u.opcode in _PARTIAL_USERS for u in users)
+
+    def _lower_partial(self, op: Op) -> tuple[Op, Sharding] | None:
+        """A relayout of a partial sum is a partial sum (the autograd of a linear on a 3-D input
+        views its 2-D input gradient back to 3-D before the additions)."""
+        if op.opcode == "add" or op.opcode not in _PARTIAL_USERS:
+            return None
+        if self.split.get(op.operands[0].index) != PARTIAL:
+            return None
+        return self._add(op, [self.local[op.operands[0].index]], op.shape), PARTIAL
+
+    def _reduce_partial_operands(self, op: Op) -> None:
+        """All-reduce the partial operands of ``op`` unless it adds only partials (the sum stays
+        partial); what was reduced is replicated from here on."""
+        operands = [o for o in op.operands if self.split.get(o.index) == PARTIAL]
+        if not operands:
+            return
+        if op.opcode in _PARTIAL_USERS and len(operands) == len(op.operands):
+            return
+        for o in dict.fromkeys(operands):
+            with self.b.located(o.layer, o.frames):
+                self.local[o.index] = self._all_reduce(self.local[o.index])
+            self.split[o.index] = None
 
     def _add(self, op: Op, operands: list[Op], shape: tuple[int, ...], suffix: str = "",
              **attrs: object) -> Op:
