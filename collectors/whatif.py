@@ -27,7 +27,8 @@ Changes (``--what-if NAME=VALUE``):
 * ``KEY=VALUE``: any other workload option, e.g. ``batch=2`` (``--set KEY=VALUE``).
 
 ``auto`` runs ``dma-bandwidth=2``, ``hbm-bandwidth=2`` and ``dma-latency=0.5`` when a finding points
-at a DMA queue, and ``power-throttling=off`` when the profile recorded throttling. Findings then carry
+at a DMA queue, ``power-throttling=off`` when the profile recorded throttling and
+``prefetch-weights=on`` when a finding is about the weight queue. Findings then carry
 the gain measured for the change that addresses them (``Finding.gain_ns``): a DMA-queue finding the
 largest gain among the DMA and HBM changes run, the power-throttling finding that of
 ``power-throttling=off``, weight-queue and Tensor-engine findings those of ``prefetch-weights=on`` and
@@ -319,6 +320,8 @@ class WhatIfAnalyzeCommand(AnalyzeCommand):
                 changes += [c for c in AUTO if wants_dma and c not in changes]
                 if any(_is_throttle_finding(f) for f in findings) and f"{THROTTLING}=off" not in changes:
                     changes.append(f"{THROTTLING}=off")
+                if any(_is_weight_finding(f) for f in findings) and f"{PREFETCH}=on" not in changes:
+                    changes.append(f"{PREFETCH}=on")
             elif change not in changes:
                 changes.append(change)
         what_ifs = run_what_if(args.profile, changes, result)

@@ -125,6 +125,8 @@ def test_what_if_without_throttling_equals_a_fresh_capture(trn2_mlp: Path, tmp_p
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
     (off,) = [w for w in data["what_if"] if w["change"] == "power-throttling=off"]  # auto asked for it
+    # and, for the weight queue's finding, the prefetch schedule
+    assert "prefetch-weights=on" in {w["change"] for w in data["what_if"]}
     assert off["capture"].endswith("--no-power-throttling -o DIR")
     fresh = _capture_mlp(tmp_path / "off", "trn2.48xlarge", "--no-power-throttling")
     assert _throttle_rows(fresh) == []
