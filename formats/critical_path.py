@@ -79,24 +79,20 @@ def _release(start: np.ndarray, end: np.ndarray, kind: np.ndarray, execution: np
     start, the as-of scan, with the events visited by start so the position in the by-end order only
     moves forward (no binary search per event)."""
     n = start.size
-    best_r = np.empty(n, np.int64)
-    lowest = np.int64(-(2 ** 62))
     for i in range(n):
         p = prev_same[i]
-        if p >= 0 and end[p] <= start[i]:
-            pred[i] = p
-            best_r[i] = end[p]
-        else:
-            pred[i] = -1
-            best_r[i] = lowest
+        pred[i] = p if p >= 0 and end[p] <= start[i] else -1
         implicit[i] = False
+    # the best so far is always pred[i]: its end is end[pred[i]] (no second array of ends)
     for k in range(src.size):
         q = src[k]
         i = dst[k]
         r = end[q]
-        if r <= start[i] and (r > best_r[i] or (r == best_r[i] and q > pred[i])):
-            pred[i] = q
-            best_r[i] = r
+        if r <= start[i]:
+            p = pred[i]
+            if p < 0 or r > end[p] or (r == end[p] and q > p):
+                pred[i] = q
+    lowest = np.int64(-(2 ** 62))
     j = -1  # the last position of by_end whose event ended at or before s
     m = by_end.size
     for t in range(by_start.size):
@@ -104,8 +100,9 @@ def _release(start: np.ndarray, end: np.ndarray, kind: np.ndarray, execution: np
         s = start[i]
         while j + 1 < m and end[by_end[j + 1]] <= s:
             j += 1
-        best = best_r[i]
-        if kind[i] == DMA or (pred[i] >= 0 and best == s):
+        p = pred[i]
+        best = end[p] if p >= 0 else lowest
+        if kind[i] == DMA or (p >= 0 and best == s):
             continue
         # as-of: the last event (by end, then index) with end <= s that started before s
         jj = j

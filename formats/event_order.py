@@ -81,24 +81,22 @@ def group_runs(kind: np.ndarray, lane: np.ndarray, n_lanes: int, start: np.ndarr
 
 @njit(cache=True, nogil=True)
 def sort_runs(idx: np.ndarray, ptr: np.ndarray, value: np.ndarray, ordered: np.ndarray) -> np.ndarray:
-    """``idx`` with each group ordered by (value, index): the groups ``ordered`` says are (the common
-    case) stay as they are; the others get a stable sort of their own (in a copy; ``idx`` itself when
-    every group is ordered)."""
-    if ordered.all():
-        return idx
-    out = idx.copy()
+    """``idx`` with each group ordered by (value, index), in place (and returned): the groups
+    ``ordered`` says are (the common case) stay as they are; the others get a stable sort of their
+    own. Each group's entries must be in index order or sorted by (another key, index): they are put
+    back in index order first, so ties go by index."""
     for g in range(ptr.size - 1):
         if ordered[g]:
             continue
         a, b = ptr[g], ptr[g + 1]
-        run = out[a:b].copy()  # in index order: a stable sort keeps ties by index
+        run = np.sort(idx[a:b])  # index order: a stable sort keeps ties by index
         keys = np.empty(b - a, value.dtype)
         for k in range(b - a):
             keys[k] = value[run[k]]
         perm = np.argsort(keys, kind="mergesort")
         for k in range(b - a):
-            out[a + k] = run[perm[k]]
-    return out
+            idx[a + k] = run[perm[k]]
+    return idx
 
 
 @njit(cache=True, nogil=True)
@@ -220,16 +218,19 @@ NATURAL_RUNS = 64  # at most this many time-ordered stretches: merge those inste
 def _orders(graph: DepGraph) -> EventOrder:
     n_lanes = max(len(graph.lanes), 1)
     # groups: (kind, lane); instructions (kind 0) first, so their rows are groups 0 .. n_lanes - 1
-    ptr, idx, start_ordered, end_ordered = group_runs(graph.kind, graph.lane, n_lanes, graph.start, graph.end)
-    runs_start = sort_runs(idx, ptr, graph.start, start_ordered)
-    prev = _previous(runs_start, ptr, n_lanes, graph.n)
+    ptr, runs, start_ordered, end_ordered = group_runs(graph.kind, graph.lane, n_lanes, graph.start,
+                                                       graph.end)
+    sort_runs(runs, ptr, graph.start, start_ordered)
+    prev = _previous(runs, ptr, n_lanes, graph.n)
     none = np.zeros(0, np.int64)
     natural = natural_runs(graph.start, NATURAL_RUNS)
-    by_start = (merge_runs(none, natural, graph.start) if natural.size
-                else merge_runs(runs_start, ptr, graph.start))
+    by_start = merge_runs(none, natural, graph.start) if natural.size else merge_runs(runs, ptr, graph.start)
     natural = natural_runs(graph.end, NATURAL_RUNS)
-    by_end = (merge_runs(none, natural, graph.end) if natural.size
-              else merge_runs(sort_runs(idx, ptr, graph.end, end_ordered), ptr, graph.end))
+    if natural.size:
+        by_end = merge_runs(none, natural, graph.end)
+    else:  # the same groups, now by end (in place: the by-start ones are no longer needed); a group
+        # re-sorted by start is re-sorted by end too, even if it was in end order as read
+        by_end = merge_runs(sort_runs(runs, ptr, graph.end, end_ordered & start_ordered), ptr, graph.end)
     return EventOrder(by_start, by_end, prev)
 
 

@@ -136,8 +136,12 @@ def test_merged_runs_are_a_stable_argsort(seed: int) -> None:
         value = np.cumsum(rng.integers(0, 3, n)).astype(np.int64)
     ptr, idx, ordered, _ = group_runs(kind, lane, k, value, value)
     assert np.array_equal(idx, np.argsort(kind.astype(np.int64) * k + lane, kind="stable"))
-    runs = sort_runs(idx, ptr, value, ordered)
+    runs = sort_runs(idx.copy(), ptr, value, ordered)
     assert np.array_equal(merge_runs(runs, ptr, value), np.argsort(value, kind="stable"))
+    for other in ((value * 7919) % 1009, np.arange(n)):  # the same groups re-sorted by another key
+        _, _, other_ordered, _ = group_runs(kind, lane, k, other, other)
+        again = sort_runs(runs.copy(), ptr, other, other_ordered & ordered)  # as event_order does
+        assert np.array_equal(merge_runs(again, ptr, other), np.argsort(other, kind="stable"))
     stretches = np.concatenate([np.sort(part) for part in np.array_split(value, 1 + seed)])  # 1+seed runs
     natural = natural_runs(stretches, 64)
     assert natural.size - 1 <= 1 + seed
