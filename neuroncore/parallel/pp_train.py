@@ -25,11 +25,14 @@ forwards, then alternates one forward and one backward, then drains the backward
 gradients accumulate over the micro-batches in micro-batch order, as single-core gradient
 accumulation does, so the step equals one core trained on the same micro-batches.
 
-Timing: each execution starts when its core is free and its input has arrived: the sender's
-execution end plus a ``collective-permute`` between the two stages' cores, timed by
-``neuroncore.collectives`` on the instance topology (``self.transfers`` lists each send with its
-timing). Every execution is recorded on its stage's core, so a capture shows the pipeline: stage s's
-core idles until its first activation arrives, and the drain at the end is the bubble.
+Sends: a stage's forward program ends with a ``collective-permute`` of its output to the next
+stage, its backward program with one of its input's gradient to the previous stage (group ``pp``,
+under ``model/pipeline/send_<activation|gradient>``): a CC-core node timed by
+``neuroncore.collectives`` on the instance topology and recorded as a CcOp row on the sender's core
+(``self.transfers`` lists each with its timing). Timing: each execution starts when its core is
+free and its input has arrived (the sending program's permute has ended). Every execution is
+recorded on its stage's core, so a capture shows the pipeline: stage s's core idles until its first
+activation arrives, and the drain at the end is the bubble.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 import torch
 
 from neuroncore import collectives as cc
+from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_frontend import _to_numpy
@@ -86,6 +90,8 @@ class _Program:
     loaded: LoadedModel
     inputs: list[str]  # program parameter names
     outputs: list[str]  # what each output is: "y", "dx", "loss" or a resident tensor's name
+    costs: np.ndarray  # node costs, the send's from neuroncore.collectives
+    sends: list[tuple[int, CollectiveRecord]]  # the send node and its timed template
 
 
 @dataclass(frozen=True)
@@ -157,9 +163,9 @@ class PipelineParallelTrainStep(TrainStep):
             self.stage_params.append([self.param_names.index(n) for n in names])
             core = self.instance.core(s)
             fwd, bwd = self._stage_graphs(joint, s, names, last)
-            self.forward_programs.append(None if fwd is None else self._load(fwd, core))
-            self.backward_programs.append(self._load(bwd, core))
-            self.optimizer_programs.append(self._load(self._optimizer_graph(s), core))
+            self.forward_programs.append(None if fwd is None else self._load(fwd, core, s))
+            self.backward_programs.append(self._load(bwd, core, s))
+            self.optimizer_programs.append(self._load(self._optimizer_graph(s), core, s))
             mine = {f"param/{n}" for n in names} | {f"grad/{n}" for n in names}
             mine |= {name for i in self.stage_params[s] for name in self._state_names(i)}
             tensors = {k: v for k, v in whole.items() if k in mine}
@@ -167,6 +173,7 @@ class PipelineParallelTrainStep(TrainStep):
             states.append(DeviceState(core, tensors))
         self.stage_states = states
         self.transfers: list[Transfer] = []
+        self._last_sends: list[CollectiveRecord] = []
         self.stage_results: list[list[ExecutionResult]] = [[] for _ in range(pp)]
 
     # -- trace time ----------------------------------------------------------------------------
@@ -175,10 +182,19 @@ class PipelineParallelTrainStep(TrainStep):
         inner = name[len("model."):] if name.startswith("model.") else name
         return inner[len("layers."):] if inner.startswith("layers.") else inner
 
-    def _load(self, built: tuple[Graph, list[str]], core: Any) -> _Program:
+    def _load(self, built: tuple[Graph, list[str]], core: Any, stage: int) -> _Program:
         graph, labels = built
-        loaded = core.load(compile_graph(graph, self.core.spec))
-        return _Program(loaded, [p.name for p in graph.parameters], labels)
+        program = compile_graph(graph, self.core.spec)
+        loaded = core.load(program)
+        costs = program.cost_ns.copy()
+        sends = []
+        for node in program.collective_nodes:  # the stage's send: a permute to its peer's core
+            op = program.graph.ops[int(program.op_index[node])]
+            pair = [stage, int(op.attrs["pp_peer"])]
+            record = cc.permute(self.topology, [pair], op.operands[0].size, op.dtype.value)
+            costs[node] = record.duration_ns
+            sends.append((int(node), record))
+        return _Program(loaded, [p.name for p in graph.parameters], labels, costs, sends)
 
     def _lowered(self, joint: JointGraph, s: int, names: list[str]) -> tuple[_StepConverter, list[Op]]:
         load_handlers()
@@ -196,7 +212,7 @@ class PipelineParallelTrainStep(TrainStep):
         forward = None
         if not last:  # the stage's output: what _vjp_loss multiplied with the incoming gradient
             conv, _ = self._lowered(joint, s, names)
-            y = conv.env[_vjp_output(joint)]
+            y = _send(conv.b, conv.env[_vjp_output(joint)], "activation", s + 1)
             forward = (_live_graph(f"{self.name}_stage{s}_forward", conv.b, [y]), ["y"])
         conv, outs = self._lowered(joint, s, names)
         b = conv.b
@@ -208,8 +224,8 @@ class PipelineParallelTrainStep(TrainStep):
                 acc = b.parameter(f"grad/{n}", grad.shape, DType.FP32)
                 results.append(b.add(acc, grad))
             labels.append(f"grad/{n}")
-        if dx is not None:
-            results.append(dx)
+        if dx is not None and s:
+            results.append(_send(b, dx, "gradient", s - 1))
             labels.append("dx")
         name = f"{self.name}_stage{s}_{'forward_backward' if last else 'backward'}"
         return forward, (_live_graph(name, b, results), labels)
@@ -310,25 +326,28 @@ class PipelineParallelTrainStep(TrainStep):
         state = self.stage_states[s]
         loaded = program.loaded
         arrays = bind_inputs(loaded.program.graph, state.inputs(program.inputs, host))
-        outputs = loaded.compute(arrays)
+        outputs = loaded.compute(arrays, _sent)
         by_label = dict(zip(program.outputs, outputs))
         state.update({k: v for k, v in by_label.items() if k in state.tensors})
         core = loaded.core
         with core.lock:
             t0 = max(core.clock_ns, int(np.ceil(ready_ns)))
-            timeline = schedule(loaded.program, float(t0), loaded.program.cost_ns)
-            result = loaded.record(t0, timeline, outputs, False, host_start_ns=host_start_ns)
+            timeline = schedule(loaded.program, float(t0), program.costs)
+            placed = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
+                      for node, tpl in program.sends]
+            result = loaded.record(t0, timeline, outputs, False, placed, host_start_ns=host_start_ns)
         self.stage_results[s].append(result)
+        self._last_sends = [record for _, record in placed]
         return by_label, float(result.end_ns)
 
     def _send(self, source: int, target: int, k: int, kind: Pass, value: np.ndarray, sent_ns: float,
               into: dict[tuple[int, int], tuple[np.ndarray, float]]) -> None:
-        """Move ``value`` to stage ``target``'s core: a collective-permute between the two cores."""
-        pair = [self.topology.physical_cores_of(source)[0], self.topology.physical_cores_of(target)[0]]
-        record = cc.permute(self.topology, [pair], int(value.size), "fp32", ready_ns=sent_ns)
+        """Hand ``value`` to stage ``target``: it arrives when the sending program's collective-permute
+        (its last node, timed on the topology) has ended."""
+        (record,) = self._last_sends
         self.transfers.append(Transfer(k, source, target, kind, int(value.size) * 4,
                                        float(record.start_ns), float(record.end_ns)))
-        into[(target, k)] = (value, float(record.end_ns))
+        into[(target, k)] = (value, max(sent_ns, float(record.end_ns)))
 
     def _sync_host(self) -> None:
         if not hasattr(self, "stage_states"):
@@ -341,6 +360,14 @@ class PipelineParallelTrainStep(TrainStep):
     def bubble_fraction(self) -> float:
         """The 1F1B bubble of the schedule, ``(pp - 1) / (micro_batches + pp - 1)`` of the step."""
         return (self.pp - 1) / (self.micro_batches + self.pp - 1)
+
+
+def _send(b: GraphBuilder, value: Op, kind: str, peer: int) -> Op:
+    """A stage's send to stage ``peer``: a collective-permute (group ``pp``) whose result is what the
+    peer receives, under ``model/pipeline/send_<kind>``."""
+    with b.located(f"model/pipeline/send_{kind}", ()):
+        return b.add_op("collective-permute", [value], value.shape, value.dtype, group="pp",
+                        pp_kind=kind, pp_role="send", pp_peer=peer, name=f"collective-permute.{b.n_ops}")
 
 
 def _live_graph(name: str, b: GraphBuilder, outputs: list[Op]) -> Graph:
@@ -358,6 +385,12 @@ def _live_graph(name: str, b: GraphBuilder, outputs: list[Op]) -> Graph:
     for index, op in enumerate(ops):
         op.index = index
     return Graph(name, ops, [p for p in graph.parameters if id(p) in live], list(outputs))
+
+
+def _sent(op: Op, value: np.ndarray) -> np.ndarray:
+    """A send's numerics on the sending core: the value leaves as it is (the receiving stage's
+    program reads it as its input)."""
+    return value
 
 
 def _vjp_output(joint: JointGraph) -> Any:

@@ -80,3 +80,9 @@ def test_parallel_training_scripts_are_captured_rank_by_rank(captured) -> None:
     layers = {x for x in profile.table("Instruction", ["layer"]).column("layer").to_pylist() if x}
     assert any(x.startswith("model/backward/") for x in layers)
     assert any(x.startswith("model/optimizer/") for x in layers)
+    # the pipeline's sends are collective-permutes of the sending stage's programs
+    for model, core in (("Sequential_stage0_forward", "0"), ("Sequential_stage1_forward_backward", "1")):
+        path = next(e.path for e in entries if (e.partitions["model"], e.partitions["core"]) == (model, core))
+        assert open_profile(path).table("CcOp").column("operation").to_pylist() == ["Permute"]
+    assert not open_profile(next(e.path for e in entries if e.partitions["model"] ==
+                                 "Sequential_stage0_backward")).num_rows("CcOp")
