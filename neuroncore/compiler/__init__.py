@@ -39,6 +39,7 @@ from neuroncore.compiler.lower_layout import (
     lower_weight,
 )
 from neuroncore.compiler.lower_matmul import lower_dot
+from neuroncore.compiler.lower_random import lower_rng
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
 from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
 from neuroncore.compiler.options import (
@@ -102,6 +103,7 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "compare": lower_binary,
     "select": lower_select,
     "iota": lower_iota,
+    "rng": lower_rng,
     "reduce": lower_reduce,
     "softmax": lower_softmax,
     "layer_norm": lower_norm,

@@ -160,6 +160,20 @@ class Iota:
 
 
 @dataclass(frozen=True, slots=True)
+class Random:
+    """GpSimd RNG: each element of ``out`` gets a uniform in [0, 1) from the counter-based generator
+    (``neuroncore.ir.philox``) keyed by the state tile ``state`` (seed, offset), its counter the
+    element's linear position (``first_row`` is the tile's first logical row of ``cols`` elements)
+    and ``stream``."""
+
+    out: Ref
+    state: Ref
+    first_row: int
+    cols: int
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
 class Identity:
     """The identity matrix (for PE transposes) written into ``out``."""
 
@@ -209,13 +223,14 @@ class KernelCall:
 
 NodeSemantics: TypeAlias = (
     Nop | Load | LoadKTiled | Store | Gather | TensorTensor | TensorScalar | Activate | Copy | Reduce
-    | Reciprocal | Select | Memset | Iota | Identity | LoadWeights | MatMul | Collective | KernelCall
+    | Reciprocal | Select | Memset | Iota | Random | Identity | LoadWeights | MatMul | Collective
+    | KernelCall
 )
 """Any node's semantics."""
 
 SEMANTIC_KINDS: frozenset[type] = frozenset({
     Nop, Load, LoadKTiled, Store, Gather, TensorTensor, TensorScalar, Activate, Copy, Reduce,
-    Reciprocal, Select, Memset, Iota, Identity, LoadWeights, MatMul, Collective, KernelCall,
+    Reciprocal, Select, Memset, Iota, Random, Identity, LoadWeights, MatMul, Collective, KernelCall,
 })
 """Every record type a node may carry; the emitter refuses anything else."""
 
@@ -232,6 +247,6 @@ def check_semantics(semantics: object) -> None:
 __all__ = [
     "NOP", "SEMANTIC_KINDS", "Activate", "Collective", "Copy", "Gather", "Identity", "Iota", "KernelCall",
     "Load",
-    "LoadKTiled", "LoadWeights", "MatMul", "Memset", "NodeSemantics", "Nop", "Reciprocal", "Reduce",
+    "LoadKTiled", "LoadWeights", "MatMul", "Memset", "NodeSemantics", "Nop", "Random", "Reciprocal", "Reduce",
     "Scalar", "ScalarStep", "Select", "Store", "TensorScalar", "TensorTensor", "check_semantics",
 ]

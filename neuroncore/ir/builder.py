@@ -211,6 +211,11 @@ class GraphBuilder:
     def iota(self, shape: Sequence[int], dimension: int, dtype: str | DType = "int32") -> Op:
         return self._add("iota", [], shape, as_dtype(dtype), dimension=dimension)
 
+    def rng_uniform(self, state: Op, shape: Sequence[int], stream: int) -> Op:
+        """FP32 uniforms in [0, 1) of ``shape`` keyed by ``state`` (the program's [2] RNG state:
+        seed, offset); ops of one program need distinct ``stream`` numbers (``ir.philox``)."""
+        return self._add("rng", [state], shape, DType.FP32, stream=int(stream), distribution="uniform")
+
     # -- elementwise -----------------------------------------------------------------------
     def _unary(self, opcode: str, x: Op) -> Op:
         self._require_float(opcode, x)

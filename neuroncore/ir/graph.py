@@ -23,8 +23,10 @@ BINARY_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "min
 FUSED_OPS = frozenset({"softmax", "layer_norm", "rms_norm", "gelu", "silu"})
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate"})
 OTHER_OPS = frozenset(
-    {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota"}
+    {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota", "rng"}
 )
+# "rng": uniform FP32 values in [0, 1) from the counter-based generator of ``neuroncore.ir.philox``,
+# keyed by its one operand (the program's RNG state: seed and offset), ``stream`` attribute per op.
 # Window ops on channel-major [N, C, L] activations (neuroncore/ir/conv.py): the convolution the
 # compiler lowers as implicit GEMM on the Tensor engine, and pooling on the Vector engine.
 WINDOW_OPS = frozenset({"convolution", "reduce-window"})

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from neuroncore.dtypes import round_to
+from neuroncore.ir import philox
 from neuroncore.ir.conv import conv_reference, reduce_window_reference
 from neuroncore.ir.graph import Op
 
@@ -149,6 +150,9 @@ def _evaluate(op: Op, args: list[np.ndarray]) -> np.ndarray:
     if code == "gather":
         indices = args[1].astype(np.int64)
         return args[0][indices]
+    if code == "rng":
+        seed, offset = philox.state_words(args[0])
+        return philox.uniform(np.arange(op.size).reshape(op.shape), seed, offset, attrs["stream"])
     if code == "iota":
         dim = attrs["dimension"]
         shape = [1] * len(op.shape)

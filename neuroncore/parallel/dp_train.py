@@ -96,10 +96,12 @@ class DataParallelTrainStep(TrainStep):
             for g, group in enumerate(self.groups):
                 lr = float(group.torch_group["lr"])
                 host[f"scalars/{g}"] = host_scalars(group.spec, lr, self.steps)
+            host.update(self.rng_state(layout.inputs, rank))
             arrays = bind_inputs(program.graph, self.state.inputs(layout.inputs, host))
             outputs[rank] = self.rank_models[rank].compute(arrays, rendezvous.for_rank(rank))
 
         run_ranks(self.replicas, run, rendezvous.barrier, "dp")
+        self.advance_rng()
         done = [o for o in outputs if o is not None]
         self.rank_outputs = done
         self.state.update(dict(zip(layout.outputs[1:], done[0][1:])))

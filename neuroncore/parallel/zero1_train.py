@@ -18,6 +18,11 @@ parameters of each param group. So each rank runs
    flattened parameters and its resident state shard, then an ``all-gather`` of the updated slices
    and the full parameters cut back into their tensors.
 
+Precision (``precision=``): ``fp32``; ``bf16`` (auto-cast: bf16 parameters for the forward, FP32
+master weights sharded with the optimizer state, each rank's updated master shard rounded to bf16
+and the bf16 shards all-gathered); ``bf16-sr`` (bf16 parameters only, the updated shard rounded back
+stochastically, as the single-core ``bf16-sr`` step does).
+
 The ranks run in threads; a collective waits for every rank and sums in rank order in FP32 (the
 rendezvous of :mod:`neuroncore.parallel.dp_train`). Each rank has its own resident state
 (:class:`~neuroncore.runtime.device.DeviceState`): full parameters and buffers, and only its shard of
@@ -53,11 +58,11 @@ from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
-from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
+from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel, stochastic_rounding_wanted
 from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, emit_update, host_scalars, split_scalars
-from neuroncore.training.precision import Precision
+from neuroncore.training.precision import Precision, parse_precision
 from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames, _Layout
 
 CC_OPERATIONS = {"reduce-scatter": cc.REDUCE_SCATTER, "all-gather": cc.ALL_GATHER}
@@ -109,12 +114,16 @@ class ZeroOneTrainStep(TrainStep):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: Sequence[torch.Tensor], *, ranks: int,
-                 loss_fn: Callable[..., Any] | None = None,
+                 loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                  instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise PlanError(f"ranks must be a positive integer, not {ranks!r}")
         self.ranks = ranks
-        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=Precision.FP32,
+        try:
+            prec = parse_precision(precision)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
+        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=prec,
                          accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
         if ranks > len(self.instance.cores):
             raise PlanError(f"{ranks} ranks do not fit {self.instance.name}")
@@ -131,7 +140,10 @@ class ZeroOneTrainStep(TrainStep):
             per_group = []
             for g in range(len(self.groups)):
                 ugraph, layout = self._build_update(g, r)
-                per_group.append((self.instance.core(r).load(compile_graph(ugraph, self.core.spec)), layout))
+                update = self.instance.core(r).load(compile_graph(ugraph, self.core.spec))
+                # bf16 parameters written back: rounded stochastically as a bf16-sr step does
+                update.stochastic_rounding = stochastic_rounding_wanted(self.precision is Precision.BF16_SR)
+                per_group.append((update, layout))
             self.update_programs.append(per_group)
         self.topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
         self._timing = [self._costs(m) for m in
@@ -156,8 +168,20 @@ class ZeroOneTrainStep(TrainStep):
             templates.append((int(node), record))
         return costs, templates
 
+    def _params_in_bf16(self) -> bool:
+        """bf16 and bf16-sr: every rank's forward reads bf16 parameters (all-gathered in bf16)."""
+        return self.precision is not Precision.FP32
+
+    @property
+    def master(self) -> bool:
+        """bf16 auto-cast: FP32 master weights, sharded like the optimizer state (NxD's ZeRO-1)."""
+        return self.precision is Precision.BF16
+
     def _shard_names(self, g: int) -> list[str]:
         return [f"zero1/{g}/{s}" for s in self.groups[g].spec.state_names]
+
+    def _master_name(self, g: int) -> str:
+        return f"zero1/{g}/master"
 
     def _build_update(self, g: int, rank: int) -> tuple[Any, _Layout]:
         """Rank ``rank``'s ZeRO-1 update of param group ``g`` (see the module doc)."""
@@ -165,11 +189,12 @@ class ZeroOneTrainStep(TrainStep):
         n = self.ranks
         b = GraphBuilder(f"{self.name}_zero1_update_{g}")
         pad = shard.shard * n - shard.total
+        held = DType.BF16 if self._params_in_bf16() else DType.FP32
 
         def flat(ops: list[Op]) -> Op:
             parts = [b.reshape(op, (op.size,)) for op in ops]
             if pad:
-                parts.append(b.constant(0.0, DType.FP32, (pad,)))
+                parts.append(b.constant(0.0, ops[0].dtype, (pad,)))
             return parts[0] if len(parts) == 1 else b.concatenate(parts, 0)
 
         with b.located("model/gradient_sync", self._frames):
@@ -179,16 +204,23 @@ class ZeroOneTrainStep(TrainStep):
                               reduction="sum", dimension=0, group="dp", name=f"reduce-scatter.{b.n_ops}")
             grad = b.multiply(summed, 1.0 / n)
         with b.located("model/optimizer", self._frames):
-            params = [b.parameter(f"param/{self.param_names[i]}", tuple(self.params[i].shape), DType.FP32)
-                      for i in shard.params]
-            start = rank * shard.shard
-            mine = b.slice(flat(params), [start], [start + shard.shard], [1])
+            if self.master:  # the rank's FP32 master shard is what the optimizer updates
+                mine = b.parameter(self._master_name(g), (shard.shard,), DType.FP32)
+            else:
+                params = [b.parameter(f"param/{self.param_names[i]}", tuple(self.params[i].shape), held)
+                          for i in shard.params]
+                start = rank * shard.shard
+                mine = b.slice(flat(params), [start], [start + shard.shard], [1])
+                if held is not DType.FP32:
+                    mine = b.convert(mine, DType.FP32)
             state = [b.parameter(name, (shard.shard,), DType.FP32) for name in self._shard_names(g)]
             vector = b.parameter(f"scalars/{g}", (len(group.spec.scalar_names),), DType.FP32)
-            new_param, new_state = emit_update(b, group.spec, mine, grad, state,
-                                               split_scalars(b, group.spec, vector))
+            new_master, new_state = emit_update(b, group.spec, mine, grad, state,
+                                                split_scalars(b, group.spec, vector))
+            # bf16: the updated shard rounded to the parameters' dtype (stochastically with bf16-sr)
+            new_param = new_master if held is DType.FP32 else b.convert(new_master, held)
         with b.located("model/gradient_sync", self._frames):
-            gathered = b.add_op("all-gather", [new_param], (shard.shard * n,), DType.FP32,
+            gathered = b.add_op("all-gather", [new_param], (shard.shard * n,), held,
                                 dimension=0, group="dp", name=f"all-gather.{b.n_ops}")
             outputs, names, offset = [], [], 0
             for i, size in zip(shard.params, shard.sizes):
@@ -196,8 +228,13 @@ class ZeroOneTrainStep(TrainStep):
                 outputs.append(b.reshape(piece, tuple(self.params[i].shape)))
                 names.append(f"param/{self.param_names[i]}")
                 offset += size
-        graph = b.build([*outputs, *new_state]).pruned()
-        return graph, _Layout([p.name for p in graph.parameters], [*names, *self._shard_names(g)])
+        names += self._shard_names(g)
+        outputs += new_state
+        if self.master:
+            outputs.append(new_master)
+            names.append(self._master_name(g))
+        graph = b.build(outputs).pruned()
+        return graph, _Layout([p.name for p in graph.parameters], names)
 
     def _rank_tensors(self, full: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
         """Rank ``rank``'s resident tensors: parameters and buffers whole, the optimizer state as
@@ -209,6 +246,10 @@ class ZeroOneTrainStep(TrainStep):
                 whole = np.concatenate([*pieces, np.zeros(shard.shard * self.ranks - shard.total,
                                                           np.float32)])
                 tensors[name] = whole[rank * shard.shard:(rank + 1) * shard.shard].astype(np.float32)
+            if self.master:  # the FP32 initial parameters, before any bf16 rounding
+                params = [full[f"param/{self.param_names[i]}"].reshape(-1) for i in shard.params]
+                flat = np.concatenate([*params, np.zeros(shard.shard * self.ranks - shard.total, np.float32)])
+                tensors[self._master_name(g)] = flat[rank * shard.shard:(rank + 1) * shard.shard].copy()
         return tensors
 
     # -- run time ------------------------------------------------------------------------------
@@ -231,6 +272,7 @@ class ZeroOneTrainStep(TrainStep):
             host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
             loaded = self.grad_programs[rank]
             layout = self.grad_layout
+            host.update(self.rng_state(layout.inputs, rank))
             arrays = bind_inputs(loaded.program.graph, state.inputs(layout.inputs, host))
             outputs = loaded.compute(arrays)
             produced[rank].append(outputs)
@@ -248,6 +290,7 @@ class ZeroOneTrainStep(TrainStep):
                 state.update(dict(zip(ulayout.outputs, new)))
 
         run_ranks(self.ranks, run, rendezvous.barrier, "zero1")
+        self.advance_rng()
         self._record(produced, host_start)
         self._sync_host()
         return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
@@ -307,10 +350,14 @@ class ZeroOneTrainStep(TrainStep):
                 spec = self.groups[g].spec
                 whole = {s: np.concatenate([st.tensors[name] for st in self.rank_states])
                          for s, name in zip(spec.state_names, self._shard_names(g))}
+                masters = (np.concatenate([st.tensors[self._master_name(g)] for st in self.rank_states])
+                           if self.master else None)
                 offset = 0
                 for i, size in zip(shard.params, shard.sizes):
                     p = self.params[i]
-                    p.copy_(_from_numpy(first[f"param/{self.param_names[i]}"], p.dtype))
+                    value = (first[f"param/{self.param_names[i]}"] if masters is None else  # FP32 masters
+                             masters[offset:offset + size].reshape(tuple(p.shape)))
+                    p.copy_(_from_numpy(value, p.dtype))
                     p.grad = None
                     held = self.optimizer.state[p]
                     for s, flat in whole.items():

@@ -20,6 +20,7 @@ from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import ApRef, HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to, stochastic_round
+from neuroncore.ir import philox
 from neuroncore.ir import semantics as ir_semantics
 from neuroncore.ir.graph import Op
 
@@ -176,7 +177,8 @@ class Machine:
             ns.Store: self._store, ns.Gather: self._gather, ns.TensorTensor: self._tensor_tensor,
             ns.TensorScalar: self._tensor_scalar, ns.Activate: self._activate, ns.Copy: self._copy,
             ns.Reduce: self._reduce, ns.Reciprocal: self._reciprocal, ns.Select: self._select,
-            ns.Memset: self._memset, ns.Iota: self._iota, ns.Identity: self._identity,
+            ns.Memset: self._memset, ns.Iota: self._iota, ns.Random: self._random,
+            ns.Identity: self._identity,
             ns.LoadWeights: self._load_weights, ns.MatMul: self._matmul,
             ns.Collective: self._collective, ns.KernelCall: self._kernel_call,
         }
@@ -265,6 +267,12 @@ class Machine:
         rows = np.arange(s.first_row, s.first_row + out.rows)
         coords = np.unravel_index(rows, shape[:-1])[dim].astype(np.float32)
         self.write(out, np.broadcast_to(coords[:, None], (out.rows, out.cols)))
+
+    def _random(self, s: ns.Random) -> None:
+        seed, offset = philox.state_words(self.read(s.state)[0, :2])
+        rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)
+        indices = rows[:, None] * s.cols + np.arange(s.out.cols, dtype=np.int64)[None, :]
+        self.write(s.out, philox.uniform(indices, seed, offset, s.stream))
 
     def _identity(self, s: ns.Identity) -> None:
         self.write(s.out, np.eye(s.out.rows, s.out.cols, dtype=np.float32))

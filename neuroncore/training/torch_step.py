@@ -53,8 +53,10 @@ from neuroncore.frontends.torch_frontend import (
     stack_frames,
 )
 from neuroncore.frontends.torch_ops import load_handlers
+from neuroncore.frontends.torch_random import RNG_STATE_INPUT, uses_rng
 from neuroncore.frontends.tracing import TraceError
 from neuroncore.ir.graph import Graph, Op, SourceFrame
+from neuroncore.ir.philox import STATE_LIMIT
 from neuroncore.runtime import Instance
 from neuroncore.runtime.device import (
     DeviceState,
@@ -219,6 +221,10 @@ class TrainStep:
             loaded.stochastic_rounding = stochastic_rounding_wanted(precision is Precision.BF16_SR)
             self.programs[kind] = (program, loaded, layout)
         self.state = DeviceState(self.core, self._initial_state())
+        # dropout and other random ops: one seed drawn from torch's generator (so
+        # torch.manual_seed makes a run repeat), a new offset for every execution (rng_state)
+        self.rng_seed = int(torch.randint(0, STATE_LIMIT, (1,)).item())
+        self.rng_executions = 0
 
     # -- trace time ----------------------------------------------------------------------------
     def _check_memory(self, activations: int) -> MemoryBreakdown:
@@ -272,7 +278,7 @@ class TrainStep:
         autocast = "bf16" if self.precision is not Precision.FP32 else None
         name = self.name + ("_train_step" if kind is ProgramKind.UPDATE else "_accumulate")
         conv = _StepConverter(self.joint, name, autocast, self._input_names())
-        conv.bf16_params = self.precision is Precision.BF16_SR
+        conv.bf16_params = self._params_in_bf16()
         b = conv.b
         loss, *grads = conv.lower()
         grads = self._reduce_gradients(b, grads)
@@ -309,6 +315,11 @@ class TrainStep:
         inputs = [p.name for p in graph.parameters]
         return graph, _Layout(inputs, names)
 
+    def _params_in_bf16(self) -> bool:
+        """Whether the device holds the parameters the forward reads in bf16 (bf16-sr: they are
+        the only copy; ZeRO-1 in bf16 keeps FP32 master shards besides)."""
+        return self.precision is Precision.BF16_SR
+
     def _reduce_gradients(self, b: Any, grads: list[Op]) -> list[Op]:
         """The gradients the optimizer (or the accumulation) uses: this rank's own on one core;
         a data-parallel step (``neuroncore.parallel.dp_train``) averages them over its replicas."""
@@ -339,6 +350,18 @@ class TrainStep:
         return tensors
 
     # -- run time ------------------------------------------------------------------------------
+    def rng_state(self, inputs: Sequence[str], rank: int = 0) -> dict[str, np.ndarray]:
+        """The ``rng/state`` input of one execution of a program that draws random numbers
+        (``{}`` for one that does not): the step's seed (one per rank) and a fresh offset. Callers
+        count an execution with :meth:`advance_rng` once every rank has its state."""
+        if not uses_rng(list(inputs)):
+            return {}
+        seed = (self.rng_seed + rank + self.rng_executions // STATE_LIMIT) % STATE_LIMIT
+        return {RNG_STATE_INPUT: np.array([seed, self.rng_executions % STATE_LIMIT], np.float32)}
+
+    def advance_rng(self) -> None:
+        self.rng_executions += 1
+
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``inputs`` (``accumulation_steps`` micro-batches along dim 0)."""
         micro = self._micro_batches(inputs)
@@ -351,6 +374,8 @@ class TrainStep:
             kind = ProgramKind.UPDATE if last else ProgramKind.ACCUMULATE
             _program, loaded, layout = self.programs[kind]
             host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
+            host.update(self.rng_state(layout.inputs))
+            self.advance_rng()
             if last:
                 for g, group in enumerate(self.groups):
                     host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from neuroncore.dtypes import DType
 from neuroncore.parallel.dp_train import DataParallelTrainStep
 from neuroncore.parallel.training import PlanError
 from neuroncore.parallel.zero1_train import ZeroOneTrainStep
@@ -119,3 +120,41 @@ def test_zero1_errors_are_one_line() -> None:
     step = ZeroOneTrainStep(model, opt, (x, y), ranks=2, loss_fn=F.mse_loss)
     with pytest.raises(PlanError, match=r"input of shape \[4, 16\] expected"):
         step(torch.zeros(2, 16), torch.zeros(2, 5))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-sr"])
+def test_zero1_in_bf16_stays_within_bf16_error_of_one_core(precision: str) -> None:
+    """bf16: bf16 parameters for the forward, FP32 master weights sharded with the optimizer state,
+    bf16 all-gather; bf16-sr: bf16 parameters only, the update rounded stochastically. Against a
+    single core in the same precision: bf16 error (AdamW moves a weight by about lr per step, so a
+    gradient whose sign bf16 flips costs up to steps * lr)."""
+    batches = _batches()
+    single_model, zero_model = _model(), _model()
+    single_opt, zero_opt = _adamw(single_model), _adamw(zero_model)
+    x0, y0 = batches[0]
+    single = trace_train_step(single_model, single_opt, (x0, y0), loss_fn=F.mse_loss, precision=precision)
+    zero = ZeroOneTrainStep(zero_model, zero_opt, (x0[:BATCH // RANKS], y0[:BATCH // RANKS]),
+                            ranks=RANKS, loss_fn=F.mse_loss, precision=precision)
+    for x, y in batches:
+        assert float(zero(x, y)) == pytest.approx(float(single(x, y)), rel=2e-2)
+    diffs = torch.cat([(p - q).abs().reshape(-1)
+                       for p, q in zip(single_model.parameters(), zero_model.parameters())])
+    assert float(diffs.max()) <= 3 * 1e-2 + 2**-8
+    assert float(diffs.mean()) < 2e-3
+    update = zero.update_programs[0][0][0]
+    gathers = [op for op in update.program.graph.ops if op.opcode == "all-gather"]
+    assert [op.dtype for op in gathers] == [DType.BF16]  # half the bytes of an FP32 all-gather
+    assert update.stochastic_rounding is (precision == "bf16-sr")
+    params = [op for op in zero.grad_programs[0].program.graph.parameters if op.name.startswith("param/")]
+    assert {op.dtype for op in params} == {DType.BF16}
+    total = sum(p.numel() for p in zero_model.parameters())
+    masters = [k for k in zero.rank_states[0].tensors if k.endswith("/master")]
+    if precision == "bf16":
+        assert masters and all(zero.rank_states[r].tensors[masters[0]].size == -(-total // RANKS)
+                               for r in range(RANKS))
+        # the host's parameters are the FP32 masters, not their bf16 copies
+        rounded = [p for p in zero_model.parameters()
+                   if not torch.equal(p.detach(), p.detach().to(torch.bfloat16).float())]
+        assert rounded
+    else:
+        assert not masters
