@@ -135,9 +135,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     summary = summarize(result)
     total = summary.device_time_ns
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
-    if not compiler_options.is_default:
+    if not compiler_options.precision_is_default:
         opts += (f"; auto-cast {compiler_options.auto_cast.value} to "
                  f"{compiler_options.auto_cast_type.value}, quantize {compiler_options.quantize.value}")
+    if compiler_options.prefetch_weights:
+        opts += "; weights prefetched a layer ahead"
     where = (f"cores {args.core}..{args.core + args.tp - 1} (tp {args.tp}; rank 0 shown)" if group
              else f"core {args.core}")
     unchanged = _options_change_nothing(graph, compiler_options)
@@ -160,6 +162,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"FLOPs {summary.flops:,}  MFU {100 * summary.mfu:.1f}%  HBM bytes {summary.hbm_bytes:,}"
                   f"  DMA {summary.dma_throughput_bytes_per_s / 1e9:,.1f} GB/s"
                   f"  spill/reload bytes {summary.spill_bytes:,}")
+    throttled = result.timeline.throttle_start_ns
+    if throttled.size:
+        spent = int((result.timeline.throttle_end_ns - throttled).sum())
+        spec = program.spec
+        console.print(f"power throttling: {throttled.size} periods, {spent / 1e3:,.1f} us; the matmuls ran "
+                      f"{result.timeline.throttle_extra_ns / 1e3:,.1f} us longer (Tensor utilisation under "
+                      f"{spec.throttle_utilisation:.0%} for {spec.throttle_window_ns / 1e3:g} us, then the "
+                      f"next burst at {spec.throttle_rate:.0%})")
     if group is not None:
         console.print(f"collectives: {summary.collectives} on the CC-core, busy "
                       f"{summary.collective_ns / 1e3:,.1f} us ({100 * summary.collective_ns / total:.1f}%)"

@@ -200,3 +200,15 @@ def test_precision_options_that_change_nothing_say_so():
     fp32 = run_cli("run", "-w", "matmul", "--timing-only", "--auto-cast-type", "fp8_e4m3", "--dtype", "fp32",
                    "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
     assert fp32.returncode == 0 and "change nothing" not in fp32.stdout
+
+
+def test_run_reports_power_throttling_on_trn2_only():
+    """A trn2 run of the MLP prints its throttling (periods, extra matmul time); trn1 never throttles;
+    --prefetch-weights shows in the options line."""
+    trn2 = run_cli("run", "-w", "mlp", "--timing-only", "--instance", "trn2.48xlarge", "--prefetch-weights",
+                   env={"COLUMNS": "200"})
+    assert trn2.returncode == 0, trn2.stderr
+    assert "power throttling: 3 periods" in trn2.stdout and "matmuls ran" in trn2.stdout
+    assert "weights prefetched a layer ahead" in trn2.stdout and "auto-cast" not in trn2.stdout
+    trn1 = run_cli("run", "-w", "mlp", "--timing-only", "--instance", "trn1.2xlarge", env={"COLUMNS": "200"})
+    assert trn1.returncode == 0 and "power throttling" not in trn1.stdout
