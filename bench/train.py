@@ -5,7 +5,10 @@
 
 Keys: ``"<model>/<nodes>x<instance>/tp<T>pp<P>dp<D>/seq<S>/gbs<G>": {"seq_per_s", "step_s", "mfu",
 "sim_wall_s"}``, plus ``sim_cpu_s`` (the simulation's CPU time: its wall time on an idle machine),
-per key the step's parts (forward, backward, pipeline bubble and sends, exposed gradient
+``sim_compile_s`` and ``sim_schedule_s`` (wall seconds compiling and timing the rank programs),
+``programs_reused`` (of the four rank programs, those an earlier key had compiled: a program is
+cached by what it is built from, so BERT on 16 nodes reuses the 1-node programs and only re-times
+their collectives), per key the step's parts (forward, backward, pipeline bubble and sends, exposed gradient
 synchronisation, optimizer) and how much of the gradient collectives overlapped the backward.
 The configurations are those of the Neuron training-performance tables for trn1
 (about-neuron/benchmarks/trn1/training_data_*.csv): NxD Llama-2/Llama-3.1 (BF16 auto-cast, FP32
@@ -71,6 +74,11 @@ def run(workload: str, preset: str, options: dict[str, Any]) -> tuple[str, dict[
         "mfu": None if fig.mfu is None else round(fig.mfu, 4),
         "sim_wall_s": round(wall, 2),
         "sim_cpu_s": round(cpu, 2),  # this process's CPU time: wall on a machine shared with others
+        # where the wall time went: compiling the rank programs, scheduling them (timing pass with
+        # the collectives timed on the topology); programs an earlier key compiled are reused
+        "sim_compile_s": round(sum(p.compile_s for p in step.programs), 2),
+        "sim_schedule_s": round(sum(p.sim_s for p in step.programs), 2),
+        "programs_reused": step.programs_reused,
         "parts_ms": {k: round(v / 1e6, 2) for k, v in step.parts.items()},
         "grad_sync_overlap": round(overlap_fraction(step.sync), 3),
     }

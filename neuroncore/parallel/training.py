@@ -35,14 +35,15 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.program import Program
-from neuroncore.hardware import INSTANCE_TYPES
+from neuroncore.hardware import INSTANCE_TYPES, CoreSpec
 from neuroncore.ir.graph import Graph
 from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import Topology, instance_topology
@@ -172,6 +173,11 @@ class StepTiming:
     p2p_ns: float = 0.0
     sim_wall_s: float = 0.0
     peak_flops_per_core: float = 0.0
+    programs_reused: int = 0  # of the four programs, how many an earlier step had compiled
+
+    @property
+    def programs(self) -> list[ProgramTiming]:
+        return [self.forward_layer, self.backward_layer, self.head, self.optimizer]
 
     @property
     def step_ns(self) -> float:
@@ -213,13 +219,57 @@ def _topology(instance: str, nodes: int) -> Topology:
     return instance_topology(instance, nodes=nodes)
 
 
-def time_program(graph: Graph, topology: Topology, tp_group: Sequence[int], name: str,
-                 *, keep_program: bool = False) -> ProgramTiming:
-    """Compile ``graph`` for the instance's core and run it once (timing only), its collectives
-    timed over ``tp_group`` on ``topology`` as the tensor-parallel group executes them."""
+PROGRAM_CACHE_SIZE = 8  # a 70B layer's program is ~300k instructions: keep a few, not all
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """Everything a rank program of :mod:`neuroncore.workloads.train_graphs` is built from: two
+    configurations with equal keys (BERT-large on 1 and on 16 nodes: only the DP group differs)
+    compile the same program, so it is compiled once and only its collectives are re-timed."""
+
+    kind: str  # "forward", "backward", "head", "optimizer"
+    model: Transformer | None
+    shapes: RankShapes | None
+    tp: int
+    dtypes: tuple[str, ...]
+    core: str
+    elements: int = 0  # the optimizer's chunk
+
+
+_PROGRAMS: OrderedDict[ProgramKey, tuple[Program, float]] = OrderedDict()
+
+
+def compiled(key: ProgramKey, build: Callable[[], Graph], core: CoreSpec) -> tuple[Program, float, bool]:
+    """(program, seconds its compilation took, whether it came from the cache)."""
+    hit = _PROGRAMS.get(key)
+    if hit is not None:
+        _PROGRAMS.move_to_end(key)
+        return hit[0], 0.0, True
     t0 = time.perf_counter()
-    program = compile_graph(graph, topology.instance.chip.core)
+    program = compile_graph(build(), core)
+    spent = time.perf_counter() - t0
+    _PROGRAMS[key] = (program, spent)
+    while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+        _PROGRAMS.popitem(last=False)
+    return program, spent, False
+
+
+def clear_program_cache() -> None:
+    """Forget every compiled rank program (the next step compiles its own)."""
+    _PROGRAMS.clear()
+
+
+def time_program(graph: Graph | Program, topology: Topology, tp_group: Sequence[int], name: str,
+                 *, keep_program: bool = False, compile_s: float = 0.0) -> ProgramTiming:
+    """Compile ``graph`` for the instance's core (or take an already compiled ``Program``) and run
+    it once (timing only), its collectives timed over ``tp_group`` on ``topology`` as the
+    tensor-parallel group executes them."""
+    t0 = time.perf_counter()
+    program = graph if isinstance(graph, Program) else compile_graph(graph, topology.instance.chip.core)
     t1 = time.perf_counter()
+    if isinstance(graph, Program):
+        t0 = t1 - compile_s
     costs = program.cost_ns.copy()
     records: list[CollectiveRecord] = []
     memo: dict[tuple[str, int, str], CollectiveRecord] = {}
@@ -284,16 +334,29 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
     shapes = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp)
     dtype = plan.compute_dtype
     grad_dtype = plan.master_dtype
-    fwd = time_program(layer_forward(model, shapes, plan.tp, dtype), topology, tp_group, "forward")
-    bwd = time_program(layer_backward(model, shapes, plan.tp, dtype, grad_dtype), topology, tp_group,
-                       "backward")
-    head = time_program(head_graph(model, shapes, plan.tp, dtype), topology, tp_group, "head")
+    core = topology.instance.chip.core
+    reused = 0
+
+    def timed(key: ProgramKey, build: Callable[[], Graph]) -> ProgramTiming:
+        nonlocal reused
+        program, compile_s, hit = compiled(key, build, core)
+        reused += hit
+        return time_program(program, topology, tp_group, key.kind, compile_s=compile_s)
+
+    def layer_key(kind: str, *dtypes: str) -> ProgramKey:
+        return ProgramKey(kind, model, shapes, plan.tp, dtypes, core.name)
+
+    fwd = timed(layer_key("forward", dtype), lambda: layer_forward(model, shapes, plan.tp, dtype))
+    bwd = timed(layer_key("backward", dtype, grad_dtype),
+                lambda: layer_backward(model, shapes, plan.tp, dtype, grad_dtype))
+    head = timed(layer_key("head", dtype), lambda: head_graph(model, shapes, plan.tp, dtype))
     layers_per_stage = model.layers // plan.pp
     params_rank = math.ceil(model.params() / (plan.tp * plan.pp))
     opt_elements = math.ceil(params_rank / plan.dp) if plan.zero1 else params_rank
     chunk = min(OPTIMIZER_CHUNK, opt_elements)
-    opt = time_program(optimizer_graph(chunk, plan.master_dtype, grad_dtype, dtype), topology,
-                       tp_group, "optimizer")
+    opt = timed(ProgramKey("optimizer", None, None, 1, (plan.master_dtype, grad_dtype, dtype), core.name,
+                           chunk),
+                lambda: optimizer_graph(chunk, plan.master_dtype, grad_dtype, dtype))
     opt.device_ns *= opt_elements / chunk
     opt.flops = int(opt.flops * opt_elements / chunk)
 
@@ -340,7 +403,7 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
     core = topology.instance.chip.core
     peak = core.pe_peak_fp32_flops_per_s if plan.precision == "fp32" else core.pe_peak_bf16_flops_per_s
     return StepTiming(model, plan, fwd, bwd, head, opt, parts, sync, p2p,
-                      time.perf_counter() - wall0, peak)
+                      time.perf_counter() - wall0, peak, reused)
 
 
 def overlap_fraction(sync: Sequence[SyncCollective]) -> float:
@@ -349,6 +412,6 @@ def overlap_fraction(sync: Sequence[SyncCollective]) -> float:
     return float(sum(s.overlapped_ns for s in sync) / total) if total else 0.0
 
 
-__all__ = ["DDP_BUCKET_BYTES", "ParallelPlan", "PlanError", "ProgramTiming", "StepTiming",
-           "SyncCollective", "model_flops", "overlap_fraction", "rank_layout", "time_program",
-           "time_training_step"]
+__all__ = ["DDP_BUCKET_BYTES", "ParallelPlan", "PlanError", "ProgramKey", "ProgramTiming", "StepTiming",
+           "SyncCollective", "clear_program_cache", "compiled", "model_flops", "overlap_fraction",
+           "rank_layout", "time_program", "time_training_step"]

@@ -14,6 +14,7 @@ from neuroncore.parallel.training import (
     PlanError,
     StepTiming,
     _grad_buckets,
+    clear_program_cache,
     overlap_fraction,
     time_training_step,
 )
@@ -44,6 +45,7 @@ def test_layer_programs_carry_megatrons_collectives_and_twice_the_matmul_work() 
 @pytest.fixture(scope="module")
 def steps() -> dict[str, StepTiming]:
     w = get_train("llama-train")
+    clear_program_cache()  # whatever ran before in this process: these steps compile their own
     out = {}
     for name, opts in {
         "dp": dict(tp=2, pp=1, seq=128, micro_batch=1, global_batch=64),
@@ -99,6 +101,17 @@ def test_efa_bandwidth_sets_the_cost_of_gradient_sync_across_nodes(steps: dict[s
     one, two, fast = steps["dp"], steps["efa"], steps["efa_trn1n"]
     assert two.sync_total_ns > one.sync_total_ns  # 32 ranks over EFA vs 16 over NeuronLink
     assert fast.sync_total_ns < two.sync_total_ns  # trn1n: 1,600 Gbps
+
+
+def test_programs_built_from_the_same_shapes_are_compiled_once(steps: dict[str, StepTiming]) -> None:
+    """Two nodes instead of one change the DP group, not a rank's programs: the second step reuses
+    all four (compiled by the first) and re-times only the collectives on its own topology."""
+    one, two = steps["dp"], steps["efa"]
+    assert one.programs_reused == 0 and two.programs_reused == 4
+    assert all(p.compile_s == 0.0 for p in two.programs)
+    assert two.forward_layer.device_ns == one.forward_layer.device_ns
+    assert two.backward_layer.device_ns == one.backward_layer.device_ns
+    assert steps["zero1"].programs_reused == 3  # its optimizer updates 1/dp of the parameters
 
 
 @pytest.mark.parametrize("opts, message", [
