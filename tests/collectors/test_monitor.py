@@ -295,7 +295,9 @@ def test_cli_reports_a_live_publisher(tmp_path):
         (entry,) = json.loads(lines[-1])["neuron_runtime_data"]
         assert entry["pid"] == publisher.pid and entry["neuron_runtime_tag"] == "bert-serve"
         group = entry["report"]["neuroncore_counters"]
-        assert list(group["neuroncores_in_use"]) == ["4"] and group["period"] == pytest.approx(0.3, abs=0.15)
+        assert list(group["neuroncores_in_use"]) == ["4"]
+        # the measured period: never shorter than the configured 0.3 s; a loaded machine stretches it
+        assert group["period"] >= 0.15
         stats = entry["report"]["execution_stats"]
         assert stats["execution_summary"]["completed"] > 0
         assert stats["latency_stats"]["device_latency"]["p50"] > 0
