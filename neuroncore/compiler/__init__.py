@@ -13,6 +13,7 @@ listing all of them (op, HLO name, layer, source line), the check users run befo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
+from neuroncore.compiler.layer_replay import LayerDedup
+from neuroncore.compiler.layer_runs import find_runs
+from neuroncore.compiler.lazy_semantics import RelocatedSemantics
 from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_conv import lower_convolution, lower_reduce_window
 from neuroncore.compiler.lower_elementwise import (
@@ -142,9 +146,12 @@ def _check_placeable(op: Op) -> None:
 
 
 def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domain verb
-            options: CompilerOptions | None = None) -> Program:
+            options: CompilerOptions | None = None, *, replay_layers: bool = True) -> Program:
     """Compile ``graph`` for one core of ``target`` ("trn1", "inf2", "trn2", an instance type or a
-    spec), with precision ``options`` (auto-cast, quantisation; default: the model's own types)."""
+    spec), with precision ``options`` (auto-cast, quantisation; default: the model's own types).
+
+    Repeated layers are lowered once and relocated (``layer_replay``); ``replay_layers=False``
+    lowers every layer (the same program, slower: the reference the tests compare against)."""
     spec = core_spec(target)
     if options is not None and not isinstance(options, CompilerOptions):
         raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
@@ -156,7 +163,16 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
         _check_placeable(op)
     ctx = Context(graph, spec)
     output_indices = {o.index for o in graph.outputs}
-    for op in graph.ops:
+    dedup = LayerDedup(ctx, find_runs(graph), replay=replay_layers)
+    ops = graph.ops
+    i = 0
+    while i < len(ops):
+        resume = dedup.before(i)
+        if resume != i:  # a run of layers was relocated from one lowered layer
+            i = resume
+            continue
+        op = ops[i]
+        i += 1
         ctx.position = op.index
         ctx.em.current_op = op.index
         if op.index not in ctx.lowered_with:  # e.g. a dequantising scale fused into its matmul
@@ -168,7 +184,12 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
                 lower_output_copy(ctx, op)
         ctx.finish(op)
         ctx.unpin_all()
+    if dedup.replayed:
+        ctx.stats["layers_relocated"] = dedup.replayed
     if options is not None and options.prefetch_weights:
+        if ctx.em.semantic_moves:  # the reordering moves nodes: make the relocated records now
+            ctx.em.semantics = list(RelocatedSemantics(ctx.em.semantics, ctx.em.semantic_moves))
+            ctx.em.semantic_moves = []
         _prefetch_weights(ctx)
     return _finalize(ctx)
 
@@ -222,10 +243,10 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
     # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
     keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
     keys = np.where(resource == RES_CC, CC_LANE, keys)
-    lengths = np.fromiter((len(d) for d in em.deps), np.int64, count=len(em.deps))
+    lengths = np.fromiter(map(len, em.deps), np.int64, count=len(em.deps))
     dep_ptr = np.zeros(len(em.deps) + 1, np.int64)
     np.cumsum(lengths, out=dep_ptr[1:])
-    dep_idx = np.fromiter((d for deps in em.deps for d in deps), np.int64, count=int(dep_ptr[-1]))
+    dep_idx = np.fromiter(itertools.chain.from_iterable(em.deps), np.int64, count=int(dep_ptr[-1]))
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
     counters = em.counter_columns()
@@ -251,7 +272,7 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         activation_fn=em.activation_fn,
         tensor_instruction_type=em.tensor_instruction_type,
         performance_mode=em.performance_mode,
-        semantics=em.semantics,
+        semantics=RelocatedSemantics(em.semantics, em.semantic_moves) if em.semantic_moves else em.semantics,
         buffers=buffers,
         hbm_tensors=hbm_tensors,
         hbm_views=hbm_views or {},

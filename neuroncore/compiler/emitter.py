@@ -9,6 +9,7 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from typing import Any
 
@@ -88,6 +89,9 @@ class Emitter:
         self.tensor_instruction_type: list[str | None] = []
         self.performance_mode: list[str | None] = []
         self.semantics: list[NodeSemantics] = []
+        # (start, stop, move): nodes [start, stop) carry template records that ``move`` relocates
+        # (layers relocated by ``layer_replay``; ``assemble`` makes them on first access)
+        self.semantic_moves: list[tuple[int, int, Any]] = []
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
@@ -380,9 +384,9 @@ class Emitter:
         sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
                           np.where(resource == RES_CC, CC_SEMAPHORE, np.asarray(self.engine, np.int64)))
         producer = np.zeros(n, bool)
-        flat = [d for deps in self.deps for d in deps]
-        if flat:
-            producer[np.asarray(flat, np.int64)] = True
+        lengths = np.fromiter(map(len, self.deps), np.int64, count=n)
+        flat = np.fromiter(itertools.chain.from_iterable(self.deps), np.int64, count=int(lengths.sum()))
+        producer[flat] = True
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
         steps = np.where(producer, np.where(resource == RES_DMA, DMA_COMPLETION_INCREMENT, 1), 0)
@@ -394,29 +398,27 @@ class Emitter:
         sem_value[order] = (running - base).astype(np.int32)
         sem_value[~producer] = 0
         sem_list: list[int] = sem_of.tolist()
-        value_list: list[int] = sem_value.tolist()
-        owner = {s: _owner(s, queues) for s in set(sem_list)}
-        texts: list[str] = []
-        append = texts.append
-        rows = zip(self.deps, self.text, producer.tolist(), strict=True)
-        for i, (deps, text, is_producer) in enumerate(rows):
-            if not deps and not is_producer:
-                append(text)
-                continue
-            parts: list[str] = []
-            if deps:
-                waits: dict[int, int] = {}
-                for d in deps:
-                    sem = sem_list[d]
-                    value = value_list[d]
-                    if value > waits.get(sem, 0):
-                        waits[sem] = value
-                parts.extend(f"$S[{sem}]>={value}" for sem, value in sorted(waits.items()))
-            if is_producer:
-                sem = sem_list[i]
-                parts.append(f"S[{sem}] ({owner[sem]})++@complete")
-            parts.append(text)
-            append(" ".join(parts))
+        completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in set(sem_list)}
+        # the waits of each node: per semaphore it waits on, the highest value among its producers,
+        # found for all nodes at once (sorted by node, then semaphore: the order the text lists them)
+        span = int(sem_of.max()) + 1 if n else 1
+        key = np.repeat(np.arange(n, dtype=np.int64), lengths) * span + sem_of[flat]
+        by_key = np.argsort(key, kind="stable")
+        key, value = key[by_key], sem_value[flat][by_key]
+        firsts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+        highest = np.maximum.reduceat(value, firsts) if key.size else value
+        waits = [f"$S[{sem}]>={v}" for sem, v in zip((key[firsts] % span).tolist(), highest.tolist(),
+                                                     strict=True)]
+        per_node = np.bincount(key[firsts] // span, minlength=n) if key.size else np.zeros(n, np.int64)
+        ptr: list[int] = np.r_[0, np.cumsum(per_node)].tolist()
+        texts = list(self.text)
+        is_producer: list[bool] = producer.tolist()
+        for i in np.flatnonzero((per_node > 0) | producer).tolist():
+            parts = waits[ptr[i]:ptr[i + 1]]
+            if is_producer[i]:
+                parts.append(completes[sem_list[i]])
+            parts.append(texts[i])
+            texts[i] = " ".join(parts)
         return sem_increment, sem_value, texts
 
 

@@ -9,6 +9,7 @@ and reporting a program costs array operations, not Python loops.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -256,7 +257,8 @@ class Program:
     activation_fn: list[str | None]
     tensor_instruction_type: list[str | None]
     performance_mode: list[str | None]
-    semantics: list[NodeSemantics]  # what the node computes, for the numerics interpreter
+    # what the node computes, for the numerics interpreter (relocated layers' made on first access)
+    semantics: Sequence[NodeSemantics]
     # -- tables ------------------------------------------------------------------------------
     buffers: dict[int, Buffer]
     hbm_tensors: dict[str, HbmTensor]

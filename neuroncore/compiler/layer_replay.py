@@ -1,0 +1,307 @@
+"""Lower one layer of a run of identical layers and relocate it for the others (modular compile).
+
+A transformer's layers are the same graph up to names (``layer_runs``). Lowering them one by one
+costs the same work each time, and neuronx-cc's modular flow compiles such a repeated module once.
+Here every layer of a run starts from a canonical boundary (``layer_boundary``: earlier layers'
+tiles written back and freed, hazards older than the previous layer aged to it, the allocator
+cursor where the run's first layer found it). At each boundary the state is snapshotted in relative
+form (``layer_state``); when two successive boundaries are equal, the layer just lowered is the
+template: each remaining layer of the run is that layer's instructions, buffers, HBM tensors and
+value placements with ids shifted and names rewritten (``layer_names``), and the state moves on to
+the end of the run as if they had been lowered. The program is the one full lowering gives (a test
+compares every column, string and record of the two), at a fraction of the cost.
+
+``replay=False`` keeps the canonical boundaries and lowers every layer (the reference the tests
+compare against); ``CompilerOptions`` does not expose it, the environment variable
+``NEURONSCOPE_COMPILE_REPLAY=0`` does (``neuronscope.settings``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from neuroncore.compiler.context import Context, Value
+from neuroncore.compiler.layer_boundary import age_hazards, evict_resident
+from neuroncore.compiler.layer_names import Piece, Renamer
+from neuroncore.compiler.layer_runs import LayerRun
+from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
+from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.compiler.view_steps import ApplyOp
+from neuroncore.enums import Memory
+
+
+@dataclass
+class _Mark:
+    """What the lowering had made when it reached a layer boundary (after normalising it)."""
+
+    frame: Frame
+    tensors: int
+    views: int
+    uses: dict[int, list[int]]
+    kept_alive: dict[int, frozenset[int]]
+    lowered_with: frozenset[int]
+    nki: frozenset[int]
+    stats: dict[str, Any]
+    snapshot: dict[str, Any] | None = None
+
+
+class LayerDedup:
+    """Called before each op is lowered; normalises run boundaries and replays runs it can."""
+
+    def __init__(self, ctx: Context, runs: list[LayerRun], *, replay: bool = True) -> None:
+        self.ctx = ctx
+        self.replay = replay
+        self.events: dict[int, tuple[LayerRun, int]] = {}
+        for run in runs:
+            self.events[run.layers[-1].stop] = (run, len(run.layers))
+        for run in runs:
+            for k, layer in enumerate(run.layers):
+                self.events[layer.start] = (run, k)
+        self.marks: dict[int, _Mark] = {}
+        self.cursor = 0
+        self.psum_cursor = 0
+        self.replayed = 0
+        self._resumed = -1
+
+    def before(self, index: int) -> int:
+        """Handle a boundary at op ``index``; returns the op to lower next (past a replayed run)."""
+        event = self.events.get(index)
+        if event is None or index == self._resumed:
+            return index
+        run, k = event
+        ctx = self.ctx
+        ctx.position = index
+        evict_resident(ctx)
+        if k == 0:
+            self.marks = {}
+            self.cursor = ctx.sbuf.cursor
+            self.psum_cursor = ctx.psum.cursor
+        else:
+            previous = self.marks.get(k - 1)
+            if previous is not None:
+                age_hazards(ctx, previous.frame.node_base, ctx.em.n_nodes)
+        ctx.sbuf.cursor = self.cursor
+        ctx.psum.cursor = self.psum_cursor
+        if k == len(run.layers):
+            self.marks = {}
+            return index
+        mark = self._mark(k)
+        self.marks[k] = mark
+        if k >= 1:
+            mark.snapshot = self._snapshot(run, k, mark.frame)
+        if (self.replay and k >= 2 and self.marks[k - 1].snapshot == mark.snapshot
+                and self._replayable(run, k)):
+            self._replay(run, k)
+            self.marks = {}
+            self._resumed = run.layers[-1].stop  # its boundary was part of the template
+            return self._resumed
+        return index
+
+    # -- records ----------------------------------------------------------------------------
+    def _mark(self, k: int) -> _Mark:
+        ctx = self.ctx
+        previous = self.marks.get(k - 1)
+        n, b = ctx.em.n_nodes, ctx._next_buffer
+        frame = Frame(previous.frame.node_base if previous else n, n,
+                      previous.frame.buf_base if previous else b, b)
+        stats = {key: (dict(v) if isinstance(v, dict) else v) for key, v in ctx.stats.items()}
+        return _Mark(frame, len(ctx.hbm_tensors), len(ctx.hbm_views), dict(ctx.uses),
+                     {key: frozenset(v) for key, v in ctx.kept_alive.items()},
+                     frozenset(ctx.lowered_with), frozenset(ctx.nki_locations), stats)
+
+    def _window(self, run: LayerRun, k: int) -> tuple[dict[int, Any], list[int]]:
+        """Tokens of the ops of layers k-1 and k (and their per-layer inputs) at boundary k."""
+        tokens: dict[int, Any] = {}
+        for tag, layer, ext in (("p", run.layers[k - 1], run.externals[k - 1]),
+                                ("c", run.layers[k], run.externals[k])):
+            for i in range(layer.start, layer.stop):
+                tokens[i] = (tag, i - layer.start)
+            for slot, i in enumerate(ext):
+                tokens[i] = ("x" + tag, slot)
+        return tokens, list(tokens)
+
+    def _snapshot(self, run: LayerRun, k: int, frame: Frame) -> dict[str, Any]:
+        tokens, ops = self._window(run, k)
+
+        def token(i: int) -> Any:
+            return tokens.get(i, ("g", i))
+
+        return snapshot(self.ctx, frame, token, Renamer(self.ctx.graph, ops))
+
+    def _replayable(self, run: LayerRun, k: int) -> bool:
+        """The template (layer k-1) holds nothing relocation cannot move."""
+        ctx = self.ctx
+        if not accounted_for(ctx) or ctx.pinned:
+            return False
+        template = run.layers[k - 1]
+        for i in [*range(template.start, template.stop), *run.externals[k - 1]]:
+            value = ctx.values.get(i)
+            if value is None:
+                continue
+            used_again = bool(ctx.uses[i]) and ctx.uses[i][-1] >= ctx.position
+            if (value.lazy is not None and used_again) or any(b is not None for b in value.bufs):
+                return False  # a view not yet materialised that a later op reads: a closure
+        before, after = self.marks[k - 1].stats, ctx.stats
+        for key, v in after.items():
+            if key != "dot_plans" and before.get(key) != v and not isinstance(v, (int, float)):
+                return False
+        identity = ctx._identity
+        return identity is None or identity.id < self.marks[k - 1].frame.buf_lo
+
+    # -- replay -----------------------------------------------------------------------------
+    def _replay(self, run: LayerRun, k: int) -> None:
+        ctx = self.ctx
+        start, end = self.marks[k - 1], self.marks[k]
+        nb0, nb1 = start.frame.node_base, end.frame.node_base
+        bb0, bb1 = start.frame.buf_base, end.frame.buf_base
+        dn, db = nb1 - nb0, bb1 - bb0
+        ops = [i for j in (k - 2, k - 1)
+               for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]]
+        renamer = Renamer(ctx.graph, ops)
+        template = _Template(ctx, start, end, run.layers[k - 1], run.externals[k - 1], renamer)
+        remaining = len(run.layers) - k
+        for s in range(1, remaining + 1):
+            op_map = {**run.op_map(k - 2, k - 2 + s), **run.op_map(k - 1, k - 1 + s)}
+            template.emit(Shift(start.frame.node_lo, s * dn, start.frame.buf_lo, s * db, op_map, renamer))
+        relocate(ctx, Shift(nb0, remaining * dn, bb0, remaining * db, run.op_map(k - 1, k - 1 + remaining),
+                            renamer))
+        self.replayed += remaining
+
+
+class _Template:
+    """Layer k-1 as lowered: its nodes, buffers, tensors, views, values and bookkeeping."""
+
+    def __init__(self, ctx: Context, start: _Mark, end: _Mark, layer: Any, externals: tuple[int, ...],
+                 renamer: Renamer) -> None:
+        self.ctx = ctx
+        em = ctx.em
+        self.renamer = renamer
+        nb0, nb1 = start.frame.node_base, end.frame.node_base
+        self.nodes = slice(nb0, nb1)
+        self.texts: list[tuple[int, tuple[Piece, ...]]] = []
+        for i, text in enumerate(em.text[nb0:nb1]):
+            pieces = renamer.split(text)
+            if pieces is not None:
+                self.texts.append((i, pieces))
+        self.buffers = [ctx.buffers[b] for b in range(start.frame.buf_base, end.frame.buf_base)]
+        self.tensors = list(ctx.hbm_tensors.values())[start.tensors:end.tensors]
+        self.views = list(ctx.hbm_views.values())[start.views:end.views]
+        value_ops = [*range(layer.start, layer.stop), *externals]
+        self.values = [ctx.values[i] for i in value_ops if i in ctx.values]
+        self.uses = {i: sorted(set(lst) - set(start.uses.get(i, ())))
+                     for i, lst in ctx.uses.items() if start.uses.get(i) is not lst}
+        self.kept_alive = {i: v - start.kept_alive.get(i, frozenset()) for i, v in ctx.kept_alive.items()
+                           if frozenset(v) != start.kept_alive.get(i)}
+        self.lowered_with = {i: v for i, v in ctx.lowered_with.items() if i not in start.lowered_with}
+        self.nki = {i: v for i, v in ctx.nki_locations.items() if i not in start.nki}
+        self.stats = {key: v - start.stats.get(key, 0) for key, v in ctx.stats.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        plans = ctx.stats.get("dot_plans", {})
+        self.plans = {name: plans[name] for name in plans if name not in start.stats.get("dot_plans", {})}
+        after_ls = em._mm_after_ls
+        self.after_ls = [(n, after_ls[n]) for n in range(start.frame.node_lo, nb1)
+                         if n in after_ls and after_ls[n] >= nb0]
+
+    def emit(self, shift: Shift) -> None:
+        """Append the template relocated by ``shift`` to the program being built."""
+        ctx, em = self.ctx, self.ctx.em
+        nodes = self.nodes
+        lo, dn = shift.node_lo, shift.dn
+        op_map = shift.op_map
+        columns: tuple[list[Any], ...] = (
+            em.resource, em.engine, em.cost_ns, em.queue, em.dma_engines, em.opcode, em.activation_fn,
+            em.tensor_instruction_type, em.performance_mode, em.ports, em._lane, em.counters)
+        for column in columns:
+            column.extend(column[nodes])
+        em.deps.extend([[d + dn if d >= lo else d for d in deps] for deps in em.deps[nodes]])
+        em.trigger.extend([t + dn if t >= lo else t for t in em.trigger[nodes]])
+        em.op_index.extend([op_map.get(o, o) for o in em.op_index[nodes]])
+        base = len(em.text)
+        em.text.extend(em.text[nodes])
+        renamer = self.renamer
+        for i, pieces in self.texts:
+            em.text[base + i] = renamer.render_pieces(pieces, shift.op, shift.node)
+        start = len(em.semantics)
+        em.semantics.extend(em.semantics[nodes])
+        em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift).move))
+        for n, m in self.after_ls:
+            em._mm_after_ls[n + dn if n >= lo else n] = m + dn
+        for buf in self.buffers:
+            moved = dataclasses.replace(buf, id=shift.buf(buf.id), name=shift.name(buf.name))
+            ctx.buffers[moved.id] = moved
+            if buf.memory is Memory.PSUM:
+                em.psum_keys.add(("buf", moved.id))
+        for tensor in self.tensors:
+            name = shift.name(tensor.name)
+            ctx.hbm_tensors.setdefault(name, HbmTensor(name, tensor.shape, tensor.dtype, tensor.kind,
+                                                       shift.op(tensor.op_index), tensor.pretransposed))
+        for view in self.views:
+            name = shift.name(view.name)
+            steps = tuple(ApplyOp(shift.op(s.op_index)) if isinstance(s, ApplyOp) else s for s in view.steps)
+            ctx.hbm_views.setdefault(name, HbmView(name, steps, tuple(shift.name(s) for s in view.sources),
+                                                   view.shape, view.dtype, view.run_elements))
+        ops = ctx.graph.ops
+        for value in self.values:
+            ctx.values[shift.op(value.op.index)] = Value(
+                ops[shift.op(value.op.index)], value.layout, value.home, value.tiles, value.cols,
+                value.rows_per_batch, [None] * len(value.bufs),
+                None if value.hbm is None else shift.name(value.hbm), list(value.in_hbm),
+                value.immediate, None, None if value.alias is None else ops[shift.op(value.alias.index)],
+                value.pretransposed)
+        for i, added in self.uses.items():
+            target = shift.op(i)
+            ctx.uses[target] = sorted(set(ctx.uses[target]) | {shift.op(u) for u in added})
+        for i, sources in self.kept_alive.items():
+            ctx.kept_alive.setdefault(shift.op(i), set()).update(shift.op(x) for x in sources)
+        for i, v in self.lowered_with.items():
+            ctx.lowered_with[shift.op(i)] = shift.op(v)
+        for n, location in self.nki.items():
+            ctx.nki_locations[shift.node(n)] = location
+        for key, delta in self.stats.items():
+            ctx.stats[key] += delta
+        if self.plans:
+            plans = ctx.stats.setdefault("dot_plans", {})
+            for name, plan in self.plans.items():
+                plans[shift.name(name)] = plan
+
+
+class _SemanticsRelocator:
+    """Node records with their buffer ids, HBM tensor names and op indices relocated."""
+
+    def __init__(self, shift: Shift) -> None:
+        self.shift = shift
+        self.names: dict[str, str] = {}
+        self.fields: dict[type, tuple[str, ...]] = {}
+
+    def name(self, text: str) -> str:
+        moved = self.names.get(text)
+        if moved is None:
+            moved = self.names[text] = self.shift.name(text)
+        return moved
+
+    def move(self, value: Any) -> Any:
+        cls = type(value)
+        if cls is Ref:
+            return Ref(self.shift.buf(value.buf), value.p0, value.p1, value.f0, value.f1)
+        if cls is HbmAccess:
+            return HbmAccess(self.name(value.tensor), value.batch, value.r0, value.r1, value.c0, value.c1,
+                             value.layout, None if value.view is None else self.name(value.view))
+        if cls is tuple:
+            return tuple(self.move(v) for v in value)
+        if cls is str and self.shift.renamer.split(value) is not None:
+            return self.name(value)
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            return value
+        names = self.fields.get(cls)
+        if names is None:
+            names = self.fields[cls] = tuple(f.name for f in dataclasses.fields(value))
+        if not names:
+            return value
+        moved = {f: (self.shift.op(getattr(value, f)) if f == "op_index" else self.move(getattr(value, f)))
+                 for f in names}
+        return cls(**moved)
+
+
+__all__ = ["LayerDedup"]

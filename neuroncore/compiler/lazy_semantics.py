@@ -1,0 +1,66 @@
+"""Node records of relocated layers, made when the numerics interpreter first asks for them.
+
+A relocated layer's records are its template's with buffer ids, tensor names and op indices moved
+(``layer_replay``). Timing-only runs never read records, so the program keeps the template's and
+the relocation to apply, and makes each moved record on first access (then keeps it).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+Move = Callable[[Any], Any]
+
+
+class RelocatedSemantics(Sequence[Any]):
+    """``records`` where each ``(start, stop, move)`` range holds template records to move."""
+
+    def __init__(self, records: list[Any], moves: list[tuple[int, int, Move]]) -> None:
+        self._records = records
+        self._moves = sorted(moves, key=lambda m: m[0])
+        self._starts = [m[0] for m in self._moves]
+        self._made: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _item(self, i: int) -> Any:
+        made = self._made.get(i)
+        if made is not None:
+            return made
+        k = bisect.bisect_right(self._starts, i) - 1
+        if k >= 0 and i < self._moves[k][1]:
+            made = self._made[i] = self._moves[k][2](self._records[i])
+            return made
+        return self._records[i]
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._item(index)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self._item(i)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+__all__ = ["RelocatedSemantics"]

@@ -1,0 +1,107 @@
+"""Relocated layers (compiler.layer_replay) are the layers full lowering makes: same program, same
+device time, same outputs; and repeated layers are found where a model has them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+import neuroncore as nc
+from neuroncore import workloads
+from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.layer_runs import find_runs
+from neuroncore.compiler.layer_state import KNOWN_CONTEXT, KNOWN_EMITTER
+from neuroncore.compiler.program import Program
+
+# small configs with enough layers for a run to settle and be relocated
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "decode": ("llama-decode", {"layers": 8}),
+    "prefill": ("llama-prefill", {"layers": 6, "context": 64}),
+}
+
+
+def _fields_equal(a: Program, b: Program) -> list[str]:
+    """Names of the Program fields that differ (the relocation count in stats aside)."""
+    differ = []
+    for f in dataclasses.fields(Program):
+        if f.name in ("graph", "spec", "derived"):
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "stats":
+            x = {k: v for k, v in x.items() if k != "layers_relocated"}
+            y = {k: v for k, v in y.items() if k != "layers_relocated"}
+        if isinstance(x, np.ndarray):
+            same = x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+        elif f.name == "semantics":
+            same = list(x) == list(y)
+        else:
+            same = x == y
+        if not same:
+            differ.append(f.name)
+    return differ
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def pair(request: pytest.FixtureRequest) -> tuple[nc.Graph, Program, Program]:
+    name, overrides = CASES[request.param]
+    graph = workloads.get(name).graph(None, **overrides)
+    return graph, compile_graph(graph, "trn1", replay_layers=False), compile_graph(graph, "trn1")
+
+
+def test_runs_are_the_repeated_layers() -> None:
+    graph = workloads.get("llama-decode").graph(layers=6)
+    (run,) = find_runs(graph)
+    # layer 0 reads the embedding and layer 5 feeds the final norm: the run is the four between
+    assert [layer.number for layer in run.layers] == [1, 2, 3, 4]
+    assert len({layer.size for layer in run.layers}) == 1
+    # each layer reads its own KV cache (two per-layer inputs), the rotary tables are shared
+    assert all(len(ext) == 2 for ext in run.externals)
+    assert len({ext for ext in run.externals}) == 4
+    mapping = run.op_map(0, 2)
+    for a, b in mapping.items():
+        assert graph.ops[a].opcode == graph.ops[b].opcode and graph.ops[a].shape == graph.ops[b].shape
+
+
+def test_two_layers_have_no_run() -> None:
+    assert find_runs(workloads.get("llama-decode").graph(layers=2)) == []
+
+
+def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
+    """If this fails after a lowering change, the change keeps state the relocation does not know:
+    see KNOWN_CONTEXT / KNOWN_EMITTER in compiler/layer_state.py."""
+    _, full, relocated = pair
+    assert "layers_relocated" not in full.stats
+    assert relocated.stats["layers_relocated"] >= 1
+
+
+def test_relocated_program_is_the_fully_lowered_program(pair: tuple[nc.Graph, Program, Program]) -> None:
+    _, full, relocated = pair
+    assert _fields_equal(full, relocated) == []
+    per_engine = np.bincount(full.engine[full.resource != 6], minlength=5)
+    assert np.array_equal(per_engine, np.bincount(relocated.engine[relocated.resource != 6], minlength=5))
+
+
+def test_relocated_program_times_and_computes_the_same(pair: tuple[nc.Graph, Program, Program]) -> None:
+    graph, full, relocated = pair
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(p.shape).astype(np.float32) if p.dtype.is_float
+              else rng.integers(0, 50, p.shape).astype(np.int64) for p in graph.parameters]
+    instance = nc.Instance("trn1.2xlarge", sink=nc.EventSink())
+    a = instance.core(0).load(full).execute(inputs)
+    b = instance.core(1).load(relocated).execute(inputs)
+    assert a.device_time_ns == b.device_time_ns
+    assert a.outputs is not None and b.outputs is not None and len(a.outputs) == len(b.outputs)
+    for x, y in zip(a.outputs, b.outputs, strict=True):
+        assert np.array_equal(x, y)
+
+
+def test_known_state_is_all_the_state() -> None:
+    """A fresh context holds only the attributes relocation accounts for (a new one turns it off)."""
+    from neuroncore.compiler.context import Context
+
+    ctx = Context(workloads.get("mlp").graph(), nc.hardware.core_spec("trn1"))
+    assert set(vars(ctx)) <= KNOWN_CONTEXT
+    assert set(vars(ctx.em)) <= KNOWN_EMITTER
