@@ -30,6 +30,7 @@ from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocat
 from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
+from neuroncore.ir.graph import Op
 
 
 @dataclass
@@ -141,8 +142,9 @@ class LayerDedup:
             if value is None:
                 continue
             used_again = bool(ctx.uses[i]) and ctx.uses[i][-1] >= ctx.position
-            if (value.lazy is not None and used_again) or any(b is not None for b in value.bufs):
-                return False  # a view not yet materialised that a later op reads: a closure
+            closures = any(callable(getattr(value, f.name)) for f in dataclasses.fields(value))
+            if (closures and used_again) or any(b is not None for b in value.bufs):
+                return False  # a view not yet prepared that a later op reads: a closure
         before, after = self.marks[k - 1].stats, ctx.stats
         for key, v in after.items():
             if key != "dot_plans" and before.get(key) != v and not isinstance(v, (int, float)):
@@ -242,14 +244,9 @@ class _Template:
             steps = tuple(ApplyOp(shift.op(s.op_index)) if isinstance(s, ApplyOp) else s for s in view.steps)
             ctx.hbm_views.setdefault(name, HbmView(name, steps, tuple(shift.name(s) for s in view.sources),
                                                    view.shape, view.dtype, view.run_elements))
-        ops = ctx.graph.ops
         for value in self.values:
-            ctx.values[shift.op(value.op.index)] = Value(
-                ops[shift.op(value.op.index)], value.layout, value.home, value.tiles, value.cols,
-                value.rows_per_batch, [None] * len(value.bufs),
-                None if value.hbm is None else shift.name(value.hbm), list(value.in_hbm),
-                value.immediate, None, None if value.alias is None else ops[shift.op(value.alias.index)],
-                value.pretransposed)
+            placed = _move_value(value, shift, ctx.graph.ops)
+            ctx.values[placed.op.index] = placed
         for i, added in self.uses.items():
             target = shift.op(i)
             ctx.uses[target] = sorted(set(ctx.uses[target]) | {shift.op(u) for u in added})
@@ -265,6 +262,26 @@ class _Template:
             plans = ctx.stats.setdefault("dot_plans", {})
             for name, plan in self.plans.items():
                 plans[shift.name(name)] = plan
+
+
+def _move_value(value: Value, shift: Shift, ops: list[Op]) -> Value:
+    """A template value's placement for the same op of another layer: ops mapped, names renamed,
+    no tile resident (boundaries evict them), closures dropped (only dead values keep one)."""
+    moved: dict[str, Any] = {}
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if isinstance(v, Op):
+            v = ops[shift.op(v.index)]
+        elif f.name == "bufs":
+            v = [None] * len(v)
+        elif isinstance(v, str):
+            v = shift.name(v)
+        elif callable(v):
+            v = None
+        elif isinstance(v, list):
+            v = list(v)
+        moved[f.name] = v
+    return Value(**moved)
 
 
 class _SemanticsRelocator:

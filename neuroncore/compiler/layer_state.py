@@ -17,12 +17,15 @@ new state) turns relocation off rather than risking a wrong program.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.layer_names import Renamer
+from neuroncore.compiler.program import Buffer
+from neuroncore.ir.graph import Op
 
 KNOWN_CONTEXT = frozenset({
     "graph", "spec", "em", "sbuf", "psum", "buffers", "hbm_tensors", "hbm_views", "values", "queues",
@@ -95,10 +98,8 @@ def snapshot(ctx: Context, frame: Frame, op_token: Callable[[int], Any], renamer
         token = op_token(index)
         if token[0] == "g" and all(b is None for b in value.bufs):
             continue
-        values[token] = (value.layout, value.home, value.cols, value.rows_per_batch,
-                         tuple(None if b is None else buf(b.id) for b in value.bufs), name(value.hbm),
-                         tuple(value.in_hbm), value.immediate, value.lazy is None,
-                         None if value.alias is None else op_token(value.alias.index), value.pretransposed)
+        values[token] = tuple(_canonical_field(getattr(value, f.name), op_token, buf, name)
+                              for f in dataclasses.fields(value))
     uses = {}
     for index, used in ctx.uses.items():
         token = op_token(index)
@@ -122,6 +123,23 @@ def snapshot(ctx: Context, frame: Frame, op_token: Callable[[int], Any], renamer
         "pinned": tuple(sorted(buf(b) for b in ctx.pinned)),
         "identity": None if ctx._identity is None else buf(ctx._identity.id),
     }
+
+
+def _canonical_field(v: Any, op_token: Callable[[int], Any], buf: Callable[[int], Any],
+                     name: Callable[[str | None], Any]) -> Any:
+    """One field of a Value with its ops, buffers and names made relative; a closure (a view not
+    yet prepared) only as present or not."""
+    if isinstance(v, Op):
+        return op_token(v.index)
+    if isinstance(v, Buffer):
+        return buf(v.id)
+    if isinstance(v, str):
+        return name(v)
+    if callable(v):
+        return "callable"
+    if isinstance(v, list):
+        return tuple(_canonical_field(x, op_token, buf, name) for x in v)
+    return v
 
 
 @dataclass(frozen=True)
