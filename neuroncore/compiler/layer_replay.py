@@ -27,11 +27,12 @@ from neuroncore.compiler.layer_boundary import age_hazards, evict_resident
 from neuroncore.compiler.layer_names import Piece, Renamer
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
-from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.compiler.program import Buffer, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
+PERIODS = (1, 2)  # a run settles into repeating every layer, or alternating between two states
 
 @dataclass
 class _Mark:
@@ -92,12 +93,10 @@ class LayerDedup:
         self.marks[k] = mark
         if k >= 1:
             mark.snapshot = self._snapshot(run, k, mark.frame)
-        if (self.replay and k >= 2 and self.marks[k - 1].snapshot == mark.snapshot
-                and self._replayable(run, k)):
-            self._replay(run, k)
-            self.marks = {}
-            self._resumed = run.layers[-1].stop  # its boundary was part of the template
-            return self._resumed
+        for period in PERIODS:
+            if (self.replay and k >= period + 1 and self.marks[k - period].snapshot == mark.snapshot
+                    and self._replayable(run, k, period)):
+                return self._replay(run, k, period)
         return index
 
     # -- records ----------------------------------------------------------------------------
@@ -131,51 +130,66 @@ class LayerDedup:
 
         return snapshot(self.ctx, frame, token, Renamer(self.ctx.graph, ops))
 
-    def _replayable(self, run: LayerRun, k: int) -> bool:
-        """The template (layer k-1) holds nothing relocation cannot move."""
+    def _replayable(self, run: LayerRun, k: int, period: int) -> bool:
+        """The template (layers k-period .. k-1) holds nothing relocation cannot move."""
         ctx = self.ctx
         if not accounted_for(ctx) or ctx.pinned:
             return False
-        template = run.layers[k - 1]
-        for i in [*range(template.start, template.stop), *run.externals[k - 1]]:
-            value = ctx.values.get(i)
-            if value is None:
-                continue
-            used_again = bool(ctx.uses[i]) and ctx.uses[i][-1] >= ctx.position
-            closures = any(callable(getattr(value, f.name)) for f in dataclasses.fields(value))
-            if (closures and used_again) or any(b is not None for b in value.bufs):
-                return False  # a view not yet prepared that a later op reads: a closure
-        before, after = self.marks[k - 1].stats, ctx.stats
+        for j in range(k - period, k):
+            for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]:
+                value = ctx.values.get(i)
+                if value is None:
+                    continue
+                used_again = bool(ctx.uses[i]) and ctx.uses[i][-1] >= ctx.position
+                closures = any(callable(getattr(value, f.name)) for f in dataclasses.fields(value))
+                if (closures and used_again) or any(b is not None for b in value.bufs):
+                    return False  # a view not yet prepared that a later op reads: a closure
+        before, after = self.marks[k - period].stats, ctx.stats
         for key, v in after.items():
             if key != "dot_plans" and before.get(key) != v and not isinstance(v, (int, float)):
                 return False
         identity = ctx._identity
-        return identity is None or identity.id < self.marks[k - 1].frame.buf_lo
+        return identity is None or identity.id < self.marks[k - period].frame.buf_lo
 
     # -- replay -----------------------------------------------------------------------------
-    def _replay(self, run: LayerRun, k: int) -> None:
+    def _replay(self, run: LayerRun, k: int, period: int) -> int:
+        """Relocate layers k-period .. k-1 over the rest of the run, as many whole periods as fit;
+        returns the op to go on from (the run's end, or the one layer left over)."""
         ctx = self.ctx
-        start, end = self.marks[k - 1], self.marks[k]
-        nb0, nb1 = start.frame.node_base, end.frame.node_base
-        bb0, bb1 = start.frame.buf_base, end.frame.buf_base
-        dn, db = nb1 - nb0, bb1 - bb0
-        ops = [i for j in (k - 2, k - 1)
+        start, end = self.marks[k - period], self.marks[k]
+        dn = end.frame.node_base - start.frame.node_base
+        db = end.frame.buf_base - start.frame.buf_base
+        ops = [i for j in range(k - period - 1, k)
                for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]]
         renamer = Renamer(ctx.graph, ops)
-        template = _Template(ctx, start, end, run.layers[k - 1], run.externals[k - 1], renamer)
-        remaining = len(run.layers) - k
-        for s in range(1, remaining + 1):
-            op_map = {**run.op_map(k - 2, k - 2 + s), **run.op_map(k - 1, k - 1 + s)}
-            template.emit(Shift(start.frame.node_lo, s * dn, start.frame.buf_lo, s * db, op_map, renamer))
-        relocate(ctx, Shift(nb0, remaining * dn, bb0, remaining * db, run.op_map(k - 1, k - 1 + remaining),
-                            renamer))
-        self.replayed += remaining
+        template = _Template(ctx, start, end, run, range(k - period, k), renamer)
+
+        def op_map(first: int, shift: int) -> dict[int, int]:
+            mapping: dict[int, int] = {}
+            for j in range(first, k):
+                mapping.update(run.op_map(j, j + shift))
+            return mapping
+
+        blocks = (len(run.layers) - k) // period
+        for b in range(1, blocks + 1):
+            template.emit(Shift(start.frame.node_lo, b * dn, start.frame.buf_lo, b * db,
+                                op_map(k - period - 1, b * period), renamer))
+        relocate(ctx, Shift(end.frame.node_lo, blocks * dn, end.frame.buf_lo, blocks * db,
+                            op_map(k - 1, blocks * period), renamer))
+        self.replayed += blocks * period
+        resume = k + blocks * period
+        # the boundary there was relocated with the template; the next one ages hazards against
+        # it, and nothing more of this run is relocated
+        here = ctx.em.n_nodes
+        self.marks = {resume: _Mark(Frame(here, here, 0, 0), 0, 0, {}, {}, frozenset(), frozenset(), {})}
+        self._resumed = run.layers[resume].start if resume < len(run.layers) else run.layers[-1].stop
+        return self._resumed
 
 
 class _Template:
-    """Layer k-1 as lowered: its nodes, buffers, tensors, views, values and bookkeeping."""
+    """Layers k-period .. k-1 as lowered: nodes, buffers, tensors, views, values and bookkeeping."""
 
-    def __init__(self, ctx: Context, start: _Mark, end: _Mark, layer: Any, externals: tuple[int, ...],
+    def __init__(self, ctx: Context, start: _Mark, end: _Mark, run: LayerRun, layers: range,
                  renamer: Renamer) -> None:
         self.ctx = ctx
         em = ctx.em
@@ -190,7 +204,8 @@ class _Template:
         self.buffers = [ctx.buffers[b] for b in range(start.frame.buf_base, end.frame.buf_base)]
         self.tensors = list(ctx.hbm_tensors.values())[start.tensors:end.tensors]
         self.views = list(ctx.hbm_views.values())[start.views:end.views]
-        value_ops = [*range(layer.start, layer.stop), *externals]
+        value_ops = [i for j in layers
+                     for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]]
         self.values = [ctx.values[i] for i in value_ops if i in ctx.values]
         self.uses = {i: sorted(set(lst) - set(start.uses.get(i, ())))
                      for i, lst in ctx.uses.items() if start.uses.get(i) is not lst}
@@ -230,9 +245,11 @@ class _Template:
         em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift).move))
         for n, m in self.after_ls:
             em._mm_after_ls[n + dn if n >= lo else n] = m + dn
+        buffers = ctx.buffers
         for buf in self.buffers:
-            moved = dataclasses.replace(buf, id=shift.buf(buf.id), name=shift.name(buf.name))
-            ctx.buffers[moved.id] = moved
+            moved = Buffer(buf.id + shift.db, buf.memory, buf.partitions, buf.free, buf.dtype, buf.address,
+                           shift.name(buf.name))
+            buffers[moved.id] = moved
             if buf.memory is Memory.PSUM:
                 em.psum_keys.add(("buf", moved.id))
         for tensor in self.tensors:
