@@ -11,8 +11,10 @@ boundary (the residual stream, the rotary tables): a few small DMA transfers per
 from __future__ import annotations
 
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
+from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
 from neuroncore.compiler.program import Ref
+from neuroncore.ir.graph import Graph
 
 
 def evict_resident(ctx: Context) -> None:
@@ -33,7 +35,6 @@ def evict_resident(ctx: Context) -> None:
             ctx.free(buf)
 
 
-__all__ = ["evict_resident"]
 
 
 def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
@@ -64,3 +65,29 @@ def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
         if any(a[4] < previous_start for a in accesses) and any(a[4] >= previous_start for a in accesses):
             table[key] = [a if a[4] >= previous_start else (*a[:4], first.get(a[5], a[4]), *a[5:])
                           for a in accesses]
+
+
+BOUNDARY_TRAFFIC_LIMIT = 0.01  # write-back + reload at a boundary, as a fraction of a layer's weights
+
+
+def worth_canonical_boundaries(graph: Graph, run: LayerRun) -> bool:
+    """Whether writing back what crosses a boundary costs little next to the layer itself.
+
+    A decode step carries a few KiB of residual stream into a layer that streams megabytes of
+    weights: storing and reloading it is noise (~0.5 % of device time on Llama-2-7B at tp 24). A
+    short prefill carries the whole prompt's activations (1 MiB for 128 tokens of Llama-2-7B) into
+    the same weights, and the round trip would cost several per cent: such runs are lowered layer
+    by layer as before. The rule, a stated assumption: the bytes read from earlier layers (not
+    inputs or weights, which live in HBM anyway), stored and reloaded, must stay under
+    ``BOUNDARY_TRAFFIC_LIMIT`` of the layer's weight bytes.
+    """
+    layer = run.layers[1] if len(run.layers) > 1 else run.layers[0]
+    ops = graph.ops[layer.start:layer.stop]
+    crossing = {o.index: o for op in ops for o in op.operands if o.index < layer.start
+                and o.opcode != "parameter" and "init" not in o.attrs}
+    carried = sum(o.nbytes for o in crossing.values())
+    weights = sum(op.nbytes for op in ops if "init" in op.attrs)
+    return 2 * carried <= BOUNDARY_TRAFFIC_LIMIT * weights
+
+
+__all__ = ["BOUNDARY_TRAFFIC_LIMIT", "age_hazards", "evict_resident", "worth_canonical_boundaries"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuroncore.compiler.context import Context, Value
-from neuroncore.compiler.layer_boundary import age_hazards, evict_resident
+from neuroncore.compiler.layer_boundary import age_hazards, evict_resident, worth_canonical_boundaries
 from neuroncore.compiler.layer_names import Piece, Renamer
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
@@ -56,6 +56,7 @@ class LayerDedup:
         self.ctx = ctx
         self.replay = replay
         self.events: dict[int, tuple[LayerRun, int]] = {}
+        runs = [run for run in runs if worth_canonical_boundaries(ctx.graph, run)]
         for run in runs:
             self.events[run.layers[-1].stop] = (run, len(run.layers))
         for run in runs:

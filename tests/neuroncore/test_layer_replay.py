@@ -20,7 +20,7 @@ from neuroncore.parallel.sharding import shard
 # small configs with enough layers for a run to settle and be relocated
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "decode": ("llama-decode", {"layers": 8}),
-    "prefill": ("llama-prefill", {"layers": 6, "context": 64}),
+    "prefill": ("llama-prefill", {"layers": 6, "context": 16}),
     "decode-tp2": ("llama-decode", {"layers": 8, "tp_degree": 2}),  # one rank's sharded program
 }
 
@@ -113,3 +113,15 @@ def test_known_state_is_all_the_state() -> None:
     ctx = Context(workloads.get("mlp").graph(), nc.hardware.core_spec("trn1"))
     assert set(vars(ctx)) <= KNOWN_CONTEXT
     assert set(vars(ctx.em)) <= KNOWN_EMITTER
+
+
+def test_canonical_boundaries_only_where_the_write_back_is_cheap() -> None:
+    """A decode step carries a few KiB into each layer: canonical boundaries; a 128-token prefill
+    carries its activations: lowered layer by layer as before (no relocation, no write-back)."""
+    from neuroncore.compiler.layer_boundary import worth_canonical_boundaries
+
+    decode = workloads.get("llama-decode").graph(None, layers=6)
+    prefill = workloads.get("llama-prefill").graph(None, layers=6, context=128)
+    assert all(worth_canonical_boundaries(decode, run) for run in find_runs(decode))
+    assert not any(worth_canonical_boundaries(prefill, run) for run in find_runs(prefill))
+    assert "layers_relocated" not in compile_graph(prefill, "trn1").stats
