@@ -41,6 +41,7 @@ class _Mark:
     frame: Frame
     tensors: int
     views: int
+    placed: int  # values placed so far (Context._value_order)
     uses: dict[int, list[int]]
     kept_alive: dict[int, frozenset[int]]
     lowered_with: frozenset[int]
@@ -108,7 +109,7 @@ class LayerDedup:
         frame = Frame(previous.frame.node_base if previous else n, n,
                       previous.frame.buf_base if previous else b, b)
         stats = {key: (dict(v) if isinstance(v, dict) else v) for key, v in ctx.stats.items()}
-        return _Mark(frame, len(ctx.hbm_tensors), len(ctx.hbm_views), dict(ctx.uses),
+        return _Mark(frame, len(ctx.hbm_tensors), len(ctx.hbm_views), len(ctx._value_order), dict(ctx.uses),
                      {key: frozenset(v) for key, v in ctx.kept_alive.items()},
                      frozenset(ctx.lowered_with), frozenset(ctx.nki_locations), stats)
 
@@ -182,7 +183,7 @@ class LayerDedup:
         # the boundary there was relocated with the template; the next one ages hazards against
         # it, and nothing more of this run is relocated
         here = ctx.em.n_nodes
-        self.marks = {resume: _Mark(Frame(here, here, 0, 0), 0, 0, {}, {}, frozenset(), frozenset(), {})}
+        self.marks = {resume: _Mark(Frame(here, here, 0, 0), 0, 0, 0, {}, {}, frozenset(), frozenset(), {})}
         self._resumed = run.layers[resume].start if resume < len(run.layers) else run.layers[-1].stop
         return self._resumed
 
@@ -197,6 +198,7 @@ class _Template:
         self.renamer = renamer
         nb0, nb1 = start.frame.node_base, end.frame.node_base
         self.nodes = slice(nb0, nb1)
+        self.nodes_step = nb1 - nb0  # a shift of k template lengths moves nodes by k * this
         self.texts: list[tuple[int, tuple[Piece, ...]]] = []
         for i, text in enumerate(em.text[nb0:nb1]):
             pieces = renamer.split(text)
@@ -208,6 +210,8 @@ class _Template:
         value_ops = [i for j in layers
                      for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]]
         self.values = [ctx.values[i] for i in value_ops if i in ctx.values]
+        self.placed = list(ctx._value_order.items())[start.placed:end.placed]
+        self.placed_step = end.placed - start.placed
         self.uses = {i: sorted(set(lst) - set(start.uses.get(i, ())))
                      for i, lst in ctx.uses.items() if start.uses.get(i) is not lst}
         self.kept_alive = {i: v - start.kept_alive.get(i, frozenset()) for i, v in ctx.kept_alive.items()
@@ -265,6 +269,9 @@ class _Template:
         for value in self.values:
             placed = _move_value(value, shift, ctx.graph.ops)
             ctx.values[placed.op.index] = placed
+        moved_by = shift.dn // self.nodes_step
+        for i, order in self.placed:
+            ctx._value_order.setdefault(shift.op(i), order + moved_by * self.placed_step)
         for i, added in self.uses.items():
             target = shift.op(i)
             ctx.uses[target] = sorted(set(ctx.uses[target]) | {shift.op(u) for u in added})

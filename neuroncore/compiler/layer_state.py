@@ -30,7 +30,7 @@ from neuroncore.ir.graph import Op
 KNOWN_CONTEXT = frozenset({
     "graph", "spec", "em", "sbuf", "psum", "buffers", "hbm_tensors", "hbm_views", "values", "queues",
     "queue", "pinned", "uses", "outputs", "hbm_home_bytes", "position", "stats", "_next_buffer",
-    "_identity", "kept_alive", "nki_locations", "lowered_with",
+    "_identity", "kept_alive", "nki_locations", "lowered_with", "_value_order", "_holding",
 })
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",
@@ -122,6 +122,11 @@ def snapshot(ctx: Context, frame: Frame, op_token: Callable[[int], Any], renamer
         "queues": tuple(q.name for q in ctx.queues),
         "pinned": tuple(sorted(buf(b) for b in ctx.pinned)),
         "identity": None if ctx._identity is None else buf(ctx._identity.id),
+        # the order values were first placed in (spill ties) and the values holding tiles now
+        "value_order": tuple(op_token(i) for i in sorted(ctx._value_order, key=ctx._value_order.__getitem__)
+                             if op_token(i)[0] != "g"),
+        "holding": sorted(op_token(i) for i in ctx._holding
+                          if any(b is not None for b in ctx.values[i].bufs)),
     }
 
 
