@@ -140,3 +140,18 @@ def test_bert_trains_with_its_default_dropout() -> None:
     with torch.no_grad():
         deterministic = float(model(ids, labels))
     assert all(abs(x - deterministic) < 0.5 for x in losses)  # the same model, masked
+
+
+def test_accumulated_micro_batches_draw_different_masks() -> None:
+    """Gradient accumulation runs two programs (accumulate, update) once each per step: each
+    execution gets its own offset, so the two micro-batches' masks are independent."""
+    torch.manual_seed(1)
+    model = Dropped().train()
+    opt = torch.optim.SGD(model.parameters(), lr=float(N))
+    x = torch.ones(N)
+    step = neuroncore.trace_train_step(model, opt, (x,), accumulation_steps=2)
+    step(torch.ones(2 * N))
+    kept = np.round((1.0 - model.w.detach().numpy()) * (1 - P) * 2)  # 0, 1 or 2 of the masks
+    assert set(np.unique(kept)) <= {0.0, 1.0, 2.0}
+    once = float((kept == 1).mean())  # kept by exactly one micro-batch: 2 p (1 - p)
+    assert abs(once - 2 * P * (1 - P)) < 4 * math.sqrt(2 * P * (1 - P) * (1 - 2 * P * (1 - P)) / N)
