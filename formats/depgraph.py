@@ -6,9 +6,12 @@
 Why a graph of arrays: the critical path and idle attribution (``formats.critical_path``) walk
 "what released what" over millions of instructions; that is a pointer chase, done in compiled loops
 over integer arrays, never per-row Python objects. Loading is the only part that touches Parquet:
-``Instruction`` is read column by column with pyarrow (string columns kept as dictionaries, so ten
-million rows cost their integer codes), DMA packets are grouped into transfers and CcOp rows read
-with DuckDB, and ``Flow`` edges are mapped from (table, id) to event indices through sorted ids.
+the few columns needed of ``Instruction``, ``DmaPacket`` and ``Flow`` are decoded part by part on a
+thread pool (``formats.part_reader``; string columns kept as dictionaries, so ten million rows cost
+their integer codes) straight into arrays allocated once for all events; DMA packets are grouped
+into transfers on those arrays (DuckDB only for packets whose columns need its cast rules); CcOp
+rows (few) are read with DuckDB; ``Flow`` edges are mapped from (table, id) to event indices in one
+compiled pass per kind (an offset for contiguous ids, a lookup table or a binary search otherwise).
 
 Events (one index space, instructions first, then transfers, then collectives):
 
@@ -143,7 +146,7 @@ def _part_jobs(profile: Profile, table: str, wanted: Sequence[str], dictionary: 
         return []
     jobs = []
     offset = 0
-    rows = found.file_rows or [0] * len(found.files)
+    rows = found.file_rows or [pq.ParquetFile(path).metadata.num_rows for path in found.files]
     for path, schema, count in zip(found.files, found.file_schemas, rows):
         names = set(schema.names)
         if not set(required) <= names:
