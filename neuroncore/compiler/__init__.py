@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
@@ -217,9 +218,47 @@ def _stream_positions(keys: np.ndarray) -> np.ndarray:
     return positions
 
 
+def _scratch_peak(ctx: Context) -> int:
+    """Bytes of compiler scratch in HBM that are live at once: a scratch tensor (a spill, a value
+    kept in HBM, a relayout) holds its memory from the first node that touches it to the last,
+    after which the space is reused, as a compiler's HBM allocator does (fragmentation is not
+    modelled). Without reuse a full-size UNet's attention maps alone would exceed a core's HBM."""
+    scratch = {name: t.nbytes for name, t in ctx.hbm_tensors.items()
+               if t.kind is HbmTensorKind.SCRATCH}
+    if not scratch:
+        return 0
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for node, sem in enumerate(ctx.em.semantics):
+        names: list[str] = []
+        if isinstance(sem, (ns.Load, ns.LoadKTiled)):
+            names = [sem.src.tensor]
+        elif isinstance(sem, ns.Store):
+            names = [sem.dst.tensor]
+        elif isinstance(sem, ns.Gather):
+            names = [sem.table.tensor]
+        elif isinstance(sem, ns.Collective):
+            names = [sem.src.tensor, sem.dst.tensor]
+        elif isinstance(sem, ns.KernelCall):
+            names = [*sem.inputs, sem.output]
+        for name in names:
+            for source in (ctx.view_sources(name) if name in ctx.hbm_views else [name]):
+                if source in scratch:
+                    first.setdefault(source, node)
+                    last[source] = node
+    events = sorted([(first[n], scratch[n]) for n in first] + [(last[n] + 1, -scratch[n]) for n in first])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    untouched = sum(size for name, size in scratch.items() if name not in first)
+    return peak + untouched
+
+
 def _finalize(ctx: Context) -> Program:
     graph = ctx.graph
     stats = dict(ctx.stats)
+    stats["scratch_peak_bytes"] = _scratch_peak(ctx)
     stats.update(sbuf_peak_bytes_per_partition=ctx.sbuf.peak, n_buffers=len(ctx.buffers))
     locations = ctx.nki_locations
     per_node = [locations.get(i) for i in range(ctx.em.n_nodes)] if locations else None

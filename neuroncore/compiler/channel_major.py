@@ -14,7 +14,8 @@ their ``[N, C, *spatial]`` reshapes so that it works on ``[N, C, L]`` directly:
   scale becomes a per-partition scalar) or splat constants, is computed on ``[N, C, L]``;
 * a concatenation along the channels (a UNet's skip connection) likewise;
 * a reshape of a channel-major value reads the ``[N, C, L]`` value (a reshape of a reshape);
-  the reshape that feeds a convolution disappears;
+  the reshape that feeds a convolution disappears; a reshape back to ``[N, C, *spatial]`` read by
+  an elementwise op (group norm's ``[N, G, C/G, L]``) regroups once into ``[N, C, L]``;
 * ``transpose(x, (0, 2, .., 1))`` read as ``[N, L, C]`` (attention over pixels) becomes a transpose
   of the last two dims of ``[N, C, L]`` (the PE transposes it on chip), and the way back likewise.
 
@@ -55,6 +56,7 @@ class _Pass:
         self.new: dict[int, Op] = {}  # old op index -> its value in the new graph (same shape)
         self.flat: dict[int, Op] = {}  # old op index -> its [N, C, L] value in the new graph
         self.names = {op.name for op in graph.ops}
+        self.users = graph.users()
 
     def emit(self, like: Op, opcode: str, operands: tuple[Op, ...], shape: tuple[int, ...],
              attrs: dict[str, Any], name: str, dtype: Any = None) -> Op:
@@ -99,8 +101,14 @@ class _Pass:
             if len(keep) != len(dims):
                 src = self.emit(x, "reshape", (src,), tuple(source.shape[i] for i in keep), {},
                                 self.fresh(f"{x.name}.cm_src"))
-            return self.emit(x, "broadcast", (src,), shape, {"dims": tuple(dims[i] for i in keep)},
-                             self.fresh(f"{x.name}.cm"))
+            kept = tuple(dims[i] for i in keep)
+            if kept and kept != (0, 1):
+                # through [N, C]: one value per row, which the engines read as a per-partition
+                # scalar (a batch norm's scale is not materialised over the image)
+                src = self.emit(x, "broadcast", (src,), shape[:2], {"dims": kept},
+                                self.fresh(f"{x.name}.cm_rows"))
+                kept = (0, 1)
+            return self.emit(x, "broadcast", (src,), shape, {"dims": kept}, self.fresh(f"{x.name}.cm"))
         if x.opcode == "constant" and "init" not in x.attrs and x.shape:
             return self.emit(x, "constant", (), shape, dict(x.attrs), self.fresh(f"{x.name}.cm"))
         return None
@@ -158,6 +166,15 @@ class _Pass:
             flat = self.flat[src.index]
             self.new[op.index] = flat if flat.shape == op.shape else self.emit(
                 op, "reshape", (flat,), op.shape, {}, op.name)
+            return True
+        flat_shape = _flat_shape(op.shape)
+        if (len(op.shape) >= 4 and flat_shape is not None and len(src.shape) >= 4
+                and src.opcode != "transpose"
+                and any(u.opcode in ELEMENTWISE for u in self.users[op.index])):
+            # e.g. group norm's [N, G, C/G, L] back to [N, C, H, W]: one regrouping into
+            # [N, C, L], so the per-channel affine and activation after it run channel-major
+            self.flat[op.index] = self.emit(op, "reshape", (self.full(src),), flat_shape, {},
+                                            self.fresh(f"{op.name}.cm"))
             return True
         if src.opcode == "transpose" and src.operands[0].index in self.flat:
             x = src.operands[0]

@@ -47,12 +47,11 @@ from neuroncore.compiler.lower_elementwise import activate, tensor_copy, tensor_
 from neuroncore.compiler.lower_matmul import ldweights
 from neuroncore.compiler.lowering_state import Accumulation, Layout
 from neuroncore.compiler.node_semantics import NOP, Copy, MatMul, Memset, TensorTensor
-from neuroncore.compiler.program import RES_TENSOR_MM, ApRef, Buffer, Ref
+from neuroncore.compiler.program import RES_TENSOR_MM, ApRef, Buffer, HbmAccess, Ref
 from neuroncore.compiler.tiling import (
     P,
     Tile,
     batch_rows_access,
-    is_packed,
     locate,
     tile_grid,
     tiles_of,
@@ -377,9 +376,13 @@ def _only_user(ctx: Context, op: Op) -> Op | None:
 
 def _per_channel(ctx: Context, x: Op, conv: Op) -> Op | None:
     """The [O] source of a per-output-channel broadcast that is already placed, or None."""
-    if x.opcode != "broadcast" or tuple(x.attrs["dims"]) != (1,):
+    if x.opcode != "broadcast":
         return None
     src = x.operands[0]
+    if tuple(x.attrs["dims"]) == (0, 1) and src.opcode == "broadcast":  # [C] -> [N, C] -> [N, C, L]
+        x, src = src, src.operands[0]
+    if tuple(x.attrs["dims"]) != (1,):
+        return None
     if src.shape != (conv.shape[1],) or src.index > conv.index or src.index not in ctx.values:
         return None
     return src
@@ -393,8 +396,6 @@ def _is_zero(x: Op) -> bool:
 
 def epilogue(ctx: Context, op: Op) -> Epilogue | None:
     """The scale / shift / ReLU chain after convolution ``op`` that its evacuation can apply."""
-    if is_packed(op.shape, Layout.ROW):
-        return None  # images share partitions: a per-channel scalar is not per partition
     chain: list[Op] = []
     found: dict[str, Op] = {}
     cur = op
@@ -418,13 +419,20 @@ def epilogue(ctx: Context, op: Op) -> Epilogue | None:
     return Epilogue(cur, tuple(chain), found.get("multiply"), found.get("add"), relu)
 
 
-def _channel_scalar(ctx: Context, vec: Op | None, channel: int, rows: int) -> tuple[Ref | None, Ref | None]:
-    """(the loaded [rows, 1] tile, the ref of channels [channel, channel + rows)) of ``vec``."""
+def _channel_scalar(ctx: Context, vec: Op | None, channel: int, piece: Piece
+                    ) -> tuple[Ref | None, Ref | None]:
+    """(the buffer, the ref) of channels [channel, channel + rows) of ``vec``, one per partition
+    of ``piece`` (a DMA can write any partitions: images packed into one tile get their copy at
+    their own partitions)."""
     if vec is None:
         return None, None
-    tile = ctx.tile(vec, channel // P, Layout.COL)
-    p = channel % P
-    return tile, Ref(tile.buf, tile.p0 + p, tile.p0 + p + rows, tile.f0, tile.f0 + 1)
+    name = ctx.ensure_hbm(vec)
+    buf = ctx.alloc(piece.p + piece.rows, 1, vec.dtype, f"{vec.name}.col")
+    ref = Ref(buf.id, piece.p, piece.p + piece.rows, 0, 1)
+    access = HbmAccess(name, 0, channel, channel + piece.rows, 0, 1, Layout.COL)
+    ctx.dma_load(ctx.load_queue(ctx.values[vec.index]), access, ref, vec.dtype,
+                 rows_per_batch=vec.shape[0], run_bytes=vec.dtype.itemsize)
+    return ref, ref
 
 
 def _evacuate(ctx: Context, out: Ref, psum: Ref, engine: Engine, ep: Epilogue | None,
@@ -513,18 +521,16 @@ def lower_convolution(ctx: Context, op: Op) -> None:
                     o1 = gb * ch.ob + min(ch.ob, (ob + 1) * P)
                     for out_piece in channel_pieces(op.shape, out_tiles, n, o0, o1):
                         channel = o0 + out_piece.local
-                        epi = [_channel_scalar(ctx, vec, channel, out_piece.rows)
+                        epi = [_channel_scalar(ctx, vec, channel, out_piece)
                                for vec in ((ep.scale, ep.bias) if ep is not None else (None, None))]
                         scalars = [ref for ref, _ in epi if ref is not None]
                         for group in groups:
                             _accumulate(ctx, target, geo, group, pieces, weights, inputs, offsets,
                                         out_piece, dtype, evac, ep, epi[0][1], epi[1][1])
                             _repin(ctx, held + scalars)
-                        if ep is not None:
-                            for vec, (tile, _) in zip((ep.scale, ep.bias), epi):
-                                if vec is not None and tile is not None:
-                                    ctx.release(vec, tile)
-                            _repin(ctx, held)
+                        for scalar in scalars:
+                            ctx.free(ctx.buffers[scalar.buf])
+                        _repin(ctx, held)
                     if not keep_weights:
                         for ref in weights:
                             ctx.free(ctx.buffers[ref.buf])

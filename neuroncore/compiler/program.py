@@ -305,6 +305,8 @@ class Program:
         usage = {str(kind): 0 for kind in HbmTensorKind}
         for tensor in self.hbm_tensors.values():
             usage[tensor.kind] = usage.get(tensor.kind, 0) + tensor.nbytes
+        if "scratch_peak_bytes" in self.stats:  # scratch is reused once its last reader ran
+            usage[str(HbmTensorKind.SCRATCH)] = int(self.stats["scratch_peak_bytes"])
         return usage
 
     def engine_instruction_counts(self) -> dict[str, int]:
