@@ -1020,6 +1020,14 @@ class _Converter:
             raise _Unmappable("base dilation")
         start = self.b.n_ops
         lowest = -3.3895e38 if dtype is DType.BF16 else -3.4028234e38
+        pooled = self._channel_major_pool(x, window, kind, lowest)
+        if pooled is not None:
+            result_op: Op = pooled
+            if not (id(init) in self.known and self.known[id(init)] == _IDENTITY[kind]):
+                init_b = self.b.broadcast(init, result_op.shape, ())
+                result_op = (self.b.add(result_op, init_b) if kind == "sum"
+                             else self.b.maximum(result_op, init_b))
+            return self._named_helpers(start, name, result_op)
         padded = x
         for dim, (low, high) in enumerate(window["pad"]):
             if low or high:
@@ -1042,6 +1050,28 @@ class _Converter:
             self.used.discard(name)
             return x
         return self._named_helpers(start, name, result)
+
+    def _channel_major_pool(self, x: Op, window: dict[str, Any], kind: str, lowest: float
+                            ) -> Op | None:
+        """A pool whose window spans all but two dims (batch and feature, NCHW or NHWC) as one
+        ``reduce-window`` op on the channel-major input (``conv_lowering.reduce_window``), with a
+        transpose on each side when the layout is not NCHW; None for any other window."""
+        rank = len(x.shape)
+        trivial = [d for d in range(rank) if window["size"][d] == 1 and window["stride"][d] == 1
+                   and tuple(window["pad"][d]) == (0, 0) and window["rhs_dilate"][d] == 1]
+        if rank < 3 or len(trivial) != 2 or any(p < 0 for pair in window["pad"] for p in pair):
+            return None
+        spatial = [d for d in range(rank) if d not in trivial]
+        perm = [*trivial, *spatial]
+        moved = x if perm == list(range(rank)) else self.b.transpose(x, perm)
+        y = conv_lowering.reduce_window(
+            self.b, moved, [window["size"][d] for d in spatial], [window["stride"][d] for d in spatial],
+            [tuple(window["pad"][d]) for d in spatial], [window["rhs_dilate"][d] for d in spatial],
+            kind, 0.0 if kind == "sum" else lowest)
+        if perm == list(range(rank)):
+            return y
+        inverse = [perm.index(d) for d in range(rank)]
+        return self.b.transpose(y, inverse)
 
     def _op_gather(self, ins: HloInstruction, operands: list[Val], name: str,
                    shape: tuple[int, ...], dtype: DType) -> Op:

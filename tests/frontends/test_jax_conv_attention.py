@@ -130,6 +130,7 @@ def test_convolutions_keep_their_hlo_names_and_lines():
     opcodes = [op.opcode for op in graph.ops]
     assert opcodes.count("convolution") == 4  # implicit GEMM: one op per convolution
     assert opcodes.count("dot") == 1  # the head
+    assert opcodes.count("reduce-window") == 2 and "slice" not in opcodes  # pools: one op each
     assert len({op.name for op in graph.ops}) == len(graph.ops)
 
 
