@@ -65,6 +65,7 @@ from neuroncore.compiler.program import (
     HbmView,
     Program,
 )
+from neuroncore.compiler.streaming import HOISTABLE, Group, joins, reads_group, run_group, units_of
 from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 
@@ -165,9 +166,37 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
     ctx = Context(graph, spec)
     output_indices = {o.index for o in graph.outputs}
     dedup = LayerDedup(ctx, find_runs(graph), replay=replay_layers)
+    group: Group | None = None
+
+    def close(op: Op) -> None:
+        ctx.position = op.index
+        ctx.em.current_op = op.index
+        if op.index in output_indices:
+            value = ctx.values[op.index]
+            tensor = ctx.hbm_tensors.get(value.hbm or "")
+            if tensor is None or tensor.kind is not HbmTensorKind.OUTPUT or value.alias is not None:
+                lower_output_copy(ctx, op)
+        ctx.finish(op)
+        ctx.unpin_all()
+
+    def flush() -> None:
+        nonlocal group
+        if group is None:
+            return
+        if len(group.members) > 1:
+            run_group(ctx, group)
+        else:
+            ctx.position = ctx.em.current_op = group.members[0].index
+            LOWERINGS[group.members[0].opcode](ctx, group.members[0])
+        for done in sorted([*group.members, *group.hoisted], key=lambda o: o.index):
+            close(done)
+        group = None
+
     ops = graph.ops
     i = 0
     while i < len(ops):
+        if i in dedup.events:
+            flush()  # a fusion group never spans a layer boundary
         resume = dedup.before(i)
         if resume != i:  # a run of layers was relocated from one lowered layer
             i = resume
@@ -176,15 +205,28 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
         i += 1
         ctx.position = op.index
         ctx.em.current_op = op.index
-        if op.index not in ctx.lowered_with:  # e.g. a dequantising scale fused into its matmul
-            LOWERINGS[op.opcode](ctx, op)
-        if op.index in output_indices:
-            value = ctx.values[op.index]
-            tensor = ctx.hbm_tensors.get(value.hbm or "")
-            if tensor is None or tensor.kind is not HbmTensorKind.OUTPUT or value.alias is not None:
-                lower_output_copy(ctx, op)
-        ctx.finish(op)
-        ctx.unpin_all()
+        if op.index in ctx.lowered_with:  # e.g. a dequantising scale fused into its matmul
+            flush()
+            close(op)
+            continue
+        # fusion groups (compiler.streaming): a chain of ops lowered tile by tile / batch by batch
+        units = units_of(ctx, op)
+        if joins(group, op, units):
+            assert group is not None
+            group.members.append(op)
+            continue
+        if group is not None and op.opcode in HOISTABLE and not reads_group(group, op):
+            LOWERINGS[op.opcode](ctx, op)  # reads nothing of the group: lowered while it is open
+            group.hoisted.append(op)
+            continue
+        flush()
+        if units is not None:
+            group = Group.start(op, units)
+            continue
+        ctx.position = ctx.em.current_op = op.index  # (flushing lowered earlier ops)
+        LOWERINGS[op.opcode](ctx, op)
+        close(op)
+    flush()
     if dedup.replayed:
         ctx.stats["layers_relocated"] = dedup.replayed
     if options is not None and options.prefetch_weights:

@@ -117,6 +117,7 @@ class Context:
         self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
         self.nki_locations: dict[int, str] = {}  # node -> file:line of the NKI call (kernels in models)
         self.lowered_with: dict[int, int] = {}  # op index -> the earlier op whose lowering made it
+        self.force_sbuf: set[int] = set()  # values internal to a fusion group (compiler.streaming)
 
     # -- buffers ---------------------------------------------------------------------------
     def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
@@ -284,6 +285,8 @@ class Context:
         _, rows, cols = tile_grid(op.shape, layout)
         if home is not None:
             home = Memory(home)  # a closed set: "sbuf" from a caller not yet converted is Memory.SBUF
+        elif op.index in self.force_sbuf:
+            home = Memory.SBUF  # read only inside its fusion group, one batch at a time
         else:
             per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
             only_output = op.index in self.outputs and not self.uses[op.index]
@@ -446,6 +449,8 @@ class Context:
                 self.free(self.buffers[ref.buf])
                 value.in_hbm[t] = True
             return value.hbm
+        if value.home is Memory.HBM and value.hbm is not None:
+            return value.hbm  # produced into HBM tile by tile (maybe not all yet: a fusion group)
         if value.hbm is None:
             value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, HbmTensorKind.SCRATCH)
         for t, done in enumerate(value.in_hbm):

@@ -7,6 +7,7 @@ per-partition scalar operand of TENSOR_SCALAR. Anything else is a full tile.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -315,7 +316,22 @@ def column_chunks(ctx: Context, value: Value) -> list[tuple[int, int]]:
     return [(c, min(value.cols, c + width)) for c in range(0, value.cols, width)]
 
 
+def batch_ends(value: Value, t: int) -> bool:
+    """Whether tile ``t`` is the last of its batch. Stepped lowerings yield this after each tile (a
+    fusion group advances its ops one tile or one batch at a time, ``compiler.streaming``)."""
+    return t + 1 == len(value.tiles) or value.tiles[t + 1].batch != value.tiles[t].batch
+
+
+def drain(steps: Iterator[bool]) -> None:
+    for _ in steps:
+        pass
+
+
 def lower_unary(ctx: Context, op: Op) -> None:
+    drain(unary_steps(ctx, op))
+
+
+def unary_steps(ctx: Context, op: Op) -> Iterator[bool]:
     src = classify(ctx, op.operands[0], op.shape)
     layout = output_layout(ctx, op, [src])
     value = ctx.define(op, layout=layout)
@@ -337,9 +353,14 @@ def lower_unary(ctx: Context, op: Op) -> None:
             release(ctx, src, inp)
             ctx.produced(op, t, out, c0, c1)
             ctx.unpin_all()
+        yield batch_ends(value, t)
 
 
 def lower_binary(ctx: Context, op: Op) -> None:
+    drain(binary_steps(ctx, op))
+
+
+def binary_steps(ctx: Context, op: Op) -> Iterator[bool]:
     a, b = (classify(ctx, x, op.shape) for x in op.operands)
     alu = ALU_OPS[op.attrs["direction"] if op.opcode == "compare" else op.opcode]
     layout = output_layout(ctx, op, [a, b])
@@ -369,6 +390,7 @@ def lower_binary(ctx: Context, op: Op) -> None:
             release(ctx, b, rb)
             ctx.produced(op, t, out, c0, c1)
             ctx.unpin_all()
+        yield batch_ends(value, t)
 
 
 def lower_select(ctx: Context, op: Op) -> None:

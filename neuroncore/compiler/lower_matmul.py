@@ -25,7 +25,8 @@ from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
-from neuroncore.compiler.lower_elementwise import tensor_copy, tensor_tensor
+from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_tensor
+from neuroncore.compiler.lower_reduce import row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
@@ -358,6 +359,12 @@ class _Operand:
 def lower_dot(ctx: Context, op: Op) -> None:
     """Blocks (Mb, Nb, Kb) from the planner; streamed blocks are double-buffered by releasing the
     previous block only after the next one is loaded."""
+    drain(dot_steps(ctx, op))
+
+
+def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
+    """:func:`lower_dot` one batch at a time (yields True after each: a fusion group advances its
+    ops in step)."""
     lhs, rhs = op.operands
     n_dims = len(op.shape)
     lc, rc = op.attrs["lhs_contract"], op.attrs["rhs_contract"]
@@ -368,11 +375,25 @@ def lower_dot(ctx: Context, op: Op) -> None:
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
     scaled = fused_scale(ctx, op)
+    epilogue = fused_epilogue(ctx, op) if scaled is None else None
     target = op
     if scaled is not None:  # the dot writes the scaled product: the multiply's value
         target = scaled.product
         for fused in scaled.fused:
             ctx.lowered_with[fused.index] = op.index
+    bias_rows: Ref | None = None
+    if epilogue is not None:  # the evacuation adds the bias and applies the activation
+        target = epilogue.product
+        for fused in epilogue.fused:
+            if fused.index > op.index:
+                ctx.lowered_with[fused.index] = op.index
+        if epilogue.bias is not None:
+            source = epilogue.bias
+            if source.index not in ctx.values:  # a bias weight the graph declares after its dot
+                from neuroncore.compiler.lower_layout import lower_weight
+
+                lower_weight(ctx, source)
+            bias_rows = row_params(ctx, op, source, min(P, m if batches == 1 else P))
     value = ctx.define(target)
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home is Memory.SBUF else [])
@@ -405,7 +426,7 @@ def lower_dot(ctx: Context, op: Op) -> None:
                             a_cache[k0] = a_refs
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
-                                    first, last, acc_buf, evac, scaled)
+                                    first, last, acc_buf, evac, scaled, epilogue, bias_rows)
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
@@ -419,6 +440,9 @@ def lower_dot(ctx: Context, op: Op) -> None:
             for refs in a_cache.values():
                 a.release(refs)
             ctx.unpin_all()
+        yield True
+    if bias_rows is not None:
+        ctx.free(ctx.buffers[bias_rows.buf])
 
 
 @dataclass(frozen=True)
@@ -457,10 +481,60 @@ def fused_scale(ctx: Context, op: Op) -> FusedScale | None:
     return FusedScale(user, spread, (user,))
 
 
+EPILOGUE_FUNCTIONS = frozenset({"gelu", "silu", "tanh", "logistic", "exponential", "erf", "sqrt",
+                                "rsqrt", "log", "abs", "sine", "cosine"})
+BIAS_ROW_MAX_BYTES = 16 * 1024  # per partition: a longer bias row is not kept for the whole dot
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What the PSUM evacuation of a dot also does, as neuronx-cc fuses it: add a bias row (the
+    dot's only reader adds a 1-D vector broadcast along the last dim) and apply an activation
+    (the next only reader, on the Scalar engine, in place). ``product`` is the last fused op,
+    whose value the dot writes; every step keeps the dot's type, so each rounding is the one the
+    unfused ops make and numerics do not change."""
+
+    product: Op
+    bias: Op | None  # the 1-D bias vector
+    func: str | None  # ACTIVATE function of the fused activation (lower_elementwise names)
+    fused: tuple[Op, ...]  # ops lowered by the dot's lowering (the add, its broadcast, the act)
+
+
+def fused_epilogue(ctx: Context, op: Op) -> Epilogue | None:
+    """The bias add and activation that can be folded into ``op``'s evacuation, if any."""
+    cur, bias, func = op, None, None
+    fused: list[Op] = []
+    user = _only_user(ctx, cur)
+    if user is not None and user.opcode == "add" and user.dtype == op.dtype and len(op.shape) >= 1:
+        a, b = user.operands
+        other = b if a is cur else a
+        src = other.operands[0] if other.opcode == "broadcast" and other.operands else None
+        if (src is not None and other is not cur and ctx.uses[other.index] == [user.index]
+                and tuple(other.attrs["dims"]) == (len(op.shape) - 1,) and src.shape == (op.shape[-1],)
+                and src.dtype == op.dtype and other.index not in ctx.outputs
+                and op.shape[-1] * src.dtype.itemsize <= BIAS_ROW_MAX_BYTES
+                and (src.index in ctx.values
+                     or (src.opcode == "constant" and "init" in src.attrs
+                         and ctx.uses[src.index] == [other.index] and src.index not in ctx.outputs))):
+            bias, cur = src, user
+            fused += [other, user] + ([src] if src.index not in ctx.values else [])
+    user = _only_user(ctx, cur)
+    if user is not None and user.opcode in EPILOGUE_FUNCTIONS and user.dtype == op.dtype:
+        func = user.opcode
+        if func == "gelu" and user.attrs.get("approximate", "tanh") != "tanh":
+            func = "gelu_exact"
+        fused.append(user)
+        cur = user
+    if cur is op:
+        return None
+    return Epilogue(cur, bias, func, tuple(fused))
+
+
 def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs: list[Ref], b: int,
                     ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
                     last: bool, acc_buf: Buffer | None, evac: Iterator[Engine],
-                    scaled: FusedScale | None = None) -> None:
+                    scaled: FusedScale | None = None, epilogue: Epilogue | None = None,
+                    bias_rows: Ref | None = None) -> None:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
     per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
     (m0, m1), (n0, n1) = ms, ns
@@ -505,7 +579,10 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 if scale_tile is not None:
                     offset = scale_tile.f0 + c0 - chunks[0][0]
                     scale = Ref(scale_tile.buf, p0, p0 + n_rows, offset, offset + c1 - c0)
-                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac), scaled, scale)
+                bias = (Ref(bias_rows.buf, p0, p0 + n_rows, bias_rows.f0 + c0, bias_rows.f0 + c1)
+                        if bias_rows is not None else None)
+                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac), scaled, scale,
+                          epilogue, bias)
                 ctx.free(bank)
             if scaled is not None and scale_tile is not None:
                 ctx.release(scaled.scales, scale_tile)
@@ -527,10 +604,33 @@ def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]]
 
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
               acc: Ref | None, engine: Engine, scaled: FusedScale | None = None,
-              scale: Ref | None = None) -> None:
+              scale: Ref | None = None, epilogue: Epilogue | None = None,
+              bias: Ref | None = None) -> None:
     """PSUM -> SBUF: straight into the output, or into an FP32 partial sum when K is split; with a
-    fused scale the last step multiplies by the ``scale`` row (a Vector op in place of the copy)."""
+    fused scale the last step multiplies by the ``scale`` row (a Vector op in place of the copy);
+    with an epilogue the last step also adds the bias row and applies the activation."""
     rows = (psum.p0, psum.p1)
+    if epilogue is not None and last:
+        out = ctx.produce(epilogue.product, t, c0, c1, rows)
+        exact = op.dtype is DType.FP32  # the PSUM sums are the dot's value: no rounding skipped
+        if not first:
+            assert acc is not None
+            tensor_tensor(ctx, "add", out, acc, psum)
+        elif bias is not None and exact:
+            tensor_tensor(ctx, "add", out, psum, bias)
+            bias = None
+        elif epilogue.func is not None and exact:
+            activate(ctx, epilogue.func, out, psum)
+            ctx.produced(epilogue.product, t, out, c0, c1)
+            return
+        else:
+            tensor_copy(ctx, out, psum, engine)
+        if bias is not None:
+            tensor_tensor(ctx, "add", out, out, bias)
+        if epilogue.func is not None:
+            activate(ctx, epilogue.func, out, out)
+        ctx.produced(epilogue.product, t, out, c0, c1)
+        return
     if scaled is not None and last:
         assert scale is not None
         target = scaled.product

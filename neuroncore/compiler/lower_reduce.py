@@ -8,11 +8,14 @@ other dims first moves them last through an HBM view (a strided DMA), as the dev
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import (
     activate,
+    batch_ends,
+    drain,
     reciprocal,
     tensor_reduce,
     tensor_scalar,
@@ -36,6 +39,10 @@ def _free_limit_check(ctx: Context, op: Op, cols: int) -> None:
 
 
 def lower_reduce(ctx: Context, op: Op) -> None:
+    drain(reduce_steps(ctx, op))
+
+
+def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
     src = op.operands[0]
     dims = tuple(op.attrs["dimensions"])
     alu = SUM if op.attrs["kind"] == "sum" else MAX
@@ -85,6 +92,7 @@ def lower_reduce(ctx: Context, op: Op) -> None:
             ctx.free(ctx.buffers[inp.buf])
         ctx.produced(op, t, out)
         ctx.unpin_all()
+        yield batch_ends(value, t)
 
 
 def _scratch(ctx: Context, rows: int, cols: int, name: str) -> Ref:
@@ -97,7 +105,7 @@ def _free(ctx: Context, *refs: Ref) -> None:
         ctx.free(ctx.buffers[ref.buf])
 
 
-def _row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
+def row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
     """``param`` [C] replicated on ``rows`` partitions: one DMA with a zero partition stride."""
     source = ctx.ensure_hbm(param)
     name = f"{param.name}.rows{rows}"
@@ -114,6 +122,10 @@ def _row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
 
 def lower_softmax(ctx: Context, op: Op) -> None:
     """max -> exp(x - max) summed on ACT -> reciprocal -> scale: four engines' worth of work."""
+    drain(softmax_steps(ctx, op))
+
+
+def softmax_steps(ctx: Context, op: Op) -> Iterator[bool]:
     src = op.operands[0]
     value = ctx.define(op)
     _free_limit_check(ctx, op, value.cols)
@@ -133,6 +145,7 @@ def lower_softmax(ctx: Context, op: Op) -> None:
         ctx.release(src, x)
         ctx.produced(op, t, out)
         ctx.unpin_all()
+        yield batch_ends(value, t)
 
 
 def lower_norm(ctx: Context, op: Op) -> None:
@@ -144,8 +157,8 @@ def lower_norm(ctx: Context, op: Op) -> None:
     _free_limit_check(ctx, op, cols)
     eps = float(op.attrs["eps"])
     max_rows = max(t.rows for t in value.tiles)
-    gamma = _row_params(ctx, op, op.operands[1], max_rows)
-    beta = _row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
+    gamma = row_params(ctx, op, op.operands[1], max_rows)
+    beta = row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
     ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
     for t, tile in enumerate(value.tiles):
         x = ctx.tile(src, t, Layout.ROW)

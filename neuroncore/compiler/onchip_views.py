@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import pairwise
 
 import numpy as np
 
@@ -108,39 +109,30 @@ def _tile_blocks(root: Op, index: np.ndarray, shape: tuple[int, ...]
     rb, rr = np.divmod(rowflat, root_rows)
     stile = rb * tiles_per_batch + rr // P
     part = rr % P
-    slices: list[Block] | None = []
-    copies: list[list[tuple[int, Block]]] | None = []
-    columns = np.arange(out_cols)
-    for b in range(out_batches):
-        for r0 in range(0, out_rows, P):
-            r1 = min(out_rows, r0 + P)
-            lo, hi = b * out_rows + r0, b * out_rows + r1
-            st, pt, cl = stile[lo:hi], part[lo:hi], col[lo:hi]
-            rows = hi - lo
-            aligned = bool((pt == np.arange(rows)[:, None]).all())
-            s0, c0 = int(st[0, 0]), int(cl[0, 0])
-            if slices is not None:
-                if aligned and (st == s0).all() and (cl == c0 + columns[None, :]).all():
-                    slices.append((s0, 0, rows, c0, c0 + out_cols))
-                else:
-                    slices = None
-            if copies is None:
-                continue
-            if not (aligned and (st == st[0:1]).all() and (cl == cl[0:1]).all()):
-                copies = None
-                continue
-            runs: list[tuple[int, Block]] = []
-            start = 0
-            for j in range(1, out_cols + 1):
-                if j == out_cols or st[0, j] != st[0, j - 1] or cl[0, j] != cl[0, j - 1] + 1:
-                    runs.append((start, (int(st[0, start]), 0, rows, int(cl[0, start]),
-                                         int(cl[0, start]) + j - start)))
-                    start = j
-            if len(runs) > MAX_COPIES_PER_TILE or min(b[4] - b[3] for _, b in runs) < MIN_COPY_COLUMNS:
-                copies = None
-                continue
-            copies.append(runs)
-    return slices, copies
+    spans = [(b * out_rows + r0, b * out_rows + min(out_rows, r0 + P))
+             for b in range(out_batches) for r0 in range(0, out_rows, P)]
+    # every row on the partition of its output row, each column from one place for all rows
+    local = np.concatenate([np.arange(hi - lo) for lo, hi in spans])
+    if not (part == local[:, None]).all():
+        return None, None
+    starts = np.array([lo for lo, _ in spans])
+    same_place = bool((stile == np.repeat(stile[starts], [hi - lo for lo, hi in spans], axis=0)).all()
+                      and (col == np.repeat(col[starts], [hi - lo for lo, hi in spans], axis=0)).all())
+    if not same_place:
+        return None, None
+    first_st, first_cl = stile[starts], col[starts]  # [tiles, out_cols]: where each column comes from
+    contiguous = (first_st[:, 1:] == first_st[:, :-1]) & (first_cl[:, 1:] == first_cl[:, :-1] + 1)
+    if contiguous.all():
+        return [(int(first_st[i, 0]), 0, hi - lo, int(first_cl[i, 0]), int(first_cl[i, 0]) + out_cols)
+                for i, (lo, hi) in enumerate(spans)], None
+    copies: list[list[tuple[int, Block]]] = []
+    for i, (lo, hi) in enumerate(spans):
+        cuts = [0, *(np.flatnonzero(~contiguous[i]) + 1).tolist(), out_cols]
+        if len(cuts) - 1 > MAX_COPIES_PER_TILE or min(np.diff(cuts)) < MIN_COPY_COLUMNS:
+            return None, None
+        copies.append([(c0, (int(first_st[i, c0]), 0, hi - lo, int(first_cl[i, c0]),
+                             int(first_cl[i, c0]) + c1 - c0)) for c0, c1 in pairwise(cuts)])
+    return None, copies
 
 
 def _swaps_last_two(op: Op) -> bool:
@@ -158,7 +150,7 @@ def on_chip_view(ctx: Context, op: Op, view_name: str, hbm_fallback: Callable[[]
     Views only read by other views are left to their readers (which compose the whole chain), so
     nothing is copied for an intermediate step of a head merge.
     """
-    if op.opcode not in CHAIN_OPS or not op.shape or op.index in ctx.outputs:
+    if op.opcode not in CHAIN_OPS or not op.shape:
         return False
     users = [ctx.graph.ops[u] for u in ctx.uses[op.index]]
     if not users or all(u.opcode in LAYOUT_OPS and not _swaps_last_two(u) for u in users):

@@ -63,3 +63,54 @@ def test_a_view_of_a_value_in_hbm_still_reads_through_a_dma_view(run, assert_clo
     result = run(graph, inputs)
     assert result.program.hbm_views, "expected the transpose to be read through an HBM view"
     assert_close(result.out, result.ref)
+
+
+def _mlp(dtype: str, expose_dot: bool) -> nc.Graph:
+    g = nc.GraphBuilder()
+    x = g.parameter("x", (S, E), dtype)
+    dot = g.dot(x, g.weight("w", (E, 2 * E), dtype))
+    y = g.gelu(g.add(dot, g.weight("b", (2 * E,), dtype, scale=0.5)))
+    out = g.dot(y, g.weight("w2", (2 * E, E), dtype))
+    return g.build([out, dot] if expose_dot else [out])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_bias_and_activation_are_fused_into_the_psum_evacuation(run, assert_close, dtype):
+    """dot -> + bias row -> gelu: the evacuation adds the bias row (loaded once, replicated on
+    the partitions) and applies the activation in place; no separate pass, same numerics."""
+    graph = _mlp(dtype, expose_dot=False)
+    inputs = [np.random.default_rng(2).standard_normal((S, E)).astype(np.float32)]
+    result = run(graph, inputs)
+    add, gelu = (op for op in graph.ops if op.opcode in ("add", "gelu"))
+    program = result.program
+    assert not (program.op_index == add.index).any() and not (program.op_index == gelu.index).any()
+    dot_ops = {op.index for op in graph.ops if op.opcode == "dot"}
+    acts = [i for i in range(program.n_nodes) if int(program.op_index[i]) in dot_ops
+            and program.activation_fn[i] == "Gelu_apprx_tanh"]
+    assert acts, "the activation runs in the dot's evacuation"
+    assert_close(result.out, result.ref, dtype)
+    # the same roundings as the unfused ops (the dot is a graph output there, so nothing fuses)
+    unfused = run(_mlp(dtype, expose_dot=True), inputs)
+    assert any(int(unfused.program.op_index[i]) == add.index for i in range(unfused.program.n_nodes))
+    np.testing.assert_array_equal(result.out, unfused.outputs[0])
+
+
+def test_a_batched_chain_is_lowered_batch_by_batch_on_chip(run, assert_close):
+    """scores -> scale -> softmax -> @V over many heads: larger than a quarter of SBUF in total,
+    so unfused every intermediate went to HBM; as a fusion group one head at a time stays on chip."""
+    heads, seq, d = 24, 128, 64
+    g = nc.GraphBuilder()
+    q = g.parameter("q", (heads, seq, d), "bf16")
+    k = g.parameter("k", (heads, seq, d), "bf16")
+    v = g.parameter("v", (heads, seq, d), "bf16")
+    scores = g.multiply(g.dot(q, k, rhs_contract=-1), 0.125)
+    probs = g.softmax(g.exp(g.negate(g.exp(scores))))  # a longer chain: bigger than a quarter of SBUF
+    graph = g.build([g.dot(probs, v)])
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((heads, seq, d)).astype(np.float32) for _ in range(3)]
+    result = run(graph, inputs)
+    program = result.program
+    assert program.stats["fusion_groups"] >= 1 and program.stats["fused_ops"] >= 5
+    scratch = [t.name for t in program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
+    assert scratch == [], f"intermediates of the group went through HBM: {scratch}"
+    np.testing.assert_array_equal(result.out, result.ref)

@@ -649,8 +649,11 @@ def test_slice(run, rng, shape, starts, limits, strides, dtype):
     for out, ref in zip(res.outputs, res.reference):
         np.testing.assert_array_equal(out, ref)
     assert not compute(res.nodes(s))
-    view = res.program.hbm_views[f"{s.name}.view"]
-    assert view.run_elements == (s.shape[-1] if steps[-1] == 1 else 1)
+    view = res.program.hbm_views.get(f"{s.name}.view")
+    if view is None:  # one block of each tile of an on-chip value: read in place (on-chip view)
+        assert steps[-1] == 1 and res.program.stats["on_chip_views"] >= 1
+    else:
+        assert view.run_elements == (s.shape[-1] if steps[-1] == 1 else 1)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
