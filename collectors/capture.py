@@ -132,7 +132,8 @@ def compiler_options(args: argparse.Namespace) -> Any:
     try:
         return CompilerOptions.parse(getattr(args, "auto_cast", None), getattr(args, "auto_cast_type", None),
                                      getattr(args, "quantize", None),
-                                     prefetch_weights=bool(getattr(args, "prefetch_weights", False)))
+                                     prefetch_weights=bool(getattr(args, "prefetch_weights", False)),
+                                     fp8_matmuls=bool(getattr(args, "fp8_matmuls", False)))
     except OptionsError as exc:
         raise CaptureError(str(exc)) from None
 
@@ -161,7 +162,8 @@ def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path
         "compiler_options": {"auto_cast": getattr(args, "auto_cast", None),
                              "auto_cast_type": getattr(args, "auto_cast_type", None),
                              "quantize": getattr(args, "quantize", None),
-                             "prefetch_weights": bool(getattr(args, "prefetch_weights", False))},
+                             "prefetch_weights": bool(getattr(args, "prefetch_weights", False)),
+                             "fp8_matmuls": bool(getattr(args, "fp8_matmuls", False))},
     }
     path = out / RERUN_FILE
     path.write_text(json.dumps(facts, indent=1) + "\n")
@@ -186,7 +188,8 @@ def capture_training(args: argparse.Namespace, console: Console) -> CaptureResul
     if (getattr(args, "rank_slowdown", None) or getattr(args, "scale_hardware", None)
             or getattr(args, "no_power_throttling", False) or not compiler_options(args).is_default):
         raise CaptureError("--rank-slowdown, --scale-hardware, --no-power-throttling, --auto-cast(-type), "
-                           "--quantize and --prefetch-weights do not apply to training workloads")
+                           "--quantize, --prefetch-weights and --fp8-matmuls do not apply to training "
+                           "workloads")
     try:
         model, plan = get_train(args.workload).configure(args.preset, **overrides)
     except PlanError as exc:
@@ -532,12 +535,15 @@ class CaptureCommand:
                             help="cast FP32 matmuls (matmult) or all FP32 ops to --auto-cast-type, as "
                                  "neuronx-cc --auto-cast (default: none)")
         parser.add_argument("--auto-cast-type", choices=["bf16", "fp16", "tf32", "fp8_e4m3"],
-                            help="the auto-cast type (alone it means --auto-cast matmult); fp8_e4m3 "
-                                 "also casts bf16/fp16 matmuls")
+                            help="the auto-cast type (alone it means --auto-cast matmult); like "
+                                 "neuronx-cc it casts FP32 operations only")
         parser.add_argument("--quantize", choices=["none", "int8-weight-only"],
                             help="linear weights stored int8 with per-channel scales")
         parser.add_argument("--prefetch-weights", action="store_true",
                             help="compile with each layer's weight loads issued during the layer before")
+        parser.add_argument("--fp8-matmuls", action="store_true",
+                            help="every bf16/fp16/fp32 matmul reads FP8 E4M3 operands (a model quantised "
+                                 "to FP8; what-if studies)")
         parser.add_argument("--no-power-throttling", action="store_true",
                             help="simulate Trainium2 without its power throttling (what-if studies; "
                                  "trn1/inf2 never throttle)")

@@ -20,10 +20,10 @@ Changes (``--what-if NAME=VALUE``):
 * ``power-throttling=off``: Trainium2 without its power throttling (``--no-power-throttling``);
 * ``prefetch-weights=on``: compiled with each layer's weight loads issued during the layer before
   (``--prefetch-weights``, ``neuroncore.compiler.prefetch``);
-* ``auto-cast-type=T``, ``auto-cast=M``, ``quantize=Q``: compiler precision options
-  (``--auto-cast-type`` ...); ``auto-cast-type=fp8_e4m3`` is "bf16 -> fp8 matmuls" (FP8 auto-cast casts
-  16-bit matmuls too), and the report notes the FP8 rate of the instance's cores (the BF16 rate on
-  NC-v2, double-row on NC-v3);
+* ``fp8-matmuls=on``: "bf16 -> fp8 matmuls", every matmul reading FP8 E4M3 operands (``--fp8-matmuls``);
+  the report notes the FP8 rate of the instance's cores (the BF16 rate on NC-v2, double-row on NC-v3);
+* ``auto-cast-type=T``, ``auto-cast=M``, ``quantize=Q``: compiler precision options as neuronx-cc has
+  them (``--auto-cast-type`` ...; auto-cast rewrites FP32 operations only);
 * ``KEY=VALUE``: any other workload option, e.g. ``batch=2`` (``--set KEY=VALUE``).
 
 ``auto`` runs ``dma-bandwidth=2``, ``hbm-bandwidth=2`` and ``dma-latency=0.5`` when a finding points
@@ -32,7 +32,7 @@ at a DMA queue, ``power-throttling=off`` when the profile recorded throttling an
 the gain measured for the change that addresses them (``Finding.gain_ns``): a DMA-queue finding the
 largest gain among the DMA and HBM changes run, the power-throttling finding that of
 ``power-throttling=off``, weight-queue and Tensor-engine findings those of ``prefetch-weights=on`` and
-``auto-cast-type=fp8_e4m3`` (``ADDRESSES``).
+``fp8-matmuls=on`` (``ADDRESSES``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ HARDWARE_KNOBS = {"dma-bandwidth": "dma_engine_bytes_per_s", "hbm-bandwidth": "h
 AUTO = ("dma-bandwidth=2", "hbm-bandwidth=2", "dma-latency=0.5")
 THROTTLING = "power-throttling"  # power-throttling=off: Trainium2 without its power throttling
 PREFETCH = "prefetch-weights"  # prefetch-weights=on: each layer's weights loaded during the one before
+FP8_MATMULS = "fp8-matmuls"  # fp8-matmuls=on: every matmul reads FP8 E4M3 operands
 AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 QUANTIZE = ("none", "int8-weight-only")
@@ -131,7 +132,8 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         no_power_throttling=facts.get("power_throttling", True) is False,
         auto_cast=compiled.get("auto_cast"), auto_cast_type=compiled.get("auto_cast_type"),
         quantize=compiled.get("quantize"),
-        prefetch_weights=bool(compiled.get("prefetch_weights", False)))
+        prefetch_weights=bool(compiled.get("prefetch_weights", False)),
+        fp8_matmuls=bool(compiled.get("fp8_matmuls", False)))
     if name in HARDWARE_KNOBS:
         field = HARDWARE_KNOBS[name]
         try:
@@ -153,10 +155,10 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         if value not in ("on", "off"):
             raise CliError(f"--what-if {THROTTLING} takes on or off, not {value!r}")
         args.no_power_throttling = value == "off"
-    elif name == PREFETCH:
+    elif name in (PREFETCH, FP8_MATMULS):
         if value not in ("on", "off"):
-            raise CliError(f"--what-if {PREFETCH} takes on or off, not {value!r}")
-        args.prefetch_weights = value == "on"
+            raise CliError(f"--what-if {name} takes on or off, not {value!r}")
+        setattr(args, name.replace("-", "_"), value == "on")
     elif name in ("auto-cast", "auto-cast-type", "quantize"):
         choices = {"auto-cast": AUTO_CAST, "auto-cast-type": AUTO_CAST_TYPES, "quantize": QUANTIZE}[name]
         if value not in choices:
@@ -180,6 +182,8 @@ def _capture_args(facts: dict[str, Any], change: str, out: Path) -> tuple[argpar
         command.append("--no-power-throttling")
     if args.prefetch_weights:
         command.append("--prefetch-weights")
+    if args.fp8_matmuls:
+        command.append("--fp8-matmuls")
     for flag, v in (("--auto-cast", args.auto_cast), ("--auto-cast-type", args.auto_cast_type),
                     ("--quantize", args.quantize)):
         if v:
@@ -195,7 +199,7 @@ def _note(change: str, instance: str | None) -> str | None:
     """What a precision change means on the instance's cores (the FP8 rate differs by generation)."""
     from neuroncore.hardware import INSTANCE_TYPES
 
-    if change != "auto-cast-type=fp8_e4m3" or instance not in INSTANCE_TYPES:
+    if change != f"{FP8_MATMULS}=on" or instance not in INSTANCE_TYPES:
         return None
     core = INSTANCE_TYPES[instance].chip.core
     if core.fp8_double_row:
@@ -263,7 +267,7 @@ ADDRESSES = (
     (lambda change: change.partition("=")[0] in HARDWARE_KNOBS, _is_dma_finding),
     (lambda change: change == f"{THROTTLING}=off", _is_throttle_finding),
     (lambda change: change == f"{PREFETCH}=on", _is_weight_finding),
-    (lambda change: change == "auto-cast-type=fp8_e4m3", _is_tensor_finding),
+    (lambda change: change == f"{FP8_MATMULS}=on", _is_tensor_finding),
 )
 
 
@@ -271,7 +275,7 @@ def attach_gains(baseline: dict[str, Any], what_ifs: list[WhatIf]) -> None:
     """Give each finding the largest gain measured by a change that addresses it (in place; the
     evidence names the change): DMA findings by the DMA/HBM changes, the power-throttling finding
     by ``power-throttling=off``, weight-queue findings by ``prefetch-weights=on``, Tensor-engine and
-    weight findings by ``auto-cast-type=fp8_e4m3``."""
+    weight findings by ``fp8-matmuls=on``."""
     for name, analysis in baseline["profiles"].items():
         findings = []
         for f in analysis.findings:
@@ -306,7 +310,8 @@ class WhatIfAnalyzeCommand(AnalyzeCommand):
                             help="re-simulate the captured workload with one change and compare "
                                  "(repeatable): dma-bandwidth=F, hbm-bandwidth=F, dma-latency=F, tp=N, "
                                  "instance=NAME, dtype=D, power-throttling=off, prefetch-weights=on, "
-                                 "auto-cast-type=fp8_e4m3, any workload option KEY=VALUE, or auto")
+                                 "fp8-matmuls=on, auto-cast-type=T, any workload option KEY=VALUE, "
+                                 "or auto")
 
     def run(self, args: argparse.Namespace) -> int:
         if not args.what_if:

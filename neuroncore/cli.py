@@ -87,9 +87,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.workload in TRAIN_WORKLOADS:
         if args.rank_slowdown:
             raise ValueError("--rank-slowdown applies to tensor-parallel inference workloads")
-        if args.auto_cast or args.auto_cast_type or args.quantize or args.prefetch_weights:
-            raise ValueError("--auto-cast, --auto-cast-type, --quantize and --prefetch-weights apply to "
-                             "inference workloads; training workloads set theirs with --set precision=...")
+        if (args.auto_cast or args.auto_cast_type or args.quantize or args.prefetch_weights
+                or args.fp8_matmuls):
+            raise ValueError("--auto-cast, --auto-cast-type, --quantize, --prefetch-weights and "
+                             "--fp8-matmuls apply to inference workloads; training workloads set theirs "
+                             "with --set precision=...")
         return cmd_train(args, console)
     for name in ("pp", "dp", "nodes"):
         if getattr(args, name) is not None:
@@ -109,7 +111,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
     compiler_options = CompilerOptions.parse(args.auto_cast, args.auto_cast_type, args.quantize,
-                                             prefetch_weights=args.prefetch_weights)
+                                             prefetch_weights=args.prefetch_weights,
+                                             fp8_matmuls=args.fp8_matmuls)
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
@@ -138,6 +141,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not compiler_options.precision_is_default:
         opts += (f"; auto-cast {compiler_options.auto_cast.value} to "
                  f"{compiler_options.auto_cast_type.value}, quantize {compiler_options.quantize.value}")
+    if compiler_options.fp8_matmuls:
+        opts += "; matmuls in fp8_e4m3"
     if compiler_options.prefetch_weights:
         opts += "; weights prefetched a layer ahead"
     where = (f"cores {args.core}..{args.core + args.tp - 1} (tp {args.tp}; rank 0 shown)" if group
@@ -268,7 +273,7 @@ def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
 
 def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | None:
     """Why the precision options leave ``graph`` as it is, or None when they change it: auto-cast
-    rewrites FP32 ops only (and, to FP8, 16-bit matmuls) and int8 quantises 2-D matmul weights only,
+    rewrites FP32 ops only and int8 quantises 2-D matmul weights only,
     so on a bf16 workload (the default of most) ``--auto-cast-type tf32`` alone would otherwise time
     the same program without a word."""
     if options.precision_is_default:
@@ -279,8 +284,8 @@ def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | Non
         return None
     parts = []
     if options.auto_cast is not AutoCast.NONE:
-        parts.append("auto-cast casts FP32 ops (and, to fp8_e4m3, 16-bit matmuls) only and this "
-                     "workload has none (--dtype fp32)")
+        parts.append("auto-cast casts FP32 ops only (as neuronx-cc) and this workload has none "
+                     "(--dtype fp32; --fp8-matmuls casts bf16/fp16 matmuls)")
     if options.quantize is not Quantization.NONE:
         parts.append("int8 weight-only quantises a matmul's 2-D weight and this workload's matmuls "
                      "read none")
@@ -308,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="int8-weight-only: linear weights stored int8 with per-channel scales")
     run.add_argument("--prefetch-weights", action="store_true",
                      help="issue each layer's weight loads during the layer before (compiler schedule)")
+    run.add_argument("--fp8-matmuls", action="store_true",
+                     help="every bf16/fp16/fp32 matmul reads FP8 E4M3 operands (a model quantised to FP8)")
     add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
                         choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")

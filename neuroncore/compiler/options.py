@@ -67,6 +67,9 @@ class CompilerOptions:
     auto_cast_type: AutoCastType = AutoCastType.BF16
     quantize: Quantization = Quantization.NONE
     prefetch_weights: bool = False  # each layer's weight loads issued during the layer before
+    # every BF16/FP16/FP32 matmul reads FP8 E4M3 operands: a model quantised to FP8 (what-if "bf16 ->
+    # fp8 matmuls"); not a neuronx-cc flag: its --auto-cast rewrites FP32 operations only
+    fp8_matmuls: bool = False
 
     def __post_init__(self) -> None:
         for name, kind in (("auto_cast", AutoCast), ("auto_cast_type", AutoCastType),
@@ -75,8 +78,11 @@ class CompilerOptions:
             if not isinstance(value, kind):
                 raise OptionsError(f"{name} must be a {kind.__name__} "
                                    f"({', '.join(k.name for k in kind)}), not {value!r}")
-        if not isinstance(self.prefetch_weights, bool):
-            raise OptionsError(f"prefetch_weights must be True or False, not {self.prefetch_weights!r}")
+        for flag in ("prefetch_weights", "fp8_matmuls"):
+            if not isinstance(getattr(self, flag), bool):
+                raise OptionsError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
+        if self.fp8_matmuls and self.quantize is not Quantization.NONE:
+            raise OptionsError("fp8_matmuls cannot be combined with int8 weight quantisation")
         if self.auto_cast is AutoCast.ALL and self.auto_cast_type is AutoCastType.FP8_E4M3:
             raise OptionsError("auto_cast=ALL with FP8_E4M3 is refused: FP8 is a Tensor-engine input "
                                "format (matmuls); cast matmuls only (AutoCast.MATMULT)")
@@ -88,19 +94,20 @@ class CompilerOptions:
     @property
     def precision_is_default(self) -> bool:
         """Whether the precision choices (the graph rewrite) are the defaults."""
-        return (self.auto_cast, self.auto_cast_type, self.quantize) == (
-            AutoCast.NONE, AutoCastType.BF16, Quantization.NONE)
+        return (self.auto_cast, self.auto_cast_type, self.quantize, self.fp8_matmuls) == (
+            AutoCast.NONE, AutoCastType.BF16, Quantization.NONE, False)
 
     @classmethod
     def parse(cls, auto_cast: str | None = None, auto_cast_type: str | None = None,
-              quantize: str | None = None, prefetch_weights: bool = False) -> CompilerOptions:
+              quantize: str | None = None, prefetch_weights: bool = False,
+              fp8_matmuls: bool = False) -> CompilerOptions:
         """From the CLI's spellings (``matmult``, ``fp8_e4m3``, ``int8-weight-only``); a type
         without a mode means ``matmult``, as ``neuronx-cc``'s default mode is."""
         cast = _member(AutoCast, auto_cast, AutoCast.MATMULT if auto_cast_type else AutoCast.NONE)
         return cls(auto_cast=cast,
                    auto_cast_type=_member(AutoCastType, auto_cast_type, AutoCastType.BF16),
                    quantize=_member(Quantization, quantize, Quantization.NONE),
-                   prefetch_weights=bool(prefetch_weights))
+                   prefetch_weights=bool(prefetch_weights), fp8_matmuls=bool(fp8_matmuls))
 
 
 def _member(kind: type[E], text: str | None, default: E) -> E:

@@ -7,9 +7,10 @@ graph: ``run_reference(program.graph, ...)`` is the ground truth of what the cor
 * ``AutoCast.MATMULT``: an FP32 x FP32 ``dot`` reads its operands cast to the auto-cast type and
   keeps an FP32 result (PSUM accumulates in FP32); a cast weight is folded at compile time into a
   weight stored in the new type (fewer HBM bytes), a cast activation is one copy on an engine.
-  With ``FP8_E4M3``, which is narrower than every 16-bit type, a BF16/FP16 ``dot`` is cast too (its
-  result keeps its type): our extension, so a bf16 model's matmuls can be timed in FP8 (the what-if
-  "bf16 -> fp8 matmuls", issue 18); ``neuronx-cc --auto-cast`` rewrites FP32 operations only.
+* ``fp8_matmuls``: every BF16/FP16/FP32 ``dot`` reads FP8 E4M3 operands and keeps its result type:
+  the model a user quantises to FP8 to run its matmuls in FP8 (the what-if "bf16 -> fp8 matmuls",
+  issue 18). Not an auto-cast mode: ``neuronx-cc --auto-cast`` rewrites FP32 operations only, so
+  ``--auto-cast-type fp8_e4m3`` leaves a bf16 model's matmuls as they are, here as there.
 * ``AutoCast.ALL``: every FP32 value is computed in the auto-cast type; FP32 program inputs are cast
   on the way in and FP32 outputs cast back, so the program's interface does not change. TF32 is a
   Tensor-engine input format only (the other engines compute in FP32 anyway), so with TF32 ``ALL``
@@ -44,7 +45,7 @@ from neuroncore.dtypes import DType, round_to
 from neuroncore.ir.graph import Graph, Op
 
 QUANT_LEVELS = 127.0  # symmetric int8: [-127, 127]
-SIXTEEN_BIT = (DType.BF16, DType.FP16)  # matmul operand types FP8 auto-cast also narrows
+FP8_MATMUL_INPUTS = (DType.FP32, DType.BF16, DType.FP16)  # what fp8_matmuls narrows to FP8 E4M3
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,11 @@ class _Rewriter:
         dtype = op.dtype
         if self.cast_all and dtype is DType.FP32:
             lhs, rhs, dtype = self.cast(lhs, self.target), self.cast(rhs, self.target), self.target
-        elif self.cast_matmuls and (
-                (lhs.dtype is DType.FP32 and rhs.dtype is DType.FP32 and dtype is DType.FP32)
-                or (self.target.is_fp8 and lhs.dtype in SIXTEEN_BIT and rhs.dtype in SIXTEEN_BIT)):
+        elif (self.cast_matmuls and lhs.dtype is DType.FP32 and rhs.dtype is DType.FP32
+              and dtype is DType.FP32):
             lhs, rhs = self.cast(lhs, self.target), self.cast(rhs, self.target)
+        if self.options.fp8_matmuls and lhs.dtype in FP8_MATMUL_INPUTS and rhs.dtype in FP8_MATMUL_INPUTS:
+            lhs, rhs = self.cast(lhs, DType.FP8_E4M3), self.cast(rhs, DType.FP8_E4M3)
         weight = _weight_source(rhs)
         if (self.options.quantize is Quantization.INT8_WEIGHT_ONLY and weight is not None
                 and len(op.shape) == 2 and rhs.dtype.is_float and not rhs.dtype.is_fp8):

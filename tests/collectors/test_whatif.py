@@ -160,17 +160,17 @@ def trn2_decode(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_prefetch_and_fp8_what_ifs_equal_fresh_captures(trn2_decode: Path, tmp_path: Path) -> None:
     done = _run("analyze", str(trn2_decode / "device"), "--output-format", "json",
-                "--what-if", "prefetch-weights=on", "--what-if", "auto-cast-type=fp8_e4m3")
+                "--what-if", "prefetch-weights=on", "--what-if", "fp8-matmuls=on")
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
     by_change = {w["change"]: w for w in data["what_if"]}
     before = _device_time(trn2_decode)
-    prefetch, fp8 = by_change["prefetch-weights=on"], by_change["auto-cast-type=fp8_e4m3"]
+    prefetch, fp8 = by_change["prefetch-weights=on"], by_change["fp8-matmuls=on"]
     assert prefetch["capture"].endswith("--prefetch-weights -o DIR")
-    assert fp8["capture"].endswith("--auto-cast-type fp8_e4m3 -o DIR")
+    assert fp8["capture"].endswith("--fp8-matmuls -o DIR")
     trn2 = "trn2.48xlarge"
     fresh_prefetch = _device_time(_capture_decode(tmp_path / "prefetch", trn2, "--prefetch-weights"))
-    fresh_fp8 = _device_time(_capture_decode(tmp_path / "fp8", trn2, "--auto-cast-type", "fp8_e4m3"))
+    fresh_fp8 = _device_time(_capture_decode(tmp_path / "fp8", trn2, "--fp8-matmuls"))
     assert prefetch["device_time_ns"] == {"before": before, "after": fresh_prefetch}
     assert fp8["device_time_ns"] == {"before": before, "after": fresh_fp8}
     assert fresh_prefetch < 0.97 * before and fresh_fp8 < 0.97 * before  # both measurably faster
@@ -179,13 +179,13 @@ def test_prefetch_and_fp8_what_ifs_equal_fresh_captures(trn2_decode: Path, tmp_p
     weight = [f for f in data["findings"] if "qSyncWeight0" in f["title"]]
     assert weight and weight[0]["gain_ns"] == max(prefetch["gain_ns"], fp8["gain_ns"]) > 0
     facts = json.loads((tmp_path / "fp8" / "rerun.json").read_text())
-    assert facts["compiler_options"] == {"auto_cast": None, "auto_cast_type": "fp8_e4m3", "quantize": None,
-                                         "prefetch_weights": False}
+    assert facts["compiler_options"] == {"auto_cast": None, "auto_cast_type": None, "quantize": None,
+                                         "prefetch_weights": False, "fp8_matmuls": True}
 
 
 def test_fp8_on_trn1_runs_at_the_bf16_rate_and_says_so(tmp_path: Path) -> None:
     root = _capture_decode(tmp_path / "trn1", "trn1.2xlarge")
-    done = _run("analyze", str(root / "device"), "--what-if", "auto-cast-type=fp8_e4m3")
+    done = _run("analyze", str(root / "device"), "--what-if", "fp8-matmuls=on")
     assert done.returncode == 0, done.stderr
     assert "NeuronCore-v2 runs FP8 at the BF16 rate" in done.stdout
     bad = _run("analyze", str(root / "device"), "--what-if", "prefetch-weights=maybe")

@@ -185,15 +185,20 @@ def test_workloads_in_process(capsys):
 def test_precision_options_that_change_nothing_say_so():
     """matmul is bf16 by default: auto-cast to tf32 (FP32 ops only) and int8 weight-only (its
     right-hand side is an input, not a weight) leave the program as it is, and the run says so instead
-    of timing the same program silently; on FP32 the cast applies and there is no note; to fp8 the
-    bf16 matmul is cast (16-bit matmuls too) and there is no note either."""
+    of timing the same program silently; on FP32 the cast applies and there is no note. Auto-cast to
+    fp8 leaves the bf16 matmul alone as neuronx-cc does (FP32 operations only) and says so;
+    --fp8-matmuls casts it."""
     cast = run_cli("run", "-w", "matmul", "--timing-only", "--auto-cast-type", "tf32",
                    "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
     assert cast.returncode == 0, cast.stderr
     assert "change nothing: auto-cast casts FP32 ops" in cast.stdout
     fp8 = run_cli("run", "-w", "matmul", "--timing-only", "--auto-cast-type", "fp8_e4m3",
                   "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
-    assert fp8.returncode == 0 and "change nothing" not in fp8.stdout
+    assert fp8.returncode == 0 and "change nothing: auto-cast casts FP32 ops" in fp8.stdout
+    fp8_matmuls = run_cli("run", "-w", "matmul", "--timing-only", "--fp8-matmuls",
+                          "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
+    assert fp8_matmuls.returncode == 0 and "change nothing" not in fp8_matmuls.stdout
+    assert "matmuls in fp8_e4m3" in fp8_matmuls.stdout
     quant = run_cli("run", "-w", "matmul", "--timing-only", "--quantize", "int8-weight-only",
                     "--set", "m=128", "--set", "k=128", "--set", "n=128", env={"COLUMNS": "200"})
     assert quant.returncode == 0 and "int8 weight-only quantises" in quant.stdout
