@@ -271,7 +271,13 @@ def _scratch_peak(ctx: Context) -> int:
         return 0
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    for node, sem in enumerate(ctx.em.semantics):
+    # relocated layers keep their template's records until asked: move only the HBM-touching ones
+    moved = RelocatedSemantics(ctx.em.semantics, ctx.em.semantic_moves) if ctx.em.semantic_moves else None
+    touching = (ns.Load, ns.LoadKTiled, ns.Store, ns.Gather, ns.Collective, ns.KernelCall)
+    for node, record in enumerate(ctx.em.semantics):
+        if not isinstance(record, touching):
+            continue
+        sem = moved[node] if moved is not None else record
         names: list[str] = []
         if isinstance(sem, (ns.Load, ns.LoadKTiled)):
             names = [sem.src.tensor]

@@ -9,7 +9,7 @@ once built (the builder and the frontends are the only writers).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +135,20 @@ class Op:
         return f"%{self.name} = {self.dtype.value}{list(self.shape)} {self.opcode}({args})"
 
 
+def reachable(roots: Iterable[Op]) -> Iterator[Op]:
+    """Every op ``roots`` depend on (themselves included), each once, by identity: what an output
+    reads, for pruning a graph and for asking which inputs a live op still reads."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        yield op
+        stack.extend(op.operands)
+
+
 @dataclass
 class Graph:
     """A whole program: ops in topological order, its parameters (inputs) and outputs."""
@@ -172,14 +186,7 @@ class Graph:
         roots = [*self.outputs, *self.parameters]
         if keep is not None:
             roots += [op for op in self.ops if keep(op)]
-        live: set[int] = set()
-        stack = list(roots)
-        while stack:
-            op = stack.pop()
-            if id(op) in live:
-                continue
-            live.add(id(op))
-            stack.extend(op.operands)
+        live = {id(op) for op in reachable(roots)}
         ops = [op for op in self.ops if id(op) in live]
         for index, op in enumerate(ops):
             op.index = index

@@ -32,7 +32,15 @@ import numpy as np
 
 from neuroncore.dtypes import DType
 from neuroncore.ir.builder import GraphBuilder
-from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, IndexedInitializer, Initializer, Op
+from neuroncore.ir.graph import (
+    BINARY_OPS,
+    UNARY_OPS,
+    Graph,
+    IndexedInitializer,
+    Initializer,
+    Op,
+    reachable,
+)
 
 
 @dataclass(frozen=True)
@@ -702,18 +710,7 @@ class _Sharder:
 def _still_read(outputs: list[Op], replaced: dict[int, Op]) -> set[int]:
     """Graph inputs whose whole (replaced) op a live op still reads."""
     whole = {id(op): index for index, op in replaced.items()}
-    seen: set[int] = set()
-    found: set[int] = set()
-    stack = list(outputs)
-    while stack:
-        op = stack.pop()
-        if id(op) in seen:
-            continue
-        seen.add(id(op))
-        if id(op) in whole:
-            found.add(whole[id(op)])
-        stack.extend(op.operands)
-    return found
+    return {whole[id(op)] for op in reachable(outputs) if id(op) in whole}
 
 
 def _weight_view(op: Op) -> tuple[Initializer | IndexedInitializer, Op, str] | None:
