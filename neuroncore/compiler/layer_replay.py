@@ -12,8 +12,8 @@ the end of the run as if they had been lowered. The program is the one full lowe
 compares every column, string and record of the two), at a fraction of the cost.
 
 ``replay=False`` keeps the canonical boundaries and lowers every layer (the reference the tests
-compare against); ``CompilerOptions`` does not expose it, the environment variable
-``NEURONSCOPE_COMPILE_REPLAY=0`` does (``neuronscope.settings``).
+compare against): ``neuroncore.compile(..., replay_layers=False)``. ``CompilerOptions`` does not
+expose it, since it changes how fast a program is made, not which program.
 """
 
 from __future__ import annotations
