@@ -38,6 +38,7 @@ from neuronscope import settings
 os.environ.setdefault(settings.LIVE.name, "0")  # the core's own speed: no live publisher
 
 from formats.figures import training_step_figures
+from neuroncore.compiler.errors import CompileError
 from neuroncore.parallel.training import overlap_fraction, time_training_step
 from neuroncore.workloads.training import get_train
 
@@ -93,13 +94,16 @@ def main() -> None:
         key = get_train(workload).configure(preset, **options)[1].key(preset)
         if args.quick and key not in CALIBRATION:
             continue
-        key, row = run(workload, preset, options)
+        try:
+            key, row = run(workload, preset, options)
+        except CompileError as exc:  # one configuration that cannot compile does not hide the rest
+            row = {"error": " ".join(str(exc).split())[:300]}
         out[key] = row
         print(json.dumps({key: row}), file=sys.stderr, flush=True)  # progress; the line is stdout
     out["calibration"] = {key: {"published_seq_per_s": ref,
                                 "simulated_seq_per_s": out[key]["seq_per_s"],
                                 "error": round(out[key]["seq_per_s"] / ref - 1, 3)}
-                          for key, ref in CALIBRATION.items() if key in out}
+                          for key, ref in CALIBRATION.items() if "seq_per_s" in out.get(key, {})}
     print(json.dumps(out))
 
 
