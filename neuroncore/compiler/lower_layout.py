@@ -208,13 +208,7 @@ def lower_output_copy(ctx: Context, op: Op) -> None:
     value = ctx.values[op.index]
     if op.opcode == "reshape" and _store_source(ctx, op):
         return
-    name = ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT)
-    for t, tile in enumerate(value.tiles):
-        ref = ctx.tile(op, t)
-        access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, value.cols, value.layout)
-        ctx.dma_store(QueueName.OUT, ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
-        ctx.release(op, ref)
-        ctx.unpin_all()
+    _store_tiles(ctx, op, ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT), value.layout)
 
 
 def _store_source(ctx: Context, op: Op) -> bool:
@@ -223,14 +217,20 @@ def _store_source(ctx: Context, op: Op) -> bool:
     if (source is None or source.layout != Layout.ROW or source.immediate is not None
             or len(src.shape) < 2):
         return False
-    name = ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT, shape=src.shape)
-    for t, tile in enumerate(source.tiles):
-        ref = ctx.tile(src, t)
-        access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, source.cols, Layout.ROW)
-        ctx.dma_store(QueueName.OUT, ref, access, src.dtype, rows_per_batch=source.rows_per_batch)
-        ctx.release(src, ref)
-        ctx.unpin_all()
+    _store_tiles(ctx, src, ctx.hbm_tensor(ctx.tensor_name(op), op, HbmTensorKind.OUTPUT, shape=src.shape),
+                 Layout.ROW)
     return True
+
+
+def _store_tiles(ctx: Context, op: Op, name: str, layout: Layout) -> None:
+    """Each tile of ``op``'s value stored to the output tensor ``name`` on the output queue."""
+    value = ctx.values[op.index]
+    for t, tile in enumerate(value.tiles):
+        ref = ctx.tile(op, t)
+        access = HbmAccess(name, tile.batch, tile.r0, tile.r1, 0, value.cols, layout)
+        ctx.dma_store(QueueName.OUT, ref, access, op.dtype, rows_per_batch=value.rows_per_batch)
+        ctx.release(op, ref)
+        ctx.unpin_all()
 
 
 __all__ = ["Ref", "lower_gather", "lower_output_copy", "lower_parameter", "lower_view",
