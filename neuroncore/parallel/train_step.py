@@ -110,7 +110,7 @@ def step_graph(model: Transformer, plan: ParallelPlan, stage: int = 0) -> Graph:
     ``model/pipeline/microbatch.k/``: the receive of a stage waiting for its peer is the bubble."""
     if not 0 <= stage < plan.pp:
         raise PlanError(f"stage {stage} is not a stage of a {plan.pp}-stage pipeline")
-    r = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp)
+    r = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp, plan.sequence_parallel)
     dtype, master = plan.compute_dtype, plan.master_dtype
     suffix = f"_stage{stage}" if plan.pp > 1 else ""
     b = GraphBuilder(f"{model.name}_train_step{suffix}", root_layer="model")
@@ -127,7 +127,7 @@ def step_graph(model: Transformer, plan: ParallelPlan, stage: int = 0) -> Graph:
                     x = embedding_ops(b, model, r, plan.tp, dtype)
             else:
                 with b.scope("pipeline"), b.scope(f"microbatch.{k}"), b.scope("recv_activation"):
-                    x = _permute(b, b.parameter(f"recv_activation.{k}", (r.tokens, r.hidden), dtype),
+                    x = _permute(b, b.parameter(f"recv_activation.{k}", (r.sp_tokens, r.hidden), dtype),
                                  k, "activation", "recv", stage - 1)
             saved[k] = []
             with b.scope("forward"), b.scope(f"microbatch.{k}"):

@@ -24,8 +24,11 @@ the AdamW update. The step is then composed from those timings, the way the fram
   same overlap), the optimizer on ``1 / dp`` of the parameters, then an all-gather of the updated
   parameters before the next forward (exposed: nothing else is left to run).
 * **Optimizer.** AdamW over fp32 master weights, simulated on a chunk and scaled (a linear stream).
+* **Sequence parallelism** (Megatron-LM; NxD's ``--sequence_parallel_enabled``, on for Llama): the
+  layer programs hold ``1 / tp`` of the tokens outside the tensor-parallel blocks, all-gather into
+  and reduce-scatter out of each block (:func:`neuroncore.workloads.train_graphs._enter_tp`).
 
-Not modelled (stated in docs/training.md): interleaved pipeline schedules, sequence parallelism,
+Not modelled (stated in docs/training.md): interleaved pipeline schedules,
 hierarchical inter-node collectives, HBM contention between overlapped collectives and compute,
 gradient-norm clipping (one scalar all-reduce), the host and data loader.
 """
@@ -58,7 +61,8 @@ from neuroncore.workloads.train_graphs import (
 )
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb default
-CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER}
+CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER,
+                 "reduce-scatter": cc.REDUCE_SCATTER}
 
 
 class PlanError(ValueError):
@@ -81,6 +85,9 @@ class ParallelPlan:
     nodes: int = 1
     precision: str = "bf16-autocast"  # "bf16-autocast" (fp32 master + optimizer) or "bf16-sr"
     activation_checkpointing: bool = False  # full recompute of each layer's forward in the backward
+    # Megatron-LM sequence parallelism: norms, residual adds and dropout on 1/tp of the tokens,
+    # all-gather into and reduce-scatter out of each tensor-parallel block (NxD --sequence_parallel_enabled)
+    sequence_parallel: bool = False
 
     @property
     def world(self) -> int:
@@ -112,6 +119,9 @@ class ParallelPlan:
                             f"micro-batch {self.micro_batch}")
         if model.layers % self.pp:
             raise PlanError(f"{model.name}: pp {self.pp} does not divide {model.layers} layers")
+        if self.sequence_parallel and self.tp > 1 and (self.micro_batch * self.seq) % self.tp:
+            raise PlanError(f"sequence parallelism needs tp {self.tp} to divide the "
+                            f"{self.micro_batch * self.seq} tokens of a micro-batch")
         if self.precision not in ("bf16-autocast", "bf16-sr", "fp32"):
             raise PlanError(f"precision must be bf16-autocast, bf16-sr or fp32, not {self.precision!r}")
 
@@ -331,7 +341,7 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
     topology = _topology(plan.instance, plan.nodes)
     plan.check(model, topology)
     tp_group, _, dp_groups = rank_layout(plan)
-    shapes = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp)
+    shapes = RankShapes.of(model, plan.micro_batch, plan.seq, plan.tp, plan.sequence_parallel)
     dtype = plan.compute_dtype
     grad_dtype = plan.master_dtype
     core = topology.instance.chip.core
@@ -366,7 +376,7 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
     slot_b = layers_per_stage * (bwd.device_ns + recompute) + head.device_ns
     p2p = 0.0
     if plan.pp > 1:
-        count = plan.micro_batch * plan.seq * model.hidden
+        count = shapes.sp_tokens * model.hidden  # with sequence parallelism each rank sends its shard
         pairs = [[t, t + plan.tp * plan.dp] for t in range(plan.tp)]  # stage 0 -> stage 1, all TP ranks
         p2p = cc.permute(topology, pairs, count, dtype).duration_ns
     slots = plan.micro_batches + plan.pp - 1

@@ -94,13 +94,25 @@ class RankShapes:
     head_dim: int
     hidden: int
     intermediate: int
+    tp: int = 1
+    sequence_parallel: bool = False  # Megatron-LM sequence parallelism (Korthikanti et al. 2022)
 
     @classmethod
-    def of(cls, model: Transformer, micro_batch: int, seq: int, tp: int) -> RankShapes:
+    def of(cls, model: Transformer, micro_batch: int, seq: int, tp: int,
+           sequence_parallel: bool = False) -> RankShapes:
         model.check(tp)
+        if sequence_parallel and (micro_batch * seq) % tp:
+            raise ValueError(f"{model.name}: sequence parallelism needs tp {tp} to divide the "
+                             f"{micro_batch * seq} tokens of a micro-batch")
         kv = max(1, model.kv_heads // tp)  # fewer KV heads than ranks: each rank keeps a copy
         return cls(micro_batch * seq, micro_batch, seq, model.heads // tp, kv, model.head_dim,
-                   model.hidden, model.intermediate // tp)
+                   model.hidden, model.intermediate // tp, tp, sequence_parallel and tp > 1)
+
+    @property
+    def sp_tokens(self) -> int:
+        """Tokens a rank holds between the tensor-parallel blocks (the residual stream, the norms,
+        the layer's input and output): all of them, or ``1 / tp`` with sequence parallelism."""
+        return self.tokens // self.tp if self.sequence_parallel else self.tokens
 
 
 def _all_reduce(b: GraphBuilder, x: Op, tp: int, group: str = "tp") -> Op:
@@ -110,6 +122,24 @@ def _all_reduce(b: GraphBuilder, x: Op, tp: int, group: str = "tp") -> Op:
         return x
     return b.add_op("all-reduce", [x], x.shape, x.dtype, reduction="sum", name=f"all-reduce.{b.n_ops}",
                     group=group)
+
+
+def _enter_tp(b: GraphBuilder, x: Op, r: RankShapes, group: str = "tp") -> Op:
+    """Into a tensor-parallel block: with sequence parallelism the rank's token shard is
+    all-gathered (Megatron's ``g`` in the sequence-parallel layout); otherwise it is whole already."""
+    if not r.sequence_parallel:
+        return x
+    return b.add_op("all-gather", [x], (x.shape[0] * r.tp, *x.shape[1:]), x.dtype, dimension=0,
+                    group=group, name=f"all-gather.{b.n_ops}")
+
+
+def _leave_tp(b: GraphBuilder, x: Op, r: RankShapes, group: str = "tp") -> Op:
+    """Out of a tensor-parallel block (partial sums on every rank): all-reduced, or with sequence
+    parallelism reduce-scattered over the tokens (each rank keeps the sum of its token shard)."""
+    if not r.sequence_parallel:
+        return _all_reduce(b, x, r.tp, group)
+    return b.add_op("reduce-scatter", [x], (x.shape[0] // r.tp, *x.shape[1:]), x.dtype, reduction="sum",
+                    dimension=0, group=group, name=f"reduce-scatter.{b.n_ops}")
 
 
 def _weight(b: GraphBuilder, name: str, shape: tuple[int, ...], dtype: str) -> Op:
@@ -341,7 +371,7 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
                 group: str = "tp") -> tuple[Op, Saved]:
     """One layer's forward ops added to ``b`` (inside the caller's scope): output and saved values."""
     h = r.hidden
-    n1 = _norm(b, m, x, "input_layernorm", dtype)
+    n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
     with b.scope("self_attn"):
         q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, "q_proj", dtype, m.bias), r, r.heads)
         k = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, "k_proj", dtype, m.bias), r, r.kv_heads)
@@ -351,12 +381,12 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
         ctx, lse = _attention_forward(b, m, q, _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads))
         ctx_t = _tokens(b, ctx, r)
         with b.scope("o_proj"):
-            o = _all_reduce(b, b.matmul(ctx_t, b.weight("weight", (r.heads * r.head_dim, h), dtype)), tp,
-                            group)
+            o = _leave_tp(b, b.matmul(ctx_t, b.weight("weight", (r.heads * r.head_dim, h), dtype)), r,
+                          group)
             if m.bias:
                 o = b.add(o, b.weight("bias", (h,), dtype, scale=0.02))
     x2 = b.add(x, o)
-    n2 = _norm(b, m, x2, "post_attention_layernorm", dtype)
+    n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
     with b.scope("mlp"):
         saved_mlp: tuple[Op, ...]
         if m.mlp == "swiglu":
@@ -369,7 +399,7 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
             act = b.gelu(pre)
             saved_mlp = (pre,)
         with b.scope("down_proj"):
-            down = _all_reduce(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), tp, group)
+            down = _leave_tp(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), r, group)
             if m.bias:
                 down = b.add(down, b.weight("bias", (h,), dtype, scale=0.02))
     return b.add(x2, down), Saved(x, q, k, v, ctx, lse, x2, saved_mlp)
@@ -392,11 +422,13 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             act = b.gelu(pre)
         if m.bias:
             grads.append(_column_sum(b, dy))  # down_proj bias: dy is replicated, any rank has it
+        dy_tp = _enter_tp(b, dy, r, group)  # sequence parallel: the reduce-scatter's backward
         with b.scope("down_proj"):
             w = b.weight("weight", (r.intermediate, h), dtype)
-            dact = b.dot(dy, w, rhs_contract=-1)
-            grads.append(b.dot(act, dy, lhs_contract=-2))
-        n2 = _norm(b, m, x2, "post_attention_layernorm", dtype)  # recomputed (cheap, saves memory)
+            dact = b.dot(dy_tp, w, rhs_contract=-1)
+            grads.append(b.dot(act, dy_tp, lhs_contract=-2))
+        # recomputed (cheap, saves memory); sequence parallel gathers it again, as Megatron does
+        n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
         if m.mlp == "swiglu":
             dgate = b.multiply(b.multiply(dact, up),
                                b.multiply(sg, b.add(b.multiply(gate, b.subtract(1.0, sg)), 1.0)))
@@ -406,28 +438,29 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
         else:
             dpre = b.multiply(dact, _gelu_grad(b, pre))
             dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
-        dn2 = _all_reduce(b, dn2, tp, group)
+        dn2 = _leave_tp(b, dn2, r, group)
     dx2_norm, dg2 = _norm_backward(b, m, x2, dn2, "post_attention_layernorm", dtype)
     grads.append(dg2)
     dx2 = b.add(dy, dx2_norm)
     with b.scope("self_attn"):
         if m.bias:
             grads.append(_column_sum(b, dx2))
+        dx2_tp = _enter_tp(b, dx2, r, group)
         ctx_t = _tokens(b, s.ctx, r)
-        dctx = _heads(b, _linear_backward(b, ctx_t, dx2, r.heads * hd, h, "o_proj", dtype, False, grads),
+        dctx = _heads(b, _linear_backward(b, ctx_t, dx2_tp, r.heads * hd, h, "o_proj", dtype, False, grads),
                       r, r.heads)
         kx, vx = _expand_kv(b, s.k, r.heads), _expand_kv(b, s.v, r.heads)
         dq, dk, dv = _attention_backward(b, m, s.q, kx, vx, s.ctx, s.lse, dctx)
         dk, dv = _fold_kv(b, dk, r.kv_heads), _fold_kv(b, dv, r.kv_heads)
         if m.rope:
             dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
-        n1 = _norm(b, m, x, "input_layernorm", dtype)
+        n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
         dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias, grads)
         dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dk, r), h, r.kv_heads * hd, "k_proj",
                                           dtype, m.bias, grads))
         dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
                                           dtype, m.bias, grads))
-        dn1 = _all_reduce(b, dn1, tp, group)
+        dn1 = _leave_tp(b, dn1, r, group)
     dx_norm, dg1 = _norm_backward(b, m, x, dn1, "input_layernorm", dtype)
     grads.append(dg1)
     return b.add(dx2, dx_norm), grads
@@ -437,7 +470,7 @@ def layer_forward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -
     """One layer's forward on one rank: input [tokens, hidden] -> output, plus the activations the
     backward reads (written to HBM, as a training step keeps them)."""
     b = GraphBuilder(f"{m.name}_layer_fwd", root_layer="layers.0")
-    x = b.parameter("hidden_states", (r.tokens, r.hidden), dtype)
+    x = b.parameter("hidden_states", (r.sp_tokens, r.hidden), dtype)
     y, saved = forward_ops(b, m, r, tp, dtype, x)
     return b.build([y, *saved.outputs()])
 
@@ -453,14 +486,14 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
     bt, sq = r.batch, r.seq
     mlp = ((b.parameter("gate", (t, r.intermediate), dtype), b.parameter("up", (t, r.intermediate), dtype))
            if m.mlp == "swiglu" else (b.parameter("fc1_out", (t, r.intermediate), dtype),))
-    saved = Saved(b.parameter("hidden_states", (t, h), dtype),
+    saved = Saved(b.parameter("hidden_states", (r.sp_tokens, h), dtype),
                   b.parameter("q", (bt, r.heads, sq, hd), dtype),
                   b.parameter("k", (bt, r.kv_heads, sq, hd), dtype),
                   b.parameter("v", (bt, r.kv_heads, sq, hd), dtype),
                   b.parameter("attn_out", (bt, r.heads, sq, hd), dtype),
                   b.parameter("lse", (bt, r.heads, sq), dtype),
-                  b.parameter("residual", (t, h), dtype), mlp)
-    dy = b.parameter("grad_output", (t, h), dtype)
+                  b.parameter("residual", (r.sp_tokens, h), dtype), mlp)
+    dy = b.parameter("grad_output", (r.sp_tokens, h), dtype)
     dx, grads = backward_ops(b, m, r, tp, dtype, saved, dy)
     accumulated = []
     with b.scope("grad_accumulation"):
@@ -477,14 +510,14 @@ def embedding_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype
     t, h = r.tokens, r.hidden
     vocab = -(-m.vocab // tp)  # padded to a multiple of tp (Megatron)
     with b.scope("embed_tokens"):
-        if m.classes:  # ViT: patches [tokens, 3*16*16] @ [768, hidden]
-            return b.matmul(b.parameter("patches", (t, m.vocab), dtype),
+        if m.classes:  # ViT: patches [tokens, 3*16*16] @ [768, hidden], the rank's token shard
+            return b.matmul(b.parameter("patches", (r.sp_tokens, m.vocab), dtype),
                             b.weight("weight", (m.vocab, h), dtype))
         ids = b.parameter("input_ids", (t,), "int32", low=0, high=vocab)
         keep = b.parameter("in_shard", (t,), dtype)
         x = b.multiply(b.gather(b.weight("weight", (vocab, h), dtype, scale=0.02), ids),
                        b.broadcast(keep, (t, h), (0,)))
-        return _all_reduce(b, x, tp, group)
+        return _leave_tp(b, x, r, group)
 
 
 def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, last: Op,
@@ -495,7 +528,7 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
     a classifier (ViT) reads the first token of each sequence."""
     t, h = r.tokens, r.hidden
     vocab = -(-m.vocab // tp)
-    n = _norm(b, m, last, "norm", dtype)
+    n = _enter_tp(b, _norm(b, m, last, "norm", dtype), r, group)
     width = m.classes if m.classes else vocab
     rows = r.batch if m.classes else t
     feats = b.slice(n, (0, 0), (rows, h)) if rows != t else n
@@ -515,10 +548,13 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
         loss = b.reduce(_row_reduce(b, b.multiply(b.log(b.add(probs, 1e-30)), target)), [0])
     with b.scope(head):
         dn = b.dot(dlogits, w, rhs_contract=-1)
-        dn = dn if m.classes else _all_reduce(b, dn, tp, group)
         dw = b.dot(feats, dlogits, lhs_contract=-2)
     if rows != t:
         dn = b.concatenate([dn, b.constant(0.0, dtype, (t - rows, h))], 0)
+    if not m.classes:
+        dn = _leave_tp(b, dn, r, group)
+    elif r.sequence_parallel:  # a classifier's head is whole: each rank keeps its token shard
+        dn = b.slice(dn, (0, 0), (r.sp_tokens, h))
     dlast, dgamma = _norm_backward(b, m, last, dn, "norm", dtype)
     return loss, dlast, [dw, dgamma]
 
@@ -528,7 +564,7 @@ def head_graph(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16") -> G
     norm, head and loss forward and backward."""
     b = GraphBuilder(f"{m.name}_head", root_layer="model")
     x = embedding_ops(b, m, r, tp, dtype)
-    last = b.parameter("last_hidden", (r.tokens, r.hidden), dtype)
+    last = b.parameter("last_hidden", (r.sp_tokens, r.hidden), dtype)
     loss, dlast, grads = head_ops(b, m, r, tp, dtype, last)
     return b.build([x, loss, dlast, *grads])
 

@@ -9,8 +9,9 @@
 Each workload has presets of published model dimensions (Hugging Face configs; GPT-3 6.7B from the
 GPT-3 paper's table 2.1) and the options every trainer exposes: ``tp``, ``pp``, ``dp`` (0: the rest
 of the cores), ``zero1``, ``seq``, ``micro_batch``, ``global_batch``, ``nodes``, ``instance``,
-``precision`` and ``activation_checkpointing``. Without a preset a workload is a small model of the
-same family (what tests and quick runs use).
+``precision``, ``activation_checkpointing`` and ``sequence_parallel`` (on by default for Llama: the
+NxD pre-training scripts pass ``--sequence_parallel_enabled``). Without a preset a workload is a
+small model of the same family (what tests and quick runs use).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ SMALL = {
 
 PLAN_DEFAULTS: dict[str, Any] = dict(tp=1, pp=1, dp=0, zero1=False, seq=128, micro_batch=1,
                                      global_batch=0, nodes=1, instance="trn1.32xlarge",
-                                     precision="bf16-autocast", activation_checkpointing=False)
+                                     precision="bf16-autocast", activation_checkpointing=False,
+                                     sequence_parallel=False)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class TrainWorkload:
 TRAIN_WORKLOADS: dict[str, TrainWorkload] = {
     w.name: w for w in [
         TrainWorkload("llama-train", "Llama pre-training step (NxD layout: TP, PP, DP, ZeRO-1)",
-                      LLAMA_TRAIN, SMALL["llama-train"], dict(seq=4096)),
+                      LLAMA_TRAIN, SMALL["llama-train"], dict(seq=4096, sequence_parallel=True)),
         TrainWorkload("bert-pretrain", "BERT pre-training step, phase 1 (seq 128), data parallel",
                       BERT_TRAIN, SMALL["bert-pretrain"], dict(micro_batch=16, precision="bf16-sr")),
         TrainWorkload("gpt-train", "GPT-3 pre-training step (NeMo-Megatron layout)", GPT_TRAIN,

@@ -5,6 +5,7 @@ system profile's step marks."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,11 @@ def test_the_step_program_has_the_levels_of_a_training_step(captured) -> None:
     layers = {op.layer.split("/")[1] for op in run.program.graph.ops if op.layer.count("/") >= 1}
     assert set(LEVELS) <= layers
     ops = run.program.graph.ops
-    tp = [op for op in ops if op.opcode == "all-reduce" and op.attrs.get("group") == "tp"]
-    # per micro-batch (2): the embedding (1), 2 layers x (2 forward + 2 backward), the head and loss (3)
-    assert len(tp) == 2 * (1 + 2 * 4 + 3)
+    tp = Counter(op.opcode for op in ops if op.attrs.get("group") == "tp")
+    # sequence parallel (Llama's default, as NxD runs it), per micro-batch (2): the embedding's
+    # reduce-scatter; 2 layers x (forward: 2 all-gathers + 2 reduce-scatters; backward: 4 + 2); the
+    # head's all-gather, reduce-scatter and the loss's two all-reduces
+    assert tp == {"all-gather": 2 * (2 * 6 + 1), "reduce-scatter": 2 * (1 + 2 * 4 + 1), "all-reduce": 2 * 2}
     dp = [op for op in ops if op.attrs.get("group") == "dp"]
     assert {op.opcode for op in dp} == {"reduce-scatter", "all-gather"}
     assert all(op.layer.startswith("model/gradient_sync/") for op in dp)

@@ -18,7 +18,7 @@ from neuroncore.parallel.training import (
     overlap_fraction,
     time_training_step,
 )
-from neuroncore.workloads.train_graphs import RankShapes, layer_backward, layer_forward
+from neuroncore.workloads.train_graphs import RankShapes, Transformer, layer_backward, layer_forward
 from neuroncore.workloads.training import SMALL, TRAIN_WORKLOADS, get_train
 
 LLAMA = SMALL["llama-train"]
@@ -40,6 +40,33 @@ def test_layer_programs_carry_megatrons_collectives_and_twice_the_matmul_work() 
     f = int(compile_graph(fwd, "trn1").raw_flops.sum())
     b = int(compile_graph(bwd, "trn1").raw_flops.sum())
     assert 2.0 <= b / f <= 3.0
+
+
+def test_sequence_parallel_layers_gather_into_and_scatter_out_of_each_tp_block() -> None:
+    """Megatron-LM sequence parallelism (NxD --sequence_parallel_enabled): a rank holds 1/tp of the
+    tokens between the blocks; the forward all-gathers the normed input of attention and of the MLP
+    and reduce-scatters o_proj's and down_proj's partial sums; the backward gathers the output
+    gradients and the recomputed norms and reduce-scatters the gradients of the blocks' inputs. The
+    residual stream's HBM traffic shrinks by tp while the matmuls stay the same."""
+    tp = 2
+    r = RankShapes.of(LLAMA, 1, 128, tp, sequence_parallel=True)
+    assert r.sp_tokens == 64 and RankShapes.of(LLAMA, 1, 128, 1, sequence_parallel=True).sp_tokens == 128
+    fwd, bwd = layer_forward(LLAMA, r, tp), layer_backward(LLAMA, r, tp)
+    ops = lambda g: [op.opcode for op in g.ops if op.opcode in ("all-reduce", "all-gather", "reduce-scatter")]  # noqa: E731
+    assert ops(fwd) == ["all-gather", "reduce-scatter", "all-gather", "reduce-scatter"]
+    assert sorted(ops(bwd)) == ["all-gather"] * 4 + ["reduce-scatter"] * 2
+    assert fwd.ops[0].shape == (64, LLAMA.hidden) and fwd.outputs[0].shape == (64, LLAMA.hidden)
+    plain = RankShapes.of(LLAMA, 1, 128, tp)
+    sp_prog, plain_prog = compile_graph(fwd, "trn1"), compile_graph(layer_forward(LLAMA, plain, tp), "trn1")
+    assert int(sp_prog.raw_flops.sum()) == pytest.approx(int(plain_prog.raw_flops.sum()), rel=0.02)
+    with pytest.raises(PlanError, match="sequence parallelism needs tp 3"):
+        ParallelPlan(tp=3, dp=1, seq=100, sequence_parallel=True).check(
+            Transformer("x", 2, 96, 3, 3, 192, 64), _FakeTopology(3))
+
+
+class _FakeTopology:
+    def __init__(self, cores: int) -> None:
+        self.cores, self.name = cores, "fake"
 
 
 @pytest.fixture(scope="module")
