@@ -15,7 +15,7 @@ equals a single core's step on the whole batch -- the check ``tests/training`` m
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
 from neuroncore.training.optimizers import host_scalars
 from neuroncore.training.precision import parse_precision
-from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames
+from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames
 
 
 class _Rendezvous:
@@ -54,7 +54,7 @@ class DataParallelTrainStep(TrainStep):
     """A training step replicated on ``replicas`` cores with gradient all-reduce (DDP)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 example_inputs: Sequence[torch.Tensor], *, replicas: int,
+                 example_inputs: StepInputs, *, replicas: int,
                  loss_fn: Callable[..., Any] | None = None, precision: str = "fp32",
                  instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(replicas, int) or replicas < 1:
@@ -78,8 +78,9 @@ class DataParallelTrainStep(TrainStep):
                 out.append(b.multiply(summed, 1.0 / self.replicas))
         return out
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
         """One step: ``inputs`` hold ``replicas`` shards along dim 0; returns the mean loss."""
+        inputs = self.positional(inputs, named)
         shards = [[x[r * s[0]:(r + 1) * s[0]] for x, s in zip(inputs, self.example_shapes)]
                   for r in range(self.replicas)]
         for x, s in zip(inputs, self.example_shapes):

@@ -254,8 +254,9 @@ class PipelineParallelTrainStep(TrainStep):
         return _live_graph(b.name, b, outputs), labels
 
     # -- run time ------------------------------------------------------------------------------
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
         """One step over ``micro_batches`` micro-batches stacked along dim 0; returns the mean loss."""
+        inputs = self.positional(inputs, named)
         m = self.micro_batches
         for given, shape in zip(inputs, self.example_shapes):
             if len(inputs) != 2 or tuple(given.shape) != (shape[0] * m, *shape[1:]):

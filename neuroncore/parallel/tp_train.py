@@ -29,7 +29,7 @@ every rank's core; rank 0 reports the step's ``train_step`` record. After a call
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,22 +49,26 @@ from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
 from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, host_scalars
-from neuroncore.training.precision import Precision
+from neuroncore.training.precision import Precision, parse_precision
 from neuroncore.training.step_records import emit_step
-from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames
+from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames
 
 
 class TensorParallelTrainStep(TrainStep):
     """A training step split over ``tp`` cores with Megatron tensor parallelism (see module doc)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 example_inputs: Sequence[torch.Tensor], *, tp: int,
-                 loss_fn: Callable[..., Any] | None = None,
+                 example_inputs: StepInputs, *, tp: int,
+                 loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                  instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise PlanError(f"tp must be a positive integer, not {tp!r}")
         self.tp = tp
-        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=Precision.FP32,
+        try:
+            prec = parse_precision(precision)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
+        super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=prec,
                          accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
         if tp > len(self.instance.cores):
             raise PlanError(f"tp={tp} does not fit {self.instance.name} "
@@ -78,6 +82,9 @@ class TensorParallelTrainStep(TrainStep):
         self.rank_program = compile_graph(self.sharded.local, self.core.spec)
         self.rank_models: list[LoadedModel] = [self.instance.core(r).load(self.rank_program, rank=r)
                                                for r in range(tp)]
+        for loaded in self.rank_models:  # bf16-sr: every rank's bf16 writes round stochastically,
+            loaded.stochastic_rounding = self.programs[ProgramKind.UPDATE][1].stochastic_rounding
+            # from the same seed, so a replicated weight (a norm's) stays identical on every rank
         self.input_split = dict(zip(self.layout.inputs, self.sharded.input_splits))
         self.output_split = dict(zip(self.layout.outputs, self.sharded.output_splits))
         topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
@@ -114,8 +121,9 @@ class TensorParallelTrainStep(TrainStep):
         return sum(v.size for k, v in self.rank_states[rank].tensors.items() if k.startswith(prefix))
 
     # -- run time ------------------------------------------------------------------------------
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
         """One step on the whole batch ``inputs`` (every rank sees all of it); returns the loss."""
+        inputs = self.positional(inputs, named)
         batch = self._micro_batches(inputs)[0]
         host_start = time.time_ns()
         self.steps += 1
@@ -143,7 +151,7 @@ class TensorParallelTrainStep(TrainStep):
         seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
         emit_step(self.rank_models[0], self.last_results[:1], step=self.steps,
                   global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
-                  bf16=False, host_start_ns=host_start, tp=self.tp,
+                  bf16=self.precision is not Precision.FP32, host_start_ns=host_start, tp=self.tp,
                   whole=self.programs[ProgramKind.UPDATE][0])
         self._sync_host()
         return torch.tensor(float(np.asarray(produced[0][0]).reshape(-1)[0]), dtype=torch.float32)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, emit_update, host_scalars, split_scalars
 from neuroncore.training.precision import Precision, parse_precision
-from neuroncore.training.torch_step import ProgramKind, TrainStep, _caller_frames, _Layout
+from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames, _Layout
 
 CC_OPERATIONS = {"reduce-scatter": cc.REDUCE_SCATTER, "all-gather": cc.ALL_GATHER}
 
@@ -113,7 +113,7 @@ class ZeroOneTrainStep(TrainStep):
     """A training step on ``ranks`` cores with ZeRO-1: sharded optimizer state and update."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 example_inputs: Sequence[torch.Tensor], *, ranks: int,
+                 example_inputs: StepInputs, *, ranks: int,
                  loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                  instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
@@ -253,8 +253,9 @@ class ZeroOneTrainStep(TrainStep):
         return tensors
 
     # -- run time ------------------------------------------------------------------------------
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
         """One step: ``inputs`` hold ``ranks`` shards along dim 0; returns the mean loss."""
+        inputs = self.positional(inputs, named)
         for x, s in zip(inputs, self.example_shapes):
             if tuple(x.shape) != (s[0] * self.ranks, *s[1:]):
                 raise PlanError(f"{self.name} ZeRO-1 step: input of shape "

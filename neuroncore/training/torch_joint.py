@@ -49,20 +49,31 @@ class JointGraph:
 
 class LossModule(torch.nn.Module):
     """``loss_fn(model(*inputs[:-1]), inputs[-1])`` when a loss function is given, else the model's
-    own output (a tensor, or the ``loss`` of a Hugging Face ``ModelOutput``, or its first element)."""
+    own output (a tensor, or the ``loss`` of a Hugging Face ``ModelOutput``, or its first element).
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any] | None, scale: float) -> None:
+    With ``keys`` the inputs are keyword inputs, in that order: the model is called
+    ``model(**dict(zip(keys, inputs)))`` (the last entry goes to ``loss_fn`` instead, when given),
+    as users call transformers models (``model(input_ids=..., attention_mask=..., labels=...)``)."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any] | None, scale: float,
+                 keys: Sequence[str] = ()) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
         self.scale = scale
+        self.keys = tuple(keys)
+
+    def _model(self, inputs: Sequence[Any]) -> Any:
+        if self.keys:
+            return self.model(**dict(zip(self.keys, inputs)))
+        return self.model(*inputs)
 
     def forward(self, *inputs: Any) -> torch.Tensor:
         if self.loss_fn is not None:
-            out = self.model(*inputs[:-1])
+            out = self._model(inputs[:-1])
             loss = self.loss_fn(out, inputs[-1])
         else:
-            out = self.model(*inputs)
+            out = self._model(inputs)
             loss = _loss_of(out)
         return loss * self.scale if self.scale != 1.0 else loss
 
@@ -82,12 +93,13 @@ def _loss_of(out: Any) -> torch.Tensor:
 
 def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
                 loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
-                input_grads: Sequence[int] = ()) -> JointGraph:
+                input_grads: Sequence[int] = (), input_keys: Sequence[str] = ()) -> JointGraph:
     """Trace the loss and the gradients of every parameter that requires grad (see module doc).
 
     ``input_grads``: user inputs whose gradients are outputs too, after the parameters' (a pipeline
-    stage sends its input's gradient back to the stage before it)."""
-    wrapper = LossModule(model, loss_fn, loss_scale)
+    stage sends its input's gradient back to the stage before it). ``input_keys``: the keyword each
+    example input is passed to the model by (:class:`LossModule`); empty: positionally."""
+    wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
     name = type(model).__name__
     try:
         with warnings.catch_warnings():

@@ -31,7 +31,7 @@ import enum
 import inspect
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -146,6 +146,13 @@ class _StepConverter(_Converter):
         name = self.input_names[len(self.placeholders)]
         dtype = ir_dtype(meta.dtype, f" (input {name!r})")
         held = self.bf16_params and name.startswith("param/") and dtype is DType.FP32
+        if meta.numel() == 0 and name.startswith("buffer/"):  # an empty KV cache (use_cache=True
+            with self.b.located("model", ()):                 # in a forward): nothing to hold
+                value = self.b.constant(0.0, dtype, shape=tuple(meta.shape))
+            self.placeholders.append(value)
+            self.values.append(value)
+            self.env[node] = value
+            return
         with self.b.located("model", ()):
             op = self.b.parameter(name, tuple(meta.shape), DType.BF16 if held else dtype)
             value = self.b.convert(op, DType.FP32) if held else op
@@ -184,11 +191,29 @@ class _StepConverter(_Converter):
         return outputs
 
 
+StepInputs = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+"""A step's example inputs: positional tensors, or keyword tensors (``{"input_ids": ..., "labels": ...}``)."""
+
+
+def keyword_inputs(example_inputs: StepInputs) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
+    """(the keywords, in order, or ``()`` for positional inputs; the tensors in that order)."""
+    if isinstance(example_inputs, Mapping):
+        keys = tuple(example_inputs)
+        bad = [k for k in keys if not isinstance(k, str) or not k.isidentifier()]
+        if bad:
+            raise TraceError(f"keyword inputs must be named by identifiers, not {bad[0]!r}")
+        return keys, tuple(example_inputs[k] for k in keys)
+    return (), tuple(example_inputs)
+
+
 class TrainStep:
-    """A compiled training step: call it with a batch; it returns the loss as a 0-d tensor."""
+    """A compiled training step: call it with a batch; it returns the loss as a 0-d tensor.
+
+    Traced with keyword inputs (a dict), it is called with the same keywords:
+    ``step(input_ids=..., labels=...)``; traced with positional inputs, positionally."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 example_inputs: Sequence[torch.Tensor], *, loss_fn: Callable[..., Any] | None,
+                 example_inputs: StepInputs, *, loss_fn: Callable[..., Any] | None,
                  precision: Precision, accumulation_steps: int, instance: str | None,
                  core: int, frames: tuple[SourceFrame, ...],
                  options: CompilerOptions | None = None) -> None:
@@ -196,8 +221,9 @@ class TrainStep:
         self.optimizer = optimizer
         self.precision = precision
         self.accumulation_steps = accumulation_steps
-        self.example_shapes = [tuple(x.shape) for x in example_inputs]
-        self.example_dtypes = [x.dtype for x in example_inputs]
+        self.input_keys, examples = keyword_inputs(example_inputs)
+        self.example_shapes = [tuple(x.shape) for x in examples]
+        self.example_dtypes = [x.dtype for x in examples]
         self.name = type(model).__name__
         self.steps = 0
         self.last_results: list[ExecutionResult] = []
@@ -205,7 +231,8 @@ class TrainStep:
         self.core = self.instance.core(core)
         self._check_memory(activations=0)  # parameters alone: before anything is traced
         scale = 1.0 / accumulation_steps
-        self.joint = joint_graph(model, example_inputs, loss_fn=loss_fn, loss_scale=scale)
+        self.joint = joint_graph(model, examples, loss_fn=loss_fn, loss_scale=scale,
+                                 input_keys=self.input_keys)
         named = {f"model.{k}": p for k, p in model.named_parameters()}
         self.params = [named[n] for n in self.joint.param_names]
         self.param_names = [_strip(n) for n in self.joint.param_names]
@@ -362,8 +389,29 @@ class TrainStep:
     def advance_rng(self) -> None:
         self.rng_executions += 1
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def positional(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple[Any, ...]:
+        """A call's inputs in the traced order: the positional ones of a step traced positionally,
+        the keyword ones (any order) of a step traced with keywords; a mix is refused."""
+        if not self.input_keys:
+            if named:
+                raise TraceError(f"{self.name} step was traced with positional inputs; got keyword "
+                                 f"inputs {', '.join(sorted(named))}")
+            return tuple(inputs)
+        if inputs:
+            raise TraceError(f"{self.name} step was traced with keyword inputs "
+                             f"({', '.join(self.input_keys)}); call it with the same keywords")
+        missing = [k for k in self.input_keys if k not in named]
+        extra = sorted(set(named) - set(self.input_keys))
+        if missing or extra:
+            what = (f"missing {', '.join(missing)}" if missing else "") + \
+                ("; " if missing and extra else "") + (f"unexpected {', '.join(extra)}" if extra else "")
+            raise TraceError(f"{self.name} step was traced with keyword inputs "
+                             f"({', '.join(self.input_keys)}): {what}")
+        return tuple(named[k] for k in self.input_keys)
+
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``inputs`` (``accumulation_steps`` micro-batches along dim 0)."""
+        inputs = self.positional(inputs, named)
         micro = self._micro_batches(inputs)
         host_start = time.time_ns()
         self.steps += 1
@@ -406,7 +454,8 @@ class TrainStep:
                 # the shape and the dtype both: a float target where int64 class ids were traced
                 # must not read as "[8] expected, got (8,)"
                 got = f"{list(x.shape)} ({x.dtype})" if isinstance(x, torch.Tensor) else type(x).__name__
-                raise TraceError(f"{self.name} step: input {i} of shape {list(want)} ({dtype}) expected"
+                which = repr(self.input_keys[i]) if self.input_keys else str(i)
+                raise TraceError(f"{self.name} step: input {which} of shape {list(want)} ({dtype}) expected"
                                  f"{f' ({k} micro-batches of {shape[0]})' if k > 1 else ''}, got {got}")
         if k == 1:
             return [list(inputs)]
@@ -467,14 +516,17 @@ def _caller_frames() -> tuple[SourceFrame, ...]:
 
 
 def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     example_inputs: Sequence[torch.Tensor], *,
+                     example_inputs: StepInputs, *,
                      loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                      accumulation_steps: int = 1, instance: str | None = None,
                      core: int = 0, options: CompilerOptions | None = None) -> TrainStep:
     """Compile ``model``'s training step with ``optimizer`` for one core (see the module doc).
 
     ``example_inputs``: one micro-batch, positionally; with ``loss_fn`` the last one is the target
-    (``loss_fn(model(*inputs[:-1]), inputs[-1])``), else the model's forward returns the loss.
+    (``loss_fn(model(*inputs[:-1]), inputs[-1])``), else the model's forward returns the loss. Or a
+    dict of keyword inputs, as transformers models are called (``{"input_ids": ids, "labels": ids}``:
+    ``model(**inputs)``, the last entry the target with ``loss_fn``); the step is then called with
+    the same keywords, ``step(input_ids=..., labels=...)``.
     ``precision``: ``"fp32"``, ``"bf16"`` (auto-cast: bf16 matmuls, FP32 master weights and
     optimizer state) or ``"bf16-sr"`` (bf16 weights updated with stochastic rounding).
     ``options``: the compiler's precision options (``CompilerOptions``: auto-cast mode and type, e.g.
@@ -488,9 +540,13 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if not isinstance(accumulation_steps, int) or isinstance(accumulation_steps, bool) \
             or accumulation_steps < 1:
         raise TraceError(f"accumulation_steps must be a positive integer, not {accumulation_steps!r}")
-    examples = tuple(example_inputs)
+    if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (Sequence, Mapping)):
+        raise TraceError("example_inputs must be a non-empty sequence of torch tensors or a dict of "
+                         "keyword inputs")
+    keys, examples = keyword_inputs(example_inputs)
     if not examples or not all(isinstance(x, torch.Tensor) for x in examples):
-        raise TraceError("example_inputs must be a non-empty sequence of torch tensors")
+        raise TraceError("example_inputs must be a non-empty sequence of torch tensors or a dict of "
+                         "keyword tensors")
     if accumulation_steps > 1 and any(x.dim() == 0 for x in examples):
         raise TraceError("gradient accumulation splits inputs along dim 0; a 0-d input has none")
     try:
@@ -498,9 +554,9 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     except ValueError as exc:
         raise TraceError(str(exc)) from None
     check_options(options)
-    return TrainStep(model, optimizer, examples, loss_fn=loss_fn, precision=prec,
-                     accumulation_steps=accumulation_steps, instance=instance, core=core,
-                     frames=_caller_frames(), options=options)
+    return TrainStep(model, optimizer, dict(zip(keys, examples)) if keys else examples,
+                     loss_fn=loss_fn, precision=prec, accumulation_steps=accumulation_steps,
+                     instance=instance, core=core, frames=_caller_frames(), options=options)
 
 
-__all__ = ["PHASES", "ProgramKind", "TrainStep", "trace_train_step"]
+__all__ = ["PHASES", "ProgramKind", "StepInputs", "TrainStep", "keyword_inputs", "trace_train_step"]
