@@ -106,6 +106,8 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
     "convert": _lower_convert,
     "gelu": lower_unary,
     "silu": lower_unary,
+    "gelu_dx": lower_unary,
+    "silu_dx": lower_unary,
     "compare": lower_binary,
     "select": lower_select,
     "iota": lower_iota,
@@ -128,7 +130,7 @@ LOWERINGS: dict[str, Callable[[Context, Op], None]] = {
 }
 
 FLOAT_ONLY = {"dot", "convolution", "reduce-window", "softmax", "layer_norm", "rms_norm", "gelu",
-              "silu", *UNARY_OPS}
+              "silu", "gelu_dx", "silu_dx", *UNARY_OPS}
 
 
 def unsupported_ops(graph: Graph) -> list[Op]:

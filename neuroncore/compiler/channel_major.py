@@ -33,7 +33,8 @@ from typing import Any
 
 from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, WINDOW_OPS, Graph, Op
 
-ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"convert", "compare", "select", "gelu", "silu"}
+ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"convert", "compare", "select", "gelu", "silu", "gelu_dx",
+                                         "silu_dx"}
 
 
 def channel_major(graph: Graph) -> Graph:

@@ -51,6 +51,8 @@ ACTIVATION_FUNCTIONS = {
     "sine": "Sin",
     "erf": "Erf",
     "silu": "Silu",
+    "gelu_dx": "Gelu_dx",  # nki.language.gelu_dx / silu_dx: Scalar-engine functions on Trn1
+    "silu_dx": "Silu_dx",
     "gelu": "Gelu_apprx_tanh",
     "gelu_exact": "Gelu",
     "square": "Square",

@@ -39,6 +39,8 @@ STEPPED: dict[str, Steps] = {
     "reduce": reduce_steps,
     "gelu": unary_steps,
     "silu": unary_steps,
+    "gelu_dx": unary_steps,
+    "silu_dx": unary_steps,
     "compare": binary_steps,
     **{name: unary_steps for name in UNARY_OPS},
     **{name: binary_steps for name in BINARY_OPS},

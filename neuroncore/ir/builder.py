@@ -261,6 +261,14 @@ class GraphBuilder:
     def silu(self, x: Op) -> Op:
         return self._unary("silu", x)
 
+    def gelu_dx(self, x: Op) -> Op:
+        """The exact GELU's derivative, one Scalar-engine function (a backward's GELU gradient)."""
+        return self._unary("gelu_dx", x)
+
+    def silu_dx(self, x: Op) -> Op:
+        """SiLU's derivative, one Scalar-engine function (SwiGLU's backward)."""
+        return self._unary("silu_dx", x)
+
     def convert(self, x: Op, dtype: str | DType) -> Op:
         return self._add("convert", [x], x.shape, as_dtype(dtype))
 

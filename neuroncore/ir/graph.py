@@ -20,7 +20,9 @@ from neuroncore.dtypes import DType
 UNARY_OPS = frozenset({"exponential", "tanh", "logistic", "rsqrt", "sqrt", "log", "negate", "abs",
                        "cosine", "sine", "erf"})
 BINARY_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
-FUSED_OPS = frozenset({"softmax", "layer_norm", "rms_norm", "gelu", "silu"})
+# "gelu_dx" / "silu_dx": the derivatives of (exact) GELU and SiLU, functions of the Scalar engine
+# (nki.language.gelu_dx / silu_dx on Trn1) that a training step's backward evaluates in one pass
+FUSED_OPS = frozenset({"softmax", "layer_norm", "rms_norm", "gelu", "silu", "gelu_dx", "silu_dx"})
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate"})
 OTHER_OPS = frozenset(
     {"parameter", "constant", "convert", "compare", "select", "reduce", "dot", "gather", "iota", "rng"}

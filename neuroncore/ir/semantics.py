@@ -27,6 +27,18 @@ def gelu(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float32])(x / math.sqrt(2.0)))
 
 
+def gelu_dx(x: np.ndarray) -> np.ndarray:
+    """d/dx of the exact GELU x Phi(x): Phi(x) + x phi(x)."""
+    return (0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+            ).astype(np.float32)
+
+
+def silu_dx(x: np.ndarray) -> np.ndarray:
+    """d/dx of x sigmoid(x): sigmoid(x) (1 + x (1 - sigmoid(x)))."""
+    s = logistic(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     from math import erf
 
@@ -50,6 +62,8 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "sine": np.sin,
     "erf": lambda x: _erf(x),
     "silu": lambda x: x * logistic(x),
+    "gelu_dx": gelu_dx,
+    "silu_dx": silu_dx,
 }
 
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {

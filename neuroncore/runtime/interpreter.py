@@ -61,6 +61,8 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "sine": np.sin,
     "erf": ir_semantics.UNARY["erf"],
     "silu": ir_semantics.UNARY["silu"],
+    "gelu_dx": ir_semantics.gelu_dx,
+    "silu_dx": ir_semantics.silu_dx,
     "gelu": lambda x: ir_semantics.gelu(x, "tanh"),
     "gelu_exact": lambda x: ir_semantics.gelu(x, "none"),
     "square": np.square,

@@ -338,17 +338,6 @@ def _linear_backward(b: GraphBuilder, x: Op, dy: Op, d_in: int, d_out: int, name
     return dx
 
 
-def _gelu_grad(b: GraphBuilder, x: Op) -> Op:
-    """d gelu_tanh(x) / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3))."""
-    c, a = math.sqrt(2.0 / math.pi), 0.044715
-    x2 = b.multiply(x, x)
-    t = b.tanh(b.multiply(b.add(x, b.multiply(b.multiply(x2, x), a)), c))
-    left = b.multiply(b.add(t, 1.0), 0.5)
-    right = b.multiply(b.multiply(b.multiply(x, b.subtract(1.0, b.multiply(t, t))), 0.5 * c),
-                       b.add(b.multiply(x2, 3 * a), 1.0))
-    return b.add(left, right)
-
-
 @dataclass(frozen=True)
 class Saved:
     """The activations a layer's forward keeps for its backward (attention probabilities are not
@@ -396,7 +385,7 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
             saved_mlp = (gate, up)
         else:
             pre = _linear(b, n2, h, r.intermediate, "fc1", dtype, m.bias)
-            act = b.gelu(pre)
+            act = b.gelu(pre, approximate="none")  # HF BERT / ViT "gelu": the exact (erf) GELU
             saved_mlp = (pre,)
         with b.scope("down_proj"):
             down = _leave_tp(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), r, group)
@@ -414,12 +403,11 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
     with b.scope("mlp"):
         if m.mlp == "swiglu":
             gate, up = s.mlp
-            sg = b.logistic(gate)
-            silu = b.multiply(gate, sg)
+            silu = b.silu(gate)
             act = b.multiply(silu, up)
         else:
             (pre,) = s.mlp
-            act = b.gelu(pre)
+            act = b.gelu(pre, approximate="none")
         if m.bias:
             grads.append(_column_sum(b, dy))  # down_proj bias: dy is replicated, any rank has it
         dy_tp = _enter_tp(b, dy, r, group)  # sequence parallel: the reduce-scatter's backward
@@ -430,13 +418,14 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
         # recomputed (cheap, saves memory); sequence parallel gathers it again, as Megatron does
         n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
         if m.mlp == "swiglu":
-            dgate = b.multiply(b.multiply(dact, up),
-                               b.multiply(sg, b.add(b.multiply(gate, b.subtract(1.0, sg)), 1.0)))
+            # the activations' derivatives are Scalar-engine functions (nki.language.silu_dx,
+            # gelu_dx on Trn1): one pass each instead of the chain of elementwise ops autodiff writes
+            dgate = b.multiply(b.multiply(dact, up), b.silu_dx(gate))
             dup = b.multiply(dact, silu)
             dn2 = b.add(_linear_backward(b, n2, dgate, h, r.intermediate, "gate_proj", dtype, False, grads),
                         _linear_backward(b, n2, dup, h, r.intermediate, "up_proj", dtype, False, grads))
         else:
-            dpre = b.multiply(dact, _gelu_grad(b, pre))
+            dpre = b.multiply(dact, b.gelu_dx(pre))
             dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
         dn2 = _leave_tp(b, dn2, r, group)
     dx2_norm, dg2 = _norm_backward(b, m, x2, dn2, "post_attention_layernorm", dtype)
