@@ -13,7 +13,6 @@ listing all of them (op, HLO name, layer, source line), the check users run befo
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -235,6 +234,10 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
         if ctx.em.semantic_moves:  # the reordering moves nodes: make the relocated records now
             ctx.em.semantics = list(RelocatedSemantics(ctx.em.semantics, ctx.em.semantic_moves))
             ctx.em.semantic_moves = []
+        ctx.em.settle_moves()
+        if ctx.em.text_moves:  # and texts
+            ctx.em.text = list(RelocatedSemantics(ctx.em.text, ctx.em.text_moves))
+            ctx.em.text_moves = []
         _prefetch_weights(ctx)
     return _finalize(ctx)
 
@@ -273,29 +276,35 @@ def _scratch_peak(ctx: Context) -> int:
         return 0
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    # relocated layers keep their template's records until asked: move only the HBM-touching ones
-    moved = RelocatedSemantics(ctx.em.semantics, ctx.em.semantic_moves) if ctx.em.semantic_moves else None
-    touching = (ns.Load, ns.LoadKTiled, ns.Store, ns.Gather, ns.Collective, ns.KernelCall)
-    for node, record in enumerate(ctx.em.semantics):
-        if not isinstance(record, touching):
-            continue
-        sem = moved[node] if moved is not None else record
-        names: list[str] = []
-        if isinstance(sem, (ns.Load, ns.LoadKTiled)):
-            names = [sem.src.tensor]
-        elif isinstance(sem, ns.Store):
-            names = [sem.dst.tensor]
-        elif isinstance(sem, ns.Gather):
-            names = [sem.table.tensor]
-        elif isinstance(sem, ns.Collective):
-            names = [sem.src.tensor, sem.dst.tensor]
-        elif isinstance(sem, ns.KernelCall):
-            names = [*sem.inputs, sem.output]
+
+    def touch(node: int, names: list[str]) -> None:
         for name in names:
             for source in (ctx.view_sources(name) if name in ctx.hbm_views else [name]):
                 if source in scratch:
                     first.setdefault(source, node)
                     last[source] = node
+
+    records = ctx.em.semantics
+    # relocated layers keep their template's records: the template's HBM-touching nodes are found
+    # once, and only their tensor names are moved
+    templates: dict[int, list[tuple[int, list[str]]]] = {}
+    node = 0
+    for start, stop, move in sorted(ctx.em.semantic_moves, key=lambda m: m[0]):
+        for n in range(node, start):
+            names = _hbm_names(records[n])
+            if names:
+                touch(n, names)
+        touching = templates.get(move.source)
+        if touching is None:
+            touching = templates[move.source] = [
+                (n - start, names) for n in range(start, stop) if (names := _hbm_names(records[n]))]
+        for offset, names in touching:
+            touch(start + offset, [move.name(name) for name in names])
+        node = stop
+    for n in range(node, len(records)):
+        names = _hbm_names(records[n])
+        if names:
+            touch(n, names)
     events = sorted([(first[n], scratch[n]) for n in first] + [(last[n] + 1, -scratch[n]) for n in first])
     live = peak = 0
     for _, delta in events:
@@ -303,6 +312,25 @@ def _scratch_peak(ctx: Context) -> int:
         peak = max(peak, live)
     untouched = sum(size for name, size in scratch.items() if name not in first)
     return peak + untouched
+
+
+_HBM_TOUCHING = (ns.Load, ns.LoadKTiled, ns.Store, ns.Gather, ns.Collective, ns.KernelCall)
+
+
+def _hbm_names(sem: Any) -> list[str]:
+    """The HBM tensors (or views) a node record reads or writes."""
+    if not isinstance(sem, _HBM_TOUCHING):
+        return []
+    if isinstance(sem, (ns.Load, ns.LoadKTiled)):
+        return [sem.src.tensor]
+    if isinstance(sem, ns.Store):
+        return [sem.dst.tensor]
+    if isinstance(sem, ns.Gather):
+        return [sem.table.tensor]
+    if isinstance(sem, ns.Collective):
+        return [sem.src.tensor, sem.dst.tensor]
+    assert isinstance(sem, ns.KernelCall)
+    return [*sem.inputs, sem.output]
 
 
 def _finalize(ctx: Context) -> Program:
@@ -332,10 +360,7 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
     # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
     keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
     keys = np.where(resource == RES_CC, CC_LANE, keys)
-    lengths = np.fromiter(map(len, em.deps), np.int64, count=len(em.deps))
-    dep_ptr = np.zeros(len(em.deps) + 1, np.int64)
-    np.cumsum(lengths, out=dep_ptr[1:])
-    dep_idx = np.fromiter(itertools.chain.from_iterable(em.deps), np.int64, count=int(dep_ptr[-1]))
+    dep_ptr, dep_idx = em.dep_columns()
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
     counters = em.counter_columns()
@@ -354,7 +379,7 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         pc=_stream_positions(keys),
         sem_increment=sem_increment,
         sem_value=sem_value,
-        trigger=np.asarray(em.trigger, np.int64),
+        trigger=em.trigger_column(),
         ports=np.asarray(em.ports, np.int8),
         opcodes=opcodes,
         operands=texts,

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters, counter_values
+from neuroncore.compiler.lazy_semantics import RelocatedSemantics
 from neuroncore.compiler.node_semantics import NOP, NodeSemantics, check_semantics
+from neuroncore.compiler.operand_texts import OperandTexts
 from neuroncore.compiler.program import (
     PORT_PSUM,
     PORT_SBUF,
@@ -92,6 +95,11 @@ class Emitter:
         # (start, stop, move): nodes [start, stop) carry template records that ``move`` relocates
         # (layers relocated by ``layer_replay``; ``assemble`` makes them on first access)
         self.semantic_moves: list[tuple[int, int, Any]] = []
+        # the same for operand texts (``text``: the template's; ``move`` renames them)
+        self.text_moves: list[tuple[int, int, Any]] = []
+        # (start, stop, lo, dn): nodes [start, stop) hold their template's dependency lists (and
+        # trigger nodes), in which nodes >= lo move by dn (``dep_columns`` applies it, in bulk)
+        self.dep_moves: list[tuple[int, int, int, int]] = []
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
@@ -369,14 +377,49 @@ class Emitter:
         self._record(node, CC_LANE, reads, writes)
         return node
 
+    def dep_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(dep_ptr, dep_idx)``: every node's dependencies as CSR (the ``Program`` columns), with
+        relocated layers' moved by array arithmetic."""
+        n = len(self.deps)
+        dep_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, self.deps), np.int64, count=n), out=dep_ptr[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(self.deps), np.int64, count=int(dep_ptr[-1]))
+        for start, stop, lo, dn in self.dep_moves:
+            segment = flat[dep_ptr[start]:dep_ptr[stop]]
+            segment[segment >= lo] += dn
+        return dep_ptr, flat
+
+    def trigger_column(self) -> np.ndarray:
+        """Each DMA transfer's trigger node (-1 for the others), relocated layers' moved."""
+        trigger = np.asarray(self.trigger, np.int64)
+        for start, stop, lo, dn in self.dep_moves:
+            segment = trigger[start:stop]
+            segment[segment >= lo] += dn
+        return trigger
+
+    def settle_moves(self) -> None:
+        """Apply the relocations kept for later (``dep_moves``) to the lists themselves, for a pass
+        that reorders nodes (weight prefetch)."""
+        if not self.dep_moves:
+            return
+        dep_ptr, flat = self.dep_columns()
+        ptr: list[int] = dep_ptr.tolist()
+        values: list[int] = flat.tolist()
+        self.deps = [values[ptr[i]:ptr[i + 1]] for i in range(len(self.deps))]
+        self.trigger = self.trigger_column().tolist()
+        self.dep_moves = []
+
     def counter_columns(self) -> dict[str, np.ndarray]:
         """One int64 column per counter (``Program`` fields of the same names), in node order."""
-        table = np.array(list(map(counter_values, self.counters)), np.int64).reshape(-1, len(COUNTER_NAMES))
+        width = len(COUNTER_NAMES)
+        table = np.fromiter(itertools.chain.from_iterable(map(counter_values, self.counters)), np.int64,
+                            count=len(self.counters) * width).reshape(-1, width)
         return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------
-    def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """Decide which nodes increment which semaphore, and prefix operand strings with the waits."""
+    def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, OperandTexts]:
+        """Decide which nodes increment which semaphore; operand strings prefixed with the waits
+        (each made when first read: ``operand_texts``)."""
         n = len(self.resource)
         resource = np.asarray(self.resource, np.int64)
         queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
@@ -384,8 +427,8 @@ class Emitter:
         sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
                           np.where(resource == RES_CC, CC_SEMAPHORE, np.asarray(self.engine, np.int64)))
         producer = np.zeros(n, bool)
-        lengths = np.fromiter(map(len, self.deps), np.int64, count=n)
-        flat = np.fromiter(itertools.chain.from_iterable(self.deps), np.int64, count=int(lengths.sum()))
+        dep_ptr, flat = self.dep_columns()
+        lengths = np.diff(dep_ptr)
         producer[flat] = True
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
@@ -407,18 +450,14 @@ class Emitter:
         key, value = key[by_key], sem_value[flat][by_key]
         firsts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
         highest = np.maximum.reduceat(value, firsts) if key.size else value
-        waits = [f"$S[{sem}]>={v}" for sem, v in zip((key[firsts] % span).tolist(), highest.tolist(),
-                                                     strict=True)]
+        sems: list[int] = (key[firsts] % span).tolist()
         per_node = np.bincount(key[firsts] // span, minlength=n) if key.size else np.zeros(n, np.int64)
         ptr: list[int] = np.r_[0, np.cumsum(per_node)].tolist()
-        texts = list(self.text)
         is_producer: list[bool] = producer.tolist()
-        for i in np.flatnonzero((per_node > 0) | producer).tolist():
-            parts = waits[ptr[i]:ptr[i + 1]]
-            if is_producer[i]:
-                parts.append(completes[sem_list[i]])
-            parts.append(texts[i])
-            texts[i] = " ".join(parts)
+        completion = [completes[s] if p else None for s, p in zip(sem_list, is_producer, strict=True)]
+        own: Sequence[str] = (RelocatedSemantics(list(self.text), self.text_moves) if self.text_moves
+                              else list(self.text))
+        texts = OperandTexts(own, ptr, sems, highest.tolist(), completion)
         return sem_increment, sem_value, texts
 
 

@@ -22,9 +22,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.layer_boundary import age_hazards, evict_resident, worth_canonical_boundaries
-from neuroncore.compiler.layer_names import Piece, Renamer
+from neuroncore.compiler.layer_names import Renamer
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
 from neuroncore.compiler.program import Buffer, HbmAccess, HbmTensor, HbmView, Ref
@@ -199,11 +201,8 @@ class _Template:
         nb0, nb1 = start.frame.node_base, end.frame.node_base
         self.nodes = slice(nb0, nb1)
         self.nodes_step = nb1 - nb0  # a shift of k template lengths moves nodes by k * this
-        self.texts: list[tuple[int, tuple[Piece, ...]]] = []
-        for i, text in enumerate(em.text[nb0:nb1]):
-            pieces = renamer.split(text)
-            if pieces is not None:
-                self.texts.append((i, pieces))
+        # whether any text names something of the layer (split() also caches the pieces to render)
+        self.texts = any([renamer.split(text) is not None for text in em.text[nb0:nb1]])
         self.buffers = [ctx.buffers[b] for b in range(start.frame.buf_base, end.frame.buf_base)]
         self.tensors = list(ctx.hbm_tensors.values())[start.tensors:end.tensors]
         self.views = list(ctx.hbm_views.values())[start.views:end.views]
@@ -222,6 +221,8 @@ class _Template:
                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
         plans = ctx.stats.get("dot_plans", {})
         self.plans = {name: plans[name] for name in plans if name not in start.stats.get("dot_plans", {})}
+        self.op_index = np.asarray(em.op_index[nb0:nb1], np.int64)  # -1: no op (kept as is)
+        self.op_limit = len(ctx.graph.ops) + 1
         after_ls = em._mm_after_ls
         self.after_ls = [(n, after_ls[n]) for n in range(start.frame.node_lo, nb1)
                          if n in after_ls and after_ls[n] >= nb0]
@@ -237,17 +238,22 @@ class _Template:
             em.tensor_instruction_type, em.performance_mode, em.ports, em._lane, em.counters)
         for column in columns:
             column.extend(column[nodes])
-        em.deps.extend([[d + dn if d >= lo else d for d in deps] for deps in em.deps[nodes]])
-        em.trigger.extend([t + dn if t >= lo else t for t in em.trigger[nodes]])
-        em.op_index.extend([op_map.get(o, o) for o in em.op_index[nodes]])
+        # dependencies and triggers: the template's, moved in bulk when the program is assembled
+        first = len(em.deps)
+        em.deps.extend(em.deps[nodes])
+        em.trigger.extend(em.trigger[nodes])
+        em.dep_moves.append((first, len(em.deps), lo, dn))
+        table = np.arange(self.op_limit)
+        table[list(op_map)] = list(op_map.values())
+        table[-1] = -1  # a node of no op
+        em.op_index.extend(table[self.op_index].tolist())
         base = len(em.text)
-        em.text.extend(em.text[nodes])
-        renamer = self.renamer
-        for i, pieces in self.texts:
-            em.text[base + i] = renamer.render_pieces(pieces, shift.op, shift.node)
+        em.text.extend(em.text[nodes])  # the template's: renamed when first read (operand_texts)
+        if self.texts:
+            em.text_moves.append((base, len(em.text), _TextRelocator(self.renamer, shift).move))
         start = len(em.semantics)
         em.semantics.extend(em.semantics[nodes])
-        em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift).move))
+        em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift, nodes.start)))
         for n, m in self.after_ls:
             em._mm_after_ls[n + dn if n >= lo else n] = m + dn
         buffers = ctx.buffers
@@ -309,11 +315,23 @@ def _move_value(value: Value, shift: Shift, ops: list[Op]) -> Value:
     return Value(**moved)
 
 
+class _TextRelocator:
+    """A template node's operand text as the relocated node's (names and block ids moved)."""
+
+    def __init__(self, renamer: Renamer, shift: Shift) -> None:
+        self.renamer = renamer
+        self.shift = shift
+
+    def move(self, text: str) -> str:
+        return self.renamer.render(text, self.shift.op, self.shift.node)
+
+
 class _SemanticsRelocator:
     """Node records with their buffer ids, HBM tensor names and op indices relocated."""
 
-    def __init__(self, shift: Shift) -> None:
+    def __init__(self, shift: Shift, source: int) -> None:
         self.shift = shift
+        self.source = source  # the template's first node (relocations of one template share it)
         self.names: dict[str, str] = {}
         self.fields: dict[type, tuple[str, ...]] = {}
 
@@ -322,6 +340,9 @@ class _SemanticsRelocator:
         if moved is None:
             moved = self.names[text] = self.shift.name(text)
         return moved
+
+    def __call__(self, value: Any) -> Any:
+        return self.move(value)
 
     def move(self, value: Any) -> Any:
         cls = type(value)

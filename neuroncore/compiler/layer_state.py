@@ -36,8 +36,8 @@ KNOWN_CONTEXT = frozenset({
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",
     "deps", "op_index", "opcode", "text", "activation_fn", "tensor_instruction_type", "performance_mode",
-    "semantics", "semantic_moves", "trigger", "counters", "current_op", "_accesses", "_lane",
-    "_mm_after_ls", "_pending_ls",
+    "semantics", "semantic_moves", "text_moves", "dep_moves", "trigger", "counters", "current_op",
+    "_accesses", "_lane", "_mm_after_ls", "_pending_ls",
 })
 
 

@@ -253,7 +253,7 @@ class Program:
     ports: np.ndarray  # int8 bit mask of on-chip memories an instruction touches: PORT_SBUF | PORT_PSUM
     # -- per-node Python data (not touched by the timing model) ------------------------------
     opcodes: list[str]
-    operands: list[str]
+    operands: Sequence[str]  # made on first access (compiler.operand_texts)
     activation_fn: list[str | None]
     tensor_instruction_type: list[str | None]
     performance_mode: list[str | None]
