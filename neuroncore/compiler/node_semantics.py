@@ -171,6 +171,9 @@ class Random:
     first_row: int
     cols: int
     stream: int
+    # a tensor-parallel rank's block of a larger random tensor (``philox.block_indices``: the whole
+    # shape, split dim, outer, tp); the rank is the state tile's third word
+    block: tuple[tuple[int, ...], int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

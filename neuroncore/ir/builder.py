@@ -211,10 +211,19 @@ class GraphBuilder:
     def iota(self, shape: Sequence[int], dimension: int, dtype: str | DType = "int32") -> Op:
         return self._add("iota", [], shape, as_dtype(dtype), dimension=dimension)
 
-    def rng_uniform(self, state: Op, shape: Sequence[int], stream: int) -> Op:
+    def rng_uniform(self, state: Op, shape: Sequence[int], stream: int,
+                    block: tuple[tuple[int, ...], int, int, int] | None = None) -> Op:
         """FP32 uniforms in [0, 1) of ``shape`` keyed by ``state`` (the program's [2] RNG state:
-        seed, offset); ops of one program need distinct ``stream`` numbers (``ir.philox``)."""
-        return self._add("rng", [state], shape, DType.FP32, stream=int(stream), distribution="uniform")
+        seed, offset); ops of one program need distinct ``stream`` numbers (``ir.philox``).
+        ``block``: ``shape`` is a rank's block of a tensor of ``block[0]`` (split as
+        ``philox.block_indices`` says), ``state`` a [3] (seed, offset, rank): the block draws the
+        whole tensor's numbers at its places."""
+        if block is None:
+            return self._add("rng", [state], shape, DType.FP32, stream=int(stream), distribution="uniform")
+        whole, dim, outer, tp = block
+        block = (tuple(int(d) for d in whole), int(dim), int(outer), int(tp))
+        return self._add("rng", [state], shape, DType.FP32, stream=int(stream), distribution="uniform",
+                         block=block)
 
     # -- elementwise -----------------------------------------------------------------------
     def _unary(self, opcode: str, x: Op) -> Op:

@@ -8,6 +8,11 @@ program's RNG state input (a seed and a per-execution offset, fed by the host, s
 numbers); ``stream`` tells apart the random ops of one program. PyTorch's CUDA generator is Philox
 too (with its own counter layout), so the values differ from torch's bit for bit but not in law.
 
+A tensor-parallel rank that needs only its block of a random tensor (its heads of an attention
+dropout mask) draws that block alone: its RNG state carries a third word, the rank, and its op a
+``block`` attribute, and each element's counter is its position in the *whole* tensor
+(:func:`block_indices`), so the ranks' blocks put together equal what one core draws.
+
 Values are exact in FP32: the state words are integers below 2**24, the uniform is the top 24 bits
 of the first output word times 2**-24, in [0, 1).
 """
@@ -50,10 +55,27 @@ def uniform(indices: np.ndarray, seed: int, offset: int, stream: int) -> np.ndar
     return ((word >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)).astype(np.float32)
 
 
+def block_indices(local: np.ndarray, block: tuple[tuple[int, ...], int, int, int], rank: int) -> np.ndarray:
+    """The linear positions in the whole tensor of a rank's block's elements (``local``: their linear
+    positions in the block), so that a block draws exactly the numbers the whole tensor would have at
+    those places: how a tensor-parallel rank draws its slice of a dropout mask
+    (``neuroncore.parallel.sharding``). ``block`` = (the whole shape, the split dim, ``outer``,
+    ``tp``), a ``Split`` as the sharding pass cuts it: the dim, viewed as ``[outer, n]``, cut into
+    ``tp`` blocks of ``n // tp`` per outer row, rank r holding block r of every row."""
+    whole, dim, outer, tp = block
+    shape = list(whole)
+    shape[dim] //= tp
+    coords = list(np.unravel_index(np.asarray(local, np.int64), shape))
+    per = shape[dim] // outer  # elements of the dim per outer row in the block
+    c = coords[dim]
+    coords[dim] = (c // per) * (per * tp) + rank * per + c % per
+    return np.ravel_multi_index(tuple(coords), tuple(whole)).astype(np.int64)
+
+
 def state_words(state: np.ndarray) -> tuple[int, int]:
     """(seed, offset) from an RNG state tensor's first two values (FP32 integers)."""
     flat = np.asarray(state, np.float64).reshape(-1)
     return int(flat[0]), int(flat[1])
 
 
-__all__ = ["STATE_LIMIT", "philox4x32", "state_words", "uniform"]
+__all__ = ["STATE_LIMIT", "block_indices", "philox4x32", "state_words", "uniform"]

@@ -166,7 +166,10 @@ def _evaluate(op: Op, args: list[np.ndarray]) -> np.ndarray:
         return args[0][indices]
     if code == "rng":
         seed, offset = philox.state_words(args[0])
-        return philox.uniform(np.arange(op.size).reshape(op.shape), seed, offset, attrs["stream"])
+        indices = np.arange(op.size).reshape(op.shape)
+        if attrs.get("block") is not None:  # a rank's block: state word 2 is the rank
+            indices = philox.block_indices(indices, attrs["block"], int(np.asarray(args[0]).reshape(-1)[2]))
+        return philox.uniform(indices, seed, offset, attrs["stream"])
     if code == "iota":
         dim = attrs["dimension"]
         shape = [1] * len(op.shape)

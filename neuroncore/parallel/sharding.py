@@ -141,6 +141,11 @@ def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
     return select
 
 
+def _rank_word(rank: int) -> np.ndarray:
+    """The ``tp_rank`` input: the rank as one FP32 word (a random op's block needs it)."""
+    return np.array([rank], np.float32)
+
+
 def _vocab_offset(shape: tuple[int, ...], rows: int, rank: int) -> np.ndarray:
     """The vocabulary-parallel gather's per-rank input: every id's offset into this rank's rows."""
     return np.full(shape, rank * rows, np.int32)
@@ -256,6 +261,8 @@ class _Sharder:
         self.params: dict[int, Op] = {}
         self.rank_params: list[Op] = []
         self.rank_inputs: list[Callable[[int], np.ndarray]] = []
+        self.rank_word: Op | None = None  # the rank, for random ops drawing a rank's block
+        self.rank_keyed: dict[int, Op] = {}  # RNG state (by local op index) -> (seed, offset, rank)
         self.vocab_tables = self._vocab_parallel_tables()
         self.current: Op = graph.ops[0]
         self.wanted_split: dict[int, Split] = {}  # inputs placed whole that a later op wants split
@@ -450,6 +457,8 @@ class _Sharder:
                 return self._add(op, [], shape, suffix, init=init)
             if code == "iota":
                 return None if op.attrs["dimension"] == dim else self._add(op, [], shape, suffix)
+            if code == "rng":
+                return self._rng_block(op, split, shape, suffix)
             if code == "broadcast":
                 src = op.operands[0]
                 dims = op.attrs["dims"]
@@ -675,6 +684,30 @@ class _Sharder:
                 f"tp_degree {self.tp} does not divide the {features} output features of "
                 f"{self.current.describe()}: choose a tp_degree that divides the layer sizes")
         return True
+
+    def _rng_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op:
+        """A rank's block of a random tensor (dropout's uniforms in a parallel region: its heads of an
+        attention-probability mask), drawn alone: the rng reads (seed, offset, rank) and counts each
+        element at its place in the whole tensor (``ir.philox.block_indices``), so the ranks' blocks
+        are exactly the one-core tensor's and no rank draws the others' numbers. Where the random
+        value meets only replicated ones it stays whole, drawn alike on every rank from the same
+        state (Megatron: dropout in the replicated regions is the same on every rank)."""
+        b = self.b
+        if self.rank_word is None:
+            with b.located("model", ()):
+                self.rank_word = b.add_op("parameter", [], (1,), DType.FP32, name="tp_rank", number=0)
+            self.rank_params.append(self.rank_word)
+            self.rank_inputs.append(_rank_word)
+        state = self._whole(op.operands[0])
+        keyed = self.rank_keyed.get(state.index)
+        if keyed is None:
+            keyed = b.concatenate([state, self.rank_word], 0)
+            keyed.name = f"{state.name}.tp_rank"
+            self.rank_keyed[state.index] = keyed
+        made = b.rng_uniform(keyed, shape, int(op.attrs["stream"]),
+                             block=(op.shape, split.dim, split.outer, self.tp))
+        made.name = op.name + suffix
+        return made
 
     # -- embeddings --------------------------------------------------------------------------
     def _vocab_parallel_tables(self) -> set[int]:

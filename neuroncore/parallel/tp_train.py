@@ -130,6 +130,8 @@ class TensorParallelTrainStep(TrainStep):
         host: dict[str, np.ndarray] = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
         for g, group in enumerate(self.groups):
             host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]), self.steps)
+        host.update(self.rng_state(self.layout.inputs))  # one state for every rank: rank 0's seed,
+        self.advance_rng()                                # so each rank's numbers are one core's
         rendezvous = _Rendezvous(self.tp)
         produced: list[list[np.ndarray]] = [[] for _ in range(self.tp)]
         local_graph = self.rank_program.graph

@@ -271,9 +271,12 @@ class Machine:
         self.write(out, np.broadcast_to(coords[:, None], (out.rows, out.cols)))
 
     def _random(self, s: ns.Random) -> None:
-        seed, offset = philox.state_words(self.read(s.state)[0, :2])
+        state = self.read(s.state)
+        seed, offset = philox.state_words(state[0, :2])
         rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)
         indices = rows[:, None] * s.cols + np.arange(s.out.cols, dtype=np.int64)[None, :]
+        if s.block is not None:  # a rank's block: its elements' places in the whole tensor
+            indices = philox.block_indices(indices, s.block, int(state[0, 2]))
         self.write(s.out, philox.uniform(indices, seed, offset, s.stream))
 
     def _identity(self, s: ns.Identity) -> None:
