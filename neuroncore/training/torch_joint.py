@@ -91,16 +91,16 @@ def _loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
-def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
                 loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
-                input_grads: Sequence[int] = (), input_keys: Sequence[str] = ()) -> JointGraph:
-    """Trace the loss and the gradients of every parameter that requires grad (see module doc).
-
-    ``input_grads``: user inputs whose gradients are outputs too, after the parameters' (a pipeline
-    stage sends its input's gradient back to the stage before it). ``input_keys``: the keyword each
-    example input is passed to the model by (:class:`LossModule`); empty: positionally."""
+                input_keys: Sequence[str] = (),
+                ) -> tuple[LossModule, torch.export.ExportedProgram, dict[str, str]]:
+    """``torch.export`` of the loss (training IR, every node with its ``nn_module_stack``), and
+    each parameter name's canonical name: a tied weight (GPT-2's lm_head is its token embedding)
+    is one parameter under two names, both uses read one placeholder, and its gradient sums over
+    both, as autograd's does. ``input_keys``: the keyword each example input is passed to the
+    model by (:class:`LossModule`); empty: positionally."""
     wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
-    name = type(model).__name__
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
@@ -110,13 +110,25 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise
     except Exception as exc:  # torch raises many types; every one is a failed trace
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise TraceError(f"{name}: torch.export failed: {first}") from exc
+        raise TraceError(f"{type(model).__name__}: torch.export failed: {first}") from exc
+    canonical = {id(p): n for n, p in wrapper.named_parameters()}
+    alias = {n: canonical[id(p)] for n, p in wrapper.named_parameters(remove_duplicate=False)}
+    return wrapper, ep, alias
+
+
+def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+                loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
+                input_grads: Sequence[int] = (), input_keys: Sequence[str] = ()) -> JointGraph:
+    """Trace the loss and the gradients of every parameter that requires grad (see module doc).
+
+    ``input_grads``: user inputs whose gradients are outputs too, after the parameters'.
+    ``input_keys``: the keyword each example input is passed to the model by (:class:`LossModule`);
+    empty: positionally."""
+    wrapper, ep, alias = export_loss(model, example_inputs, loss_fn=loss_fn, loss_scale=loss_scale,
+                                     input_keys=input_keys)
+    name = type(model).__name__
     sig = ep.graph_signature
     named = dict(wrapper.named_parameters())
-    # a tied weight (GPT-2's lm_head is its token embedding) is one parameter under two names;
-    # both uses read the one placeholder, so its gradient sums over both, as autograd's does
-    canonical = {id(p): n for n, p in named.items()}
-    alias = {n: canonical[id(p)] for n, p in wrapper.named_parameters(remove_duplicate=False)}
     tables = {**ep.state_dict, **ep.constants}
     params: list[str] = []
     others: list[str] = []
@@ -180,6 +192,61 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _drop_pool_indices(traced)
     _tag_phases(traced.graph, params)
     return JointGraph(traced, params, others, buffers, len(example_inputs))
+
+
+def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[tuple[str, torch.Tensor]],
+                      buffers: Sequence[tuple[str, torch.Tensor]], example_inputs: Sequence[torch.Tensor], *,
+                      input_grads: Sequence[int], output_grads: Sequence[int] | None) -> JointGraph:
+    """The joint graph of one pipeline stage: ``module`` (a part of an exported loss graph, whose
+    placeholders are its parameters, buffers and inputs) replayed like :func:`joint_graph` replays
+    a whole one, so every op keeps its layer and source line.
+
+    ``output_grads`` None: the stage's output is the loss, and the outputs are ``(loss, param grads,
+    input grads)``. Otherwise the stage's outputs are what it sends on, ``output_grads`` lists those
+    whose gradient comes back, and the joint graph takes those gradients as extra inputs (after
+    ``example_inputs``) and returns ``(sum(out * grad), param grads, input grads, *outputs)``: the
+    vector-Jacobian products the stage sends back, then the forward's outputs."""
+
+    def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
+              *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = inputs[:len(example_inputs)]
+        with fx_traceback.preserve_node_meta():
+            outs = torch.fx.Interpreter(module).run(*param_values, *buffer_values, *given)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        if output_grads is None:
+            loss, sent = outs[0], ()
+        else:
+            sent = outs
+            back = inputs[len(example_inputs):]
+            loss = sum(((outs[i] * g).sum() for i, g in zip(output_grads, back)),
+                       torch.zeros((), dtype=torch.float32))
+        wrt = [*param_values, *(given[i] for i in input_grads)]
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True) if loss.requires_grad \
+            else [None] * len(wrt)
+        return (loss, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grads, wrt)],
+                *sent)
+
+    values = [p.detach().clone().requires_grad_(True) for _, p in params]
+    examples = [x.detach().clone().requires_grad_(True) if i in input_grads else x
+                for i, x in enumerate(example_inputs)]
+    if output_grads is not None:
+        with torch.no_grad():
+            outs = torch.fx.Interpreter(module).run(*[p for _, p in params], *[b for _, b in buffers],
+                                                    *example_inputs)
+        examples += [torch.zeros_like(outs[i]) for i in output_grads]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
+            with sdpa_kernel([SDPBackend.MATH]):
+                traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
+                    values, [b.clone() for _, b in buffers], *examples)
+    except Exception as exc:  # any tracer failure is a failed trace
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
+    _drop_pool_indices(traced)
+    _tag_phases(traced.graph, [n for n, _ in params])
+    return JointGraph(traced, [n for n, _ in params], [n for n, _ in buffers],
+                      [b.detach().clone() for _, b in buffers], len(examples))
 
 
 def saved_activations(joint: JointGraph) -> int:
@@ -259,4 +326,5 @@ def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
                 node.meta["stack_trace"] = donor.meta["stack_trace"]
 
 
-__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "joint_graph", "saved_activations"]
+__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "export_loss", "joint_graph",
+           "saved_activations", "stage_joint_graph"]

@@ -212,6 +212,10 @@ class TrainStep:
     Traced with keyword inputs (a dict), it is called with the same keywords:
     ``step(input_ids=..., labels=...)``; traced with positional inputs, positionally."""
 
+    compiles_step_program = True
+    """Whether the step's own programs are compiled (a pipeline-parallel step compiles its stages'
+    programs instead: the whole step on one core is not one of them)."""
+
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: StepInputs, *, loss_fn: Callable[..., Any] | None,
                  precision: Precision, accumulation_steps: int, instance: str | None,
@@ -241,6 +245,8 @@ class TrainStep:
         self.memory = self._check_memory(activations=saved_activations(self.joint))  # before compiling
         self.programs: dict[ProgramKind, tuple[Program, LoadedModel, _Layout]] = {}
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
+        if not self.compiles_step_program:
+            kinds = []
         for kind in kinds:
             graph, layout = self._build(kind)
             program = compile_graph(graph, self.core.spec, options)
