@@ -21,30 +21,22 @@ transformers = pytest.importorskip("transformers")
 MB, SEQ, VOCAB = 2, 8, 64
 
 
-class Labelled(torch.nn.Module):
-    """``model(input_ids, attention_mask, labels).loss``: how a Hugging Face model is trained."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> Any:
-        return self.model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
-
-
 def _llama(layers: int = 2, **extra: Any) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, **extra)
-    return Labelled(transformers.LlamaForCausalLM(config))
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+        **extra)
+    return transformers.LlamaForCausalLM(config)
 
 
-def _batch(rng: np.random.Generator, micro_batches: int) -> tuple[torch.Tensor, ...]:
+def _batch(rng: np.random.Generator, micro_batches: int,
+           rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+    """Keyword inputs, as a transformers model is called."""
     ids = torch.tensor(rng.integers(0, VOCAB, (MB * micro_batches, SEQ)))
     mask = torch.ones_like(ids)
     mask[1::2, :2] = 0  # left padding in every other row: the mask matters
-    return ids, mask, ids.clone()
+    return {"input_ids": ids[rows], "attention_mask": mask[rows], "labels": ids.clone()[rows]}
 
 
 @pytest.mark.parametrize(("pp", "micro_batches"), [(2, 2)])
@@ -52,7 +44,7 @@ def test_llama_pipeline_equals_single_core_and_pytorch(pp: int, micro_batches: i
     model = _llama()
     single_model, ref = copy.deepcopy(model), copy.deepcopy(model)
     rng = np.random.default_rng(0)
-    example = tuple(t[:MB] for t in _batch(rng, 1))
+    example = _batch(rng, 1)
     step = PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
                                      pp=pp, micro_batches=micro_batches)
     single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-2),
@@ -60,16 +52,16 @@ def test_llama_pipeline_equals_single_core_and_pytorch(pp: int, micro_batches: i
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     # the embedding on the first stage; the final norm, LM head and loss on the last
     first, last = set(step.stages[0].params), set(step.stages[-1].params)
-    assert "model.model.model.embed_tokens.weight" in first
-    assert {"model.model.model.norm.weight", "model.model.lm_head.weight"} <= last
+    assert "model.model.embed_tokens.weight" in first
+    assert {"model.model.norm.weight", "model.lm_head.weight"} <= last
     assert step.stages[0].user_inputs == [0, 1] and step.stages[-1].user_inputs == [2]
     for _ in range(2):
         batch = _batch(rng, micro_batches)
-        a, b = float(single(*batch)), float(step(*batch))
+        a, b = float(single(**batch)), float(step(**batch))
         ref_opt.zero_grad()
         for k in range(micro_batches):
             rows = slice(k * MB, (k + 1) * MB)
-            (ref(*(t[rows] for t in batch)) / micro_batches).backward()
+            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
         ref_opt.step()
         assert b == pytest.approx(a, rel=1e-5)
     for (name, p), q, r in zip(model.named_parameters(), single_model.parameters(), ref.parameters()):
@@ -87,13 +79,13 @@ def test_llama_pipeline_equals_single_core_and_pytorch(pp: int, micro_batches: i
 def test_layer_cut_errors_are_one_line() -> None:
     model = _llama(layers=2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    example = tuple(t[:MB] for t in _batch(np.random.default_rng(0), 1))
+    example = _batch(np.random.default_rng(0), 1)
     with pytest.raises(PlanError, match=r"3 stages of 2 layers need 2 increasing cut points"):
         PipelineParallelTrainStep(model, opt, example, pp=3, micro_batches=2)
     with pytest.raises(PlanError, match=r"layers='model.lm_head' is not a ModuleList"):
         PipelineParallelTrainStep(model, opt, example, pp=2, micro_batches=2, layers="model.lm_head")
     tied = _llama(layers=2, tie_word_embeddings=True)
-    with pytest.raises(PlanError, match=r"model.model.embed_tokens.weight is used by stages 0 and 1 "
+    with pytest.raises(PlanError, match=r"model.embed_tokens.weight is used by stages 0 and 1 "
                                         r"\(tied weights\)") as info:
         PipelineParallelTrainStep(tied, torch.optim.SGD(tied.parameters(), lr=0.1), example, pp=2,
                                   micro_batches=2)
