@@ -91,3 +91,73 @@ def test_pipeline_errors_are_one_line() -> None:
     step = PipelineParallelTrainStep(model, opt, example, pp=2, micro_batches=2, loss_fn=F.mse_loss)
     with pytest.raises(PlanError, match=r"inputs of shapes \[\[8, 16\], \[8, 8\]\] expected"):
         step(torch.zeros(4, 16), torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-sr"])
+def test_pipeline_in_bf16_is_within_bf16_error_of_one_core(precision: str) -> None:
+    """bf16 auto-cast (FP32 master weights and optimizer state) and bf16 weights with stochastic
+    rounding, in pipeline stages, against one core's accumulation in the same precision."""
+    micro_batches, steps, lr = 2, 3, 1e-2
+    single_model, pp_model = _model(), _model()
+    example = (torch.zeros(MB, 16), torch.zeros(MB, 8))
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=lr),
+                              example, loss_fn=F.mse_loss, accumulation_steps=micro_batches,
+                              precision=precision)
+    step = PipelineParallelTrainStep(pp_model, torch.optim.AdamW(pp_model.parameters(), lr=lr),
+                                     example, pp=2, micro_batches=micro_batches, loss_fn=F.mse_loss,
+                                     precision=precision)
+    # the matmuls read bf16 operands; the resident weights are FP32 masters (bf16) or bf16 (bf16-sr)
+    dots = [op for prog in step.backward_programs for op in prog.loaded.program.graph.ops
+            if op.opcode == "dot"]
+    assert dots and all(o.dtype.value == "bf16" for op in dots for o in op.operands)
+    params = [op for op in step.optimizer_programs[0].loaded.program.graph.parameters
+              if op.name.startswith("param/")]
+    assert {p.dtype.value for p in params} == {"fp32" if precision == "bf16" else "bf16"}
+    assert all(p.loaded.stochastic_rounding == (precision == "bf16-sr")
+               for p in step.backward_programs + step.optimizer_programs)
+    rng = np.random.default_rng(2)
+    for _ in range(steps):
+        x = torch.tensor(rng.standard_normal((MB * micro_batches, 16)), dtype=torch.float32)
+        y = torch.tensor(rng.standard_normal((MB * micro_batches, 8)), dtype=torch.float32)
+        a, b = float(single(x, y)), float(step(x, y))
+        assert b == pytest.approx(a, rel=2e-2)
+    for p, q in zip(single_model.parameters(), pp_model.parameters()):
+        # bf16 error: a flipped gradient sign costs at most 2 lr per AdamW step
+        np.testing.assert_allclose(q.detach().numpy(), p.detach().numpy(), rtol=0, atol=2 * steps * lr)
+
+
+def test_dropout_in_pipeline_stages_draws_per_micro_batch_and_backward_reuses_the_mask() -> None:
+    """Dropout p=0.5 on the first stage: each micro-batch (the same rows every time) draws its own
+    mask, a new step draws new ones, and the backward, which recomputes the stage's forward, applies
+    exactly the mask the forward sent on: the weight update equals the one computed by hand from
+    the sent activations and the received gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Dropout(0.5), torch.nn.Linear(256, 32),
+                                torch.nn.Dropout(0.5), torch.nn.Linear(32, 8)).train()
+    micro_batches, lr = 3, 0.1
+    example = (torch.zeros(MB, 16), torch.zeros(MB, 8))
+    step = PipelineParallelTrainStep(model, torch.optim.SGD(model.parameters(), lr=lr), example, pp=2,
+                                     micro_batches=micro_batches, loss_fn=F.mse_loss, boundaries=[2])
+    rng = np.random.default_rng(3)
+    x_mb = torch.tensor(rng.standard_normal((MB, 16)), dtype=torch.float32)
+    x = x_mb.repeat(micro_batches, 1)  # every micro-batch the same rows
+    y = torch.tensor(rng.standard_normal((MB * micro_batches, 8)), dtype=torch.float32)
+    masks = []
+    for _ in range(2):
+        w, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+        step(x, y)
+        pre = (x_mb @ w.T + bias).numpy()
+        grad_w = np.zeros(w.shape, np.float64)
+        for k in range(micro_batches):
+            (sent,) = step.received[(Pass.FORWARD, 1, k)]
+            (back,) = step.received[(Pass.BACKWARD, 0, k)]
+            kept = sent != 0
+            masks.append(kept)
+            np.testing.assert_allclose(sent[kept], 2 * pre[kept], rtol=1e-5, atol=1e-6)  # scaled 1/(1-p)
+            grad_w += (back * kept * 2).T.astype(np.float64) @ x_mb.numpy()
+        np.testing.assert_allclose(model[0].weight.detach().numpy(), w.numpy() - lr * grad_w, rtol=0, atol=1e-5)
+    stacked = np.stack(masks)
+    assert abs(stacked.mean() - 0.5) < 4 * np.sqrt(0.25 / stacked.size)  # keep rate 1 - p within 4 sigma
+    for i in range(len(masks)):
+        for j in range(i):  # independent masks: every micro-batch of every step differs
+            assert 0.35 < (masks[i] == masks[j]).mean() < 0.65
