@@ -143,8 +143,10 @@ def test_dropout_in_pipeline_stages_draws_per_micro_batch_and_backward_reuses_th
     x = x_mb.repeat(micro_batches, 1)  # every micro-batch the same rows
     y = torch.tensor(rng.standard_normal((MB * micro_batches, 8)), dtype=torch.float32)
     masks = []
+    first = model[0]
+    assert isinstance(first, torch.nn.Linear)
     for _ in range(2):
-        w, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+        w, bias = first.weight.detach().clone(), first.bias.detach().clone()
         step(x, y)
         pre = (x_mb @ w.T + bias).numpy()
         grad_w = np.zeros(w.shape, np.float64)
@@ -155,7 +157,8 @@ def test_dropout_in_pipeline_stages_draws_per_micro_batch_and_backward_reuses_th
             masks.append(kept)
             np.testing.assert_allclose(sent[kept], 2 * pre[kept], rtol=1e-5, atol=1e-6)  # scaled 1/(1-p)
             grad_w += (back * kept * 2).T.astype(np.float64) @ x_mb.numpy()
-        np.testing.assert_allclose(model[0].weight.detach().numpy(), w.numpy() - lr * grad_w, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(first.weight.detach().numpy(), w.numpy() - lr * grad_w, rtol=0,
+                                   atol=1e-5)
     stacked = np.stack(masks)
     assert abs(stacked.mean() - 0.5) < 4 * np.sqrt(0.25 / stacked.size)  # keep rate 1 - p within 4 sigma
     for i in range(len(masks)):
