@@ -42,6 +42,12 @@ from collectors.system import SystemProfileCollector, system_profile
 from formats import units
 from formats.dataset import capture_state, find_profiles
 from formats.reader import ProfileError
+from neuroncore.cli_options import (
+    add_power_throttling_option,
+    add_precision_options,
+    disable_power_throttling,
+    precision_options,
+)
 from neuronscope import settings
 from neuronscope.cli_kit import CliError
 
@@ -127,26 +133,12 @@ def scale_hardware(instance: Any, factors: dict[str, float]) -> None:
 
 def compiler_options(args: argparse.Namespace) -> Any:
     """The ``CompilerOptions`` of a workload capture's flags (one-line CaptureError when refused)."""
-    from neuroncore.compiler.options import CompilerOptions, OptionsError
+    from neuroncore.compiler.options import OptionsError
 
     try:
-        return CompilerOptions.parse(getattr(args, "auto_cast", None), getattr(args, "auto_cast_type", None),
-                                     getattr(args, "quantize", None),
-                                     prefetch_weights=bool(getattr(args, "prefetch_weights", False)),
-                                     fp8_matmuls=bool(getattr(args, "fp8_matmuls", False)))
+        return precision_options(args)
     except OptionsError as exc:
         raise CaptureError(str(exc)) from None
-
-
-def disable_power_throttling(instance: Any) -> None:
-    """Turn off Trainium2's power throttling on every core of ``instance`` (and in the spec programs
-    are compiled for): ``--no-power-throttling``, the what-if ``power-throttling=off``."""
-    from dataclasses import replace
-
-    core = replace(instance.spec.chip.core, power_throttling=False)
-    instance.spec = replace(instance.spec, chip=replace(instance.spec.chip, core=core))
-    for c in instance.cores:
-        c.spec = core
 
 
 def write_rerun(out: Path, args: argparse.Namespace, instance_name: str) -> Path:
@@ -531,22 +523,8 @@ class CaptureCommand:
         parser.add_argument("--scale-hardware", action="append", metavar="FIELD=FACTOR",
                             help="scale a hardware fact of the simulated cores (repeatable; what-if "
                                  "studies): " + ", ".join(SCALABLE_HARDWARE))
-        parser.add_argument("--auto-cast", choices=["none", "matmult", "all"],
-                            help="cast FP32 matmuls (matmult) or all FP32 ops to --auto-cast-type, as "
-                                 "neuronx-cc --auto-cast (default: none)")
-        parser.add_argument("--auto-cast-type", choices=["bf16", "fp16", "tf32", "fp8_e4m3"],
-                            help="the auto-cast type (alone it means --auto-cast matmult); like "
-                                 "neuronx-cc it casts FP32 operations only")
-        parser.add_argument("--quantize", choices=["none", "int8-weight-only"],
-                            help="linear weights stored int8 with per-channel scales")
-        parser.add_argument("--prefetch-weights", action="store_true",
-                            help="compile with each layer's weight loads issued during the layer before")
-        parser.add_argument("--fp8-matmuls", action="store_true",
-                            help="every bf16/fp16/fp32 matmul reads FP8 E4M3 operands (a model quantised "
-                                 "to FP8; what-if studies)")
-        parser.add_argument("--no-power-throttling", action="store_true",
-                            help="simulate Trainium2 without its power throttling (what-if studies; "
-                                 "trn1/inf2 never throttle)")
+        add_precision_options(parser)
+        add_power_throttling_option(parser)
         parser.add_argument("--timing-only", action="store_true", help="no numerics, no weights")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--num-exec", type=int, default=2, help="executions of a workload (default 2)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from formats.analysis import Analysis, analyze
 from formats.breakdown import OpKind
+from formats.profile_commands import ANALYZE_HELP
 from formats.reader import Profile
 from formats.units import fmt_bytes, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
@@ -213,7 +214,7 @@ class AnalyzeCommand:
     """Why is this slow: critical path, idle attribution, across ranks."""
 
     name = "analyze"
-    help = "explain a profile: critical path, idle time by cause, stragglers across ranks"
+    help = ANALYZE_HELP
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("profile", metavar="DIR", help="profile directory, or a folder of them (ranks)")

@@ -20,18 +20,25 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from formats.reader import ProfileError
-from formats.schema import Schema
 from neuronscope.cli_kit import (
     EXIT_BAD_INPUT,
     EXIT_FINDINGS,
     EXIT_OK,
     Command,
+    LazyCommand,
     OneLineParser,
+    chosen_command,
     command_parser,
     run_command,
 )
+
+if TYPE_CHECKING:
+    from formats.schema import Schema
+
+# the commands' work (PyArrow, DuckDB, the analyses) is imported in their ``run``, so that building
+# the parser -- all ``neuron-profile --help`` does -- costs only this module
 
 
 class ValidateCommand:
@@ -52,6 +59,8 @@ class ValidateCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from formats.dataset import find_profiles
+        from formats.reader import ProfileError
+        from formats.schema import Schema
         from formats.validate import validate
 
         schema = None
@@ -131,6 +140,7 @@ class QueryCommand:
     def run(self, args: argparse.Namespace) -> int:
         from formats.query import open_query
         from formats.query_output import list_tables, write_result
+        from formats.reader import ProfileError
 
         if args.format == "parquet" and not args.output:
             raise ProfileError("--format parquet writes a file: give it with -o FILE")
@@ -181,17 +191,17 @@ class ViewOutputCommand:
         return EXIT_OK
 
 
-def _analyze_command() -> Command:
-    from formats.analyze_command import AnalyzeCommand
+ANALYZE_HELP = "explain a profile: critical path, idle time by cause, stragglers across ranks"
 
-    return AnalyzeCommand()
-
-
-COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand(), _analyze_command()]
+COMMANDS: list[Command] = [ValidateCommand(), QueryCommand(), ViewOutputCommand(),
+                           LazyCommand("analyze", ANALYZE_HELP, "formats.analyze_command:AnalyzeCommand")]
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
-    return command_parser("neuron-profile", __doc__.split("\n\n")[0], commands, OneLineParser)
+def build_parser(commands: Sequence[Command] = COMMANDS,
+                 prepare: str | bool | None = True) -> argparse.ArgumentParser:
+    """The ``neuron-profile`` parser; ``prepare`` as ``cli_kit.command_parser`` (True: every
+    subcommand's options)."""
+    return command_parser("neuron-profile", __doc__.split("\n\n")[0], commands, OneLineParser, prepare)
 
 
 def _note_captures(args: argparse.Namespace) -> None:
@@ -214,7 +224,7 @@ def run_cli(argv: Sequence[str] | None, commands: Sequence[Command],
     """Parse ``argv`` against ``commands`` and run one; a ``CliError`` (``ProfileError`` is one) or a
     ``bad_input`` error (an OSError such as an output file that cannot be written) becomes one line
     and exit 2, Ctrl-C exits 130 (``neuronscope.cli_kit.run_command``)."""
-    args = build_parser(commands).parse_args(argv)
+    args = build_parser(commands, chosen_command(argv, commands)).parse_args(argv)
 
     def body() -> int:
         _note_captures(args)

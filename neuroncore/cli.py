@@ -21,28 +21,26 @@ import os
 import runpy
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from neuroncore.compiler import CompileError, compile  # noqa: A004
-from neuroncore.compiler.options import AutoCast, AutoCastType, CompilerOptions, Quantization
-from neuroncore.compiler.precision import apply_options
-from neuroncore.hardware import INSTANCE_TYPES
-from neuroncore.ir.builder import GraphError
-from neuroncore.ir.graph import Graph
-from neuroncore.parallel import TensorParallelModel
-from neuroncore.parallel.group import parse_slowdown
-from neuroncore.runtime import ExecutionError, Instance
-from neuroncore.runtime.timing_summary import summarize
-from neuroncore.workloads import WORKLOADS, get, parse_overrides, random_inputs
-from neuronscope.cli_kit import CliError, OneLineParser, add_instance_option, run_command
+from neuronscope.cli_kit import CliError, OneLineParser, add_instance_option, chosen_command, run_command
+
+if TYPE_CHECKING:
+    from neuroncore.compiler.options import CompilerOptions
+    from neuroncore.ir.graph import Graph
+
+# the compiler, runtime and workloads are imported by the subcommand that uses them (and its parser):
+# ``neuroncore --help`` costs this module, rich and argparse only
 
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     """A training workload: one rank's programs simulated, the step composed over the layout."""
     from neuroncore.parallel.training import overlap_fraction, time_training_step
+    from neuroncore.workloads import parse_overrides
     from neuroncore.workloads.training import get_train
 
     overrides = parse_overrides(args.set)
@@ -82,16 +80,23 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from neuroncore.cli_options import disable_power_throttling, precision_options
+    from neuroncore.compiler import compile  # noqa: A004
+    from neuroncore.parallel import TensorParallelModel
+    from neuroncore.parallel.group import parse_slowdown
+    from neuroncore.runtime import Instance
+    from neuroncore.runtime.timing_summary import summarize
+    from neuroncore.workloads import get, parse_overrides, random_inputs
     from neuroncore.workloads.training import TRAIN_WORKLOADS
 
     if args.workload in TRAIN_WORKLOADS:
         if args.rank_slowdown:
             raise ValueError("--rank-slowdown applies to tensor-parallel inference workloads")
         if (args.auto_cast or args.auto_cast_type or args.quantize or args.prefetch_weights
-                or args.fp8_matmuls):
-            raise ValueError("--auto-cast, --auto-cast-type, --quantize, --prefetch-weights and "
-                             "--fp8-matmuls apply to inference workloads; training workloads set theirs "
-                             "with --set precision=...")
+                or args.fp8_matmuls or args.no_power_throttling):
+            raise ValueError("--auto-cast, --auto-cast-type, --quantize, --prefetch-weights, "
+                             "--fp8-matmuls and --no-power-throttling apply to inference workloads; "
+                             "training workloads set their precision with --set precision=...")
         return cmd_train(args, console)
     for name in ("pp", "dp", "nodes"):
         if getattr(args, name) is not None:
@@ -110,12 +115,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("--rank-slowdown needs a tensor-parallel group (--tp 2 or more)")
     if args.tp > 1 and "tp_degree" in workload.defaults:
         overrides["tp_degree"] = args.tp  # lay heads out for the ranks (padding, KV replication)
-    compiler_options = CompilerOptions.parse(args.auto_cast, args.auto_cast_type, args.quantize,
-                                             prefetch_weights=args.prefetch_weights,
-                                             fp8_matmuls=args.fp8_matmuls)
+    compiler_options = precision_options(args)
     options = workload.options(args.preset, **overrides)
     graph = workload.build(**options)
     instance = Instance(args.instance)
+    if args.no_power_throttling:
+        disable_power_throttling(instance)
     t = time.perf_counter()
     group = None
     if args.tp > 1:
@@ -255,6 +260,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace, console: Console) -> int:
+    from neuroncore.workloads import WORKLOADS
+
     table = Table(title="built-in workloads")
     for column in ("name", "description", "options", "presets"):
         table.add_column(column)
@@ -276,6 +283,9 @@ def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | Non
     rewrites FP32 ops only and int8 quantises 2-D matmul weights only,
     so on a bf16 workload (the default of most) ``--auto-cast-type tf32`` alone would otherwise time
     the same program without a word."""
+    from neuroncore.compiler.options import AutoCast, Quantization
+    from neuroncore.compiler.precision import apply_options
+
     if options.precision_is_default:
         return None
     rewritten = apply_options(graph, options)
@@ -292,10 +302,10 @@ def _options_change_nothing(graph: Graph, options: CompilerOptions) -> str | Non
     return "the precision options change nothing: " + "; ".join(parts)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="neuroncore", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="compile and execute a built-in workload, print its timing")
+def _run_options(run: argparse.ArgumentParser) -> None:
+    from neuroncore.cli_options import add_power_throttling_option, add_precision_options
+    from neuroncore.hardware import INSTANCE_TYPES
+    from neuroncore.workloads import WORKLOADS
     from neuroncore.workloads.training import TRAIN_WORKLOADS
 
     run.add_argument("--workload", "-w", required=True, choices=sorted([*WORKLOADS, *TRAIN_WORKLOADS]))
@@ -304,17 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="workload option, e.g. --set layers=4 (repeatable)")
     run.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"],
                      help="the workload's own element type")
-    run.add_argument("--auto-cast", choices=[m.value for m in AutoCast],
-                     help="cast FP32 matmuls (matmult) or all FP32 ops to --auto-cast-type, as "
-                          "neuronx-cc --auto-cast (default: none, the workload's own types)")
-    run.add_argument("--auto-cast-type", choices=[m.value for m in AutoCastType],
-                     help="the auto-cast target type (default bf16; alone it means --auto-cast matmult)")
-    run.add_argument("--quantize", choices=[m.value for m in Quantization],
-                     help="int8-weight-only: linear weights stored int8 with per-channel scales")
-    run.add_argument("--prefetch-weights", action="store_true",
-                     help="issue each layer's weight loads during the layer before (compiler schedule)")
-    run.add_argument("--fp8-matmuls", action="store_true",
-                     help="every bf16/fp16/fp32 matmul reads FP8 E4M3 operands (a model quantised to FP8)")
+    add_precision_options(run)
+    add_power_throttling_option(run)
     add_instance_option(run, "instance type (default: NEURONSCOPE_INSTANCE or config, else trn1.2xlarge)",
                         choices=sorted(INSTANCE_TYPES))
     run.add_argument("--core", type=int, default=0, help="first core (rank 0 with --tp)")
@@ -331,23 +332,57 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timing-only", action="store_true",
                      help="simulate timing from shapes only; weights are never allocated")
     run.add_argument("--seed", type=int, default=0)
-    run.set_defaults(func=cmd_run)
-    wl = sub.add_parser("workloads", help="list the built-in workloads")
-    wl.set_defaults(func=cmd_workloads)
-    chk = sub.add_parser("check", help="list the ops of a PyTorch/JAX model the core cannot run")
+
+
+def _check_options(chk: argparse.ArgumentParser) -> None:
     chk.add_argument("target", help="script.py[:function]; the function (default build) returns "
                                     "(model_or_function, example_inputs)")
-    chk.set_defaults(func=cmd_check)
-    return parser
+
+
+class _Subcommand:
+    """One ``neuroncore`` subcommand (``cli_kit.Command``): its options are added only when it is
+    the one chosen, so ``neuroncore --help`` never imports the compiler or the workloads."""
+
+    def __init__(self, name: str, summary: str, body: Callable[[argparse.Namespace, Console], int],
+                 options: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+        self.name = name
+        self.help = summary
+        self.body = body
+        self.options = options
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        if self.options is not None:
+            self.options(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return int(self.body(args, Console()))
+
+
+COMMANDS = [
+    _Subcommand("run", "compile and execute a built-in workload, print its timing", cmd_run, _run_options),
+    _Subcommand("workloads", "list the built-in workloads", cmd_workloads),
+    _Subcommand("check", "list the ops of a PyTorch/JAX model the core cannot run", cmd_check,
+                _check_options),
+]
+
+
+def build_parser(prepare: str | bool | None = True) -> argparse.ArgumentParser:
+    """The ``neuroncore`` parser (``prepare``: as ``cli_kit.command_parser``; True builds every
+    subcommand's options)."""
+    from neuronscope.cli_kit import command_parser
+
+    return command_parser("neuroncore", __doc__.split("\n\n")[0], COMMANDS, OneLineParser, prepare)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    console = Console()
-    args = build_parser().parse_args(argv)
+    args = build_parser(chosen_command(argv, COMMANDS)).parse_args(argv)
+    from neuroncore.compiler.errors import CompileError
+    from neuroncore.ir.builder import GraphError
+    from neuroncore.runtime.interpreter import ExecutionError
 
     def body() -> int:
         try:
-            return int(args.func(args, console))
+            return int(args.handler.run(args))
         except MemoryError:
             raise CliError("out of host memory; try --timing-only") from None
 

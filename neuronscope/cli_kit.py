@@ -20,6 +20,7 @@ all read that one registry, so a new format is one function and one decorator.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -69,15 +70,57 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+class LazyCommand:
+    """A subcommand whose module is imported only when the command is chosen.
+
+    ``neuron-profile --help`` lists every subcommand; importing each one's module for that (capture
+    brings the core, the recorder and PyArrow, view the Textual viewer) cost most of a second of CPU
+    per call. The name and help are declared here; ``target`` (``"package.module:Class"``) is the
+    command class, built on first use. A test checks the help equals the class's own."""
+
+    def __init__(self, name: str, summary: str, target: str) -> None:
+        self.name = name
+        self.help = summary
+        self.target = target
+        self._loaded: Command | None = None
+
+    def load(self) -> Command:
+        """The command object itself (its module imported now)."""
+        if self._loaded is None:
+            module, _, attr = self.target.partition(":")
+            self._loaded = getattr(importlib.import_module(module), attr)()
+        return self._loaded
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        self.load().prepare_parser(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return self.load().run(args)
+
+
+def chosen_command(argv: Sequence[str] | None, commands: Sequence[Command]) -> str | None:
+    """The subcommand ``argv`` names (its first word: these tools have no options before the
+    subcommand but ``--help``), or None (``--help``, nothing, or a word that is no command)."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words and any(c.name == words[0] for c in commands):
+        return words[0]
+    return None
+
+
 def command_parser(prog: str, description: str, commands: Sequence[Command],
-                   parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser
-                   ) -> argparse.ArgumentParser:
-    """A parser with one subcommand per ``Command``; the chosen one is ``args.handler``."""
+                   parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+                   prepare: str | bool | None = True) -> argparse.ArgumentParser:
+    """A parser with one subcommand per ``Command``; the chosen one is ``args.handler``.
+
+    ``prepare``: True builds every subcommand's options; a name builds only that one's and None
+    none (``chosen_command(argv, commands)``: the tool's ``--help`` lists names and helps only, so a
+    ``LazyCommand``'s module is imported just for the command that runs)."""
     parser = parser_class(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in commands:
         child = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.prepare_parser(child)
+        if prepare is True or prepare == command.name:
+            command.prepare_parser(child)
         child.set_defaults(handler=command)
     return parser
 
@@ -175,6 +218,5 @@ def add_instance_option(parser: argparse.ArgumentParser, description: str,
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "CliError", "Command",
-           "OneLineParser", "Renderer", "Renderers", "add_instance_option", "command_parser", "one_line",
-           "quiet_stdout",
-           "run_command"]
+           "LazyCommand", "OneLineParser", "Renderer", "Renderers", "add_instance_option", "chosen_command",
+           "command_parser", "one_line", "quiet_stdout", "run_command"]

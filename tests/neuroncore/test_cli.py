@@ -217,3 +217,32 @@ def test_run_reports_power_throttling_on_trn2_only():
     assert "weights prefetched a layer ahead" in trn2.stdout and "auto-cast" not in trn2.stdout
     trn1 = run_cli("run", "-w", "mlp", "--timing-only", "--instance", "trn1.2xlarge", env={"COLUMNS": "200"})
     assert trn1.returncode == 0 and "power throttling" not in trn1.stdout
+
+
+def test_no_power_throttling_turns_trn2_throttling_off():
+    """``neuroncore run --no-power-throttling`` (the option ``neuron-profile capture`` has, one
+    definition in neuroncore/cli_options.py): the trn2 MLP that throttles above runs without it;
+    a training workload refuses it in one line."""
+    off = run_cli("run", "-w", "mlp", "--timing-only", "--instance", "trn2.48xlarge", "--no-power-throttling",
+                  env={"COLUMNS": "200"})
+    assert off.returncode == 0, off.stderr
+    assert "device time" in off.stdout and "power throttling" not in off.stdout
+    train = run_cli("run", "-w", "llama-train", "--preset", "llama2-7b", "--no-power-throttling")
+    assert train.returncode == 2
+    assert_one_line_error(train.stderr, "--no-power-throttling", "inference workloads")
+
+
+def test_run_and_capture_share_their_compile_options():
+    """The options both commands have are the same definitions (choices and help), not copies."""
+    from collectors.capture import CaptureCommand
+
+    def options(parser) -> dict[str, tuple]:
+        return {a.option_strings[0]: (a.choices, a.help) for a in parser._actions if a.option_strings}
+
+    run = options(cli.build_parser()._subparsers._group_actions[0].choices["run"])
+    capture_parser = cli.OneLineParser(prog="capture")
+    CaptureCommand().prepare_parser(capture_parser)
+    capture = options(capture_parser)
+    for flag in ("--auto-cast", "--auto-cast-type", "--quantize", "--prefetch-weights", "--fp8-matmuls",
+                 "--no-power-throttling"):
+        assert run[flag] == capture[flag], flag
