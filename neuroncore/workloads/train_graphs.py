@@ -155,6 +155,17 @@ def _column_sum(b: GraphBuilder, x: Op) -> Op:
     return b.reshape(b.dot(x, ones, lhs_contract=-2), (n,))
 
 
+LOSS_BLOCK = 4096  # vocabulary columns per block of the fused cross-entropy [assumption]
+
+
+def _combine(b: GraphBuilder, parts: list[Op], kind: str) -> Op:
+    """Max or sum of partial results, pairwise."""
+    out = parts[0]
+    for p in parts[1:]:
+        out = b.maximum(out, p) if kind == "max" else b.add(out, p)
+    return out
+
+
 ROW_CHUNK = 8192  # a wide row (a vocabulary of logits) is reduced in chunks that fit a partition
 
 
@@ -524,20 +535,44 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
     head = "classifier" if m.classes else "lm_head"
     with b.scope(head):
         w = b.weight("weight", (h, width), dtype)
-        logits = b.convert(b.matmul(feats, w), "fp32")
+        logits = b.matmul(feats, w)
+    # Cross-entropy as a fused log-softmax kernel streams it: FP32 inside (autocast upcasts it),
+    # over blocks of LOSS_BLOCK vocabulary columns so that a block's row tiles stay on chip. Pass 1
+    # takes the row max, pass 2 the sum of exponentials, pass 3 recomputes the exponentials and
+    # writes the gradient softmax - one_hot(target), the one-hot built on chip from a column index
+    # row compared with the targets. The target's logit is gathered (one element per row): no dense
+    # [rows, vocab] target is read from HBM.
+    blocks = [(c, min(width, c + LOSS_BLOCK)) for c in range(0, width, LOSS_BLOCK)]
     with b.scope("loss"):
-        peak = _row_reduce(b, logits, "max")
+        target = b.parameter("target", (rows,), "fp32", low=0, high=width)  # the rank's column of it
+
+        def block32(c0: int, c1: int) -> Op:
+            return b.convert(b.slice(logits, (0, c0), (rows, c1)), "fp32")
+
+        peak = _combine(b, [b.reduce(block32(c0, c1), [1], kind="max") for c0, c1 in blocks], "max")
         peak = peak if m.classes else _all_reduce(b, peak, tp, group)  # (a max: same bytes as a sum)
-        e = b.exp(b.subtract(logits, b.broadcast(peak, (rows, width), (0,))))
-        total = _row_reduce(b, e)
+
+        def exp_block(c0: int, c1: int) -> Op:
+            return b.exp(b.subtract(block32(c0, c1), b.broadcast(peak, (rows, c1 - c0), (0,))))
+
+        total = _combine(b, [b.reduce(exp_block(c0, c1), [1]) for c0, c1 in blocks], "sum")
         total = total if m.classes else _all_reduce(b, total, tp, group)
-        probs = b.divide(e, b.broadcast(total, (rows, width), (0,)))
-        target = b.parameter("target_onehot_mask", (rows, width), "fp32")
-        dlogits = b.convert(b.subtract(probs, target), dtype)
-        loss = b.reduce(_row_reduce(b, b.multiply(b.log(b.add(probs, 1e-30)), target)), [0])
+        dlogits: list[Op] = []
+        for c0, c1 in blocks:
+            columns = b.convert(b.iota((c1 - c0,), 0), "fp32")
+            shape = (rows, c1 - c0)
+            one_hot = b.compare(b.broadcast(b.add(columns, float(c0)), shape, (1,)),
+                                b.broadcast(target, shape, (0,)), "EQ")
+            probs = b.divide(exp_block(c0, c1), b.broadcast(total, shape, (0,)))
+            dlogits.append(b.convert(b.subtract(probs, b.convert(one_hot, "fp32")), dtype))
+        flat = b.parameter("target_flat_index", (rows,), "int32", low=0, high=rows * width)
+        picked = b.convert(b.reshape(b.gather(b.reshape(logits, (rows * width, 1)), flat), (rows,)), "fp32")
+        picked = picked if m.classes else _all_reduce(b, picked, tp, group)  # Megatron: masked, summed
+        loss = b.reduce(b.subtract(b.add(b.log(total), peak), picked), [0])
     with b.scope(head):
-        dn = b.dot(dlogits, w, rhs_contract=-1)
-        dw = b.dot(feats, dlogits, lhs_contract=-2)
+        grad = dlogits[0] if len(dlogits) == 1 else b.concatenate(dlogits, 1)
+        dn = b.dot(grad, w, rhs_contract=-1)
+        dw = b.dot(feats, grad, lhs_contract=-2)
     if rows != t:
         dn = b.concatenate([dn, b.constant(0.0, dtype, (t - rows, h))], 0)
     if not m.classes:

@@ -43,8 +43,9 @@ def test_the_step_program_has_the_levels_of_a_training_step(captured) -> None:
     tp = Counter(op.opcode for op in ops if op.attrs.get("group") == "tp")
     # sequence parallel (Llama's default, as NxD runs it), per micro-batch (2): the embedding's
     # reduce-scatter; 2 layers x (forward: 2 all-gathers + 2 reduce-scatters; backward: 4 + 2); the
-    # head's all-gather, reduce-scatter and the loss's two all-reduces
-    assert tp == {"all-gather": 2 * (2 * 6 + 1), "reduce-scatter": 2 * (1 + 2 * 4 + 1), "all-reduce": 2 * 2}
+    # head's all-gather, reduce-scatter and the vocab-parallel cross-entropy's three all-reduces (the
+    # row max, the sum of exponentials and the target's logit, as Megatron's)
+    assert tp == {"all-gather": 2 * (2 * 6 + 1), "reduce-scatter": 2 * (1 + 2 * 4 + 1), "all-reduce": 2 * 3}
     dp = [op for op in ops if op.attrs.get("group") == "dp"]
     assert {op.opcode for op in dp} == {"reduce-scatter", "all-gather"}
     assert all(op.layer.startswith("model/gradient_sync/") for op in dp)
