@@ -49,9 +49,23 @@ class Unit(Enum):
 
 @dataclass(frozen=True)
 class Metric:
+    """One figure: its number (compared between profiles) and how the Summary and region lists
+    print it (``text``, when that is not just the number: the DMA count names transfers and packets
+    as every other view does, ``DmaFigures.count_text``). ``listed=False``: compared only, because
+    another metric's line already prints it."""
+
     label: str
     value: Callable[[Figures], float | None]
     unit: Unit
+    text: Callable[[Figures], str] | None = None
+    listed: bool = True
+
+    def shown(self, figs: Figures) -> str | None:
+        """The printed line's value, or None when the figure is unknown."""
+        if self.text is not None:
+            return self.text(figs)
+        value = self.value(figs)
+        return None if value is None else format_value(value, self.unit)
 
 
 def _fraction(busy: Busy | None) -> float | None:
@@ -91,7 +105,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("HBM write", lambda f: f.hbm.write, Unit.BYTES),
     Metric("DMA bytes", lambda f: f.dma.bytes, Unit.BYTES),
     Metric("DMA throughput", lambda f: f.dma.throughput_bytes_per_s, Unit.RATE),
-    Metric("DMA packets", lambda f: f.dma.packets, Unit.COUNT),
+    Metric("DMA transfers", lambda f: f.dma.transfers, Unit.COUNT, text=lambda f: f.dma.count_text),
+    Metric("DMA packets", lambda f: f.dma.packets, Unit.COUNT, listed=False),
     Metric("collectives", lambda f: f.collectives.count, Unit.COUNT),
     Metric("collective time", lambda f: f.collectives.active_ns, Unit.TIME),
 )
@@ -120,12 +135,12 @@ def format_value(value: float | None, unit: Unit) -> str:
 
 
 def figure_lines(figs: Figures) -> list[tuple[str, str]]:
-    """(label, printed value) of every known figure, in ``METRICS`` order."""
+    """(label, printed value) of every known listed figure, in ``METRICS`` order."""
     out = []
     for metric in METRICS:
-        value = metric.value(figs)
-        if value is not None:
-            out.append((metric.label, format_value(value, metric.unit)))
+        shown = metric.shown(figs) if metric.listed else None
+        if shown is not None:
+            out.append((metric.label, shown))
     return out
 
 
