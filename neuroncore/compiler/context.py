@@ -28,7 +28,7 @@ from neuroncore.compiler.emitter import (
 )
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
-from neuroncore.compiler.memory import BankAllocator, OutOfMemory, RangeAllocator
+from neuroncore.compiler.memory import BankAllocator, DoubleFree, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.program import ApRef, Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
@@ -153,8 +153,13 @@ class Context:
         self.pinned.discard(buf.id)
         if buf.memory is Memory.PSUM:
             self.psum.release(buf.address // (self.spec.psum_bank_bytes_per_partition), nodes)
-        else:
+            return
+        try:
             self.sbuf.release(buf.address, buf.bytes_per_partition, nodes)
+        except DoubleFree:
+            raise CompileError(f"internal: {buf.name} freed twice (SBUF "
+                               f"[{buf.address}, {buf.address + buf.bytes_per_partition}) is already "
+                               f"free)", self.current_op) from None
 
     def alloc_psum(self, partitions: int, free: int, name: str) -> Buffer:
         bank, hazards = self.psum.allocate()
@@ -385,15 +390,23 @@ class Context:
         return ref
 
     def release(self, op: Op, ref: Ref) -> None:
-        """Done reading a tile; temporaries (HBM-home values, relayouts) are freed."""
+        """Done reading a tile; temporaries (HBM-home values, relayouts) are freed.
+
+        Only for a ref read since the last ``unpin_all``: an unpinned resident tile may be spilled
+        (its buffer freed) and would then look like a temporary. A reader that keeps a ref longer
+        asks :meth:`holds` when it takes the ref (``lower_matmul._Operand``)."""
+        if not self.holds(op, ref):
+            self.free(self.buffers[ref.buf])
+
+    def holds(self, op: Op, ref: Ref) -> bool:
+        """Whether ``ref`` (from :meth:`tile`) is a resident tile of ``op``'s value (or of the value
+        it aliases or views), not a temporary its reader must free."""
         value = self.values[op.index]
         while value.alias is not None or value.slice_root is not None:
             source = value.alias if value.alias is not None else value.slice_root
             assert source is not None
             value = self.values[source.index]
-        resident = any(b is not None and b.id == ref.buf for b in value.bufs)
-        if not resident:
-            self.free(self.buffers[ref.buf])
+        return any(b is not None and b.id == ref.buf for b in value.bufs)
 
     def load_queue(self, value: Value) -> QueueName:
         """The queue that loads ``value``: by what its HBM tensor holds."""

@@ -278,6 +278,10 @@ class _Operand:
         self.ktiled = (self.mode is DotOperandMode.LOAD and tensor is not None
                        and tensor.kind is HbmTensorKind.WEIGHT)
         self.engines = _alternating()
+        # DIRECT refs that are temporaries (not a resident tile), decided when handed out: a held
+        # block is unpinned once the next one is multiplied, so a resident tile of it may be
+        # spilled (its buffer freed) before the block is released
+        self.temporary: set[int] = set()
 
     def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
         """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned.
@@ -292,6 +296,8 @@ class _Operand:
             for kk in range(k0, k1, P):
                 t = b * kt_per_batch + kk // P
                 ref = ctx.tile(op, t)
+                if not ctx.holds(op, ref):
+                    self.temporary.add(ref.buf)
                 refs.append(Ref(ref.buf, ref.p0, ref.p1, ref.f0 + x0, ref.f0 + x1))
             return refs
         if self.mode is DotOperandMode.LOAD:
@@ -349,8 +355,10 @@ class _Operand:
 
     def release(self, refs: list[Ref]) -> None:
         if self.mode is DotOperandMode.DIRECT:
-            for ref in refs:
-                self.ctx.release(self.op, ref)
+            for buf_id in dict.fromkeys(ref.buf for ref in refs):
+                if buf_id in self.temporary:
+                    self.temporary.discard(buf_id)
+                    self.ctx.free(self.ctx.buffers[buf_id])
             return
         for buf_id in dict.fromkeys(ref.buf for ref in refs):
             self.ctx.free(self.ctx.buffers[buf_id])

@@ -18,6 +18,12 @@ class OutOfMemory(Exception):
     """No free range is large enough; the caller spills something and retries."""
 
 
+class DoubleFree(Exception):
+    """A range released while (part of) it is already free: a buffer freed twice. Left alone it
+    would fragment the free list with overlapping ranges and, once the range is handed out again,
+    let two live buffers share bytes."""
+
+
 @dataclass
 class _Tombstone:
     start: int
@@ -117,13 +123,15 @@ class RangeAllocator:
 
     def release(self, start: int, size: int, nodes: list[int]) -> None:
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        # the free list stays sorted and coalesced: only the new range's neighbours can join it
+        free = self.free
+        i = bisect.bisect_left(free, (start, start + size))
+        if (i < len(free) and free[i][0] < start + size) or (i > 0 and free[i - 1][1] > start):
+            raise DoubleFree(f"[{start}, {start + size})")
         self.in_use -= size
         if nodes:
             bisect.insort(self.tombstones, _Tombstone(start, start + size, list(nodes)),
                           key=lambda t: t.start)
-        # the free list stays sorted and coalesced: only the new range's neighbours can join it
-        free = self.free
-        i = bisect.bisect_left(free, (start, start + size))
         free.insert(i, (start, start + size))
         if i + 1 < len(free) and free[i][1] == free[i + 1][0]:
             free[i:i + 2] = [(free[i][0], free[i + 1][1])]
