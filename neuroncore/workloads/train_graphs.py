@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 
-ATTENTION_BLOCK = 1024  # query rows per flash-attention block [assumption: the NKI kernel's tile]
+ATTENTION_BLOCK = 128  # query rows per flash-attention block: the NKI kernel's q tile (B_P_SIZE = pmax)
+KEY_BLOCK = 128  # keys per block of the backward's dK/dV pass [assumption: one PE tile]
 OPTIMIZER_CHUNK = 1 << 24  # elements per simulated optimizer chunk (the update is a linear stream)
 
 
@@ -286,39 +287,54 @@ def _attention_forward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op) -> 
 
 def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, out: Op, lse: Op,
                         dout: Op) -> tuple[Op, Op, Op]:
-    """Flash-attention backward: per block, scores recomputed and exponentiated against the saved
-    log-sum-exp; dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)), dQ = dS K, dK = dS^T Q."""
+    """Flash-attention backward: scores recomputed and exponentiated against the saved
+    log-sum-exp; dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)), dQ = dS K, dK = dS^T Q.
+
+    One block (bidirectional, or short): all at once. Causal and longer than a block: two passes
+    whose score tiles stay on chip, as FlashAttention-2's backward tiles it. The dQ pass walks the
+    query blocks (each against the keys up to its end) and the dK/dV pass walks blocks of
+    ``KEY_BLOCK`` keys (each against the queries from its start); each recomputes P and dS for its
+    own tiles, so no partial dQ, dK or dV is ever accumulated through HBM. [Assumption: the kernel
+    recomputes rather than keeping a whole-sequence accumulator; it costs two extra matmuls of the
+    causal triangle.]"""
     bt, nh, s, hd = q.shape
     scale = 1.0 / math.sqrt(hd)
     delta = b.reduce(b.multiply(dout, out), [3])  # [b, h, s]
-    dqs: list[Op] = []
-    dk: Op | None = None
-    dv: Op | None = None
-    for q0, q1, keys in _blocks(m, s):
-        rows = q1 - q0
-        whole = (q0, q1) == (0, s)
-        qi = q if whole else b.slice(q, (0, 0, q0, 0), (bt, nh, q1, hd))
-        doi = dout if whole else b.slice(dout, (0, 0, q0, 0), (bt, nh, q1, hd))
-        ki = k if keys == s else b.slice(k, (0, 0, 0, 0), (bt, nh, keys, hd))
-        vi = v if keys == s else b.slice(v, (0, 0, 0, 0), (bt, nh, keys, hd))
-        lse_i = lse if whole else b.slice(lse, (0, 0, q0), (bt, nh, q1))
-        delta_i = delta if whole else b.slice(delta, (0, 0, q0), (bt, nh, q1))
-        grid = (bt, nh, rows, keys)
+
+    def rows_of(x: Op, r0: int, r1: int) -> Op:
+        """Rows [r0, r1) of the sequence dim (2) of a [b, h, s, ...] value."""
+        if (r0, r1) == (0, x.shape[2]):
+            return x
+        return b.slice(x, (0, 0, r0, *(0,) * (len(x.shape) - 3)), (bt, nh, r1, *x.shape[3:]))
+
+    def tiles(r0: int, r1: int, c0: int, c1: int) -> tuple[Op, Op]:
+        """P and dS for query rows [r0, r1) against keys [c0, c1)."""
+        grid = (bt, nh, r1 - r0, c1 - c0)
+        qi, doi = rows_of(q, r0, r1), rows_of(dout, r0, r1)
+        ki, vi = rows_of(k, c0, c1), rows_of(v, c0, c1)
         scores = b.multiply(b.dot(qi, ki, rhs_contract=-1), scale)
-        probs = b.exp(b.subtract(scores, b.broadcast(lse_i, grid, (0, 1, 2))))
-        dvi = b.dot(probs, doi, lhs_contract=-2)  # [b, h, keys, hd]
+        probs = b.exp(b.subtract(scores, b.broadcast(rows_of(lse, r0, r1), grid, (0, 1, 2))))
         dp = b.dot(doi, vi, rhs_contract=-1)
-        ds = b.multiply(b.multiply(probs, b.subtract(dp, b.broadcast(delta_i, grid, (0, 1, 2)))), scale)
-        dqs.append(b.dot(ds, ki))
-        dki = b.dot(ds, qi, lhs_contract=-2)
-        if keys < s:  # the keys this block saw; the rest get nothing from it
-            pad = b.constant(0.0, dki.dtype, (bt, nh, s - keys, hd))
-            dki, dvi = b.concatenate([dki, pad], 2), b.concatenate([dvi, pad], 2)
-        dk = dki if dk is None else b.add(dk, dki)
-        dv = dvi if dv is None else b.add(dv, dvi)
-    assert dk is not None and dv is not None
-    dq = dqs[0] if len(dqs) == 1 else b.concatenate(dqs, 2)
-    return dq, dk, dv
+        ds = b.multiply(b.multiply(probs, b.subtract(dp, b.broadcast(rows_of(delta, r0, r1), grid,
+                                                                        (0, 1, 2)))), scale)
+        return probs, ds
+
+    blocks = _blocks(m, s)
+    if len(blocks) == 1:
+        probs, ds = tiles(0, s, 0, s)
+        return b.dot(ds, k), b.dot(ds, q, lhs_contract=-2), b.dot(probs, dout, lhs_contract=-2)
+    dqs = []
+    for q0, q1, keys in blocks:  # dQ: each query block against the keys it sees
+        _, ds = tiles(q0, q1, 0, keys)
+        dqs.append(b.dot(ds, rows_of(k, 0, keys)))
+    dks: list[Op] = []
+    dvs: list[Op] = []
+    for k0 in range(0, s, KEY_BLOCK):  # dK, dV: each key block against the queries that see it
+        k1 = min(s, k0 + KEY_BLOCK)
+        probs, ds = tiles(k0, s, k0, k1)
+        dvs.append(b.dot(probs, rows_of(dout, k0, s), lhs_contract=-2))
+        dks.append(b.dot(ds, rows_of(q, k0, s), lhs_contract=-2))
+    return b.concatenate(dqs, 2), b.concatenate(dks, 2), b.concatenate(dvs, 2)
 
 
 def _fold_kv(b: GraphBuilder, g: Op, kv_heads: int) -> Op:
