@@ -81,7 +81,11 @@ class _Rendezvous:
             self.slots[rank] = np.asarray(value, np.float32)
             self.barrier.wait()
             parts = [s for s in self.slots if s is not None]
-            if op.opcode == "all-reduce":
+            if op.opcode == "all-reduce" and op.attrs.get("reduction") == "max":
+                result = parts[0]  # a vocabulary-parallel softmax's row maxima
+                for part in parts[1:]:
+                    result = np.maximum(result, part)
+            elif op.opcode == "all-reduce":
                 result = np.zeros_like(parts[0])
                 for part in parts:
                     result = result + part

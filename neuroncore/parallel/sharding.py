@@ -141,14 +141,19 @@ def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
     return select
 
 
+def _rank_start(rows: int, dtype: np.dtype, rank: int) -> np.ndarray:
+    """A ``tp_start`` input: where rank ``rank``'s block of ``rows`` starts along the split dim."""
+    return np.array(rank * rows, dtype)
+
+
 def _rank_word(rank: int) -> np.ndarray:
     """The ``tp_rank`` input: the rank as one FP32 word (a random op's block needs it)."""
     return np.array([rank], np.float32)
 
 
-def _vocab_offset(shape: tuple[int, ...], rows: int, rank: int) -> np.ndarray:
+def _vocab_offset(shape: tuple[int, ...], rows: int, dtype: np.dtype | type, rank: int) -> np.ndarray:
     """The vocabulary-parallel gather's per-rank input: every id's offset into this rank's rows."""
-    return np.full(shape, rank * rows, np.int32)
+    return np.full(shape, rank * rows, dtype)
 
 
 class _Restart(Exception):
@@ -344,10 +349,10 @@ class _Sharder:
         return _local_shape(op.shape, split, self.tp)
 
     # -- collectives -----------------------------------------------------------------------
-    def _all_reduce(self, local: Op) -> Op:
-        """The sum of every rank's partial ``local``, named after the value it reduces
+    def _all_reduce(self, local: Op, reduction: str = "sum") -> Op:
+        """The sum (or the maximum) of every rank's ``local``, named after the value it reduces
         (``all-reduce.dot.12``), so a profile's collective says which tensor it carries."""
-        return self.b.add_op("all-reduce", [local], local.shape, local.dtype, reduction="sum",
+        return self.b.add_op("all-reduce", [local], local.shape, local.dtype, reduction=reduction,
                              name=f"all-reduce.{local.name}")
 
     def _whole(self, op: Op) -> Op:
@@ -455,8 +460,12 @@ class _Sharder:
                     return self._add(op, [], shape, suffix)
                 init = ShardedInitializer(op.attrs["init"], op.shape, split, self.tp)
                 return self._add(op, [], shape, suffix, init=init)
+            if code == "iota" and op.attrs["dimension"] == dim:
+                return self._iota_block(op, split, shape, suffix)
             if code == "iota":
-                return None if op.attrs["dimension"] == dim else self._add(op, [], shape, suffix)
+                return self._add(op, [], shape, suffix)
+            if code == "dot" and self.trained:
+                return self._dot_block(op, split, shape, suffix)
             if code == "rng":
                 return self._rng_block(op, split, shape, suffix)
             if code == "broadcast":
@@ -597,6 +606,9 @@ class _Sharder:
         if split.dim in dims:
             if op.attrs["kind"] == "sum":
                 return self._add(op, [self.local[src.index]], op.shape), PARTIAL
+            if op.attrs["kind"] == "max" and self.trained:  # a vocabulary-parallel softmax's
+                local = self._add(op, [self.local[src.index]], op.shape)  # row maxima, as
+                return self._all_reduce(local, "max"), None  # Megatron's cross-entropy
             return self._add(op, [self._whole(src)], op.shape), None
         moved = Split(split.dim - sum(1 for d in dims if d < split.dim), split.outer)
         return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
@@ -685,6 +697,43 @@ class _Sharder:
                 f"{self.current.describe()}: choose a tp_degree that divides the layer sizes")
         return True
 
+    def _iota_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op | None:
+        """A rank's block of an iota along the split dim: the local iota plus the rank's first
+        position (a per-rank input), e.g. the vocabulary ids a one-hot over a vocabulary-split
+        tensor compares with (a cross-entropy's target mask, the embedding's backward). Training
+        only (inference keeps its layouts)."""
+        if not self.trained or split.outer != 1:
+            return None
+        rows = shape[split.dim]
+        b = self.b
+        local = self._add(op, [], shape, suffix)
+        start = b.add_op("parameter", [], (), op.dtype, name=f"tp_start.{len(self.rank_params)}",
+                         number=0)
+        self.rank_params.append(start)
+        self.rank_inputs.append(functools.partial(_rank_start, rows, op.dtype.numpy))
+        return b.add(local, b.broadcast(start, shape, ()))
+
+    def _dot_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op | None:
+        """A rank's block of a dot every rank would compute whole, split along a free dim: the dot of
+        the operand that dim comes from, cut to its block, with the other whole (the gradient of a
+        vocabulary-split embedding: ``one_hot(ids)^T @ grad`` on the rank's vocabulary rows)."""
+        lhs, rhs = op.operands
+        n, dim = len(op.shape), split.dim
+        lc, rc = op.attrs["lhs_contract"], op.attrs["rhs_contract"]
+        lf = n - 2 if lc == n - 1 else n - 1
+        rf = n - 1 if rc == n - 2 else n - 2
+        a: Op | None
+        c: Op | None
+        if dim == n - 2:
+            a, c = self._localize(lhs, Split(lf, split.outer)), self._whole(rhs)
+        elif dim == n - 1:
+            a, c = self._whole(lhs), self._localize(rhs, Split(rf, split.outer))
+        else:
+            a, c = self._localize(lhs, split), self._localize(rhs, split)
+        if a is None or c is None:
+            return None
+        return self._add(op, [a, c], shape, suffix)
+
     def _rng_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op:
         """A rank's block of a random tensor (dropout's uniforms in a parallel region: its heads of an
         attention-probability mask), drawn alone: the rng reads (seed, offset, rank) and counts each
@@ -709,20 +758,65 @@ class _Sharder:
         made.name = op.name + suffix
         return made
 
-    # -- embeddings --------------------------------------------------------------------------
+    # -- embeddings and the cross-entropy -------------------------------------------------------
+    def _target_pick(self, op: Op) -> Op | None:
+        """Megatron's vocabulary-parallel cross-entropy, its target logit: a gather of one entry per
+        row from a ``[rows, vocab]`` value split along the vocabulary (the log-probabilities of a
+        column-parallel LM head), flattened to ``[rows * vocab, 1]`` and indexed by
+        ``row * vocab + target``. Each rank looks the target up in its own block when the target
+        falls in its vocabulary range and gives 0 otherwise; the partial sums are all-reduced, so the
+        whole logits are never gathered. None when ``op`` is not such a pick."""
+        table, ids = op.operands
+        if not self.trained or table.opcode != "reshape" or len(table.shape) != 2 or table.shape[1] != 1:
+            return None
+        src = table.operands[0]
+        if len(src.shape) != 2 or self.split.get(src.index) != Split(1):
+            return None
+        rows, vocab = src.shape
+        target = _row_offsets(ids, vocab)
+        if target is None or ids.shape[0] != rows or op.shape[0] != rows:
+            return None
+        cols = vocab // self.tp
+        b = self.b
+        offset = b.add_op("parameter", [], target.shape, target.dtype,
+                          name=f"tp_vocab_offset.{op.name}", number=0)
+        self.rank_params.append(offset)
+        self.rank_inputs.append(functools.partial(_vocab_offset, target.shape, cols, target.dtype.numpy))
+        local_target = b.subtract(self._whole(target), offset)
+        clamped = b.maximum(b.minimum(local_target, float(cols - 1)), 0.0)
+        mine = b.compare(clamped, local_target, "EQ")
+        starts = b.multiply(b.iota(target.shape, 0, target.dtype), float(cols))
+        block = b.reshape(self.local[src.index], (rows * cols, 1))
+        looked_up = self._add(op, [block, b.add(starts, clamped)], op.shape)
+        keep = b.broadcast(mine, op.shape, tuple(range(len(target.shape))))
+        return b.select(keep, looked_up, 0.0)
+
+
     def _vocab_parallel_tables(self) -> set[int]:
-        """The gathered weight tables to split by rows: the largest one (the token embedding)."""
+        """The gathered weight tables to split by rows: the largest one (the token embedding). In a
+        training step, a trained input's (``VocabParallelEmbedding``: its gradient comes out split
+        too, the one-hot of the backward cut to the rank's vocabulary rows)."""
         tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
-        tables = [t for t in tables if _is_weight(t) and t.shape[0] % self.tp == 0]
-        if not tables or self.tp == 1 or self.trained:
+        tables = [t for t in tables if (self._trained_table(t) if self.trained else _is_weight(t))
+                  and len(t.shape) == 2 and t.shape[0] % self.tp == 0]
+        if not tables or self.tp == 1:
             return set()
         largest = max(t.size for t in tables)
         return {t.index for t in tables if t.size == largest}
 
+    def _trained_table(self, op: Op) -> bool:
+        while op.opcode == "convert":  # bf16-sr: bf16 weights read as FP32
+            op = op.operands[0]
+        return op.opcode == "parameter" and op.name in self.trained
+
     def _gather(self, op: Op) -> tuple[Op, Sharding]:
         table, ids = op.operands
+        picked = self._target_pick(op)
+        if picked is not None:
+            return picked, PARTIAL
         ids_local = self._whole(ids)
-        if table.index not in self.vocab_tables or self.split[table.index] is not None:
+        split = self.split[table.index]
+        if table.index not in self.vocab_tables or split not in (None, Split(0)):
             return self._add(op, [self._whole(table), ids_local], op.shape), None
         rows = table.shape[0] // self.tp
         part = self._localize(table, Split(0))
@@ -731,13 +825,30 @@ class _Sharder:
         offset = b.add_op("parameter", [], ids.shape, DType.INT32, name=f"tp_vocab_offset.{op.name}",
                           number=0)
         self.rank_params.append(offset)
-        self.rank_inputs.append(functools.partial(_vocab_offset, ids.shape, rows))
+        self.rank_inputs.append(functools.partial(_vocab_offset, ids.shape, rows, np.int32))
         local_ids = b.subtract(ids_local, offset)
         clamped = b.maximum(b.minimum(local_ids, float(rows - 1)), 0.0)
         mine = b.compare(clamped, local_ids, "EQ")
         looked_up = self._add(op, [part, clamped], op.shape)
         keep = b.broadcast(mine, op.shape, tuple(range(len(ids.shape))))
         return b.select(keep, looked_up, 0.0), PARTIAL
+
+
+def _row_offsets(op: Op, width: int) -> Op | None:
+    """``t`` when ``op`` computes ``iota(rows) * width + t`` (how a gather along the last dim of a
+    ``[rows, width]`` value is flattened: a cross-entropy's target pick), else None."""
+    if op.opcode != "add":
+        return None
+    for scaled, t in (op.operands, op.operands[::-1]):
+        if scaled.opcode != "multiply":
+            continue
+        for iota, factor in (scaled.operands, scaled.operands[::-1]):
+            while factor.opcode == "broadcast":
+                factor = factor.operands[0]
+            if (iota.opcode == "iota" and iota.attrs["dimension"] == 0 and factor.opcode == "constant"
+                    and factor.attrs.get("value") == width and t.shape == op.shape):
+                return t
+    return None
 
 
 def _still_read(outputs: list[Op], replaced: dict[int, Op]) -> set[int]:
