@@ -398,11 +398,15 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
         exposed_sync = max(0.0, sync[-1].end_ns - step_compute)
     gather = 0.0
     if plan.zero1 and plan.dp > 1:
+        # the updated parameters are gathered in the model's dtype: with bf16 auto-cast each rank
+        # rounds its shard of the FP32 masters to bf16 and the bf16 shards are gathered (NxD's
+        # NeuronZero1Optimizer; the step program of train_step.py and ZeroOneTrainStep do the same)
         shard = max(1, math.ceil(params_rank / plan.dp))
-        rec = cc.all_gather(topology, dp_groups, shard, grad_dtype)
+        rec = cc.all_gather(topology, dp_groups, shard, dtype)
         gather = rec.duration_ns
         start = slots * (slot_f + slot_b + 2 * p2p) + exposed_sync + opt.device_ns
-        sync.append(SyncCollective(cc.ALL_GATHER, shard * plan.dp * itemsize, start, start + gather, 0.0))
+        sync.append(SyncCollective(cc.ALL_GATHER, shard * plan.dp * (4 if dtype == "fp32" else 2), start,
+                                   start + gather, 0.0))
     parts = {
         "forward": forward_ns,
         "backward": backward_ns,

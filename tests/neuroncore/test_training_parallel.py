@@ -114,6 +114,13 @@ def test_zero1_reduce_scatters_shards_the_optimizer_and_all_gathers(steps: dict[
     ops = [s.operation for s in z.sync]
     assert ops[-1] == "AllGather" and set(ops[:-1]) == {"ReduceScatter"}
     assert z.optimizer.device_ns < dp.optimizer.device_ns / 4  # 1/16 of the parameters each
+    # bf16 auto-cast: FP32 gradients are reduce-scattered, the updated bf16 parameters gathered
+    gather, scatter = z.sync[-1], z.sync[0]
+    assert z.plan.precision == "bf16-autocast"
+    params = -(-z.model.params() // z.plan.tp)
+    assert gather.bytes == pytest.approx(2 * params, rel=0.01)
+    assert sum(s.bytes for s in z.sync[:-1]) == pytest.approx(4 * params, rel=0.01)
+    assert scatter.bytes > 0
 
 
 def test_pipeline_bubble_follows_1f1b(steps: dict[str, StepTiming]) -> None:
