@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 # What the summary reads; finished (closed, footers written) before it runs.
 SOURCE_TABLES = ("Instruction", "DmaPacket", "DmaPacketAggregated", "CcOp", "CcInstruction",
-                 "SemaphoreUpdate", "HbmUsage", "ExecutionInfo", "TrainingStep")
-DERIVED_TABLES = ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", LOD_TABLE)
+                 "SemaphoreUpdate", "HbmUsage", "ExecutionInfo", "TrainingStep", "Throttle")
+DERIVED_TABLES = ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", "ThrottleSummary", LOD_TABLE)
 # At a capture's close the capturing process has the writer's memory in use already; the derived
 # tables are computed in small steps so the close adds little to its peak (bench: peak_rss_mb).
 CLOSE_ROWS_PER_SLICE = 100_000

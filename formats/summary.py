@@ -1,5 +1,5 @@
-"""Summary metrics (profile-schema §4): ``Summary``, ``OpcodeSummary``, ``ActiveTime`` and ``DmaUsage``
-computed from a profile's event tables.
+"""Summary metrics (profile-schema §4): ``Summary``, ``OpcodeSummary``, ``ActiveTime``, ``DmaUsage``
+and ``ThrottleSummary`` (``formats.throttling``) computed from a profile's event tables.
 
     derived = compute(open_profile("out/bert"))
     derived.summary["mfu_estimated_percent"]       # a fraction in [0, 1], as the real tool writes it
@@ -84,6 +84,7 @@ from formats.summary_scan import (
     _DmaUsage,
     _usage_period,
 )
+from formats.throttling import throttle_summary
 
 if TYPE_CHECKING:
     from formats.reader import Profile
@@ -104,11 +105,13 @@ class Derived:
     dma_usage: pa.Table
     notes: list[str] = field(default_factory=list)
     lod: pa.Table | None = None  # InstructionLod, when asked for
+    throttle_summary: pa.Table | None = None  # ThrottleSummary (formats.throttling), with the tables
 
     def tables(self) -> Iterator[tuple[str, pa.Table]]:
         yield "Summary", pa.Table.from_pylist([self.summary])
+        throttled = self.throttle_summary if self.throttle_summary is not None else _empty("ThrottleSummary")
         for name, table in (("OpcodeSummary", self.opcode_summary), ("ActiveTime", self.active_time),
-                            ("DmaUsage", self.dma_usage)):
+                            ("DmaUsage", self.dma_usage), ("ThrottleSummary", throttled)):
             if table.num_rows:
                 yield name, table
 
@@ -227,14 +230,17 @@ def _assemble(work: _Computation, want_tables: bool,
     active_table = _active_time_table(*acc["engine"].segments()) if want_tables and sink is None \
         else _empty("ActiveTime")
     usage_table = usage.table() if usage is not None else _empty("DmaUsage")
-    derived_rows = 1 + opcode_table.num_rows + active_table.num_rows + usage_table.num_rows + streamed[0]
+    throttle_table = throttle_summary(profile, work.con, total_ns) if want_tables or sink is not None \
+        else _empty("ThrottleSummary")
+    derived_rows = 1 + opcode_table.num_rows + active_table.num_rows + usage_table.num_rows + streamed[0] \
+        + throttle_table.num_rows
     stored = sum(t.num_rows for name, t in profile.tables.items()
-                 if name not in ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage"))
+                 if name not in ("Summary", "OpcodeSummary", "ActiveTime", "DmaUsage", "ThrottleSummary"))
     row["total_row_count"] = stored + derived_rows + work.extra_rows
     unknown = set(row) - set(SUMMARY_COLUMNS)
     assert not unknown, f"not Summary columns: {sorted(unknown)}"
     return Derived(row, opcode_table, active_table, usage_table, [f"total_time from {basis}"],
-                   lod.table() if lod is not None else None)
+                   lod.table() if lod is not None else None, throttle_table)
 
 
 def _time_bases(m: _Measured, row: dict[str, Any]) -> None:

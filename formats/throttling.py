@@ -18,6 +18,18 @@ notification replaces the level). Periods without ``k``/``n`` count in the durat
 
 Whether the lost Tensor time made the device time longer depends on what waited for those matmuls;
 ``neuron-profile analyze --what-if power-throttling=off`` measures that (collectors/whatif.py).
+
+The same periods make the schema's ``ThrottleSummary`` table (``throttle_summary``, written with the
+other summary tables when a capture closes), one row per throttle ``type``:
+
+    throttle_active_time_ns       = Σ period lengths of the type (each ended by the next period)
+    throttle_active_time_percent  = that / total_time (a fraction, as our Summary and OpcodeSummary
+                                    write ``_percent`` columns; the reference has no observed value)
+    max_achievable_util_with_throttling_percent
+                                  = the time-weighted average of the utilisation cap over the
+                                    execution: 1 inside no period, k/n inside one,
+                                  = 1 - Σ length_p x (1 - k_p/n_p) / total_time
+    nc_idx                        = Metadata.neuroncore_idx (the core the profile is of)
 """
 
 from __future__ import annotations
@@ -26,14 +38,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
-from formats.depgraph import DepGraph
-from formats.schema import ENGINE_NAMES
+from formats.schema import ENGINE_NAMES, SCHEMA
 
 if TYPE_CHECKING:
+    from formats.depgraph import DepGraph
     from formats.reader import Profile
 
-__all__ = ["MATMUL_ROW", "Throttling", "tensor_lost_ns", "throttling"]
+__all__ = ["MATMUL_ROW", "Throttling", "tensor_lost_ns", "throttle_summary", "throttling"]
 
 MATMUL_ROW = "TensorMatrix"  # the Tensor engine's matmul row (timeline_track)
 
@@ -49,8 +62,8 @@ class Throttling:
     tensor_lost_ns: int  # the cost in Tensor-engine time
 
 
-def _periods(profile: Profile, con: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(start, end, rate) per period, in start order, each ended by the next; None without rows."""
+def _periods(profile: Profile, con: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+    """(start, end, rate, type) per period, in start order, each ended by the next; None without rows."""
     from formats.sqlsource import TableSource
 
     source = TableSource(profile, "Throttle")
@@ -58,17 +71,19 @@ def _periods(profile: Profile, con: Any) -> tuple[np.ndarray, np.ndarray, np.nda
         return None
     rows = con.execute(f"""
         SELECT {source.col('timestamp')}, {source.col('duration')},
-               {source.col('k')}::DOUBLE / nullif({source.col('n')}, 0)
+               {source.col('k')}::DOUBLE / nullif({source.col('n')}, 0),
+               coalesce({source.col('type')}::VARCHAR, 'unknown')
         FROM {source.relation()} WHERE {source.col('timestamp')} IS NOT NULL
         ORDER BY 1""").fetchnumpy()
     names = list(rows)
     start = np.asarray(rows[names[0]], np.int64)
     duration = np.nan_to_num(np.asarray(rows[names[1]], np.float64)).astype(np.int64)
     rate = np.asarray(rows[names[2]], np.float64)  # NaN: level not recorded
+    kinds = [str(t) for t in rows[names[3]]]
     end = start + np.maximum(duration, 0)
     if start.size > 1:
         end[:-1] = np.minimum(end[:-1], start[1:])
-    return start, end, rate
+    return start, end, rate, kinds
 
 
 def tensor_lost_ns(graph: DepGraph, start: np.ndarray, end: np.ndarray, rate: np.ndarray) -> int:
@@ -104,10 +119,35 @@ def throttling(profile: Profile, con: Any, graph: DepGraph | None) -> Throttling
     periods = _periods(profile, con)
     if periods is None or not periods[0].size:
         return None
-    start, end, rate = periods
+    start, end, rate, _ = periods
     duration = int((end - start).sum())
     if not duration:
         return None
     limit = float(np.nanmin(rate)) if np.any(~np.isnan(rate)) else None
     lost = tensor_lost_ns(graph, start, end, rate) if graph is not None else 0
     return Throttling(int(start.size), duration, limit, int(start[0]), lost)
+
+
+def throttle_summary(profile: Profile, con: Any, total_ns: float | None) -> pa.Table:
+    """The ``ThrottleSummary`` rows of ``profile`` (module docstring), one per throttle type in
+    order of first appearance; no rows when it recorded no throttling."""
+    schema = SCHEMA.arrow_schema("ThrottleSummary")
+    periods = _periods(profile, con)
+    if periods is None or not periods[0].size:
+        return schema.empty_table()
+    start, end, rate, kinds = periods
+    length = (end - start).astype(np.int64)
+    lost = length * np.where(np.isnan(rate), 0.0, 1.0 - np.clip(rate, 0.0, 1.0))
+    core = profile.metadata.get("neuroncore_idx")
+    rows: dict[str, list[Any]] = {name: [] for name in schema.names}
+    for kind in dict.fromkeys(kinds):
+        mine = np.asarray([k == kind for k in kinds])
+        active = int(length[mine].sum())
+        rows["nc_idx"].append(int(core) if core is not None else 0)
+        rows["throttle_type"].append(kind)
+        rows["throttle_active_time_ns"].append(active)
+        known = total_ns is not None and total_ns > 0
+        rows["throttle_active_time_percent"].append(active / total_ns if known else None)
+        rows["max_achievable_util_with_throttling_percent"].append(
+            max(0.0, 1.0 - float(lost[mine].sum()) / total_ns) if known else None)
+    return pa.table(rows, schema=schema)

@@ -120,6 +120,31 @@ def test_a_trn2_capture_records_throttling_and_analyze_reports_its_cost(trn2_mlp
     assert f"{len(rows)} throttling periods" in done.stdout and "matmuls ran" in done.stdout
 
 
+def test_a_throttled_profile_carries_its_throttle_summary(trn2_mlp: Path) -> None:
+    """ThrottleSummary (profile-schema §3.5), written at close from formats.throttling's periods:
+    time throttled, its share of total_time and the time-weighted utilisation cap; conformant to the
+    reference schema JSON when it is present."""
+    from formats import open_profile, validate
+    from formats.dataset import find_profiles
+    from formats.schema import Schema, reference_json_path
+
+    rows = _throttle_rows(trn2_mlp)
+    (entry,) = find_profiles(trn2_mlp / "device")[0]
+    profile = open_profile(entry.path)
+    (summary,) = profile.table("ThrottleSummary").to_pylist()
+    total_ns = profile.table("Summary", ["total_time"]).to_pylist()[0]["total_time"] * 1e9
+    throttled = sum(r["duration"] for r in rows)  # the core's periods never overlap
+    assert summary["nc_idx"] == 0 and summary["throttle_type"] == "activity_0"
+    assert summary["throttle_active_time_ns"] == throttled
+    assert summary["throttle_active_time_percent"] == pytest.approx(throttled / total_ns, rel=1e-4)
+    lost = sum(r["duration"] * (1 - r["k"] / r["n"]) for r in rows)
+    assert summary["max_achievable_util_with_throttling_percent"] == pytest.approx(1 - lost / total_ns,
+                                                                                  rel=1e-4)
+    reference = reference_json_path()
+    report = validate(entry.path, Schema.from_json(reference) if reference is not None else None)
+    assert report.conformant, "\n".join(report.lines())
+
+
 def test_what_if_without_throttling_equals_a_fresh_capture(trn2_mlp: Path, tmp_path: Path) -> None:
     done = _run("analyze", str(trn2_mlp / "device"), "--output-format", "json", "--what-if", "auto")
     assert done.returncode == 0, done.stderr
