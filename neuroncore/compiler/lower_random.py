@@ -23,7 +23,8 @@ def lower_rng(ctx: Context, op: Op) -> None:
     """One RNG instruction per output tile (see the module docstring)."""
     state = op.operands[0]
     value = ctx.define(op)
-    stream = int(op.attrs["stream"])
+    stream = int(op.attrs.get("stream", 0))
+    algorithm = str(op.attrs.get("algorithm", "philox"))
     spec = ctx.spec
     for t, tile in enumerate(value.tiles):
         key = ctx.tile(state, 0)
@@ -33,9 +34,9 @@ def lower_rng(ctx: Context, op: Op) -> None:
             Engine.GPSIMD, "RNG",
             costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
             reads=[sbuf_key(key)], writes=[sbuf_key(out)],
-            text=f"philox stream={stream} first_row={first_row} state={ctx.ref_text(key)} "
+            text=f"{algorithm} stream={stream} first_row={first_row} state={ctx.ref_text(key)} "
                  f"dst={ctx.ref_text(out)}",
-            semantics=Random(out, key, first_row, value.cols, stream, op.attrs.get("block")),
+            semantics=Random(out, key, first_row, value.cols, stream, op.attrs.get("block"), algorithm),
             counters=NodeCounters(sbuf_read_bytes=8, sbuf_write_bytes=out.rows * out.cols * 4),
         )
         ctx.produced(op, t, out)

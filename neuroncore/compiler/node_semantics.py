@@ -174,6 +174,9 @@ class Random:
     # a tensor-parallel rank's block of a larger random tensor (``philox.block_indices``: the whole
     # shape, split dim, outer, tp); the rank is the state tile's third word
     block: tuple[tuple[int, ...], int, int, int] | None = None
+    # the generator: "philox" (state: seed, offset) or "threefry2x32" (JAX's; state: the two key
+    # words in 16-bit halves, ``neuroncore.ir.threefry``)
+    algorithm: str = "philox"
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ import jaxlib
 import numpy as np
 
 from neuroncore.dtypes import DType, round_to
-from neuroncore.frontends import conv_lowering
+from neuroncore.frontends import conv_lowering, jax_random
 from neuroncore.frontends.hlo import (
     FrameTable,
     HloComputation,
@@ -62,7 +62,7 @@ from neuroncore.frontends.hlo import (
     parse_hlo_module,
 )
 from neuroncore.frontends.tracing import Converted, TraceError
-from neuroncore.ir import semantics
+from neuroncore.ir import semantics, threefry
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame
 
@@ -263,6 +263,11 @@ class _Converter:
             for ins in entry_params:
                 if ins.shape.dtype is None:
                     raise TraceError(f"tuple-shaped parameter {ins.name} is not supported")
+                if ins.shape.dtype == "u32":  # a key (or other 32-bit words): exact 16-bit halves
+                    halves = self.b.parameter(self._unique(ins.name), (*ins.shape.dims, 2), DType.FP32)
+                    halves.attrs["u32_halves"] = True
+                    params.append(jax_random.key_input(halves, ins.shape.dims))  # type: ignore[arg-type]
+                    continue
                 params.append(self.b.parameter(self._unique(ins.name), ins.shape.dims,
                                                self._dtype(ins.shape, ins)))
         scope = _Scope((), (), self.root_layer, "")
@@ -294,6 +299,9 @@ class _Converter:
             operands = [env[o] for o in ins.operands]
             if ins.opcode in ("call", "fusion"):  # fusions only appear in optimized HLO
                 callee = self.computations[_callee(ins.attrs.get("to_apply") or ins.attrs["calls"])]
+                if callee.name.startswith("threefry2x32"):  # JAX's random bits: jax_random.py
+                    env[ins.name] = jax_random.threefry_call(ins, operands)
+                    continue
                 inner = _Scope(components, frames, layer_path(components) or self.root_layer,
                                ins.name)
                 env[ins.name] = self._computation(callee, operands, inner)
@@ -561,6 +569,12 @@ class _Converter:
         if code in ("copy", "optimization-barrier"):
             return operands[0]
         name = self._unique(ins.name, scope)
+        if jax_random.involved(ins, operands):  # 32/64-bit words: followed symbolically
+            value = jax_random.evaluate(self, ins, operands, name)
+            if value is not None:
+                return value
+            operands = [jax_random.materialize(self, ins, o, name) if jax_random.symbolic(o) else o
+                        for o in operands]
         if ins.shape.dtype not in _DTYPES:  # tuples (while, sort ...), complex numbers, tokens
             detail = "variadic" if ins.shape.dtype is None else ins.shape.dtype
             return self._unsupported_named(ins, operands, name, detail if code in ALL_OPS else "")
@@ -1254,7 +1268,8 @@ def convert(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
         if len(leaves) != n_params:
             raise TraceError(f"{fn_name} was traced with {n_params} input array(s), "
                              f"called with {len(leaves)}")
-        return [np.asarray(leaf) for leaf in leaves]
+        return [threefry.to_halves(np.asarray(leaf)) if p.attrs.get("u32_halves") else np.asarray(leaf)
+                for leaf, p in zip(leaves, graph.parameters)]  # a uint32 input (a key): 16-bit halves
 
     def from_arrays(arrays: list[np.ndarray]) -> Any:
         leaves = [jnp.asarray(np.asarray(a).astype(dt, copy=False)) for a, dt in zip(arrays, out_dtypes)]

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from neuroncore.dtypes import round_to, to_storage, to_working
+from neuroncore.ir import threefry
 from neuroncore.ir.graph import Graph
 from neuroncore.ir.semantics import evaluate
 
@@ -22,7 +23,9 @@ def bind_inputs(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.nda
         ordered = list(inputs)
         if len(ordered) != len(graph.parameters):
             raise ValueError(f"expected {len(graph.parameters)} inputs, got {len(ordered)}")
-    for param, value in zip(graph.parameters, ordered):
+    for k, (param, value) in enumerate(zip(graph.parameters, ordered)):
+        if param.attrs.get("u32_halves") and tuple(np.shape(value)) == param.shape[:-1]:
+            value = ordered[k] = threefry.to_halves(value)  # a uint32 input (a JAX key): exact halves
         if tuple(np.shape(value)) != param.shape:
             raise ValueError(
                 f"input {param.name!r}: shape {list(np.shape(value))} given, "

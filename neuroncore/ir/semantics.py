@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from neuroncore.dtypes import round_to
-from neuroncore.ir import philox
+from neuroncore.ir import philox, threefry
 from neuroncore.ir.conv import conv_reference, reduce_window_reference
 from neuroncore.ir.graph import Op
 
@@ -164,6 +164,8 @@ def _evaluate(op: Op, args: list[np.ndarray]) -> np.ndarray:
     if code == "gather":
         indices = args[1].astype(np.int64)
         return args[0][indices]
+    if code == "rng" and attrs.get("algorithm") == "threefry2x32":  # JAX's generator, bit for bit
+        return threefry.uniform(np.arange(op.size).reshape(op.shape), args[0])
     if code == "rng":
         seed, offset = philox.state_words(args[0])
         indices = np.arange(op.size).reshape(op.shape)

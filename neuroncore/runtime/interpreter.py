@@ -20,7 +20,7 @@ from neuroncore.compiler.lowering_state import HbmTensorKind
 from neuroncore.compiler.program import ApRef, HbmAccess, Program, Ref
 from neuroncore.compiler.tiling import tile_grid
 from neuroncore.dtypes import DType, round_to, stochastic_round
-from neuroncore.ir import philox
+from neuroncore.ir import philox, threefry
 from neuroncore.ir import semantics as ir_semantics
 from neuroncore.ir.graph import Op
 
@@ -272,6 +272,11 @@ class Machine:
 
     def _random(self, s: ns.Random) -> None:
         state = self.read(s.state)
+        if s.algorithm == "threefry2x32":  # JAX's generator: the state is the key's 16-bit halves
+            rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)
+            indices = rows[:, None] * s.cols + np.arange(s.out.cols, dtype=np.int64)[None, :]
+            self.write(s.out, threefry.uniform(indices, state[0, :4]))
+            return
         seed, offset = philox.state_words(state[0, :2])
         rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)
         indices = rows[:, None] * s.cols + np.arange(s.out.cols, dtype=np.int64)[None, :]
