@@ -345,6 +345,12 @@ def _fold_kv(b: GraphBuilder, g: Op, kv_heads: int) -> Op:
     return b.reduce(b.reshape(g, (bt, kv_heads, nh // kv_heads, s, hd)), [2])
 
 
+def _halves(b: GraphBuilder, x: Op) -> tuple[Op, Op]:
+    """The gate and up halves of a fused [tokens, 2 I] gate_up projection."""
+    t, two = x.shape
+    return b.slice(x, (0, 0), (t, two // 2)), b.slice(x, (0, two // 2), (t, two))
+
+
 def _linear(b: GraphBuilder, x: Op, d_in: int, d_out: int, name: str, dtype: str, bias: bool) -> Op:
     with b.scope(name):
         y = b.matmul(x, b.weight("weight", (d_in, d_out), dtype))
@@ -377,7 +383,7 @@ class Saved:
     ctx: Op
     lse: Op
     x2: Op
-    mlp: tuple[Op, ...]  # swiglu: (gate, up); gelu: (fc1 output,)
+    mlp: tuple[Op, ...]  # swiglu: (gate_up,) the fused projection's output; gelu: (fc1 output,)
 
     def outputs(self) -> list[Op]:
         return [self.q, self.k, self.v, self.ctx, self.lse, self.x2, *self.mlp]
@@ -406,10 +412,11 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
     with b.scope("mlp"):
         saved_mlp: tuple[Op, ...]
         if m.mlp == "swiglu":
-            gate = _linear(b, n2, h, r.intermediate, "gate_proj", dtype, False)
-            up = _linear(b, n2, h, r.intermediate, "up_proj", dtype, False)
+            # NxD's LlamaMLP: one column-parallel gate_up_proj [h, 2 I] (stride 2), split after
+            gate_up = _linear(b, n2, h, 2 * r.intermediate, "gate_up_proj", dtype, False)
+            gate, up = _halves(b, gate_up)
             act = b.multiply(b.silu(gate), up)
-            saved_mlp = (gate, up)
+            saved_mlp = (gate_up,)
         else:
             pre = _linear(b, n2, h, r.intermediate, "fc1", dtype, m.bias)
             act = b.gelu(pre, approximate="none")  # HF BERT / ViT "gelu": the exact (erf) GELU
@@ -429,7 +436,7 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
     x, x2 = s.x, s.x2
     with b.scope("mlp"):
         if m.mlp == "swiglu":
-            gate, up = s.mlp
+            gate, up = _halves(b, s.mlp[0])
             silu = b.silu(gate)
             act = b.multiply(silu, up)
         else:
@@ -449,8 +456,10 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             # gelu_dx on Trn1): one pass each instead of the chain of elementwise ops autodiff writes
             dgate = b.multiply(b.multiply(dact, up), b.silu_dx(gate))
             dup = b.multiply(dact, silu)
-            dn2 = b.add(_linear_backward(b, n2, dgate, h, r.intermediate, "gate_proj", dtype, False, grads),
-                        _linear_backward(b, n2, dup, h, r.intermediate, "up_proj", dtype, False, grads))
+            # the fused projection's backward: one matmul over K = 2 I for the input gradient (no
+            # sum of two [tokens, hidden] partials) and one for the weight gradient
+            dn2 = _linear_backward(b, n2, b.concatenate([dgate, dup], 1), h, 2 * r.intermediate,
+                                   "gate_up_proj", dtype, False, grads)
         else:
             dpre = b.multiply(dact, b.gelu_dx(pre))
             dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
@@ -500,7 +509,7 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
     b = GraphBuilder(f"{m.name}_layer_bwd", root_layer="layers.0")
     t, h, hd = r.tokens, r.hidden, r.head_dim
     bt, sq = r.batch, r.seq
-    mlp = ((b.parameter("gate", (t, r.intermediate), dtype), b.parameter("up", (t, r.intermediate), dtype))
+    mlp = ((b.parameter("gate_up", (t, 2 * r.intermediate), dtype),)
            if m.mlp == "swiglu" else (b.parameter("fc1_out", (t, r.intermediate), dtype),))
     saved = Saved(b.parameter("hidden_states", (r.sp_tokens, h), dtype),
                   b.parameter("q", (bt, r.heads, sq, hd), dtype),
