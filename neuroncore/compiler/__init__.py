@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from neuroncore.compiler import node_semantics as ns
+from neuroncore.compiler import orientation
 from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
@@ -165,6 +166,7 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
     for op in graph.ops:
         _check_placeable(op)
     ctx = Context(graph, spec)
+    ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
     output_indices = {o.index for o in graph.outputs}
     dedup = LayerDedup(ctx, find_runs(graph), replay=replay_layers)
     group: Group | None = None

@@ -30,6 +30,7 @@ from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, DoubleFree, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
+from neuroncore.compiler.orientation import Orientation, stored_shape
 from neuroncore.compiler.program import ApRef, Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.compiler.view_steps import Reshape
@@ -64,6 +65,13 @@ class Value:
     slices: list[tuple[int, int, int, int, int]] | None = None
     slice_root: Op | None = None
     hbm_fallback: Callable[[], None] | None = None
+    # feature-major (compiler.orientation): the tiles are the row tiles of ``[last dim, the rest]``
+    transposed: bool = False
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape the tiles (and any HBM copy) hold: the transposed one when feature-major."""
+        return stored_shape(self.op.shape) if self.transposed else self.op.shape
 
     def access(self, t: int, c0: int = 0, c1: int | None = None, view: str | None = None) -> HbmAccess:
         tile = self.tiles[t]
@@ -118,6 +126,9 @@ class Context:
         self.nki_locations: dict[int, str] = {}  # node -> file:line of the NKI call (kernels in models)
         self.lowered_with: dict[int, int] = {}  # op index -> the earlier op whose lowering made it
         self.force_sbuf: set[int] = set()  # values internal to a fusion group (compiler.streaming)
+        # which dots write feature-major and which values are stored so (compiler.orientation);
+        # structural and fixed for the compilation
+        self.orientation = Orientation.none()
 
     # -- buffers ---------------------------------------------------------------------------
     def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
@@ -286,8 +297,10 @@ class Context:
                hbm: str | None = None) -> Value:
         """Create the placement of ``op``'s result (before its tiles are produced)."""
         layout = Layout(layout)  # a closed set: "row" from a caller not yet converted is Layout.ROW
-        tiles = tiles_of(op.shape, layout)
-        _, rows, cols = tile_grid(op.shape, layout)
+        transposed = op.index in self.orientation.members
+        shape = stored_shape(op.shape) if transposed else op.shape
+        tiles = tiles_of(shape, layout)
+        _, rows, cols = tile_grid(shape, layout)
         if home is not None:
             home = Memory(home)  # a closed set: "sbuf" from a caller not yet converted is Memory.SBUF
         elif op.index in self.force_sbuf:
@@ -297,10 +310,10 @@ class Context:
             only_output = op.index in self.outputs and not self.uses[op.index]
             home = Memory.HBM if (only_output or per_partition > self.hbm_home_bytes) else Memory.SBUF
         value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
-                      [hbm is not None] * len(tiles))
+                      [hbm is not None] * len(tiles), transposed=transposed)
         if home is Memory.HBM and value.hbm is None:
             kind = HbmTensorKind.OUTPUT if op.index in self.outputs else HbmTensorKind.SCRATCH
-            value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind)
+            value.hbm = self.hbm_tensor(self.tensor_name(op), op, kind, shape=shape)
         self.values[op.index] = value
         self._value_order.setdefault(op.index, len(self._value_order))
         return value
@@ -465,7 +478,8 @@ class Context:
         if value.home is Memory.HBM and value.hbm is not None:
             return value.hbm  # produced into HBM tile by tile (maybe not all yet: a fusion group)
         if value.hbm is None:
-            value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, HbmTensorKind.SCRATCH)
+            value.hbm = self.hbm_tensor(f"{op.name}.hbm", op, HbmTensorKind.SCRATCH,
+                                        shape=value.stored_shape)
         for t, done in enumerate(value.in_hbm):
             if not done:
                 buf = value.bufs[t]
@@ -584,7 +598,8 @@ class Context:
         assert buf is not None
         if not value.in_hbm[t]:
             if value.hbm is None:
-                value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, HbmTensorKind.SCRATCH)
+                value.hbm = self.hbm_tensor(f"spill.{value.op.name}", value.op, HbmTensorKind.SCRATCH,
+                                            shape=value.stored_shape)
             ref = Ref(buf.id, 0, value.tiles[t].rows, 0, value.cols)
             self.dma_store(QueueName.SPILL_RELOAD, ref, value.access(t), value.op.dtype,
                            rows_per_batch=value.rows_per_batch, spill_save=True)

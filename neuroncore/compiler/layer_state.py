@@ -32,6 +32,7 @@ KNOWN_CONTEXT = frozenset({
     "queue", "pinned", "uses", "outputs", "hbm_home_bytes", "position", "stats", "_next_buffer",
     "_identity", "kept_alive", "nki_locations", "lowered_with", "_value_order", "_holding",
     "force_sbuf",  # empty at every boundary: a fusion group never spans one (compiler.streaming)
+    "orientation",  # fixed for the compilation, planned from the graph alone (compiler.orientation)
 })
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",

@@ -85,6 +85,9 @@ def run_elements(op: Op) -> int:
 
 def lower_view(ctx: Context, op: Op) -> None:
     """Reshape (when not a free alias), transpose, slice, concatenate and broadcast."""
+    if op.opcode == "reshape" and op.index in ctx.orientation.members:
+        _alias_feature_major(ctx, op)
+        return
     if op.opcode == "reshape" and _try_alias(ctx, op):
         return
     if op.opcode == "transpose" and _pe_transposable(ctx, op):
@@ -105,6 +108,18 @@ def lower_view(ctx: Context, op: Op) -> None:
     value.lazy = materialize_sources
     for operand in op.operands:  # sources stay readable until the view's last reader
         ctx.extend_uses(operand, op)
+
+
+def _alias_feature_major(ctx: Context, op: Op) -> None:
+    """A reshape that keeps the last dim of a feature-major value (compiler.orientation) holds the
+    same ``[last dim, tokens]`` tiles: an alias."""
+    src = op.operands[0]
+    src_value = ctx.values[src.index]
+    while src_value.alias is not None:
+        src_value = ctx.values[src_value.alias.index]
+    value = ctx.define(op, home=Memory.SBUF)
+    value.alias = src_value.op
+    ctx.extend_uses(src_value.op, op)
 
 
 def _try_alias(ctx: Context, op: Op) -> bool:

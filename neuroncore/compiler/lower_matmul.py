@@ -25,10 +25,11 @@ from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
-from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_tensor
+from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
 from neuroncore.compiler.lower_reduce import row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
+from neuroncore.compiler.orientation import OrientedDot, stored_shape
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
@@ -261,6 +262,11 @@ class _Operand:
             self.value = ctx.values[self.value.alias.index]
         self.k = k
         self.free_size = free_size
+        # a feature-major value (compiler.orientation) holds its transpose: its last dim is on
+        # partitions, so contracting over it reads the tiles in place
+        self.shape = self.value.stored_shape
+        if self.value.transposed:
+            contract_is_row = not contract_is_row
         self.contract_is_row = contract_is_row
         self.pretransposed = getattr(ctx.values[op.index], "pretransposed", False)
         # resident in row layout -- the operand's own layout too: a reshape aliasing a [.., R, 1]
@@ -268,7 +274,7 @@ class _Operand:
         resident = (self.value.home is Memory.SBUF and self.value.immediate is None
                     and self.value.lazy is None and self.value.layout == Layout.ROW
                     and ctx.values[op.index].layout == Layout.ROW)
-        self.packed = is_packed(op.shape, Layout.ROW)
+        self.packed = is_packed(self.shape, Layout.ROW)
         self.mode = (DotOperandMode.DIRECT if contract_is_row and resident and not self.packed else
                      DotOperandMode.LOAD if contract_is_row or self.pretransposed else
                      DotOperandMode.TRANSPOSE)
@@ -340,7 +346,7 @@ class _Operand:
         bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
-            t, p0 = locate(op.shape, Layout.ROW, b, xx)
+            t, p0 = locate(self.shape, Layout.ROW, b, xx)
             # row tiles whatever the value's own layout; only this k-block's columns (a value that
             # lives in HBM is not loaded whole when K is large)
             src = ctx.tile(op, t, Layout.ROW, (k0, k1))
@@ -380,6 +386,10 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
     m, n = op.shape[-2], op.shape[-1]
     k = lhs.shape[lc]
     dtype = lhs.dtype  # operand type sets PE cost; the result type (op.dtype) only the evacuation
+    oriented = ctx.orientation.heads.get(op.index)
+    if oriented is not None:
+        yield from _oriented_steps(ctx, op, oriented)
+        return
     a = _Operand(ctx, lhs, lc == n_dims - 2, m, k)
     bop = _Operand(ctx, rhs, rc == n_dims - 2, n, k)
     scaled = fused_scale(ctx, op)
@@ -411,6 +421,59 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
                        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
                        fits=ctx.sbuf.fits, resident_out=resident_out)
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
+    yield from _blocks(ctx, op, plan, a, bop, (m, n, k), batches, op.shape, scaled, epilogue,
+                       bias_rows, None)
+    if bias_rows is not None:
+        ctx.free(ctx.buffers[bias_rows.buf])
+
+
+def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[bool]:
+    """A 2-D linear written feature-major (compiler.orientation): the weight is the stationary
+    operand and the activations the moving one, so PSUM holds ``[features, tokens]``; the bias is
+    one value per partition, added (and the activation applied) by the evacuation."""
+    lhs, rhs = op.operands
+    m, n = op.shape
+    k = lhs.shape[1]
+    dtype = lhs.dtype
+    a = _Operand(ctx, rhs, op.attrs["rhs_contract"] == 0, n, k)  # stationary: output features
+    bop = _Operand(ctx, lhs, False, m, k)  # moving: tokens (in place when lhs is feature-major)
+    for index in oriented.fused:
+        if index > op.index:
+            ctx.lowered_with[index] = op.index
+    bias = ctx.graph.ops[oriented.bias] if oriented.bias is not None else None
+    if bias is not None and bias.index not in ctx.values:  # a bias weight declared after its dot
+        from neuroncore.compiler.lower_layout import lower_weight
+
+        lower_weight(ctx, bias)
+    target = ctx.graph.ops[oriented.product]
+    value = ctx.define(target)
+    assert value.transposed, f"{target.name} is planned feature-major"
+    resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
+                    if value.home is Memory.SBUF else [])
+    plan = plan_blocks(ctx.spec, n, k, m, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
+                       a_transposed=a.mode is DotOperandMode.TRANSPOSE,
+                       b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
+                       a_ktiled=a.ktiled, b_ktiled=bop.ktiled, fits=ctx.sbuf.fits,
+                       resident_out=resident_out)
+    ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
+    ctx.stats["oriented_dots"] = ctx.stats.get("oriented_dots", 0) + 1
+    # the bias as columns, one per 128 output features, loaded once before the weights stream
+    columns = ([ctx.tile(bias, j, Layout.COL) for j in range(math.ceil(n / P))]
+               if bias is not None else [])
+    keep = [ctx.buffers[c.buf] for c in columns]
+    yield from _blocks(ctx, op, plan, a, bop, (n, m, k), 1, stored_shape(op.shape), None, None,
+                       None, (target, columns, oriented.func))
+    for column in keep:
+        ctx.free(column)
+
+
+def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: tuple[int, int, int],
+            batches: int, out_shape: tuple[int, ...], scaled: FusedScale | None,
+            epilogue: Epilogue | None, bias_rows: Ref | None,
+            oriented: tuple[Op, list[Ref], str | None] | None) -> Iterator[bool]:
+    """The block loops of a dot: ``a`` gives the stationary ``[k, m]`` tiles, ``bop`` the moving
+    ``[k, n]`` ones; the output's row tiles are those of ``out_shape``."""
+    m, n, k = mnk
     evac = _alternating()
     held: list[tuple[_Operand, list[Ref]]] = []
     for b in range(batches):
@@ -434,7 +497,8 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
                             a_cache[k0] = a_refs
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
-                                    first, last, acc_buf, evac, scaled, epilogue, bias_rows)
+                                    first, last, acc_buf, evac, scaled, epilogue, bias_rows,
+                                    out_shape, oriented)
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
@@ -449,8 +513,6 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
                 a.release(refs)
             ctx.unpin_all()
         yield True
-    if bias_rows is not None:
-        ctx.free(ctx.buffers[bias_rows.buf])
 
 
 @dataclass(frozen=True)
@@ -542,14 +604,16 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                     ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
                     last: bool, acc_buf: Buffer | None, evac: Iterator[Engine],
                     scaled: FusedScale | None = None, epilogue: Epilogue | None = None,
-                    bias_rows: Ref | None = None) -> None:
+                    bias_rows: Ref | None = None, out_shape: tuple[int, ...] | None = None,
+                    oriented: tuple[Op, list[Ref], str | None] | None = None) -> None:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
     per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
     (m0, m1), (n0, n1) = ms, ns
     dtype = op.operands[0].dtype
+    shape = op.shape if out_shape is None else out_shape
     for mm0 in range(m0, m1, P):
         mm1 = min(m1, mm0 + P)
-        t, p0 = locate(op.shape, Layout.ROW, b, mm0)  # packed batches land at a partition offset
+        t, p0 = locate(shape, Layout.ROW, b, mm0)  # packed batches land at a partition offset
         n_rows = mm1 - mm0
         for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
             chunks = [(c, min(n1, c + BANK_COLS))
@@ -577,6 +641,23 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
             # a fused dequantisation scale: one load of the group's scale columns, for all its banks
             scale_tile = (ctx.tile(scaled.scales, t, Layout.ROW, (chunks[0][0], chunks[-1][1]))
                           if scaled is not None and last else None)
+            if oriented is not None:  # feature-major: the bias is a column, one per partition
+                target, columns, func = oriented
+                column = columns[mm0 // P] if columns and last else None
+                if column is not None:
+                    ctx.pinned.add(column.buf)
+                for bank, (c0, c1) in zip(banks, chunks):
+                    psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
+                    acc_ref = None
+                    if acc_buf is not None:
+                        base = (mm0 - m0) // P * plan.nb + c0 - n0
+                        acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
+                    col = (Ref(column.buf, column.p0 + p0, column.p0 + p0 + n_rows, column.f0,
+                               column.f0 + 1) if column is not None else None)
+                    _evacuate_oriented(ctx, op, target, t, psum, (c0, c1), (first, last), acc_ref,
+                                       next(evac), col, func)
+                    ctx.free(bank)
+                continue
             for bank, (c0, c1) in zip(banks, chunks):
                 psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
                 acc_ref = None
@@ -594,6 +675,44 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 ctx.free(bank)
             if scaled is not None and scale_tile is not None:
                 ctx.release(scaled.scales, scale_tile)
+
+
+def _evacuate_oriented(ctx: Context, op: Op, target: Op, t: int, psum: Ref, cols: tuple[int, int],
+                       steps: tuple[bool, bool], acc: Ref | None, engine: Engine, bias: Ref | None,
+                       func: str | None) -> None:
+    """PSUM -> SBUF of a feature-major dot: the bias is a per-partition scalar, so an FP32 dot's
+    evacuation is one ``ACTIVATE func(psum + bias)`` (or one add); a 16-bit dot rounds its sums
+    first, as the unfused ops do, then adds and applies the function: every rounding is the
+    unfused ops' own."""
+    (c0, c1), (first, last) = cols, steps
+    if not last:
+        assert acc is not None
+        if first:
+            tensor_copy(ctx, acc, psum, engine)
+        else:
+            tensor_tensor(ctx, "add", acc, acc, psum)
+        return
+    out = ctx.produce(target, t, c0, c1, (psum.p0, psum.p1))
+    exact = op.dtype is DType.FP32  # the PSUM sums are the dot's value: no rounding skipped
+    if not first:
+        assert acc is not None
+        tensor_tensor(ctx, "add", out, acc, psum)
+    elif exact and func is not None:
+        activate(ctx, func, out, psum, bias=bias if bias is not None else 0.0)
+        bias = func = None
+    elif exact and bias is not None:
+        if engine is Engine.SCALAR:
+            activate(ctx, "copy", out, psum, bias=bias)
+        else:
+            tensor_scalar(ctx, out, psum, [("add", bias, False)])
+        bias = None
+    else:
+        tensor_copy(ctx, out, psum, engine)
+    if bias is not None:
+        tensor_scalar(ctx, out, out, [("add", bias, False)])
+    if func is not None:
+        activate(ctx, func, out, out)
+    ctx.produced(target, t, out, c0, c1)
 
 
 def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,

@@ -84,6 +84,8 @@ def units_of(ctx: Context, op: Op) -> Grain | None:
     """:func:`grain`, and None for a dot whose evacuation writes another op's value (a fused
     dequantisation scale, a bias / activation epilogue) or an elementwise op that would not run
     in row tiles."""
+    if op.index in ctx.orientation.members:
+        return None  # feature-major tiles (compiler.orientation) do not step like row tiles
     step = grain(op)
     if step is not None and op.opcode == "dot" and (fused_scale(ctx, op) is not None
                                                      or fused_epilogue(ctx, op) is not None):
