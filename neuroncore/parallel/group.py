@@ -40,7 +40,8 @@ from neuroncore.runtime.scheduler import Timeline, schedule
 from neuroncore.runtime.state import StateBinding, without_holes
 from neuroncore.topology import Topology, instance_topology
 
-CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER}
+CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER,
+                 "reduce-scatter": cc.REDUCE_SCATTER}
 
 
 @dataclass
@@ -85,10 +86,13 @@ class _Rendezvous:
                 result = parts[0]  # a vocabulary-parallel softmax's row maxima
                 for part in parts[1:]:
                     result = np.maximum(result, part)
-            elif op.opcode == "all-reduce":
+            elif op.opcode in ("all-reduce", "reduce-scatter"):
                 result = np.zeros_like(parts[0])
                 for part in parts:
                     result = result + part
+                if op.opcode == "reduce-scatter":  # sequence parallelism: the rank's tokens
+                    split = Split(op.attrs["dimension"], op.attrs.get("outer", 1))
+                    result = np.ascontiguousarray(block_of(result, split, len(parts), rank))
             else:
                 result = join_blocks(parts, Split(op.attrs["dimension"], op.attrs.get("outer", 1)))
             self.barrier.wait()  # nobody overwrites a slot before everyone has read them all

@@ -94,7 +94,7 @@ class ShardedGraph:
 
     @property
     def collectives(self) -> list[Op]:
-        return [op for op in self.local.ops if op.opcode in ("all-reduce", "all-gather")]
+        return [op for op in self.local.ops if op.opcode in ("all-reduce", "all-gather", "reduce-scatter")]
 
     def rank_arrays(self, inputs: list[np.ndarray], rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s inputs, from the full graph's inputs."""
@@ -165,7 +165,8 @@ class _Restart(Exception):
         self.splits = splits
 
 
-def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset()) -> ShardedGraph:
+def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
+          sequence_parallel: bool = False) -> ShardedGraph:
     """Split ``graph`` over ``tp`` ranks (see the module docstring).
 
     A pass that finds inputs it should have split goes on to the end, collecting every such input,
@@ -178,14 +179,22 @@ def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset()) -> Sh
     gradient of a weight whose forward ran whole, e.g. the LM head after the all-gather the
     cross-entropy needs) is cut to the rank's block locally (:meth:`_Sharder._rank_block`) instead of
     all-gathering the split side, so a weight's update, gradient and optimizer state stay split the
-    way its forward split it. Tables are not vocabulary-split then (the one-hot matmul of the
-    embedding's backward has no vocabulary split)."""
+    way its forward split it. The token table of a training step is vocabulary-split too (a trained
+    input: its lookup masked, the one-hot of its backward built on the rank's rows only), and a
+    log-softmax over vocabulary-split logits takes its row maxima by an all-reduce of maxima.
+
+    ``sequence_parallel`` (Megatron's sequence parallelism, Korthikanti et al. 2022): a partial sum
+    of token-major activations (``[batch, seq, hidden]``: a row-parallel linear's output, a
+    column-parallel linear's input gradient, the vocabulary-parallel lookup) is reduce-scattered
+    along the sequence instead of all-reduced, so norms, dropout and residuals run on ``seq / tp``
+    tokens per rank; a linear reading such a sequence-split value all-gathers it first.
+    """
     if not isinstance(tp, int) or tp < 1:
         raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
     presplit: dict[int, Split] = {}
     for _ in range(len(graph.parameters) + 1):
         try:
-            return _Sharder(graph, tp, presplit, trained).run()
+            return _Sharder(graph, tp, presplit, trained, sequence_parallel).run()
         except _Restart as restart:
             presplit.update(restart.splits)
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
@@ -253,8 +262,11 @@ def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
 
 class _Sharder:
     def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split],
-                 trained: frozenset[str] = frozenset()) -> None:
+                 trained: frozenset[str] = frozenset(), sequence_parallel: bool = False) -> None:
         self.graph = graph
+        self.sequence_parallel = sequence_parallel and tp > 1
+        self.seq: set[int] = set()  # values split along the sequence (sequence parallelism)
+        self.seq_gathered: dict[int, Op] = {}  # ... and their values with all tokens
         self.tp = tp
         self.presplit = presplit
         self.trained = trained
@@ -292,7 +304,10 @@ class _Sharder:
                 raise
             if split == PARTIAL and not self._sums_partials(op):  # Megatron reduces right where
                 with self.b.located(op.layer, op.frames):       # the partial sums are made
-                    local, split = (self._all_reduce(local) if self.tp > 1 else local), None
+                    local, split = self._reduce_sum(op, local)
+            elif split not in (None, PARTIAL) and op.opcode != "dot" and \
+                    any(o.index in self.seq for o in op.operands):
+                self.seq.add(op.index)  # a norm, dropout or residual on the rank's tokens
             self.local[op.index], self.split[op.index] = local, split
         if self.wanted_split:
             raise _Restart(self.wanted_split)
@@ -337,8 +352,7 @@ class _Sharder:
             return
         for o in dict.fromkeys(operands):
             with self.b.located(o.layer, o.frames):
-                self.local[o.index] = self._all_reduce(self.local[o.index])
-            self.split[o.index] = None
+                self.local[o.index], self.split[o.index] = self._reduce_sum(o, self.local[o.index])
 
     def _add(self, op: Op, operands: list[Op], shape: tuple[int, ...], suffix: str = "",
              **attrs: object) -> Op:
@@ -349,6 +363,37 @@ class _Sharder:
         return _local_shape(op.shape, split, self.tp)
 
     # -- collectives -----------------------------------------------------------------------
+    def _reduce_sum(self, op: Op, local: Op) -> tuple[Op, Sharding]:
+        """The sum of the ranks' partial ``local`` (``op``'s value): all-reduced, or with sequence
+        parallelism, for token-major activations, reduce-scattered along the sequence (Megatron's
+        ``g`` becomes a reduce-scatter, and the backward of its all-gather too)."""
+        if self.tp == 1:
+            return local, None
+        seq = Split(1)
+        if self.sequence_parallel and len(op.shape) == 3 and _fits(op.shape[1], seq, self.tp):
+            self.seq.add(op.index)
+            scattered = self.b.add_op("reduce-scatter", [local], self._shape(op, seq), local.dtype,
+                                      reduction="sum", dimension=1, outer=1,
+                                      name=f"reduce-scatter.{local.name}")
+            return scattered, seq
+        return self._all_reduce(local), None
+
+    def _all_tokens(self, op: Op) -> Op:
+        """A sequence-split value with all its tokens: all-gathered where it was made, before the
+        reshapes and casts each linear applies to its input, so q, k and v (gate and up) share one
+        all-gather of their common input, as Megatron's sequence-parallel block gathers once."""
+        done = self.seq_gathered.get(op.index)
+        if done is not None:
+            return done
+        src = op.operands[0] if op.opcode in ("reshape", "convert") and op.operands else None
+        if src is not None and src.index in self.seq:
+            with self.b.located(op.layer, op.frames):
+                done = self._add(op, [self._all_tokens(src)], op.shape, ".sp_whole")
+        else:
+            done = self._gather_split(op)
+        self.seq_gathered[op.index] = done
+        return done
+
     def _all_reduce(self, local: Op, reduction: str = "sum") -> Op:
         """The sum (or the maximum) of every rank's ``local``, named after the value it reduces
         (``all-reduce.dot.12``), so a profile's collective says which tensor it carries."""
@@ -356,7 +401,13 @@ class _Sharder:
                              name=f"all-reduce.{local.name}")
 
     def _whole(self, op: Op) -> Op:
-        """``op``'s value on every rank: its local value, or an all-gather of its blocks."""
+        """``op``'s value on every rank: its local value, or an all-gather of its blocks (of a
+        sequence-split value, :meth:`_all_tokens`)."""
+        if op.index in self.seq:
+            return self._all_tokens(op)
+        return self._gather_split(op)
+
+    def _gather_split(self, op: Op) -> Op:
         split = self.split[op.index]
         local = self.local[op.index]
         if split is None:
@@ -450,6 +501,9 @@ class _Sharder:
         shape = self._shape(op, split)
         suffix = f".tp{dim}"
         with self.b.located(op.layer, op.frames):
+            if code == "parameter" and self.sequence_parallel and not op.dtype.is_float:
+                return None  # token ids meeting sequence-split gradients: the gradient is gathered,
+                # the ids stay whole on every rank (Megatron)
             if code == "parameter" and self.trained:  # split from here on, as a constant weight is
                 return self._split_input(op, split)
             if code == "parameter":  # split it from the start next pass; this pass goes on without
@@ -643,6 +697,10 @@ class _Sharder:
         rf = n - 1 if rc == n - 2 else n - 2
         sl, sr = self.split[lhs.index], self.split[rhs.index]
         local_l, local_r = self.local[lhs.index], self.local[rhs.index]
+        if lhs.index in self.seq:  # sequence parallelism: a linear reads all the tokens
+            local_l, sl = self._all_tokens(lhs), None
+        if rhs.index in self.seq:
+            local_r, sr = self._all_tokens(rhs), None
 
         def build(a: Op | None, b: Op | None, out: Sharding) -> tuple[Op, Sharding] | None:
             if a is None or b is None:

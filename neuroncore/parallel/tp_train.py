@@ -60,7 +60,7 @@ class TensorParallelTrainStep(TrainStep):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: StepInputs, *, tp: int,
                  loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
-                 instance: str | None = "trn1.32xlarge") -> None:
+                 sequence_parallel: bool = False, instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise PlanError(f"tp must be a positive integer, not {tp!r}")
         self.tp = tp
@@ -76,7 +76,8 @@ class TensorParallelTrainStep(TrainStep):
         full, self.layout = self.programs[ProgramKind.UPDATE][0].graph, self.programs[ProgramKind.UPDATE][2]
         trained = frozenset(f"param/{n}" for n in self.param_names)
         try:
-            self.sharded: ShardedGraph = shard(full, tp, trained=trained)
+            self.sharded: ShardedGraph = shard(full, tp, trained=trained,
+                                               sequence_parallel=sequence_parallel)
         except ShardingError as exc:
             raise PlanError(f"{self.name}: {exc}") from None
         self.rank_program = compile_graph(self.sharded.local, self.core.spec)
