@@ -43,7 +43,7 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
-from neuroncore.compiler.lower_elementwise import activate, tensor_copy, tensor_scalar
+from neuroncore.compiler.lower_elementwise import activate, tensor_copy, tensor_scalar, tensor_tensor
 from neuroncore.compiler.lower_matmul import ldweights
 from neuroncore.compiler.lowering_state import Accumulation, Layout
 from neuroncore.compiler.node_semantics import NOP, Copy, MatMul, Memset, TensorTensor
@@ -365,6 +365,9 @@ class Epilogue:
     scale: Op | None  # [O] values, already placed
     bias: Op | None
     relu: bool
+    # a residual added after the scale and bias (ResNet's shortcut, before its ReLU): a value of
+    # the convolution's shape, already placed, read tile by tile by the evacuation
+    residual: Op | None = None
 
 
 def _only_user(ctx: Context, op: Op) -> Op | None:
@@ -408,6 +411,12 @@ def epilogue(ctx: Context, op: Op) -> Epilogue | None:
                 chain.append(user)
                 cur = user
                 user = _only_user(ctx, cur)
+    residual = _residual(ctx, op, cur, user)
+    if residual is not None:
+        assert user is not None
+        chain.append(user)
+        cur = user
+        user = _only_user(ctx, cur)
     relu = (user is not None and user.opcode == "maximum" and user.operands[0] is cur
             and _is_zero(user.operands[1]))
     if relu:
@@ -416,7 +425,23 @@ def epilogue(ctx: Context, op: Op) -> Epilogue | None:
         cur = user
     if not chain:
         return None
-    return Epilogue(cur, tuple(chain), found.get("multiply"), found.get("add"), relu)
+    return Epilogue(cur, tuple(chain), found.get("multiply"), found.get("add"), relu, residual)
+
+
+def _residual(ctx: Context, conv: Op, cur: Op, user: Op | None) -> Op | None:
+    """The other operand of ``user`` when it adds a placed, same-shaped FP32 value (a residual
+    shortcut) to ``cur``: the evacuation adds it, as it adds the bias. FP32 only, so every rounding
+    is the unfused ops' own."""
+    if user is None or user.opcode != "add" or cur not in user.operands:
+        return None
+    a, b = user.operands
+    other = b if a is cur else a
+    value = ctx.values.get(other.index)
+    if (other is cur or other.shape != conv.shape or value is None or value.layout != Layout.ROW
+            or value.transposed or value.immediate is not None
+            or {user.dtype, cur.dtype, other.dtype} != {DType.FP32}):
+        return None
+    return other
 
 
 def _channel_scalar(ctx: Context, vec: Op | None, channel: int, piece: Piece
@@ -436,9 +461,27 @@ def _channel_scalar(ctx: Context, vec: Op | None, channel: int, piece: Piece
 
 
 def _evacuate(ctx: Context, out: Ref, psum: Ref, engine: Engine, ep: Epilogue | None,
-              scale: Ref | None, bias: Ref | None) -> None:
+              scale: Ref | None, bias: Ref | None, residual: Ref | None = None) -> None:
     if ep is None:
         tensor_copy(ctx, out, psum, engine)
+        return
+    if residual is not None:  # scale and bias, the shortcut (Vector reads PSUM too), then ReLU
+        if engine is Engine.SCALAR:
+            activate(ctx, "copy", out, psum, scale=scale if scale is not None else 1.0,
+                     bias=bias if bias is not None else 0.0)
+        else:
+            first: list[tuple[str, float | Ref, bool]] = []
+            if scale is not None:
+                first.append(("mult", scale, False))
+            if bias is not None:
+                first.append(("add", bias, False))
+            if first:
+                tensor_scalar(ctx, out, psum, first)
+            else:
+                tensor_copy(ctx, out, psum, engine)
+        tensor_tensor(ctx, "add", out, out, residual)
+        if ep.relu:
+            tensor_scalar(ctx, out, out, [("max", 0.0, False)])
         return
     if engine is Engine.SCALAR:
         activate(ctx, "relu" if ep.relu else "copy", out, psum,
@@ -575,7 +618,13 @@ def _accumulate(ctx: Context, op: Op, geo: WindowGeometry, group: list[OutputBlo
         psum = Ref(bank.id, p_out, p_out + rows_out, 0, block.count)
         c0, c1 = block.start, block.start + block.count
         out = ctx.produce(op, out_piece.t, c0, c1, (p_out, p_out + rows_out))
-        _evacuate(ctx, out, psum, next(evac), ep, scale, bias)
+        shortcut = None
+        if ep is not None and ep.residual is not None:
+            tile = ctx.tile(ep.residual, out_piece.t, cols=(c0, c1))
+            shortcut = Ref(tile.buf, tile.p0 + p_out, tile.p0 + p_out + rows_out, tile.f0, tile.f1)
+        _evacuate(ctx, out, psum, next(evac), ep, scale, bias, shortcut)
+        if ep is not None and ep.residual is not None and shortcut is not None:
+            ctx.release(ep.residual, tile)
         ctx.produced(op, out_piece.t, out, c0, c1)
         ctx.free(bank)
 

@@ -126,6 +126,44 @@ def test_batch_norm_and_relu_are_applied_in_the_evacuation():
     assert "Relu" in set(program.activation_fn)
 
 
+class _Residual(nn.Module):
+    """relu(bn(conv(x)) + x): a ResNet block's shortcut add before its ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + x)
+
+
+def test_a_residual_add_is_applied_in_the_evacuation(run):
+    """The shortcut is added to each PSUM bank after the scale and bias (Vector reads PSUM) and
+    before the ReLU: no pass of its own over the activation, results bit-identical to the
+    unfused add (the same FP32 roundings in the same order)."""
+    torch.manual_seed(1)
+    net = _Residual()
+    net.bn.running_mean.uniform_(-1, 1)
+    net.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 16, 10, 10)
+    traced = _traced(net, x)
+    program = traced.program
+    adds = [op.index for op in program.graph.ops if op.opcode == "add" and op.shape == (2, 16, 100)]
+    assert adds and not set(adds) & {int(i) for i in program.op_index}, "the add ran as its own pass"
+    shortcut = [t for i, t in enumerate(program.operands) if program.opcodes[program.opcode_id[i]]
+                == "TENSOR_TENSOR" and "op=add" in t]
+    assert shortcut, "the evacuation adds the shortcut"
+    graph = program.graph
+    inputs = [x.numpy()]
+    fused = run(graph, inputs)
+    # the same graph with the sum also an output: the add keeps its own pass
+    unfused = run(nc.Graph(graph.name, graph.ops, graph.parameters,
+                           [*graph.outputs, graph.ops[adds[0]]]), inputs)
+    assert set(adds) & {int(i) for i in unfused.program.op_index}
+    np.testing.assert_array_equal(fused.outputs[0], unfused.outputs[0])
+
+
 def test_hbm_scratch_is_reused_once_its_last_reader_ran():
     b = nc.GraphBuilder("chain")
     x = b.parameter("x", (128, 16384))  # 64 KiB per partition: each value lives in HBM
