@@ -60,7 +60,7 @@ from neuroncore.frontends.torch_masks import runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
 from neuroncore.frontends.tracing import Converted, TraceError
-from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
+from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder, GraphError
 from neuroncore.ir.graph import Graph, Op, SourceFrame
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -89,7 +89,7 @@ _SKIPPED = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_c
 _IDENTITY = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "lift_fresh", "dropout",
              "feature_dropout", "alpha_dropout", "view_as", "_unsafe_view_as"}
 _UNARY = {"exp": "exp", "tanh": "tanh", "sigmoid": "logistic", "rsqrt": "rsqrt", "sqrt": "sqrt",
-          "log": "log", "abs": "abs", "cos": "cosine", "sin": "sine",
+          "log": "log", "cos": "cosine", "sin": "sine",
           "erf": "erf"}
 _BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
            "maximum": "maximum", "minimum": "minimum", "fmax": "maximum", "fmin": "minimum"}
@@ -291,6 +291,29 @@ def _register_cache_outputs(module: torch.nn.Module) -> None:
     except ImportError:  # an older transformers: the cache stays an export error
         return
     register_dynamic_cache_export_support()
+    _register_encoder_decoder_cache(transformers)
+
+
+def _register_encoder_decoder_cache(transformers: Any) -> None:
+    """An encoder-decoder model's ``EncoderDecoderCache`` (BART, T5, Whisper with ``use_cache``, their
+    default) flattens to its two ``DynamicCache``s, self-attention then cross-attention (each as
+    above); transformers registers none for it, so export refused BART's default outputs."""
+    cache_type = getattr(getattr(transformers, "cache_utils", None), "EncoderDecoderCache", None)
+    if cache_type is None:
+        return
+    names = ("self_attention_cache", "cross_attention_cache")
+    try:
+        pytree.register_pytree_node(
+            cache_type,
+            lambda cache: ([getattr(cache, n) for n in names], None),
+            lambda children, _context: cache_type(*children),
+            serialized_type_name=f"{cache_type.__module__}.{cache_type.__name__}",
+            flatten_with_keys_fn=lambda cache: ([(pytree.GetAttrKey(n), getattr(cache, n)) for n in names],
+                                                None),
+        )
+    except ValueError as exc:  # registered already (an earlier trace in this process)
+        if "already registered" not in str(exc):
+            raise
 
 
 def _alias_lifted_constants(ep: ExportedProgram) -> None:
@@ -468,7 +491,11 @@ class _Converter:
                 self.frames = frames
                 with self.b.located(layer, frames):
                     self._evaluate_known(node)
-                    self.env[node] = self._call(node)
+                    try:
+                        self.env[node] = self._call(node)
+                    except GraphError as exc:  # an operand the IR refuses: say which op and where
+                        raise TraceError(f"{self.b.name}: aten.{_opname(node)} cannot be lowered: "
+                                         f"{exc}{self._where(node)}") from None
             elif node.op == "get_attr":
                 raise TraceError(f"graph attribute {node.target!r} (a submodule or control-flow "
                                  f"branch) is not supported{self._where(node)}")
@@ -633,7 +660,9 @@ class _Converter:
                                  f"{self._where(node)}: a value or shape computed from tensor "
                                  f"contents (boolean-mask indexing, .item(), nonzero) cannot be "
                                  f"compiled; shapes must be static")
-        if isinstance(meta, torch.Tensor):
+        if isinstance(meta, torch.Tensor) and meta.dtype in _DTYPES:
+            # (an op whose result type the core has not -- complex, float64 -- is not folded: it is
+            # unsupported, or refused by its handler, with its op name, layer and line)
             dtype = ir_dtype(meta.dtype, self._where(node))
             known = self.known.get(node)
             if known is not None and name not in ("arange",) and _uniform(known):
@@ -788,6 +817,13 @@ class _Converter:
         if dtype is not DType.PRED:
             return NotImplemented
         return self._aten_logical_not(node, kw)
+
+    def _aten_abs(self, node: torch.fx.Node, kw: Any) -> Any:
+        """|x|; an integer one (T5's and ModernBERT's relative-position buckets) as max(x, -x), the
+        way the JAX frontend lowers integer ``abs`` (the engines' Abs activation is float only)."""
+        _, dtype = self._out(node)
+        x = self._op(node.args[0], dtype)
+        return self.b.abs(x) if dtype.is_float else self.b.maximum(x, self.b.multiply(x, -1.0))
 
     def _aten_neg(self, node: torch.fx.Node, kw: Any) -> Any:
         _, dtype = self._out(node)

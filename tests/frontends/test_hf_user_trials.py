@@ -1,0 +1,101 @@
+"""Families a new user tried with default settings that stopped before this round: encoders whose
+relative-position buckets take ``abs`` of an integer tensor (T5, ModernBERT), an encoder-decoder whose
+default ``use_cache`` returns an ``EncoderDecoderCache`` (BART); and a refused operand names its op,
+layer and file:line. Tiny configs, random weights, fp32 (the bf16 rule is test_hf_decoders')."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_compare import compare  # noqa: E402
+
+T = transformers
+TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _inputs(batch: int = 2, seq: int = 8, vocab: int = 128) -> dict:
+    torch.manual_seed(0)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, -3:] = 0
+    return {"input_ids": torch.randint(3, vocab, (batch, seq)), "attention_mask": mask}
+
+
+MODELS = {
+    "t5-encoder": lambda: T.T5EncoderModel(T.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4,
+                                                      d_kv=16, vocab_size=128, **TOKENS)),
+    "modernbert": lambda: T.ModernBertModel(T.ModernBertConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
+        cls_token_id=1, sep_token_id=2, **TOKENS)),
+    "bart": lambda: T.BartModel(T.BartConfig(
+        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128, max_position_embeddings=64, **TOKENS)),
+}
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_default_settings_trace_and_match(family: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[family]().eval()
+    _, errors = compare(model, _inputs(), bf16=False)
+    assert errors["fp32"] < 1e-4
+
+
+def test_bart_outputs_its_encoder_decoder_cache() -> None:
+    """The cache comes back flattened (self-attention keys/values, then cross-attention), equal to
+    transformers' own."""
+    import neuroncore as nc
+
+    torch.manual_seed(0)
+    model = MODELS["bart"]().eval()
+    inputs = _inputs()
+    out = model(**inputs)
+    assert isinstance(out.past_key_values, T.cache_utils.EncoderDecoderCache)
+    ours = nc.trace(model, inputs)(**inputs)
+    assert len(ours) == 2 + 4  # last hidden state, 1 layer x (self k, v + cross k, v), encoder state
+    torch.testing.assert_close(ours[-1], out.encoder_last_hidden_state, rtol=1e-4, atol=1e-5)
+
+
+class _Buckets(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rel = torch.arange(8)[None, :] - torch.arange(8)[:, None]
+        return x + torch.abs(rel).to(x.dtype)
+
+
+def test_integer_abs_and_a_refused_operand_names_op_layer_and_line(monkeypatch) -> None:
+    import neuroncore as nc
+    from neuroncore.ir.builder import GraphBuilder, GraphError
+
+    x = torch.randn(8, 8)
+    torch.testing.assert_close(nc.trace(_Buckets(), (x,))(x), _Buckets()(x))
+
+    def refuse(self, *args, **kwargs):
+        raise GraphError("maximum: operands refused")
+
+    monkeypatch.setattr(GraphBuilder, "maximum", refuse)
+    with pytest.raises(nc.TraceError) as error:
+        nc.trace(_Buckets(), (x,))
+    message = str(error.value)
+    assert "\n" not in message and "aten.abs" in message and "operands refused" in message
+    assert f"{__file__.rsplit('/', 1)[-1]}:" in message and " at " in message
+
+
+class _Spectrum(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.lin(x)).abs()
+
+
+def test_an_op_with_a_complex_result_is_listed_not_a_dtype_error() -> None:
+    """``check`` lists the op that makes a complex tensor (the core has none) with its layer and
+    line, instead of stopping on the dtype before the coverage table."""
+    import neuroncore as nc
+
+    (missing,) = nc.check(_Spectrum().eval(), (torch.randn(4, 16),))
+    assert missing.opcode == "aten._fft_r2c" and missing.layer == "model"
+    assert missing.source.startswith(__file__) or __file__.rsplit("/", 1)[-1] in missing.source
