@@ -331,9 +331,10 @@ def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, ou
     dvs: list[Op] = []
     for k0 in range(0, s, KEY_BLOCK):  # dK, dV: each key block against the queries that see it
         k1 = min(s, k0 + KEY_BLOCK)
-        probs, ds = tiles(k0, s, k0, k1)
-        dvs.append(b.dot(probs, rows_of(dout, k0, s), lhs_contract=-2))
-        dks.append(b.dot(ds, rows_of(q, k0, s), lhs_contract=-2))
+        r0 = k0 // ATTENTION_BLOCK * ATTENTION_BLOCK  # the first query block whose keys reach k0
+        probs, ds = tiles(r0, s, k0, k1)
+        dvs.append(b.dot(probs, rows_of(dout, r0, s), lhs_contract=-2))
+        dks.append(b.dot(ds, rows_of(q, r0, s), lhs_contract=-2))
     return b.concatenate(dqs, 2), b.concatenate(dks, 2), b.concatenate(dvs, 2)
 
 
@@ -657,6 +658,6 @@ def _adamw_flat(b: GraphBuilder, shape: tuple[int, int], param_dtype: str, grad_
     return b.build(outs)
 
 
-__all__ = ["ATTENTION_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Saved", "Transformer", "backward_ops",
-           "embedding_ops", "forward_ops", "head_graph", "head_ops", "layer_backward", "layer_forward",
-           "optimizer_frames", "optimizer_graph"]
+__all__ = ["ATTENTION_BLOCK", "KEY_BLOCK", "LOSS_BLOCK", "OPTIMIZER_CHUNK", "RankShapes", "Saved",
+           "Transformer", "backward_ops", "embedding_ops", "forward_ops", "head_graph", "head_ops",
+           "layer_backward", "layer_forward", "optimizer_frames", "optimizer_graph"]

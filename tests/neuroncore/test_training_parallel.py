@@ -64,6 +64,33 @@ def test_sequence_parallel_layers_gather_into_and_scatter_out_of_each_tp_block()
             Transformer("x", 2, 96, 3, 3, 192, 64), _FakeTopology(3))
 
 
+def test_attention_and_loss_tiles_stay_small_enough_for_chip() -> None:
+    """Flash attention in 128-row query tiles with a two-pass backward (dQ per query tile, dK/dV per
+    key block) and the cross-entropy in vocabulary blocks: no score or logit tile of the layer and
+    head programs is wider than a block on both sides, and the backward's attention matmuls are the
+    seven of the causal triangle (QK^T and dO V^T in each pass, dQ, dK, dV)."""
+    from neuroncore.workloads.train_graphs import ATTENTION_BLOCK, KEY_BLOCK, LOSS_BLOCK, head_graph
+
+    model = Transformer("llama-tiles", 1, 256, 4, 4, 512, 10000)
+    seq = 4 * ATTENTION_BLOCK
+    r = RankShapes.of(model, 1, seq, 1)
+    bwd = layer_backward(model, r, 1)
+    grids = [op for op in bwd.ops if op.opcode == "exponential" and len(op.shape) == 4]
+    assert grids and all(min(op.shape[2], op.shape[3]) <= max(ATTENTION_BLOCK, KEY_BLOCK) for op in grids)
+    attn_dots = [op for op in bwd.ops if op.opcode == "dot" and len(op.shape) == 4]
+    hd = model.head_dim
+    flops = sum(2 * op.shape[0] * op.shape[1] * op.shape[2] * op.shape[3] *
+                (hd if op.shape[3] != hd else op.operands[0].shape[2 if op.attrs["lhs_contract"] == 2 else 3])
+                for op in attn_dots)
+    blocks = seq // ATTENTION_BLOCK
+    triangle = 2 * model.heads * hd * ATTENTION_BLOCK ** 2 * blocks * (blocks + 1) // 2  # one matmul
+    assert flops == 7 * triangle
+    head = head_graph(model, r, 1)
+    wide = [op for op in head.ops if op.opcode == "exponential"]
+    assert wide and all(op.shape[-1] <= LOSS_BLOCK for op in wide)
+    assert not [op for op in head.ops if op.opcode == "parameter" and op.shape == (seq, model.vocab)]
+
+
 class _FakeTopology:
     def __init__(self, cores: int) -> None:
         self.cores, self.name = cores, "fake"
