@@ -115,4 +115,5 @@ def test_gpt2_tied_vocab_parallel_equals_pytorch() -> None:
         assert loss == pytest.approx(float(expected.detach()), rel=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-5, rtol=0), f"{name}: {(p - q).abs().max()}"
-    assert model.lm_head.weight is model.transformer.wte.weight  # still tied on the host
+    tied = dict(model.named_parameters(remove_duplicate=False))
+    assert tied["lm_head.weight"] is tied["transformer.wte.weight"]  # still tied on the host
