@@ -140,14 +140,14 @@ def throttle_summary(profile: Profile, con: Any, total_ns: float | None) -> pa.T
     lost = length * np.where(np.isnan(rate), 0.0, 1.0 - np.clip(rate, 0.0, 1.0))
     core = profile.metadata.get("neuroncore_idx")
     rows: dict[str, list[Any]] = {name: [] for name in schema.names}
+    total = float(total_ns) if total_ns is not None and total_ns > 0 else None
     for kind in dict.fromkeys(kinds):
         mine = np.asarray([k == kind for k in kinds])
         active = int(length[mine].sum())
         rows["nc_idx"].append(int(core) if core is not None else 0)
         rows["throttle_type"].append(kind)
         rows["throttle_active_time_ns"].append(active)
-        known = total_ns is not None and total_ns > 0
-        rows["throttle_active_time_percent"].append(active / total_ns if known else None)
+        rows["throttle_active_time_percent"].append(None if total is None else active / total)
         rows["max_achievable_util_with_throttling_percent"].append(
-            max(0.0, 1.0 - float(lost[mine].sum()) / total_ns) if known else None)
+            None if total is None else max(0.0, 1.0 - float(lost[mine].sum()) / total))
     return pa.table(rows, schema=schema)
