@@ -361,15 +361,33 @@ def _linear(b: GraphBuilder, x: Op, d_in: int, d_out: int, name: str, dtype: str
 
 
 def _linear_backward(b: GraphBuilder, x: Op, dy: Op, d_in: int, d_out: int, name: str, dtype: str,
-                     bias: bool, grads: list[Op]) -> Op:
-    """dx = dy W^T; dW = x^T dy (and db = sum dy), appended to ``grads``."""
+                     bias: bool, grads: list[Op], later: list[tuple[str, Op, Op, bool]] | None = None) -> Op:
+    """dx = dy W^T; dW = x^T dy (and db = sum dy), appended to ``grads`` -- or, with ``later``,
+    left for :func:`_weight_grads` to emit after the input gradient's collective has started."""
     with b.scope(name):
         w = b.weight("weight", (d_in, d_out), dtype)
         dx = b.dot(dy, w, rhs_contract=-1)
-        grads.append(b.dot(x, dy, lhs_contract=-2))
-        if bias:
-            grads.append(_column_sum(b, dy))
+    if later is not None:
+        later.append((name, x, dy, bias))
+    else:
+        _weight_grads(b, [(name, x, dy, bias)], grads)
     return dx
+
+
+def _weight_grads(b: GraphBuilder, pending: list[tuple[str, Op, Op, bool]], grads: list[Op]) -> None:
+    """The weight (and bias) gradients of linears whose input gradients were emitted first.
+
+    Megatron-LM launches the input gradient's all-reduce / reduce-scatter asynchronously and
+    computes the weight gradient under it (``LinearWithGradAccumulationAndAsyncCommunication``);
+    the CC-core runs a collective while the engines go on with work that does not need its result
+    (Neuron's compute-communication overlap). Emitting the weight gradients after the collective
+    puts them there in program order."""
+    for name, x, dy, bias in pending:
+        with b.scope(name):
+            grads.append(b.dot(x, dy, lhs_contract=-2))
+            if bias:
+                grads.append(_column_sum(b, dy))
+    pending.clear()
 
 
 @dataclass(frozen=True)
@@ -452,6 +470,8 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             grads.append(b.dot(act, dy_tp, lhs_contract=-2))
         # recomputed (cheap, saves memory); sequence parallel gathers it again, as Megatron does
         n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
+        # with a collective after the input gradient, the weight gradients go under it
+        later: list[tuple[str, Op, Op, bool]] | None = [] if r.tp > 1 else None
         if m.mlp == "swiglu":
             # the activations' derivatives are Scalar-engine functions (nki.language.silu_dx,
             # gelu_dx on Trn1): one pass each instead of the chain of elementwise ops autodiff writes
@@ -460,11 +480,12 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             # the fused projection's backward: one matmul over K = 2 I for the input gradient (no
             # sum of two [tokens, hidden] partials) and one for the weight gradient
             dn2 = _linear_backward(b, n2, b.concatenate([dgate, dup], 1), h, 2 * r.intermediate,
-                                   "gate_up_proj", dtype, False, grads)
+                                   "gate_up_proj", dtype, False, grads, later)
         else:
             dpre = b.multiply(dact, b.gelu_dx(pre))
-            dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads)
+            dn2 = _linear_backward(b, n2, dpre, h, r.intermediate, "fc1", dtype, m.bias, grads, later)
         dn2 = _leave_tp(b, dn2, r, group)
+        _weight_grads(b, later or [], grads)
     dx2_norm, dg2 = _norm_backward(b, m, x2, dn2, "post_attention_layernorm", dtype)
     grads.append(dg2)
     dx2 = b.add(dy, dx2_norm)
@@ -481,12 +502,14 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
         if m.rope:
             dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
         n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
-        dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias, grads)
+        dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias, grads,
+                               later)
         dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dk, r), h, r.kv_heads * hd, "k_proj",
-                                          dtype, m.bias, grads))
+                                          dtype, m.bias, grads, later))
         dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
-                                          dtype, m.bias, grads))
+                                          dtype, m.bias, grads, later))
         dn1 = _leave_tp(b, dn1, r, group)
+        _weight_grads(b, later or [], grads)
     dx_norm, dg1 = _norm_backward(b, m, x, dn1, "input_layernorm", dtype)
     grads.append(dg1)
     return b.add(dx2, dx_norm), grads
