@@ -38,6 +38,8 @@ import torch
 from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.options import CompilerOptions
+from neuroncore.compiler.program import Program
 from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
@@ -64,27 +66,36 @@ class TensorParallelTrainStep(TrainStep):
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise PlanError(f"tp must be a positive integer, not {tp!r}")
         self.tp = tp
+        self.sequence_parallel = bool(sequence_parallel)
         try:
             prec = parse_precision(precision)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
         super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=prec,
                          accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
+
+    def _memory_shards(self) -> int:
+        return self.tp  # each rank holds 1/tp of the weights, gradients and optimizer state
+
+    def _place(self, options: CompilerOptions | None) -> None:
+        """Shard the step program and put each rank's program and blocks on its core (the whole
+        program is never compiled nor its state placed: a rank holds only its blocks)."""
+        tp = self.tp
         if tp > len(self.instance.cores):
             raise PlanError(f"tp={tp} does not fit {self.instance.name} "
                             f"({len(self.instance.cores)} cores)")
-        full, self.layout = self.programs[ProgramKind.UPDATE][0].graph, self.programs[ProgramKind.UPDATE][2]
+        full, self.layout = self.graphs[ProgramKind.UPDATE]
         trained = frozenset(f"param/{n}" for n in self.param_names)
         try:
             self.sharded: ShardedGraph = shard(full, tp, trained=trained,
-                                               sequence_parallel=sequence_parallel)
+                                               sequence_parallel=self.sequence_parallel)
         except ShardingError as exc:
             raise PlanError(f"{self.name}: {exc}") from None
-        self.rank_program = compile_graph(self.sharded.local, self.core.spec)
+        self.rank_program = compile_graph(self.sharded.local, self.core.spec, options)
         self.rank_models: list[LoadedModel] = [self.instance.core(r).load(self.rank_program, rank=r)
                                                for r in range(tp)]
         for loaded in self.rank_models:  # bf16-sr: every rank's bf16 writes round stochastically,
-            loaded.stochastic_rounding = self.programs[ProgramKind.UPDATE][1].stochastic_rounding
+            loaded.stochastic_rounding = self.stochastic_rounding
             # from the same seed, so a replicated weight (a norm's) stays identical on every rank
         self.input_split = dict(zip(self.layout.inputs, self.sharded.input_splits))
         self.output_split = dict(zip(self.layout.outputs, self.sharded.output_splits))
@@ -97,10 +108,15 @@ class TensorParallelTrainStep(TrainStep):
                                    op.operands[0].size, op.dtype.value)
             self._costs[node] = record.duration_ns
             self._templates.append((int(node), record))
-        whole = self.state.tensors
+        whole = self._initial_state()
         self.rank_states = [DeviceState(self.instance.core(r),
                                         {k: self._block(k, v, r) for k, v in whole.items()})
                             for r in range(tp)]
+
+    @property
+    def program(self) -> Program:
+        """The ranks' program (every rank runs it on its blocks)."""
+        return self.rank_program
 
     def _block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank ``rank``'s block of the resident tensor ``name`` (the whole of a replicated one)."""
@@ -155,7 +171,7 @@ class TensorParallelTrainStep(TrainStep):
         emit_step(self.rank_models[0], self.last_results[:1], step=self.steps,
                   global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
                   bf16=self.precision is not Precision.FP32, host_start_ns=host_start, tp=self.tp,
-                  whole=self.programs[ProgramKind.UPDATE][0])
+                  whole=self.graphs[ProgramKind.UPDATE][0])
         self._sync_host()
         return torch.tensor(float(np.asarray(produced[0][0]).reshape(-1)[0]), dtype=torch.float32)
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from neuroncore.compiler.program import Program
+from neuroncore.ir.graph import Graph
 from neuroncore.record_kinds import RecordKind, TrainStepMeta
 from neuroncore.runtime.device import ExecutionResult, LoadedModel
 
@@ -59,10 +60,11 @@ def _phase_index(layer: str) -> int:
     return PHASES.index(parts[1]) if len(parts) > 1 and parts[1] in PHASES else -1
 
 
-def forward_matmul_flops(program: Program) -> float:
+def forward_matmul_flops(program: Program | Graph) -> float:
     """2 x M x N x K of every forward matmul (``dot`` under ``model/forward``) of one execution."""
     total = 0.0
-    for op in program.graph.ops:
+    graph = program if isinstance(program, Graph) else program.graph
+    for op in graph.ops:
         if op.opcode == "dot" and _phase_index(op.layer) == 0:
             lhs = op.operands[0]
             contract = lhs.shape[int(op.attrs.get("lhs_contract", len(lhs.shape) - 1))]
@@ -72,7 +74,7 @@ def forward_matmul_flops(program: Program) -> float:
 
 def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: int, global_batch: int,
               seq: int, name: str, bf16: bool, host_start_ns: int, tp: int = 1,
-              whole: Program | None = None) -> None:
+              whole: Program | Graph | None = None) -> None:
     """Report one step (its executions ``results``, the update last) to the core's sink.
 
     A tensor-parallel step (``tp`` ranks, :mod:`neuroncore.parallel.tp_train`) reports ``tp`` ranks

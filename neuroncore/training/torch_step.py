@@ -247,19 +247,34 @@ class TrainStep:
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
         if not self.compiles_step_program:
             kinds = []
-        for kind in kinds:
-            graph, layout = self._build(kind)
-            program = compile_graph(graph, self.core.spec, options)
-            loaded = self.core.load(program)
-            loaded.stochastic_rounding = stochastic_rounding_wanted(precision is Precision.BF16_SR)
-            self.programs[kind] = (program, loaded, layout)
-        self.state = DeviceState(self.core, self._initial_state())
+        self.graphs: dict[ProgramKind, tuple[Graph, _Layout]] = {kind: self._build(kind) for kind in kinds}
+        self._place(options)
         # dropout and other random ops: one seed drawn from torch's generator (so
         # torch.manual_seed makes a run repeat), a new offset for every execution (rng_state)
         self.rng_seed = int(torch.randint(0, STATE_LIMIT, (1,)).item())
         self.rng_executions = 0
 
     # -- trace time ----------------------------------------------------------------------------
+    def _place(self, options: CompilerOptions | None) -> None:
+        """Compile the step's programs for its core, load them and put the resident state there.
+        (A tensor-parallel step places its ranks' programs and blocks instead, never the whole.)"""
+        for kind, (graph, layout) in self.graphs.items():
+            program = compile_graph(graph, self.core.spec, options)
+            loaded = self.core.load(program)
+            loaded.stochastic_rounding = self.stochastic_rounding
+            self.programs[kind] = (program, loaded, layout)
+        self.state = DeviceState(self.core, self._initial_state())
+
+    @property
+    def stochastic_rounding(self) -> bool:
+        """Whether the step's programs round bf16 writes stochastically (bf16-sr, unless
+        ``NEURON_RT_STOCHASTIC_ROUNDING_EN`` says otherwise)."""
+        return stochastic_rounding_wanted(self.precision is Precision.BF16_SR)
+
+    def _memory_shards(self) -> int:
+        """How many ways a rank's weights, gradients and optimizer state are split (tp)."""
+        return 1
+
     def _check_memory(self, activations: int) -> MemoryBreakdown:
         """Refuse (one line with the breakdown) a step whose weights, gradients, optimizer state and
         saved activations do not fit in the core's free HBM."""
@@ -269,7 +284,8 @@ class TrainStep:
         kind = OptimizerKind.ADAMW if kinds - {OptimizerKind.SGD} else OptimizerKind.SGD
         momentum = any(float(g.get("momentum", 0.0) or 0.0) for g in self.optimizer.param_groups)
         need = training_memory(sum(p.numel() for p in trainable), self.precision, kind,
-                               activations=activations, momentum=momentum, master_copy=False)
+                               activations=activations, momentum=momentum, master_copy=False,
+                               tp=self._memory_shards())
         free = self.core.spec.hbm_bytes - self.core.hbm_used_bytes
         try:
             check_fits(need, hbm_bytes=free, what=f"{self.name} training step",

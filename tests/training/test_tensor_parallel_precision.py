@@ -77,3 +77,17 @@ def test_tp_precision_is_checked_in_one_line() -> None:
         TensorParallelTrainStep(model, torch.optim.AdamW(model.parameters()), _batches()[0], tp=2,
                                 loss_fn=F.mse_loss, precision="fp8")
     assert "\n" not in str(info.value)
+
+
+def test_tp_step_places_only_each_ranks_blocks() -> None:
+    """The whole step program is never compiled nor its state placed: core 0 holds rank 0's
+    program only, and the step's memory breakdown is one rank's (1/tp of the split weights)."""
+    model = _mlp()
+    step = TensorParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=LR), _batches()[0],
+                                   tp=2, loss_fn=F.mse_loss)
+    core = step.instance.core(0)
+    assert [m.program for m in core.models] == [step.rank_program]
+    assert step.program is step.rank_program and not step.programs
+    total = sum(p.numel() for p in model.parameters())
+    assert step.memory.weights == total * 4 // 2
+    assert step.memory.optimizer_state == total * 8 // 2
