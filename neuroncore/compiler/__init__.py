@@ -198,7 +198,7 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
     ops = graph.ops
     i = 0
     while i < len(ops):
-        if i in dedup.events:
+        if dedup.boundary(i):
             flush()  # a fusion group never spans a layer boundary
         resume = dedup.before(i)
         if resume != i:  # a run of layers was relocated from one lowered layer

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
 from neuroncore.compiler.layer_runs import LayerRun
-from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
+from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.program import Ref
+from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.ir.graph import Graph
 
 
@@ -70,24 +71,54 @@ def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
 BOUNDARY_TRAFFIC_LIMIT = 0.01  # write-back + reload at a boundary, as a fraction of a layer's weights
 
 
-def worth_canonical_boundaries(graph: Graph, run: LayerRun) -> bool:
-    """Whether writing back what crosses a boundary costs little next to the layer itself.
+def worth_canonical_boundaries(ctx: Context, run: LayerRun) -> bool:
+    """Whether a canonical boundary costs little next to the layer itself, measured where the run
+    begins (before its first layer is lowered).
 
-    A decode step carries a few KiB of residual stream into a layer that streams megabytes of
-    weights: storing and reloading it is noise (~0.5 % of device time on Llama-2-7B at tp 24). A
-    short prefill carries the whole prompt's activations (1 MiB for 128 tokens of Llama-2-7B) into
-    the same weights, and the round trip would cost several per cent: such runs are lowered layer
-    by layer as before. The rule, a stated assumption: the bytes read from earlier layers (not
-    inputs or weights, which live in HBM anyway), stored and reloaded, must stay under
-    ``BOUNDARY_TRAFFIC_LIMIT`` of the layer's weight bytes.
+    A decode step carries a few KiB of residual stream (16 KiB on Llama-2-7B at tp 24) into a layer
+    that streams megabytes of weights: storing and reloading it is noise. A short prefill keeps its
+    activations on chip (2 MiB for 128 tokens of Llama-2-7B, 10 % of a rank's layer weights at
+    tp 24), and writing them back would cost several per cent of device time: such runs are
+    lowered layer by layer as before. A long prompt's activations do not fit on chip and already
+    live in HBM (2048 tokens and more at Llama-2-7B's width, or 512 tokens at batch 4): a boundary
+    moves nothing there. The rule, a stated assumption: the bytes the boundary would store and
+    reload now (``boundary_traffic``) must stay under ``BOUNDARY_TRAFFIC_LIMIT`` of the layer's
+    weight bytes.
     """
-    layer = run.layers[1] if len(run.layers) > 1 else run.layers[0]
-    ops = graph.ops[layer.start:layer.stop]
-    crossing = {o.index: o for op in ops for o in op.operands if o.index < layer.start
-                and o.opcode != "parameter" and "init" not in o.attrs}
-    carried = sum(o.nbytes for o in crossing.values())
-    weights = sum(op.nbytes for op in ops if "init" in op.attrs)
-    return 2 * carried <= BOUNDARY_TRAFFIC_LIMIT * weights
+    return boundary_traffic(ctx, run) <= BOUNDARY_TRAFFIC_LIMIT * layer_weight_bytes(ctx.graph, run)
 
 
-__all__ = ["BOUNDARY_TRAFFIC_LIMIT", "age_hazards", "evict_resident", "worth_canonical_boundaries"]
+def boundary_traffic(ctx: Context, run: LayerRun) -> int:
+    """Bytes a canonical boundary before the run's first layer would move now (``evict_resident``):
+    every tile still in SBUF whose value is used again is reloaded, and stored first if HBM holds
+    no copy. A value the first layer reads that is not lowered yet (an open fusion group) counts as
+    resident in full unless it is too large to be kept on chip (``Context.define``'s rule)."""
+    total = 0
+    for value in ctx.values.values():
+        if ctx._next_use(value.op.index) == NEVER_USED_AGAIN:
+            continue
+        per_row = value.cols * value.op.dtype.itemsize
+        for t, buf in enumerate(value.bufs):
+            if buf is not None:
+                total += (1 if value.in_hbm[t] else 2) * value.tiles[t].rows * per_row
+    layer = run.layers[0]
+    pending = {o.index: o for op in ctx.graph.ops[layer.start:layer.stop] for o in op.operands
+               if o.index < layer.start and o.index not in ctx.values}
+    for o in pending.values():
+        if o.opcode == "parameter" or "init" in o.attrs:
+            continue
+        tiles = tiles_of(o.shape, Layout.ROW)
+        _, _, cols = tile_grid(o.shape, Layout.ROW)
+        if o.index in ctx.force_sbuf or len(tiles) * cols * o.dtype.itemsize <= ctx.hbm_home_bytes:
+            total += 2 * o.nbytes
+    return total
+
+
+def layer_weight_bytes(graph: Graph, run: LayerRun) -> int:
+    """Bytes of the weights (constants) the run's first layer reads."""
+    layer = run.layers[0]
+    return sum(op.nbytes for op in graph.ops[layer.start:layer.stop] if "init" in op.attrs)
+
+
+__all__ = ["BOUNDARY_TRAFFIC_LIMIT", "age_hazards", "boundary_traffic", "evict_resident",
+           "layer_weight_bytes", "worth_canonical_boundaries"]

@@ -59,17 +59,35 @@ class LayerDedup:
         self.ctx = ctx
         self.replay = replay
         self.events: dict[int, tuple[LayerRun, int]] = {}
-        runs = [run for run in runs if worth_canonical_boundaries(ctx.graph, run)]
         for run in runs:
             self.events[run.layers[-1].stop] = (run, len(run.layers))
         for run in runs:
             for k, layer in enumerate(run.layers):
                 self.events[layer.start] = (run, k)
+        self.decided: set[int] = set()  # runs whose boundaries were decided (by id)
         self.marks: dict[int, _Mark] = {}
         self.cursor = 0
         self.psum_cursor = 0
         self.replayed = 0
         self._resumed = -1
+
+    def boundary(self, index: int) -> bool:
+        """Whether op ``index`` begins or ends a layer of a run lowered from canonical boundaries.
+        A run is decided at its first layer: boundaries only where they are cheap
+        (``layer_boundary.worth_canonical_boundaries``); a run where they are not is forgotten, and
+        compiles as it would without runs."""
+        event = self.events.get(index)
+        if event is None:
+            return False
+        run, k = event
+        if k == 0 and id(run) not in self.decided:
+            self.decided.add(id(run))
+            if not worth_canonical_boundaries(self.ctx, run):
+                for at in [*(layer.start for layer in run.layers), run.layers[-1].stop]:
+                    if self.events.get(at, (None,))[0] is run:
+                        del self.events[at]
+                return False
+        return True
 
     def before(self, index: int) -> int:
         """Handle a boundary at op ``index``; returns the op to lower next (past a replayed run)."""
