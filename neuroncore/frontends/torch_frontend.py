@@ -113,6 +113,16 @@ class Scalar:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def _contiguous_strides(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """``stride`` is the row-major layout of ``size`` (a dimension of size 1 may have any stride)."""
+    expected = 1
+    for n, st in zip(reversed(size), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
+
 def ir_dtype(dtype: torch.dtype, where: str = "") -> DType:
     try:
         return _DTYPES[dtype]
@@ -682,7 +692,7 @@ class _Converter:
                 return self._identity(node)
             if name in _FACTORIES:
                 return self._factory(node)
-            return self._unsupported(node, name)
+            return self._folded(node) or self._unsupported(node, name)
         try:
             kw = node.normalized_arguments(self.ep.graph_module, normalize_to_only_use_kwargs=True)
         except Exception:
@@ -692,8 +702,21 @@ class _Converter:
             args["self"] = args["input"]
         result = handler(node, args)
         if result is NotImplemented:
-            return self._unsupported(node, name)
+            return self._folded(node) or self._unsupported(node, name)
         return result
+
+    def _folded(self, node: torch.fx.Node) -> Op | None:
+        """An op the IR has no form for whose value is known at trace time (computed only from
+        constants: ALiBi's slopes, ``pow(base, arange(heads))`` in BLOOM and MPT) becomes a constant
+        tensor of that value, stored like a buffer -- XLA folds such constants too. None otherwise."""
+        known = self.known.get(node)
+        meta = _meta(node)
+        if known is None or not isinstance(meta, torch.Tensor) or meta.dtype not in _DTYPES:
+            return None
+        array = _to_numpy(known).astype(np.float32)
+        op = self.b.weight(f"{node.name}_folded", tuple(meta.shape), ir_dtype(meta.dtype), array=array)
+        op.attrs["qualified_name"] = f"{node.name}_folded"
+        return op
 
     def _unsupported(self, node: torch.fx.Node, name: str, only: set[int] | None = None) -> Any:
         """An op the IR has no mapping for: kept, with its real output shape, for the error list."""
@@ -959,6 +982,19 @@ class _Converter:
         return self.b.reshape(v, shape)
 
     def _aten_view(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._reshape(node)
+
+    def _aten_as_strided(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``as_strided`` that lays a contiguous tensor's elements out contiguously again (offset 0,
+        same count): a reshape. Core ATen's ``adaptive_avg_pool1d`` (Swin's pooler) ends in one.
+        Any other striding reads the storage in an order the IR (no strides) cannot express."""
+        source = node.args[0]
+        size, stride = list(node.args[1]), list(node.args[2])  # type: ignore[arg-type]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        meta = _meta(source) if isinstance(source, torch.fx.Node) else None
+        if not isinstance(meta, torch.Tensor) or (offset or 0) != 0 or not meta.is_contiguous() \
+                or meta.numel() != math.prod(size) or not _contiguous_strides(size, stride):
+            return NotImplemented
         return self._reshape(node)
 
     _aten__unsafe_view = _aten_view
@@ -1243,6 +1279,18 @@ class _Converter:
         if not dtype.is_float:
             return NotImplemented
         return self._reduce(node, kw, "sum", mean=True)
+
+    def _aten_linalg_vector_norm(self, node: torch.fx.Node, kw: Any) -> Any:
+        """The 2-norm (``ord=2``, torch's default) over ``dim``: sqrt(Σ x²) -- weight normalisation
+        (wav2vec2's positional convolution, ``nn.utils.parametrizations.weight_norm``),
+        ``F.normalize``. Other orders are not lowered."""
+        shape, dtype = self._out(node)
+        if float(kw.get("ord", 2)) != 2.0 or not dtype.is_float:
+            return NotImplemented
+        x = self._op(kw["self"], dtype)
+        squares = self._reduce_to(self.b.multiply(x, x), self._reduce_dims(x, kw.get("dim")), "sum",
+                                  shape, dtype)
+        return self.b.sqrt(squares)
 
     def _aten_amax(self, node: torch.fx.Node, kw: Any) -> Any:
         return self._reduce(node, kw, "max")

@@ -1,5 +1,6 @@
 """Families a new user tried with default settings that stopped before this round: encoders whose
-relative-position buckets take ``abs`` of an integer tensor (T5, ModernBERT), an encoder-decoder whose
+relative-position buckets take ``abs`` of an integer tensor (T5, ModernBERT), ALiBi decoders whose
+slopes are ``pow(base, arange(heads))`` (BLOOM, MPT: folded at trace time), an encoder-decoder whose
 default ``use_cache`` returns an ``EncoderDecoderCache`` (BART); and a refused operand names its op,
 layer and file:line. Tiny configs, random weights, fp32 (the bf16 rule is test_hf_decoders')."""
 
@@ -29,6 +30,10 @@ MODELS = {
     "modernbert": lambda: T.ModernBertModel(T.ModernBertConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
         cls_token_id=1, sep_token_id=2, **TOKENS)),
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=128,
+                                                      **TOKENS)),
+    "mpt": lambda: T.MptForCausalLM(T.MptConfig(d_model=64, n_layers=2, n_heads=4, vocab_size=128,
+                                                max_seq_len=64, **TOKENS)),
     "bart": lambda: T.BartModel(T.BartConfig(
         d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128, max_position_embeddings=64, **TOKENS)),
@@ -41,6 +46,59 @@ def test_default_settings_trace_and_match(family: str) -> None:
     model = MODELS[family]().eval()
     _, errors = compare(model, _inputs(), bf16=False)
     assert errors["fp32"] < 1e-4
+
+
+AUDIO_VISION = {
+    # Swin's pooler is AdaptiveAvgPool1d, whose core-ATen form ends in a contiguous as_strided
+    "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                              num_heads=[2, 4], window_size=4)),
+             lambda: {"pixel_values": torch.randn(1, 3, 32, 32)}),
+    # wav2vec2's positional convolution is weight-normalised: linalg_vector_norm of its weight
+    "wav2vec2": (lambda: T.Wav2Vec2Model(T.Wav2Vec2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4)),
+        lambda: {"input_values": torch.randn(1, 800)}),
+}
+
+
+@pytest.mark.parametrize("family", list(AUDIO_VISION))
+def test_audio_and_vision_defaults_trace_and_match(family: str) -> None:
+    torch.manual_seed(0)
+    build, inputs = AUDIO_VISION[family]
+    _, errors = compare(build().eval(), inputs(), rtol=2e-4, atol=5e-5, bf16=False)
+    assert errors["fp32"] < 1e-3
+
+
+class _Strided(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        same = torch.as_strided(x + 1, (4, 2, 8), (16, 8, 1))  # contiguous again: a reshape
+        overlapping = torch.as_strided(x + 1, (7, 4), (2, 1))  # windows that share elements
+        return same, overlapping
+
+
+def test_only_contiguous_as_strided_is_a_reshape_and_norms_are_two_norms() -> None:
+    import neuroncore as nc
+
+    (missing,) = nc.check(_Strided(), (torch.randn(4, 16),))
+    assert missing.opcode == "aten.as_strided"
+    x = torch.randn(6, 16)
+
+    class Norm(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.linalg.vector_norm(x, dim=1, keepdim=True), torch.nn.functional.normalize(x, dim=0)
+
+    ours = nc.trace(Norm(), (x,))(x)
+    for got, want in zip(ours, Norm()(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert nc.check(Norm(), (x,)) == []
+
+    class L1(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.linalg.vector_norm(x, ord=1)
+
+    (missing,) = nc.check(L1(), (x,))
+    assert missing.opcode == "aten.linalg_vector_norm"
 
 
 def test_bart_outputs_its_encoder_decoder_cache() -> None:
