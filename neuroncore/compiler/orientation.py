@@ -16,7 +16,8 @@ takes it so: elementwise ops and reshapes that keep the last dim, all of whose f
 are feature-major too (SwiGLU's ``silu(gate) * up``), ending at 2-D matmuls that contract over its
 last dim (which read it in place as their stationary operand). Anything else reading it (a norm
 over the features, a residual add with a token-major value, a graph output, a head split) keeps
-the whole chain token-major, as does a value too large to stay in SBUF. The plan is structural
+the whole chain token-major, as does a value too large to stay in SBUF or one of fewer tokens
+than partitions (``MIN_TOKENS``: decode steps). The plan is structural
 (the graph alone), so every layer of a run is oriented alike.
 """
 
@@ -27,6 +28,12 @@ from dataclasses import dataclass
 
 from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, Op
 
+# fewer tokens than partitions (decode steps): each MATMUL with the tokens as the moving operand
+# costs its 64-cycle minimum and the weight as stationary needs one LoadStationary per 128 x 128
+# block, while the transposes saved are of a few rows; such linears stay token-major [assumption:
+# neuronx-cc's choice is cost-based; Llama-2-70B tp32 decode measured 25.7 ms token-major vs
+# 29.0 ms feature-major]
+MIN_TOKENS = 128
 ORIENTED_UNARY = frozenset({*UNARY_OPS, "gelu", "silu", "convert"})
 ORIENTED_BINARY = frozenset(BINARY_OPS)
 EPILOGUE_FUNCTIONS = frozenset({"gelu", "silu", "tanh", "logistic", "exponential", "erf", "sqrt",
@@ -157,6 +164,8 @@ def plan(graph: Graph, max_bytes_per_partition: int) -> Orientation:
     def fits(op: Op) -> bool:
         n, t = stored_shape(op.shape)
         item = op.dtype.itemsize
+        if t < MIN_TOKENS:
+            return False
         return max(math.ceil(n / 128) * t, math.ceil(t / 128) * n) * item <= max_bytes_per_partition
 
     products = {h.product: h for h in heads.values()}
