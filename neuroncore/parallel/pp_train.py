@@ -23,6 +23,11 @@ gradients of what it receives as extra outputs:
 * every stage: an **optimizer** program over its parameters and resident state (the traced step's own
   update code, :func:`neuroncore.training.optimizers.emit_update`), after its last backward.
 
+With ``tp > 1`` every stage is split over its own ``tp`` cores by the tensor-parallel sharding pass
+(:mod:`neuroncore.parallel.sharding`, as :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep`
+splits a whole step): the stage's ranks run in threads and meet in its all-reduces; each rank sends to
+the same rank of the neighbouring stage; the optimizer program runs on each rank's blocks.
+
 The order is 1F1B (Narayanan et al. 2021; Megatron-LM, NxD): stage s runs ``pp - s - 1`` warm-up
 forwards, then alternates one forward and one backward, then drains the backwards. Each stage's
 gradients accumulate over the micro-batches in micro-batch order, as single-core gradient
@@ -43,7 +48,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,8 +65,11 @@ from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.philox import STATE_LIMIT
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
 from neuroncore.parallel.pipeline import Pass, one_f_one_b
 from neuroncore.parallel.pp_partition import Stage, layer_list, partition
+from neuroncore.parallel.rank_threads import run_ranks
+from neuroncore.parallel.sharding import ShardingError, Split, block_of, join_blocks, shard
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel, stochastic_rounding_wanted
 from neuroncore.runtime.scheduler import schedule
@@ -81,11 +89,16 @@ from neuroncore.training.torch_step import (
 
 @dataclass
 class _Program:
-    loaded: LoadedModel
+    loaded: LoadedModel  # tensor-parallel rank 0's copy
     inputs: list[str]  # program parameter names
     outputs: list[str]  # what each output is: "send/<i>", "dx/<i>", "loss" or a resident tensor's name
-    costs: np.ndarray  # node costs, the sends' from neuroncore.collectives
+    costs: np.ndarray  # node costs, the collectives' from neuroncore.collectives
     sends: list[tuple[int, CollectiveRecord, str]]  # each send node, its timed template, its output
+    ranks: list[LoadedModel] = field(default_factory=list)  # every tensor-parallel rank's copy
+    collectives: list[tuple[int, CollectiveRecord]] = field(default_factory=list)  # tp all-reduces ...
+    input_splits: dict[str, Split | None] = field(default_factory=dict)  # how each input is split
+    output_splits: dict[str, Split | None] = field(default_factory=dict)
+    rank_inputs: list[Callable[[int], np.ndarray]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,10 +132,13 @@ class PipelineParallelTrainStep(TrainStep):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: StepInputs, *, pp: int, micro_batches: int,
                  loss_fn: Callable[..., Any] | None = None, boundaries: Sequence[int] | None = None,
-                 layers: str | None = None, precision: str | Precision = "fp32",
+                 layers: str | None = None, precision: str | Precision = "fp32", tp: int = 1,
                  instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(pp, int) or isinstance(pp, bool) or pp < 2:
             raise PlanError(f"pp must be an integer of at least 2, not {pp!r}")
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise PlanError(f"tp must be a positive integer, not {tp!r}")
+        self.tp = tp
         if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
             raise PlanError(f"micro_batches must be a positive integer, not {micro_batches!r}")
         try:
@@ -140,8 +156,9 @@ class PipelineParallelTrainStep(TrainStep):
         self.pp, self.micro_batches, self.edges, self.layers = pp, micro_batches, edges, layer_name
         super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=prec,
                          accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
-        if pp > len(self.instance.cores):
-            raise PlanError(f"pp={pp} does not fit {self.instance.name} ({len(self.instance.cores)} cores)")
+        if pp * tp > len(self.instance.cores):
+            raise PlanError(f"pp={pp} x tp={tp} does not fit {self.instance.name} "
+                            f"({len(self.instance.cores)} cores)")
         self.topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
         examples = list(keyword_inputs(example_inputs)[1])
         wrapper, ep, alias = export_loss(model, examples, loss_fn=loss_fn, loss_scale=1.0 / micro_batches,
@@ -154,8 +171,9 @@ class PipelineParallelTrainStep(TrainStep):
         self.backward_programs: list[_Program] = []
         self.optimizer_programs: list[_Program] = []
         self.stage_params: list[list[int]] = []
+        self.stage_splits: list[dict[str, Split | None]] = []  # each resident tensor's split
         whole = self.state.tensors
-        states = []
+        states: list[list[DeviceState]] = []  # per stage, per tensor-parallel rank
         for stage in self.stages:
             s, last = stage.index, stage.index == pp - 1
             params = [(n, named[n]) for n in stage.params]
@@ -178,40 +196,86 @@ class PipelineParallelTrainStep(TrainStep):
             feeds += [f"grad_out/{i}" for i in range(len(output_grads or ()))]
             program_inputs = ([f"param/{n}" for n in names] + [f"buffer/{_strip(n)}" for n in stage.buffers]
                               + feeds)
-            core = self.instance.core(s)
             fwd, bwd = self._stage_graphs(joint, stage, program_inputs, names, len(input_grads))
-            self.forward_programs.append(None if fwd is None else self._load(fwd, core, s))
-            self.backward_programs.append(self._load(bwd, core, s))
-            self.optimizer_programs.append(self._load(self._optimizer_graph(s), core, s))
+            self.forward_programs.append(None if fwd is None else self._load(fwd, s))
+            backward = self._load(bwd, s)
+            self.backward_programs.append(backward)
+            # a weight's optimizer state and update are split as the backward splits its gradient
+            splits = {f"param/{n}": backward.input_splits.get(f"param/{n}") for n in names}
+            built, blocks = self._optimizer_graph(s, splits)
+            self.optimizer_programs.append(self._load(built, s, blocks=blocks))
             mine = {f"param/{n}" for n in names} | {f"buffer/{_strip(n)}" for n in stage.buffers}
             mine |= {name for i in self.stage_params[s] for name in self._state_names(i)}
             tensors = {k: v for k, v in whole.items() if k in mine}
             for name in stage.buffers:
                 tensors.setdefault(f"buffer/{_strip(name)}", _to_numpy(tables[name]))
             tensors.update({f"grad/{n}": np.zeros(whole[f"param/{n}"].shape, np.float32) for n in names})
-            states.append(DeviceState(core, tensors))
+            # kept as the backward reads them; the optimizer cuts a gradient the backward sums whole
+            layout = {**self.optimizer_programs[-1].input_splits, **backward.input_splits}
+            self.stage_splits.append({k: layout.get(k) for k in tensors})
+            states.append([DeviceState(self.instance.core(s * tp + r),
+                                       {k: np.ascontiguousarray(block_of(v, self.stage_splits[s][k], tp, r))
+                                        for k, v in tensors.items()}) for r in range(tp)])
         self.stage_states = states
         self.transfers: list[Transfer] = []
         self.received: dict[tuple[Pass, int, int], list[np.ndarray]] = {}
         self._last_sends: dict[str, CollectiveRecord] = {}
-        self.stage_results: list[list[ExecutionResult]] = [[] for _ in range(pp)]
+        self.stage_results: list[list[ExecutionResult]] = [[] for _ in range(pp)]  # tp rank 0's
+        self.rank_results: list[ExecutionResult] = []  # the other tensor-parallel ranks'
 
     # -- trace time ----------------------------------------------------------------------------
-    def _load(self, built: tuple[Graph, list[str]], core: Any, stage: int) -> _Program:
+    def _load(self, built: tuple[Graph, list[str]], stage: int, *,
+              blocks: dict[str, Split | None] | None = None) -> _Program:
+        """Compile a stage's program and load it on the stage's cores: with ``tp > 1`` split over
+        them by the tensor-parallel sharding pass (trained weights told apart), as
+        :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep` splits a whole step. An
+        optimizer program is built on the blocks already: ``blocks`` says how its inputs are split."""
         graph, labels = built
+        names = [p.name for p in graph.parameters]  # what the host and the state feed (rank inputs follow)
+        tp = self.tp
+        input_splits: dict[str, Split | None] = {}
+        output_splits: dict[str, Split | None] = {}
+        rank_inputs: list[Callable[[int], np.ndarray]] = []
+        if tp > 1 and blocks is None:
+            trained = frozenset(p.name for p in graph.parameters if p.name.startswith("param/"))
+            try:
+                sharded = shard(graph, tp, trained=trained)
+            except ShardingError as exc:
+                raise PlanError(f"{self.name} stage {stage}: {exc}") from None
+            input_splits = dict(zip([p.name for p in graph.parameters], sharded.input_splits))
+            output_splits = dict(zip(labels, sharded.output_splits))
+            rank_inputs = list(sharded.rank_inputs)
+            graph = sharded.local
+            bad = [lb for lb in labels
+                   if lb.startswith(("send/", "dx/")) and output_splits.get(lb) is not None]
+            if bad:
+                raise PlanError(f"{self.name} stage {stage}: {bad[0]} leaves the stage split over the "
+                                f"tensor-parallel ranks")
+        elif blocks is not None:
+            input_splits = dict(blocks)
         program = compile_graph(graph, self.core.spec)
-        loaded = core.load(program)
-        loaded.stochastic_rounding = stochastic_rounding_wanted(self.precision is Precision.BF16_SR)
+        ranks = [self.instance.core(stage * tp + r).load(program, rank=r) for r in range(tp)]
+        for loaded in ranks:
+            loaded.stochastic_rounding = stochastic_rounding_wanted(self.precision is Precision.BF16_SR)
         costs = program.cost_ns.copy()
         sends = []
+        collectives: list[tuple[int, CollectiveRecord]] = []
         output_label = {out.name: label for out, label in zip(program.graph.outputs, labels)}
-        for node in program.collective_nodes:  # the stage's sends: permutes to its peer's core
+        group = list(range(stage * tp, (stage + 1) * tp))
+        for node in program.collective_nodes:
             op = program.graph.ops[int(program.op_index[node])]
-            pair = [stage, int(op.attrs["pp_peer"])]
-            record = cc.permute(self.topology, [pair], op.operands[0].size, op.dtype.value)
+            if op.opcode == "collective-permute":  # a send: each rank to its peer stage's same rank
+                peer = int(op.attrs["pp_peer"])
+                pairs = [[stage * tp + r, peer * tp + r] for r in range(tp)]
+                record = cc.permute(self.topology, pairs, op.operands[0].size, op.dtype.value)
+                sends.append((int(node), record, output_label[op.name]))
+            else:  # the stage's tensor-parallel all-reduce (or all-gather ...) over its ranks
+                record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [group],
+                                       op.operands[0].size, op.dtype.value)
+                collectives.append((int(node), record))
             costs[node] = record.duration_ns
-            sends.append((int(node), record, output_label[op.name]))
-        return _Program(loaded, [p.name for p in graph.parameters], labels, costs, sends)
+        return _Program(ranks[0], names, labels, costs, sends, ranks,
+                        collectives, input_splits, output_splits, rank_inputs)
 
     def _lowered(self, joint: JointGraph, s: int, inputs: list[str]) -> tuple[_StepConverter, list[Op]]:
         load_handlers()
@@ -249,10 +313,14 @@ class PipelineParallelTrainStep(TrainStep):
         name = f"{self.name}_stage{s}_{'forward_backward' if last else 'backward'}"
         return forward, (_live_graph(name, b, results), labels)
 
-    def _optimizer_graph(self, s: int) -> tuple[Graph, list[str]]:
+    def _optimizer_graph(self, s: int, splits: dict[str, Split | None]
+                         ) -> tuple[tuple[Graph, list[str]], dict[str, Split | None]]:
+        """The stage's optimizer program on each rank's blocks (elementwise: a block's update is the
+        whole update's block), and how its inputs are split."""
         b = GraphBuilder(f"{self.name}_stage{s}_optimizer")
         outputs: list[Op] = []
         labels: list[str] = []
+        blocks: dict[str, Split | None] = {}
         held = self._params_in_bf16()
         for g, group in enumerate(self.groups):
             members = [i for i in group.params if i in self.stage_params[s]]
@@ -263,7 +331,10 @@ class PipelineParallelTrainStep(TrainStep):
                 scalars = split_scalars(b, group.spec, vector)
             for i in members:
                 name = self.param_names[i]
-                shape = tuple(self.params[i].shape)
+                split = splits.get(f"param/{name}")
+                shape = _block_shape(tuple(self.params[i].shape), split, self.tp)
+                for key in (f"param/{name}", f"grad/{name}", *self._state_names(i)):
+                    blocks[key] = split
                 with b.located(f"model/optimizer/{self._module_of(i)}", self._frames):
                     param = b.parameter(f"param/{name}", shape, DType.BF16 if held else DType.FP32)
                     if held:
@@ -275,7 +346,7 @@ class PipelineParallelTrainStep(TrainStep):
                         new_param = b.convert(new_param, DType.BF16)
                 outputs += [new_param, *new_state]
                 labels += [f"param/{name}", *self._state_names(i)]
-        return _live_graph(b.name, b, outputs), labels
+        return (_live_graph(b.name, b, outputs), labels), blocks
 
     # -- run time ------------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
@@ -300,6 +371,7 @@ class PipelineParallelTrainStep(TrainStep):
         self.transfers = []
         self.received = {}
         self.stage_results = [[] for _ in range(pp)]
+        self.rank_results = []
         losses = [0.0] * m
         while any(cursor[s] < len(orders[s]) for s in range(pp)):
             progressed = False
@@ -337,8 +409,9 @@ class PipelineParallelTrainStep(TrainStep):
             scalars = {f"scalars/{g}": host_scalars(group.spec, float(group.torch_group["lr"]), self.steps)
                        for g, group in enumerate(self.groups)}
             self._run(s, self.optimizer_programs[s], scalars, 0.0, host_start)
-            self.stage_states[s].zero([n for n in self.stage_states[s].tensors if n.startswith("grad/")])
-        self.last_results = [r for results in self.stage_results for r in results]
+            for state in self.stage_states[s]:
+                state.zero([n for n in state.tensors if n.startswith("grad/")])
+        self.last_results = [r for results in self.stage_results for r in results] + self.rank_results
         self._sync_host()
         return torch.tensor(sum(losses), dtype=torch.float32)
 
@@ -356,25 +429,76 @@ class PipelineParallelTrainStep(TrainStep):
 
     def _run(self, s: int, program: _Program, host: dict[str, np.ndarray], ready_ns: float,
              host_start_ns: int) -> tuple[dict[str, np.ndarray], float]:
-        """Execute ``program`` on stage ``s``'s core from when its input is there; its outputs by
-        label (resident ones stored) and its end time."""
-        state = self.stage_states[s]
-        loaded = program.loaded
+        """Execute ``program`` on stage ``s``'s cores (each tensor-parallel rank on its blocks, the
+        ranks meeting in every collective) from when its input is there; its outputs by label
+        (resident ones stored; rank 0's) and its end time."""
+        tp = self.tp
+        graph = program.loaded.program.graph
         feeds = {k: v for k, v in host.items() if k in program.inputs}
-        arrays = bind_inputs(loaded.program.graph, state.inputs(program.inputs, feeds))
-        outputs = loaded.compute(arrays, _sent)
-        by_label = dict(zip(program.outputs, outputs))
-        state.update({k: v for k, v in by_label.items() if k in state.tensors})
-        core = loaded.core
-        with core.lock:
-            t0 = max(core.clock_ns, int(np.ceil(ready_ns)))
-            timeline = schedule(loaded.program, float(t0), program.costs)
-            placed = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
-                      for node, tpl, _ in program.sends]
-            result = loaded.record(t0, timeline, outputs, False, placed, host_start_ns=host_start_ns)
-        self.stage_results[s].append(result)
-        self._last_sends = {label: record for (_, _, label), (_, record) in zip(program.sends, placed)}
-        return by_label, float(result.end_ns)
+        produced: list[list[np.ndarray]] = [[] for _ in range(tp)]
+        rendezvous = _Rendezvous(tp)
+
+        def run(r: int) -> None:
+            state = self.stage_states[s][r]
+            mine = {k: np.ascontiguousarray(block_of(v, program.input_splits.get(k), tp, r))
+                    for k, v in feeds.items()}
+            arrays = [self._read(s, program, name, value, r)
+                      for name, value in zip(program.inputs, state.inputs(program.inputs, mine))]
+            arrays += [make(r) for make in program.rank_inputs]
+            exchange = rendezvous.for_rank(r)
+
+            def collective(op: Op, value: np.ndarray) -> np.ndarray:
+                return value if op.opcode == "collective-permute" else exchange(op, value)
+
+            outputs = program.ranks[r].compute(bind_inputs(graph, arrays), collective)
+            produced[r] = outputs
+            state.update({k: self._stored(s, program, k, v, r) for k, v in zip(program.outputs, outputs)
+                          if k in state.tensors})
+
+        if tp == 1:
+            run(0)
+        else:
+            run_ranks(tp, run, rendezvous.barrier, f"pp-stage{s}")
+        by_label = dict(zip(program.outputs, produced[0]))
+        cores = [m.core for m in program.ranks]
+        for core in cores:
+            core.lock.acquire()
+        try:
+            t0 = max(max(core.clock_ns for core in cores), int(np.ceil(ready_ns)))
+            timeline = schedule(program.loaded.program, float(t0), program.costs)
+            placed_sends = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
+                            for node, tpl, _ in program.sends]
+            placed = placed_sends + [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
+                                     for node, tpl in program.collectives]
+            results = [m.record(t0, timeline, produced[r], False, placed, host_start_ns=host_start_ns)
+                       for r, m in enumerate(program.ranks)]
+        finally:
+            for core in cores:
+                core.lock.release()
+        self.stage_results[s].append(results[0])
+        self.rank_results.extend(results[1:])
+        self._last_sends = {label: record for (_, _, label), (_, record) in zip(program.sends, placed_sends)}
+        return by_label, float(results[0].end_ns)
+
+    def _read(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
+        """A resident tensor as ``program`` reads it: a gradient kept whole (the backward computes
+        the gradient of a vocabulary-split table whole) is cut to the rank's block for the optimizer,
+        locally."""
+        kept = self.stage_splits[s].get(name)
+        wanted = program.input_splits.get(name, kept)
+        if kept is None and wanted is not None and name in self.stage_states[s][rank].tensors:
+            return np.ascontiguousarray(block_of(value, wanted, self.tp, rank))
+        return value
+
+    def _stored(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
+        """What rank ``rank`` keeps of an output aliasing resident tensor ``name``: its block, as the
+        inputs read it (an output computed whole on every rank is cut to the block, locally)."""
+        want, got = self.stage_splits[s].get(name), program.output_splits.get(name)
+        if got is not None and got != want:
+            raise PlanError(f"{self.name}: {name} is kept split as {want} but written split as {got}")
+        if value.shape == self.stage_states[s][rank].tensors[name].shape:
+            return value
+        return np.ascontiguousarray(block_of(value, want, self.tp, rank))
 
     def _send(self, source: int, target: int, k: int, kind: Pass, values: list[tuple[str, np.ndarray]],
               sent_ns: float, into: dict[tuple[int, int], _Arrival]) -> None:
@@ -395,14 +519,25 @@ class PipelineParallelTrainStep(TrainStep):
     def _sync_host(self) -> None:
         if not hasattr(self, "stage_states"):
             return
-        for state in self.stage_states:
-            self.state.update({k: v for k, v in state.tensors.items() if k in self.state.tensors})
+        for s, ranks in enumerate(self.stage_states):
+            for name in ranks[0].tensors:
+                if name in self.state.tensors:
+                    split = self.stage_splits[s].get(name)
+                    parts = [state.tensors[name] for state in ranks]
+                    self.state.update({name: parts[0] if split is None else join_blocks(parts, split)})
         super()._sync_host()
 
     @property
     def bubble_fraction(self) -> float:
         """The 1F1B bubble of the schedule, ``(pp - 1) / (micro_batches + pp - 1)`` of the step."""
         return (self.pp - 1) / (self.micro_batches + self.pp - 1)
+
+
+def _block_shape(shape: tuple[int, ...], split: Split | None, tp: int) -> tuple[int, ...]:
+    """A rank's block of a value of ``shape`` split as ``split``."""
+    if split is None:
+        return shape
+    return tuple(d // tp if i == split.dim else d for i, d in enumerate(shape))
 
 
 def _labelled(out: dict[str, np.ndarray], kind: str) -> list[tuple[str, np.ndarray]]:
@@ -434,12 +569,6 @@ def _live_graph(name: str, b: GraphBuilder, outputs: list[Op]) -> Graph:
     for index, op in enumerate(ops):
         op.index = index
     return Graph(name, ops, [p for p in graph.parameters if id(p) in live], list(outputs))
-
-
-def _sent(op: Op, value: np.ndarray) -> np.ndarray:
-    """A send's numerics on the sending core: the value leaves as it is (the receiving stage's
-    program reads it as its input)."""
-    return value
 
 
 __all__ = ["Pass", "PipelineParallelTrainStep", "Transfer", "one_f_one_b"]
