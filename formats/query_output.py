@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from formats.jsonsafe import json_value
@@ -138,11 +139,22 @@ def _print_table(schema: pa.Schema, batches: Iterator[pa.RecordBatch], max_rows:
                 table.add_row(*(_cell(v) for v in row.values()))
                 shown += 1
     with _text_output(path) as out:
-        console = Console(file=out, width=None if out is sys.stdout else 200)
+        console = _console_for(out, table)
         console.print(table)
         more = f" (showing {shown}; --max-rows N or --format csv -o FILE for all)" if total > shown else ""
         console.print(f"{total:,} row{'s' if total != 1 else ''}{more}")
     return total
+
+
+def _console_for(out: Any, table: Table) -> Console:
+    """A terminal wraps a wide table into its width (cells fold); a pipe or a file gets every cell
+    whole on one line, however wide -- a script reading the output (``| less -S``, ``> result.txt``)
+    wants the values, not a column of 80 characters folded letter by letter."""
+    console = Console(file=out)
+    if console.is_terminal:
+        return console
+    natural = Measurement.get(console, console.options.update(width=1 << 16), table).maximum
+    return Console(file=out, width=max(console.width, natural))
 
 
 def list_tables(session: QuerySession) -> None:

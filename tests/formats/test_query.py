@@ -110,3 +110,16 @@ def test_cli_write_attempt_exits_2(recorded: Recorded, tmp_path: Path,
     assert main(["query", str(recorded.path), f"COPY Instruction TO '{target}'"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "read-only" in err and not target.exists()
+
+
+def test_a_piped_table_keeps_every_cell_whole(recorded: Recorded, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a terminal (capsys, like a pipe): a table wider than COLUMNS prints each cell on one line
+    instead of folding column names and values into 80 characters."""
+    monkeypatch.setenv("COLUMNS", "80")
+    names = ", ".join(f"'{'x' * 30}' AS long_column_name_{i}" for i in range(4))
+    assert main(["query", str(recorded.path), f"SELECT {names} FROM Summary"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "long_column_name_0" in line)
+    assert all(f"long_column_name_{i}" in header for i in range(4)) and len(header) > 80
+    assert sum("x" * 30 in line for line in lines) == 1
