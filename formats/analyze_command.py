@@ -128,7 +128,8 @@ def profile_lines(name: str, a: Analysis) -> Iterator[str]:
             of = (f" = {fmt_pct(rate / a.dma_ceiling_bytes_per_s)} of the DMA ceiling"
                   if rate and a.dma_ceiling_bytes_per_s else "")
             per = fmt_bytes(q.bytes_per_transfer)
-            yield (f"  {q.queue:<20} {q.transfers:>6} transfers  {per:>10}/transfer  "
+            noun = "transfer " if q.transfers == 1 else "transfers"
+            yield (f"  {q.queue:<20} {q.transfers:>6} {noun}  {per:>10}/transfer  "
                    f"{q.small_transfers} under 32 KiB  {fmt_gbps(rate) if rate else '-'}{of}")
     roof = [o for o in a.bottom_up if o.flops]
     if roof:

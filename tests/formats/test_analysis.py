@@ -106,6 +106,10 @@ def test_hand_built_temporal_breakdown_and_dma_queue(chain: Path) -> None:
     (queue,) = a.dma_queues
     got = (queue.queue, queue.transfers, queue.bytes, queue.packets, queue.small_transfers, queue.active_ns)
     assert got == ("qSyncIO0", 1, 4096, 2, 1, 300)
+    from formats.analyze_command import analyze_dir, text_lines
+
+    (line,) = [t for t in text_lines(analyze_dir(str(chain))) if t.lstrip().startswith("qSyncIO0")]
+    assert " 1 transfer " in line and "transfers" not in line  # one transfer, not "1 transfers"
 
 
 def test_throttling_the_profile_recorded_is_a_finding(tmp_path: Path) -> None:
