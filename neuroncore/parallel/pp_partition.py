@@ -17,8 +17,10 @@ A value made on stage ``a`` and read on stage ``b > a`` is sent from ``a`` to ``
 by every stage in between (NxD's pass-through tensors), so stages only talk to their neighbours: the
 hidden states, and also the attention mask and position embeddings a decoder's every layer reads.
 Parameters, buffers and the step's own inputs are not sent: each stage holds the parameters and
-buffers it reads, and reads the step inputs it needs from the host (every pipeline rank of NxD is
-handed the whole batch and uses what it needs: the first stage the token ids, the last the labels).
+buffers it reads (a weight two stages read, GPT-2's LM head tied to its token embedding, is held by
+both, as Megatron's first and last stages both hold the word embeddings), and reads the step
+inputs it needs from the host (every pipeline rank of NxD is handed the whole batch and uses what
+it needs: the first stage the token ids, the last the labels).
 
 A value needs its gradient sent back when it is floating point and depends on a parameter (the
 hidden states yes; a mask or cos/sin computed from buffers and inputs no).
@@ -182,23 +184,15 @@ def partition(ep: torch.export.ExportedProgram, param_alias: dict[str, str], *, 
         raise PlanError("the loss is computed before the last stage's layers")
     # where each value is last read (a placeholder's readers read it from the host or their state)
     last_read: dict[torch.fx.Node, int] = {}
-    users_at: dict[torch.fx.Node, set[int]] = {}
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         for a in node.all_input_nodes:
-            users_at.setdefault(a, set()).add(stage[node])
             if a.op == "call_function" and stage[node] > stage[a]:
                 if not isinstance(a.meta.get("val"), torch.Tensor):
                     raise PlanError(f"{a.name} ({a.target}) is read across a stage boundary but is "
                                     f"not a tensor")
                 last_read[a] = max(last_read.get(a, 0), stage[node])
-    for node, kind in kinds.items():
-        if kind[0] == "param" and len(users_at.get(node, set())) > 1:
-            using = sorted(users_at[node])
-            raise PlanError(f"parameter {kind[1].removeprefix(LOSS_ROOT + '.')} is used by stages "
-                            f"{using[0]} and {using[-1]} (tied weights); untie them (e.g. "
-                            f"tie_word_embeddings=False) or keep both uses in one stage")
     order = {n: i for i, n in enumerate(graph.nodes)}
     result: list[Stage] = []
     for s in range(stages):

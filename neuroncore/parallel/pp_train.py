@@ -217,6 +217,7 @@ class PipelineParallelTrainStep(TrainStep):
                                        {k: np.ascontiguousarray(block_of(v, self.stage_splits[s][k], tp, r))
                                         for k, v in tensors.items()}) for r in range(tp)])
         self.stage_states = states
+        self._tie_weights()
         self.transfers: list[Transfer] = []
         self.received: dict[tuple[Pass, int, int], list[np.ndarray]] = {}
         self._last_sends: dict[str, CollectiveRecord] = {}
@@ -224,8 +225,44 @@ class PipelineParallelTrainStep(TrainStep):
         self.rank_results: list[ExecutionResult] = []  # the other tensor-parallel ranks'
 
     # -- trace time ----------------------------------------------------------------------------
+    def _tie_weights(self) -> None:
+        """A weight several stages read (GPT-2's LM head is its token embedding) is held by each of
+        them, as Megatron's first and last stages both hold the word embeddings: after the last
+        backward, the holders all-reduce its gradient (Megatron's embedding group) and each runs the
+        same update on the summed gradient, so the copies stay equal."""
+        holders: dict[int, list[int]] = {}
+        for s, params in enumerate(self.stage_params):
+            for i in params:
+                holders.setdefault(i, []).append(s)
+        tied = {i: h for i, h in holders.items() if len(h) > 1}
+        self.tied_stages: list[int] = []
+        self.tied_programs: dict[int, _Program] = {}
+        if not tied:
+            return
+        groups = {tuple(h) for h in tied.values()}
+        if self.tp > 1 or len(groups) > 1:
+            name = self.param_names[next(iter(tied))]
+            raise PlanError(f"{self.name}: parameter {name} is used by stages {tied[next(iter(tied))]} "
+                            f"(tied weights); tied weights are shared between pipeline stages only at "
+                            f"tp=1 and by one group of stages: untie them (tie_word_embeddings=False)")
+        (group,) = groups
+        self.tied_stages = list(group)
+        for s in group:
+            b = GraphBuilder(f"{self.name}_stage{s}_tied_gradients")
+            outputs: list[Op] = []
+            labels: list[str] = []
+            for k, i in enumerate(sorted(tied)):
+                name = self.param_names[i]
+                with b.located(f"model/gradient_sync/tied/{self._module_of(i)}", self._frames):
+                    grad = b.parameter(f"grad/{name}", tuple(self.params[i].shape), DType.FP32)
+                    outputs.append(b.add_op("all-reduce", [grad], grad.shape, DType.FP32, reduction="sum",
+                                            name=f"all-reduce.tied.{k}"))
+                labels.append(f"grad/{name}")
+            self.tied_programs[s] = self._load((_live_graph(b.name, b, outputs), labels), s, blocks={},
+                                               group=list(group))
+
     def _load(self, built: tuple[Graph, list[str]], stage: int, *,
-              blocks: dict[str, Split | None] | None = None) -> _Program:
+              blocks: dict[str, Split | None] | None = None, group: list[int] | None = None) -> _Program:
         """Compile a stage's program and load it on the stage's cores: with ``tp > 1`` split over
         them by the tensor-parallel sharding pass (trained weights told apart), as
         :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep` splits a whole step. An
@@ -261,7 +298,7 @@ class PipelineParallelTrainStep(TrainStep):
         sends = []
         collectives: list[tuple[int, CollectiveRecord]] = []
         output_label = {out.name: label for out, label in zip(program.graph.outputs, labels)}
-        group = list(range(stage * tp, (stage + 1) * tp))
+        group = group or list(range(stage * tp, (stage + 1) * tp))  # the collectives' ranks (cores)
         for node in program.collective_nodes:
             op = program.graph.ops[int(program.op_index[node])]
             if op.opcode == "collective-permute":  # a send: each rank to its peer stage's same rank
@@ -405,6 +442,7 @@ class PipelineParallelTrainStep(TrainStep):
             if not progressed:
                 raise PlanError(f"{self.name}: the 1F1B schedule stalled (a stage waits for a "
                                 f"micro-batch no stage produces)")
+        self._sum_tied_gradients(host_start)
         for s in range(pp):
             scalars = {f"scalars/{g}": host_scalars(group.spec, float(group.torch_group["lr"]), self.steps)
                        for g, group in enumerate(self.groups)}
@@ -479,6 +517,41 @@ class PipelineParallelTrainStep(TrainStep):
         self.rank_results.extend(results[1:])
         self._last_sends = {label: record for (_, _, label), (_, record) in zip(program.sends, placed_sends)}
         return by_label, float(results[0].end_ns)
+
+    def _sum_tied_gradients(self, host_start_ns: int) -> None:
+        """The tied weights' gradient all-reduce over the stages holding them (threads meeting in
+        the collective, FP32 sums in stage order), timed from when the last holder is free."""
+        stages = self.tied_stages
+        if not stages:
+            return
+        rendezvous = _Rendezvous(len(stages))
+        produced: dict[int, list[np.ndarray]] = {}
+
+        def run(k: int) -> None:
+            s = stages[k]
+            program, state = self.tied_programs[s], self.stage_states[s][0]
+            outputs = program.loaded.compute(bind_inputs(program.loaded.program.graph,
+                                                         state.inputs(program.inputs, {})),
+                                             rendezvous.for_rank(k))
+            produced[s] = outputs
+            state.update(dict(zip(program.outputs, outputs)))
+
+        run_ranks(len(stages), run, rendezvous.barrier, "pp-tied")
+        cores = [self.tied_programs[s].loaded.core for s in stages]
+        for core in cores:
+            core.lock.acquire()
+        try:
+            t0 = max(core.clock_ns for core in cores)
+            for s in stages:
+                program = self.tied_programs[s]
+                timeline = schedule(program.loaded.program, float(t0), program.costs)
+                placed = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
+                          for node, tpl in program.collectives]
+                self.stage_results[s].append(program.loaded.record(
+                    t0, timeline, produced[s], False, placed, host_start_ns=host_start_ns))
+        finally:
+            for core in cores:
+                core.lock.release()
 
     def _read(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """A resident tensor as ``program`` reads it: a gradient kept whole (the backward computes

@@ -85,11 +85,42 @@ def test_layer_cut_errors_are_one_line() -> None:
     with pytest.raises(PlanError, match=r"layers='model.lm_head' is not a ModuleList"):
         PipelineParallelTrainStep(model, opt, example, pp=2, micro_batches=2, layers="model.lm_head")
     tied = _llama(layers=2, tie_word_embeddings=True)
-    with pytest.raises(PlanError, match=r"model.embed_tokens.weight is used by stages 0 and 1 "
-                                        r"\(tied weights\)") as info:
+    with pytest.raises(PlanError, match=r"parameter model.embed_tokens.weight is used by stages \[0, 1\] "
+                                        r"\(tied weights\); tied weights are shared between pipeline "
+                                        r"stages only at tp=1") as info:
         PipelineParallelTrainStep(tied, torch.optim.SGD(tied.parameters(), lr=0.1), example, pp=2,
-                                  micro_batches=2)
+                                  micro_batches=2, tp=2)
     assert "\n" not in str(info.value)
+
+
+def test_gpt2_with_its_lm_head_tied_to_the_embedding_equals_single_core() -> None:
+    """GPT-2's LM head is its token embedding: the first and the last stage both hold it, all-reduce
+    its gradient after the last backward (Megatron's embedding group) and update it alike."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config)
+    single_model = copy.deepcopy(model)
+    rng = np.random.default_rng(2)
+    example, micro_batches = _batch(rng, 1), 2
+    step = PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
+                                     pp=2, micro_batches=micro_batches)
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-2),
+                              example, accumulation_steps=micro_batches)
+    assert step.tied_stages == [0, 1]
+    wte = "param/transformer.wte.weight"
+    for _ in range(2):
+        batch = _batch(rng, micro_batches)
+        a, b = float(single(**batch)), float(step(**batch))
+        assert b == pytest.approx(a, rel=1e-5)
+        first, last = (step.stage_states[s][0].tensors[wte] for s in (0, 1))
+        np.testing.assert_array_equal(first, last)  # the two copies stay one weight
+    for (name, p), q in zip(model.named_parameters(), single_model.parameters()):
+        # the key bias's gradient is zero but for rounding, and AdamW's m / sqrt(v) magnifies that
+        atol = 1e-4 if name.endswith("c_attn.bias") else 1e-5
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=atol, err_msg=name)
+    kinds = [r.program.graph.name.rsplit("_", 2)[-2:] for r in step.stage_results[0]]
+    assert ["tied", "gradients"] in kinds
 
 
 def test_llama_pipeline_with_tensor_parallel_stages_equals_single_core() -> None:
