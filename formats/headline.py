@@ -161,15 +161,16 @@ def dataset_lines(programs: Sequence[Program], labels: Mapping[str, str]) -> lis
     """One row per profile, then the aggregate: Σ device time, time-weighted MFU and engine busy
     (Σ numerators / Σ denominators), Σ bytes. The rows' figures are each profile's Summary."""
     figs = [p.figures for p in programs]
-    width = min(60, max([len(p.name) for p in programs] + [len(AGGREGATE)]))
+    # every name whole (summary-text is read by scripts and grep; two programs' names may differ
+    # only at the start, e.g. model=<m>.context_encoding vs .token_generation)
+    width = max([len(p.name) for p in programs] + [len(AGGREGATE)])
     rank_width = max([len(labels.get(p.name, "")) for p in programs] + [4])
     header = (f"{'profile':<{width}} {'rank':<{rank_width}} {'device time':>11} {'MFU':>6} "
               f"{'busiest engine':<16} {'DMA act.':>8} {'HBM bytes':>10} {'CC act.':>7}")
     lines = [f"== {len(programs)} profiles ==", header]
 
     def row(name: str, label: str, f: Figures, busiest: str) -> str:
-        shown = name if len(name) <= width else "…" + name[len(name) - width + 1:]
-        return (f"{shown:<{width}} {label:<{rank_width}} {fmt_ns(f.length_ns):>11} {fmt_pct(f.mfu):>6} "
+        return (f"{name:<{width}} {label:<{rank_width}} {fmt_ns(f.length_ns):>11} {fmt_pct(f.mfu):>6} "
                 f"{busiest[:16]:<16} {fmt_pct(f.dma.active_fraction):>8} {fmt_bytes(f.hbm.total):>10} "
                 f"{fmt_pct(f.collectives.active_fraction):>7}")
 

@@ -72,6 +72,20 @@ def test_a_dataset_is_one_row_per_profile_and_an_aggregate(tmp_path: Path,
     assert len(data) == 2  # summary-json keeps every profile's full row
 
 
+def test_long_profile_names_are_shown_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Generation captures name programs like model=<Model>.context_encoding.32/core=0/execution=2
+    (over 60 characters): each row keeps its whole name (it was cut to '…del=...')."""
+    if not TP2.exists():
+        pytest.skip("sample profile not present")
+    root = tmp_path / "device"
+    shutil.copytree(TP2, root)
+    long = "model=Qwen2ForCausalLM.context_encoding_with_a_long_bucket_name.32"
+    (root / "model=llama_decode").rename(root / long)
+    lines = _text(capsys, str(root)).splitlines()
+    rows = [line for line in lines if line.startswith(f"{long}/core=")]
+    assert len(rows) == 2 and not any("…" in line for line in lines)
+
+
 def _json(capsys: pytest.CaptureFixture[str], path: str) -> str:
     assert main(["view", path, "--output-format", "summary-json"]) == 0
     return capsys.readouterr().out
