@@ -9,12 +9,14 @@ over an instance topology (``neuroncore.topology``), following neuroncore.md §6
 
 Modules: ``params`` (latencies, size threshold), ``flows`` (one step: routed flows sharing channels;
 ``LinkLedger`` for sharing with other collectives), ``algorithms`` (Ring / Mesh / Direct step
-schedules), ``record`` (``CollectiveRecord``, ``LinkUsage``, bus-bandwidth factors),
+schedules), ``hierarchical`` (multi-node: intra-node, inter-node over EFA, intra-node stages),
+``record`` (``CollectiveRecord``, ``LinkUsage``, bus-bandwidth factors),
 ``operations`` (the entry points).
 """
 
 from neuroncore.collectives.algorithms import DIRECT, LOCAL, MESH, RING
 from neuroncore.collectives.flows import LinkLedger
+from neuroncore.collectives.hierarchical import HIERARCHICAL
 from neuroncore.collectives.operations import (
     all_gather,
     all_reduce,
@@ -38,7 +40,8 @@ from neuroncore.collectives.record import (
 )
 
 __all__ = [
-    "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "DEFAULT_PARAMS", "DIRECT", "LOCAL", "MESH", "OPERATIONS",
+    "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "DEFAULT_PARAMS", "DIRECT", "HIERARCHICAL", "LOCAL", "MESH",
+    "OPERATIONS",
     "PERMUTE", "REDUCE_SCATTER", "RING", "CollectiveParams", "CollectiveRecord", "LinkLedger",
     "LinkUsage", "all_gather", "all_reduce", "all_to_all", "bus_factor", "choose_algorithm",
     "collective", "permute", "reduce_scatter",

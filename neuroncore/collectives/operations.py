@@ -19,6 +19,13 @@ from neuroncore.collectives.algorithms import (
     ring_plan,
 )
 from neuroncore.collectives.flows import LinkLedger, step_ns
+from neuroncore.collectives.hierarchical import (
+    HIERARCHICAL,
+    HIERARCHICAL_OPERATIONS,
+    merge_usage,
+    split_groups,
+    stages,
+)
 from neuroncore.collectives.params import DEFAULT_PARAMS, CollectiveParams
 from neuroncore.collectives.record import (
     ALL_GATHER,
@@ -104,7 +111,9 @@ def collective(
       accepts.
     * ``ready_ns``: when each rank reaches the collective: one time for all, a sequence in rank order
       (group after group), or a mapping rank -> time. The op starts when the last rank is ready.
-    * ``algorithm``: "auto" (by message size, ``params.mesh_max_bytes``), "ring", "mesh", "direct".
+    * ``algorithm``: "auto" (Hierarchical for AllReduce/AllGather/ReduceScatter groups spread over
+      several nodes with several ranks on each, else by message size, ``params.mesh_max_bytes``),
+      "hierarchical", "ring", "mesh", "direct".
     * ``ledger``: other collectives' link usage to share the links with; this one is added to it.
     """
     topo = instance_topology(topology) if isinstance(topology, str) else topology
@@ -126,6 +135,15 @@ def collective(
     record_ranks = ranks_of(operation, groups)
     ready = _ready(ready_ns, record_ranks)
     start = max(ready)
+    wanted = str(algorithm).lower()
+    if wanted in ("auto", HIERARCHICAL.lower()) and operation in HIERARCHICAL_OPERATIONS:
+        split = split_groups(topo, groups)
+        if split is not None:
+            return _hierarchical(operation, topo, groups, split, int(count), element.value, ready,
+                                 input_bytes, output_bytes, params, ledger)
+    if wanted == HIERARCHICAL.lower():
+        raise ValueError(f"{operation} runs hierarchically only over groups spread over several nodes "
+                         f"with the same number (at least 2) of ranks on each")
     moving = [p for p in groups if p[0] != p[1]] if operation == PERMUTE else groups
     chosen = choose_algorithm(operation, max(input_bytes, output_bytes), size if moving else 1,
                               algorithm, params)
@@ -143,6 +161,28 @@ def collective(
         num_elements=max(input_bytes, output_bytes) // element.itemsize, dtype=element.value,
         input_bytes=input_bytes, output_bytes=output_bytes, ready_ns=ready, start_ns=start,
         end_ns=end, steps=usage.steps, rings=rings, link_usage=usage)
+
+
+def _hierarchical(operation: str, topo: Topology, groups: Groups, split: tuple[Groups, Groups], count: int,
+                 dtype: str, ready: tuple[float, ...], input_bytes: int, output_bytes: int,
+                 params: CollectiveParams, ledger: LinkLedger | None) -> CollectiveRecord:
+    """The stages of ``neuroncore.collectives.hierarchical`` one after another, as one record."""
+    t = max(ready)
+    usages: list[LinkUsage] = []
+    rings = 0
+    for stage in stages(operation, split[0], split[1], count):
+        rec = collective(stage.operation, topo, stage.groups, stage.count, dtype, ready_ns=t,
+                         params=params, ledger=ledger)
+        usages.append(rec.link_usage)
+        rings = max(rings, rec.rings)
+        t = rec.end_ns
+    usage = merge_usage(usages)
+    itemsize = as_dtype(dtype).itemsize
+    return CollectiveRecord(
+        operation=operation, algorithm=HIERARCHICAL, topology=topo, replica_groups=groups,
+        num_elements=max(input_bytes, output_bytes) // itemsize, dtype=dtype, input_bytes=input_bytes,
+        output_bytes=output_bytes, ready_ns=ready, start_ns=max(ready), end_ns=t, steps=usage.steps,
+        rings=rings, link_usage=usage)
 
 
 def choose_algorithm(operation: str, size_bytes: int, group_size: int, requested: str = "auto",

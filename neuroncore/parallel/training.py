@@ -28,8 +28,11 @@ the AdamW update. The step is then composed from those timings, the way the fram
   layer programs hold ``1 / tp`` of the tokens outside the tensor-parallel blocks, all-gather into
   and reduce-scatter out of each block (:func:`neuroncore.workloads.train_graphs._enter_tp`).
 
+DP collectives over several nodes are hierarchical (``neuroncore.collectives.hierarchical``: in
+the node, across nodes over EFA on 1 / local of the data, in the node again).
+
 Not modelled (stated in docs/training.md): interleaved pipeline schedules,
-hierarchical inter-node collectives, HBM contention between overlapped collectives and compute,
+HBM contention between overlapped collectives and compute,
 gradient-norm clipping (one scalar all-reduce), the host and data loader.
 """
 
