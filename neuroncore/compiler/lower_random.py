@@ -36,7 +36,8 @@ def lower_rng(ctx: Context, op: Op) -> None:
             reads=[sbuf_key(key)], writes=[sbuf_key(out)],
             text=f"{algorithm} stream={stream} first_row={first_row} state={ctx.ref_text(key)} "
                  f"dst={ctx.ref_text(out)}",
-            semantics=Random(out, key, first_row, value.cols, stream, op.attrs.get("block"), algorithm),
+            semantics=Random(out, key, first_row, value.cols, stream, op.attrs.get("block"), algorithm,
+                             op.attrs.get("key")),
             counters=NodeCounters(sbuf_read_bytes=8, sbuf_write_bytes=out.rows * out.cols * 4),
         )
         ctx.produced(op, t, out)

@@ -177,6 +177,8 @@ class Random:
     # the generator: "philox" (state: seed, offset) or "threefry2x32" (JAX's; state: the two key
     # words in 16-bit halves, ``neuroncore.ir.threefry``)
     algorithm: str = "philox"
+    # threefry2x32: the two key words as expressions over the key input's words (ir.threefry)
+    key: tuple[object, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

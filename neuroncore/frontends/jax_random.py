@@ -15,10 +15,12 @@ FP32, which cannot hold 32-bit words, so this module follows those values *symbo
   it, are recognised as JAX's uniform draw: the ``bitcast-convert`` becomes an ``rng`` op with
   ``algorithm="threefry2x32"`` (uniforms ``(bits >> 9) * 2**-23``, exactly JAX's) plus 1.0.
 
-The counters must be the draw's linear positions (JAX's partitionable layout, its default); a key
-computed inside the function (``jax.random.split`` / ``fold_in`` of the key passed in) and any other
-use of the random words are refused in one line naming the instruction. A constant key (a key built
-inside the function) is drawn at trace time, exactly.
+A key derived inside the function (``jax.random.split`` / ``fold_in`` of the key passed in: Threefry
+of its words at constant counters, stacked and sliced) is followed the same way, and the draw's
+``rng`` op gets the derivation as its ``key`` attribute (``neuroncore.ir.threefry.evaluate_key``),
+evaluated at run time. The counters must be the draw's linear positions (JAX's partitionable layout,
+its default); any other use of the random words is refused in one line naming the instruction. A
+constant key (a key built inside the function) is drawn at trace time, exactly.
 """
 
 from __future__ import annotations
@@ -63,20 +65,42 @@ class Words:
 
 @dataclass(frozen=True, eq=False)
 class Threefry:
-    """A ``threefry2x32`` call on a runtime key's two words and constant counters."""
+    """A ``threefry2x32`` call on a runtime key's two words (an input's, or words an earlier call
+    made: ``jax.random.split`` / ``fold_in`` inside the function) and constant counters."""
 
-    k0: Words
-    k1: Words
+    k0: Words | Half
+    k1: Words | Half
     hi: np.ndarray  # uint64 counters
     lo: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
 class Half:
-    """One of the two output words of a :class:`Threefry` call."""
+    """Output words of a :class:`Threefry` call: per element, which word (``word``, 0 or 1) at
+    which counter position (``index``); ``jax.random.split`` stacks the two."""
 
     call: Threefry
-    word: int
+    word: np.ndarray  # int64, 0 or 1
+    index: np.ndarray  # int64 positions in the call's counter arrays
+
+
+def _whole(call: Threefry) -> np.ndarray:
+    return np.arange(call.hi.size, dtype=np.int64).reshape(call.hi.shape)
+
+
+def key_expression(word: Words | Half) -> tuple[Any, ...]:
+    """A scalar key word as an expression the ``rng`` op evaluates at run time (exactly, in uint32):
+    ``("input", i)`` for word i of the key input, ``("threefry", k0, k1, hi, lo, out)`` for output
+    word ``out`` of Threefry on two such words and constant counters."""
+    if isinstance(word, Words):
+        return ("input", int(word.index.reshape(-1)[0]))
+    call, at = word.call, int(word.index.reshape(-1)[0])
+    return ("threefry", key_expression(call.k0), key_expression(call.k1),
+            int(call.hi.reshape(-1)[at]), int(call.lo.reshape(-1)[at]), int(word.word.reshape(-1)[0]))
+
+
+def _root(word: Words | Half) -> Op:
+    return word.param if isinstance(word, Words) else _root(word.call.k0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +147,20 @@ def _broadcast(x: np.ndarray, shape: tuple[int, ...], dims: tuple[int, ...]) -> 
     return np.broadcast_to(x.reshape(placed), shape)
 
 
+def _move(array: np.ndarray, ins: HloInstruction, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` through a data-movement instruction (broadcast, reshape, transpose, slice)."""
+    code = ins.opcode
+    if code == "broadcast":
+        array = _broadcast(array, shape, ints(ins.attrs.get("dimensions")))
+    elif code == "reshape":
+        array = array.reshape(shape)
+    elif code == "transpose":
+        array = np.transpose(array, ints(ins.attrs.get("dimensions")))
+    else:
+        array = _slice(array, ins)
+    return np.ascontiguousarray(array)
+
+
 def _slice(x: np.ndarray, ins: HloInstruction) -> np.ndarray:
     ranges = [tuple(int(v) for v in r.split(":")) for r in re.findall(r"\[([^\]]*)\]", ins.attrs["slice"])]
     return x[tuple(slice(r[0], r[1], r[2] if len(r) > 2 else 1) for r in ranges)]
@@ -161,21 +199,24 @@ def evaluate(conv: _Converter, ins: HloInstruction, operands: Sequence[Any], nam
         dim = int(ins.attrs["iota_dimension"])
         return _const(_broadcast(np.arange(shape[dim]), shape, (dim,)), bits)
     x = operands[0] if operands else None
-    if code in ("broadcast", "reshape", "slice", "transpose") and isinstance(x, (Const, Words)):
-        array = x.values if isinstance(x, Const) else x.index
-        if code == "broadcast":
-            array = _broadcast(array, shape, ints(ins.attrs.get("dimensions")))
-        elif code == "reshape":
-            array = array.reshape(shape)
-        elif code == "transpose":
-            array = np.transpose(array, ints(ins.attrs.get("dimensions")))
-        else:
-            array = _slice(array, ins)
-        return Const(np.ascontiguousarray(array), bits) if isinstance(x, Const) \
-            else Words(x.param, np.ascontiguousarray(array))
+    if code in ("broadcast", "reshape", "slice", "transpose") and isinstance(x, (Const, Words, Half)):
+        if isinstance(x, Half):
+            return Half(x.call, _move(x.word, ins, shape), _move(x.index, ins, shape))
+        if isinstance(x, Const):
+            return Const(_move(x.values, ins, shape), bits)
+        return Words(x.param, _move(x.index, ins, shape))
+    if code == "concatenate" and operands and all(isinstance(o, Half) and o.call is operands[0].call
+                                                  for o in operands):
+        dim = int(ints(ins.attrs.get("dimensions"))[0])
+        halves = [o for o in operands if isinstance(o, Half)]
+        return Half(halves[0].call, np.concatenate([h.word for h in halves], dim),
+                    np.concatenate([h.index for h in halves], dim))
+    if code == "concatenate" and operands and all(isinstance(o, Const) for o in operands):
+        dim = int(ints(ins.attrs.get("dimensions"))[0])
+        return Const(np.concatenate([o.values for o in operands if isinstance(o, Const)], dim), bits)
     if code == "convert" and isinstance(x, Const):
         return _const(x.values, bits)
-    if code == "convert" and isinstance(x, Words) and bits >= 32:
+    if code == "convert" and isinstance(x, (Words, Half)) and bits >= 32:
         return x
     if len(operands) == 2 and all(isinstance(o, Const) for o in operands):
         a, b = (o.values for o in operands if isinstance(o, Const))
@@ -190,7 +231,10 @@ def evaluate(conv: _Converter, ins: HloInstruction, operands: Sequence[Any], nam
         return None
     if code == "xor" and all(isinstance(o, Half) for o in operands):
         h0, h1 = operands
-        if h0.call is h1.call and {h0.word, h1.word} == {0, 1}:
+        whole = _whole(h0.call)
+        if h0.call is h1.call and np.array_equal(h0.index, whole) and np.array_equal(h1.index, whole) \
+                and {int(h0.word.max()), int(h1.word.max())} == {0, 1} \
+                and {int(h0.word.min()), int(h1.word.min())} == {0, 1}:
             return Bits(h0.call)
     if isinstance(x, Bits) and len(operands) == 2:
         k = _scalar(operands[1])
@@ -213,14 +257,15 @@ def threefry_call(ins: HloInstruction, operands: Sequence[Any]) -> tuple[Any, An
         key = (int(k0.values.reshape(-1)[0]), int(k1.values.reshape(-1)[0]))
         out0, out1 = threefry.threefry2x32(key, hi.values.astype(np.uint32), lo.values.astype(np.uint32))
         return _const(out0, 32), _const(out1, 32)
-    if not (isinstance(k0, Words) and isinstance(k1, Words) and k0.index.size == 1 and k1.index.size == 1):
-        raise _refuse(ins, "a random key computed inside the function (jax.random.split or fold_in of "
-                           "the key passed in) is not lowered: split the key outside the step and pass "
-                           "the keys in")
-    if k0.param is not k1.param:
+    if not (isinstance(k0, (Words, Half)) and isinstance(k1, (Words, Half))
+            and k0.index.size == 1 and k1.index.size == 1):
+        raise _refuse(ins, "a threefry2x32 key that is neither a key passed in nor one split or "
+                           "folded from it is not lowered")
+    if _root(k0) is not _root(k1):
         raise _refuse(ins, "the two words of a threefry2x32 key come from different inputs")
     call = Threefry(k0, k1, hi.values, lo.values)
-    return Half(call, 0), Half(call, 1)
+    whole = _whole(call)
+    return Half(call, np.zeros_like(whole), whole), Half(call, np.ones_like(whole), whole)
 
 
 def _draw(conv: _Converter, ins: HloInstruction, bits: Bits, shape: tuple[int, ...], name: str) -> Op:
@@ -235,17 +280,11 @@ def _draw(conv: _Converter, ins: HloInstruction, bits: Bits, shape: tuple[int, .
         raise _refuse(ins, "random bits drawn with counters other than each element's position (set "
                            "jax_threefry_partitionable=True, JAX's default) are not lowered")
     b = conv.b
-    param = call.k0.param
+    param = _root(call.k0)
     words = int(np.prod(param.shape[:-1], dtype=np.int64))
-    flat = b.reshape(param, (words * 2,))
-    i0, i1 = int(call.k0.index.reshape(-1)[0]), int(call.k1.index.reshape(-1)[0])
-    if i1 == i0 + 1:
-        state = flat if words == 2 and i0 == 0 else b.slice(flat, (2 * i0,), (2 * i0 + 4,))
-    else:
-        state = b.concatenate([b.slice(flat, (2 * i0,), (2 * i0 + 2,)),
-                               b.slice(flat, (2 * i1,), (2 * i1 + 2,))], 0)
+    state = b.reshape(param, (words * 2,))  # every word of the key input, in 16-bit halves
     u = conv._emit("rng", [state], shape, DType.FP32, name, distribution="uniform", stream=0,
-                   algorithm="threefry2x32")
+                   algorithm="threefry2x32", key=(key_expression(call.k0), key_expression(call.k1)))
     return b.add(u, 1.0)
 
 
@@ -268,10 +307,8 @@ def materialize(conv: _Converter, ins: HloInstruction, value: Any, name: str) ->
         low = b.slice(halves, (0, 1), (value.index.size, 2))
         whole = b.add(b.multiply(high, 65536.0), low)
         return b.convert(b.reshape(whole, dims), DType.INT32)
-    raise _refuse(ins, "JAX random words (threefry2x32) used other than as a uniform draw "
-                       "(jax.random.uniform / bernoulli) are not lowered; a key made inside the function "
-                       "(jax.random.split / fold_in) is such a use: split the key outside the step and "
-                       "pass the keys in")
+    raise _refuse(ins, "JAX random words (threefry2x32) used other than as a key or a uniform draw "
+                       "(jax.random.uniform / bernoulli / split / fold_in) are not lowered")
 
 
 __all__ = ["UNSIGNED", "Sym", "evaluate", "involved", "key_input", "materialize", "symbolic", "threefry_call"]

@@ -165,7 +165,8 @@ def _evaluate(op: Op, args: list[np.ndarray]) -> np.ndarray:
         indices = args[1].astype(np.int64)
         return args[0][indices]
     if code == "rng" and attrs.get("algorithm") == "threefry2x32":  # JAX's generator, bit for bit
-        return threefry.uniform(np.arange(op.size).reshape(op.shape), args[0])
+        return threefry.uniform(np.arange(op.size).reshape(op.shape), args[0],
+                                attrs.get("key", threefry.DEFAULT_KEY))
     if code == "rng":
         seed, offset = philox.state_words(args[0])
         indices = np.arange(op.size).reshape(op.shape)

@@ -11,8 +11,9 @@ bit.
 
 The core computes in FP32 working values, which hold integers exactly only below 2**24, so a uint32
 key travels as 16-bit halves: a ``[..., 2]`` FP32 tensor (high, low) made by :func:`to_halves` when a
-uint32 input is bound to a program; the ``rng`` op's state operand is the draw's two key words as
-``[k0_high, k0_low, k1_high, k1_low]``.
+uint32 input is bound to a program; the ``rng`` op's state operand is that input's words in halves,
+and its ``key`` attribute says how the draw's two key words come from them (:func:`evaluate_key`:
+a word of the input, or Threefry of such words, as ``jax.random.split`` / ``fold_in`` derive keys).
 """
 
 from __future__ import annotations
@@ -55,17 +56,31 @@ def random_bits(indices: np.ndarray, key: tuple[int, int]) -> np.ndarray:
     return out0 ^ out1
 
 
-def uniform(indices: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """FP32 uniforms in [0, 1), ``(bits >> 9) * 2**-23``, keyed by ``state`` (the halves of the
-    two key words, :func:`key_words`)."""
-    bits = random_bits(indices, key_words(state))
+KeyExpression = tuple  # ("input", i) | ("threefry", k0, k1, hi, lo, out): see evaluate_key
+DEFAULT_KEY: tuple[KeyExpression, KeyExpression] = (("input", 0), ("input", 1))
+
+
+def evaluate_key(expression: KeyExpression, words: np.ndarray) -> int:
+    """A key word: word i of the key input (``words``, uint32), or output word ``out`` of Threefry
+    on two key words and the counter (hi, lo): how ``jax.random.split`` / ``fold_in`` inside a
+    function derive keys from the key passed in."""
+    if expression[0] == "input":
+        return int(words[int(expression[1])])
+    _, k0, k1, hi, lo, out = expression
+    pair = threefry2x32((evaluate_key(k0, words), evaluate_key(k1, words)),
+                        np.array([hi], np.uint32), np.array([lo], np.uint32))
+    return int(pair[int(out)][0])
+
+
+def uniform(indices: np.ndarray, state: np.ndarray,
+            key: tuple[object, ...] = DEFAULT_KEY) -> np.ndarray:
+    """FP32 uniforms in [0, 1), ``(bits >> 9) * 2**-23``, keyed by the key input's words in 16-bit
+    halves (``state``) and the two key words' expressions (:func:`evaluate_key`)."""
+    words = from_halves(np.asarray(state, np.float64).reshape(-1, 2))
+    k0, k1 = key
+    assert isinstance(k0, tuple) and isinstance(k1, tuple)
+    bits = random_bits(indices, (evaluate_key(k0, words), evaluate_key(k1, words)))
     return ((bits >> np.uint32(9)).astype(np.float32) * np.float32(2.0 ** -23)).astype(np.float32)
-
-
-def key_words(state: np.ndarray) -> tuple[int, int]:
-    """The two uint32 key words of an ``rng`` state ``[k0_high, k0_low, k1_high, k1_low]``."""
-    words = np.asarray(state, np.float64).reshape(-1)[:4].astype(np.int64)
-    return int(words[0] << 16 | words[1]), int(words[2] << 16 | words[3])
 
 
 def to_halves(values: np.ndarray) -> np.ndarray:
@@ -80,4 +95,5 @@ def from_halves(halves: np.ndarray) -> np.ndarray:
     return ((h[..., 0] << np.uint64(16)) | h[..., 1]).astype(np.uint32)
 
 
-__all__ = ["from_halves", "key_words", "random_bits", "threefry2x32", "to_halves", "uniform"]
+__all__ = ["DEFAULT_KEY", "evaluate_key", "from_halves", "random_bits", "threefry2x32", "to_halves",
+           "uniform"]

@@ -275,7 +275,7 @@ class Machine:
         if s.algorithm == "threefry2x32":  # JAX's generator: the state is the key's 16-bit halves
             rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)
             indices = rows[:, None] * s.cols + np.arange(s.out.cols, dtype=np.int64)[None, :]
-            self.write(s.out, threefry.uniform(indices, state[0, :4]))
+            self.write(s.out, threefry.uniform(indices, state[0], s.key or threefry.DEFAULT_KEY))
             return
         seed, offset = philox.state_words(state[0, :2])
         rows = np.arange(s.first_row, s.first_row + s.out.rows, dtype=np.int64)

@@ -80,11 +80,26 @@ def test_dropout_step_with_a_key_per_step_equals_jax() -> None:
     assert len({round(v, 6) for v in losses}) == len(losses)
 
 
-def test_a_key_split_inside_the_step_is_refused_in_one_line() -> None:
-    def split_inside(w: jax.Array, key: jax.Array) -> jax.Array:
-        a, _ = jax.random.split(key)
-        return (w * jax.random.uniform(a, w.shape)).sum()
+def test_keys_split_and_folded_inside_the_function_equal_jax() -> None:
+    """``jax.random.split`` / ``fold_in`` of the key passed in: the derived key's words are Threefry
+    of the input's words, evaluated by the rng op at run time, so the draws still equal JAX's."""
+    def derived(w: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        a, b = jax.random.split(key)
+        c = jax.random.fold_in(b, 7)
+        return (w * jax.random.uniform(a, w.shape), jax.random.bernoulli(c, 0.3, (4, 6)),
+                jax.random.uniform(jax.random.split(a, 3)[2], (5,)))
 
-    with pytest.raises(TraceError, match=r"split the key outside the step and pass the keys in") as info:
-        neuroncore.trace(split_inside, (jnp.ones((4,)), _keys(1)[0]))
+    w = jnp.ones((4, 9))
+    traced = neuroncore.trace(derived, (w, _keys(1)[0]))
+    for key in _keys(2):
+        for got, want in zip(traced(w, key), jax.jit(derived)(w, key)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_random_words_used_otherwise_are_refused_in_one_line() -> None:
+    def raw_bits(w: jax.Array, key: jax.Array) -> jax.Array:
+        return w + jax.random.bits(key, w.shape).astype(jnp.float32)
+
+    with pytest.raises(TraceError, match=r"JAX random words \(threefry2x32\) used other than") as info:
+        neuroncore.trace(raw_bits, (jnp.ones((4,)), _keys(1)[0]))
     assert "\n" not in str(info.value)
