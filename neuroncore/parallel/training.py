@@ -316,9 +316,11 @@ def _grad_buckets(layer_bytes: int, layers: int, other_bytes: int) -> list[tuple
 
 def _sync_schedule(topology: Topology, dp_groups: list[list[int]], operation: str,
                    buckets: list[tuple[int, int]], dtype: str, itemsize: int, backward_layer_ns: float,
-                   backward_end_ns: float, backward_start_ns: float) -> list[SyncCollective]:
+                   backward_end_ns: float, backward_start_ns: float,
+                   head_ns: float = 0.0) -> list[SyncCollective]:
     """Bucketed gradient collectives on one CC stream, each starting when its layers' backward of the
-    last micro-batch is done and the previous bucket finished."""
+    last micro-batch is done and the previous bucket finished. The backward begins with the head and
+    loss (``head_ns``, before any layer's gradients exist), then runs the layers last to first."""
     placed: list[SyncCollective] = []
     free = backward_start_ns
     dp = len(dp_groups[0])
@@ -327,7 +329,7 @@ def _sync_schedule(topology: Topology, dp_groups: list[list[int]], operation: st
         count = max(dp, nbytes // itemsize // dp * dp)
         if count not in memo:
             memo[count] = cc.collective(operation, topology, dp_groups, count, dtype).duration_ns
-        ready = backward_start_ns + layers_done * backward_layer_ns
+        ready = backward_start_ns + head_ns + layers_done * backward_layer_ns
         start = max(ready, free)
         end = start + memo[count]
         overlapped = max(0.0, min(end, backward_end_ns) - start)
@@ -397,7 +399,8 @@ def time_training_step(model: Transformer, plan: ParallelPlan) -> StepTiming:
         op = cc.REDUCE_SCATTER if plan.zero1 else cc.ALL_REDUCE
         buckets = _grad_buckets(layer_bytes, layers_per_stage, other_bytes)
         sync = _sync_schedule(topology, dp_groups, op, buckets, grad_dtype, itemsize,
-                              bwd.device_ns + recompute, step_compute, last_backward_start)
+                              bwd.device_ns + recompute, step_compute, last_backward_start,
+                              head.device_ns)
         exposed_sync = max(0.0, sync[-1].end_ns - step_compute)
     gather = 0.0
     if plan.zero1 and plan.dp > 1:

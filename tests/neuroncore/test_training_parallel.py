@@ -14,10 +14,12 @@ from neuroncore.parallel.training import (
     PlanError,
     StepTiming,
     _grad_buckets,
+    _sync_schedule,
     clear_program_cache,
     overlap_fraction,
     time_training_step,
 )
+from neuroncore.topology import instance_topology
 from neuroncore.workloads.train_graphs import RankShapes, Transformer, layer_backward, layer_forward
 from neuroncore.workloads.training import SMALL, TRAIN_WORKLOADS, get_train
 
@@ -131,9 +133,17 @@ def test_data_parallel_sync_is_bucketed_and_overlaps_the_backward(steps: dict[st
     starts = [s.start_ns for s in dp.sync]
     assert starts == sorted(starts)
     assert all(b.start_ns >= a.end_ns for a, b in zip(dp.sync, dp.sync[1:]))  # one CC stream
-    assert 0 < overlap_fraction(dp.sync) <= 1
+    # this small model's gradients fit one bucket, which holds the embedding's and head's: nothing
+    # to overlap (test_buckets_start_after_the_head_and_their_layers has several buckets)
+    assert len(dp.sync) == 1 and overlap_fraction(dp.sync) == 0
     # only what runs past the backward is exposed
     assert dp.parts["gradient_sync"] <= dp.sync_total_ns - dp.sync_overlapped_ns + 1e-6
+    # the backward starts with the head and loss: a bucket is ready only after them and its layers,
+    # so the last one (the last layers, embedding and head) starts when the whole backward is done
+    backward_end = dp.parts["forward"] + dp.parts["backward"]
+    assert dp.sync[-1].start_ns >= backward_end - 1e-6
+    assert dp.sync[0].start_ns >= backward_end - dp.parts["backward"] / dp.plan.micro_batches \
+        + dp.head.device_ns - 1e-6
 
 
 def test_zero1_reduce_scatters_shards_the_optimizer_and_all_gathers(steps: dict[str, StepTiming]) -> None:
@@ -208,6 +218,20 @@ def test_workloads_have_the_published_presets() -> None:
     assert TRAIN_WORKLOADS["llama-train"].presets["llama3.1-70b"].params() == pytest.approx(70.6e9, rel=0.01)
     assert TRAIN_WORKLOADS["bert-pretrain"].presets["bert-large"].params() == pytest.approx(335e6, rel=0.03)
     assert TRAIN_WORKLOADS["gpt-train"].presets["gpt3-6.7b"].params() == pytest.approx(6.7e9, rel=0.03)
+
+
+def test_buckets_start_after_the_head_and_their_layers() -> None:
+    """The backward runs the head and loss first, then the layers last to first: a bucket is ready
+    when its layers are done, the last (with the embedding and head) when the backward is done."""
+    topo = instance_topology("trn1.32xlarge")
+    buckets = _grad_buckets(DDP_BUCKET_BYTES, 4, 2**20)
+    start, head, layer = 1e6, 5e6, 10e6
+    end = start + head + 4 * layer
+    sync = _sync_schedule(topo, [list(range(32))], "AllReduce", buckets, "fp32", 4, layer, end, start,
+                          head)
+    assert [s.start_ns for s in sync[:4]] == [start + head + k * layer for k in (1, 2, 3, 4)]
+    assert sync[-1].start_ns >= end
+    assert 0 < overlap_fraction(sync) < 1
 
 
 def test_buckets_cover_every_gradient_once() -> None:
