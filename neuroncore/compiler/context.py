@@ -568,6 +568,7 @@ class Context:
             if buf is not None:
                 self.free(buf)
                 value.bufs[t] = None
+        self._holding.pop(op.index, None)  # holds nothing now: no spill search looks at it
 
     # -- spilling --------------------------------------------------------------------------
     def _next_use(self, op_index: int) -> int:
@@ -577,20 +578,33 @@ class Context:
         return NEVER_USED_AGAIN
 
     def _spill_one(self, needed: int) -> bool:
-        """Spill the resident tile used furthest in the future (Belady); False if none can go."""
-        best: tuple[int, int, Value, int] | None = None
-        # the same scan order as over ``values`` (first of equal keys wins), resident values only
+        """Spill the resident tile used furthest in the future (Belady); False if none can go.
+
+        The victim is the unpinned tile with the greatest (next use, bytes), the first in value
+        order (``_holding``) and tile order on ties. Every tile of a value has the value's next use,
+        so values are ranked by it first and only the tiles of the furthest-used values are looked
+        at: a spill no longer walks every resident tile (thousands in a long-sequence layer)."""
+        by_use: dict[int, list[int]] = {}
         for index in sorted(self._holding, key=self._holding.__getitem__):
-            value = self.values[index]
-            if all(buf is None for buf in value.bufs):
-                del self._holding[index]
-                continue
-            for t, buf in enumerate(value.bufs):
-                if buf is None or buf.id in self.pinned:
-                    continue
-                key = (self._next_use(value.op.index), buf.bytes_per_partition)
-                if best is None or key > best[:2]:
-                    best = (key[0], key[1], value, t)
+            by_use.setdefault(self._next_use(index), []).append(index)
+        best: tuple[int, int, Value, int] | None = None
+        for next_use in sorted(by_use, reverse=True):
+            for index in by_use[next_use]:
+                value = self.values[index]
+                resident = False
+                for t, buf in enumerate(value.bufs):
+                    if buf is None:
+                        continue
+                    resident = True
+                    if buf.id in self.pinned:
+                        continue
+                    size = buf.bytes_per_partition
+                    if best is None or size > best[1]:
+                        best = (next_use, size, value, t)
+                if not resident:
+                    del self._holding[index]
+            if best is not None:
+                break
         if best is None:
             return False
         _, _, value, t = best
