@@ -588,19 +588,22 @@ class Context:
         for index in sorted(self._holding, key=self._holding.__getitem__):
             by_use.setdefault(self._next_use(index), []).append(index)
         best: tuple[int, int, Value, int] | None = None
+        pinned = self.pinned
         for next_use in sorted(by_use, reverse=True):
             for index in by_use[next_use]:
                 value = self.values[index]
                 resident = False
+                last: tuple[int, DType, int] | None = None  # (free, dtype, bytes) of the tile before
                 for t, buf in enumerate(value.bufs):
                     if buf is None:
                         continue
                     resident = True
-                    if buf.id in self.pinned:
+                    if buf.id in pinned:
                         continue
-                    size = buf.bytes_per_partition
-                    if best is None or size > best[1]:
-                        best = (next_use, size, value, t)
+                    if last is None or buf.free != last[0] or buf.dtype is not last[1]:
+                        last = (buf.free, buf.dtype, buf.bytes_per_partition)
+                    if best is None or last[2] > best[1]:
+                        best = (next_use, last[2], value, t)
                 if not resident:
                     del self._holding[index]
             if best is not None:

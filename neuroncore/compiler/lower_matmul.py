@@ -215,8 +215,7 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
             one_a = kt * mb * item if (a_streamed or a_transposed) else 0
             one_b = kt * nb * item if (b_streamed or b_transposed) else 0
             sizes = [x for x in (one_a, one_a if split_k else 0, one_b, one_b) if x]
-            sizes += [min(nb, BANK_COLS) * 4] * (math.ceil(mb / P) * math.ceil(nb / BANK_COLS)
-                                                  if split_k else 0)
+            sizes += [acc_bytes] if split_k else []  # the partial sums: one allocation (_blocks)
             if not fits([*sizes, stage, *(resident_out or [])]):
                 continue
         reloads_a = math.ceil(n / nb) if split_k else 1
