@@ -176,7 +176,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if throttled.size:
         spent = int((result.timeline.throttle_end_ns - throttled).sum())
         spec = program.spec
-        console.print(f"power throttling: {throttled.size} periods, {spent / 1e3:,.1f} us; the matmuls ran "
+        periods = "period" if throttled.size == 1 else "periods"
+        console.print(f"power throttling: {throttled.size} {periods}, {spent / 1e3:,.1f} us; the matmuls ran "
                       f"{result.timeline.throttle_extra_ns / 1e3:,.1f} us longer (Tensor utilisation under "
                       f"{spec.throttle_utilisation:.0%} for {spec.throttle_window_ns / 1e3:g} us, then the "
                       f"next burst at {spec.throttle_rate:.0%})")
