@@ -8,13 +8,15 @@ the relocation to apply, and makes each moved record on first access (then keeps
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable
+from typing import Any
+
+from neuroncore.compiler.lazy_sequence import LazySequence
 
 Move = Callable[[Any], Any]
 
 
-class RelocatedSemantics(Sequence[Any]):
+class RelocatedSemantics(LazySequence[Any]):
     """``records`` where each ``(start, stop, move)`` range holds template records to move."""
 
     def __init__(self, records: list[Any], moves: list[tuple[int, int, Move]]) -> None:
@@ -35,32 +37,6 @@ class RelocatedSemantics(Sequence[Any]):
             made = self._made[i] = self._moves[k][2](self._records[i])
             return made
         return self._records[i]
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self._item(i) for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self._item(index)
-
-    def __iter__(self) -> Iterator[Any]:
-        for i in range(len(self)):
-            yield self._item(i)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 __all__ = ["RelocatedSemantics"]

@@ -614,6 +614,14 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
         mm1 = min(m1, mm0 + P)
         t, p0 = locate(shape, Layout.ROW, b, mm0)  # packed batches land at a partition offset
         n_rows = mm1 - mm0
+
+        def accumulator(c0: int, c1: int, mm0: int = mm0, p0: int = p0, n_rows: int = n_rows) -> Ref | None:
+            """The SBUF columns of a split-K partial sum this bank's columns add into, if any."""
+            if acc_buf is None:
+                return None
+            base = (mm0 - m0) // P * plan.nb + c0 - n0
+            return Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
+
         for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
             chunks = [(c, min(n1, c + BANK_COLS))
                       for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS), BANK_COLS)]
@@ -647,10 +655,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                     ctx.pinned.add(column.buf)
                 for bank, (c0, c1) in zip(banks, chunks):
                     psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
-                    acc_ref = None
-                    if acc_buf is not None:
-                        base = (mm0 - m0) // P * plan.nb + c0 - n0
-                        acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
+                    acc_ref = accumulator(c0, c1)
                     col = (Ref(column.buf, column.p0 + p0, column.p0 + p0 + n_rows, column.f0,
                                column.f0 + 1) if column is not None else None)
                     _evacuate_oriented(ctx, op, target, t, psum, (c0, c1), (first, last), acc_ref,
@@ -659,10 +664,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 continue
             for bank, (c0, c1) in zip(banks, chunks):
                 psum = Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0)
-                acc_ref = None
-                if acc_buf is not None:
-                    base = (mm0 - m0) // P * plan.nb + c0 - n0
-                    acc_ref = Ref(acc_buf.id, p0, p0 + n_rows, base, base + c1 - c0)
+                acc_ref = accumulator(c0, c1)
                 scale = None
                 if scale_tile is not None:
                     offset = scale_tile.f0 + c0 - chunks[0][0]

@@ -11,11 +11,12 @@ would have built.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Sequence
+
+from neuroncore.compiler.lazy_sequence import LazySequence
 
 
-class OperandTexts(Sequence[str]):
+class OperandTexts(LazySequence[str]):
     """Node ``i``'s operand string: its waits ``sems[ptr[i]:ptr[i+1]]`` (``>= values``), its
     completion text if it is a producer, then ``texts[i]``."""
 
@@ -48,32 +49,6 @@ class OperandTexts(Sequence[str]):
             made = " ".join(parts)
         self._made[i] = made
         return made
-
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[str]: ...
-
-    def __getitem__(self, index: int | slice) -> str | list[str]:
-        if isinstance(index, slice):
-            return [self._item(i) for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self._item(index)
-
-    def __iter__(self) -> Iterator[str]:
-        for i in range(len(self)):
-            yield self._item(i)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 __all__ = ["OperandTexts"]
