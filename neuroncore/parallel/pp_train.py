@@ -66,6 +66,7 @@ from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.philox import STATE_LIMIT
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
+from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.pipeline import Pass, one_f_one_b
 from neuroncore.parallel.pp_partition import Stage, layer_list, partition
 from neuroncore.parallel.rank_threads import run_ranks
@@ -498,21 +499,13 @@ class PipelineParallelTrainStep(TrainStep):
         else:
             run_ranks(tp, run, rendezvous.barrier, f"pp-stage{s}")
         by_label = dict(zip(program.outputs, produced[0]))
-        cores = [m.core for m in program.ranks]
-        for core in cores:
-            core.lock.acquire()
-        try:
-            t0 = max(max(core.clock_ns for core in cores), int(np.ceil(ready_ns)))
+        with cores_held([m.core for m in program.ranks]) as free_ns:
+            t0 = max(free_ns, int(np.ceil(ready_ns)))
             timeline = schedule(program.loaded.program, float(t0), program.costs)
-            placed_sends = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
-                            for node, tpl, _ in program.sends]
-            placed = placed_sends + [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
-                                     for node, tpl in program.collectives]
+            placed_sends = placed_at(timeline, ((node, tpl) for node, tpl, _ in program.sends))
+            placed = placed_sends + placed_at(timeline, program.collectives)
             results = [m.record(t0, timeline, produced[r], False, placed, host_start_ns=host_start_ns)
                        for r, m in enumerate(program.ranks)]
-        finally:
-            for core in cores:
-                core.lock.release()
         self.stage_results[s].append(results[0])
         self.rank_results.extend(results[1:])
         self._last_sends = {label: record for (_, _, label), (_, record) in zip(program.sends, placed_sends)}
@@ -537,21 +530,13 @@ class PipelineParallelTrainStep(TrainStep):
             state.update(dict(zip(program.outputs, outputs)))
 
         run_ranks(len(stages), run, rendezvous.barrier, "pp-tied")
-        cores = [self.tied_programs[s].loaded.core for s in stages]
-        for core in cores:
-            core.lock.acquire()
-        try:
-            t0 = max(core.clock_ns for core in cores)
+        with cores_held([self.tied_programs[s].loaded.core for s in stages]) as t0:
             for s in stages:
                 program = self.tied_programs[s]
                 timeline = schedule(program.loaded.program, float(t0), program.costs)
-                placed = [(node, tpl.shifted(float(timeline.start_ns[node]) - tpl.start_ns))
-                          for node, tpl in program.collectives]
+                placed = placed_at(timeline, program.collectives)
                 self.stage_results[s].append(program.loaded.record(
                     t0, timeline, produced[s], False, placed, host_start_ns=host_start_ns))
-        finally:
-            for core in cores:
-                core.lock.release()
 
     def _read(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """A resident tensor as ``program`` reads it: a gradient kept whole (the backward computes

@@ -43,6 +43,7 @@ from neuroncore.compiler.program import Program
 from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
+from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
 from neuroncore.parallel.training import PlanError
@@ -187,19 +188,11 @@ class TensorParallelTrainStep(TrainStep):
 
     def _record(self, produced: list[list[np.ndarray]], host_start_ns: int) -> list[ExecutionResult]:
         """Time the step once (every rank runs the same program) and record it on every rank's core."""
-        cores = [m.core for m in self.rank_models]
-        for core in cores:
-            core.lock.acquire()
-        try:
-            t0 = max(core.clock_ns for core in cores)
+        with cores_held([m.core for m in self.rank_models]) as t0:
             timeline = schedule(self.rank_program, float(t0), self._costs)
-            placed = [(node, t.shifted(float(timeline.start_ns[node]) - t.start_ns))
-                      for node, t in self._templates]
+            placed = placed_at(timeline, self._templates)
             results = [m.record(t0, timeline, produced[r], False, placed, host_start_ns=host_start_ns)
                        for r, m in enumerate(self.rank_models)]
-        finally:
-            for core in cores:
-                core.lock.release()
         sink = self.rank_models[0].sink
         if sink.active and placed:
             records.emit_link_usage(sink, [t for _, t in placed], float(t0), float(results[0].end_ns),

@@ -35,6 +35,7 @@ from neuroncore.compiler.program import Program
 from neuroncore.enums import Resource
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Graph, Op
+from neuroncore.parallel.held_cores import cores_held
 from neuroncore.parallel.pipeline import Pass, execution_order, one_f_one_b, stage_layers
 from neuroncore.parallel.training import DDP_BUCKET_BYTES, ParallelPlan, PlanError, model_flops, rank_layout
 from neuroncore.record_kinds import RecordKind, TrainStepMeta
@@ -365,11 +366,7 @@ class TrainingStepRun:
         """One step (timing only): every stage's execution recorded on its core, then a TRAIN_STEP
         batch per stage; returns stage 0's (with pp 1, the one program's)."""
         host_start = time.time_ns()
-        cores = [st.loaded.core for st in self.stages]
-        for core in cores:
-            core.lock.acquire()
-        try:
-            t0 = max(core.clock_ns for core in cores)
+        with cores_held([st.loaded.core for st in self.stages]) as t0:
             timelines, transfer_start = self._settle(float(t0))
             outcomes = []
             for s, (st, timeline) in enumerate(zip(self.stages, timelines)):
@@ -380,9 +377,6 @@ class TrainingStepRun:
                     placed.append((int(n), tpl.shifted(start - tpl.start_ns)))
                 result = st.loaded.record(t0, timeline, None, True, placed, host_start_ns=host_start)
                 outcomes.append((result, timeline, placed))
-        finally:
-            for core in cores:
-                core.lock.release()
         self.steps += 1
         self.last_results = [result for result, _, _ in outcomes]
         step_ns = max(r.end_ns for r in self.last_results) - t0

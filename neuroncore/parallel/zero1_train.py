@@ -56,6 +56,7 @@ from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel, stochastic_rounding_wanted
@@ -304,19 +305,12 @@ class ZeroOneTrainStep(TrainStep):
                                          for g in range(len(self.groups))]
         self.rank_results = [[] for _ in range(self.ranks)]
         for k, stage in enumerate(stages):
-            cores = [m.core for m in stage]
-            for core in cores:
-                core.lock.acquire()
-            try:
-                t0 = max(core.clock_ns for core in cores)
-            finally:
-                for core in cores:
-                    core.lock.release()
+            with cores_held([m.core for m in stage]) as t0:
+                pass  # the ranks start together from the latest clock; each record takes its own core
             for rank, loaded in enumerate(stage):
                 costs, templates = self._timing[self._timing_index(loaded)]
                 timeline = schedule(loaded.program, float(t0), costs)
-                placed = [(node, t.shifted(float(timeline.start_ns[node]) - t.start_ns))
-                          for node, t in templates]
+                placed = placed_at(timeline, templates)
                 self.rank_results[rank].append(loaded.record(t0, timeline, produced[rank][k], False, placed,
                                                              host_start_ns=host_start_ns))
         self.last_results = self.rank_results[0]
