@@ -107,7 +107,8 @@ def _wait_gone(pids: list[int], timeout: float) -> bool:
 def run_trial(root: Path, sig: str, target: str, delay_s: float, workload: str = WORKLOAD, *,
               after_commits: int = 0) -> TrialResult:
     """One capture, one signal ``delay_s`` after it started (or, with ``after_commits``, once that many
-    parts were committed); then the disk is checked."""
+    parts of device profiles were committed: the system profile's periodic flushes do not count, or a
+    slow start would signal before any execution was recorded); then the disk is checked."""
     root.mkdir(parents=True, exist_ok=True)
     script, out, commit_log = root / "workload.py", root / "out", root / "commits.jsonl"
     script.write_text(workload)
@@ -122,7 +123,7 @@ def run_trial(root: Path, sig: str, target: str, delay_s: float, workload: str =
     def waiting() -> bool:
         elapsed = time.monotonic() - started
         if after_commits:
-            return _commits(commit_log) < after_commits and elapsed < WAIT_S
+            return _commits(commit_log, under=out / "device") < after_commits and elapsed < WAIT_S
         return elapsed < delay_s
 
     while wrapper.poll() is None and waiting():
@@ -158,11 +159,17 @@ def run_trial(root: Path, sig: str, target: str, delay_s: float, workload: str =
     return result
 
 
-def _commits(commit_log: Path) -> int:
+def _commits(commit_log: Path, *, under: Path) -> int:
+    """Parts committed so far to profiles inside ``under``."""
     try:
-        return len(commit_log.read_text().splitlines())
+        lines = commit_log.read_text().splitlines()
     except OSError:
         return 0
+    inside = 0
+    for line in lines:
+        with _suppress():  # the line being appended may be read half-written
+            inside += Path(json.loads(line)["profile"]).is_relative_to(under)
+    return inside
 
 
 class _suppress:

@@ -258,8 +258,14 @@ class ProfileWriter:
         self._marks_at = 0.0
         self._commit_log = settings.COMMIT_LOG.get()  # each committed part is appended (crash tests)
         # Marked incomplete from the first moment: if this process is killed, the folder
-        # (<target>.incomplete), its Metadata and a Warning row all say so.
-        self._write_marks()
+        # (<target>.incomplete), its Metadata and a Warning row all say so. Interrupted before the
+        # marks are whole (a Ctrl-C now), the folder holds nothing recorded: it goes.
+        try:
+            self._write_marks()
+        except BaseException:
+            self._state = "discarded"
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -453,8 +459,10 @@ class ProfileWriter:
         with self._marks_lock:
             if self._state != "open":
                 return
-            self._write_file("Warning", {"message": [IN_PROGRESS_MESSAGE], "category": [INCOMPLETE_CATEGORY]})
+            # Metadata first: a process killed between the two leaves a folder whose one table says
+            # capture_complete = false, never a Warning alone that a reader could take for a profile
             self._refresh_marks_locked()
+            self._write_file("Warning", {"message": [IN_PROGRESS_MESSAGE], "category": [INCOMPLETE_CATEGORY]})
 
     def _refresh_marks_locked(self) -> None:
         self._write_file("Metadata", self._metadata_row(False, strict=False), require=False)

@@ -270,3 +270,22 @@ def test_a_writer_that_never_finishes_leaves_committed_parts_readable_and_marked
     assert profile.metadata["tensor_engine_num_rows"] == 128  # what was known is in the marks
     assert any(w.category == INCOMPLETE_CATEGORY for w in profile.warnings)
     writer.abort("test over")
+
+
+def test_a_ctrl_c_while_the_marks_are_written_leaves_no_folder(tmp_path: Path, monkeypatch) -> None:
+    """A KeyboardInterrupt inside the constructor (the first marks half written) would otherwise leave
+    ``<dir>.incomplete`` holding a Warning alone, with no Metadata to say it is incomplete."""
+    real = ProfileWriter._write_file
+    calls: list[str] = []
+
+    def interrupted_on_second(self: ProfileWriter, name: str, *args: Any, **kwargs: Any) -> Path:
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ProfileWriter, "_write_file", interrupted_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        ProfileWriter(tmp_path / "p", HW)
+    assert calls[0] == "Metadata"  # written first: a SIGKILL between the two leaves a marked folder
+    assert list(tmp_path.iterdir()) == []
