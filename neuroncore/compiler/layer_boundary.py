@@ -10,6 +10,8 @@ boundary (the residual stream, the rotary tables): a few small DMA transfers per
 
 from __future__ import annotations
 
+import bisect
+
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
@@ -39,33 +41,73 @@ def evict_resident(ctx: Context) -> None:
 
 
 def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
-    """Hazards older than the previous layer become its first node on the same in-order lane.
+    """Hazards older than the previous layer become nodes of the previous layer that imply them.
 
     A freed SBUF range or PSUM bank remembers who touched it last, however long ago; a range the
     last layer did not touch still names nodes of some earlier layer, so two layers never start
-    from the same state. Waiting for a later node of the same lane implies waiting for the earlier
-    one (lanes run in order), so the replacement is safe; it is the earliest such node, so the wait
-    is barely stricter: the ranges it applies to were last used at least a layer ago.
+    from the same state. Each such node ``n`` (before ``previous_start``) is replaced:
+
+    * by the previous layer's first node on ``n``'s in-order lane (lanes run in order, so waiting
+      for a later node of the lane implies waiting for ``n``);
+    * else (the previous layer did not use that lane: a spill store two layers back, a prologue
+      load) by the previous layer's first node that waits for ``n`` or a later node of its lane
+      (a node starts only when its dependencies are done); if there is none, ``n`` stays.
+
+    And a range holding any such old hazard also waits for the previous layer's first node on every
+    lane it used: which lanes touched a range in some earlier layer is history that otherwise grows
+    layer by layer until it saturates, so the state would repeat only after several layers. These
+    nodes ran at the start of the previous layer, so the extra waits are barely stricter.
     """
-    lanes = ctx.em._lane
+    em = ctx.em
+    lanes = em._lane
     first: dict[int, int] = {}
     for node in range(previous_start, current_start):
         first.setdefault(lanes[node], node)
+    every_lane = list(first.values())
+    # per lane the previous layer did not use: (first waiter, the latest node of that lane it or an
+    # earlier waiter waits for), in node order, the running latest increasing
+    waiters: dict[int, tuple[list[int], list[int]]] = {}
+    deps = em.deps
+    for node in range(previous_start, current_start):
+        for d in deps[node]:
+            if d < previous_start and lanes[d] not in first:
+                found = waiters.setdefault(lanes[d], ([], []))
+                if not found[1] or d > found[1][-1]:
+                    found[0].append(node)
+                    found[1].append(d)
+
+    def replacement(n: int) -> int:
+        lane = lanes[n]
+        in_lane = first.get(lane)
+        if in_lane is not None:
+            return in_lane
+        found = waiters.get(lane)
+        if found is not None:
+            i = bisect.bisect_left(found[1], n)
+            if i < len(found[1]):
+                return found[0][i]
+        return n
 
     def aged(nodes: list[int]) -> list[int]:
         if not nodes or min(nodes) >= previous_start:
             return nodes
-        out = {first.get(lanes[n], n) if n < previous_start else n for n in nodes}
-        return ctx.em.compact(out)
+        out = {n if n >= previous_start else replacement(n) for n in nodes}
+        out.update(every_lane)
+        return em.compact(out)
 
     for tomb in ctx.sbuf.tombstones:
         tomb.nodes = aged(tomb.nodes)
     ctx.psum.hazards = [aged(h) for h in ctx.psum.hazards]
-    table = ctx.em._accesses
+    table = em._accesses
     for key, accesses in table.items():
         if any(a[4] < previous_start for a in accesses) and any(a[4] >= previous_start for a in accesses):
-            table[key] = [a if a[4] >= previous_start else (*a[:4], first.get(a[5], a[4]), *a[5:])
+            table[key] = [a if a[4] >= previous_start else _moved(a, replacement(a[4]), lanes)
                           for a in accesses]
+
+
+def _moved(access: tuple, node: int, lanes: list[int]) -> tuple:
+    """A recorded access as made by ``node`` (on its own lane: a same-lane node skips the wait)."""
+    return (*access[:4], node, lanes[node], *access[6:])
 
 
 BOUNDARY_TRAFFIC_LIMIT = 0.01  # write-back + reload at a boundary, as a fraction of a layer's weights
