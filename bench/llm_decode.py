@@ -40,6 +40,12 @@ KV cache stays on the device, as transformers-neuronx keeps it).
   one rank holds for ``in + out`` positions (bf16).
 * ``sim_wall_s``: wall seconds simulating the executions this key uses (its prefill and each
   bucket's decode step; compilation excluded, it is in ``compile_wall_s`` once per program).
+* ``key_wall_s``, ``key_cpu_s``, ``programs_new``: what the key cost in this run, i.e. compiling
+  and timing the programs no earlier key of the run had made (a program is made once per
+  (phase, model, instance, batch, context) and shared by every key that needs it: 128/128 and
+  128/3968 share their prefill and their first decode buckets). The run's totals are
+  ``bench_wall_s`` and ``bench_cpu_s``; ``--progress`` prints each key's line on stderr as it
+  finishes, so a run stopped part way still gives its per-key times.
 
 The numbers come from the execution core's cost model (neuroncore.md: engine rates, HBM and DMA
 costs, per-execution overheads) and the collective model (NeuronLink topology, algorithms, hop
@@ -51,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -216,6 +223,8 @@ def main() -> None:
     parser.add_argument("--quantize", choices=[q.value for q in Quantization], default="none",
                         help="int8-weight-only: transformers-neuronx's quantized configuration (int8 "
                              "linear weights, per-channel scales); calibration points are bf16 runs")
+    parser.add_argument("--progress", action="store_true",
+                        help="one JSON line per finished key on stderr (its wall and CPU seconds)")
     args = parser.parse_args()
     options = CompilerOptions(quantize=Quantization(args.quantize))
     if args.quick:
@@ -226,13 +235,24 @@ def main() -> None:
     out: dict = {"dtype": "bf16", "quantize": args.quantize,
                  "bucket_rule": "powers of two from 128 up to in+out, then in+out"}
     grid = Grid(options)
-    started = time.perf_counter()
-    for key in keys:
+    started, started_cpu = time.perf_counter(), time.process_time()
+    for n, key in enumerate(keys, 1):
+        wall, cpu, programs = time.perf_counter(), time.process_time(), len(grid.cache)
         out[str(key)] = grid.figures(key)
+        # what this key cost in this run: the programs no earlier key had compiled, and timing them
+        out[str(key)]["key_wall_s"] = round(time.perf_counter() - wall, 2)
+        out[str(key)]["key_cpu_s"] = round(time.process_time() - cpu, 2)
+        out[str(key)]["programs_new"] = len(grid.cache) - programs
+        if args.progress:  # a run stopped part way still leaves each finished key's cost
+            print(json.dumps({"key": str(key), "done": n, "of": len(keys),
+                              **{k: out[str(key)][k] for k in ("key_wall_s", "key_cpu_s", "programs_new")},
+                              "bench_wall_s": round(time.perf_counter() - started, 1)}),
+                  file=sys.stderr, flush=True)
     out["calibration"] = calibration_errors(out)
     out["programs_simulated"] = len(grid.cache)
     out["compile_wall_s"] = round(sum(t.compile_s for t in grid.cache.values()), 1)
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    out["bench_cpu_s"] = round(time.process_time() - started_cpu, 1)
     print(json.dumps(out))
 
 

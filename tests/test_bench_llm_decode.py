@@ -8,6 +8,7 @@ the arithmetic the published comparison rests on, not the cost model.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -91,3 +92,28 @@ def test_heads_are_laid_out_as_transformers_neuronx_does(bench):
     assert {p.shape[1] for p in graph.parameters if p.name.startswith("past_")} == {24}
     mha = bench.head_figures(bench.Key("llama2-13b", "trn1.32xlarge", 32, 1, 128, 128))
     assert (mha["q_heads"], mha["kv_heads"], mha["kv_copies"]) == (64, 64, 1)  # padded, not copied
+
+
+def test_each_key_reports_what_it_cost_and_programs_are_shared(bench, monkeypatch, capsys):
+    """A program is made once per (phase, model, instance, batch, context): 128/3968 reuses the
+    prefill and the first decode buckets 128/128 made; each key's new programs add up to the run's,
+    and --progress leaves one stderr line per finished key."""
+    def fake_run(self, workload, key, context):
+        return self.cache.setdefault((workload, key.model, key.instance, key.batch, context),
+                                     bench.Timed(1.0, 1.0, 0.0, 0.0, 0.0, 0))
+
+    monkeypatch.setattr(bench.Grid, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["llm_decode.py", "--models", "llama2-7b", "--instances",
+                                      "inf2.48xlarge", "--batches", "1", "--lengths", "128-128", "128-3968",
+                                      "--progress"])
+    bench.main()
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    short = out["llama2-7b/inf2.48xlarge/tp24/b1/128-128"]
+    long = out["llama2-7b/inf2.48xlarge/tp24/b1/128-3968"]
+    assert short["programs_new"] == 1 + len(short["steps_by_bucket"])
+    assert long["programs_new"] == len(set(long["steps_by_bucket"]) - set(short["steps_by_bucket"]))
+    assert short["programs_new"] + long["programs_new"] == out["programs_simulated"]
+    progress = [json.loads(line) for line in captured.err.splitlines()]
+    assert [p["done"] for p in progress] == [1, 2] and all(p["of"] == 2 for p in progress)
+    assert {"key_wall_s", "key_cpu_s"} <= set(long) and "bench_cpu_s" in out
