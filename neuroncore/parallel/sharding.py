@@ -166,7 +166,7 @@ class _Restart(Exception):
 
 
 def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
-          sequence_parallel: bool = False) -> ShardedGraph:
+          sequence_parallel: bool = False, input_splits: dict[str, Split] | None = None) -> ShardedGraph:
     """Split ``graph`` over ``tp`` ranks (see the module docstring).
 
     A pass that finds inputs it should have split goes on to the end, collecting every such input,
@@ -188,10 +188,15 @@ def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
     column-parallel linear's input gradient, the vocabulary-parallel lookup) is reduce-scattered
     along the sequence instead of all-reduced, so norms, dropout and residuals run on ``seq / tp``
     tokens per rank; a linear reading such a sequence-split value all-gathers it first.
+
+    ``input_splits`` splits the named inputs from the start, so that a second program over the same
+    resident tensors (a training step's accumulate program, whose gradient buffers nothing else
+    would tell to split) reads and writes them the way the first program does.
     """
     if not isinstance(tp, int) or tp < 1:
         raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
-    presplit: dict[int, Split] = {}
+    wanted = input_splits or {}
+    presplit: dict[int, Split] = {p.index: wanted[p.name] for p in graph.parameters if p.name in wanted}
     for _ in range(len(graph.parameters) + 1):
         try:
             return _Sharder(graph, tp, presplit, trained, sequence_parallel).run()

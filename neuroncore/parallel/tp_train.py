@@ -4,6 +4,12 @@ over ``tp`` cores, each holding its block of the weights, their gradients and op
     step = TensorParallelTrainStep(model, optimizer, (x, y), tp=2, loss_fn=F.mse_loss)
     loss = step(x, y)        # every rank sees the whole batch; returns the loss
 
+With ``accumulation_steps=K`` a call takes K micro-batches stacked along dim 0, as
+:func:`neuroncore.training.trace_train_step` does: the first K-1 run the sharded *accumulate* program
+(forward + backward, each rank adding its block of the gradients to resident buffers), the last the
+sharded *update* program; both are split by the same pass, so a gradient buffer is split like its
+weight in both.
+
 How: the traced step's whole program (forward, backward through torch's autograd, optimizer update;
 :class:`neuroncore.training.TrainStep`) goes through the same sharding pass as tensor-parallel
 inference (:func:`neuroncore.parallel.sharding.shard`), told which inputs are trained weights. The pass
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +48,7 @@ from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.options import CompilerOptions
 from neuroncore.compiler.program import Program
 from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
+from neuroncore.ir.graph import Graph
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
 from neuroncore.parallel.held_cores import cores_held, placed_at
@@ -54,7 +62,21 @@ from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, host_scalars
 from neuroncore.training.precision import Precision, parse_precision
 from neuroncore.training.step_records import emit_step
-from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames
+from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames, _Layout
+
+
+@dataclass
+class _RankProgram:
+    """One sharded program of the step (update, or accumulate) as every rank runs it."""
+
+    sharded: ShardedGraph
+    program: Program
+    models: list[LoadedModel]  # rank r's copy on core r
+    layout: _Layout
+    costs: np.ndarray  # node costs, the collectives' from neuroncore.collectives
+    templates: list[tuple[int, CollectiveRecord]]  # each collective node, its timed template
+    input_split: dict[str, Split | None]
+    output_split: dict[str, Split | None]
 
 
 class TensorParallelTrainStep(TrainStep):
@@ -63,9 +85,13 @@ class TensorParallelTrainStep(TrainStep):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  example_inputs: StepInputs, *, tp: int,
                  loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
-                 sequence_parallel: bool = False, instance: str | None = "trn1.32xlarge") -> None:
+                 sequence_parallel: bool = False, accumulation_steps: int = 1,
+                 instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise PlanError(f"tp must be a positive integer, not {tp!r}")
+        if not isinstance(accumulation_steps, int) or isinstance(accumulation_steps, bool) \
+                or accumulation_steps < 1:
+            raise PlanError(f"accumulation_steps must be a positive integer, not {accumulation_steps!r}")
         self.tp = tp
         self.sequence_parallel = bool(sequence_parallel)
         try:
@@ -73,46 +99,73 @@ class TensorParallelTrainStep(TrainStep):
         except ValueError as exc:
             raise PlanError(str(exc)) from None
         super().__init__(model, optimizer, example_inputs, loss_fn=loss_fn, precision=prec,
-                         accumulation_steps=1, instance=instance, core=0, frames=_caller_frames())
+                         accumulation_steps=accumulation_steps, instance=instance, core=0,
+                         frames=_caller_frames())
 
     def _memory_shards(self) -> int:
         return self.tp  # each rank holds 1/tp of the weights, gradients and optimizer state
 
     def _place(self, options: CompilerOptions | None) -> None:
-        """Shard the step program and put each rank's program and blocks on its core (the whole
-        program is never compiled nor its state placed: a rank holds only its blocks)."""
+        """Shard the step's programs (update, and accumulate with gradient accumulation) and put
+        each rank's programs and blocks on its core (the whole program is never compiled nor its
+        state placed: a rank holds only its blocks)."""
         tp = self.tp
         if tp > len(self.instance.cores):
             raise PlanError(f"tp={tp} does not fit {self.instance.name} "
                             f"({len(self.instance.cores)} cores)")
-        full, self.layout = self.graphs[ProgramKind.UPDATE]
-        trained = frozenset(f"param/{n}" for n in self.param_names)
-        try:
-            self.sharded: ShardedGraph = shard(full, tp, trained=trained,
-                                               sequence_parallel=self.sequence_parallel)
-        except ShardingError as exc:
-            raise PlanError(f"{self.name}: {exc}") from None
-        self.rank_program = compile_graph(self.sharded.local, self.core.spec, options)
-        self.rank_models: list[LoadedModel] = [self.instance.core(r).load(self.rank_program, rank=r)
-                                               for r in range(tp)]
-        for loaded in self.rank_models:  # bf16-sr: every rank's bf16 writes round stochastically,
-            loaded.stochastic_rounding = self.stochastic_rounding
-            # from the same seed, so a replicated weight (a norm's) stays identical on every rank
-        self.input_split = dict(zip(self.layout.inputs, self.sharded.input_splits))
-        self.output_split = dict(zip(self.layout.outputs, self.sharded.output_splits))
-        topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
-        self._templates: list[tuple[int, CollectiveRecord]] = []
-        self._costs = self.rank_program.cost_ns.copy()
-        for node in self.rank_program.collective_nodes:
-            op = self.rank_program.graph.ops[int(self.rank_program.op_index[node])]
-            record = cc.collective(CC_OPERATIONS[op.opcode], topology, [list(range(tp))],
-                                   op.operands[0].size, op.dtype.value)
-            self._costs[node] = record.duration_ns
-            self._templates.append((int(node), record))
+        update = self._shard(*self.graphs[ProgramKind.UPDATE], options)
+        # the accumulate program reads and writes the gradient buffers as the update reads them
+        # (only those: its weights split themselves where the linears read them, as the update's do)
+        fixed = {k: v for k, v in update.input_split.items() if v is not None and k.startswith("grad/")}
+        self.rank_programs = {kind: update if kind is ProgramKind.UPDATE else
+                              self._shard(graph, layout, options, fixed)
+                              for kind, (graph, layout) in self.graphs.items()}
+        self.sharded: ShardedGraph = update.sharded
+        self.rank_program = update.program
+        self.rank_models: list[LoadedModel] = update.models
+        self.layout = update.layout
+        self.input_split: dict[str, Split | None] = {}
+        self.output_split = update.output_split
+        for kind, ranked in self.rank_programs.items():  # a resident tensor is split one way
+            for name, split in ranked.input_split.items():
+                if name in self.input_split and self.input_split[name] != split:
+                    raise PlanError(f"{self.name}: {name} is split as {self.input_split[name]} by the "
+                                    f"update program but as {split} by the {kind.value} program")
+                self.input_split[name] = split
         whole = self._initial_state()
+        self.whole_shapes = {k: v.shape for k, v in whole.items()}
         self.rank_states = [DeviceState(self.instance.core(r),
                                         {k: self._block(k, v, r) for k, v in whole.items()})
                             for r in range(tp)]
+
+    def _shard(self, full: Graph, layout: _Layout, options: CompilerOptions | None,
+               fixed: dict[str, Split] | None = None) -> _RankProgram:
+        """One step program split over the ranks, compiled once and loaded on every rank's core,
+        its collectives timed over the ranks on the instance topology."""
+        tp = self.tp
+        trained = frozenset(f"param/{n}" for n in self.param_names)
+        try:
+            sharded = shard(full, tp, trained=trained, sequence_parallel=self.sequence_parallel,
+                            input_splits=fixed)
+        except ShardingError as exc:
+            raise PlanError(f"{self.name}: {exc}") from None
+        program = compile_graph(sharded.local, self.core.spec, options)
+        models = [self.instance.core(r).load(program, rank=r) for r in range(tp)]
+        for loaded in models:  # bf16-sr: every rank's bf16 writes round stochastically,
+            loaded.stochastic_rounding = self.stochastic_rounding
+            # from the same seed, so a replicated weight (a norm's) stays identical on every rank
+        topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
+        templates: list[tuple[int, CollectiveRecord]] = []
+        costs = program.cost_ns.copy()
+        for node in program.collective_nodes:
+            op = program.graph.ops[int(program.op_index[node])]
+            record = cc.collective(CC_OPERATIONS[op.opcode], topology, [list(range(tp))],
+                                   op.operands[0].size, op.dtype.value)
+            costs[node] = record.duration_ns
+            templates.append((int(node), record))
+        return _RankProgram(sharded, program, models, layout, costs, templates,
+                            dict(zip(layout.inputs, sharded.input_splits)),
+                            dict(zip(layout.outputs, sharded.output_splits)))
 
     @property
     def program(self) -> Program:
@@ -140,60 +193,79 @@ class TensorParallelTrainStep(TrainStep):
 
     # -- run time ------------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
-        """One step on the whole batch ``inputs`` (every rank sees all of it); returns the loss."""
+        """One step on the whole batch ``inputs`` (every rank sees all of it; ``accumulation_steps``
+        micro-batches along dim 0); returns the loss (the mean over the micro-batches)."""
         inputs = self.positional(inputs, named)
-        batch = self._micro_batches(inputs)[0]
+        micro = self._micro_batches(inputs)
         host_start = time.time_ns()
         self.steps += 1
-        host: dict[str, np.ndarray] = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
-        for g, group in enumerate(self.groups):
-            host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]), self.steps)
-        host.update(self.rng_state(self.layout.inputs))  # one state for every rank: rank 0's seed,
-        self.advance_rng()                                # so each rank's numbers are one core's
-        rendezvous = _Rendezvous(self.tp)
-        produced: list[list[np.ndarray]] = [[] for _ in range(self.tp)]
-        local_graph = self.rank_program.graph
-
-        def run(rank: int) -> None:
-            state = self.rank_states[rank]
-            mine = {k: self._block(k, v, rank) for k, v in host.items()}
-            arrays = state.inputs(self.layout.inputs, mine)
-            arrays += [make(rank) for make in self.sharded.rank_inputs]
-            model = self.rank_models[rank]
-            outputs = model.compute(bind_inputs(local_graph, arrays), rendezvous.for_rank(rank))
-            produced[rank] = outputs
-            state.update({name: self._stored(name, value, rank)
-                          for name, value in zip(self.layout.outputs[1:], outputs[1:])})
-
-        run_ranks(self.tp, run, rendezvous.barrier, "tp-train")
-        self.last_results = self._record(produced, host_start)
+        self.last_results = []
+        total = 0.0
+        for k, batch in enumerate(micro):
+            last = k == len(micro) - 1
+            ranked = self.rank_programs[ProgramKind.UPDATE if last else ProgramKind.ACCUMULATE]
+            host: dict[str, np.ndarray] = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
+            if last:
+                for g, group in enumerate(self.groups):
+                    host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                                                        self.steps)
+            host.update(self.rng_state(ranked.layout.inputs))  # one state for every rank: rank 0's
+            self.advance_rng()                                  # seed, so each rank's numbers are one core's
+            produced = self._run_ranks(ranked, host)
+            self.last_results += self._record(ranked, produced, host_start)
+            total += float(np.asarray(produced[0][0]).reshape(-1)[0])
+        if self.accumulation_steps > 1:
+            for state in self.rank_states:
+                state.zero([f"grad/{n}" for n in self.param_names])
         first = inputs[0]
         seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
-        emit_step(self.rank_models[0], self.last_results[:1], step=self.steps,
+        rank0 = [r for r in self.last_results if r.core == self.rank_models[0].core.index]
+        emit_step(self.rank_models[0], rank0, step=self.steps,
                   global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
                   bf16=self.precision is not Precision.FP32, host_start_ns=host_start, tp=self.tp,
                   whole=self.graphs[ProgramKind.UPDATE][0])
         self._sync_host()
-        return torch.tensor(float(np.asarray(produced[0][0]).reshape(-1)[0]), dtype=torch.float32)
+        return torch.tensor(total, dtype=torch.float32)
 
-    def _stored(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
+    def _run_ranks(self, ranked: _RankProgram, host: dict[str, np.ndarray]) -> list[list[np.ndarray]]:
+        """Every rank runs ``ranked`` on its blocks (threads meeting in each collective); each keeps
+        its block of the outputs that alias resident tensors. The ranks' outputs."""
+        rendezvous = _Rendezvous(self.tp)
+        produced: list[list[np.ndarray]] = [[] for _ in range(self.tp)]
+        layout, local_graph = ranked.layout, ranked.program.graph
+
+        def run(rank: int) -> None:
+            state = self.rank_states[rank]
+            mine = {k: self._block(k, v, rank) for k, v in host.items()}
+            arrays = state.inputs(layout.inputs, mine)
+            arrays += [make(rank) for make in ranked.sharded.rank_inputs]
+            outputs = ranked.models[rank].compute(bind_inputs(local_graph, arrays), rendezvous.for_rank(rank))
+            produced[rank] = outputs
+            state.update({name: self._stored(ranked, name, value, rank)
+                          for name, value in zip(layout.outputs[1:], outputs[1:])})
+
+        run_ranks(self.tp, run, rendezvous.barrier, "tp-train")
+        return produced
+
+    def _stored(self, ranked: _RankProgram, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """What rank ``rank`` keeps of an output aliasing resident tensor ``name``: its block, as the
         input reads it (an output computed whole on every rank is cut to the block, locally)."""
-        want, got = self.input_split.get(name), self.output_split.get(name)
+        want, got = self.input_split.get(name), ranked.output_split.get(name)
         if want == got:
             return value
         if got is None:
             return self._block(name, value, rank)
         raise PlanError(f"{self.name}: {name} is read split as {want} but written split as {got}")
 
-    def _record(self, produced: list[list[np.ndarray]], host_start_ns: int) -> list[ExecutionResult]:
-        """Time the step once (every rank runs the same program) and record it on every rank's core."""
-        with cores_held([m.core for m in self.rank_models]) as t0:
-            timeline = schedule(self.rank_program, float(t0), self._costs)
-            placed = placed_at(timeline, self._templates)
+    def _record(self, ranked: _RankProgram, produced: list[list[np.ndarray]],
+                host_start_ns: int) -> list[ExecutionResult]:
+        """Time one program once (every rank runs the same program) and record it on every rank's core."""
+        with cores_held([m.core for m in ranked.models]) as t0:
+            timeline = schedule(ranked.program, float(t0), ranked.costs)
+            placed = placed_at(timeline, ranked.templates)
             results = [m.record(t0, timeline, produced[r], False, placed, host_start_ns=host_start_ns)
-                       for r, m in enumerate(self.rank_models)]
-        sink = self.rank_models[0].sink
+                       for r, m in enumerate(ranked.models)]
+        sink = ranked.models[0].sink
         if sink.active and placed:
             records.emit_link_usage(sink, [t for _, t in placed], float(t0), float(results[0].end_ns),
                                     execution_ids=[r.execution_id for r in results])
