@@ -51,6 +51,9 @@ class Transformer:
     rope: bool = True
     tied_head: bool = False  # the head's weight is the embedding table (counted once; BERT's MLM)
     classes: int = 0  # a classifier head instead of an LM head (ViT)
+    # q, k and v as one column-parallel linear [hidden, (heads + 2 kv_heads) x head_dim] whose
+    # output is split (NxD Training's Llama configs: fuse_qkv; Megatron's query_key_value)
+    fused_qkv: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -266,17 +269,24 @@ def _blocks(m: Transformer, seq: int) -> list[tuple[int, int, int]]:
     return [(s, min(seq, s + ATTENTION_BLOCK), min(seq, s + ATTENTION_BLOCK)) for s in starts]
 
 
+def _scale_queries(b: GraphBuilder, q: Op) -> Op:
+    """``q / sqrt(head_dim)``: the NKI flash-attention kernels multiply the query tile by
+    ``softmax_scale`` once as they load it, so no ``[queries, keys]`` score tile is ever scaled
+    (one pass over ``seq x head_dim`` instead of one over ``seq x keys`` per tile)."""
+    return b.multiply(q, 1.0 / math.sqrt(q.shape[-1]))
+
+
 def _attention_forward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op) -> tuple[Op, Op]:
-    """Causal block attention; returns the context [b, h, s, hd] and the log-sum-exp [b, h, s]."""
+    """Causal block attention over queries already scaled (:func:`_scale_queries`); returns the
+    context [b, h, s, hd] and the log-sum-exp [b, h, s]."""
     bt, nh, s, hd = q.shape
-    scale = 1.0 / math.sqrt(hd)
     outs: list[Op] = []
     lses: list[Op] = []
     for q0, q1, keys in _blocks(m, s):
         qi = q if (q0, q1) == (0, s) else b.slice(q, (0, 0, q0, 0), (bt, nh, q1, hd))
         ki = k if keys == s else b.slice(k, (0, 0, 0, 0), (bt, nh, keys, hd))
         vi = v if keys == s else b.slice(v, (0, 0, 0, 0), (bt, nh, keys, hd))
-        scores = b.multiply(b.dot(qi, ki, rhs_contract=-1), scale)
+        scores = b.dot(qi, ki, rhs_contract=-1)
         probs = b.softmax(scores)
         lses.append(b.reduce(scores, [3], kind="max"))  # the kernel keeps its row statistic
         outs.append(b.dot(probs, vi))
@@ -288,7 +298,10 @@ def _attention_forward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op) -> 
 def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, out: Op, lse: Op,
                         dout: Op) -> tuple[Op, Op, Op]:
     """Flash-attention backward: scores recomputed and exponentiated against the saved
-    log-sum-exp; dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)), dQ = dS K, dK = dS^T Q.
+    log-sum-exp; dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)), dQ = dS K / sqrt(hd),
+    dK = dS^T Q / sqrt(hd). ``q`` is the scaled query the forward saved (:func:`_scale_queries`),
+    so the scores need no scaling and ``dS^T q`` is dK; dQ's scale is applied to the keys once
+    (``seq x head_dim``), as the NKI backward kernel does, never to a score tile.
 
     One block (bidirectional, or short): all at once. Causal and longer than a block: two passes
     whose score tiles stay on chip, as FlashAttention-2's backward tiles it. The dQ pass walks the
@@ -298,7 +311,6 @@ def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, ou
     recomputes rather than keeping a whole-sequence accumulator; it costs two extra matmuls of the
     causal triangle.]"""
     bt, nh, s, hd = q.shape
-    scale = 1.0 / math.sqrt(hd)
     delta = b.reduce(b.multiply(dout, out), [3])  # [b, h, s]
 
     def rows_of(x: Op, r0: int, r1: int) -> Op:
@@ -312,21 +324,22 @@ def _attention_backward(b: GraphBuilder, m: Transformer, q: Op, k: Op, v: Op, ou
         grid = (bt, nh, r1 - r0, c1 - c0)
         qi, doi = rows_of(q, r0, r1), rows_of(dout, r0, r1)
         ki, vi = rows_of(k, c0, c1), rows_of(v, c0, c1)
-        scores = b.multiply(b.dot(qi, ki, rhs_contract=-1), scale)
+        scores = b.dot(qi, ki, rhs_contract=-1)
         probs = b.exp(b.subtract(scores, b.broadcast(rows_of(lse, r0, r1), grid, (0, 1, 2))))
         dp = b.dot(doi, vi, rhs_contract=-1)
-        ds = b.multiply(b.multiply(probs, b.subtract(dp, b.broadcast(rows_of(delta, r0, r1), grid,
-                                                                        (0, 1, 2)))), scale)
+        ds = b.multiply(probs, b.subtract(dp, b.broadcast(rows_of(delta, r0, r1), grid, (0, 1, 2))))
         return probs, ds
 
     blocks = _blocks(m, s)
     if len(blocks) == 1:
         probs, ds = tiles(0, s, 0, s)
-        return b.dot(ds, k), b.dot(ds, q, lhs_contract=-2), b.dot(probs, dout, lhs_contract=-2)
+        return (b.multiply(b.dot(ds, k), 1.0 / math.sqrt(hd)), b.dot(ds, q, lhs_contract=-2),
+                b.dot(probs, dout, lhs_contract=-2))
+    k_scaled = _scale_queries(b, k)  # dQ = dS (K / sqrt(hd))
     dqs = []
     for q0, q1, keys in blocks:  # dQ: each query block against the keys it sees
         _, ds = tiles(q0, q1, 0, keys)
-        dqs.append(b.dot(ds, rows_of(k, 0, keys)))
+        dqs.append(b.dot(ds, rows_of(k_scaled, 0, keys)))
     dks: list[Op] = []
     dvs: list[Op] = []
     for k0 in range(0, s, KEY_BLOCK):  # dK, dV: each key block against the queries that see it
@@ -414,11 +427,17 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
     h = r.hidden
     n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
     with b.scope("self_attn"):
-        q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, "q_proj", dtype, m.bias), r, r.heads)
-        k = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, "k_proj", dtype, m.bias), r, r.kv_heads)
-        v = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, "v_proj", dtype, m.bias), r, r.kv_heads)
+        # a fused qkv_proj's forward is its weight's three column blocks, one matmul each: a
+        # matmul's output columns are independent, and slicing the fused [tokens, q + 2 kv]
+        # output would send it through HBM; its backward is where fusing changes the work
+        names = (("qkv_proj.q", "qkv_proj.k", "qkv_proj.v") if m.fused_qkv
+                 else ("q_proj", "k_proj", "v_proj"))
+        q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, names[0], dtype, m.bias), r, r.heads)
+        k = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, names[1], dtype, m.bias), r, r.kv_heads)
+        v = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, names[2], dtype, m.bias), r, r.kv_heads)
         if m.rope:
             q, k = _rope(b, q, dtype), _rope(b, k, dtype)
+        q = _scale_queries(b, q)  # saved scaled: the backward's scores and dK read it so
         ctx, lse = _attention_forward(b, m, q, _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads))
         ctx_t = _tokens(b, ctx, r)
         with b.scope("o_proj"):
@@ -502,12 +521,17 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
         if m.rope:
             dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
         n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
-        dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias, grads,
-                               later)
-        dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dk, r), h, r.kv_heads * hd, "k_proj",
-                                          dtype, m.bias, grads, later))
-        dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
-                                          dtype, m.bias, grads, later))
+        if m.fused_qkv:  # one input-gradient matmul over K = q + 2 kv (no sum of three partials)
+            dqkv = b.concatenate([_tokens(b, dq, r), _tokens(b, dk, r), _tokens(b, dv, r)], 1)
+            dn1 = _linear_backward(b, n1, dqkv, h, (r.heads + 2 * r.kv_heads) * hd, "qkv_proj", dtype,
+                                   m.bias, grads, later)
+        else:
+            dn1 = _linear_backward(b, n1, _tokens(b, dq, r), h, r.heads * hd, "q_proj", dtype, m.bias,
+                                   grads, later)
+            dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dk, r), h, r.kv_heads * hd, "k_proj",
+                                              dtype, m.bias, grads, later))
+            dn1 = b.add(dn1, _linear_backward(b, n1, _tokens(b, dv, r), h, r.kv_heads * hd, "v_proj",
+                                              dtype, m.bias, grads, later))
         dn1 = _leave_tp(b, dn1, r, group)
         _weight_grads(b, later or [], grads)
     dx_norm, dg1 = _norm_backward(b, m, x, dn1, "input_layernorm", dtype)

@@ -24,12 +24,12 @@ from neuroncore.parallel.training import ParallelPlan, PlanError
 from neuroncore.workloads.train_graphs import Transformer
 
 LLAMA_TRAIN = {
-    "llama2-7b": Transformer("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
-    "llama2-13b": Transformer("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
-    "llama2-70b": Transformer("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
-    "llama3.1-8b": Transformer("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
-    "llama3.1-70b": Transformer("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
-}
+    "llama2-7b": Transformer("llama2-7b", 32, 4096, 32, 32, 11008, 32000, fused_qkv=True),
+    "llama2-13b": Transformer("llama2-13b", 40, 5120, 40, 40, 13824, 32000, fused_qkv=True),
+    "llama2-70b": Transformer("llama2-70b", 80, 8192, 64, 8, 28672, 32000, fused_qkv=True),
+    "llama3.1-8b": Transformer("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, fused_qkv=True),
+    "llama3.1-70b": Transformer("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, fused_qkv=True),
+}  # fused_qkv: NxD Training's Llama configs set fuse_qkv (one qkv_proj, as gate_up_proj)
 
 
 def _encoder(name: str, layers: int, hidden: int, heads: int, intermediate: int, vocab: int, *,
@@ -41,15 +41,16 @@ def _encoder(name: str, layers: int, hidden: int, heads: int, intermediate: int,
 
 BERT_TRAIN = {"bert-large": _encoder("bert-large", 24, 1024, 16, 4096, 30522, tied_head=True)}
 GPT_TRAIN = {"gpt3-6.7b": Transformer("gpt3-6.7b", 32, 4096, 32, 32, 16384, 50257, norm="layer",
-                                      mlp="gelu", bias=True, rope=False)}
+                                      mlp="gelu", bias=True, rope=False, fused_qkv=True)}
+# (Megatron's ParallelAttention: one query_key_value ColumnParallelLinear of 3 x hidden)
 # ViT's "vocabulary" is the patch vector (3 x 16 x 16 = 768 values) its embedding projects
 VIT_TRAIN = {"vit-base": _encoder("vit-base", 12, 768, 12, 3072, 768, classes=1000)}
 
 SMALL = {
-    "llama-train": Transformer("llama-small", 2, 256, 4, 2, 688, 1024),
+    "llama-train": Transformer("llama-small", 2, 256, 4, 2, 688, 1024, fused_qkv=True),
     "bert-pretrain": _encoder("bert-small", 2, 256, 4, 1024, 1024, tied_head=True),
     "gpt-train": Transformer("gpt-small", 2, 256, 4, 4, 1024, 1024, norm="layer", mlp="gelu",
-                             bias=True, rope=False),
+                             bias=True, rope=False, fused_qkv=True),
     "vit-finetune": _encoder("vit-small", 2, 256, 4, 1024, 768, classes=10),
 }
 
