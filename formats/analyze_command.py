@@ -20,7 +20,6 @@ from typing import Any
 from formats.analysis import Analysis, analyze
 from formats.breakdown import OpKind
 from formats.profile_commands import ANALYZE_HELP
-from formats.reader import Profile
 from formats.units import fmt_bytes, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 from neuronscope.cli_kit import EXIT_OK, CliError, Renderers
 
@@ -32,7 +31,7 @@ ANALYZE_FORMATS: Renderers[Any] = Renderers("neuron-profile analyze")
 def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any]:
     """Analyse every profile under ``root``: ``{"profiles": {relpath: Analysis}, "ranks": RankReport
     or None}``. A folder holding no profile is a one-line ``CliError``."""
-    from formats.dataset import find_profiles
+    from formats.dataset import find_profiles, system_only
     from formats.ranks import rank_report
     from formats.reader import open_profile
 
@@ -43,11 +42,10 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
     opened = {names[entry.name]: open_profile(entry.path) for entry in entries}
     # A capture directory holds device/ (one profile per execution and core: the ranks) and system/
     # (the host side). The system profile has no instructions: it is neither analysed nor a rank.
-    system = sorted(name for name, p in opened.items() if is_system_profile(p))
+    system = sorted(name for name, p in opened.items() if p.is_system)
     profiles = {name: p for name, p in opened.items() if name not in system}
     if not profiles:
-        raise CliError(f"{root}: a system (host-side) profile only; analyze reads device profiles "
-                       f"(a capture's device/ folder)")
+        raise CliError(system_only(root, "analyze"))
     analyses = {name: analyze(p) for name, p in profiles.items()}
     # Ranks are the cores that ran one program together: the same model= and execution= partitions
     # on different core= (a tensor-parallel group). A generation's context-encoding and
@@ -64,15 +62,6 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
     ranks = next(iter(reports.values())) if len(reports) == 1 else None
     return {"profiles": analyses, "ranks": ranks, "system": system,
             "rank_groups": reports if len(reports) > 1 else {}}
-
-
-def is_system_profile(profile: Profile) -> bool:
-    """True for a host-side system profile (``system/`` of a capture): its tables are the schema's
-    system tables (CPU, host memory, system events) and none is a device table (``Metadata``, which
-    the schema files under device, is in both)."""
-    sides = {t.definition.profile for name, t in profile.tables.items()
-             if t.definition is not None and name != "Metadata"}
-    return "system" in sides and "device" not in sides
 
 
 def _share_line(label: str, table: dict[str, int], total: int, n: int = 6) -> str | None:

@@ -35,19 +35,43 @@ class ProfileEntry:
     name: str  # relative path from the root, "/"-separated ("." when the root is the profile)
     partitions: dict[str, str] = field(default_factory=dict)
     complete: bool = True
+    system: bool = False  # a host-side system profile (``Schema.is_system_side`` of its table files)
 
 
 def is_profile_dir(path: Path) -> bool:
     """True if ``path`` holds at least one ``<Table>.parquet`` of a table the schema knows."""
+    return bool(_known_tables(path))
+
+
+def _known_tables(path: Path) -> set[str]:
     try:
         names = os.listdir(path)
     except OSError:
-        return False
-    for name in names:
-        named = table_of_file(name)
-        if named is not None and named[0] in SCHEMA:
-            return True
-    return False
+        return set()
+    return {named[0] for named in map(table_of_file, names) if named is not None and named[0] in SCHEMA}
+
+
+def is_system_dir(path: Path) -> bool:
+    """True if ``path`` is a host-side system profile (a capture's ``system/``), read from its file
+    names alone (``Schema.is_system_side``; ``Profile.is_system`` is the same rule once opened)."""
+    return SCHEMA.is_system_side(_known_tables(path))
+
+
+def system_note(path: Path) -> str:
+    """The one line each view prints for a system profile it leaves out."""
+    return f"{path} is a system profile (host side); its tables are for 'neuron-profile query'"
+
+
+def system_only(root: str | os.PathLike[str], tool: str) -> str:
+    """The one-line error of a view of device runs named a system profile and nothing else."""
+    return (f"{root}: a system (host-side) profile only; {tool} shows device profiles "
+            f"(a capture's device/ folder)")
+
+
+def device_entries(entries: list[ProfileEntry]) -> tuple[list[ProfileEntry], list[ProfileEntry]]:
+    """(device profiles, system profiles) of ``find_profiles``' entries: a capture's top folder holds
+    ``device/`` and ``system/``; views of device runs show the first and name the second."""
+    return [e for e in entries if not e.system], [e for e in entries if e.system]
 
 
 def find_profiles(root: str | os.PathLike[str], *, include_incomplete: bool = False
@@ -65,7 +89,7 @@ def find_profiles(root: str | os.PathLike[str], *, include_incomplete: bool = Fa
         raise ProfileError(f"{base}: not a profile directory (a profile is a directory of "
                            f"<Table>.parquet files)")
     if is_profile_dir(base):
-        return [ProfileEntry(base, ".", {}, not _INCOMPLETE_RE.search(base.name))], []
+        return [ProfileEntry(base, ".", {}, not _INCOMPLETE_RE.search(base.name), is_system_dir(base))], []
     found: list[ProfileEntry] = []
     skipped: list[Path] = []
     for current, dirs, _files in os.walk(base):
@@ -84,7 +108,7 @@ def find_profiles(root: str | os.PathLike[str], *, include_incomplete: bool = Fa
             match = _PARTITION_RE.match(_INCOMPLETE_RE.sub("", part))
             if match:
                 partitions[match.group("key")] = match.group("value")
-        found.append(ProfileEntry(here, relative.as_posix(), partitions, complete))
+        found.append(ProfileEntry(here, relative.as_posix(), partitions, complete, is_system_dir(here)))
     if not found:
         extra = (f" ({len(skipped)} incomplete profile(s) skipped; pass --include-incomplete)"
                  if skipped else "")

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOD_BUCKETS", "LOD_FACTOR", "LOD_MAX_BUCKETS", "LOD_PER_PIXEL", "LOD_TABLE", "TIE", "LodBuilder",
-    "SpanLod", "SpanWindow", "build_lod", "empty_window", "lod_buckets", "lod_from_table", "lod_geometry",
+    "SpanLod", "SpanWindow", "bucket_of", "bucket_sql", "build_lod", "empty_window", "lod_buckets",
+    "lod_from_table", "lod_geometry",
     "lod_widths", "longest_per_bucket", "longest_sorted", "rank", "rank_sql",
 ]
 
@@ -80,6 +81,33 @@ def rank(duration: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def rank_sql(duration: str, ident: str) -> str:
     """``rank`` as a DuckDB expression over SQL expressions for the duration and the id."""
     return f"(({duration}) * {TIE} + (({ident}) % {TIE}))"
+
+
+_INT64_LIMIT = 2**63
+
+
+def bucket_of(offsets: np.ndarray, width: int, buckets: int) -> np.ndarray:
+    """The pixel bucket of each time offset from a window's start: ``offset * buckets // width``
+    clamped to [0, buckets) -- events before the window go to bucket 0. Exact integer arithmetic
+    that never overflows int64: offsets are clamped to [-1, width] first, and a window so wide that
+    ``width * buckets`` leaves int64 is divided with Python integers (one per drawn event)."""
+    d = np.clip(np.asarray(offsets, np.int64), -1, width)
+    if width * buckets < _INT64_LIMIT:
+        scaled = d * buckets // width
+    else:
+        scaled = np.array([int(v) * buckets // width for v in d.tolist()], np.int64).reshape(d.shape)
+    result: np.ndarray = np.clip(scaled, 0, buckets - 1).astype(np.int64, copy=False)
+    return result
+
+
+def bucket_sql(offset: str, width: int, buckets: int) -> str:
+    """``bucket_of`` as a DuckDB expression over the SQL expression ``offset`` (a time minus the
+    window's start): the same clamps, and 128-bit (HUGEINT) products when ``width * buckets`` leaves
+    int64, so a wide window is never an ``Overflow in multiplication of INT64`` error."""
+    clamped = f"least(greatest({offset}, -1), {width})"
+    product = (f"{clamped} * {buckets}" if width * buckets < _INT64_LIMIT
+               else f"CAST({clamped} AS HUGEINT) * {buckets}")
+    return f"CAST(least({buckets - 1}, greatest(0, {product} // {width})) AS BIGINT)"
 
 
 def longest_sorted(rows: dict[str, np.ndarray], bucket: np.ndarray) -> dict[str, np.ndarray]:
@@ -232,7 +260,7 @@ class SpanLod:
         hi = np.searchsorted(part["bucket_ts"], t1, "left")
         keep = (part["reach"] if "reach" in part else part["end_ts"])[lo:hi] > t0
         cols = {k: v[lo:hi][keep] for k, v in part.items()}
-        bucket = np.clip((cols["start_ts"] - t0) * buckets // (t1 - t0), 0, buckets - 1).astype(np.int64)
+        bucket = bucket_of(cols["start_ts"] - t0, t1 - t0, buckets)
         window = longest_per_bucket(bucket, cols, f"lod level {level}")
         if "covered" in cols:
             window = replace(window, busy=busy_per_bucket(cols["bucket_ts"], width, cols["covered"],

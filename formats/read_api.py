@@ -48,7 +48,15 @@ if TYPE_CHECKING:
     from formats.analysis import Analysis, analyze, critical_path_where
     from formats.analyze_command import profile_lines
     from formats.attribution import Attribution, attribute, module_kind
-    from formats.dataset import ProfileEntry, capture_state, find_profiles, in_incomplete_capture
+    from formats.dataset import (
+        ProfileEntry,
+        capture_state,
+        device_entries,
+        find_profiles,
+        in_incomplete_capture,
+        system_note,
+        system_only,
+    )
     from formats.figures import (
         BucketBusy,
         Busy,
@@ -120,7 +128,8 @@ _HOME: dict[str, tuple[str, ...]] = {
     "formats.analysis": ("Analysis", "analyze", "critical_path_where"),
     "formats.analyze_command": ("profile_lines",),
     "formats.attribution": ("Attribution", "attribute", "module_kind"),
-    "formats.dataset": ("ProfileEntry", "capture_state", "find_profiles", "in_incomplete_capture"),
+    "formats.dataset": ("ProfileEntry", "capture_state", "device_entries", "find_profiles",
+                        "in_incomplete_capture", "system_note", "system_only"),
     "formats.figures": ("BucketBusy", "Busy", "Figures", "RowSelect", "Window", "busiest_opcodes",
                         "busy_buckets", "busy_rows", "engine_busy", "figures", "from_summary", "row_busy",
                         "track_busy", "whole"),
@@ -206,6 +215,7 @@ __all__ = [
     "capture_state",
     "connect",
     "critical_path_where",
+    "device_entries",
     "display_name",
     "engine_busy",
     "figures",
@@ -236,6 +246,8 @@ __all__ = [
     "read_source",
     "row_busy",
     "summary_row",
+    "system_note",
+    "system_only",
     "table_of_file",
     "track_busy",
     "whole",

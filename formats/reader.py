@@ -142,6 +142,12 @@ class Profile:
     def is_simulation(self) -> bool:
         return bool(self.metadata.get("is_simulation"))
 
+    @property
+    def is_system(self) -> bool:
+        """A host-side system profile (a capture's ``system/``), not a device run
+        (``Schema.is_system_side``)."""
+        return self.schema.is_system_side(self.tables)
+
     def has(self, name: str) -> bool:
         return name in self.tables
 

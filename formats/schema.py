@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -99,6 +100,15 @@ class Schema:
 
     def __contains__(self, name: object) -> bool:
         return name in self.tables
+
+    def is_system_side(self, table_names: Iterable[str]) -> bool:
+        """True for a host-side system profile (a capture's ``system/``): its known tables are the
+        schema's system tables (CPU, host memory, system events) and none is a device table
+        (``Metadata``, which the schema files under device, is in both). The one rule every view
+        uses to tell a capture's system profile from its device profiles."""
+        sides = {self.tables[name].profile for name in table_names
+                 if name in self.tables and name != "Metadata"}
+        return "system" in sides and "device" not in sides
 
     @property
     def persisted(self) -> list[TableDef]:

@@ -47,6 +47,7 @@ from formats.lod import (
     LOD_TABLE,
     SpanLod,
     SpanWindow,
+    bucket_sql,
     build_lod,
     codes_of,
     empty_window,
@@ -662,8 +663,7 @@ class TrackViewport:
                    sum(least(e, {t0} + (b + 1) * {(t1 - t0) / buckets!r}) - greatest(s, {t0})) AS c,
                    max(e) AS x
             FROM (SELECT {', '.join(keys) + ',' if keys else ''}
-                         least({buckets - 1},
-                               greatest(0, ({start} - {t0}) * {buckets} // {t1 - t0})) AS b,
+                         {bucket_sql(f"({start}) - {t0}", t1 - t0, buckets)} AS b,
                          {start} AS s, {end} AS e, {source.col(spec.id)} AS i, {rank} AS r {attr_cols}
                   FROM {source.relation()} WHERE {condition})
             GROUP BY ALL ORDER BY b""")
@@ -726,7 +726,7 @@ class TrackViewport:
             cols = self.con.execute(f"""
                 SELECT {lead} b, min(v) AS lo, max(v) AS hi, arg_max(v, t) AS last, count(*) AS n,
                        arg_max(u, t) AS u
-                FROM (SELECT {key_cols} least({buckets - 1}, ({ts} - {t0}) * {buckets} // {t1 - t0}) AS b,
+                FROM (SELECT {key_cols} {bucket_sql(f"({ts}) - {t0}", t1 - t0, buckets)} AS b,
                              {value} AS v, {ts} AS t, {hold} AS u
                       FROM {source.relation()} WHERE {ts} >= {t0} AND {ts} < {t1} AND {value} IS NOT NULL
                       {key_filter})

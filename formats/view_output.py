@@ -16,13 +16,11 @@ import duckdb
 import pyarrow as pa
 
 from formats import attribution, export, findings, headline, trace_export
-from formats.dataset import capture_state, find_profiles
+from formats.dataset import capture_state, device_entries, find_profiles, system_note, system_only
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 from formats.safe_output import output_file
 from formats.view_formats import VIEW_FORMATS, ViewJob
-
-DEVICE_TABLES = ("Instruction", "DmaPacket", "CcOp", "Summary")
 
 
 def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
@@ -30,16 +28,15 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
     for path in skipped:
         print(f"neuron-profile: note: skipped incomplete profile {path}", file=sys.stderr)
     programs = []
-    for entry in entries:
+    devices, systems = device_entries(entries)
+    if not devices:
+        raise ProfileError(system_only(root, "neuron-profile view"))
+    for entry in systems:  # a capture's system/: host events, no device run
+        print(f"neuron-profile: note: {system_note(entry.path)}", file=sys.stderr)
+    for entry in devices:
         profile = open_profile(entry.path)
-        if not any(profile.has(t) for t in DEVICE_TABLES):  # a system profile: host events, no device run
-            print(f"neuron-profile: note: {entry.path} is a system profile; its tables are for "
-                  f"'neuron-profile query'", file=sys.stderr)
-            continue
         name = export.program_name(profile) if entry.name == "." else entry.name
         programs.append((name, profile))
-    if not programs:
-        raise ProfileError(f"{root}: no device profile to show (only system profiles)")
     return programs
 
 

@@ -3,9 +3,11 @@
     session = open_session(["out/llama/device"])     # two cores -> two LoadedProfiles, one clock
     session.profiles[0].label, session.banner          # "core 0", ["core 1: capture interrupted ..."]
 
-What can be opened is opened; what cannot is named in ``banner`` (one line each) instead of stopping
-the whole session -- a capture with one corrupt table still shows the rest. Only when nothing at all
-can be shown does ``SessionError`` (one line) say why.
+A capture's top folder (``out/bert``: ``device/`` and ``system/``) opens its device profiles; the
+host-side system profile is left to ``neuron-profile query``. What can be opened is opened; what
+cannot is named in ``banner`` (one line each) instead of stopping the whole session -- a capture
+with one corrupt table still shows the rest. Only when nothing at all can be shown does
+``SessionError`` (one line) say why.
 
 Time: profiles found under the same argument come from one capture and share one device clock, so
 they share one origin (their earliest timestamp) and line up on the timeline; profiles from
@@ -31,10 +33,12 @@ from formats.read_api import (
     TrackViewport,
     capture_state,
     connect,
+    device_entries,
     find_profiles,
     in_incomplete_capture,
     open_profile,
     profile_from_files,
+    system_only,
     table_of_file,
 )
 
@@ -221,10 +225,18 @@ def open_session(paths: Sequence[str | os.PathLike[str]], *, connect: bool = Tru
     for raw in paths:
         root = Path(raw)
         try:
-            entries, _ = find_profiles(root, include_incomplete=True)
+            found, _ = find_profiles(root, include_incomplete=True)
         except ProfileError as exc:
             first_error = first_error or str(exc)
             banner.append(str(exc))
+            continue
+        # A capture's top folder holds device/ and system/: the timeline shows the device runs (the
+        # system profile's host clock is not the device clock; mixing them spans decades).
+        entries = device_entries(found)[0]
+        if not entries:
+            message = system_only(root, "neuron-explorer")
+            first_error = first_error or message
+            banner.append(message)
             continue
         opened: list[tuple[Profile, ProfileEntry, list[str]]] = []
         for entry in entries:

@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 
 from formats.profile_commands import EXIT_OK, ViewOutputCommand
-from formats.read_api import ProfileError, find_profiles, open_profile
+from formats.read_api import (
+    ProfileError,
+    device_entries,
+    find_profiles,
+    open_profile,
+    system_note,
+    system_only,
+)
 
 
 class ViewCommand(ViewOutputCommand):
@@ -50,6 +57,11 @@ def run_viewer(root: str, *, source_root: str | None = None, include_incomplete:
     entries, skipped = find_profiles(root, include_incomplete=include_incomplete)
     for path in skipped:
         print(f"neuron-profile: note: skipped incomplete profile {path}", file=sys.stderr)
+    entries, systems = device_entries(entries)
+    if not entries:
+        raise ProfileError(system_only(root, "the viewer"))
+    for entry in systems:  # a capture's top folder: show its device/ profiles, name its system/
+        print(f"neuron-profile: note: {system_note(entry.path)}", file=sys.stderr)
     first = open_profile(entries[0].path)  # a profile that does not open fails here, before the TUI
     root_path = None
     if source_root is not None:

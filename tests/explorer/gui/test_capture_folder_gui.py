@@ -1,0 +1,49 @@
+"""``neuron-explorer out/bert`` -- a capture's top folder, not its ``device/`` -- crashed every
+timeline fetch with DuckDB's ``Overflow in multiplication of INT64`` (the system profile's host
+clock put on the device timeline) and exited 1 with ``--screenshot``. It now opens the device
+profiles; the system profile alone is one line and exit 2. Both failed before the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.gui import require_gui
+from tests.fixtures.samples import BERT, REPO
+
+require_gui()
+
+CAPTURE = BERT.parent
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "explorer.gui.launcher", *args], capture_output=True,
+                          text=True, cwd=REPO, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+                          timeout=180)
+
+
+def test_session_of_a_capture_folder_is_its_device_profile() -> None:
+    from explorer.gui.session import SessionError, open_session
+
+    session = open_session([CAPTURE], connect=False)
+    assert [p.label for p in session.profiles] == ["bert-layer"]
+    assert session.profiles[0].path.resolve().is_relative_to(BERT.resolve())
+    assert not session.banner
+    with pytest.raises(SessionError, match=r"system \(host-side\) profile only"):
+        open_session([CAPTURE / "system"], connect=False)
+
+
+def test_screenshot_of_a_capture_folder(tmp_path: Path) -> None:
+    out = tmp_path / "top.png"
+    done = _cli(str(CAPTURE), "--screenshot", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "could not read" not in done.stderr, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    alone = _cli(str(CAPTURE / "system"), "--screenshot", str(tmp_path / "s.png"))
+    lines = [line for line in alone.stderr.splitlines() if line.startswith("neuron-explorer")]
+    assert alone.returncode == 2 and len(lines) == 1 and "system (host-side) profile only" in lines[0]
+
