@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from formats.figures import Figures, collective_overlap, from_summary, training_step_figures
+from formats.figures import Figures, collective_overlap, from_summary
 from formats.schema import ENGINE_NAMES
 from formats.units import fmt_bytes, fmt_count, fmt_flops, fmt_gbps, fmt_ns, fmt_pct
 
@@ -122,22 +122,18 @@ def headline_lines(program: Program, label: str = "", problems: Sequence[Any] = 
 def training_lines(profile: Profile) -> list[str]:
     """The training-step block of a profile that recorded a step (TrainingStep, TrainingCollective):
     step time, throughput, training MFU, time per level, gradient-synchronisation overlap."""
-    if not profile.has("TrainingStep"):
+    from formats.summary import TRAINING_LEVELS, training_summary
+
+    found = training_summary(profile)
+    if found is None:
         return []
-    steps = profile.table("TrainingStep").to_pylist()
-    if not steps:
-        return []
-    s = steps[0]
-    fig = training_step_figures(s["step_time_ns"], s["global_batch"], s["seq"], s["model_flops"],
-                                s["ranks"], s["peak_flops_per_rank"])
+    fig = found.figures
     # a model without a sequence axis (an MLP on feature vectors: seq 0) has samples, not tokens
-    tokens = f"{fig.tokens_per_s:,.0f} tokens/s · " if s["seq"] else ""
-    lines = [f"training step   {fmt_ns(s['step_time_ns'])} · {fig.seq_per_s:,.1f} seq/s · "
-             f"{tokens}training MFU {fmt_pct(fig.mfu)}  ({s['layout']}, "
-             f"step {s['step']})",
+    tokens = f"{fig.tokens_per_s:,.0f} tokens/s · " if found.seq else ""
+    lines = [f"training step   {fmt_ns(found.step_ns)} · {fig.seq_per_s:,.1f} seq/s · "
+             f"{tokens}training MFU {fmt_pct(fig.mfu)}  ({found.layout}, {found.steps_text})",
              "step levels     " + " · ".join(
-                 f"{level.replace('_', ' ')} {fmt_ns(s[f'{level}_ns'])}"
-                 for level in ("forward", "backward", "gradient_sync", "optimizer"))]
+                 f"{level.replace('_', ' ')} {fmt_ns(found.levels_ns[level])}" for level in TRAINING_LEVELS)]
     if profile.has("TrainingCollective"):
         rows = profile.table("TrainingCollective").to_pylist()
         # pipeline sends/receives last from their start to the transfer's end: a receive's wait

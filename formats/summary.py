@@ -87,6 +87,7 @@ from formats.summary_scan import (
 from formats.throttling import throttle_summary
 
 if TYPE_CHECKING:
+    from formats.figures import TrainingStepFigures
     from formats.reader import Profile
 
 __all__ = ["ENGINE_STEMS", "SETUP_OPCODES", "SUMMARY_COLUMNS", "Derived", "Hardware", "ProgramFacts",
@@ -389,20 +390,55 @@ def _collectives(m: _Measured, row: dict[str, Any]) -> None:
         row[f"{prefix}_count"] = m.cc[name]["count"]
 
 
-def _training(profile: Profile, row: dict[str, Any]) -> None:
-    """Our extension: a training step's figures (formats.figures.training_step_figures, one
-    definition with the bench and neuron-top) from the profile's TrainingStep rows, their mean step."""
+TRAINING_LEVELS = ("forward", "backward", "gradient_sync", "optimizer")
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """A profile's training steps as every view shows them: the figures of their mean step
+    (``formats.figures.training_step_figures``), the mean time per level, the layout and the steps."""
+
+    step_ns: float
+    figures: TrainingStepFigures
+    levels_ns: dict[str, float]  # forward, backward, gradient_sync, optimizer
+    layout: str
+    seq: int
+    steps: tuple[int, ...]
+
+    @property
+    def steps_text(self) -> str:
+        if len(self.steps) == 1:
+            return f"step {self.steps[0]}"
+        return f"mean of {len(self.steps)} steps {self.steps[0]}-{self.steps[-1]}"
+
+
+def training_summary(profile: Profile) -> TrainingSummary | None:
+    """The one definition behind the Summary's training columns and summary-text's training block:
+    the mean over the profile's TrainingStep rows (None when it recorded no step)."""
     if not profile.has("TrainingStep"):
-        return
+        return None
     from formats.figures import training_step_figures
 
-    steps = profile.table("TrainingStep", ["step_time_ns", "global_batch", "seq", "model_flops", "ranks",
-                                           "peak_flops_per_rank"]).to_pylist()
+    steps = profile.table("TrainingStep").to_pylist()
     if not steps:
-        return
-    mean = {k: sum(float(s[k] or 0) for s in steps) / len(steps) for k in steps[0]}
+        return None
+    numbers = ("step_time_ns", "global_batch", "seq", "model_flops", "ranks", "peak_flops_per_rank",
+               *(f"{level}_ns" for level in TRAINING_LEVELS))
+    mean = {k: sum(float(s.get(k) or 0) for s in steps) / len(steps) for k in numbers}
     fig = training_step_figures(mean["step_time_ns"], round(mean["global_batch"]), round(mean["seq"]),
                                 mean["model_flops"], round(mean["ranks"]), mean["peak_flops_per_rank"])
+    return TrainingSummary(mean["step_time_ns"], fig, {lv: mean[f"{lv}_ns"] for lv in TRAINING_LEVELS},
+                           str(steps[0].get("layout") or ""), round(mean["seq"]),
+                           tuple(sorted(int(s["step"]) for s in steps)))
+
+
+def _training(profile: Profile, row: dict[str, Any]) -> None:
+    """Our extension: a training step's figures (``training_summary``, one definition with
+    summary-text, the bench and neuron-top) from the profile's TrainingStep rows, their mean step."""
+    found = training_summary(profile)
+    if found is None:
+        return
+    fig = found.figures
     row["training_step_time"] = fig.step_s
     row["training_seq_per_s"] = fig.seq_per_s
     row["training_tokens_per_s"] = fig.tokens_per_s

@@ -656,7 +656,25 @@ def _summary_lines(loaded: Any) -> list[tuple[str, str]]:
         ("instance", loaded.instance),
         ("instructions", fmt_count(loaded.instructions)),
     ]
-    return lines + figure_lines(profile_figures(loaded))
+    return lines + figure_lines(profile_figures(loaded)) + _training_lines(loaded)
+
+
+def _training_lines(loaded: Any) -> list[tuple[str, str]]:
+    """A training step's figures (the Summary's training columns, ``formats.summary.training_summary``:
+    the same numbers summary-text's "training step" line prints); none for other profiles."""
+    from formats.read_api import fmt_ns, fmt_pct, summary_row
+
+    row = summary_row(loaded.profile)
+    step = row.get("training_step_time")
+    if step is None:
+        return []
+    lines = [("training step time", fmt_ns(float(step) * 1e9)),
+             ("training seq/s", f"{float(row.get('training_seq_per_s') or 0):,.1f}")]
+    if row.get("training_tokens_per_s"):
+        lines.append(("training tokens/s", f"{float(row['training_tokens_per_s']):,.0f}"))
+    mfu = row.get("training_mfu_percent")
+    lines.append(("training MFU", fmt_pct(None if mfu is None else float(mfu), digits=2)))
+    return lines
 
 
 def _critical_path(loaded: Any) -> tuple[str, str] | str:

@@ -53,6 +53,22 @@ def figures(row: Mapping[str, Any]) -> tuple[Figure, ...]:
             f"{fmt_count(None if row.get('cc_op_count') is None else int(row['cc_op_count']))} ops)",
             "cc_op_active_time",
         ),
+        *training(row),
+    )
+
+
+def training(row: Mapping[str, Any]) -> tuple[Figure, ...]:
+    """A training step's figures (the Summary's training columns, the numbers summary-text's
+    "training step" line prints); none for a profile that recorded no step."""
+    step = _get(row, "training_step_time")
+    if step is None:
+        return ()
+    seq_per_s = _get(row, "training_seq_per_s") or 0.0
+    return (
+        Figure("Step", f"{fmt_ns(step * 1e9)} · {seq_per_s:,.1f} seq/s",
+               "Summary.training_step_time, global batch / step time"),
+        Figure("Train MFU", fmt_pct(_get(row, "training_mfu_percent")),
+               "(6N + 12Lhs) x tokens / (step time x ranks x peak)"),
     )
 
 

@@ -245,3 +245,33 @@ def test_training_block_has_no_tokens_for_a_model_without_a_sequence(tmp_path: P
     mlp = first_line(0)
     assert "seq/s" in mlp and "tokens/s" not in mlp
     assert "4,096,000,000 tokens/s" in first_line(128)
+
+
+def test_every_view_shows_the_same_training_step(captured) -> None:
+    """summary-text's training line, the viewer's summary pane and the GUI's Summary tab show the
+    one training step (the Summary's training columns): before, only summary-text showed it."""
+    from explorer.viewer.summary_figures import figures
+    from formats.headline import training_lines
+    from formats.summary import summary_row
+    from formats.units import fmt_ns, fmt_pct
+
+    path, _, _, _ = captured
+    profile = open_profile(path)
+    row = summary_row(profile)
+    step, mfu = fmt_ns(row["training_step_time"] * 1e9), row["training_mfu_percent"]
+    seq = f"{row['training_seq_per_s']:,.1f} seq/s"
+    text = training_lines(profile)[0]
+    assert text.startswith(f"training step   {step} · {seq}") and f"training MFU {fmt_pct(mfu)}" in text
+    pane = {f.label: f.value for f in figures(row)}
+    assert pane["Step"] == f"{step} · {seq}" and pane["Train MFU"] == fmt_pct(mfu)
+    pytest.importorskip("PySide6")
+    from explorer.gui.mainwindow import _training_lines
+
+    class Loaded:
+        pass
+
+    loaded = Loaded()
+    loaded.profile = profile  # type: ignore[attr-defined]
+    gui = dict(_training_lines(loaded))
+    assert gui["training step time"] == step and gui["training seq/s"] == seq.split()[0]
+    assert gui["training MFU"] == fmt_pct(mfu, digits=2)
