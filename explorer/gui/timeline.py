@@ -101,6 +101,16 @@ class _LabelLayer(pg.GraphicsObject):
         painter.restore()
 
 
+HEADER_CHARS = 20  # a longer tick label than the row axis is wide is not drawn at all (pyqtgraph)
+
+
+def header_label(label: str) -> str:
+    """A profile group's row-axis label, cut at its start when long: what tells two programs of a
+    capture apart is at the end (``model Gemma2ForCausalLM.context_encoding.64`` vs
+    ``...token_generation.64``), and a label wider than the axis vanished entirely."""
+    return f"▾ {label if len(label) <= HEADER_CHARS else '…' + label[-(HEADER_CHARS - 1):]}"
+
+
 @dataclass(frozen=True)
 class Arrow:
     """A dependency drawn on the timeline: from (time, row) to (time, row), relative ns."""
@@ -386,7 +396,7 @@ class TimelineWidget(QWidget):
 
     def _row_label(self, row: Row) -> str:
         if row.kind == HEADER:
-            return f"▾ {row.label}"[:34]
+            return header_label(row.label)
         return row.shown[:30]
 
     def _on_resized(self) -> None:
