@@ -112,32 +112,52 @@ class ShardedGraph:
 
 
 def block_of(array: np.ndarray, split: Sharding, tp: int, rank: int) -> np.ndarray:
-    """Rank ``rank``'s block of a whole value."""
+    """Rank ``rank``'s block of a whole value. A split dim ``tp`` does not divide (a padded
+    vocabulary) is padded with zeros to a multiple of ``tp`` first, as Megatron pads its tables."""
     if split is None:
         return array
     d, outer = split.dim, split.outer
+    inner = array.shape[d] // outer
+    if inner % tp:
+        padded = np.zeros((*array.shape[:d], outer, _padded_size(inner, tp), *array.shape[d + 1:]),
+                          array.dtype)
+        padded[(slice(None),) * (d + 1) + (slice(0, inner),)] = \
+            array.reshape(*array.shape[:d], outer, inner, *array.shape[d + 1:])
+        array = padded.reshape(*array.shape[:d], outer * padded.shape[d + 1], *array.shape[d + 1:])
     shape = array.shape
     viewed = array.reshape(*shape[:d], outer, tp, shape[d] // outer // tp, *shape[d + 1:])
     block = np.take(viewed, rank, axis=d + 1)
     return block.reshape(*shape[:d], shape[d] // tp, *shape[d + 1:])
 
 
-def join_blocks(parts: list[np.ndarray], split: Split) -> np.ndarray:
-    """The whole value from every rank's block (the inverse of :func:`block_of`)."""
+def join_blocks(parts: list[np.ndarray], split: Split, size: int | None = None) -> np.ndarray:
+    """The whole value from every rank's block (the inverse of :func:`block_of`); ``size``: the
+    split dim's whole size, when the blocks hold padding past it (a padded vocabulary)."""
     d, outer = split.dim, split.outer
     shape = parts[0].shape
     viewed = [p.reshape(*shape[:d], outer, shape[d] // outer, *shape[d + 1:]) for p in parts]
     whole = np.concatenate(viewed, axis=d + 1)
+    if size is not None and size != shape[d] * len(parts):
+        whole = whole[(slice(None),) * (d + 1) + (slice(0, size // outer),)]
+        return whole.reshape(*shape[:d], size, *shape[d + 1:])
     return whole.reshape(*shape[:d], shape[d] * len(parts), *shape[d + 1:])
+
+
+def _padded_size(size: int, tp: int) -> int:
+    """``size`` rounded up to a multiple of ``tp`` (Megatron's padded vocabulary)."""
+    return -(-size // tp) * tp
 
 
 _PARTIAL_USERS = frozenset({"add", "reshape", "transpose", "convert"})  # keep a partial sum partial
 
 
 def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
-    """The one-hot matrix that picks rank ``rank``'s ``rows`` rows of ``total``."""
+    """The one-hot matrix that picks rank ``rank``'s ``rows`` rows of ``total`` (rows past
+    ``total``, a padded vocabulary's, pick nothing: zeros)."""
     select = np.zeros((rows, total), np.float32)
-    select[np.arange(rows), np.arange(rank * rows, (rank + 1) * rows)] = 1.0
+    picked = np.arange(rank * rows, (rank + 1) * rows)
+    keep = picked < total
+    select[np.arange(rows)[keep], picked[keep]] = 1.0
     return select
 
 
@@ -206,18 +226,24 @@ def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
 
 
 _WEIGHT_INITS = (Initializer, IndexedInitializer)
+_HUGE = 3.0e38  # what a padded vocabulary entry is in a maximum: below every real logit
 
 
-def _local_shape(shape: tuple[int, ...], split: Sharding, tp: int) -> tuple[int, ...]:
+def _local_shape(shape: tuple[int, ...], split: Sharding, tp: int,
+                 padded: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """A rank's block's shape; a dim whose blocks are a padded size (the vocabulary) rounds up."""
     if split is None or split == PARTIAL:
         return shape
     out = list(shape)
-    out[split.dim] //= tp
+    inner = out[split.dim] // split.outer
+    out[split.dim] = split.outer * (_padded_size(inner, tp) // tp if inner in padded else inner // tp)
     return tuple(out)
 
 
-def _fits(size: int, split: Split, tp: int) -> bool:
-    return size % split.outer == 0 and (size // split.outer) % tp == 0
+def _fits(size: int, split: Split, tp: int, padded: frozenset[int] = frozenset()) -> bool:
+    """Whether ``split`` of a dim of ``size`` gives every rank an equal block: ``tp`` divides the
+    dim's blocks, or they are the padded vocabulary."""
+    return size % split.outer == 0 and ((size // split.outer) % tp == 0 or size // split.outer in padded)
 
 
 def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
@@ -245,7 +271,7 @@ def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[li
 
 
 def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
-                 tp: int) -> tuple[Split | None, int]:
+                 tp: int, padded: frozenset[int] = frozenset()) -> tuple[Split | None, int]:
     """Where a split of ``src`` lands after a reshape to ``dst``: (the split, or None if it is not one
     contiguous block per outer row any more; the size of the dst dim it should land on, for errors)."""
     for src_dims, dst_dims in _reshape_groups(src, dst):
@@ -259,7 +285,7 @@ def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
         for e in dst_dims:
             if position <= outer < position * dst[e] and outer % position == 0:
                 moved = Split(e, outer // position)
-                return (moved if _fits(dst[e], moved, tp) else None), dst[e] // moved.outer
+                return (moved if _fits(dst[e], moved, tp, padded) else None), dst[e] // moved.outer
             position *= dst[e]
         return None, 0
     return None, 0
@@ -285,6 +311,8 @@ class _Sharder:
         self.rank_inputs: list[Callable[[int], np.ndarray]] = []
         self.rank_word: Op | None = None  # the rank, for random ops drawing a rank's block
         self.rank_keyed: dict[int, Op] = {}  # RNG state (by local op index) -> (seed, offset, rank)
+        self.padded = self._padded_vocabulary()
+        self.valid_masks: dict[tuple[tuple[int, ...], int], Op] = {}
         self.vocab_tables = self._vocab_parallel_tables()
         self.current: Op = graph.ops[0]
         self.wanted_split: dict[int, Split] = {}  # inputs placed whole that a later op wants split
@@ -365,7 +393,7 @@ class _Sharder:
         return self.b.add_op(op.opcode, operands, shape, op.dtype, name=op.name + suffix, **merged)
 
     def _shape(self, op: Op, split: Sharding) -> tuple[int, ...]:
-        return _local_shape(op.shape, split, self.tp)
+        return _local_shape(op.shape, split, self.tp, self.padded)
 
     # -- collectives -----------------------------------------------------------------------
     def _reduce_sum(self, op: Op, local: Op) -> tuple[Op, Sharding]:
@@ -418,10 +446,19 @@ class _Sharder:
         if split is None:
             return local
         if op.index not in self.gathered:
+            padded = self._is_padded(op, split)
+            shape = list(op.shape)
+            if padded:  # the blocks hold the padded vocabulary: gather it, then cut the padding off
+                if split.outer != 1:
+                    self._valid(op, split)  # refuses, in one line
+                shape[split.dim] = local.shape[split.dim] * self.tp
             with self.b.located(self.current.layer, self.current.frames):
-                self.gathered[op.index] = self.b.add_op(
-                    "all-gather", [local], op.shape, op.dtype, dimension=split.dim, outer=split.outer,
+                whole = self.b.add_op(
+                    "all-gather", [local], tuple(shape), op.dtype, dimension=split.dim, outer=split.outer,
                     name=f"all-gather.{op.name}")  # after the tensor it gathers: all-gather.dot.12
+                if padded:
+                    whole = self.b.slice(whole, [0] * len(shape), list(op.shape), [1] * len(shape))
+            self.gathered[op.index] = whole
         return self.gathered[op.index]
 
     def _as_split(self, op: Op, split: Split) -> Op | None:
@@ -455,13 +492,13 @@ class _Sharder:
 
         A matmul rather than a row gather: the gather's lowering reads its table as a stored
         tensor, and the values cut here are usually views (a slice of a fused projection)."""
-        if split.outer != 1 or not _fits(op.shape[split.dim], split, self.tp) or not op.shape:
+        if split.outer != 1 or not _fits(op.shape[split.dim], split, self.tp, self.padded) or not op.shape:
             return None
         key = (op.index, split)
         if key in self.localized:
             return self.localized[key]
         b, d = self.b, split.dim
-        rows = op.shape[d] // self.tp
+        rows = self._shape(op, split)[d]
         start = b.n_ops
         with b.located(self.current.layer, self.current.frames):
             value = self.local[op.index]
@@ -494,7 +531,7 @@ class _Sharder:
             return self.local[op.index]
         if current is not None:
             return None
-        if not _fits(op.shape[split.dim], split, self.tp):
+        if not _fits(op.shape[split.dim], split, self.tp, self.padded):
             return None
         made = self._make_local(op, split)
         if made is not None:
@@ -541,7 +578,7 @@ class _Sharder:
             if code == "reshape" and _sliced_weight(op):  # one expert, reshaped: a weight too
                 return self._local_slice(op, split, shape, suffix)
             if code == "reshape":
-                src_split, _ = _moved_split(op.shape, op.operands[0].shape, split, self.tp)
+                src_split, _ = _moved_split(op.shape, op.operands[0].shape, split, self.tp, self.padded)
                 inner = None if src_split is None else self._localize(op.operands[0], src_split)
                 return None if inner is None else self._add(op, [inner], shape, suffix)
             if code == "slice":
@@ -646,7 +683,7 @@ class _Sharder:
         split = self.split[src.index]
         if split is None:
             return self._add(op, [self.local[src.index]], op.shape), None
-        moved, size = _moved_split(src.shape, op.shape, split, self.tp)
+        moved, size = _moved_split(src.shape, op.shape, split, self.tp, self.padded)
         if moved is None and size:
             raise ShardingError(
                 f"tp_degree {self.tp} does not divide the {size} heads (or groups) that "
@@ -663,10 +700,13 @@ class _Sharder:
         if split is None:
             return self._add(op, [self.local[src.index]], op.shape), None
         if split.dim in dims:
+            kept = self.local[src.index]
+            if self._is_padded(src, split) and op.attrs["kind"] in ("sum", "max"):  # padding reduces
+                kept = self._masked(src, kept, split, 0.0 if op.attrs["kind"] == "sum" else -_HUGE)
             if op.attrs["kind"] == "sum":
-                return self._add(op, [self.local[src.index]], op.shape), PARTIAL
+                return self._add(op, [kept], op.shape), PARTIAL
             if op.attrs["kind"] == "max" and self.trained:  # a vocabulary-parallel softmax's
-                local = self._add(op, [self.local[src.index]], op.shape)  # row maxima, as
+                local = self._add(op, [kept], op.shape)  # row maxima, as
                 return self._all_reduce(local, "max"), None  # Megatron's cross-entropy
             return self._add(op, [self._whole(src)], op.shape), None
         moved = Split(split.dim - sum(1 for d in dims if d < split.dim), split.outer)
@@ -691,7 +731,7 @@ class _Sharder:
         if not (attrs["starts"][d] == 0 and attrs["limits"][d] == src.shape[d] and attrs["strides"][d] == 1):
             return self._add(op, [self._whole(src)], op.shape), None
         limits = list(attrs["limits"])
-        limits[d] //= self.tp
+        limits[d] = self._shape(op, split)[d]
         return self._add(op, [self.local[src.index]], self._shape(op, split), limits=tuple(limits)), split
 
     def _dot(self, op: Op) -> tuple[Op, Sharding]:
@@ -710,7 +750,12 @@ class _Sharder:
         def build(a: Op | None, b: Op | None, out: Sharding) -> tuple[Op, Sharding] | None:
             if a is None or b is None:
                 return None
-            return self._add(op, [a, b], self._shape(op, out)), out
+            if out == PARTIAL and lhs.shape[lc] in self.padded:  # a contraction over the padded
+                a = self._masked(lhs, a, Split(lc))  # vocabulary: the padding adds nothing
+            made = self._add(op, [a, b], self._shape(op, out))
+            if out is not None and self._is_padded(op, out):  # kept zero on the padding
+                made = self._masked(op, made, out)
+            return made, out
 
         attempts: list[Callable[[], tuple[Op, Sharding] | None]] = []
         if sl is not None and sl.dim < n - 2:  # batch dims (attention heads) on both sides
@@ -754,7 +799,7 @@ class _Sharder:
         features = weight.shape[dim]
         if self.tp == 1 or features < self.tp:
             return False
-        if features % self.tp:
+        if features % self.tp and features not in self.padded:
             raise ShardingError(
                 f"tp_degree {self.tp} does not divide the {features} output features of "
                 f"{self.current.describe()}: choose a tp_degree that divides the layer sizes")
@@ -795,7 +840,8 @@ class _Sharder:
             a, c = self._localize(lhs, split), self._localize(rhs, split)
         if a is None or c is None:
             return None
-        return self._add(op, [a, c], shape, suffix)
+        made = self._add(op, [a, c], shape, suffix)
+        return self._masked(op, made, split) if self._is_padded(op, split) else made
 
     def _rng_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op:
         """A rank's block of a random tensor (dropout's uniforms in a parallel region: its heads of an
@@ -839,7 +885,7 @@ class _Sharder:
         target = _row_offsets(ids, vocab)
         if target is None or ids.shape[0] != rows or op.shape[0] != rows:
             return None
-        cols = vocab // self.tp
+        cols = self._shape(src, Split(1))[1]
         b = self.b
         offset = b.add_op("parameter", [], target.shape, target.dtype,
                           name=f"tp_vocab_offset.{op.name}", number=0)
@@ -855,13 +901,59 @@ class _Sharder:
         return b.select(keep, looked_up, 0.0)
 
 
+    def _padded_vocabulary(self) -> frozenset[int]:
+        """The vocabulary size to pad (Megatron's and NxD's padded vocabulary): in a training step,
+        the rows of the largest trained gathered table when ``tp`` does not divide them. Every split
+        dim of that size is split in blocks of ``ceil(V / tp)``, the last rank's padded past V:
+        weights and optimizer state with zero rows, the padded positions masked out of every
+        reduction and contraction over the vocabulary (:meth:`_valid`), so the step equals one core."""
+        if not self.trained or self.tp == 1:
+            return frozenset()
+        tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
+        tables = [t for t in tables if self._trained_table(t) and len(t.shape) == 2]
+        if not tables:
+            return frozenset()
+        rows = max(tables, key=lambda t: t.size).shape[0]
+        return frozenset({rows}) if rows % self.tp else frozenset()
+
+    def _is_padded(self, op: Op, split: Sharding) -> bool:
+        """Whether ``op`` split as ``split`` holds padding (its split dim is the padded vocabulary)."""
+        return split not in (None, PARTIAL) and split is not None and \
+            op.shape[split.dim] // split.outer in self.padded
+
+    def _valid(self, op: Op, split: Split) -> Op:
+        """A PRED of ``op``'s local shape: true where the rank's block holds a real vocabulary entry,
+        false on the padding (the local iota along the split dim plus the rank's start, below V)."""
+        shape = self._shape(op, split)
+        key = (shape, split.dim)
+        if key in self.valid_masks:
+            return self.valid_masks[key]
+        if split.outer != 1:
+            raise ShardingError(f"{self.current.describe()}: a padded vocabulary folded under another "
+                                f"dim ({list(op.shape)}) is not supported: choose a tp_degree that "
+                                f"divides the vocabulary")
+        b = self.b
+        rows = shape[split.dim]
+        start = b.add_op("parameter", [], (), DType.INT32, name=f"tp_start.{len(self.rank_params)}",
+                         number=0)
+        self.rank_params.append(start)
+        self.rank_inputs.append(functools.partial(_rank_start, rows, np.int32))
+        position = b.add(b.iota(shape, split.dim, DType.INT32), b.broadcast(start, shape, ()))
+        valid = b.compare(position, float(op.shape[split.dim]), "LT")
+        self.valid_masks[key] = valid
+        return valid
+
+    def _masked(self, op: Op, local: Op, split: Split, fill: float = 0.0) -> Op:
+        """``local`` (``op``'s block) with its padded positions set to ``fill``."""
+        return self.b.select(self._valid(op, split), local, fill)
+
     def _vocab_parallel_tables(self) -> set[int]:
         """The gathered weight tables to split by rows: the largest one (the token embedding). In a
         training step, a trained input's (``VocabParallelEmbedding``: its gradient comes out split
         too, the one-hot of the backward cut to the rank's vocabulary rows)."""
         tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
         tables = [t for t in tables if (self._trained_table(t) if self.trained else _is_weight(t))
-                  and len(t.shape) == 2 and t.shape[0] % self.tp == 0]
+                  and len(t.shape) == 2 and (t.shape[0] % self.tp == 0 or t.shape[0] in self.padded)]
         if not tables or self.tp == 1:
             return set()
         largest = max(t.size for t in tables)
@@ -881,7 +973,7 @@ class _Sharder:
         split = self.split[table.index]
         if table.index not in self.vocab_tables or split not in (None, Split(0)):
             return self._add(op, [self._whole(table), ids_local], op.shape), None
-        rows = table.shape[0] // self.tp
+        rows = self._shape(table, Split(0))[0]
         part = self._localize(table, Split(0))
         assert part is not None
         b = self.b

@@ -275,7 +275,9 @@ class TensorParallelTrainStep(TrainStep):
         """The whole value of resident tensor ``name`` from every rank's block."""
         split = self.input_split.get(name)
         parts = [st.tensors[name] for st in self.rank_states]
-        return parts[0] if split is None else join_blocks(parts, split)
+        if split is None:
+            return parts[0]
+        return join_blocks(parts, split, self.whole_shapes[name][split.dim])  # a padded vocabulary cut
 
     def _sync_host(self) -> None:
         """Parameters and optimizer state gathered from the ranks' blocks into the model and the

@@ -248,3 +248,18 @@ def test_two_nodes_joined_by_efa_timing_only():
     assert group.topology.nodes == 2 and [r.core for r in two.ranks][-1] == 63
     assert two.collectives[0].duration_ns > one.collectives[0].duration_ns + 10_000  # >= 1 EFA hop
     assert "EFA" in {c.kind for c in two.collectives[0].channel_bytes()}
+
+
+@pytest.mark.parametrize(("size", "tp", "dim"), [(63, 2, 0), (62, 4, 1), (5, 4, 0)])
+def test_padded_blocks_round_trip(size, tp, dim):
+    """A dim tp does not divide (a padded vocabulary): blocks of ceil(size / tp), the last ranks'
+    padded with zeros, and joined back to ``size``."""
+    shape = [3, 3]
+    shape[dim] = size
+    whole = np.arange(np.prod(shape)).reshape(shape) + 1
+    parts = [block_of(whole, Split(dim), tp, r) for r in range(tp)]
+    rows = -(-size // tp)
+    assert all(p.shape[dim] == rows for p in parts)
+    joined = np.concatenate(parts, axis=dim)
+    assert (np.take(joined, range(size, rows * tp), axis=dim) == 0).all()
+    np.testing.assert_array_equal(join_blocks(parts, Split(dim), size), whole)

@@ -22,17 +22,17 @@ transformers = pytest.importorskip("transformers")
 VOCAB, ROWS = 64, 16  # 2 x 8 tokens
 
 
-def _llama() -> torch.nn.Module:
+def _llama(vocab: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
                                       max_position_embeddings=32, use_cache=False)
     return transformers.LlamaForCausalLM(config)
 
 
-def _gpt2() -> torch.nn.Module:
+def _gpt2(vocab: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, n_positions=16,
+    config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=4, n_positions=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
                                      bos_token_id=0, eos_token_id=0)
     return transformers.GPT2LMHeadModel(config)
@@ -117,3 +117,54 @@ def test_gpt2_tied_vocab_parallel_equals_pytorch() -> None:
         assert torch.allclose(p, q, atol=1e-5, rtol=0), f"{name}: {(p - q).abs().max()}"
     tied = dict(model.named_parameters(remove_duplicate=False))
     assert tied["lm_head.weight"] is tied["transformer.wte.weight"]  # still tied on the host
+
+
+def _odd_batches(vocab: int) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for _ in range(3):
+        ids = torch.randint(0, vocab, (2, 8), generator=gen)
+        ids[1, 3] = vocab - 1  # the last real entry sits next to the padding
+        labels = ids.clone()
+        labels[0, :2] = -100
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+@pytest.mark.parametrize(("family", "vocab", "tp"), [("llama", 63, 2), ("llama", 62, 4), ("gpt2", 63, 2)])
+def test_vocabulary_tp_does_not_divide_is_padded(family: str, vocab: int, tp: int) -> None:
+    """Megatron's and NxD's padded vocabulary: the table and the LM head padded with zero rows to a
+    multiple of tp (the last rank's block holds the padding), the padded logits masked out of the
+    softmax's maximum and sum, of the loss and of every contraction over the vocabulary, so the step
+    equals PyTorch and one core, and the padding stays zero (weights and Adam state)."""
+    make = _llama if family == "llama" else _gpt2
+    model, single_model = make(vocab), make(vocab)
+    ref = copy.deepcopy(model)
+    batches = _odd_batches(vocab)
+    step = TensorParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches[0], tp=tp)
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-3), batches[0])
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    table = "model.embed_tokens.weight" if family == "llama" else "transformer.wte.weight"
+    assert step.split_of(table) == Split(0)
+    rows = -(-vocab // tp)  # ceil: the padded vocabulary's block
+    last = step.rank_states[tp - 1].tensors
+    assert last[f"param/{table}"].shape == (rows, 32)
+    ops = step.rank_program.graph.ops
+    if family == "llama":  # still vocabulary-parallel: no logits gathered
+        assert not [op.name for op in ops if op.opcode == "all-gather"]
+    for batch in batches:
+        loss, one = float(step(**batch)), float(single(**batch))
+        expected = ref(**batch).loss
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss == pytest.approx(float(expected.detach()), rel=1e-5)
+        assert loss == pytest.approx(one, rel=1e-5)
+    for (name, p), q, r in zip(model.named_parameters(), ref.parameters(), single_model.parameters()):
+        assert p.shape == q.shape, name  # the host's model keeps its own vocabulary
+        assert torch.allclose(p, q, atol=1e-5, rtol=0), f"{name}: {(p - q).abs().max()}"
+        assert torch.allclose(p, r, atol=1e-5, rtol=0), f"{name}: {(p - r).abs().max()}"
+    padding = rows * tp - vocab
+    for key in (f"param/{table}", f"state/{table}/exp_avg", f"state/{table}/exp_avg_sq"):
+        assert not last[key][rows - padding:].any(), key  # the padded rows never move
+        assert last[key][:rows - padding].any(), key
