@@ -88,7 +88,23 @@ QUEUE_SPECS: list[tuple[QueueName, DmaQueueType, Engine]] = [
     (QueueName.SPILL_RELOAD, DmaQueueType.DATA, Engine.SYNC),
     (QueueName.DATA, DmaQueueType.DATA, Engine.SYNC),
     (QueueName.DYNAMIC_SW, DmaQueueType.SOFTWARE_DYNAMIC, Engine.GPSIMD),
+    (QueueName.RELOAD, DmaQueueType.DATA, Engine.GPSIMD),
+    (QueueName.DATA_LOAD, DmaQueueType.DATA, Engine.GPSIMD),
 ]
+
+# Loads of activations (spill reloads, relayouts, HBM-home values) are triggered from GpSimd, weight
+# and input loads from Sync: two in-order trigger streams, so a weight load waiting for its SBUF
+# range never holds up the activation a compute engine waits for, nor an activation load waiting
+# for its producer the next weights (real profiles show reload queues triggered by compute engines,
+# ``qScalarSpillReload0``, ``qGpSimdPIO0``: neuroncore.md §5.6; GpSimd is the engine these programs
+# use least [assumption: which engine neuronx-cc picks is not public]).
+ACTIVATION_LOAD_QUEUE = {QueueName.SPILL_RELOAD: QueueName.RELOAD, QueueName.DATA: QueueName.DATA_LOAD}
+
+# The top half of SBUF is the weight ring (``RangeAllocator.allocate``) [assumption: neuronx-cc
+# allocates SBUF statically and streams weights through dedicated buffers; the size it gives them is
+# not public. Half: BERT-base's two 37 KB-per-partition MLP weights and their neighbours fit; 0.33
+# left them too little room and 0.6 the activations too little, both slower than no ring].
+WEIGHT_STREAM_FRACTION = 0.5
 
 
 class Context:
@@ -98,7 +114,7 @@ class Context:
         self.graph = graph
         self.spec = spec
         self.em = Emitter(spec)
-        self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition)
+        self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition, stream_fraction=WEIGHT_STREAM_FRACTION)
         self.psum = BankAllocator(spec.psum_banks)
         self.buffers: dict[int, Buffer] = {}
         self.hbm_tensors: dict[str, HbmTensor] = {}
@@ -131,7 +147,10 @@ class Context:
         self.orientation = Orientation.none()
 
     # -- buffers ---------------------------------------------------------------------------
-    def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True) -> Buffer:
+    def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True,
+              stream: bool = False) -> Buffer:
+        """An SBUF buffer, spilling resident tiles until it fits; ``stream``: a block of the weight
+        stream, placed in the weight ring (``RangeAllocator.allocate``)."""
         nbytes = free * dtype.itemsize
         if nbytes > self.spec.sbuf_bytes_per_partition:
             raise CompileError(
@@ -141,7 +160,7 @@ class Context:
             )
         while True:
             try:
-                address, hazards = self.sbuf.allocate(nbytes)
+                address, hazards = self.sbuf.allocate(nbytes, stream=stream)
                 break
             except OutOfMemory:
                 if not self._spill_one(nbytes):
@@ -232,7 +251,7 @@ class Context:
                                 spill_reload_bytes=nbytes if spill_reload else 0)
         if spill_reload:
             self.stats["spill_reload_bytes"] += nbytes
-        q = self.queue[queue]
+        q = self.queue[ACTIVATION_LOAD_QUEUE.get(queue, queue)]
         return self.em.dma(
             q,
             reads=self.hbm_rects(src, rows_per_batch),
@@ -388,11 +407,11 @@ class Context:
             raise CompileError(f"internal: tile {t} of {op.name} was never produced", self.current_op)
         tile = value.tiles[t]
         c0, c1 = cols if cols is not None and value.home is Memory.HBM else (0, value.cols)
-        buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.t{t}")
+        queue = self.load_queue(value)
+        buf = self.alloc(tile.rows, c1 - c0, op.dtype, f"{op.name}.t{t}", stream=queue is QueueName.WEIGHT)
         ref = Ref(buf.id, 0, tile.rows, 0, c1 - c0)
         tensor = self.hbm_tensors.get(value.hbm or "")
         reload = tensor is not None and tensor.kind is HbmTensorKind.SCRATCH and value.home is Memory.SBUF
-        queue = self.load_queue(value)
         self.dma_load(queue, value.access(t, c0, c1), ref, op.dtype,
                       rows_per_batch=value.rows_per_batch, run_bytes=self.run_bytes(value),
                       spill_reload=reload)

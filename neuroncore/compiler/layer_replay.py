@@ -67,6 +67,7 @@ class LayerDedup:
         self.decided: set[int] = set()  # runs whose boundaries were decided (by id)
         self.marks: dict[int, _Mark] = {}
         self.cursor = 0
+        self.stream_cursor = 0
         self.psum_cursor = 0
         self.replayed = 0
         self._resumed = -1
@@ -101,12 +102,14 @@ class LayerDedup:
         if k == 0:
             self.marks = {}
             self.cursor = ctx.sbuf.cursor
+            self.stream_cursor = ctx.sbuf.stream_cursor
             self.psum_cursor = ctx.psum.cursor
         else:
             previous = self.marks.get(k - 1)
             if previous is not None:
                 age_hazards(ctx, previous.frame.node_base, ctx.em.n_nodes)
         ctx.sbuf.cursor = self.cursor
+        ctx.sbuf.stream_cursor = self.stream_cursor
         ctx.psum.cursor = self.psum_cursor
         if k == len(run.layers):
             self.marks = {}

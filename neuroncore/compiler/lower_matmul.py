@@ -319,7 +319,11 @@ class _Operand:
                 # weights are stored k-tiled by the compiler: one transfer, one run per partition
                 kt = math.ceil((k1 - k0) / P)
                 width = x1 - x0
-                buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk")
+                # a weight loaded whole is prefetched through the weight ring; one streamed in
+                # several blocks is double-buffered by its dot (the plan's blocks of one size)
+                whole_weight = k1 - k0 == self.k and width == self.free_size
+                buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk",
+                                stream=whole_weight)
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
                 # the DMA moves the stored type (int8 for a quantised weight, cast in flight)

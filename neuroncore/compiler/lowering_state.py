@@ -84,6 +84,8 @@ class QueueName(StrEnum):
     SPILL_RELOAD = "qSyncSpillReload0"  # spills, reloads, HBM-home scratch values
     DATA = "qSyncData0"  # relayouts and other compiler traffic
     DYNAMIC_SW = "qGpSimdDynamicSW0"  # gathers: descriptors built by GpSimd from indices
+    RELOAD = "qGpSimdSpillReload0"  # reloads of spilled and HBM-home values (their stores: SPILL_RELOAD)
+    DATA_LOAD = "qGpSimdData0"  # loads of relayouts and other compiler traffic (stores: DATA)
 
 
 __all__ = ["Accumulation", "DotOperandMode", "HbmTensorKind", "Layout", "OperandForm", "QueueName"]

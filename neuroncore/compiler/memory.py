@@ -41,17 +41,46 @@ class RangeAllocator:
     in_use: int = 0
     peak: int = 0
     cursor: int = 0
+    # the weight stream's region [stream_lo, capacity) and its own rotating cursor (``allocate``)
+    stream_fraction: float = 0.0
+    stream_lo: int = 0
+    stream_cursor: int = 0
 
     def __post_init__(self) -> None:
         self.free = [(0, self.capacity)]
+        self.stream_lo = self.capacity - int(self.capacity * self.stream_fraction) // ALIGN * ALIGN
+        self.stream_cursor = self.stream_lo
 
-    def allocate(self, size: int) -> tuple[int, list[int]]:
+    def allocate(self, size: int, *, stream: bool = False) -> tuple[int, list[int]]:
         """Returns (start, hazard nodes inherited from earlier users of that range).
 
         Next-fit from a rotating cursor: a range freed a moment ago is reused last, so a new buffer
         rarely has to wait for the readers of the one before it (the compiler's multi-buffering).
+
+        ``stream``: a block of the weight stream (a weight loaded on the weight queue). With a
+        stream region (``stream_fraction`` > 0, the top of SBUF), such blocks go round it in load
+        order from their own cursor, a ring: a load lands where the weights of a ring's length
+        earlier were, whose matmuls are long done, so it waits for nothing recent; other buffers
+        use the rest of SBUF first and the region only when the rest is full (so nothing loses
+        capacity). A block that does not fit the region goes where a large block would.
         """
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        if self.stream_lo < self.capacity:
+            # a block over half the ring cannot be loaded while the one before it is read
+            if stream and 2 * size <= self.capacity - self.stream_lo:
+                at = self._next_fit(size, self.stream_cursor, self.stream_lo, self.capacity)
+                if at is not None:
+                    self.stream_cursor = at + size if at + size < self.capacity else self.stream_lo
+                    return self._carve(at, size)
+                return self._allocate_top(size)
+            if stream:
+                return self._allocate_top(size)
+            at = self._next_fit(size, self.cursor, 0, self.stream_lo) if size < self.capacity // 16 \
+                else self._best_oldest(size, 0, self.stream_lo)
+            if at is not None:
+                if size < self.capacity // 16:
+                    self.cursor = at + size if at + size < self.stream_lo else 0
+                return self._carve(at, size)
         if size >= self.capacity // 16:
             return self._allocate_top(size)
         # the ranges that end after the cursor, then the others, each in address order (the free
@@ -71,6 +100,44 @@ class RangeAllocator:
             self.cursor = at + size if at + size < self.capacity else 0
             return at, self._take_hazards(at, at + size)
         raise OutOfMemory(size)
+
+    def _next_fit(self, size: int, cursor: int, lo: int, hi: int) -> int | None:
+        """The first place for ``size`` bytes in [lo, hi) at or after ``cursor``, wrapping to
+        ``lo``; None if the free ranges there have no room."""
+        clipped = [(max(s, lo), min(e, hi)) for s, e in self.free if min(e, hi) > max(s, lo)]
+        first = bisect.bisect_right(clipped, cursor, key=lambda r: r[1])
+        for i in itertools.chain(range(first, len(clipped)), range(first)):
+            start, end = clipped[i]
+            if start < cursor < end and end - cursor >= size:
+                return cursor
+            if end - start >= size:
+                return start
+        return None
+
+    def _best_oldest(self, size: int, lo: int, hi: int) -> int | None:
+        """Where a large block goes in [lo, hi) (``_allocate_top``'s rule); None if it does not fit."""
+        best: tuple[int, int] | None = None
+        for s, e in self.free:
+            start, end = max(s, lo), min(e, hi)
+            if end - start < size:
+                continue
+            for at in dict.fromkeys((end - size, start)):
+                key = (self._last_user(at, at + size), -at)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else -best[1]
+
+    def _carve(self, at: int, size: int) -> tuple[int, list[int]]:
+        """Take [at, at + size) (inside one free range) and inherit its hazards."""
+        for i, (start, end) in enumerate(self.free):
+            if start <= at and at + size <= end:
+                self.free[i:i + 1] = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
+                break
+        else:
+            raise AssertionError(f"[{at}, {at + size}) is not free")
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+        return at, self._take_hazards(at, at + size)
 
     def _allocate_top(self, size: int) -> tuple[int, list[int]]:
         """Large blocks go to an end of a free range, away from the small next-fit buffers, to limit

@@ -86,7 +86,8 @@ def prefetch_order(em: Emitter, graph: Graph, weight_queue: int, start_ns: np.nd
         trig = em.trigger[node]
         b = block_of[node]
         if trig != node - 1 or trig in waited_on or b == 0:  # stays: a barrier for later ones
-            floor = trig if trig >= 0 else node
+            # (placed before a node after it: before the trigger itself would pass it)
+            floor = (trig if trig >= 0 else node) + 1
             continue
         deps = em.deps[trig]
         lo = max(first_of[b - 1], floor, max(deps) + 1 if deps else 0)
@@ -99,7 +100,7 @@ def prefetch_order(em: Emitter, graph: Graph, weight_queue: int, start_ns: np.nd
             target_of[trig] = target
             floor = target
         else:
-            floor = trig
+            floor = trig + 1
     if not target_of:
         return None
     moved = set(target_of)

@@ -89,8 +89,9 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 
 # layers relocated when the run settles at its second (decode, prefill) or third (prefill-long)
 # boundary; before hazards of lanes the previous layer did not use were aged (prologue loads that
-# spread over SBUF tombstones layer by layer), prefill-long settled only at the sixth
-SETTLED = {"decode": 4, "decode-tp2": 4, "prefill": 2, "prefill-long": 4}
+# spread over SBUF tombstones layer by layer), prefill-long settled only at the sixth. The decode
+# cases settle one boundary later since whole weights go round the weight ring (compiler/memory.py)
+SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 4}
 
 
 def test_boundaries_settle_after_one_or_two_layers(pair: tuple[nc.Graph, Program, Program],

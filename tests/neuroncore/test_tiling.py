@@ -354,7 +354,8 @@ def test_sbuf_spill_and_reload(run, assert_close):
     assert program.stats["sbuf_peak_bytes_per_partition"] <= 16 * 1024
     queues = {program.queues[program.queue[i]].name for i in range(program.n_nodes)
               if program.resource[i] == 6}
-    assert "qSyncSpillReload0" in queues
+    # reloads are triggered from GpSimd, off the Sync stream that issues the weight loads
+    assert "qGpSimdSpillReload0" in queues
     # spill traffic is DMA on spill/reload queues, into scratch tensors in HBM
     spill_nodes = np.flatnonzero((program.spill_save_bytes > 0) | (program.spill_reload_bytes > 0))
     for i in spill_nodes:
@@ -362,7 +363,7 @@ def test_sbuf_spill_and_reload(run, assert_close):
         assert program.resource[transfer] == 6 and program.trigger[transfer] == i
         assert "SpillReload" in program.queues[program.queue[transfer]].name
     reloads = [i for i in range(program.n_nodes) if program.resource[i] == 6
-               and program.queues[program.queue[i]].name == "qSyncSpillReload0"]
+               and program.queues[program.queue[i]].name == "qGpSimdSpillReload0"]
     assert reloads and all(isinstance(program.semantics[i], Load) for i in reloads)
     assert any(t.kind == "scratch" and t.name.startswith("spill.") for t in program.hbm_tensors.values())
     result = nc.Instance("trn1.2xlarge").core(0).load(program).execute(inputs)
