@@ -17,7 +17,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.node_semantics import Gather
-from neuroncore.compiler.onchip_views import on_chip_view
+from neuroncore.compiler.onchip_views import concatenate_on_chip, on_chip_view
 from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.compiler.view_steps import ApplyOp
@@ -102,7 +102,7 @@ def lower_view(ctx: Context, op: Op) -> None:
         ctx.hbm_views[view_name] = HbmView(view_name, (ApplyOp(op.index),), sources, op.shape,
                                            op.dtype, run_elements(op))
 
-    if on_chip_view(ctx, op, view_name, materialize_sources):
+    if on_chip_view(ctx, op, view_name, materialize_sources) or concatenate_on_chip(ctx, op):
         return
     value = ctx.define(op, home=Memory.HBM, hbm=view_name)
     value.lazy = materialize_sources

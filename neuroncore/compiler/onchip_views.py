@@ -31,7 +31,7 @@ from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.lower_elementwise import tensor_copy
 from neuroncore.compiler.lowering_state import Layout
 from neuroncore.compiler.program import Ref
-from neuroncore.compiler.tiling import P, tile_grid
+from neuroncore.compiler.tiling import P, tile_grid, tiles_of
 from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import LAYOUT_OPS, Op
@@ -174,6 +174,47 @@ def on_chip_view(ctx: Context, op: Op, view_name: str, hbm_fallback: Callable[[]
     ctx.define(op, home=Memory.SBUF)
     _copy_blocks(ctx, op, root, copies)
     ctx.stats["on_chip_view_copies"] = ctx.stats.get("on_chip_view_copies", 0) + 1
+    return True
+
+
+def concatenate_on_chip(ctx: Context, op: Op) -> bool:
+    """A concatenation along the last dim of values that all live in SBUF, row-tiled alike, is
+    assembled on chip: each output tile is its operands' tiles side by side, one engine copy per
+    operand (Scalar and Vector in turn), every row staying on its partition. Without this it went
+    through HBM: every operand stored, then read back through a view (rotary embedding's
+    ``cat(first, second)`` of each head, the fused projections' gradient ``cat(dq, dk, dv)``).
+    False leaves the HBM view (an operand in HBM, feature-major or of another tiling, fewer than
+    128 rows per batch, or an output too large to keep on chip)."""
+    if op.opcode != "concatenate" or not op.shape or op.attrs["dimension"] != len(op.shape) - 1:
+        return False
+    if op.index in ctx.orientation.members or op.dtype.itemsize == 0:
+        return False
+    out_tiles = tiles_of(op.shape, Layout.ROW)
+    for operand in op.operands:
+        value = ctx.values[operand.index]
+        if (not _is_root(value) or value.transposed or operand.dtype != op.dtype
+                or tiles_of(operand.shape, Layout.ROW) != out_tiles or value.tiles != out_tiles):
+            return False
+    _, rows, cols = tile_grid(op.shape, Layout.ROW)
+    if rows < P or len(out_tiles) * cols * op.dtype.itemsize > ctx.hbm_home_bytes:
+        return False  # decode-sized rows (tiles shared by batches: their readers' reshapes) or too big
+    ctx.define(op, home=Memory.SBUF)
+    engines = (Engine.SCALAR, Engine.VECTOR)
+    n = 0
+    for t in range(len(out_tiles)):
+        out = ctx.produce(op, t)
+        c0 = 0
+        for operand in op.operands:
+            width = operand.shape[-1]
+            src = ctx.tile(operand, t)
+            dst = Ref(out.buf, out.p0, out.p1, out.f0 + c0, out.f0 + c0 + width)
+            tensor_copy(ctx, dst, Ref(src.buf, src.p0, src.p1, src.f0, src.f0 + width), engines[n % 2])
+            ctx.release(operand, src)
+            c0 += width
+            n += 1
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+    ctx.stats["on_chip_concatenations"] = ctx.stats.get("on_chip_concatenations", 0) + 1
     return True
 
 

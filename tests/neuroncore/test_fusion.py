@@ -114,3 +114,30 @@ def test_a_batched_chain_is_lowered_batch_by_batch_on_chip(run, assert_close):
     scratch = [t.name for t in program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
     assert scratch == [], f"intermediates of the group went through HBM: {scratch}"
     np.testing.assert_array_equal(result.out, result.ref)
+
+
+def test_rotary_concatenation_is_assembled_on_chip(run, assert_close):
+    """Rotate-half rotary embedding: ``cat(x1 cos - x2 sin, x2 cos + x1 sin)`` along the head dim
+    of [heads, seq, head_dim] values that live in SBUF is built by engine copies into the output's
+    column blocks (rows stay on their partitions); it used to store both halves to HBM and read
+    them back through a view. Numerics are the same values copied."""
+    g = nc.GraphBuilder()
+    x = g.parameter("x", (H, S, D))
+    cos = g.parameter("cos", (S, D // 2))
+    sin = g.parameter("sin", (S, D // 2))
+    x1 = g.slice(x, (0, 0, 0), (H, S, D // 2))
+    x2 = g.slice(x, (0, 0, D // 2), (H, S, D))
+    c = g.broadcast(cos, (H, S, D // 2), (1, 2))
+    s = g.broadcast(sin, (H, S, D // 2), (1, 2))
+    first = g.subtract(g.multiply(x1, c), g.multiply(x2, s))
+    second = g.add(g.multiply(x2, c), g.multiply(x1, s))
+    rotated = g.concatenate([first, second], 2)
+    graph = g.build([g.exp(rotated)])
+    rng = np.random.default_rng(1)
+    shapes = ((H, S, D), (S, D // 2), (S, D // 2))
+    inputs = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    result = run(graph, inputs)
+    program = result.program
+    assert program.stats.get("on_chip_concatenations") == 1
+    assert not any("concatenate" in name for name in program.hbm_views)
+    assert_close(result.out, result.ref)
