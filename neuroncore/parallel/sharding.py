@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from neuroncore.dtypes import DType
 from neuroncore.ir.builder import GraphBuilder
@@ -161,7 +162,7 @@ def _rank_rows(rows: int, total: int, rank: int) -> np.ndarray:
     return select
 
 
-def _rank_start(rows: int, dtype: np.dtype, rank: int) -> np.ndarray:
+def _rank_start(rows: int, dtype: npt.DTypeLike, rank: int) -> np.ndarray:
     """A ``tp_start`` input: where rank ``rank``'s block of ``rows`` starts along the split dim."""
     return np.array(rank * rows, dtype)
 
