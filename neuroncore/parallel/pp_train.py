@@ -241,13 +241,28 @@ class PipelineParallelTrainStep(TrainStep):
         if not tied:
             return
         groups = {tuple(h) for h in tied.values()}
-        if self.tp > 1 or len(groups) > 1:
+        if len(groups) > 1:
             name = self.param_names[next(iter(tied))]
             raise PlanError(f"{self.name}: parameter {name} is used by stages {tied[next(iter(tied))]} "
-                            f"(tied weights); tied weights are shared between pipeline stages only at "
-                            f"tp=1 and by one group of stages: untie them (tie_word_embeddings=False)")
+                            f"(tied weights); tied weights are shared between pipeline stages only "
+                            f"by one group of stages: untie them (tie_word_embeddings=False)")
         (group,) = groups
         self.tied_stages = list(group)
+        self.tied_blocks: dict[str, Split | None] = {}
+        tp = self.tp
+        blocks: dict[int, Split | None] = {}  # the block of the tied gradient every rank all-reduces
+        for i in tied:
+            # a holder may keep the gradient whole (the vocabulary-split table's, summed whole by
+            # its backward): its rank r all-reduces block r of it, as the optimizer reads it
+            kept = {self.stage_splits[s].get(f"grad/{self.param_names[i]}") for s in group} - {None}
+            if len(kept) > 1:
+                raise PlanError(f"{self.name}: tied weight {self.param_names[i]}'s gradient is kept split "
+                                f"as {' and '.join(sorted(map(str, kept)))} by stages {list(group)} at "
+                                f"tp={tp}; tied weights are shared only where every holder splits them "
+                                f"alike: untie them (tie_word_embeddings=False)")
+            blocks[i] = kept.pop() if kept else None
+        # rank r of each holder all-reduces its block with rank r of the others (its block is theirs)
+        peers = [[t * tp + r for t in group] for r in range(tp)]
         for s in group:
             b = GraphBuilder(f"{self.name}_stage{s}_tied_gradients")
             outputs: list[Op] = []
@@ -255,15 +270,18 @@ class PipelineParallelTrainStep(TrainStep):
             for k, i in enumerate(sorted(tied)):
                 name = self.param_names[i]
                 with b.located(f"model/gradient_sync/tied/{self._module_of(i)}", self._frames):
-                    grad = b.parameter(f"grad/{name}", tuple(self.params[i].shape), DType.FP32)
+                    shape = _block_shape(tuple(self.params[i].shape), blocks[i], tp)
+                    grad = b.parameter(f"grad/{name}", shape, DType.FP32)
                     outputs.append(b.add_op("all-reduce", [grad], grad.shape, DType.FP32, reduction="sum",
                                             name=f"all-reduce.tied.{k}"))
                 labels.append(f"grad/{name}")
+                self.tied_blocks[f"grad/{name}"] = blocks[i]
             self.tied_programs[s] = self._load((_live_graph(b.name, b, outputs), labels), s, blocks={},
-                                               group=list(group))
+                                               groups=peers)
 
     def _load(self, built: tuple[Graph, list[str]], stage: int, *,
-              blocks: dict[str, Split | None] | None = None, group: list[int] | None = None) -> _Program:
+              blocks: dict[str, Split | None] | None = None,
+              groups: list[list[int]] | None = None) -> _Program:
         """Compile a stage's program and load it on the stage's cores: with ``tp > 1`` split over
         them by the tensor-parallel sharding pass (trained weights told apart), as
         :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep` splits a whole step. An
@@ -299,7 +317,7 @@ class PipelineParallelTrainStep(TrainStep):
         sends = []
         collectives: list[tuple[int, CollectiveRecord]] = []
         output_label = {out.name: label for out, label in zip(program.graph.outputs, labels)}
-        group = group or list(range(stage * tp, (stage + 1) * tp))  # the collectives' ranks (cores)
+        groups = groups or [list(range(stage * tp, (stage + 1) * tp))]  # the collectives' ranks (cores)
         for node in program.collective_nodes:
             op = program.graph.ops[int(program.op_index[node])]
             if op.opcode == "collective-permute":  # a send: each rank to its peer stage's same rank
@@ -308,7 +326,7 @@ class PipelineParallelTrainStep(TrainStep):
                 record = cc.permute(self.topology, pairs, op.operands[0].size, op.dtype.value)
                 sends.append((int(node), record, output_label[op.name]))
             else:  # the stage's tensor-parallel all-reduce (or all-gather ...) over its ranks
-                record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [group],
+                record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, groups,
                                        op.operands[0].size, op.dtype.value)
                 collectives.append((int(node), record))
             costs[node] = record.duration_ns
@@ -513,30 +531,38 @@ class PipelineParallelTrainStep(TrainStep):
 
     def _sum_tied_gradients(self, host_start_ns: int) -> None:
         """The tied weights' gradient all-reduce over the stages holding them (threads meeting in
-        the collective, FP32 sums in stage order), timed from when the last holder is free."""
+        the collective, FP32 sums in stage order; with ``tp > 1`` rank r of every holder with rank
+        r of the others, each over its block), timed from when the last holder is free."""
         stages = self.tied_stages
         if not stages:
             return
-        rendezvous = _Rendezvous(len(stages))
-        produced: dict[int, list[np.ndarray]] = {}
+        produced: dict[tuple[int, int], list[np.ndarray]] = {}
+        for r in range(self.tp):
+            rendezvous = _Rendezvous(len(stages))
 
-        def run(k: int) -> None:
-            s = stages[k]
-            program, state = self.tied_programs[s], self.stage_states[s][0]
-            outputs = program.loaded.compute(bind_inputs(program.loaded.program.graph,
-                                                         state.inputs(program.inputs, {})),
-                                             rendezvous.for_rank(k))
-            produced[s] = outputs
-            state.update(dict(zip(program.outputs, outputs)))
+            def run(k: int, r: int = r, rendezvous: _Rendezvous = rendezvous) -> None:
+                s = stages[k]
+                program, state = self.tied_programs[s], self.stage_states[s][r]
+                whole = {n: self.stage_splits[s].get(n) is None and self.tied_blocks[n] is not None
+                         for n in program.inputs}  # kept whole, all-reduced by blocks
+                arrays = [np.ascontiguousarray(block_of(state.tensors[n], self.tied_blocks[n], self.tp, r))
+                          if whole[n] else state.tensors[n] for n in program.inputs]
+                outputs = program.ranks[r].compute(bind_inputs(program.loaded.program.graph, arrays),
+                                                   rendezvous.for_rank(k))
+                produced[(s, r)] = outputs
+                state.update({n: _with_block(state.tensors[n], v, self.tied_blocks[n], self.tp, r)
+                              if whole[n] else v for n, v in zip(program.outputs, outputs)})
 
-        run_ranks(len(stages), run, rendezvous.barrier, "pp-tied")
-        with cores_held([self.tied_programs[s].loaded.core for s in stages]) as t0:
+            run_ranks(len(stages), run, rendezvous.barrier, f"pp-tied-rank{r}")
+        with cores_held([m.core for s in stages for m in self.tied_programs[s].ranks]) as t0:
             for s in stages:
                 program = self.tied_programs[s]
                 timeline = schedule(program.loaded.program, float(t0), program.costs)
                 placed = placed_at(timeline, program.collectives)
-                self.stage_results[s].append(program.loaded.record(
-                    t0, timeline, produced[s], False, placed, host_start_ns=host_start_ns))
+                results = [m.record(t0, timeline, produced[(s, r)], False, placed,
+                                    host_start_ns=host_start_ns) for r, m in enumerate(program.ranks)]
+                self.stage_results[s].append(results[0])
+                self.rank_results.extend(results[1:])
 
     def _read(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """A resident tensor as ``program`` reads it: a gradient kept whole (the backward computes
@@ -582,7 +608,8 @@ class PipelineParallelTrainStep(TrainStep):
                 if name in self.state.tensors:
                     split = self.stage_splits[s].get(name)
                     parts = [state.tensors[name] for state in ranks]
-                    self.state.update({name: parts[0] if split is None else join_blocks(parts, split)})
+                    self.state.update({name: parts[0] if split is None else  # a padded vocabulary cut
+                                       join_blocks(parts, split, self.state.tensors[name].shape[split.dim])})
         super()._sync_host()
 
     @property
@@ -595,7 +622,20 @@ def _block_shape(shape: tuple[int, ...], split: Split | None, tp: int) -> tuple[
     """A rank's block of a value of ``shape`` split as ``split``."""
     if split is None:
         return shape
-    return tuple(d // tp if i == split.dim else d for i, d in enumerate(shape))
+    return tuple(-(-d // tp) if i == split.dim else d for i, d in enumerate(shape))  # padded: rounded up
+
+
+def _with_block(whole: np.ndarray, block: np.ndarray, split: Split | None, tp: int, rank: int) -> np.ndarray:
+    """``whole`` with rank ``rank``'s block (split as ``split``, outer 1; a padded block cut at the
+    end of the dim) replaced by ``block``."""
+    assert split is not None and split.outer == 1
+    rows = block.shape[split.dim]
+    start = min(rank * rows, whole.shape[split.dim])
+    stop = min(start + rows, whole.shape[split.dim])
+    out = whole.copy()
+    index = (slice(None),) * split.dim + (slice(start, stop),)
+    out[index] = block[(slice(None),) * split.dim + (slice(0, stop - start),)]
+    return out
 
 
 def _labelled(out: dict[str, np.ndarray], kind: str) -> list[tuple[str, np.ndarray]]:

@@ -938,7 +938,7 @@ class _Sharder:
         start = b.add_op("parameter", [], (), DType.INT32, name=f"tp_start.{len(self.rank_params)}",
                          number=0)
         self.rank_params.append(start)
-        self.rank_inputs.append(functools.partial(_rank_start, rows, np.int32))
+        self.rank_inputs.append(functools.partial(_rank_start, rows, np.dtype(np.int32)))
         position = b.add(b.iota(shape, split.dim, DType.INT32), b.broadcast(start, shape, ()))
         valid = b.compare(position, float(op.shape[split.dim]), "LT")
         self.valid_masks[key] = valid

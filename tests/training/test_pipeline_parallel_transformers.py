@@ -84,13 +84,6 @@ def test_layer_cut_errors_are_one_line() -> None:
         PipelineParallelTrainStep(model, opt, example, pp=3, micro_batches=2)
     with pytest.raises(PlanError, match=r"layers='model.lm_head' is not a ModuleList"):
         PipelineParallelTrainStep(model, opt, example, pp=2, micro_batches=2, layers="model.lm_head")
-    tied = _llama(layers=2, tie_word_embeddings=True)
-    with pytest.raises(PlanError, match=r"parameter model.embed_tokens.weight is used by stages \[0, 1\] "
-                                        r"\(tied weights\); tied weights are shared between pipeline "
-                                        r"stages only at tp=1") as info:
-        PipelineParallelTrainStep(tied, torch.optim.SGD(tied.parameters(), lr=0.1), example, pp=2,
-                                  micro_batches=2, tp=2)
-    assert "\n" not in str(info.value)
 
 
 def test_gpt2_with_its_lm_head_tied_to_the_embedding_equals_single_core() -> None:
@@ -149,3 +142,35 @@ def test_llama_pipeline_with_tensor_parallel_stages_equals_single_core() -> None
     assert {c for c, _ in cores} == {0, 1, 2, 3}
     reduces = [op for op in step.backward_programs[0].loaded.program.graph.ops if op.opcode == "all-reduce"]
     assert reduces
+
+
+def test_tied_llama_at_tp2_pp2_equals_single_core() -> None:
+    """Tied weights across stages with tensor-parallel stages: the first stage's embedding and the
+    last stage's LM head are one weight, vocabulary-split on both; rank r of each holder all-reduces
+    its block of the gradient with rank r of the other (the first stage keeps the table's gradient
+    whole and all-reduces its block r, as its optimizer reads it), then both update alike."""
+    model = _llama(layers=2, tie_word_embeddings=True)
+    single_model = copy.deepcopy(model)
+    rng = np.random.default_rng(2)
+    example, micro_batches = _batch(rng, 1), 2
+    step = PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
+                                     pp=2, micro_batches=micro_batches, tp=2)
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-2),
+                              example, accumulation_steps=micro_batches)
+    assert step.tied_stages == [0, 1]
+    table = "param/model.embed_tokens.weight"
+    assert step.stage_splits[0][table] == step.stage_splits[1][table] is not None
+    # each tied all-reduce runs over one rank of every holder: cores {0, 2} and {1, 3}
+    reduces = [t for _, t in step.tied_programs[0].collectives]
+    assert reduces and all(sorted(map(sorted, t.replica_groups)) == [[0, 2], [1, 3]] for t in reduces)
+    for _ in range(2):
+        batch = _batch(rng, micro_batches)
+        a, b = float(single(**batch)), float(step(**batch))
+        assert b == pytest.approx(a, rel=1e-5)
+        for r in range(2):  # the two copies of every rank's block stay one weight
+            first, last = (step.stage_states[s][r].tensors[table] for s in (0, 1))
+            np.testing.assert_array_equal(first, last)
+    for (name, p), q in zip(model.named_parameters(), single_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
+    cores = {r.core for r in step.last_results if r.program.graph.name.endswith("tied_gradients")}
+    assert cores == {0, 1, 2, 3}
