@@ -77,6 +77,7 @@ from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import emit_update, host_scalars, split_scalars
 from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.step_records import emit_step, forward_matmul_flops
 from neuroncore.training.torch_joint import JointGraph, export_loss, stage_joint_graph
 from neuroncore.training.torch_step import (
     StepInputs,
@@ -174,6 +175,7 @@ class PipelineParallelTrainStep(TrainStep):
         self.stage_params: list[list[int]] = []
         self.stage_splits: list[dict[str, Split | None]] = []  # each resident tensor's split
         whole = self.state.tensors
+        self.forward_flops = 0.0
         states: list[list[DeviceState]] = []  # per stage, per tensor-parallel rank
         for stage in self.stages:
             s, last = stage.index, stage.index == pp - 1
@@ -198,6 +200,8 @@ class PipelineParallelTrainStep(TrainStep):
             program_inputs = ([f"param/{n}" for n in names] + [f"buffer/{_strip(n)}" for n in stage.buffers]
                               + feeds)
             fwd, bwd = self._stage_graphs(joint, stage, program_inputs, names, len(input_grads))
+            # a micro-batch's forward matmuls: every stage's backward program recomputes its forward
+            self.forward_flops += forward_matmul_flops(bwd[0])
             self.forward_programs.append(None if fwd is None else self._load(fwd, s))
             backward = self._load(bwd, s)
             self.backward_programs.append(backward)
@@ -468,7 +472,14 @@ class PipelineParallelTrainStep(TrainStep):
             self._run(s, self.optimizer_programs[s], scalars, 0.0, host_start)
             for state in self.stage_states[s]:
                 state.zero([n for n in state.tensors if n.startswith("grad/")])
-        self.last_results = [r for results in self.stage_results for r in results] + self.rank_results
+        rank0 = [r for results in self.stage_results for r in results]  # the last stage's update last
+        self.last_results = rank0 + self.rank_results
+        first = inputs[0]
+        seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
+        emit_step(self.optimizer_programs[-1].loaded, rank0, step=self.steps,
+                  global_batch=int(first.shape[0]) if first.dim() else 1, seq=seq, name=self.name,
+                  bf16=self.precision is not Precision.FP32, host_start_ns=host_start, tp=self.tp,
+                  pp=pp, model_flops=3.0 * self.forward_flops * m)
         self._sync_host()
         return torch.tensor(sum(losses), dtype=torch.float32)
 

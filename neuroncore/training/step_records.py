@@ -74,22 +74,31 @@ def forward_matmul_flops(program: Program | Graph) -> float:
 
 def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: int, global_batch: int,
               seq: int, name: str, bf16: bool, host_start_ns: int, tp: int = 1,
-              whole: Program | Graph | None = None) -> None:
-    """Report one step (its executions ``results``, the update last) to the core's sink.
+              whole: Program | Graph | None = None, pp: int = 1,
+              model_flops: float | None = None) -> None:
+    """Report one step (its executions ``results``, the one the record belongs to last) to the
+    core's sink. The step runs from the earliest execution's start to the latest one's end.
 
     A tensor-parallel step (``tp`` ranks, :mod:`neuroncore.parallel.tp_train`) reports ``tp`` ranks
     and the model FLOPs of ``whole``, the unsplit step program: a rank's own program holds its share
-    of the matmuls plus whatever every rank computes whole."""
+    of the matmuls plus whatever every rank computes whole. A pipeline-parallel step
+    (:mod:`neuroncore.parallel.pp_train`) reports ``tp x pp`` ranks, its stages' executions (each
+    phase's busy time summed over them) and ``model_flops`` computed from its stages' graphs."""
     sink = loaded.sink
     if not sink.active or not results:
         return
-    first, last = results[0], results[-1]
+    last = results[-1]
+    start_ns = min(r.start_ns for r in results)
+    end_ns = max(r.end_ns for r in results)
     levels = dict.fromkeys(PHASES, 0.0)
     flops = 0.0
     for result in results:
         for phase, ns in phase_busy_ns(result).items():
             levels[phase] += ns
-        flops += 3.0 * forward_matmul_flops(result.program if whole is None else whole)
+        if model_flops is None:
+            flops += 3.0 * forward_matmul_flops(result.program if whole is None else whole)
+    if model_flops is not None:
+        flops = model_flops
     core = loaded.core
     peak = core.spec.pe_peak_bf16_flops_per_s if bf16 else core.spec.pe_peak_fp32_flops_per_s
     empty_i64 = np.zeros(0, np.int64)
@@ -98,9 +107,9 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
                "overlap_ns": empty_i64}
     sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
         execution_id=last.execution_id, model_id=last.model_id, core=last.core, step=step,
-        step_time_ns=last.end_ns - first.start_ns, start_ns=first.start_ns, global_batch=global_batch,
-        seq=seq, model_flops=flops, ranks=tp, peak_flops_per_rank=peak, levels=levels,
-        layout=f"{name}/1x{core.instance_type}/tp{tp}pp1dp1/seq{seq}/gbs{global_batch}",
+        step_time_ns=end_ns - start_ns, start_ns=start_ns, global_batch=global_batch,
+        seq=seq, model_flops=flops, ranks=tp * pp, peak_flops_per_rank=peak, levels=levels,
+        layout=f"{name}/1x{core.instance_type}/tp{tp}pp{pp}dp1/seq{seq}/gbs{global_batch}",
         host_start_ns=host_start_ns, host_end_ns=time.time_ns()))
 
 

@@ -1,10 +1,12 @@
 """``neuron-profile capture -- python train.py`` of a script that trains with tensor parallelism and
 with pipeline parallelism (real numerics): each rank's executions are profiled on its own core, the
 tensor-parallel ranks with their all-reduces on the CC-core and the step's row (tp ranks), the
-pipeline stages' forward and backward programs on their stages' cores."""
+pipeline stages' forward and backward programs on their stages' cores, and each step's row (tp x pp
+ranks) on the profile of the last stage's optimizer program, with the steps in the system profile."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,7 +55,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     script.write_text(SCRIPT)
     env = {**os.environ, "NEURONSCOPE_LIVE": "0", "PYTHONPATH": str(REPO)}
     command = [str(ENTRY)] if ENTRY.exists() else [sys.executable, "-m", "explorer.profile_cli"]
-    done = subprocess.run([*command, "capture", "--device-only", "-o", str(root / "out"), "--",
+    done = subprocess.run([*command, "capture", "-o", str(root / "out"), "--",
                            sys.executable, str(script)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     return root / "out", done
@@ -86,3 +88,27 @@ def test_parallel_training_scripts_are_captured_rank_by_rank(captured) -> None:
         assert open_profile(path).table("CcOp").column("operation").to_pylist() == ["Permute"]
     assert not open_profile(next(e.path for e in entries if e.partitions["model"] ==
                                  "Sequential_stage0_backward")).num_rows("CcOp")
+
+
+def test_a_pipeline_step_has_its_row_summary_and_system_marks(captured) -> None:
+    """The pipeline step's train_step record goes with the last stage's optimizer execution (one
+    per step, so the default --profile-nth-exec 2 profiles step 2): its TrainingStep row spans
+    every stage's executions, the Summary shows step time and throughput, and the system profile
+    marks every step."""
+    out, done = captured
+    assert done.returncode == 0, done.stderr[-3000:]
+    entries, _ = find_profiles(out / "device")
+    path = next(e.path for e in entries
+                if (e.partitions["model"], e.partitions["core"]) == ("Sequential_stage1_optimizer", "1"))
+    (row,) = pq.read_table(next(path.glob("TrainingStep*.parquet"))).to_pylist()
+    assert row["step"] == 2 and row["ranks"] == 2 and "/tp1pp2dp1/" in row["layout"]
+    assert row["global_batch"] == 8 and row["model_flops"] > 0
+    assert row["forward_ns"] > 0 and row["backward_ns"] > 0 and row["optimizer_ns"] > 0
+    # the step spans both stages' programs: longer than the optimizer execution it is filed under
+    execution = open_profile(path).table("Summary").to_pylist()[0]
+    assert execution["training_step_time"] == pytest.approx(row["step_time_ns"] / 1e9)
+    assert execution["training_seq_per_s"] == pytest.approx(8 / (row["step_time_ns"] / 1e9))
+    assert row["step_time_ns"] > row["optimizer_ns"] * 2
+    events = pq.read_table(next((out / "system").glob("SystemProfileEvents*.parquet"))).to_pylist()
+    steps = [json.loads(e["extra_attributes_json"]) for e in events if e["name"] == "train_step"]
+    assert sorted(s["step"] for s in steps if "/tp1pp2dp1/" in s["layout"]) == [1, 2, 3]
