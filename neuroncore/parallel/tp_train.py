@@ -59,6 +59,7 @@ from neuroncore.runtime import records
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
 from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
+from neuroncore.training.memory import program_saved_activations
 from neuroncore.training.optimizers import OptimizerKind, host_scalars
 from neuroncore.training.precision import Precision, parse_precision
 from neuroncore.training.step_records import emit_step
@@ -105,6 +106,9 @@ class TensorParallelTrainStep(TrainStep):
     def _memory_shards(self) -> int:
         return self.tp  # each rank holds 1/tp of the weights, gradients and optimizer state
 
+    def _traced_activations(self) -> int:
+        return 0  # each rank's own, from its sharded program (``_shard``), before compiling it
+
     def _place(self, options: CompilerOptions | None) -> None:
         """Shard the step's programs (update, and accumulate with gradient accumulation) and put
         each rank's programs and blocks on its core (the whole program is never compiled nor its
@@ -149,6 +153,8 @@ class TensorParallelTrainStep(TrainStep):
                             input_splits=fixed)
         except ShardingError as exc:
             raise PlanError(f"{self.name}: {exc}") from None
+        if fixed is None:  # the update program: a rank's saved activations, counted on its blocks
+            self.memory = self._check_memory(activations=program_saved_activations(sharded.local))
         program = compile_graph(sharded.local, self.core.spec, options)
         models = [self.instance.core(r).load(program, rank=r) for r in range(tp)]
         for loaded in models:  # bf16-sr: every rank's bf16 writes round stochastically,

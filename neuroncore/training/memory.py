@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from neuroncore.ir.graph import Graph
 from neuroncore.training.optimizers import OptimizerKind
 from neuroncore.training.precision import Precision
 
@@ -151,5 +152,24 @@ def saved_activation_bytes(forward_outputs: Sequence[tuple[int, bool]]) -> int:
     return sum(n for n, saved in forward_outputs if saved)
 
 
+def program_saved_activations(graph: Graph) -> int:
+    """Bytes of the forward values a training step program's backward reads, counted on its IR
+    graph (ops under ``model/forward`` read by an op under ``model/backward``): for a
+    tensor-parallel rank's sharded program, what that rank saves (its blocks, plus what it holds
+    whole)."""
+    backward_reads: set[int] = set()
+    for op in graph.ops:
+        if _phase(op.layer) == "backward":
+            backward_reads.update(id(o) for o in op.operands)
+    return saved_activation_bytes([(op.nbytes, id(op) in backward_reads) for op in graph.ops
+                                   if _phase(op.layer) == "forward" and op.opcode != "parameter"])
+
+
+def _phase(layer: str) -> str:
+    parts = layer.split("/")
+    return parts[1] if len(parts) > 1 and parts[0] == "model" else ""
+
+
 __all__ = ["GB", "MemoryBreakdown", "MemoryCheckError", "check_fits", "optimizer_state_bytes_per_param",
-           "saved_activation_bytes", "training_memory", "transformer_activations"]
+           "program_saved_activations", "saved_activation_bytes", "training_memory",
+           "transformer_activations"]

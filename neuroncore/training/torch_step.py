@@ -242,7 +242,7 @@ class TrainStep:
         self.param_names = [_strip(n) for n in self.joint.param_names]
         self.groups = self._groups(optimizer)
         self._frames = frames
-        self.memory = self._check_memory(activations=saved_activations(self.joint))  # before compiling
+        self.memory = self._check_memory(activations=self._traced_activations())  # before compiling
         self.programs: dict[ProgramKind, tuple[Program, LoadedModel, _Layout]] = {}
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
         if not self.compiles_step_program:
@@ -274,6 +274,11 @@ class TrainStep:
     def _memory_shards(self) -> int:
         """How many ways a rank's weights, gradients and optimizer state are split (tp)."""
         return 1
+
+    def _traced_activations(self) -> int:
+        """Saved activation bytes to check before building the programs: the joint graph's (a
+        tensor-parallel step counts each rank's from its sharded program instead, before compiling)."""
+        return saved_activations(self.joint)
 
     def _check_memory(self, activations: int) -> MemoryBreakdown:
         """Refuse (one line with the breakdown) a step whose weights, gradients, optimizer state and

@@ -1,4 +1,4 @@
-"""Gradient accumulation in tensor-parallel training: ``TensorParallelTrainStep(...,
+"""Gradient accumulation in tensor-parallel training, and the rank's memory check: ``TensorParallelTrainStep(...,
 accumulation_steps=K)`` takes K micro-batches stacked along dim 0, as ``trace_train_step`` does, runs
 the sharded accumulate program K-1 times (each rank adding its block of the gradients to resident
 buffers split like the weights) and the sharded update program once; the step equals one core's
@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from neuroncore.parallel.sharding import Split
 from neuroncore.parallel.tp_train import TensorParallelTrainStep
 from neuroncore.parallel.training import PlanError
+from neuroncore.frontends.tracing import TraceError
 from neuroncore.training import trace_train_step
+from neuroncore.training.memory import program_saved_activations
 from neuroncore.training.torch_step import ProgramKind
 
 transformers = pytest.importorskip("transformers")
@@ -104,3 +106,37 @@ def test_accumulation_errors_are_one_line() -> None:
     with pytest.raises(Exception, match=r"\(2 micro-batches of 4\)") as info:
         step(torch.zeros(4, 16), torch.zeros(4, 8))
     assert "\n" not in str(info.value)
+
+
+def _wide() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.GELU(), torch.nn.Linear(256, 16))
+
+
+def test_memory_check_counts_each_ranks_own_activations() -> None:
+    """The memory check of a tensor-parallel step counts the saved activations of the rank's own
+    sharded program (the column-parallel hidden layer's quarter at tp 4), not the unsplit graph's."""
+    example = (torch.zeros(8, 16), torch.zeros(8, 16))
+    one_model, tp_model = _wide(), _wide()
+    single = trace_train_step(one_model, torch.optim.AdamW(one_model.parameters()), example, loss_fn=F.mse_loss)
+    step = TensorParallelTrainStep(tp_model, torch.optim.AdamW(tp_model.parameters()), example, tp=4,
+                                   loss_fn=F.mse_loss)
+    assert step.memory.activations == program_saved_activations(step.rank_program.graph)
+    whole = program_saved_activations(single.program.graph)
+    # the [8, 256] hidden values (before and after GELU) are held as [8, 64] blocks on each rank
+    assert whole - step.memory.activations >= 2 * 8 * (256 - 64) * 4
+    assert 0 < step.memory.activations < whole
+
+
+def test_a_rank_whose_activations_do_not_fit_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import neuroncore.parallel.tp_train as tp_train
+    monkeypatch.setattr(tp_train, "program_saved_activations", lambda graph: 10**12)
+    model = _wide()
+    with pytest.raises(TraceError) as info:
+        TensorParallelTrainStep(model, torch.optim.AdamW(model.parameters()),
+                                (torch.zeros(8, 16), torch.zeros(8, 16)), tp=2, loss_fn=F.mse_loss)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("Sequential training step does not fit: it needs ")
+    assert "per rank but core 0 of trn1.32xlarge has" in message
+    assert "activations 1000.0 GB" in message and "weights " in message and "optimizer state " in message
