@@ -100,11 +100,13 @@ QUEUE_SPECS: list[tuple[QueueName, DmaQueueType, Engine]] = [
 # use least [assumption: which engine neuronx-cc picks is not public]).
 ACTIVATION_LOAD_QUEUE = {QueueName.SPILL_RELOAD: QueueName.RELOAD, QueueName.DATA: QueueName.DATA_LOAD}
 
-# The top half of SBUF is the weight ring (``RangeAllocator.allocate``) [assumption: neuronx-cc
-# allocates SBUF statically and streams weights through dedicated buffers; the size it gives them is
-# not public. Half: BERT-base's two 37 KB-per-partition MLP weights and their neighbours fit; 0.33
-# left them too little room and 0.6 the activations too little, both slower than no ring].
-WEIGHT_STREAM_FRACTION = 0.5
+# The weight ring (``RangeAllocator.allocate``): the share of SBUF at its top that whole weights go
+# round in load order [assumption: neuronx-cc allocates SBUF statically and streams weights through
+# buffers of their own; the size it gives them is not public]. Off (0) by default: at 0.5 BERT-base
+# b1 inference went 1,289 -> 1,098 us, but training's Llama-2-7B layer backward 14.5 -> 21.8 ms and
+# BERT/ResNet at batch 4-8 slowed 3-12 %: their activations overflow into a fixed half and the
+# weights wait for them again. A ring sized from what the activations leave is the next step.
+WEIGHT_STREAM_FRACTION = 0.0
 
 
 class Context:

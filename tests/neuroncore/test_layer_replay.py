@@ -90,7 +90,8 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # layers relocated when the run settles at its second (decode, prefill) or third (prefill-long)
 # boundary; before hazards of lanes the previous layer did not use were aged (prologue loads that
 # spread over SBUF tombstones layer by layer), prefill-long settled only at the sixth. The decode
-# cases settle one boundary later since whole weights go round the weight ring (compiler/memory.py)
+# cases settle one boundary later since activation loads are triggered from GpSimd (a second
+# trigger lane whose history repeats a layer later; compiler/context.py ACTIVATION_LOAD_QUEUE)
 SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 4}
 
 

@@ -1,7 +1,8 @@
 """The weight ring and the second trigger stream (issue 15 §4, docs/execution-core.md "What the
-calibration against published numbers added"): weights loaded whole go round the top half of SBUF
-in load order, so a load waits only for matmuls a ring's length back, and activation loads are
-triggered from GpSimd, so a weight load waiting for its range never holds them up (or they it)."""
+calibration against published numbers added"): with a ring (``context.WEIGHT_STREAM_FRACTION``,
+off by default) weights loaded whole go round the top of SBUF in load order, so a load waits only
+for matmuls a ring's length back; activation loads are triggered from GpSimd (always), so a weight
+load waiting for its range never holds them up (or they it)."""
 
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ def _layers(n: int, width: int = WIDTH, tokens: int = 128) -> nc.Graph:
 @pytest.fixture(scope="module")
 def compiled() -> tuple[nc.Graph, nc.Program, nc.Program]:
     graph = _layers(3)
-    ring = nc.compile(graph, SPEC)
+    plain = nc.compile(graph, SPEC)  # the default: no ring
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(context, "WEIGHT_STREAM_FRACTION", 0.0)
-        plain = nc.compile(graph, SPEC)
+        mp.setattr(context, "WEIGHT_STREAM_FRACTION", 0.5)
+        ring = nc.compile(graph, SPEC)
     return graph, ring, plain
 
 
@@ -91,9 +92,9 @@ def _waits_on_activations(program: nc.Program, trigger: int) -> bool:
 
 
 def test_activation_loads_are_triggered_from_gpsimd_and_weights_from_sync(compiled):
-    _, ring, _ = compiled
-    kinds = {q.name: Engine(q.trigger_engine) for q in ring.queues}
-    used = {ring.queues[q].name for q in ring.queue[ring.resource == RES_DMA]}
+    _, _, default = compiled
+    kinds = {q.name: Engine(q.trigger_engine) for q in default.queues}
+    used = {default.queues[q].name for q in default.queue[default.resource == RES_DMA]}
     assert kinds["qSyncWeight0"] is Engine.SYNC
     assert kinds["qGpSimdSpillReload0"] is kinds["qGpSimdData0"] is Engine.GPSIMD
     assert "qSyncSpillReload0" not in used and "qSyncData0" not in used  # no load goes there
