@@ -355,14 +355,14 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
              nki_source_location: list[str | None] | None = None) -> Program:
     """A :class:`Program` from an emitter's nodes: semaphores assigned, columns packed. The compiler
     calls it when every op is lowered; ``neuroncore.nki`` when a kernel has run."""
-    sem_increment, sem_value, texts = em.assign_semaphores(queues)
+    dep_ptr, dep_idx = em.dep_columns()
+    sem_increment, sem_value, texts = em.assign_semaphores(queues, (dep_ptr, dep_idx))
     resource = np.asarray(em.resource, np.int8)
     engine = np.asarray(em.engine, np.int8)
     queue = np.asarray(em.queue, np.int16)
     # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
     keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
     keys = np.where(resource == RES_CC, CC_LANE, keys)
-    dep_ptr, dep_idx = em.dep_columns()
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
     counters = em.counter_columns()

@@ -10,8 +10,7 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +59,63 @@ _Access = tuple[int, int, int, int, int, int, bool]
 _NODE, _LANE, _WRITE = 4, 5, 6
 
 
+_NO_AREA = 1 << 200  # larger than any rectangle's area (HBM whole-tensor ranges are 2^62 wide)
+
+
+class _Accesses:
+    """One memory key's recorded accesses: its writes (``w``, in the order recorded) and its reads
+    (``r``, by rectangle and lane, in the order recorded).
+
+    A read's hazards are writes only (three in four recorded accesses are reads), so a read scans
+    ``w`` alone. A read hides the reads of its lane it covers: nearly always the same rectangle
+    read again (a LoadStationary of the same tile for the next bank group), found in ``r`` by its
+    key. ``small`` is at most the smallest area in ``r``: a read no larger than that can cover only
+    reads of its own rectangle, so only one lookup is needed; a larger read scans its lane's reads.
+    ``small`` is -1 when two reads share a key (lists relocated or aged by ``layer_state`` and
+    ``layer_boundary`` can hold such pairs): then every read scans. Hazards are sets, so how the
+    two kinds interleave never mattered.
+
+    Iterating gives the writes, then the reads: the lists other modules see and put back as plain
+    lists in that order (the emitter adopts such a list on first use, ``Emitter._adopt``)."""
+
+    __slots__ = ("r", "small", "w")
+
+    def __init__(self, w: list[_Access], r: dict[tuple[int, ...], _Access], small: int) -> None:
+        self.w = w
+        self.r = r
+        self.small = small
+
+    def __iter__(self) -> Iterator[_Access]:
+        return itertools.chain(self.w, self.r.values())
+
+    def __len__(self) -> int:
+        return len(self.w) + len(self.r)
+
+
+def _reads_of(entries: Iterable[_Access]) -> tuple[dict[tuple[int, ...], _Access], int]:
+    """Read entries by (rectangle, lane), and their smallest area (-1 if two share a key)."""
+    reads: dict[tuple[int, ...], _Access] = {}
+    small = _NO_AREA
+    twins = 0
+    for x in entries:
+        k: tuple[int, ...] = x[:4] + x[5:6]
+        if k in reads:
+            twins += 1
+            k = x[:6]  # kept under its node too; scans find it, lookups do not
+        reads[k] = x
+        small = min(small, (x[1] - x[0]) * (x[3] - x[2]) if x[1] > x[0] and x[3] > x[2] else -1)
+    return reads, (-1 if twins else small)
+
+
+def _accesses_of(entries: Iterable[_Access]) -> _Accesses:
+    """``entries`` as an :class:`_Accesses` (each kind in its order)."""
+    writes: list[_Access] = []
+    reads: list[_Access] = []
+    for a in entries:
+        (writes if a[_WRITE] else reads).append(a)
+    return _Accesses(writes, *_reads_of(reads))
+
+
 MemoryKey = tuple[str, Any]  # ("buf", buffer id) for SBUF/PSUM buffers, ("hbm", tensor name)
 Rect = tuple[int, int, int, int]  # partitions (or rows) [a0, a1) x free elements (or cols) [b0, b1)
 
@@ -103,7 +159,7 @@ class Emitter:
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
-        self._accesses: defaultdict[MemoryKey, list[_Access]] = defaultdict(list)
+        self._accesses: dict[MemoryKey, _Accesses | list[_Access]] = {}
         self._lane: list[int] = []
         # LDWEIGHTS -> the first MATMUL after it. The Tensor engine's two tracks share semaphore 0,
         # and a background LoadStationary can finish before the previous MultiplyMoving does, so an
@@ -119,25 +175,29 @@ class Emitter:
     # -- hazards ---------------------------------------------------------------------------
     def compact(self, nodes: set[int] | list[int]) -> list[int]:
         """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
-        if not nodes:
-            return []
-        lanes = self._lane
-        if len(nodes) == 1:
+        if len(nodes) < 2:
             return list(nodes)
+        lanes = self._lane
         latest: dict[int, int] = {}
-        for node in nodes:
-            lane = lanes[node]
-            if node > latest.get(lane, -1):
-                latest[lane] = node
+        for node in sorted(nodes):  # ascending: the last node seen on a lane is its latest
+            latest[lanes[node]] = node
         return sorted(latest.values())
+
+    def _adopt(self, key: MemoryKey) -> _Accesses:
+        """``key``'s access lists (made, or adopted from the plain list layer relocation put there)."""
+        entries = self._accesses.get(key)
+        if entries.__class__ is _Accesses:
+            return entries
+        adopted = self._accesses[key] = _accesses_of(entries or ())
+        return adopted
 
     def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
         """Earlier users of a reused address range become hazards of the new buffer there."""
-        accesses = self._accesses[key]
+        writes = self._adopt(key).w
         a0, a1, b0, b1 = rect
         lanes = self._lane
         for node in self.compact(nodes):
-            accesses.append((a0, a1, b0, b1, node, lanes[node], True))
+            writes.append((a0, a1, b0, b1, node, lanes[node], True))
 
     def last_writer_engine(self, key: MemoryKey) -> Engine | None:
         """The engine of the latest write to a buffer (None if a DMA wrote it or nobody did)."""
@@ -163,7 +223,7 @@ class Emitter:
         """Accesses recorded under ``old`` now belong to ``new``, as whole-range accesses (an NKI
         kernel's output tensor becomes the compiled model's HBM tensor of that value)."""
         moved = [(*WHOLE_TENSOR, *a[4:]) for a in self._accesses.pop(old, [])]
-        self._accesses[new].extend(moved)
+        self._accesses[new] = _accesses_of([*self._accesses.get(new, []), *moved])
 
     def lane_of(self, node: int) -> int:
         return self._lane[node]
@@ -189,11 +249,24 @@ class Emitter:
         deps: set[int] = set()
         get = self._accesses.get
         for key, (a0, a1, b0, b1) in reads:
-            for x0, x1, y0, y1, node, other, write in get(key, ()):
-                if write and other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+            accesses = get(key)
+            if accesses is None:
+                continue
+            if accesses.__class__ is not _Accesses:
+                accesses = self._adopt(key)
+            for x0, x1, y0, y1, node, other, _ in accesses.w:
+                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     deps.add(node)
         for key, (a0, a1, b0, b1) in writes:
-            for x0, x1, y0, y1, node, other, _ in get(key, ()):
+            accesses = get(key)
+            if accesses is None:
+                continue
+            if accesses.__class__ is not _Accesses:
+                accesses = self._adopt(key)
+            for x0, x1, y0, y1, node, other, _ in accesses.w:
+                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                    deps.add(node)
+            for x0, x1, y0, y1, node, other, _ in accesses.r.values():
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     deps.add(node)
         return deps
@@ -203,23 +276,49 @@ class Emitter:
         """A write hides every access it covers; a read hides this lane's reads it covers."""
         table = self._accesses
         for key, (a0, a1, b0, b1) in writes:
-            accesses = table[key]
-            for x in accesses:
+            accesses = table.get(key)
+            if accesses is None:
+                table[key] = _Accesses([(a0, a1, b0, b1, node, lane, True)], {}, _NO_AREA)
+                continue
+            if accesses.__class__ is not _Accesses:
+                accesses = self._adopt(key)
+            w = accesses.w
+            for x in w:
                 if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
-                    accesses = [x for x in accesses
-                                if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
-                    table[key] = accesses
+                    w[:] = [x for x in w if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
                     break
-            accesses.append((a0, a1, b0, b1, node, lane, True))
+            r = accesses.r
+            for x in r.values():
+                if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+                    accesses.r, accesses.small = _reads_of(
+                        [x for x in r.values()
+                         if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                    break
+            w.append((a0, a1, b0, b1, node, lane, True))
         for key, (a0, a1, b0, b1) in reads:
-            accesses = table[key]
-            for x in accesses:
-                if not x[6] and x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
-                    accesses[:] = [x for x in accesses
-                                   if x[6] or x[5] != lane
-                                   or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
-                    break
-            accesses.append((a0, a1, b0, b1, node, lane, False))
+            accesses = table.get(key)
+            area = (a1 - a0) * (b1 - b0) if a1 > a0 and b1 > b0 else -1
+            entry = (a0, a1, b0, b1, node, lane, False)
+            if accesses is None:
+                table[key] = _Accesses([], {(a0, a1, b0, b1, lane): entry}, area)
+                continue
+            if accesses.__class__ is not _Accesses:
+                accesses = self._adopt(key)
+            r = accesses.r
+            if area > 0 and accesses.small >= area:
+                r.pop((a0, a1, b0, b1, lane), None)  # only its own rectangle can be covered
+            else:
+                for x in r.values():
+                    if x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+                        r, accesses.small = _reads_of(
+                            [x for x in r.values()
+                             if x[5] != lane
+                             or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                        accesses.r = r
+                        break
+            r[(a0, a1, b0, b1, lane)] = entry
+            if area < accesses.small:
+                accesses.small = area
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, *, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
@@ -229,8 +328,8 @@ class Emitter:
                 counters: NodeCounters) -> int:
         check_semantics(semantics)
         node = len(self.resource)
-        if deps and self._mm_after_ls:
-            after = self._mm_after_ls
+        after = self._mm_after_ls
+        if deps and not after.keys().isdisjoint(deps):
             deps = {after.get(d, d) for d in deps}
         if resource == RES_TENSOR_MM:
             for ls in self._pending_ls:
@@ -411,15 +510,31 @@ class Emitter:
 
     def counter_columns(self) -> dict[str, np.ndarray]:
         """One int64 column per counter (``Program`` fields of the same names), in node order."""
+        # most nodes share their records (NO_COUNTERS; relocated layers hold their template's), so
+        # each distinct record is unpacked once and the columns are gathered by index
         width = len(COUNTER_NAMES)
-        table = np.fromiter(itertools.chain.from_iterable(map(counter_values, self.counters)), np.int64,
-                            count=len(self.counters) * width).reshape(-1, width)
-        return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(COUNTER_NAMES)}
+        slot: dict[int, int] = {}
+        distinct: list[NodeCounters] = []
+
+        def index(counters: NodeCounters) -> int:
+            i = slot.get(id(counters))
+            if i is None:
+                i = slot[id(counters)] = len(distinct)
+                distinct.append(counters)
+            return i
+
+        which = np.fromiter(map(index, self.counters), np.int64, count=len(self.counters))
+        table = np.fromiter(itertools.chain.from_iterable(map(counter_values, distinct)), np.int64,
+                            count=len(distinct) * width).reshape(-1, width)
+        return {name: table[:, i][which] for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------
-    def assign_semaphores(self, queues: list[DmaQueue]) -> tuple[np.ndarray, np.ndarray, OperandTexts]:
+    def assign_semaphores(self, queues: list[DmaQueue],
+                          dep_columns: tuple[np.ndarray, np.ndarray] | None = None,
+                          ) -> tuple[np.ndarray, np.ndarray, OperandTexts]:
         """Decide which nodes increment which semaphore; operand strings prefixed with the waits
-        (each made when first read: ``operand_texts``)."""
+        (each made when first read: ``operand_texts``). ``dep_columns``: ``self.dep_columns()`` if
+        the caller has it already."""
         n = len(self.resource)
         resource = np.asarray(self.resource, np.int64)
         queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
@@ -427,7 +542,7 @@ class Emitter:
         sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
                           np.where(resource == RES_CC, CC_SEMAPHORE, np.asarray(self.engine, np.int64)))
         producer = np.zeros(n, bool)
-        dep_ptr, flat = self.dep_columns()
+        dep_ptr, flat = dep_columns if dep_columns is not None else self.dep_columns()
         lengths = np.diff(dep_ptr)
         producer[flat] = True
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
@@ -440,24 +555,20 @@ class Emitter:
         sem_value = np.zeros(n, np.int32)
         sem_value[order] = (running - base).astype(np.int32)
         sem_value[~producer] = 0
-        sem_list: list[int] = sem_of.tolist()
-        completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in set(sem_list)}
+        completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
         # the waits of each node: per semaphore it waits on, the highest value among its producers,
         # found for all nodes at once (sorted by node, then semaphore: the order the text lists them)
         span = int(sem_of.max()) + 1 if n else 1
         key = np.repeat(np.arange(n, dtype=np.int64), lengths) * span + sem_of[flat]
-        by_key = np.argsort(key, kind="stable")
+        by_key = np.argsort(key)  # equal keys are one (node, semaphore): their order is free
         key, value = key[by_key], sem_value[flat][by_key]
         firsts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
         highest = np.maximum.reduceat(value, firsts) if key.size else value
-        sems: list[int] = (key[firsts] % span).tolist()
         per_node = np.bincount(key[firsts] // span, minlength=n) if key.size else np.zeros(n, np.int64)
-        ptr: list[int] = np.r_[0, np.cumsum(per_node)].tolist()
-        is_producer: list[bool] = producer.tolist()
-        completion = [completes[s] if p else None for s, p in zip(sem_list, is_producer, strict=True)]
         own: Sequence[str] = (RelocatedSemantics(list(self.text), self.text_moves) if self.text_moves
                               else list(self.text))
-        texts = OperandTexts(own, ptr, sems, highest.tolist(), completion)
+        texts = OperandTexts(own, np.r_[0, np.cumsum(per_node)], key[firsts] % span, highest,
+                             np.where(producer, sem_of, -1), completes)
         return sem_increment, sem_value, texts
 
 

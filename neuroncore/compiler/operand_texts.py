@@ -13,38 +13,51 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from neuroncore.compiler.lazy_sequence import LazySequence
 
 
 class OperandTexts(LazySequence[str]):
     """Node ``i``'s operand string: its waits ``sems[ptr[i]:ptr[i+1]]`` (``>= values``), its
-    completion text if it is a producer, then ``texts[i]``."""
+    completion text ``completes[increments[i]]`` if it is a producer (``increments[i] >= 0``), then
+    ``texts[i]``. The columns come as NumPy arrays and become lists only when a string is first
+    read (a timing-only run never pays for the conversion)."""
 
-    def __init__(self, texts: Sequence[str], ptr: list[int], sems: list[int], values: list[int],
-                 completion: list[str | None]) -> None:
+    def __init__(self, texts: Sequence[str], ptr: np.ndarray, sems: np.ndarray, values: np.ndarray,
+                 increments: np.ndarray, completes: dict[int, str]) -> None:
         self._texts = texts
-        self._ptr = ptr
-        self._sems = sems
-        self._values = values
-        self._completion = completion  # per node: "S[s] (owner)++@complete" or None
+        self._arrays: tuple[np.ndarray, ...] | None = (ptr, sems, values, increments)
+        self._ptr: list[int] = []
+        self._sems: list[int] = []
+        self._values: list[int] = []
+        self._increments: list[int] = []
+        self._completes = completes  # semaphore -> "S[s] (owner)++@complete"
         self._made: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self._texts)
 
+    def _columns(self) -> None:
+        assert self._arrays is not None
+        self._ptr, self._sems, self._values, self._increments = (a.tolist() for a in self._arrays)
+        self._arrays = None
+
     def _item(self, i: int) -> str:
         made = self._made.get(i)
         if made is not None:
             return made
+        if self._arrays is not None:
+            self._columns()
         a, b = self._ptr[i], self._ptr[i + 1]
-        done = self._completion[i]
+        increment = self._increments[i]
         text = self._texts[i]
-        if a == b and done is None:
+        if a == b and increment < 0:
             made = text
         else:
             parts = [f"$S[{s}]>={v}" for s, v in zip(self._sems[a:b], self._values[a:b], strict=True)]
-            if done is not None:
-                parts.append(done)
+            if increment >= 0:
+                parts.append(self._completes[increment])
             parts.append(text)
             made = " ".join(parts)
         self._made[i] = made
