@@ -150,25 +150,10 @@ class RangeAllocator:
         layers as far as SBUF holds them). Always taking the topmost range would hand every large
         block the one its predecessor just left, and each load would wait for the matmul before it.
         """
-        best: tuple[int, int] | None = None  # (recency, -at)
-        for i in range(len(self.free) - 1, -1, -1):
-            start, end = self.free[i]
-            if end - start < size:
-                continue
-            for at in dict.fromkeys((end - size, start)):
-                key = (self._last_user(at, at + size), -at)
-                if best is None or key < best:
-                    best = key
-        if best is None:
+        at = self._best_oldest(size, 0, self.capacity)
+        if at is None:
             raise OutOfMemory(size)
-        at = -best[1]
-        for i, (start, end) in enumerate(self.free):
-            if start <= at and at + size <= end:
-                self.free[i:i + 1] = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
-                break
-        self.in_use += size
-        self.peak = max(self.peak, self.in_use)
-        return at, self._take_hazards(at, at + size)
+        return self._carve(at, size)
 
     def _overlapping(self, start: int, end: int) -> range:
         """Positions in ``tombstones`` of those overlapping [start, end). Tombstones never overlap
