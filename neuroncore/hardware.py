@@ -8,6 +8,7 @@ choice is stated and the value is a field, so a caller can override it with ``da
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 # declared in neuroncore.enums; re-exported here for callers that import them with the specs
@@ -107,13 +108,18 @@ class CoreSpec:
         return min(self.dma_engines * self.dma_engine_bytes_per_s, self.hbm_bytes_per_s)
 
     def clock_hz(self, engine: Engine) -> float:
+        return self._engine_clocks[engine]
+
+    @cached_property
+    def _engine_clocks(self) -> dict[Engine, float]:
+        """Built once per spec: the compiler asks for a clock on every instruction it costs."""
         return {
             Engine.TENSOR: self.pe_clock_hz,
             Engine.VECTOR: self.vector_clock_hz,
             Engine.SCALAR: self.scalar_clock_hz,
             Engine.GPSIMD: self.gpsimd_clock_hz,
             Engine.SYNC: self.base_clock_hz,
-        }[engine]
+        }
 
 
 NC_V2 = CoreSpec(
