@@ -251,6 +251,27 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
     )
 
 
+def partition_broadcast(ctx: Context, out: Ref, inp: Ref) -> int:
+    """Scalar-engine PARTITION_BROADCAST: the one-partition row ``inp`` copied to every partition
+    of ``out`` (``inp`` may be partition 0 of ``out``).
+
+    How a 1-D weight (a bias, a LayerNorm scale or shift) reaches every row: DMA the row once (d
+    elements) and replicate it on chip, as neuronx-cc does, instead of a DMA that moves it 128 times.
+    Cost: the ACT formula max(MIN_II, N), N the row's elements [assumption: a copy's cost; the
+    docs/execution-core.md calibration table]. On ACT because BERT's token-major layers leave it the
+    spare time (DVE runs the norms and evacuations; GpSimd shares DVE's SBUF port on NC-v2)."""
+    if inp.rows != 1 or inp.cols != out.cols:
+        raise ValueError(f"partition broadcast reads one row of {out.cols}, not {inp.rows}x{inp.cols}")
+    spec = ctx.spec
+    cycles = costs.activation_cycles(spec, out.cols)
+    return ctx.em.instruction(
+        Engine.SCALAR, "PARTITION_BROADCAST", costs.cycles_to_ns(spec, Engine.SCALAR, cycles),
+        reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
+        text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=Copy(out, inp), counters=_counters(ctx, [inp], [out]),
+    )
+
+
 def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref) -> int:
     spec = ctx.spec
     all_bf16 = dtype_of(ctx, inp) is DType.BF16 and dtype_of(ctx, out) is DType.BF16

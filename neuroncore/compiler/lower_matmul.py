@@ -26,7 +26,7 @@ from neuroncore.compiler.counters import NodeCounters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
-from neuroncore.compiler.lower_reduce import row_params
+from neuroncore.compiler.lower_reduce import RowParams, row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.orientation import OrientedDot, stored_shape
@@ -402,7 +402,7 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
         target = scaled.product
         for fused in scaled.fused:
             ctx.lowered_with[fused.index] = op.index
-    bias_rows: Ref | None = None
+    bias_rows: RowParams | None = None
     if epilogue is not None:  # the evacuation adds the bias and applies the activation
         target = epilogue.product
         for fused in epilogue.fused:
@@ -427,7 +427,7 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
     yield from _blocks(ctx, op, plan, a, bop, (m, n, k), batches, op.shape, scaled, epilogue,
                        bias_rows, None)
     if bias_rows is not None:
-        ctx.free(ctx.buffers[bias_rows.buf])
+        ctx.free(ctx.buffers[bias_rows.ready(ctx).buf])
 
 
 def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[bool]:
@@ -472,7 +472,7 @@ def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[boo
 
 def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: tuple[int, int, int],
             batches: int, out_shape: tuple[int, ...], scaled: FusedScale | None,
-            epilogue: Epilogue | None, bias_rows: Ref | None,
+            epilogue: Epilogue | None, bias_rows: RowParams | None,
             oriented: tuple[Op, list[Ref], str | None] | None) -> Iterator[bool]:
     """The block loops of a dot: ``a`` gives the stationary ``[k, m]`` tiles, ``bop`` the moving
     ``[k, n]`` ones; the output's row tiles are those of ``out_shape``."""
@@ -607,7 +607,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                     ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
                     last: bool, acc_buf: Buffer | None, evac: Iterator[Engine],
                     scaled: FusedScale | None = None, epilogue: Epilogue | None = None,
-                    bias_rows: Ref | None = None, out_shape: tuple[int, ...] | None = None,
+                    bias_rows: RowParams | None = None, out_shape: tuple[int, ...] | None = None,
                     oriented: tuple[Op, list[Ref], str | None] | None = None) -> None:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
     per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
@@ -673,8 +673,9 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 if scale_tile is not None:
                     offset = scale_tile.f0 + c0 - chunks[0][0]
                     scale = Ref(scale_tile.buf, p0, p0 + n_rows, offset, offset + c1 - c0)
-                bias = (Ref(bias_rows.buf, p0, p0 + n_rows, bias_rows.f0 + c0, bias_rows.f0 + c1)
-                        if bias_rows is not None else None)
+                rows_ref = bias_rows.ready(ctx) if bias_rows is not None else None
+                bias = (Ref(rows_ref.buf, p0, p0 + n_rows, rows_ref.f0 + c0, rows_ref.f0 + c1)
+                        if rows_ref is not None else None)
                 _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac), scaled, scale,
                           epilogue, bias)
                 ctx.free(bank)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.errors import CompileError
@@ -16,6 +17,7 @@ from neuroncore.compiler.lower_elementwise import (
     activate,
     batch_ends,
     drain,
+    partition_broadcast,
     reciprocal,
     tensor_reduce,
     tensor_scalar,
@@ -105,19 +107,40 @@ def _free(ctx: Context, *refs: Ref) -> None:
         ctx.free(ctx.buffers[ref.buf])
 
 
-def row_params(ctx: Context, op: Op, param: Op, rows: int) -> Ref:
-    """``param`` [C] replicated on ``rows`` partitions: one DMA with a zero partition stride."""
+@dataclass(slots=True)
+class RowParams:
+    """A 1-D weight [C] on ``rows`` partitions: its row is loaded into partition 0 (C elements, one
+    DMA, not ``rows`` x C) when the op's lowering starts; the on-chip replication
+    (``partition_broadcast``) is emitted at the first use (``ready``), so the in-order engine that
+    runs it does not stall on the row's DMA ahead of the op's earlier work. No buffer of its own
+    for the row: a freed one would be reused at once and tie the next load to the broadcast."""
+
+    ref: Ref  # the replicated [rows, C]
+    row: Ref | None  # the loaded [1, C] row until the broadcast is emitted
+
+    def ready(self, ctx: Context) -> Ref:
+        """The replicated rows, emitting the broadcast on the first call."""
+        if self.row is not None:
+            partition_broadcast(ctx, self.ref, self.row)
+            self.row = None
+        return self.ref
+
+    def buffers(self) -> set[int]:
+        """Buffer ids to pin while the op is lowered."""
+        return {self.ref.buf}
+
+
+def row_params(ctx: Context, op: Op, param: Op, rows: int) -> RowParams:
+    """``param`` [C] for ``rows`` partitions: one DMA of the row now, the broadcast at first use."""
     source = ctx.ensure_hbm(param)
-    name = f"{param.name}.rows{rows}"
+    name = f"{param.name}.rows1"
     cols = param.shape[-1]
     if name not in ctx.hbm_views:
-        ctx.hbm_views[name] = HbmView(name, (BroadcastRows(rows),), (source,), (rows, cols),
-                                      param.dtype, cols)
+        ctx.hbm_views[name] = HbmView(name, (BroadcastRows(1),), (source,), (1, cols), param.dtype, cols)
     buf = ctx.alloc(rows, cols, param.dtype, f"{op.name}.{param.name}")
-    ref = Ref(buf.id, 0, rows, 0, cols)
-    ctx.dma_load(QueueName.WEIGHT, HbmAccess(name, 0, 0, rows, 0, cols), ref, param.dtype,
-                 rows_per_batch=rows)
-    return ref
+    row = Ref(buf.id, 0, 1, 0, cols)  # partition 0 of the replicated buffer: no buffer of its own
+    ctx.dma_load(QueueName.WEIGHT, HbmAccess(name, 0, 0, 1, 0, cols), row, param.dtype, rows_per_batch=1)
+    return RowParams(Ref(buf.id, 0, rows, 0, cols), row)
 
 
 def lower_softmax(ctx: Context, op: Op) -> None:
@@ -157,9 +180,10 @@ def lower_norm(ctx: Context, op: Op) -> None:
     _free_limit_check(ctx, op, cols)
     eps = float(op.attrs["eps"])
     max_rows = max(t.rows for t in value.tiles)
-    gamma = row_params(ctx, op, op.operands[1], max_rows)
-    beta = row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
-    ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
+    gamma_rows = row_params(ctx, op, op.operands[1], max_rows)
+    beta_rows = row_params(ctx, op, op.operands[2], max_rows) if is_layer else None
+    pins = gamma_rows.buffers() | (beta_rows.buffers() if beta_rows else set())
+    ctx.pinned.update(pins)
     for t, tile in enumerate(value.tiles):
         x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
@@ -180,6 +204,8 @@ def lower_norm(ctx: Context, op: Op) -> None:
         tensor_scalar(ctx, stat, stat, [("mult", 1.0 / cols, False), ("add", eps, False)])
         activate(ctx, "rsqrt", stat, stat)
         tensor_scalar(ctx, centred, normed_input, [("mult", stat, False)])
+        gamma = gamma_rows.ready(ctx)
+        beta = beta_rows.ready(ctx) if beta_rows is not None else None
         g = Ref(gamma.buf, 0, rows, 0, cols)
         if beta is not None:
             tensor_tensor(ctx, "mult", centred, centred, g)
@@ -191,5 +217,5 @@ def lower_norm(ctx: Context, op: Op) -> None:
         ctx.produced(op, t, out)
         ctx.unpin_all()
         ctx.pinned.update({gamma.buf} | ({beta.buf} if beta else set()))
-    _free(ctx, gamma, *([beta] if beta else []))
+    _free(ctx, gamma_rows.ready(ctx), *([beta_rows.ready(ctx)] if beta_rows else []))
     ctx.unpin_all()
