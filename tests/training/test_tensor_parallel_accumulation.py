@@ -1,5 +1,6 @@
-"""Gradient accumulation in tensor-parallel training, and the rank's memory check: ``TensorParallelTrainStep(...,
-accumulation_steps=K)`` takes K micro-batches stacked along dim 0, as ``trace_train_step`` does, runs
+"""Gradient accumulation in tensor-parallel training, and the rank's memory check:
+``TensorParallelTrainStep(..., accumulation_steps=K)`` takes K micro-batches stacked along dim 0, as
+``trace_train_step`` does, runs
 the sharded accumulate program K-1 times (each rank adding its block of the gradients to resident
 buffers split like the weights) and the sharded update program once; the step equals one core's
 accumulation and PyTorch's ``(loss / K).backward()`` loop after several AdamW steps."""
@@ -13,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from neuroncore.frontends.tracing import TraceError
 from neuroncore.parallel.sharding import Split
 from neuroncore.parallel.tp_train import TensorParallelTrainStep
 from neuroncore.parallel.training import PlanError
-from neuroncore.frontends.tracing import TraceError
 from neuroncore.training import trace_train_step
 from neuroncore.training.memory import program_saved_activations
 from neuroncore.training.torch_step import ProgramKind
@@ -118,7 +119,8 @@ def test_memory_check_counts_each_ranks_own_activations() -> None:
     sharded program (the column-parallel hidden layer's quarter at tp 4), not the unsplit graph's."""
     example = (torch.zeros(8, 16), torch.zeros(8, 16))
     one_model, tp_model = _wide(), _wide()
-    single = trace_train_step(one_model, torch.optim.AdamW(one_model.parameters()), example, loss_fn=F.mse_loss)
+    single = trace_train_step(one_model, torch.optim.AdamW(one_model.parameters()), example,
+                              loss_fn=F.mse_loss)
     step = TensorParallelTrainStep(tp_model, torch.optim.AdamW(tp_model.parameters()), example, tp=4,
                                    loss_fn=F.mse_loss)
     assert step.memory.activations == program_saved_activations(step.rank_program.graph)
