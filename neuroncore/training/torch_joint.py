@@ -91,6 +91,28 @@ def _loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
+def distinct_inputs(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``inputs`` with every tensor that shares memory with an earlier one replaced by a copy.
+
+    Why: the causal-LM call ``{"input_ids": ids, "labels": ids}`` passes one tensor twice, and
+    both ``torch.export`` and ``make_fx`` key their placeholders on the tensor object, so the two
+    inputs become ONE placeholder and the second is silently dropped from the graph: a later call
+    with distinct labels (``-100`` padding) then feeds the labels where the ids were read (an
+    out-of-range gather) or trains on the wrong targets. A copy gives each input its own
+    placeholder; its values are the same, so the trace is unchanged otherwise."""
+    seen: set[int] = set()
+    out: list[torch.Tensor] = []
+    for x in inputs:
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+            continue
+        ptr = x.untyped_storage().data_ptr() if x.numel() else 0
+        key = ptr or id(x)
+        out.append(x.detach().clone() if key in seen else x)
+        seen.add(key)
+    return out
+
+
 def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
                 loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
                 input_keys: Sequence[str] = (),
@@ -101,6 +123,7 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     both, as autograd's does. ``input_keys``: the keyword each example input is passed to the
     model by (:class:`LossModule`); empty: positionally."""
     wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
+    example_inputs = distinct_inputs(example_inputs)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
@@ -124,6 +147,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     ``input_grads``: user inputs whose gradients are outputs too, after the parameters'.
     ``input_keys``: the keyword each example input is passed to the model by (:class:`LossModule`);
     empty: positionally."""
+    example_inputs = distinct_inputs(example_inputs)  # one placeholder per input, in both traces
     wrapper, ep, alias = export_loss(model, example_inputs, loss_fn=loss_fn, loss_scale=loss_scale,
                                      input_keys=input_keys)
     name = type(model).__name__
@@ -206,6 +230,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
     whose gradient comes back, and the joint graph takes those gradients as extra inputs (after
     ``example_inputs``) and returns ``(sum(out * grad), param grads, input grads, *outputs)``: the
     vector-Jacobian products the stage sends back, then the forward's outputs."""
+    example_inputs = distinct_inputs(example_inputs)  # one placeholder per input (see there)
 
     def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
               *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -326,5 +351,5 @@ def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
                 node.meta["stack_trace"] = donor.meta["stack_trace"]
 
 
-__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "export_loss", "joint_graph",
+__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "distinct_inputs", "export_loss", "joint_graph",
            "saved_activations", "stage_joint_graph"]
