@@ -198,11 +198,14 @@ def test_prefetch_and_fp8_what_ifs_equal_fresh_captures(trn2_decode: Path, tmp_p
     fresh_fp8 = _device_time(_capture_decode(tmp_path / "fp8", trn2, "--fp8-matmuls"))
     assert prefetch["device_time_ns"] == {"before": before, "after": fresh_prefetch}
     assert fp8["device_time_ns"] == {"before": before, "after": fresh_fp8}
-    assert fresh_prefetch < 0.97 * before and fresh_fp8 < 0.97 * before  # both measurably faster
+    # fp8 measurably faster; prefetching no slower (since activation loads left the Sync queue, c751460,
+    # the default trn2 decode program already streams its weights ahead: test_prefetch)
+    assert fresh_fp8 < 0.97 * before and fresh_prefetch <= before
     assert "double-row" in fp8["note"] and prefetch["note"] is None
-    # the findings they address carry the larger measured gain: the weight queue's, the Tensor engine's
-    weight = [f for f in data["findings"] if "qSyncWeight0" in f["title"]]
-    assert weight and weight[0]["gain_ns"] == max(prefetch["gain_ns"], fp8["gain_ns"]) > 0
+    # the finding they address carries the larger measured gain: the weight queue is off this
+    # program's critical path, so the Tensor engine's share of it takes fp8's gain
+    tensor = [f for f in data["findings"] if "engine Tensor" in f["title"]]
+    assert tensor and tensor[0]["gain_ns"] == max(prefetch["gain_ns"], fp8["gain_ns"]) > 0
     facts = json.loads((tmp_path / "fp8" / "rerun.json").read_text())
     assert facts["compiler_options"] == {"auto_cast": None, "auto_cast_type": None, "quantize": None,
                                          "prefetch_weights": False, "fp8_matmuls": True}
