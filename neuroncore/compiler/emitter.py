@@ -248,25 +248,16 @@ class Emitter:
         """Read-after-write on every read; any earlier access on every write (other lanes only)."""
         deps: set[int] = set()
         get = self._accesses.get
-        for key, (a0, a1, b0, b1) in reads:
+        first_write = len(reads)
+        for i, (key, (a0, a1, b0, b1)) in enumerate(itertools.chain(reads, writes)):
             accesses = get(key)
             if accesses is None:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
-            for x0, x1, y0, y1, node, other, _ in accesses.w:
-                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
-                    deps.add(node)
-        for key, (a0, a1, b0, b1) in writes:
-            accesses = get(key)
-            if accesses is None:
-                continue
-            if accesses.__class__ is not _Accesses:
-                accesses = self._adopt(key)
-            for x0, x1, y0, y1, node, other, _ in accesses.w:
-                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
-                    deps.add(node)
-            for x0, x1, y0, y1, node, other, _ in accesses.r.values():
+            # a read waits for writes; a write for every earlier access
+            earlier = accesses.w if i < first_write else itertools.chain(accesses.w, accesses.r.values())
+            for x0, x1, y0, y1, node, other, _ in earlier:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     deps.add(node)
         return deps
