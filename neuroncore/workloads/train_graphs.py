@@ -22,7 +22,9 @@ instead of storing probabilities.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from neuroncore.ir.builder import GraphBuilder
@@ -466,11 +468,25 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
     return b.add(x2, down), Saved(x, q, k, v, ctx, lse, x2, saved_mlp)
 
 
+class Gradients(list[Op]):
+    """The weight gradients of a layer's backward, in the order they are produced. With a
+    ``finish`` hook (gradient accumulation) each gradient is passed through it the moment it is
+    appended, so its accumulation is emitted right after the matmul that produced it."""
+
+    def __init__(self, finish: Callable[[Op], Op] | None = None) -> None:
+        super().__init__()
+        self._finish = finish
+
+    def append(self, g: Op) -> None:
+        super().append(self._finish(g) if self._finish is not None else g)
+
+
 def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, s: Saved,
-                 dy: Op, group: str = "tp") -> tuple[Op, list[Op]]:
-    """One layer's backward ops added to ``b``: the input gradient and the weight gradients."""
+                 dy: Op, group: str = "tp", finish: Callable[[Op], Op] | None = None) -> tuple[Op, list[Op]]:
+    """One layer's backward ops added to ``b``: the input gradient and the weight gradients (each
+    passed through ``finish`` as it is produced, when given: gradient accumulation)."""
     h, hd = r.hidden, r.head_dim
-    grads: list[Op] = []
+    grads = Gradients(finish)
     x, x2 = s.x, s.x2
     with b.scope("mlp"):
         if m.mlp == "swiglu":
@@ -567,12 +583,18 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
                   b.parameter("lse", (bt, r.heads, sq), dtype),
                   b.parameter("residual", (r.sp_tokens, h), dtype), mlp)
     dy = b.parameter("grad_output", (r.sp_tokens, h), dtype)
-    dx, grads = backward_ops(b, m, r, tp, dtype, saved, dy)
-    accumulated = []
-    with b.scope("grad_accumulation"):
-        for i, g in enumerate(grads):
-            acc = b.parameter(f"grad_acc.{i}", g.shape, grad_dtype)
-            accumulated.append(b.add(acc, b.convert(g, grad_dtype)))
+
+    def accumulate(g: Op) -> Op:
+        """``acc += g`` right where ``g`` is produced: a compiler's scheduler places the add as
+        soon as its operands are ready (XLA's graph has no order between independent ops; the
+        program order here is ours), so it runs beside the rest of the backward instead of as a
+        tail with every other engine idle. A cast only when the buffer's type differs."""
+        with b.scope("grad_accumulation"):
+            acc = b.parameter(f"grad_acc.{next(number)}", g.shape, grad_dtype)
+            return b.add(acc, g if g.dtype.value == grad_dtype else b.convert(g, grad_dtype))
+
+    number = itertools.count()
+    dx, accumulated = backward_ops(b, m, r, tp, dtype, saved, dy, finish=accumulate)
     return b.build([dx, *accumulated])
 
 

@@ -251,3 +251,61 @@ def test_training_figures_definition() -> None:
 def test_plan_key_is_the_benchmark_key() -> None:
     assert ParallelPlan(tp=8, dp=64, nodes=16, seq=4096, global_batch=1024).key("llama2-7b") == \
         "llama2-7b/16xtrn1.32xlarge/tp8pp1dp64/seq4096/gbs1024"
+
+
+@pytest.mark.parametrize("grad_dtype", ["fp32", "bf16"])
+def test_gradient_accumulation_follows_each_gradient_and_equals_a_tail_sum(grad_dtype: str) -> None:
+    """The layer backward accumulates each weight gradient where it is produced, before the next
+    matmul (a scheduler places the add as soon as its operands exist), not as a tail after the
+    whole backward; a cast only when the buffer's type differs from the gradient's; and the accumulated
+    values equal the buffers plus the gradients the backward computes without accumulation."""
+    import numpy as np
+
+    from neuroncore.ir.builder import GraphBuilder
+    from neuroncore.ir.reference import run_reference
+    from neuroncore.workloads.train_graphs import Saved, backward_ops
+
+    model = SMALL["bert-pretrain"]
+    r = RankShapes.of(model, 1, 128, 1)
+    bwd = layer_backward(model, r, 1, "bf16", grad_dtype)
+    adds = [op for op in bwd.outputs[1:]]
+    assert adds and all(op.opcode == "add" and op.layer.endswith("grad_accumulation") for op in adds)
+    converts = [op for op in bwd.ops if op.opcode == "convert" and op.layer.endswith("grad_accumulation")]
+    assert len(converts) == (len(adds) if grad_dtype == "fp32" else 0)
+    for add in adds:
+        acc, g = add.operands
+        if g.opcode == "convert":
+            g = g.operands[0]
+        between = bwd.ops[g.index + 1:add.index]
+        assert "dot" not in {op.opcode for op in between}, add.name  # before the next matmul
+
+    # the same backward without accumulation: the raw gradients, in the same order
+    b = GraphBuilder(f"{model.name}_layer_bwd", root_layer="layers.0")  # same weights
+    inputs = {p.name: p for p in bwd.parameters}
+    saved = Saved(*[b.parameter(name, inputs[name].shape, "bf16") for name in
+                    ("hidden_states", "q", "k", "v", "attn_out", "lse", "residual")],
+                  (b.parameter("fc1_out", inputs["fc1_out"].shape, "bf16"),))
+    dy = b.parameter("grad_output", inputs["grad_output"].shape, "bf16")
+    dx, grads = backward_ops(b, model, r, 1, "bf16", saved, dy)
+    raw = b.build([dx, *grads])
+    rng = np.random.default_rng(0)
+    values = {p.name: rng.standard_normal(p.shape).astype(np.float32) * 0.5 for p in bwd.parameters}
+    values["lse"] = np.abs(values["lse"]) + 2.0
+    got = run_reference(bwd, values)
+    want = run_reference(raw, {p.name: values[p.name] for p in raw.parameters})
+    assert len(got) == len(want)
+    np.testing.assert_array_equal(got[0], want[0])
+    for add, out, grad in zip(adds, got[1:], want[1:]):
+        acc = values[add.operands[0].name]
+        expected = run_reference(_sum_graph(acc.shape, grad_dtype), [acc, grad.astype(np.float32)])[0]
+        np.testing.assert_array_equal(out, expected, err_msg=add.name)
+
+
+def _sum_graph(shape: tuple[int, ...], dtype: str):
+    """acc + g in the buffer's type (g rounded to bf16 first, as the backward produced it)."""
+    from neuroncore.ir.builder import GraphBuilder
+
+    b = GraphBuilder("sum")
+    acc = b.parameter("acc", shape, dtype)
+    g = b.parameter("g", shape, "bf16")
+    return b.build([b.add(acc, g if dtype == "bf16" else b.convert(g, dtype))])
