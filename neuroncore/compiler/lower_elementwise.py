@@ -387,6 +387,10 @@ def binary_steps(ctx: Context, op: Op) -> Iterator[bool]:
     a, b = (classify(ctx, x, op.shape) for x in op.operands)
     alu = ALU_OPS[op.attrs["direction"] if op.opcode == "compare" else op.opcode]
     layout = output_layout(ctx, op, [a, b])
+    if layout != Layout.ROW and op.shape and op.shape[-1] != 1:
+        # COL tiles hold the flattened elements as partitions: a per-row operand is not per-partition
+        a, b = (Operand(OperandForm.TILE, x) if o.kind is OperandForm.PER_PARTITION else o
+                for o, x in zip((a, b), op.operands))
     value = ctx.define(op, layout=layout)
     if a.kind is not OperandForm.TILE and b.kind is not OperandForm.TILE:
         a = Operand(OperandForm.TILE, op.operands[0])

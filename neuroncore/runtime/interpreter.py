@@ -187,12 +187,24 @@ class Machine:
 
     def run(self) -> None:
         handlers = self.handlers()
-        for node, sem in enumerate(self.program.semantics):
-            handler = handlers.get(type(sem))
-            if handler is None:
-                raise ExecutionError(f"node {node} carries {sem!r}, which is not a node-semantics "
-                                     f"record the interpreter knows")
-            handler(sem)
+        node = -1
+        try:
+            for node, sem in enumerate(self.program.semantics):
+                handler = handlers.get(type(sem))
+                if handler is None:
+                    raise ExecutionError(f"node {node} carries {sem!r}, which is not a node-semantics "
+                                         f"record the interpreter knows")
+                handler(sem)
+        except (ValueError, IndexError) as error:  # a program inconsistent with itself: a compiler bug
+            raise ExecutionError(f"{self._node_text(node)} cannot run: {error}") from error
+
+    def _node_text(self, node: int) -> str:
+        """``node 850 (TENSOR_SCALAR) of divide.5 (divide) at model/gate [m.py:9]``: where a defect
+        in a compiled program shows, named as errors name an op (not a NumPy broadcasting line)."""
+        program = self.program
+        text = f"node {node} ({program.opcodes[int(program.opcode_id[node])]})"
+        index = int(program.op_index[node])
+        return f"{text} of {program.graph.ops[index].describe()}" if index >= 0 else text
 
     def _kernel_call(self, s: ns.KernelCall) -> None:
         from neuroncore.nki.embed import compute_call  # the NKI package builds on this runtime

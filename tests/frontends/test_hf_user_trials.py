@@ -1,8 +1,9 @@
 """Families a new user tried with default settings that stopped before this round: encoders whose
 relative-position buckets take ``abs`` of an integer tensor (T5, ModernBERT), ALiBi decoders whose
 slopes are ``pow(base, arange(heads))`` (BLOOM, MPT: folded at trace time), an encoder-decoder whose
-default ``use_cache`` returns an ``EncoderDecoderCache`` (BART); and a refused operand names its op,
-layer and file:line. Tiny configs, random weights, fp32 (the bf16 rule is test_hf_decoders')."""
+default ``use_cache`` returns an ``EncoderDecoderCache`` (BART), DeepSeek-V3 (MLA, routed experts);
+and a refused operand names its op, layer and file:line. Tiny configs, random weights, fp32 (the bf16
+rule is test_hf_decoders')."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ MODELS = {
                                                       **TOKENS)),
     "mpt": lambda: T.MptForCausalLM(T.MptConfig(d_model=64, n_layers=2, n_heads=4, vocab_size=128,
                                                 max_seq_len=64, **TOKENS)),
+    # MLA attention (low-rank q and kv), a dense first layer then sigmoid-scored top-k MoE routing
+    # whose gathered weights are normalised by their row sum
+    "deepseek-v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=16, **TOKENS)),
     "bart": lambda: T.BartModel(T.BartConfig(
         d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128, max_position_embeddings=64, **TOKENS)),

@@ -52,6 +52,19 @@ def test_gather_and_runtime_index():
     _same(lambda h, i: h[(i[:, 4] > 0).long() - 2], hidden, ids)
 
 
+
+def test_gathered_values_divided_by_their_row_sum():
+    # DeepSeek-V3's router: topk weights gathered from the scores, normalised by their row sum. The
+    # gather's [rows*k, 1] column is aliased as the [rows, k] values, so the row sum's column cannot
+    # be a per-partition operand of the division (the program read 32 partitions against 16)
+    scores, index = torch.rand(16, 4), torch.randint(0, 4, (16, 2))
+
+    def normalised(s: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        w = s.gather(1, i)
+        return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * 2.5
+
+    _same(normalised, scores, index)
+
 def test_topk_values_and_indices_like_torch():
     x = torch.tensor([[0.1, 0.7, 0.05, 0.7, 0.15], [3.0, -1.0, 2.0, 0.0, 1.0]])
     _same(lambda t: torch.topk(t, 2, dim=-1).values, x)

@@ -219,3 +219,25 @@ def test_loaded_models_count_against_the_core():
     assert core.hbm_used_bytes == 2 * sum(program.hbm_bytes_by_kind().values())
     with pytest.raises(ValueError, match=r"held by 2 loaded models"):
         core.load(program)
+
+
+def test_an_inconsistent_program_names_its_node_and_op(mlp_program):
+    """A program whose instruction reads operands of different shapes (a compiler defect, as the
+    gathered MoE router weights were) stops on one ExecutionError naming the node and its IR op,
+    not a bare NumPy broadcasting error."""
+    import dataclasses
+
+    from neuroncore.compiler import node_semantics as ns
+
+    semantics = list(mlp_program.semantics)
+    node = next(i for i, s in enumerate(semantics) if isinstance(s, (ns.TensorScalar, ns.Activate))
+                and s.out.rows > 1)
+    s = semantics[node]
+    wrong = dataclasses.replace(s.inp, p1=s.inp.p0 + s.inp.rows // 2)  # half the partitions
+    semantics[node] = dataclasses.replace(s, inp=wrong)
+    broken = dataclasses.replace(mlp_program, semantics=semantics)
+    model = nc.Instance("trn1.2xlarge").core(0).load(broken)
+    op = mlp_program.graph.ops[int(mlp_program.op_index[node])]
+    with pytest.raises(nc.ExecutionError, match=rf"^node {node} \(\w+\) of {op.name} \({op.opcode}\) at "
+                                               rf".* cannot run: .*broadcast"):
+        model.execute(random_inputs(mlp_program.graph))
