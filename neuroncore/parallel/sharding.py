@@ -323,6 +323,7 @@ class _Sharder:
             for operand in user.operands:
                 self.users.setdefault(operand.index, []).append(user)
         self.output_indices = {o.index for o in graph.outputs}
+        self.copied: set[int] = set()  # ids of ops named after the full graph's (``_add``)
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> ShardedGraph:
@@ -355,6 +356,7 @@ class _Sharder:
         for number, param in enumerate(params):
             param.attrs["number"] = number
         local_graph = self.b.build(outputs, params).pruned()
+        _unique_names(local_graph, self.copied)
         input_splits = [self.split[p.index] for p in self.graph.parameters]
         return ShardedGraph(self.graph, local_graph, self.tp, input_splits, output_splits, self.rank_inputs)
 
@@ -391,7 +393,9 @@ class _Sharder:
     def _add(self, op: Op, operands: list[Op], shape: tuple[int, ...], suffix: str = "",
              **attrs: object) -> Op:
         merged = {**op.attrs, **attrs}
-        return self.b.add_op(op.opcode, operands, shape, op.dtype, name=op.name + suffix, **merged)
+        made = self.b.add_op(op.opcode, operands, shape, op.dtype, name=op.name + suffix, **merged)
+        self.copied.add(id(made))
+        return made
 
     def _shape(self, op: Op, split: Sharding) -> tuple[int, ...]:
         return _local_shape(op.shape, split, self.tp, self.padded)
@@ -1005,6 +1009,32 @@ def _row_offsets(op: Op, width: int) -> Op | None:
                     and factor.attrs.get("value") == width and t.shape == op.shape):
                 return t
     return None
+
+
+def _unique_names(graph: Graph, copied: set[int]) -> None:
+    """Rename ops so that no two share a name. The compiler keys a value's HBM tensor by its op's
+    name (``Context.hbm_tensor`` returns the tensor already declared under a name), so two ops of
+    one name that both reach HBM would silently share one buffer. The pass's own helper ops are
+    named ``<opcode>.<n>`` by the builder's counter, which can equal a name copied from the full
+    graph (``compare.257``); which names collide depends on the order ops are made, e.g. on which
+    inputs are split from the start. The op keeping a name is a parameter, else one named after the
+    full graph's op (profiles attribute it), else the first; the others get ``.<k>`` appended."""
+    by_name: dict[str, list[Op]] = {}
+    for op in graph.ops:
+        by_name.setdefault(op.name, []).append(op)
+    taken = set(by_name)
+    for name, ops in by_name.items():
+        if len(ops) < 2:
+            continue
+        keeper = min(ops, key=lambda o: (o.opcode != "parameter", id(o) not in copied, o.index))
+        k = 0
+        for op in ops:
+            if op is keeper:
+                continue
+            while f"{name}.{k}" in taken:
+                k += 1
+            op.name = f"{name}.{k}"
+            taken.add(op.name)
 
 
 def _still_read(outputs: list[Op], replaced: dict[int, Op]) -> set[int]:
