@@ -56,6 +56,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.overrides import TorchFunctionMode
 
 from neuroncore.dtypes import DType
+from neuroncore.frontends import torch_rounding
 from neuroncore.frontends.torch_masks import runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
@@ -670,6 +671,10 @@ class _Converter:
                                  f"{self._where(node)}: a value or shape computed from tensor "
                                  f"contents (boolean-mask indexing, .item(), nonzero) cannot be "
                                  f"compiled; shapes must be static")
+        if isinstance(meta, torch.Tensor) and meta.dtype.is_complex:
+            # the core has no complex type: every op making a complex value (torch.polar, a complex
+            # product) is listed with its layer and line, not a dtype error that stops ``check``
+            return self._unsupported(node, name)
         if isinstance(meta, torch.Tensor) and meta.dtype in _DTYPES:
             # (an op whose result type the core has not -- complex, float64 -- is not folded: it is
             # unsupported, or refused by its handler, with its op name, layer and line)
@@ -687,7 +692,10 @@ class _Converter:
             for table, method in ((_UNARY, self._unary), (_BINARY, self._binary),
                                   (_COMPARE, self._compare), (_LOGICAL, self._logical)):
                 if name in table:
-                    return method(node, table[name])
+                    result = method(node, table[name])
+                    if result is NotImplemented:
+                        return self._folded(node) or self._unsupported(node, name)
+                    return result
             if name in _IDENTITY:
                 return self._identity(node)
             if name in _FACTORIES:
@@ -765,7 +773,7 @@ class _Converter:
         shape, dtype = self._out(node)
         a, b = node.args[0], node.args[1]
         if opcode == "divide" and node.kwargs.get("rounding_mode") is not None:
-            return NotImplemented
+            return torch_rounding.divide(self, node, str(node.kwargs["rounding_mode"]))
         alpha = _number_arg(node.kwargs.get("alpha", 1))
         x, y = self._operand(a, dtype), self._operand(b, dtype)
         if alpha != 1:

@@ -38,7 +38,8 @@ def handles(*names: str) -> Callable[[Handler], Handler]:
 
 MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv",
            "neuroncore.frontends.torch_scatter", "neuroncore.frontends.torch_backward",
-           "neuroncore.frontends.torch_nki", "neuroncore.frontends.torch_random")
+           "neuroncore.frontends.torch_nki", "neuroncore.frontends.torch_random",
+           "neuroncore.frontends.torch_rounding")
 
 
 def load_handlers() -> None:

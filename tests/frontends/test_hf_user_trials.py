@@ -165,3 +165,23 @@ def test_an_op_with_a_complex_result_is_listed_not_a_dtype_error() -> None:
     (missing,) = nc.check(_Spectrum().eval(), (torch.randn(4, 16),))
     assert missing.opcode == "aten._fft_r2c" and missing.layer == "model"
     assert missing.source.startswith(__file__) or __file__.rsplit("/", 1)[-1] in missing.source
+
+
+class _ComplexRotary(torch.nn.Module):
+    """Llama 4's rotary embedding: ``torch.polar`` frequencies, scaled, multiplied as complex numbers."""
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        freqs = torch.polar(torch.ones_like(angles), angles) * 1.0
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * freqs).flatten(-2)
+
+
+def test_ops_making_complex_values_are_listed_even_with_a_handler() -> None:
+    """A complex product has a handler for real tensors (``aten.mul``); it is listed as unsupported
+    with its layer and line, like ``torch.polar`` before it, not a dtype error that stops ``check``."""
+    import neuroncore as nc
+
+    missing = nc.check(_ComplexRotary().eval(), (torch.randn(2, 8, 16), torch.randn(2, 8, 8)))
+    assert {m.opcode for m in missing} == {"aten.polar", "aten.mul", "aten.view_as_complex",
+                                           "aten.view_as_real"}
+    assert all(m.layer == "model" and __file__.rsplit("/", 1)[-1] in m.source for m in missing)

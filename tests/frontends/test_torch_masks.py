@@ -76,3 +76,17 @@ def test_einsum_and_index_updates():
     q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8)
     _same(lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b), q, k)
     _same(lambda a, b: torch.einsum("bhqd,bhkd->bqk", a, b), q, k)
+
+
+def test_rounded_division_remainder_and_fmod_like_torch():
+    # Llama 4's chunked attention (q // chunk == k // chunk), DETR's floor-divided arange, x % window:
+    # each was kept as NotImplemented and stopped the trace with "expected a tensor"
+    ints = torch.arange(-10, 10).reshape(4, 5)
+    floats = torch.linspace(-3.0, 3.0, 20).reshape(4, 5)
+    _same(lambda x: torch.stack([x // 3, x % 5, torch.div(x, 4, rounding_mode="trunc"), torch.fmod(x, -3)]),
+          ints)
+    _same(lambda x: torch.remainder(x, x + 17) + x // (x - 20), ints)
+    _same(lambda f: torch.stack([f // 0.7, f % 0.7, torch.fmod(f, 0.7),
+                                 torch.div(f, 0.3, rounding_mode="trunc")]), floats)
+    positions = torch.arange(12)[None]
+    _same(lambda p: (p[:, :, None] // 4 == p[:, None, :] // 4).long(), positions)
