@@ -283,7 +283,7 @@ class Context:
         return self.em.dma(
             q,
             reads=[sbuf_key(src)],
-            writes=[hbm_key(dst, rows_per_batch, whole=dst.layout != Layout.ROW)],
+            writes=[self._store_rect(dst, rows_per_batch)],
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
@@ -291,6 +291,24 @@ class Context:
             semantics=Store(dst, src),
             counters=counters,
         )
+
+    def _store_rect(self, dst: HbmAccess, rows_per_batch: int) -> tuple[Any, Any]:
+        """The HBM region a store writes, for hazard tracking. A column-layout tile (``[rows, 1]``:
+        a reduction's result, e.g. attention's row statistic per head) writes a run of the
+        tensor's last dim: the same rectangle a row-layout access of those elements names, when
+        the run lies in one row. Before, every such store claimed the whole tensor, so each
+        waited for the previous one to land and stalled the engine that triggered it (a
+        flash-attention forward's 256 per-head statistics in a row)."""
+        tensor = self.hbm_tensors.get(dst.tensor)
+        if dst.layout == Layout.ROW or dst.view is not None or tensor is None:
+            return hbm_key(dst, rows_per_batch, whole=dst.layout != Layout.ROW)
+        width = tensor.shape[-1] if tensor.shape else 1
+        grid_rows = tile_grid(tensor.shape, Layout.COL)[1]
+        first, end = dst.batch * grid_rows + dst.r0, dst.batch * grid_rows + dst.r1
+        row = first // width
+        if end <= first or (end - 1) // width != row:
+            return hbm_key(dst, rows_per_batch, whole=True)
+        return ("hbm", dst.tensor), (row, row + 1, first - row * width, end - row * width)
 
     def _store_queue(self, name: QueueName, src: Ref) -> DmaQueue:
         """Stores are triggered by the engine that produced the data, on that engine's queue.

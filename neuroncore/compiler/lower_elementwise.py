@@ -272,15 +272,17 @@ def partition_broadcast(ctx: Context, out: Ref, inp: Ref) -> int:
     )
 
 
-def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref) -> int:
+def tensor_reduce(ctx: Context, alu: str, out: Ref, inp: Ref, *, negate: bool = False) -> int:
+    """TENSOR_REDUCE along the free dim; ``negate`` writes ``-result`` in the same instruction
+    (``nki.isa.tensor_reduce(op, data, axis, negate=True)``, what a softmax's ``-max`` bias needs)."""
     spec = ctx.spec
     all_bf16 = dtype_of(ctx, inp) is DType.BF16 and dtype_of(ctx, out) is DType.BF16
     cycles = costs.vector_cycles(spec, "tensor_reduce", inp.cols, all_bf16=all_bf16)
     return ctx.em.instruction(
         Engine.VECTOR, "TENSOR_REDUCE", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
-        text=f"op={alu} axis=X src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
-        semantics=Reduce(alu, out, inp), counters=_counters(ctx, [inp], [out]),
+        text=f"op={alu} axis=X{' negate' if negate else ''} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        semantics=Reduce(alu, out, inp, negate), counters=_counters(ctx, [inp], [out]),
     )
 
 

@@ -113,11 +113,13 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class Reduce:
-    """TENSOR_REDUCE along the free dim: ``alu`` is ``add`` (sum) or ``max``."""
+    """TENSOR_REDUCE along the free dim: ``alu`` is ``add`` (sum) or ``max``; ``negate`` writes the
+    result negated (``nki.isa.tensor_reduce(..., negate=True)``)."""
 
     alu: str
     out: Ref
     inp: Ref
+    negate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,7 +258,8 @@ class Machine:
 
     def _reduce(self, s: ns.Reduce) -> None:
         x = self.read(s.inp)
-        self.write(s.out, x.sum(axis=1, keepdims=True) if s.alu == "add" else x.max(axis=1, keepdims=True))
+        y = x.sum(axis=1, keepdims=True) if s.alu == "add" else x.max(axis=1, keepdims=True)
+        self.write(s.out, -y if s.negate else y)
 
     def _reciprocal(self, s: ns.Reciprocal) -> None:
         with np.errstate(all="ignore"):

@@ -1021,17 +1021,21 @@ def test_softmax(run, assert_close, rng, dtype):
     np.testing.assert_allclose(res.out.astype(np.float64).sum(axis=-1), 1.0,
                                rtol=TOL_SUM[dtype])
     nodes = compute(res.nodes(s))
-    seq = [(n.opcode, n.engine) for n in nodes[:5]]
-    assert seq == [("TENSOR_REDUCE", VECTOR), ("TENSOR_SCALAR", VECTOR), ("ACTIVATE", SCALAR),
-                   ("RECIPROCAL", VECTOR), ("TENSOR_SCALAR", VECTOR)]
-    assert len(nodes) == 5 * 2 * n_tiles(R)
-    acts = [n for n in nodes if n.opcode == "ACTIVATE"]
-    assert all(n.activation_fn == "Exp" and " bias=" in n.operands and " acc=" in n.operands
-               for n in acts)
+    # the NKI way: -max from the reduction itself, exp summed on ACT, 1/sum, the scale on ACT
+    seq = [(n.opcode, n.engine) for n in nodes[:4]]
+    assert seq == [("TENSOR_REDUCE", VECTOR), ("ACTIVATE", SCALAR), ("RECIPROCAL", VECTOR),
+                   ("ACTIVATE", SCALAR)]
+    assert len(nodes) == 4 * 2 * n_tiles(R)
+    assert all("negate" in n.operands for n in nodes if n.opcode == "TENSOR_REDUCE")
+    exps = [n for n in nodes if n.opcode == "ACTIVATE" and n.activation_fn == "Exp"]
+    assert len(exps) == 2 * n_tiles(R)
+    assert all(" bias=" in n.operands and " acc=" in n.operands for n in exps)
+    scales = [n for n in nodes if n.opcode == "ACTIVATE" and n.activation_fn != "Exp"]
+    assert len(scales) == 2 * n_tiles(R) and all(" scale=" in n.operands for n in scales)
     assert all("op=max" in n.operands for n in nodes if n.opcode == "TENSOR_REDUCE")
     check_names(g, res.nodes(s), s, "model/attn")
     # Vector -> Scalar -> Vector hand-offs are semaphores
-    assert all("$S[1]>=" in n.operands for n in acts)
+    assert all("$S[1]>=" in n.operands for n in exps + scales)
 
 
 TOL_SUM = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 3e-3}
