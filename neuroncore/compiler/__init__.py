@@ -24,6 +24,7 @@ from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
+from neuroncore.compiler.gc_pause import collector_paused
 from neuroncore.compiler.layer_replay import LayerDedup
 from neuroncore.compiler.layer_runs import find_runs
 from neuroncore.compiler.lazy_semantics import RelocatedSemantics
@@ -155,7 +156,14 @@ def compile(graph: Graph, target: str | CoreSpec = "trn1",  # noqa: A001 - domai
     spec), with precision ``options`` (auto-cast, quantisation; default: the model's own types).
 
     Repeated layers are lowered once and relocated (``layer_replay``); ``replay_layers=False``
-    lowers every layer (the same program, slower: the reference the tests compare against)."""
+    lowers every layer (the same program, slower: the reference the tests compare against).
+    The garbage collector is paused meanwhile (``gc_pause``: it cost a fifth of a compile)."""
+    with collector_paused():
+        return _compile(graph, target, options, replay_layers=replay_layers)
+
+
+def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | None, *,
+             replay_layers: bool) -> Program:
     spec = core_spec(target)
     if options is not None and not isinstance(options, CompilerOptions):
         raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
@@ -377,7 +385,7 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
         op_index=np.asarray(em.op_index, np.int32),
-        opcode_id=np.asarray([opcode_index[o] for o in em.opcode], np.int16),
+        opcode_id=np.fromiter(map(opcode_index.__getitem__, em.opcode), np.int16, count=len(em.opcode)),
         pc=_stream_positions(keys),
         sem_increment=sem_increment,
         sem_value=sem_value,

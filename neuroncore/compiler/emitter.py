@@ -17,7 +17,7 @@ import numpy as np
 
 from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters, counter_values
 from neuroncore.compiler.lazy_semantics import RelocatedSemantics
-from neuroncore.compiler.node_semantics import NOP, NodeSemantics, check_semantics
+from neuroncore.compiler.node_semantics import NOP, SEMANTIC_KINDS, NodeSemantics, check_semantics
 from neuroncore.compiler.operand_texts import OperandTexts
 from neuroncore.compiler.program import (
     PORT_PSUM,
@@ -178,9 +178,11 @@ class Emitter:
         if len(nodes) < 2:
             return list(nodes)
         lanes = self._lane
-        latest: dict[int, int] = {}
-        for node in sorted(nodes):  # ascending: the last node seen on a lane is its latest
-            latest[lanes[node]] = node
+        ordered = sorted(nodes)
+        # ascending: the last node seen on a lane is its latest
+        latest = {lanes[node]: node for node in ordered}
+        if len(latest) == len(ordered):  # one node per lane: all kept, already in order
+            return ordered
         return sorted(latest.values())
 
     def _adopt(self, key: MemoryKey) -> _Accesses:
@@ -247,19 +249,29 @@ class Emitter:
                  writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
         """Read-after-write on every read; any earlier access on every write (other lanes only)."""
         deps: set[int] = set()
+        add = deps.add
         get = self._accesses.get
-        first_write = len(reads)
-        for i, (key, (a0, a1, b0, b1)) in enumerate(itertools.chain(reads, writes)):
+        for key, (a0, a1, b0, b1) in reads:  # a read waits for writes
             accesses = get(key)
             if accesses is None:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
-            # a read waits for writes; a write for every earlier access
-            earlier = accesses.w if i < first_write else itertools.chain(accesses.w, accesses.r.values())
-            for x0, x1, y0, y1, node, other, _ in earlier:
+            for x0, x1, y0, y1, node, other, _ in accesses.w:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
-                    deps.add(node)
+                    add(node)
+        for key, (a0, a1, b0, b1) in writes:  # a write for every earlier access
+            accesses = get(key)
+            if accesses is None:
+                continue
+            if accesses.__class__ is not _Accesses:
+                accesses = self._adopt(key)
+            for x0, x1, y0, y1, node, other, _ in accesses.w:
+                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                    add(node)
+            for x0, x1, y0, y1, node, other, _ in accesses.r.values():
+                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                    add(node)
         return deps
 
     def _record(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
@@ -274,13 +286,13 @@ class Emitter:
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
             w = accesses.w
-            for x in w:
-                if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+            for x0, x1, y0, y1, _n, _l, _w in w:
+                if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
                     w[:] = [x for x in w if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
                     break
             r = accesses.r
-            for x in r.values():
-                if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+            for x0, x1, y0, y1, _n, _l, _w in r.values():
+                if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
                     accesses.r, accesses.small = _reads_of(
                         [x for x in r.values()
                          if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
@@ -299,8 +311,8 @@ class Emitter:
             if area > 0 and accesses.small >= area:
                 r.pop((a0, a1, b0, b1, lane), None)  # only its own rectangle can be covered
             else:
-                for x in r.values():
-                    if x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+                for x0, x1, y0, y1, _n, x_lane, _w in r.values():
+                    if x_lane == lane and a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
                         r, accesses.small = _reads_of(
                             [x for x in r.values()
                              if x[5] != lane
@@ -312,19 +324,21 @@ class Emitter:
                 accesses.small = area
 
     # -- emission --------------------------------------------------------------------------
-    def _append(self, *, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
+    def _append(self, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
                 deps: set[int], opcode: str, text: str, semantics: NodeSemantics,
                 activation_fn: str | None, tensor_instruction_type: str | None,
                 performance_mode: str | None, trigger: int, lane: int,
-                counters: NodeCounters) -> int:
-        check_semantics(semantics)
+                counters: NodeCounters, ports: int = 0) -> int:
+        """One node's columns (positional: called once per node, a keyword call costs more)."""
+        if semantics.__class__ not in SEMANTIC_KINDS:
+            check_semantics(semantics)
         node = len(self.resource)
         after = self._mm_after_ls
         if deps and not after.keys().isdisjoint(deps):
             deps = {after.get(d, d) for d in deps}
         if resource == RES_TENSOR_MM:
             for ls in self._pending_ls:
-                self._mm_after_ls[ls] = node
+                after[ls] = node
             self._pending_ls.clear()
         elif resource == RES_TENSOR_LS:
             self._pending_ls.append(node)
@@ -342,7 +356,7 @@ class Emitter:
         self.tensor_instruction_type.append(tensor_instruction_type)
         self.performance_mode.append(performance_mode)
         self.trigger.append(trigger)
-        self.ports.append(0)
+        self.ports.append(ports)
         self._lane.append(lane)
         self.counters.append(counters)
         return node
@@ -371,14 +385,6 @@ class Emitter:
         self._last_writes[lane] = writes
         if extra_deps:
             deps |= {d for d in extra_deps if self._lane[d] != lane}
-        resource = track if track is not None else int(engine)
-        node = self._append(
-            resource=resource, engine=engine, cost_ns=cost_ns, queue=-1, dma_engines=0, deps=deps,
-            opcode=opcode, text=text, semantics=semantics, activation_fn=activation_fn,
-            tensor_instruction_type=tensor_instruction_type, performance_mode=performance_mode,
-            trigger=-1, lane=lane, counters=counters,
-        )
-        self._record(node, lane, reads, writes)
         ports = 0
         psum_keys = self.psum_keys
         for key, _ in reads:
@@ -387,7 +393,9 @@ class Emitter:
         for key, _ in writes:
             if key[0] == "buf":
                 ports |= PORT_PSUM if key in psum_keys else PORT_SBUF
-        self.ports[node] = ports
+        node = self._append(lane, engine, cost_ns, -1, 0, deps, opcode, text, semantics, activation_fn,
+                            tensor_instruction_type, performance_mode, -1, lane, counters, ports)
+        self._record(node, lane, reads, writes)
         return node
 
     def _dependent_cost(self, engine: Engine, lane: int, reads: list[tuple[MemoryKey, Rect]],
@@ -434,19 +442,11 @@ class Emitter:
         deps = self._hazards(int(engine), reads, writes)
         # dependencies are waited for by the trigger; the transfer starts after its trigger
         dma_deps = self._hazards(queue_lane(queue), reads, writes)
-        trig = self._append(
-            resource=int(engine), engine=engine, cost_ns=trigger_cost_ns, queue=-1, dma_engines=0,
-            deps=deps | dma_deps, opcode=trigger_opcode,
-            text=trigger_text or f"{queue.name} block_id={len(self.resource)}",
-            semantics=trigger_semantics, activation_fn=None, tensor_instruction_type=None,
-            performance_mode=None, trigger=-1, lane=int(engine), counters=counters.spill_part(),
-        )
-        node = self._append(
-            resource=RES_DMA, engine=engine, cost_ns=engine_ns, queue=queue.index,
-            dma_engines=engines, deps=set(), opcode="DMA_DIRECT2D", text=text, semantics=semantics,
-            activation_fn=None, tensor_instruction_type=None, performance_mode=None, trigger=trig,
-            lane=queue_lane(queue), counters=counters.transfer_part(),
-        )
+        trig = self._append(int(engine), engine, trigger_cost_ns, -1, 0, deps | dma_deps, trigger_opcode,
+                            trigger_text or f"{queue.name} block_id={len(self.resource)}",
+                            trigger_semantics, None, None, None, -1, int(engine), counters.spill_part())
+        node = self._append(RES_DMA, engine, engine_ns, queue.index, engines, set(), "DMA_DIRECT2D", text,
+                            semantics, None, None, None, trig, queue_lane(queue), counters.transfer_part())
         self._record(node, queue_lane(queue), reads, writes)
         return node
 
@@ -458,12 +458,8 @@ class Emitter:
         Its duration depends on where the ranks sit in the instance, so it is left at 0 here and
         supplied by the runtime when the program runs in a tensor-parallel group."""
         deps = self._hazards(CC_LANE, reads, writes)
-        node = self._append(
-            resource=RES_CC, engine=Engine.SYNC, cost_ns=0.0, queue=-1, dma_engines=0, deps=deps,
-            opcode=opcode, text=text, semantics=semantics, activation_fn=None,
-            tensor_instruction_type=None, performance_mode=None, trigger=-1, lane=CC_LANE,
-            counters=counters,
-        )
+        node = self._append(RES_CC, Engine.SYNC, 0.0, -1, 0, deps, opcode, text, semantics, None, None, None,
+                            -1, CC_LANE, counters)
         self._record(node, CC_LANE, reads, writes)
         return node
 
@@ -503,20 +499,15 @@ class Emitter:
         """One int64 column per counter (``Program`` fields of the same names), in node order."""
         # most nodes share their records (NO_COUNTERS; relocated layers hold their template's), so
         # each distinct record is unpacked once and the columns are gathered by index
+        # (the records are alive in ``self.counters``, so their ids are distinct per record)
         width = len(COUNTER_NAMES)
-        slot: dict[int, int] = {}
-        distinct: list[NodeCounters] = []
-
-        def index(counters: NodeCounters) -> int:
-            i = slot.get(id(counters))
-            if i is None:
-                i = slot[id(counters)] = len(distinct)
-                distinct.append(counters)
-            return i
-
-        which = np.fromiter(map(index, self.counters), np.int64, count=len(self.counters))
+        counters = self.counters
+        ids = np.fromiter(map(id, counters), np.int64, count=len(counters))
+        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+        distinct = [counters[i] for i in first.tolist()]
         table = np.fromiter(itertools.chain.from_iterable(map(counter_values, distinct)), np.int64,
                             count=len(distinct) * width).reshape(-1, width)
+        which = which.reshape(-1)
         return {name: table[:, i][which] for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------

@@ -222,8 +222,6 @@ class _Template:
         nb0, nb1 = start.frame.node_base, end.frame.node_base
         self.nodes = slice(nb0, nb1)
         self.nodes_step = nb1 - nb0  # a shift of k template lengths moves nodes by k * this
-        # whether any text names something of the layer (split() also caches the pieces to render)
-        self.texts = any([renamer.split(text) is not None for text in em.text[nb0:nb1]])
         self.buffers = [ctx.buffers[b] for b in range(start.frame.buf_base, end.frame.buf_base)]
         self.tensors = list(ctx.hbm_tensors.values())[start.tensors:end.tensors]
         self.views = list(ctx.hbm_views.values())[start.views:end.views]
@@ -270,20 +268,28 @@ class _Template:
         em.op_index.extend(table[self.op_index].tolist())
         base = len(em.text)
         em.text.extend(em.text[nodes])  # the template's: renamed when first read (operand_texts)
-        if self.texts:
-            em.text_moves.append((base, len(em.text), _TextRelocator(self.renamer, shift).move))
+        # renamed when first read (a text that names nothing of the layer renders as itself):
+        # timing-only runs never read them, so not even the search for names is done up front
+        em.text_moves.append((base, len(em.text), _TextRelocator(self.renamer, shift).move))
         start = len(em.semantics)
         em.semantics.extend(em.semantics[nodes])
         em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift, nodes.start)))
         for n, m in self.after_ls:
             em._mm_after_ls[n + dn if n >= lo else n] = m + dn
         buffers = ctx.buffers
+        db, rename = shift.db, shift.name
+        psum_keys = em.psum_keys
         for buf in self.buffers:
-            moved = Buffer(buf.id + shift.db, buf.memory, buf.partitions, buf.free, buf.dtype, buf.address,
-                           shift.name(buf.name))
+            # the template's record with its id and name moved: a copy of its fields (it was
+            # checked when made; Buffer's constructor and __post_init__ are most of the cost here)
+            moved = object.__new__(Buffer)
+            fields = moved.__dict__
+            fields.update(buf.__dict__)
+            fields["id"] = buf.id + db
+            fields["name"] = rename(buf.name)
             buffers[moved.id] = moved
             if buf.memory is Memory.PSUM:
-                em.psum_keys.add(("buf", moved.id))
+                psum_keys.add(("buf", moved.id))
         for tensor in self.tensors:
             name = shift.name(tensor.name)
             ctx.hbm_tensors.setdefault(name, HbmTensor(name, tensor.shape, tensor.dtype, tensor.kind,
