@@ -36,7 +36,9 @@ import contextlib
 import functools
 import importlib
 import inspect
+import io
 import itertools
+import logging
 import math
 import operator
 import os
@@ -412,6 +414,69 @@ def _cpu_stand_ins(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
             table[key] = value
 
 
+@contextlib.contextmanager
+def quiet_export() -> Iterator[None]:
+    """What torch prints while exporting, minus the failure dumps: ``torch.export`` prints a failed
+    trace's partial FX graph to stderr (twice, unconditionally) and logs a warning when it cannot
+    find the user line of a data-dependent value, hundreds of lines before the one-line error the
+    caller gets. Everything else written to stderr (warnings) is passed on when the export ends."""
+    failed: list[BaseException] = []
+    captured, real = io.StringIO(), sys.stderr
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    sys.stderr = captured
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        yield
+    except BaseException as exc:
+        failed.append(exc)
+        raise
+    finally:
+        sys.stderr = real
+        shapes_log.setLevel(level)
+        text = captured.getvalue()
+        for exc in failed:
+            graph = str(getattr(exc, "partial_fx_graph", "") or "")
+            if graph:
+                text = text.replace(graph + "\n", "").replace(graph, "")
+        if text.strip():
+            real.write(text)
+
+
+_GRAPH_FRAME_RE = re.compile(r"# File: (\S+):(\d+) in ")
+_CAUSED_BY_RE = re.compile(r"Caused by: \((\S+):(\d+) in ")
+
+
+def _data_dependent_where(exc: BaseException, text: str) -> str:
+    """The user line a data-dependent failure comes from: the call torch names, else the line in its
+    "Caused by" (the branch), else the last op of the partial graph it traced (the ``.item()`` that
+    made the value)."""
+    calls = _FRAME_RE.findall(text.split("The following call raised this error:")[-1])
+    if calls:
+        return f"{calls[0][0]}:{calls[0][1]}"
+    frames = _GRAPH_FRAME_RE.findall(str(getattr(exc, "partial_fx_graph", "") or ""))
+    caused = _CAUSED_BY_RE.search(text)
+    if caused:  # torch shortens the path ("transformers/models/..."): the full one, if it is known
+        short, line = caused.groups()
+        full = [f for f, _ in frames if f.endswith(short)] + [
+            os.path.join(root, short) for root in sys.path
+            if root and os.path.isfile(os.path.join(root, short))]
+        return f"{full[0] if full else short}:{line}"
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
+def export_failure(name: str, exc: BaseException) -> TraceError:
+    """The one line a failed ``torch.export`` of ``name`` becomes."""
+    text = str(exc).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    if "data-dependent" in text or "data dependent" in text or "DataDependent" in type(exc).__name__:
+        line = _data_dependent_where(exc, text)
+        where = f" at {line}" if line else ""
+        return TraceError(f"{name}: data-dependent control flow cannot be traced (a branch or "
+                          f"shape depends on a tensor's values){where}: {first}")
+    return TraceError(f"{name}: torch.export failed: {first}")
+
+
 def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedProgram:
     """``torch.export`` + core ATen decompositions, with export failures as one-line TraceErrors.
     ``example_inputs`` is a tuple of positional inputs or a dict of keyword inputs."""
@@ -423,7 +488,7 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
-        with warnings.catch_warnings(), all_experts(module), \
+        with quiet_export(), warnings.catch_warnings(), all_experts(module), \
                 _cpu_stand_ins(module, args, kwargs) as (args, kwargs):  # MoE: see torch_moe.py
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             ep = torch.export.export(module, args, kwargs)
@@ -431,15 +496,7 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
             _views_as_reshapes(ep)
             return ep.run_decompositions(_decompositions())
     except Exception as exc:  # torch raises many types; every one is a failed trace
-        text = str(exc).strip()
-        first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-        if ("data-dependent" in text or "data dependent" in text
-                or "DataDependent" in type(exc).__name__):
-            calls = _FRAME_RE.findall(text.split("The following call raised this error:")[-1])
-            where = f" at {calls[0][0]}:{calls[0][1]}" if calls else ""
-            raise TraceError(f"{name}: data-dependent control flow cannot be traced (a branch or "
-                             f"shape depends on a tensor's values){where}: {first}") from exc
-        raise TraceError(f"{name}: torch.export failed: {first}") from exc
+        raise export_failure(name, exc) from exc
     finally:
         for m, training in modes.items():
             m.training = training

@@ -31,6 +31,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from neuroncore.frontends.torch_frontend import export_failure, quiet_export
 from neuroncore.frontends.tracing import TraceError
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -125,15 +126,14 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
     example_inputs = distinct_inputs(example_inputs)
     try:
-        with warnings.catch_warnings():
+        with quiet_export(), warnings.catch_warnings():  # no partial-graph dump before the one line
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             ep = torch.export.export(wrapper, tuple(example_inputs))
     except TraceError:
         raise
     except Exception as exc:  # torch raises many types; every one is a failed trace
-        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise TraceError(f"{type(model).__name__}: torch.export failed: {first}") from exc
+        raise export_failure(type(model).__name__, exc) from exc
     canonical = {id(p): n for n, p in wrapper.named_parameters()}
     alias = {n: canonical[id(p)] for n, p in wrapper.named_parameters(remove_duplicate=False)}
     return wrapper, ep, alias

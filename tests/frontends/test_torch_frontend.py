@@ -475,6 +475,26 @@ def test_data_dependent_control_flow_is_one_clear_error():
     assert f"{THIS_FILE}:{_line('BRANCH-LINE')}" in message
 
 
+class ItemBranch(nn.Module):
+    def forward(self, x):
+        y = x * 3
+        if (y > 0).any().item():  # ITEM-LINE
+            return y * 2
+        return x - 1
+
+
+def test_data_dependent_item_branch_is_one_line_and_prints_nothing(capfd):
+    """torch.export prints the partial graph of a failed trace to stderr (twice) and a warning: a
+    user saw hundreds of lines before the one-line error (Longformer's global-attention branch)."""
+    with pytest.raises(TraceError) as info:
+        nc.check(ItemBranch(), (X,))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("ItemBranch: data-dependent control flow")
+    assert f"{THIS_FILE}:{_line('ITEM-LINE')}" in message
+    out, err = capfd.readouterr()
+    assert "def forward" not in err and "Unable to find user code" not in err and not out
+
+
 def test_data_dependent_shape_is_one_clear_error():
     with pytest.raises(TraceError, match=r"MaskSelect: aten.index has a data-dependent result"):
         nc.trace(MaskSelect(), (X,))
