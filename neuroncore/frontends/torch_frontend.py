@@ -435,8 +435,8 @@ def quiet_export() -> Iterator[None]:
         sys.stderr = real
         shapes_log.setLevel(level)
         text = captured.getvalue()
-        for exc in failed:
-            graph = str(getattr(exc, "partial_fx_graph", "") or "")
+        for error in failed:
+            graph = str(getattr(error, "partial_fx_graph", "") or "")
             if graph:
                 text = text.replace(graph + "\n", "").replace(graph, "")
         if text.strip():
