@@ -16,11 +16,14 @@ import argparse
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 
 import numpy as np
 
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.ir.graph import Graph
+from neuroncore.workloads import train_graphs as tg
 
 WORKLOADS = {
     "matmul": ("matmul", None, {}),
@@ -29,6 +32,22 @@ WORKLOADS = {
     "llama-decode-small": ("llama-decode", None, {}),
     "llama-prefill-small": ("llama-prefill", None, {}),
     "llama-decode-7b-2layers": ("llama-decode", "llama2-7b", {"layers": 2}),
+}
+
+# training rank programs (neuroncore.workloads.train_graphs) at small sizes that still take every
+# path the full-size ones do: grouped-query attention folded onto fewer KV heads, causal attention
+# in several blocks, sequence parallelism, the vocabulary-parallel head and loss
+_GQA = tg.Transformer("tiny-gqa", layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1024, vocab=1000,
+                      fused_qkv=True)
+_GQA_RANK = tg.RankShapes.of(_GQA, 1, 1024, 4, sequence_parallel=True)
+_BERT = tg.Transformer("tiny-bert", layers=2, hidden=256, heads=4, kv_heads=4, intermediate=1024,
+                       vocab=1000, norm="layer", mlp="gelu", bias=True, causal=False, rope=False)
+_BERT_RANK = tg.RankShapes.of(_BERT, 4, 128, 1)
+TRAINING: dict[str, Callable[[], Graph]] = {
+    "train-gqa-layer-fwd": lambda: tg.layer_forward(_GQA, _GQA_RANK, 4),
+    "train-gqa-layer-bwd": lambda: tg.layer_backward(_GQA, _GQA_RANK, 4),
+    "train-gqa-head": lambda: tg.head_graph(_GQA, _GQA_RANK, 4),
+    "train-bert-layer-bwd": lambda: tg.layer_backward(_BERT, _BERT_RANK, 1, "bf16", "bf16"),
 }
 
 
@@ -64,6 +83,8 @@ def main() -> None:
         graph = workloads.get(name).graph(preset, **overrides)
         for target in args.targets:
             out[f"{key}/{target}"] = digest(compile_graph(graph, target))
+    for key, build in TRAINING.items():
+        out[f"{key}/trn1"] = digest(compile_graph(build(), "trn1"))
     print(json.dumps(out, sort_keys=True))
 
 

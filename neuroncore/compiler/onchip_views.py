@@ -31,7 +31,7 @@ from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.lower_elementwise import tensor_copy
 from neuroncore.compiler.lowering_state import Layout
 from neuroncore.compiler.program import Ref
-from neuroncore.compiler.tiling import P, tile_grid, tiles_of
+from neuroncore.compiler.tiling import P, is_packed, tile_grid, tiles_of
 from neuroncore.enums import Memory
 from neuroncore.hardware import Engine
 from neuroncore.ir.graph import LAYOUT_OPS, Op
@@ -78,6 +78,13 @@ def _step(x: Op, a: np.ndarray) -> np.ndarray:
 def index_map(ctx: Context, op: Op) -> tuple[Op, np.ndarray, bool] | None:
     """(root, flat root index of every element of ``op``, whether a broadcast is on the way), or
     None when the chain does not end at a value with its own SBUF tiles."""
+    found = _index_chain(ctx, op)
+    return None if found is None else found[:3]
+
+
+def _index_chain(ctx: Context, op: Op) -> tuple[Op, np.ndarray, bool, np.ndarray] | None:
+    """:func:`index_map` plus the ``arange`` the index was pushed from (a strided view of it is an
+    affine map, which :func:`_tile_blocks` checks without visiting every element)."""
     chain = [op]
     x = op.operands[0]
     while x.opcode in CHAIN_OPS and len(x.operands) == 1:
@@ -91,36 +98,77 @@ def index_map(ctx: Context, op: Op) -> tuple[Op, np.ndarray, bool] | None:
         return None
     if root_value.op.size > MAX_INDEX_ELEMENTS or op.size > MAX_INDEX_ELEMENTS:
         return None
-    index = np.arange(root_value.op.size, dtype=np.int64).reshape(root_value.op.shape)
+    base = np.arange(root_value.op.size, dtype=np.int64)
+    index = base.reshape(root_value.op.shape)
     for step in reversed(chain):
         index = _step(step, index)
-    return root_value.op, index, any(s.opcode == "broadcast" for s in chain)
+    return root_value.op, index, any(s.opcode == "broadcast" for s in chain), base
 
 
-def _tile_blocks(root: Op, index: np.ndarray, shape: tuple[int, ...]
+def _first_rows_of_view(index: np.ndarray, base: np.ndarray, root_cols: int
+                        ) -> tuple[bool, np.ndarray | None]:
+    """(whether ``index`` is a strided view of ``base``, at least 2-D; the root indices of the
+    first row of every output tile ``[tiles, cols]`` if its rows step one root row at a time, else
+    None: then some tile's second row is not the root row after its first, and no block applies).
+
+    A view of ``arange`` holds, at every element, its own offset into ``base``: along the row dim
+    the values step by ``strides[-2]`` elements everywhere. So "row ``r`` of a tile is the root row
+    after row ``r - 1`` in every column" is one comparison of that stride with the root's row
+    length, not one per element (a 70B layer's attention slices are millions of elements each).
+    A copy on the way (a reshape numpy could not express as strides) is not a view: (False, None)."""
+    if index.ndim < 2 or not np.may_share_memory(index, base):
+        return False, None
+    rows = index.shape[-2]
+    if rows > 1 and index.strides[-2] != root_cols * base.itemsize:
+        return True, None
+    first = index[..., range(0, rows, P), :]
+    return True, first.reshape(-1, index.shape[-1])
+
+
+def _tile_blocks(root: Op, index: np.ndarray, shape: tuple[int, ...], base: np.ndarray | None = None
                  ) -> tuple[list[Block] | None, list[list[tuple[int, Block]]] | None]:
     """Per output tile: its single root block (slices), or else its column runs that keep every row
-    on its partition (copies, as (output column, block)); None where neither applies."""
+    on its partition (copies, as (output column, block)); None where neither applies.
+
+    With ``base`` (the ``arange`` ``index`` was pushed from) and a strided view of it, only each
+    tile's first row is examined (:func:`_first_rows_of_view`): the answer is the same as visiting
+    every element (tests/neuroncore/test_onchip_view_blocks.py compares the two)."""
     _, root_rows, root_cols = tile_grid(root.shape, Layout.ROW)
     tiles_per_batch = math.ceil(root_rows / P)
     out_batches, out_rows, out_cols = tile_grid(shape, Layout.ROW)
-    flat = index.reshape(-1, out_cols)
-    rowflat, col = np.divmod(flat, root_cols)
-    rb, rr = np.divmod(rowflat, root_rows)
-    stile = rb * tiles_per_batch + rr // P
-    part = rr % P
     spans = [(b * out_rows + r0, b * out_rows + min(out_rows, r0 + P))
              for b in range(out_batches) for r0 in range(0, out_rows, P)]
-    # every row on the partition of its output row, each column from one place for all rows
-    local = np.concatenate([np.arange(hi - lo) for lo, hi in spans])
-    if not (part == local[:, None]).all():
-        return None, None
-    starts = np.array([lo for lo, _ in spans])
-    same_place = bool((stile == np.repeat(stile[starts], [hi - lo for lo, hi in spans], axis=0)).all()
-                      and (col == np.repeat(col[starts], [hi - lo for lo, hi in spans], axis=0)).all())
-    if not same_place:
-        return None, None
-    first_st, first_cl = stile[starts], col[starts]  # [tiles, out_cols]: where each column comes from
+    view, first = False, None
+    if base is not None and not is_packed(shape, Layout.ROW):
+        view, first = _first_rows_of_view(index, base, root_cols)
+        if view and first is None:
+            return None, None
+    if first is not None:
+        # rows step one root row at a time (checked on the stride): each tile's rows are on their
+        # partitions and from one root tile iff its first row is on partition 0 of a root tile and
+        # the tile's rows stay inside the root's batch
+        rowflat, first_cl = np.divmod(first, root_cols)
+        rb, rr = np.divmod(rowflat, root_rows)
+        lengths = np.array([hi - lo for lo, hi in spans])
+        if not ((rr % P == 0).all() and (rr + lengths[:, None] <= root_rows).all()):
+            return None, None
+        first_st = rb * tiles_per_batch + rr // P
+    else:
+        flat = index.reshape(-1, out_cols)
+        rowflat, col = np.divmod(flat, root_cols)
+        rb, rr = np.divmod(rowflat, root_rows)
+        stile = rb * tiles_per_batch + rr // P
+        part = rr % P
+        # every row on the partition of its output row, each column from one place for all rows
+        local = np.concatenate([np.arange(hi - lo) for lo, hi in spans])
+        if not (part == local[:, None]).all():
+            return None, None
+        starts = np.array([lo for lo, _ in spans])
+        same_place = bool((stile == np.repeat(stile[starts], [hi - lo for lo, hi in spans], axis=0)).all()
+                          and (col == np.repeat(col[starts], [hi - lo for lo, hi in spans], axis=0)).all())
+        if not same_place:
+            return None, None
+        first_st, first_cl = stile[starts], col[starts]  # [tiles, out_cols]: where each column comes from
     contiguous = (first_st[:, 1:] == first_st[:, :-1]) & (first_cl[:, 1:] == first_cl[:, :-1] + 1)
     if contiguous.all():
         return [(int(first_st[i, 0]), 0, hi - lo, int(first_cl[i, 0]), int(first_cl[i, 0]) + out_cols)
@@ -155,11 +203,11 @@ def on_chip_view(ctx: Context, op: Op, view_name: str, hbm_fallback: Callable[[]
     users = [ctx.graph.ops[u] for u in ctx.uses[op.index]]
     if not users or all(u.opcode in LAYOUT_OPS and not _swaps_last_two(u) for u in users):
         return False
-    found = index_map(ctx, op)
+    found = _index_chain(ctx, op)
     if found is None:
         return False
-    root, index, broadcast = found
-    slices, copies = _tile_blocks(root, index, op.shape)
+    root, index, broadcast, base = found
+    slices, copies = _tile_blocks(root, index, op.shape, base)
     if slices is not None:
         value = ctx.define(op, home=Memory.SBUF, hbm=view_name)
         value.slices, value.slice_root, value.hbm_fallback = slices, root, hbm_fallback
