@@ -34,11 +34,11 @@ class DType(Enum):
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self.value]
+        return _ITEMSIZE[self._value_]  # _value_: a plain attribute (.value is a descriptor)
 
     @property
     def is_float(self) -> bool:
-        return self.value in _FLOATS
+        return self._value_ in _FLOATS
 
     @property
     def is_fp8(self) -> bool:
@@ -47,12 +47,12 @@ class DType(Enum):
     @property
     def numpy(self) -> np.dtype:
         """The NumPy type a tensor of this dtype is stored as in HBM and returned to the user."""
-        return np.dtype(_NUMPY[self.value])
+        return np.dtype(_NUMPY[self._value_])
 
     @property
     def profile_name(self) -> str:
         """Spelling used in operand strings, like the real tool (``bfloat16``, ``fp16`` ...)."""
-        return _PROFILE_NAME[self.value]
+        return _PROFILE_NAME[self._value_]
 
     @property
     def flops_multiplier(self) -> float:

@@ -277,8 +277,9 @@ class _Template:
         for n, m in self.after_ls:
             em._mm_after_ls[n + dn if n >= lo else n] = m + dn
         buffers = ctx.buffers
-        db, rename = shift.db, shift.name
+        db = shift.db
         psum_keys = em.psum_keys
+        names: dict[str, str] = {}  # a layer's buffers share a few names (every block of a dot's)
         for buf in self.buffers:
             # the template's record with its id and name moved: a copy of its fields (it was
             # checked when made; Buffer's constructor and __post_init__ are most of the cost here)
@@ -286,7 +287,10 @@ class _Template:
             fields = moved.__dict__
             fields.update(buf.__dict__)
             fields["id"] = buf.id + db
-            fields["name"] = rename(buf.name)
+            moved_name = names.get(buf.name)
+            if moved_name is None:
+                moved_name = names[buf.name] = shift.name(buf.name)
+            fields["name"] = moved_name
             buffers[moved.id] = moved
             if buf.memory is Memory.PSUM:
                 psum_keys.add(("buf", moved.id))
