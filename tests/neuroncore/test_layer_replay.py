@@ -183,3 +183,17 @@ def test_canonical_boundaries_only_where_the_write_back_is_cheap(monkeypatch: py
     assert measured and all(traffic > 0.01 * weights for traffic, weights in measured)
     monkeypatch.setattr(compiler, "find_runs", lambda graph: [])
     assert _fields_equal(with_runs, compile_graph(prefill, "trn1")) == []
+
+
+def test_relocated_buffers_are_whole_records(pair: tuple[nc.Graph, Program, Program]) -> None:
+    """Relocation copies a template buffer's fields instead of calling Buffer's constructor: the
+    copies must still be frozen Buffer records, equal to and hashing like the fully lowered ones."""
+    from neuroncore.compiler.program import Buffer
+
+    _, full, relocated = pair
+    assert relocated.buffers.keys() == full.buffers.keys()
+    for buf_id, buf in relocated.buffers.items():
+        assert type(buf) is Buffer and buf == full.buffers[buf_id] and hash(buf) == hash(full.buffers[buf_id])
+    some = next(iter(relocated.buffers.values()))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        some.name = "x"  # type: ignore[misc]
