@@ -416,8 +416,11 @@ def _weight_grads(b: GraphBuilder, pending: list[tuple[str, Op, Op, bool]], grad
 
 @dataclass(frozen=True)
 class Saved:
-    """The activations a layer's forward keeps for its backward (attention probabilities are not
-    kept: flash attention keeps the row statistic ``lse`` and recomputes the scores)."""
+    """The activations a layer's forward keeps for its backward, as autograd keeps them without
+    activation checkpointing: each linear's input (the norms' outputs, attention's context, the
+    GELU MLP's activation), each nonlinearity's input; attention probabilities are not kept
+    (flash attention keeps the row statistic ``lse`` and recomputes the scores), and SwiGLU's
+    product is recomputed (NxD's selective checkpointing, :attr:`Transformer.recompute_mlp`)."""
 
     x: Op
     q: Op
@@ -426,29 +429,37 @@ class Saved:
     ctx: Op
     lse: Op
     x2: Op
-    mlp: tuple[Op, ...]  # swiglu: (gate_up,) the fused projection's output; gelu: (fc1 output,)
+    norms: tuple[Op, Op]  # the two norms' outputs (the rank's token shard under sequence parallelism)
+    mlp: tuple[Op, ...]  # swiglu: (gate_up,) the fused projection's output; gelu: (fc1 output, GELU)
 
     def outputs(self) -> list[Op]:
-        return [self.q, self.k, self.v, self.ctx, self.lse, self.x2, *self.mlp]
+        return [self.q, self.k, self.v, self.ctx, self.lse, self.x2, *self.norms, *self.mlp]
 
 
 def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str, x: Op,
                 group: str = "tp") -> tuple[Op, Saved]:
     """One layer's forward ops added to ``b`` (inside the caller's scope): output and saved values."""
     h = r.hidden
-    n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
+    norm1 = _norm(b, m, x, "input_layernorm", dtype)
+    n1 = _enter_tp(b, norm1, r, group)
     with b.scope("self_attn"):
         # a fused qkv_proj's forward is its weight's three column blocks, one matmul each: a
         # matmul's output columns are independent, and slicing the fused [tokens, q + 2 kv]
         # output would send it through HBM; its backward is where fusing changes the work
         names = (("qkv_proj.q", "qkv_proj.k", "qkv_proj.v") if m.fused_qkv
                  else ("q_proj", "k_proj", "v_proj"))
-        q = _heads(b, _linear(b, n1, h, r.heads * r.head_dim, names[0], dtype, m.bias), r, r.heads)
-        k = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, names[1], dtype, m.bias), r, r.kv_heads)
-        v = _heads(b, _linear(b, n1, h, r.kv_heads * r.head_dim, names[2], dtype, m.bias), r, r.kv_heads)
-        if m.rope:
-            q, k = _rope(b, q, dtype), _rope(b, k, dtype)
-        q = _scale_queries(b, q)  # saved scaled: the backward's scores and dK read it so
+        qt = _linear(b, n1, h, r.heads * r.head_dim, names[0], dtype, m.bias)
+        kt = _linear(b, n1, h, r.kv_heads * r.head_dim, names[1], dtype, m.bias)
+        vt = _linear(b, n1, h, r.kv_heads * r.head_dim, names[2], dtype, m.bias)
+        if m.rope:  # the rotation works per head: q and k are kept in head layout
+            q, k = _rope(b, _heads(b, qt, r, r.heads), dtype), _rope(b, _heads(b, kt, r, r.kv_heads), dtype)
+            q = _scale_queries(b, q)  # saved scaled: the backward's scores and dK read it so
+            kept_q, kept_k = q, k
+        else:  # kept as the projections produce them (token-major); the heads are views of them
+            qt = kept_q = _scale_queries(b, qt)
+            kept_k = kt
+            q, k = _heads(b, qt, r, r.heads), _heads(b, kt, r, r.kv_heads)
+        v = _heads(b, vt, r, r.kv_heads)
         ctx, lse = _attention_forward(b, m, q, _expand_kv(b, k, r.heads), _expand_kv(b, v, r.heads))
         ctx_t = _tokens(b, ctx, r)
         with b.scope("o_proj"):
@@ -457,7 +468,8 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
             if m.bias:
                 o = b.add(o, b.weight("bias", (h,), dtype, scale=0.02))
     x2 = b.add(x, o)
-    n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
+    norm2 = _norm(b, m, x2, "post_attention_layernorm", dtype)
+    n2 = _enter_tp(b, norm2, r, group)
     with b.scope("mlp"):
         saved_mlp: tuple[Op, ...]
         if m.mlp == "swiglu":
@@ -469,12 +481,12 @@ def forward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: 
         else:
             pre = _linear(b, n2, h, r.intermediate, "fc1", dtype, m.bias)
             act = b.gelu(pre, approximate="none")  # HF BERT / ViT "gelu": the exact (erf) GELU
-            saved_mlp = (pre,)
+            saved_mlp = (pre, act)  # GELU's input and down_proj's input, both kept by autograd
         with b.scope("down_proj"):
             down = _leave_tp(b, b.matmul(act, b.weight("weight", (r.intermediate, h), dtype)), r, group)
             if m.bias:
                 down = b.add(down, b.weight("bias", (h,), dtype, scale=0.02))
-    return b.add(x2, down), Saved(x, q, k, v, ctx, lse, x2, saved_mlp)
+    return b.add(x2, down), Saved(x, kept_q, kept_k, vt, ctx_t, lse, x2, (norm1, norm2), saved_mlp)
 
 
 class Gradients(list[Op]):
@@ -503,8 +515,7 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             silu = b.silu(gate)
             act = b.multiply(silu, up)
         else:
-            (pre,) = s.mlp
-            act = b.gelu(pre, approximate="none")
+            pre, act = s.mlp  # kept: no activation checkpointing (HF BERT / ViT on torch-neuronx)
         if m.bias:
             grads.append(_column_sum(b, dy))  # down_proj bias: dy is replicated, any rank has it
         dy_tp = _enter_tp(b, dy, r, group)  # sequence parallel: the reduce-scatter's backward
@@ -512,8 +523,8 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
             w = b.weight("weight", (r.intermediate, h), dtype)
             dact = b.dot(dy_tp, w, rhs_contract=-1)
             grads.append(b.dot(act, dy_tp, lhs_contract=-2))
-        # recomputed (cheap, saves memory); sequence parallel gathers it again, as Megatron does
-        n2 = _enter_tp(b, _norm(b, m, x2, "post_attention_layernorm", dtype), r, group)
+        # the norm's output is kept; sequence parallel gathers it again, as Megatron does
+        n2 = _enter_tp(b, s.norms[1], r, group)
         # with a collective after the input gradient, the weight gradients go under it
         later: list[tuple[str, Op, Op, bool]] | None = [] if r.tp > 1 else None
         if m.mlp == "swiglu":
@@ -537,15 +548,21 @@ def backward_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype:
         if m.bias:
             grads.append(_column_sum(b, dx2))
         dx2_tp = _enter_tp(b, dx2, r, group)
-        ctx_t = _tokens(b, s.ctx, r)
+        def heads(x: Op, n: int) -> Op:
+            """A kept attention value in head layout (a token-major one viewed)."""
+            return x if len(x.shape) == 4 else _heads(b, x, r, n)
+
+        ctx_t = s.ctx if len(s.ctx.shape) == 2 else _tokens(b, s.ctx, r)
         dctx = _heads(b, _linear_backward(b, ctx_t, dx2_tp, r.heads * hd, h, "o_proj", dtype, False, grads),
                       r, r.heads)
-        kx, vx = _expand_kv(b, s.k, r.heads), _expand_kv(b, s.v, r.heads)
-        dq, dk, dv = _attention_backward(b, m, s.q, kx, vx, s.ctx, s.lse, dctx)
+        kx = _expand_kv(b, heads(s.k, r.kv_heads), r.heads)
+        vx = _expand_kv(b, heads(s.v, r.kv_heads), r.heads)
+        dq, dk, dv = _attention_backward(b, m, heads(s.q, r.heads), kx, vx, heads(s.ctx, r.heads), s.lse,
+                                         dctx)
         dk, dv = _fold_kv(b, dk, r.kv_heads), _fold_kv(b, dv, r.kv_heads)
         if m.rope:
             dq, dk = _rope(b, dq, dtype, -1.0), _rope(b, dk, dtype, -1.0)
-        n1 = _enter_tp(b, _norm(b, m, x, "input_layernorm", dtype), r, group)
+        n1 = _enter_tp(b, s.norms[0], r, group)
         if m.fused_qkv:  # one input-gradient matmul over K = q + 2 kv (no sum of three partials)
             dqkv = b.concatenate([_tokens(b, dq, r), _tokens(b, dk, r), _tokens(b, dv, r)], 1)
             dn1 = _linear_backward(b, n1, dqkv, h, (r.heads + 2 * r.kv_heads) * hd, "qkv_proj", dtype,
@@ -583,14 +600,20 @@ def layer_backward(m: Transformer, r: RankShapes, tp: int, dtype: str = "bf16",
     t, h, hd = r.tokens, r.hidden, r.head_dim
     bt, sq = r.batch, r.seq
     mlp = ((b.parameter("gate_up", (t, 2 * r.intermediate), dtype),)
-           if m.mlp == "swiglu" else (b.parameter("fc1_out", (t, r.intermediate), dtype),))
+           if m.mlp == "swiglu" else (b.parameter("fc1_out", (t, r.intermediate), dtype),
+                                      b.parameter("fc1_act", (t, r.intermediate), dtype)))
+    def kept(name: str, n: int, head_layout: bool) -> Op:
+        """A kept attention value as :func:`forward_ops` keeps it."""
+        return b.parameter(name, (bt, n, sq, hd) if head_layout else (t, n * hd), dtype)
+
+    rope = m.rope
     saved = Saved(b.parameter("hidden_states", (r.sp_tokens, h), dtype),
-                  b.parameter("q", (bt, r.heads, sq, hd), dtype),
-                  b.parameter("k", (bt, r.kv_heads, sq, hd), dtype),
-                  b.parameter("v", (bt, r.kv_heads, sq, hd), dtype),
-                  b.parameter("attn_out", (bt, r.heads, sq, hd), dtype),
+                  kept("q", r.heads, rope), kept("k", r.kv_heads, rope), kept("v", r.kv_heads, False),
+                  kept("attn_out", r.heads, False),
                   b.parameter("lse", (bt, r.heads, sq), dtype),
-                  b.parameter("residual", (r.sp_tokens, h), dtype), mlp)
+                  b.parameter("residual", (r.sp_tokens, h), dtype),
+                  (b.parameter("input_layernorm_out", (r.sp_tokens, h), dtype),
+                   b.parameter("post_attention_layernorm_out", (r.sp_tokens, h), dtype)), mlp)
     dy = b.parameter("grad_output", (r.sp_tokens, h), dtype)
 
     def accumulate(g: Op) -> Op:

@@ -282,9 +282,12 @@ def test_gradient_accumulation_follows_each_gradient_and_equals_a_tail_sum(grad_
     # the same backward without accumulation: the raw gradients, in the same order
     b = GraphBuilder(f"{model.name}_layer_bwd", root_layer="layers.0")  # same weights
     inputs = {p.name: p for p in bwd.parameters}
-    saved = Saved(*[b.parameter(name, inputs[name].shape, "bf16") for name in
-                    ("hidden_states", "q", "k", "v", "attn_out", "lse", "residual")],
-                  (b.parameter("fc1_out", inputs["fc1_out"].shape, "bf16"),))
+    def param(name: str):
+        return b.parameter(name, inputs[name].shape, "bf16")
+
+    saved = Saved(*[param(name) for name in ("hidden_states", "q", "k", "v", "attn_out", "lse", "residual")],
+                  (param("input_layernorm_out"), param("post_attention_layernorm_out")),
+                  (param("fc1_out"), param("fc1_act")))
     dy = b.parameter("grad_output", inputs["grad_output"].shape, "bf16")
     dx, grads = backward_ops(b, model, r, 1, "bf16", saved, dy)
     raw = b.build([dx, *grads])
@@ -309,3 +312,27 @@ def _sum_graph(shape: tuple[int, ...], dtype: str):
     acc = b.parameter("acc", shape, dtype)
     g = b.parameter("g", shape, "bf16")
     return b.build([b.add(acc, g if dtype == "bf16" else b.convert(g, dtype))])
+
+
+def test_layers_keep_what_autograd_keeps_without_checkpointing() -> None:
+    """The forward keeps each linear's input (both norms' outputs; BERT's GELU output, which
+    down_proj reads) and v and the attention context as the projections and the head merge produce
+    them, token-major; the backward reads them instead of recomputing the norms and the GELU.
+    SwiGLU's product is still recomputed (NxD's selective checkpointing)."""
+    bert, llama = SMALL["bert-pretrain"], LLAMA
+    for model in (bert, llama):
+        r = RankShapes.of(model, 2, 128, 1)
+        fwd, bwd = layer_forward(model, r, 1), layer_backward(model, r, 1)
+        kept = {op.name: op for op in bwd.parameters}
+        for norm in ("input_layernorm_out", "post_attention_layernorm_out"):
+            assert kept[norm].shape == (256, model.hidden)
+        assert kept["v"].shape == (256, model.kv_heads * model.head_dim)
+        assert kept["attn_out"].shape == (256, model.hidden)
+        buffers = sum(p.name.startswith("grad_acc") for p in bwd.parameters)
+        assert len(fwd.outputs) == len(bwd.parameters) - 1 - buffers  # every kept value, plus the output
+        opcodes = {op.opcode for op in bwd.ops}
+        assert not opcodes & {"layer_norm", "rms_norm"}, model.name  # norms are not recomputed
+    bert_ops = {op.opcode for op in layer_backward(bert, RankShapes.of(bert, 2, 128, 1), 1).ops}
+    assert "gelu" not in bert_ops and "gelu_dx" in bert_ops
+    llama_ops = {op.opcode for op in layer_backward(llama, RankShapes.of(llama, 2, 128, 1), 1).ops}
+    assert "silu" in llama_ops  # the SwiGLU product recomputed
