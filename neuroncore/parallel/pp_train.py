@@ -26,7 +26,10 @@ gradients of what it receives as extra outputs:
 With ``tp > 1`` every stage is split over its own ``tp`` cores by the tensor-parallel sharding pass
 (:mod:`neuroncore.parallel.sharding`, as :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep`
 splits a whole step): the stage's ranks run in threads and meet in its all-reduces; each rank sends to
-the same rank of the neighbouring stage; the optimizer program runs on each rank's blocks.
+the same rank of the neighbouring stage: the whole value, or its block of a value the stage leaves
+split (GPT-2's hidden-split residual; the sequence-split hidden states with ``sequence_parallel``),
+which the next stage reads split from the start and whose gradient it sends back split alike
+(``sent_splits``); the optimizer program runs on each rank's blocks.
 
 The order is 1F1B (Narayanan et al. 2021; Megatron-LM, NxD): stage s runs ``pp - s - 1`` warm-up
 forwards, then alternates one forward and one backward, then drains the backwards. Each stage's
@@ -103,6 +106,18 @@ class _Program:
     rank_inputs: list[Callable[[int], np.ndarray]] = field(default_factory=list)
 
 
+@dataclass
+class _Sharded:
+    """A stage program as one rank runs it (split over the stage's cores at ``tp > 1``)."""
+
+    graph: Graph  # the rank's graph (the whole one at tp 1)
+    labels: list[str]  # what each output is
+    input_splits: dict[str, Split | None]  # by the whole graph's parameter names
+    output_splits: dict[str, Split | None]  # by label
+    rank_inputs: list[Callable[[int], np.ndarray]]
+    names: list[str]  # the inputs the host and the state feed, in order (rank inputs follow them)
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One send between stages: an activation (or a mask, position embeddings ... a later stage
@@ -135,12 +150,13 @@ class PipelineParallelTrainStep(TrainStep):
                  example_inputs: StepInputs, *, pp: int, micro_batches: int,
                  loss_fn: Callable[..., Any] | None = None, boundaries: Sequence[int] | None = None,
                  layers: str | None = None, precision: str | Precision = "fp32", tp: int = 1,
-                 instance: str | None = "trn1.32xlarge") -> None:
+                 sequence_parallel: bool = False, instance: str | None = "trn1.32xlarge") -> None:
         if not isinstance(pp, int) or isinstance(pp, bool) or pp < 2:
             raise PlanError(f"pp must be an integer of at least 2, not {pp!r}")
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise PlanError(f"tp must be a positive integer, not {tp!r}")
         self.tp = tp
+        self.sequence_parallel = bool(sequence_parallel) and tp > 1
         if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
             raise PlanError(f"micro_batches must be a positive integer, not {micro_batches!r}")
         try:
@@ -174,6 +190,10 @@ class PipelineParallelTrainStep(TrainStep):
         self.optimizer_programs: list[_Program] = []
         self.stage_params: list[list[int]] = []
         self.stage_splits: list[dict[str, Split | None]] = []  # each resident tensor's split
+        # how each value crossing into stage t travels, by (t, its name): as the sender's program
+        # makes it (its rank's block when split); the receiver reads it, and sends its gradient back,
+        # split alike
+        self.sent_splits: dict[tuple[int, str], Split | None] = {}
         whole = self.state.tensors
         self.forward_flops = 0.0
         states: list[list[DeviceState]] = []  # per stage, per tensor-parallel rank
@@ -202,11 +222,38 @@ class PipelineParallelTrainStep(TrainStep):
             fwd, bwd = self._stage_graphs(joint, stage, program_inputs, names, len(input_grads))
             # a micro-batch's forward matmuls: every stage's backward program recomputes its forward
             self.forward_flops += forward_matmul_flops(bwd[0])
-            self.forward_programs.append(None if fwd is None else self._load(fwd, s))
-            backward = self._load(bwd, s)
+            arriving = {f"recv/{i}": self.sent_splits.get((s, n)) for i, n in enumerate(stage.received)}
+            # a weight an earlier stage holds too (tied: GPT-2's LM head is its token embedding) is
+            # split as that stage splits it, so that every holder's block is the same rows
+            arriving.update({f"param/{n}": self.backward_programs[t].input_splits.get(f"param/{n}")
+                             for n in names for t in range(s) if n in self._stage_names(t)})
+            fsplit = None if fwd is None else self._split(fwd, s, arriving=arriving)
+            sent = {} if fsplit is None else {n: fsplit.output_splits.get(f"send/{i}")
+                                              for i, n in enumerate(stage.sends)}
+            # the gradients of what it sent arrive split like those values; the gradients of what it
+            # received leave split as the previous stage sent them
+            back_arriving = {**arriving, **{f"grad_out/{i}": sent[stage.sends[o]]
+                                            for i, o in enumerate(output_grads or ())}}
+            leaving = {f"dx/{k}": self.sent_splits.get((s, stage.inputs[i][1]))
+                       for k, i in enumerate(input_grads)}
+            read = {} if fsplit is None else {k: v for k, v in fsplit.input_splits.items()
+                                              if k.startswith("param/")}
+            bsplit = self._split(bwd, s, arriving=back_arriving, leaving=leaving, weights=read)
+            if fwd is not None and fsplit is not None and _weights_differ(fsplit, bsplit):
+                # the forward reads the resident weights as the backward keeps them (its sends
+                # leaving as before, so the backward's gradients still match them)
+                kept = {k: v for k, v in bsplit.input_splits.items()
+                        if k.startswith("param/") and v is not None}
+                fsplit = self._split(fwd, s, arriving={**arriving, **kept},
+                                     leaving={f"send/{i}": sent[n] for i, n in enumerate(stage.sends)})
+            self.sent_splits.update({(s + 1, n): split for n, split in sent.items()})
+            self.forward_programs.append(None if fsplit is None else self._load(fsplit, s))
+            backward = self._load(bsplit, s)
             self.backward_programs.append(backward)
-            # a weight's optimizer state and update are split as the backward splits its gradient
-            splits = {f"param/{n}": backward.input_splits.get(f"param/{n}") for n in names}
+            # a weight's optimizer state and update are split as the backward splits it (as the
+            # forward does, for a weight only the forward reads: a bias)
+            splits = {f"param/{n}": backward.input_splits.get(f"param/{n}", read.get(f"param/{n}"))
+                      for n in names}
             built, blocks = self._optimizer_graph(s, splits)
             self.optimizer_programs.append(self._load(built, s, blocks=blocks))
             mine = {f"param/{n}" for n in names} | {f"buffer/{_strip(n)}" for n in stage.buffers}
@@ -230,6 +277,10 @@ class PipelineParallelTrainStep(TrainStep):
         self.rank_results: list[ExecutionResult] = []  # the other tensor-parallel ranks'
 
     # -- trace time ----------------------------------------------------------------------------
+    def _stage_names(self, s: int) -> list[str]:
+        """The parameters stage ``s`` holds, by their names."""
+        return [self.param_names[i] for i in self.stage_params[s]]
+
     def _tie_weights(self) -> None:
         """A weight several stages read (GPT-2's LM head is its token embedding) is held by each of
         them, as Megatron's first and last stages both hold the word embeddings: after the last
@@ -283,36 +334,60 @@ class PipelineParallelTrainStep(TrainStep):
             self.tied_programs[s] = self._load((_live_graph(b.name, b, outputs), labels), s, blocks={},
                                                groups=peers)
 
-    def _load(self, built: tuple[Graph, list[str]], stage: int, *,
+    def _split(self, built: tuple[Graph, list[str]], stage: int, *,
+               arriving: dict[str, Split | None] | None = None,
+               leaving: dict[str, Split | None] | None = None,
+               weights: dict[str, Split | None] | None = None) -> _Sharded:
+        """A stage's program split over the stage's ``tp`` cores by the tensor-parallel sharding pass
+        (trained weights told apart), as :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep`
+        splits a whole step. ``arriving``: how inputs come in split (received values and gradients,
+        each rank holding its block; weights split as another program of the stage reads them);
+        ``leaving``: how the gradients it sends back must leave (as the previous stage sent their
+        values: converted before the send where the program makes them otherwise); ``weights``:
+        how the stage keeps the weights this program does not read (its forward's split)."""
+        graph, labels = built
+        names = [p.name for p in graph.parameters]
+        if self.tp == 1:
+            return _Sharded(graph, labels, {}, {}, [], names)
+        trained = frozenset(n for n in names if n.startswith("param/"))
+        presplit: dict[str, Split | None] = {k: v for k, v in (arriving or {}).items()
+                                             if v is not None and k in names}
+        wanted = {labels.index(k): v for k, v in (leaving or {}).items() if k in labels}
+        try:
+            while True:
+                sharded = shard(graph, self.tp, trained=trained, sequence_parallel=self.sequence_parallel,
+                                input_splits=presplit, output_splits=wanted)
+                # a gradient buffer is kept split like its weight (the optimizer reads both alike):
+                # one that came out split otherwise (an embedding's gradient made from a hidden-split
+                # gradient) is split (or kept whole) like the weight from the start, and converted
+                # where it is added
+                clash = _gradient_clashes({**(weights or {}), **dict(zip(names, sharded.input_splits))},
+                                          names)
+                if not clash or any(k in presplit for k in clash):
+                    break
+                presplit.update(clash)
+        except ShardingError as exc:
+            raise PlanError(f"{self.name} stage {stage}: {exc}") from None
+        return _Sharded(sharded.local, labels, dict(zip(names, sharded.input_splits)),
+                        dict(zip(labels, sharded.output_splits)), list(sharded.rank_inputs), names)
+
+    def _load(self, built: tuple[Graph, list[str]] | _Sharded, stage: int, *,
               blocks: dict[str, Split | None] | None = None,
               groups: list[list[int]] | None = None) -> _Program:
-        """Compile a stage's program and load it on the stage's cores: with ``tp > 1`` split over
-        them by the tensor-parallel sharding pass (trained weights told apart), as
-        :class:`~neuroncore.parallel.tp_train.TensorParallelTrainStep` splits a whole step. An
-        optimizer program is built on the blocks already: ``blocks`` says how its inputs are split."""
-        graph, labels = built
-        names = [p.name for p in graph.parameters]  # what the host and the state feed (rank inputs follow)
+        """Compile a stage's program and load it on the stage's cores (``built`` split by
+        :meth:`_split` at ``tp > 1``). An optimizer program is built on the blocks already:
+        ``blocks`` says how its inputs are split."""
+        if isinstance(built, _Sharded):
+            split = built
+        elif blocks is not None or self.tp == 1:
+            split = _Sharded(built[0], built[1], dict(blocks or {}), {}, [],
+                             [p.name for p in built[0].parameters])
+        else:
+            split = self._split(built, stage)
         tp = self.tp
-        input_splits: dict[str, Split | None] = {}
-        output_splits: dict[str, Split | None] = {}
-        rank_inputs: list[Callable[[int], np.ndarray]] = []
-        if tp > 1 and blocks is None:
-            trained = frozenset(p.name for p in graph.parameters if p.name.startswith("param/"))
-            try:
-                sharded = shard(graph, tp, trained=trained)
-            except ShardingError as exc:
-                raise PlanError(f"{self.name} stage {stage}: {exc}") from None
-            input_splits = dict(zip([p.name for p in graph.parameters], sharded.input_splits))
-            output_splits = dict(zip(labels, sharded.output_splits))
-            rank_inputs = list(sharded.rank_inputs)
-            graph = sharded.local
-            bad = [lb for lb in labels
-                   if lb.startswith(("send/", "dx/")) and output_splits.get(lb) is not None]
-            if bad:
-                raise PlanError(f"{self.name} stage {stage}: {bad[0]} leaves the stage split over the "
-                                f"tensor-parallel ranks")
-        elif blocks is not None:
-            input_splits = dict(blocks)
+        graph, labels = split.graph, split.labels
+        names = split.names
+        input_splits, output_splits, rank_inputs = split.input_splits, split.output_splits, split.rank_inputs
         program = compile_graph(graph, self.core.spec)
         ranks = [self.instance.core(stage * tp + r).load(program, rank=r) for r in range(tp)]
         for loaded in ranks:
@@ -528,6 +603,10 @@ class PipelineParallelTrainStep(TrainStep):
         else:
             run_ranks(tp, run, rendezvous.barrier, f"pp-stage{s}")
         by_label = dict(zip(program.outputs, produced[0]))
+        for i, label in enumerate(program.outputs):  # a value sent split: the ranks' blocks, whole
+            split = program.output_splits.get(label)
+            if split is not None and label.startswith(("send/", "dx/")):
+                by_label[label] = join_blocks([outs[i] for outs in produced], split)
         with cores_held([m.core for m in program.ranks]) as free_ns:
             t0 = max(free_ns, int(np.ceil(ready_ns)))
             timeline = schedule(program.loaded.program, float(t0), program.costs)
@@ -627,6 +706,26 @@ class PipelineParallelTrainStep(TrainStep):
     def bubble_fraction(self) -> float:
         """The 1F1B bubble of the schedule, ``(pp - 1) / (micro_batches + pp - 1)`` of the step."""
         return (self.pp - 1) / (self.micro_batches + self.pp - 1)
+
+
+def _weights_differ(forward: _Sharded, backward: _Sharded) -> bool:
+    """Whether the forward program splits a weight the backward keeps split otherwise (a weight the
+    backward keeps whole, the forward cuts from it locally)."""
+    return any(k.startswith("param/") and v is not None and forward.input_splits.get(k) != v
+               for k, v in backward.input_splits.items())
+
+
+def _gradient_clashes(splits: dict[str, Split | None], names: list[str]) -> dict[str, Split | None]:
+    """Gradient buffers (``grad/<name>``, inputs of the program: ``names``) split otherwise than their
+    weight (``param/<name>``, whole when nothing splits it), each with its weight's split (None:
+    kept whole like a whole weight)."""
+    clashes: dict[str, Split | None] = {}
+    for name in names:
+        split = splits.get(name)
+        weight = splits.get("param/" + name[len("grad/"):])
+        if name.startswith("grad/") and split is not None and split != weight:
+            clashes[name] = weight
+    return clashes
 
 
 def _block_shape(shape: tuple[int, ...], split: Split | None, tp: int) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ All ranks run the same program (only weights and some inputs differ), so the res
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,7 +187,8 @@ class _Restart(Exception):
 
 
 def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
-          sequence_parallel: bool = False, input_splits: dict[str, Split] | None = None) -> ShardedGraph:
+          sequence_parallel: bool = False, input_splits: Mapping[str, Sharding] | None = None,
+          output_splits: dict[int, Sharding] | None = None) -> ShardedGraph:
     """Split ``graph`` over ``tp`` ranks (see the module docstring).
 
     A pass that finds inputs it should have split goes on to the end, collecting every such input,
@@ -212,15 +213,33 @@ def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
 
     ``input_splits`` splits the named inputs from the start, so that a second program over the same
     resident tensors (a training step's accumulate program, whose gradient buffers nothing else
-    would tell to split) reads and writes them the way the first program does.
+    would tell to split) reads and writes them the way the first program does; None keeps an input
+    whole (a split value meeting it is gathered instead). Under
+    ``sequence_parallel`` an input split along dim 1 of a 3-D float value is a sequence-split
+    activation (a pipeline stage's received hidden states, or their gradient): linears all-gather it.
+
+    ``output_splits`` asks for outputs (by position) split as given (None: whole on every rank): a
+    pipeline stage's send of the gradient of what it received, which must leave split as the
+    previous stage reads it. A pipeline send (``collective-permute``) converts its operand before
+    the transfer: an all-gather where a whole value is wanted, the rank's block (no communication)
+    where a whole value is to leave split; other outputs are converted where they are made.
     """
     if not isinstance(tp, int) or tp < 1:
         raise ShardingError(f"tp_degree must be a positive integer, not {tp!r}")
     wanted = input_splits or {}
-    presplit: dict[int, Split] = {p.index: wanted[p.name] for p in graph.parameters if p.name in wanted}
+    presplit: dict[int, Split] = {}
+    kept_whole: set[int] = set()
+    for p in graph.parameters:
+        if p.name in wanted:
+            split = wanted[p.name]
+            if split is None:
+                kept_whole.add(p.index)
+            else:
+                presplit[p.index] = split
     for _ in range(len(graph.parameters) + 1):
         try:
-            return _Sharder(graph, tp, presplit, trained, sequence_parallel).run()
+            return _Sharder(graph, tp, presplit, trained, sequence_parallel, output_splits,
+                            frozenset(kept_whole)).run()
         except _Restart as restart:
             presplit.update(restart.splits)
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
@@ -294,8 +313,12 @@ def _moved_split(src: tuple[int, ...], dst: tuple[int, ...], split: Split,
 
 class _Sharder:
     def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split],
-                 trained: frozenset[str] = frozenset(), sequence_parallel: bool = False) -> None:
+                 trained: frozenset[str] = frozenset(), sequence_parallel: bool = False,
+                 output_splits: dict[int, Sharding] | None = None,
+                 kept_whole: frozenset[int] = frozenset()) -> None:
         self.graph = graph
+        self.kept_whole = kept_whole  # inputs never split
+        self.wanted_out = {graph.outputs[i].index: split for i, split in (output_splits or {}).items()}
         self.sequence_parallel = sequence_parallel and tp > 1
         self.seq: set[int] = set()  # values split along the sequence (sequence parallelism)
         self.seq_gathered: dict[int, Op] = {}  # ... and their values with all tokens
@@ -332,7 +355,10 @@ class _Sharder:
             self._reduce_partial_operands(op)
             try:
                 with self.b.located(op.layer, op.frames):
-                    local, split = self._lower_partial(op) or self._lower(op)
+                    if op.opcode == "collective-permute" and op.index in self.wanted_out:
+                        local, split = self._send_as(op, self.wanted_out[op.index])
+                    else:
+                        local, split = self._lower_partial(op) or self._lower(op)
             except ShardingError:
                 if self.wanted_split:  # the detour of a misplaced input; the next pass avoids it
                     raise _Restart(self.wanted_split) from None
@@ -346,6 +372,11 @@ class _Sharder:
             self.local[op.index], self.split[op.index] = local, split
         if self.wanted_split:
             raise _Restart(self.wanted_split)
+        for o in self.graph.outputs:
+            if o.index in self.wanted_out and self.split[o.index] != self.wanted_out[o.index]:
+                with self.b.located(o.layer, o.frames):
+                    self.local[o.index] = self._resplit(o, self.wanted_out[o.index])
+                self.split[o.index] = self.wanted_out[o.index]
         outputs = [self.local[o.index] for o in self.graph.outputs]
         if self.replaced:
             stale = _still_read(outputs, self.replaced)
@@ -368,6 +399,30 @@ class _Sharder:
             return False
         users = self.users.get(op.index, [])
         return bool(users) and all(u.opcode in _PARTIAL_USERS for u in users)
+
+    def _send_as(self, op: Op, want: Sharding) -> tuple[Op, Sharding]:
+        """A pipeline send whose value must leave split as ``want``: its operand converted first
+        (:meth:`_resplit`), so the transfer carries what the peer reads."""
+        src = op.operands[0]
+        moved = self._resplit(src, want)
+        made = self._add(op, [moved], self._shape(op, want))
+        if want == Split(1) and src.index in self.seq:
+            self.seq.add(op.index)
+        return made, want
+
+    def _resplit(self, op: Op, want: Sharding) -> Op:
+        """``op``'s value split as ``want``: an all-gather of a split value wanted whole, the rank's
+        block of a whole one (no communication), else refused in one line."""
+        have = self.split[op.index]
+        if have == want:
+            return self.local[op.index]
+        if want is None:
+            return self._whole(op)
+        block = self._as_split(op, want) if have is None else None
+        if block is None:
+            raise ShardingError(f"{op.describe()} is split as {have} but must leave the program split as "
+                                f"{want}: no layout change is built for that")
+        return block
 
     def _lower_partial(self, op: Op) -> tuple[Op, Sharding] | None:
         """A relayout of a partial sum is a partial sum (the autograd of a linear on a 3-D input
@@ -548,6 +603,8 @@ class _Sharder:
         shape = self._shape(op, split)
         suffix = f".tp{dim}"
         with self.b.located(op.layer, op.frames):
+            if code == "parameter" and op.index in self.kept_whole:
+                return None
             if code == "parameter" and self.sequence_parallel and not op.dtype.is_float:
                 return None  # token ids meeting sequence-split gradients: the gradient is gathered,
                 # the ids stay whole on every rank (Megatron)
@@ -655,6 +712,8 @@ class _Sharder:
         extra = {k: v for k, v in op.attrs.items() if k != "number"}
         local = self.b.add_op("parameter", [], self._shape(op, split), op.dtype, name=op.name,
                               number=0, **extra)
+        if self.sequence_parallel and split == Split(1) and len(op.shape) == 3 and op.dtype.is_float:
+            self.seq.add(op.index)  # activations arriving split along the sequence
         self.params[op.index] = local
         return local, split
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from neuroncore.parallel.pp_train import Pass, PipelineParallelTrainStep
+from neuroncore.parallel.sharding import Split
 from neuroncore.parallel.training import PlanError
 from neuroncore.training import trace_train_step
 
@@ -174,3 +175,87 @@ def test_tied_llama_at_tp2_pp2_equals_single_core() -> None:
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
     cores = {r.core for r in step.last_results if r.program.graph.name.endswith("tied_gradients")}
     assert cores == {0, 1, 2, 3}
+
+
+def test_gpt2_at_tp2_pp2_equals_single_core() -> None:
+    """GPT-2 at tp 2 x pp 2: its fused c_attn runs attention whole, so c_proj is column-parallel and
+    the residual stream is split along the hidden dim at the stage's end. The hidden states travel
+    as each rank's block (Megatron's scatter-gather of pipeline sends), the next stage reads them
+    split and sends their gradient back split alike; the tied table is split alike on both holders."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config)
+    single_model, ref = copy.deepcopy(model), copy.deepcopy(model)
+    rng = np.random.default_rng(2)
+    example, micro_batches = _batch(rng, 1), 2
+    step = PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
+                                     pp=2, micro_batches=micro_batches, tp=2)
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-2),
+                              example, accumulation_steps=micro_batches)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    hidden = [n for n in step.stages[0].sends if step.sent_splits[(1, n)] is not None]
+    assert len(hidden) == 1 and step.sent_splits[(1, hidden[0])] == Split(2)  # the residual, by hidden
+    wte = "param/transformer.wte.weight"
+    assert step.stage_splits[0][wte] == step.stage_splits[1][wte] is not None
+    for _ in range(2):
+        batch = _batch(rng, micro_batches)
+        a, b = float(single(**batch)), float(step(**batch))
+        ref_opt.zero_grad()
+        for k in range(micro_batches):
+            rows = slice(k * MB, (k + 1) * MB)
+            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
+        ref_opt.step()
+        assert b == pytest.approx(a, rel=1e-5)
+        for r in range(2):  # the two copies of every rank's block stay one weight
+            first, last = (step.stage_states[s][r].tensors[wte] for s in (0, 1))
+            np.testing.assert_array_equal(first, last)
+    # each rank sends its block of the hidden states: half the bytes of the whole value
+    sent = [t for t in step.transfers
+            if t.kind is Pass.FORWARD and t.micro_batch == 0 and t.value == hidden[0]]
+    assert [t.size_bytes for t in sent] == [MB * SEQ * 32 * 4 // 2]
+    assert step.received[(Pass.FORWARD, 1, 0)][1].shape == (MB, SEQ, 32)  # whole again on the host side
+    for (name, p), q, r in zip(model.named_parameters(), single_model.parameters(), ref.parameters()):
+        # the key bias's gradient is zero but for rounding, and AdamW's m / sqrt(v) magnifies that
+        atol = 1e-4 if name.endswith("c_attn.bias") else 1e-5
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=atol, err_msg=name)
+        np.testing.assert_allclose(p.detach().numpy(), r.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_llama_sequence_parallel_inside_tp2_pp2_stages_equals_single_core_and_pytorch() -> None:
+    """Sequence parallelism inside the stages (Megatron / NxD ``sequence_parallel_enabled`` with
+    pipeline parallelism): every stage's norms and residuals run on its rank's tokens, the hidden
+    states leave a stage split along the sequence, each rank sending its tokens to its peer, and the
+    next stage starts from them (its first norm on the rank's tokens, an all-gather into q/k/v)."""
+    model = _llama()
+    single_model, ref = copy.deepcopy(model), copy.deepcopy(model)
+    rng = np.random.default_rng(1)
+    example, micro_batches = _batch(rng, 1), 2
+    step = PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
+                                     pp=2, micro_batches=micro_batches, tp=2, sequence_parallel=True)
+    single = trace_train_step(single_model, torch.optim.AdamW(single_model.parameters(), lr=1e-2),
+                              example, accumulation_steps=micro_batches)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    # the hidden states travel split along the sequence; mask, cos and sin whole
+    splits = [step.sent_splits[(1, n)] for n in step.stages[0].sends]
+    assert sorted(map(str, splits)) == sorted(["Split(dim=1, outer=1)", "None", "None", "None"])
+    for s in range(2):  # each stage's layers reduce-scatter out of and all-gather into their blocks
+        ops = {op.opcode for op in step.backward_programs[s].loaded.program.graph.ops}
+        assert {"reduce-scatter", "all-gather"} <= ops
+    for _ in range(2):
+        batch = _batch(rng, micro_batches)
+        a, b = float(single(**batch)), float(step(**batch))
+        ref_opt.zero_grad()
+        for k in range(micro_batches):
+            rows = slice(k * MB, (k + 1) * MB)
+            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
+        ref_opt.step()
+        assert b == pytest.approx(a, rel=1e-5)
+    (hidden,) = [n for n, split in zip(step.stages[0].sends, splits) if split is not None]
+    sent = [t for t in step.transfers if t.kind is Pass.FORWARD and t.micro_batch == 0 and t.value == hidden]
+    assert [t.size_bytes for t in sent] == [MB * SEQ * 32 * 4 // 2]  # the rank's tokens
+    back = [t for t in step.transfers if t.kind is Pass.BACKWARD and t.micro_batch == 0]
+    assert [t.size_bytes for t in back] == [MB * SEQ * 32 * 4 // 2]  # the gradient: the rank's tokens
+    for (name, p), q, r in zip(model.named_parameters(), single_model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(p.detach().numpy(), r.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
