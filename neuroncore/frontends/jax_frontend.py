@@ -568,6 +568,8 @@ class _Converter:
             return operands[0][int(ins.attrs["index"])]
         if code in ("copy", "optimization-barrier"):
             return operands[0]
+        if code == "custom-call" and str(ins.attrs.get("custom_call_target", "")).strip("\"") == "Sharding":
+            return operands[0]  # a sharding annotation (a typed jax.random.key is wrapped in one): identity
         name = self._unique(ins.name, scope)
         if jax_random.involved(ins, operands):  # 32/64-bit words: followed symbolically
             value = jax_random.evaluate(self, ins, operands, name)
@@ -1268,7 +1270,7 @@ def convert(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
         if len(leaves) != n_params:
             raise TraceError(f"{fn_name} was traced with {n_params} input array(s), "
                              f"called with {len(leaves)}")
-        return [threefry.to_halves(np.asarray(leaf)) if p.attrs.get("u32_halves") else np.asarray(leaf)
+        return [threefry.to_halves(host_array(leaf)) if p.attrs.get("u32_halves") else host_array(leaf)
                 for leaf, p in zip(leaves, graph.parameters)]  # a uint32 input (a key): 16-bit halves
 
     def from_arrays(arrays: list[np.ndarray]) -> Any:
@@ -1276,6 +1278,15 @@ def convert(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
         return jax.tree_util.tree_unflatten(out_tree, leaves)
 
     return Converted(graph, to_arrays, from_arrays)
+
+
+def host_array(leaf: Any) -> np.ndarray:
+    """An input leaf as a NumPy array; a typed PRNG key (``jax.random.key``, JAX's recommended keys)
+    as its ``uint32`` words (``jax.random.key_data``), which is what its HLO parameter holds."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(leaf))
+    return np.asarray(leaf)
 
 
 def resize(example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, ...]:
@@ -1302,5 +1313,5 @@ def resize(example_inputs: Sequence[Any], dim: int, length: int) -> tuple[Any, .
     return tuple(jax.tree_util.tree_map(fit, x) for x in example_inputs)
 
 
-__all__ = ["convert", "frames_from_proto", "frames_from_text", "hlo_text", "layer_path", "lower",
-           "parse_hlo_module", "resize"]
+__all__ = ["convert", "frames_from_proto", "frames_from_text", "hlo_text", "host_array", "layer_path",
+           "lower", "parse_hlo_module", "resize"]

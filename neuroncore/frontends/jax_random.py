@@ -20,7 +20,10 @@ of its words at constant counters, stacked and sliced) is followed the same way,
 ``rng`` op gets the derivation as its ``key`` attribute (``neuroncore.ir.threefry.evaluate_key``),
 evaluated at run time. The counters must be the draw's linear positions (JAX's partitionable layout,
 its default); any other use of the random words is refused in one line naming the instruction. A
-constant key (a key built inside the function) is drawn at trace time, exactly.
+key whose words are unsigned constants is drawn at trace time, exactly (a key made from an integer
+seed inside the function is not: JAX computes its words in ``s32``, which is not followed). A typed
+key (``jax.random.key``) is the same ``u32[2]`` parameter behind a ``Sharding`` custom-call, which the
+frontend passes through.
 """
 
 from __future__ import annotations

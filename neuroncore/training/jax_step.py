@@ -199,14 +199,14 @@ class JaxTrainStep:
                              f"{self.batch_shapes}")
         names = self.input_names
         host_start = time.time_ns()
-        host = {name: np.asarray(leaf) for name, leaf in zip(names[self.n_state:], leaves)}
+        host = {name: jax_frontend.host_array(leaf) for name, leaf in zip(names[self.n_state:], leaves)}
         result = self.loaded.execute(self.state.inputs(names, host))
         outputs = result.outputs or []
         self.state.update(dict(zip(names[: self.n_state], outputs[1: 1 + self.n_state])))
         self.last_result = result
         self.steps += 1
         shape = np.shape(leaves[0]) if leaves else ()
-        integer = bool(leaves) and np.issubdtype(np.asarray(leaves[0]).dtype, np.integer)
+        integer = bool(leaves) and np.issubdtype(jax_frontend.host_array(leaves[0]).dtype, np.integer)
         emit_step(self.loaded, [result], step=self.steps, global_batch=int(shape[0]) if shape else 1,
                   seq=int(shape[1]) if len(shape) == 2 and integer else 0, name=self.name,
                   bf16=self.precision is not Precision.FP32, host_start_ns=host_start)

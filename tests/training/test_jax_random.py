@@ -103,3 +103,40 @@ def test_random_words_used_otherwise_are_refused_in_one_line() -> None:
     with pytest.raises(TraceError, match=r"JAX random words \(threefry2x32\) used other than") as info:
         neuroncore.trace(raw_bits, (jnp.ones((4,)), _keys(1)[0]))
     assert "\n" not in str(info.value)
+
+
+def test_dropout_step_with_typed_keys_equals_jax() -> None:
+    """``jax.random.key`` (JAX's recommended typed keys, what Flax NNX's ``Rngs`` hands a dropout
+    layer) and the in-function split a dropout layer does with it: the typed key reaches the HLO as
+    ``u32[2]`` wrapped in a ``Sharding`` custom-call (an identity on one device), and the host passes
+    its ``key_data``. An AdamW step with a new typed key every step equals JAX's own jitted update."""
+    def typed_loss(params: dict[str, jax.Array], x: jax.Array, y: jax.Array, key: jax.Array) -> jax.Array:
+        key, sub = jax.random.split(key)
+        return loss_fn(params, x, y, sub)
+
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": jax.random.normal(k1, (8, 32)) * 0.3, "b1": jnp.zeros(32),
+              "w2": jax.random.normal(k2, (32, 4)) * 0.3, "b2": jnp.zeros(4)}
+    x, y = jax.random.normal(k3, (6, 8)), jnp.array([0, 1, 2, 3, 0, 1])
+    optimizer = optax.adamw(1e-2)
+    keys = list(jax.random.split(jax.random.key(42), 3))
+    assert jax.dtypes.issubdtype(keys[0].dtype, jax.dtypes.prng_key)
+    step = trace_jax_train_step(typed_loss, params, optimizer, (x, y, keys[0]))
+    assert [op.attrs["algorithm"] for op in step.graph.ops if op.opcode == "rng"] == ["threefry2x32"]
+    losses = [float(step(x, y, key)) for key in keys]
+
+    @jax.jit
+    def update(params: dict[str, jax.Array], state: optax.OptState,
+               key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], optax.OptState]:
+        loss, grads = jax.value_and_grad(typed_loss)(params, x, y, key)
+        updates, state = optimizer.update(grads, state, params)
+        return loss, optax.apply_updates(params, updates), state
+
+    ref, state, expected = params, optimizer.init(params), []
+    for key in keys:
+        loss, ref, state = update(ref, state, key)
+        expected.append(float(loss))
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(step.params[name]), np.asarray(ref[name]), atol=1e-5)
+    assert len({round(v, 6) for v in losses}) == len(losses)
