@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from operator import attrgetter
 
+from neuroncore.compiler.fast_init import fast_init
+
 
 @dataclass(frozen=True, slots=True)
 class NodeCounters:
@@ -58,6 +60,7 @@ class NodeCounters:
 COUNTER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(NodeCounters))
 """The counter columns of a ``Program``, in declaration order."""
 
+fast_init(NodeCounters)  # made once or more per node: set its slots directly (compiler/fast_init.py)
 NO_COUNTERS = NodeCounters()
 
 _values: attrgetter[tuple[int, ...]] = attrgetter(*COUNTER_NAMES)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from neuroncore.compiler.fast_init import fast_init
 from neuroncore.compiler.program import HbmAccess, OnChip, Ref
 
 Scalar: TypeAlias = float | Ref
@@ -243,6 +244,9 @@ SEMANTIC_KINDS: frozenset[type] = frozenset({
     Reciprocal, Select, Memset, Iota, Random, Identity, LoadWeights, MatMul, Collective, KernelCall,
 })
 """Every record type a node may carry; the emitter refuses anything else."""
+
+for _kind in SEMANTIC_KINDS:  # one record per node: set the slots directly (compiler/fast_init.py)
+    fast_init(_kind)
 
 NOP = Nop()
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
+from neuroncore.compiler.fast_init import fast_init
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout
 from neuroncore.compiler.view_steps import ViewStep
 from neuroncore.dtypes import DType
@@ -109,6 +110,9 @@ class ApRef:
         return index
 
 
+fast_init(Ref)  # made several times per node: set the slots directly (compiler/fast_init.py)
+fast_init(ApRef)
+
 OnChip: TypeAlias = Ref | ApRef
 """An on-chip operand: a contiguous block or a strided access pattern."""
 
@@ -129,6 +133,9 @@ class HbmAccess:
     c1: int
     layout: Layout = Layout.ROW  # ROW: tiles of [rows, last dim]; COL: [rows, 1] of the last dim
     view: str | None = None
+
+
+fast_init(HbmAccess)
 
 
 @dataclass(frozen=True)
