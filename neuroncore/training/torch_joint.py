@@ -185,6 +185,11 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise TraceError(f"{name} has no parameters that require grad: nothing to train")
     buffers = [tables[t].detach().clone() for t in others]
     gm = ep.graph_module
+    if _mutated_intermediates(gm):  # T5's labels shifted into decoder ids: see _functional_forward
+        examples_in_order = [named[params[i]].detach() if kind == "param" else
+                             buffers[i] if kind == "buffer" else example_inputs[i]
+                             for kind, i in positions]
+        gm = _functional_forward(name, gm, examples_in_order)
 
     def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
               *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -216,6 +221,51 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _drop_pool_indices(traced)
     _tag_phases(traced.graph, params)
     return JointGraph(traced, params, others, buffers, len(example_inputs))
+
+
+_METADATA_ONLY = {torch.ops.aten.detach_.default}  # in place, but no value changes (KV caches)
+
+
+def _mutated_intermediates(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """In-place ops of the exported forward whose target is a value computed in the forward (a
+    view of a fresh tensor, or the tensor itself) rather than an input. torch.export's training IR
+    keeps them in place (``copy_(slice(full), labels[:, :-1])`` in T5's ``_shift_right``); replayed
+    as they are, later readers of the tensor would not see the update (the converter reads each
+    node's value once), and trace-time folding would take the tensor for the constant it started
+    as: T5 trained on all-zero decoder ids, silently."""
+    found = []
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable or not node.args \
+                or node.target in _METADATA_ONLY:
+            continue
+        target = node.args[0]
+        if isinstance(target, torch.fx.Node) and target.op != "placeholder":
+            found.append(node)
+    return found
+
+
+def _functional_forward(name: str, gm: torch.fx.GraphModule,
+                        examples: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """The forward retraced through functionalization: every in-place update of a forward value
+    becomes the out-of-place op that produces the updated tensor (``slice_scatter``,
+    ``select_scatter``, ``masked_fill``), and its readers read that, as ``run_decompositions``
+    does for inference. Nodes keep their module stacks and source lines (``preserve_node_meta``).
+    Only graphs that mutate forward values are retraced, so every other step is traced as before."""
+
+    def forward(*args: torch.Tensor) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return torch.fx.Interpreter(gm).run(*args)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
+            with sdpa_kernel([SDPBackend.MATH]):
+                functional = torch.func.functionalize(forward, remove="mutations")
+                return make_fx(functional)(*[x.detach() for x in examples])
+    except Exception as exc:  # any tracer failure is a failed trace
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise TraceError(f"{name}: functionalizing the forward's in-place updates failed: {first}") from exc
 
 
 def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[tuple[str, torch.Tensor]],
