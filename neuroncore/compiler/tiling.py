@@ -8,6 +8,7 @@ them, so the two always agree on where a row lives.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -76,7 +77,15 @@ class Tile:
 
 
 def tiles_of(shape: tuple[int, ...], layout: Layout) -> list[Tile]:
+    """The tiles of a value, in order (a new list each call: callers keep it as a value's own)."""
+    return list(_tiles(tuple(shape), layout))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tiles(shape: tuple[int, ...], layout: Layout) -> tuple[Tile, ...]:
+    """:func:`tiles_of`, made once per shape: a batched attention value (ViT's 64 x 12 heads) has
+    ~1,500 tiles and the lowering asks for them again at every reader (tiles are frozen)."""
     batches, rows, _ = tile_grid(shape, layout)
-    return [Tile(b, r, min(r + P, rows)) for b in range(batches) for r in range(0, rows, P)]
+    return tuple(Tile(b, r, min(r + P, rows)) for b in range(batches) for r in range(0, rows, P))
 
 
