@@ -2,7 +2,8 @@
 
 The grouped-query fold (the gradient of K/V shared by several query heads) is a sum of strided
 head slices, not a reduce over a middle dim (which lowered as one tiny tile per token and channel);
-it must give the same values as the reduce.
+it must give the same values as the reduce. A step whose rank programs come from the program cache
+must time exactly like one compiled afresh.
 """
 
 from __future__ import annotations
@@ -37,3 +38,23 @@ def test_equal_heads_fold_nothing() -> None:
     b = GraphBuilder("fold")
     g = b.parameter("g", (1, 4, 128, 32), "fp32")
     assert tg._fold_kv(b, g, 4) is g
+
+
+def test_a_cached_program_times_like_a_fresh_compile() -> None:
+    """A step whose four rank programs come from the cache (every layer, stage and symmetric rank
+    runs them) has the same parts, to the nanosecond, as the same step compiled afresh."""
+    from neuroncore.parallel.training import clear_program_cache, time_training_step
+    from neuroncore.workloads.training import get_train
+
+    model, plan = get_train("llama-train").configure(None, tp=2, pp=2, seq=128, micro_batch=1,
+                                                     global_batch=32)
+    clear_program_cache()
+    fresh = time_training_step(model, plan)
+    cached = time_training_step(model, plan)
+    assert fresh.programs_reused == 0 and cached.programs_reused == 4
+    assert cached.parts == fresh.parts
+    assert [p.device_ns for p in cached.programs] == [p.device_ns for p in fresh.programs]
+    assert [p.instructions for p in cached.programs] == [p.instructions for p in fresh.programs]
+    clear_program_cache()
+    again = time_training_step(model, plan)
+    assert again.programs_reused == 0 and again.parts == fresh.parts
