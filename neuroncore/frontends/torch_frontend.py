@@ -1487,12 +1487,33 @@ class _Converter:
         return self.b.gather(table, ids)
 
     def _aten_index_select(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``index_select(x, dim, index)``: rows of a 2-D table are one gather; a constant index
+        on any dim (XLNet's relative shift) is slices; otherwise ``dim`` is moved first, the rest
+        flattened into a row, the rows gathered and the result moved back."""
+        shape, _dtype = self._out(node)
         table = self._op(kw["self"])
-        dim = _dim(kw["dim"], len(table.shape))
-        ids = self._op(kw["index"], DType.INT32)
-        if dim != 0 or len(table.shape) != 2:
+        rank = len(table.shape)
+        dim = _dim(kw["dim"], rank) if rank else 0
+        index = kw["index"]
+        if rank == 2 and dim == 0:
+            return self.b.gather(table, self._op(index, DType.INT32))
+        if not rank or len(shape) != rank:
             return NotImplemented
-        return self.b.gather(table, ids)
+        known = self.known.get(index) if isinstance(index, torch.fx.Node) else None
+        if known is not None and known.dtype != torch.bool:
+            out = self._constant_index(table, [dim], [known.reshape(-1)], shape)
+            if out is not None:
+                return out
+        ids = self._op(index, DType.INT32)
+        if len(ids.shape) != 1:
+            ids = self.b.reshape(ids, (math.prod(ids.shape),))
+        order = [dim, *(i for i in range(rank) if i != dim)]
+        moved = self.b.transpose(table, order) if dim else table
+        rest = moved.shape[1:]
+        rows = self.b.gather(self.b.reshape(moved, (moved.shape[0], math.prod(rest))), ids)
+        picked = self.b.reshape(rows, (ids.shape[0], *rest))
+        back = [order.index(i) for i in range(rank)]
+        return self.b.transpose(picked, back) if dim else picked
 
     def _aten_index(self, node: torch.fx.Node, kw: Any) -> Any:
         """``x[i0, i1, ...]``: constant strided indices become slices + broadcasts; one runtime

@@ -90,3 +90,12 @@ def test_rounded_division_remainder_and_fmod_like_torch():
                                  torch.div(f, 0.3, rounding_mode="trunc")]), floats)
     positions = torch.arange(12)[None]
     _same(lambda p: (p[:, :, None] // 4 == p[:, None, :] // 4).long(), positions)
+
+
+def test_index_select_on_any_dim_with_runtime_and_constant_indices():
+    # XLNet's relative shift selects along dim 3 (was listed as an unsupported aten.index_select)
+    x, i = torch.randn(3, 5, 4), torch.tensor([4, 0, 2, 2])
+    _same(lambda t, j: torch.index_select(t, 1, j), x, i)
+    _same(lambda t, j: torch.index_select(t, 2, j[:3] % 4), x, i)
+    _same(lambda t, j: torch.index_select(t, 0, j[:2] % 3), x, i)
+    _same(lambda t: torch.index_select(t, -1, torch.arange(3)), x)
