@@ -67,6 +67,7 @@ from neuroncore.compiler.program import (
     Program,
 )
 from neuroncore.compiler.streaming import HOISTABLE, Group, joins, reads_group, run_group, units_of
+from neuroncore.compiler.weight_ring import activation_peak_bytes
 from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
 
@@ -174,6 +175,10 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     for op in graph.ops:
         _check_placeable(op)
     ctx = Context(graph, spec)
+    peak = activation_peak_bytes(graph, ctx.hbm_home_bytes)
+    ctx.stats["activation_peak_bytes"] = peak
+    if peak > ctx.sbuf.stream_lo:  # the activations need the ring's room: no ring (weight_ring)
+        ctx.sbuf.end_ring()
     ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
     output_indices = {o.index for o in graph.outputs}
     dedup = LayerDedup(ctx, find_runs(graph), replay=replay_layers)

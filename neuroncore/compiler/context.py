@@ -102,11 +102,14 @@ ACTIVATION_LOAD_QUEUE = {QueueName.SPILL_RELOAD: QueueName.RELOAD, QueueName.DAT
 
 # The weight ring (``RangeAllocator.allocate``): the share of SBUF at its top that whole weights go
 # round in load order [assumption: neuronx-cc allocates SBUF statically and streams weights through
-# buffers of their own; the size it gives them is not public]. Off (0) by default: at 0.5 BERT-base
-# b1 inference went 1,289 -> 1,098 us, but training's Llama-2-7B layer backward 14.5 -> 21.8 ms and
-# BERT/ResNet at batch 4-8 slowed 3-12 %: their activations overflow into a fixed half and the
-# weights wait for them again. A ring sized from what the activations leave is the next step.
-WEIGHT_STREAM_FRACTION = 0.0
+# buffers of their own; the size it gives them is not public]. The ring is what the activations
+# leave: a program whose activations' peak (``weight_ring.activation_peak_bytes``, from the graph)
+# is over the rest of SBUF gets none, and the first buffer that still finds no room below it ends it
+# (``RangeAllocator.end_ring``). A fixed half (the first version) took BERT-base b1 inference
+# 1,289 -> 1,098 us but training's Llama-2-7B layer backward 14.5 -> 21.8 ms, and BERT/ResNet at
+# batch 4-8 3-12 % slower: their activations overflowed into the half and the weights waited for
+# them again at every lap. Set 0 for no ring.
+WEIGHT_STREAM_FRACTION = 0.5
 
 
 class Context:

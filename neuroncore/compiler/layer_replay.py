@@ -109,7 +109,7 @@ class LayerDedup:
             if previous is not None:
                 age_hazards(ctx, previous.frame.node_base, ctx.em.n_nodes)
         ctx.sbuf.cursor = self.cursor
-        ctx.sbuf.stream_cursor = self.stream_cursor
+        ctx.sbuf.stream_cursor = max(self.stream_cursor, ctx.sbuf.stream_lo)  # the ring may shrink
         ctx.psum.cursor = self.psum_cursor
         if k == len(run.layers):
             self.marks = {}

@@ -109,7 +109,8 @@ def snapshot(ctx: Context, frame: Frame, op_token: Callable[[int], Any], renamer
             inside = tuple(op_token(u) for u in used if op_token(u)[0] != "g")
             uses[token] = (inside, any(u > ctx.position and op_token(u)[0] == "g" for u in used))
     return {
-        "sbuf": (tuple(ctx.sbuf.free), ctx.sbuf.cursor, ctx.sbuf.stream_cursor, ctx.sbuf.in_use,
+        "sbuf": (tuple(ctx.sbuf.free), ctx.sbuf.cursor, ctx.sbuf.stream_cursor, ctx.sbuf.stream_lo,
+                 ctx.sbuf.in_use,
                  tuple((t.start, t.end, nodes(t.nodes)) for t in ctx.sbuf.tombstones)),
         "psum": (tuple(ctx.psum.busy), ctx.psum.cursor, tuple(nodes(h) for h in ctx.psum.hazards)),
         "accesses": accesses,

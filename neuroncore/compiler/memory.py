@@ -63,6 +63,11 @@ class RangeAllocator:
         earlier were, whose matmuls are long done, so it waits for nothing recent; other buffers
         use the rest of SBUF first and the region only when the rest is full (so nothing loses
         capacity). A block that does not fit the region goes where a large block would.
+
+        The ring is what the activations leave: a buffer that finds no room below it ends the
+        ring for the rest of the program (placement is the ringless one from then on), so a
+        program whose activations need more than the bottom of SBUF does not make its weights wait
+        for them at every lap, nor go round a ring too small to be ahead of the matmuls.
         """
         size = max(ALIGN, -(-size // ALIGN) * ALIGN)
         if self.stream_lo < self.capacity:
@@ -81,6 +86,16 @@ class RangeAllocator:
                 if size < self.capacity // 16:
                     self.cursor = at + size if at + size < self.stream_lo else 0
                 return self._carve(at, size)
+            self.end_ring()  # no room below the ring: the activations need it
+        return self._allocate_anywhere(size)
+
+    def end_ring(self) -> None:
+        """Give the ring's room to every buffer for the rest of the program."""
+        self.stream_lo = self.stream_cursor = self.capacity
+
+    def _allocate_anywhere(self, size: int) -> tuple[int, list[int]]:
+        """The ringless placement over the whole SBUF: large blocks by ``_allocate_top``, small
+        ones next-fit from the rotating cursor."""
         if size >= self.capacity // 16:
             return self._allocate_top(size)
         # the ranges that end after the cursor, then the others, each in address order (the free

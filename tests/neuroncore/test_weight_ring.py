@@ -1,8 +1,9 @@
 """The weight ring and the second trigger stream (issue 15 §4, docs/execution-core.md "What the
 calibration against published numbers added"): with a ring (``context.WEIGHT_STREAM_FRACTION``,
-off by default) weights loaded whole go round the top of SBUF in load order, so a load waits only
-for matmuls a ring's length back; activation loads are triggered from GpSimd (always), so a weight
-load waiting for its range never holds them up (or they it)."""
+half of SBUF to start with, less once activations need the room) weights loaded whole go round the
+top of SBUF in load order, so a load waits only for matmuls a ring's length back; activation loads
+are triggered from GpSimd (always), so a weight load waiting for its range never holds them up (or
+they it)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,30 @@ def test_other_buffers_use_the_ring_only_when_the_rest_is_full():
     small = [alloc.allocate(2 * KB)[0] for _ in range(16)]
     assert all(at < alloc.stream_lo for at in small)
     spill_over, _ = alloc.allocate(2 * KB)  # the rest is full: nothing loses capacity
-    assert spill_over >= alloc.stream_lo
+    assert spill_over >= 32 * KB
     big = RangeAllocator(64 * KB, stream_fraction=0.5)
     at, _ = big.allocate(16 * KB)  # a large non-stream block stays below the ring too
     assert at + 16 * KB <= big.stream_lo
+
+
+def test_the_ring_ends_when_the_activations_need_its_room():
+    """The ring is what the activations leave: the first buffer with no room below the ring ends
+    it, and from then on weights and activations are placed as with no ring at all."""
+    alloc = RangeAllocator(64 * KB, stream_fraction=0.5)
+    fill = [alloc.allocate(4 * KB)[0] for _ in range(8)]  # the bottom half
+    w1, _ = alloc.allocate(4 * KB, stream=True)
+    assert w1 == 32 * KB and alloc.stream_lo == 32 * KB
+    over, _ = alloc.allocate(8 * KB)  # no room below: the ring is given up
+    assert over >= 32 * KB and alloc.stream_lo == alloc.capacity
+    ringless = RangeAllocator(64 * KB)
+    for at in [*fill, w1, over]:
+        size = 8 * KB if at == over else 4 * KB
+        carved = ringless._carve(at, size)[0]
+        assert carved == at
+    ringless.cursor = alloc.cursor
+    for i in range(4):  # same state, same placement from now on, weight or not
+        size = (3 + i) * KB
+        assert alloc.allocate(size, stream=i % 2 == 0)[0] == ringless.allocate(size)[0]
 
 
 def test_without_a_ring_placement_is_unchanged():
@@ -72,10 +93,10 @@ def _layers(n: int, width: int = WIDTH, tokens: int = 128) -> nc.Graph:
 @pytest.fixture(scope="module")
 def compiled() -> tuple[nc.Graph, nc.Program, nc.Program]:
     graph = _layers(3)
-    plain = nc.compile(graph, SPEC)  # the default: no ring
+    ring = nc.compile(graph, SPEC)  # the default: a ring of half of SBUF to start with
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(context, "WEIGHT_STREAM_FRACTION", 0.5)
-        ring = nc.compile(graph, SPEC)
+        mp.setattr(context, "WEIGHT_STREAM_FRACTION", 0.0)
+        plain = nc.compile(graph, SPEC)
     return graph, ring, plain
 
 
@@ -120,3 +141,41 @@ def test_same_numerics_and_no_slower(compiled, assert_close):
     t_ring = nc.Instance("inf2.xlarge").core(0).load(ring).execute(timing_only=True).device_time_ns
     t_plain = nc.Instance("inf2.xlarge").core(0).load(plain).execute(timing_only=True).device_time_ns
     assert t_ring <= t_plain
+
+
+def test_activation_peak_counts_live_values_once_and_skips_weights_views_and_hbm_values():
+    from neuroncore.compiler.weight_ring import activation_peak_bytes
+
+    b = nc.GraphBuilder("peak")
+    x = b.parameter("x", (256, 64), "fp32")  # 2 row tiles x 64 x 4 B = 512 B per partition
+    w = b.weight("w", (64, 64), "fp32")  # a weight: never an activation
+    h = b.matmul(x, w)  # 512 B, live with x until the add
+    y = b.add(h, x)  # x and h die here; y lives to the end
+    big = b.parameter("big", (128, 4096), "fp32")  # 16 KiB: over the budget below, lives in HBM
+    z = b.add(b.reshape(y, (256, 64)), b.reshape(y, (256, 64)))  # views count nothing
+    graph = b.build([z, big])
+    assert activation_peak_bytes(graph, hbm_home_bytes=8 * KB) == 3 * 512  # x, h and y at the add
+    # y lives through its views to their reader z: y, big and z at once
+    assert activation_peak_bytes(graph, hbm_home_bytes=16 * KB) == 2 * 512 + 16 * KB
+
+
+def test_a_program_whose_activations_need_the_ring_has_none(compiled):
+    """Decided from the graph before lowering: activations over half of SBUF at once (here six
+    8 KiB branches of a 512-token input live together on the small core) compile exactly as with
+    no ring at all."""
+    b = nc.GraphBuilder("wide")
+    x = b.parameter("x", (512, WIDTH), "bf16")
+    branches = [b.matmul(x, b.weight(f"w{i}", (WIDTH, WIDTH), "bf16")) for i in range(6)]
+    total = branches[0]
+    for branch in branches[1:]:
+        total = b.add(total, branch)
+    graph = b.build([total])
+    default = nc.compile(graph, SPEC)
+    assert default.stats["activation_peak_bytes"] > SPEC.sbuf_bytes_per_partition // 2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(context, "WEIGHT_STREAM_FRACTION", 0.0)
+        ringless = nc.compile(graph, SPEC)
+    assert np.array_equal(default.dep_idx, ringless.dep_idx)
+    assert [b.address for b in default.buffers.values()] == [b.address for b in ringless.buffers.values()]
+    _, ring, _ = compiled
+    assert ring.stats["activation_peak_bytes"] <= SPEC.sbuf_bytes_per_partition // 2

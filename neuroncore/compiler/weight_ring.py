@@ -1,0 +1,66 @@
+"""Whether a program gets a weight ring: the SBUF its activations leave, estimated from the graph.
+
+neuronx-cc allocates SBUF statically, ahead of time (Walrus's coloring allocator,
+neuroncore.md §7.1), so it knows how much of SBUF a program's activations need before it gives
+weights buffers of their own. The estimate here is the same question asked of the graph: walking
+the ops in program order, the bytes per partition of the activations live at once (a value lives
+from its op to its last reader; values that would live in HBM -- over a quarter of SBUF per
+partition, ``Context.define``'s rule -- and weights count nothing). A program whose peak leaves the
+ring's share of SBUF free starts with the ring (``RangeAllocator.allocate(stream=True)``); any
+other program is placed without one. [assumption: the live set of whole values stands for the
+allocator's view; tiles freed early and fusion groups' internal tiles make the real need smaller,
+spills and scratch larger.]
+"""
+
+from __future__ import annotations
+
+import math
+
+from neuroncore.compiler.tiling import P
+from neuroncore.ir.graph import Graph, Op
+
+# ops whose value the compiler never holds as an activation of its own: weights and views (a view
+# aliases its source's tiles or is read through by its reader)
+VIEWS = frozenset({"reshape", "broadcast", "transpose", "slice", "bitcast"})
+NOT_ACTIVATIONS = VIEWS | {"constant", "get-tuple-element", "tuple"}
+
+
+def value_bytes_per_partition(op: Op) -> int:
+    """SBUF bytes per partition of ``op``'s value in row tiles: ceil(rows / 128) x last dim."""
+    if not op.shape:
+        return op.dtype.itemsize
+    rows = math.prod(op.shape[:-1])
+    return math.ceil(rows / P) * op.shape[-1] * op.dtype.itemsize
+
+
+def activation_peak_bytes(graph: Graph, hbm_home_bytes: int) -> int:
+    """The most bytes per partition of SBUF-home activations live at once, in program order."""
+    last_use = {op.index: op.index for op in graph.ops}
+
+    def read(value: Op, at: int) -> None:  # a view's reader reads its source: it lives as long
+        while True:
+            last_use[value.index] = max(last_use[value.index], at)
+            if value.opcode not in VIEWS or not value.operands:
+                return
+            value = value.operands[0]
+
+    for op in graph.ops:
+        for operand in op.operands:
+            read(operand, op.index)
+    for out in graph.outputs:
+        read(out, len(graph.ops))
+    ends: dict[int, int] = {}
+    live = peak = 0
+    for op in graph.ops:
+        size = value_bytes_per_partition(op)
+        if op.opcode not in NOT_ACTIVATIONS and size <= hbm_home_bytes:
+            live += size
+            ends[last_use[op.index]] = ends.get(last_use[op.index], 0) + size
+        peak = max(peak, live)
+        live -= ends.pop(op.index, 0)
+    return peak
+
+
+def ring_fits(graph: Graph, sbuf_bytes: int, fraction: float, hbm_home_bytes: int) -> bool:
+    """Whether the activations' peak leaves the ring's share of SBUF free."""
+    return fraction > 0 and activation_peak_bytes(graph, hbm_home_bytes) <= sbuf_bytes * (1 - fraction)
