@@ -39,6 +39,10 @@ from neuroncore.ir.graph import Op
 
 BANK_COLS = 512  # FP32 elements per partition in one PSUM bank
 GROUP_BANKS = 4
+# a split-K block whose output takes at most this many PSUM banks accumulates over all its
+# k-blocks in PSUM (the banks held until the last k-block) [assumption: half the 8 banks, the rest
+# left for evacuation overlap and the PE transposes of the next blocks]
+PSUM_ACCUMULATION_BANKS = 4
 SBUF_BUDGET_FRACTION = 0.7
 
 
@@ -487,7 +491,10 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
                 n1 = min(n, n0 + plan.nb)
                 k_blocks = list(range(0, k, plan.kb))
                 acc_buf = None
-                if len(k_blocks) > 1:  # partial sums of the whole block, one allocation
+                banks: dict[tuple[int, int], Buffer] | None = None
+                if len(k_blocks) > 1 and _accumulates_in_psum(ctx.spec, op, m1 - m0, n1 - n0):
+                    banks = {}  # the block's PSUM banks, kept from its first k-block to its last
+                elif len(k_blocks) > 1:  # partial sums of the whole block, one allocation
                     acc_buf = ctx.alloc(P, math.ceil((m1 - m0) / P) * plan.nb,
                                         DType.FP32, f"{op.name}.acc")
                 for kb_index, k0 in enumerate(k_blocks):
@@ -501,7 +508,8 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
                     b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
                     _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
                                     first, last, acc_buf, evac, scaled, epilogue, bias_rows,
-                                    out_shape, oriented)
+                                    out_shape, oriented,
+                                    None if banks is None else (banks, k0 // P, math.ceil(k / P)))
                     # release the previous block only now: the next load lands elsewhere
                     for operand, refs in held:
                         operand.release(refs)
@@ -509,6 +517,7 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
                     ctx.unpin_all()
                 if acc_buf is not None:
                     ctx.free(acc_buf)
+                assert not banks, "a split-K block's PSUM banks outlived its last k-block"
             for operand, refs in held:
                 operand.release(refs)
             held = []
@@ -603,14 +612,29 @@ def fused_epilogue(ctx: Context, op: Op) -> Epilogue | None:
     return Epilogue(cur, bias, func, tuple(fused))
 
 
+def _accumulates_in_psum(spec: CoreSpec, op: Op, rows: int, cols: int) -> bool:
+    """Whether a split-K block of ``rows x cols`` outputs keeps its sums in PSUM across its
+    k-blocks (the NKI matmul tutorial's ``res_psum += nc_matmul(...)`` over every K tile): its
+    banks fit in :data:`PSUM_ACCUMULATION_BANKS` (FP8 double-row pairs excluded: their groups
+    straddle k-blocks)."""
+    banks = math.ceil(rows / P) * math.ceil(cols / BANK_COLS)
+    return banks <= PSUM_ACCUMULATION_BANKS and not costs.double_row(spec, op.operands[0].dtype)
+
+
 def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs: list[Ref], b: int,
                     ms: tuple[int, int], ns: tuple[int, int], ks: tuple[int, int], first: bool,
                     last: bool, acc_buf: Buffer | None, evac: Iterator[Engine],
                     scaled: FusedScale | None = None, epilogue: Epilogue | None = None,
                     bias_rows: RowParams | None = None, out_shape: tuple[int, ...] | None = None,
-                    oriented: tuple[Op, list[Ref], str | None] | None = None) -> None:
+                    oriented: tuple[Op, list[Ref], str | None] | None = None,
+                    in_psum: tuple[dict[tuple[int, int], Buffer], int, int] | None = None) -> None:
     """One (m, n, k) block: per 128-row m-tile and group of up to 4 PSUM banks, a LoadStationary
-    per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation."""
+    per k-tile followed by one MultiplyMoving per bank, then the banks' evacuation.
+
+    ``in_psum`` = (banks held by the whole split-K block, k-tiles before this k-block, k-tiles in
+    all): the matmuls accumulate into the held banks across k-blocks and only the last k-block
+    evacuates them, whole sums, as an unsplit dot does (no partial sums added on the Vector
+    engine)."""
     (m0, m1), (n0, n1) = ms, ns
     dtype = op.operands[0].dtype
     shape = op.shape if out_shape is None else out_shape
@@ -629,7 +653,14 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
         for g0 in range(n0, n1, BANK_COLS * GROUP_BANKS):
             chunks = [(c, min(n1, c + BANK_COLS))
                       for c in range(g0, min(n1, g0 + BANK_COLS * GROUP_BANKS), BANK_COLS)]
-            banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
+            if in_psum is not None:
+                held = in_psum[0]
+                for c0, _ in chunks:
+                    if (mm0, c0) not in held:
+                        held[mm0, c0] = ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum")
+                banks = [held[mm0, c0] for c0, _ in chunks]
+            else:
+                banks = [ctx.alloc_psum(P, BANK_COLS, f"{op.name}.psum") for _ in chunks]
             # k-tiles per MultiplyMoving: pairs in FP8 double-row mode (NC-v3), else one each;
             # the second tile of a pair must be full (K rows 128..255 of a [128, 2, x] operand)
             groups: list[list[int]] = []
@@ -640,7 +671,8 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 else:
                     groups.append([j])
             for g, tiles in enumerate(groups):
-                pos = Accumulation.of(g, len(groups))
+                pos = (Accumulation.of(g, len(groups)) if in_psum is None
+                       else Accumulation.of(in_psum[1] + g, in_psum[2]))
                 stationary, *second = (Ref(a_refs[j].buf, a_refs[j].p0, a_refs[j].p1, a_refs[j].f0 + mm0 - m0,
                                            a_refs[j].f0 + mm1 - m0) for j in tiles)
                 ldweights(ctx, stationary, dtype, pad=p0, stationary2=second[0] if second else None)
@@ -649,6 +681,13 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                                             b_refs[j].f0 + c1 - n0) for j in tiles)
                     matmul(ctx, Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0), moving, stationary,
                            dtype, pos, moving2=moving2[0] if moving2 else None)
+            if in_psum is not None:
+                if not last:
+                    continue  # the sums stay in the held banks for the next k-block
+                for c0, _ in chunks:
+                    del in_psum[0][mm0, c0]
+            # PSUM holds whole sums: evacuated as an unsplit dot's (first and last k-block)
+            whole = (True, True) if in_psum is not None else (first, last)
             # a fused dequantisation scale: one load of the group's scale columns, for all its banks
             scale_tile = (ctx.tile(scaled.scales, t, Layout.ROW, (chunks[0][0], chunks[-1][1]))
                           if scaled is not None and last else None)
@@ -662,7 +701,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                     acc_ref = accumulator(c0, c1)
                     col = (Ref(column.buf, column.p0 + p0, column.p0 + p0 + n_rows, column.f0,
                                column.f0 + 1) if column is not None else None)
-                    _evacuate_oriented(ctx, op, target, t, psum, (c0, c1), (first, last), acc_ref,
+                    _evacuate_oriented(ctx, op, target, t, psum, (c0, c1), whole, acc_ref,
                                        next(evac), col, func)
                     ctx.free(bank)
                 continue
@@ -676,7 +715,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 rows_ref = bias_rows.ready(ctx) if bias_rows is not None else None
                 bias = (Ref(rows_ref.buf, p0, p0 + n_rows, rows_ref.f0 + c0, rows_ref.f0 + c1)
                         if rows_ref is not None else None)
-                _evacuate(ctx, op, t, psum, c0, c1, first, last, acc_ref, next(evac), scaled, scale,
+                _evacuate(ctx, op, t, psum, c0, c1, *whole, acc_ref, next(evac), scaled, scale,
                           epilogue, bias)
                 ctx.free(bank)
             if scaled is not None and scale_tile is not None:

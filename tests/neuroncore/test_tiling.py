@@ -257,8 +257,12 @@ def test_n_over_512_uses_several_psum_banks(run, assert_close, n, dtype):
         assert len(used) > 1
 
 
-def test_k_split_across_blocks_accumulates_in_sbuf(run, assert_close):
-    """With a small SBUF the planner splits K; partial sums are added on Vector in FP32."""
+def test_k_split_across_blocks_accumulates_in_sbuf(run, assert_close, monkeypatch):
+    """With a small SBUF the planner splits K; a block too large to keep its sums in PSUM across
+    k-blocks (here: no banks allowed for it) adds its partial sums on Vector in FP32."""
+    from neuroncore.compiler import lower_matmul
+
+    monkeypatch.setattr(lower_matmul, "PSUM_ACCUMULATION_BANKS", 0)
     g, y, _, _ = dot_graph(130, 1000, 700, "fp32")
     inputs = inputs_for(g, 7)
     program = nc.compile(g, SMALL_SBUF)
@@ -280,6 +284,29 @@ def test_k_split_across_blocks_accumulates_in_sbuf(run, assert_close):
     full = run(g, inputs)
     assert full.program.stats["dot_plans"][y.name][2] == 1000
     assert_close(result.outputs[0], full.out, "fp32")
+
+
+def test_k_split_across_blocks_accumulates_in_psum(assert_close):
+    """A split-K block whose outputs fit a few PSUM banks keeps its sums there across its
+    k-blocks (the NKI matmul tutorial's accumulation over every K tile): the MATMULs of later
+    k-blocks add to the banks, one evacuation per bank at the end, no partial sums on Vector."""
+    g, y, _, _ = dot_graph(130, 1000, 700, "fp32")
+    inputs = inputs_for(g, 7)
+    program = nc.compile(g, SMALL_SBUF)
+    kb = program.stats["dot_plans"][y.name][2]
+    assert kb < 1000
+    check_pe_limits(program)
+    nodes = [i for i in range(program.n_nodes) if program.op_index[i] == y.index]
+    assert not [i for i in nodes if opcode(program, i) == "TENSOR_TENSOR"]
+    matmuls = [program.operands[i] for i in nodes if opcode(program, i) == "MATMUL"]
+    k_tiles, banks = math.ceil(1000 / 128), math.ceil(130 / 128) * math.ceil(700 / 512)
+    passes = 2  # an FP32 MATMUL is two passes, each shown with its group position
+    assert sum("acc=first" in t for t in matmuls) == banks * passes  # one group per bank over all K
+    assert sum("acc=last" in t for t in matmuls) == banks * passes
+    assert sum("acc=middle" in t for t in matmuls) == banks * (k_tiles - 2) * passes
+    result = nc.Instance("trn1.2xlarge").core(0).load(program).execute(inputs)
+    assert_close(result.outputs[0], nc.run_reference(g, inputs)[0], "fp32")
+    assert_close(result.outputs[0], numpy_dot(g, inputs), "fp32")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
