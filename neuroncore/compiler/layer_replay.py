@@ -160,6 +160,10 @@ class LayerDedup:
         ctx = self.ctx
         if not accounted_for(ctx) or ctx.pinned:
             return False
+        if self.marks[k].frame.node_base == self.marks[k - period].frame.node_base:
+            # layers that emitted no instruction (views only, e.g. MobileNetV2's blocks seen as
+            # reshapes): nothing to save, and a relocation counts its steps in template lengths
+            return False
         for j in range(k - period, k):
             for i in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]:
                 value = ctx.values.get(i)

@@ -67,6 +67,11 @@ AUDIO_VISION = {
         conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
         num_conv_pos_embedding_groups=4)),
         lambda: {"input_values": torch.randn(1, 800)}),
+    # its repeated inverted-residual blocks start with layers that emit no instruction (views only):
+    # relocating a template of no nodes divided by zero (compiler/layer_replay)
+    "mobilenet-v2": (lambda: T.MobileNetV2ForImageClassification(T.MobileNetV2Config(
+        image_size=32, depth_multiplier=0.25, num_labels=10)),
+        lambda: {"pixel_values": torch.randn(1, 3, 32, 32)}),
 }
 
 
