@@ -281,6 +281,11 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
     ``example_inputs``) and returns ``(sum(out * grad), param grads, input grads, *outputs)``: the
     vector-Jacobian products the stage sends back, then the forward's outputs."""
     example_inputs = distinct_inputs(example_inputs)  # one placeholder per input (see there)
+    mutated = _mutated_intermediates(module)
+    if mutated:  # replayed as they are, the stage would train on stale values (see there)
+        raise TraceError(f"{name}: the forward updates its own values in place ({mutated[0].name}, e.g. "
+                         f"T5's labels shifted into decoder ids); pipeline stages do not carry that "
+                         f"yet: train it on one core, with data or tensor parallelism")
 
     def joint(param_values: list[torch.Tensor], buffer_values: list[torch.Tensor],
               *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

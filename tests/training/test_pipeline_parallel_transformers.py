@@ -259,3 +259,20 @@ def test_llama_sequence_parallel_inside_tp2_pp2_stages_equals_single_core_and_py
     for (name, p), q, r in zip(model.named_parameters(), single_model.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
         np.testing.assert_allclose(p.detach().numpy(), r.detach().numpy(), rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_a_forward_that_updates_its_own_values_in_place_is_refused_in_one_line() -> None:
+    """T5 shifts its labels into decoder ids by in-place writes into a fresh tensor: a stage replays
+    its part of the exported graph as it is, so it trained on stale values (loss 5.25 against
+    PyTorch's 5.03). One core functionalizes those writes; pipeline stages refuse them, in one line."""
+    from neuroncore.frontends.tracing import TraceError
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=VOCAB,
+                                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config)
+    example = {"input_ids": torch.randint(3, VOCAB, (MB, SEQ)), "labels": torch.randint(3, VOCAB, (MB, 5))}
+    with pytest.raises(TraceError, match=r"stage 0: the forward updates its own values in place") as err:
+        PipelineParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2), example,
+                                  pp=2, micro_batches=2)
+    assert "\n" not in str(err.value)
