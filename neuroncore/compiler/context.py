@@ -12,6 +12,7 @@ HBM and reloaded when needed, with the DMA traffic that costs.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from neuroncore.enums import DmaQueueType, Memory
 from neuroncore.hardware import CoreSpec, Engine
 from neuroncore.ir.graph import Graph, Op
 
+_BUFFER_ID = operator.attrgetter("id")
 NEVER_USED_AGAIN = 1 << 30  # next-use position of a value with no later use: the first to spill
 
 
@@ -461,7 +463,9 @@ class Context:
             source = value.alias if value.alias is not None else value.slice_root
             assert source is not None
             value = self.values[source.index]
-        return any(b is not None and b.id == ref.buf for b in value.bufs)
+        # the scan runs in C (a value may have thousands of tiles and an output copy asks once per
+        # tile): the same test as ``any(b is not None and b.id == ref.buf for b in value.bufs)``
+        return ref.buf in map(_BUFFER_ID, filter(None, value.bufs))
 
     def load_queue(self, value: Value) -> QueueName:
         """The queue that loads ``value``: by what its HBM tensor holds."""
