@@ -40,6 +40,16 @@ def _batch(rng: np.random.Generator, micro_batches: int,
     return {"input_ids": ids[rows], "attention_mask": mask[rows], "labels": ids.clone()[rows]}
 
 
+def _reference_step(ref: torch.nn.Module, ref_opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                    micro_batches: int) -> None:
+    """PyTorch's own step over the same micro-batches: mean loss, gradients accumulated, one update."""
+    ref_opt.zero_grad()
+    for k in range(micro_batches):
+        rows = slice(k * MB, (k + 1) * MB)
+        (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
+    ref_opt.step()
+
+
 @pytest.mark.parametrize(("pp", "micro_batches"), [(2, 2)])
 def test_llama_pipeline_equals_single_core_and_pytorch(pp: int, micro_batches: int) -> None:
     model = _llama()
@@ -59,11 +69,7 @@ def test_llama_pipeline_equals_single_core_and_pytorch(pp: int, micro_batches: i
     for _ in range(2):
         batch = _batch(rng, micro_batches)
         a, b = float(single(**batch)), float(step(**batch))
-        ref_opt.zero_grad()
-        for k in range(micro_batches):
-            rows = slice(k * MB, (k + 1) * MB)
-            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
-        ref_opt.step()
+        _reference_step(ref, ref_opt, batch, micro_batches)
         assert b == pytest.approx(a, rel=1e-5)
     for (name, p), q, r in zip(model.named_parameters(), single_model.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=1e-5, err_msg=name)
@@ -201,11 +207,7 @@ def test_gpt2_at_tp2_pp2_equals_single_core() -> None:
     for _ in range(2):
         batch = _batch(rng, micro_batches)
         a, b = float(single(**batch)), float(step(**batch))
-        ref_opt.zero_grad()
-        for k in range(micro_batches):
-            rows = slice(k * MB, (k + 1) * MB)
-            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
-        ref_opt.step()
+        _reference_step(ref, ref_opt, batch, micro_batches)
         assert b == pytest.approx(a, rel=1e-5)
         for r in range(2):  # the two copies of every rank's block stay one weight
             first, last = (step.stage_states[s][r].tensors[wte] for s in (0, 1))
@@ -245,11 +247,7 @@ def test_llama_sequence_parallel_inside_tp2_pp2_stages_equals_single_core_and_py
     for _ in range(2):
         batch = _batch(rng, micro_batches)
         a, b = float(single(**batch)), float(step(**batch))
-        ref_opt.zero_grad()
-        for k in range(micro_batches):
-            rows = slice(k * MB, (k + 1) * MB)
-            (ref(**{key: t[rows] for key, t in batch.items()}).loss / micro_batches).backward()
-        ref_opt.step()
+        _reference_step(ref, ref_opt, batch, micro_batches)
         assert b == pytest.approx(a, rel=1e-5)
     (hidden,) = [n for n, split in zip(step.stages[0].sends, splits) if split is not None]
     sent = [t for t in step.transfers if t.kind is Pass.FORWARD and t.micro_batch == 0 and t.value == hidden]
