@@ -10,7 +10,7 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,21 +75,186 @@ class _Accesses:
     ``layer_boundary`` can hold such pairs): then every read scans. Hazards are sets, so how the
     two kinds interleave never mattered.
 
+    ``ix`` is an :class:`_Index` of the entries by area, kept for HBM keys with many entries (an
+    output tensor stored tile by tile, a view read by thousands of loads), so that a node looks at
+    the entries near its rectangle instead of all of them; None until such a key grows, and again
+    whenever a list is rebuilt (made anew from the lists when next needed).
+
     Iterating gives the writes, then the reads: the lists other modules see and put back as plain
     lists in that order (the emitter adopts such a list on first use, ``Emitter._adopt``)."""
 
-    __slots__ = ("r", "small", "w")
+    __slots__ = ("ix", "r", "small", "w")
 
     def __init__(self, w: list[_Access], r: dict[tuple[int, ...], _Access], small: int) -> None:
         self.w = w
         self.r = r
         self.small = small
+        self.ix: _Index | None = None
 
     def __iter__(self) -> Iterator[_Access]:
         return itertools.chain(self.w, self.r.values())
 
     def __len__(self) -> int:
         return len(self.w) + len(self.r)
+
+    def index(self) -> _Index:
+        """The area index of the current lists (made now if there is none)."""
+        ix = self.ix
+        if ix is None:
+            ix = self.ix = _Index(self)
+        return ix
+
+    def live_read(self, x: _Access) -> bool:
+        """Whether read entry ``x`` is still in ``r`` (an index keeps a read its rectangle's next
+        read replaced: ``Emitter._record``)."""
+        r = self.r
+        return r.get(x[:4] + x[5:6]) is x or r.get(x[:6]) is x
+
+
+INDEX_MIN = 48  # an HBM key gets an area index once it holds this many entries
+_CELL_ROWS, _CELL_COLS = 128, 512  # an index cell: rows (partitions) x columns (elements)
+_MAX_CELLS = 16  # an entry (or a query) over more cells than this is "wide": scanned, not indexed
+
+
+def _cells(a0: int, a1: int, b0: int, b1: int) -> list[tuple[int, int]] | None:
+    """The index cells a rectangle touches, or None if it is wide (or empty)."""
+    if a1 <= a0 or b1 <= b0:
+        return None
+    r0, r1 = a0 // _CELL_ROWS, (a1 - 1) // _CELL_ROWS + 1
+    c0, c1 = b0 // _CELL_COLS, (b1 - 1) // _CELL_COLS + 1
+    if (r1 - r0) * (c1 - c0) > _MAX_CELLS:
+        return None
+    return [(i, j) for i in range(r0, r1) for j in range(c0, c1)]
+
+
+class _Index:
+    """A key's entries by the cells of a grid they touch (writes and reads apart; an entry over
+    more than ``_MAX_CELLS`` cells in a list of wide ones), and the latest node per lane of each
+    kind: a whole-tensor access overlaps every entry, and of those only each lane's latest
+    survives ``Emitter.compact``.
+
+    Entries leave ``w`` and ``r`` only when a list is rebuilt (an access covering them) or, for a
+    read, when the same rectangle is read again on its lane; the index keeps them in their cells, so
+    candidates are checked: a write against ``dead`` (the ids of removed writes: the index holds
+    them, so no id is reused meanwhile), a read against ``r`` itself (``_Accesses.live_read``).
+    The lane summaries are remade from the lists after a removal. When the removed entries
+    outnumber the live ones the index is dropped and made anew when next needed."""
+
+    __slots__ = ("dead", "odd", "rc", "rlast", "rw", "stale", "wc", "wlast", "ww")
+
+    def __init__(self, accesses: _Accesses) -> None:
+        self.wc: dict[tuple[int, int], list[_Access]] = {}
+        self.ww: list[_Access] = []
+        self.rc: dict[tuple[int, int], list[_Access]] = {}
+        self.rw: list[_Access] = []
+        self.wlast: dict[int, int] | None = {}
+        self.rlast: dict[int, int] | None = {}
+        self.dead: set[int] = set()
+        self.stale = 0
+        self.odd = False  # an entry a whole-tensor access might not overlap (empty, or at 2^62)
+        for x in accesses.w:
+            self.add_write(x)
+        for x in accesses.r.values():
+            self.add_read(x)
+
+    def _place(self, x: _Access, table: dict[tuple[int, int], list[_Access]], wide: list[_Access]) -> None:
+        x0, x1, y0, y1 = x[0], x[1], x[2], x[3]
+        if not (x0 < _WHOLE_END and x1 > 0 and y0 < _WHOLE_END and y1 > 0):
+            self.odd = True
+        cells = _cells(x0, x1, y0, y1)
+        if cells is None:
+            wide.append(x)
+            return
+        for c in cells:
+            bucket = table.get(c)
+            if bucket is None:
+                table[c] = [x]
+            else:
+                bucket.append(x)
+
+    def add_write(self, x: _Access) -> None:
+        self._place(x, self.wc, self.ww)
+        last = self.wlast
+        if last is not None and last.get(x[_LANE], -1) < x[_NODE]:
+            last[x[_LANE]] = x[_NODE]
+
+    def add_read(self, x: _Access) -> None:
+        self._place(x, self.rc, self.rw)
+        last = self.rlast
+        if last is not None and last.get(x[_LANE], -1) < x[_NODE]:
+            last[x[_LANE]] = x[_NODE]
+
+    @staticmethod
+    def near(cells: list[tuple[int, int]], table: dict[tuple[int, int], list[_Access]],
+             wide: list[_Access]) -> Iterator[_Access]:
+        """Entries of ``table`` in ``cells``, then the wide ones (an entry may come more than once)."""
+        get = table.get
+        for c in cells:
+            bucket = get(c)
+            if bucket:
+                yield from bucket
+        yield from wide
+
+    @staticmethod
+    def latest(entries: Iterable[_Access]) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for x in entries:
+            if last.get(x[_LANE], -1) < x[_NODE]:
+                last[x[_LANE]] = x[_NODE]
+        return last
+
+
+_WHOLE_END = 1 << 62
+
+
+def _near_hazards(accesses: _Accesses, ix: _Index, lane: int, rect: Rect, add: Callable[[int], None],
+                  with_reads: bool) -> bool:
+    """``Emitter._hazards`` for one indexed key: the writes (and with ``with_reads`` the reads)
+    near ``rect`` that overlap it, on other lanes. False if the index cannot answer (a wide
+    rectangle that is not the whole tensor): the caller scans the lists."""
+    a0, a1, b0, b1 = rect
+    cells = _cells(a0, a1, b0, b1)
+    if cells is None:
+        if rect != WHOLE_TENSOR or ix.odd:
+            return False
+        wlast = ix.wlast
+        if wlast is None:
+            wlast = ix.wlast = _Index.latest(accesses.w)
+        rlast = None
+        if with_reads:
+            rlast = ix.rlast
+            if rlast is None:
+                rlast = ix.rlast = _Index.latest(accesses.r.values())
+        if _LS_LANE in wlast or (rlast is not None and _LS_LANE in rlast):
+            return False
+        for other, node in wlast.items():
+            if other != lane:
+                add(node)
+        if rlast is not None:
+            for other, node in rlast.items():
+                if other != lane:
+                    add(node)
+        return True
+    dead = ix.dead
+    if dead:
+        for x in ix.near(cells, ix.wc, ix.ww):
+            x0, x1, y0, y1, node, other, _ = x
+            if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1 and id(x) not in dead:
+                add(node)
+    else:
+        for x0, x1, y0, y1, node, other, _ in ix.near(cells, ix.wc, ix.ww):
+            if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                add(node)
+    if with_reads:
+        live = accesses.live_read
+        for x in ix.near(cells, ix.rc, ix.rw):
+            x0, x1, y0, y1, node, other, _ = x
+            if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1 and live(x):
+                add(node)
+    return True
+
+
+_LS_LANE = RES_TENSOR_LS
 
 
 def _reads_of(entries: Iterable[_Access]) -> tuple[dict[tuple[int, ...], _Access], int]:
@@ -236,8 +401,16 @@ class Emitter:
 
     def hazards_for(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
                     writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
-        """Nodes a node on ``lane`` reading ``reads`` and writing ``writes`` must wait for."""
-        return self._hazards(lane, reads, writes)
+        """Nodes a node on ``lane`` reading ``reads`` and writing ``writes`` must wait for (every
+        one: ``_hazards`` may leave out what ``compact`` would drop)."""
+        deps: set[int] = set()
+        for whole_lists, pairs in ((False, reads), (True, writes)):  # a read waits for writes only
+            for key, (a0, a1, b0, b1) in pairs:
+                for x0, x1, y0, y1, node, other, write in self._accesses.get(key, ()):
+                    if ((write or whole_lists) and other != lane and x0 < a1 and a0 < x1 and y0 < b1
+                            and b0 < y1):
+                        deps.add(node)
+        return deps
 
     def record_access(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
                       writes: list[tuple[MemoryKey, Rect]]) -> None:
@@ -247,25 +420,42 @@ class Emitter:
 
     def _hazards(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
                  writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
-        """Read-after-write on every read; any earlier access on every write (other lanes only)."""
+        """Read-after-write on every read; any earlier access on every write (other lanes only).
+
+        On an HBM key with an area index (``_Index``) a whole-tensor access gets each other lane's
+        latest entry only: the nodes it leaves out are earlier nodes of those lanes, which
+        ``compact`` drops from the node's dependencies anyway (no HBM access is a LoadStationary,
+        the one node a dependency is mapped from: ``_append``)."""
         deps: set[int] = set()
         add = deps.add
         get = self._accesses.get
-        for key, (a0, a1, b0, b1) in reads:  # a read waits for writes
+        for key, rect in reads:  # a read waits for writes
             accesses = get(key)
             if accesses is None:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
+            ix = accesses.ix
+            if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
+                ix = accesses.index()
+            if ix is not None and _near_hazards(accesses, ix, lane, rect, add, False):
+                continue
+            a0, a1, b0, b1 = rect
             for x0, x1, y0, y1, node, other, _ in accesses.w:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     add(node)
-        for key, (a0, a1, b0, b1) in writes:  # a write for every earlier access
+        for key, rect in writes:  # a write for every earlier access
             accesses = get(key)
             if accesses is None:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
+            ix = accesses.ix
+            if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
+                ix = accesses.index()
+            if ix is not None and _near_hazards(accesses, ix, lane, rect, add, True):
+                continue
+            a0, a1, b0, b1 = rect
             for x0, x1, y0, y1, node, other, _ in accesses.w:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     add(node)
@@ -286,18 +476,52 @@ class Emitter:
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
             w = accesses.w
-            for x0, x1, y0, y1, _n, _l, _w in w:
-                if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                    w[:] = [x for x in w if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
-                    break
             r = accesses.r
-            for x0, x1, y0, y1, _n, _l, _w in r.values():
-                if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                    accesses.r, accesses.small = _reads_of(
-                        [x for x in r.values()
-                         if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                    break
-            w.append((a0, a1, b0, b1, node, lane, True))
+            ix = accesses.ix
+            cells = _cells(a0, a1, b0, b1) if ix is not None else None
+            if cells is not None:  # covered entries lie in the cells of this rectangle
+                assert ix is not None
+                dead = ix.dead
+                for x in ix.near(cells, ix.wc, ix.ww):
+                    if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1 and id(x) not in dead:
+                        kept = []
+                        for y in w:
+                            if a0 <= y[0] and y[1] <= a1 and b0 <= y[2] and y[3] <= b1:
+                                dead.add(id(y))
+                            else:
+                                kept.append(y)
+                        w[:] = kept
+                        ix.wlast = None
+                        break
+                live = accesses.live_read
+                for x in ix.near(cells, ix.rc, ix.rw):
+                    if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1 and live(x):
+                        before = len(r)
+                        accesses.r, accesses.small = _reads_of(
+                            [y for y in r.values()
+                             if not (a0 <= y[0] and y[1] <= a1 and b0 <= y[2] and y[3] <= b1)])
+                        ix.stale += before - len(accesses.r)
+                        ix.rlast = None
+                        break
+                if len(ix.dead) + ix.stale > len(w) + len(accesses.r) + INDEX_MIN:
+                    accesses.ix = ix = None
+            else:
+                for x0, x1, y0, y1, _n, _l, _w in w:
+                    if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
+                        w[:] = [x for x in w if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
+                        accesses.ix = ix = None
+                        break
+                for x0, x1, y0, y1, _n, _l, _w in r.values():
+                    if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
+                        accesses.r, accesses.small = _reads_of(
+                            [x for x in r.values()
+                             if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                        accesses.ix = ix = None
+                        break
+            entry = (a0, a1, b0, b1, node, lane, True)
+            w.append(entry)
+            if ix is not None:
+                ix.add_write(entry)
         for key, (a0, a1, b0, b1) in reads:
             accesses = table.get(key)
             area = (a1 - a0) * (b1 - b0) if a1 > a0 and b1 > b0 else -1
@@ -308,8 +532,24 @@ class Emitter:
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
             r = accesses.r
+            ix = accesses.ix
             if area > 0 and accesses.small >= area:
-                r.pop((a0, a1, b0, b1, lane), None)  # only its own rectangle can be covered
+                if r.pop((a0, a1, b0, b1, lane), None) is not None and ix is not None:
+                    ix.stale += 1  # only its own rectangle can be covered
+            elif ix is not None and (cells := _cells(a0, a1, b0, b1)) is not None:
+                live = accesses.live_read
+                for x in ix.near(cells, ix.rc, ix.rw):
+                    if (x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1
+                            and live(x)):
+                        before = len(r)
+                        r, accesses.small = _reads_of(
+                            [x for x in r.values()
+                             if x[5] != lane
+                             or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                        accesses.r = r
+                        ix.stale += before - len(r)
+                        ix.rlast = None
+                        break
             else:
                 for x0, x1, y0, y1, _n, x_lane, _w in r.values():
                     if x_lane == lane and a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
@@ -318,10 +558,16 @@ class Emitter:
                              if x[5] != lane
                              or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
                         accesses.r = r
+                        accesses.ix = ix = None
                         break
             r[(a0, a1, b0, b1, lane)] = entry
             if area < accesses.small:
                 accesses.small = area
+            if ix is not None:
+                if len(ix.dead) + ix.stale > len(accesses.w) + len(r) + INDEX_MIN:
+                    accesses.ix = None
+                else:
+                    ix.add_read(entry)
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
@@ -439,10 +685,11 @@ class Emitter:
     ) -> int:
         """A transfer and the instruction on the queue's engine that triggers it; returns the transfer."""
         engine = queue.trigger_engine
-        deps = self._hazards(int(engine), reads, writes)
-        # dependencies are waited for by the trigger; the transfer starts after its trigger
-        dma_deps = self._hazards(queue_lane(queue), reads, writes)
-        trig = self._append(int(engine), engine, trigger_cost_ns, -1, 0, deps | dma_deps, trigger_opcode,
+        # dependencies are waited for by the trigger; the transfer starts after its trigger: the
+        # trigger's engine skips its own lane's accesses, the transfer its queue's, so together
+        # they wait for every overlapping access (lane -1 is no lane): one scan
+        deps = self._hazards(-1, reads, writes)
+        trig = self._append(int(engine), engine, trigger_cost_ns, -1, 0, deps, trigger_opcode,
                             trigger_text or f"{queue.name} block_id={len(self.resource)}",
                             trigger_semantics, None, None, None, -1, int(engine), counters.spill_part())
         node = self._append(RES_DMA, engine, engine_ns, queue.index, engines, set(), "DMA_DIRECT2D", text,

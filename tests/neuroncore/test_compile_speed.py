@@ -102,3 +102,72 @@ def test_fast_init_records_are_the_dataclass_records() -> None:
 
     original = Checked.__init__
     assert fast_init(Checked).__init__ is original  # a __post_init__ keeps the generated __init__
+
+
+def _random_hbm_program(em, seed: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Nodes on a few lanes reading and writing random rectangles of two HBM keys (tile-like
+    rectangles, repeats of one rectangle, wide ones, whole-tensor ones); each node's dependencies."""
+    import random
+
+    from neuroncore.compiler.emitter import WHOLE_TENSOR
+    from neuroncore.compiler.node_semantics import NOP
+    from neuroncore.hardware import Engine
+
+    rng = random.Random(seed)
+    rects: list[tuple[int, int, int, int]] = []
+    for _ in range(40):
+        r0, c0 = rng.randrange(0, 2048, 16), rng.randrange(0, 4096, 64)
+        rects.append((r0, r0 + rng.choice([1, 12, 128, 200]), c0, c0 + rng.choice([1, 64, 512, 700])))
+    rects += [(0, 4096, 0, 64), (0, 1, 0, 1 << 20), WHOLE_TENSOR]
+    for _ in range(400):
+        key = ("hbm", rng.choice(["a", "b"]))
+        rect = rng.choice(rects) if rng.random() < 0.97 else WHOLE_TENSOR
+        engine = rng.choice([Engine.SYNC, Engine.VECTOR, Engine.GPSIMD, Engine.TENSOR])
+        if rng.random() < 0.5:
+            reads, writes = [(key, rect)], []
+        else:
+            reads, writes = [], [(key, rect)]
+        em.instruction(engine, "X", 1.0, reads=reads, writes=writes, text="", semantics=NOP)
+    return [list(d) for d in em.deps]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_area_index_gives_the_dependencies_of_a_plain_scan(monkeypatch: pytest.MonkeyPatch,
+                                                           seed: int) -> None:
+    """An HBM key's area index (emitter._Index) must give every node the dependencies scanning
+    the key's whole lists gives, whatever the mix of reads, writes, covers and whole-tensor
+    accesses; and hazards_for (NKI) every overlapping node, not only each lane's latest."""
+    from neuroncore.compiler import emitter
+
+    monkeypatch.setattr(emitter, "INDEX_MIN", 1 << 30)
+    plain = emitter.Emitter()
+    expected = _random_hbm_program(plain, seed)
+    monkeypatch.setattr(emitter, "INDEX_MIN", 2)
+    indexed = emitter.Emitter()
+    assert _random_hbm_program(indexed, seed) == expected
+    assert any(getattr(a, "ix", None) is not None for a in indexed._accesses.values())  # index used
+    whole = [(("hbm", "a"), emitter.WHOLE_TENSOR)]
+    assert indexed.hazards_for(-1, [], whole) == plain.hazards_for(-1, [], whole)
+
+
+def test_area_index_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile with every HBM key indexed from its second entry is the program of one with no
+    index at all (every column, operand string and record: the fingerprint digest)."""
+    import importlib.util
+    from pathlib import Path
+
+    from neuroncore.compiler import emitter
+    from neuroncore.workloads import train_graphs as tg
+
+    path = Path(__file__).parents[2] / "bench" / "compile_fingerprint.py"
+    spec = importlib.util.spec_from_file_location("compile_fingerprint", path)
+    assert spec is not None and spec.loader is not None
+    fingerprint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fingerprint)
+    model = tg.Transformer("tiny-vit", layers=1, hidden=128, heads=4, kv_heads=4, intermediate=256,
+                           vocab=768, norm="layer", mlp="gelu", bias=True, causal=False, rope=False)
+    graph = tg.layer_forward(model, tg.RankShapes.of(model, 8, 40, 1), 1)
+    monkeypatch.setattr(emitter, "INDEX_MIN", 1 << 30)
+    plain = fingerprint.digest(compile_graph(graph, "trn1"))
+    monkeypatch.setattr(emitter, "INDEX_MIN", 2)
+    assert fingerprint.digest(compile_graph(graph, "trn1")) == plain
