@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions
+from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -201,7 +202,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
             outs = torch.fx.Interpreter(gm).run(*args)
         loss = outs[0] if isinstance(outs, (tuple, list)) else outs
         wrt = [*param_values, *(inputs[i] for i in input_grads)]
-        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        grads = _grads(loss, wrt)
         return (loss, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grads, wrt)])
 
     values = [named[p].detach().clone().requires_grad_(True) for p in params]
@@ -221,6 +222,19 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _drop_pool_indices(traced)
     _tag_phases(traced.graph, params)
     return JointGraph(traced, params, others, buffers, len(example_inputs))
+
+
+def _grads(loss: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Sequence[torch.Tensor | None]:
+    """``torch.autograd.grad(loss, wrt)`` with every op autograd runs marked, as AOTAutograd marks
+    them, with the sequence number of the forward op whose backward formula it belongs to
+    (``node.meta["seq_nr"]``, the same number the forward op's node carries): :func:`_tag_phases`
+    files each backward op under the layer of that forward op. A weight gradient is then the
+    layer owning the weight, not whatever module last touched the gradient it reads (GPT-2's
+    ``c_proj`` gradients read the dropout-masked gradient of ``resid_dropout``)."""
+    if loss.grad_fn is not None:
+        setup_stacktrace_preservation_hooks([loss.grad_fn])
+    with fx_traceback.preserve_node_meta():
+        return torch.autograd.grad(loss, wrt, allow_unused=True)
 
 
 _METADATA_ONLY = {torch.ops.aten.detach_.default}  # in place, but no value changes (KV caches)
@@ -301,8 +315,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
             loss = sum(((outs[i] * g).sum() for i, g in zip(output_grads, back)),
                        torch.zeros((), dtype=torch.float32))
         wrt = [*param_values, *(given[i] for i in input_grads)]
-        grads = torch.autograd.grad(loss, wrt, allow_unused=True) if loss.requires_grad \
-            else [None] * len(wrt)
+        grads = _grads(loss, wrt) if loss.requires_grad else [None] * len(wrt)
         return (loss, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grads, wrt)],
                 *sent)
 
@@ -367,13 +380,19 @@ def _module_path(stack: Any) -> str:
 
 def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
     """``train_phase`` on every op node, and a layer for each backward node, chosen in order:
-    the module of a forward node it reads (a layer's saved activations: LayerNorm's mean and rstd),
-    else the parameter module whose gradient is all it feeds (a linear layer's weight gradient),
-    else the layer of whatever it reads. The hierarchy then holds layer -> HLO op inside each phase."""
+    the layer of the forward op whose backward formula made it (autograd's own link, the
+    ``seq_nr`` :func:`_grads` records: both gradients of a linear layer belong to that layer),
+    else the module of a forward node it reads (a layer's saved activations: LayerNorm's mean and
+    rstd), else the parameter module whose gradient is all it feeds, else the layer of whatever
+    it reads (what autograd runs between formulas: summing a gradient that two uses produced).
+    The hierarchy then holds layer -> HLO op inside each phase."""
     nodes = [n for n in graph.nodes if n.op == "call_function"]
+    origin: dict[int, torch.fx.Node] = {}  # seq_nr -> the forward op that made that autograd node
     for node in nodes:
         if "nn_module_stack" in node.meta and "from_node" in node.meta:
             node.meta["train_phase"] = FORWARD
+            if "seq_nr" in node.meta:
+                origin.setdefault(node.meta["seq_nr"], node)
         else:
             node.meta["train_phase"] = BACKWARD
     feeds: dict[torch.fx.Node, str | None] = {}
@@ -390,6 +409,15 @@ def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
         feeds[node] = labels.pop() if len(labels) == 1 else None
     for node in nodes:
         if node.meta["train_phase"] != BACKWARD:
+            continue
+        # a gradient two uses produced is summed by the engine, between formulas (is_gradient_acc):
+        # its seq_nr is whichever node ran last, so it takes its layer from what it reads
+        made_by = origin.get(node.meta["seq_nr"]) if node.meta.get("autograd_backward") \
+            and not node.meta.get("is_gradient_acc") and "seq_nr" in node.meta else None
+        if made_by is not None:
+            node.meta["nn_module_stack"] = made_by.meta["nn_module_stack"]
+            if "stack_trace" in made_by.meta:
+                node.meta["stack_trace"] = made_by.meta["stack_trace"]
             continue
         read = [n for n in node.all_input_nodes if "nn_module_stack" in n.meta]
         layered = [n for n in read if n.meta.get("train_phase") == FORWARD
