@@ -94,7 +94,7 @@ def _readable(name: str, value: Any) -> str:
     if value is None or isinstance(value, bool | str):
         return ""
     if name.endswith("_percent"):
-        return fmt_pct(float(value), digits=2)
+        return fmt_pct(float(value))
     if name.endswith("_time") or name in ("total_time",):
         return fmt_seconds(float(value))
     if name.endswith("_bytes") or name.endswith("_size") or name == "dma_transfer_average_bytes":

@@ -87,12 +87,17 @@ def fmt_gbps(bytes_per_s: float | None, *, digits: int = 2) -> str:
     return f"{float(bytes_per_s) / 1e9:.{digits}f} GB/s"
 
 
-def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
-    """A fraction in [0, 1] as a percentage: ``fmt_pct(0.316) == "31.6%"``. A non-zero value that
-    would round to 0 prints as ``<0.1%`` (never a misleading ``0.0%``)."""
+def fmt_pct(fraction: float | None) -> str:
+    """A fraction in [0, 1] as a percentage, the one way every view prints a fraction figure
+    (MFU, training MFU, engine and DMA active ...): one decimal from 1 % up (``fmt_pct(0.316) ==
+    "31.6%"``), two below it, where one would lose the figure (``fmt_pct(0.0006) == "0.06%"``, not
+    "0.1%": a small model's MFU); a non-zero value that would round to 0 prints as ``<0.01%``
+    (never a misleading ``0.00%``). No view picks its own precision: the same value is the same
+    string in summary-text, the terminal viewer, the GUI and exports."""
     if not _known(fraction):
         return UNKNOWN
-    return fmt_percent_value(100.0 * float(fraction), digits=digits)
+    percent = 100.0 * float(fraction)
+    return fmt_percent_value(percent, digits=1 if percent == 0 or abs(percent) >= 0.995 else 2)
 
 
 def fmt_percent_value(percent: float | None, *, digits: int = 1) -> str:

@@ -124,7 +124,7 @@ def format_value(value: float | None, unit: Unit) -> str:
     if unit is Unit.TIME:
         return fmt_ns(value)
     if unit is Unit.FRACTION:
-        return fmt_pct(value, digits=2)
+        return fmt_pct(value)
     if unit is Unit.BYTES:
         return fmt_bytes(value)
     if unit is Unit.FLOPS:

@@ -673,7 +673,7 @@ def _training_lines(loaded: Any) -> list[tuple[str, str]]:
     if row.get("training_tokens_per_s"):
         lines.append(("training tokens/s", f"{float(row['training_tokens_per_s']):,.0f}"))
     mfu = row.get("training_mfu_percent")
-    lines.append(("training MFU", fmt_pct(None if mfu is None else float(mfu), digits=2)))
+    lines.append(("training MFU", fmt_pct(None if mfu is None else float(mfu))))
     return lines
 
 

@@ -133,7 +133,7 @@ def as_text(summary: RegionSummary, origin: int = 0) -> list[tuple[str, str]]:
         lines.append(
             (
                 f"busy {b.name}",
-                f"{fmt_pct(b.fraction, digits=2)}  ({fmt_ns(b.busy_ns)}, "
+                f"{fmt_pct(b.fraction)}  ({fmt_ns(b.busy_ns)}, "
                 f"{fmt_count(b.instructions)} starting)",
             )
         )

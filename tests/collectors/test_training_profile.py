@@ -274,4 +274,4 @@ def test_every_view_shows_the_same_training_step(captured) -> None:
     loaded.profile = profile  # type: ignore[attr-defined]
     gui = dict(_training_lines(loaded))
     assert gui["training step time"] == step and gui["training seq/s"] == seq.split()[0]
-    assert gui["training MFU"] == fmt_pct(mfu, digits=2)
+    assert gui["training MFU"] == fmt_pct(mfu) == pane["Train MFU"]  # one string in every view

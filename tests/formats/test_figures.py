@@ -135,7 +135,9 @@ def test_rates_are_decimal_gb_per_s() -> None:
 def test_percentages_of_fractions() -> None:
     assert units.fmt_pct(0.316) == "31.6%"
     assert units.fmt_pct(0.0) == "0.0%"
-    assert units.fmt_pct(0.0002) == "<0.1%"  # not a misleading 0.0%
+    assert units.fmt_pct(0.0006) == "0.06%"  # a small model's MFU: not "0.1%" (+67 %)
+    assert units.fmt_pct(0.0099) == "0.99%" and units.fmt_pct(0.01) == "1.0%"
+    assert units.fmt_pct(0.0000002) == "<0.01%"  # not a misleading 0.00%
     assert units.fmt_pct(None) == "-"
     assert units.fmt_percent_value(9.3) == "9.3%"
     assert units.percent_cell(9.3) == " 9.30%" and units.percent_cell(99.999) == "  100%"

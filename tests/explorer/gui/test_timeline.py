@@ -257,7 +257,7 @@ def test_box_select_summary_matches_duckdb(window_factory: Any) -> None:
 
     assert lines["HBM read"] == fmt_bytes(read)
     assert lines["DMA throughput"] == fmt_gbps(nbytes / ((b - a) * 1e-9))
-    assert lines["MFU"] == fmt_pct(summary.mfu, digits=2)
+    assert lines["MFU"] == fmt_pct(summary.mfu)
 
 
 def test_colour_modes_change_the_picture(window_factory: Any) -> None:
