@@ -49,7 +49,7 @@ import jaxlib
 import numpy as np
 
 from neuroncore.dtypes import DType, round_to
-from neuroncore.frontends import conv_lowering, jax_random
+from neuroncore.frontends import conv_lowering, jax_indexing, jax_random
 from neuroncore.frontends.hlo import (
     FrameTable,
     HloComputation,
@@ -1091,6 +1091,47 @@ class _Converter:
 
     def _op_gather(self, ins: HloInstruction, operands: list[Val], name: str,
                    shape: tuple[int, ...], dtype: DType) -> Op:
+        """The embedding lookup (rows of a 2-D table) as one IR gather; any other gather
+        (``take_along_axis``: integer-label cross-entropy) element by element
+        (``jax_indexing.gather``)."""
+        try:
+            return self._row_lookup(ins, operands, name, shape)
+        except _Unmappable:
+            pass
+        x, indices = operands
+        a = ins.attrs
+        dims = jax_indexing.GatherDims(
+            ints(a.get("offset_dims")), ints(a.get("collapsed_slice_dims")), ints(a.get("start_index_map")),
+            ints(a.get("operand_batching_dims")), ints(a.get("start_indices_batching_dims")),
+            int(a.get("index_vector_dim", len(indices.shape))), ints(a.get("slice_sizes")))
+        start = self.b.n_ops
+        out = jax_indexing.gather(self.b, x, indices, dims, tuple(shape))
+        if out is None:
+            raise _Unmappable("not an element or row gather")
+        return self._named_helpers(start, name, out)
+
+    def _op_scatter(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...], dtype: DType) -> Op:
+        """A scatter-add along one indexed dim (the gradient of a gather: ``take_along_axis``,
+        ``take``, an embedding), as ``jax_indexing.scatter_add`` lowers it."""
+        if len(operands) != 3:
+            raise _Unmappable("variadic")
+        if self._combiner(ins.attrs.get("to_apply", "")) != "sum":
+            raise _Unmappable("not an add")
+        x, indices, updates = operands
+        a = ins.attrs
+        dims = jax_indexing.ScatterDims(
+            ints(a.get("update_window_dims")), ints(a.get("inserted_window_dims")),
+            ints(a.get("scatter_dims_to_operand_dims")), ints(a.get("input_batching_dims")),
+            ints(a.get("scatter_indices_batching_dims")), int(a.get("index_vector_dim", len(indices.shape))))
+        start = self.b.n_ops
+        out = jax_indexing.scatter_add(self.b, x, indices, updates, dims)
+        if out is None:
+            raise _Unmappable("not an add along one indexed dim")
+        return self._named_helpers(start, name, out)
+
+    def _row_lookup(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...]) -> Op:
         """The embedding lookup (rows of a 2-D table); HLO clamps out-of-range rows, the IR gather
         expects ids in range."""
         table, indices = operands
