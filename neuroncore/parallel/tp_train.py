@@ -63,7 +63,14 @@ from neuroncore.training.memory import program_saved_activations
 from neuroncore.training.optimizers import OptimizerKind, host_scalars
 from neuroncore.training.precision import Precision, parse_precision
 from neuroncore.training.step_records import emit_step
-from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames, _Layout
+from neuroncore.training.torch_step import (
+    ProgramKind,
+    StepInputs,
+    TrainStep,
+    _caller_frames,
+    _Layout,
+    mark_stepped,
+)
 
 
 @dataclass
@@ -305,6 +312,7 @@ class TensorParallelTrainStep(TrainStep):
                     held[full.rpartition("/")[2]] = _from_numpy(self.gathered(full), p.dtype)
                 if spec.kind is not OptimizerKind.SGD:
                     held["step"] = torch.tensor(float(self.steps), dtype=torch.float32)
+        mark_stepped(self.optimizer)
 
 
 __all__ = ["TensorParallelTrainStep"]

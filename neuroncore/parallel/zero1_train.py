@@ -64,7 +64,14 @@ from neuroncore.runtime.scheduler import schedule
 from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import OptimizerKind, emit_update, host_scalars, split_scalars
 from neuroncore.training.precision import Precision, parse_precision
-from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames, _Layout
+from neuroncore.training.torch_step import (
+    ProgramKind,
+    StepInputs,
+    TrainStep,
+    _caller_frames,
+    _Layout,
+    mark_stepped,
+)
 
 CC_OPERATIONS = {"reduce-scatter": cc.REDUCE_SCATTER, "all-gather": cc.ALL_GATHER}
 
@@ -360,6 +367,7 @@ class ZeroOneTrainStep(TrainStep):
                     if spec.kind is not OptimizerKind.SGD:
                         held["step"] = torch.tensor(float(self.steps), dtype=torch.float32)
                     offset += size
+        mark_stepped(self.optimizer)
 
 
 __all__ = ["ZeroOneTrainStep"]

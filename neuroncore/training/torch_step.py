@@ -512,6 +512,7 @@ class TrainStep:
                     held[full.rpartition("/")[2]] = _from_numpy(self.state.tensors[full], p.dtype)
                 if spec.kind is not OptimizerKind.SGD:
                     held["step"] = torch.tensor(float(self.steps), dtype=torch.float32)
+        mark_stepped(self.optimizer)
 
     # -- what a caller may inspect -------------------------------------------------------------
     @property
@@ -522,6 +523,13 @@ class TrainStep:
     @property
     def graph(self) -> Graph:
         return self.program.graph
+
+
+def mark_stepped(optimizer: torch.optim.Optimizer) -> None:
+    """Tell torch's LR schedulers that ``optimizer.step()`` ran (the flag their ``step()`` reads):
+    the update ran on the device, so without it a correct loop warns "Detected call of
+    `lr_scheduler.step()` before `optimizer.step()`"."""
+    optimizer._opt_called = True  # type: ignore[attr-defined]
 
 
 def _supported(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
@@ -586,4 +594,5 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      instance=instance, core=core, frames=_caller_frames(), options=options)
 
 
-__all__ = ["PHASES", "ProgramKind", "StepInputs", "TrainStep", "keyword_inputs", "trace_train_step"]
+__all__ = ["PHASES", "ProgramKind", "StepInputs", "TrainStep", "keyword_inputs", "mark_stepped",
+           "trace_train_step"]

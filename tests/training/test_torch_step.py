@@ -4,6 +4,7 @@ several steps (fp32 tight), optimizer state on the host, gradient accumulation, 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -102,9 +103,11 @@ def test_lr_scheduler_changes_are_honoured() -> None:
     sched, ref_sched = (torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in (opt, ref_opt))
     batches = _batches(3)
     step = neuroncore.trace_train_step(model, opt, batches[0], loss_fn=F.cross_entropy)
-    for x, y in batches:
-        step(x, y)
-        sched.step()
+    with warnings.catch_warnings():  # the step ran the optimizer: no "lr_scheduler.step() before
+        warnings.simplefilter("error")  # optimizer.step()" warning for a correct loop
+        for x, y in batches:
+            step(x, y)
+            sched.step()
     for x, y in batches:
         F.cross_entropy(ref(x), y).backward()
         ref_opt.step()
