@@ -220,11 +220,35 @@ class Context:
     def hbm_tensor(self, name: str, op: Op, kind: HbmTensorKind, *, shape: tuple[int, ...] | None = None,
                    pretransposed: bool = False, dtype: DType | None = None) -> str:
         """Declare an HBM tensor holding ``op``'s value; ``dtype`` when it is stored in another type
-        than the value's (an int8 weight read as bf16)."""
-        if name not in self.hbm_tensors:
+        than the value's (an int8 weight read as bf16).
+
+        Tensors are keyed by name (made from op names), so a name already declared for another op
+        would make two values share one buffer and overwrite each other: that is refused, except
+        for weights, which share the buffer of their label on purpose (a tied or re-read weight)."""
+        existing = self.hbm_tensors.get(name)
+        if existing is None:
             self.hbm_tensors[name] = HbmTensor(name, shape if shape is not None else op.shape,
                                                dtype or op.dtype, kind, op.index, pretransposed)
+        elif existing.op_index != op.index and not (
+                existing.kind is HbmTensorKind.WEIGHT and kind is HbmTensorKind.WEIGHT):
+            self._refuse_shared_name(name, self.graph.ops[existing.op_index], op)
         return name
+
+    def declare_view(self, view: HbmView, op: Op) -> str:
+        """Declare ``view`` (named after ``op``) once; the same name declared again must describe
+        the same relayout, else two ops of one name would read each other's view."""
+        existing = self.hbm_views.get(view.name)
+        if existing is None:
+            self.hbm_views[view.name] = view
+        elif existing != view:
+            other = next((o for o in self.graph.ops if o.name == op.name and o is not op), op)
+            self._refuse_shared_name(view.name, other, op)
+        return view.name
+
+    @staticmethod
+    def _refuse_shared_name(name: str, first: Op, second: Op) -> None:
+        raise CompileError(f"two values would share the HBM buffer {name!r} (op names must be unique): "
+                           f"{first.describe()} and {second.describe()}")
 
     def view_sources(self, name: str) -> list[str]:
         """The stored HBM tensors a (possibly nested) view reads."""
@@ -540,11 +564,8 @@ class Context:
         """An alias's HBM copy is its source's copy read through a reshape view."""
         assert value.alias is not None
         source = self.ensure_hbm(value.alias)
-        name = f"{value.op.name}.view"
-        if name not in self.hbm_views:
-            self.hbm_views[name] = HbmView(name, (Reshape(value.op.shape),), (source,),
-                                           value.op.shape, value.op.dtype, value.cols)
-        return name
+        return self.declare_view(HbmView(f"{value.op.name}.view", (Reshape(value.op.shape),), (source,),
+                                         value.op.shape, value.op.dtype, value.cols), value.op)
 
     def extend_uses(self, source: Op, alias: Op) -> None:
         """Keep ``source`` alive for as long as ``alias`` (which reads its tiles) is used.

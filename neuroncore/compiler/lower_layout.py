@@ -99,8 +99,8 @@ def lower_view(ctx: Context, op: Op) -> None:
 
     def materialize_sources() -> None:
         sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
-        ctx.hbm_views[view_name] = HbmView(view_name, (ApplyOp(op.index),), sources, op.shape,
-                                           op.dtype, run_elements(op))
+        ctx.declare_view(HbmView(view_name, (ApplyOp(op.index),), sources, op.shape, op.dtype,
+                                 run_elements(op)), op)
 
     if on_chip_view(ctx, op, view_name, materialize_sources) or concatenate_on_chip(ctx, op):
         return

@@ -63,12 +63,9 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
 
         def loader_setup() -> str:
             source = ctx.ensure_hbm(src)
-            name = f"{op.name}.reduce_view"
-            if name not in ctx.hbm_views:
-                run = src.shape[-1] if perm[-1] == n - 1 else 1
-                ctx.hbm_views[name] = HbmView(name, (Transpose(perm), Reshape(view_shape)),
-                                              (source,), view_shape, src.dtype, run)
-            return name
+            run = src.shape[-1] if perm[-1] == n - 1 else 1
+            return ctx.declare_view(HbmView(f"{op.name}.reduce_view", (Transpose(perm), Reshape(view_shape)),
+                                            (source,), view_shape, src.dtype, run), op)
 
         loader = (loader_setup, view_shape)
     _free_limit_check(ctx, op, reduced)
@@ -133,10 +130,9 @@ class RowParams:
 def row_params(ctx: Context, op: Op, param: Op, rows: int) -> RowParams:
     """``param`` [C] for ``rows`` partitions: one DMA of the row now, the broadcast at first use."""
     source = ctx.ensure_hbm(param)
-    name = f"{param.name}.rows1"
     cols = param.shape[-1]
-    if name not in ctx.hbm_views:
-        ctx.hbm_views[name] = HbmView(name, (BroadcastRows(1),), (source,), (1, cols), param.dtype, cols)
+    name = ctx.declare_view(HbmView(f"{param.name}.rows1", (BroadcastRows(1),), (source,), (1, cols),
+                                    param.dtype, cols), param)
     buf = ctx.alloc(rows, cols, param.dtype, f"{op.name}.{param.name}")
     row = Ref(buf.id, 0, 1, 0, cols)  # partition 0 of the replicated buffer: no buffer of its own
     ctx.dma_load(QueueName.WEIGHT, HbmAccess(name, 0, 0, 1, 0, cols), row, param.dtype, rows_per_batch=1)
