@@ -181,27 +181,36 @@ def _reads_a_constant(op: Op) -> bool:
 
 
 def lower_gather(ctx: Context, op: Op) -> None:
-    """Embedding lookup: GpSimd builds descriptors from the indices (software DGE), DMA moves rows."""
+    """Embedding lookup: GpSimd builds descriptors from the indices (software DGE), DMA moves rows.
+
+    A table read through an HBM view (a transposed or strided slice of a stored tensor) is gathered
+    through the view's access pattern: each picked row is ``d / run`` descriptors of the view's
+    contiguous run, not one descriptor of ``d`` elements, and GpSimd writes each of them."""
     table, indices = op.operands
     table_name = ctx.ensure_hbm(table)
     value = ctx.define(op)
     spec = ctx.spec
     d = table.shape[1]
+    row_bytes = d * op.dtype.itemsize
+    view = ctx.hbm_views.get(table_name)
+    run = min(view.run_elements * op.dtype.itemsize, row_bytes) if view is not None else row_bytes
+    per_row = max(1, row_bytes // max(run, 1))
     queue = ctx.queue[QueueName.DYNAMIC_SW]
     for t, tile in enumerate(value.tiles):
         idx = ctx.tile(indices, t, Layout.COL)
         out = ctx.produce(op, t)
-        nbytes = tile.rows * d * op.dtype.itemsize
+        nbytes = tile.rows * row_bytes
+        descriptors = tile.rows * per_row
         table_access = HbmAccess(table_name, 0, 0, table.shape[0], 0, d)
         reads = [sbuf_key(idx), *ctx.hbm_rects(table_access, table.shape[0])]
         ctx.em.dma(
             queue,
             reads=reads,
             writes=[sbuf_key(out)],
-            engines=costs.dma_engines_used(spec, tile.rows),
-            engine_ns=costs.dma_engine_ns(spec, tile.rows, d * op.dtype.itemsize),
+            engines=costs.dma_engines_used(spec, descriptors),
+            engine_ns=costs.dma_engine_ns(spec, descriptors, nbytes // descriptors),
             trigger_cost_ns=costs.cycles_to_ns(spec, Engine.GPSIMD,
-                                               costs.gpsimd_cycles(spec, tile.rows)),
+                                               costs.gpsimd_cycles(spec, descriptors)),
             text=f"gather hbm:{table_name}[{ctx.ref_text(idx)}] -> {ctx.ref_text(out)} {nbytes}B",
             semantics=Gather(out, table_access, idx),
             trigger_opcode="DMA_DESCRIPTOR_GEN",
