@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -220,11 +221,12 @@ class TrainStep:
                  example_inputs: StepInputs, *, loss_fn: Callable[..., Any] | None,
                  precision: Precision, accumulation_steps: int, instance: str | None,
                  core: int, frames: tuple[SourceFrame, ...],
-                 options: CompilerOptions | None = None) -> None:
+                 options: CompilerOptions | None = None, max_grad_norm: float | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
         self.accumulation_steps = accumulation_steps
+        self.max_grad_norm = max_grad_norm
         self.input_keys, examples = keyword_inputs(example_inputs)
         self.example_shapes = [tuple(x.shape) for x in examples]
         self.example_dtypes = [x.dtype for x in examples]
@@ -349,6 +351,9 @@ class TrainStep:
             outputs += grads
             names += [f"grad/{n}" for n in self.param_names]
         else:
+            if self.max_grad_norm is not None:
+                with b.located("model/optimizer/clip_grad_norm", self._frames):
+                    grads = clip_grad_norm(b, grads, self.max_grad_norm)
             for g, group in enumerate(self.groups):
                 with b.located("model/optimizer", self._frames):
                     vector = b.parameter(f"scalars/{g}", (len(group.spec.scalar_names),), DType.FP32)
@@ -525,6 +530,22 @@ class TrainStep:
         return self.program.graph
 
 
+def clip_grad_norm(b: Any, grads: Sequence[Op], max_norm: float) -> list[Op]:
+    """The gradients scaled as ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` scales them,
+    on the device before the optimizer: ``g * min(1, max_norm / (||g||_2 + 1e-6))``, the norm over
+    all gradients together (FP32). A loop cannot call ``clip_grad_norm_`` itself: the gradients
+    never reach the host (``p.grad`` is None after a step)."""
+    fp32 = [g if g.dtype is DType.FP32 else b.convert(g, DType.FP32) for g in grads]
+    total: Op | None = None
+    for g in fp32:
+        square = b.multiply(g, g)
+        part = b.reduce(square, list(range(len(g.shape))), "sum") if g.shape else square
+        total = part if total is None else b.add(total, part)
+    assert total is not None
+    coef = b.minimum(b.divide(float(max_norm), b.add(b.sqrt(total), 1e-6)), 1.0)
+    return [b.multiply(g, b.broadcast(coef, g.shape, ()) if g.shape else coef) for g in fp32]
+
+
 def mark_stepped(optimizer: torch.optim.Optimizer) -> None:
     """Tell torch's LR schedulers that ``optimizer.step()`` ran (the flag their ``step()`` reads):
     the update ran on the device, so without it a correct loop warns "Detected call of
@@ -554,7 +575,8 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      example_inputs: StepInputs, *,
                      loss_fn: Callable[..., Any] | None = None, precision: str | Precision = "fp32",
                      accumulation_steps: int = 1, instance: str | None = None,
-                     core: int = 0, options: CompilerOptions | None = None) -> TrainStep:
+                     core: int = 0, options: CompilerOptions | None = None,
+                     max_grad_norm: float | None = None) -> TrainStep:
     """Compile ``model``'s training step with ``optimizer`` for one core (see the module doc).
 
     ``example_inputs``: one micro-batch, positionally; with ``loss_fn`` the last one is the target
@@ -567,6 +589,9 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     ``options``: the compiler's precision options (``CompilerOptions``: auto-cast mode and type, e.g.
     matmuls in fp16 or fp8), applied to the whole step program; weight quantisation is refused (a
     step's weights are what it trains).
+    ``max_grad_norm``: clip the gradients' global L2 norm before the update, as
+    ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)`` between ``backward()``
+    and ``optimizer.step()`` does (after accumulating all micro-batches).
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -582,6 +607,10 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if not examples or not all(isinstance(x, torch.Tensor) for x in examples):
         raise TraceError("example_inputs must be a non-empty sequence of torch tensors or a dict of "
                          "keyword tensors")
+    if max_grad_norm is not None and (
+            isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+            or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
+        raise TraceError(f"max_grad_norm must be a positive number, not {max_grad_norm!r}")
     if accumulation_steps > 1 and any(x.dim() == 0 for x in examples):
         raise TraceError("gradient accumulation splits inputs along dim 0; a 0-d input has none")
     try:
@@ -591,8 +620,9 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     check_options(options)
     return TrainStep(model, optimizer, dict(zip(keys, examples)) if keys else examples,
                      loss_fn=loss_fn, precision=prec, accumulation_steps=accumulation_steps,
-                     instance=instance, core=core, frames=_caller_frames(), options=options)
+                     instance=instance, core=core, frames=_caller_frames(), options=options,
+                     max_grad_norm=None if max_grad_norm is None else float(max_grad_norm))
 
 
-__all__ = ["PHASES", "ProgramKind", "StepInputs", "TrainStep", "keyword_inputs", "mark_stepped",
-           "trace_train_step"]
+__all__ = ["PHASES", "ProgramKind", "StepInputs", "TrainStep", "clip_grad_norm", "keyword_inputs",
+           "mark_stepped", "trace_train_step"]

@@ -26,8 +26,10 @@ class MLP(torch.nn.Module):
 
 
 def _reference_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     batches: list[tuple[torch.Tensor, torch.Tensor]], accumulation: int = 1) -> list[float]:
-    """PyTorch's own loop: (loss / K).backward() per micro-batch, then step and zero_grad."""
+                     batches: list[tuple[torch.Tensor, torch.Tensor]], accumulation: int = 1,
+                     max_grad_norm: float | None = None) -> list[float]:
+    """PyTorch's own loop: (loss / K).backward() per micro-batch, then (clip_grad_norm_,) step and
+    zero_grad."""
     losses = []
     for x, y in batches:
         total = 0.0
@@ -35,6 +37,8 @@ def _reference_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             loss = F.cross_entropy(model(xm), ym) / accumulation
             loss.backward()
             total += float(loss)
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(total)
@@ -95,6 +99,26 @@ def test_gradient_accumulation_matches_pytorch() -> None:
     _assert_same_params(model, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_gradient_clipping_matches_clip_grad_norm(accumulation: int) -> None:
+    """``max_grad_norm``: clip_grad_norm_ between backward and step, on the device (the norm of
+    these batches' gradients is 1.2-1.35: 0.5 clips every step, 100 never does)."""
+    for max_norm in (0.5, 100.0):
+        torch.manual_seed(0)
+        model = MLP()
+        ref = copy.deepcopy(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        batches = _batches(3, batch=8)
+        micro = (batches[0][0][:8 // accumulation], batches[0][1][:8 // accumulation])
+        step = neuroncore.trace_train_step(model, opt, micro, loss_fn=F.cross_entropy,
+                                           accumulation_steps=accumulation, max_grad_norm=max_norm)
+        losses = [float(step(x, y)) for x, y in batches]
+        expected = _reference_steps(ref, ref_opt, batches, accumulation, max_grad_norm=max_norm)
+        assert losses == pytest.approx(expected, rel=1e-5)
+        _assert_same_params(model, ref, atol=1e-5)
+
+
 def test_lr_scheduler_changes_are_honoured() -> None:
     torch.manual_seed(0)
     model = MLP()
@@ -147,3 +171,6 @@ def test_bad_inputs_are_one_line_errors() -> None:
         step(x, y.float())
     with pytest.raises(TraceError, match="must return the loss"):
         neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,))
+    with pytest.raises(TraceError, match="max_grad_norm must be a positive number, not -1"):
+        neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y),
+                                    loss_fn=F.cross_entropy, max_grad_norm=-1)
