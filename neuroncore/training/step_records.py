@@ -60,6 +60,22 @@ def _phase_index(layer: str) -> int:
     return PHASES.index(parts[1]) if len(parts) > 1 and parts[1] in PHASES else -1
 
 
+def low_precision_matmuls(program: Program | Graph) -> bool:
+    """Whether most of the forward's matmul FLOPs read bf16/fp16/fp8 operands: an FP32 step whose
+    model ran under ``torch.autocast(dtype=torch.bfloat16)`` (the export keeps its casts). Its
+    training MFU divides by the bf16 PE peak, as a
+    ``precision="bf16"`` step's does, not by the FP32 peak (4x lower: MFU read 4x too high)."""
+    graph = program if isinstance(program, Graph) else program.graph
+    low = total = 0.0
+    for op in graph.ops:
+        if op.opcode == "dot" and _phase_index(op.layer) == 0:
+            flops = float(math.prod(op.shape))
+            total += flops
+            if any(x.dtype.itemsize < 4 for x in op.operands):
+                low += flops
+    return total > 0 and low * 2 > total
+
+
 def forward_matmul_flops(program: Program | Graph) -> float:
     """2 x M x N x K of every forward matmul (``dot`` under ``model/forward``) of one execution."""
     total = 0.0
@@ -100,7 +116,8 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
     if model_flops is not None:
         flops = model_flops
     core = loaded.core
-    peak = core.spec.pe_peak_bf16_flops_per_s if bf16 else core.spec.pe_peak_fp32_flops_per_s
+    low = bf16 or low_precision_matmuls(results[-1].program if whole is None else whole)
+    peak = core.spec.pe_peak_bf16_flops_per_s if low else core.spec.pe_peak_fp32_flops_per_s
     empty_i64 = np.zeros(0, np.int64)
     columns = {"name": [], "operation": [], "replica_group_kind": [], "start_ts": empty_i64,
                "end_ts": empty_i64, "duration_ns": empty_i64, "size_bytes": empty_i64,

@@ -119,6 +119,40 @@ def test_gradient_clipping_matches_clip_grad_norm(accumulation: int) -> None:
         _assert_same_params(model, ref, atol=1e-5)
 
 
+def test_a_step_traced_under_autocast_trains_in_bf16_and_its_mfu_uses_the_bf16_peak() -> None:
+    """``torch.autocast(bf16)`` around the trace: the export keeps its casts (bf16 matmuls), the
+    losses follow PyTorch's autocast loop within bf16 error, and the step record divides by the
+    bf16 peak (the FP32 peak made the training MFU 4x too high)."""
+    from neuroncore.record_kinds import RecordKind
+
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref))
+    batches = _batches(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        step = neuroncore.trace_train_step(model, opt, batches[0], loss_fn=F.cross_entropy)
+    assert {op.operands[0].dtype.value for op in step.graph.ops
+            if op.opcode == "dot" and op.layer.startswith("model/forward")} == {"bf16"}
+    seen: list = []
+    unsubscribe = step.core.sink.subscribe(
+        lambda batch: seen.append(batch.meta) if batch.kind is RecordKind.TRAIN_STEP else None)
+    try:
+        losses = [float(step(x, y)) for x, y in batches]
+    finally:
+        unsubscribe()
+    expected = []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        expected.append(float(loss))
+    assert losses == pytest.approx(expected, rel=2e-2)
+    assert seen and seen[-1].peak_flops_per_rank == step.core.spec.pe_peak_bf16_flops_per_s
+
+
 def test_lr_scheduler_changes_are_honoured() -> None:
     torch.manual_seed(0)
     model = MLP()
