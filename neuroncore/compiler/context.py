@@ -124,6 +124,9 @@ class Context:
         self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition, stream_fraction=WEIGHT_STREAM_FRACTION)
         self.psum = BankAllocator(spec.psum_banks)
         self.buffers: dict[int, Buffer] = {}
+        # per buffer id, what its operand texts begin with (``ref_text``: the text prefix, the byte
+        # address, the element size; -1 for a PSUM bank); a buffer never changes once made
+        self._text_of: dict[int, tuple[str, int, int]] = {}
         self.hbm_tensors: dict[str, HbmTensor] = {}
         self.hbm_views: dict[str, HbmView] = {}
         self.values: dict[int, Value] = {}
@@ -711,17 +714,25 @@ class Context:
 
     # -- text ------------------------------------------------------------------------------
     def ref_text(self, ref: Ref | ApRef) -> str:
+        if not isinstance(ref, ApRef):  # one or more per operand of every instruction
+            known = self._text_of.get(ref.buf)
+            if known is None:
+                buf = self.buffers[ref.buf]
+                if buf.memory is Memory.PSUM:
+                    bank = buf.address // self.spec.psum_bank_bytes_per_partition
+                    known = (f"psum[{bank}]@fp32[", -1, 0)
+                else:
+                    known = (f"{buf.dtype.profile_name}@sb:0x", buf.address, buf.dtype.itemsize)
+                self._text_of[ref.buf] = known
+            prefix, address, itemsize = known
+            if address < 0:
+                return f"{prefix}{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
+            return f"{prefix}{address + ref.f0 * itemsize:x}[{ref.p0}:{ref.p1},{ref.cols}]"
         buf = self.buffers[ref.buf]
-        if isinstance(ref, ApRef):
-            pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
-            base = "sb" if buf.memory is Memory.SBUF else "psum"
-            return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
-                    f"[{ref.p0}:{ref.p1},{pattern}]")
-        if buf.memory is Memory.PSUM:
-            bank = buf.address // self.spec.psum_bank_bytes_per_partition
-            return f"psum[{bank}]@fp32[{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
-        addr = buf.address + ref.f0 * buf.dtype.itemsize
-        return f"{buf.dtype.profile_name}@sb:0x{addr:x}[{ref.p0}:{ref.p1},{ref.cols}]"
+        pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
+        base = "sb" if buf.memory is Memory.SBUF else "psum"
+        return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
+                f"[{ref.p0}:{ref.p1},{pattern}]")
 
 
 def _narrow(ref: Ref, cols: tuple[int, int] | None) -> Ref:

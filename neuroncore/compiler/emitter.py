@@ -345,7 +345,7 @@ class Emitter:
         lanes = self._lane
         ordered = sorted(nodes)
         # ascending: the last node seen on a lane is its latest
-        latest = {lanes[node]: node for node in ordered}
+        latest = dict(zip(map(lanes.__getitem__, ordered), ordered))
         if len(latest) == len(ordered):  # one node per lane: all kept, already in order
             return ordered
         return sorted(latest.values())

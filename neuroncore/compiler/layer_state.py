@@ -33,6 +33,7 @@ KNOWN_CONTEXT = frozenset({
     "_identity", "kept_alive", "nki_locations", "lowered_with", "_value_order", "_holding",
     "force_sbuf",  # empty at every boundary: a fusion group never spans one (compiler.streaming)
     "orientation",  # fixed for the compilation, planned from the graph alone (compiler.orientation)
+    "_text_of",  # a cache of each buffer's text prefix, from ``buffers`` alone (Context.ref_text)
 })
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",

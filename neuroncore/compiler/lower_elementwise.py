@@ -14,7 +14,7 @@ import numpy as np
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
-from neuroncore.compiler.counters import NodeCounters
+from neuroncore.compiler.counters import NodeCounters, shared_counters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.lowering_state import Layout, OperandForm
 from neuroncore.compiler.node_semantics import (
@@ -167,8 +167,7 @@ def _counters(ctx: Context, reads: list[Ref], writes: list[Ref]) -> NodeCounters
             psum_write += n
         else:
             sbuf_write += n
-    return NodeCounters(sbuf_read_bytes=sbuf_read, sbuf_write_bytes=sbuf_write,
-                        psum_read_bytes=psum_read, psum_write_bytes=psum_write)
+    return shared_counters(0, 0, 0, 0, 0, sbuf_read, sbuf_write, psum_read, psum_write)
 
 
 def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref = 1.0,

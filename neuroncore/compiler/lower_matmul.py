@@ -22,7 +22,7 @@ from itertools import product
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
-from neuroncore.compiler.counters import NodeCounters
+from neuroncore.compiler.counters import shared_counters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
@@ -66,7 +66,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
         reads=reads, writes=[], track=RES_TENSOR_LS,
         text=f"src={ctx.ref_text(stationary)} {shape} {dtype.profile_name}",
         semantics=LoadWeights(stationary, stationary2),
-        counters=NodeCounters(sbuf_read_bytes=nbytes),
+        counters=shared_counters(0, 0, 0, 0, 0, nbytes),  # sbuf_read_bytes
     )
 
 
@@ -87,14 +87,13 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     nbytes_in = k * n * dtype.itemsize
     for p in range(passes):
         label = ("lo", "hi")[p] if passes == 2 else ""
+        # (raw, adjusted, transpose FLOPs, HBM read, write, SBUF read, write, PSUM read, write)
         if transpose:
-            counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
-                                    transpose_flops=flops)
+            counters = shared_counters(0, 0, flops, 0, 0, nbytes_in, 0, 0, m * n * 4)
         else:
-            counters = NodeCounters(sbuf_read_bytes=nbytes_in, psum_write_bytes=m * n * 4,
-                                    raw_flops=flops // passes,
-                                    adjusted_flops=int(flops // passes
-                                                       * costs.adjusted_flops_factor(spec, dtype)))
+            counters = shared_counters(flops // passes,
+                                       int(flops // passes * costs.adjusted_flops_factor(spec, dtype)),
+                                       0, 0, 0, nbytes_in, 0, 0, m * n * 4)
         accumulate = position.accumulates or p > 0
         extra = [sbuf_key(moving2)] if moving2 is not None else []
         ctx.em.instruction(

@@ -171,3 +171,13 @@ def test_area_index_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch) -
     plain = fingerprint.digest(compile_graph(graph, "trn1"))
     monkeypatch.setattr(emitter, "INDEX_MIN", 2)
     assert fingerprint.digest(compile_graph(graph, "trn1")) == plain
+
+
+def test_shared_counters_are_the_records_the_constructor_makes() -> None:
+    """shared_counters(*values) is NodeCounters(*values), one record per distinct values."""
+    from neuroncore.compiler.counters import NodeCounters, shared_counters
+
+    a = shared_counters(0, 0, 0, 0, 0, 256, 0, 0, 512)
+    assert a == NodeCounters(sbuf_read_bytes=256, psum_write_bytes=512)
+    assert shared_counters(0, 0, 0, 0, 0, 256, 0, 0, 512) is a
+    assert shared_counters(0, 0, 0, 0, 0, 256, 0, 0, 1024) != a
