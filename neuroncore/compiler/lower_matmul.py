@@ -29,7 +29,7 @@ from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, 
 from neuroncore.compiler.lower_reduce import RowParams, row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
-from neuroncore.compiler.orientation import OrientedDot, stored_shape
+from neuroncore.compiler.orientation import OrientedDot, epilogue_chain, stored_shape
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
 from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
 from neuroncore.dtypes import DType
@@ -562,8 +562,6 @@ def fused_scale(ctx: Context, op: Op) -> FusedScale | None:
     return FusedScale(user, spread, (user,))
 
 
-EPILOGUE_FUNCTIONS = frozenset({"gelu", "silu", "tanh", "logistic", "exponential", "erf", "sqrt",
-                                "rsqrt", "log", "abs", "sine", "cosine"})
 BIAS_ROW_MAX_BYTES = 16 * 1024  # per partition: a longer bias row is not kept for the whole dot
 
 
@@ -571,9 +569,11 @@ BIAS_ROW_MAX_BYTES = 16 * 1024  # per partition: a longer bias row is not kept f
 class Epilogue:
     """What the PSUM evacuation of a dot also does, as neuronx-cc fuses it: add a bias row (the
     dot's only reader adds a 1-D vector broadcast along the last dim) and apply an activation
-    (the next only reader, on the Scalar engine, in place). ``product`` is the last fused op,
-    whose value the dot writes; every step keeps the dot's type, so each rounding is the one the
-    unfused ops make and numerics do not change."""
+    (the next only reader, on the Scalar engine, in place), then a cast of an FP32 dot's result to
+    a 16-bit float (the last write's own type: engines convert on write, neuroncore.md §2.6),
+    looking through reshapes that keep the last dim (``orientation.epilogue_chain``). ``product``
+    is the last fused op, whose value the dot writes; every step before the cast keeps the dot's
+    type, so each rounding is the one the unfused ops make and numerics do not change."""
 
     product: Op
     bias: Op | None  # the 1-D bias vector
@@ -599,16 +599,24 @@ def fused_epilogue(ctx: Context, op: Op) -> Epilogue | None:
                          and ctx.uses[src.index] == [other.index] and src.index not in ctx.outputs))):
             bias, cur = src, user
             fused += [other, user] + ([src] if src.index not in ctx.values else [])
-    user = _only_user(ctx, cur)
-    if user is not None and user.opcode in EPILOGUE_FUNCTIONS and user.dtype == op.dtype:
-        func = user.opcode
-        if func == "gelu" and user.attrs.get("approximate", "tanh") != "tanh":
-            func = "gelu_exact"
-        fused.append(user)
-        cur = user
+    for last, function, more in epilogue_chain(cur, op, lambda o: _only_user(ctx, o)):
+        if _same_row_tiles(last.shape, op.shape):  # the evacuation writes the dot's tiles
+            cur, func = last, function
+            fused += more
+            break
     if cur is op:
         return None
     return Epilogue(cur, bias, func, tuple(fused))
+
+
+def _same_row_tiles(shape: tuple[int, ...], dot_shape: tuple[int, ...]) -> bool:
+    """Whether a value of ``shape`` has the row tiles of a dot of ``dot_shape`` (same rows in the
+    same order, so the evacuation of the dot's tile ``t`` writes the value's tile ``t``)."""
+    if tuple(shape) == tuple(dot_shape):
+        return True
+    if len(dot_shape) != 2 or len(shape) < 2 or is_packed(shape, Layout.ROW):
+        return False
+    return shape[-1] == dot_shape[-1] and shape[-2] % P == 0 and math.prod(shape[:-1]) == dot_shape[0]
 
 
 def _accumulates_in_psum(spec: CoreSpec, op: Op, rows: int, cols: int) -> bool:
@@ -721,6 +729,30 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
                 ctx.release(scaled.scales, scale_tile)
 
 
+def _evacuate_narrowing(ctx: Context, psum: Ref, out: Ref, acc: Ref | None, bias: Ref | None,
+                        func: str | None, engine: Engine, *, per_partition_bias: bool = False) -> None:
+    """An FP32 dot's evacuation whose product is cast to a 16-bit float (``epilogue_chain``): every
+    step before the last stays FP32 (in the PSUM bank itself, which the engines read and write),
+    and the last one writes the narrow type, so the one rounding is the cast's own. A partial sum
+    (split K) and a bias row are added into PSUM by the Vector engine; the activation reads PSUM and
+    writes ``out`` (a per-partition bias, feature-major, is ACT's own ``bias`` operand)."""
+    if acc is not None:
+        tensor_tensor(ctx, "add", psum, acc, psum)
+    if bias is not None and func is not None and per_partition_bias:
+        activate(ctx, func, out, psum, bias=bias)
+    elif bias is not None and func is not None:
+        tensor_tensor(ctx, "add", psum, psum, bias)
+        activate(ctx, func, out, psum)
+    elif bias is not None and per_partition_bias:
+        tensor_scalar(ctx, out, psum, [("add", bias, False)])
+    elif bias is not None:
+        tensor_tensor(ctx, "add", out, psum, bias)
+    elif func is not None:
+        activate(ctx, func, out, psum)
+    else:
+        tensor_copy(ctx, out, psum, engine)
+
+
 def _evacuate_oriented(ctx: Context, op: Op, target: Op, t: int, psum: Ref, cols: tuple[int, int],
                        steps: tuple[bool, bool], acc: Ref | None, engine: Engine, bias: Ref | None,
                        func: str | None) -> None:
@@ -738,6 +770,11 @@ def _evacuate_oriented(ctx: Context, op: Op, target: Op, t: int, psum: Ref, cols
         return
     out = ctx.produce(target, t, c0, c1, (psum.p0, psum.p1))
     exact = op.dtype is DType.FP32  # the PSUM sums are the dot's value: no rounding skipped
+    if exact and target.dtype is not op.dtype:
+        _evacuate_narrowing(ctx, psum, out, acc if not first else None, bias, func, engine,
+                            per_partition_bias=True)
+        ctx.produced(target, t, out, c0, c1)
+        return
     if not first:
         assert acc is not None
         tensor_tensor(ctx, "add", out, acc, psum)
@@ -784,6 +821,10 @@ def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: 
     if epilogue is not None and last:
         out = ctx.produce(epilogue.product, t, c0, c1, rows)
         exact = op.dtype is DType.FP32  # the PSUM sums are the dot's value: no rounding skipped
+        if exact and epilogue.product.dtype is not op.dtype:
+            _evacuate_narrowing(ctx, psum, out, acc if not first else None, bias, epilogue.func, engine)
+            ctx.produced(epilogue.product, t, out, c0, c1)
+            return
         if not first:
             assert acc is not None
             tensor_tensor(ctx, "add", out, acc, psum)

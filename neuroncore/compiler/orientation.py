@@ -24,8 +24,10 @@ than partitions (``MIN_TOKENS``: decode steps). The plan is structural
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from neuroncore.dtypes import DType
 from neuroncore.ir.graph import BINARY_OPS, UNARY_OPS, Graph, Op
 
 # fewer tokens than partitions (decode steps): each MATMUL with the tokens as the moving operand
@@ -38,6 +40,51 @@ ORIENTED_UNARY = frozenset({*UNARY_OPS, "gelu", "silu", "convert"})
 ORIENTED_BINARY = frozenset(BINARY_OPS)
 EPILOGUE_FUNCTIONS = frozenset({"gelu", "silu", "tanh", "logistic", "exponential", "erf", "sqrt",
                                 "rsqrt", "log", "abs", "sine", "cosine"})
+
+
+# a cast the evacuation may make as its own write: engines convert on write at no cost
+# (neuroncore.md §2.6), so ``convert(gelu(psum + b))`` to BF16 is the ACTIVATE writing BF16
+EVACUATION_CASTS = frozenset({DType.BF16, DType.FP16})
+
+
+def epilogue_chain(start: Op, dot: Op, only_user: Callable[[Op], Op | None]
+                   ) -> list[tuple[Op, str | None, tuple[Op, ...]]]:
+    """What a dot's evacuation can also compute after ``start`` (the dot, or its fused bias add):
+    an activation, then a cast to a 16-bit float, each the only reader of what precedes it,
+    looking through reshapes that keep the last dim (torch's ``Linear`` on ``[B, S, H]`` reshapes
+    between the matmul, its bias add and the activation: elementwise ops do not care).
+
+    Returns the candidate products, longest first: ``(product, func, ops fused after start)``; the
+    caller takes the first whose value it can write (its tiles those of the dot). A cast is taken
+    only after an FP32 dot (its sums are the dot's value, so one rounding on the write is the cast's
+    own rounding: numerics unchanged)."""
+    out: list[tuple[Op, str | None, tuple[Op, ...]]] = []
+    last = dot.shape[-1] if dot.shape else None
+
+    def through_views(op: Op) -> tuple[list[Op], Op | None]:
+        views: list[Op] = []
+        user = only_user(op)
+        while (user is not None and user.opcode == "reshape" and user.shape
+               and user.shape[-1] == last):
+            views.append(user)
+            user = only_user(user)
+        return views, user
+
+    cur, func, fused = start, None, []
+    views, user = through_views(cur)
+    if user is not None and user.opcode in EPILOGUE_FUNCTIONS and user.dtype == dot.dtype:
+        func = user.opcode
+        if func == "gelu" and user.attrs.get("approximate", "tanh") != "tanh":
+            func = "gelu_exact"
+        fused += [*views, user]
+        cur = user
+        out.append((cur, func, tuple(fused)))
+        views, user = through_views(cur)
+    if (user is not None and user.opcode == "convert" and dot.dtype is DType.FP32
+            and user.dtype in EVACUATION_CASTS and cur.dtype is DType.FP32):
+        out.append((user, func, (*fused, *views, user)))
+    out.reverse()
+    return out
 
 
 def stored_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -108,13 +155,10 @@ def _head(graph: Graph, uses: dict[int, list[int]], outputs: set[int], dot: Op) 
                 and (src.index < dot.index or (src.opcode == "constant" and "init" in src.attrs))):
             bias, cur = src.index, user
             fused += [other.index, user.index]
-    user = _only_user(graph, uses, outputs, cur)
-    if user is not None and user.opcode in EPILOGUE_FUNCTIONS and user.dtype == dot.dtype:
-        func = user.opcode
-        if func == "gelu" and user.attrs.get("approximate", "tanh") != "tanh":
-            func = "gelu_exact"
-        fused.append(user.index)
-        cur = user
+    chain = epilogue_chain(cur, dot, lambda op: _only_user(graph, uses, outputs, op))
+    if chain:  # feature-major tiles are those of [last dim, tokens]: any such product will do
+        cur, func, more = chain[0]
+        fused += [op.index for op in more]
     return OrientedDot(dot.index, cur.index, bias, func, tuple(fused))
 
 

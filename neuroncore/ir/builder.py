@@ -35,6 +35,7 @@ from neuroncore.ir.graph import (
     Initializer,
     Op,
     SourceFrame,
+    is_weight_view,
 )
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -397,7 +398,7 @@ class GraphBuilder:
         """
         if (self.autocast is not None and out_dtype is None and lhs.dtype is DType.FP32
                 and rhs.dtype is DType.FP32):
-            lhs, rhs = self.convert(lhs, self.autocast), self.convert(rhs, self.autocast)
+            lhs, rhs = self._autocast_operand(lhs), self._autocast_operand(rhs)
             out_dtype = DType.FP32
         if len(lhs.shape) != len(rhs.shape) or len(lhs.shape) < 2:
             raise GraphError(f"dot: ranks differ or < 2: {list(lhs.shape)} x {list(rhs.shape)}")
@@ -420,6 +421,15 @@ class GraphBuilder:
         result = as_dtype(out_dtype) if out_dtype is not None else lhs.dtype
         return self._add("dot", [lhs, rhs], shape, result, lhs_contract=lc, rhs_contract=rc,
                          batch_dims=n - 2)
+
+    def _autocast_operand(self, x: Op) -> Op:
+        """A matmul operand in the auto-cast type: a view of a weight is the view of the cast
+        weight (``graph.is_weight_view``), anything else one convert."""
+        assert self.autocast is not None
+        if is_weight_view(x):
+            source = self._autocast_operand(x.operands[0])
+            return self._add(x.opcode, [source], x.shape, self.autocast, **dict(x.attrs))
+        return self.convert(x, self.autocast)
 
     def matmul(self, x: Op, w: Op) -> Op:
         """``x @ w`` with ``x`` of any rank and ``w`` 2-D (a linear layer's weight, [in, out])."""

@@ -137,6 +137,21 @@ class Op:
         return f"%{self.name} = {self.dtype.value}{list(self.shape)} {self.opcode}({args})"
 
 
+WEIGHT_VIEWS = frozenset({"broadcast", "reshape", "transpose"})
+
+
+def is_weight_view(value: Op) -> bool:
+    """Whether ``value`` is views (broadcast, reshape, transpose) of a trained weight only: torch
+    exports a ``Linear`` on a non-contiguous ``[B, S, H]`` input as a ``bmm`` that reads the weight
+    broadcast over the batch. A cast of such a value is the cast of the weight (folded at compile
+    time) viewed the same way: rounding each element commutes with a view."""
+    if value.opcode not in WEIGHT_VIEWS:
+        return False
+    while value.opcode in WEIGHT_VIEWS and len(value.operands) == 1:
+        value = value.operands[0]
+    return value.opcode == "constant" and "init" in value.attrs and value.dtype.is_float
+
+
 def reachable(roots: Iterable[Op]) -> Iterator[Op]:
     """Every op ``roots`` depend on (themselves included), each once, by identity: what an output
     reads, for pruning a graph and for asking which inputs a live op still reads."""

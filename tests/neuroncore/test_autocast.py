@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import neuroncore as nc
 from neuroncore.dtypes import DType
@@ -48,3 +49,35 @@ def test_weight_cast_is_folded_into_a_bf16_weight_in_hbm():
     # bf16 weights: half the HBM bytes of the fp32 model's weights
     fp32 = nc.compile(_graph(None), "trn1")
     assert program.weight_bytes() * 2 == fp32.weight_bytes()
+
+
+def _broadcast_weight_bmm(batch: int = 4, autocast: str | None = None) -> nc.Graph:
+    """torch's export of a ``Linear`` on a non-contiguous ``[B, S, H]`` input: a ``bmm`` with the
+    weight broadcast over the batch (BERT's attention output at batch > 1)."""
+    b = nc.GraphBuilder("bmm", autocast=autocast)
+    x = b.parameter("x", (batch, 128, 64))
+    w = b.weight("w", (64, 96))
+    out = b.dot(x, b.broadcast(w, (batch, 64, 96), (1, 2)), lhs_contract=-1, rhs_contract=1)
+    return b.build([out]).pruned()  # as the frontends build theirs
+
+
+@pytest.mark.parametrize("where", ["compiler option", "traced auto-cast"])
+def test_a_broadcast_weight_is_cast_once_at_compile_time(where):
+    """Under matmul auto-cast the broadcast of a weight is cast at its weight (folded at compile
+    time, stored BF16) and broadcast after: no per-execution pass over ``B`` copies of the weight,
+    and the same values (rounding commutes with a view). Both ways to auto-cast: the compiler's
+    option (``compiler.precision``) and the frontends' (``GraphBuilder(autocast=)``)."""
+    if where == "compiler option":
+        options = nc.CompilerOptions(auto_cast=nc.AutoCast.MATMULT)
+        program = nc.compile(_broadcast_weight_bmm(), "trn1", options)
+    else:
+        program = nc.compile(_broadcast_weight_bmm(autocast="bf16"), "trn1")
+    converts = [op for op in program.graph.ops if op.opcode == "convert"]
+    assert sorted(op.operands[0].opcode for op in converts) == ["constant", "parameter"]
+    weights = [t for t in program.hbm_tensors.values() if t.kind == "weight"]
+    assert [t.dtype for t in weights] == [DType.BF16]
+    scratch = [t.name for t in program.hbm_tensors.values() if t.kind == "scratch"]
+    assert scratch == [], f"the broadcast weight was materialised: {scratch}"
+    xs = [np.random.default_rng(5).standard_normal((4, 128, 64)).astype(np.float32)]
+    out = nc.Instance(sink=nc.EventSink()).core(0).load(program).execute(xs).outputs[0]
+    np.testing.assert_allclose(out, nc.run_reference(program.graph, xs)[0], rtol=1e-5, atol=1e-5)

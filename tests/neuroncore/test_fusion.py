@@ -141,3 +141,54 @@ def test_rotary_concatenation_is_assembled_on_chip(run, assert_close):
     assert program.stats.get("on_chip_concatenations") == 1
     assert not any("concatenate" in name for name in program.hbm_views)
     assert_close(result.out, result.ref)
+
+
+def _cast_mlp(tokens: int, width: int, expose_gelu: bool) -> nc.Graph:
+    """An FP32 model's MLP under BF16 matmul auto-cast, as torch exports BERT's: dot -> + bias ->
+    reshape [1, T, F] -> gelu -> reshape [T, F] -> cast to BF16 -> the next dot."""
+    g = nc.GraphBuilder()
+    x = g.parameter("x", (tokens, E), "fp32")
+    dot = g.dot(x, g.weight("w", (E, width), "fp32"))
+    y = g.add(dot, g.broadcast(g.weight("b", (width,), "fp32", scale=0.5), (tokens, width), (1,)))
+    act = g.gelu(g.reshape(y, (1, tokens, width)))
+    cast = g.convert(g.reshape(act, (tokens, width)), "bf16")
+    out = g.dot(cast, g.weight("w2", (width, E), "bf16"))
+    return g.build([out, act] if expose_gelu else [out])
+
+
+@pytest.mark.parametrize("tokens", [64, 128], ids=["token-major", "feature-major"])
+def test_the_cast_after_an_activation_is_the_evacuations_own_write(run, assert_close, tokens):
+    """Engines convert on write (neuroncore.md §2.6): the BF16 cast of an FP32 dot's
+    ``gelu(x @ w + b)`` is written by the evacuation itself, through the reshapes between the ops;
+    no separate add, gelu or cast pass, and bit-identical to the unfused ops (every step FP32, one
+    rounding on the last write). 64 tokens stay token-major, 128 are feature-major (orientation)."""
+    graph = _cast_mlp(tokens, 2 * E, expose_gelu=False)
+    inputs = [np.random.default_rng(4).standard_normal((tokens, E)).astype(np.float32)]
+    result = run(graph, inputs)
+    program = result.program
+    fused = {op.index for op in graph.ops if op.opcode in ("add", "gelu", "convert")
+             and op.operands[0].opcode != "constant"}
+    assert len(fused) == 3
+    assert not np.isin(program.op_index, list(fused)).any(), "a fused op has instructions of its own"
+    first_dot = min(op.index for op in graph.ops if op.opcode == "dot")
+    acts = [i for i in range(program.n_nodes) if int(program.op_index[i]) == first_dot
+            and program.activation_fn[i] == "Gelu_apprx_tanh"]
+    assert acts, "the activation runs in the dot's evacuation"
+    assert (program.stats.get("oriented_dots", 0) > 0) == (tokens >= 128)
+    # the gelu as a graph output keeps its own FP32 value, so the cast is a pass of its own there
+    unfused = run(_cast_mlp(tokens, 2 * E, expose_gelu=True), inputs)
+    cast = next(op for op in graph.ops if op.opcode == "convert" and op.operands[0].opcode == "reshape")
+    assert (unfused.program.op_index == cast.index).any()
+    np.testing.assert_array_equal(result.out, unfused.outputs[0])
+    assert_close(result.out, result.ref, "bf16")
+
+
+def test_a_cast_product_small_enough_stays_in_sbuf():
+    """BERT-base's MLP at batch 8 (1,024 tokens x 3,072): the FP32 GELU output is 96 KB per
+    partition, over the quarter of SBUF a value may hold, so it went through HBM and the cast read
+    it back; the BF16 product the evacuation writes now is 48 KB, and stays on chip, feature-major."""
+    graph = _cast_mlp(1024, 3072, expose_gelu=False)
+    program = nc.compile(graph, "inf2")
+    scratch = [t.name for t in program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
+    assert scratch == [], f"the MLP intermediate went through HBM: {scratch}"
+    assert program.stats.get("oriented_dots", 0) == 1
