@@ -16,8 +16,9 @@ per shape.
 Per key ``"<model>/<instance>/tp<N>/b<B>/<in>-<out>"``:
 
 Both latencies are what the host sees (``neuroncore.runtime.host_io.request_latency_ns``): the
-runtime's per-execution overhead, the token ids copied in, the execution, the logits copied out (the
-KV cache stays on the device, as transformers-neuronx keeps it).
+runtime's per-execution overhead, the inputs copied in (the hidden states transformers-neuronx
+embeds on the host, written to every rank: ``host_input_bytes``), the execution, the logits copied
+out (the KV cache stays on the device, as transformers-neuronx keeps it).
 
 * ``ttft_ms``: context encoding of the ``in``-token prompt (causal attention, all layers, last-token
   logits). transformers-neuronx compiles prompt buckets of half each token bucket, so every
@@ -68,6 +69,7 @@ os.environ.setdefault(settings.LIVE.name, "0")
 
 from neuroncore.compiler import CompilerOptions, Quantization
 from neuroncore.generation import normalize_buckets, steps_per_bucket
+from neuroncore.ir.graph import Graph
 from neuroncore.parallel import TensorParallelModel
 from neuroncore.parallel.heads import head_counts
 from neuroncore.runtime import Instance
@@ -84,6 +86,23 @@ CALIBRATION = {
     "llama2-7b/inf2.48xlarge/tp24/b1/128-3968": {"ttft_ms": 27.6, "tpot_ms": 6.47},
     "llama2-70b/trn1.32xlarge/tp32/b1/128-128": {"ttft_ms": 53.9, "tpot_ms": 25.18},
 }
+
+
+def host_input_bytes(graph: Graph, batch: int, tokens: int, hidden: int, ranks_per_chip: int) -> int:
+    """Bytes the host copies to one chip for one execution (``request_latency_ns``'s input copy,
+    on the chip's one host-to-device DMA engine; the chips copy in parallel).
+
+    transformers-neuronx (Neuron 2.18) embeds the tokens on the host: with ``on_device_embedding``
+    off (the default then; its 2.18 samples set it off explicitly) ``forward`` runs
+    ``chkpt_model.model.embed_tokens(input_ids)`` on the CPU and the decoder writes the hidden
+    states into an input buffer that ``ParallelTensorManipulator.duplicate`` made on *every* rank,
+    so each chip receives ``batch x tokens x hidden`` FP16 values once per rank it holds (a 128-token
+    Llama-2-7B prompt: 1 MiB per rank, 2 MiB per inf2 chip). The integer inputs (positions, cache
+    ids; our program's token ids stand in for them) are counted as they are. The program still
+    gathers its embedding rows on the device: a few microseconds counted twice [assumption: the
+    gather is not worth a second program shape]."""
+    integers = sum(p.nbytes for p in graph.parameters if not p.dtype.is_float)
+    return integers + batch * tokens * hidden * 2 * ranks_per_chip
 
 
 def lengths_for(instance: str) -> list[tuple[int, int]]:
@@ -140,8 +159,11 @@ class Grid:
             result = group.execute(timing_only=True)
             t2 = time.perf_counter()
             program = group.program
-            # the KV cache stays on the device: only the ids and positions go in, the logits out
-            host_in = sum(p.nbytes for p in program.graph.parameters if not p.dtype.is_float)
+            # the KV cache stays on the device: the hidden states (embedded on the host) and the
+            # positions go in, the logits out
+            tokens = context if workload == "llama-prefill" else 1
+            host_in = host_input_bytes(program.graph, key.batch, tokens, LLAMA_PRESETS[key.model]["hidden"],
+                                       group.topology.cores_per_device)
             host_out = program.graph.outputs[0].nbytes
             request = request_latency_ns(program.spec, result.device_time_ns, host_in, host_out)
             self.cache[cache_key] = Timed(result.device_time_ns / 1e6, request / 1e6, t2 - t1, t1 - t0,
