@@ -1,7 +1,8 @@
 """Index updates (``slice_scatter``, ``select_scatter``, ``index_copy``, ``index_put``,
 ``scatter``): the KV-cache writes of static caches and the functional form of in-place writes.
 
-Updates at constant positions are concatenations of the kept parts and the new values. Updates at
+Updates at constant positions are concatenations of the kept parts and the new values (a strided
+slice, every k-th position, through a `[n, k]` view of the region it spans). Updates at
 runtime positions are selects, one per written slot: ``out = where(iota_dim == index[j],
 source[j], out)``, each a Vector-engine pass over the destination (so later slots win, as torch's
 sequential ``index_copy`` does). The number of written slots is capped at ``MAX_SLOTS`` (a decode
@@ -60,9 +61,37 @@ def slice_scatter(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any
     x, src = c._op(kw["self"], dtype), c._op(kw["src"], dtype)
     dim = int(kw.get("dim", 0)) % len(x.shape)
     start = slice(kw.get("start"), kw.get("end"), 1).indices(x.shape[dim])[0]
-    if (kw.get("step") or 1) != 1:
-        return NotImplemented
+    step = int(kw.get("step") or 1)
+    if step != 1:
+        return _strided_splice(c, x, src, dim, start, step)
     return _splice(c, x, src, dim, start, start + src.shape[dim])
+
+
+def _strided_splice(c: _Converter, x: Op, src: Op, dim: int, start: int, step: int) -> Any:
+    """``x`` with positions ``start, start + step, ...`` of ``dim`` replaced by ``src``: the
+    backward of a strided slice (GPT-J's rotary ``x[..., ::2]`` and ``x[..., 1::2]``). The region
+    they span, viewed as ``[n, step]`` along ``dim``, gets ``src`` as its first column; views and
+    concatenations only."""
+    n, size = src.shape[dim], x.shape[dim]
+    if step < 1 or n == 0 or start + (n - 1) * step >= size:
+        return NotImplemented
+    span = min(n * step, size - start)
+    region = _take(c, x, dim, start, start + span)
+    assert region is not None
+    if span < n * step:  # the last row of the view runs past the end: pad it, cut it off after
+        pad_shape = list(x.shape)
+        pad_shape[dim] = n * step - span
+        region = c.b.concatenate([region, c.b.constant(0.0, x.dtype, shape=pad_shape)], dim)
+    grid = (*x.shape[:dim], n, step, *x.shape[dim + 1:])
+    rows = c.b.reshape(region, grid)
+    first = c.b.reshape(src, (*x.shape[:dim], n, 1, *x.shape[dim + 1:]))
+    rest_starts, rest_limits = [0] * len(grid), list(grid)
+    rest_starts[dim + 1] = 1
+    rows = c.b.concatenate([first, c.b.slice(rows, rest_starts, rest_limits)], dim + 1)
+    flat = c.b.reshape(rows, (*x.shape[:dim], n * step, *x.shape[dim + 1:]))
+    if span < n * step:
+        flat = _take(c, flat, dim, 0, span)
+    return _splice(c, x, flat, dim, start, start + span)
 
 
 @handles("select_scatter")

@@ -46,6 +46,15 @@ def test_constant_position_writes_and_scatter():
     _same(lambda i: torch.zeros(2, 4).scatter(1, i, 1.0), index)  # a one-hot mask
 
 
+def test_strided_slice_writes():
+    """slice_scatter with a step: the backward of a strided slice (GPT-J's rotary ``x[..., ::2]``),
+    including a last stride that runs past the end (positions 1, 4, 7 of 8)."""
+    x = torch.randn(2, 8, 3)
+    _same(lambda a, b: torch.slice_scatter(a, b, dim=1, start=0, end=None, step=2), x, torch.randn(2, 4, 3))
+    _same(lambda a, b: torch.slice_scatter(a, b, dim=1, start=1, end=None, step=3), x, torch.randn(2, 3, 3))
+    _same(lambda a, b: torch.slice_scatter(a, b, dim=2, start=1, end=3, step=2), x, torch.randn(2, 8, 1))
+
+
 def _close(fn, *inputs):
     """Accumulating updates sum in another order than torch: equal to rounding."""
     traced = nc.trace(fn, inputs)

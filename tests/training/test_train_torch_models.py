@@ -78,6 +78,16 @@ def test_llama_causal_lm_from_a_config() -> None:
     _compare(model, (ids, ids), steps=2)
 
 
+def test_gptj_rotary_strided_slices_train() -> None:
+    """GPT-J's rotary embedding slices every other feature (``x[..., ::2]``): the backward writes
+    them back with strided ``slice_scatter``s (found by the user trials)."""
+    torch.manual_seed(0)
+    config = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
+                                     n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = torch.randint(0, 64, (2, 8))
+    _compare(Labelled(transformers.GPTJForCausalLM(config)), (ids, ids), steps=2)
+
+
 def test_t5_shifts_its_labels_into_decoder_ids_in_place() -> None:
     """T5 builds its decoder inputs from the labels with in-place writes into a fresh tensor
     (``shifted[..., 1:] = labels[..., :-1]``). Replayed unfunctionalized, the step folded the
