@@ -3,6 +3,12 @@
     python bench/compile_fingerprint.py > after.json      # in this tree
     PYTHONPATH=/path/to/other/tree python bench/compile_fingerprint.py > before.json
     diff before.json after.json
+    python bench/compile_fingerprint.py --targets trn1 inf2 trn2 --big   # + full-size programs
+
+``--big`` adds the full-size programs whose compile speed is measured (a few minutes): the 32-layer
+Llama-2-7B decode (trn1), one Llama-2-70B tp32 rank (decode, context 255), the Llama-2-7B tp24
+rank on inf2.48xlarge's core decoding in bucket 256 and prefilling 2048 tokens, and a ViT-base
+training layer forward (micro-batch 64: 768 attention heads, large output tensors).
 
 Each digest covers every column of the program (engines, costs, dependencies, semaphores, counters),
 every operand string, every node record, the buffers, HBM tensors and views, and the stats: two
@@ -22,6 +28,7 @@ import numpy as np
 
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.hardware import CoreSpec
 from neuroncore.ir.graph import Graph
 from neuroncore.workloads import train_graphs as tg
 
@@ -51,6 +58,31 @@ TRAINING: dict[str, Callable[[], Graph]] = {
 }
 
 
+def big_workloads() -> dict[str, Callable[[], tuple[Graph, str | CoreSpec]]]:
+    """The full-size programs of ``--big``: graph and target of each."""
+    from neuroncore.parallel.sharding import shard
+    from neuroncore.runtime import Instance
+    from neuroncore.workloads.training import VIT_TRAIN
+
+    def inf2_core() -> CoreSpec:
+        return Instance("inf2.48xlarge").spec.chip.core
+
+    def vit() -> Graph:
+        model = VIT_TRAIN["vit-base"]
+        return tg.layer_forward(model, tg.RankShapes.of(model, 64, 197, 1), 1)
+
+    return {
+        "llama2-7b-decode/trn1": lambda: (workloads.get("llama-decode").graph("llama2-7b"), "trn1"),
+        "llama2-70b-decode-tp32-rank/trn1": lambda: (shard(workloads.get("llama-decode").graph(
+            "llama2-70b", context=255, tp_degree=32), 32).local, "trn1"),
+        "llama2-7b-decode-256-tp24-rank/inf2": lambda: (shard(workloads.get("llama-decode").graph(
+            "llama2-7b", context=255, tp_degree=24), 24).local, inf2_core()),
+        "llama2-7b-prefill-2048-tp24-rank/inf2": lambda: (shard(workloads.get("llama-prefill").graph(
+            "llama2-7b", batch=1, context=2048, tp_degree=24), 24).local, inf2_core()),
+        "vit-base-train-layer-fwd/trn1": lambda: (vit(), "trn1"),
+    }
+
+
 def digest(program: object) -> str:
     """SHA-256 over every field of a Program except the graph and the core spec."""
     h = hashlib.sha256()
@@ -77,6 +109,7 @@ def digest(program: object) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=["trn1", "inf2"])
+    parser.add_argument("--big", action="store_true", help="add the full-size programs (minutes)")
     args = parser.parse_args()
     out = {}
     for key, (name, preset, overrides) in WORKLOADS.items():
@@ -85,6 +118,10 @@ def main() -> None:
             out[f"{key}/{target}"] = digest(compile_graph(graph, target))
     for key, build in TRAINING.items():
         out[f"{key}/trn1"] = digest(compile_graph(build(), "trn1"))
+    if args.big:
+        for key, make in big_workloads().items():
+            graph, target = make()
+            out[key] = digest(compile_graph(graph, target))
     print(json.dumps(out, sort_keys=True))
 
 
