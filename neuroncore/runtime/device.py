@@ -11,10 +11,12 @@ forward so successive executions sit one after another on the device timeline.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,21 +198,40 @@ class DeviceState:
     their new values as outputs, as XLA aliases a program's inputs to its outputs; the host sends
     only what is not resident (the batch, a few scalars) and reads back only what it asks for.
 
-    The core must have room for them next to the loaded programs (one-line error otherwise)."""
+    The tensors are held in the core's one store of resident tensors (``NeuronCore.resident``, where
+    a decoder keeps its KV caches), each under this state's own prefix (two steps, or a whole state
+    and a rank's blocks, may use the same names on one core), so they count in the core's HBM use
+    and must fit next to the loaded programs (``NeuronCore.allocate_state``: one-line error
+    otherwise). They are released when the state is garbage-collected. ``tensors`` reads them by
+    name; ``update`` replaces their values (a program's outputs become the resident values)."""
+
+    _serial = itertools.count()
 
     def __init__(self, core: NeuronCore, tensors: Mapping[str, np.ndarray]) -> None:
         self.core = core
-        self.tensors: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in tensors.items()}
+        prefix = f"device-state.{next(DeviceState._serial)}/"
+        self._held: dict[str, ResidentTensor] = {}
+        finalize = weakref.finalize(self, _free_states, core, [prefix + k for k in tensors])
+        try:
+            for name, value in tensors.items():
+                array = np.asarray(value)
+                held = core.allocate_state(prefix + name, tuple(array.shape), DType.FP32)
+                held.values = array
+                self._held[name] = held
+        except ValueError:
+            finalize()
+            raise
+        self.tensors: Mapping[str, np.ndarray] = _ResidentValues(self._held)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(v.size) * 4 for v in self.tensors.values())
+        return sum(t.nbytes for t in self._held.values())
 
     def inputs(self, names: Sequence[str], host: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """A program's inputs in order: resident tensors by name, the rest from ``host``."""
         values = []
         for name in names:
-            if name in self.tensors:
+            if name in self._held:
                 values.append(self.tensors[name])
             elif name in host:
                 values.append(host[name])
@@ -222,14 +243,39 @@ class DeviceState:
     def update(self, outputs: Mapping[str, np.ndarray]) -> None:
         """Make a program's outputs the resident values of the tensors they alias."""
         for name, value in outputs.items():
-            if name not in self.tensors:
+            held = self._held.get(name)
+            if held is None:
                 raise ValueError(f"output {name!r} aliases no resident tensor")
-            self.tensors[name] = np.asarray(value, np.float32).reshape(self.tensors[name].shape)
+            held.values = np.asarray(value, np.float32).reshape(held.shape)
 
     def zero(self, names: Sequence[str]) -> None:
         """Reset resident tensors (gradient buffers after an optimizer step) to zeros."""
         for name in names:
-            self.tensors[name] = np.zeros_like(self.tensors[name], dtype=np.float32)
+            held = self._held[name]
+            held.values = np.zeros(held.shape, np.float32)
+
+
+class _ResidentValues(Mapping[str, np.ndarray]):
+    """A device state's tensors by their own names: the values of the core's resident tensors."""
+
+    def __init__(self, held: dict[str, ResidentTensor]) -> None:
+        self._held = held
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        values = self._held[name].values
+        assert values is not None  # set when the state is made, replaced, never cleared
+        return values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def _free_states(core: NeuronCore, names: list[str]) -> None:
+    for name in names:
+        core.free_state(name)
 
 
 class NeuronCore:

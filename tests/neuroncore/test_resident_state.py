@@ -64,3 +64,32 @@ def test_binding_mistakes_are_one_line(accumulate):
         core.allocate_state("huge", (1 << 20, 1 << 14), DType.FP32)
     core.free_state("acc")
     assert "acc" not in core.resident
+
+
+def test_a_training_device_state_is_held_in_the_cores_one_store():
+    """A training step's DeviceState keeps its tensors in the core's resident store (the KV caches'
+    store): they count in the core's HBM, two states of the same names coexist on one core, and a
+    state's tensors are released with it."""
+    import gc
+
+    from neuroncore.runtime.device import DeviceState
+
+    core = nc.Instance("trn1.2xlarge").core(0)
+    weights = {"param/w": np.ones((4, 8), np.float32), "grad/w": np.zeros((4, 8), np.float32)}
+    whole = DeviceState(core, weights)
+    assert core.hbm_used_bytes == whole.nbytes == 2 * 4 * 8 * 4
+    block = DeviceState(core, {"param/w": np.full((2, 8), 3.0, np.float32)})  # a rank's block
+    assert core.hbm_used_bytes == whole.nbytes + block.nbytes
+    whole.update({"param/w": np.full((4, 8), 2.0, np.float32)})
+    np.testing.assert_array_equal(whole.inputs(["param/w", "x"], {"x": np.zeros(1)})[0], 2.0)
+    np.testing.assert_array_equal(block.tensors["param/w"], 3.0)
+    whole.zero(["param/w"])
+    assert not whole.tensors["param/w"].any() and sorted(whole.tensors) == ["grad/w", "param/w"]
+    with pytest.raises(ValueError, match="aliases no resident tensor"):
+        whole.update({"param/v": np.zeros((4, 8))})
+    del whole
+    gc.collect()
+    assert core.hbm_used_bytes == block.nbytes
+    with pytest.raises(ValueError, match="does not fit in device memory"):
+        DeviceState(core, {"huge": np.broadcast_to(np.float32(0), (1 << 20, 1 << 14))})
+    assert core.hbm_used_bytes == block.nbytes  # a refused state leaves nothing behind
