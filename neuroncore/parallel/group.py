@@ -32,7 +32,15 @@ from neuroncore.compiler.program import RES_DMA, Program
 from neuroncore.ir.graph import Graph, Op
 from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.rank_threads import run_ranks
-from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
+from neuroncore.parallel.sharding import (
+    ShardedGraph,
+    ShardingError,
+    Split,
+    block_of,
+    join_blocks,
+    rank_block,
+    shard,
+)
 from neuroncore.runtime import records
 from neuroncore.runtime.device import ExecutionResult, Instance, LoadedModel
 from neuroncore.runtime.interpreter import Exchange
@@ -92,7 +100,7 @@ class _Rendezvous:
                     result = result + part
                 if op.opcode == "reduce-scatter":  # sequence parallelism: the rank's tokens
                     split = Split(op.attrs["dimension"], op.attrs.get("outer", 1))
-                    result = np.ascontiguousarray(block_of(result, split, len(parts), rank))
+                    result = rank_block(result, split, len(parts), rank)
             else:
                 result = join_blocks(parts, Split(op.attrs["dimension"], op.attrs.get("outer", 1)))
             self.barrier.wait()  # nobody overwrites a slot before everyone has read them all

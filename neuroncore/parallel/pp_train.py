@@ -73,7 +73,7 @@ from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.pipeline import Pass, one_f_one_b
 from neuroncore.parallel.pp_partition import Stage, layer_list, partition
 from neuroncore.parallel.rank_threads import run_ranks
-from neuroncore.parallel.sharding import ShardingError, Split, block_of, join_blocks, shard
+from neuroncore.parallel.sharding import ShardingError, Split, join_blocks, rank_block, shard
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel, stochastic_rounding_wanted
 from neuroncore.runtime.scheduler import schedule
@@ -266,7 +266,7 @@ class PipelineParallelTrainStep(TrainStep):
             layout = {**self.optimizer_programs[-1].input_splits, **backward.input_splits}
             self.stage_splits.append({k: layout.get(k) for k in tensors})
             states.append([DeviceState(self.instance.core(s * tp + r),
-                                       {k: np.ascontiguousarray(block_of(v, self.stage_splits[s][k], tp, r))
+                                       {k: rank_block(v, self.stage_splits[s][k], tp, r)
                                         for k, v in tensors.items()}) for r in range(tp)])
         self.stage_states = states
         self._tie_weights()
@@ -583,7 +583,7 @@ class PipelineParallelTrainStep(TrainStep):
 
         def run(r: int) -> None:
             state = self.stage_states[s][r]
-            mine = {k: np.ascontiguousarray(block_of(v, program.input_splits.get(k), tp, r))
+            mine = {k: rank_block(v, program.input_splits.get(k), tp, r)
                     for k, v in feeds.items()}
             arrays = [self._read(s, program, name, value, r)
                       for name, value in zip(program.inputs, state.inputs(program.inputs, mine))]
@@ -635,7 +635,7 @@ class PipelineParallelTrainStep(TrainStep):
                 program, state = self.tied_programs[s], self.stage_states[s][r]
                 whole = {n: self.stage_splits[s].get(n) is None and self.tied_blocks[n] is not None
                          for n in program.inputs}  # kept whole, all-reduced by blocks
-                arrays = [np.ascontiguousarray(block_of(state.tensors[n], self.tied_blocks[n], self.tp, r))
+                arrays = [rank_block(state.tensors[n], self.tied_blocks[n], self.tp, r)
                           if whole[n] else state.tensors[n] for n in program.inputs]
                 outputs = program.ranks[r].compute(bind_inputs(program.loaded.program.graph, arrays),
                                                    rendezvous.for_rank(k))
@@ -661,7 +661,7 @@ class PipelineParallelTrainStep(TrainStep):
         kept = self.stage_splits[s].get(name)
         wanted = program.input_splits.get(name, kept)
         if kept is None and wanted is not None and name in self.stage_states[s][rank].tensors:
-            return np.ascontiguousarray(block_of(value, wanted, self.tp, rank))
+            return rank_block(value, wanted, self.tp, rank)
         return value
 
     def _stored(self, s: int, program: _Program, name: str, value: np.ndarray, rank: int) -> np.ndarray:
@@ -672,7 +672,7 @@ class PipelineParallelTrainStep(TrainStep):
             raise PlanError(f"{self.name}: {name} is kept split as {want} but written split as {got}")
         if value.shape == self.stage_states[s][rank].tensors[name].shape:
             return value
-        return np.ascontiguousarray(block_of(value, want, self.tp, rank))
+        return rank_block(value, want, self.tp, rank)
 
     def _send(self, source: int, target: int, k: int, kind: Pass, values: list[tuple[str, np.ndarray]],
               sent_ns: float, into: dict[tuple[int, int], _Arrival]) -> None:

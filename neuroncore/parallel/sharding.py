@@ -131,6 +131,14 @@ def block_of(array: np.ndarray, split: Sharding, tp: int, rank: int) -> np.ndarr
     return block.reshape(*shape[:d], shape[d] // tp, *shape[d + 1:])
 
 
+def rank_block(array: np.ndarray, split: Sharding, tp: int, rank: int) -> np.ndarray:
+    """:func:`block_of` as a C-contiguous array of the block's own shape: ``np.ascontiguousarray``
+    alone turns a 0-d value into ``[1]`` (T5's lifted scalar constant: its rank state no longer
+    matched the program's input, and a tensor-parallel T5 step stopped with a shape error)."""
+    block = block_of(array, split, tp, rank)
+    return np.ascontiguousarray(block).reshape(block.shape)
+
+
 def join_blocks(parts: list[np.ndarray], split: Split, size: int | None = None) -> np.ndarray:
     """The whole value from every rank's block (the inverse of :func:`block_of`); ``size``: the
     split dim's whole size, when the blocks hold padding past it (a padded vocabulary)."""
@@ -1148,5 +1156,5 @@ def _is_weight(op: Op) -> bool:
 
 
 __all__ = ["PARTIAL", "ShardedGraph", "ShardedInitializer", "Sharding", "ShardingError", "Split", "block_of",
-           "join_blocks", "shard"]
+           "join_blocks", "rank_block", "shard"]
 

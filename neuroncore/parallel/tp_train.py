@@ -53,7 +53,14 @@ from neuroncore.ir.reference import bind_inputs
 from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
 from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
-from neuroncore.parallel.sharding import ShardedGraph, ShardingError, Split, block_of, join_blocks, shard
+from neuroncore.parallel.sharding import (
+    ShardedGraph,
+    ShardingError,
+    Split,
+    join_blocks,
+    rank_block,
+    shard,
+)
 from neuroncore.parallel.training import PlanError
 from neuroncore.runtime import records
 from neuroncore.runtime.device import DeviceState, ExecutionResult, LoadedModel
@@ -187,7 +194,7 @@ class TensorParallelTrainStep(TrainStep):
 
     def _block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank ``rank``'s block of the resident tensor ``name`` (the whole of a replicated one)."""
-        return np.ascontiguousarray(block_of(value, self.input_split.get(name), self.tp, rank))
+        return rank_block(value, self.input_split.get(name), self.tp, rank)
 
     # -- what a caller may inspect -------------------------------------------------------------
     @property
