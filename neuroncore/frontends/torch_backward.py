@@ -1,7 +1,8 @@
 """Backward ATen ops that torch's core-ATen decomposition table keeps whole, lowered to ops the core
 runs (the training step's joint graph has them; inference graphs never do).
 
-* ``convolution_backward`` (groups = 1, not transposed): the weight gradient is the forward's
+* ``convolution_backward`` (not transposed; grouped ones group by group, up to ``MAX_GROUPS``):
+  the weight gradient is the forward's
   im2col patches contracted with the output gradient (one Tensor-engine matmul, as the forward);
   the input gradient is the output gradient times the weight (another matmul) folded back onto the
   input (col2im): each kernel offset's slab is dilated by the stride, placed at its offset in the
@@ -71,11 +72,18 @@ def _fold(c: _Converter, slabs: list[Op], kernel: list[int], stride: list[int], 
     return total
 
 
+MAX_GROUPS = 64
+"""Grouped convolutions are differentiated group by group (each group's gradients are two matmuls
+and a fold); more groups than this (a wide depthwise convolution) stay unsupported, listed by
+``check``, rather than a program of thousands of small matmuls."""
+
+
 @handles("convolution_backward")
 def convolution_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     meta: Any = node.meta["val"]
     dtype = c._out_dtype(next(m for m in meta if m is not None))
-    if kw.get("transposed") or int(kw.get("groups", 1) or 1) != 1 or not dtype.is_float:
+    groups = int(kw.get("groups", 1) or 1)
+    if kw.get("transposed") or not 1 <= groups <= MAX_GROUPS or not dtype.is_float:
         return NotImplemented
     grad = c._op(kw["grad_output"], dtype)
     x = c._op(kw["input"], dtype)
@@ -86,28 +94,59 @@ def convolution_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any])
     if any(int(p) for p in _ints(kw.get("output_padding", 0), spatial)):
         return NotImplemented
     mask = list(kw.get("output_mask") or (True, True, True))
+    results: list[Op | None] = [None, None, None]
+    if groups == 1:
+        results[0], results[1] = _conv_grads(c, grad, x, w, stride, padding, dilation, mask)
+    else:  # group g: input channels g*C/G.., output channels g*O/G.. (torch's layout)
+        per_in, per_out = x.shape[1] // groups, w.shape[0] // groups
+        parts: list[tuple[Op | None, Op | None]] = []
+        for g in range(groups):
+            parts.append(_conv_grads(c, _channels(c, grad, 1, g * per_out, per_out),
+                                     _channels(c, x, 1, g * per_in, per_in),
+                                     _channels(c, w, 0, g * per_out, per_out),
+                                     stride, padding, dilation, mask))
+        if mask[0]:
+            results[0] = c.b.concatenate([gx for gx, _ in parts if gx is not None], 1)
+        if mask[1]:
+            results[1] = c.b.concatenate([gw for _, gw in parts if gw is not None], 0)
+    if mask[2]:
+        results[2] = c.b.reduce(grad, [0, *range(2, 2 + spatial)], "sum")
+    return tuple(results)
+
+
+def _channels(c: _Converter, x: Op, dim: int, start: int, count: int) -> Op:
+    """``count`` channels of ``x`` along ``dim`` from ``start`` (one group's)."""
+    if start == 0 and count == x.shape[dim]:
+        return x
+    starts, limits = [0] * len(x.shape), list(x.shape)
+    starts[dim], limits[dim] = start, start + count
+    return c.b.slice(x, starts, limits)
+
+
+def _conv_grads(c: _Converter, grad: Op, x: Op, w: Op, stride: list[int], padding: list[int],
+                dilation: list[int], mask: list[bool]) -> tuple[Op | None, Op | None]:
+    """(input gradient, weight gradient) of an ungrouped convolution, each when ``mask`` asks."""
+    spatial = len(x.shape) - 2
     kernel = list(w.shape[2:])
     out = [out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k]) for k in range(spatial)]
     n, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     k_total, rows = math.prod(kernel), n * math.prod(out)
     # grad_output as [rows, O] (the forward's result layout before its final transpose)
     g_rows = c.b.reshape(c.b.transpose(grad, [0, *range(2, 2 + spatial), 1]), (rows, out_channels))
-    results: list[Op | None] = [None, None, None]
+    gx: Op | None = None
+    gw: Op | None = None
     if mask[1]:
         windows = c.b.reshape(patches(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, out),
                               (rows, channels * k_total))
-        gw = c.b.dot(c.b.transpose(g_rows, [1, 0]), windows)  # [O, C*K]
-        results[1] = c.b.reshape(gw, tuple(w.shape))
+        gw = c.b.reshape(c.b.dot(c.b.transpose(g_rows, [1, 0]), windows), tuple(w.shape))  # [O, C*K]
     if mask[0]:
         gp = c.b.dot(g_rows, c.b.reshape(w, (out_channels, channels * k_total)))  # [rows, C*K]
         gp = c.b.reshape(gp, (n, *out, channels, k_total))
         gp = c.b.transpose(gp, [0, 1 + spatial, *range(1, 1 + spatial), 2 + spatial])  # [N,C,*out,K]
         slabs = [c.b.reshape(c.b.slice(gp, [0] * (2 + spatial) + [j], [*gp.shape[:-1], j + 1],
                                        [1] * (3 + spatial)), gp.shape[:-1]) for j in range(k_total)]
-        results[0] = _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]))
-    if mask[2]:
-        results[2] = c.b.reduce(grad, [0, *range(2, 2 + spatial)], "sum")
-    return tuple(results)
+        gx = _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]))
+    return gx, gw
 
 
 @handles("max_pool2d_with_indices_backward")

@@ -57,6 +57,18 @@ def test_cnn_with_strided_padded_conv_and_overlapping_max_pool() -> None:
     _compare(model, (x, y), steps=2, loss_fn=F.cross_entropy)
 
 
+def test_cnn_with_grouped_and_depthwise_convolutions() -> None:
+    """Grouped (2 groups, strided) and depthwise convolutions train: their backward is refused
+    otherwise (found by the user trials)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 4))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 4, (2,))
+    _compare(model, (x, y), steps=2, loss_fn=F.cross_entropy)
+
+
 def test_bert_sequence_classification_from_a_config() -> None:
     torch.manual_seed(0)
     config = transformers.BertConfig(
