@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,7 +244,7 @@ class ZeroOneTrainStep(TrainStep):
         graph = b.build(outputs).pruned()
         return graph, _Layout([p.name for p in graph.parameters], names)
 
-    def _rank_tensors(self, full: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+    def _rank_tensors(self, full: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
         """Rank ``rank``'s resident tensors: parameters and buffers whole, the optimizer state as
         this rank's slice of each group's flattened state."""
         tensors = {k: v.copy() for k, v in full.items() if not k.startswith("state/")}
