@@ -90,6 +90,22 @@ def test_llama_causal_lm_from_a_config() -> None:
     _compare(model, (ids, ids), steps=2)
 
 
+def test_gradient_checkpointing_is_said_to_be_ignored() -> None:
+    """``gradient_checkpointing_enable()``: torch.export traces through the checkpoints, so the step
+    keeps the activations. It says so in one warning line (silently before: the memory check and
+    the step time were those without checkpointing) and trains as PyTorch does."""
+    from neuroncore.training.torch_step import CheckpointingIgnored
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 64, (2, 8))
+    with pytest.warns(CheckpointingIgnored, match="gradient checkpointing is not modelled"):
+        _compare(Labelled(model), (ids, ids), steps=1)
+
+
 def test_gptj_rotary_strided_slices_train() -> None:
     """GPT-J's rotary embedding slices every other feature (``x[..., ::2]``): the backward writes
     them back with strided ``slice_scatter``s (found by the user trials)."""
