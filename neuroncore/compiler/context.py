@@ -82,6 +82,18 @@ class Value:
                          self.layout, view)
 
 
+@dataclass(frozen=True)
+class SpillVictim:
+    """A resident tile that could be spilled to make room, with the DMA traffic that costs."""
+
+    value: Value
+    t: int
+    buf: Buffer
+    save_bytes: int  # stored to HBM (0: a valid copy is there already)
+    reload_bytes: int  # loaded back for a later reader (0: none) [an upper bound: a reader may
+    # only read it through an HBM view, which reloads nothing]
+
+
 # the compiler's queues in index order: (name, DMA queue type, trigger engine)
 QUEUE_SPECS: list[tuple[QueueName, DmaQueueType, Engine]] = [
     (QueueName.IO, DmaQueueType.INPUT, Engine.SYNC),
@@ -681,6 +693,47 @@ class Context:
         if best is None:
             return False
         _, _, value, t = best
+        self._spill_tile(value, t)
+        return True
+
+    def spill_victims(self, keep: set[int]) -> list[SpillVictim]:
+        """The resident tiles that could be spilled now, in the order :meth:`_spill_one` takes
+        them (furthest next use first, then larger, then value and tile order), leaving out pinned
+        tiles and the values in ``keep`` (op indices: what the caller is about to read)."""
+        order = self._holding
+        victims: list[tuple[tuple[int, int, int, int], SpillVictim]] = []
+        for index in list(order):
+            if index in keep:
+                continue
+            value = self.values[index]
+            next_use = self._next_use(index)
+            for t, buf in enumerate(value.bufs):
+                if buf is None or buf.id in self.pinned:
+                    continue
+                nbytes = value.tiles[t].rows * value.cols * value.op.dtype.itemsize
+                victim = SpillVictim(value, t, buf, 0 if value.in_hbm[t] else nbytes,
+                                     nbytes if next_use != NEVER_USED_AGAIN else 0)
+                victims.append(((-next_use, -buf.bytes_per_partition, order[index], t), victim))
+        victims.sort(key=lambda item: item[0])
+        return [victim for _, victim in victims]
+
+    def make_room(self, sizes: list[int], victims: list[SpillVictim]) -> int:
+        """Spill ``victims`` (from :meth:`spill_victims`) in order until buffers of ``sizes`` fit
+        in SBUF at once; returns how many were spilled. A dot lowering uses it when its planner
+        found a bigger block worth the spill traffic (``lower_matmul.plan_blocks``)."""
+        spilled = 0
+        for victim in victims:
+            if self.sbuf.fits(sizes):
+                break
+            if victim.value.bufs[victim.t] is not victim.buf or victim.buf.id in self.pinned:
+                continue  # spilled or pinned since the list was made
+            self._spill_tile(victim.value, victim.t)
+            spilled += 1
+        self.stats["plan_spilled_tiles"] = self.stats.get("plan_spilled_tiles", 0) + spilled
+        return spilled
+
+    def _spill_tile(self, value: Value, t: int) -> None:
+        """Free tile ``t`` of ``value``, storing it to HBM first unless a copy is there already."""
         buf = value.bufs[t]
         assert buf is not None
         if not value.in_hbm[t]:
@@ -694,7 +747,6 @@ class Context:
             self.stats["spilled_tiles"] += 1
         value.bufs[t] = None
         self.free(buf)
-        return True
 
     # -- shared constants ------------------------------------------------------------------
     def identity(self, dtype: DType) -> Ref:

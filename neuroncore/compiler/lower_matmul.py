@@ -15,10 +15,11 @@ next group's matmuls.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import product
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
@@ -174,6 +175,10 @@ class Plan:
     kb: int
     estimate_ns: float
     traffic_bytes: int
+    # buffers (bytes per partition) that must fit at once, when resident values are to be spilled
+    # to make room for them (``Context.make_room``); empty when the plan fits in what is free
+    room: tuple[int, ...] = ()
+    spill_bytes: int = 0  # the spill's DMA traffic counted in the estimate (stores + reloads)
 
 
 def _row_efficiency(spec: CoreSpec, row_bytes: int) -> float:
@@ -185,11 +190,17 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
                 b_streamed: bool, a_transposed: bool, b_transposed: bool, batches: int = 1,
                 a_ktiled: bool = False, b_ktiled: bool = False,
                 fits: Callable[[list[int]], bool] | None = None,
-                resident_out: list[int] | None = None) -> Plan:
+                resident_out: list[int] | None = None,
+                spill: Callable[[list[int]], int | None] | None = None) -> Plan:
     """Choose block sizes: least estimated time, then least traffic, then fewest blocks.
 
     Streamed blocks are double-buffered, so they count twice against the budget: a fraction of
-    SBUF, or of what is free right now when resident values already take space.
+    SBUF, or of what is free right now when resident values already take space. ``spill`` (the
+    bytes of DMA traffic that spilling resident values to make room for these buffers would
+    cost, None if it cannot be done) lets a plan that does not fit in free SBUF compete, its spill
+    traffic added to its DMA time: values the dot does not read are moved out rather than the dot
+    shrunk to the smallest block (a 13B layer backward's qkv dots collapsed to 128 x 512 x 128
+    under ~120 KB of resident gradients they do not read).
     """
     item = dtype.itemsize
     budget = SBUF_BUDGET_FRACTION * spec.sbuf_bytes_per_partition
@@ -203,28 +214,14 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         return sorted(values)
 
     mm_cycles = costs.matmul_cycles(spec, BANK_COLS, dtype)
-    best: Plan | None = None
-    for mb, nb, kb in product(options(m, P), options(n, BANK_COLS), options(k, P)):
+
+    def estimate(mb: int, nb: int, kb: int) -> tuple[float, int]:
+        """(estimated ns, HBM traffic bytes) of one choice of blocks."""
         kt = math.ceil(kb / P)
         split_k = kb < k
-        a_bytes = kt * mb * item if (a_streamed or a_transposed) else 0
-        b_bytes = kt * nb * item * 2 if (b_streamed or b_transposed) else 0
-        a_bytes *= 2 if split_k else 1
-        acc_bytes = math.ceil(mb / P) * nb * 4 if split_k else 0
-        stage = min(nb, BANK_COLS) * 4 * 2  # output staging, per partition
-        if a_bytes + b_bytes + acc_bytes + stage > budget:
-            continue
-        if fits is not None:
-            one_a = kt * mb * item if (a_streamed or a_transposed) else 0
-            one_b = kt * nb * item if (b_streamed or b_transposed) else 0
-            sizes = [x for x in (one_a, one_a if split_k else 0, one_b, one_b) if x]
-            sizes += [acc_bytes] if split_k else []  # the partial sums: one allocation (_blocks)
-            if not fits([*sizes, stage, *(resident_out or [])]):
-                continue
         reloads_a = math.ceil(n / nb) if split_k else 1
         traffic_a = m * k * item * reloads_a if a_streamed else 0
         traffic_b = k * n * item * math.ceil(m / mb) if b_streamed else 0
-        traffic = traffic_a + traffic_b
         # k-tiled weights move one run per partition per block; others one row per k
         eff_a = _row_efficiency(spec, (kt if a_ktiled else 1) * min(mb, m) * item)
         eff_b = _row_efficiency(spec, (kt if b_ktiled else 1) * min(nb, n) * item)
@@ -238,16 +235,127 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         acc_ops = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / kb) * batches
         dve_ns = acc_ops * costs.vector_cycles(spec, "tensor_tensor", BANK_COLS, inputs_in_psum=1) \
             * 1e9 / spec.vector_clock_hz if split_k else 0.0
-        estimate = max(pe_ns, dma_ns, dve_ns)
+        return max(pe_ns, dma_ns, dve_ns), traffic_a + traffic_b
+
+    best: Plan | None = None  # the best that fits in what is free
+    best_rank: tuple[float, int, int] | None = None
+    spilling: Plan | None = None  # the best that fits once resident values are spilled
+    spilling_rank: tuple[float, int, int] | None = None
+    for mb, nb, kb in itertools.product(options(m, P), options(n, BANK_COLS), options(k, P)):
+        kt = math.ceil(kb / P)
+        split_k = kb < k
+        a_bytes = kt * mb * item if (a_streamed or a_transposed) else 0
+        b_bytes = kt * nb * item * 2 if (b_streamed or b_transposed) else 0
+        a_bytes *= 2 if split_k else 1
+        acc_bytes = math.ceil(mb / P) * nb * 4 if split_k else 0
+        stage = min(nb, BANK_COLS) * 4 * 2  # output staging, per partition
+        if a_bytes + b_bytes + acc_bytes + stage > budget:
+            continue
+        ns, traffic = estimate(mb, nb, kb)
         blocks = math.ceil(m / mb) * math.ceil(n / nb) * math.ceil(k / kb)
-        plan = Plan(mb, nb, kb, estimate, traffic)
-        if best is None or (estimate, traffic, blocks) < (best.estimate_ns, best.traffic_bytes,
-                                                         math.ceil(m / best.mb) * math.ceil(n / best.nb)
-                                                         * math.ceil(k / best.kb)):
-            best = plan
+        rank = (ns, traffic, blocks)
+        if best_rank is not None and rank >= best_rank:
+            continue  # cannot win even if it fits as it is
+        if fits is not None:
+            one_a = kt * mb * item if (a_streamed or a_transposed) else 0
+            one_b = kt * nb * item if (b_streamed or b_transposed) else 0
+            sizes = [x for x in (one_a, one_a if split_k else 0, one_b, one_b) if x]
+            sizes += [acc_bytes] if split_k else []  # the partial sums: one allocation (_blocks)
+            sizes = [*sizes, stage, *(resident_out or [])]
+            if not fits(sizes):
+                # a plan that evicts values to make its room takes at most the budget with its
+                # resident outputs too: the rest is slack for the order buffers are placed in
+                if (spill is None or sum(sizes) > budget
+                        or (spilling_rank is not None and rank >= spilling_rank)):
+                    continue
+                moved = spill(sizes)
+                if moved is None:
+                    continue
+                # the stores finish before the blocks land in the room they make, and a reload
+                # before its reader: neither overlaps the dot's own work [assumption]
+                ns += moved / spec.dma_bytes_per_s * 1e9
+                spill_rank = (ns, traffic + moved, blocks)
+                if spilling_rank is None or spill_rank < spilling_rank:
+                    spilling = Plan(mb, nb, kb, ns, traffic + moved, tuple(sizes), moved)
+                    spilling_rank = spill_rank
+                continue
+        best = Plan(mb, nb, kb, ns, traffic)
+        best_rank = rank
+    # a spill is taken only for a strictly shorter estimate than the best without one (or than
+    # the smallest blocks, what is done when nothing fits): never to break a tie
+    if spilling is not None:
+        unspilled = best.estimate_ns if best is not None else estimate(min(m, P), min(n, BANK_COLS),
+                                                                        min(k, P))[0]
+        if spilling.estimate_ns < unspilled:
+            return spilling
     if best is None:
         return Plan(min(m, P), min(n, BANK_COLS), min(k, P), 0.0, 0)
     return best
+
+
+def _spill_to_fit(ctx: Context, reads: list[Op]) -> Callable[[list[int]], int | None]:
+    """For :func:`plan_blocks`: the DMA bytes that spilling resident values (not the dot's own
+    operands ``reads``, nor pinned tiles) in the spiller's order would cost to make room for a
+    plan's buffers, None if even spilling all of them would not. The victims are listed once; the
+    shortest prefix that makes room is found by bisection (freeing more never makes less room)."""
+    listed: list[tuple[list[tuple[int, int]], list[int]]] = []  # made at the first plan that needs it
+
+    def cost(sizes: list[int]) -> int | None:
+        if not listed:
+            victims = ctx.spill_victims({root.index for root in _roots(ctx, reads)})
+            listed.append(([(v.buf.address, v.buf.bytes_per_partition) for v in victims],
+                           list(itertools.accumulate((v.save_bytes + v.reload_bytes for v in victims),
+                                                     initial=0))))
+        ranges, moved = listed[0]
+        if not ranges or not ctx.sbuf.fits_freeing(sizes, ranges):
+            return None
+        lo, hi = 1, len(ranges)  # the answer is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ctx.sbuf.fits_freeing(sizes, ranges[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return moved[lo]
+
+    return cost
+
+
+def _roots(ctx: Context, ops: list[Op]) -> list[Op]:
+    """The values whose tiles reading ``ops`` touches: each op and what it aliases or views."""
+    out: list[Op] = []
+    for op in ops:
+        value = ctx.values.get(op.index)
+        out.append(op)
+        while value is not None and (value.alias is not None or value.slice_root is not None):
+            source = value.alias if value.alias is not None else value.slice_root
+            assert source is not None
+            out.append(source)
+            value = ctx.values.get(source.index)
+    return out
+
+
+def _plan_dot(ctx: Context, reads: list[Op], plan: Callable[..., Plan]) -> Plan:
+    """Plan a dot within what SBUF holds now, spilling resident values it does not read when a
+    bigger block is worth the traffic (:func:`plan_blocks`). An operand that is an HBM view not yet
+    made (a concatenation of resident gradients) is made first when a spill is chosen: its sources
+    are then in HBM and spilling them costs no store."""
+    chosen = plan(fits=ctx.sbuf.fits, spill=_spill_to_fit(ctx, reads))
+    if not chosen.room:
+        return chosen
+    pending = [ctx.values[op.index] for op in _roots(ctx, reads)
+               if op.index in ctx.values and ctx.values[op.index].lazy is not None
+               and ctx.values[op.index].home is Memory.HBM]
+    if pending:
+        for value in pending:
+            ctx.prepare(value)
+        chosen = plan(fits=ctx.sbuf.fits, spill=_spill_to_fit(ctx, reads))
+        if not chosen.room:
+            return chosen
+    keep = {root.index for root in _roots(ctx, reads)}
+    ctx.make_room(list(chosen.room), ctx.spill_victims(keep))
+    ctx.stats["plan_spill_bytes"] = ctx.stats.get("plan_spill_bytes", 0) + chosen.spill_bytes
+    return chosen
 
 
 # -- the dot lowering ----------------------------------------------------------------------------
@@ -421,11 +529,13 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
     value = ctx.define(target)
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home is Memory.SBUF else [])
-    plan = plan_blocks(ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
-                       a_transposed=a.mode is DotOperandMode.TRANSPOSE,
-                       b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
-                       batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled,
-                       fits=ctx.sbuf.fits, resident_out=resident_out)
+    reads = [lhs, rhs, *([epilogue.bias] if epilogue is not None and epilogue.bias is not None else []),
+             *([scaled.scales] if scaled is not None else [])]
+    plan = _plan_dot(ctx, reads, functools.partial(
+        plan_blocks, ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
+        a_transposed=a.mode is DotOperandMode.TRANSPOSE,
+        b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
+        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled, resident_out=resident_out))
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
     yield from _blocks(ctx, op, plan, a, bop, (m, n, k), batches, op.shape, scaled, epilogue,
                        bias_rows, None)
@@ -456,11 +566,12 @@ def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[boo
     assert value.transposed, f"{target.name} is planned feature-major"
     resident_out = ([value.cols * op.dtype.itemsize] * len(value.tiles)
                     if value.home is Memory.SBUF else [])
-    plan = plan_blocks(ctx.spec, n, k, m, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
-                       a_transposed=a.mode is DotOperandMode.TRANSPOSE,
-                       b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
-                       a_ktiled=a.ktiled, b_ktiled=bop.ktiled, fits=ctx.sbuf.fits,
-                       resident_out=resident_out)
+    reads = [lhs, rhs, *([bias] if bias is not None else [])]
+    plan = _plan_dot(ctx, reads, functools.partial(
+        plan_blocks, ctx.spec, n, k, m, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
+        a_transposed=a.mode is DotOperandMode.TRANSPOSE,
+        b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
+        a_ktiled=a.ktiled, b_ktiled=bop.ktiled, resident_out=resident_out))
     ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
     ctx.stats["oriented_dots"] = ctx.stats.get("oriented_dots", 0) + 1
     # the bias as columns, one per 128 output features, loaded once before the weights stream

@@ -8,6 +8,7 @@ That is how buffer reuse stays correct when engines run ahead of each other.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from dataclasses import dataclass, field
 
@@ -22,6 +23,18 @@ class DoubleFree(Exception):
     """A range released while (part of) it is already free: a buffer freed twice. Left alone it
     would fragment the free list with overlapping ranges and, once the range is handed out again,
     let two live buffers share bytes."""
+
+
+def _fits_in(free: list[int], sizes: list[int]) -> bool:
+    """First fit, largest first, of ``sizes`` into free ranges of these lengths (consumed)."""
+    for size in sorted((max(ALIGN, -(-x // ALIGN) * ALIGN) for x in sizes), reverse=True):
+        for i, room in enumerate(free):
+            if room >= size:
+                free[i] -= size
+                break
+        else:
+            return False
+    return True
 
 
 @dataclass
@@ -207,15 +220,19 @@ class RangeAllocator:
 
     def fits(self, sizes: list[int]) -> bool:
         """Whether buffers of these sizes could all be allocated now (first fit, largest first)."""
-        free = [e - s for s, e in self.free]
-        for size in sorted((max(ALIGN, -(-x // ALIGN) * ALIGN) for x in sizes), reverse=True):
-            for i, room in enumerate(free):
-                if room >= size:
-                    free[i] -= size
-                    break
+        return _fits_in([e - s for s, e in self.free], sizes)
+
+    def fits_freeing(self, sizes: list[int], ranges: list[tuple[int, int]]) -> bool:
+        """Whether :meth:`fits` would hold once the buffers at ``ranges`` ((start, size), each in
+        use now) were released: what spilling them would make room for (``Context.make_room``)."""
+        freed = sorted((start, start + max(ALIGN, -(-size // ALIGN) * ALIGN)) for start, size in ranges)
+        merged: list[list[int]] = []
+        for start, end in heapq.merge(self.free, freed):
+            if merged and merged[-1][1] >= start:
+                merged[-1][1] = max(merged[-1][1], end)
             else:
-                return False
-        return True
+                merged.append([start, end])
+        return _fits_in([e - s for s, e in merged], sizes)
 
     def largest_free(self) -> int:
         return max((e - s for s, e in self.free), default=0)
