@@ -25,8 +25,8 @@ from neuroncore.ir.graph import Op
 
 
 class OptimizerKind(enum.Enum):
-    ADAMW = "adamw"
-    ADAM = "adam"
+    ADAMW = "adamw"  # decoupled weight decay: AdamW, and Adam(decoupled_weight_decay=True)
+    ADAM = "adam"  # L2 weight decay (added to the gradient)
     SGD = "sgd"
 
 
@@ -72,11 +72,11 @@ def optimizer_spec(optimizer: object, group: dict[str, object]) -> OptimizerSpec
     maximize = bool(group.get("maximize", False))
     wd = float(group.get("weight_decay", 0.0) or 0.0)  # type: ignore[arg-type]
     if name in ("AdamW", "Adam"):
-        if name == "Adam" and wd and not group.get("decoupled_weight_decay", False):
-            raise OptimizerError("Adam with L2 weight_decay is not supported; use AdamW")
+        # Adam's weight_decay is L2 (added to the gradient), unless decoupled as AdamW's
+        decoupled = name == "AdamW" or bool(group.get("decoupled_weight_decay", False))
         betas = group["betas"]
         assert isinstance(betas, (tuple, list))
-        return OptimizerSpec(OptimizerKind.ADAMW if name == "AdamW" else OptimizerKind.ADAM,
+        return OptimizerSpec(OptimizerKind.ADAMW if decoupled else OptimizerKind.ADAM,
                              weight_decay=wd, betas=(float(betas[0]), float(betas[1])),
                              eps=float(group["eps"]), maximize=maximize)  # type: ignore[arg-type]
     if name == "SGD":
@@ -132,6 +132,8 @@ def emit_update(b: GraphBuilder, spec: OptimizerSpec, param: Op, grad: Op, state
     beta1, beta2 = spec.betas
     if spec.kind is OptimizerKind.ADAMW and spec.weight_decay:
         param = b.multiply(param, decay)
+    elif spec.weight_decay:  # Adam: L2, the decay term added to the gradient
+        grad = b.add(grad, b.multiply(param, spec.weight_decay))
     exp_avg, exp_avg_sq = state
     exp_avg = b.add(exp_avg, b.multiply(b.subtract(grad, exp_avg), 1.0 - beta1))  # lerp, w < 0.5
     exp_avg_sq = b.add(b.multiply(exp_avg_sq, beta2), b.multiply(b.multiply(grad, 1.0 - beta2), grad))

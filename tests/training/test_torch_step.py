@@ -60,6 +60,9 @@ OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05),
     "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3, dampening=0.1),
     "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, nesterov=True),
+    # Adam's weight_decay is L2 (refused before); decoupled, it is AdamW's (silently dropped before)
+    "adam-l2": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.05),
+    "adam-decoupled": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
 }
 
 
