@@ -220,6 +220,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
     _drop_pool_indices(traced)
+    _functional_copies(traced)
     _tag_phases(traced.graph, params)
     return JointGraph(traced, params, others, buffers, len(example_inputs))
 
@@ -337,6 +338,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
     _drop_pool_indices(traced)
+    _functional_copies(traced)
     _tag_phases(traced.graph, [n for n, _ in params])
     return JointGraph(traced, [n for n, _ in params], [n for n, _ in buffers],
                       [b.detach().clone() for _, b in buffers], len(examples))
@@ -370,6 +372,40 @@ def _drop_pool_indices(module: torch.fx.GraphModule) -> None:
             changed = True
     if changed:
         graph.eliminate_dead_code()
+        module.recompile()
+
+
+def _functional_copies(module: torch.fx.GraphModule) -> None:
+    """``copy_(dst, src)`` into a value nothing reads afterwards, replaced by ``src`` itself
+    (expanded to ``dst``'s shape). The core-ATen decompositions emit such copies (cross-entropy
+    with ``label_smoothing``: the smoothing term's ``masked_fill_`` at ignored targets becomes
+    ``copy_(neg, where(...))``); the frontend lowers values, not writes, so the step was refused
+    with ``aten.copy_``. A copy whose target is read later, or that converts the dtype, is left
+    (and stays unsupported)."""
+    graph = module.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default \
+                or len(node.args) < 2:
+            continue
+        dst, src = node.args[0], node.args[1]
+        if not isinstance(dst, torch.fx.Node) or not isinstance(src, torch.fx.Node) \
+                or dst.op == "placeholder" or any(order[u] > order[node] for u in dst.users if u is not node):
+            continue
+        want, got = dst.meta.get("val"), src.meta.get("val")
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) \
+                or want.dtype != got.dtype:
+            continue
+        value = src
+        if tuple(got.shape) != tuple(want.shape):
+            with graph.inserting_before(node):
+                value = graph.call_function(torch.ops.aten.expand.default, (src, list(want.shape)))
+            value.meta = dict(node.meta)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        changed = True
+    if changed:  # the target, now read by nobody, is left: the step program prunes what nothing reads
         module.recompile()
 
 

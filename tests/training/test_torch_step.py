@@ -156,6 +156,26 @@ def test_a_step_traced_under_autocast_trains_in_bf16_and_its_mfu_uses_the_bf16_p
     assert seen and seen[-1].peak_flops_per_rank == step.core.spec.pe_peak_bf16_flops_per_s
 
 
+def test_label_smoothing_with_ignored_targets_matches_pytorch() -> None:
+    """``CrossEntropyLoss(label_smoothing=0.1, ignore_index=-100)``: its decomposition writes the
+    smoothing term in place (``copy_``), refused before (found by the user trials)."""
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=-100)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    x, y = torch.randn(6, 8), torch.tensor([0, 1, -100, 3, 2, -100])
+    step = neuroncore.trace_train_step(model, opt, (x, y), loss_fn=loss_fn)
+    for _ in range(2):
+        loss = float(step(x, y))
+        expected = loss_fn(ref(x), y)
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss == pytest.approx(float(expected), rel=1e-5)
+    _assert_same_params(model, ref, atol=1e-6)
+
+
 def test_lr_scheduler_changes_are_honoured() -> None:
     torch.manual_seed(0)
     model = MLP()
