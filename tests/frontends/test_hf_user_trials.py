@@ -190,3 +190,16 @@ def test_ops_making_complex_values_are_listed_even_with_a_handler() -> None:
     assert {m.opcode for m in missing} == {"aten.polar", "aten.mul", "aten.view_as_complex",
                                            "aten.view_as_real"}
     assert all(m.layer == "model" and __file__.rsplit("/", 1)[-1] in m.source for m in missing)
+
+
+def test_a_real_vocabulary_of_logits_is_stored_in_column_chunks() -> None:
+    """GPT-2's own 50,257-token vocabulary (its default config, hidden size cut): the logits are FP32
+    rows of 201 KiB per partition, wider than SBUF, so they live in HBM, and the graph output (a
+    reshape of the lm_head's dot) was loaded whole to be stored: 'cannot place dot.N.t0'. Any
+    single-core LM with a 50k-128k vocabulary (GPT-2, Llama 3) stopped there."""
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=1, n_head=2)).eval()
+    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (1, 4)),
+              "attention_mask": torch.ones(1, 4, dtype=torch.int64)}
+    _, errors = compare(model, inputs, bf16=False)
+    assert errors["fp32"] < 1e-4
