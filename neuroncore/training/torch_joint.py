@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from neuroncore.frontends.torch_frontend import export_failure, quiet_export
+from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.tracing import TraceError
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -127,7 +128,11 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
     example_inputs = distinct_inputs(example_inputs)
     try:
-        with quiet_export(), warnings.catch_warnings():  # no partial-graph dump before the one line
+        # all_experts: a transformers MoE layer's default grouped_mm plan (sort, histc, grouped
+        # GEMM over data-dependent sizes) has no static shape; it trains as NxD's forward_all_experts
+        # (every token through every expert, scaled by its top-k masked affinity: same values and
+        # gradients), as inference compiles it (frontends/torch_moe.py)
+        with quiet_export(), warnings.catch_warnings(), all_experts(model):  # no partial-graph dump
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             ep = torch.export.export(wrapper, tuple(example_inputs))

@@ -106,6 +106,18 @@ def test_gradient_checkpointing_is_said_to_be_ignored() -> None:
         _compare(Labelled(model), (ids, ids), steps=1)
 
 
+def test_mixtral_trains_with_its_default_experts() -> None:
+    """Mixtral with defaults: transformers' grouped_mm experts (sort, histc) have no static shape; the
+    step exports them as NxD's forward_all_experts, as inference does (refused before; found by the
+    user trials). Adam amplifies rounding in near-zero gradients: 1e-4."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                        num_local_experts=4, num_experts_per_tok=2)
+    ids = torch.randint(0, 64, (2, 8))
+    _compare(Labelled(transformers.MixtralForCausalLM(config)), (ids, ids), steps=2, atol=1e-4)
+
+
 def test_gptj_rotary_strided_slices_train() -> None:
     """GPT-J's rotary embedding slices every other feature (``x[..., ::2]``): the backward writes
     them back with strided ``slice_scatter``s (found by the user trials)."""
