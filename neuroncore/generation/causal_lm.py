@@ -450,7 +450,11 @@ class NeuronCausalLM:
         [batch_size, length], left-padded where rows differ, with ``attention_mask`` 1 on real
         tokens. Returns a torch tensor for a torch input, else a NumPy array. The simulated timing of
         every step is in :attr:`last_timing`."""
-        ids = _as_numpy(input_ids, "input_ids").astype(np.int64)
+        raw = _as_numpy(input_ids, "input_ids")
+        if raw.dtype.kind not in "iu":  # a float tensor would be truncated into other tokens
+            raise GenerationError(f"input_ids must hold integer token ids, not {raw.dtype} values "
+                                  "(transformers' embedding refuses them too)")
+        ids = raw.astype(np.int64)
         if ids.ndim != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1:
             raise GenerationError(f"input_ids must be [batch_size={self.batch_size}, length], "
                                   f"not {list(ids.shape)}")

@@ -149,6 +149,8 @@ def test_bad_requests_are_one_line_errors(llama, llama_gen):
         llama_gen.generate(torch.full((2, 4), 128), max_new_tokens=2)
     with pytest.raises(ValueError, match="top_p must be in"):
         llama_gen.generate(ids, mask, do_sample=True, top_p=0.0)
+    with pytest.raises(GenerationError, match="input_ids must hold integer token ids, not float32"):
+        llama_gen.generate(ids.float() + 0.5, mask, max_new_tokens=2)  # was truncated to other ids
 
 
 def test_batch_one_stops_at_eos_like_transformers(llama):
