@@ -191,16 +191,17 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
                 a_ktiled: bool = False, b_ktiled: bool = False,
                 fits: Callable[[list[int]], bool] | None = None,
                 resident_out: list[int] | None = None,
-                spill: Callable[[list[int]], int | None] | None = None) -> Plan:
+                spill: Callable[[list[int]], tuple[int, int] | None] | None = None) -> Plan:
     """Choose block sizes: least estimated time, then least traffic, then fewest blocks.
 
     Streamed blocks are double-buffered, so they count twice against the budget: a fraction of
     SBUF, or of what is free right now when resident values already take space. ``spill`` (the
-    bytes of DMA traffic that spilling resident values to make room for these buffers would
-    cost, None if it cannot be done) lets a plan that does not fit in free SBUF compete, its spill
-    traffic added to its DMA time: values the dot does not read are moved out rather than the dot
-    shrunk to the smallest block (a 13B layer backward's qkv dots collapsed to 128 x 512 x 128
-    under ~120 KB of resident gradients they do not read).
+    bytes of DMA traffic and the transfers that spilling resident values to make room for these
+    buffers would cost, None if it cannot be done) lets a plan that does not fit in free SBUF
+    compete, the spill's time added to its estimate: values the dot does not read are moved out
+    rather than the dot shrunk to the smallest block (a 13B layer backward's qkv dots collapsed to
+    128 x 512 x 128 under ~120 KB of resident gradients they do not read). A spilling plan is taken
+    only for a strictly shorter estimate than the best without a spill, never to break a tie.
     """
     item = dtype.itemsize
     budget = SBUF_BUDGET_FRACTION * spec.sbuf_bytes_per_partition
@@ -268,12 +269,14 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
                 if (spill is None or sum(sizes) > budget
                         or (spilling_rank is not None and rank >= spilling_rank)):
                     continue
-                moved = spill(sizes)
-                if moved is None:
+                spilt = spill(sizes)
+                if spilt is None:
                     continue
+                moved, transfers = spilt
                 # the stores finish before the blocks land in the room they make, and a reload
-                # before its reader: neither overlaps the dot's own work [assumption]
-                ns += moved / spec.dma_bytes_per_s * 1e9
+                # before its reader: neither overlaps the dot's own work, and each transfer pays
+                # the DMA's fixed latency [assumption]
+                ns += moved / spec.dma_bytes_per_s * 1e9 + transfers * spec.dma_fixed_latency_ns
                 spill_rank = (ns, traffic + moved, blocks)
                 if spilling_rank is None or spill_rank < spilling_rank:
                     spilling = Plan(mb, nb, kb, ns, traffic + moved, tuple(sizes), moved)
@@ -293,20 +296,23 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
     return best
 
 
-def _spill_to_fit(ctx: Context, reads: list[Op]) -> Callable[[list[int]], int | None]:
-    """For :func:`plan_blocks`: the DMA bytes that spilling resident values (not the dot's own
+def _spill_to_fit(ctx: Context, reads: list[Op]) -> Callable[[list[int]], tuple[int, int] | None]:
+    """For :func:`plan_blocks`: the DMA bytes and transfers that spilling resident values (not the dot's own
     operands ``reads``, nor pinned tiles) in the spiller's order would cost to make room for a
     plan's buffers, None if even spilling all of them would not. The victims are listed once; the
     shortest prefix that makes room is found by bisection (freeing more never makes less room)."""
-    listed: list[tuple[list[tuple[int, int]], list[int]]] = []  # made at the first plan that needs it
+    # made at the first plan that needs it: the victims' ranges, cumulative bytes and transfers
+    listed: list[tuple[list[tuple[int, int]], list[int], list[int]]] = []
 
-    def cost(sizes: list[int]) -> int | None:
+    def cost(sizes: list[int]) -> tuple[int, int] | None:
         if not listed:
             victims = ctx.spill_victims({root.index for root in _roots(ctx, reads)})
             listed.append(([(v.buf.address, v.buf.bytes_per_partition) for v in victims],
                            list(itertools.accumulate((v.save_bytes + v.reload_bytes for v in victims),
-                                                     initial=0))))
-        ranges, moved = listed[0]
+                                                     initial=0)),
+                           list(itertools.accumulate((bool(v.save_bytes) + bool(v.reload_bytes)
+                                                      for v in victims), initial=0))))
+        ranges, moved, transfers = listed[0]
         if not ranges or not ctx.sbuf.fits_freeing(sizes, ranges):
             return None
         lo, hi = 1, len(ranges)  # the answer is in [lo, hi]
@@ -316,7 +322,7 @@ def _spill_to_fit(ctx: Context, reads: list[Op]) -> Callable[[list[int]], int | 
                 hi = mid
             else:
                 lo = mid + 1
-        return moved[lo]
+        return moved[lo], transfers[lo]
 
     return cost
 

@@ -39,7 +39,6 @@ def test_starved_dot_spills_unrelated_values_instead_of_collapsing(run, assert_c
     # without the spill the ~32 KB left free only fits the smallest blocks (128, 512, 128): the
     # weight is then streamed 8 times and moved in 128-row pieces
     assert mb * nb * kb > 128 * 512 * 128, (mb, nb, kb)
-    assert kb == K, "the whole contraction in one block"
     assert program.stats.get("plan_spilled_tiles", 0) > 0
     assert program.stats.get("plan_spill_bytes", 0) > 0
 
@@ -93,17 +92,17 @@ def test_planner_spills_only_for_a_shorter_estimate_within_its_budget():
     assert not small.room and small.spill_bytes == 0
     # a free spill: the plan the whole budget allows, its room within the budget (the rest is
     # slack for placement order: Llama-2-70B's o_proj backward could not be placed without it)
-    free = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: 0)
+    free = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: (0, 0))
     assert free.room and free.estimate_ns < small.estimate_ns
     assert sum(free.room) <= budget
     # resident outputs count against it too
-    held = _plan(lambda sizes: False, lambda sizes: 0, resident_out=[16 * 1024] * 3)
+    held = _plan(lambda sizes: False, lambda sizes: (0, 0), resident_out=[16 * 1024] * 3)
     assert held.room and sum(held.room) <= budget
     # a spill dearer than what small blocks lose is not taken
-    dear = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: 10**12)
+    dear = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: (10**12, 1))
     assert dear == small
     # nothing streamed, nothing transposed: every block size has the same estimate, so a spill
     # would only break a tie and is not taken
-    tie = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: 0, a_streamed=False,
+    tie = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: (0, 0), a_streamed=False,
                 b_streamed=False)
     assert not tie.room
