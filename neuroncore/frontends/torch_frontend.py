@@ -419,13 +419,17 @@ def quiet_export() -> Iterator[None]:
     """What torch prints while exporting, minus the failure dumps: ``torch.export`` prints a failed
     trace's partial FX graph to stderr (twice, unconditionally) and logs a warning when it cannot
     find the user line of a data-dependent value, hundreds of lines before the one-line error the
-    caller gets. Everything else written to stderr (warnings) is passed on when the export ends."""
+    caller gets; a shape error in the model (``x @ w`` with mismatched sizes) is logged by the fake
+    tensor mode as a 19-line traceback of the error the caller gets in one line. Everything else
+    written to stderr (warnings) is passed on when the export ends."""
     failed: list[BaseException] = []
     captured, real = io.StringIO(), sys.stderr
-    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    level = shapes_log.level
+    quieted = {logging.getLogger("torch.fx.experimental.symbolic_shapes"): logging.ERROR,
+               logging.getLogger("torch._subclasses.fake_tensor"): logging.CRITICAL}
+    levels = {log: log.level for log in quieted}
     sys.stderr = captured
-    shapes_log.setLevel(logging.ERROR)
+    for log, quiet in quieted.items():
+        log.setLevel(quiet)
     try:
         yield
     except BaseException as exc:
@@ -433,7 +437,8 @@ def quiet_export() -> Iterator[None]:
         raise
     finally:
         sys.stderr = real
-        shapes_log.setLevel(level)
+        for log, level in levels.items():
+            log.setLevel(level)
         text = captured.getvalue()
         for error in failed:
             graph = str(getattr(error, "partial_fx_graph", "") or "")

@@ -169,3 +169,25 @@ def test_coverage_api_and_all_supported_exit(tmp_path, capsys):
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "all ops supported" in out and "coverage (torch)" in out
+
+
+MISMATCHED = """
+import torch
+
+def build():
+    return torch.nn.Linear(4, 4), (torch.randn(2, 5),)
+"""
+
+
+def test_a_shape_error_in_the_model_is_one_line(tmp_path):
+    """Example inputs of the wrong size stop ``torch.export`` in the fake tensor mode, which logged
+    a 19-line traceback of the same error to stderr before the one line (found by the user trials)."""
+    pytest.importorskip("torch")
+    path = _script(tmp_path, MISMATCHED)
+    proc = subprocess.run([sys.executable, "-m", "neuroncore.cli", "check", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "neuroncore: error: Linear: torch.export failed: a and b must have same reduction dim, "
+        "but got [2, 5] X [4, 4]."]
