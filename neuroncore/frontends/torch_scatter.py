@@ -89,8 +89,10 @@ def _strided_splice(c: _Converter, x: Op, src: Op, dim: int, start: int, step: i
     rest_starts[dim + 1] = 1
     rows = c.b.concatenate([first, c.b.slice(rows, rest_starts, rest_limits)], dim + 1)
     flat = c.b.reshape(rows, (*x.shape[:dim], n * step, *x.shape[dim + 1:]))
-    if span < n * step:
-        flat = _take(c, flat, dim, 0, span)
+    if span < n * step:  # span >= 1: the first written position is inside x
+        starts, limits = [0] * len(flat.shape), list(flat.shape)
+        limits[dim] = span
+        flat = c.b.slice(flat, starts, limits)
     return _splice(c, x, flat, dim, start, start + span)
 
 
