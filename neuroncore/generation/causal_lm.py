@@ -123,6 +123,26 @@ def _cache_tensors(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return list(cache.key_cache), list(cache.value_cache)
 
 
+class _LastToken(torch.nn.Module):
+    """Each row's hidden state at its ``last`` prompt position (a one-hot sum over the bucket, as
+    transformers-neuronx's ``last_token_id`` picks it before the output embedding). A module of its
+    own so its ops are a layer in profiles (``model/last_token``), not loose ops at the top."""
+
+    def forward(self, hidden: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        if last is None:  # a token-generation step: its one token is the last position
+            return hidden[:, -1]
+        pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
+        return (hidden * pick[:, :, None]).sum(1)
+
+
+class _CacheWrite(torch.nn.Module):
+    """The token's keys and values written into the cache at ``slots`` (``model/kv_cache_write``)."""
+
+    def forward(self, cache: tuple[torch.Tensor, ...], new: list[torch.Tensor], slots: torch.Tensor,
+                width: int) -> list[torch.Tensor]:
+        return [torch.index_copy(old, 2, slots, fresh[:, :, -width:]) for old, fresh in zip(cache, new)]
+
+
 class _Program(torch.nn.Module):
     """A program over a transformers causal LM whose modules keep the model's own names: its base
     model and output embedding are registered under the attribute names the model gives them
@@ -142,6 +162,8 @@ class _Program(torch.nn.Module):
         self.add_module(self._base_name, model.base_model)
         self.add_module(self._head_name, head)
         self.select = select  # return the greedy token (on-device generation), not the logits
+        self.last_token = _LastToken()
+        self.kv_cache_write = _CacheWrite()
 
     def base(self, **kwargs: Any) -> Any:
         return getattr(self, self._base_name)(**kwargs)
@@ -165,9 +187,7 @@ class _ContextEncoding(_Program):
 
             out = self.base(input_ids=input_ids, attention_mask=self.windows.prefill(attention_mask),
                             position_ids=position_ids, past_key_values=DynamicCache(), use_cache=True)
-        hidden = out.last_hidden_state
-        pick = (torch.arange(hidden.shape[1]) == last[:, None]).to(hidden.dtype)
-        logits = self.head((hidden * pick[:, :, None]).sum(1))
+        logits = self.head(self.last_token(out.last_hidden_state, last))
         keys, values = _cache_tensors(out.past_key_values)
         return (logits, *keys, *values)
 
@@ -203,11 +223,9 @@ class _TokenGeneration(_Program):
         mask = attention_mask if self.windows is None else self.windows.decode(attention_mask, slots)
         out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                         past_key_values=past, use_cache=True)
-        logits = self.head(out.last_hidden_state[:, -1])
+        logits = self.head(self.last_token(out.last_hidden_state, None))
         new_keys, new_values = _cache_tensors(out.past_key_values)
-        width = input_ids.shape[1]
-        updated = [torch.index_copy(old, 2, slots, new[:, :, -width:])
-                   for old, new in zip(cache, [*new_keys, *new_values])]
+        updated = self.kv_cache_write(cache, [*new_keys, *new_values], slots, input_ids.shape[1])
         return (logits, *updated)
 
 

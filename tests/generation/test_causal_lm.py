@@ -204,6 +204,12 @@ def test_layer_paths_read_as_the_models_own_modules(llama_gen, greedy):
         layers = {op.layer for op in llama_gen._programs[(phase, bucket)].traced.graph.ops}
         assert "model/model/layers.0/self_attn/q_proj" in layers and "model/lm_head" in layers
         assert not any(layer.startswith("model/model/model") for layer in layers)
+        # the program's own work is a layer of its own, not loose ops at the top of the tree
+        # (found by the inference user trials: reduce.419, compare.414 next to model and lm_head)
+        ops = llama_gen._programs[(phase, bucket)].traced.graph.ops
+        assert [op.name for op in ops if op.layer == "model" and op.opcode != "parameter"] == []
+        assert "model/last_token" in layers
+        assert phase == "context_encoding" or "model/kv_cache_write" in layers
 
 
 def test_tensor_parallel_tokens_equal_one_core(llama, llama_gen, greedy):
