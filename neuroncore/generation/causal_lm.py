@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from neuroncore.compiler.options import CompilerOptions
+from neuroncore.dtypes import DType
 from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
 from neuroncore.generation.heads import with_heads_for
@@ -47,6 +48,9 @@ from neuroncore.runtime.host_io import request_latency_ns
 
 _IDS = itertools.count()
 _M = TypeVar("_M", bound=torch.nn.Module)
+
+
+_TORCH_FLOATS = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
 class GenerationError(ValueError):
@@ -383,7 +387,7 @@ class NeuronCausalLM:
                 self._allocate_cache(traced)
             return self._bind(traced, reads=False)
         shapes = [self._cache_shape(i, bucket) for i in range(2 * self.layers)]
-        cache = tuple(torch.zeros(s) for s in shapes)
+        cache = tuple(torch.zeros(s, dtype=d) for s, d in zip(shapes, self._cache_dtypes))
         traced = self._trace(self._named(_TokenGeneration, phase, bucket)(self._source,
                                                                           self.on_device_generation,
                                                                           self._step_windows, self.layers),
@@ -401,6 +405,8 @@ class NeuronCausalLM:
         self.layers = (len(outputs) - 1) // 2
         self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or outputs[0].shape[-1])
         self._full_shapes = [tuple(o.shape) for o in outputs[1:]]
+        # the cache in the model's own type: a model loaded in bf16/fp16 attends with bf16/fp16 keys
+        self._cache_dtypes = [_TORCH_FLOATS.get(o.dtype, torch.float32) for o in outputs[1:]]
         self._cache = [f"{self._prefix}.{kind}{i}" for kind in ("k", "v") for i in range(self.layers)]
         local = traced.variants[0].program.graph.outputs[1:]
         for core in _cores(traced.variants[0].model):

@@ -48,3 +48,21 @@ def test_int8_weight_only_generation_matches_transformers_on_dequantised_weights
     for program in gen._programs.values():
         int8 = [t for t in program.traced.program.hbm_tensors.values() if t.dtype.value == "int8"]
         assert len(int8) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; lm_head
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_loaded_in_half_precision_generates_its_own_tokens(dtype):
+    """A model in bf16/fp16 (``from_pretrained(torch_dtype=...)``, the usual way to load one) keeps
+    its KV cache in that type: the token-generation programs were traced with an FP32 cache and
+    stopped ('query.dtype: BFloat16 key.dtype: float'; found by the inference user trials)."""
+    model = _llama().to(dtype)
+    torch.manual_seed(2)
+    ids = torch.randint(3, 128, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    gen = NeuronCausalLM(model, n_positions=(16,), context_length_estimate=8, batch_size=2,
+                         instance="trn1.2xlarge")
+    ours = gen.generate(ids, mask, max_new_tokens=5, eos_token_id=None)
+    want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours, want)
