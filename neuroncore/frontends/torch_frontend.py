@@ -479,6 +479,11 @@ def export_failure(name: str, exc: BaseException) -> TraceError:
         where = f" at {line}" if line else ""
         return TraceError(f"{name}: data-dependent control flow cannot be traced (a branch or "
                           f"shape depends on a tensor's values){where}: {first}")
+    if "pytree flattening function should be applied to DynamicCache" in text:
+        # a state-space (Mamba) or other non-attention cache layer in a DynamicCache output
+        return TraceError(f"{name}: its cache holds layers that are not attention keys and values "
+                          "(a state-space model's), which cannot be a traced output: trace it with "
+                          "use_cache=False in its config")
     return TraceError(f"{name}: torch.export failed: {first}")
 
 
@@ -917,6 +922,18 @@ class _Converter:
         _, dtype = self._out(node)
         x = self._op(node.args[0], dtype)
         return self.b.abs(x) if dtype.is_float else self.b.maximum(x, self.b.multiply(x, -1.0))
+
+    def _aten_log1p(self, node: torch.fx.Node, kw: Any) -> Any:
+        """log(1 + x), as the JAX frontend lowers ``log-plus-one`` (the engines have no log1p:
+        below |x| ~ 1e-7 the FP32 sum rounds to 1, an absolute error of at most |x|). torch's
+        ``softplus`` (Mamba's time step) decomposes to it."""
+        _, dtype = self._out(node)
+        return self.b.log(self.b.add(self._op(node.args[0], dtype), 1.0))
+
+    def _aten_expm1(self, node: torch.fx.Node, kw: Any) -> Any:
+        """exp(x) - 1 (the engines have no expm1: the same absolute-error rule as ``log1p``)."""
+        _, dtype = self._out(node)
+        return self.b.subtract(self.b.exp(self._op(node.args[0], dtype)), 1.0)
 
     def _aten_neg(self, node: torch.fx.Node, kw: Any) -> Any:
         _, dtype = self._out(node)

@@ -203,3 +203,29 @@ def test_a_real_vocabulary_of_logits_is_stored_in_column_chunks() -> None:
               "attention_mask": torch.ones(1, 4, dtype=torch.int64)}
     _, errors = compare(model, inputs, bf16=False)
     assert errors["fp32"] < 1e-4
+
+
+def test_mamba_traces_without_its_cache_and_says_so_with_it() -> None:
+    """Mamba's time step is ``softplus`` = ``log1p(exp(x))``: ``aten.log1p`` was its one unsupported
+    op. With ``use_cache=False`` its reference selective scan (a loop over positions, unrolled at
+    export) matches transformers; with the default cache, one line says what to change (it was
+    torch's pytree message about DynamicLayer)."""
+    import neuroncore as nc
+
+    config = dict(hidden_size=32, num_hidden_layers=1, vocab_size=128, state_size=4, expand=2)
+    torch.manual_seed(0)
+    model = T.MambaForCausalLM(T.MambaConfig(use_cache=False, **config)).eval()
+    inputs = {"input_ids": torch.randint(0, 128, (2, 6))}
+    _, errors = compare(model, inputs, bf16=False)
+    assert errors["fp32"] < 1e-4
+    x = torch.linspace(-9.0, 9.0, 64).reshape(4, 16)
+
+    class Exact(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.log1p(x.abs()), torch.expm1(x)
+
+    for got, want in zip(nc.trace(Exact(), (x,))(x), Exact()(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(nc.TraceError, match="use_cache=False") as error:
+        nc.trace(T.MambaForCausalLM(T.MambaConfig(**config)).eval(), inputs)
+    assert "\n" not in str(error.value)
