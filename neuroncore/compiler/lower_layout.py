@@ -255,7 +255,9 @@ def _store_tiles(ctx: Context, op: Op, name: str, layout: Layout) -> None:
     ``hbm_home_bytes`` per partition: loading its whole tile could not be placed. Rows up to half
     of SBUF are copied whole, as before."""
     value = ctx.values[op.index]
-    chunks = _store_chunks(ctx, value.cols, op.dtype.itemsize) if value.home is Memory.HBM else [(0, value.cols)]
+    chunks = [(0, value.cols)]
+    if value.home is Memory.HBM:
+        chunks = _store_chunks(ctx, value.cols, op.dtype.itemsize)
     for t, tile in enumerate(value.tiles):
         for c0, c1 in chunks:
             ref = ctx.tile(op, t, cols=(c0, c1))

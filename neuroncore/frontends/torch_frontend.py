@@ -498,10 +498,14 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
+        before = _tensor_attributes(module)
         with quiet_export(), warnings.catch_warnings(), all_experts(module), \
                 _cpu_stand_ins(module, args, kwargs) as (args, kwargs):  # MoE: see torch_moe.py
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
-            ep = torch.export.export(module, args, kwargs)
+            try:
+                ep = torch.export.export(module, args, kwargs)
+            finally:
+                _restore_lazy_attributes(module, before)
             _alias_lifted_constants(ep)
             _views_as_reshapes(ep)
             return ep.run_decompositions(_decompositions())
@@ -510,6 +514,28 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     finally:
         for m, training in modes.items():
             m.training = training
+
+
+def _tensor_attributes(module: torch.nn.Module) -> dict[tuple[int, str], tuple[torch.nn.Module, Any]]:
+    """Plain tensor attributes of every submodule (not parameters or buffers, which live in their
+    own tables), keyed by module and name."""
+    return {(id(m), key): (m, value) for m in module.modules() for key, value in vars(m).items()
+            if isinstance(value, torch.Tensor)}
+
+
+def _restore_lazy_attributes(module: torch.nn.Module,
+                             before: dict[tuple[int, str], tuple[torch.nn.Module, Any]]) -> None:
+    """Undo tensor attributes a forward set while exporting: fake tensors left on the user's model
+    (Phi-3's longrope caches ``long_inv_freq`` on first use), which the next export of the same model
+    (``check`` then ``trace``) read as a constant without values ('weights on the meta device')."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for (ident, key), (m, value) in _tensor_attributes(module).items():
+        if isinstance(value, FakeTensor):
+            if (ident, key) in before:
+                setattr(m, key, before[(ident, key)][1])
+            else:
+                delattr(m, key)
 
 
 # -- conversion ---------------------------------------------------------------------------------
