@@ -25,9 +25,14 @@ class DoubleFree(Exception):
     let two live buffers share bytes."""
 
 
+def _aligned(size: int) -> int:
+    """The bytes per partition a buffer of ``size`` takes: whole ``ALIGN`` units, at least one."""
+    return max(ALIGN, -(-size // ALIGN) * ALIGN)
+
+
 def _fits_in(free: list[int], sizes: list[int]) -> bool:
     """First fit, largest first, of ``sizes`` into free ranges of these lengths (consumed)."""
-    for size in sorted((max(ALIGN, -(-x // ALIGN) * ALIGN) for x in sizes), reverse=True):
+    for size in sorted(map(_aligned, sizes), reverse=True):
         for i, room in enumerate(free):
             if room >= size:
                 free[i] -= size
@@ -82,7 +87,7 @@ class RangeAllocator:
         program whose activations need more than the bottom of SBUF does not make its weights wait
         for them at every lap, nor go round a ring too small to be ahead of the matmuls.
         """
-        size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        size = _aligned(size)
         if self.stream_lo < self.capacity:
             # a block over half the ring cannot be loaded while the one before it is read
             if stream and 2 * size <= self.capacity - self.stream_lo:
@@ -202,7 +207,7 @@ class RangeAllocator:
         return newest
 
     def release(self, start: int, size: int, nodes: list[int]) -> None:
-        size = max(ALIGN, -(-size // ALIGN) * ALIGN)
+        size = _aligned(size)
         # the free list stays sorted and coalesced: only the new range's neighbours can join it
         free = self.free
         i = bisect.bisect_left(free, (start, start + size))
@@ -225,7 +230,7 @@ class RangeAllocator:
     def fits_freeing(self, sizes: list[int], ranges: list[tuple[int, int]]) -> bool:
         """Whether :meth:`fits` would hold once the buffers at ``ranges`` ((start, size), each in
         use now) were released: what spilling them would make room for (``Context.make_room``)."""
-        freed = sorted((start, start + max(ALIGN, -(-size // ALIGN) * ALIGN)) for start, size in ranges)
+        freed = sorted((start, start + _aligned(size)) for start, size in ranges)
         merged: list[list[int]] = []
         for start, end in heapq.merge(self.free, freed):
             if merged and merged[-1][1] >= start:
