@@ -62,6 +62,7 @@ from neuroncore.frontends import torch_rounding
 from neuroncore.frontends.torch_masks import runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
+from neuroncore.frontends.torch_rope import traceable_dynamic_rope
 from neuroncore.frontends.tracing import Converted, TraceError
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder, GraphError
 from neuroncore.ir.graph import Graph, Op, SourceFrame
@@ -500,7 +501,8 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
     try:
         before = _tensor_attributes(module)
         with quiet_export(), warnings.catch_warnings(), all_experts(module), \
-                _cpu_stand_ins(module, args, kwargs) as (args, kwargs):  # MoE: see torch_moe.py
+                traceable_dynamic_rope(module), \
+                _cpu_stand_ins(module, args, kwargs) as (args, kwargs):  # MoE, RoPE: torch_moe/_rope.py
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             try:
                 ep = torch.export.export(module, args, kwargs)
@@ -1017,11 +1019,25 @@ class _Converter:
         return self._emit_binary("minimum", x, float(kw["max_val"]), shape, dtype)
 
     def _aten_pow(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``x ** e``: the small integer and half exponents as multiplies, ``sqrt``, ``rsqrt`` or a
+        reciprocal; any other float exponent known at trace time (a number, or a tensor of
+        constants: dynamic NTK RoPE's ``base ** (arange(0, dim, 2) / dim)`` with a computed base) as
+        ``exp(e * log x)`` (``_pow_exp_log``)."""
         shape, dtype = self._out(node)
         exponent = kw.get("exponent")
         base = kw.get("self")
-        if isinstance(exponent, torch.fx.Node) or isinstance(base, (int, float)):
+        if isinstance(base, (int, float)):
             return NotImplemented
+        folds = node in self.known  # a value computed from constants alone stays a folded constant
+        if isinstance(exponent, torch.fx.Node):
+            value = self._value(exponent)
+            if isinstance(value, Scalar):
+                exponent = value.value
+            else:
+                known = self.known.get(exponent)
+                if known is None or not dtype.is_float or folds:
+                    return NotImplemented
+                return self._pow_exp_log(self._op(base, dtype), _to_numpy(known), node, shape, dtype)
         x = self._op(base, dtype)
         e = float(exponent)
         if e == 1:
@@ -1038,7 +1054,39 @@ class _Converter:
             return self.b.divide(1.0, x)
         if e == 0:
             return self.b.constant(1.0, dtype, shape=shape)
+        if dtype.is_float and not folds:
+            return self._pow_exp_log(x, np.asarray(e, np.float32), node, shape, dtype)
         return NotImplemented
+
+    def _pow_exp_log(self, x: Op, exponent: np.ndarray, node: torch.fx.Node, shape: tuple[int, ...],
+                     dtype: DType) -> Op:
+        """``x ** y`` for exponents known at trace time, as ``exp(y * log|x|)`` on the Scalar
+        engine, with torch's values where that differs: a negative base gives NaN for a
+        non-integer exponent (``log`` of it) and ``-|x|**y`` for an odd one; ``x ** 0`` is 1 for
+        every ``x``. A zero base gives 0 (``exp(-inf)``) for positive exponents, inf for negative
+        ones, as torch. Rounding: the FP32 product ``y * log|x|`` carries a relative error of
+        ~``|y log x|`` ulps into the result (torch's ``pow`` rounds once)."""
+        y = np.asarray(exponent, np.float32)
+        integer = y == np.round(y)
+        odd = integer & (np.abs(np.fmod(y, 2)) == 1)
+        zero = y == 0
+        if y.ndim == 0:
+            e: Op | float = float(y)
+        else:
+            e = self.b.weight(f"{node.name}_exponent", tuple(y.shape), dtype, array=y)
+            e.attrs["qualified_name"] = f"{node.name}_exponent"
+        log = self.b.log(self.b.abs(x) if integer.any() else x)
+        out = self.b.broadcast_to(self.b.exp(self.b.multiply(log, e)), shape)
+        if integer.any() and (odd.any() or not integer.all()):
+            # a negative base: -r where the exponent is odd, NaN where it is not an integer
+            factor = np.where(odd, -1.0, np.where(integer, 1.0, np.nan)).astype(np.float32)
+            signed = self.b.multiply(out, float(factor) if factor.ndim == 0 else self.b.weight(
+                f"{node.name}_sign", tuple(factor.shape), dtype, array=factor))
+            out = self.b.select(self.b.compare(x, 0.0, "LT"), signed, out)
+        if zero.any():
+            ones = self.b.constant(1.0, dtype, shape=shape)
+            out = ones if zero.all() else self.b.select(self.b.compare(e, 0.0, "EQ"), ones, out)
+        return self.b.broadcast_to(out, shape)
 
     def _aten_where(self, node: torch.fx.Node, kw: Any) -> Any:
         shape, dtype = self._out(node)

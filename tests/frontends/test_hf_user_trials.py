@@ -49,6 +49,12 @@ MODELS = {
         num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
         original_max_position_embeddings=64,
         rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}, **TOKENS)),
+    # dynamic NTK RoPE: transformers recomputes inv_freq when max(position_ids) + 1 passes
+    # max_position_embeddings (8 tokens here, 4 positions): a branch on a tensor, refused by export
+    "llama-dynamic-rope": lambda: T.LlamaForCausalLM(T.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=4,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0}, **TOKENS)),
     "bart": lambda: T.BartModel(T.BartConfig(
         d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128, max_position_embeddings=64, **TOKENS)),

@@ -171,6 +171,22 @@ def test_op_cases_without_core_aten_decompositions(name):
     assert_matches(run_converted(converted, inputs), reference(module, inputs))
 
 
+def test_pow_with_exponents_known_at_trace_time_has_torchs_values():
+    """Any float exponent known at trace time (a number or a constant tensor; dynamic NTK RoPE's
+    ``base ** (arange / dim)`` with a computed base) is exp(y * log|x|) with torch's signs: NaN for a
+    negative base and a non-integer exponent, the sign for odd ones, 1 for ``x ** 0``, 0 / inf at 0."""
+
+    class Pow(torch.nn.Module):
+        def forward(self, x):
+            e = torch.tensor([0.0, 1.0, 2.0, 3.0, 0.5, -1.0, -2.5, 1.5])
+            return x ** e, x ** 1.7, x ** -3.0, x.abs() ** 0.3, x ** torch.tensor([1.25, 0.5] * 4)
+
+    x = torch.tensor([[-2.0, -1.5, -0.5, 0.0, 0.7, 3.0, -3.0, 2.0], [0.0] * 8, [1.3] * 8])
+    assert nc.check(Pow(), (x,)) == []  # before: aten.pow listed for all but the first output
+    for got, want in zip(nc.trace(Pow(), (x,))(x), Pow()(x)):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
 def test_max_indices_stay_unsupported_but_values_are_reduced():
     missing = nc.check(Fn(lambda a: a.max(-1)), (X,))
     assert [(op.opcode, op.attrs["output"], op.shape, op.dtype.value) for op in missing] == [
