@@ -48,6 +48,7 @@ class JointGraph:
     buffer_names: list[str]  # buffers and constants the forward reads (inputs after the params)
     buffers: list[torch.Tensor]
     n_inputs: int  # user inputs (after the buffers)
+    constants: frozenset[str] = frozenset()  # buffer names that are lifted constants (never updated)
 
 
 class LossModule(torch.nn.Module):
@@ -163,6 +164,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     params: list[str] = []
     others: list[str] = []
     positions: list[tuple[str, int]] = []  # (kind, index) per graph input, in graph order
+    constants: set[str] = set()  # tensors the forward creates from literals (``x[..., [-2], :]``)
     n_user = 0
     for spec in sig.input_specs:
         target = alias.get(spec.target or "", spec.target or "")
@@ -175,6 +177,8 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             positions.append(("buffer", len(others)))
             others.append(target)
+            if spec.kind is InputKind.CONSTANT_TENSOR:
+                constants.add(target)
         elif spec.kind is InputKind.USER_INPUT:
             positions.append(("input", n_user))
             n_user += 1
@@ -227,7 +231,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _drop_pool_indices(traced)
     _functional_copies(traced)
     _tag_phases(traced.graph, params)
-    return JointGraph(traced, params, others, buffers, len(example_inputs))
+    return JointGraph(traced, params, others, buffers, len(example_inputs), frozenset(constants))
 
 
 def _grads(loss: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Sequence[torch.Tensor | None]:

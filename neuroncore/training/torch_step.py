@@ -47,6 +47,7 @@ from neuroncore.compiler.program import Program
 from neuroncore.dtypes import DType
 from neuroncore.frontends.torch_frontend import (
     _TORCH_DIR,
+    KNOWN_MAX_ELEMENTS,
     _Converter,
     _from_numpy,
     _to_numpy,
@@ -134,6 +135,7 @@ class _StepConverter(_Converter):
     def __init__(self, joint: JointGraph, name: str, autocast: str | None,
                  input_names: list[str]) -> None:
         super().__init__(_JointExport(joint.module), name, autocast)  # type: ignore[arg-type]
+        self.joint = joint
         self.input_names = input_names
         self.placeholders: list[Op] = []
         self.values: list[Op] = []  # what the graph reads of each placeholder
@@ -155,6 +157,11 @@ class _StepConverter(_Converter):
             self.values.append(value)
             self.env[node] = value
             return
+        buffer = len(self.placeholders) - len(self.joint.param_names)
+        if 0 <= buffer < len(self.joint.buffers) \
+                and self.joint.buffer_names[buffer] in self.joint.constants \
+                and meta.numel() <= KNOWN_MAX_ELEMENTS:  # a literal (Falcon's ``qkv[..., [-2], :]``):
+            self.known[node] = self.joint.buffers[buffer]  # constant indices become slices
         with self.b.located("model", ()):
             op = self.b.parameter(name, tuple(meta.shape), DType.BF16 if held else dtype)
             value = self.b.convert(op, DType.FP32) if held else op

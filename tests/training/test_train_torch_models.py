@@ -164,3 +164,15 @@ def test_batch_norm_in_train_mode_updates_its_running_statistics() -> None:
     for (name, a), (_, b) in zip(model.named_buffers(), ref.named_buffers()):
         assert torch.allclose(a.float(), b.float(), atol=1e-5), name
     assert int(model[1].num_batches_tracked) == 3
+
+
+def test_falcon_indexes_its_fused_qkv_with_constant_lists() -> None:
+    """Falcon's multi-query split reads ``qkv[..., [-2], :]``: the list is a tensor constant the
+    export lifts into an input. It is known at trace time (a slice), as in inference; before, the
+    step stopped in the compiler on ``aten.index`` (found by the user trials)."""
+    torch.manual_seed(0)
+    config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4)
+    model = Labelled(transformers.FalconForCausalLM(config))
+    ids = torch.randint(0, 64, (2, 8))
+    _compare(model, (ids, ids), steps=2)
