@@ -95,8 +95,7 @@ class DataParallelTrainStep(TrainStep):
         def run(rank: int) -> None:
             host = {f"input/{j}": _to_numpy(x) for j, x in enumerate(shards[rank])}
             for g, group in enumerate(self.groups):
-                lr = float(group.torch_group["lr"])
-                host[f"scalars/{g}"] = host_scalars(group.spec, lr, self.steps)
+                host[f"scalars/{g}"] = host_scalars(group.spec, group.torch_group, self.steps)
             host.update(self.rng_state(layout.inputs, rank))
             arrays = bind_inputs(program.graph, self.state.inputs(layout.inputs, host))
             outputs[rank] = self.rank_models[rank].compute(arrays, rendezvous.for_rank(rank))

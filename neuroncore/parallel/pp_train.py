@@ -542,7 +542,7 @@ class PipelineParallelTrainStep(TrainStep):
                                 f"micro-batch no stage produces)")
         self._sum_tied_gradients(host_start)
         for s in range(pp):
-            scalars = {f"scalars/{g}": host_scalars(group.spec, float(group.torch_group["lr"]), self.steps)
+            scalars = {f"scalars/{g}": host_scalars(group.spec, group.torch_group, self.steps)
                        for g, group in enumerate(self.groups)}
             self._run(s, self.optimizer_programs[s], scalars, 0.0, host_start)
             for state in self.stage_states[s]:

@@ -227,7 +227,7 @@ class TensorParallelTrainStep(TrainStep):
             host: dict[str, np.ndarray] = {f"input/{j}": _to_numpy(x) for j, x in enumerate(batch)}
             if last:
                 for g, group in enumerate(self.groups):
-                    host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                    host[f"scalars/{g}"] = host_scalars(group.spec, group.torch_group,
                                                         self.steps)
             host.update(self.rng_state(ranked.layout.inputs))  # one state for every rank: rank 0's
             self.advance_rng()                                  # seed, so each rank's numbers are one core's

@@ -291,7 +291,7 @@ class ZeroOneTrainStep(TrainStep):
             for g, group in enumerate(self.groups):
                 update, ulayout = self.update_programs[rank][g]
                 extra = {k: np.asarray(v, np.float32) for k, v in grads.items() if k.startswith("grad/")}
-                extra[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                extra[f"scalars/{g}"] = host_scalars(group.spec, group.torch_group,
                                                      self.steps)
                 arrays = bind_inputs(update.program.graph, state.inputs(ulayout.inputs, extra))
                 new = update.compute(arrays, rendezvous.for_rank(rank))

@@ -5,17 +5,21 @@
 
 The per-step numbers torch computes on the host from Python floats (``lr``, ``1 - lr * wd``, the bias
 corrections ``1 - beta ** step``; torch's default, non-capturable path) are computed on the host
-here too and fed to the program as one small FP32 input per group (:func:`host_scalars`), so a
-learning-rate scheduler changing ``param_group["lr"]`` between steps is honoured without
-recompiling. Everything per element runs on the core in the order torch's single-tensor kernels
-use (``_single_tensor_adam`` with decoupled weight decay, ``_single_tensor_sgd``), in FP32.
+here too and fed to the program as one small FP32 input per group (:func:`host_scalars`), from the
+param group's values at each step, so a scheduler changing ``lr`` between steps is honoured without
+recompiling, and so are SGD's ``momentum`` and ``dampening`` (OneCycleLR cycles the momentum) and
+AdamW's ``weight_decay``. The other hyper-parameters are immediates of the program (Adam's
+``betas`` and ``eps``, SGD's weight decay and Nesterov momentum, Adam's L2 weight decay): a change
+of one after tracing is refused in one line (:func:`host_scalars`), never silently ignored.
+Everything per element runs on the core in the order torch's single-tensor kernels use
+(``_single_tensor_adam`` with decoupled weight decay, ``_single_tensor_sgd``), in FP32.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,9 +66,12 @@ class OptimizerError(ValueError):
     """An optimizer (or an option of one) the training step cannot run."""
 
 
-def optimizer_spec(optimizer: object, group: dict[str, object]) -> OptimizerSpec:
+def optimizer_spec(optimizer: object, group: Mapping[str, object]) -> OptimizerSpec:
     """The spec of one param group of a ``torch.optim`` AdamW, Adam or SGD optimizer."""
-    name = type(optimizer).__name__
+    return _spec(type(optimizer).__name__, group)
+
+
+def _spec(name: str, group: Mapping[str, object]) -> OptimizerSpec:
     if group.get("amsgrad"):
         raise OptimizerError(f"{name}(amsgrad=True) is not supported by the training step")
     if group.get("differentiable"):
@@ -88,16 +95,45 @@ def optimizer_spec(optimizer: object, group: dict[str, object]) -> OptimizerSpec
                          f"(supported: AdamW, Adam, SGD)")
 
 
-def host_scalars(spec: OptimizerSpec, lr: float, step: int) -> np.ndarray:
-    """The group's per-step scalars (``step`` counts from 1), as torch computes them in Python."""
+def _fixed(spec: OptimizerSpec) -> dict[str, object]:
+    """What a spec's program holds as immediates or in its shape (not fed per step)."""
+    fixed: dict[str, object] = {"momentum on": bool(spec.momentum), "nesterov": spec.nesterov,
+                                "maximize": spec.maximize, "weight_decay on": bool(spec.weight_decay)}
+    if spec.kind is OptimizerKind.SGD:
+        fixed["weight_decay"] = spec.weight_decay
+        if spec.nesterov:
+            fixed["momentum"] = spec.momentum
+    else:
+        fixed.update(betas=spec.betas, eps=spec.eps)
+        if spec.kind is OptimizerKind.ADAM:
+            fixed["weight_decay"] = spec.weight_decay
+    return fixed
+
+
+def host_scalars(spec: OptimizerSpec, group: Mapping[str, object], step: int) -> np.ndarray:
+    """The group's per-step scalars (``step`` counts from 1), as torch computes them in Python
+    from the param group's current values. A hyper-parameter the program holds as an immediate
+    that differs from its traced value is one :class:`OptimizerError` (see the module doc)."""
+    name = {OptimizerKind.SGD: "SGD", OptimizerKind.ADAM: "Adam"}.get(spec.kind, "AdamW")
+    now = _spec(name, group)
+    was, new = _fixed(spec), _fixed(now)
+    changed = next((k for k in was if was[k] != new.get(k)), None)
+    if changed is not None:
+        key = changed.removesuffix(" on")
+        raise OptimizerError(
+            f"{name} {key} changed from {getattr(spec, key)} to {getattr(now, key)} after the "
+            f"training step was traced (a scheduler's cycle_momentum?); the step's program holds "
+            f"it fixed (lr, SGD's momentum and dampening and AdamW's weight_decay may change): "
+            f"keep it as traced, e.g. OneCycleLR(..., cycle_momentum=False)")
+    lr = float(group["lr"])  # type: ignore[arg-type]
     if spec.kind is OptimizerKind.SGD:
         if not spec.momentum:
             return np.array([lr], np.float32)
         first = step == 1  # torch clones the gradient into a fresh buffer on the first step
-        keep, take = (0.0, 1.0) if first else (spec.momentum, 1.0 - spec.dampening)
+        keep, take = (0.0, 1.0) if first else (now.momentum, 1.0 - now.dampening)
         return np.array([lr, keep, take], np.float32)
     beta1, beta2 = spec.betas
-    decay = 1.0 - lr * spec.weight_decay if spec.kind is OptimizerKind.ADAMW else 1.0
+    decay = 1.0 - lr * now.weight_decay if spec.kind is OptimizerKind.ADAMW else 1.0
     step_size = lr / (1.0 - beta1 ** step)
     return np.array([decay, step_size, math.sqrt(1.0 - beta2 ** step)], np.float32)
 

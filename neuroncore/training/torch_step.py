@@ -433,6 +433,11 @@ class TrainStep:
     def positional(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple[Any, ...]:
         """A call's inputs in the traced order: the positional ones of a step traced positionally,
         the keyword ones (any order) of a step traced with keywords; a mix is refused."""
+        for group in self.groups:  # a hyper-parameter the programs hold fixed changed: refused
+            try:                   # before anything runs
+                host_scalars(group.spec, group.torch_group, self.steps + 1)
+            except OptimizerError as exc:
+                raise TraceError(str(exc)) from None
         if not self.input_keys:
             if named:
                 raise TraceError(f"{self.name} step was traced with positional inputs; got keyword "
@@ -467,7 +472,7 @@ class TrainStep:
             self.advance_rng()
             if last:
                 for g, group in enumerate(self.groups):
-                    host[f"scalars/{g}"] = host_scalars(group.spec, float(group.torch_group["lr"]),
+                    host[f"scalars/{g}"] = host_scalars(group.spec, group.torch_group,
                                                         self.steps)
             result = loaded.execute(self.state.inputs(layout.inputs, host))
             outputs = result.outputs or []
