@@ -207,9 +207,9 @@ class TensorParallelModel:
         outputs = None
         if per_rank is not None:
             writes = state.writes if state is not None else {}
-            splits = [s for i, s in enumerate(self.sharded.output_splits) if i not in writes]
-            outputs = [parts[0] if split is None else join_blocks(parts, split)
-                       for parts, split in zip(zip(*per_rank), splits)] if splits else []
+            returned = [i for i in range(len(self.sharded.output_splits)) if i not in writes]
+            outputs = [self.sharded.join_output(i, list(parts))
+                       for i, parts in zip(returned, zip(*per_rank))] if returned else []
         for result, model in zip(results, self.models):
             result.host_to_device_bytes, result.device_to_host_bytes = model.host_transfer_bytes(state)
         return GroupResult(results, collectives, outputs, timeline)

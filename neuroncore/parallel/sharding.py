@@ -105,11 +105,15 @@ class ShardedGraph:
 
     def gather_outputs(self, per_rank: list[list[np.ndarray]]) -> list[np.ndarray]:
         """The full graph's outputs from every rank's local outputs."""
-        outputs = []
-        for i, split in enumerate(self.output_splits):
-            parts = [outs[i] for outs in per_rank]
-            outputs.append(parts[0] if split is None else join_blocks(parts, split))
-        return outputs
+        return [self.join_output(i, [outs[i] for outs in per_rank]) for i in range(len(self.output_splits))]
+
+    def join_output(self, i: int, parts: list[np.ndarray]) -> np.ndarray:
+        """Output ``i`` whole from every rank's block; a padded vocabulary's padding (the last
+        rank's block past V, logits of no token) is cut off, so it never reaches the caller."""
+        split = self.output_splits[i]
+        if split is None:
+            return parts[0]
+        return join_blocks(parts, split, self.full.outputs[i].shape[split.dim])
 
 
 def block_of(array: np.ndarray, split: Sharding, tp: int, rank: int) -> np.ndarray:
@@ -825,9 +829,10 @@ class _Sharder:
             if out == PARTIAL and lhs.shape[lc] in self.padded:  # a contraction over the padded
                 a = self._masked(lhs, a, Split(lc))  # vocabulary: the padding adds nothing
             made = self._add(op, [a, b], self._shape(op, out))
-            if out is not None and self._is_padded(op, out):  # kept zero on the padding
-                made = self._masked(op, made, out)
-            return made, out
+            free = rhs if out == Split(n - 1) else lhs if out == Split(n - 2) else None
+            if out is not None and self._is_padded(op, out) and not (free is not None and _is_weight(free)):
+                made = self._masked(op, made, out)  # kept zero on the padding (a constant weight's
+            return made, out                        # padding is zeros: its products are already)
 
         attempts: list[Callable[[], tuple[Op, Sharding] | None]] = []
         if sl is not None and sl.dim < n - 2:  # batch dims (attention heads) on both sides
@@ -974,15 +979,19 @@ class _Sharder:
 
 
     def _padded_vocabulary(self) -> frozenset[int]:
-        """The vocabulary size to pad (Megatron's and NxD's padded vocabulary): in a training step,
-        the rows of the largest trained gathered table when ``tp`` does not divide them. Every split
-        dim of that size is split in blocks of ``ceil(V / tp)``, the last rank's padded past V:
-        weights and optimizer state with zero rows, the padded positions masked out of every
-        reduction and contraction over the vocabulary (:meth:`_valid`), so the step equals one core."""
-        if not self.trained or self.tp == 1:
+        """The vocabulary size to pad (Megatron's and NxD's padded vocabulary, transformers-neuronx's
+        ``pad_vocab_size``): the rows of the largest gathered table (a training step's trained one,
+        an inference program's weight: the token embedding) when ``tp`` does not divide them. Every
+        split dim of that size is split in blocks of ``ceil(V / tp)``, the last rank's padded past V:
+        weights (the embedding's rows, the LM head's columns) and optimizer state with zeros, the
+        padded positions masked out of every reduction and contraction over the vocabulary
+        (:meth:`_valid`) and cut off where the value is gathered (:meth:`_gather_split`) or
+        returned (:meth:`ShardedGraph.join_output`), so the program equals one core's."""
+        if self.tp == 1:
             return frozenset()
         tables = [op.operands[0] for op in self.graph.ops if op.opcode == "gather"]
-        tables = [t for t in tables if self._trained_table(t) and len(t.shape) == 2]
+        tables = [t for t in tables if (self._trained_table(t) if self.trained else _is_weight(t))
+                  and len(t.shape) == 2]
         if not tables:
             return frozenset()
         rows = max(tables, key=lambda t: t.size).shape[0]
