@@ -318,9 +318,10 @@ class Emitter:
         self.semantic_moves: list[tuple[int, int, Any]] = []
         # the same for operand texts (``text``: the template's; ``move`` renames them)
         self.text_moves: list[tuple[int, int, Any]] = []
-        # (start, stop, lo, dn): nodes [start, stop) hold their template's dependency lists (and
-        # trigger nodes), in which nodes >= lo move by dn (``dep_columns`` applies it, in bulk)
-        self.dep_moves: list[tuple[int, int, int, int]] = []
+        # (start, stop, lo, dn, source): nodes [start, stop) hold the dependency lists (and trigger
+        # nodes) of the template nodes from ``source`` on, in which nodes >= lo move by dn
+        # (``dep_columns`` applies it, in bulk)
+        self.dep_moves: list[tuple[int, int, int, int, int]] = []
         self.trigger: list[int] = []
         self.counters: list[NodeCounters] = []
         self.current_op = -1
@@ -710,14 +711,48 @@ class Emitter:
         self._record(node, CC_LANE, reads, writes)
         return node
 
+    def _pieces(self) -> list[tuple[int, int, int]]:
+        """The node ranges in order as ``(start, stop, source)``: lowered nodes (source -1), or a
+        relocated layer's, which holds the records of the template nodes from ``source`` on (the
+        same list and counter objects: ``dep_moves``), lowered nodes read before it."""
+        pieces: list[tuple[int, int, int]] = []
+        pos = 0
+        moves = self.dep_moves
+        for start, stop, _lo, _dn, source in moves:
+            if start > pos:
+                pieces.append((pos, start, -1))
+            end = source + stop - start
+            copied = end <= start and not any(a < end and source < b for a, b, *_ in moves)
+            pieces.append((start, stop, source if copied else -1))
+            pos = stop
+        if pos < len(self.deps):
+            pieces.append((pos, len(self.deps), -1))
+        return pieces
+
     def dep_columns(self) -> tuple[np.ndarray, np.ndarray]:
         """``(dep_ptr, dep_idx)``: every node's dependencies as CSR (the ``Program`` columns), with
-        relocated layers' moved by array arithmetic."""
+        relocated layers' moved by array arithmetic. A relocated range copies its template's
+        columns (``_pieces``), read once, instead of reading every list again."""
         n = len(self.deps)
+        deps = self.deps
+        pieces = self._pieces()
+        lengths = np.empty(n, np.int64)
+        for start, stop, source in pieces:
+            if source < 0:
+                lengths[start:stop] = np.fromiter(map(len, deps[start:stop]), np.int64, count=stop - start)
+            else:
+                lengths[start:stop] = lengths[source:source + stop - start]
         dep_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, self.deps), np.int64, count=n), out=dep_ptr[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(self.deps), np.int64, count=int(dep_ptr[-1]))
-        for start, stop, lo, dn in self.dep_moves:
+        np.cumsum(lengths, out=dep_ptr[1:])
+        flat = np.empty(int(dep_ptr[-1]), np.int64)
+        for start, stop, source in pieces:
+            a, b = int(dep_ptr[start]), int(dep_ptr[stop])
+            if source < 0:
+                flat[a:b] = np.fromiter(itertools.chain.from_iterable(deps[start:stop]), np.int64,
+                                        count=b - a)
+            else:
+                flat[a:b] = flat[int(dep_ptr[source]):int(dep_ptr[source + stop - start])]
+        for start, stop, lo, dn, _ in self.dep_moves:
             segment = flat[dep_ptr[start]:dep_ptr[stop]]
             segment[segment >= lo] += dn
         return dep_ptr, flat
@@ -725,7 +760,7 @@ class Emitter:
     def trigger_column(self) -> np.ndarray:
         """Each DMA transfer's trigger node (-1 for the others), relocated layers' moved."""
         trigger = np.asarray(self.trigger, np.int64)
-        for start, stop, lo, dn in self.dep_moves:
+        for start, stop, lo, dn, _ in self.dep_moves:
             segment = trigger[start:stop]
             segment[segment >= lo] += dn
         return trigger
@@ -749,12 +784,20 @@ class Emitter:
         # (the records are alive in ``self.counters``, so their ids are distinct per record)
         width = len(COUNTER_NAMES)
         counters = self.counters
-        ids = np.fromiter(map(id, counters), np.int64, count=len(counters))
-        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
-        distinct = [counters[i] for i in first.tolist()]
+        n = len(counters)
+        pieces = self._pieces()
+        read = [np.arange(start, stop) for start, stop, source in pieces if source < 0]
+        nodes = np.concatenate(read) if read else np.zeros(0, np.int64)
+        ids = np.fromiter(map(id, map(counters.__getitem__, nodes.tolist())), np.int64, count=nodes.size)
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        which = np.empty(n, np.int64)
+        which[nodes] = inverse.reshape(-1)
+        for start, stop, source in pieces:  # a relocated range holds its template's records
+            if source >= 0:
+                which[start:stop] = which[source:source + stop - start]
+        distinct = [counters[i] for i in nodes[first].tolist()]
         table = np.fromiter(itertools.chain.from_iterable(map(counter_values, distinct)), np.int64,
                             count=len(distinct) * width).reshape(-1, width)
-        which = which.reshape(-1)
         return {name: table[:, i][which] for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------
@@ -777,27 +820,43 @@ class Emitter:
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
         steps = np.where(producer, np.where(resource == RES_DMA, DMA_COMPLETION_INCREMENT, 1), 0)
-        order = np.argsort(sem_of, kind="stable")
+        # a stable sort of a 16-bit copy (semaphores are few) is a radix sort: the same order, faster
+        narrow = sem_of.astype(np.int16) if n and int(sem_of.max()) < 2 ** 15 else sem_of
+        order = np.argsort(narrow, kind="stable")
         running = np.cumsum(steps[order])
-        group_start = np.r_[True, np.diff(sem_of[order]) != 0]
+        grouped = sem_of[order]
+        group_start = np.empty(n, bool)
+        group_start[:1] = True
+        np.not_equal(grouped[1:], grouped[:-1], out=group_start[1:])
         base = np.maximum.accumulate(np.where(group_start, running - steps[order], 0))
         sem_value = np.zeros(n, np.int32)
         sem_value[order] = (running - base).astype(np.int32)
         sem_value[~producer] = 0
         completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
         # the waits of each node: per semaphore it waits on, the highest value among its producers,
-        # found for all nodes at once (sorted by node, then semaphore: the order the text lists them)
+        # found for all nodes at once (sorted by node, then semaphore: the order the text lists them).
+        # A node's dependencies are in node order already, so the stable sort has short runs to
+        # merge; equal keys are one (node, semaphore), whose order is free (their maximum is kept)
         span = int(sem_of.max()) + 1 if n else 1
-        key = np.repeat(np.arange(n, dtype=np.int64), lengths) * span + sem_of[flat]
-        by_key = np.argsort(key)  # equal keys are one (node, semaphore): their order is free
-        key, value = key[by_key], sem_value[flat][by_key]
-        firsts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
-        highest = np.maximum.reduceat(value, firsts) if key.size else value
-        per_node = np.bincount(key[firsts] // span, minlength=n) if key.size else np.zeros(n, np.int64)
+        key_type = np.dtype(np.int32 if n * span < 2 ** 31 else np.int64)
+        dep_sems = sem_of[flat]
+        key = np.repeat(np.arange(n, dtype=key_type) * span, lengths) + dep_sems.astype(key_type)
+        by_key = np.argsort(key, kind="stable")
+        key = key[by_key]
+        value = sem_value[flat[by_key]]
+        firsts = np.empty(key.size, bool)
+        firsts[:1] = True
+        np.not_equal(key[1:], key[:-1], out=firsts[1:])
+        if firsts.all():  # no node waits twice on one semaphore (the usual case): nothing to merge
+            ptr, sems, highest = dep_ptr, dep_sems[by_key], value
+        else:
+            at = np.flatnonzero(firsts)
+            highest = np.maximum.reduceat(value, at)
+            sems = dep_sems[by_key[at]]
+            ptr = np.r_[0, np.cumsum(np.bincount(key[at] // span, minlength=n))]
         own: Sequence[str] = (RelocatedSemantics(list(self.text), self.text_moves) if self.text_moves
                               else list(self.text))
-        texts = OperandTexts(own, np.r_[0, np.cumsum(per_node)], key[firsts] % span, highest,
-                             np.where(producer, sem_of, -1), completes)
+        texts = OperandTexts(own, ptr, sems, highest, np.where(producer, sem_of, -1), completes)
         return sem_increment, sem_value, texts
 
 

@@ -265,7 +265,7 @@ class _Template:
         first = len(em.deps)
         em.deps.extend(em.deps[nodes])
         em.trigger.extend(em.trigger[nodes])
-        em.dep_moves.append((first, len(em.deps), lo, dn))
+        em.dep_moves.append((first, len(em.deps), lo, dn, nodes.start))
         table = np.arange(self.op_limit)
         table[list(op_map)] = list(op_map.values())
         table[-1] = -1  # a node of no op
