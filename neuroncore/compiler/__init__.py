@@ -301,8 +301,10 @@ def _scratch_peak(ctx: Context) -> int:
 
     records = ctx.em.semantics
     # relocated layers keep their template's records: the template's HBM-touching nodes are found
-    # once, and only their tensor names are moved
-    templates: dict[int, list[tuple[int, list[str]]]] = {}
+    # once, and only their tensor names are moved. Only the first and last touch of a tensor
+    # count, so a template keeps each name's first and last node (in node order: a tensor's first
+    # touch is then the earliest of its names', its last the latest)
+    templates: dict[int, list[tuple[int, str]]] = {}
     node = 0
     for start, stop, move in sorted(ctx.em.semantic_moves, key=lambda m: m[0]):
         for n in range(node, start):
@@ -311,10 +313,14 @@ def _scratch_peak(ctx: Context) -> int:
                 touch(n, names)
         touching = templates.get(move.source)
         if touching is None:
-            touching = templates[move.source] = [
-                (n - start, names) for n in range(start, stop) if (names := _hbm_names(records[n]))]
-        for offset, names in touching:
-            touch(start + offset, [move.name(name) for name in names])
+            ends: dict[str, list[int]] = {}
+            for n in range(start, stop):
+                for name in _hbm_names(records[n]):
+                    ends.setdefault(name, [n - start, n - start])[1] = n - start
+            touching = templates[move.source] = sorted(
+                {(offset, name) for name, pair in ends.items() for offset in pair})
+        for offset, name in touching:
+            touch(start + offset, [move.name(name)])
         node = stop
     for n in range(node, len(records)):
         names = _hbm_names(records[n])
