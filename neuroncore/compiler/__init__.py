@@ -376,9 +376,9 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
     calls it when every op is lowered; ``neuroncore.nki`` when a kernel has run."""
     dep_ptr, dep_idx = em.dep_columns()
     sem_increment, sem_value, texts = em.assign_semaphores(queues, (dep_ptr, dep_idx))
-    resource = np.asarray(em.resource, np.int8)
-    engine = np.asarray(em.engine, np.int8)
-    queue = np.asarray(em.queue, np.int16)
+    resource = em.column(em.resource, np.int8)
+    engine = em.column(em.engine, np.int8)
+    queue = em.column(em.queue, np.int16)
     # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
     keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
     keys = np.where(resource == RES_CC, CC_LANE, keys)
@@ -390,18 +390,18 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         spec=spec,
         resource=resource,
         engine=engine,
-        cost_ns=np.asarray(em.cost_ns, np.float64),
+        cost_ns=em.column(em.cost_ns, np.float64),
         queue=queue,
-        dma_engines=np.asarray(em.dma_engines, np.int8),
+        dma_engines=em.column(em.dma_engines, np.int8),
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
         op_index=np.asarray(em.op_index, np.int32),
-        opcode_id=np.fromiter(map(opcode_index.__getitem__, em.opcode), np.int16, count=len(em.opcode)),
+        opcode_id=em.column(em.opcode, np.int16, opcode_index),
         pc=_stream_positions(keys),
         sem_increment=sem_increment,
         sem_value=sem_value,
         trigger=em.trigger_column(),
-        ports=np.asarray(em.ports, np.int8),
+        ports=em.column(em.ports, np.int8),
         opcodes=opcodes,
         operands=texts,
         activation_fn=em.activation_fn,

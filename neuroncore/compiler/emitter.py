@@ -729,6 +729,21 @@ class Emitter:
             pieces.append((pos, len(self.deps), -1))
         return pieces
 
+    def column(self, values: list[Any], dtype: Any, lookup: dict[Any, int] | None = None) -> np.ndarray:
+        """One of the per-node lists (``resource``, ``engine``, ``cost_ns``, ...) as an array, each
+        entry through ``lookup`` if given: a relocated range copies its template's entries
+        (``_pieces``), converted once."""
+        out = np.empty(len(values), dtype)
+        for start, stop, source in self._pieces():
+            if source < 0 and lookup is not None:
+                out[start:stop] = np.fromiter(map(lookup.__getitem__, values[start:stop]), dtype,
+                                              count=stop - start)
+            elif source < 0:
+                out[start:stop] = values[start:stop]
+            else:
+                out[start:stop] = out[source:source + stop - start]
+        return out
+
     def dep_columns(self) -> tuple[np.ndarray, np.ndarray]:
         """``(dep_ptr, dep_idx)``: every node's dependencies as CSR (the ``Program`` columns), with
         relocated layers' moved by array arithmetic. A relocated range copies its template's
@@ -808,11 +823,11 @@ class Emitter:
         (each made when first read: ``operand_texts``). ``dep_columns``: ``self.dep_columns()`` if
         the caller has it already."""
         n = len(self.resource)
-        resource = np.asarray(self.resource, np.int64)
+        resource = self.column(self.resource, np.int64)
         queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
-        queue = np.asarray(self.queue, np.int64)
+        queue = self.column(self.queue, np.int64)
         sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
-                          np.where(resource == RES_CC, CC_SEMAPHORE, np.asarray(self.engine, np.int64)))
+                          np.where(resource == RES_CC, CC_SEMAPHORE, self.column(self.engine, np.int64)))
         producer = np.zeros(n, bool)
         dep_ptr, flat = dep_columns if dep_columns is not None else self.dep_columns()
         lengths = np.diff(dep_ptr)
