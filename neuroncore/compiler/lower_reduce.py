@@ -68,27 +68,46 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
                                             (source,), view_shape, src.dtype, run), op)
 
         loader = (loader_setup, view_shape)
-    _free_limit_check(ctx, op, reduced)
+    # a reduction through the view loads ``reduced`` elements per partition; when that is more than
+    # one instruction reads or half a partition holds (``x.mean()`` of a [64, 1024] loss), it
+    # loads and reduces column chunks and combines their partial results (add / max); otherwise
+    # the whole row at once, as before
+    chunk = reduced
+    if loader is not None and (reduced > ctx.spec.vector_sbuf_free_limit
+                               or reduced * src.dtype.itemsize > ctx.spec.sbuf_bytes_per_partition // 2):
+        chunk = min(ctx.spec.vector_sbuf_free_limit,
+                    ctx.spec.sbuf_bytes_per_partition // 8 // src.dtype.itemsize)
+    else:
+        _free_limit_check(ctx, op, reduced)
     view_tiles = tiles_of(loader[1], Layout.ROW) if loader else None
     for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
         if loader is None:
             inp = ctx.tile(src, t, Layout.ROW)  # free-dim reduction: row tiles whatever the layout
+            tensor_reduce(ctx, alu, out, inp)
+            ctx.release(src, inp)
         else:
             name = loader[0]()
             assert view_tiles is not None
             vt = view_tiles[t]
-            buf = ctx.alloc(vt.rows, reduced, src.dtype, f"{op.name}.in{t}")
-            inp = Ref(buf.id, 0, vt.rows, 0, reduced)
             rows = tile_grid(loader[1], Layout.ROW)[1]
-            ctx.dma_load(QueueName.DATA, HbmAccess(name, vt.batch, vt.r0, vt.r1, 0, reduced), inp,
-                         src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
-                         * src.dtype.itemsize)
-        tensor_reduce(ctx, alu, out, inp)
-        if loader is None:
-            ctx.release(src, inp)
-        else:
-            ctx.free(ctx.buffers[inp.buf])
+            partial = _scratch(ctx, vt.rows, 1, f"{op.name}.part{t}") if chunk < reduced else None
+            for c0 in range(0, reduced, chunk):
+                cols = min(chunk, reduced - c0)
+                buf = ctx.alloc(vt.rows, cols, src.dtype, f"{op.name}.in{t}" + (f".{c0}" if c0 else ""))
+                inp = Ref(buf.id, 0, vt.rows, 0, cols)
+                ctx.dma_load(QueueName.DATA, HbmAccess(name, vt.batch, vt.r0, vt.r1, c0, c0 + cols), inp,
+                             src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
+                             * src.dtype.itemsize)
+                if c0 == 0:
+                    tensor_reduce(ctx, alu, out, inp)
+                else:
+                    assert partial is not None
+                    tensor_reduce(ctx, alu, partial, inp)
+                    tensor_tensor(ctx, alu, out, out, partial)
+                ctx.free(ctx.buffers[inp.buf])
+            if partial is not None:
+                _free(ctx, partial)
         ctx.produced(op, t, out)
         ctx.unpin_all()
         yield batch_ends(value, t)

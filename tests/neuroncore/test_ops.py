@@ -805,6 +805,24 @@ def test_reduce(run, assert_close, rng, shape, dims, kind, dtype):
     check_names(g, res.nodes(r), r, "model/red")
 
 
+@pytest.mark.parametrize("kind", ["sum", "max"])
+@pytest.mark.parametrize("shape,dims", [((64, 1024), (0, 1)), ((3, 130, 300), (1, 2))])
+def test_reduce_wider_than_a_partition_holds(run, assert_close, rng, shape, dims, kind):
+    """``F.mse_loss`` over a [64, 1024] output is a reduction of 65,536 elements into one value:
+    the view put them on one partition (256 KiB, more than SBUF's 192 KiB) and the compile stopped
+    with 'cannot place reduce' (found by the user trials). Column chunks are reduced and combined."""
+    b = nc.GraphBuilder("wide_reduce")
+    x = b.parameter("x", shape, "fp32")
+    g = b.build([b.reduce(x, dims, kind)])
+    data = rng.standard_normal(shape).astype(np.float32)
+    res = run(g, [data])
+    xs = f64(data)
+    expected = xs.sum(axis=dims) if kind == "sum" else xs.max(axis=dims)
+    assert_close(res.out, expected, "fp32", scale=float(np.abs(xs).sum()))
+    if kind == "max":
+        np.testing.assert_array_equal(res.out, res.ref)
+
+
 def test_reduce_result_feeds_per_partition_scalar(run, assert_close, rng):
     """x - max(x) along rows: the reduction's column result is a TENSOR_SCALAR operand."""
     b = nc.GraphBuilder("center")
