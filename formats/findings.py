@@ -13,8 +13,9 @@ HLO op name without its number (``dot``).
 Rules (thresholds from the real Summary Viewer's recommendation triggers, profile-schema §4.9, where it
 states them; ours otherwise):
 
-* **Tensor engine waiting** -- Tensor instructions blocked on semaphores (Σ ``evt_wait_time_ns``)
-  >= 10 % of T; "on DMA" when DMA is active at least as long as the Tensor engine.
+* **Tensor engine blocked on semaphores** -- Tensor instructions blocked on semaphores (Σ
+  ``evt_wait_time_ns``) >= 10 % of T. Not "idle": idle time by what it waited for (a DMA queue,
+  another engine) is ``formats.analysis`` (``neuron-profile analyze``), a different figure.
 * **Memory-bound** (no wait column) -- Tensor busy < 30 % of T while DMA is active more than twice
   as long; measure: HBM bytes per op.
 * **Small DMA transfers** -- average transfer (``dma_transfer_average_bytes``) < 32 KiB; measure:
@@ -213,12 +214,11 @@ def _rules(figs: Figures, attribution: Attribution, m: _OpMeasures, profile: Pro
     dma_active = figs.dma.active_fraction
     wait = sum(m.tensor_wait.values())
     if T > 0 and wait >= 0.10 * T:
-        on_dma = dma_active is not None and (tensor_busy is None or dma_active >= tensor_busy)
-        found.append(_finding(
-            "Tensor engine idle waiting on DMA" if on_dma else "Tensor engine idle waiting on other engines",
+        found.append(_finding(  # what each wait was for is neuron-profile analyze's idle by cause
+            "Tensor engine blocked on semaphores",
             f"Tensor instructions blocked on semaphores for {fmt_ns(wait)} ({fmt_pct(wait / T)} of device "
-            f"time); DMA active {fmt_pct(dma_active)}", 3 if wait >= 0.3 * T else 2,
-            _point(attribution, m.tensor_wait)))
+            f"time); DMA active {fmt_pct(dma_active)}; what they waited for: neuron-profile analyze",
+            3 if wait >= 0.3 * T else 2, _point(attribution, m.tensor_wait)))
     elif tensor_busy is not None and dma_active is not None and tensor_busy < 0.3 \
             and dma_active > 2 * tensor_busy:
         found.append(_finding(

@@ -39,7 +39,7 @@ async def test_overview_tree_and_problems(source_root: Path) -> None:
         # encoder -> layer.0 is a chain of single layers: opened on arrival
         assert tree_names(app)[:5] == ["encoder", "layer.0", "attention", "output", "intermediate"]
         titles = [p.title for p in app.analysis.problems]
-        assert "Tensor engine idle waiting on DMA" in titles and "Transposes dominating" in titles
+        assert "Tensor engine blocked on semaphores" in titles and "Transposes dominating" in titles
         assert app.hierarchy is not None and app.hierarchy.analysed
         dot = next(n for n in app.hierarchy.nodes.values() if n.name == "dot.51")
         assert dot.stats.counts[0] == 72 and dot.stats.mfu is not None and 0 < dot.stats.mfu < 1
@@ -378,7 +378,7 @@ async def test_tensor_idle_points_at_the_kind_where_the_waiting_is() -> None:
     async with app.run_test(size=(160, 50)) as pilot:
         await settle(pilot)
         idle = app.analysis.problems[0]
-        assert idle.title.startswith("Tensor engine idle") and idle.kind == "K:q_proj"
+        assert idle.title == "Tensor engine blocked on semaphores" and idle.kind == "K:q_proj"
         assert ("most in q_proj (28.6% of it, largest model/layers.0/self_attn/q_proj, op dot.19)"
                 in idle.detail)
         node = app.analysis.hierarchy.nodes[idle.node]
