@@ -13,7 +13,7 @@ The values cannot equal torch's own generator bit for bit; their law does (``tes
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ RNG_STATE_INPUT = "rng/state"
 class _RngState:
     state: Op
     streams: int = 0
+    drawn: dict[str, int] = field(default_factory=dict)  # FX node name -> its stream
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _RngState] = weakref.WeakKeyDictionary()
@@ -44,13 +45,21 @@ def uses_rng(graph_inputs: list[str]) -> bool:
 
 
 def _uniform(conv: _Converter, shape: tuple[int, ...]) -> Op:
-    """A fresh stream of FP32 uniforms in [0, 1) of ``shape``."""
+    """A fresh stream of FP32 uniforms in [0, 1) of ``shape``; for a draw that an activation
+    checkpoint recomputes in the backward (``meta["recompute_of"]``, training/torch_joint.py), the
+    stream of the draw it recomputes: the same numbers, as the checkpoint's saved RNG state gives."""
     held = _STATES.get(conv)
     if held is None:
         with conv.b.located("model", ()):
             held = _RngState(conv.b.parameter(RNG_STATE_INPUT, (2,), DType.FP32))
         _STATES[conv] = held
+    node = conv.node
+    again = held.drawn.get(node.meta.get("recompute_of", "")) if node is not None else None
+    if again is not None:
+        return conv.b.rng_uniform(held.state, shape, again)
     held.streams += 1
+    if node is not None:
+        held.drawn[node.name] = held.streams
     return conv.b.rng_uniform(held.state, shape, held.streams)
 
 

@@ -156,13 +156,30 @@ def program_saved_activations(graph: Graph) -> int:
     """Bytes of the forward values a training step program's backward reads, counted on its IR
     graph (ops under ``model/forward`` read by an op under ``model/backward``): for a
     tensor-parallel rank's sharded program, what that rank saves (its blocks, plus what it holds
-    whole)."""
-    backward_reads: set[int] = set()
+    whole). With activation checkpointing, plus the largest working set of one recomputed region:
+    the values of a contiguous run of ops under ``model/backward/recompute`` that the rest of the
+    backward reads (as ``torch_joint.saved_activations`` counts on the joint graph)."""
+    backward_reads: set[int] = set()  # read by the backward (a recompute reads the kept inputs)
+    gradient_reads: set[int] = set()  # read by the backward's own formulas
     for op in graph.ops:
         if _phase(op.layer) == "backward":
             backward_reads.update(id(o) for o in op.operands)
-    return saved_activation_bytes([(op.nbytes, id(op) in backward_reads) for op in graph.ops
+            if not _recomputed(op.layer):
+                gradient_reads.update(id(o) for o in op.operands)
+    kept = saved_activation_bytes([(op.nbytes, id(op) in backward_reads) for op in graph.ops
                                    if _phase(op.layer) == "forward" and op.opcode != "parameter"])
+    working = block = 0
+    for op in graph.ops:
+        if not _recomputed(op.layer):
+            block = 0
+            continue
+        block += op.nbytes if id(op) in gradient_reads else 0
+        working = max(working, block)
+    return kept + working
+
+
+def _recomputed(layer: str) -> bool:
+    return layer.startswith("model/backward/recompute/") or layer == "model/backward/recompute"
 
 
 def _phase(layer: str) -> str:

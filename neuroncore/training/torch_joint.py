@@ -15,17 +15,28 @@ user input; its outputs are the loss and one gradient per parameter. Nodes keep 
 ``node.meta["train_phase"]`` (``forward`` for what the replay made, ``backward`` for what autograd
 made) and backward nodes borrow the layer path and source frames of the forward nodes they read, so
 a profile's hierarchy holds layer -> HLO op -> instruction inside each phase.
+
+Activation checkpointing (``torch.utils.checkpoint``, ``gradient_checkpointing_enable()``):
+``torch.export`` traces through a checkpoint as if it were not there, so while exporting every
+checkpointed call is marked (:func:`checkpoint_regions`: its nodes carry ``custom["checkpoint_region"]``)
+and the joint graph then recomputes each region's values in the backward, right before their
+first backward reader, instead of keeping them from the forward (:func:`_recompute_checkpoints`),
+as the checkpoint does in eager PyTorch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx.traceback as fx_traceback
+import torch.utils.checkpoint as torch_checkpoint
 from torch._decomp import core_aten_decompositions
 from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 from torch.export.graph_signature import InputKind, OutputKind
@@ -37,6 +48,15 @@ from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.tracing import TraceError
 
 FORWARD, BACKWARD = "forward", "backward"
+CHECKPOINT_REGION = "checkpoint_region"
+"""Key in a node's ``meta["custom"]``: the number of the checkpointed call it was traced in."""
+RECOMPUTE_OF = "recompute_of"
+"""Key in the meta of a backward node that recomputes a checkpointed forward value: that node's name."""
+
+
+class CheckpointingIgnored(UserWarning):
+    """A form of activation checkpointing a traced step does not follow: a selective policy
+    (``context_fn``); the region is recomputed whole."""
 
 
 @dataclass
@@ -133,7 +153,8 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         # GEMM over data-dependent sizes) has no static shape; it trains as NxD's forward_all_experts
         # (every token through every expert, scaled by its top-k masked affinity: same values and
         # gradients), as inference compiles it (frontends/torch_moe.py)
-        with quiet_export(), warnings.catch_warnings(), all_experts(model):  # no partial-graph dump
+        with quiet_export(), warnings.catch_warnings(), all_experts(model), \
+                checkpoint_regions() as selective:
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|copyreg)")
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             ep = torch.export.export(wrapper, tuple(example_inputs))
@@ -141,6 +162,14 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise
     except Exception as exc:  # torch raises many types; every one is a failed trace
         raise export_failure(type(model).__name__, exc) from exc
+    if selective[0]:
+        warnings.warn(f"{type(model).__name__}: {selective[0]} checkpointed call(s) with a selective policy "
+                      f"(context_fn): a traced step does not follow it, it recomputes each such region "
+                      f"whole", CheckpointingIgnored, stacklevel=2)
+    if selective[1]:
+        warnings.warn(f"{type(model).__name__}: activations offloaded to host memory (save_on_cpu, "
+                      f"activation_checkpointing_enable(offload=True)) stay in the core's HBM in a "
+                      f"traced step, and no copies are timed", CheckpointingIgnored, stacklevel=2)
     canonical = {id(p): n for n, p in wrapper.named_parameters()}
     alias = {n: canonical[id(p)] for n, p in wrapper.named_parameters(remove_duplicate=False)}
     return wrapper, ep, alias
@@ -231,6 +260,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _drop_pool_indices(traced)
     _functional_copies(traced)
     _tag_phases(traced.graph, params)
+    _recompute_checkpoints(traced)
     return JointGraph(traced, params, others, buffers, len(example_inputs), frozenset(constants))
 
 
@@ -348,22 +378,176 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
     _drop_pool_indices(traced)
     _functional_copies(traced)
-    _tag_phases(traced.graph, [n for n, _ in params])
+    _tag_phases(traced.graph, [n for n, _ in params])  # no _recompute_checkpoints: a stage's backward
+    # program replays the stage's forward already (the pipeline checkpoints whole stages)
     return JointGraph(traced, [n for n, _ in params], [n for n, _ in buffers],
                       [b.detach().clone() for _, b in buffers], len(examples))
 
 
 def saved_activations(joint: JointGraph) -> int:
-    """Bytes of the forward values the backward reads (what autograd saves between the passes)."""
+    """Bytes of the forward values the backward reads (what autograd saves between the passes),
+    plus, with activation checkpointing, the largest working set of one recomputed region (the
+    recomputed values its backward reads: they exist once, one region at a time, as in Megatron's
+    and NxD's arithmetic, ``training.memory``)."""
     total = 0
+    working: dict[Any, int] = {}
     for node in joint.module.graph.nodes:
-        if node.meta.get("train_phase") != FORWARD:
-            continue
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and any(
-                u.meta.get("train_phase") == BACKWARD for u in node.users):
+        if not isinstance(val, torch.Tensor):
+            continue
+        phase = node.meta.get("train_phase")
+        if phase == FORWARD and any(u.meta.get("train_phase") == BACKWARD for u in node.users):
             total += val.numel() * val.element_size()
-    return total
+        elif RECOMPUTE_OF in node.meta and any(RECOMPUTE_OF not in u.meta for u in node.users
+                                               if u.op == "call_function"):
+            region = checkpoint_region(node)
+            working[region] = working.get(region, 0) + val.numel() * val.element_size()
+    return total + max(working.values(), default=0)
+
+
+def checkpoint_region(node: torch.fx.Node) -> int | None:
+    """The checkpointed call a node was traced in (:func:`checkpoint_regions`), or None."""
+    custom = node.meta.get("custom")
+    region = custom.get(CHECKPOINT_REGION) if isinstance(custom, dict) else None
+    return region if isinstance(region, int) else None
+
+
+@contextlib.contextmanager
+def checkpoint_regions() -> Iterator[list[int]]:
+    """While exporting: every ``torch.utils.checkpoint.checkpoint`` call (non-reentrant, the
+    transformers and torch default, and reentrant) traces its function with the nodes it makes
+    marked ``meta["custom"]["checkpoint_region"] = k``, one ``k`` per call (a checkpoint inside a
+    checkpoint belongs to the outer one: the outer recompute reruns it).
+
+    How: ``checkpoint`` looks up ``_checkpoint_without_reentrant_generator`` (its set-up and
+    tear-down around the function) and ``CheckpointFunction`` in its module at every call; both
+    are wrapped here for the export only, and the function runs under ``fx.traceback.annotate``
+    (with ``preserve_node_meta``, which makes the tracer copy ``custom`` onto the nodes). Under
+    export the checkpoint's own machinery does nothing the graph keeps (the saved-tensor hooks see
+    fake tensors), so this is what tells the joint graph where its regions are. A reentrant
+    checkpoint runs its function directly (its autograd.Function's no-grad forward cannot be
+    exported); when none of its tensor inputs requires grad, eager PyTorch gives the parameters
+    inside no gradient, and so does this (the function runs without grad). A selective policy
+    (``context_fn``) is not followed: the region is recomputed whole; nor is offloading saved
+    activations to the host (``torch.autograd.graph.save_on_cpu``, transformers'
+    ``offload=True``): its copies are not traced, they stay in HBM. The list yielded counts such
+    calls and offloads (the caller warns once for each)."""
+    counter = itertools.count()
+    depth = [0]
+    selective = [0, 0]
+    offload = torch.autograd.graph.save_on_cpu
+    offload_init = offload.__init__
+
+    def offloading(self: Any, *args: Any, **kwargs: Any) -> None:  # saved tensors stay where they are
+        selective[1] += 1
+        torch.autograd.graph.saved_tensors_hooks.__init__(self, _same, _same)
+
+    generator = torch_checkpoint._checkpoint_without_reentrant_generator
+    function_class = torch_checkpoint.CheckpointFunction
+
+    @contextlib.contextmanager
+    def region() -> Iterator[None]:
+        if depth[0]:
+            yield
+            return
+        depth[0] += 1
+        try:
+            with fx_traceback.preserve_node_meta(), \
+                    fx_traceback.annotate({CHECKPOINT_REGION: next(counter)}):
+                yield
+        finally:
+            depth[0] -= 1
+
+    def without_reentrant(fn: Any, preserve: Any, context_fn: Any, *rest: Any, **kwargs: Any) -> Any:
+        if context_fn is not torch_checkpoint.noop_context_fn:
+            selective[0] += 1
+        inner = generator(fn, preserve, context_fn, *rest, **kwargs)
+        next(inner)
+        with region():
+            yield
+        next(inner, None)
+
+    class Reentrant:
+        @staticmethod
+        def apply(fn: Callable[..., Any], preserve: bool, *args: Any) -> Any:
+            grads = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            with region(), torch.set_grad_enabled(grads and torch.is_grad_enabled()):
+                return fn(*args)
+
+    torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant  # type: ignore[assignment]
+    torch_checkpoint.CheckpointFunction = Reentrant  # type: ignore[assignment,misc]
+    offload.__init__ = offloading  # type: ignore[method-assign]
+    try:
+        yield selective
+    finally:
+        offload.__init__ = offload_init  # type: ignore[method-assign]
+        torch_checkpoint._checkpoint_without_reentrant_generator = generator
+        torch_checkpoint.CheckpointFunction = function_class  # type: ignore[misc]
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _copied(copies: dict[torch.fx.Node, torch.fx.Node], node: torch.fx.Node) -> torch.fx.Node:
+    return copies.get(node, node)
+
+
+def _recompute_checkpoints(module: torch.fx.GraphModule) -> None:
+    """Recompute every checkpointed region's values in the backward instead of keeping them.
+
+    For each region (the forward nodes of one checkpointed call, :func:`checkpoint_region`): the
+    values the rest of the forward reads (its outputs) are kept, as are its inputs; every other
+    value of the region that the backward reads is computed again, from those, by copies of the
+    forward nodes it depends on, placed right before the first backward node that reads one of
+    them, and the backward reads the copies. The originals then live only as long as the forward
+    needs them. The copies are backward nodes (``meta["recompute_of"]`` names the node each
+    recomputes; they keep its layer, source line and region), so the step's time includes the
+    recompute and its profile shows it under ``model/backward/recompute``. A random draw
+    recomputed reads the same stream as the original (``frontends/torch_random``): the same
+    dropout mask, as the checkpoint's saved RNG state gives in eager PyTorch."""
+    graph = module.graph
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    regions: dict[int, set[torch.fx.Node]] = {}
+    for node in nodes:
+        region = checkpoint_region(node)
+        if node.op == "call_function" and region is not None and node.meta.get("train_phase") == FORWARD:
+            regions.setdefault(region, set()).add(node)
+    changed = False
+
+    def backward(user: torch.fx.Node) -> bool:
+        return user.op == "call_function" and user.meta.get("train_phase") == BACKWARD
+
+    for _, members in sorted(regions.items()):
+        kept = {n for n in members
+                if any(u.op == "output" or (u not in members and not backward(u)) for u in n.users)}
+        needed = [n for n in members - kept if any(backward(u) for u in n.users)]
+        if not needed:
+            continue
+        closure: set[torch.fx.Node] = set()
+        todo = list(needed)
+        while todo:
+            node = todo.pop()
+            if node in closure:
+                continue
+            closure.add(node)
+            todo += [m for m in node.all_input_nodes if m in members and m not in kept]
+        first = min((u for n in needed for u in n.users if backward(u)), key=order.__getitem__)
+        copies: dict[torch.fx.Node, torch.fx.Node] = {}
+        with graph.inserting_before(first):
+            for node in sorted(closure, key=order.__getitem__):
+                copy = graph.node_copy(node, functools.partial(_copied, copies))
+                copy.meta = {**node.meta, "train_phase": BACKWARD, RECOMPUTE_OF: node.name}
+                copies[node] = copy
+        made = set(copies.values())
+        for node in needed:
+            for user in list(node.users):
+                if backward(user) and user not in made:
+                    user.replace_input_with(node, copies[node])
+        changed = True
+    if changed:
+        module.recompile()
 
 
 _POOL_BACKWARD = {torch.ops.aten.max_pool2d_with_indices_backward.default}
@@ -479,5 +663,6 @@ def _tag_phases(graph: torch.fx.Graph, params: list[str]) -> None:
                 node.meta["stack_trace"] = donor.meta["stack_trace"]
 
 
-__all__ = ["BACKWARD", "FORWARD", "JointGraph", "LossModule", "distinct_inputs", "export_loss", "joint_graph",
-           "saved_activations", "stage_joint_graph"]
+__all__ = ["BACKWARD", "CHECKPOINT_REGION", "FORWARD", "RECOMPUTE_OF", "CheckpointingIgnored", "JointGraph",
+           "LossModule", "checkpoint_region", "checkpoint_regions", "distinct_inputs", "export_loss",
+           "joint_graph", "saved_activations", "stage_joint_graph"]

@@ -32,7 +32,6 @@ import inspect
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -79,7 +78,14 @@ from neuroncore.training.optimizers import (
 )
 from neuroncore.training.precision import Precision, check_options, parse_precision
 from neuroncore.training.step_records import PHASES, emit_step
-from neuroncore.training.torch_joint import FORWARD, JointGraph, joint_graph, saved_activations
+from neuroncore.training.torch_joint import (
+    FORWARD,
+    RECOMPUTE_OF,
+    CheckpointingIgnored,
+    JointGraph,
+    joint_graph,
+    saved_activations,
+)
 
 
 class ProgramKind(enum.Enum):
@@ -181,6 +187,8 @@ class _StepConverter(_Converter):
                 path = _strip(list(stack.values())[-1][0]) if stack else ""
                 module = layer_path({"": (path, None)} if path else None)
                 phase = node.meta.get("train_phase", FORWARD)
+                if RECOMPUTE_OF in node.meta:  # a checkpointed value recomputed in the backward
+                    phase += "/recompute"
                 layer = "model/" + phase + module[len("model"):]
                 frames = tuple(f for f in stack_frames(node.meta.get("stack_trace"), stack)
                                if not f.file.startswith(_PACKAGE_DIR))  # the step's own wrapper
@@ -244,7 +252,6 @@ class TrainStep:
         self.instance = Instance(instance)
         self.core = self.instance.core(core)
         self._check_memory(activations=0)  # parameters alone: before anything is traced
-        warn_checkpointing_ignored(model)
         scale = 1.0 / accumulation_steps
         self.joint = joint_graph(model, examples, loss_fn=loss_fn, loss_scale=scale,
                                  input_keys=self.input_keys)
@@ -560,22 +567,6 @@ def clip_grad_norm(b: Any, grads: Sequence[Op], max_norm: float) -> list[Op]:
     return [b.multiply(g, b.broadcast(coef, g.shape, ()) if g.shape else coef) for g in fp32]
 
 
-class CheckpointingIgnored(UserWarning):
-    """The model asks for activation checkpointing, which a traced step does not model."""
-
-
-def warn_checkpointing_ignored(model: torch.nn.Module) -> None:
-    """One warning line when ``model`` has activation (gradient) checkpointing switched on
-    (``gradient_checkpointing_enable()``: a module with ``gradient_checkpointing = True``).
-    ``torch.export`` traces through ``torch.utils.checkpoint``, so the joint graph keeps every
-    activation the backward reads and nothing is recomputed: numerics are PyTorch's, but the
-    memory check and the step time are those without checkpointing. Said, not silently ignored."""
-    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
-        warnings.warn(f"{type(model).__name__}: gradient checkpointing is not modelled by a traced step "
-                      f"(torch.export traces through it): activations are kept, memory and step time "
-                      f"are those without it", CheckpointingIgnored, stacklevel=4)
-
-
 def mark_stepped(optimizer: torch.optim.Optimizer) -> None:
     """Tell torch's LR schedulers that ``optimizer.step()`` ran (the flag their ``step()`` reads):
     the update ran on the device, so without it a correct loop warns "Detected call of
@@ -655,4 +646,4 @@ def trace_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 __all__ = ["PHASES", "CheckpointingIgnored", "ProgramKind", "StepInputs", "TrainStep", "clip_grad_norm",
-           "keyword_inputs", "mark_stepped", "trace_train_step", "warn_checkpointing_ignored"]
+           "keyword_inputs", "mark_stepped", "trace_train_step"]

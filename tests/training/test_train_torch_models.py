@@ -90,22 +90,6 @@ def test_llama_causal_lm_from_a_config() -> None:
     _compare(model, (ids, ids), steps=2)
 
 
-def test_gradient_checkpointing_is_said_to_be_ignored() -> None:
-    """``gradient_checkpointing_enable()``: torch.export traces through the checkpoints, so the step
-    keeps the activations. It says so in one warning line (silently before: the memory check and
-    the step time were those without checkpointing) and trains as PyTorch does."""
-    from neuroncore.training.torch_step import CheckpointingIgnored
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(config)
-    model.gradient_checkpointing_enable()
-    ids = torch.randint(0, 64, (2, 8))
-    with pytest.warns(CheckpointingIgnored, match="gradient checkpointing is not modelled"):
-        _compare(Labelled(model), (ids, ids), steps=1)
-
-
 def test_mixtral_trains_with_its_default_experts() -> None:
     """Mixtral with defaults: transformers' grouped_mm experts (sort, histc) have no static shape; the
     step exports them as NxD's forward_all_experts, as inference does (refused before; found by the
