@@ -5,7 +5,10 @@ back to HBM if it is used again and freed, as a modular compiler's layer module 
 from HBM. Each layer then lowers from the same allocator and placement state (up to relocation),
 so its instruction stream is the same, and ``layer_replay`` can relocate one layer's stream instead
 of lowering the others. The cost is one store and one reload of each value carried across the
-boundary (the residual stream, the rotary tables): a few small DMA transfers per layer.
+boundary (the residual stream, the rotary tables): a few small DMA transfers per layer. Where that
+write-back is not cheap (``worth_canonical_boundaries``: a short prefill's activations), resident
+values stay in place and only the allocator cursors and hazards are made canonical; the state
+then repeats with the residual stream at the same addresses every one, two or three layers.
 """
 
 from __future__ import annotations
@@ -114,18 +117,19 @@ BOUNDARY_TRAFFIC_LIMIT = 0.01  # write-back + reload at a boundary, as a fractio
 
 
 def worth_canonical_boundaries(ctx: Context, run: LayerRun) -> bool:
-    """Whether a canonical boundary costs little next to the layer itself, measured where the run
-    begins (before its first layer is lowered).
+    """Whether a boundary writes back what is resident (``evict_resident``): only where that costs
+    little next to the layer itself, measured where the run begins (before its first layer is
+    lowered).
 
     A decode step carries a few KiB of residual stream (16 KiB on Llama-2-7B at tp 24) into a layer
     that streams megabytes of weights: storing and reloading it is noise. A short prefill keeps its
     activations on chip (2 MiB for 128 tokens of Llama-2-7B, 10 % of a rank's layer weights at
-    tp 24), and writing them back would cost several per cent of device time: such runs are
-    lowered layer by layer as before. A long prompt's activations do not fit on chip and already
-    live in HBM (2048 tokens and more at Llama-2-7B's width, or 512 tokens at batch 4): a boundary
-    moves nothing there. The rule, a stated assumption: the bytes the boundary would store and
-    reload now (``boundary_traffic``) must stay under ``BOUNDARY_TRAFFIC_LIMIT`` of the layer's
-    weight bytes.
+    tp 24), and writing them back would cost several per cent of device time: such runs' boundaries
+    leave resident values where they are (``layer_replay``), and only the cursors and hazards are
+    made canonical. A long prompt's activations do not fit on chip and already live in HBM (2048
+    tokens and more at Llama-2-7B's width, or 512 tokens at batch 4): a write-back moves nothing
+    there. The rule, a stated assumption: the bytes the boundary would store and reload now
+    (``boundary_traffic``) must stay under ``BOUNDARY_TRAFFIC_LIMIT`` of the layer's weight bytes.
     """
     return boundary_traffic(ctx, run) <= BOUNDARY_TRAFFIC_LIMIT * layer_weight_bytes(ctx.graph, run)
 

@@ -34,7 +34,7 @@ from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
-PERIODS = (1, 2)  # a run settles into repeating every layer, or alternating between two states
+PERIODS = (1, 2, 3)  # a run settles into repeating every layer, or cycling through two or three states
 
 @dataclass
 class _Mark:
@@ -65,6 +65,7 @@ class LayerDedup:
             for k, layer in enumerate(run.layers):
                 self.events[layer.start] = (run, k)
         self.decided: set[int] = set()  # runs whose boundaries were decided (by id)
+        self.keep: set[int] = set()  # runs whose boundaries keep resident values in place (by id)
         self.marks: dict[int, _Mark] = {}
         self.cursor = 0
         self.stream_cursor = 0
@@ -73,10 +74,11 @@ class LayerDedup:
         self._resumed = -1
 
     def boundary(self, index: int) -> bool:
-        """Whether op ``index`` begins or ends a layer of a run lowered from canonical boundaries.
-        A run is decided at its first layer: boundaries only where they are cheap
-        (``layer_boundary.worth_canonical_boundaries``); a run where they are not is forgotten, and
-        compiles as it would without runs."""
+        """Whether op ``index`` begins or ends a layer of a run (every run is lowered from canonical
+        boundaries). A run is decided at its first layer: where writing back what is resident is
+        cheap (``layer_boundary.worth_canonical_boundaries``) its boundaries evict; where it is not
+        (a short prefill's activations on chip) resident values stay where they are, and only the
+        cursors and hazards are made canonical."""
         event = self.events.get(index)
         if event is None:
             return False
@@ -84,10 +86,7 @@ class LayerDedup:
         if k == 0 and id(run) not in self.decided:
             self.decided.add(id(run))
             if not worth_canonical_boundaries(self.ctx, run):
-                for at in [*(layer.start for layer in run.layers), run.layers[-1].stop]:
-                    if self.events.get(at, (None,))[0] is run:
-                        del self.events[at]
-                return False
+                self.keep.add(id(run))
         return True
 
     def before(self, index: int) -> int:
@@ -98,7 +97,8 @@ class LayerDedup:
         run, k = event
         ctx = self.ctx
         ctx.position = index
-        evict_resident(ctx)
+        if id(run) not in self.keep:
+            evict_resident(ctx)
         if k == 0:
             self.marks = {}
             self.cursor = ctx.sbuf.cursor
@@ -119,7 +119,8 @@ class LayerDedup:
         if k >= 1:
             mark.snapshot = self._snapshot(run, k, mark.frame)
         for period in PERIODS:
-            if (self.replay and k >= period + 1 and self.marks[k - period].snapshot == mark.snapshot
+            earlier = self.marks.get(k - period)  # none before a relocation's leftover layers
+            if (self.replay and k >= period + 1 and earlier is not None and earlier.snapshot == mark.snapshot
                     and self._replayable(run, k, period)):
                 return self._replay(run, k, period)
         return index
@@ -171,14 +172,42 @@ class LayerDedup:
                     continue
                 used_again = bool(ctx.uses[i]) and ctx.uses[i][-1] >= ctx.position
                 closures = any(callable(getattr(value, f.name)) for f in dataclasses.fields(value))
-                if (closures and used_again) or any(b is not None for b in value.bufs):
+                if closures and used_again:
                     return False  # a view not yet prepared that a later op reads: a closure
+                if any(b is not None for b in value.bufs) and not (
+                        j == k - 1 and i < run.layers[j].stop and self._carried(run, k, period, i)):
+                    return False
         before, after = self.marks[k - period].stats, ctx.stats
         for key, v in after.items():
             if key != "dot_plans" and before.get(key) != v and not isinstance(v, (int, float)):
                 return False
         identity = ctx._identity
         return identity is None or identity.id < self.marks[k - period].frame.buf_lo
+
+    def _carried(self, run: LayerRun, k: int, period: int, i: int) -> bool:
+        """Whether op ``i`` of layer k-1, resident at boundary k (a boundary that keeps values in
+        place), is carried the way relocation moves it: the same op a period earlier is held by
+        nothing now and its record is this one's (up to relocation) with no tiles, so each
+        relocated layer but the last gets that consumed record and the last holds the tiles."""
+        ctx = self.ctx
+        value = ctx.values[i]
+        if (value.alias is not None or value.slices is not None
+                or ctx._holding.get(i) != ctx._value_order.get(i)
+                or any(b is not None and b.id < self.marks[k].frame.buf_lo for b in value.bufs)):
+            return False
+        offset = run.layers[k - 1].start - run.layers[k - 1 - period].start
+        before = ctx.values.get(i - offset)
+        if before is None or i - offset in ctx._holding or any(b is not None for b in before.bufs):
+            return False
+        ops = [x for j in range(k - 1 - period, k)
+               for x in [*range(run.layers[j].start, run.layers[j].stop), *run.externals[j]]]
+        mapping: dict[int, int] = {}
+        for j in range(k - 1 - period, k - 1):
+            mapping.update(run.op_map(j, j + period))
+        moved = _move_value(before, Shift(0, 0, 0, 0, mapping, Renamer(ctx.graph, ops)), ctx.graph.ops)
+        return all(f.name == "bufs" or (not callable(getattr(value, f.name))
+                                        and getattr(moved, f.name) == getattr(value, f.name))
+                   for f in dataclasses.fields(value))
 
     # -- replay -----------------------------------------------------------------------------
     def _replay(self, run: LayerRun, k: int, period: int) -> int:
@@ -202,7 +231,12 @@ class LayerDedup:
         blocks = (len(run.layers) - k) // period
         for b in range(1, blocks + 1):
             template.emit(Shift(start.frame.node_lo, b * dn, start.frame.buf_lo, b * db,
-                                op_map(k - period - 1, b * period), renamer))
+                                op_map(k - period - 1, b * period), renamer), last=b == blocks)
+        if blocks:
+            for value in template.values:  # the next layer consumed what the template left resident
+                if any(b is not None for b in value.bufs):
+                    value.bufs[:] = [None] * len(value.bufs)
+                    ctx._holding.pop(value.op.index, None)
         relocate(ctx, Shift(end.frame.node_lo, blocks * dn, end.frame.buf_lo, blocks * db,
                             op_map(k - 1, blocks * period), renamer))
         self.replayed += blocks * period
@@ -250,8 +284,10 @@ class _Template:
         self.after_ls = [(n, after_ls[n]) for n in range(start.frame.node_lo, nb1)
                          if n in after_ls and after_ls[n] >= nb0]
 
-    def emit(self, shift: Shift) -> None:
-        """Append the template relocated by ``shift`` to the program being built."""
+    def emit(self, shift: Shift, *, last: bool = False) -> None:
+        """Append the template relocated by ``shift`` to the program being built; the ``last``
+        relocation keeps resident what the template left resident (at a boundary that keeps values
+        in place), the others hold nothing (the next layer consumed it: ``_carried``)."""
         ctx, em = self.ctx, self.ctx.em
         nodes = self.nodes
         lo, dn = shift.node_lo, shift.dn
@@ -307,12 +343,15 @@ class _Template:
             steps = tuple(ApplyOp(shift.op(s.op_index)) if isinstance(s, ApplyOp) else s for s in view.steps)
             ctx.hbm_views.setdefault(name, HbmView(name, steps, tuple(shift.name(s) for s in view.sources),
                                                    view.shape, view.dtype, view.run_elements))
-        for value in self.values:
-            placed = _move_value(value, shift, ctx.graph.ops)
-            ctx.values[placed.op.index] = placed
         moved_by = shift.dn // self.nodes_step
         for i, order in self.placed:
             ctx._value_order.setdefault(shift.op(i), order + moved_by * self.placed_step)
+        for value in self.values:
+            placed = _move_value(value, shift, ctx.graph.ops)
+            ctx.values[placed.op.index] = placed
+            if last and any(b is not None for b in value.bufs):
+                placed.bufs = [None if b is None else buffers[b.id + db] for b in value.bufs]
+                ctx._holding[placed.op.index] = ctx._value_order[placed.op.index]
         for i, added in self.uses.items():
             target = shift.op(i)
             ctx.uses[target] = sorted(set(ctx.uses[target]) | {shift.op(u) for u in added})
@@ -332,7 +371,8 @@ class _Template:
 
 def _move_value(value: Value, shift: Shift, ops: list[Op]) -> Value:
     """A template value's placement for the same op of another layer: ops mapped, names renamed,
-    no tile resident (boundaries evict them), closures dropped (only dead values keep one)."""
+    no tile resident (the caller places the last layer's carried tiles), closures dropped (only
+    dead values keep one)."""
     moved: dict[str, Any] = {}
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
