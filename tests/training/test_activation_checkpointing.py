@@ -213,3 +213,26 @@ def test_tensor_parallel_step_recomputes_too() -> None:
     assert losses == plain_losses
     assert any(op.layer.startswith("model/backward/recompute/") for op in step.rank_program.graph.ops)
     assert step.memory.activations < 0.7 * plain.memory.activations
+
+
+def test_each_checkpointed_layer_keeps_only_its_input() -> None:
+    """The memory check's arithmetic, on the traced graph: two more checkpointed decoder layers
+    add exactly their inputs (``s*b*h`` FP32 values each: Korthikanti et al.'s ``2sbh`` bytes in
+    16 bits), against every value autograd saves (over 30x that) without checkpointing."""
+    from neuroncore.training.torch_joint import joint_graph, saved_activations
+
+    s, b, h = 32, 2, 64
+
+    def kept(layers: int, checkpointing: bool) -> int:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=h, intermediate_size=2 * h,
+                                          num_hidden_layers=layers, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(config)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        ids = torch.randint(0, 64, (b, s))
+        return saved_activations(joint_graph(Labelled(model), (ids, ids)))
+
+    assert kept(4, True) - kept(2, True) == 2 * s * b * h * 4
+    assert kept(4, False) - kept(2, False) > 30 * 2 * s * b * h * 4
