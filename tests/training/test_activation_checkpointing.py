@@ -236,3 +236,37 @@ def test_each_checkpointed_layer_keeps_only_its_input() -> None:
 
     assert kept(4, True) - kept(2, True) == 2 * s * b * h * 4
     assert kept(4, False) - kept(2, False) > 30 * 2 * s * b * h * 4
+
+
+def test_gpt2_with_its_default_dropout_recomputes_the_forward_it_skipped() -> None:
+    """GPT-2 (dropout 0.1 in every block) checkpointed trains exactly as without checkpointing (same
+    seed: every recomputed mask is the forward's), and the recompute's busy time on the device is
+    about the checkpointed layers' forward time: the backward grows by it."""
+    import numpy as np
+
+    from neuroncore.training.step_records import _union_ns, phase_busy_ns
+
+    def run(checkpointing: bool) -> tuple[list[float], dict[str, float]]:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+        model = transformers.GPT2LMHeadModel(config)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        ids = torch.randint(0, 128, (2, 32))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        torch.manual_seed(5)  # the step's seed
+        step = neuroncore.trace_train_step(Labelled(model), opt, (ids, ids))
+        losses = [float(step(ids, ids)) for _ in range(2)]
+        result = step.last_results[0]
+        layers = [step.program.graph.ops[int(i)].layer if i >= 0 else "" for i in step.program.op_index]
+        busy = phase_busy_ns(result)
+        for name, prefix in (("recompute", "model/backward/recompute/"),
+                             ("layers", "model/forward/model/transformer/h.")):
+            mask = np.array([layer.startswith(prefix) for layer in layers])
+            busy[name] = _union_ns(result.timeline.start_ns[mask], result.timeline.end_ns[mask])
+        return losses, busy
+
+    (plain, base), (losses, busy) = run(False), run(True)
+    assert losses == plain
+    assert 0.7 * base["layers"] < busy["recompute"] < 1.3 * base["layers"]
+    assert busy["backward"] > base["backward"] + 0.7 * busy["recompute"]
