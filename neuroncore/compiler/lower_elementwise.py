@@ -486,16 +486,21 @@ def lower_iota(ctx: Context, op: Op) -> None:
     value = ctx.define(op)
     dim = op.attrs["dimension"] % max(len(op.shape), 1)
     spec = ctx.spec
+    chunks: list[tuple[int, int | None]] = [(0, None)]
+    if value.home is Memory.HBM and value.cols * op.dtype.itemsize > spec.sbuf_bytes_per_partition // 2:
+        chunks = list(column_chunks(ctx, value))  # a row wider than SBUF: made a column chunk at a time
     for t, tile in enumerate(value.tiles):
-        out = ctx.produce(op, t)
         first_row = tile.batch * value.rows_per_batch + tile.r0
-        ctx.em.instruction(
-            Engine.GPSIMD, "IOTA",
-            costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
-            reads=[], writes=[sbuf_key(out)],
-            text=f"dim={dim} first_row={first_row} dst={ctx.ref_text(out)}",
-            semantics=Iota(out, tuple(op.shape), dim, first_row),
-            counters=NodeCounters(sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize),
-        )
-        ctx.produced(op, t, out)
-        ctx.unpin_all()
+        for c0, c1 in chunks:
+            out = ctx.produce(op, t, c0, c1)
+            where = f" first_col={c0}" if c0 else ""
+            ctx.em.instruction(
+                Engine.GPSIMD, "IOTA",
+                costs.cycles_to_ns(spec, Engine.GPSIMD, costs.gpsimd_cycles(spec, out.cols)),
+                reads=[], writes=[sbuf_key(out)],
+                text=f"dim={dim} first_row={first_row}{where} dst={ctx.ref_text(out)}",
+                semantics=Iota(out, tuple(op.shape), dim, first_row, c0),
+                counters=NodeCounters(sbuf_write_bytes=out.rows * out.cols * op.dtype.itemsize),
+            )
+            ctx.produced(op, t, out, c0, c1)
+            ctx.unpin_all()

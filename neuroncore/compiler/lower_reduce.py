@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from neuroncore.compiler.context import Context
+from neuroncore.compiler.context import Context, Value
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import (
     activate,
@@ -28,6 +28,7 @@ from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.compiler.view_steps import BroadcastRows, Reshape, Transpose
 from neuroncore.dtypes import DType
+from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
 SUM, MAX = "add", "max"
@@ -78,6 +79,10 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
         chunk = min(ctx.spec.vector_sbuf_free_limit,
                     ctx.spec.sbuf_bytes_per_partition // 8 // src.dtype.itemsize)
     else:
+        chunks = _reduce_chunks(ctx, src, reduced) if loader is None else None
+        if chunks is not None:  # a free-dim reduction of rows too wide to reduce whole
+            yield from _chunked_reduce_steps(ctx, op, value, alu, chunks)
+            return
         _free_limit_check(ctx, op, reduced)
     view_tiles = tiles_of(loader[1], Layout.ROW) if loader else None
     for t in range(len(value.tiles)):
@@ -108,6 +113,52 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
                 ctx.free(ctx.buffers[inp.buf])
             if partial is not None:
                 _free(ctx, partial)
+        ctx.produced(op, t, out)
+        ctx.unpin_all()
+        yield batch_ends(value, t)
+
+
+def _reduce_chunks(ctx: Context, src: Op, cols: int) -> list[tuple[int, int]] | None:
+    """Column chunks for a free-dim reduction of rows too wide to reduce whole: wider than the
+    engines' free-dim limit (Llama 3's 128,256 logits of a row: the greedy argmax's reductions), or
+    a row-layout value kept in HBM because its rows are wider than SBUF holds (its whole row could not
+    be loaded). None: reduce each tile whole, as before."""
+    source = ctx.values.get(src.index)
+    itemsize = src.dtype.itemsize
+    limit = ctx.spec.vector_sbuf_free_limit
+    in_hbm = source is not None and source.home is Memory.HBM and source.layout is Layout.ROW \
+        and cols * itemsize > ctx.spec.sbuf_bytes_per_partition // 2
+    if cols <= limit and not in_hbm:
+        return None
+    width = min(limit, max(1, ctx.hbm_home_bytes // itemsize))
+    n = math.ceil(cols / width)
+    width = math.ceil(cols / n)  # equal chunks
+    return [(c, min(cols, c + width)) for c in range(0, cols, width)]
+
+
+def _chunked_reduce_steps(ctx: Context, op: Op, value: Value, alu: str,
+                          chunks: list[tuple[int, int]]) -> Iterator[bool]:
+    """A free-dim reduction of wide rows, as a compiler tiles one: each column chunk of a tile is
+    loaded (only those columns of a value kept in HBM) and reduced on Vector into its own column of
+    a ``[rows, chunks]`` FP32 partials tile, then one more TENSOR_REDUCE with the same operation
+    combines the partials (the maximum of the chunks' maxima, the sum of their sums). An argmax's
+    two reductions (the row maximum, then the first index holding it, encoded so that the combine
+    is a maximum too: ``frontends/torch_masks.first_index_of_extreme``) are both this: per chunk,
+    then combined."""
+    src = op.operands[0]
+    for t in range(len(value.tiles)):
+        out = ctx.produce(op, t)
+        partials: Ref | None = None
+        for j, (c0, c1) in enumerate(chunks):
+            inp = ctx.tile(src, t, Layout.ROW, (c0, c1))
+            if partials is None:
+                partials = _scratch(ctx, inp.rows, len(chunks), f"{op.name}.partials{t}")
+                ctx.pinned.add(partials.buf)
+            tensor_reduce(ctx, alu, Ref(partials.buf, 0, inp.rows, j, j + 1), inp)
+            ctx.release(src, inp)
+        assert partials is not None
+        tensor_reduce(ctx, alu, out, partials)
+        _free(ctx, partials)
         ctx.produced(op, t, out)
         ctx.unpin_all()
         yield batch_ends(value, t)

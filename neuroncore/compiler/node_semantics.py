@@ -153,13 +153,21 @@ class Memset:
 class Iota:
     """GpSimd IOTA: each element of ``out`` gets its coordinate along ``dim`` of ``shape``.
 
-    ``first_row`` is the tile's first logical row, from which each partition's coordinates follow.
+    ``first_row`` is the tile's first logical row, from which each partition's coordinates follow;
+    ``first_col`` the logical column of ``out``'s first element (a column chunk of a row wider than
+    SBUF: the iota of a greedy argmax over a 128k vocabulary).
     """
 
     out: Ref
     shape: tuple[int, ...]
     dim: int
     first_row: int
+    first_col: int = 0
+
+    def __repr__(self) -> str:  # first_col only when set: whole-row iotas print as before
+        chunk = f", first_col={self.first_col}" if self.first_col else ""
+        return (f"Iota(out={self.out!r}, shape={self.shape!r}, dim={self.dim!r}, "
+                f"first_row={self.first_row!r}{chunk})")
 
 
 @dataclass(frozen=True, slots=True)

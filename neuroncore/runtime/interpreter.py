@@ -277,7 +277,8 @@ class Machine:
             self.write(out, np.float32(0))
             return
         if dim == len(shape) - 1:
-            self.write(out, np.broadcast_to(np.arange(out.cols, dtype=np.float32), (out.rows, out.cols)))
+            row = np.arange(s.first_col, s.first_col + out.cols, dtype=np.float32)
+            self.write(out, np.broadcast_to(row, (out.rows, out.cols)))
             return
         rows = np.arange(s.first_row, s.first_row + out.rows)
         coords = np.unravel_index(rows, shape[:-1])[dim].astype(np.float32)

@@ -99,3 +99,24 @@ def test_index_select_on_any_dim_with_runtime_and_constant_indices():
     _same(lambda t, j: torch.index_select(t, 2, j[:3] % 4), x, i)
     _same(lambda t, j: torch.index_select(t, 0, j[:2] % 3), x, i)
     _same(lambda t: torch.index_select(t, -1, torch.arange(3)), x)
+
+
+def test_reductions_over_a_128k_row_are_per_column_chunk_then_combined():
+    """argmax, topk, sum and max over Llama 3's 128,256-wide rows on one core: wider than the engines'
+    free-dim limit and than SBUF, reduced per column chunk then combined (before: 'cannot place
+    reduce: reduces 128256 elements per partition')."""
+
+    class Wide(torch.nn.Module):
+        def forward(self, x):
+            values, indices = torch.topk(x, 3, dim=-1)
+            return values, indices, torch.argmax(x, -1), x.sum(-1), x.amax(-1)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 128256)
+    x[0, 70] = x[0, 120000] = 9.0  # a tie in separate chunks: the first index wins, as torch's
+    x[1, 127000] = 8.0  # the maximum in the last chunk
+    got = nc.trace(Wide(), (x,))(x)
+    want = Wide()(x)
+    assert got[2].tolist() == [70, 127000] == want[2].tolist()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-3)

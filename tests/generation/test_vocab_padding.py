@@ -1,8 +1,10 @@
-"""A vocabulary ``tp_degree`` does not divide is padded, as transformers-neuronx pads it
-(``utils.pad_vocab_size``: the LM head's columns padded with zeros to a multiple of ``tp_degree``,
-then sharded) and Megatron / NxD pad their vocabulary-parallel tables: GPT-2's 50,257 tokens at tp 2
-and 4. The padded logits are zeros; the model below makes every real logit negative, so a padded
-column leaking into the output or the argmax would win (an id >= 50,257) and fail the tests."""
+"""Wide and padded vocabularies. On-device greedy selection over Llama 3's 128,256 tokens on one
+core (its argmax reduced per column chunk, then combined). A vocabulary ``tp_degree`` does not divide
+is padded, as transformers-neuronx pads it (``utils.pad_vocab_size``: the LM head's columns padded
+with zeros to a multiple of ``tp_degree``, then sharded) and Megatron / NxD pad their
+vocabulary-parallel tables: GPT-2's 50,257 tokens at tp 2 and 4. The padded logits are zeros; the
+model below makes every real logit negative, so a padded column leaking into the output or the
+argmax would win (an id >= 50,257) and fail the tests."""
 
 from __future__ import annotations
 
@@ -58,3 +60,35 @@ def test_traced_logits_have_the_real_vocabulary_only(gpt2):
         want = gpt2(**inputs).logits
     assert logits.shape == want.shape == (2, 6, VOCAB)
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-5)
+
+
+def test_on_device_argmax_over_a_128k_vocabulary_on_one_core_gives_transformers_tokens():
+    vocab = 128256
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=vocab,
+                                      max_position_embeddings=64, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    torch.manual_seed(1)
+    ids = torch.randint(3, vocab, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    mask[1, :2] = 0
+    ids[1, :2] = 0
+    gen = NeuronCausalLM(model, n_positions=(16,), batch_size=2, instance="trn1.2xlarge",
+                         on_device_generation=True)
+    out = gen.generate(ids, mask, max_new_tokens=4, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)
+    assert torch.equal(out, want)  # before: 'cannot place reduce: reduces 128256 elements per partition'
+    assert all(s.device_to_host_bytes == 8 for s in gen.last_timing.steps)  # one id per row
+
+
+def test_on_device_argmax_over_a_padded_vocabulary_never_picks_the_padding(gpt2):
+    ids, mask = _prompt()
+    with torch.no_grad():
+        want = gpt2.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)
+    gen = NeuronCausalLM(gpt2, n_positions=(16,), batch_size=2, tp_degree=2, instance="trn1.32xlarge",
+                         on_device_generation=True)
+    assert torch.equal(gen.generate(ids, mask, max_new_tokens=4, eos_token_id=[], pad_token_id=0), want)
