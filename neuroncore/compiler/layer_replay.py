@@ -283,6 +283,12 @@ class _Template:
         after_ls = em._mm_after_ls
         self.after_ls = [(n, after_ls[n]) for n in range(start.frame.node_lo, nb1)
                          if n in after_ls and after_ls[n] >= nb0]
+        self.ls_nodes = np.asarray([n for n, _ in self.after_ls], np.int64)
+        self.ls_targets = np.asarray([m for _, m in self.after_ls], np.int64)
+        # each buffer's fields (copied and given a new id and name), the distinct names, PSUM ids
+        self.buffer_fields = [(buf.__dict__, buf.id, buf.name) for buf in self.buffers]
+        self.buffer_names = list(dict.fromkeys(buf.name for buf in self.buffers))
+        self.psum_buffers = [buf.id for buf in self.buffers if buf.memory is Memory.PSUM]
 
     def emit(self, shift: Shift, *, last: bool = False) -> None:
         """Append the template relocated by ``shift`` to the program being built; the ``last``
@@ -314,26 +320,23 @@ class _Template:
         start = len(em.semantics)
         em.semantics.extend(em.semantics[nodes])
         em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift, nodes.start)))
-        for n, m in self.after_ls:
-            em._mm_after_ls[n + dn if n >= lo else n] = m + dn
+        moved_ls = np.where(self.ls_nodes >= lo, self.ls_nodes + dn, self.ls_nodes)
+        em._mm_after_ls.update(zip(moved_ls.tolist(), (self.ls_targets + dn).tolist()))
         buffers = ctx.buffers
         db = shift.db
-        psum_keys = em.psum_keys
-        names: dict[str, str] = {}  # a layer's buffers share a few names (every block of a dot's)
-        for buf in self.buffers:
+        # a layer's buffers share a few names (every block of a dot's): each renamed once
+        names = {name: shift.name(name) for name in self.buffer_names}
+        new = object.__new__
+        for fields, buf_id, name in self.buffer_fields:
             # the template's record with its id and name moved: a copy of its fields (it was
             # checked when made; Buffer's constructor and __post_init__ are most of the cost here)
-            moved = object.__new__(Buffer)
-            fields = moved.__dict__
-            fields.update(buf.__dict__)
-            fields["id"] = buf.id + db
-            moved_name = names.get(buf.name)
-            if moved_name is None:
-                moved_name = names[buf.name] = shift.name(buf.name)
-            fields["name"] = moved_name
-            buffers[moved.id] = moved
-            if buf.memory is Memory.PSUM:
-                psum_keys.add(("buf", moved.id))
+            moved = new(Buffer)
+            moved_fields = moved.__dict__
+            moved_fields.update(fields)
+            moved_fields["id"] = buf_id + db
+            moved_fields["name"] = names[name]
+            buffers[buf_id + db] = moved
+        em.psum_keys.update(("buf", buf_id + db) for buf_id in self.psum_buffers)
         for tensor in self.tensors:
             name = shift.name(tensor.name)
             ctx.hbm_tensors.setdefault(name, HbmTensor(name, tensor.shape, tensor.dtype, tensor.kind,
