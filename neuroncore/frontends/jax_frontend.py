@@ -1112,12 +1112,16 @@ class _Converter:
 
     def _op_scatter(self, ins: HloInstruction, operands: list[Val], name: str,
                     shape: tuple[int, ...], dtype: DType) -> Op:
-        """A scatter-add along one indexed dim (the gradient of a gather: ``take_along_axis``,
-        ``take``, an embedding), as ``jax_indexing.scatter_add`` lowers it."""
+        """A scatter-add (the gradient of a gather: ``take_along_axis``, ``take``, an embedding;
+        ``.at[...].add``) as ``jax_indexing.scatter_add`` lowers it; ``.at[...].set/mul/max/min``
+        as ``jax_indexing.scatter_update`` does. Indices may address several dims
+        (``.at[i, j]``)."""
         if len(operands) != 3:
             raise _Unmappable("variadic")
-        if self._combiner(ins.attrs.get("to_apply", "")) != "sum":
-            raise _Unmappable("not an add")
+        region = ins.attrs.get("to_apply", "")
+        combine = self._combiner(region) or self._assigner(region)
+        if combine is None:
+            raise _Unmappable("combiner")
         x, indices, updates = operands
         a = ins.attrs
         dims = jax_indexing.ScatterDims(
@@ -1125,10 +1129,26 @@ class _Converter:
             ints(a.get("scatter_dims_to_operand_dims")), ints(a.get("input_batching_dims")),
             ints(a.get("scatter_indices_batching_dims")), int(a.get("index_vector_dim", len(indices.shape))))
         start = self.b.n_ops
-        out = jax_indexing.scatter_add(self.b, x, indices, updates, dims)
+        if combine == "sum":
+            out = jax_indexing.scatter_add(self.b, x, indices, updates, dims)
+        else:
+            out = jax_indexing.scatter_update(self.b, x, indices, updates, dims, combine)
         if out is None:
-            raise _Unmappable("not an add along one indexed dim")
+            raise _Unmappable(f"{combine}: not whole windows along the unindexed dims"
+                              + ("" if combine == "sum" else
+                                 f", or over {jax_indexing.MAX_SLOTS} updates, or batching dims"))
         return self._named_helpers(start, name, out)
+
+    def _assigner(self, reference: str) -> str | None:
+        """``"set"`` when a scatter's computation returns its second parameter (``.at[].set``)."""
+        comp = self.computations.get(_callee(reference))
+        if comp is None:
+            return None
+        params = [i for i in comp.instructions if i.opcode == "parameter"]
+        root = comp.root
+        if len(params) == 2 and root.opcode == "parameter" and root.literal.strip() == "1":
+            return "set"
+        return None
 
     def _row_lookup(self, ins: HloInstruction, operands: list[Val], name: str,
                     shape: tuple[int, ...]) -> Op:

@@ -1,7 +1,8 @@
 """XLA gathers and scatter-adds beyond the row lookup (``neuroncore.frontends.jax_indexing``):
 ``take_along_axis`` on any axis, ``take`` of a column, out-of-range starts clamped as XLA clamps
-them, ``.at[].add`` of rows and of elements, against JAX; a scatter that is not an add stays one
-unsupported op in ``check()``."""
+them, ``.at[].add`` of rows and of elements, ``.at[i, j]`` and ``.at[rows]`` with set / add / mul /
+max / min, against JAX; a runtime overwrite of more than 64 updates stays one unsupported op in
+``check()``."""
 
 from __future__ import annotations
 
@@ -39,10 +40,38 @@ def test_gathers_and_scatter_adds_match_jax() -> None:
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6, err_msg=f"output {k}")
 
 
+def updates(x, i, j, v, rows, vals, cols, col_vals):
+    return (
+        x.at[i, j].set(v), x.at[i, j].add(v), x.at[i, j].mul(v), x.at[i, j].max(v), x.at[i, j].min(v),
+        x.at[rows].set(vals), x.at[rows].add(vals), x.at[rows].mul(vals), x.at[rows].max(vals),
+        x.at[:, cols].set(col_vals), x.at[2, 3].set(5.0), x.at[-1].set(vals[0]),
+    )
+
+
+def test_at_set_add_mul_max_min_with_one_and_two_dim_indices_match_jax() -> None:
+    """What jnp emits for ``x.at[i, j].op(v)`` (two indexed dims, element windows) and
+    ``x.at[rows].op(vals)`` (one indexed dim, whole rows); a repeated position (set: the later
+    update wins, as XLA applies them on CPU; mul/max/min: combined) and an index past the operand
+    (dropped, as XLA drops it). Before: 'scatter(not an add)' for all but the adds of rows."""
+    x = jnp.asarray(RNG.standard_normal((6, 8)).astype(np.float32))
+    i = jnp.asarray(np.array([1, 4, 1, 9], np.int32))  # (1, 2) twice; (9, 0) outside: dropped
+    j = jnp.asarray(np.array([2, 7, 2, 0], np.int32))
+    v = jnp.asarray(RNG.standard_normal(4).astype(np.float32))
+    rows = jnp.asarray(np.array([0, 3, 0], np.int32))
+    vals = jnp.asarray(RNG.standard_normal((3, 8)).astype(np.float32))
+    cols = jnp.asarray(np.array([5, 1], np.int32))
+    col_vals = jnp.asarray(RNG.standard_normal((6, 2)).astype(np.float32))
+    args = (x, i, j, v, rows, vals, cols, col_vals)
+    assert nc.check(updates, args) == []
+    got, want = nc.trace(updates, args)(*args), updates(*args)
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
+
+
 def overwrite(x, rows):
-    return jnp.zeros((5, 6)).at[rows].set(x)  # marker: set
+    return jnp.zeros((100, 6)).at[rows].set(x)  # marker: set
 
 
-def test_a_scatter_that_overwrites_is_reported_unsupported() -> None:
-    ops = nc.check(overwrite, (jnp.ones((4, 6)), jnp.asarray(np.array([0, 1, 2, 3], np.int32))))
-    assert [op.opcode for op in ops] == ["scatter(not an add)"]
+def test_a_runtime_overwrite_of_more_than_64_updates_is_reported_unsupported() -> None:
+    ops = nc.check(overwrite, (jnp.ones((80, 6)), jnp.asarray(np.arange(80, dtype=np.int32))))
+    assert len(ops) == 1 and ops[0].opcode.startswith("scatter(set:") and "64 updates" in ops[0].opcode
