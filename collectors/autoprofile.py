@@ -74,7 +74,7 @@ def install(sink: Any) -> None:
             return
         try:
             stopped = _stop_reason or _uncaught()
-            if stopped:  # every open profile is cut short, whatever its execution did
+            if stopped:  # a profile whose execution had not finished is kept, marked incomplete
                 collector.abort(stopped)
             collector.close()
         except RecordingError as exc:  # what was recorded is kept, marked; say why, once

@@ -13,8 +13,9 @@ several cores and the ranks of a tensor-parallel group each get their own profil
 
 An execution's profile stays open until the next execution on the same core starts (or the
 collection ends): what a group reports after its ranks finish (NeuronLink usage) still reaches it.
-If the code inside raises, or the collection is interrupted, open profiles are kept, marked
-incomplete (``<dir>.incomplete``), and the exception goes on.
+If the code inside raises, or the collection is interrupted, the profile of an execution still
+running is kept, marked incomplete (``<dir>.incomplete``), profiles of finished executions are
+closed complete, and the exception goes on.
 """
 
 from __future__ import annotations
@@ -250,11 +251,14 @@ class DeviceProfileCollector:
             return list(self.profiles)
 
     def abort(self, reason: str) -> list[CapturedProfile]:
-        """Keep every open profile, flagged incomplete."""
+        """Keep every open profile: complete if its execution had finished (a Ctrl-C or an exception
+        after the profiled step does not take away what it recorded), else flagged incomplete with
+        ``reason``."""
         with self._lock:
             for core in sorted(self._open):
                 with contextlib.suppress(Exception):
-                    self._finish(self._open[core], complete=False, reason=reason)
+                    entry = self._open[core]
+                    self._finish(entry, complete=entry.ended, reason=reason)
             self._open.clear()
             return list(self.profiles)
 
