@@ -270,8 +270,19 @@ def _normalize_engines(array: pa.Array) -> pa.Array:
 # -- opening --------------------------------------------------------------------------------------
 
 
-def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Profile:
-    """Open and check a profile directory. Raises ``ProfileError`` (one line) if it cannot be read."""
+ESSENTIAL_TABLES = frozenset({"Metadata", "Instruction"})
+"""Tables without which a profile is not shown: an unreadable part of one refuses the profile."""
+
+
+def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA,
+                 left_out: list[str] | None = None) -> Profile:
+    """Open and check a profile directory. Raises ``ProfileError`` (one line) if it cannot be read.
+
+    ``left_out``: a list to show what is readable instead of refusing. A table other than
+    :data:`ESSENTIAL_TABLES` with a part that is not a readable Parquet file (truncated, corrupt) is
+    then left out whole -- never read in part, which would change its figures -- and one line
+    naming it is appended (the viewers print it as a warning); what a reader must never open
+    (a link outside the profile, a FIFO) is refused all the same."""
     root = Path(path)
     if not root.exists():
         raise ProfileError(f"{root}: no such profile directory")
@@ -290,6 +301,13 @@ def open_profile(path: str | os.PathLike[str], *, schema: Schema = SCHEMA) -> Pr
     for name, found in sorted(parts.items()):
         definition = schema.table(name)
         loaded = ProfileTable(name, [p for _, p in sorted(found)], definition)
+        if left_out is not None and name not in ESSENTIAL_TABLES:
+            bad = [f for f in loaded.files if not _readable_footer(f)]
+            if bad:
+                more = f" and {len(bad) - 1} more of its parts" if len(bad) > 1 else ""
+                left_out.append(f"table {name} left out: {bad[0].name}{more} unreadable (truncated "
+                                f"or corrupt); the rest of the profile is shown")
+                continue
         for file in loaded.files:
             file_schema, rows = _read_footer(file)
             if definition is not None:
@@ -395,6 +413,14 @@ def parquet_file(file: Path) -> pq.ParquetFile:
     """A part opened for reading with page checksums verified (pages written with a CRC -- every
     part this suite writes -- fail to read when a bit changed, instead of changing a figure)."""
     return pq.ParquetFile(file, page_checksum_verification=True)
+
+
+def _readable_footer(file: Path) -> bool:
+    try:
+        _read_footer(file)
+    except ProfileError as exc:
+        return "not a readable Parquet file" not in str(exc)  # other refusals are raised later
+    return True
 
 
 def _read_footer(file: Path) -> tuple[pa.Schema, int]:

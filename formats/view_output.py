@@ -34,10 +34,20 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
     for entry in systems:  # a capture's system/: host events, no device run
         print(f"neuron-profile: note: {system_note(entry.path)}", file=sys.stderr)
     for entry in devices:
-        profile = open_profile(entry.path)
+        profile = open_readable(entry.path)
         name = export.program_name(profile) if entry.name == "." else entry.name
         programs.append((name, profile))
     return programs
+
+
+def open_readable(path: Path) -> Profile:
+    """``open_profile``, showing what is readable: a table with an unreadable part is left out,
+    with one warning line on stderr (as neuron-explorer's banner says it)."""
+    left_out: list[str] = []
+    profile = open_profile(path, left_out=left_out)
+    for note in left_out:
+        print(f"neuron-profile: warning: {path}: {note}", file=sys.stderr)
+    return profile
 
 
 def _notes(profile: Profile) -> list[str]:

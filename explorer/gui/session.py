@@ -22,14 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from formats.read_api import (
     Profile,
     ProfileEntry,
     ProfileError,
-    ProfileWarning,
     TrackViewport,
     capture_state,
     connect,
@@ -37,9 +33,7 @@ from formats.read_api import (
     find_profiles,
     in_incomplete_capture,
     open_profile,
-    profile_from_files,
     system_only,
-    table_of_file,
 )
 
 
@@ -126,47 +120,10 @@ class Session:
 
 
 def open_tolerant(path: Path) -> tuple[Profile, list[str]]:
-    """``open_profile``, or -- when some Parquet part is unreadable (truncated, corrupt) -- a profile
-    of the readable parts with a note naming each file left out."""
-    try:
-        return open_profile(path), []
-    except ProfileError as first_error:
-        readable: dict[str, list[Path]] = {}
-        notes: list[str] = []
-        for entry in sorted(path.iterdir()) if path.is_dir() else []:
-            named = table_of_file(entry.name)
-            if named is None or not entry.is_file():
-                continue
-            try:
-                pq.ParquetFile(entry)
-            except (OSError, pa.ArrowException):
-                notes.append(f"{entry.name} is unreadable (truncated or corrupt): table {named[0]} left out")
-                continue
-            readable.setdefault(named[0], []).append(entry)
-        if not notes or not readable:
-            raise first_error
-        try:
-            metadata = _first_row(readable.get("Metadata", []))
-            profile = profile_from_files(path, readable, metadata)
-        except ProfileError:
-            raise first_error from None
-        warnings = _first_rows(readable.get("Warning", []))
-        profile.warnings = [
-            ProfileWarning(str(w.get("category") or ""), str(w.get("message") or "")) for w in warnings
-        ]
-        return profile, notes
-
-
-def _first_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for file in files:
-        rows += pq.read_table(file).to_pylist()
-    return rows
-
-
-def _first_row(files: Sequence[Path]) -> dict[str, Any]:
-    rows = _first_rows(files)
-    return rows[0] if rows else {}
+    """``open_profile``, leaving out (whole) a table with an unreadable Parquet part (truncated,
+    corrupt), with a note naming it: the rule ``view`` and ``analyze`` follow (``left_out``)."""
+    notes: list[str] = []
+    return open_profile(path, left_out=notes), notes
 
 
 def _root_name(root: Path) -> str:

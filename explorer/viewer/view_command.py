@@ -21,10 +21,10 @@ from formats.read_api import (
     ProfileError,
     device_entries,
     find_profiles,
-    open_profile,
     system_note,
     system_only,
 )
+from formats.view_output import open_readable
 
 
 class ViewCommand(ViewOutputCommand):
@@ -62,7 +62,7 @@ def run_viewer(root: str, *, source_root: str | None = None, include_incomplete:
         raise ProfileError(system_only(root, "the viewer"))
     for entry in systems:  # a capture's top folder: show its device/ profiles, name its system/
         print(f"neuron-profile: note: {system_note(entry.path)}", file=sys.stderr)
-    first = open_profile(entries[0].path)  # a profile that does not open fails here, before the TUI
+    first = open_readable(entries[0].path)  # one that does not open fails here, before the TUI
     root_path = None
     if source_root is not None:
         root_path = Path(source_root)

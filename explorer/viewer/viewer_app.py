@@ -320,7 +320,7 @@ class ViewerApp(App[None]):
         try:
             if data is None:
                 entry = self.entries[index]
-                profile = open_profile(entry.path)
+                profile = open_profile(entry.path, left_out=[])  # left out: shown as missing
                 data = ProfileData(profile, profile_name(entry, profile.metadata), self.source_root)
             self._post(generation, self._set_data, data)
             overview = data.overview()

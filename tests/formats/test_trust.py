@@ -355,7 +355,12 @@ def test_column_names_that_are_not_utf8(copy: Path, capsys: pytest.CaptureFixtur
     pq.write_table(table.append_column("zzzzname", pa.array([1] * table.num_rows)), path)
     data = path.read_bytes()
     path.write_bytes(data.replace(b"zzzzname", b"zz\xff\xfename"))
-    assert_refused(run_all(copy, tmp_path, capsys), "HbmUsage.parquet")
+    results = run_all(copy, tmp_path, capsys)
+    # the views show the rest (one warning line); query and validate refuse, naming the part
+    for name in ("view", "recompute"):
+        code, err = results.pop(name)
+        assert code == 0 and err.count("\n") == 1 and "table HbmUsage left out" in err, (name, err)
+    assert_refused(results, "HbmUsage.parquet")
 
 
 def test_sql_scans_verify_page_checksums_first(copy: Path) -> None:
@@ -542,3 +547,24 @@ def test_json_views_write_any_cell_type(copy: Path, capsys: pytest.CaptureFixtur
     assert "2026-11-24" in json.dumps(json.loads(legacy.read_text())["summary"])
     assert json_value([Decimal("2"), Decimal("NaN"), float("inf"), b"\x01", dt.timedelta(seconds=2)]) == \
         [2, None, None, "01", 2.0]
+
+
+@pytest.mark.parametrize("table", ["DmaPacket", "Summary", "Flow"])
+def test_text_views_show_what_is_readable_of_a_profile_with_a_corrupt_optional_table(
+        copy: Path, capsys: pytest.CaptureFixture[str], table: str) -> None:
+    """A truncated optional table: summary-text and analyze show the rest with one warning line
+    naming the table left out, as neuron-explorer's banner does (both refused the whole profile
+    before); the table is left out whole, never read in part. An essential table is still refused."""
+    from explorer.profile_cli import main as cli
+
+    part = next(copy.glob(f"{table}*.parquet"))
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    for argv in (["view", str(copy), "--output-format", "summary-text"], ["analyze", str(copy)]):
+        assert cli(argv) == 0
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and f"table {table} left out" in err and "warning" in err, err
+        assert "device time" in out
+    instruction = next(copy.glob("Instruction*.parquet"))
+    instruction.write_bytes(instruction.read_bytes()[:100])
+    assert cli(["view", str(copy), "--output-format", "summary-text"]) == 2
+    assert "not a readable Parquet file" in capsys.readouterr().err
