@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -343,10 +344,10 @@ class Emitter:
         """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
         if len(nodes) < 2:
             return list(nodes)
-        lanes = self._lane
         ordered = sorted(nodes)
-        # ascending: the last node seen on a lane is its latest
-        latest = dict(zip(map(lanes.__getitem__, ordered), ordered))
+        # ascending: the last node seen on a lane is its latest (their lanes in one C call: two
+        # or more nodes, so a tuple)
+        latest = dict(zip(itemgetter(*ordered)(self._lane), ordered))
         if len(latest) == len(ordered):  # one node per lane: all kept, already in order
             return ordered
         return sorted(latest.values())

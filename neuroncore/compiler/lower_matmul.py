@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
-from neuroncore.compiler.counters import shared_counters
+from neuroncore.compiler.counters import NodeCounters, shared_counters
 from neuroncore.compiler.emitter import sbuf_key
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
@@ -55,20 +55,30 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
     """LoadStationary; ``pad`` zero columns before it place its output rows at PSUM partition pad.
     ``stationary2`` makes it an FP8 double-row load ``[128, 2, M]`` (NC-v3): the 4x128 FP8 input
     path moves both rows in the time of one BF16 row (§2.2) [assumption for LS]."""
-    spec = ctx.spec
-    cycles = costs.ldweights_cycles(spec, stationary.cols + pad, dtype)
-    rows = stationary.rows + (stationary2.rows if stationary2 is not None else 0)
-    nbytes = rows * stationary.cols * dtype.itemsize
+    rows, cols = stationary.p1 - stationary.p0, stationary.f1 - stationary.f0
+    rows2 = -1 if stationary2 is None else stationary2.p1 - stationary2.p0
+    memo = _memo(ctx.spec)[0]
+    key = (rows, cols, pad, rows2, dtype)
+    known = memo.get(key)
+    if known is None:
+        known = memo[key] = _ldweights_record(ctx.spec, rows, cols, pad, rows2, dtype)
+    cost_ns, shape, counters = known
     reads = [sbuf_key(stationary), *([sbuf_key(stationary2)] if stationary2 is not None else [])]
-    shape = (f"[{stationary.rows}x{stationary.cols}]" if stationary2 is None
-             else f"[{stationary.rows}x2x{stationary.cols}] perf_mode=double_row")
     return ctx.em.instruction(
-        Engine.TENSOR, "LDWEIGHTS", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
-        reads=reads, writes=[], track=RES_TENSOR_LS,
-        text=f"src={ctx.ref_text(stationary)} {shape} {dtype.profile_name}",
-        semantics=LoadWeights(stationary, stationary2),
-        counters=shared_counters(0, 0, 0, 0, 0, nbytes),  # sbuf_read_bytes
+        Engine.TENSOR, "LDWEIGHTS", cost_ns, reads=reads, writes=[], track=RES_TENSOR_LS,
+        text=f"src={ctx.ref_text(stationary)} {shape}",
+        semantics=LoadWeights(stationary, stationary2), counters=counters,
     )
+
+
+def _ldweights_record(spec: CoreSpec, rows: int, cols: int, pad: int, rows2: int,
+                      dtype: DType) -> tuple[float, str, NodeCounters]:
+    """A LoadStationary's cost, shape text and counters (the same for every load of its shape)."""
+    cycles = costs.ldweights_cycles(spec, cols + pad, dtype)
+    nbytes = (rows + max(rows2, 0)) * cols * dtype.itemsize
+    shape = (f"[{rows}x{cols}]" if rows2 < 0 else f"[{rows}x2x{cols}] perf_mode=double_row")
+    return (costs.cycles_to_ns(spec, Engine.TENSOR, cycles), f"{shape} {dtype.profile_name}",
+            shared_counters(0, 0, 0, 0, 0, nbytes))  # sbuf_read_bytes
 
 
 def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, position: Accumulation, *,
@@ -76,8 +86,32 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     """One MultiplyMoving (two FP32_LO_HI passes for FP32 inputs, each recording half the FLOPs).
     ``moving2`` makes it an FP8 double-row MultiplyMoving (NC-v3): K up to 256 in the time of a
     K = 128 BF16 instruction (§3.1)."""
-    spec = ctx.spec
-    k, m, n = moving.rows + (moving2.rows if moving2 is not None else 0), stationary.cols, moving.cols
+    k = moving.p1 - moving.p0 + (moving2.p1 - moving2.p0 if moving2 is not None else 0)
+    m, n = stationary.f1 - stationary.f0, moving.f1 - moving.f0
+    memo = _memo(ctx.spec)[1]
+    key = (k, m, n, dtype, position, transpose, moving2 is not None)
+    passes = memo.get(key)
+    if passes is None:
+        passes = memo[key] = _matmul_passes(ctx.spec, k, m, n, dtype, position, transpose,
+                                            moving2 is not None)
+    extra = [sbuf_key(moving2)] if moving2 is not None else []
+    for p, (cost_ns, accumulate, suffix, counters) in enumerate(passes):
+        ctx.em.instruction(
+            Engine.TENSOR, "MATMUL", cost_ns,
+            reads=[sbuf_key(moving), *extra, *([sbuf_key(psum)] if accumulate else [])],
+            writes=[sbuf_key(psum)], track=RES_TENSOR_MM,
+            text=f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} {suffix}",
+            semantics=MatMul(psum, moving, position.accumulates, transpose, moving2)
+            if p == 0 else NOP,
+            tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
+            counters=counters,
+        )
+
+
+def _matmul_passes(spec: CoreSpec, k: int, m: int, n: int, dtype: DType, position: Accumulation,
+                   transpose: bool, double: bool) -> tuple[tuple[float, bool, str, NodeCounters], ...]:
+    """Each pass of a MultiplyMoving of this shape: (cost, accumulates, text after the operands,
+    counters): the same for every instruction of its shape, so made once."""
     flops = 2 * k * m * n
     passes = 2 if dtype is DType.FP32 and not transpose else 1
     cycles: float
@@ -85,7 +119,9 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
         cycles = costs.pe_transpose_cycles(spec, k, m)
     else:
         cycles = costs.matmul_cycles(spec, n, dtype) / passes
+    cost_ns = costs.cycles_to_ns(spec, Engine.TENSOR, cycles)
     nbytes_in = k * n * dtype.itemsize
+    out = []
     for p in range(passes):
         label = ("lo", "hi")[p] if passes == 2 else ""
         # (raw, adjusted, transpose FLOPs, HBM read, write, SBUF read, write, PSUM read, write)
@@ -95,21 +131,28 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             counters = shared_counters(flops // passes,
                                        int(flops // passes * costs.adjusted_flops_factor(spec, dtype)),
                                        0, 0, 0, nbytes_in, 0, 0, m * n * 4)
-        accumulate = position.accumulates or p > 0
-        extra = [sbuf_key(moving2)] if moving2 is not None else []
-        ctx.em.instruction(
-            Engine.TENSOR, "MATMUL", costs.cycles_to_ns(spec, Engine.TENSOR, cycles),
-            reads=[sbuf_key(moving), *extra, *([sbuf_key(psum)] if accumulate else [])],
-            writes=[sbuf_key(psum)], track=RES_TENSOR_MM,
-            text=(f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} acc={position}"
-                  f"{' fp32_pass=' + label if label else ''}{' transpose' if transpose else ''}"
-                  f"{' perf_mode=double_row' if moving2 is not None else ''}"
-                  f" {dtype.profile_name} {k}x{m}x{n}"),
-            semantics=MatMul(psum, moving, position.accumulates, transpose, moving2)
-            if p == 0 else NOP,
-            tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",
-            counters=counters,
-        )
+        suffix = (f"acc={position}{' fp32_pass=' + label if label else ''}"
+                  f"{' transpose' if transpose else ''}{' perf_mode=double_row' if double else ''}"
+                  f" {dtype.profile_name} {k}x{m}x{n}")
+        out.append((cost_ns, position.accumulates or p > 0, suffix, counters))
+    return tuple(out)
+
+
+_LsMemo = dict[tuple[object, ...], tuple[float, str, NodeCounters]]
+_MmMemo = dict[tuple[object, ...], tuple[tuple[float, bool, str, NodeCounters], ...]]
+# per core spec (by identity; the entry keeps the spec alive, so its id is not reused): shape ->
+# a LoadStationary's / MultiplyMoving's record (``ldweights``, ``matmul``)
+_MEMOS: dict[int, tuple[CoreSpec, _LsMemo, _MmMemo]] = {}
+_MEMO_LIMIT = 4096  # records per spec kept at most (then the memo starts again)
+
+
+def _memo(spec: CoreSpec) -> tuple[_LsMemo, _MmMemo]:
+    entry = _MEMOS.get(id(spec))
+    if entry is None or entry[0] is not spec or len(entry[1]) + len(entry[2]) > _MEMO_LIMIT:
+        if len(_MEMOS) > 16:
+            _MEMOS.clear()
+        entry = _MEMOS[id(spec)] = (spec, {}, {})
+    return entry[1], entry[2]
 
 
 def pe_transpose(ctx: Context, src: Ref, dst: Ref, dtype: DType, evac_engine: Engine) -> None:
