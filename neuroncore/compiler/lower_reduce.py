@@ -120,7 +120,7 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
 
 def _reduce_chunks(ctx: Context, src: Op, cols: int) -> list[tuple[int, int]] | None:
     """Column chunks for a free-dim reduction of rows too wide to reduce whole: wider than the
-    engines' free-dim limit (Llama 3's 128,256 logits of a row: the greedy argmax's reductions), or
+    engines' free-dim limit (a row of Llama 3's 128,256 logits: a top-k's maximum), or
     a row-layout value kept in HBM because its rows are wider than SBUF holds (its whole row could not
     be loaded). None: reduce each tile whole, as before."""
     source = ctx.values.get(src.index)
@@ -141,10 +141,8 @@ def _chunked_reduce_steps(ctx: Context, op: Op, value: Value, alu: str,
     """A free-dim reduction of wide rows, as a compiler tiles one: each column chunk of a tile is
     loaded (only those columns of a value kept in HBM) and reduced on Vector into its own column of
     a ``[rows, chunks]`` FP32 partials tile, then one more TENSOR_REDUCE with the same operation
-    combines the partials (the maximum of the chunks' maxima, the sum of their sums). An argmax's
-    two reductions (the row maximum, then the first index holding it, encoded so that the combine
-    is a maximum too: ``frontends/torch_masks.first_index_of_extreme``) are both this: per chunk,
-    then combined."""
+    combines the partials (the maximum of the chunks' maxima, the sum of their sums): the row
+    maximum of a greedy top-k over a 128k vocabulary, a sum over a wide row."""
     src = op.operands[0]
     for t in range(len(value.tiles)):
         out = ctx.produce(op, t)

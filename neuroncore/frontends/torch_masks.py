@@ -8,7 +8,9 @@ Everything is rewritten into ops the core already runs, as an XLA compiler would
 * ``cumsum`` is a Hillis-Steele scan: log2(n) steps of ``x + shift(x, 2^k)`` on the Vector engine
   (exact for integers, the same order of additions for floats as a tree reduction).
 * ``argmax``/``argmin`` take the extreme value, then the smallest index where it occurs (``torch``
-  returns the first one), with the indices counted in fp32 (exact below 2^24).
+  returns the first one), with the indices counted in fp32 (exact below 2^24); over a last dim of
+  16,384 or more (a vocabulary's logits) per 512-wide chunk, the chunks laid across partitions,
+  then the chunks' maxima and indices combined.
 * ``gather`` and indexing with runtime indices become one row gather from the flattened source,
   with the flat row number computed from the indices (``sum(index_k * stride_k)``).
 """
@@ -97,19 +99,54 @@ def cumsum(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return cumulative_sum(c, x, kw["dim"] % len(x.shape))
 
 
-def first_index_of_extreme(c: _Converter, x: Op, dim: int, kind: str) -> Op:
-    """The first index along ``dim`` (removed) where ``x`` takes its max (or min), as fp32."""
-    work = c._cast(x, DType.FP32)
-    if kind == "min":
-        work = c.b.negate(work)
+WIDE_ROW = 16384  # a last dim at least this wide is searched in chunks laid across partitions
+CHUNK = 512  # elements per chunk (one row of a [rows * chunks, CHUNK] tile)
+
+
+def _first_max(c: _Converter, work: Op, dim: int) -> Op:
+    """The first index along ``dim`` (removed) of ``work``'s maximum, as fp32, by two reductions:
+    the maximum, then the smallest position holding it (a max of ``n - position`` over the hits)."""
     keep = tuple(1 if i == dim else d for i, d in enumerate(work.shape))
     best = c.b.broadcast_to(c.b.reshape(c.b.reduce(work, [dim], "max"), keep), work.shape)
     hit = c.b.compare(work, best, "EQ")
     n = work.shape[dim]
     position = c.b.iota(work.shape, dim, DType.FP32)
-    # the smallest hit position: max of (n - position) over hits, turned back
     score = c.b.select(hit, c.b.subtract(float(n), position), 0.0)
     return c.b.subtract(float(n), c.b.reduce(score, [dim], "max"))
+
+
+def _chunked_first_max(c: _Converter, work: Op) -> Op:
+    """:func:`_first_max` along a wide last dim (a vocabulary's logits), as a compiler spreads a
+    row reduction over the partitions: the row is cut into ``CHUNK``-wide chunks (padded with
+    -inf to a whole number of them), viewed as ``[..., chunks, CHUNK]`` so every chunk is a row of
+    its own (a batch of 2 over 128,256 logits uses 128 partitions, not 2), each chunk's maximum and
+    first index found at once, then combined per row: the first chunk holding the row's maximum,
+    and its index within that chunk (value + index). Ties go to the lowest index, as torch."""
+    b = c.b
+    lead, width = work.shape[:-1], work.shape[-1]
+    chunks = -(-width // CHUNK)
+    if chunks * CHUNK != width:
+        pad = b.constant(-math.inf, DType.FP32, shape=(*lead, chunks * CHUNK - width))
+        work = b.concatenate([work, pad], len(lead))
+    blocks = b.reshape(work, (*lead, chunks, CHUNK))
+    within = _first_max(c, blocks, len(lead) + 1)  # [..., chunks]
+    maxima = b.reduce(blocks, [len(lead) + 1], "max")  # [..., chunks]
+    chunk = _first_max(c, maxima, len(lead))  # the first chunk holding the row's maximum
+    picked = b.compare(b.iota(maxima.shape, len(lead), DType.FP32),
+                       b.broadcast_to(b.reshape(chunk, (*lead, 1)), maxima.shape), "EQ")
+    offset = b.reduce(b.select(picked, within, 0.0), [len(lead)], "sum")
+    return b.add(b.multiply(chunk, float(CHUNK)), offset)
+
+
+def first_index_of_extreme(c: _Converter, x: Op, dim: int, kind: str) -> Op:
+    """The first index along ``dim`` (removed) where ``x`` takes its max (or min), as fp32; a last
+    dim of ``WIDE_ROW`` or more is searched in chunks across partitions (``_chunked_first_max``)."""
+    work = c._cast(x, DType.FP32)
+    if kind == "min":
+        work = c.b.negate(work)
+    if dim == len(work.shape) - 1 and work.shape[dim] >= WIDE_ROW:
+        return _chunked_first_max(c, work)
+    return _first_max(c, work, dim)
 
 
 def _arg_extreme(c: _Converter, node: torch.fx.Node, kw: dict[str, Any], kind: str) -> Any:
