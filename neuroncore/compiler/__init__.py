@@ -20,6 +20,7 @@ import numpy as np
 
 from neuroncore.compiler import node_semantics as ns
 from neuroncore.compiler import orientation
+from neuroncore.compiler.cast_folding import fold_casts
 from neuroncore.compiler.channel_major import channel_major
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
@@ -168,7 +169,7 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     spec = core_spec(target)
     if options is not None and not isinstance(options, CompilerOptions):
         raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
-    graph = channel_major(apply_options(graph, options))
+    graph = fold_casts(channel_major(apply_options(graph, options)))
     missing = unsupported_ops(graph)
     if missing:
         raise UnsupportedOpsError(missing)
@@ -227,7 +228,7 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
             continue
         # fusion groups (compiler.streaming): a chain of ops lowered tile by tile / batch by batch
         units = units_of(ctx, op)
-        if joins(group, op, units):
+        if joins(group, op, units, [ops[u] for u in ctx.uses[op.index]]):
             assert group is not None
             group.members.append(op)
             continue

@@ -18,7 +18,7 @@ group may be lowered while a group is open; anything else that reads a member cl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from neuroncore.compiler.context import Context
@@ -187,15 +187,21 @@ def _free_tiles(ctx: Context, op: Op) -> None:
             value.bufs[t] = None
 
 
-def joins(group: Group | None, op: Op, step: Grain | None) -> bool:
-    """Whether ``op`` continues the open group: the same steps, and it reads a member."""
+def joins(group: Group | None, op: Op, step: Grain | None, readers: Sequence[Op] = ()) -> bool:
+    """Whether ``op`` continues the open group: the same steps, and it reads a member; or it is
+    made from broadcasts alone (a one-hot or a mask: an iota compared with per-row values, no
+    tile of its own size read) and a reader of it (``readers``) reads a member, so the loop that
+    reads it computes it in place (a cross-entropy gradient's ``probs - one_hot``)."""
     if group is None or step is None:
         return False
     units = step.tiles if group.by_tile else step.batches
     if units != group.units:
         return False
     inside = group.indices
-    return any(o.index in inside for o in op.operands)
+    if any(o.index in inside for o in op.operands):
+        return True
+    return (all(o.opcode == "broadcast" for o in op.operands)
+            and any(o.index in inside for r in readers for o in r.operands))
 
 
 def reads_group(group: Group | None, op: Op) -> bool:

@@ -685,12 +685,12 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
         total = _combine(b, [b.reduce(exp_block(c0, c1), [1]) for c0, c1 in blocks], "sum")
         total = total if m.classes else _all_reduce(b, total, tp, group)
         dlogits: list[Op] = []
+        columns = b.convert(b.iota((width,), 0), "fp32")  # each column's index, sliced per block
         for c0, c1 in blocks:
-            columns = b.convert(b.iota((c1 - c0,), 0), "fp32")
             shape = (rows, c1 - c0)
-            one_hot = b.compare(b.broadcast(b.add(columns, float(c0)), shape, (1,)),
-                                b.broadcast(target, shape, (0,)), "EQ")
             probs = b.divide(exp_block(c0, c1), b.broadcast(total, shape, (0,)))
+            one_hot = b.compare(b.broadcast(b.slice(columns, (c0,), (c1,)), shape, (1,)),
+                                b.broadcast(target, shape, (0,)), "EQ")
             dlogits.append(b.convert(b.subtract(probs, b.convert(one_hot, "fp32")), dtype))
         flat = b.parameter("target_flat_index", (rows,), "int32", low=0, high=rows * width)
         picked = b.convert(b.reshape(b.gather(b.reshape(logits, (rows * width, 1)), flat), (rows,)), "fp32")
