@@ -16,7 +16,7 @@ S, H, D = 128, 4, 32
 E = H * D
 
 
-def _attention(dtype: str = "fp32") -> tuple[nc.Graph, list[np.ndarray]]:
+def _attention(dtype: str = "fp32", keep_merged: bool = False) -> tuple[nc.Graph, list[np.ndarray]]:
     g = nc.GraphBuilder()
     x = g.parameter("x", (S, E), dtype)
     heads = []
@@ -31,7 +31,8 @@ def _attention(dtype: str = "fp32") -> tuple[nc.Graph, list[np.ndarray]]:
     out = g.dot(probs, v)  # [H, S, D]
     merged = g.reshape(g.transpose(g.reshape(out, (1, H, S, D)), (0, 2, 1, 3)), (S, E))
     wo = g.weight("wo", (E, E), dtype)
-    graph = g.build([g.dot(merged, wo)])
+    # keep_merged: the merged context is also an output (a training step keeps it for the backward)
+    graph = g.build([g.dot(merged, wo), *([merged] if keep_merged else [])])
     rng = np.random.default_rng(0)
     return graph, [rng.standard_normal((S, E)).astype(np.float32)]
 
@@ -50,6 +51,19 @@ def test_head_split_and_merge_stay_on_chip(attention_run, assert_close):
     assert program.stats["on_chip_views"] >= 3  # q, k and v heads read in place
     assert program.stats["on_chip_view_copies"] >= 1  # the merge: one copy per head
     assert_close(attention_run.out, attention_run.ref)
+
+
+def test_a_kept_head_merge_is_stored_from_its_own_tiles(run, assert_close):
+    """The merged attention context assembled on chip and kept as an output is stored from the
+    merged tiles; storing its source (the transpose, a view) sent the heads through HBM first:
+    stored, read back through a strided view, stored again."""
+    graph, inputs = _attention(keep_merged=True)
+    result = run(graph, inputs)
+    program = result.program
+    scratch = [t.name for t in program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
+    assert scratch == [] and program.hbm_views == {}, (scratch, list(program.hbm_views))
+    assert_close(result.out, result.ref)
+    assert_close(result.outputs[1], result.reference[1])
 
 
 def test_a_view_of_a_value_in_hbm_still_reads_through_a_dma_view(run, assert_close):
