@@ -685,12 +685,16 @@ def head_ops(b: GraphBuilder, m: Transformer, r: RankShapes, tp: int, dtype: str
         total = _combine(b, [b.reduce(exp_block(c0, c1), [1]) for c0, c1 in blocks], "sum")
         total = total if m.classes else _all_reduce(b, total, tp, group)
         dlogits: list[Op] = []
-        columns = b.convert(b.iota((width,), 0), "fp32")  # each column's index, sliced per block
-        for c0, c1 in blocks:
+        # a block's column indices made once, and each block's targets shifted to its columns, all
+        # before the blocks' loop: inside it each one-hot is broadcasts only (streaming.joins)
+        span = blocks[0][1] - blocks[0][0]
+        columns = b.convert(b.iota((span,), 0), "fp32")
+        shifted = [target if c0 == 0 else b.subtract(target, float(c0)) for c0, _ in blocks]
+        for (c0, c1), local in zip(blocks, shifted):
             shape = (rows, c1 - c0)
             probs = b.divide(exp_block(c0, c1), b.broadcast(total, shape, (0,)))
-            one_hot = b.compare(b.broadcast(b.slice(columns, (c0,), (c1,)), shape, (1,)),
-                                b.broadcast(target, shape, (0,)), "EQ")
+            cols = columns if c1 - c0 == span else b.slice(columns, (0,), (c1 - c0,))
+            one_hot = b.compare(b.broadcast(cols, shape, (1,)), b.broadcast(local, shape, (0,)), "EQ")
             dlogits.append(b.convert(b.subtract(probs, b.convert(one_hot, "fp32")), dtype))
         flat = b.parameter("target_flat_index", (rows,), "int32", low=0, high=rows * width)
         picked = b.convert(b.reshape(b.gather(b.reshape(logits, (rows * width, 1)), flat), (rows,)), "fp32")
