@@ -10,24 +10,39 @@ ranks run in their own threads; each all-reduce waits for every rank's gradient 
 rank order in FP32 (the same rendezvous as tensor-parallel inference). The parameters stay identical
 on every rank, so one resident state serves them all. With a mean loss and equal shards the result
 equals a single core's step on the whole batch -- the check ``tests/training`` makes.
+
+Each step is then timed and recorded on every rank's core, as ZeRO-1's are: the ranks start
+together, each gradient all-reduce takes its duration from ``neuroncore.collectives`` over the
+replicas on the instance topology, so ``neuron-profile capture`` holds one profile per rank and
+``last_results`` the device times (before, the step computed numerics only: a capture of a
+data-parallel script said the program ran no compiled model).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from neuroncore import collectives as cc
+from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.frontends.torch_frontend import _to_numpy
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.group import CC_OPERATIONS
+from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
+from neuroncore.runtime.device import ExecutionResult, LoadedModel
+from neuroncore.runtime.scheduler import schedule
+from neuroncore.topology import instance_topology
 from neuroncore.training.optimizers import host_scalars
-from neuroncore.training.precision import parse_precision
+from neuroncore.training.precision import Precision, parse_precision
+from neuroncore.training.step_records import emit_step
 from neuroncore.training.torch_step import ProgramKind, StepInputs, TrainStep, _caller_frames
 
 
@@ -68,6 +83,23 @@ class DataParallelTrainStep(TrainStep):
         program, _, _ = self.programs[ProgramKind.UPDATE]
         self.rank_models = [self.programs[ProgramKind.UPDATE][1]] + [
             self.instance.core(r).load(program) for r in range(1, replicas)]
+        self.topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
+        self._timing = self._costs(self.rank_models[0])  # every rank runs the same program
+        self.rank_results: list[list[ExecutionResult]] = [[] for _ in range(replicas)]
+
+    def _costs(self, loaded: LoadedModel) -> tuple[np.ndarray, list[tuple[int, CollectiveRecord]]]:
+        """The program's node costs with each all-reduce's duration from ``neuroncore.collectives``
+        (its size over the replicas on the instance topology), and the collectives' timed records."""
+        program = loaded.program
+        costs = program.cost_ns.copy()
+        templates = []
+        for node in program.collective_nodes:
+            op = program.graph.ops[int(program.op_index[node])]
+            record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [list(range(self.replicas))],
+                                   op.operands[0].size, op.dtype.value)
+            costs[node] = record.duration_ns
+            templates.append((int(node), record))
+        return costs, templates
 
     def _reduce_gradients(self, b: Any, grads: list[Op]) -> list[Op]:
         out = []
@@ -88,6 +120,7 @@ class DataParallelTrainStep(TrainStep):
                 raise PlanError(f"{self.name} data-parallel step: input of shape "
                                 f"{[s[0] * self.replicas, *s[1:]]} expected, got {list(x.shape)}")
         self.steps += 1
+        host_start = time.time_ns()
         program, _, layout = self.programs[ProgramKind.UPDATE]
         rendezvous = _Rendezvous(self.replicas)
         outputs: list[list[np.ndarray] | None] = [None] * self.replicas
@@ -104,10 +137,32 @@ class DataParallelTrainStep(TrainStep):
         self.advance_rng()
         done = [o for o in outputs if o is not None]
         self.rank_outputs = done
+        self._record(done, host_start)
+        first = inputs[0]
+        seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else 0
+        emit_step(self.rank_models[0], self.last_results, step=self.steps,
+                  global_batch=int(first.shape[0]) if first.dim() else self.replicas, seq=seq,
+                  name=self.name, bf16=self.precision is not Precision.FP32, host_start_ns=host_start,
+                  dp=self.replicas)
         self.state.update(dict(zip(layout.outputs[1:], done[0][1:])))
         self._sync_host()
         losses = [float(np.asarray(o[0]).reshape(-1)[0]) for o in done]
         return torch.tensor(sum(losses) / len(losses), dtype=torch.float32)
+
+
+    def _record(self, outputs: list[list[np.ndarray]], host_start_ns: int) -> None:
+        """Time and record the step's execution on every replica's core (they start together,
+        from the latest of their clocks)."""
+        with cores_held([m.core for m in self.rank_models]) as t0:
+            pass  # each record takes its own core
+        costs, templates = self._timing
+        self.rank_results = []
+        for rank, loaded in enumerate(self.rank_models):
+            timeline = schedule(loaded.program, float(t0), costs)
+            placed = placed_at(timeline, templates)
+            self.rank_results.append([loaded.record(t0, timeline, outputs[rank], False, placed,
+                                                    host_start_ns=host_start_ns)])
+        self.last_results = self.rank_results[0]
 
 
 __all__ = ["DataParallelTrainStep"]

@@ -24,7 +24,7 @@ from neuroncore.ir.graph import Graph
 from neuroncore.record_kinds import RecordKind, TrainStepMeta
 from neuroncore.runtime.device import ExecutionResult, LoadedModel
 
-PHASES = ("forward", "backward", "optimizer")
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")  # the levels of a step's hierarchy
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -91,7 +91,7 @@ def forward_matmul_flops(program: Program | Graph) -> float:
 def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: int, global_batch: int,
               seq: int, name: str, bf16: bool, host_start_ns: int, tp: int = 1,
               whole: Program | Graph | None = None, pp: int = 1,
-              model_flops: float | None = None) -> None:
+              model_flops: float | None = None, dp: int = 1) -> None:
     """Report one step (its executions ``results``, the one the record belongs to last) to the
     core's sink. The step runs from the earliest execution's start to the latest one's end.
 
@@ -99,7 +99,9 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
     and the model FLOPs of ``whole``, the unsplit step program: a rank's own program holds its share
     of the matmuls plus whatever every rank computes whole. A pipeline-parallel step
     (:mod:`neuroncore.parallel.pp_train`) reports ``tp x pp`` ranks, its stages' executions (each
-    phase's busy time summed over them) and ``model_flops`` computed from its stages' graphs."""
+    phase's busy time summed over them) and ``model_flops`` computed from its stages' graphs. A
+    data-parallel step (``dp`` replicas, :mod:`neuroncore.parallel.dp_train`) reports ``dp`` ranks and
+    ``dp`` times one replica's model FLOPs (``global_batch`` counts every replica's sequences)."""
     sink = loaded.sink
     if not sink.active or not results:
         return
@@ -115,6 +117,8 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
             flops += 3.0 * forward_matmul_flops(result.program if whole is None else whole)
     if model_flops is not None:
         flops = model_flops
+    else:
+        flops *= dp
     core = loaded.core
     low = bf16 or low_precision_matmuls(results[-1].program if whole is None else whole)
     peak = core.spec.pe_peak_bf16_flops_per_s if low else core.spec.pe_peak_fp32_flops_per_s
@@ -125,8 +129,8 @@ def emit_step(loaded: LoadedModel, results: Sequence[ExecutionResult], *, step: 
     sink.emit(RecordKind.TRAIN_STEP, columns, TrainStepMeta(
         execution_id=last.execution_id, model_id=last.model_id, core=last.core, step=step,
         step_time_ns=end_ns - start_ns, start_ns=start_ns, global_batch=global_batch,
-        seq=seq, model_flops=flops, ranks=tp * pp, peak_flops_per_rank=peak, levels=levels,
-        layout=f"{name}/1x{core.instance_type}/tp{tp}pp{pp}dp1/seq{seq}/gbs{global_batch}",
+        seq=seq, model_flops=flops, ranks=tp * pp * dp, peak_flops_per_rank=peak, levels=levels,
+        layout=f"{name}/1x{core.instance_type}/tp{tp}pp{pp}dp{dp}/seq{seq}/gbs{global_batch}",
         host_start_ns=host_start_ns, host_end_ns=time.time_ns()))
 
 
