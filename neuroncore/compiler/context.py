@@ -11,6 +11,7 @@ HBM and reloaded when needed, with the DMA traffic that costs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Callable
@@ -192,7 +193,7 @@ class Context:
                         f"(SBUF {self.spec.sbuf_bytes_per_partition} bytes per partition)",
                         self.current_op,
                     ) from None
-        buf = Buffer(self._next_buffer, Memory.SBUF, partitions, free, dtype, address, name)
+        buf = _on_chip(self._next_buffer, Memory.SBUF, partitions, free, dtype, address, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
         self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards)
@@ -215,8 +216,8 @@ class Context:
 
     def alloc_psum(self, partitions: int, free: int, name: str) -> Buffer:
         bank, hazards = self.psum.allocate()
-        buf = Buffer(self._next_buffer, Memory.PSUM, partitions, free, DType.FP32,
-                     bank * self.spec.psum_bank_bytes_per_partition, name)
+        buf = _on_chip(self._next_buffer, Memory.PSUM, partitions, free, DType.FP32,
+                       bank * self.spec.psum_bank_bytes_per_partition, name)
         self._next_buffer += 1
         self.buffers[buf.id] = buf
         self.em.psum_keys.add(("buf", buf.id))
@@ -785,6 +786,18 @@ class Context:
         base = "sb" if buf.memory is Memory.SBUF else "psum"
         return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
                 f"[{ref.p0}:{ref.p1},{pattern}]")
+
+
+_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(Buffer))
+
+
+def _on_chip(*values: Any) -> Buffer:
+    """``Buffer(*values)`` for the allocator's own buffers (``memory`` a Memory member, SBUF or
+    PSUM): the fields set directly, without the constructor's check and normalisation of a
+    caller's ``memory`` (most of its cost, and made for every allocation)."""
+    buf = object.__new__(Buffer)
+    buf.__dict__.update(zip(_BUFFER_FIELDS, values))
+    return buf
 
 
 def _narrow(ref: Ref, cols: tuple[int, int] | None) -> Ref:

@@ -138,6 +138,11 @@ def output_layout(ctx: Context, op: Op, operands: list[Operand]) -> Layout:
 # -- instruction helpers (shared with the fused lowerings) ---------------------------------------
 
 
+def _half(dtype: DType) -> bool:
+    """BF16 or FP16 (an identity test: a set of enum members hashes each in Python)."""
+    return dtype is DType.BF16 or dtype is DType.FP16
+
+
 def dtype_of(ctx: Context, ref: Ref) -> DType:
     return ctx.buffers[ref.buf].dtype
 
@@ -237,9 +242,9 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
     if engine is Engine.SCALAR:
         return activate(ctx, "copy", out, inp)
     cycles: float = costs.vector_cycles(spec, "tensor_copy", out.cols)
-    dts = {dtype_of(ctx, inp), dtype_of(ctx, out)}
-    mode = costs.vector_perf_mode(spec, "tensor_copy", dts <= {DType.BF16, DType.FP16},
-                                  not in_psum(ctx, inp) and not in_psum(ctx, out))
+    source, target = ctx.buffers[inp.buf], ctx.buffers[out.buf]
+    mode = costs.vector_perf_mode(spec, "tensor_copy", _half(source.dtype) and _half(target.dtype),
+                                  source.memory is not Memory.PSUM and target.memory is not Memory.PSUM)
     cycles /= costs.perf_mode_divisor(mode)
     return ctx.em.instruction(
         Engine.VECTOR, "TENSOR_COPY", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),

@@ -58,7 +58,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
     rows, cols = stationary.p1 - stationary.p0, stationary.f1 - stationary.f0
     rows2 = -1 if stationary2 is None else stationary2.p1 - stationary2.p0
     memo = _memo(ctx.spec)[0]
-    key = (rows, cols, pad, rows2, dtype)
+    key = (rows, cols, pad, rows2, id(dtype))  # enum members by identity (Enum.__hash__ is Python)
     known = memo.get(key)
     if known is None:
         known = memo[key] = _ldweights_record(ctx.spec, rows, cols, pad, rows2, dtype)
@@ -89,7 +89,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     k = moving.p1 - moving.p0 + (moving2.p1 - moving2.p0 if moving2 is not None else 0)
     m, n = stationary.f1 - stationary.f0, moving.f1 - moving.f0
     memo = _memo(ctx.spec)[1]
-    key = (k, m, n, dtype, position, transpose, moving2 is not None)
+    key = (k, m, n, id(dtype), id(position), transpose, moving2 is not None)
     passes = memo.get(key)
     if passes is None:
         passes = memo[key] = _matmul_passes(ctx.spec, k, m, n, dtype, position, transpose,
