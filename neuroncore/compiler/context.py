@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuroncore.compiler import costs
-from neuroncore.compiler.counters import NodeCounters
+from neuroncore.compiler.counters import NodeCounters, shared_counters
 from neuroncore.compiler.emitter import (
     QUEUE_SEMAPHORE_BASE,
     WHOLE_BUFFER,
@@ -294,8 +294,10 @@ class Context:
         descriptors = dst.rows * max(1, row_bytes // max(run, 1))
         nbytes = (src.r1 - src.r0) * (src.c1 - src.c0) * dtype.itemsize if ktiles > 1 \
             else dst.rows * row_bytes
-        counters = NodeCounters(hbm_read_bytes=nbytes, sbuf_write_bytes=nbytes, dma_bytes=nbytes,
-                                spill_reload_bytes=nbytes if spill_reload else 0)
+        # (raw, adjusted, transpose FLOPs, HBM read, write, SBUF read, write, PSUM read, write,
+        # spill save, reload, DMA bytes): one record per size, shared (``shared_counters``)
+        counters = shared_counters(0, 0, 0, nbytes, 0, 0, nbytes, 0, 0, 0,
+                                   nbytes if spill_reload else 0, nbytes)
         if spill_reload:
             self.stats["spill_reload_bytes"] += nbytes
         q = self.queue[ACTIVATION_LOAD_QUEUE.get(queue, queue)]
@@ -320,8 +322,8 @@ class Context:
             descriptors = src.rows  # one element per partition row
         else:
             descriptors = src.rows
-        counters = NodeCounters(hbm_write_bytes=nbytes, sbuf_read_bytes=nbytes, dma_bytes=nbytes,
-                                spill_save_bytes=nbytes if spill_save else 0)
+        counters = shared_counters(0, 0, 0, 0, nbytes, nbytes, 0, 0, 0,
+                                   nbytes if spill_save else 0, 0, nbytes)
         if spill_save:
             self.stats["spill_save_bytes"] += nbytes
         q = self._store_queue(queue, src)
