@@ -28,6 +28,7 @@ class OperandForm(Enum):
 
     IMMEDIATE = "imm"  # a scalar constant folded into the instruction
     PER_PARTITION = "col"  # a [rows, 1] column: a per-partition scalar operand of TENSOR_SCALAR
+    REPLICATED = "rep"  # a one-element value on every partition: one [rows, 1] load per op
     TILE = "tile"  # a full tile of the operand
 
 

@@ -422,7 +422,9 @@ def test_convert(run, rng, src, dst):
 
 BROADCASTS = [
     # (source shape, output shape, dims, classification of the source by the consumer)
-    ((), (R, C), (), "view"),
+    ((), (R, C), (), "replicated"),
+    ((1,), (R, C), (1,), "replicated"),
+    ((1, 1), (2, R, C), (1, 2), "replicated"),
     ((R,), (R, C), (0,), "per-row"),
     ((C,), (R, C), (1,), "view"),
     ((C,), (3, R, C), (2,), "view"),
@@ -456,12 +458,20 @@ def test_broadcast(run, assert_close, rng, src_shape, out_shape, dims, kind, dty
     # a broadcast is a view: it computes nothing itself
     assert not compute(res.nodes(bc))
     ys = compute(res.nodes(y))
-    if kind == "per-row":
+    if kind in ("per-row", "replicated"):
         # the [rows] operand is a per-partition scalar of TENSOR_SCALAR: never expanded
         assert kinds(ys) == {("TENSOR_SCALAR", VECTOR)}
         assert all("operand0=" in n.operands and "@sb:" in n.operands.split("operand0=")[1]
                    for n in ys)
-    else:
+    if kind == "replicated":
+        # a one-element value: ONE load per op puts it on every partition (one element per
+        # partition), not a load of every element of every tile through the broadcast view
+        loads = [n for n in res.nodes(y) if n.is_dma]
+        rep = [n for n in loads if ".rep" in n.operands]
+        assert len(rep) == 1, [n.operands for n in loads]
+        assert res.program.dma_bytes[rep[0].index] == 128 * s.dtype.itemsize
+        assert not [n for n in loads if f"hbm:{bc.name}.view" in n.operands]
+    elif kind == "view":
         assert kinds(ys) == {("TENSOR_TENSOR", VECTOR)}
         view_loads = [n for n in res.nodes(y) if n.is_dma and f"hbm:{bc.name}.view" in n.operands]
         assert view_loads, "the consumer reads the broadcast through a DMA access pattern"
@@ -1290,3 +1300,27 @@ def test_matmul_reads_a_column_view_reshape_as_its_rows() -> None:
     av, gv = rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32)
     out = nc.Instance("trn1.2xlarge").core(0).load(program).execute([av, gv]).outputs[0]
     np.testing.assert_allclose(out, gv.T @ np.maximum(av, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opcode", ["divide", "subtract", "maximum"])
+def test_replicated_scalar_first_operand(run, assert_close, rng, opcode):
+    """A run-time scalar broadcast as the FIRST operand of a non-commutative op (``s / x``) is the
+    per-partition operand with the order reversed; one load of it serves every tile of the op."""
+    b = nc.GraphBuilder("rep_first")
+    s = b.parameter("s", (3,), "fp32")
+    x = b.parameter("x", (3 * R, C), "fp32")
+    with b.scope("y"):
+        one = b.slice(s, [1], [2], [1])
+        y = getattr(b, opcode)(b.broadcast_to(one, (3 * R, C)), x)
+    g = b.build([y])
+    sd = np.array([5.0, 1.5, -2.0], np.float32)
+    xd = (rng.random((3 * R, C)) + 0.5).astype(np.float32)
+    res = run(g, [sd, xd])
+    assert_close(res.out, res.ref)
+    expected = {"divide": np.divide, "subtract": np.subtract, "maximum": np.maximum}[opcode](
+        f64(sd[1]), f64(xd))
+    assert_close(res.out, expected)
+    ys = compute(res.nodes(y))
+    assert kinds(ys) == {("TENSOR_SCALAR", VECTOR)} and len(ys) >= 4  # 4 row tiles
+    rep = [n for n in res.nodes(y) if n.is_dma and ".rep" in n.operands]
+    assert len(rep) == 1
