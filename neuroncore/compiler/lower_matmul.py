@@ -317,9 +317,12 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
                     continue
                 moved, transfers = spilt
                 # the stores finish before the blocks land in the room they make, and a reload
-                # before its reader: neither overlaps the dot's own work, and each transfer pays
-                # the DMA's fixed latency [assumption]
-                ns += moved / spec.dma_bytes_per_s * 1e9 + transfers * spec.dma_fixed_latency_ns
+                # before its reader: neither overlaps the dot's own work [assumption]. The DMA's
+                # fixed cost is latency (the compiler's programs keep many transfers in flight:
+                # Program.dma_queue_serial is False), paid once by the stores and once by the
+                # reloads, not once per transfer in series (which priced a spill of BERT-large's
+                # resident gradients, 16 row tiles each, above its q_proj dots' smallest blocks)
+                ns += moved / spec.dma_bytes_per_s * 1e9 + min(transfers, 2) * spec.dma_fixed_latency_ns
                 spill_rank = (ns, traffic + moved, blocks)
                 if spilling_rank is None or spill_rank < spilling_rank:
                     spilling = Plan(mb, nb, kb, ns, traffic + moved, tuple(sizes), moved)

@@ -106,3 +106,26 @@ def test_planner_spills_only_for_a_shorter_estimate_within_its_budget():
     tie = _plan(lambda sizes: sum(sizes) <= 24 * 1024, lambda sizes: (0, 0), a_streamed=False,
                 b_streamed=False)
     assert not tie.room
+
+
+def test_a_spill_of_many_transfers_pays_the_dma_latency_once() -> None:
+    """The compiler's programs pay the DMA's fixed cost as latency only (transfers in flight
+    overlap: ``Program.dma_queue_serial`` is False), so the planner charges a spill its bytes and
+    the latency of its stores then its reloads, not 1.3 µs per transfer in series: a spill of many
+    small tiles (BERT-large's resident q/k/v gradients, 16 row tiles each) can beat small blocks."""
+    from neuroncore.compiler.lower_matmul import plan_blocks
+    from neuroncore.dtypes import DType
+    from neuroncore.hardware import core_spec
+
+    spec = core_spec("trn1")
+    free = 8 * 1024  # bytes per partition free now: not even the smallest blocks fit
+
+    def fits(sizes: list[int]) -> bool:
+        return sum(sizes) <= free
+
+    def spill(sizes: list[int]) -> tuple[int, int]:
+        return 4 * 2**20, 100  # 4 MB of stores and reloads in 100 transfers
+
+    plan = plan_blocks(spec, 2048, 1024, 1024, DType.BF16, a_streamed=False, b_streamed=True,
+                       a_transposed=True, b_transposed=False, b_ktiled=True, fits=fits, spill=spill)
+    assert plan.spill_bytes > 0 and plan.mb * plan.nb * plan.kb > 128 * 512 * 128, plan
