@@ -144,6 +144,16 @@ def split_scalars(b: GraphBuilder, spec: OptimizerSpec, scalars: Op) -> list[Op]
     return [b.slice(scalars, [i], [i + 1], [1]) for i in range(len(spec.scalar_names))]
 
 
+def _per_row(b: GraphBuilder, scalar: Op, shape: tuple[int, ...]) -> Op:
+    """A per-step scalar ([1]) as an operand of ``shape``: for a tensor of two or more dims, one
+    value per row broadcast along the last dim, which the compiler reads as a per-partition scalar
+    operand (``TENSOR_SCALAR``) instead of a materialised tile of the tensor's size."""
+    if len(shape) < 2:
+        return b.broadcast_to(scalar, shape)
+    rows = b.broadcast(scalar, shape[:-1], (0,))
+    return b.broadcast(rows, shape, tuple(range(len(shape) - 1)))
+
+
 def emit_update(b: GraphBuilder, spec: OptimizerSpec, param: Op, grad: Op, state: Sequence[Op],
                 s: Sequence[Op]) -> tuple[Op, list[Op]]:
     """The updated parameter and state (FP32 ops), as torch.optim's single-tensor kernels compute;
@@ -156,15 +166,15 @@ def emit_update(b: GraphBuilder, spec: OptimizerSpec, param: Op, grad: Op, state
         new_state: list[Op] = []
         if spec.momentum:
             lr, keep, take = s
-            buf = b.add(b.multiply(state[0], b.broadcast_to(keep, param.shape)),
-                        b.multiply(grad, b.broadcast_to(take, param.shape)))
+            buf = b.add(b.multiply(state[0], _per_row(b, keep, param.shape)),
+                        b.multiply(grad, _per_row(b, take, param.shape)))
             new_state = [buf]
             grad = b.add(grad, b.multiply(buf, spec.momentum)) if spec.nesterov else buf
         else:
             (lr,) = s
-        step = b.multiply(grad, b.broadcast_to(lr, param.shape))
+        step = b.multiply(grad, _per_row(b, lr, param.shape))
         return b.subtract(param, step), new_state
-    decay, step_size, bc2_sqrt = (b.broadcast_to(x, param.shape) for x in s)
+    decay, step_size, bc2_sqrt = (_per_row(b, x, param.shape) for x in s)
     beta1, beta2 = spec.betas
     if spec.kind is OptimizerKind.ADAMW and spec.weight_decay:
         param = b.multiply(param, decay)
