@@ -33,13 +33,15 @@ def analyze_dir(root: str, *, include_incomplete: bool = False) -> dict[str, Any
     or None}``. A folder holding no profile is a one-line ``CliError``."""
     from formats.dataset import find_profiles, system_only
     from formats.ranks import rank_report
-    from formats.view_output import open_readable
+    from formats.view_output import open_each
 
     entries, _ = find_profiles(root, include_incomplete=include_incomplete)
     if not entries:
         raise CliError(f"{root}: no profile found (a profile is a directory of <Table>.parquet files)")
+    readable = open_each(entries)
+    entries = [entry for entry, _ in readable]
     names = {entry.name: (str(root) if entry.name == "." else entry.name) for entry in entries}
-    opened = {names[entry.name]: open_readable(entry.path) for entry in entries}
+    opened = {names[entry.name]: profile for entry, profile in readable}
     # A capture directory holds device/ (one profile per execution and core: the ranks) and system/
     # (the host side). The system profile has no instructions: it is neither analysed nor a rank.
     system = sorted(name for name, p in opened.items() if p.is_system)

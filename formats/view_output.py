@@ -16,7 +16,14 @@ import duckdb
 import pyarrow as pa
 
 from formats import attribution, export, findings, headline, trace_export
-from formats.dataset import capture_state, device_entries, find_profiles, system_note, system_only
+from formats.dataset import (
+    ProfileEntry,
+    capture_state,
+    device_entries,
+    find_profiles,
+    system_note,
+    system_only,
+)
 from formats.query import read_error
 from formats.reader import Profile, ProfileError, open_profile
 from formats.safe_output import output_file
@@ -33,11 +40,29 @@ def _programs(root: str, include_incomplete: bool) -> list[tuple[str, Profile]]:
         raise ProfileError(system_only(root, "neuron-profile view"))
     for entry in systems:  # a capture's system/: host events, no device run
         print(f"neuron-profile: note: {system_note(entry.path)}", file=sys.stderr)
-    for entry in devices:
-        profile = open_readable(entry.path)
+    for entry, profile in open_each(devices):
         name = export.program_name(profile) if entry.name == "." else entry.name
         programs.append((name, profile))
     return programs
+
+
+def open_each(entries: list[ProfileEntry]) -> list[tuple[ProfileEntry, Profile]]:
+    """Open the profiles of a folder, leaving out any that cannot be read with one warning line each
+    (neuron-explorer names them in its banner and shows the rest): one damaged execution must not
+    hide the others. Raises the first ``ProfileError`` when none opens, or when the folder was
+    itself the one profile."""
+    opened: list[tuple[ProfileEntry, Profile]] = []
+    first_error: ProfileError | None = None
+    for entry in entries:
+        try:
+            opened.append((entry, open_readable(entry.path)))
+        except ProfileError as exc:
+            first_error = first_error or exc
+            if len(entries) > 1:
+                print(f"neuron-profile: warning: left out {entry.path}: {exc}", file=sys.stderr)
+    if not opened and first_error is not None:
+        raise first_error
+    return opened
 
 
 def open_readable(path: Path) -> Profile:

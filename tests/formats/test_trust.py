@@ -568,3 +568,26 @@ def test_text_views_show_what_is_readable_of_a_profile_with_a_corrupt_optional_t
     instruction.write_bytes(instruction.read_bytes()[:100])
     assert cli(["view", str(copy), "--output-format", "summary-text"]) == 2
     assert "not a readable Parquet file" in capsys.readouterr().err
+
+
+def test_text_views_of_a_folder_leave_out_an_unreadable_profile(
+        copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder of profiles with one damaged execution: view and analyze show the readable ones with
+    one warning line naming the one left out, as neuron-explorer's banner does (both refused the
+    whole folder before); a folder whose only profile is unreadable is still one error, exit 2."""
+    from explorer.profile_cli import main as cli
+
+    folder = tmp_path / "runs"
+    shutil.copytree(copy, folder / "execution=1")
+    shutil.copytree(copy, folder / "execution=2")
+    metadata = next((folder / "execution=2").glob("Metadata*.parquet"))
+    metadata.write_bytes(b"junk")
+    for argv in (["view", str(folder), "--output-format", "summary-text"], ["analyze", str(folder)]):
+        assert cli(argv) == 0
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "left out" in err and "execution=2" in err, err
+        assert "execution=1" in out and "device time" in out
+    shutil.rmtree(folder / "execution=1")
+    for argv in (["view", str(folder), "--output-format", "summary-text"], ["analyze", str(folder)]):
+        assert cli(argv) == 2
+        assert "not a readable Parquet file" in capsys.readouterr().err
