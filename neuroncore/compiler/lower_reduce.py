@@ -8,10 +8,10 @@ other dims first moves them last through an HBM view (a strided DMA), as the dev
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from neuroncore.compiler.context import Context, Value
+from neuroncore.compiler.context import Context
 from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import (
     activate,
@@ -55,80 +55,63 @@ def reduce_steps(ctx: Context, op: Op) -> Iterator[bool]:
     value = ctx.define(op, layout=Layout.COL)
     if not dims:
         raise CompileError("reduce over no dimensions", op)
-    if dims == (n - 1,):
-        loader = None
+    load: Callable[[int, tuple[int, int] | None], Ref]
+    done: Callable[[Ref], None]
+    if dims == (n - 1,):  # a free-dim reduction: row tiles whatever the layout
+        source = ctx.values.get(src.index)
+        from_hbm = source is not None and source.home is Memory.HBM and source.layout is Layout.ROW
+
+        def load(t: int, cols: tuple[int, int] | None) -> Ref:
+            return ctx.tile(src, t, Layout.ROW, cols)
+
+        def done(inp: Ref) -> None:
+            ctx.release(src, inp)
     else:
         # move the reduced dims last through an HBM view, then reduce along the free dim
         perm = (*kept, *dims)
         view_shape = (*[src.shape[i] for i in kept], reduced)
+        view_tiles = tiles_of(view_shape, Layout.ROW)
+        rows = tile_grid(view_shape, Layout.ROW)[1]
+        from_hbm = True
 
-        def loader_setup() -> str:
+        def load(t: int, cols: tuple[int, int] | None) -> Ref:
             source = ctx.ensure_hbm(src)
             run = src.shape[-1] if perm[-1] == n - 1 else 1
-            return ctx.declare_view(HbmView(f"{op.name}.reduce_view", (Transpose(perm), Reshape(view_shape)),
+            name = ctx.declare_view(HbmView(f"{op.name}.reduce_view", (Transpose(perm), Reshape(view_shape)),
                                             (source,), view_shape, src.dtype, run), op)
+            vt = view_tiles[t]
+            c0, c1 = cols if cols is not None else (0, reduced)
+            buf = ctx.alloc(vt.rows, c1 - c0, src.dtype, f"{op.name}.in{t}" + (f".{c0}" if c0 else ""))
+            inp = Ref(buf.id, 0, vt.rows, 0, c1 - c0)
+            ctx.dma_load(QueueName.DATA, HbmAccess(name, vt.batch, vt.r0, vt.r1, c0, c1), inp, src.dtype,
+                         rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements * src.dtype.itemsize)
+            return inp
 
-        loader = (loader_setup, view_shape)
-    # a reduction through the view loads ``reduced`` elements per partition; when that is more than
-    # one instruction reads or half a partition holds (``x.mean()`` of a [64, 1024] loss), it
-    # loads and reduces column chunks and combines their partial results (add / max); otherwise
-    # the whole row at once, as before
-    chunk = reduced
-    if loader is not None and (reduced > ctx.spec.vector_sbuf_free_limit
-                               or reduced * src.dtype.itemsize > ctx.spec.sbuf_bytes_per_partition // 2):
-        chunk = min(ctx.spec.vector_sbuf_free_limit,
-                    ctx.spec.sbuf_bytes_per_partition // 8 // src.dtype.itemsize)
-    else:
-        chunks = _reduce_chunks(ctx, src, reduced) if loader is None else None
-        if chunks is not None:  # a free-dim reduction of rows too wide to reduce whole
-            yield from _chunked_reduce_steps(ctx, op, value, alu, chunks)
-            return
-        _free_limit_check(ctx, op, reduced)
-    view_tiles = tiles_of(loader[1], Layout.ROW) if loader else None
+        def done(inp: Ref) -> None:
+            ctx.free(ctx.buffers[inp.buf])
+    chunks = _reduce_chunks(ctx, reduced, src.dtype.itemsize, from_hbm)
     for t in range(len(value.tiles)):
         out = ctx.produce(op, t)
-        if loader is None:
-            inp = ctx.tile(src, t, Layout.ROW)  # free-dim reduction: row tiles whatever the layout
+        if chunks is None:
+            inp = load(t, None)
             tensor_reduce(ctx, alu, out, inp)
-            ctx.release(src, inp)
+            done(inp)
         else:
-            name = loader[0]()
-            assert view_tiles is not None
-            vt = view_tiles[t]
-            rows = tile_grid(loader[1], Layout.ROW)[1]
-            partial = _scratch(ctx, vt.rows, 1, f"{op.name}.part{t}") if chunk < reduced else None
-            for c0 in range(0, reduced, chunk):
-                cols = min(chunk, reduced - c0)
-                buf = ctx.alloc(vt.rows, cols, src.dtype, f"{op.name}.in{t}" + (f".{c0}" if c0 else ""))
-                inp = Ref(buf.id, 0, vt.rows, 0, cols)
-                ctx.dma_load(QueueName.DATA, HbmAccess(name, vt.batch, vt.r0, vt.r1, c0, c0 + cols), inp,
-                             src.dtype, rows_per_batch=rows, run_bytes=ctx.hbm_views[name].run_elements
-                             * src.dtype.itemsize)
-                if c0 == 0:
-                    tensor_reduce(ctx, alu, out, inp)
-                else:
-                    assert partial is not None
-                    tensor_reduce(ctx, alu, partial, inp)
-                    tensor_tensor(ctx, alu, out, out, partial)
-                ctx.free(ctx.buffers[inp.buf])
-            if partial is not None:
-                _free(ctx, partial)
+            _reduce_per_chunk(ctx, op, t, alu, out, chunks, load, done)
         ctx.produced(op, t, out)
         ctx.unpin_all()
         yield batch_ends(value, t)
 
 
-def _reduce_chunks(ctx: Context, src: Op, cols: int) -> list[tuple[int, int]] | None:
-    """Column chunks for a free-dim reduction of rows too wide to reduce whole: wider than the
-    engines' free-dim limit (a row of Llama 3's 128,256 logits: a top-k's maximum), or
-    a row-layout value kept in HBM because its rows are wider than SBUF holds (its whole row could not
-    be loaded). None: reduce each tile whole, as before."""
-    source = ctx.values.get(src.index)
-    itemsize = src.dtype.itemsize
+def _reduce_chunks(ctx: Context, cols: int, itemsize: int, from_hbm: bool) -> list[tuple[int, int]] | None:
+    """Column chunks for a reduction of rows too wide to reduce whole: wider than the engines'
+    free-dim limit (a row of Llama 3's 128,256 logits: a top-k's maximum), or loaded from HBM with
+    more than half a partition per row (a value kept in HBM because its rows are wider than SBUF
+    holds; the HBM view that moves reduced dims last: ``x.mean()`` of a [64, 1024] loss puts 65,536
+    elements on one partition). Each chunk at most ``hbm_home_bytes`` per partition (the largest tile
+    the compiler places in SBUF), equal widths. None: reduce each row whole."""
     limit = ctx.spec.vector_sbuf_free_limit
-    in_hbm = source is not None and source.home is Memory.HBM and source.layout is Layout.ROW \
-        and cols * itemsize > ctx.spec.sbuf_bytes_per_partition // 2
-    if cols <= limit and not in_hbm:
+    if cols <= limit and not (from_hbm and cols * itemsize > ctx.spec.sbuf_bytes_per_partition // 2):
         return None
     width = min(limit, max(1, ctx.hbm_home_bytes // itemsize))
     n = math.ceil(cols / width)
@@ -136,30 +119,28 @@ def _reduce_chunks(ctx: Context, src: Op, cols: int) -> list[tuple[int, int]] | 
     return [(c, min(cols, c + width)) for c in range(0, cols, width)]
 
 
-def _chunked_reduce_steps(ctx: Context, op: Op, value: Value, alu: str,
-                          chunks: list[tuple[int, int]]) -> Iterator[bool]:
-    """A free-dim reduction of wide rows, as a compiler tiles one: each column chunk of a tile is
-    loaded (only those columns of a value kept in HBM) and reduced on Vector into its own column of
-    a ``[rows, chunks]`` FP32 partials tile, then one more TENSOR_REDUCE with the same operation
-    combines the partials (the maximum of the chunks' maxima, the sum of their sums): the row
-    maximum of a greedy top-k over a 128k vocabulary, a sum over a wide row."""
-    src = op.operands[0]
-    for t in range(len(value.tiles)):
-        out = ctx.produce(op, t)
-        partials: Ref | None = None
-        for j, (c0, c1) in enumerate(chunks):
-            inp = ctx.tile(src, t, Layout.ROW, (c0, c1))
-            if partials is None:
-                partials = _scratch(ctx, inp.rows, len(chunks), f"{op.name}.partials{t}")
-                ctx.pinned.add(partials.buf)
-            tensor_reduce(ctx, alu, Ref(partials.buf, 0, inp.rows, j, j + 1), inp)
-            ctx.release(src, inp)
-        assert partials is not None
-        tensor_reduce(ctx, alu, out, partials)
-        _free(ctx, partials)
-        ctx.produced(op, t, out)
-        ctx.unpin_all()
-        yield batch_ends(value, t)
+def _reduce_per_chunk(ctx: Context, op: Op, t: int, alu: str, out: Ref, chunks: list[tuple[int, int]],
+                      load: Callable[[int, tuple[int, int] | None], Ref],
+                      done: Callable[[Ref], None]) -> None:
+    """Tile ``t`` of a reduction of wide rows, as a compiler tiles one: each column chunk is loaded
+    (``load``: only those columns of a value kept in HBM or of the HBM view) and reduced on Vector
+    into its own column of a ``[rows, chunks]`` FP32 partials tile, then one more TENSOR_REDUCE with
+    the same operation combines the partials (the maximum of the chunks' maxima, the sum of their
+    sums): the row maximum of a greedy top-k over a 128k vocabulary, a sum over a wide row, a loss's
+    ``mean()``. The partials stay FP32 until the one combine rounds to the output's type (a running
+    combine into the output would round a bf16 sum once per chunk); ``n + 1`` Vector instructions
+    for ``n`` chunks."""
+    partials: Ref | None = None
+    for j, cols in enumerate(chunks):
+        inp = load(t, cols)
+        if partials is None:
+            partials = _scratch(ctx, inp.rows, len(chunks), f"{op.name}.partials{t}")
+            ctx.pinned.add(partials.buf)
+        tensor_reduce(ctx, alu, Ref(partials.buf, 0, inp.rows, j, j + 1), inp)
+        done(inp)
+    assert partials is not None
+    tensor_reduce(ctx, alu, out, partials)
+    _free(ctx, partials)
 
 
 def _scratch(ctx: Context, rows: int, cols: int, name: str) -> Ref:

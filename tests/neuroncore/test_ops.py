@@ -833,6 +833,20 @@ def test_reduce_wider_than_a_partition_holds(run, assert_close, rng, shape, dims
         np.testing.assert_array_equal(res.out, res.ref)
 
 
+def test_wide_reduction_through_a_view_keeps_its_partials_in_fp32(run):
+    """A bf16 ``x.sum()`` of a [64, 1024] tensor is reduced per column chunk; the chunks' sums stay
+    FP32 until the one combine, so the total is rounded to bf16 once (262, the reference's). Before,
+    a running total in the bf16 output was rounded after every chunk: 256 + 1 -> 256, five times."""
+    b = nc.GraphBuilder("wide_bf16_sum")
+    x = b.parameter("x", (64, 1024), "bf16")
+    g = b.build([b.reduce(x, (0, 1), "sum")])
+    data = np.zeros(65536, np.float32)
+    data[0], data[1] = 256.0, 1.0
+    data[12288::12288] = 1.0  # a 1.0 every 12,288 elements (the chunk width before)
+    res = run(g, [data.reshape(64, 1024).astype(DType.BF16.numpy)])
+    assert float(res.out) == float(res.ref) == 262.0
+
+
 def test_reduce_result_feeds_per_partition_scalar(run, assert_close, rng):
     """x - max(x) along rows: the reduction's column result is a TENSOR_SCALAR operand."""
     b = nc.GraphBuilder("center")
