@@ -426,6 +426,10 @@ def binary_steps(ctx: Context, op: Op) -> Iterator[bool]:
         a, b = (Operand(OperandForm.TILE, x) if o.kind is OperandForm.PER_PARTITION else o
                 for o, x in zip((a, b), op.operands))
     value = ctx.define(op, layout=layout)
+    kinds = {a.kind, b.kind}
+    if OperandForm.IMMEDIATE in kinds and kinds & {OperandForm.PER_PARTITION, OperandForm.REPLICATED}:
+        yield from _column_with_immediate(ctx, op, value, alu, a, b)
+        return
     if a.kind is not OperandForm.TILE and b.kind is not OperandForm.TILE:
         a = Operand(OperandForm.TILE, op.operands[0])
     rows = max(tile.rows for tile in value.tiles)
@@ -462,6 +466,47 @@ def binary_steps(ctx: Context, op: Op) -> Iterator[bool]:
         yield batch_ends(value, t)
     for buf in columns:
         ctx.free(ctx.buffers[buf])
+
+
+def _column_with_immediate(ctx: Context, op: Op, value: Value, alu: str, a: Operand,
+                           b: Operand) -> Iterator[bool]:
+    """A per-row (or one-element) value and a constant, both broadcast to the op's shape (RMSNorm's
+    backward divides a per-token statistic by the width): the op is computed once per row on the
+    [rows, 1] column (TENSOR_SCALAR) and widened on chip by a TENSOR_COPY reading the result with
+    a zero free stride, as the engines' access patterns allow; reading the broadcast view instead
+    moved every element as its own descriptor. Each element is the same FP32 result rounded once
+    to the op's type, as the full-tile op computes it."""
+    column_first = a.kind is not OperandForm.IMMEDIATE
+    col_operand, imm = (a, b.value) if column_first else (b, a.value)
+    rows = max(tile.rows for tile in value.tiles)
+    if col_operand.kind is OperandForm.REPLICATED:
+        col_operand = replicate(ctx, op, col_operand, rows)
+    if column_first or alu in COMMUTATIVE:
+        step = (alu, imm, False)
+    elif alu in SWAPPED:
+        step = (SWAPPED[alu], imm, False)
+    else:
+        step = (alu, imm, True)
+    for t in range(len(value.tiles)):
+        for c0, c1 in column_chunks(ctx, value):
+            if col_operand.column is not None:
+                ctx.pinned.add(col_operand.column.buf)
+            column = operand_ref(ctx, col_operand, t, Layout.ROW)
+            assert isinstance(column, Ref)
+            out = ctx.produce(op, t, c0, c1)
+            if col_operand.kind is OperandForm.REPLICATED:
+                column = Ref(column.buf, 0, out.rows, 0, 1)
+            buf = ctx.alloc(out.p1, 1, op.dtype, f"{op.name}.col{t}")
+            result = Ref(buf.id, out.p0, out.p1, 0, 1)
+            tensor_scalar(ctx, result, column, [step])
+            tensor_copy(ctx, out, result)
+            ctx.free(buf)
+            release(ctx, col_operand, column)
+            ctx.produced(op, t, out, c0, c1)
+            ctx.unpin_all()
+        yield batch_ends(value, t)
+    if col_operand.column is not None:
+        ctx.free(ctx.buffers[col_operand.column.buf])
 
 
 def lower_select(ctx: Context, op: Op) -> None:

@@ -1338,3 +1338,26 @@ def test_replicated_scalar_first_operand(run, assert_close, rng, opcode):
     assert kinds(ys) == {("TENSOR_SCALAR", VECTOR)} and len(ys) >= 4  # 4 row tiles
     rep = [n for n in res.nodes(y) if n.is_dma and ".rep" in n.operands]
     assert len(rep) == 1
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("column_first", [True, False])
+def test_per_row_value_with_a_constant(run, assert_close, rng, dtype, column_first):
+    """``broadcast(row statistic) / broadcast(64)`` (RMSNorm's backward): computed once per row on
+    the column and widened on chip, never read through the broadcast view one element per
+    descriptor."""
+    b = nc.GraphBuilder("col_imm")
+    s = b.parameter("s", (2, R, 1), dtype)
+    x = b.parameter("x", (2, R, C), dtype)
+    with b.scope("y"):
+        bc = b.broadcast(s, (2, R, C), (0, 1, 2))
+        k = b.broadcast(b.constant(3.0, dtype), (2, R, C), ())
+        y = b.divide(bc, k) if column_first else b.divide(k, bc)
+    g = b.build([b.add(y, x)])
+    sd = (rng.random((2, R, 1)) + 0.5).astype(np.float32)
+    xd = rng.standard_normal((2, R, C)).astype(np.float32)
+    res = run(g, [sd, xd])
+    assert_close(res.out, res.ref, dtype)
+    loads = [n for n in res.nodes(y) if n.is_dma]
+    assert not [n for n in loads if f"hbm:{bc.name}.view" in n.operands], [n.operands for n in loads]
+    assert {n.opcode for n in compute(res.nodes(y))} == {"TENSOR_SCALAR", "TENSOR_COPY"}
