@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.frontends.torch_frontend import _to_numpy
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
-from neuroncore.parallel.group import CC_OPERATIONS
+from neuroncore.parallel.group import timed_collectives
 from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
@@ -88,18 +87,7 @@ class DataParallelTrainStep(TrainStep):
         self.rank_results: list[list[ExecutionResult]] = [[] for _ in range(replicas)]
 
     def _costs(self, loaded: LoadedModel) -> tuple[np.ndarray, list[tuple[int, CollectiveRecord]]]:
-        """The program's node costs with each all-reduce's duration from ``neuroncore.collectives``
-        (its size over the replicas on the instance topology), and the collectives' timed records."""
-        program = loaded.program
-        costs = program.cost_ns.copy()
-        templates = []
-        for node in program.collective_nodes:
-            op = program.graph.ops[int(program.op_index[node])]
-            record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [list(range(self.replicas))],
-                                   op.operands[0].size, op.dtype.value)
-            costs[node] = record.duration_ns
-            templates.append((int(node), record))
-        return costs, templates
+        return timed_collectives(loaded.program, self.topology, self.replicas)
 
     def _reduce_gradients(self, b: Any, grads: list[Op]) -> list[Op]:
         out = []

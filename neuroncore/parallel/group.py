@@ -52,6 +52,22 @@ CC_OPERATIONS = {"all-reduce": cc.ALL_REDUCE, "all-gather": cc.ALL_GATHER,
                  "reduce-scatter": cc.REDUCE_SCATTER}
 
 
+def timed_collectives(program: Program, topology: Topology, ranks: int
+                      ) -> tuple[np.ndarray, list[tuple[int, CollectiveRecord]]]:
+    """A training program's node costs with each collective's duration from ``neuroncore.collectives``
+    (its size over ``ranks`` symmetric ranks on the instance topology), and the collectives' timed
+    records: data-parallel and ZeRO-1 steps simulate one rank and time its collectives this way."""
+    costs = program.cost_ns.copy()
+    templates = []
+    for node in program.collective_nodes:
+        op = program.graph.ops[int(program.op_index[node])]
+        record = cc.collective(CC_OPERATIONS[op.opcode], topology, [list(range(ranks))],
+                               op.operands[0].size, op.dtype.value)
+        costs[node] = record.duration_ns
+        templates.append((int(node), record))
+    return costs, templates
+
+
 @dataclass
 class GroupResult:
     """One execution of a tensor-parallel group: per-rank results, the collectives, full outputs."""
@@ -375,4 +391,4 @@ class DataParallelModel:
 
 
 __all__ = ["DataParallelModel", "GroupResult", "TensorParallelModel", "check_placement", "check_slowdown",
-           "parse_slowdown"]
+           "parse_slowdown", "timed_collectives"]

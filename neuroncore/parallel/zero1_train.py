@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.dtypes import DType
@@ -56,6 +55,7 @@ from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 from neuroncore.ir.reference import bind_inputs
+from neuroncore.parallel.group import timed_collectives
 from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.training import PlanError
@@ -72,8 +72,6 @@ from neuroncore.training.torch_step import (
     _Layout,
     mark_stepped,
 )
-
-CC_OPERATIONS = {"reduce-scatter": cc.REDUCE_SCATTER, "all-gather": cc.ALL_GATHER}
 
 
 class _Rendezvous:
@@ -163,18 +161,7 @@ class ZeroOneTrainStep(TrainStep):
 
     # -- trace time ----------------------------------------------------------------------------
     def _costs(self, loaded: LoadedModel) -> tuple[np.ndarray, list[tuple[int, CollectiveRecord]]]:
-        """A program's node costs with each collective's duration from ``neuroncore.collectives``
-        (its size over the ranks on the instance topology), and the collectives' timed templates."""
-        program = loaded.program
-        costs = program.cost_ns.copy()
-        templates = []
-        for node in program.collective_nodes:
-            op = program.graph.ops[int(program.op_index[node])]
-            record = cc.collective(CC_OPERATIONS[op.opcode], self.topology, [list(range(self.ranks))],
-                                   op.operands[0].size, op.dtype.value)
-            costs[node] = record.duration_ns
-            templates.append((int(node), record))
-        return costs, templates
+        return timed_collectives(loaded.program, self.topology, self.ranks)
 
     def _params_in_bf16(self) -> bool:
         """bf16 and bf16-sr: every rank's forward reads bf16 parameters (all-gathered in bf16)."""
