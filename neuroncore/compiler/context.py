@@ -70,6 +70,10 @@ class Value:
     hbm_fallback: Callable[[], None] | None = None
     # feature-major (compiler.orientation): the tiles are the row tiles of ``[last dim, the rest]``
     transposed: bool = False
+    # tiles of an SBUF-home value that could not be placed when produced (SBUF full of what the
+    # producer itself holds, nothing left to spill): written through staging buffers to HBM, as
+    # an HBM-home value's tiles are, and read back from there (``Context.produce``)
+    staged: list[bool] = field(default_factory=list)
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -424,17 +428,40 @@ class Context:
             buf = self.alloc(p1, c1 - c0, op.dtype, f"{op.name}.stage{t}")
             return Ref(buf.id, p0, p1, 0, c1 - c0)
         resident = value.bufs[t]
+        if resident is None and value.staged and value.staged[t]:
+            return self._stage(value, t, c0, c1, p0, p1)
         if resident is None:
-            resident = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
+            try:
+                resident = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
+            except CompileError:
+                # every tile that could be spilled was, and the producer's own buffers (its blocks,
+                # partial sums, the tiles it wrote already) leave no free range as wide as the
+                # tile: the tile goes to HBM as it is written, a column range at a time
+                if not value.staged:
+                    value.staged = [False] * len(value.tiles)
+                value.staged[t] = True
+                self.stats["staged_tiles"] = self.stats.get("staged_tiles", 0) + 1
+                return self._stage(value, t, c0, c1, p0, p1)
             value.bufs[t] = resident
             self._holding[op.index] = self._value_order[op.index]
         self.pinned.add(resident.id)
         return Ref(resident.id, p0, p1, c0, c1)
 
+    def _stage(self, value: Value, t: int, c0: int, c1: int, p0: int, p1: int) -> Ref:
+        """A staging buffer for columns [c0, c1) of tile ``t`` of a staged value (``Value.staged``):
+        :meth:`produced` stores it to the value's HBM copy, a scratch tensor as a spill's. The tile
+        is marked as in HBM from its first store on; nothing reads it before its producer ends."""
+        op = value.op
+        if value.hbm is None:
+            value.hbm = self.hbm_tensor(f"spill.{op.name}", op, HbmTensorKind.SCRATCH,
+                                        shape=value.stored_shape)
+        buf = self.alloc(p1, c1 - c0, op.dtype, f"{op.name}.stage{t}")
+        return Ref(buf.id, p0, p1, 0, c1 - c0)
+
     def produced(self, op: Op, t: int, ref: Ref, c0: int = 0, c1: int | None = None) -> None:
         """The producer finished writing ``ref``; HBM-home values store it and free the stage."""
         value = self.values[op.index]
-        if value.home is not Memory.HBM:
+        if value.home is not Memory.HBM and not (value.staged and value.staged[t]):
             return
         c1 = value.cols if c1 is None else c1
         queue = QueueName.OUT if op.index in self.outputs else QueueName.SPILL_RELOAD

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import neuroncore as nc
@@ -38,3 +39,50 @@ def test_training_layer_forward_compiles_when_operand_tiles_are_spilled() -> Non
     program = nc.compile(layer_forward(model, shapes, 2, "bf16"), spec)
     assert program.stats["spilled_tiles"] > 0
     assert program.stats["sbuf_peak_bytes_per_partition"] <= spec.sbuf_bytes_per_partition
+
+
+def test_llama2_7b_tp32_prefill_layer_compiles_when_a_dot_output_tile_has_no_room() -> None:
+    """One Llama-2-7B layer of the tp32 trn1 prefill of 4 x 2,048 tokens (the bench grid's
+    ``llama2-7b/trn1.32xlarge/tp32/b4/2048-2048``; a 4,096-token vocabulary, the layer as in the
+    grid), compiled only (~2 CPU s): layer 0's gate_proj dot writes silu(x @ W) feature-major, three
+    16 KiB tiles; its own blocks, partial sums and first two tiles leave no free range of 16 KiB and
+    nothing else is resident to spill. Before, the compile stopped with 'cannot place silu.75.t2:
+    needs 16384 bytes per partition but only 14528 are free'; now that tile goes to HBM as written."""
+    from neuroncore.parallel import TensorParallelModel
+    from neuroncore.runtime import Instance
+    from neuroncore.workloads import get
+
+    graph = get("llama-prefill").graph("llama2-7b", batch=4, context=2048, tp_degree=32, layers=1,
+                                       vocab=4096)
+    group = TensorParallelModel.load(graph, Instance("trn1.32xlarge"), tp_degree=32)
+    assert group.program.stats["staged_tiles"] == 1
+
+
+def test_a_produced_tile_with_no_room_goes_to_hbm(monkeypatch, run, assert_close, rng) -> None:
+    """A value tile that cannot be placed when its producer writes it (every spillable tile spilled,
+    no free range wide enough) is written through staging buffers to HBM and read back from there
+    by its readers: the results are the same. The allocation of ``silu(x @ w)``'s second tile is
+    made to fail as in the 7B prefill above (before: the compile stopped there)."""
+    from neuroncore.compiler import context as ctx_module
+    from neuroncore.compiler.errors import CompileError
+
+    b = nc.GraphBuilder("staged_tile")
+    x = b.parameter("x", (384, 256), "fp32")
+    w = b.parameter("w", (256, 192), "fp32")
+    h = b.silu(b.matmul(x, w))
+    g = b.build([b.multiply(h, b.add(h, 1.0))])
+    alloc = ctx_module.Context.alloc
+    refused: list[str] = []
+
+    def no_room_for_tile_1(self, partitions, free, dtype, name, **kwargs):
+        if name.startswith("silu.") and name.endswith(".t1") and not refused:  # when produced
+            refused.append(name)
+            raise CompileError(f"cannot place {name}: no room (test)", self.current_op)
+        return alloc(self, partitions, free, dtype, name, **kwargs)
+
+    monkeypatch.setattr(ctx_module.Context, "alloc", no_room_for_tile_1)
+    xs = rng.standard_normal((384, 256)).astype(np.float32) / 16
+    ws = rng.standard_normal((256, 192)).astype(np.float32)
+    res = run(g, [xs, ws])
+    assert refused and res.program.stats["staged_tiles"] == 1
+    assert_close(res.out, res.ref, "fp32")
