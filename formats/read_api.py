@@ -11,7 +11,8 @@ neuron-top import the profile read side from here and nowhere else in ``formats`
 ``tests/formats/test_read_api.py``, checks it); the modules behind it are implementation. What is
 here, by job (each job has exactly one implementation):
 
-* **Opening** a profile or a capture: ``open_profile``, ``Profile``, ``ProfileError``,
+* **Opening** a profile or a capture: ``open_profile``, ``open_readable`` (what is readable, a
+  damaged optional table left out with one warning), ``Profile``, ``ProfileError``,
   ``find_profiles``, ``capture_state`` ... (``formats.reader``, ``formats.dataset``).
 * **Windows, levels of detail and counters** (``formats.tracks`` over ``formats.lod``): a
   ``TrackViewport`` per open profile answers span rows (instruction tracks, DMA queues, collective
@@ -123,6 +124,7 @@ if TYPE_CHECKING:
         fmt_rate,
         percent_cell,
     )
+    from formats.view_output import open_readable
 
 _HOME: dict[str, tuple[str, ...]] = {
     "formats.analysis": ("Analysis", "analyze", "critical_path_where"),
@@ -149,6 +151,7 @@ _HOME: dict[str, tuple[str, ...]] = {
                        "SpanWindow", "TrackViewport", "key_condition", "merge_windows"),
     "formats.units": ("UNKNOWN", "fmt_bytes", "fmt_count", "fmt_flops", "fmt_gbps", "fmt_ns", "fmt_pct",
                       "fmt_rate", "percent_cell"),
+    "formats.view_output": ("open_readable",),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
@@ -239,6 +242,7 @@ __all__ = [
     "min_known",
     "module_kind",
     "open_profile",
+    "open_readable",
     "parse_ids",
     "percent_cell",
     "profile_from_files",

@@ -21,10 +21,10 @@ from formats.read_api import (
     ProfileError,
     device_entries,
     find_profiles,
+    open_readable,
     system_note,
     system_only,
 )
-from formats.view_output import open_readable
 
 
 class ViewCommand(ViewOutputCommand):
