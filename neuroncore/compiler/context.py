@@ -430,6 +430,18 @@ class Context:
         resident = value.bufs[t]
         if resident is None and value.staged and value.staged[t]:
             return self._stage(value, t, c0, c1, p0, p1)
+        if resident is None and value.in_hbm[t]:
+            # spilled between its producer's column blocks (a producer unpins its tiles after each
+            # block): the columns written so far come back before more are written, and the HBM
+            # copy is stale from the first new write on (a later spill must store it again); with
+            # no room to bring it back, the rest is written to that HBM copy as it is produced
+            try:
+                self.tile(op, t)
+            except CompileError:
+                return self._stage_from_now(value, t, c0, c1, p0, p1)
+            resident = value.bufs[t]
+            assert resident is not None
+            value.in_hbm[t] = False
         if resident is None:
             try:
                 resident = self.alloc(tile.rows, value.cols, op.dtype, f"{op.name}.t{t}")
@@ -437,15 +449,19 @@ class Context:
                 # every tile that could be spilled was, and the producer's own buffers (its blocks,
                 # partial sums, the tiles it wrote already) leave no free range as wide as the
                 # tile: the tile goes to HBM as it is written, a column range at a time
-                if not value.staged:
-                    value.staged = [False] * len(value.tiles)
-                value.staged[t] = True
-                self.stats["staged_tiles"] = self.stats.get("staged_tiles", 0) + 1
-                return self._stage(value, t, c0, c1, p0, p1)
+                return self._stage_from_now(value, t, c0, c1, p0, p1)
             value.bufs[t] = resident
             self._holding[op.index] = self._value_order[op.index]
         self.pinned.add(resident.id)
         return Ref(resident.id, p0, p1, c0, c1)
+
+    def _stage_from_now(self, value: Value, t: int, c0: int, c1: int, p0: int, p1: int) -> Ref:
+        """Tile ``t`` has no room in SBUF: it is staged (``Value.staged``) from this write on."""
+        if not value.staged:
+            value.staged = [False] * len(value.tiles)
+        value.staged[t] = True
+        self.stats["staged_tiles"] = self.stats.get("staged_tiles", 0) + 1
+        return self._stage(value, t, c0, c1, p0, p1)
 
     def _stage(self, value: Value, t: int, c0: int, c1: int, p0: int, p1: int) -> Ref:
         """A staging buffer for columns [c0, c1) of tile ``t`` of a staged value (``Value.staged``):

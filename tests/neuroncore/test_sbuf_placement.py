@@ -86,3 +86,36 @@ def test_a_produced_tile_with_no_room_goes_to_hbm(monkeypatch, run, assert_close
     res = run(g, [xs, ws])
     assert refused and res.program.stats["staged_tiles"] == 1
     assert_close(res.out, res.ref, "fp32")
+
+
+def test_a_tile_spilled_between_its_producers_column_blocks_keeps_the_columns_written(
+        monkeypatch, run, assert_close, rng) -> None:
+    """A dot writes its output tile a column block at a time and unpins it after each block, so the
+    tile can be spilled half written (seen in the Llama-2-7B decode's gate_proj and the 70B tp32
+    rank). The next block must bring back the columns written so far before writing more, and the
+    HBM copy is stale from then on. Before, the next block wrote into a fresh buffer: the first
+    columns were lost (wrong results) and a later spill skipped the store (the tile was marked as in
+    HBM). Here tile 0 of ``x @ w`` (512 columns per block) is spilled when its third block starts."""
+    from neuroncore.compiler import context as ctx_module
+
+    b = nc.GraphBuilder("spilled_half_written")
+    x = b.parameter("x", (128, 256), "fp32")
+    w = b.parameter("w", (256, 1536), "fp32")
+    g = b.build([b.multiply(b.matmul(x, w), 2.0)])
+    produce = ctx_module.Context.produce
+    spilled: list[str] = []
+
+    def spill_tile_0_at_its_third_block(self, op, t, c0=0, c1=None, rows=None):
+        value = self.values[op.index]
+        if op.opcode == "dot" and t == 0 and c0 == 1024 and value.bufs[0] is not None:
+            self.pinned.discard(value.bufs[0].id)
+            self._spill_tile(value, 0)
+            spilled.append(op.name)
+        return produce(self, op, t, c0, c1, rows)
+
+    monkeypatch.setattr(ctx_module.Context, "produce", spill_tile_0_at_its_third_block)
+    xs = rng.standard_normal((128, 256)).astype(np.float32)
+    ws = rng.standard_normal((256, 1536)).astype(np.float32)
+    res = run(g, [xs, ws])
+    assert spilled
+    assert_close(res.out, res.ref, "fp32")
