@@ -43,9 +43,12 @@ def test_ctrl_c_to_the_process_group_leaves_no_hidden_folder(tmp_path):
     assert not [p for p in (tmp_path / "out").rglob(".*") if p.is_dir()]
     found, _ = find_profiles(tmp_path / "out/device", include_incomplete=True)
     interrupted = [e for e in found if not e.complete]
-    assert len(interrupted) == 1  # the execution the Ctrl-C cut; those before it closed whole
-    reason = capture_state(interrupted[0].path).reason or ""
-    assert "KeyboardInterrupt" in reason or "did not finish" in reason
+    # the execution the Ctrl-C cut, if it landed in one; executions that had finished close whole
+    # (a signal between two executions cuts none: docs/capture.md)
+    assert found and len(interrupted) <= 1
+    for entry in interrupted:
+        reason = capture_state(entry.path).reason or ""
+        assert "KeyboardInterrupt" in reason or "did not finish" in reason
     system = capture_state(tmp_path / "out/system.incomplete")
     assert system.incomplete and "SIGINT" in (system.reason or "")
 
@@ -55,7 +58,10 @@ def test_sigkill_to_the_wrapper_stops_the_program_which_closes_its_profiles(tmp_
     assert_nothing_lost(result)  # not hung: the program noticed the wrapper's death and stopped
     assert result.wrapper_exit == -9
     found, _ = find_profiles(tmp_path / "out/device", include_incomplete=True)
-    assert any(not e.complete and "capture died" in (capture_state(e.path).reason or "") for e in found)
+    # an execution the program was recording when it noticed says why it stopped; executions that
+    # had finished close whole (the stop can land between two executions: docs/capture.md)
+    assert found
+    assert all(e.complete or "capture died" in (capture_state(e.path).reason or "") for e in found)
 
 
 def test_sigterm_to_the_wrapper_is_forwarded_and_handled_like_sigint(tmp_path):
