@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from neuroncore import collectives as cc
 from neuroncore.collectives.record import CollectiveRecord
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.options import CompilerOptions
@@ -50,7 +49,7 @@ from neuroncore.compiler.program import Program
 from neuroncore.frontends.torch_frontend import _from_numpy, _to_numpy
 from neuroncore.ir.graph import Graph
 from neuroncore.ir.reference import bind_inputs
-from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous
+from neuroncore.parallel.group import CC_OPERATIONS, _Rendezvous, timed_collectives
 from neuroncore.parallel.held_cores import cores_held, placed_at
 from neuroncore.parallel.rank_threads import run_ranks
 from neuroncore.parallel.sharding import (
@@ -175,14 +174,7 @@ class TensorParallelTrainStep(TrainStep):
             loaded.stochastic_rounding = self.stochastic_rounding
             # from the same seed, so a replicated weight (a norm's) stays identical on every rank
         topology = instance_topology(self.instance.name, nodes=self.instance.nodes)
-        templates: list[tuple[int, CollectiveRecord]] = []
-        costs = program.cost_ns.copy()
-        for node in program.collective_nodes:
-            op = program.graph.ops[int(program.op_index[node])]
-            record = cc.collective(CC_OPERATIONS[op.opcode], topology, [list(range(tp))],
-                                   op.operands[0].size, op.dtype.value)
-            costs[node] = record.duration_ns
-            templates.append((int(node), record))
+        costs, templates = timed_collectives(program, topology, tp)
         return _RankProgram(sharded, program, models, layout, costs, templates,
                             dict(zip(layout.inputs, sharded.input_splits)),
                             dict(zip(layout.outputs, sharded.output_splits)))
