@@ -17,17 +17,9 @@ import torch.utils.checkpoint as checkpoint
 
 import neuroncore
 from neuroncore.training.torch_joint import RECOMPUTE_OF, CheckpointingIgnored
+from tests.fixtures.labelled import Labelled
 
 transformers = pytest.importorskip("transformers")
-
-
-class Labelled(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=labels, use_cache=False).loss
 
 
 def _llama(checkpointing: bool, layers: int = 3) -> torch.nn.Module:
@@ -38,7 +30,7 @@ def _llama(checkpointing: bool, layers: int = 3) -> torch.nn.Module:
     model = transformers.LlamaForCausalLM(config)
     if checkpointing:
         model.gradient_checkpointing_enable()
-    return Labelled(model)
+    return Labelled(model, use_cache=False)
 
 
 def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int, precision: str = "fp32"
@@ -232,7 +224,7 @@ def test_each_checkpointed_layer_keeps_only_its_input() -> None:
         if checkpointing:
             model.gradient_checkpointing_enable()
         ids = torch.randint(0, 64, (b, s))
-        return saved_activations(joint_graph(Labelled(model), (ids, ids)))
+        return saved_activations(joint_graph(Labelled(model, use_cache=False), (ids, ids)))
 
     assert kept(4, True) - kept(2, True) == 2 * s * b * h * 4
     assert kept(4, False) - kept(2, False) > 30 * 2 * s * b * h * 4
@@ -255,7 +247,7 @@ def test_gpt2_with_its_default_dropout_recomputes_the_forward_it_skipped() -> No
         ids = torch.randint(0, 128, (2, 32))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         torch.manual_seed(5)  # the step's seed
-        step = neuroncore.trace_train_step(Labelled(model), opt, (ids, ids))
+        step = neuroncore.trace_train_step(Labelled(model, use_cache=False), opt, (ids, ids))
         losses = [float(step(ids, ids)) for _ in range(2)]
         result = step.last_results[0]
         layers = [step.program.graph.ops[int(i)].layer if i >= 0 else "" for i in step.program.op_index]

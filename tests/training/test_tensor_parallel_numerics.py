@@ -17,6 +17,7 @@ from neuroncore.parallel.sharding import Split
 from neuroncore.parallel.tp_train import TensorParallelTrainStep
 from neuroncore.parallel.training import PlanError
 from neuroncore.training import trace_train_step
+from tests.fixtures.labelled import Labelled
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,15 +26,6 @@ def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16),
                                torch.nn.LayerNorm(16), torch.nn.Linear(16, 8))
-
-
-class _Labelled(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=labels, use_cache=False).loss
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -81,7 +73,7 @@ def test_llama_tp2_equals_pytorch() -> None:
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=32)
-    model = _Labelled(transformers.LlamaForCausalLM(config))
+    model = Labelled(transformers.LlamaForCausalLM(config), use_cache=False)
     ref = copy.deepcopy(model)
     ids = torch.randint(0, 64, (2, 8))
     step = TensorParallelTrainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-3,
@@ -119,7 +111,7 @@ def test_gpt2_tied_embedding_trains_like_pytorch() -> None:
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = _Labelled(transformers.GPT2LMHeadModel(config))
+    model = Labelled(transformers.GPT2LMHeadModel(config), use_cache=False)
     ref = copy.deepcopy(model)
     ids = torch.randint(0, 64, (2, 8))
     step = trace_train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), (ids, ids))

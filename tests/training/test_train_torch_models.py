@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import neuroncore
+from tests.fixtures.labelled import Labelled
 
 transformers = pytest.importorskip("transformers")
-
-
-class Labelled(torch.nn.Module):
-    """``model(input_ids=..., labels=...).loss``: how a Hugging Face model is trained."""
-
-    def __init__(self, model: torch.nn.Module, **options: Any) -> None:
-        super().__init__()
-        self.model = model
-        self.options = options
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=labels, **self.options).loss
 
 
 def _compare(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], steps: int,
