@@ -495,6 +495,9 @@ def test_concurrent_producers_and_readers_see_no_torn_file(tmp_path):
         thread.start()
     reads = 0
     try:
+        first = time.time() + 10.0  # read once a producer has written (a loaded machine starts them
+        while not (directory / f"{os.getpid()}.json").exists() and time.time() < first:  # late)
+            time.sleep(0.001)
         deadline = time.time() + 2.0
         while time.time() < deadline:
             states = read_live_state(directory, cleanup=False)
