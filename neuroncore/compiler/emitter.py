@@ -273,6 +273,23 @@ def _reads_of(entries: Iterable[_Access]) -> tuple[dict[tuple[int, ...], _Access
     return reads, (-1 if twins else small)
 
 
+def _drop_covered(r: dict[tuple[int, ...], _Access], candidates: Iterable[_Access], lane: int | None,
+                  a0: int, a1: int, b0: int, b1: int) -> None:
+    """Remove from ``r`` (no twins: every read under its (rectangle, lane) key) the reads inside
+    ``[a0, a1) x [b0, b1)``, of ``lane`` only unless it is None, found among ``candidates`` (an area
+    index's entries near the rectangle: every read inside it is among them, maybe more than once,
+    maybe with reads already removed). The others keep their order, so ``r`` is what rebuilding it
+    from the reads left (``_reads_of``) makes; the smallest area is left as it was, a lower bound of
+    the new one, as ``_Accesses.small`` may be. Rebuilding cost the whole dict per covering read:
+    a long prompt's normalised activations, read row tile by row tile by the q, k and v
+    projections, hold thousands of reads (quadratic in the prompt)."""
+    for x in candidates:
+        if (lane is None or x[5] == lane) and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
+            k = x[:4] + x[5:6]
+            if r.get(k) is x:
+                del r[k]
+
+
 def _accesses_of(entries: Iterable[_Access]) -> _Accesses:
     """``entries`` as an :class:`_Accesses` (each kind in its order)."""
     writes: list[_Access] = []
@@ -499,9 +516,12 @@ class Emitter:
                 for x in ix.near(cells, ix.rc, ix.rw):
                     if a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1 and live(x):
                         before = len(r)
-                        accesses.r, accesses.small = _reads_of(
-                            [y for y in r.values()
-                             if not (a0 <= y[0] and y[1] <= a1 and b0 <= y[2] and y[3] <= b1)])
+                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
+                            accesses.r, accesses.small = _reads_of(
+                                [y for y in r.values()
+                                 if not (a0 <= y[0] and y[1] <= a1 and b0 <= y[2] and y[3] <= b1)])
+                        else:
+                            _drop_covered(r, ix.near(cells, ix.rc, ix.rw), None, a0, a1, b0, b1)
                         ix.stale += before - len(accesses.r)
                         ix.rlast = None
                         break
@@ -544,11 +564,14 @@ class Emitter:
                     if (x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1
                             and live(x)):
                         before = len(r)
-                        r, accesses.small = _reads_of(
-                            [x for x in r.values()
-                             if x[5] != lane
-                             or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                        accesses.r = r
+                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
+                            r, accesses.small = _reads_of(
+                                [x for x in r.values()
+                                 if x[5] != lane
+                                 or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                            accesses.r = r
+                        else:
+                            _drop_covered(r, ix.near(cells, ix.rc, ix.rw), lane, a0, a1, b0, b1)
                         ix.stale += before - len(r)
                         ix.rlast = None
                         break

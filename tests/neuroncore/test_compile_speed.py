@@ -150,6 +150,57 @@ def test_area_index_gives_the_dependencies_of_a_plain_scan(monkeypatch: pytest.M
     assert indexed.hazards_for(-1, [], whole) == plain.hazards_for(-1, [], whole)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_area_index_keeps_the_access_lists_of_a_plain_scan(monkeypatch: pytest.MonkeyPatch,
+                                                           seed: int) -> None:
+    """Reads an access covers leave an indexed key's read list in place (``_drop_covered``): the
+    lists left, in their order and under their keys, are the ones rebuilding gives (no index)."""
+    from neuroncore.compiler import emitter
+
+    monkeypatch.setattr(emitter, "INDEX_MIN", 1 << 30)
+    plain = emitter.Emitter()
+    _random_hbm_program(plain, seed)
+    monkeypatch.setattr(emitter, "INDEX_MIN", 2)
+    indexed = emitter.Emitter()
+    _random_hbm_program(indexed, seed)
+    for key, accesses in plain._accesses.items():
+        other = indexed._adopt(key)
+        assert other.w == accesses.w
+        assert list(other.r.items()) == list(accesses.r.items())
+
+
+def test_a_covering_read_of_an_indexed_key_does_not_rebuild_its_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt's normalised activations (an HBM key read row tile by row tile, thousands of
+    reads) were rebuilt whole each time a read covered an earlier one of its lane: quadratic in
+    the prompt. Now only the covered reads leave the list."""
+    from neuroncore.compiler import emitter
+    from neuroncore.compiler.node_semantics import NOP
+    from neuroncore.hardware import Engine
+
+    em = emitter.Emitter()
+    key = ("hbm", "x")
+    for lane_engine in (Engine.SYNC, Engine.GPSIMD):
+        for r0 in range(0, 256 * 128, 128):
+            em.instruction(lane_engine, "X", 1.0, reads=[(key, (r0, r0 + 128, 0, 1024))], writes=[],
+                           text="", semantics=NOP)
+    accesses = em._adopt(key)
+    assert accesses.ix is not None and len(accesses.r) == 512
+    rebuilt: list[int] = []
+    original = emitter._reads_of
+    monkeypatch.setattr(emitter, "_reads_of", lambda entries: rebuilt.append(1) or original(entries))
+    # a wider read on the first lane covers two of its reads (not the other lane's)
+    em.instruction(Engine.SYNC, "X", 1.0, reads=[(key, (0, 256, 0, 1024))], writes=[], text="",
+                   semantics=NOP)
+    assert rebuilt == []
+    assert len(accesses.r) == 511
+    assert list(accesses.r)[-1] == (0, 256, 0, 1024, int(Engine.SYNC))
+    # a write covering a row tile removes both lanes' reads of it
+    em.instruction(Engine.VECTOR, "X", 1.0, reads=[], writes=[(key, (256, 384, 0, 1024))], text="",
+                   semantics=NOP)
+    assert rebuilt == [] and len(accesses.r) == 509
+
+
 def test_area_index_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """A compile with every HBM key indexed from its second entry is the program of one with no
     index at all (every column, operand string and record: the fingerprint digest)."""
