@@ -59,7 +59,9 @@ class Value:
     hbm: str | None = None  # HBM tensor (or view) holding a valid copy of the tiles marked in_hbm
     in_hbm: list[bool] = field(default_factory=list)
     immediate: float | None = None  # scalar constants are folded into instructions
-    lazy: Callable[[], None] | None = None  # prepares a view's sources on first read
+    # prepares a view's sources on first read; given the context rather than holding it, so that
+    # a view never read leaves no reference cycle (context -> value -> closure -> context)
+    lazy: Callable[[Context], None] | None = None
     alias: Op | None = None  # a reshape that reuses another value's tiles as they are
     pretransposed: bool = False  # weight stored with its last two dims swapped
     # an on-chip view (head split, broadcast of a tile): tile t is the block
@@ -67,7 +69,7 @@ class Value:
     # declares the HBM view a consumer needing another layout reads instead
     slices: list[tuple[int, int, int, int, int]] | None = None
     slice_root: Op | None = None
-    hbm_fallback: Callable[[], None] | None = None
+    hbm_fallback: Callable[[Context], None] | None = None
     # feature-major (compiler.orientation): the tiles are the row tiles of ``[last dim, the rest]``
     transposed: bool = False
     # tiles of an SBUF-home value that could not be placed when produced (SBUF full of what the
@@ -592,7 +594,7 @@ class Context:
         if value.slices is not None:  # an on-chip view: its HBM copy is the view of its sources
             fallback, value.hbm_fallback = value.hbm_fallback, None
             if fallback is not None:
-                fallback()
+                fallback(self)
             assert value.hbm is not None
             return value.hbm
         self.prepare(value)
@@ -649,7 +651,7 @@ class Context:
     def prepare(self, value: Value) -> None:
         if value.lazy is not None:
             lazy, value.lazy = value.lazy, None
-            lazy()
+            lazy(self)
 
     def _relayout_tile(self, value: Value, t: int, layout: Layout) -> Ref:
         name = self.ensure_hbm(value.op)

@@ -10,6 +10,7 @@ dims of an on-chip value runs on the PE (matmul against an identity) instead.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context, Value
@@ -96,18 +97,20 @@ def lower_view(ctx: Context, op: Op) -> None:
         lower_pe_transpose(ctx, op)
         return
     view_name = f"{op.name}.view"
-
-    def materialize_sources() -> None:
-        sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
-        ctx.declare_view(HbmView(view_name, (ApplyOp(op.index),), sources, op.shape, op.dtype,
-                                 run_elements(op)), op)
-
+    materialize_sources = partial(_materialize_sources, op, view_name)
     if on_chip_view(ctx, op, view_name, materialize_sources) or concatenate_on_chip(ctx, op):
         return
     value = ctx.define(op, home=Memory.HBM, hbm=view_name)
     value.lazy = materialize_sources
     for operand in op.operands:  # sources stay readable until the view's last reader
         ctx.extend_uses(operand, op)
+
+
+def _materialize_sources(op: Op, view_name: str, ctx: Context) -> None:
+    """Declare the HBM view ``view_name`` of ``op``'s sources (each given an HBM copy)."""
+    sources = tuple(ctx.ensure_hbm(o) for o in op.operands)
+    ctx.declare_view(HbmView(view_name, (ApplyOp(op.index),), sources, op.shape, op.dtype,
+                             run_elements(op)), op)
 
 
 def _alias_feature_major(ctx: Context, op: Op) -> None:

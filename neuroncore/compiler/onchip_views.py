@@ -192,7 +192,8 @@ def _swaps_last_two(op: Op) -> bool:
     return n >= 2 and perm == (*range(n - 2), n - 1, n - 2)
 
 
-def on_chip_view(ctx: Context, op: Op, view_name: str, hbm_fallback: Callable[[], None]) -> bool:
+def on_chip_view(ctx: Context, op: Op, view_name: str,
+                 hbm_fallback: Callable[[Context], None]) -> bool:
     """Lower ``op`` (a view) on chip if its chain ends at an SBUF value; False to use HBM.
 
     Views only read by other views are left to their readers (which compose the whole chain), so
