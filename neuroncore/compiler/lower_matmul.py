@@ -745,7 +745,13 @@ class Epilogue:
 
 
 def fused_epilogue(ctx: Context, op: Op) -> Epilogue | None:
-    """The bias add and activation that can be folded into ``op``'s evacuation, if any."""
+    """The bias add and activation that can be folded into ``op``'s evacuation, if any.
+
+    The answer must not depend on when it is asked: a dot in a fusion group asks once when the
+    group opens (``streaming.units_of``) and again when the group is lowered, and a bias weight
+    declared after the dot may be lowered (hoisted) in between. So a bias weight not lowered yet is
+    taken as if it were, whatever else reads it (ALBERT's layers share theirs): the dot lowers it and
+    it is not lowered again."""
     cur, bias, func = op, None, None
     fused: list[Op] = []
     user = _only_user(ctx, cur)
@@ -759,7 +765,7 @@ def fused_epilogue(ctx: Context, op: Op) -> Epilogue | None:
                 and op.shape[-1] * src.dtype.itemsize <= BIAS_ROW_MAX_BYTES
                 and (src.index in ctx.values
                      or (src.opcode == "constant" and "init" in src.attrs
-                         and ctx.uses[src.index] == [other.index] and src.index not in ctx.outputs))):
+                         and src.index not in ctx.outputs))):
             bias, cur = src, user
             fused += [other, user] + ([src] if src.index not in ctx.values else [])
     for last, function, more in epilogue_chain(cur, op, lambda o: _only_user(ctx, o)):

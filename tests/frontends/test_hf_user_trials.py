@@ -72,6 +72,19 @@ def test_default_settings_trace_and_match(family: str) -> None:
     assert errors["fp32"] < 1e-4
 
 
+def test_albert_shares_one_layer_bias_between_grouped_dots() -> None:
+    """ALBERT calls one layer's weights for every layer. Its attention output is not contiguous, so
+    its dense layer is a batched dot, which opens a fusion group; the bias it shares with the next
+    layer was lowered while that group was open, and the dot then claimed the bias add as its
+    epilogue while the group lowered the add too (KeyError in the compiler, at 12 tokens)."""
+    torch.manual_seed(0)
+    model = T.AlbertModel(T.AlbertConfig(embedding_size=32, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
+                                         **TOKENS)).eval()
+    _, errors = compare(model, _inputs(seq=12), bf16=False)
+    assert errors["fp32"] < 1e-4
+
+
 AUDIO_VISION = {
     # Swin's pooler is AdaptiveAvgPool1d, whose core-ATen form ends in a contiguous as_strided
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
