@@ -951,6 +951,37 @@ class _Converter:
         x = self._op(node.args[0], dtype)
         return self.b.abs(x) if dtype.is_float else self.b.maximum(x, self.b.multiply(x, -1.0))
 
+    def _float_test(self, node: torch.fx.Node, direction: str, against: float | None,
+                    magnitude: bool = False) -> Any:
+        """A floating-point class test as one compare: ``x`` with itself (NaN is the one value not
+        equal to itself), or ``x`` / ``|x|`` with an infinity; an integer tensor is never NaN nor
+        infinite. T5 in fp16 clamps its hidden states when ``isinf(h).any()``."""
+        shape, _ = self._out(node)
+        source = node.args[0]
+        dtype = ir_dtype(source.meta["val"].dtype) if isinstance(source, torch.fx.Node) else DType.FP32
+        if not dtype.is_float:
+            finite = direction == "LT"
+            return self.b.broadcast_to(self.b.constant(np.asarray(finite), DType.PRED, shape=()), shape)
+        x = self._op(source, dtype)
+        if against is None:
+            return self.b.compare(x, x, direction)
+        return self.b.compare(self.b.abs(x) if magnitude else x, against, direction)
+
+    def _aten_isnan(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._float_test(node, "NE", None)
+
+    def _aten_isinf(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._float_test(node, "EQ", math.inf, magnitude=True)
+
+    def _aten_isfinite(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._float_test(node, "LT", math.inf, magnitude=True)  # NaN < inf is false
+
+    def _aten_isposinf(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._float_test(node, "EQ", math.inf)
+
+    def _aten_isneginf(self, node: torch.fx.Node, kw: Any) -> Any:
+        return self._float_test(node, "EQ", -math.inf)
+
     def _aten_log1p(self, node: torch.fx.Node, kw: Any) -> Any:
         """log(1 + x), as the JAX frontend lowers ``log-plus-one`` (the engines have no log1p:
         below |x| ~ 1e-7 the FP32 sum rounds to 1, an absolute error of at most |x|). torch's

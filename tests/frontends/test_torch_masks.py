@@ -120,3 +120,32 @@ def test_reductions_over_a_128k_row_are_per_column_chunk_then_combined():
     assert got[2].tolist() == [70, 127000] == want[2].tolist()
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-3)
+
+
+def test_isinf_isnan_isfinite_like_torch_in_every_float_type():
+    """T5 in fp16 clamps its hidden states when ``torch.isinf(h).any()``: ``aten.isinf`` stopped a
+    T5 encoder loaded in half precision (``.half()`` / ``torch_dtype=torch.float16``)."""
+    x = torch.tensor([[1.0, -float("inf"), float("nan"), 65504.0], [float("inf"), 0.0, -2.5, 1e-30]])
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        v = x.to(dtype)
+        _same(lambda t: torch.stack([t.isinf(), t.isnan(), t.isfinite(), torch.isposinf(t),
+                                     torch.isneginf(t)]), v)
+        _same(lambda t: torch.where(torch.isinf(t).any(), torch.nan_to_num(t, posinf=7.0), t), v)
+
+
+def test_t5_encoder_in_fp16_clamps_as_torch_does():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                                   vocab_size=128)
+    model = transformers.T5EncoderModel(config).eval().half()
+    ids = torch.randint(0, 128, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, -3:] = 0
+    traced = nc.trace(model, {"input_ids": ids, "attention_mask": mask})
+    got = traced(input_ids=ids, attention_mask=mask)[0]
+    want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    exact = model.float()(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert got.dtype == torch.float16
+    # within 2x torch's own fp16 error against the same model in fp32
+    assert (got.float() - exact).abs().max() <= 2 * (want.float() - exact).abs().max()
