@@ -960,8 +960,8 @@ class _Converter:
         source = node.args[0]
         dtype = ir_dtype(source.meta["val"].dtype) if isinstance(source, torch.fx.Node) else DType.FP32
         if not dtype.is_float:
-            finite = direction == "LT"
-            return self.b.broadcast_to(self.b.constant(np.asarray(finite), DType.PRED, shape=()), shape)
+            finite = direction == "LT"  # isfinite: every integer is; isnan, isinf: none
+            return self.b.constant(1.0 if finite else 0.0, DType.PRED, shape=shape)
         x = self._op(source, dtype)
         if against is None:
             return self.b.compare(x, x, direction)
