@@ -372,9 +372,13 @@ class _Sharder:
                     else:
                         local, split = self._lower_partial(op) or self._lower(op)
             except ShardingError:
-                if self.wanted_split:  # the detour of a misplaced input; the next pass avoids it
-                    raise _Restart(self.wanted_split) from None
-                raise
+                if not self.wanted_split:
+                    raise
+                # the detour of a misplaced input, which the next pass avoids: this pass's graph is
+                # thrown away, so the op is made whole (every rank computes it) and the pass goes on
+                # to find the later layers' misplaced inputs too (a Llama decode at a tp that does
+                # not divide the hidden size met one per layer: a pass per layer, quadratic)
+                local, split = self._detour(op)
             if split == PARTIAL and not self._sums_partials(op):  # Megatron reduces right where
                 with self.b.located(op.layer, op.frames):       # the partial sums are made
                     local, split = self._reduce_sum(op, local)
@@ -402,6 +406,16 @@ class _Sharder:
         _unique_names(local_graph, self.copied)
         input_splits = [self.split[p.index] for p in self.graph.parameters]
         return ShardedGraph(self.graph, local_graph, self.tp, input_splits, output_splits, self.rank_inputs)
+
+    def _detour(self, op: Op) -> tuple[Op, Sharding]:
+        """``op`` computed whole on every rank from its operands' whole values, in a pass that will
+        restart (``wanted_split`` is not empty): only the inputs it finds misplaced further on are
+        kept. If even that fails, restart with what was found so far."""
+        try:
+            with self.b.located(op.layer, op.frames):
+                return self._add(op, [self._whole(o) for o in op.operands], op.shape), None
+        except ShardingError:
+            raise _Restart(self.wanted_split) from None
 
     def _sums_partials(self, op: Op) -> bool:
         """Training: a partial sum read only by additions stays partial, so the additions sum the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -108,9 +109,17 @@ def _rotate(b: GraphBuilder, x: Op, cos: Op, sin: Op, rows_dim: int = 0) -> Op:
     return b.concatenate([first, second], -1)
 
 
-def _columns(source: tuple[int, ...], hd: int) -> list[int]:
-    """Per-element index of stored heads' columns (or rows) into the original ones."""
-    return [h * hd + t if h >= 0 else -1 for h in source for t in range(hd)]
+@functools.lru_cache(maxsize=64)
+def _columns(source: tuple[int, ...], hd: int) -> tuple[int, ...]:
+    """Per-element index of stored heads' columns (or rows) into the original ones (one tuple per
+    layout, shared by every layer's weights: ``GraphBuilder.weight`` converts it once)."""
+    return tuple(h * hd + t if h >= 0 else -1 for h in source for t in range(hd))
+
+
+@functools.lru_cache(maxsize=64)
+def _pad_index(size: int, stored: int) -> tuple[int, ...]:
+    """The index that stores ``size`` entries padded with zeros (-1) to ``stored``."""
+    return (*range(size), *([-1] * (stored - size)))
 
 
 def _attention_weights(b: GraphBuilder, hidden: int, heads: int, kv_heads: int, hd: int,
@@ -136,7 +145,7 @@ def _mlp(b: GraphBuilder, h: Op, hidden: int, intermediate: int, dtype: str, tp:
     """SwiGLU MLP; for ``tp`` ranks the intermediate size is padded to a multiple of ``tp`` with zero
     columns (gate/up) and zero rows (down), which adds exactly nothing (silu(0) * 0 = 0)."""
     stored = _padded(intermediate, tp)
-    pad = None if stored == intermediate else list(range(intermediate)) + [-1] * (stored - intermediate)
+    pad = None if stored == intermediate else _pad_index(intermediate, stored)
     with b.scope("mlp"):
         def linear(name: str, x: Op, shape: tuple[int, int], axis: int) -> Op:
             with b.scope(name):
@@ -151,7 +160,7 @@ def _mlp(b: GraphBuilder, h: Op, hidden: int, intermediate: int, dtype: str, tp:
 def _embedding(b: GraphBuilder, ids: Op, vocab: int, hidden: int, dtype: str, tp: int) -> Op:
     """Token embedding; padded to a multiple of ``tp`` rows (never looked up) so ranks split it."""
     stored = _padded(vocab, tp)
-    pad = None if stored == vocab else (0, list(range(vocab)) + [-1] * (stored - vocab))
+    pad = None if stored == vocab else (0, _pad_index(vocab, stored))
     with b.scope("embed_tokens"):
         return b.gather(b.weight("weight", (vocab, hidden), dtype, scale=0.02, relayout=pad), ids)
 
@@ -159,7 +168,7 @@ def _embedding(b: GraphBuilder, ids: Op, vocab: int, hidden: int, dtype: str, tp
 def _lm_head(b: GraphBuilder, x: Op, hidden: int, vocab: int, dtype: str, tp: int) -> Op:
     """LM head; for ``tp`` ranks padded to a multiple of ``tp`` columns, the logits cut back."""
     stored = _padded(vocab, tp)
-    pad = None if stored == vocab else (1, list(range(vocab)) + [-1] * (stored - vocab))
+    pad = None if stored == vocab else (1, _pad_index(vocab, stored))
     with b.scope("lm_head"):
         logits = b.matmul(x, b.weight("weight", (hidden, vocab), dtype, relayout=pad))
         if stored != vocab:
