@@ -2,6 +2,7 @@
 
     python bench/llm_decode.py            # the whole grid below (slow: see bench/README.md)
     python bench/llm_decode.py --quick    # the two LLM calibration configurations only
+    python bench/llm_decode.py --models llama2-7b --instances inf2.48xlarge --jobs 2
     python bench/llm_decode.py --models llama2-7b --batches 1 --lengths 128-128
     python bench/llm_decode.py --models llama2-7b --batches 1 --lengths 128-128 --quantize int8-weight-only
 
@@ -41,12 +42,20 @@ out (the KV cache stays on the device, as transformers-neuronx keeps it).
   one rank holds for ``in + out`` positions (bf16).
 * ``sim_wall_s``: wall seconds simulating the executions this key uses (its prefill and each
   bucket's decode step; compilation excluded, it is in ``compile_wall_s`` once per program).
-* ``key_wall_s``, ``key_cpu_s``, ``programs_new``: what the key cost in this run, i.e. compiling
-  and timing the programs no earlier key of the run had made (a program is made once per
-  (phase, model, instance, batch, context) and shared by every key that needs it: 128/128 and
-  128/3968 share their prefill and their first decode buckets). The run's totals are
-  ``bench_wall_s`` and ``bench_cpu_s``; ``--progress`` prints each key's line on stderr as it
-  finishes, so a run stopped part way still gives its per-key times.
+* ``key_wall_s``, ``key_cpu_s``, ``programs_new``: what the key cost in this run, i.e. making
+  (building the graph, sharding, compiling, timing) the programs no earlier key of the grid's
+  order needs, each measured in the process that made it (a program is made once per (phase,
+  model, instance, batch, context) and shared by every key that needs it: 128/128 and 128/3968
+  share their prefill and their first decode buckets). The run's totals are ``bench_wall_s`` and
+  ``bench_cpu_s`` (every process's CPU: this one's and its workers'); ``--progress`` prints each
+  key's line on stderr as soon as its programs are made, so a run stopped part way still gives
+  its per-key times.
+
+``--jobs N`` (default: the cores this process may use) makes the programs in N worker processes
+(spawned, so none shares state with another), every program once, the biggest first
+(``estimated_cost``); ``--jobs 1`` makes them one after the other in this process, in the grid's
+order. The figures are the same either way, keys in the grid's order; with N workers the keys'
+``key_wall_s`` overlap, so they add up to more than ``bench_wall_s``.
 
 The numbers come from the execution core's cost model (neuroncore.md: engine rates, HBM and DMA
 costs, per-execution overheads) and the collective model (NeuronLink topology, algorithms, hop
@@ -57,10 +66,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import astuple, dataclass
 
 from neuronscope import settings
 
@@ -141,34 +153,74 @@ class Timed:
     collectives: int
 
 
+Program = tuple[str, str, str, int, int]  # (phase, model, instance, batch, context)
+
+
+def programs_of(key: Key) -> list[Program]:
+    """The programs ``key`` needs, in the order a serial run makes them: its prefill, then one
+    decode step per bucket (a bucket-b step attends over b positions: b - 1 cached plus the new
+    token's)."""
+    buckets = steps_per_bucket(token_buckets(key.prompt + key.output), key.prompt, key.output)
+    return [("llama-prefill", key.model, key.instance, key.batch, key.prompt),
+            *(("llama-decode", key.model, key.instance, key.batch, b - 1) for b in buckets)]
+
+
+def simulate(program: Program, options: CompilerOptions | None = None) -> Timed:
+    """Build ``program``'s full-size graph, shard it, compile the rank program, time one execution."""
+    workload, model, instance, batch, context = program
+    tp = INSTANCES[instance]
+    graph = get(workload).graph(model, batch=batch, context=context, tp_degree=tp)
+    t0 = time.perf_counter()
+    group = TensorParallelModel.load(graph, Instance(instance), tp_degree=tp, options=options)
+    t1 = time.perf_counter()
+    result = group.execute(timing_only=True)
+    t2 = time.perf_counter()
+    compiled = group.program
+    # the KV cache stays on the device: the hidden states (embedded on the host) and the
+    # positions go in, the logits out
+    tokens = context if workload == "llama-prefill" else 1
+    host_in = host_input_bytes(compiled.graph, batch, tokens, LLAMA_PRESETS[model]["hidden"],
+                               group.topology.cores_per_device)
+    host_out = compiled.graph.outputs[0].nbytes
+    request = request_latency_ns(compiled.spec, result.device_time_ns, host_in, host_out)
+    return Timed(result.device_time_ns / 1e6, request / 1e6, t2 - t1, t1 - t0,
+                 result.collective_ns / 1e6, len(result.collectives))
+
+
+def measured(program: Program, quantize: str) -> tuple[tuple, float, float]:
+    """``simulate`` with what it cost the process that ran it (CPU and wall seconds, graph building
+    and sharding included): the worker's entry point. Plain tuples cross the process boundary."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    timed = simulate(program, CompilerOptions(quantize=Quantization(quantize)))
+    return astuple(timed), time.process_time() - cpu, time.perf_counter() - wall
+
+
+def estimated_cost(program: Program) -> int:
+    """A rough relative compile cost, only to hand out the biggest programs first over the
+    workers (longest processing time first): a prefill's grows with its layers and prompt tokens
+    (docs/execution-core.md: 2-8 CPU s per 1,000 tokens), a decode bucket costs about what a
+    ~200-token prefill does. Figures never depend on it."""
+    workload, model, _, batch, context = program
+    layers = LLAMA_PRESETS[model]["layers"]
+    return layers * (batch * context if workload == "llama-prefill" else 200)
+
+
 class Grid:
-    """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it."""
+    """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it;
+    ``cost`` is what each program cost the process that made it (CPU s, wall s)."""
 
     def __init__(self, options: CompilerOptions | None = None) -> None:
-        self.cache: dict[tuple[str, str, str, int, int], Timed] = {}
+        self.cache: dict[Program, Timed] = {}
+        self.cost: dict[Program, tuple[float, float]] = {}
         self.options = options  # precision of every program (e.g. int8 weight-only)
 
     def run(self, workload: str, key: Key, context: int) -> Timed:
-        cache_key = (workload, key.model, key.instance, key.batch, context)
-        if cache_key not in self.cache:
-            graph = get(workload).graph(key.model, batch=key.batch, context=context, tp_degree=key.tp)
-            t0 = time.perf_counter()
-            group = TensorParallelModel.load(graph, Instance(key.instance), tp_degree=key.tp,
-                                             options=self.options)
-            t1 = time.perf_counter()
-            result = group.execute(timing_only=True)
-            t2 = time.perf_counter()
-            program = group.program
-            # the KV cache stays on the device: the hidden states (embedded on the host) and the
-            # positions go in, the logits out
-            tokens = context if workload == "llama-prefill" else 1
-            host_in = host_input_bytes(program.graph, key.batch, tokens, LLAMA_PRESETS[key.model]["hidden"],
-                                       group.topology.cores_per_device)
-            host_out = program.graph.outputs[0].nbytes
-            request = request_latency_ns(program.spec, result.device_time_ns, host_in, host_out)
-            self.cache[cache_key] = Timed(result.device_time_ns / 1e6, request / 1e6, t2 - t1, t1 - t0,
-                                          result.collective_ns / 1e6, len(result.collectives))
-        return self.cache[cache_key]
+        program = (workload, key.model, key.instance, key.batch, context)
+        if program not in self.cache:
+            wall, cpu = time.perf_counter(), time.process_time()
+            self.cache[program] = simulate(program, self.options)
+            self.cost[program] = (time.process_time() - cpu, time.perf_counter() - wall)
+        return self.cache[program]
 
     def figures(self, key: Key) -> dict[str, float | int | dict[str, int]]:
         prefill = self.run("llama-prefill", key, key.prompt)
@@ -189,6 +241,28 @@ class Grid:
             "steps_by_bucket": {str(b): n for b, n in per_bucket.items()},
             "heads": head_figures(key),
         }
+
+    def run_parallel(self, keys: list[Key], jobs: int, quantize: str,
+                     finished: Callable[[Key], None]) -> None:
+        """Make every program ``keys`` need, each once, on ``jobs`` worker processes (spawned: a
+        fresh interpreter each, no state shared with this one), biggest first; ``finished(key)``
+        is called as soon as all of a key's programs are made."""
+        needed = list(dict.fromkeys(p for key in keys for p in programs_of(key)))
+        waiting = {key: set(programs_of(key)) for key in keys}
+        order = sorted(needed, key=estimated_cost, reverse=True)
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(measured, program, quantize): program for program in order}
+            for future in as_completed(futures):
+                program = futures[future]
+                timed, cpu, wall = future.result()
+                self.cache[program] = Timed(*timed)
+                self.cost[program] = (cpu, wall)
+                for key in keys:
+                    if program in waiting[key]:
+                        waiting[key].discard(program)
+                        if not waiting[key]:
+                            finished(key)
 
 
 def head_figures(key: Key) -> dict[str, int | float]:
@@ -234,6 +308,27 @@ def _length(text: str) -> tuple[int, int]:
     return int(prompt), int(output)
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished (waited-for) child processes: the workers."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _jobs(text: str) -> int:
+    jobs = int(text)
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be at least 1, not {jobs}")
+    return jobs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the LLM calibration configurations only")
@@ -247,6 +342,9 @@ def main() -> None:
                              "linear weights, per-channel scales); calibration points are bf16 runs")
     parser.add_argument("--progress", action="store_true",
                         help="one JSON line per finished key on stderr (its wall and CPU seconds)")
+    parser.add_argument("--jobs", type=_jobs, default=default_jobs(),
+                        help="worker processes making the programs (default: the cores this process "
+                             "may use); 1: one after the other in this process")
     args = parser.parse_args()
     options = CompilerOptions(quantize=Quantization(args.quantize))
     if args.quick:
@@ -257,24 +355,41 @@ def main() -> None:
     out: dict = {"dtype": "bf16", "quantize": args.quantize,
                  "bucket_rule": "powers of two from 128 up to in+out, then in+out"}
     grid = Grid(options)
-    started, started_cpu = time.perf_counter(), time.process_time()
-    for n, key in enumerate(keys, 1):
-        wall, cpu, programs = time.perf_counter(), time.process_time(), len(grid.cache)
-        out[str(key)] = grid.figures(key)
-        # what this key cost in this run: the programs no earlier key had compiled, and timing them
-        out[str(key)]["key_wall_s"] = round(time.perf_counter() - wall, 2)
-        out[str(key)]["key_cpu_s"] = round(time.process_time() - cpu, 2)
-        out[str(key)]["programs_new"] = len(grid.cache) - programs
+    started, started_cpu, children = time.perf_counter(), time.process_time(), _children_cpu_s()
+    # what a key cost in this run: making the programs no earlier key (in the grid's order) needed
+    first: dict[Key, list[Program]] = {}
+    made: set[Program] = set()
+    for key in keys:
+        first[key] = [p for p in programs_of(key) if p not in made]
+        made.update(first[key])
+    jobs = min(args.jobs, max(len(made), 1))
+    done: list[Key] = []
+
+    def key_cost(key: Key) -> dict[str, float | int]:
+        cost = [grid.cost.get(p, (0.0, 0.0)) for p in first[key]]
+        return {"key_wall_s": round(sum(c[1] for c in cost), 2),
+                "key_cpu_s": round(sum(c[0] for c in cost), 2), "programs_new": len(first[key])}
+
+    def finished(key: Key) -> None:
+        done.append(key)
         if args.progress:  # a run stopped part way still leaves each finished key's cost
-            print(json.dumps({"key": str(key), "done": n, "of": len(keys),
-                              **{k: out[str(key)][k] for k in ("key_wall_s", "key_cpu_s", "programs_new")},
+            print(json.dumps({"key": str(key), "done": len(done), "of": len(keys), **key_cost(key),
                               "bench_wall_s": round(time.perf_counter() - started, 1)}),
                   file=sys.stderr, flush=True)
+
+    if jobs > 1:
+        grid.run_parallel(keys, jobs, args.quantize, finished)
+    for key in keys:
+        out[str(key)] = grid.figures(key)  # with jobs > 1 every program is made already
+        out[str(key)].update(key_cost(key))
+        if jobs == 1:
+            finished(key)
     out["calibration"] = calibration_errors(out)
     out["programs_simulated"] = len(grid.cache)
     out["compile_wall_s"] = round(sum(t.compile_s for t in grid.cache.values()), 1)
+    out["jobs"] = jobs
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    out["bench_cpu_s"] = round(time.process_time() - started_cpu, 1)
+    out["bench_cpu_s"] = round(time.process_time() - started_cpu + _children_cpu_s() - children, 1)
     print(json.dumps(out))
 
 

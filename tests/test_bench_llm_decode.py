@@ -105,7 +105,7 @@ def test_each_key_reports_what_it_cost_and_programs_are_shared(bench, monkeypatc
     monkeypatch.setattr(bench.Grid, "run", fake_run)
     monkeypatch.setattr(sys, "argv", ["llm_decode.py", "--models", "llama2-7b", "--instances",
                                       "inf2.48xlarge", "--batches", "1", "--lengths", "128-128", "128-3968",
-                                      "--progress"])
+                                      "--jobs", "1", "--progress"])
     bench.main()
     captured = capsys.readouterr()
     out = json.loads(captured.out)
@@ -137,3 +137,48 @@ def test_the_host_copies_the_embedded_prompt_to_every_rank(bench):
     # 4 MiB more on one 17 B/ns engine: ~0.25 ms more latency before the execution starts
     assert request_latency_ns(spec, 0.0, prefill, 0) - ids_only == pytest.approx(
         2 * 2 * 128 * 4096 * 2 * 1e9 / spec.dma_engine_bytes_per_s)
+
+
+TIMINGS = {"sim_wall_s", "compile_wall_s", "key_wall_s", "key_cpu_s", "bench_wall_s", "bench_cpu_s", "jobs"}
+
+
+def _figures(out: dict) -> dict:
+    """A run's JSON without what depends on the machine's speed (or on --jobs)."""
+    return {k: ({f: v for f, v in value.items() if f not in TIMINGS} if isinstance(value, dict) else value)
+            for k, value in out.items() if k not in TIMINGS}
+
+
+def test_two_workers_give_the_serial_figures():
+    """--jobs 2 makes the programs in two spawned worker processes: the same figures, keys in the
+    same order, each program made once, and each key's cost the CPU of the worker that made it.
+    The smallest real sub-grid: 7B inf2 tp24 at batch 1 and 4, 128/128 (four programs)."""
+    import os
+    import subprocess
+
+    root = BENCH.parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    args = [sys.executable, str(BENCH), "--models", "llama2-7b", "--instances", "inf2.48xlarge",
+            "--batches", "1", "4", "--lengths", "128-128"]
+    runs = {}
+    for jobs in (1, 2):
+        done = subprocess.run([*args, "--jobs", str(jobs)], capture_output=True, text=True, env=env,
+                              check=True, timeout=300)
+        runs[jobs] = json.loads(done.stdout)
+    serial, parallel = runs[1], runs[2]
+    assert parallel["jobs"] == 2 and serial["jobs"] == 1
+    assert list(parallel) == list(serial)
+    assert _figures(parallel) == _figures(serial)
+    assert parallel["programs_simulated"] == 4
+    for out in runs.values():
+        keys = [k for k in out if k.startswith("llama2-7b/")]
+        assert [out[k]["programs_new"] for k in keys] == [2, 2]
+        assert all(out[k]["key_cpu_s"] > 0 for k in keys)
+        assert out["bench_cpu_s"] >= sum(out[k]["key_cpu_s"] for k in keys) - 0.2
+
+
+def test_jobs_must_be_positive():
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCH), "--jobs", "0"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--jobs must be at least 1, not 0" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -211,9 +211,11 @@ class GraphBuilder:
         return self._add("constant", [], shape, as_dtype(dtype), init=initializer, label=label)
 
     def _index(self, index: Sequence[int]) -> tuple[int, ...]:
-        """``index`` as a tuple of ints, converted once per index object: a model passes the same
-        padded-heads or padded-features index to every layer's weights (a 7B tp24 decode's are 1.9M
-        entries in all, most of the graph's building time when converted each time)."""
+        """``index`` as a tuple of ints. A tuple (immutable) is converted once per object: a model
+        passes the same padded-heads or padded-features index to every layer's weights (a 7B tp24
+        decode's add up to 1.9M entries, most of its graph-building time when converted each time)."""
+        if not isinstance(index, tuple):
+            return tuple(map(int, index))
         seen = self._indices.get(id(index))
         if seen is not None and seen[0] is index:
             return seen[1]

@@ -263,3 +263,39 @@ def test_padded_blocks_round_trip(size, tp, dim):
     joined = np.concatenate(parts, axis=dim)
     assert (np.take(joined, range(size, rows * tp), axis=dim) == 0).all()
     np.testing.assert_array_equal(join_blocks(parts, Split(dim), size), whole)
+
+
+def test_misplaced_cache_inputs_settle_in_two_passes(monkeypatch):
+    """A decode whose hidden size tp does not divide (the Llama-2-7B at tp 24): a pass that placed a
+    layer's KV cache whole meets an o_proj it cannot column-split. That pass goes on (the op made
+    whole) and finds every layer's cache, so the graph settles in two passes, not one per layer;
+    the program is the one sharding with the caches split from the start gives, and computes the
+    original model."""
+    from neuroncore.parallel import sharding
+
+    config = dict(SMALL, heads=6, kv_heads=2, hidden=96, intermediate=100, vocab=250, layers=4)
+    tp = 5  # 96 % 5 != 0: the padded heads (10) and intermediate (100) split, the hidden does not
+    laid_out = get("llama-decode").graph(**config, tp_degree=tp)
+    passes = []
+    run = sharding._Sharder.run
+    monkeypatch.setattr(sharding._Sharder, "run", lambda self: passes.append(1) or run(self))
+    sharded = shard(laid_out, tp)
+    assert len(passes) == 2  # was layers + 1
+    caches = {p.name: Split(1) for p in laid_out.parameters if p.name.startswith("past_")}
+    assert len(caches) == 8 and [sharded.input_splits[p.index] for p in laid_out.parameters
+                                 if p.name in caches] == [Split(1)] * 8
+    presplit = shard(laid_out, tp, input_splits=caches)
+
+    def ops(g):
+        return [(op.opcode, op.name, op.shape, [o.index for o in op.operands]) for op in g.ops]
+
+    assert ops(sharded.local) == ops(presplit.local)
+    original = get("llama-decode").graph(**config)
+    inputs = random_inputs(original)
+    expected = run_reference(original, inputs)
+    source = np.asarray(models.head_layout(6, 2, tp).kv_source)
+    mapped = [np.where((source >= 0)[None, :, None, None], x[:, np.maximum(source, 0)], 0)
+              if p.name.startswith("past_") else x for p, x in zip(laid_out.parameters, inputs)]
+    result = TensorParallelModel.load(laid_out, "trn1.32xlarge", tp_degree=tp).execute(mapped)
+    np.testing.assert_allclose(result.outputs[0], expected[0], rtol=1e-4,
+                               atol=1e-4 * np.abs(expected[0]).max())

@@ -257,3 +257,32 @@ def test_llama_prefill_then_decode_is_the_longer_prefill():
     np.testing.assert_allclose(step[0], longer[0], rtol=1e-3, atol=1e-3 * np.abs(longer[0]).max())
     # the prompt's last-token logits differ (the model is causal but the inputs are not the same)
     assert not np.allclose(prompt[0], longer[0])
+
+
+def test_a_relayout_index_is_converted_once_per_tuple():
+    """Every layer's padded weights share one index tuple (``models._pad_index``, ``_columns``): the
+    builder converts it to ints once and every weight's initializer holds that one tuple; a list
+    (mutable) is converted at each call, so changing it between weights is never stale. The values
+    are the same either way."""
+    b = nc.GraphBuilder("relayout")
+    pad = (*range(5), -1, -1, -1)
+    w1 = b.weight("a", (4, 5), relayout=(1, pad))
+    w2 = b.weight("b", (4, 5), relayout=(1, pad))
+    assert w1.shape == (4, 8) and w1.attrs["init"].index is w2.attrs["init"].index
+    assert all(type(i) is int for i in w1.attrs["init"].index)
+    index = [np.int64(i) for i in range(5)] + [-1, -1, -1]
+    w3 = b.weight("c", (4, 5), relayout=(1, index))
+    index[0] = 4
+    w4 = b.weight("d", (4, 5), relayout=(1, index))
+    assert w3.attrs["init"].index == pad and w4.attrs["init"].index[0] == 4
+    assert all(type(i) is int for i in w3.attrs["init"].index)
+    values = w1.attrs["init"].materialize((4, 8))
+    np.testing.assert_array_equal(values[:, 5:], 0.0)
+    assert values[:, :5].any()
+
+
+def test_padded_weights_share_their_index_across_layers():
+    graph = get("llama-decode").graph("llama2-7b", layers=2, tp_degree=24)
+    gates = [op for op in graph.ops if op.opcode == "constant" and "gate_proj" in op.attrs.get("label", "")]
+    assert len(gates) == 2 and gates[0].shape == (4096, 11016)  # 11008 padded to a multiple of 24
+    assert gates[0].attrs["init"].index is gates[1].attrs["init"].index
