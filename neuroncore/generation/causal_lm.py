@@ -464,16 +464,26 @@ class NeuronCausalLM:
                           sum(r.device_to_host_bytes for r in ranks))
         return logits, step
 
-    def generate(self, input_ids: Any, attention_mask: Any = None, *, max_new_tokens: int = 20,
-                 do_sample: bool = False, top_k: int = 50, top_p: float = 1.0, temperature: float = 1.0,
-                 seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 pad_token_id: int | None = None) -> Any:
+    def generate(self, input_ids: Any, attention_mask: Any = None, *, max_new_tokens: int | None = None,
+                 do_sample: bool | None = None, top_k: int | None = None, top_p: float | None = None,
+                 temperature: float | None = None, seed: int | None = None,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                 max_length: int | None = None, generation_config: Any = None, **options: Any) -> Any:
         """The prompt followed by up to ``max_new_tokens`` new tokens per row, as
         ``transformers``' ``generate`` returns them (a row that produced an end-of-sequence token is
         filled with ``pad_token_id``; generation stops when every row has). ``input_ids`` is
         [batch_size, length], left-padded where rows differ, with ``attention_mask`` 1 on real
         tokens. Returns a torch tensor for a torch input, else a NumPy array. The simulated timing of
-        every step is in :attr:`last_timing`."""
+        every step is in :attr:`last_timing`.
+
+        As in transformers, ``max_length`` counts the prompt, and what is not given comes from
+        ``generation_config`` (else the model's): the length (20 new tokens when neither sets
+        one), ``do_sample``, ``top_k`` (50), ``top_p`` (1.0), ``temperature`` (1.0), eos and pad.
+        Other transformers options are accepted at their neutral values (``num_beams=1``,
+        ``use_cache=True``, ...); one that would change the tokens is a one-line error."""
+        configs = [c for c in (generation_config, getattr(self.model, "generation_config", None))
+                   if c is not None]  # the given one first, then the model's
+        _check_options(options, generation_config, getattr(self.model, "generation_config", None))
         raw = _as_numpy(input_ids, "input_ids")
         if raw.dtype.kind not in "iu":  # a float tensor would be truncated into other tokens
             raise GenerationError(f"input_ids must hold integer token ids, not {raw.dtype} values "
@@ -491,9 +501,14 @@ class NeuronCausalLM:
         if vocab and ((ids < 0) | (ids >= vocab)).any():
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise GenerationError(f"input_ids holds token {bad}, outside the vocabulary (0..{vocab - 1})")
+        max_new_tokens = _new_tokens(max_new_tokens, max_length, configs, ids.shape[1])
+        do_sample, top_k, top_p, temperature = (
+            _setting(given, configs, name, default) for given, name, default in (
+                (do_sample, "do_sample", False), (top_k, "top_k", 50), (top_p, "top_p", 1.0),
+                (temperature, "temperature", 1.0)))
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
-        sampling = Sampling(do_sample, top_k, top_p, temperature)
+        sampling = Sampling(bool(do_sample), top_k, top_p, temperature)
         if do_sample and self.on_device_generation:
             raise GenerationError("on_device_generation compiles greedy selection into the programs; "
                                   "sampling needs the logits (build it with on_device_generation=False)")
@@ -512,9 +527,8 @@ class NeuronCausalLM:
             prefill = select_bucket(self.context_length_estimate, prompt)
         except BucketError as exc:
             raise GenerationError(f"the prompt: {exc}") from None
-        config = getattr(self.model, "generation_config", None)
-        eos = _eos_ids(eos_token_id if eos_token_id is not None else getattr(config, "eos_token_id", None))
-        pad = pad_token_id if pad_token_id is not None else getattr(config, "pad_token_id", None)
+        eos = _eos_ids(_setting(eos_token_id, configs, "eos_token_id", None))
+        pad = _setting(pad_token_id, configs, "pad_token_id", None)
         if pad is None:
             pad = eos[0] if eos else 0
         rng = np.random.default_rng(seed)
@@ -590,6 +604,81 @@ class NeuronCausalLM:
             raise GenerationError("nothing has been compiled yet: there is no cache")
         tensor = cores[core_rank].resident[f"{self._prefix}.{kind}{layer}"]
         return tensor.read(tensor.shape)
+
+
+# transformers' generation options that change the tokens and are not implemented, with the value
+# that leaves them off (None always does); options absent here and from generate's signature that
+# do not change the tokens are accepted and ignored
+_UNSUPPORTED_OPTIONS: dict[str, Any] = {
+    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0.0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": (), "force_words_ids": (), "min_length": 0, "min_new_tokens": 0, "typical_p": 1.0,
+    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": 0.0, "top_h": 1.0, "diversity_penalty": 0.0,
+    "sequence_bias": (), "suppress_tokens": (), "begin_suppress_tokens": (), "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "num_return_sequences": 1,
+    "guidance_scale": 1.0, "prompt_lookup_num_tokens": None, "stop_strings": (), "max_time": None,
+    "return_dict_in_generate": False, "assistant_model": None, "logits_processor": (),
+    "stopping_criteria": (), "prefix_allowed_tokens_fn": None, "streamer": None, "constraints": (),
+}
+_IGNORED_OPTIONS = frozenset({"use_cache", "output_scores", "output_logits", "output_attentions",
+                              "output_hidden_states", "length_penalty", "early_stopping",
+                              "renormalize_logits", "synced_gpus", "low_memory", "cache_implementation"})
+
+
+def _neutral(name: str, value: Any) -> bool:
+    off = _UNSUPPORTED_OPTIONS[name]
+    if value is None or value == off:
+        return True
+    return isinstance(off, tuple) and not off and hasattr(value, "__len__") and len(value) == 0
+
+
+def _check_options(options: dict[str, Any], given: Any, model_config: Any) -> None:
+    """One line for a transformers option ``generate`` does not implement: given as an argument,
+    in the ``generation_config`` given, or in the model's own (unless an argument turns it off)."""
+    for name in options:
+        if name not in _UNSUPPORTED_OPTIONS and name not in _IGNORED_OPTIONS:
+            raise GenerationError(f"generate: unknown argument {name!r}")
+    for source, values in (("", options), (" in generation_config", given),
+                           (" in the model's generation_config", model_config)):
+        if values is None:
+            continue
+        for name in _UNSUPPORTED_OPTIONS:
+            if name in options and source:
+                continue  # the argument decides
+            value = values.get(name) if isinstance(values, dict) else getattr(values, name, None)
+            if not _neutral(name, value):
+                hint = (f"; pass {name}={_UNSUPPORTED_OPTIONS[name]!r} to generate without it"
+                        if values is model_config else "")
+                raise GenerationError(f"generate: {name}={value!r}{source} is not supported (greedy "
+                                      f"and top-k / top-p sampling only){hint}")
+
+
+def _setting(given: Any, configs: Sequence[Any], name: str, default: Any) -> Any:
+    """An argument, else the first generation config that sets it, else transformers' default."""
+    if given is not None:
+        return given
+    for config in configs:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _new_tokens(max_new_tokens: int | None, max_length: int | None, configs: Sequence[Any],
+                prompt: int) -> Any:
+    """How many tokens to make: ``max_new_tokens``, else ``max_length`` minus the prompt (the
+    arguments, then each generation config: new tokens first, as transformers), else 20."""
+    for new, length in [(max_new_tokens, max_length),
+                        *((getattr(c, "max_new_tokens", None), getattr(c, "max_length", None))
+                          for c in configs)]:
+        if new is not None:
+            return new
+        if length is not None:
+            if not isinstance(length, int) or length <= prompt:
+                raise GenerationError(f"max_length {length!r} leaves no room for new tokens after the "
+                                      f"{prompt}-token prompt (it counts the prompt, as in transformers)")
+            return length - prompt
+    return 20
 
 
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")  # GPT-2/GPT-Neo, OPT, BERT-like

@@ -153,6 +153,35 @@ def test_bad_requests_are_one_line_errors(llama, llama_gen):
         llama_gen.generate(ids.float() + 0.5, mask, max_new_tokens=2)  # was truncated to other ids
 
 
+def test_generate_takes_transformers_length_and_config_arguments(llama, llama_gen, greedy):
+    """``generate`` as transformers' is called: ``max_length`` counts the prompt, a
+    ``generation_config`` sets the length and the sampling; options that would change the tokens
+    and are not implemented (beam search, repetition penalty, ...) are one line naming the option,
+    not a ``TypeError``, and their neutral values are accepted (before: every one a TypeError)."""
+    ids, mask = _prompt()
+    greedy = greedy[0]
+    no_eos = dict(eos_token_id=[], pad_token_id=0)  # as the greedy fixture
+    assert torch.equal(llama_gen.generate(ids, mask, max_length=6 + NEW, **no_eos), greedy)
+    assert torch.equal(llama_gen.generate(ids, mask, generation_config=T.GenerationConfig(
+        max_new_tokens=NEW, do_sample=False), **no_eos), greedy)
+    assert torch.equal(llama_gen.generate(ids, attention_mask=mask, max_new_tokens=NEW, num_beams=1,
+                                          repetition_penalty=1.0, use_cache=True, **no_eos), greedy)
+    sampled = T.GenerationConfig(max_new_tokens=4, do_sample=True, top_k=5)
+    assert torch.equal(llama_gen.generate(ids, mask, generation_config=sampled, seed=1),
+                       llama_gen.generate(ids, mask, max_new_tokens=4, do_sample=True, top_k=5, seed=1))
+    for option in ({"num_beams": 4}, {"repetition_penalty": 1.2}, {"min_new_tokens": 3},
+                   {"no_repeat_ngram_size": 2}, {"num_return_sequences": 2}):
+        name = next(iter(option))
+        with pytest.raises(GenerationError, match=f"^generate: {name}=.* is not supported"):
+            llama_gen.generate(ids, mask, max_new_tokens=2, **option)
+    with pytest.raises(GenerationError, match=r"^generate: num_beams=3 .* is not supported"):
+        llama_gen.generate(ids, mask, generation_config=T.GenerationConfig(num_beams=3))
+    with pytest.raises(GenerationError, match=r"^generate: unknown argument 'max_tokens'"):
+        llama_gen.generate(ids, mask, max_tokens=2)
+    with pytest.raises(GenerationError, match="max_length 5 leaves no room for new tokens"):
+        llama_gen.generate(ids, mask, max_length=5)
+
+
 def test_batch_one_stops_at_eos_like_transformers(llama):
     gen = NeuronCausalLM(llama, n_positions=16, context_length_estimate=8, batch_size=1,
                          instance="trn1.2xlarge")
