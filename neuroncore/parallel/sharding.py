@@ -404,6 +404,7 @@ class _Sharder:
             param.attrs["number"] = number
         local_graph = self.b.build(outputs, params).pruned()
         _unique_names(local_graph, self.copied)
+        _unique_weight_labels(local_graph)
         input_splits = [self.split[p.index] for p in self.graph.parameters]
         return ShardedGraph(self.graph, local_graph, self.tp, input_splits, output_splits, self.rank_inputs)
 
@@ -1099,6 +1100,32 @@ def _row_offsets(op: Op, width: int) -> Op | None:
                     and factor.attrs.get("value") == width and t.shape == op.shape):
                 return t
     return None
+
+
+def _unique_weight_labels(graph: Graph) -> None:
+    """Give each layout of one weight a label of its own. Weights share the HBM tensor of their
+    label on purpose (a tied or re-read weight: ``Context.hbm_tensor``), but a weight the model
+    reads in two places (ALBERT's one layer, called for every layer) can be split one way where it
+    meets a whole input and another way (or kept whole) elsewhere: those are different values, and
+    sharing one tensor would make a rank read one layout as the other. Layouts after the first get
+    the split in their label (``.../query/bias.tp0``); a weight with one layout keeps its label."""
+    layouts: dict[str, dict[Split | None, list[Op]]] = {}
+    for op in graph.ops:
+        if op.opcode == "constant" and "init" in op.attrs and "label" in op.attrs:
+            init = op.attrs["init"]
+            split = init.split if isinstance(init, ShardedInitializer) else None
+            layouts.setdefault(op.attrs["label"], {}).setdefault(split, []).append(op)
+    for label, by_split in layouts.items():
+        if len(by_split) < 2:
+            continue
+        first = next(iter(by_split))
+        for split, ops in by_split.items():
+            if split is first:
+                continue
+            outer = f"x{split.outer}" if split is not None and split.outer != 1 else ""
+            tag = "whole" if split is None else f"tp{split.dim}{outer}"
+            for op in ops:
+                op.attrs["label"] = f"{label}.{tag}"
 
 
 def _unique_names(graph: Graph, copied: set[int]) -> None:

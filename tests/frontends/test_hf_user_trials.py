@@ -85,6 +85,23 @@ def test_albert_shares_one_layer_bias_between_grouped_dots() -> None:
     assert errors["fp32"] < 1e-4
 
 
+def test_albert_under_tensor_parallelism_stores_each_layout_of_a_shared_weight_apart() -> None:
+    """ALBERT's one layer, read by every layer, is split differently where its input differs (the
+    first layer's query weight column-parallel, ...): each layout a weight of its own. Before, the
+    layouts shared the HBM tensor of the weight's label and a rank read a 64-wide bias as 32 wide
+    (ExecutionError in the runtime), or, where the shapes agreed, another layout's values."""
+    import neuroncore as nc
+
+    torch.manual_seed(0)
+    model = T.AlbertModel(T.AlbertConfig(embedding_size=32, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
+                                         **TOKENS)).eval()
+    inputs = _inputs()
+    traced = nc.trace(model, inputs, instance="trn1.32xlarge", tp_degree=2)
+    want = model(**inputs).last_hidden_state
+    torch.testing.assert_close(traced(**inputs)[0], want, rtol=1e-4, atol=1e-5)
+
+
 AUDIO_VISION = {
     # Swin's pooler is AdaptiveAvgPool1d, whose core-ATen form ends in a contiguous as_strided
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
