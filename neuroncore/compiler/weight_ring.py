@@ -5,11 +5,11 @@ neuroncore.md §7.1), so it knows how much of SBUF a program's activations need 
 weights buffers of their own. The estimate here is the same question asked of the graph: walking
 the ops in program order, the bytes per partition of the activations live at once (a value lives
 from its op to its last reader; values that would live in HBM -- over a quarter of SBUF per
-partition, ``Context.define``'s rule -- and weights count nothing). A program whose peak leaves the
-ring's share of SBUF free starts with the ring (``RangeAllocator.allocate(stream=True)``); any
-other program is placed without one. [assumption: the live set of whole values stands for the
-allocator's view; tiles freed early and fusion groups' internal tiles make the real need smaller,
-spills and scratch larger.]
+partition, ``Context.define``'s rule -- and weights, their casts to BF16 included, count nothing).
+A program whose peak leaves the ring's share of SBUF free starts with the ring
+(``RangeAllocator.allocate(stream=True)``); any other program is placed without one.
+[assumption: the live set of whole values stands for the allocator's view; tiles freed early
+and fusion groups' internal tiles make the real need smaller, spills and scratch larger.]
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ def value_bytes_per_partition(op: Op) -> int:
     return math.ceil(rows / P) * op.shape[-1] * op.dtype.itemsize
 
 
+def is_weight(op: Op) -> bool:
+    """A constant, or a cast of one through views (``convert(constant)``: a weight the auto-cast
+    path casts to BF16, folded at compile time and streamed from HBM like the constant itself)."""
+    while op.opcode in VIEWS or op.opcode == "convert":
+        if not op.operands:
+            return False
+        op = op.operands[0]
+    return op.opcode == "constant"
+
+
 def activation_peak_bytes(graph: Graph, hbm_home_bytes: int) -> int:
     """The most bytes per partition of SBUF-home activations live at once, in program order."""
     last_use = {op.index: op.index for op in graph.ops}
@@ -53,7 +63,7 @@ def activation_peak_bytes(graph: Graph, hbm_home_bytes: int) -> int:
     live = peak = 0
     for op in graph.ops:
         size = value_bytes_per_partition(op)
-        if op.opcode not in NOT_ACTIVATIONS and size <= hbm_home_bytes:
+        if op.opcode not in NOT_ACTIVATIONS and size <= hbm_home_bytes and not is_weight(op):
             live += size
             ends[last_use[op.index]] = ends.get(last_use[op.index], 0) + size
         peak = max(peak, live)

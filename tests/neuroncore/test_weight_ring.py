@@ -159,6 +159,24 @@ def test_activation_peak_counts_live_values_once_and_skips_weights_views_and_hbm
     assert activation_peak_bytes(graph, hbm_home_bytes=16 * KB) == 2 * 512 + 16 * KB
 
 
+def test_activation_peak_skips_weight_casts_hoisted_to_the_top():
+    """The auto-cast path casts a weight to BF16 with a ``convert`` of the constant, and a traced
+    CNN puts every such cast at the top of the graph (ResNet-50's 53 casts live from there to their
+    convolutions: 475 KB per partition counted as activations, the program's whole "peak"). The
+    cast is folded at compile time and streamed like the weight: it counts nothing."""
+    from neuroncore.compiler.weight_ring import activation_peak_bytes
+
+    b = nc.GraphBuilder("casts")
+    x = b.parameter("x", (128, 64), "fp32")  # 256 B per partition
+    casts = [b.convert(b.weight(f"w{i}", (64, 512), "fp32"), "bf16") for i in range(16)]  # 1 KB each
+    h = x
+    for cast in casts:  # each matmul's product is 2 KB per partition, sliced back to 64 columns
+        h = b.slice(b.matmul(b.convert(h, "bf16"), cast), (0, 0), (128, 64))
+    graph = b.build([h])
+    assert [op.opcode for op in graph.ops[:3]] == ["parameter", "constant", "convert"]
+    assert activation_peak_bytes(graph, hbm_home_bytes=64 * KB) < 4 * KB  # before: over 16 KB
+
+
 def test_a_program_whose_activations_need_the_ring_has_none(compiled):
     """Decided from the graph before lowering: activations over half of SBUF at once (here six
     8 KiB branches of a 512-token input live together on the small core) compile exactly as with
