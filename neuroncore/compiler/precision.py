@@ -4,9 +4,10 @@ It runs first in ``compile`` (after tensor-parallel sharding, which sees the mod
 so every frontend and the builder API get the same options, and ``program.graph`` is the rewritten
 graph: ``run_reference(program.graph, ...)`` is the ground truth of what the core computes.
 
-* ``AutoCast.MATMULT``: an FP32 x FP32 ``dot`` reads its operands cast to the auto-cast type and
-  keeps an FP32 result (PSUM accumulates in FP32); a cast weight is folded at compile time into a
-  weight stored in the new type (fewer HBM bytes), a cast activation is one copy on an engine. A
+* ``AutoCast.MATMULT``: an FP32 x FP32 ``dot`` (or implicit-GEMM ``convolution``) reads its
+  operands cast to the auto-cast type and keeps an FP32 result (PSUM accumulates in FP32); a cast
+  weight is folded at compile time into a weight stored in the new type (fewer HBM bytes), a cast
+  activation is one copy on an engine. A
   view of a weight (torch exports a ``Linear`` on a non-contiguous ``[B, S, H]`` input as a ``bmm``
   with the weight broadcast over the batch) is cast at its weight and viewed after, as XLA's
   simplifier moves a convert through a broadcast: casting the broadcast was a Vector pass over
@@ -146,6 +147,8 @@ class _Rewriter:
             operands = tuple(self.new[o.index] for o in op.operands)
             if op.opcode == "dot":
                 result = self.dot(op, operands)
+            elif op.opcode == "convolution" and not (self.cast_all and op.dtype is DType.FP32):
+                result = self.convolution(op, operands)
             elif op.opcode == "parameter":
                 result = self.copy(op, operands, op.dtype)
             elif self.cast_all and op.dtype is DType.FP32:
@@ -184,6 +187,21 @@ class _Rewriter:
                 and len(op.shape) == 2 and rhs.dtype.is_float and not rhs.dtype.is_fp8):
             return self.quantized_dot(op, lhs, rhs, weight, dtype)
         return self.emit(op, "dot", (lhs, rhs), op.shape, dtype, dict(op.attrs), op.name)
+
+    def convolution(self, op: Op, operands: tuple[Op, ...]) -> Op:
+        """An implicit-GEMM convolution is Tensor-engine matmuls (``lower_conv``): its image and
+        kernel are cast as a dot's operands are (``MATMULT``, ``fp8_matmuls``), the result kept
+        (PSUM accumulates in FP32), as ``trace(dtype="bf16")`` casts them in the frontend and
+        ``neuronx-cc --auto-cast matmult`` casts convolutions."""
+        image, kernel, *rest = operands
+        if (self.cast_matmuls and image.dtype is DType.FP32 and kernel.dtype is DType.FP32
+                and op.dtype is DType.FP32):
+            image, kernel = self.cast(image, self.target), self.cast(kernel, self.target)
+        if (self.options.fp8_matmuls and image.dtype in FP8_MATMUL_INPUTS
+                and kernel.dtype in FP8_MATMUL_INPUTS):
+            image, kernel = self.cast(image, DType.FP8_E4M3), self.cast(kernel, DType.FP8_E4M3)
+        return self.emit(op, "convolution", (image, kernel, *rest), op.shape, op.dtype,
+                         dict(op.attrs), op.name)
 
     def quantized_dot(self, op: Op, lhs: Op, rhs: Op, weight: Op, dtype: DType) -> Op:
         """``(lhs @ convert(q_int8)) * broadcast(scale)``: the weight stored as int8 + scales."""

@@ -14,6 +14,7 @@ import torch
 
 import neuroncore as nc
 from neuroncore.compiler import AutoCast, AutoCastType, CompilerOptions, Quantization
+from neuroncore.dtypes import DType
 from neuroncore.frontends import TraceError
 
 
@@ -133,3 +134,39 @@ def test_jax_bf16_and_fp16_functions_match_jax():
         got = np.asarray(nc.trace(f, (x,))(x), np.float32)
         expected = np.asarray(jax.jit(f)(x), np.float32)
         assert np.abs(got - expected).max() <= 2e-2 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("cast_type", [AutoCastType.BF16, AutoCastType.FP16, AutoCastType.TF32])
+def test_torch_auto_cast_matmult_casts_convolutions_as_dtype_bf16_does(cast_type):
+    """A convolution with a trained kernel is one implicit-GEMM ``convolution`` op: Tensor-engine
+    matmuls, which ``--auto-cast matmult`` casts. ``CompilerOptions(auto_cast=MATMULT)`` left them
+    in FP32 (a conv net's FP32 result and time at a quarter of the PE rate), while
+    ``dtype="bf16"`` cast them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 16, 3, stride=2, padding=1)).eval()
+    x = torch.randn(2, 8, 16, 16)
+    options = CompilerOptions(auto_cast=AutoCast.MATMULT, auto_cast_type=cast_type)
+    traced = nc.trace(model, (x,), options=options)
+    convs = [o for o in traced.program.graph.ops if o.opcode == "convolution"]
+    assert len(convs) == 2 and all(
+        o.dtype is DType.FP32 and [v.dtype for v in o.operands[:2]] == [cast_type.dtype] * 2 for o in convs)
+    got = traced(x)
+    exact = model(x)
+    narrow = {AutoCastType.BF16: torch.bfloat16, AutoCastType.FP16: torch.float16}.get(cast_type)
+    if narrow is not None:  # torch: the same convolutions on operands rounded to the type
+        def rounded(t: torch.Tensor) -> torch.Tensor:
+            return t.to(narrow).float()
+
+        conv2d = torch.nn.functional.conv2d
+        with torch.no_grad():
+            h = torch.relu(conv2d(rounded(x), rounded(model[0].weight), model[0].bias, padding=1))
+            want = conv2d(rounded(h), rounded(model[2].weight), model[2].bias, stride=2, padding=1)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert 0 < (got - exact).abs().max() < 0.05
+    cast_time = traced.last_result.device_time_ns
+    fp32 = nc.trace(model, (x,))
+    fp32(x)
+    assert cast_time < fp32.last_result.device_time_ns  # 16-bit PE inputs: the full PE rate
+    if cast_type is AutoCastType.BF16:
+        torch.testing.assert_close(nc.trace(model, (x,), dtype="bf16")(x), got, rtol=0, atol=0)
