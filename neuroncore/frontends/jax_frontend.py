@@ -801,6 +801,53 @@ class _Converter:
         magnitude = self._unary("abs", x, self._aux(name, "abs"))
         return self._compare(magnitude, self._scalar_like(math.inf, x, name, "inf"), "LT", name)
 
+    def _rounded(self, x: Op, direction: str | None, name: str) -> Op:
+        """``x`` (FP32) rounded toward zero (``direction`` None), down ("GT") or up ("LT"), as
+        ``torch_rounding`` rounds: an engine's write of FP32 into INT32 truncates, then 1 is taken
+        off where truncation went up (or added where it went down). Values of magnitude 2^23 and
+        more are integers already (and would overflow INT32), and NaN and infinities are their own
+        rounding: those pass through unchanged."""
+        whole = self._convert(self._convert(x, DType.INT32, self._aux(name, "int")), DType.FP32,
+                              self._aux(name, "trunc"))
+        if direction is not None:
+            off = self._convert(self._compare(whole, x, direction, self._aux(name, "off")), DType.FP32,
+                                self._aux(name, "off_f32"))
+            whole = self._binary("subtract" if direction == "GT" else "add", whole, off,
+                                 self._aux(name, "step"))
+        small = self._compare(self._unary("abs", x, self._aux(name, "abs")),
+                              self._scalar_like(2.0**23, x, name, "integral"), "LT", self._aux(name, "small"))
+        return self._emit("select", [small, whole, x], x.shape, DType.FP32, name)
+
+    def _float_op(self, x: Op, name: str, fn: Callable[[Op, str], Op]) -> Op:
+        """``fn`` computed in FP32 (the engines' internal type), converted back to ``x``'s type."""
+        if x.dtype is DType.FP32:
+            return fn(x, name)
+        wide = self._convert(x, DType.FP32, self._aux(name, "f32"))
+        return self._convert(fn(wide, self._aux(name, "wide")), x.dtype, name)
+
+    def _op_floor(self, ins: HloInstruction, operands: list[Val], name: str,
+                  shape: tuple[int, ...], dtype: DType) -> Op:
+        return self._float_op(operands[0], name, lambda v, n: self._rounded(v, "GT", n))
+
+    def _op_ceil(self, ins: HloInstruction, operands: list[Val], name: str,
+                 shape: tuple[int, ...], dtype: DType) -> Op:
+        return self._float_op(operands[0], name, lambda v, n: self._rounded(v, "LT", n))
+
+    def _op_remainder(self, ins: HloInstruction, operands: list[Val], name: str,
+                      shape: tuple[int, ...], dtype: DType) -> Op:
+        """HLO ``remainder`` is C's ``fmod`` (the sign of the dividend; ``jnp``'s ``%`` adds the
+        divisor where the signs differ around it): ``a - trunc(a / b) * b``, in FP32, so integers
+        are exact below 2^24 as in ``torch_rounding``."""
+        a, b = operands
+
+        def fmod(x: Op, n: str) -> Op:
+            y = b if b.dtype is DType.FP32 else self._convert(b, DType.FP32, self._aux(n, "b_f32"))
+            quotient = self._binary("divide", x, y, self._aux(n, "quotient"))
+            whole = self._rounded(quotient, None, self._aux(n, "whole"))
+            return self._binary("subtract", x, self._binary("multiply", whole, y, self._aux(n, "product")), n)
+
+        return self._float_op(a, name, fmod)
+
     def _op_exponential_minus_one(self, ins: HloInstruction, operands: list[Val], name: str,
                                   shape: tuple[int, ...], dtype: DType) -> Op:
         x = operands[0]

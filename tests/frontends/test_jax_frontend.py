@@ -180,3 +180,25 @@ def test_trace_errors_for_bad_functions_and_inputs():
     with pytest.raises(nc.TraceError, match="traced with 2 input array"):
         model(jnp.ones((4, 16)))
     np.testing.assert_array_equal(np.asarray(model(jnp.ones((4, 16)), jnp.full((4, 16), 3.0))), 3.0)
+
+
+def rounding(x, ids):
+    return (jnp.floor(x * 3.0), jnp.ceil(x * 3.0), x % 0.75, jnp.fmod(x, 0.75), ids % 4, ids // 3,
+            jnp.floor(jnp.asarray([2.0**30, -2.0**40, jnp.inf, -jnp.inf, jnp.nan, -0.5, 7.0])))
+
+
+def test_floor_ceil_and_remainder_match_jax():
+    """``jax.image.resize(..., "nearest")`` (flax's UNet upsampling) floors its source indices and
+    ``%`` on arrays is HLO ``remainder``: both stopped as unsupported ops."""
+    x = jnp.asarray(RNG.standard_normal((4, 16)).astype(np.float32) * 4)
+    ids = jnp.asarray(RNG.integers(-20, 20, (3, 5)).astype(np.int32))
+    got, want = nc.trace(rounding, (x, ids))(x, ids), rounding(x, ids)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-5, err_msg=f"output {k}")
+    img = jnp.asarray(RNG.standard_normal((1, 5, 7, 3)).astype(np.float32))
+
+    def upsample(v):
+        return jax.image.resize(v, (1, 10, 14, 3), "nearest")
+
+    np.testing.assert_array_equal(np.asarray(nc.trace(upsample, (img,))(img)), np.asarray(upsample(img)))
