@@ -577,6 +577,9 @@ class _Converter:
                 return value
             operands = [jax_random.materialize(self, ins, o, name) if jax_random.symbolic(o) else o
                         for o in operands]
+        if code == "topk" and operands and isinstance(operands[0], Op) and operands[0].shape \
+                and operands[0].dtype.is_float:
+            return self._topk(ins, operands[0], name)
         if ins.shape.dtype not in _DTYPES:  # tuples (while, sort ...), complex numbers, tokens
             detail = "variadic" if ins.shape.dtype is None else ins.shape.dtype
             return self._unsupported_named(ins, operands, name, detail if code in ALL_OPS else "")
@@ -592,6 +595,56 @@ class _Converter:
             except _Unmappable as unmappable:
                 return self._unsupported_named(ins, operands, name, str(unmappable))
         return self._unsupported_named(ins, operands, name)
+
+    def _topk(self, ins: HloInstruction, x: Op, name: str) -> tuple[Op, Op]:
+        """``jax.lax.top_k`` (HLO ``topk``: the last dim, values descending, ties to the lower
+        index) as the torch frontend's ``topk`` runs it (``torch_masks.topk``): k rounds of "the
+        row's maximum, the first position holding it, then mask that position out"; JAX MoE
+        routers pick their experts with it. ``largest=false`` works on the negated values."""
+        k = int(ins.attrs["k"])
+        largest = str(ins.attrs.get("largest", "true")).strip().lower() != "false"
+        dim, n = len(x.shape) - 1, x.shape[-1]
+        keep = (*x.shape[:-1], 1)
+        rows = x.shape[:-1]
+        work = self._convert(x, DType.FP32, self._aux(name, "f32"))
+        if not largest:
+            work = self._emit("negate", [work], x.shape, DType.FP32, self._aux(name, "negated"))
+        position = self._emit("iota", [], x.shape, DType.FP32, self._aux(name, "position"), dimension=dim)
+        from_end = self._binary("subtract", self._scalar_like(float(n), position, name, "n"), position,
+                                self._aux(name, "from_end"))
+        values: list[Op] = []
+        indices: list[Op] = []
+        for r in range(k):
+            best = self._emit("reduce", [work], rows, DType.FP32, self._aux(name, f"max{r}"),
+                              dimensions=(dim,), kind="max")
+            best_row = self._emit("reshape", [best], keep, DType.FP32, self._aux(name, f"max_row{r}"))
+            spread = self._emit("broadcast", [best_row], x.shape, DType.FP32, self._aux(name, f"spread{r}"),
+                                dims=tuple(range(len(keep))))
+            hit = self._compare(work, spread, "EQ", self._aux(name, f"hit{r}"))
+            score = self._emit("select", [hit, from_end, self._scalar_like(0.0, position, name, f"zero{r}")],
+                               x.shape, DType.FP32, self._aux(name, f"score{r}"))
+            first = self._emit("reduce", [score], rows, DType.FP32, self._aux(name, f"first{r}"),
+                               dimensions=(dim,), kind="max")
+            index = self._binary("subtract", self._scalar_like(float(n), first, name, f"n{r}"), first,
+                                 self._aux(name, f"index{r}"))
+            index_row = self._emit("reshape", [index], keep, DType.FP32, self._aux(name, f"index_row{r}"))
+            values.append(best_row)
+            indices.append(index_row)
+            if r + 1 < k:
+                at = self._emit("broadcast", [index_row], x.shape, DType.FP32, self._aux(name, f"at{r}"),
+                                dims=tuple(range(len(keep))))
+                taken = self._compare(position, at, "EQ", self._aux(name, f"taken{r}"))
+                work = self._emit("select", [taken, self._scalar_like(-math.inf, position, name, f"inf{r}"),
+                                             work], x.shape, DType.FP32, self._aux(name, f"masked{r}"))
+        out_shape = (*rows, k)
+        value = values[0] if k == 1 else self._emit("concatenate", values, out_shape, DType.FP32,
+                                                    self._aux(name, "values_f32"), dimension=dim)
+        index = indices[0] if k == 1 else self._emit("concatenate", indices, out_shape, DType.FP32,
+                                                     self._aux(name, "indices_f32"), dimension=dim)
+        if not largest:
+            value = self._emit("negate", [value], out_shape, DType.FP32, self._aux(name, "unnegated"))
+        return (self._convert(value, x.dtype, self._aux(name, "values")),
+                self._convert(index, DType.INT32, self._aux(name, "indices")))
 
     def _unsupported_named(self, ins: HloInstruction, operands: list[Val], name: str,
                            detail: str = "") -> Val:

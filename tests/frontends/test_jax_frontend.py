@@ -202,3 +202,19 @@ def test_floor_ceil_and_remainder_match_jax():
         return jax.image.resize(v, (1, 10, 14, 3), "nearest")
 
     np.testing.assert_array_equal(np.asarray(nc.trace(upsample, (img,))(img)), np.asarray(upsample(img)))
+
+
+def test_top_k_matches_jax_and_routes_experts():
+    """``jax.lax.top_k`` (HLO ``topk``, a tuple of values and indices) stopped as unsupported: the
+    expert choice of JAX mixture-of-experts routers."""
+    logits = jnp.asarray(RNG.standard_normal((2, 6, 8)).astype(np.float32))
+    logits = logits.at[0, 0, 5].set(logits[0, 0, 2])  # a tie: the lower index first
+
+    def route(x):
+        values, experts = jax.lax.top_k(jax.nn.softmax(x, axis=-1), 2)
+        return values / values.sum(-1, keepdims=True), experts, jax.lax.top_k(-x, 1)[1]
+
+    got, want = nc.trace(route, (logits,))(logits), route(logits)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
