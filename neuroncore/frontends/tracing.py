@@ -314,10 +314,23 @@ class TracedModel:
         self.last_result = result
         outputs = result.outputs or []
         if length is not None and variant.length != length:
-            outputs = [_with_length(o, self.bucket_dim, length)
-                       if o.ndim > self.bucket_dim and o.shape[self.bucket_dim] == variant.length else o
-                       for o in outputs]
+            outputs = [self._cut(o, k, variant, length) for k, o in enumerate(outputs)]
         return variant.converted.from_arrays(outputs)
+
+    def _cut(self, value: np.ndarray, k: int, variant: _Variant, length: int) -> np.ndarray:
+        """Output ``k`` of ``variant`` cut back to the call's ``length`` along every dim that grows
+        with the bucket: with several buckets, a dim that is each bucket's length in its program
+        (a KV cache's positions, ``[batch, heads, positions, head_dim]``, not only ``bucket_dim``);
+        with one bucket, ``bucket_dim`` where it has the bucket's length."""
+        dims = {self.bucket_dim} if value.ndim > self.bucket_dim else set()
+        if len(self.variants) > 1:
+            shapes = [(v.length, v.converted.graph.outputs[k].shape) for v in self.variants]
+            dims = {d for d in range(value.ndim)
+                    if all(len(shape) == value.ndim and shape[d] == bucket for bucket, shape in shapes)}
+        for d in sorted(dims):
+            if value.shape[d] == variant.length:
+                value = _with_length(value, d, length)
+        return value
 
 
 def _sequence_length(arrays: list[np.ndarray], variant: _Variant, dim: int) -> int:

@@ -588,3 +588,39 @@ def test_buckets_pad_to_the_next_size_and_cut_the_output_back():
     assert_matches(short, reference(module, (ids[:, :9], mask[:, :9])))
     with pytest.raises(TraceError, match="larger than every bucket"):
         traced(torch.randint(0, 50, (2, 70)), torch.ones(2, 70, dtype=torch.int64))
+
+
+def test_buckets_cut_every_dim_that_grows_with_the_length():
+    """A default Llama returns its DynamicCache's keys and values, ``[batch, kv_heads, positions,
+    head_dim]``: the positions are dim 2, not the bucket dim. They came back at the bucket's length
+    (the padding's keys and values included); every output dim that grows with the buckets is cut."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    def inputs(length: int) -> dict:
+        ids = torch.randint(3, 128, (2, length))
+        mask = torch.ones(2, length, dtype=torch.int64)
+        mask[1, :2] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+
+    traced = nc.trace(model, inputs(8), buckets=[8, 16])
+    for length in (5, 8, 12):
+        given = inputs(length)
+        logits, keys, values = traced(**given)
+        want = model(**given)
+        layer = want.past_key_values.layers[0]
+        assert logits.shape == (2, length, 128) and keys.shape == values.shape == (2, 2, length, 16)
+        torch.testing.assert_close(logits, want.logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(keys, layer.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(values, layer.values, rtol=1e-4, atol=1e-5)
+    # and a dim that only equals a bucket is left alone: BERT's pooled [batch, 64] at the 64 bucket
+    bert = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=128)).eval()
+    given = inputs(40)
+    hidden, pooled = nc.trace(bert, inputs(32), buckets=[32, 64])(**given)
+    assert hidden.shape == (2, 40, 64) and pooled.shape == (2, 64)
+    torch.testing.assert_close(pooled, bert(**given).pooler_output, rtol=1e-4, atol=1e-5)
