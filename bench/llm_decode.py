@@ -71,7 +71,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import astuple, dataclass
 
 from neuronscope import settings
@@ -205,6 +205,41 @@ def estimated_cost(program: Program) -> int:
     return layers * (batch * context if workload == "llama-prefill" else 200)
 
 
+def estimated_rss_bytes(program: Program) -> int:
+    """A rough peak resident set of the worker making ``program``, to keep two big ones from
+    running at once: a prefill's grows with its prompt tokens, layers and per-rank hidden size,
+    ~57 bytes per token x layer x (hidden / tp) over ~0.3 GiB (measured with ``/usr/bin/time``,
+    session 8: Llama-2-7B inf2 tp24 2,048 / 8,192 / 16,384 tokens 0.78 / 2.65 / 5.2 GiB, Llama-2-70B
+    trn1 tp32 8,192 tokens 9.5 GiB); a decode step ~1 GiB (Llama-3-70B inf2 b8 bucket 8192: 1.07)."""
+    workload, model, instance, batch, context = program
+    if workload != "llama-prefill":
+        return 2**30
+    dims = LLAMA_PRESETS[model]
+    return int(0.3 * 2**30 + 57 * batch * context * dims["layers"] * dims["hidden"] / INSTANCES[instance])
+
+
+def memory_budget_bytes() -> int:
+    """What the workers may use together: the memory available when the run starts (Linux
+    ``MemAvailable``), else the machine's."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def next_program(pending: list[Program], running: list[Program], budget: int) -> Program | None:
+    """The first of ``pending`` (biggest first) whose estimated memory fits next to the running
+    programs' in ``budget``; with nothing running, the first (alone, whatever its estimate)."""
+    if not running:
+        return pending[0] if pending else None
+    used = sum(estimated_rss_bytes(p) for p in running)
+    return next((p for p in pending if used + estimated_rss_bytes(p) <= budget), None)
+
+
 class Grid:
     """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it;
     ``cost`` is what each program cost the process that made it (CPU s, wall s)."""
@@ -245,16 +280,27 @@ class Grid:
     def run_parallel(self, keys: list[Key], jobs: int, quantize: str,
                      finished: Callable[[Key], None]) -> None:
         """Make every program ``keys`` need, each once, on ``jobs`` worker processes (spawned: a
-        fresh interpreter each, no state shared with this one), biggest first; ``finished(key)``
-        is called as soon as all of a key's programs are made."""
+        fresh interpreter each, no state shared with this one), biggest first, a program started
+        only where its estimated memory fits next to the running ones' (``next_program``: the
+        grid's biggest prefills, estimated at 10-40 GiB, run alone); ``finished(key)`` is called
+        as soon as all of a key's programs are made."""
         needed = list(dict.fromkeys(p for key in keys for p in programs_of(key)))
         waiting = {key: set(programs_of(key)) for key in keys}
-        order = sorted(needed, key=estimated_cost, reverse=True)
+        pending = sorted(needed, key=estimated_cost, reverse=True)
+        budget = memory_budget_bytes()
+        running: dict[Future, Program] = {}
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = {pool.submit(measured, program, quantize): program for program in order}
-            for future in as_completed(futures):
-                program = futures[future]
+            while pending or running:
+                while len(running) < jobs:  # start what fits next to what runs
+                    program = next_program(pending, list(running.values()), budget)
+                    if program is None:
+                        break
+                    pending.remove(program)
+                    running[pool.submit(measured, program, quantize)] = program
+                ready, _ = wait(running, return_when=FIRST_COMPLETED)
+                future = ready.pop()
+                program = running.pop(future)
                 timed, cpu, wall = future.result()
                 self.cache[program] = Timed(*timed)
                 self.cost[program] = (cpu, wall)

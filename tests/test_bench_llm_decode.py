@@ -182,3 +182,20 @@ def test_jobs_must_be_positive():
     done = subprocess.run([sys.executable, str(BENCH), "--jobs", "0"], capture_output=True, text=True)
     assert done.returncode != 0 and "--jobs must be at least 1, not 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_workers_start_a_program_only_where_its_memory_fits(bench):
+    """The biggest programs first, but a prefill whose estimated memory does not fit next to the
+    running ones waits (a smaller one starts instead); with nothing running, the first runs alone."""
+    big = ("llama-prefill", "llama3-70b", "inf2.48xlarge", 8, 4096)  # 32,768 tokens x 80 layers
+    mid = ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048)
+    step = ("llama-decode", "llama2-7b", "inf2.48xlarge", 1, 255)
+    assert bench.estimated_rss_bytes(big) > 30 * 2**30  # alone past this machine's 24 GiB
+    assert 4 * 2**30 < bench.estimated_rss_bytes(mid) < 7 * 2**30  # 5.2 GiB measured
+    pending = sorted([step, mid, big], key=bench.estimated_cost, reverse=True)
+    assert pending == [big, mid, step]
+    budget = 24 * 2**30
+    assert bench.next_program(pending, [], budget) == big
+    assert bench.next_program(pending, [big], budget) is None  # nothing fits next to it
+    assert bench.next_program([big, step], [mid], budget) == step
+    assert bench.next_program([], [mid], budget) is None
