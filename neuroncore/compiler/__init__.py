@@ -67,6 +67,7 @@ from neuroncore.compiler.program import (
     HbmView,
     Program,
 )
+from neuroncore.compiler.residency import RESIDENT_SBUF_FRACTION, kept_on_chip
 from neuroncore.compiler.streaming import HOISTABLE, Group, joins, reads_group, run_group, units_of
 from neuroncore.compiler.weight_ring import activation_peak_bytes
 from neuroncore.hardware import CoreSpec, Engine, core_spec
@@ -176,13 +177,18 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     for op in graph.ops:
         _check_placeable(op)
     ctx = Context(graph, spec)
-    peak = activation_peak_bytes(graph, ctx.hbm_home_bytes)
+    runs = find_runs(graph)
+    ctx.kept_large = kept_on_chip(graph, ctx.hbm_home_bytes,
+                                  int(spec.sbuf_bytes_per_partition * RESIDENT_SBUF_FRACTION), runs)
+    if ctx.kept_large:
+        ctx.stats["kept_large_values"] = len(ctx.kept_large)
+    peak = activation_peak_bytes(graph, ctx.hbm_home_bytes, ctx.kept_large)
     ctx.stats["activation_peak_bytes"] = peak
     if peak > ctx.sbuf.stream_lo:  # the activations need the ring's room: no ring (weight_ring)
         ctx.sbuf.end_ring()
     ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
     output_indices = {o.index for o in graph.outputs}
-    dedup = LayerDedup(ctx, find_runs(graph), replay=replay_layers)
+    dedup = LayerDedup(ctx, runs, replay=replay_layers)
     group: Group | None = None
 
     def close(op: Op) -> None:

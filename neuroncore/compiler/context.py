@@ -170,6 +170,8 @@ class Context:
         self.kept_alive: dict[int, set[int]] = {}  # op index -> values whose tiles it reads lazily
         self.nki_locations: dict[int, str] = {}  # node -> file:line of the NKI call (kernels in models)
         self.lowered_with: dict[int, int] = {}  # op index -> the earlier op whose lowering made it
+        # values over the quarter that stay in SBUF: their live set fits (compiler.residency)
+        self.kept_large: frozenset[int] = frozenset()
         self.force_sbuf: set[int] = set()  # values internal to a fusion group (compiler.streaming)
         # which dots write feature-major and which values are stored so (compiler.orientation);
         # structural and fixed for the compilation
@@ -400,7 +402,8 @@ class Context:
         else:
             per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
             only_output = op.index in self.outputs and not self.uses[op.index]
-            home = Memory.HBM if (only_output or per_partition > self.hbm_home_bytes) else Memory.SBUF
+            large = per_partition > self.hbm_home_bytes and op.index not in self.kept_large
+            home = Memory.HBM if (only_output or large) else Memory.SBUF
         value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
                       [hbm is not None] * len(tiles), transposed=transposed)
         if home is Memory.HBM and value.hbm is None:

@@ -155,7 +155,8 @@ def boundary_traffic(ctx: Context, run: LayerRun) -> int:
             continue
         tiles = tiles_of(o.shape, Layout.ROW)
         _, _, cols = tile_grid(o.shape, Layout.ROW)
-        if o.index in ctx.force_sbuf or len(tiles) * cols * o.dtype.itemsize <= ctx.hbm_home_bytes:
+        if (o.index in ctx.force_sbuf or o.index in ctx.kept_large
+                or len(tiles) * cols * o.dtype.itemsize <= ctx.hbm_home_bytes):
             total += 2 * o.nbytes
     return total
 

@@ -33,6 +33,7 @@ KNOWN_CONTEXT = frozenset({
     "_identity", "kept_alive", "nki_locations", "lowered_with", "_value_order", "_holding",
     "force_sbuf",  # empty at every boundary: a fusion group never spans one (compiler.streaming)
     "orientation",  # fixed for the compilation, planned from the graph alone (compiler.orientation)
+    "kept_large",  # fixed for the compilation, alike in every layer of a run (compiler.residency)
     "_text_of",  # a cache of each buffer's text prefix, from ``buffers`` alone (Context.ref_text)
 })
 KNOWN_EMITTER = frozenset({

@@ -43,8 +43,9 @@ def is_weight(op: Op) -> bool:
     return op.opcode == "constant"
 
 
-def activation_peak_bytes(graph: Graph, hbm_home_bytes: int) -> int:
-    """The most bytes per partition of SBUF-home activations live at once, in program order."""
+def last_uses(graph: Graph) -> dict[int, int]:
+    """Per op, the index of the last op that reads its value (a reader of a view reads the view's
+    source: the source lives as long); a graph output lives to the end (``len(graph.ops)``)."""
     last_use = {op.index: op.index for op in graph.ops}
 
     def read(value: Op, at: int) -> None:  # a view's reader reads its source: it lives as long
@@ -59,11 +60,19 @@ def activation_peak_bytes(graph: Graph, hbm_home_bytes: int) -> int:
             read(operand, op.index)
     for out in graph.outputs:
         read(out, len(graph.ops))
+    return last_use
+
+
+def activation_peak_bytes(graph: Graph, hbm_home_bytes: int, kept: frozenset[int] = frozenset()) -> int:
+    """The most bytes per partition of SBUF-home activations live at once, in program order;
+    ``kept``: values over ``hbm_home_bytes`` that stay in SBUF all the same (``residency``)."""
+    last_use = last_uses(graph)
     ends: dict[int, int] = {}
     live = peak = 0
     for op in graph.ops:
         size = value_bytes_per_partition(op)
-        if op.opcode not in NOT_ACTIVATIONS and size <= hbm_home_bytes and not is_weight(op):
+        if (op.opcode not in NOT_ACTIVATIONS and (size <= hbm_home_bytes or op.index in kept)
+                and not is_weight(op)):
             live += size
             ends[last_use[op.index]] = ends.get(last_use[op.index], 0) + size
         peak = max(peak, live)
