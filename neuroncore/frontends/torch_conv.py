@@ -118,11 +118,19 @@ def avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     geometry = _pool_geometry(x, {**kw, "dilation": 1}, spatial, kw.get("stride"))
     if geometry is None or kw.get("divisor_override") is not None:
         return NotImplemented
-    kernel, stride, padding, dilation, _out = geometry
-    if any(padding) and not kw.get("count_include_pad", True):
-        return NotImplemented
+    kernel, stride, padding, dilation, out = geometry
     total = reduce_window(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, "sum", 0.0)
-    return c.b.multiply(total, 1.0 / math.prod(kernel))
+    if not any(padding) or kw.get("count_include_pad", True):
+        return c.b.multiply(total, 1.0 / math.prod(kernel))
+    # count_include_pad=False (PoolFormer's token mixer): each window divides by the inputs it
+    # covers, a map of the output positions known at trace time (stored like a buffer)
+    counts = np.ones((), np.float32)
+    for k in range(spatial):
+        starts = np.arange(out[k]) * stride[k] - padding[k]
+        inside = np.clip(starts + kernel[k], 0, x.shape[2 + k]) - np.clip(starts, 0, x.shape[2 + k])
+        counts = np.multiply.outer(counts, inside.astype(np.float32))
+    scale = c.b.weight(f"avg_pool_divisors.{node.name}", tuple(out), dtype, array=1.0 / counts)
+    return c.b.multiply(total, c.b.broadcast_to(scale, total.shape))
 
 
 @handles("_adaptive_avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool1d",
@@ -323,7 +331,9 @@ def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
         order = [d for d in range(rank) if d != dim] + [dim]
         moved = x if dim == rank - 1 else c.b.transpose(x, order)
         flat = c.b.reshape(moved, (-1, size))
-        matrix = c.b.weight(f"interpolation_{k}", (out, size), dtype,
+        # named after the node: weights of one label share one HBM tensor (a tied weight), so two
+        # resizes in one layer with matrices of their own must not share a name
+        matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
                             array=interpolation_matrix(size, out, align, factors[k]))
         result = c.b.dot(flat, matrix, rhs_contract=-1, out_dtype=dtype)
         result = c.b.reshape(result, (*moved.shape[:-1], out))

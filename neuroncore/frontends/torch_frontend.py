@@ -1585,7 +1585,7 @@ class _Converter:
 
         def param(arg: Any, fill: float) -> Op:
             if arg is None:
-                return self.b.weight("ones" if fill else "zeros", (width,), dtype,
+                return self.b.weight(f"{node.name}_{'ones' if fill else 'zeros'}", (width,), dtype,
                                      array=np.full((width,), fill, np.float32))
             op = self._op(arg, dtype)
             return self.b.reshape(op, (width,)) if op.shape != (width,) else op

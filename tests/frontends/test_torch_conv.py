@@ -104,6 +104,46 @@ def test_pools_norms_upsampling():
     _same(nn.Upsample(scale_factor=2, mode="nearest"), x)
 
 
+def test_average_pools_that_leave_the_padding_out_of_the_count():
+    """``count_include_pad=False`` (PoolFormer's token mixer: ``AvgPool2d(3, 1, 1,
+    count_include_pad=False)`` minus its input) divides each window by the inputs it covers; it
+    was listed as unsupported."""
+    x = torch.randn(2, 4, 9, 7)
+    _same(nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False), x)
+    _same(nn.AvgPool2d((3, 5), stride=(2, 3), padding=(1, 2), count_include_pad=False), x)
+    _same(nn.AvgPool1d(4, stride=2, padding=2, count_include_pad=False), x[:, :, 0])
+    two = nn.Sequential(nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False),
+                        nn.AvgPool2d(5, stride=1, padding=2, count_include_pad=False))
+    _same(two, x)  # two divisor maps of one shape in one program: each its own weight
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.PoolFormerModel(transformers.PoolFormerConfig(
+        num_encoder_blocks=2, depths=[1, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2],
+        padding=[2, 1], pool_size=3)).eval()
+    pixels = torch.randn(2, 3, 32, 32)
+    got = nc.trace(model, {"pixel_values": pixels})(pixel_values=pixels)[0]
+    torch.testing.assert_close(got, model(pixel_values=pixels).last_hidden_state, rtol=1e-4, atol=1e-5)
+
+
+class _TwoResizesOneLayer(nn.Module):
+    """Two resizes and two norms without weights in one module's forward (a decode head resizing
+    each stage's features): their constants are weights of one layer."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = nn.functional.interpolate(x, size=(12, 10), mode="bilinear", align_corners=False)
+        b = nn.functional.interpolate(y, size=(12, 10), mode="bilinear", align_corners=True)
+        rows = nn.functional.layer_norm(a, (10,)).pow(2).sum(-1)  # [1, 2, 12]
+        planes = nn.functional.layer_norm(b, (12, 10)).pow(2).sum((-2, -1))  # [1, 2]
+        return a + b + (rows + planes[..., None])[..., None]
+
+
+def test_constants_of_one_layer_are_weights_of_their_own():
+    """Weights of one label share one HBM tensor (a tied weight); the interpolation matrices and a
+    weightless layer norm's ones were labelled by layer alone, so a second resize in the same
+    module read the first one's matrix: silently wrong (2.3 off), no error."""
+    _same(_TwoResizesOneLayer(), torch.randn(1, 2, 6, 5), torch.randn(1, 2, 4, 3))
+
+
 def test_unsupported_pool_mode_is_listed():
     missing = nc.check(nn.MaxPool2d(3, stride=2, ceil_mode=True), (torch.randn(1, 2, 8, 8),))
     assert [m.opcode for m in missing] == ["aten.max_pool2d_with_indices"]
