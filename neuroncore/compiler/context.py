@@ -248,14 +248,23 @@ class Context:
 
         Tensors are keyed by name (made from op names), so a name already declared for another op
         would make two values share one buffer and overwrite each other: that is refused, except
-        for weights, which share the buffer of their label on purpose (a tied or re-read weight)."""
+        for weights, which share the buffer of their label on purpose (a tied or re-read weight)
+        when they agree in shape, type and layout (else each gets ``<name>@<op>``)."""
         existing = self.hbm_tensors.get(name)
+        stored = shape if shape is not None else op.shape
         if existing is None:
-            self.hbm_tensors[name] = HbmTensor(name, shape if shape is not None else op.shape,
-                                               dtype or op.dtype, kind, op.index, pretransposed)
+            self.hbm_tensors[name] = HbmTensor(name, stored, dtype or op.dtype, kind, op.index,
+                                               pretransposed)
         elif existing.op_index != op.index and not (
                 existing.kind is HbmTensorKind.WEIGHT and kind is HbmTensorKind.WEIGHT):
             self._refuse_shared_name(name, self.graph.ops[existing.op_index], op)
+        elif existing.op_index != op.index and (tuple(existing.shape), existing.dtype,
+                                                existing.pretransposed) != (tuple(stored), dtype or op.dtype,
+                                                                            pretransposed):
+            # a weight of the label in another shape, type or layout is not the same tensor: one
+            # of its own (reading the other's buffer was silently wrong, or a runtime error)
+            return self.hbm_tensor(f"{name}@{op.name}", op, kind, shape=shape,
+                                   pretransposed=pretransposed, dtype=dtype)
         return name
 
     def declare_view(self, view: HbmView, op: Op) -> str:

@@ -55,3 +55,21 @@ def test_weights_of_one_label_share_their_buffer(run, assert_close):
     weights = [t for t in result.program.hbm_tensors.values() if t.kind is HbmTensorKind.WEIGHT]
     assert [t.name for t in weights] == ["weight.model/w"]
     assert_close(result.out, result.ref)
+
+
+def test_weights_of_one_label_in_other_shapes_get_buffers_of_their_own(run, assert_close):
+    """Two constants of one label whose shapes differ cannot be one tensor: the second read the
+    first's buffer (a bilinear resize's [12, 4] matrix read the first 48 values of another resize's
+    [12, 6]: silently wrong; a [32] norm weight read as [120]: an error in the runtime). Each gets
+    a buffer of its own; same-shaped ones still share theirs (above)."""
+    g = nc.GraphBuilder()
+    x = g.parameter("x", (128, 64), "fp32")
+    wide = g.weight("w", (64, 48), "fp32")
+    narrow = g.weight("w", (64, 32), "fp32")  # the same label: model/w
+    assert wide.attrs["label"] == narrow.attrs["label"]
+    graph = g.build([g.dot(x, wide), g.dot(x, narrow)])
+    inputs = [np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)]
+    result = run(graph, inputs)
+    weights = sorted(t.name for t in result.program.hbm_tensors.values() if t.kind is HbmTensorKind.WEIGHT)
+    assert len(weights) == 2 and weights[0] == "weight.model/w"
+    assert_close(result.out, result.ref)
