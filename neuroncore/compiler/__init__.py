@@ -68,7 +68,15 @@ from neuroncore.compiler.program import (
     Program,
 )
 from neuroncore.compiler.residency import RESIDENT_SBUF_FRACTION, kept_on_chip
-from neuroncore.compiler.streaming import HOISTABLE, Group, joins, reads_group, run_group, units_of
+from neuroncore.compiler.streaming import (
+    HOISTABLE,
+    Group,
+    joins,
+    reads_group,
+    run_group,
+    stepping_view,
+    units_of,
+)
 from neuroncore.compiler.weight_ring import activation_peak_bytes
 from neuroncore.hardware import CoreSpec, Engine, core_spec
 from neuroncore.ir.graph import BINARY_OPS, LAYOUT_OPS, UNARY_OPS, Graph, Op
@@ -237,6 +245,11 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
         if joins(group, op, units, [ops[u] for u in ctx.uses[op.index]]):
             assert group is not None
             group.members.append(op)
+            continue
+        if (stepping_view(group, op) and op.index not in output_indices
+                and op.index not in ctx.orientation.members):
+            assert group is not None
+            group.members.append(op)  # read tile by tile as the member it aliases
             continue
         if group is not None and op.opcode in HOISTABLE and not reads_group(group, op):
             LOWERINGS[op.opcode](ctx, op)  # reads nothing of the group: lowered while it is open

@@ -12,7 +12,9 @@ generator that yields after finishing a batch, and the group advances all member
 in program order. A value whose every reader is in the group (and which is not a graph output) is
 *internal*: it lives in SBUF whatever its total size, and each batch of its tiles is freed as soon
 as the group has moved past that batch. Constants, parameters and views that read nothing of the
-group may be lowered while a group is open; anything else that reads a member closes the group.
+group may be lowered while a group is open; a reshape of a member that keeps each batch's rows and
+columns (``stepping_view``: BERT's scores ``[B*H, S, S]`` seen as ``[B, H, S, S]``) aliases its
+tiles and steps with it; anything else that reads a member closes the group.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.lower_elementwise import binary_steps, unary_steps
+from neuroncore.compiler.lower_layout import lower_view
 from neuroncore.compiler.lower_matmul import dot_steps, fused_epilogue, fused_scale
 from neuroncore.compiler.lower_reduce import reduce_steps, softmax_steps
 from neuroncore.compiler.lowering_state import Layout
@@ -136,15 +139,42 @@ def _tile_bytes(op: Op) -> int:
     return op.shape[-1] * op.dtype.itemsize
 
 
+def stepping_view(group: Group | None, op: Op) -> bool:
+    """Whether ``op`` is a reshape of a member that keeps each batch's rows and columns (the
+    attention scores ``[B*H, S, S]`` seen as ``[B, H, S, S]``): it aliases the member's tiles one
+    for one, so the group's steps read it as they read the member."""
+    if group is None or op.opcode != "reshape" or len(op.shape) < 2:
+        return False
+    src = op.operands[0]
+    return (src.index in group.indices and op.shape[-2:] == src.shape[-2:]
+            and math.prod(op.shape[:-2]) == math.prod(src.shape[:-2]))
+
+
+def _view_steps(ctx: Context, op: Op, units: int) -> Iterator[bool]:
+    lower_view(ctx, op)  # an alias of the member's tiles (lower_layout._try_alias)
+    for _ in range(units):
+        yield True
+
+
 def run_group(ctx: Context, group: Group) -> None:
     """Lower the members step by step; free each internal value's tiles once its last reader in
-    the group has read them."""
+    the group has read them (a reader of a view member reads its source)."""
     members = group.members
     position = {m.index: i for i, m in enumerate(members)}
+    views = {m.index for m in members if m.opcode == "reshape"}
+
+    def readers(i: int) -> list[int]:
+        out: list[int] = []
+        for u in ctx.uses[i]:
+            out.append(u)
+            if u in views:
+                out += readers(u)
+        return out
+
     internal = [m for m in members
                 if m.index not in ctx.outputs and ctx.uses[m.index]
-                and all(u in position for u in ctx.uses[m.index])]
-    last_reader = {m.index: max(position[u] for u in ctx.uses[m.index]) for m in internal}
+                and all(u in position for u in readers(m.index))]
+    last_reader = {m.index: max(position[u] for u in readers(m.index)) for m in internal}
     per_batch = 1 if group.by_tile else max(
         math.ceil(m.shape[-2] / P) if m.opcode != "reduce" else 1 for m in members)
     live_peak = max(sum(_tile_bytes(m) * per_batch for m in internal
@@ -155,7 +185,7 @@ def run_group(ctx: Context, group: Group) -> None:
     done_after: dict[int, list[Op]] = {}
     for m in internal:
         done_after.setdefault(last_reader[m.index], []).append(m)
-    gens = [steps_of(m)(ctx, m) for m in members]
+    gens = [_view_steps(ctx, m, group.units) if m.index in views else steps_of(m)(ctx, m) for m in members]
     for _ in range(group.units):
         for j, (op, gen) in enumerate(zip(members, gens)):
             ctx.position = op.index
@@ -211,4 +241,5 @@ def reads_group(group: Group | None, op: Op) -> bool:
     return any(o.index in inside for o in op.operands)
 
 
-__all__ = ["HOISTABLE", "Grain", "Group", "grain", "joins", "reads_group", "run_group", "units_of"]
+__all__ = ["HOISTABLE", "Grain", "Group", "grain", "joins", "reads_group", "run_group", "stepping_view",
+           "units_of"]

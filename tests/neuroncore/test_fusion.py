@@ -130,6 +130,31 @@ def test_a_batched_chain_is_lowered_batch_by_batch_on_chip(run, assert_close):
     np.testing.assert_array_equal(result.out, result.ref)
 
 
+def test_a_view_of_the_scores_between_the_dot_and_the_mask_stays_in_the_group(run, assert_close):
+    """torch's SDPA path (BERT) computes the scores as ``[B*H, S, S]`` and reshapes them to
+    ``[B, H, S, S]`` before the mask add: a view reading a member closed the group, so the scores
+    (here 96 KiB per partition in FP32, over a quarter of SBUF) were stored to HBM and read back
+    by the add. The reshape keeps each batch's rows and columns: it aliases the dot's tiles one
+    for one and steps with the group."""
+    b, heads, seq, d = 4, 48, 128, 64  # 192 score tiles of 128 x 128 FP32: 96 KiB per partition
+    g = nc.GraphBuilder()
+    q = g.parameter("q", (b * heads, seq, d), "fp32")
+    k = g.parameter("k", (b * heads, seq, d), "fp32")
+    v = g.parameter("v", (b * heads, seq, d), "fp32")
+    mask = g.parameter("mask", (b, heads, seq, seq), "fp32")
+    scores = g.dot(q, k, rhs_contract=-1)
+    masked = g.add(g.reshape(scores, (b, heads, seq, seq)), mask)
+    probs = g.reshape(g.softmax(masked), (b * heads, seq, seq))
+    graph = g.build([g.dot(probs, v)])
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal((b * heads, seq, d)).astype(np.float32) for _ in range(3)]
+    inputs.append(np.where(rng.random((b, heads, seq, seq)) < 0.1, -1e4, 0.0).astype(np.float32))
+    result = run(graph, inputs)
+    scratch = [t.name for t in result.program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
+    assert scores.name not in scratch, f"the scores went through HBM: {scratch}"
+    assert_close(result.out, result.ref)
+
+
 def test_rotary_concatenation_is_assembled_on_chip(run, assert_close):
     """Rotate-half rotary embedding: ``cat(x1 cos - x2 sin, x2 cos + x1 sin)`` along the head dim
     of [heads, seq, head_dim] values that live in SBUF is built by engine copies into the output's
