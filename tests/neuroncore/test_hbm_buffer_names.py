@@ -13,10 +13,11 @@ from neuroncore.compiler.lowering_state import HbmTensorKind
 
 
 def _two_values_named_alike() -> nc.Graph:
-    """exp(x) and tanh(x), both too large to stay on chip, given one name; both read after a
-    full reduction of the second, so each is re-read from HBM."""
+    """exp(x) and tanh(x), both too large to stay on chip (128 KiB per partition each: over half of
+    SBUF alone, so no live set keeps them), given one name; both read after a full reduction of the
+    second, so each is re-read from HBM."""
     g = nc.GraphBuilder()
-    x = g.parameter("x", (128, 16384), "fp32")
+    x = g.parameter("x", (128, 32768), "fp32")
     a = g.exp(x)
     b = g.add_op("tanh", [x], x.shape, "fp32", name=a.name)
     total = g.reduce(g.reduce(b, [1]), [0])
