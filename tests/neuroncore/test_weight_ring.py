@@ -16,6 +16,7 @@ from neuroncore.compiler.memory import RangeAllocator
 from neuroncore.compiler.program import RES_DMA, RES_TENSOR_LS, RES_TENSOR_MM
 from neuroncore.enums import Engine
 from neuroncore.hardware import NC_V2, with_overrides
+from tests.fixtures.placement import run_placements
 
 WIDTH = 1024  # each weight 16 KiB per partition: a quarter of the small core's SBUF
 SPEC = with_overrides(NC_V2, sbuf_bytes_per_partition=64 * 1024)
@@ -134,13 +135,9 @@ def test_whole_weights_wait_only_for_matmuls_in_the_ring(compiled):
 def test_same_numerics_and_no_slower(compiled, assert_close):
     graph, ring, plain = compiled
     inputs = [np.random.default_rng(0).standard_normal((128, WIDTH)).astype(np.float32)]
-    out_ring = nc.Instance("inf2.xlarge").core(0).load(ring).execute(inputs).outputs[0]
-    out_plain = nc.Instance("inf2.xlarge").core(0).load(plain).execute(inputs).outputs[0]
-    np.testing.assert_array_equal(out_ring, out_plain)  # only where weights sit changed
-    assert_close(out_ring, nc.run_reference(graph, inputs)[0], "bf16")
-    t_ring = nc.Instance("inf2.xlarge").core(0).load(ring).execute(timing_only=True).device_time_ns
-    t_plain = nc.Instance("inf2.xlarge").core(0).load(plain).execute(timing_only=True).device_time_ns
-    assert t_ring <= t_plain
+    ringed = run_placements(ring, plain, inputs)  # the same values: only where weights sit changed
+    assert_close(ringed.out, nc.run_reference(graph, inputs)[0], "bf16")
+    assert ringed.time_a_ns <= ringed.time_b_ns
 
 
 def test_activation_peak_counts_live_values_once_and_skips_weights_views_and_hbm_values():
