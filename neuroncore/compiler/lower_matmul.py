@@ -413,6 +413,11 @@ def _plan_dot(ctx: Context, reads: list[Op], plan: Callable[..., Plan]) -> Plan:
 # -- the dot lowering ----------------------------------------------------------------------------
 
 
+def _batches(shape: tuple[int, ...]) -> int:
+    """Logical batches of a row-layout value: every dim but the last two."""
+    return math.prod(shape[:-2]) if len(shape) > 2 else 1
+
+
 class _Operand:
     """Serves ``[k, x]`` tiles (K on partitions) of one dot operand, whatever its placement."""
 
@@ -427,6 +432,13 @@ class _Operand:
         # a feature-major value (compiler.orientation) holds its transpose: its last dim is on
         # partitions, so contracting over it reads the tiles in place
         self.shape = self.value.stored_shape
+        if not self.value.transposed and _batches(op.shape) > _batches(self.shape):
+            # a reshape that splits the rows it aliases into more batches ([32, 16] read as
+            # [2, 16, 16]: the same tiles, as _try_alias checks): the dot's batch index counts
+            # the operand's batches, so its tiles are located in the operand's shape (in the
+            # root's, batch 1 of SegFormer's attention was one tile past the last). A reshape
+            # that merges batches is read in the root's shape, as before: its only batch is 0.
+            self.shape = op.shape
         if self.value.transposed:
             contract_is_row = not contract_is_row
         self.contract_is_row = contract_is_row

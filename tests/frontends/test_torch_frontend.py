@@ -624,3 +624,26 @@ def test_buckets_cut_every_dim_that_grows_with_the_length():
     hidden, pooled = nc.trace(bert, inputs(32), buckets=[32, 64])(**given)
     assert hidden.shape == (2, 40, 64) and pooled.shape == (2, 64)
     torch.testing.assert_close(pooled, bert(**given).pooler_output, rtol=1e-4, atol=1e-5)
+
+
+def test_batched_dots_over_linear_outputs_viewed_as_batches_match_torch():
+    """SegFormer's efficient attention: q and v are Linear outputs ([128, 16] and [32, 16] rows)
+    read as per-image batches ([2, 64, 16], [2, 16, 16]) by the batched dots. The reshape aliases
+    the linear's tiles, and the dot located batch 1 in the root's unbatched shape: one tile past
+    the last (IndexError in the compiler)."""
+
+    class EfficientAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.v = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            q = self.q(x).reshape(2, 64, 1, 16).permute(0, 2, 1, 3)
+            v = self.v(kv.reshape(32, 16)).reshape(2, 16, 1, 16).permute(0, 2, 1, 3)
+            return torch.softmax(q @ v.transpose(-1, -2), -1) @ v
+
+    torch.manual_seed(0)
+    model = EfficientAttention().eval()
+    x, kv = torch.randn(2, 64, 16), torch.randn(2, 16, 16)
+    out = nc.trace(model, (x, kv))(x, kv)
+    np.testing.assert_allclose(out.numpy(), model(x, kv).detach().numpy(), rtol=1e-5, atol=1e-5)
