@@ -20,7 +20,7 @@ tiles and steps with it; anything else that reads a member closes the group.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from neuroncore.compiler.context import Context
@@ -156,6 +156,18 @@ def _view_steps(ctx: Context, op: Op, units: int) -> Iterator[bool]:
         yield True
 
 
+def _readers_through_views(uses: Mapping[int, Sequence[int]], views: set[int], i: int) -> list[int]:
+    """The readers of value ``i``, a view member's own readers included. Module-level on purpose: a
+    recursive closure refers to itself through its cell, a cycle that would keep the whole context
+    alive after the compile (tests/neuroncore/test_compile_speed.py)."""
+    out: list[int] = []
+    for u in uses[i]:
+        out.append(u)
+        if u in views:
+            out += _readers_through_views(uses, views, u)
+    return out
+
+
 def run_group(ctx: Context, group: Group) -> None:
     """Lower the members step by step; free each internal value's tiles once its last reader in
     the group has read them (a reader of a view member reads its source)."""
@@ -164,12 +176,7 @@ def run_group(ctx: Context, group: Group) -> None:
     views = {m.index for m in members if m.opcode == "reshape"}
 
     def readers(i: int) -> list[int]:
-        out: list[int] = []
-        for u in ctx.uses[i]:
-            out.append(u)
-            if u in views:
-                out += readers(u)
-        return out
+        return _readers_through_views(ctx.uses, views, i)
 
     internal = [m for m in members
                 if m.index not in ctx.outputs and ctx.uses[m.index]
