@@ -25,10 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from neuroncore.compiler.layer_runs import LayerRun
-from neuroncore.compiler.weight_ring import NOT_ACTIVATIONS, is_weight, last_uses, value_bytes_per_partition
+from neuroncore.compiler.weight_ring import (
+    NOT_ACTIVATIONS,
+    is_weight,
+    last_uses,
+    live_bytes,
+    value_bytes_per_partition,
+)
 from neuroncore.ir.graph import Graph
 
 RESIDENT_SBUF_FRACTION = 0.5
@@ -41,22 +45,14 @@ def kept_on_chip(graph: Graph, hbm_home_bytes: int, budget_bytes: int,
     run of repeated layers (``runs``), only ops kept in every layer of the run."""
     last_use = last_uses(graph)
     outputs = {o.index for o in graph.outputs}
-    live = np.zeros(len(graph.ops) + 2, np.int64)
-    candidates: list[tuple[int, int, int]] = []
-    for op in graph.ops:
-        if op.opcode in NOT_ACTIVATIONS or is_weight(op):
-            continue
-        size = value_bytes_per_partition(op)
-        end = last_use[op.index]
-        if size <= hbm_home_bytes:
-            live[op.index] += size
-            live[end + 1] -= size
-        elif (op.opcode != "parameter" and op.index not in outputs and end > op.index
-              and size <= budget_bytes):  # a parameter is an input: HBM-home whatever its size
-            candidates.append((op.index, end, size))
+    # a parameter is an input: HBM-home whatever its size
+    candidates = [(op.index, last_use[op.index], size) for op in graph.ops
+                  if op.opcode not in NOT_ACTIVATIONS and op.opcode != "parameter" and not is_weight(op)
+                  and hbm_home_bytes < (size := value_bytes_per_partition(op)) <= budget_bytes
+                  and op.index not in outputs and last_use[op.index] > op.index]
     if not candidates:
         return frozenset()
-    live = np.cumsum(live)
+    live = live_bytes(graph, hbm_home_bytes)
     kept: set[int] = set()
     for start, end, size in candidates:
         if int(live[start:end + 1].max()) + size <= budget_bytes:

@@ -174,14 +174,11 @@ def run_group(ctx: Context, group: Group) -> None:
     members = group.members
     position = {m.index: i for i, m in enumerate(members)}
     views = {m.index for m in members if m.opcode == "reshape"}
-
-    def readers(i: int) -> list[int]:
-        return _readers_through_views(ctx.uses, views, i)
-
+    readers = {m.index: _readers_through_views(ctx.uses, views, m.index) for m in members}
     internal = [m for m in members
                 if m.index not in ctx.outputs and ctx.uses[m.index]
-                and all(u in position for u in readers(m.index))]
-    last_reader = {m.index: max(position[u] for u in readers(m.index)) for m in internal}
+                and all(u in position for u in readers[m.index])]
+    last_reader = {m.index: max(position[u] for u in readers[m.index]) for m in internal}
     per_batch = 1 if group.by_tile else max(
         math.ceil(m.shape[-2] / P) if m.opcode != "reduce" else 1 for m in members)
     live_peak = max(sum(_tile_bytes(m) * per_batch for m in internal

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from neuroncore.compiler.tiling import P
 from neuroncore.ir.graph import Graph, Op
 
@@ -63,21 +65,27 @@ def last_uses(graph: Graph) -> dict[int, int]:
     return last_use
 
 
+def live_bytes(graph: Graph, hbm_home_bytes: int, kept: frozenset[int] = frozenset()) -> np.ndarray:
+    """Per op position (and one past the last), the bytes per partition of SBUF-home activations
+    live there: a value from its op to its last reader (``last_uses``), weights and values over
+    ``hbm_home_bytes`` counting nothing unless ``kept`` (``residency``) keeps them on chip. The one
+    definition of the live set that the ring's estimate and the residency rule both read."""
+    last_use = last_uses(graph)
+    live = np.zeros(len(graph.ops) + 2, np.int64)
+    for op in graph.ops:
+        if op.opcode in NOT_ACTIVATIONS or is_weight(op):
+            continue
+        size = value_bytes_per_partition(op)
+        if size <= hbm_home_bytes or op.index in kept:
+            live[op.index] += size
+            live[last_use[op.index] + 1] -= size
+    return np.cumsum(live)
+
+
 def activation_peak_bytes(graph: Graph, hbm_home_bytes: int, kept: frozenset[int] = frozenset()) -> int:
     """The most bytes per partition of SBUF-home activations live at once, in program order;
     ``kept``: values over ``hbm_home_bytes`` that stay in SBUF all the same (``residency``)."""
-    last_use = last_uses(graph)
-    ends: dict[int, int] = {}
-    live = peak = 0
-    for op in graph.ops:
-        size = value_bytes_per_partition(op)
-        if (op.opcode not in NOT_ACTIVATIONS and (size <= hbm_home_bytes or op.index in kept)
-                and not is_weight(op)):
-            live += size
-            ends[last_use[op.index]] = ends.get(last_use[op.index], 0) + size
-        peak = max(peak, live)
-        live -= ends.pop(op.index, 0)
-    return peak
+    return int(live_bytes(graph, hbm_home_bytes, kept)[:len(graph.ops)].max(initial=0))
 
 
 def ring_fits(graph: Graph, sbuf_bytes: int, fraction: float, hbm_home_bytes: int) -> bool:
