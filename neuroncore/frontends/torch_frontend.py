@@ -342,6 +342,37 @@ def _alias_lifted_constants(ep: ExportedProgram) -> None:
             ep.constants[bare] = value
 
 
+@contextlib.contextmanager
+def _keep_lifted_constants(ep: ExportedProgram) -> Iterator[None]:
+    """Constants that ``run_decompositions`` lifts anew are kept in ``ep.constants``. A cache passed
+    back in as an input (a manual decode loop: ``model(next_ids, cache=out.cache)``) is rebuilt in
+    the re-traced forward, whose ``DynamicLayer`` makes new ``torch.tensor([])`` constants
+    (``lifted_tensor_4`` after the export's 0-3); torch 2.13 lifts them (in ``export._trace``) but
+    builds the decomposed program with the old constants table, and its verifier then finds no such
+    constant. Both modules that call the lifting pass read it from their globals at call time."""
+    from torch._export.passes import lift_constants_pass
+    from torch.export import _trace
+
+    modules = [m for m in (_trace, lift_constants_pass) if hasattr(m, "_materialize_and_lift_constants")]
+    real = {m: m._materialize_and_lift_constants for m in modules}
+
+    def keeping(lift: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        def keep(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            constants = lift(*args, **kwargs)
+            for key, value in constants.items():
+                ep.constants.setdefault(key, value)
+            return constants
+        return keep
+
+    for module, lift in real.items():
+        setattr(module, "_materialize_and_lift_constants", keeping(lift))
+    try:
+        yield
+    finally:
+        for module, lift in real.items():
+            setattr(module, "_materialize_and_lift_constants", lift)
+
+
 def _views_as_reshapes(ep: ExportedProgram) -> None:
     """``aten.view`` nodes become ``aten.reshape`` before decomposition. The decomposed CPU
     ``scaled_dot_product_attention`` gives its output other strides than eager torch does, so a
@@ -510,7 +541,8 @@ def export(fn: Any, example_inputs: Sequence[Any] | dict[str, Any]) -> ExportedP
                 _restore_lazy_attributes(module, before)
             _alias_lifted_constants(ep)
             _views_as_reshapes(ep)
-            return ep.run_decompositions(_decompositions())
+            with _keep_lifted_constants(ep):
+                return ep.run_decompositions(_decompositions())
     except Exception as exc:  # torch raises many types; every one is a failed trace
         raise export_failure(name, exc) from exc
     finally:

@@ -275,3 +275,34 @@ def test_mamba_traces_without_its_cache_and_says_so_with_it() -> None:
     with pytest.raises(nc.TraceError, match="use_cache=False") as error:
         nc.trace(T.MambaForCausalLM(T.MambaConfig(**config)).eval(), inputs)
     assert "\n" not in str(error.value)
+
+
+def test_a_manual_decode_loop_passes_the_cache_back_in() -> None:
+    """A user's own decode loop: prefill, then the next token with the returned cache passed back
+    (``model(next_ids, attention_mask=..., cache=out.cache)``). The exported program rebuilds the
+    cache's layers, whose ``torch.tensor([])`` placeholders ``run_decompositions`` lifted anew and
+    then dropped: 'torch.export failed: Constant tensor lifted_tensor_4 is not in the constants
+    dictionary'. Each step has its own cache length, so its own program (static shapes)."""
+    import copy
+
+    import neuroncore as nc
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, **TOKENS)).eval()
+    prompt = _inputs()
+    with torch.no_grad():
+        out = model(**prompt)
+    cache = out.cache
+    step = {"input_ids": out.logits[:, -1].argmax(-1, keepdim=True),
+            "attention_mask": torch.cat([prompt["attention_mask"], torch.ones(2, 1, dtype=torch.int64)], 1),
+            "cache": cache}
+    traced = nc.trace(model, step)
+    got = traced(**step)
+    with torch.no_grad():
+        want = model(**{**step, "cache": copy.deepcopy(cache)})
+    assert len(got) == 1 + 2 * 2 and got[1].shape == (2, 2, 9, 16)  # logits, then the grown cache
+    layers = want.cache.layers
+    for g, w in zip(got, [want.logits, *[layer.keys for layer in layers], *[layer.values for layer in layers]]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
