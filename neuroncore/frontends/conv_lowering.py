@@ -313,6 +313,37 @@ def interpolation_matrix(size: int, out: int, align_corners: bool, scale: float 
     return matrix
 
 
-__all__ = ["conv", "implicit_gemm_conv", "interpolation_matrix", "out_size", "pad_axis",
-           "pad_spatial", "patches", "reduce_window", "transposed_conv", "weight_source",
+def _cubic_weights(t: float, a: float = -0.75) -> tuple[float, float, float, float]:
+    """torch's ``get_cubic_upsample_coefficients``: Keys' cubic convolution with ``A = -0.75`` at
+    the distances ``1 + t``, ``t``, ``1 - t``, ``2 - t`` of the four taps."""
+    def near(x: float) -> float:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: float) -> float:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)
+
+
+def cubic_interpolation_matrix(size: int, out: int, align_corners: bool, scale: float | None
+                               ) -> np.ndarray:
+    """[out, size]: row ``o`` holds the four bicubic weights of output ``o``, as torch's
+    ``upsample_bicubic2d`` places them (``area_pixel_compute_source_index`` with ``cubic=True``: a
+    half-pixel source left unclamped, its floor and the taps at -1..+2 around it, each tap's index
+    clamped into the input, so border taps add to the edge's weight)."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    matrix = np.zeros((out, size), np.float64)
+    for o in range(out):
+        source = ratio * o if align_corners else ratio * (o + 0.5) - 0.5
+        base = math.floor(source)
+        for tap, weight in enumerate(_cubic_weights(source - base)):
+            matrix[o, min(max(base - 1 + tap, 0), size - 1)] += weight
+    return matrix.astype(np.float32)
+
+
+__all__ = ["conv", "cubic_interpolation_matrix", "implicit_gemm_conv", "interpolation_matrix", "out_size",
+           "pad_axis", "pad_spatial", "patches", "reduce_window", "transposed_conv", "weight_source",
            "window_geometry", "window_slices", "zero_insert"]

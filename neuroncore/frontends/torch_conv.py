@@ -27,6 +27,7 @@ import torch
 from neuroncore.dtypes import DType
 from neuroncore.frontends.conv_lowering import (
     conv,
+    cubic_interpolation_matrix,
     interpolation_matrix,
     out_size,
     reduce_window,
@@ -307,15 +308,18 @@ def upsample_nearest(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> 
 
 
 
-@handles("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d")
+@handles("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")
 def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
-    """Linear interpolation, separable: each spatial dim is moved last and contracted with its
-    constant ``[out, in]`` interpolation matrix (one Tensor-engine matmul per dim, the result kept
-    in the input's dtype: torch does not auto-cast resizes)."""
+    """Linear and bicubic interpolation, separable: each spatial dim is moved last and contracted
+    with its constant ``[out, in]`` interpolation matrix (one Tensor-engine matmul per dim, the
+    result kept in the input's dtype: torch does not auto-cast resizes). Bicubic (ViT's position
+    embeddings under ``interpolate_pos_encoding``) has four taps per row instead of two."""
     shape, dtype = c._out(node)
     if not dtype.is_float:
         return NotImplemented
-    x = c._op(kw["self"], dtype)
+    cubic = "bicubic" in str(node.target)
+    matrix_of = cubic_interpolation_matrix if cubic else interpolation_matrix
+    x = c._op(kw.get("self", kw.get("input")), dtype)
     spatial = len(x.shape) - 2
     factors = kw.get("scale_factors")
     if factors is None:
@@ -334,7 +338,7 @@ def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
         # named after the node: weights of one label share one HBM tensor (a tied weight), so two
         # resizes in one layer with matrices of their own must not share a name
         matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
-                            array=interpolation_matrix(size, out, align, factors[k]))
+                            array=matrix_of(size, out, align, factors[k]))
         result = c.b.dot(flat, matrix, rhs_contract=-1, out_dtype=dtype)
         result = c.b.reshape(result, (*moved.shape[:-1], out))
         x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))

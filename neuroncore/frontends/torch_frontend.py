@@ -353,7 +353,8 @@ def _keep_lifted_constants(ep: ExportedProgram) -> Iterator[None]:
     from torch._export.passes import lift_constants_pass
     from torch.export import _trace
 
-    modules = [m for m in (_trace, lift_constants_pass) if hasattr(m, "_materialize_and_lift_constants")]
+    modules: list[Any] = [m for m in (_trace, lift_constants_pass)
+                          if hasattr(m, "_materialize_and_lift_constants")]
     real = {m: m._materialize_and_lift_constants for m in modules}
 
     def keeping(lift: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -365,12 +366,12 @@ def _keep_lifted_constants(ep: ExportedProgram) -> Iterator[None]:
         return keep
 
     for module, lift in real.items():
-        setattr(module, "_materialize_and_lift_constants", keeping(lift))
+        module._materialize_and_lift_constants = keeping(lift)
     try:
         yield
     finally:
         for module, lift in real.items():
-            setattr(module, "_materialize_and_lift_constants", lift)
+            module._materialize_and_lift_constants = lift
 
 
 def _views_as_reshapes(ep: ExportedProgram) -> None:
@@ -388,10 +389,11 @@ def _views_as_reshapes(ep: ExportedProgram) -> None:
         ep.graph_module.recompile()
 
 
-# ops kept whole although core ATen decomposes them: linear interpolation becomes gathers at
-# index tensors computed from aranges, while torch_conv.upsample_linear contracts each spatial dim
-# with one constant interpolation matrix (bilinear2d.vec already stays whole)
-_KEPT_WHOLE = ("upsample_linear1d.default", "upsample_linear1d.vec", "upsample_trilinear3d.vec")
+# ops kept whole although core ATen decomposes them: linear and bicubic interpolation become gathers
+# at index tensors computed from aranges, while torch_conv.upsample_linear contracts each spatial
+# dim with one constant interpolation matrix (bilinear2d.vec already stays whole)
+_KEPT_WHOLE = ("upsample_linear1d.default", "upsample_linear1d.vec", "upsample_trilinear3d.vec",
+               "upsample_bicubic2d.vec")
 
 
 def _decompositions() -> dict[Any, Any]:

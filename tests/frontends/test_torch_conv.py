@@ -194,6 +194,21 @@ def test_bilinear_upsampling(options):
     assert [op.opcode for op in traced.graph.ops].count("dot") == 2
 
 
+@pytest.mark.parametrize("options", [
+    dict(size=(9, 7), align_corners=False),    # ViT's interpolate_pos_encoding: a given size
+    dict(scale_factor=2, align_corners=True),
+    dict(size=(4, 3), align_corners=False),    # downsampling: border taps clamped into the input
+    dict(scale_factor=(2.2, 1.5), align_corners=False),
+])
+def test_bicubic_upsampling(options):
+    """Bicubic resizes were decomposed by core ATen into gathers at computed indices (aten.index,
+    unsupported): ViT with interpolate_pos_encoding=True stopped there. Four taps per output row,
+    the same separable matmuls as bilinear."""
+    torch.manual_seed(0)
+    traced = _same(nn.Upsample(mode="bicubic", **options), torch.randn(2, 3, 6, 5))
+    assert [op.opcode for op in traced.graph.ops].count("dot") == 2
+
+
 def test_linear_and_trilinear_upsampling():
     torch.manual_seed(0)
     _same(nn.Upsample(scale_factor=3, mode="linear"), torch.randn(2, 3, 5))
