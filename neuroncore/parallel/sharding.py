@@ -193,9 +193,10 @@ class _Restart(Exception):
     """Graph inputs turned out to be needed split after they were placed whole: start over with them
     split from the beginning (their whole uses then all-gather them)."""
 
-    def __init__(self, splits: dict[int, Split]) -> None:
+    def __init__(self, splits: dict[int, Split], whole_dots: frozenset[int] = frozenset()) -> None:
         super().__init__(", ".join(map(str, splits)))
         self.splits = splits
+        self.whole_dots = whole_dots  # linears to compute whole on every rank (replicated KV heads)
 
 
 def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
@@ -248,12 +249,14 @@ def shard(graph: Graph, tp: int, *, trained: frozenset[str] = frozenset(),
                 kept_whole.add(p.index)
             else:
                 presplit[p.index] = split
-    for _ in range(len(graph.parameters) + 1):
+    whole_dots: set[int] = set()
+    for _ in range(len(graph.parameters) + 2):
         try:
             return _Sharder(graph, tp, presplit, trained, sequence_parallel, output_splits,
-                            frozenset(kept_whole)).run()
+                            frozenset(kept_whole), frozenset(whole_dots)).run()
         except _Restart as restart:
             presplit.update(restart.splits)
+            whole_dots |= restart.whole_dots
     raise ShardingError(f"could not settle how to split the inputs of {graph.name}")
 
 
@@ -327,9 +330,12 @@ class _Sharder:
     def __init__(self, graph: Graph, tp: int, presplit: dict[int, Split],
                  trained: frozenset[str] = frozenset(), sequence_parallel: bool = False,
                  output_splits: dict[int, Sharding] | None = None,
-                 kept_whole: frozenset[int] = frozenset()) -> None:
+                 kept_whole: frozenset[int] = frozenset(),
+                 whole_dots: frozenset[int] = frozenset()) -> None:
         self.graph = graph
         self.kept_whole = kept_whole  # inputs never split
+        self.whole_dots = whole_dots  # linears computed whole (KV heads fewer than the ranks)
+        self.found_whole_dots: set[int] = set()  # ... found in this pass: the next one has them
         self.wanted_out = {graph.outputs[i].index: split for i, split in (output_splits or {}).items()}
         self.sequence_parallel = sequence_parallel and tp > 1
         self.seq: set[int] = set()  # values split along the sequence (sequence parallelism)
@@ -372,7 +378,7 @@ class _Sharder:
                     else:
                         local, split = self._lower_partial(op) or self._lower(op)
             except ShardingError:
-                if not self.wanted_split:
+                if not (self.wanted_split or self.found_whole_dots):
                     raise
                 # the detour of a misplaced input, which the next pass avoids: this pass's graph is
                 # thrown away, so the op is made whole (every rank computes it) and the pass goes on
@@ -386,8 +392,8 @@ class _Sharder:
                     any(o.index in self.seq for o in op.operands):
                 self.seq.add(op.index)  # a norm, dropout or residual on the rank's tokens
             self.local[op.index], self.split[op.index] = local, split
-        if self.wanted_split:
-            raise _Restart(self.wanted_split)
+        if self.wanted_split or self.found_whole_dots:
+            raise _Restart(self.wanted_split, frozenset(self.found_whole_dots))
         for o in self.graph.outputs:
             if o.index in self.wanted_out and self.split[o.index] != self.wanted_out[o.index]:
                 with self.b.located(o.layer, o.frames):
@@ -416,7 +422,7 @@ class _Sharder:
             with self.b.located(op.layer, op.frames):
                 return self._add(op, [self._whole(o) for o in op.operands], op.shape), None
         except ShardingError:
-            raise _Restart(self.wanted_split) from None
+            raise _Restart(self.wanted_split, frozenset(self.found_whole_dots)) from None
 
     def _sums_partials(self, op: Op) -> bool:
         """Training: a partial sum read only by additions stays partial, so the additions sum the
@@ -575,7 +581,8 @@ class _Sharder:
 
     def _rank_block(self, op: Op, split: Split) -> Op | None:
         """The rank's block of a replicated value every rank computed whole: its rows picked by a
-        rank-dependent one-hot selection matrix (no communication). Training only.
+        rank-dependent one-hot selection matrix (no communication). Training, and the replicated
+        KV heads of an inference program (:meth:`_localize`).
 
         A matmul rather than a row gather: the gather's lowering reads its table as a stored
         tensor, and the values cut here are usually views (a slice of a fused projection)."""
@@ -621,6 +628,10 @@ class _Sharder:
         if not _fits(op.shape[split.dim], split, self.tp, self.padded):
             return None
         made = self._make_local(op, split)
+        if made is None and self.whole_dots and op.opcode == "reshape" and not self.trained:
+            # replicated KV heads, regrouped to the query heads (repeat_kv: [b, kv, g, s, hd] ->
+            # [b, H, s, hd]): the rank's query heads' keys or values picked from the whole tensor
+            made = self._rank_block(op, split)
         if made is not None:
             self.localized[key] = made
         return made
@@ -775,6 +786,11 @@ class _Sharder:
         if split is None:
             return self._add(op, [self.local[src.index]], op.shape), None
         moved, size = _moved_split(src.shape, op.shape, split, self.tp, self.padded)
+        if moved is None and size and size < self.tp and not self.trained and self._grouped(op, size):
+            linear = self._column_linear(src)
+            if linear is not None:  # fewer KV heads than ranks: every rank computes all of them,
+                self.found_whole_dots.add(linear.index)  # from the next pass on; this pass goes on
+                return self._add(op, [self._whole(src)], op.shape), None  # to find the others
         if moved is None and size:
             raise ShardingError(
                 f"tp_degree {self.tp} does not divide the {size} heads (or groups) that "
@@ -783,6 +799,36 @@ class _Sharder:
         if moved is None:
             return self._add(op, [self._whole(src)], op.shape), None
         return self._add(op, [self.local[src.index]], self._shape(op, moved)), moved
+
+    def _grouped(self, op: Op, heads: int) -> bool:
+        """``op`` makes KV heads that the attention then repeats for their query groups
+        (transformers' ``repeat_kv``: ``[b, kv, 1, s, hd]`` broadcast to ``[b, kv, g, s, hd]``),
+        found among the ops of its layer that read it, directly or not. Query heads, and the KV
+        heads of multi-head attention, are not repeated."""
+        seen, stack = {op.index}, [op]
+        while stack:
+            for user in self.users.get(stack.pop().index, []):
+                if user.index in seen or user.layer != op.layer:
+                    continue
+                seen.add(user.index)
+                src = user.operands[0].shape
+                if user.opcode == "broadcast" and len(src) == len(user.shape) and any(
+                        src[d] == heads and src[d + 1] == 1 and user.shape[d + 1] > 1
+                        for d in range(len(src) - 1)):
+                    return True
+                stack.append(user)
+        return False
+
+    def _column_linear(self, op: Op) -> Op | None:
+        """The column-parallel linear ``op`` comes from, through its bias add and reshapes, or None."""
+        while op.opcode != "dot":
+            if op.opcode not in ("reshape", "convert", "add") or op.index in self.whole_dots:
+                return None
+            varying = [o for o in op.operands if not _is_weight(o) and o.opcode != "broadcast"]
+            if len(varying) != 1:
+                return None
+            op = varying[0]
+        return op if op.index not in self.whole_dots and any(_is_weight(o) for o in op.operands) else None
 
     def _reduce(self, op: Op) -> tuple[Op, Sharding]:
         src = op.operands[0]
@@ -849,6 +895,8 @@ class _Sharder:
                 made = self._masked(op, made, out)  # kept zero on the padding (a constant weight's
             return made, out                        # padding is zeros: its products are already)
 
+        if op.index in self.whole_dots:  # a KV projection every rank computes whole
+            return self._add(op, [self._whole(lhs), self._whole(rhs)], op.shape), None
         attempts: list[Callable[[], tuple[Op, Sharding] | None]] = []
         if sl is not None and sl.dim < n - 2:  # batch dims (attention heads) on both sides
             attempts.append(lambda: build(local_l, self._as_split(rhs, sl), sl))
@@ -887,14 +935,32 @@ class _Sharder:
 
     def _column_splittable(self, weight: Op, dim: int) -> bool:
         """Linears are split by output features; fewer features than ranks (a 2-class head) stay
-        whole on every rank, but a size ``tp`` does not divide is an error, as in Megatron."""
+        whole on every rank, and so does a head whose features ``tp`` does not divide (a 3-label
+        classifier at tp 2: no other matmul reads its result, as NxD keeps such a head a plain
+        replicated ``nn.Linear``); any other size ``tp`` does not divide is an error, as in
+        Megatron."""
         features = weight.shape[dim]
         if self.tp == 1 or features < self.tp:
             return False
         if features % self.tp and features not in self.padded:
+            if self._is_head(self.current):
+                return False
             raise ShardingError(
                 f"tp_degree {self.tp} does not divide the {features} output features of "
                 f"{self.current.describe()}: choose a tp_degree that divides the layer sizes")
+        return True
+
+    def _is_head(self, op: Op) -> bool:
+        """No matmul or convolution reads ``op``'s result, directly or through other ops: the
+        network's last linear on its path to the outputs (a classifier head)."""
+        seen, stack = {op.index}, [op]
+        while stack:
+            for user in self.users.get(stack.pop().index, []):
+                if user.opcode in ("dot", "convolution"):
+                    return False
+                if user.index not in seen:
+                    seen.add(user.index)
+                    stack.append(user)
         return True
 
     def _iota_block(self, op: Op, split: Split, shape: tuple[int, ...], suffix: str) -> Op | None:

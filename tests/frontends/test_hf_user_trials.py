@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_compare import compare  # noqa: E402
+from hf_compare import compare, leaves  # noqa: E402
 
 T = transformers
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -107,6 +107,11 @@ AUDIO_VISION = {
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
                                               num_heads=[2, 4], window_size=4)),
              lambda: {"pixel_values": torch.randn(1, 3, 32, 32)}),
+    # interpolate_pos_encoding: its position embeddings resized bicubically to a 48x48 image's grid
+    "vit-interpolate-pos-encoding": (lambda: T.ViTModel(T.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4)),
+        lambda: {"pixel_values": torch.randn(1, 3, 48, 48), "interpolate_pos_encoding": True}),
     # wav2vec2's positional convolution is weight-normalised: linalg_vector_norm of its weight
     "wav2vec2": (lambda: T.Wav2Vec2Model(T.Wav2Vec2Config(
         hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, conv_dim=(32, 32),
@@ -304,5 +309,52 @@ def test_a_manual_decode_loop_passes_the_cache_back_in() -> None:
         want = model(**{**step, "cache": copy.deepcopy(cache)})
     assert len(got) == 1 + 2 * 2 and got[1].shape == (2, 2, 9, 16)  # logits, then the grown cache
     layers = want.cache.layers
-    for g, w in zip(got, [want.logits, *[layer.keys for layer in layers], *[layer.values for layer in layers]]):
+    expected = [want.logits, *[layer.keys for layer in layers], *[layer.values for layer in layers]]
+    for g, w in zip(got, expected):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_head_whose_labels_tp_does_not_divide_stays_whole_on_every_rank() -> None:
+    """Swin with 3 labels at tp 2: its classifier reads the (replicated) pooled features, so the
+    sharder made it column-parallel and refused 3 output features ('tp_degree 2 does not divide the
+    3 output features'). A head, whose result no other matmul reads, is kept whole on every rank, as
+    NxD keeps a plain nn.Linear; a hidden layer of such a size is still refused
+    (tests/neuroncore/test_parallel.py)."""
+    import neuroncore as nc
+
+    torch.manual_seed(0)
+    model = T.SwinForImageClassification(T.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+        num_labels=3)).eval()
+    pixels = torch.randn(2, 3, 32, 32)
+    traced = nc.trace(model, {"pixel_values": pixels}, instance="trn1.32xlarge", tp_degree=2)
+    with torch.no_grad():
+        want = model(pixel_values=pixels).logits
+    torch.testing.assert_close(traced(pixel_values=pixels)[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_fewer_kv_heads_than_ranks_are_computed_whole_on_every_rank() -> None:
+    """Llama with 2 KV heads at tp 4 was refused ('tp_degree 4 does not divide the 2 heads');
+    NxD replicates KV heads when the ranks outnumber them. The k/v projections are now computed
+    whole on every rank (each rank then reads its query heads' KV head), with no collective of
+    their own: the program's all-reduces are the ones tp 2 has (o_proj, down_proj per layer, the
+    embedding)."""
+    import neuroncore as nc
+    from neuroncore.parallel import shard
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, **TOKENS)).eval()
+    inputs = _inputs()
+    traced = nc.trace(model, inputs, instance="trn1.32xlarge", tp_degree=4)
+    with torch.no_grad():
+        want = leaves(model(**inputs))
+    got = traced(**inputs)
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    collectives = {tp: [op.opcode for op in shard(traced.graph, tp).collectives] for tp in (2, 4)}
+    assert collectives[4] == collectives[2] and set(collectives[4]) == {"all-reduce"}
+    with pytest.raises(nc.TraceError, match="does not divide the 4 heads"):  # query heads: still refused
+        nc.trace(model, inputs, instance="trn1.32xlarge", tp_degree=8)
