@@ -11,7 +11,6 @@ HBM and reloaded when needed, with the DMA traffic that costs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Callable
@@ -33,7 +32,16 @@ from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, DoubleFree, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
 from neuroncore.compiler.orientation import Orientation, stored_shape
-from neuroncore.compiler.program import ApRef, Buffer, DmaQueue, HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.compiler.program import (
+    ApRef,
+    Buffer,
+    DmaQueue,
+    HbmAccess,
+    HbmTensor,
+    HbmView,
+    Ref,
+    raw_buffer,
+)
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
 from neuroncore.compiler.view_steps import Reshape
 from neuroncore.dtypes import DType
@@ -847,16 +855,10 @@ class Context:
                 f"[{ref.p0}:{ref.p1},{pattern}]")
 
 
-_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(Buffer))
-
-
-def _on_chip(*values: Any) -> Buffer:
-    """``Buffer(*values)`` for the allocator's own buffers (``memory`` a Memory member, SBUF or
-    PSUM): the fields set directly, without the constructor's check and normalisation of a
-    caller's ``memory`` (most of its cost, and made for every allocation)."""
-    buf = object.__new__(Buffer)
-    buf.__dict__.update(zip(_BUFFER_FIELDS, values))
-    return buf
+# ``Buffer(*values)`` for the allocator's own buffers (``memory`` a Memory member, SBUF or PSUM):
+# the slots set directly, without the constructor's check and normalisation of a caller's
+# ``memory`` (most of its cost, and made for every allocation)
+_on_chip: Callable[..., Buffer] = raw_buffer
 
 
 def _narrow(ref: Ref, cols: tuple[int, int] | None) -> Ref:

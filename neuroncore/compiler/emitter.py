@@ -854,7 +854,6 @@ class Emitter:
                           np.where(resource == RES_CC, CC_SEMAPHORE, self.column(self.engine, np.int64)))
         producer = np.zeros(n, bool)
         dep_ptr, flat = dep_columns if dep_columns is not None else self.dep_columns()
-        lengths = np.diff(dep_ptr)
         producer[flat] = True
         sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
         # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
@@ -872,30 +871,11 @@ class Emitter:
         sem_value[order] = (running - base).astype(np.int32)
         sem_value[~producer] = 0
         completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
-        # the waits of each node: per semaphore it waits on, the highest value among its producers,
-        # found for all nodes at once (sorted by node, then semaphore: the order the text lists them).
-        # A node's dependencies are in node order already, so the stable sort has short runs to
-        # merge; equal keys are one (node, semaphore), whose order is free (their maximum is kept)
-        span = int(sem_of.max()) + 1 if n else 1
-        key_type = np.dtype(np.int32 if n * span < 2 ** 31 else np.int64)
-        dep_sems = sem_of[flat]
-        key = np.repeat(np.arange(n, dtype=key_type) * span, lengths) + dep_sems.astype(key_type)
-        by_key = np.argsort(key, kind="stable")
-        key = key[by_key]
-        value = sem_value[flat[by_key]]
-        firsts = np.empty(key.size, bool)
-        firsts[:1] = True
-        np.not_equal(key[1:], key[:-1], out=firsts[1:])
-        if firsts.all():  # no node waits twice on one semaphore (the usual case): nothing to merge
-            ptr, sems, highest = dep_ptr, dep_sems[by_key], value
-        else:
-            at = np.flatnonzero(firsts)
-            highest = np.maximum.reduceat(value, at)
-            sems = dep_sems[by_key[at]]
-            ptr = np.r_[0, np.cumsum(np.bincount(key[at] // span, minlength=n))]
+        # the waits of each node are its dependencies' increments, every dependency being a
+        # producer: the strings read them from the program's columns (``operand_texts``)
         own: Sequence[str] = (RelocatedSemantics(list(self.text), self.text_moves) if self.text_moves
                               else list(self.text))
-        texts = OperandTexts(own, ptr, sems, highest, np.where(producer, sem_of, -1), completes)
+        texts = OperandTexts(own, dep_ptr, flat, sem_increment, sem_value, completes)
         return sem_increment, sem_value, texts
 
 

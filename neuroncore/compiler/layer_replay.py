@@ -29,7 +29,7 @@ from neuroncore.compiler.layer_boundary import age_hazards, evict_resident, wort
 from neuroncore.compiler.layer_names import Renamer
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
-from neuroncore.compiler.program import Buffer, HbmAccess, HbmTensor, HbmView, Ref
+from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref, raw_buffer
 from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
@@ -286,7 +286,8 @@ class _Template:
         self.ls_nodes = np.asarray([n for n, _ in self.after_ls], np.int64)
         self.ls_targets = np.asarray([m for _, m in self.after_ls], np.int64)
         # each buffer's fields (copied and given a new id and name), the distinct names, PSUM ids
-        self.buffer_fields = [(buf.__dict__, buf.id, buf.name) for buf in self.buffers]
+        self.buffer_fields = [(buf.id, buf.memory, buf.partitions, buf.free, buf.dtype, buf.address, buf.name)
+                              for buf in self.buffers]
         self.buffer_names = list(dict.fromkeys(buf.name for buf in self.buffers))
         self.psum_buffers = [buf.id for buf in self.buffers if buf.memory is Memory.PSUM]
 
@@ -326,16 +327,11 @@ class _Template:
         db = shift.db
         # a layer's buffers share a few names (every block of a dot's): each renamed once
         names = {name: shift.name(name) for name in self.buffer_names}
-        new = object.__new__
-        for fields, buf_id, name in self.buffer_fields:
+        for buf_id, memory, partitions, free, dtype, address, name in self.buffer_fields:
             # the template's record with its id and name moved: a copy of its fields (it was
             # checked when made; Buffer's constructor and __post_init__ are most of the cost here)
-            moved = new(Buffer)
-            moved_fields = moved.__dict__
-            moved_fields.update(fields)
-            moved_fields["id"] = buf_id + db
-            moved_fields["name"] = names[name]
-            buffers[buf_id + db] = moved
+            moved_id = buf_id + db  # one int object for the key and the record
+            buffers[moved_id] = raw_buffer(moved_id, memory, partitions, free, dtype, address, names[name])
         em.psum_keys.update(("buf", buf_id + db) for buf_id in self.psum_buffers)
         for tensor in self.tensors:
             name = shift.name(tensor.name)

@@ -9,6 +9,7 @@ and reporting a program costs array operations, not Python loops.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -138,9 +139,12 @@ class HbmAccess:
 fast_init(HbmAccess)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Buffer:
-    """An on-chip allocation. SBUF buffers span the same byte range on every partition they use."""
+    """An on-chip allocation. SBUF buffers span the same byte range on every partition they use.
+
+    Slotted: a big prefill holds a million of them (relocated layers' included), and a record
+    with a ``__dict__`` cost ~330 bytes against ~100 (docs/execution-core.md "Program memory")."""
 
     id: int
     memory: Memory  # SBUF or PSUM
@@ -161,6 +165,23 @@ class Buffer:
     @property
     def bytes_per_partition(self) -> int:
         return self.free * self.dtype.itemsize
+
+
+def _raw_maker(cls: type) -> Any:
+    """``make(*values)``: a ``cls`` with its slots set to ``values`` in field order, without its
+    constructor (no ``__post_init__``): for records copied from ones already checked."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    namespace.update({f"_set_{n}": cls.__dict__[n].__set__ for n in names})
+    body = "".join(f"    _set_{n}(b, {n})\n" for n in names)
+    # the source is made from the field names of our own record class, never from outside input
+    exec(f"def make({', '.join(names)}):\n    b = _new(_cls)\n{body}    return b\n", namespace)
+    return namespace["make"]
+
+
+raw_buffer = _raw_maker(Buffer)
+"""``raw_buffer(id, memory, partitions, free, dtype, address, name)``: a :class:`Buffer` made
+without its constructor's check of ``memory`` (a ``Memory`` member, SBUF or PSUM, already)."""
 
 
 @dataclass(frozen=True)
