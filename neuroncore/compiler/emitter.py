@@ -10,6 +10,7 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
@@ -310,6 +311,13 @@ WHOLE_BUFFER: Rect = (0, P, 0, 1 << 40)
 """Every partition and element of an on-chip buffer (a new buffer inherits its range's hazards)."""
 
 
+# The typecodes of the emitter's numeric per-node columns (``array.array``), wide enough for the
+# Program column each becomes (int8 resource/engine/dma_engines/ports, int16 queue, int32 op_index,
+# int64 trigger; lanes reach QUEUE_LANE_BASE + the queue count)
+COLUMN_TYPES = {"resource": "b", "engine": "b", "cost_ns": "d", "queue": "h", "dma_engines": "b",
+                "op_index": "i", "trigger": "q", "ports": "b", "_lane": "i"}
+
+
 class Emitter:
     """Accumulates nodes column by column; ``columns()`` hands them to :class:`Program`."""
 
@@ -317,14 +325,16 @@ class Emitter:
         self.spec = spec
         self._last_writes: dict[int, list[tuple[MemoryKey, Rect]]] = {}
         self.psum_keys: set[MemoryKey] = set()  # buffers that live in PSUM
-        self.ports: list[int] = []
-        self.resource: list[int] = []
-        self.engine: list[int] = []
-        self.cost_ns: list[float] = []
-        self.queue: list[int] = []
-        self.dma_engines: list[int] = []
+        # the numeric columns are typed arrays (COLUMN_TYPES): 1-8 bytes a node instead of a list's
+        # 8-byte pointer and, for values outside the small-int cache, a 32-byte int object
+        self.ports: array[int] = array(COLUMN_TYPES["ports"])
+        self.resource: array[int] = array(COLUMN_TYPES["resource"])
+        self.engine: array[int] = array(COLUMN_TYPES["engine"])
+        self.cost_ns: array[float] = array(COLUMN_TYPES["cost_ns"])
+        self.queue: array[int] = array(COLUMN_TYPES["queue"])
+        self.dma_engines: array[int] = array(COLUMN_TYPES["dma_engines"])
         self.deps: list[list[int]] = []
-        self.op_index: list[int] = []
+        self.op_index: array[int] = array(COLUMN_TYPES["op_index"])
         self.opcode: list[str] = []
         self.text: list[str] = []
         self.activation_fn: list[str | None] = []
@@ -340,11 +350,11 @@ class Emitter:
         # nodes) of the template nodes from ``source`` on, in which nodes >= lo move by dn
         # (``dep_columns`` applies it, in bulk)
         self.dep_moves: list[tuple[int, int, int, int, int]] = []
-        self.trigger: list[int] = []
+        self.trigger: array[int] = array(COLUMN_TYPES["trigger"])
         self.counters: list[NodeCounters] = []
         self.current_op = -1
         self._accesses: dict[MemoryKey, _Accesses | list[_Access]] = {}
-        self._lane: list[int] = []
+        self._lane: array[int] = array(COLUMN_TYPES["_lane"])
         # LDWEIGHTS -> the first MATMUL after it. The Tensor engine's two tracks share semaphore 0,
         # and a background LoadStationary can finish before the previous MultiplyMoving does, so an
         # LS must never increment it (the count would pass an earlier MM's value too soon). A wait
@@ -753,7 +763,7 @@ class Emitter:
             pieces.append((pos, len(self.deps), -1))
         return pieces
 
-    def column(self, values: list[Any], dtype: Any, lookup: dict[Any, int] | None = None) -> np.ndarray:
+    def column(self, values: Sequence[Any], dtype: Any, lookup: dict[Any, int] | None = None) -> np.ndarray:
         """One of the per-node lists (``resource``, ``engine``, ``cost_ns``, ...) as an array, each
         entry through ``lookup`` if given: a relocated range copies its template's entries
         (``_pieces``), converted once."""
@@ -813,7 +823,7 @@ class Emitter:
         ptr: list[int] = dep_ptr.tolist()
         values: list[int] = flat.tolist()
         self.deps = [values[ptr[i]:ptr[i + 1]] for i in range(len(self.deps))]
-        self.trigger = self.trigger_column().tolist()
+        self.trigger = array(COLUMN_TYPES["trigger"], self.trigger_column().tobytes())
         self.dep_moves = []
 
     def counter_columns(self) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ then repeats with the residual stream at the same addresses every one, two or th
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
 from neuroncore.compiler.layer_runs import LayerRun
@@ -108,7 +109,7 @@ def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
                           for a in accesses]
 
 
-def _moved(access: tuple, node: int, lanes: list[int]) -> tuple:
+def _moved(access: tuple, node: int, lanes: Sequence[int]) -> tuple:
     """A recorded access as made by ``node`` (on its own lane: a same-lane node skips the wait)."""
     return (*access[:4], node, lanes[node], *access[6:])
 

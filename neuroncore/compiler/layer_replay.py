@@ -19,6 +19,7 @@ expose it, since it changes how fast a program is made, not which program.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableSequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,7 +300,7 @@ class _Template:
         nodes = self.nodes
         lo, dn = shift.node_lo, shift.dn
         op_map = shift.op_map
-        columns: tuple[list[Any], ...] = (
+        columns: tuple[MutableSequence[Any], ...] = (
             em.resource, em.engine, em.cost_ns, em.queue, em.dma_engines, em.opcode, em.activation_fn,
             em.tensor_instruction_type, em.performance_mode, em.ports, em._lane, em.counters)
         for column in columns:
@@ -312,7 +313,7 @@ class _Template:
         table = np.arange(self.op_limit)
         table[list(op_map)] = list(op_map.values())
         table[-1] = -1  # a node of no op
-        em.op_index.extend(table[self.op_index].tolist())
+        em.op_index.frombytes(table[self.op_index].astype(np.intc).tobytes())  # array("i")
         base = len(em.text)
         em.text.extend(em.text[nodes])  # the template's: renamed when first read (operand_texts)
         # renamed when first read (a text that names nothing of the layer renders as itself):

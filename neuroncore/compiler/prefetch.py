@@ -30,6 +30,7 @@ where their first node is.
 from __future__ import annotations
 
 import re
+from array import array
 
 import numpy as np
 
@@ -124,7 +125,8 @@ def reorder(em: Emitter, order: list[int]) -> dict[int, int]:
                "trigger", "ports", "counters", "_lane")
     for name in columns:
         values = getattr(em, name)
-        setattr(em, name, [values[i] for i in order])
+        reordered = [values[i] for i in order]
+        setattr(em, name, array(values.typecode, reordered) if isinstance(values, array) else reordered)
     em.deps = [sorted(new_of[d] for d in deps) for deps in em.deps]
-    em.trigger = [new_of[t] if t >= 0 else t for t in em.trigger]
+    em.trigger = array(em.trigger.typecode, [new_of[t] if t >= 0 else t for t in em.trigger])
     return new_of
