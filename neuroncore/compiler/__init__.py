@@ -265,6 +265,8 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     flush()
     if dedup.replayed:
         ctx.stats["layers_relocated"] = dedup.replayed
+    del dedup  # the templates of relocated runs: lowering state, as the emitter's below
+    ctx.em.release_lowering_state()
     if options is not None and options.prefetch_weights:
         if ctx.em.semantic_moves:  # the reordering moves nodes: make the relocated records now
             ctx.em.semantics = list(RelocatedSemantics(ctx.em.semantics, ctx.em.semantic_moves))

@@ -366,6 +366,17 @@ class Emitter:
     def n_nodes(self) -> int:
         return len(self.resource)
 
+    def release_lowering_state(self) -> None:
+        """Drop what only lowering reads (recorded accesses, pending LoadStationary aliases, PSUM
+        keys), once every op is lowered: the per-node columns are all ``assemble`` needs, and a
+        big prefill's hazard tables and alias map cost ~50 bytes per node until the program is
+        assembled (docs/execution-core.md "Program memory")."""
+        self._accesses = {}
+        self._last_writes = {}
+        self._mm_after_ls = {}
+        self._pending_ls = []
+        self.psum_keys = set()
+
     # -- hazards ---------------------------------------------------------------------------
     def compact(self, nodes: set[int] | list[int]) -> list[int]:
         """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
