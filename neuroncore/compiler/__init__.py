@@ -27,7 +27,7 @@ from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, 
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
 from neuroncore.compiler.gc_pause import collector_paused
 from neuroncore.compiler.layer_replay import LayerDedup
-from neuroncore.compiler.layer_runs import find_runs
+from neuroncore.compiler.layer_runs import find_runs, with_final_layer
 from neuroncore.compiler.lazy_semantics import RelocatedSemantics
 from neuroncore.compiler.lower_collective import lower_collective
 from neuroncore.compiler.lower_conv import lower_convolution, lower_reduce_window
@@ -195,6 +195,10 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     if peak > ctx.sbuf.stream_lo:  # the activations need the ring's room: no ring (weight_ring)
         ctx.sbuf.end_ring()
     ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
+    # the model's last layer joins its run where only its readers after it differ (residency
+    # above was planned without it: with_final_layer requires the same plan for its ops)
+    runs = [with_final_layer(graph, run, ctx.hbm_home_bytes, ctx.kept_large | ctx.orientation.members)
+            for run in runs]
     output_indices = {o.index for o in graph.outputs}
     dedup = LayerDedup(ctx, runs, replay=replay_layers)
     group: Group | None = None

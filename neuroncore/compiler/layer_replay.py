@@ -210,6 +210,16 @@ class LayerDedup:
                                         and getattr(moved, f.name) == getattr(value, f.name))
                    for f in dataclasses.fields(value))
 
+    def _loose_in_hbm(self, run: LayerRun, k: int, period: int) -> bool:
+        """Whether the template's values at the offsets where the run's last layer is read
+        elsewhere (``LayerRun.loose``) live in HBM, as ``layer_runs.with_final_layer`` requires."""
+        for j in range(k - period, k):
+            for offset in run.loose:
+                value = self.ctx.values.get(run.layers[j].start + offset)
+                if value is None or value.home is not Memory.HBM or value.alias is not None:
+                    return False
+        return True
+
     # -- replay -----------------------------------------------------------------------------
     def _replay(self, run: LayerRun, k: int, period: int) -> int:
         """Relocate layers k-period .. k-1 over the rest of the run, as many whole periods as fit;
@@ -230,6 +240,8 @@ class LayerDedup:
             return mapping
 
         blocks = (len(run.layers) - k) // period
+        if run.loose and not self._loose_in_hbm(run, k, period):
+            blocks = (len(run.layers) - 1 - k) // period  # the last layer is lowered
         for b in range(1, blocks + 1):
             template.emit(Shift(start.frame.node_lo, b * dn, start.frame.buf_lo, b * db,
                                 op_map(k - period - 1, b * period), renamer), last=b == blocks)

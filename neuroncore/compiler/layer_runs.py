@@ -12,6 +12,7 @@ A layer's ops must be contiguous in program order; anything else is simply not a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from neuroncore.ir.graph import Graph, Op
+from neuroncore.compiler.lowering_state import Layout
+from neuroncore.compiler.tiling import tile_grid, tiles_of
+from neuroncore.ir.graph import BINARY_OPS, COLLECTIVE_OPS, UNARY_OPS, Graph, Op
 
 _LAYER_COMPONENT = re.compile(r"^([A-Za-z_]\w*)\.(\d+)$")
 MIN_RUN = 3  # a run shorter than this gains nothing from relocation
@@ -46,6 +49,9 @@ class LayerRun:
 
     layers: tuple[LayerSpan, ...]
     externals: tuple[tuple[int, ...], ...]
+    # offsets of the last layer's ops read after it, by other ops than the run's layers' (the
+    # model's last layer, read by the final norm: ``with_final_layer``); empty for equal layers
+    loose: tuple[int, ...] = ()
 
     @property
     def stride(self) -> int:
@@ -191,4 +197,76 @@ def _consistent(members: list[LayerSpan], exts: list[list[int]],
     return None
 
 
-__all__ = ["MIN_RUN", "LayerRun", "LayerSpan", "find_runs", "layer_of", "layer_spans"]
+def with_final_layer(graph: Graph, run: LayerRun, hbm_home_bytes: int, planned: frozenset[int]) -> LayerRun:
+    """``run`` with the layer right after it appended when that layer differs from the run's only
+    in who reads its values after it: the model's last layer, whose output the final norm reads
+    instead of a next layer's norm and residual add. Such a layer lowers as the run's layers do
+    when nothing in its lowering looks at those readers, which holds (and is required here) for
+    each value read after the layer that is
+
+    * elementwise (its lowering never reads its own readers), with no operand read by it alone
+      unless that operand is a collective (a dot's epilogue and bias fusion look through a dot's
+      only readers), not made of broadcasts alone (``streaming.joins`` reads those ops' readers);
+    * HBM-home by size (``Context.define``: larger than ``hbm_home_bytes`` per partition, not kept
+      on chip): its tiles are staged to HBM as they are made, so no spill ranks it by its next use,
+      and it is released after its last reader, after the layer in both cases;
+
+    and each op of the layer is planned (``planned``: the values kept on chip and the feature-major
+    ones) exactly as the same op of the run's last layer. ``layer_replay`` also checks, before it
+    relocates over this layer, that the template's values at those offsets live in HBM.
+    Anything else: ``run`` unchanged."""
+    last = run.layers[-1]
+    spans = layer_spans(graph)
+    index = next((i for i, s in enumerate(spans) if s.start == last.stop), None)
+    if index is None or len(run.layers) < 2:
+        return run
+    final = spans[index]
+    if final.prefix != last.prefix or final.number != last.number + 1 or final.size != last.size:
+        return run
+    output_pos = {o.index: i for i, o in enumerate(graph.outputs)}
+    uses: list[list[int]] = [[] for _ in graph.ops]
+    for op in graph.ops:
+        for operand in op.operands:
+            uses[operand.index].append(op.index)
+    sigs, exts = [], []
+    for k, layer in enumerate(run.layers):
+        sig, ext = _signature(graph, layer, run.layers[k - 1] if k else spans[spans.index(layer) - 1]
+                              if spans.index(layer) else None, output_pos, uses)
+        sigs.append(sig)
+        exts.append(ext)
+    sig, ext = _signature(graph, final, last, output_pos, uses)
+    if len(sig) != len(sigs[-1]) or len(ext) != len(exts[-1]):
+        return run
+    loose: list[int] = []
+    for offset, (row, ref) in enumerate(zip(sig, sigs[-1], strict=True)):
+        inside, outside = [u for u in row[6] if u >= 0], [u for u in row[6] if u < 0]
+        if row != ref and (row[:6] != ref[:6] or row[7:] != ref[7:] or inside != [u for u in ref[6] if u >= 0]
+                           or not outside or all(u >= 0 for u in ref[6])):
+            return run  # differs in more than where it is read after the layer
+        if not outside:
+            continue
+        # read after the layer (by other ops than the same op of a run layer, whatever the codes)
+        op, same = graph.ops[final.start + offset], graph.ops[last.start + offset]
+        if (op.opcode not in BINARY_OPS | UNARY_OPS or value_rows_bytes(op) <= hbm_home_bytes
+                or not uses[op.index] or not uses[same.index]
+                or all(o.opcode == "broadcast" for o in op.operands)
+                or any(uses[o.index] == [op.index] and o.opcode not in COLLECTIVE_OPS for o in op.operands)):
+            return run
+        loose.append(offset)
+    if any((final.start + o in planned) != (last.start + o in planned) for o in range(final.size)):
+        return run
+    extended = _consistent([*run.layers, final], [*exts, ext], output_pos)
+    if (extended is None or len(extended.layers) != len(run.layers) + 1
+            or extended.externals[:-1] != run.externals):
+        return run
+    return dataclasses.replace(extended, loose=tuple(loose))
+
+
+def value_rows_bytes(op: Op) -> int:
+    """Bytes per partition of ``op``'s value in row tiles (``Context.define``'s measure)."""
+    _, _, cols = tile_grid(op.shape, Layout.ROW)
+    return len(tiles_of(op.shape, Layout.ROW)) * cols * op.dtype.itemsize
+
+
+__all__ = ["MIN_RUN", "LayerRun", "LayerSpan", "find_runs", "layer_of", "layer_spans", "value_rows_bytes",
+           "with_final_layer"]

@@ -12,7 +12,7 @@ import pytest
 import neuroncore as nc
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
-from neuroncore.compiler.layer_runs import find_runs
+from neuroncore.compiler.layer_runs import LayerRun, find_runs, with_final_layer
 from neuroncore.compiler.layer_state import KNOWN_CONTEXT, KNOWN_EMITTER
 from neuroncore.compiler.program import Program
 from neuroncore.parallel.sharding import shard
@@ -84,6 +84,40 @@ def test_runs_are_the_repeated_layers() -> None:
         assert graph.ops[a].opcode == graph.ops[b].opcode and graph.ops[a].shape == graph.ops[b].shape
 
 
+def _final_layer_run(graph: nc.Graph) -> tuple[LayerRun, LayerRun]:
+    """The graph's run as found, and with the model's last layer where it may join
+    (``with_final_layer``, on trn1's HBM-home threshold, nothing planned on chip)."""
+    from neuroncore.compiler.context import Context
+    from neuroncore.hardware import core_spec
+
+    (run,) = find_runs(graph)
+    return run, with_final_layer(graph, run, Context(graph, core_spec("trn1")).hbm_home_bytes, frozenset())
+
+
+def test_a_long_prompts_last_layer_joins_its_run() -> None:
+    """The model's last layer differs from the run's only in who reads its output after it (the
+    final norm, not a next layer): where that output lives in HBM (a long prompt) the layer joins
+    the run and is relocated like the others (prefill-long: 5 layers relocated instead of 4; the
+    programs are compared field by field above)."""
+    name, overrides = CASES["prefill-long"]
+    overrides = dict(overrides)
+    graph = shard(workloads.get(name).graph(None, **overrides), overrides["tp_degree"]).local
+    run, extended = _final_layer_run(graph)
+    assert [layer.number for layer in extended.layers] == [*(layer.number for layer in run.layers), 9]
+    # the residual add at the layer's end: read by the final norm's slice instead of the next layer
+    (offset,) = extended.loose
+    assert graph.ops[extended.layers[-1].start + offset].opcode == "add"
+    assert extended.externals[:-1] == run.externals
+
+
+def test_a_decodes_last_layer_stays_out_of_its_run() -> None:
+    """A decode step's last layer leaves its residual stream on chip (too small for HBM), where
+    its readers decide when it is freed and which tile a spill takes: it is lowered in full."""
+    graph = workloads.get("llama-decode").graph(layers=6)
+    run, extended = _final_layer_run(graph)
+    assert extended is run
+
+
 def test_two_layers_have_no_run() -> None:
     assert find_runs(workloads.get("llama-decode").graph(layers=2)) == []
 
@@ -101,7 +135,8 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # spread over SBUF tombstones layer by layer), prefill-long settled only at the sixth. The decode
 # cases settle one boundary later since activation loads are triggered from GpSimd (a second
 # trigger lane whose history repeats a layer later; compiler/context.py ACTIVATION_LOAD_QUEUE)
-SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 4, "prefill-resident": 5,
+# prefill-long relocates the model's last layer too (its output lives in HBM: with_final_layer)
+SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 5, "prefill-resident": 5,
            "prefill-resident-period3": 3}
 
 
