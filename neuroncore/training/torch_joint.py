@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -137,6 +138,37 @@ def distinct_inputs(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def check_step_inputs(model: torch.nn.Module, n_inputs: int, loss_fn: Callable[..., Any] | None,
+                      keys: Sequence[str] = ()) -> None:
+    """One line when a step's example inputs cannot be split as :class:`LossModule` splits them: a
+    ``loss_fn`` with no target after the model's inputs, or model inputs the model's ``forward``
+    does not take (torch's own error named the wrapper's argument, ``forward() missing 1 required
+    positional argument: 'input'``, without saying the last input goes to ``loss_fn``)."""
+    name = type(model).__name__
+    if loss_fn is not None and n_inputs < 2:
+        what = f"the last entry ({keys[-1]!r})" if keys else "the last example input"
+        raise TraceError(f"{name}: with loss_fn, {what} is the target (loss_fn(model(*inputs[:-1]), "
+                         f"inputs[-1])), so the step needs the model's inputs and then the target; "
+                         f"got {n_inputs} input")
+    model_inputs = list(keys[:n_inputs - 1] if loss_fn is not None else keys) if keys else None
+    n_model = n_inputs - 1 if loss_fn is not None else n_inputs
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # no Python signature to check against
+        return
+    try:
+        if model_inputs is not None:
+            signature.bind(**dict.fromkeys(model_inputs))
+        else:
+            signature.bind(*([None] * n_model))
+    except TypeError as exc:
+        role = ("the last one is loss_fn's target" if loss_fn is not None else
+                "without loss_fn every input goes to the model, whose forward must return the loss; "
+                "pass loss_fn= to make the last input the target")
+        given = f"keywords {model_inputs}" if model_inputs is not None else f"{n_model} positional input(s)"
+        raise TraceError(f"{name}.forward cannot take the step's {given} ({exc}): {role}") from None
+
+
 def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
                 loss_fn: Callable[..., Any] | None = None, loss_scale: float = 1.0,
                 input_keys: Sequence[str] = (),
@@ -146,6 +178,7 @@ def export_loss(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     is one parameter under two names, both uses read one placeholder, and its gradient sums over
     both, as autograd's does. ``input_keys``: the keyword each example input is passed to the
     model by (:class:`LossModule`); empty: positionally."""
+    check_step_inputs(model, len(example_inputs), loss_fn, input_keys)
     wrapper = LossModule(model, loss_fn, loss_scale, input_keys)
     example_inputs = distinct_inputs(example_inputs)
     try:

@@ -280,6 +280,18 @@ def test_bad_inputs_are_one_line_errors() -> None:
     with pytest.raises(TraceError, match="max_grad_norm must be a positive number, not -1"):
         neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y),
                                     loss_fn=F.cross_entropy, max_grad_norm=-1)
+    # a loss_fn with no target after the model's inputs was torch's "forward() missing 1 required
+    # positional argument: 'input'"; too many inputs without loss_fn, "takes 2 positional arguments
+    # but 3 were given": neither said the last input is loss_fn's target
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    for inputs in ((x,), {"x": x}):
+        with pytest.raises(TraceError, match=r"with loss_fn, the last (example input|entry \('x'\)) "
+                                             r"is the target .* got 1 input") as info:
+            neuroncore.trace_train_step(model, sgd, inputs, loss_fn=F.cross_entropy)
+        assert "\n" not in str(info.value)
+    with pytest.raises(TraceError, match=r"MLP.forward cannot take the step's 2 positional input\(s\) "
+                                         r".*pass loss_fn= to make the last input the target"):
+        neuroncore.trace_train_step(model, sgd, (x, y))
 
 
 def test_per_step_scalars_are_per_partition_operands_of_the_update() -> None:
