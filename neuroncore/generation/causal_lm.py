@@ -294,6 +294,10 @@ class NeuronCausalLM:
         if config is None or not hasattr(model, "base_model") or model.get_output_embeddings() is None:
             raise GenerationError(f"{type(model).__name__} is not a transformers causal LM "
                                   f"(it needs a config, base_model and an output embedding)")
+        if getattr(config, "is_encoder_decoder", False):
+            raise GenerationError(f"{type(model).__name__} is an encoder-decoder model; NeuronCausalLM "
+                                  f"serves decoder-only causal LMs (trace its encoder and decoder with "
+                                  f"neuroncore.trace and run the decode loop on the host)")
         try:
             self.windows = attention_windows(model)  # sliding windows: masks the programs build
         except WindowError as exc:

@@ -290,6 +290,25 @@ def test_gpt_neo_local_attention_is_refused_in_one_line():
         NeuronCausalLM(neo, n_positions=16)
 
 
+def test_an_encoder_decoder_model_is_refused_in_one_line():
+    """T5 and Whisper are encoder-decoders: T5 stopped at its first program with torch's 'You must
+    specify exactly one of input_ids or inputs_embeds' (its decoder called without inputs), and
+    Whisper was accepted and failed later. Their decode loop runs on the host over traced
+    programs (tests/frontends/test_hf_user_trials.py: a cache passed back in)."""
+    t5 = T.T5ForConditionalGeneration(T.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16,
+                                                 vocab_size=64, decoder_start_token_id=0))
+    whisper = T.WhisperForConditionalGeneration(T.WhisperConfig(
+        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=64,
+        num_mel_bins=16, max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=1))
+    for model in (t5, whisper):
+        with pytest.raises(GenerationError, match="is an encoder-decoder model; NeuronCausalLM serves "
+                                                  "decoder-only causal LMs") as info:
+            NeuronCausalLM(model, n_positions=16)
+        assert "\n" not in str(info.value)
+
+
 def test_on_device_generation_returns_the_greedy_token_not_the_logits(llama, greedy):
     """transformers-neuronx's on-device generation, greedy: the programs end in an argmax (over the
     vocabulary the ranks split, gathered on the device), so a step sends back one id per row."""
