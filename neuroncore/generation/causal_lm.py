@@ -74,7 +74,8 @@ class StepTiming:
     context: int
     start_ns: int
     device_time_ns: int
-    latency_ns: float  # as the host sees it: launch, input copy, execution, output copy (host_io)
+    latency_ns: int  # as the host sees it: launch, input copy, execution, output copy (host_io),
+    # in whole ns as every time the core reports (device_time_ns, the records' timestamps)
     execution_ids: tuple[int, ...]  # one per rank
     model_ids: tuple[int, ...]  # the loaded program on each rank: which bucket's program ran
     host_to_device_bytes: int
@@ -88,7 +89,7 @@ class GenerationTiming:
     steps: tuple[StepTiming, ...]
 
     @property
-    def ttft_ns(self) -> float:
+    def ttft_ns(self) -> int:
         """Time to first token: the context encoding's latency as the host sees it
         (``neuroncore.runtime.host_io.request_latency_ns``, as ``bench/llm_decode.py`` reports it)."""
         return self.steps[0].latency_ns
@@ -98,14 +99,14 @@ class GenerationTiming:
         return tuple(s for s in self.steps if s.phase is Phase.TOKEN_GENERATION)
 
     @property
-    def tpot_ns(self) -> float:
-        """Time per output token: the mean latency of the token-generation steps (0.0 when the
-        generation made one token, which the context encoding produced)."""
+    def tpot_ns(self) -> int:
+        """Time per output token: the mean latency of the token-generation steps, rounded to whole ns
+        (0 when the generation made one token, which the context encoding produced)."""
         steps = self.token_steps
-        return sum(s.latency_ns for s in steps) / len(steps) if steps else 0.0
+        return round(sum(s.latency_ns for s in steps) / len(steps)) if steps else 0
 
     @property
-    def per_token_ns(self) -> list[float]:
+    def per_token_ns(self) -> list[int]:
         """Latency behind each output token: the prefill's for the first, then each step's."""
         return [s.latency_ns for s in self.steps]
 
@@ -462,7 +463,7 @@ class NeuronCausalLM:
         first = ranks[0]  # every rank copies its own inputs and outputs at the same time
         latency = request_latency_ns(first.program.spec, result.device_time_ns,
                                      first.host_to_device_bytes, first.device_to_host_bytes)
-        step = StepTiming(phase, bucket, context, result.start_ns, result.device_time_ns, latency,
+        step = StepTiming(phase, bucket, context, result.start_ns, result.device_time_ns, round(latency),
                           tuple(r.execution_id for r in ranks), tuple(r.model_id for r in ranks),
                           sum(r.host_to_device_bytes for r in ranks),
                           sum(r.device_to_host_bytes for r in ranks))
