@@ -28,6 +28,7 @@ import numpy as np
 
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
+from neuroncore.compiler.counters import COUNTER_NAMES
 from neuroncore.hardware import CoreSpec
 from neuroncore.ir.graph import Graph
 from neuroncore.workloads import train_graphs as tg
@@ -83,6 +84,12 @@ def big_workloads() -> dict[str, Callable[[], tuple[Graph, str | CoreSpec]]]:
     }
 
 
+# columns stored narrower since session 9 (int32 where the values fit), hashed as the int64 they
+# were: a digest depends on a program's values, not on how narrow its storage is, and stays
+# comparable with an older tree's
+WIDENED = frozenset({"dep_idx", *COUNTER_NAMES})
+
+
 def digest(program: object) -> str:
     """SHA-256 over every field of a Program except the graph and the core spec."""
     h = hashlib.sha256()
@@ -91,6 +98,8 @@ def digest(program: object) -> str:
             continue
         value = getattr(program, f.name)
         h.update(f.name.encode())
+        if isinstance(value, np.ndarray) and f.name in WIDENED:
+            value = value.astype(np.int64)
         if isinstance(value, np.ndarray):
             h.update(str(value.dtype).encode())
             h.update(np.ascontiguousarray(value).tobytes())

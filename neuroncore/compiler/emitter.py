@@ -311,6 +311,9 @@ WHOLE_BUFFER: Rect = (0, P, 0, 1 << 40)
 """Every partition and element of an on-chip buffer (a new buffer inherits its range's hazards)."""
 
 
+# ``Program.dep_idx``: node ids, int32 (a program of 2^31 nodes would need ~1 TiB to build)
+DEP_IDX_DTYPE = np.int32
+
 # The typecodes of the emitter's numeric per-node columns (``array.array``), wide enough for the
 # Program column each becomes (int8 resource/engine/dma_engines/ports, int16 queue, int32 op_index,
 # int64 trigger; lanes reach QUEUE_LANE_BASE + the queue count)
@@ -804,11 +807,13 @@ class Emitter:
                 lengths[start:stop] = lengths[source:source + stop - start]
         dep_ptr = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=dep_ptr[1:])
-        flat = np.empty(int(dep_ptr[-1]), np.int64)
+        if n >= 2**31:
+            raise ValueError(f"a program of {n} nodes: node ids past int32")
+        flat = np.empty(int(dep_ptr[-1]), DEP_IDX_DTYPE)
         for start, stop, source in pieces:
             a, b = int(dep_ptr[start]), int(dep_ptr[stop])
             if source < 0:
-                flat[a:b] = np.fromiter(itertools.chain.from_iterable(deps[start:stop]), np.int64,
+                flat[a:b] = np.fromiter(itertools.chain.from_iterable(deps[start:stop]), DEP_IDX_DTYPE,
                                         count=b - a)
             else:
                 flat[a:b] = flat[int(dep_ptr[source]):int(dep_ptr[source + stop - start])]
@@ -838,7 +843,8 @@ class Emitter:
         self.dep_moves = []
 
     def counter_columns(self) -> dict[str, np.ndarray]:
-        """One int64 column per counter (``Program`` fields of the same names), in node order."""
+        """One column per counter (``Program`` fields of the same names), in node order: int32
+        when every value fits (a program's, nearly always), else int64."""
         # most nodes share their records (NO_COUNTERS; relocated layers hold their template's), so
         # each distinct record is unpacked once and the columns are gathered by index
         # (the records are alive in ``self.counters``, so their ids are distinct per record)
@@ -858,6 +864,8 @@ class Emitter:
         distinct = [counters[i] for i in nodes[first].tolist()]
         table = np.fromiter(itertools.chain.from_iterable(map(counter_values, distinct)), np.int64,
                             count=len(distinct) * width).reshape(-1, width)
+        if table.size and int(table.max()) < 2**31 and int(table.min()) >= -2**31:
+            table = table.astype(np.int32)
         return {name: table[:, i][which] for i, name in enumerate(COUNTER_NAMES)}
 
     # -- semaphores ------------------------------------------------------------------------

@@ -259,22 +259,24 @@ class Program:
     queue: np.ndarray  # int16: DMA queue index, -1 for instructions
     dma_engines: np.ndarray  # int8: DMA engines a transfer is spread over (0 for instructions)
     dep_ptr: np.ndarray  # int64 CSR over dep_idx
-    dep_idx: np.ndarray  # int64: earlier nodes this node waits for
+    dep_idx: np.ndarray  # int32: earlier nodes this node waits for
     op_index: np.ndarray  # int32: IR op that produced the node (-1: none)
     opcode_id: np.ndarray  # int16 into ``opcodes``
     pc: np.ndarray  # int64: position in its engine's (or queue's) stream
-    raw_flops: np.ndarray  # int64
-    adjusted_flops: np.ndarray  # int64
-    transpose_flops: np.ndarray  # int64
-    hbm_read_bytes: np.ndarray  # int64
-    hbm_write_bytes: np.ndarray  # int64
-    sbuf_read_bytes: np.ndarray  # int64
-    sbuf_write_bytes: np.ndarray  # int64
-    psum_read_bytes: np.ndarray  # int64
-    psum_write_bytes: np.ndarray  # int64
-    spill_save_bytes: np.ndarray  # int64
-    spill_reload_bytes: np.ndarray  # int64
-    dma_bytes: np.ndarray  # int64: bytes a DMA transfer moves (0 for instructions)
+    # the counters (compiler.counters): int32 where every value of the program fits, else int64
+    # (read them widened before arithmetic that could pass 2^31; sums widen by themselves)
+    raw_flops: np.ndarray
+    adjusted_flops: np.ndarray
+    transpose_flops: np.ndarray
+    hbm_read_bytes: np.ndarray
+    hbm_write_bytes: np.ndarray
+    sbuf_read_bytes: np.ndarray
+    sbuf_write_bytes: np.ndarray
+    psum_read_bytes: np.ndarray
+    psum_write_bytes: np.ndarray
+    spill_save_bytes: np.ndarray
+    spill_reload_bytes: np.ndarray
+    dma_bytes: np.ndarray  # bytes a DMA transfer moves (0 for instructions)
     sem_increment: np.ndarray  # int16: semaphore the node increments on completion (-1: none)
     sem_value: np.ndarray  # int32: that semaphore's value after the increment
     trigger: np.ndarray  # int64: for DMA transfers, the node that triggered it (-1 otherwise)

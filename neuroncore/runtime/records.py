@@ -68,7 +68,8 @@ def emit_program(sink: EventSink, program: Program, model_id: int, core: int, *,
             # resource codes are neuroncore.enums.Resource) for the profile's Flow edges
             activation_fn=program.activation_fn, tensor_instruction_type=program.tensor_instruction_type,
             performance_mode=program.performance_mode,
-            nki_source_location=program.nki_source_location, dep_ptr=program.dep_ptr, dep_idx=program.dep_idx,
+            nki_source_location=program.nki_source_location, dep_ptr=program.dep_ptr,
+            dep_idx=program.dep_idx.astype(np.int64),  # stored int32: the record's schema is int64
             resource=program.resource),
     )
 
@@ -87,7 +88,7 @@ def _static_columns(program: Program, layout: RecordLayout) -> dict[str, dict[st
         "opcode": program.opcode_id[idx],
         "pc": program.pc[idx],
         "op_index": program.op_index[idx],
-        **{name: getattr(program, name)[idx] for name in (
+        **{name: getattr(program, name)[idx].astype(np.int64) for name in (  # int32 when they fit
             "raw_flops", "adjusted_flops", "transpose_flops", "hbm_read_bytes", "hbm_write_bytes",
             "sbuf_read_bytes", "sbuf_write_bytes", "psum_read_bytes", "psum_write_bytes",
             "spill_save_bytes", "spill_reload_bytes")},

@@ -298,7 +298,7 @@ def record_layout(program: Program) -> RecordLayout:
         sem_slot[producers] = np.arange(producers.size)
         dma_nodes = np.flatnonzero(is_dma)
         packet_node = np.repeat(dma_nodes, program.dma_engines[dma_nodes].astype(np.int64))
-        hbm = (program.hbm_read_bytes + program.hbm_write_bytes).astype(np.float64)
+        hbm = program.hbm_read_bytes.astype(np.float64) + program.hbm_write_bytes
         hbm[~is_dma] = 0.0
         cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm,
                               np.flatnonzero(program.resource == RES_CC))
