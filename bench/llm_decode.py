@@ -208,12 +208,12 @@ def estimated_cost(program: Program) -> int:
 def estimated_rss_bytes(program: Program) -> int:
     """A rough peak resident set of the worker making ``program``, to keep two big ones from
     running at once: a prefill's grows with its prompt tokens, layers and per-rank hidden size
-    (~40 bytes per token x layer x hidden/tp) and with its attention scores (~0.19 byte per
+    (~35 bytes per token x layer x hidden/tp) and with its attention scores (~0.16 byte per
     context^2 x sequence x query head per rank x layer), over ~0.3 GiB: both count the program's
-    nodes, ~600 bytes each at the peak (docs/execution-core.md "Program memory"). Fitted to three
+    nodes, ~500 bytes each at the peak (docs/execution-core.md "Program memory"). Fitted to three
     prefills measured with ``/usr/bin/time`` (session 9; before its cuts in parentheses): Llama-2-7B
-    inf2 tp24 2,048 tokens b4 1.92 GiB (2.49), b8 4.0 (5.2), Mistral-7B inf2 tp24 b1 8,192 2.47
-    (3.18); the estimate is within 0.3 GiB above each. Session 8 measured before them Llama-2-7B
+    inf2 tp24 2,048 tokens b4 1.75 GiB (2.49), b8 3.54 (5.2), Mistral-7B inf2 tp24 b1 8,192 2.17
+    (3.18); the estimate is within 0.25 GiB above each. Session 8 measured before them Llama-2-7B
     b1 2,048 0.78 GiB, Llama-2-70B trn1 tp32 b4 2,048 9.5, Mistral-7B b4 8,192 13.8. A decode
     step ~1 GiB (Llama-3-70B inf2 b8 bucket 8192: 1.07)."""
     workload, model, instance, batch, context = program
@@ -221,8 +221,8 @@ def estimated_rss_bytes(program: Program) -> int:
         return 2**30
     dims, tp = LLAMA_PRESETS[model], INSTANCES[instance]
     q_heads = head_counts(dims["heads"], dims["kv_heads"], tp)[0] // tp
-    rows = 40 * batch * context * dims["layers"] * dims["hidden"] / tp
-    scores = 0.19 * batch * q_heads * context**2 * dims["layers"]
+    rows = 35 * batch * context * dims["layers"] * dims["hidden"] / tp
+    scores = 0.16 * batch * q_heads * context**2 * dims["layers"]
     return int(0.3 * 2**30 + rows + scores)
 
 
@@ -290,7 +290,7 @@ class Grid:
         """Make every program ``keys`` need, each once, on ``jobs`` worker processes (spawned: a
         fresh interpreter each, no state shared with this one), biggest first, a program started
         only where its estimated memory fits next to the running ones' (``next_program``: the
-        grid's biggest prefills, estimated at 18-39 GiB, run alone); ``finished(key)`` is called
+        grid's biggest prefills, estimated at 16-34 GiB, run alone); ``finished(key)`` is called
         as soon as all of a key's programs are made."""
         needed = list(dict.fromkeys(p for key in keys for p in programs_of(key)))
         waiting = {key: set(programs_of(key)) for key in keys}
