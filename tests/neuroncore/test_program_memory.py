@@ -2,11 +2,12 @@
 
 A relocated layer is its template's nodes with ids shifted (compiler.layer_replay): its node
 records and operand strings are made only when read, its waits are the program's own columns. What
-is left per relocated node is the program's NumPy columns (~220 bytes) and its share of the
-relocated buffers. The bound below is measured, not derived: a relocated node retained ~317 bytes
+is left per relocated node is the program's NumPy columns (~130 bytes) and its share of the
+relocated buffers. The bound below is measured, not derived: a relocated node retained ~255 bytes
 and peaked at ~347 while the program was made (Python 3.11); before session 9 it was ~440 / ~490
 (per-dependency copies of the waits, buffers with a ``__dict__``, lists of Python ints while
-building), and making every node record eagerly adds ~320 more."""
+building, int64 dependency and counter columns), and making every node record eagerly adds ~320
+more."""
 
 from __future__ import annotations
 
