@@ -57,6 +57,15 @@ out (the KV cache stays on the device, as transformers-neuronx keeps it).
 order. The figures are the same either way, keys in the grid's order; with N workers the keys'
 ``key_wall_s`` overlap, so they add up to more than ``bench_wall_s``.
 
+A program whose estimated peak memory (``estimated_rss_bytes``) alone is more than the memory
+available when the run starts is not started: its keys are ``{"skipped": "<program>: <why>"}``
+and stderr names it (``--ignore-memory`` runs it anyway; on this 24 GiB machine the grid's two
+biggest prefills, Llama-3-70B b8 4096 tokens on either instance, are skipped). A program that
+fails (an error in the compiler, a worker killed) fails only the keys that need it, each
+``{"failed": "<program>: <error's first line>"}`` and one stderr line; every other key keeps its
+figures, the JSON line is printed, and the run exits 1. ``keys_skipped`` / ``keys_failed`` count
+them; ``--progress`` lines carry each key's figures as it finishes.
+
 The numbers come from the execution core's cost model (neuroncore.md: engine rates, HBM and DMA
 costs, per-execution overheads) and the collective model (NeuronLink topology, algorithms, hop
 latency), not from hardware. ``calibration`` gives the error on each public calibration point.
@@ -72,7 +81,9 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
+from typing import Any
 
 from neuronscope import settings
 
@@ -239,6 +250,15 @@ def memory_budget_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def too_big(programs: set[Program], budget: int) -> dict[Program, str]:
+    """The programs whose estimated peak memory alone is more than ``budget``, with why: started,
+    each would be killed part way (or swap the machine to a crawl), so the run skips them and says
+    so instead (``--ignore-memory`` runs them anyway)."""
+    return {p: (f"estimated peak {estimated_rss_bytes(p) / 2**30:.1f} GiB, more than the "
+                f"{budget / 2**30:.1f} GiB available (--ignore-memory runs it anyway)")
+            for p in sorted(programs) if estimated_rss_bytes(p) > budget}
+
+
 def next_program(pending: list[Program], running: list[Program], budget: int) -> Program | None:
     """The first of ``pending`` (biggest first) whose estimated memory fits next to the running
     programs' in ``budget``; with nothing running, the first (alone, whatever its estimate)."""
@@ -248,6 +268,10 @@ def next_program(pending: list[Program], running: list[Program], budget: int) ->
     return next((p for p in pending if used + estimated_rss_bytes(p) <= budget), None)
 
 
+class ProgramFailed(Exception):
+    """A program of the grid could not be made; the message says which and why, in one line."""
+
+
 class Grid:
     """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it;
     ``cost`` is what each program cost the process that made it (CPU s, wall s)."""
@@ -255,17 +279,25 @@ class Grid:
     def __init__(self, options: CompilerOptions | None = None) -> None:
         self.cache: dict[Program, Timed] = {}
         self.cost: dict[Program, tuple[float, float]] = {}
+        self.failed: dict[Program, str] = {}  # programs that could not be made, with why (one line)
         self.options = options  # precision of every program (e.g. int8 weight-only)
+
+    def failure(self, key: Key) -> str | None:
+        """Why ``key`` has no figures (the first of its programs that failed), if it has none."""
+        return next((f"{describe(p)}: {self.failed[p]}" for p in programs_of(key) if p in self.failed),
+                    None)
 
     def run(self, workload: str, key: Key, context: int) -> Timed:
         program = (workload, key.model, key.instance, key.batch, context)
+        if program in self.failed:
+            raise ProgramFailed(self.failed[program])
         if program not in self.cache:
             wall, cpu = time.perf_counter(), time.process_time()
             self.cache[program] = simulate(program, self.options)
             self.cost[program] = (time.process_time() - cpu, time.perf_counter() - wall)
         return self.cache[program]
 
-    def figures(self, key: Key) -> dict[str, float | int | dict[str, int]]:
+    def figures(self, key: Key) -> dict[str, Any]:
         prefill = self.run("llama-prefill", key, key.prompt)
         per_bucket = steps_per_bucket(token_buckets(key.prompt + key.output), key.prompt, key.output)
         # a bucket-b step attends over b positions: b - 1 cached plus the new token's
@@ -289,34 +321,75 @@ class Grid:
                      finished: Callable[[Key], None]) -> None:
         """Make every program ``keys`` need, each once, on ``jobs`` worker processes (spawned: a
         fresh interpreter each, no state shared with this one), biggest first, a program started
-        only where its estimated memory fits next to the running ones' (``next_program``: the
-        grid's biggest prefills, estimated at 16-34 GiB, run alone); ``finished(key)`` is called
-        as soon as all of a key's programs are made."""
+        only where its estimated memory fits next to the running ones' (``next_program``);
+        ``finished(key)`` is called as soon as all of a key's programs are made or one failed.
+
+        A program that raises is failed with its error's first line. A worker that dies (killed,
+        e.g. by the kernel when memory runs out) takes its pool down with every program running
+        in it: those are tried again one at a time, nothing beside them, and one that brings its
+        pool down alone is failed. Every other program, and every figure already made, stays."""
         needed = list(dict.fromkeys(p for key in keys for p in programs_of(key)))
         waiting = {key: set(programs_of(key)) for key in keys}
         pending = sorted(needed, key=estimated_cost, reverse=True)
         budget = memory_budget_bytes()
-        running: dict[Future, Program] = {}
+        alone: set[Program] = set()  # were running when a worker died: retried with nothing beside
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            while pending or running:
-                while len(running) < jobs:  # start what fits next to what runs
-                    program = next_program(pending, list(running.values()), budget)
-                    if program is None:
-                        break
-                    pending.remove(program)
-                    running[pool.submit(measured, program, quantize)] = program
-                ready, _ = wait(running, return_when=FIRST_COMPLETED)
-                future = ready.pop()
-                program = running.pop(future)
-                timed, cpu, wall = future.result()
-                self.cache[program] = Timed(*timed)
-                self.cost[program] = (cpu, wall)
-                for key in keys:
-                    if program in waiting[key]:
-                        waiting[key].discard(program)
-                        if not waiting[key]:
-                            finished(key)
+
+        def settle(program: Program) -> None:
+            for key in keys:
+                if program in waiting[key]:
+                    waiting[key].discard(program)
+                    if not waiting[key] or program in self.failed:
+                        waiting[key].clear()
+                        finished(key)
+
+        while pending:
+            running: dict[Future, Program] = {}
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                broken = False
+                while (pending or running) and not broken:
+                    while len(running) < jobs and not alone & set(running.values()):
+                        program = next_program(pending, list(running.values()), budget)
+                        if program is None or (running and program in alone):
+                            break
+                        pending.remove(program)
+                        running[pool.submit(measured, program, quantize)] = program
+                    ready, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in ready:
+                        program = running.pop(future)
+                        try:
+                            timed, cpu, wall = future.result()
+                        except BrokenProcessPool:
+                            broken = True
+                            running[future] = program
+                            continue
+                        except Exception as error:  # a worker's error fails its program
+                            self.failed[program] = first_line(error)
+                        else:
+                            self.cache[program] = Timed(*timed)
+                            self.cost[program] = (cpu, wall)
+                        settle(program)
+            if broken:
+                lost = list(running.values())
+                if len(lost) == 1:
+                    self.failed[lost[0]] = ("its worker process died (killed: out of memory? "
+                                            f"estimated peak {estimated_rss_bytes(lost[0]) / 2**30:.1f} GiB)")
+                    settle(lost[0])
+                else:
+                    alone.update(lost)
+                    pending[:0] = sorted(lost, key=estimated_cost, reverse=True)
+
+
+def describe(program: Program) -> str:
+    """A program as one line names it: its phase, model, instance, batch and context."""
+    workload, model, instance, batch, context = program
+    phase = "prefill" if workload == "llama-prefill" else "decode step"
+    return f"{model} {instance} b{batch} {phase} ({context} tokens)"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def head_figures(key: Key) -> dict[str, int | float]:
@@ -350,7 +423,7 @@ def calibration_errors(out: dict) -> dict[str, dict[str, dict[str, float]]]:
     """Simulated vs published on every calibration point the run covered; error = sim / pub - 1."""
     errors: dict[str, dict[str, dict[str, float]]] = {}
     for key, published in CALIBRATION.items():
-        if key in out:
+        if key in out and all(figure in out[key] for figure in published):
             errors[key] = {figure: {"published": value, "simulated": out[key][figure],
                                     "error": round(out[key][figure] / value - 1.0, 4)}
                            for figure, value in published.items()}
@@ -399,6 +472,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=_jobs, default=default_jobs(),
                         help="worker processes making the programs (default: the cores this process "
                              "may use); 1: one after the other in this process")
+    parser.add_argument("--ignore-memory", action="store_true",
+                        help="run programs whose estimated peak memory is more than is available "
+                             "(skipped otherwise, each named on stderr and in the JSON)")
     args = parser.parse_args()
     options = CompilerOptions(quantize=Quantization(args.quantize))
     if args.quick:
@@ -416,7 +492,11 @@ def main() -> None:
     for key in keys:
         first[key] = [p for p in programs_of(key) if p not in made]
         made.update(first[key])
-    jobs = min(args.jobs, max(len(made), 1))
+    skipped = {} if args.ignore_memory else too_big(made, memory_budget_bytes())
+    for program, reason in skipped.items():
+        print(f"llm_decode: skipped {describe(program)}: {reason}", file=sys.stderr, flush=True)
+    runnable = [key for key in keys if not skipped.keys() & set(programs_of(key))]
+    jobs = min(args.jobs, max(len(made - skipped.keys()), 1))
     done: list[Key] = []
 
     def key_cost(key: Key) -> dict[str, float | int]:
@@ -424,27 +504,48 @@ def main() -> None:
         return {"key_wall_s": round(sum(c[1] for c in cost), 2),
                 "key_cpu_s": round(sum(c[0] for c in cost), 2), "programs_new": len(first[key])}
 
+    def result(key: Key) -> dict:
+        """The key's figures, or why it has none (every program it needs is made or failed)."""
+        failure = grid.failure(key)
+        if failure is None:
+            try:
+                return {**grid.figures(key), **key_cost(key)}
+            except ProgramFailed:
+                failure = grid.failure(key)
+            except Exception as error:  # one key's failure keeps the others' figures
+                failure = first_line(error)
+        return {"failed": failure}
+
     def finished(key: Key) -> None:
+        figures = result(key)
+        out[str(key)] = figures
         done.append(key)
-        if args.progress:  # a run stopped part way still leaves each finished key's cost
-            print(json.dumps({"key": str(key), "done": len(done), "of": len(keys), **key_cost(key),
-                              "bench_wall_s": round(time.perf_counter() - started, 1)}),
+        if "failed" in figures:
+            print(f"llm_decode: {key} failed: {figures['failed']}", file=sys.stderr, flush=True)
+        if args.progress:  # a run stopped part way still leaves each finished key's figures
+            print(json.dumps({"key": str(key), "done": len(done), "of": len(runnable),
+                              **figures, "bench_wall_s": round(time.perf_counter() - started, 1)}),
                   file=sys.stderr, flush=True)
 
     if jobs > 1:
-        grid.run_parallel(keys, jobs, args.quantize, finished)
-    for key in keys:
-        out[str(key)] = grid.figures(key)  # with jobs > 1 every program is made already
-        out[str(key)].update(key_cost(key))
-        if jobs == 1:
+        grid.run_parallel(runnable, jobs, args.quantize, finished)
+    else:
+        for key in runnable:
             finished(key)
+    for key in keys:  # the grid's order, whatever order the keys finished in
+        big = next((p for p in programs_of(key) if p in skipped), None)
+        out[str(key)] = ({"skipped": f"{describe(big)}: {skipped[big]}"} if big else out.pop(str(key)))
     out["calibration"] = calibration_errors(out)
     out["programs_simulated"] = len(grid.cache)
+    out["keys_failed"] = sum("failed" in out[str(key)] for key in keys)
+    out["keys_skipped"] = sum("skipped" in out[str(key)] for key in keys)
     out["compile_wall_s"] = round(sum(t.compile_s for t in grid.cache.values()), 1)
     out["jobs"] = jobs
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
     out["bench_cpu_s"] = round(time.process_time() - started_cpu + _children_cpu_s() - children, 1)
     print(json.dumps(out))
+    if out["keys_failed"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

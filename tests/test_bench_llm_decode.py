@@ -199,3 +199,128 @@ def test_workers_start_a_program_only_where_its_memory_fits(bench):
     assert bench.next_program(pending, [big], budget) is None  # nothing fits next to it
     assert bench.next_program([big, step], [mid], budget) == step
     assert bench.next_program([], [mid], budget) is None
+
+
+
+def test_programs_over_the_available_memory_are_skipped_in_one_line(bench, monkeypatch, capsys):
+    """A program estimated past the memory available would be killed part way (no swap here): the
+    run names it on stderr, gives its keys a "skipped" entry and every other key its figures."""
+    def fake_run(self, workload, key, context):
+        return self.cache.setdefault((workload, key.model, key.instance, key.batch, context),
+                                     bench.Timed(1.0, 1.0, 0.0, 0.0, 0.0, 0))
+
+    monkeypatch.setattr(bench.Grid, "run", fake_run)
+    big = ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048)
+    assert bench.estimated_rss_bytes(big) > 2 * 2**30  # the others (b1 prefill, decode steps) fit
+    monkeypatch.setattr(bench, "memory_budget_bytes", lambda: 2 * 2**30)
+    monkeypatch.setattr(sys, "argv", ["llm_decode.py", "--models", "llama2-7b", "--instances",
+                                      "inf2.48xlarge", "--batches", "1", "8", "--lengths", "2048-2048",
+                                      "--jobs", "1"])
+    bench.main()
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "tpot_ms" in out["llama2-7b/inf2.48xlarge/tp24/b1/2048-2048"]
+    skipped = out["llama2-7b/inf2.48xlarge/tp24/b8/2048-2048"]
+    assert set(skipped) == {"skipped"}
+    assert skipped["skipped"].startswith("llama2-7b inf2.48xlarge b8 prefill (2048 tokens): estimated peak")
+    assert "more than the 2.0 GiB available" in skipped["skipped"] and "--ignore-memory" in skipped["skipped"]
+    assert out["keys_skipped"] == 1 and out["keys_failed"] == 0
+    assert captured.err.count("llm_decode: skipped") == 1 and "Traceback" not in captured.err
+
+
+def test_a_program_that_fails_fails_only_its_keys(bench, monkeypatch, capsys):
+    """One program raising (e.g. a placement the compiler cannot make) fails the keys that need it,
+    in one line each; the other keys keep their figures and the run exits non-zero after printing."""
+    def fake_run(self, workload, key, context):
+        program = (workload, key.model, key.instance, key.batch, context)
+        if key.batch == 4 and workload == "llama-decode":
+            raise RuntimeError("cannot place silu.75.t2 in SBUF\nsecond line")
+        return self.cache.setdefault(program, bench.Timed(1.0, 1.0, 0.0, 0.0, 0.0, 0))
+
+    monkeypatch.setattr(bench.Grid, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["llm_decode.py", "--models", "llama2-7b", "--instances",
+                                      "inf2.48xlarge", "--batches", "1", "4", "--lengths", "128-128",
+                                      "--jobs", "1", "--progress"])
+    with pytest.raises(SystemExit) as stopped:
+        bench.main()
+    assert stopped.value.code == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "tpot_ms" in out["llama2-7b/inf2.48xlarge/tp24/b1/128-128"]
+    failed = out["llama2-7b/inf2.48xlarge/tp24/b4/128-128"]
+    assert failed == {"failed": "RuntimeError: cannot place silu.75.t2 in SBUF"}
+    assert out["keys_failed"] == 1
+    lines = captured.err.splitlines()
+    assert "llm_decode: llama2-7b/inf2.48xlarge/tp24/b4/128-128 failed: RuntimeError: cannot place" in lines[-2]
+    progress = [json.loads(line) for line in lines if line.startswith("{")]
+    assert "tpot_ms" in progress[0] and "failed" in progress[1]  # --progress lines carry the figures
+
+
+class _Pool:
+    """A stand-in for the worker pool: futures resolve when the bench waits on them, as a program
+    in ``fates`` says: "ok", "error" (the worker raised) or "die" (the worker was killed, so every
+    future of the pool still unresolved is broken, as ProcessPoolExecutor reports it)."""
+
+    submitted: list[list] = []
+
+    def __init__(self, max_workers, mp_context):
+        self.futures: list = []
+        _Pool.submitted.append([])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, program, quantize):
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.program = program  # type: ignore[attr-defined]
+        future.pool = self  # type: ignore[attr-defined]
+        self.futures.append(future)
+        _Pool.submitted[-1].append(program)
+        return future
+
+
+def test_a_worker_killed_fails_only_its_program(bench, monkeypatch):
+    """A worker killed (out of memory) breaks its pool and every program running in it: those are
+    tried again one at a time, the one that dies alone is failed, the others keep their figures."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from neuroncore.workloads import LLAMA_PRESETS  # noqa: F401 - the bench's presets are loaded
+
+    keys = bench.grid_keys(["llama2-7b"], ["inf2.48xlarge"], [1, 4], [(128, 128)])
+    dying = ("llama-prefill", "llama2-7b", "inf2.48xlarge", 4, 128)
+    fates = {p: "ok" for key in keys for p in bench.programs_of(key)}
+    fates[dying] = "die"
+
+    def fake_wait(futures, return_when):
+        pools = {f.pool for f in futures}
+        for pool in pools:
+            unresolved = [f for f in pool.futures if not f.done()]
+            if any(fates[f.program] == "die" for f in unresolved):
+                for f in unresolved:
+                    f.set_exception(BrokenProcessPool("A process in the process pool was terminated"))
+            for f in unresolved:
+                if not f.done():
+                    f.set_result((tuple(bench.Timed(1.0, 1.0, 0.0, 0.0, 0.0, 0).__dict__.values()), 0.1, 0.1))
+        return set(futures), set()
+
+    _Pool.submitted = []
+    monkeypatch.setattr(bench, "ProcessPoolExecutor", _Pool)
+    monkeypatch.setattr(bench, "wait", fake_wait)
+    monkeypatch.setattr(bench, "memory_budget_bytes", lambda: 2**40)
+    grid = bench.Grid()
+    finished: list = []
+    grid.run_parallel(keys, 2, "none", finished.append)
+    assert sorted(map(str, finished)) == sorted(map(str, keys))
+    assert set(grid.failed) == {dying} and "worker process died" in grid.failed[dying]
+    assert grid.failure(keys[1]).startswith("llama2-7b inf2.48xlarge b4 prefill (128 tokens): its worker")
+    assert grid.failure(keys[0]) is None and "tpot_ms" in grid.figures(keys[0])
+    first_pool = _Pool.submitted[0]
+    assert dying in first_pool and len(first_pool) == 2  # it broke the pool with another running
+    retried = [pool for pool in _Pool.submitted[1:] if dying in pool]
+    assert retried and all(pool[pool.index(dying):] == [dying] or len(pool) == 1 for pool in retried)
+    assert all(p in grid.cache for p in fates if p != dying)  # the innocent one was made again
