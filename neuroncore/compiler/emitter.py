@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -82,22 +81,44 @@ class _Accesses:
     the entries near its rectangle instead of all of them; None until such a key grows, and again
     whenever a list is rebuilt (made anew from the lists when next needed).
 
-    Iterating gives the writes, then the reads: the lists other modules see and put back as plain
-    lists in that order (the emitter adopts such a list on first use, ``Emitter._adopt``)."""
+    ``b`` holds the writes a new buffer inherits from its range's earlier users (``inherit``:
+    ``WHOLE_BUFFER`` writes recorded before any other access of the key). Only a whole-buffer
+    write covers them, and every access of the buffer overlaps them, so they are not scanned: an
+    access on lane L waits for all of them but L's, a tuple kept per lane (``bn``, made on first
+    use). That is the set of nodes a scan finds (~40 % of the entries a decode's scans visited).
 
-    __slots__ = ("ix", "r", "small", "w")
+    Iterating gives the inherited writes, the other writes, then the reads: the lists other modules
+    see and put back as plain lists in that order (the emitter adopts such a list on first use,
+    ``Emitter._adopt``)."""
 
-    def __init__(self, w: list[_Access], r: dict[tuple[int, ...], _Access], small: int) -> None:
+    __slots__ = ("b", "bn", "ix", "r", "small", "w")
+
+    def __init__(self, w: list[_Access], r: dict[tuple[int, ...], _Access], small: int,
+                 b: Sequence[_Access] = ()) -> None:
         self.w = w
         self.r = r
         self.small = small
         self.ix: _Index | None = None
+        self.b = b
+        self.bn: dict[int, tuple[int, ...]] | None = None
 
     def __iter__(self) -> Iterator[_Access]:
+        if self.b:
+            return itertools.chain(self.b, self.w, self.r.values())
         return itertools.chain(self.w, self.r.values())
 
     def __len__(self) -> int:
-        return len(self.w) + len(self.r)
+        return len(self.b) + len(self.w) + len(self.r)
+
+    def base(self, lane: int) -> tuple[int, ...]:
+        """The inherited writes' nodes a node on ``lane`` waits for (all but its own lane's)."""
+        bn = self.bn
+        if bn is None:
+            bn = self.bn = {}
+        nodes = bn.get(lane)
+        if nodes is None:
+            nodes = bn[lane] = tuple([x[_NODE] for x in self.b if x[_LANE] != lane])
+        return nodes
 
     def index(self) -> _Index:
         """The area index of the current lists (made now if there is none)."""
@@ -292,12 +313,19 @@ def _drop_covered(r: dict[tuple[int, ...], _Access], candidates: Iterable[_Acces
 
 
 def _accesses_of(entries: Iterable[_Access]) -> _Accesses:
-    """``entries`` as an :class:`_Accesses` (each kind in its order)."""
+    """``entries`` as an :class:`_Accesses` (each kind in its order; whole-buffer writes before any
+    other entry are the inherited ones, ``b``)."""
+    base: list[_Access] = []
     writes: list[_Access] = []
     reads: list[_Access] = []
     for a in entries:
-        (writes if a[_WRITE] else reads).append(a)
-    return _Accesses(writes, *_reads_of(reads))
+        if not a[_WRITE]:
+            reads.append(a)
+        elif writes or reads or a[:4] != WHOLE_BUFFER:
+            writes.append(a)
+        else:
+            base.append(a)
+    return _Accesses(writes, *_reads_of(reads), base)
 
 
 MemoryKey = tuple[str, Any]  # ("buf", buffer id) for SBUF/PSUM buffers, ("hbm", tensor name)
@@ -309,6 +337,7 @@ it overlaps every other access to that tensor, so it orders against all of them.
 
 WHOLE_BUFFER: Rect = (0, P, 0, 1 << 40)
 """Every partition and element of an on-chip buffer (a new buffer inherits its range's hazards)."""
+_WB_ROWS, _WB_COLS = WHOLE_BUFFER[1], WHOLE_BUFFER[3]
 
 
 # ``Program.dep_idx``: node ids, int32 (a program of 2^31 nodes would need ~1 TiB to build)
@@ -385,12 +414,15 @@ class Emitter:
         """Keep the latest node of each in-order lane: waiting for it implies the earlier ones."""
         if len(nodes) < 2:
             return list(nodes)
-        ordered = sorted(nodes)
-        # ascending: the last node seen on a lane is its latest (their lanes in one C call: two
-        # or more nodes, so a tuple)
-        latest = dict(zip(itemgetter(*ordered)(self._lane), ordered))
-        if len(latest) == len(ordered):  # one node per lane: all kept, already in order
-            return ordered
+        # each lane's highest node in one pass (no sort first: ~30 % less than sorting the nodes
+        # and keeping the last per lane), then those in order
+        lanes = self._lane
+        latest: dict[int, int] = {}
+        get = latest.get
+        for node in nodes:
+            lane = lanes[node]
+            if get(lane, -1) < node:
+                latest[lane] = node
         return sorted(latest.values())
 
     def _adopt(self, key: MemoryKey) -> _Accesses:
@@ -403,11 +435,15 @@ class Emitter:
 
     def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
         """Earlier users of a reused address range become hazards of the new buffer there."""
-        writes = self._adopt(key).w
+        accesses = self._adopt(key)
         a0, a1, b0, b1 = rect
         lanes = self._lane
-        for node in self.compact(nodes):
-            writes.append((a0, a1, b0, b1, node, lanes[node], True))
+        entries = [(a0, a1, b0, b1, node, lanes[node], True) for node in self.compact(nodes)]
+        if rect == WHOLE_BUFFER and not accesses.w and not accesses.r:
+            accesses.b = [*accesses.b, *entries]
+            accesses.bn = None
+        else:
+            accesses.w.extend(entries)
 
     def last_writer_engine(self, key: MemoryKey) -> Engine | None:
         """The engine of the latest write to a buffer (None if a DMA wrote it or nobody did)."""
@@ -421,13 +457,26 @@ class Emitter:
 
     def forget(self, key: MemoryKey) -> list[int]:
         """Drop a buffer's access list; returns the nodes a later user of its range must wait for."""
-        accesses = self._accesses.pop(key, [])
-        return self.compact({a[_NODE] for a in accesses})
+        accesses = self._accesses.pop(key, None)
+        return self._latest(accesses) if accesses else []
 
     def users(self, key: MemoryKey) -> list[int]:
         """The latest node per lane that touched ``key`` (what a new occupant of its range waits for),
         leaving the key's history in place."""
-        return self.compact({a[_NODE] for a in self._accesses.get(key, ())})
+        accesses = self._accesses.get(key)
+        return self._latest(accesses) if accesses else []
+
+    def _latest(self, entries: Iterable[_Access]) -> list[int]:
+        """``compact`` of the entries' nodes (each lane's latest, in order), without a set first."""
+        lanes = self._lane
+        latest: dict[int, int] = {}
+        get = latest.get
+        for a in entries:
+            node = a[_NODE]
+            lane = lanes[node]
+            if get(lane, -1) < node:
+                latest[lane] = node
+        return sorted(latest.values())
 
     def rename(self, old: MemoryKey, new: MemoryKey) -> None:
         """Accesses recorded under ``old`` now belong to ``new``, as whole-range accesses (an NKI
@@ -471,6 +520,7 @@ class Emitter:
         the one node a dependency is mapped from: ``_append``)."""
         deps: set[int] = set()
         add = deps.add
+        update = deps.update
         get = self._accesses.get
         for key, rect in reads:  # a read waits for writes
             accesses = get(key)
@@ -478,12 +528,16 @@ class Emitter:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
+            a0, a1, b0, b1 = rect
+            if accesses.b and a1 > 0 and a0 < _WB_ROWS and b1 > 0 and b0 < _WB_COLS:
+                bn = accesses.bn
+                nodes = bn.get(lane) if bn is not None else None
+                update(nodes if nodes is not None else accesses.base(lane))
             ix = accesses.ix
             if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
                 ix = accesses.index()
             if ix is not None and _near_hazards(accesses, ix, lane, rect, add, False):
                 continue
-            a0, a1, b0, b1 = rect
             for x0, x1, y0, y1, node, other, _ in accesses.w:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     add(node)
@@ -493,12 +547,16 @@ class Emitter:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
+            a0, a1, b0, b1 = rect
+            if accesses.b and a1 > 0 and a0 < _WB_ROWS and b1 > 0 and b0 < _WB_COLS:
+                bn = accesses.bn
+                nodes = bn.get(lane) if bn is not None else None
+                update(nodes if nodes is not None else accesses.base(lane))
             ix = accesses.ix
             if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
                 ix = accesses.index()
             if ix is not None and _near_hazards(accesses, ix, lane, rect, add, True):
                 continue
-            a0, a1, b0, b1 = rect
             for x0, x1, y0, y1, node, other, _ in accesses.w:
                 if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
                     add(node)
@@ -518,6 +576,9 @@ class Emitter:
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
+            if accesses.b and a0 <= 0 and a1 >= _WB_ROWS and b0 <= 0 and b1 >= _WB_COLS:
+                accesses.b = ()  # covered (inherited entries are whole-buffer writes)
+                accesses.bn = None
             w = accesses.w
             r = accesses.r
             ix = accesses.ix
@@ -630,7 +691,7 @@ class Emitter:
         node = len(self.resource)
         after = self._mm_after_ls
         if deps and not after.keys().isdisjoint(deps):
-            deps = {after.get(d, d) for d in deps}
+            deps = set(map(after.get, deps, deps))  # each node, or the MultiplyMoving after it
         if resource == RES_TENSOR_MM:
             for ls in self._pending_ls:
                 after[ls] = node
