@@ -847,7 +847,8 @@ class Context:
             prefix, address, itemsize = known
             if address < 0:
                 return f"{prefix}{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
-            return f"{prefix}{address + ref.f0 * itemsize:x}[{ref.p0}:{ref.p1},{ref.cols}]"
+            f0 = ref.f0
+            return f"{prefix}{address + f0 * itemsize:x}[{ref.p0}:{ref.p1},{ref.f1 - f0}]"
         buf = self.buffers[ref.buf]
         pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
         base = "sb" if buf.memory is Memory.SBUF else "psum"

@@ -633,15 +633,16 @@ class Emitter:
             accesses = table.get(key)
             area = (a1 - a0) * (b1 - b0) if a1 > a0 and b1 > b0 else -1
             entry = (a0, a1, b0, b1, node, lane, False)
+            at = (a0, a1, b0, b1, lane)  # the read's key in ``r``
             if accesses is None:
-                table[key] = _Accesses([], {(a0, a1, b0, b1, lane): entry}, area)
+                table[key] = _Accesses([], {at: entry}, area)
                 continue
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
             r = accesses.r
             ix = accesses.ix
             if area > 0 and accesses.small >= area:
-                if r.pop((a0, a1, b0, b1, lane), None) is not None and ix is not None:
+                if r.pop(at, None) is not None and ix is not None:
                     ix.stale += 1  # only its own rectangle can be covered
             elif ix is not None and (cells := _cells(a0, a1, b0, b1)) is not None:
                 live = accesses.live_read
@@ -670,7 +671,7 @@ class Emitter:
                         accesses.r = r
                         accesses.ix = ix = None
                         break
-            r[(a0, a1, b0, b1, lane)] = entry
+            r[at] = entry
             if area < accesses.small:
                 accesses.small = area
             if ix is not None:
@@ -699,8 +700,8 @@ class Emitter:
         elif resource == RES_TENSOR_LS:
             self._pending_ls.append(node)
         self.resource.append(resource)
-        self.engine.append(int(engine))
-        self.cost_ns.append(float(cost_ns))
+        self.engine.append(engine)  # typed arrays: an Engine member is stored as its int,
+        self.cost_ns.append(cost_ns)  # an int cost as a float
         self.queue.append(queue)
         self.dma_engines.append(dma_engines)
         self.deps.append(self.compact(deps))

@@ -63,7 +63,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
     if known is None:
         known = memo[key] = _ldweights_record(ctx.spec, rows, cols, pad, rows2, dtype)
     cost_ns, shape, counters = known
-    reads = [sbuf_key(stationary), *([sbuf_key(stationary2)] if stationary2 is not None else [])]
+    reads = [sbuf_key(stationary)] if stationary2 is None else [sbuf_key(stationary), sbuf_key(stationary2)]
     return ctx.em.instruction(
         Engine.TENSOR, "LDWEIGHTS", cost_ns, reads=reads, writes=[], track=RES_TENSOR_LS,
         text=f"src={ctx.ref_text(stationary)} {shape}",
@@ -94,12 +94,13 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
     if passes is None:
         passes = memo[key] = _matmul_passes(ctx.spec, k, m, n, dtype, position, transpose,
                                             moving2 is not None)
-    extra = [sbuf_key(moving2)] if moving2 is not None else []
+    out = sbuf_key(psum)
+    source = [sbuf_key(moving)] if moving2 is None else [sbuf_key(moving), sbuf_key(moving2)]
     for p, (cost_ns, accumulate, suffix, counters) in enumerate(passes):
         ctx.em.instruction(
             Engine.TENSOR, "MATMUL", cost_ns,
-            reads=[sbuf_key(moving), *extra, *([sbuf_key(psum)] if accumulate else [])],
-            writes=[sbuf_key(psum)], track=RES_TENSOR_MM,
+            reads=[*source, out] if accumulate else source.copy(),
+            writes=[out], track=RES_TENSOR_MM,
             text=f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} {suffix}",
             semantics=MatMul(psum, moving, position.accumulates, transpose, moving2)
             if p == 0 else NOP,
@@ -825,6 +826,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
     engine)."""
     (m0, m1), (n0, n1) = ms, ns
     dtype = op.operands[0].dtype
+    double = costs.double_row(ctx.spec, dtype)  # FP8 double-row pairs of k-tiles (NC-v3)
     shape = op.shape if out_shape is None else out_shape
     for mm0 in range(m0, m1, P):
         mm1 = min(m1, mm0 + P)
@@ -853,7 +855,7 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
             # the second tile of a pair must be full (K rows 128..255 of a [128, 2, x] operand)
             groups: list[list[int]] = []
             for j in range(len(a_refs)):
-                if (groups and len(groups[-1]) == 1 and costs.double_row(ctx.spec, dtype)
+                if (groups and len(groups[-1]) == 1 and double
                         and a_refs[groups[-1][0]].rows == P):
                     groups[-1].append(j)
                 else:
@@ -861,14 +863,21 @@ def _multiply_block(ctx: Context, op: Op, plan: Plan, a_refs: list[Ref], b_refs:
             for g, tiles in enumerate(groups):
                 pos = (Accumulation.of(g, len(groups)) if in_psum is None
                        else Accumulation.of(in_psum[1] + g, in_psum[2]))
-                stationary, *second = (Ref(a_refs[j].buf, a_refs[j].p0, a_refs[j].p1, a_refs[j].f0 + mm0 - m0,
-                                           a_refs[j].f0 + mm1 - m0) for j in tiles)
-                ldweights(ctx, stationary, dtype, pad=p0, stationary2=second[0] if second else None)
+                a_ref = a_refs[tiles[0]]
+                stationary = Ref(a_ref.buf, a_ref.p0, a_ref.p1, a_ref.f0 + mm0 - m0, a_ref.f0 + mm1 - m0)
+                second = None
+                if len(tiles) > 1:  # an FP8 double-row pair
+                    a_ref = a_refs[tiles[1]]
+                    second = Ref(a_ref.buf, a_ref.p0, a_ref.p1, a_ref.f0 + mm0 - m0, a_ref.f0 + mm1 - m0)
+                ldweights(ctx, stationary, dtype, pad=p0, stationary2=second)
+                b_ref = b_refs[tiles[0]]
+                b_ref2 = b_refs[tiles[1]] if len(tiles) > 1 else None
                 for bank, (c0, c1) in zip(banks, chunks):
-                    moving, *moving2 = (Ref(b_refs[j].buf, b_refs[j].p0, b_refs[j].p1, b_refs[j].f0 + c0 - n0,
-                                            b_refs[j].f0 + c1 - n0) for j in tiles)
+                    moving = Ref(b_ref.buf, b_ref.p0, b_ref.p1, b_ref.f0 + c0 - n0, b_ref.f0 + c1 - n0)
+                    moving2 = None if b_ref2 is None else Ref(
+                        b_ref2.buf, b_ref2.p0, b_ref2.p1, b_ref2.f0 + c0 - n0, b_ref2.f0 + c1 - n0)
                     matmul(ctx, Ref(bank.id, p0, p0 + n_rows, 0, c1 - c0), moving, stationary,
-                           dtype, pos, moving2=moving2[0] if moving2 else None)
+                           dtype, pos, moving2=moving2)
             if in_psum is not None:
                 if not last:
                     continue  # the sums stay in the held banks for the next k-block
