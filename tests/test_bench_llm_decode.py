@@ -11,6 +11,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -251,7 +252,8 @@ def test_a_program_that_fails_fails_only_its_keys(bench, monkeypatch, capsys):
     assert failed == {"failed": "RuntimeError: cannot place silu.75.t2 in SBUF"}
     assert out["keys_failed"] == 1
     lines = captured.err.splitlines()
-    assert "llm_decode: llama2-7b/inf2.48xlarge/tp24/b4/128-128 failed: RuntimeError: cannot place" in lines[-2]
+    failed_line = "llm_decode: llama2-7b/inf2.48xlarge/tp24/b4/128-128 failed: RuntimeError: cannot place"
+    assert failed_line in lines[-2]
     progress = [json.loads(line) for line in lines if line.startswith("{")]
     assert "tpot_ms" in progress[0] and "failed" in progress[1]  # --progress lines carry the figures
 
@@ -261,7 +263,7 @@ class _Pool:
     in ``fates`` says: "ok", "error" (the worker raised) or "die" (the worker was killed, so every
     future of the pool still unresolved is broken, as ProcessPoolExecutor reports it)."""
 
-    submitted: list[list] = []
+    submitted: ClassVar[list[list]] = []
 
     def __init__(self, max_workers, mp_context):
         self.futures: list = []
