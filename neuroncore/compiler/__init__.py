@@ -250,7 +250,7 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
             assert group is not None
             group.members.append(op)
             continue
-        if (stepping_view(group, op) and op.index not in output_indices
+        if (stepping_view(group, op, [ops[u] for u in ctx.uses[op.index]]) and op.index not in output_indices
                 and op.index not in ctx.orientation.members):
             assert group is not None
             group.members.append(op)  # read tile by tile as the member it aliases

@@ -510,7 +510,12 @@ def _column_with_immediate(ctx: Context, op: Op, value: Value, alu: str, a: Oper
 
 
 def lower_select(ctx: Context, op: Op) -> None:
-    """TENSOR_COPY_PREDICATED. An operand that is a per-row value broadcast along the last dim (an
+    drain(select_steps(ctx, op))
+
+
+def select_steps(ctx: Context, op: Op) -> Iterator[bool]:
+    """TENSOR_COPY_PREDICATED, one tile at a time (a fusion group steps it with the softmax it
+    guards: torch's ``_safe_softmax``). An operand that is a per-row value broadcast along the last dim (an
     attention mask ``[.., R, 1] -> [.., R, C]``) is loaded as its column and widened on chip by a
     TENSOR_COPY reading it with a zero free stride, as the engines' access patterns allow; a DMA of
     the broadcast view would move it one element per descriptor."""
@@ -555,6 +560,7 @@ def lower_select(ctx: Context, op: Op) -> None:
                 ctx.free(ctx.buffers[wide.buf])
             ctx.produced(op, t, out, c0, c1)
             ctx.unpin_all()
+        yield batch_ends(value, t)
 
 
 def lower_constant_splat(ctx: Context, op: Op) -> Value:

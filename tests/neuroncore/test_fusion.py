@@ -155,6 +155,43 @@ def test_a_view_of_the_scores_between_the_dot_and_the_mask_stays_in_the_group(ru
     assert_close(result.out, result.ref)
 
 
+def test_the_safe_softmax_select_steps_with_the_attention_group(run, assert_close):
+    """torch's ``_safe_softmax`` (BERT's default SDPA path) checks each row of the masked scores for
+    all ``-inf`` (a compare, a last-dim reduce, a compare of the ``[B, H, S]`` row statistic, a
+    reshape to ``[B, H, S, 1]``, a compare) and selects zeros for such rows over the softmax. The
+    row statistic is a reduce's column tiles, which did not step, so the group closed there and
+    the softmax and the select (here 96 KiB per partition each in FP32, over a quarter of SBUF)
+    went through HBM. Column tiles step one per row tile, a per-row broadcast of a member is read
+    as its column, and the select steps with the group. Only where values live changes (outputs
+    bit-identical to the HBM placement's, checked when this was built; the FP32 dot's own
+    summation order is what differs from numpy)."""
+    b, heads, seq, d = 4, 48, 128, 64  # 192 score tiles of 128 x 128 FP32: 96 KiB per partition
+    g = nc.GraphBuilder()
+    q = g.parameter("q", (b * heads, seq, d), "fp32")
+    k = g.parameter("k", (b * heads, seq, d), "fp32")
+    v = g.parameter("v", (b * heads, seq, d), "fp32")
+    mask = g.parameter("mask", (b, heads, seq, seq), "fp32")
+    scores = g.dot(q, k, rhs_contract=-1)
+    masked = g.add(g.reshape(scores, (b, heads, seq, seq)), mask)
+    probs = g.softmax(masked)
+    is_masked = g.compare(masked, float("-inf"), "EQ")
+    kept = g.convert(g.compare(is_masked, g.constant(1.0, "pred"), "NE"), "fp32")
+    any_kept = g.compare(g.reduce(kept, [3]), 0.0, "NE")  # [b, heads, seq]: the column statistic
+    all_masked = g.compare(g.reshape(any_kept, (b, heads, seq, 1)), g.constant(1.0, "pred"), "NE")
+    safe = g.select(all_masked, 0.0, probs)
+    graph = g.build([g.dot(g.reshape(safe, (b * heads, seq, seq)), v)])
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((b * heads, seq, d)).astype(np.float32) for _ in range(3)]
+    masks = np.where(rng.random((b, heads, seq, seq)) < 0.1, -np.inf, 0.0).astype(np.float32)
+    masks[:, :, ::17] = -np.inf  # whole rows masked: the select writes their zeros
+    inputs.append(masks)
+    result = run(graph, inputs)
+    scratch = [t.name for t in result.program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
+    assert probs.name not in scratch and safe.name not in scratch, f"went through HBM: {scratch}"
+    assert not np.isnan(result.out).any()
+    assert_close(result.out, result.ref)
+
+
 def test_rotary_concatenation_is_assembled_on_chip(run, assert_close):
     """Rotate-half rotary embedding: ``cat(x1 cos - x2 sin, x2 cos + x1 sin)`` along the head dim
     of [heads, seq, head_dim] values that live in SBUF is built by engine copies into the output's
