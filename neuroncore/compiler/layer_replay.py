@@ -26,9 +26,14 @@ from typing import Any
 import numpy as np
 
 from neuroncore.compiler.context import Context, Value
-from neuroncore.compiler.layer_boundary import age_hazards, evict_resident, worth_canonical_boundaries
+from neuroncore.compiler.layer_boundary import (
+    age_hazards,
+    boundary_traffic,
+    evict_resident,
+    worth_canonical_boundaries,
+)
 from neuroncore.compiler.layer_names import Renamer
-from neuroncore.compiler.layer_runs import LayerRun
+from neuroncore.compiler.layer_runs import LayerRun, layer_spans
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
 from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref, raw_buffer
 from neuroncore.compiler.view_steps import ApplyOp
@@ -73,6 +78,14 @@ class LayerDedup:
         self.psum_cursor = 0
         self.replayed = 0
         self._resumed = -1
+        # runs whose first boundary moves nothing (a long prompt's: every value in HBM); the
+        # layer before each run: where it begins (op) and the nodes emitted when it was reached
+        self.quiet: set[int] = set()
+        starts = {span.stop: span.start for span in layer_spans(ctx.graph)}
+        self.before_run = {id(run): starts[run.layers[0].start] for run in runs
+                           if run.layers[0].start in starts}
+        self._watch = set(self.before_run.values())
+        self._reached: dict[int, int] = {}
 
     def boundary(self, index: int) -> bool:
         """Whether op ``index`` begins or ends a layer of a run (every run is lowered from canonical
@@ -88,10 +101,14 @@ class LayerDedup:
             self.decided.add(id(run))
             if not worth_canonical_boundaries(self.ctx, run):
                 self.keep.add(id(run))
+            elif boundary_traffic(self.ctx, run) == 0:
+                self.quiet.add(id(run))
         return True
 
     def before(self, index: int) -> int:
         """Handle a boundary at op ``index``; returns the op to lower next (past a replayed run)."""
+        if index in self._watch:
+            self._reached.setdefault(index, self.ctx.em.n_nodes)
         event = self.events.get(index)
         if event is None or index == self._resumed:
             return index
@@ -101,6 +118,11 @@ class LayerDedup:
         if id(run) not in self.keep:
             evict_resident(ctx)
         if k == 0:
+            # a boundary that moves nothing: the run's first layer starts as every later one,
+            # hazards older than the layer before it aged to that layer (``age_hazards``)
+            before = self._reached.get(self.before_run.get(id(run), -1))
+            if id(run) in self.quiet and before is not None:
+                age_hazards(ctx, before, ctx.em.n_nodes)
             self.marks = {}
             self.cursor = ctx.sbuf.cursor
             self.stream_cursor = ctx.sbuf.stream_cursor

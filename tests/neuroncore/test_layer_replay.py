@@ -118,6 +118,41 @@ def test_a_decodes_last_layer_stays_out_of_its_run() -> None:
     assert extended is run
 
 
+def test_a_run_whose_first_boundary_moves_nothing_ages_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt's run (every value in HBM: its boundaries move nothing) ages hazards at its
+    first boundary too, against the layer before it, as at every later boundary; a decode's run
+    (a residual stream written back) does not, and keeps its programs."""
+    from neuroncore.compiler import layer_replay
+
+    made: list[layer_replay.LayerDedup] = []
+    aged: list[tuple[int, int]] = []
+    real_init, real_age = layer_replay.LayerDedup.__init__, layer_replay.age_hazards
+
+    def init(self: layer_replay.LayerDedup, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    def age(ctx: Any, previous_start: int, current_start: int) -> None:
+        aged.append((previous_start, current_start))
+        real_age(ctx, previous_start, current_start)
+
+    monkeypatch.setattr(layer_replay.LayerDedup, "__init__", init)
+    monkeypatch.setattr(layer_replay, "age_hazards", age)
+    name, overrides = CASES["prefill-long"]
+    overrides = dict(overrides)
+    compile_graph(shard(workloads.get(name).graph(None, **overrides), overrides["tp_degree"]).local, "trn1")
+    (dedup,) = made
+    (run_id,) = dedup.quiet
+    # the first aging is the run's first boundary's, against the layer before the run
+    assert aged[0][0] == dedup._reached[dedup.before_run[run_id]]
+    made.clear()
+    aged.clear()
+    compile_graph(workloads.get("llama-decode").graph(layers=6), "trn1")
+    assert not made[0].quiet
+    assert all(previous != made[0]._reached.get(start) for previous, _ in aged
+               for start in made[0].before_run.values())
+
+
 def test_two_layers_have_no_run() -> None:
     assert find_runs(workloads.get("llama-decode").graph(layers=2)) == []
 
