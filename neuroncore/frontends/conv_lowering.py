@@ -293,15 +293,21 @@ def transposed_conv(b: GraphBuilder, x: Op, w: Op, bias: Op | None, stride: list
     return conv(b, spread, direct, bias, [1] * spatial, pads, dilation, groups, flipped=True)
 
 
+def _source_ratio(size: int, out: int, align_corners: bool, scale: float | None) -> float:
+    """Input positions per output position, as torch's ``area_pixel_compute_scale`` gives it (both
+    the linear and the cubic kernels): corner to corner, or a given scale factor used as given,
+    else input over output size."""
+    if align_corners:
+        return (size - 1) / (out - 1) if out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else size / out
+
+
 def interpolation_matrix(size: int, out: int, align_corners: bool, scale: float | None
                           ) -> np.ndarray:
     """[out, size]: row ``o`` holds the two linear-interpolation weights of output ``o``, placed
     by torch's ``area_pixel_compute_source_index`` (half-pixel centres clamped at 0, or the corners
     aligned; a given scale factor is used as given, as torch does)."""
-    if align_corners:
-        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    ratio = _source_ratio(size, out, align_corners, scale)
     matrix = np.zeros((out, size), np.float32)
     for o in range(out):
         source = ratio * o if align_corners else max(ratio * (o + 0.5) - 0.5, 0.0)
@@ -331,10 +337,7 @@ def cubic_interpolation_matrix(size: int, out: int, align_corners: bool, scale: 
     ``upsample_bicubic2d`` places them (``area_pixel_compute_source_index`` with ``cubic=True``: a
     half-pixel source left unclamped, its floor and the taps at -1..+2 around it, each tap's index
     clamped into the input, so border taps add to the edge's weight)."""
-    if align_corners:
-        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    ratio = _source_ratio(size, out, align_corners, scale)
     matrix = np.zeros((out, size), np.float64)
     for o in range(out):
         source = ratio * o if align_corners else ratio * (o + 0.5) - 0.5
