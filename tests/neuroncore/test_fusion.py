@@ -130,19 +130,16 @@ def test_a_batched_chain_is_lowered_batch_by_batch_on_chip(run, assert_close):
     np.testing.assert_array_equal(result.out, result.ref)
 
 
-B, HEADS, SEQ, D = 4, 48, 128, 64  # 192 score tiles of 128 x 128 FP32: 96 KiB per partition
-
-
-def _masked_scores() -> tuple:
-    """BERT's SDPA scores as torch computes them: ``q k^T`` as ``[B*H, S, S]``, reshaped to
-    ``[B, H, S, S]`` for the mask add (the graph builder, ``v`` and both values)."""
+def _masked_scores(b: int, heads: int, seq: int, d: int) -> tuple:
+    """BERT's SDPA scores as torch computes them: ``q k^T`` as ``[b*heads, seq, seq]``, reshaped
+    to ``[b, heads, seq, seq]`` for the mask add (the builder, ``v``, the scores, the sum)."""
     g = nc.GraphBuilder()
-    q = g.parameter("q", (B * HEADS, SEQ, D), "fp32")
-    k = g.parameter("k", (B * HEADS, SEQ, D), "fp32")
-    v = g.parameter("v", (B * HEADS, SEQ, D), "fp32")
-    mask = g.parameter("mask", (B, HEADS, SEQ, SEQ), "fp32")
+    q = g.parameter("q", (b * heads, seq, d), "fp32")
+    k = g.parameter("k", (b * heads, seq, d), "fp32")
+    v = g.parameter("v", (b * heads, seq, d), "fp32")
+    mask = g.parameter("mask", (b, heads, seq, seq), "fp32")
     scores = g.dot(q, k, rhs_contract=-1)
-    return g, v, scores, g.add(g.reshape(scores, (B, HEADS, SEQ, SEQ)), mask)
+    return g, v, scores, g.add(g.reshape(scores, (b, heads, seq, seq)), mask)
 
 
 def test_a_view_of_the_scores_between_the_dot_and_the_mask_stays_in_the_group(run, assert_close):
@@ -151,12 +148,13 @@ def test_a_view_of_the_scores_between_the_dot_and_the_mask_stays_in_the_group(ru
     (here 96 KiB per partition in FP32, over a quarter of SBUF) were stored to HBM and read back
     by the add. The reshape keeps each batch's rows and columns: it aliases the dot's tiles one
     for one and steps with the group."""
-    g, v, scores, masked = _masked_scores()
-    probs = g.reshape(g.softmax(masked), (B * HEADS, SEQ, SEQ))
+    b, heads, seq, d = 4, 48, 128, 64  # 192 score tiles of 128 x 128 FP32: 96 KiB per partition
+    g, v, scores, masked = _masked_scores(b, heads, seq, d)
+    probs = g.reshape(g.softmax(masked), (b * heads, seq, seq))
     graph = g.build([g.dot(probs, v)])
     rng = np.random.default_rng(5)
-    inputs = [rng.standard_normal((B * HEADS, SEQ, D)).astype(np.float32) for _ in range(3)]
-    inputs.append(np.where(rng.random((B, HEADS, SEQ, SEQ)) < 0.1, -1e4, 0.0).astype(np.float32))
+    inputs = [rng.standard_normal((b * heads, seq, d)).astype(np.float32) for _ in range(3)]
+    inputs.append(np.where(rng.random((b, heads, seq, seq)) < 0.1, -1e4, 0.0).astype(np.float32))
     result = run(graph, inputs)
     scratch = [t.name for t in result.program.hbm_tensors.values() if t.kind is HbmTensorKind.SCRATCH]
     assert scores.name not in scratch, f"the scores went through HBM: {scratch}"
@@ -173,17 +171,18 @@ def test_the_safe_softmax_select_steps_with_the_attention_group(run, assert_clos
     as its column, and the select steps with the group. Only where values live changes (outputs
     bit-identical to the HBM placement's, checked when this was built; the FP32 dot's own
     summation order is what differs from numpy)."""
-    g, v, _, masked = _masked_scores()
+    b, heads, seq, d = 4, 48, 128, 64  # 192 score tiles of 128 x 128 FP32: 96 KiB per partition
+    g, v, _, masked = _masked_scores(b, heads, seq, d)
     probs = g.softmax(masked)
     is_masked = g.compare(masked, float("-inf"), "EQ")
     kept = g.convert(g.compare(is_masked, g.constant(1.0, "pred"), "NE"), "fp32")
     any_kept = g.compare(g.reduce(kept, [3]), 0.0, "NE")  # [b, heads, seq]: the column statistic
-    all_masked = g.compare(g.reshape(any_kept, (B, HEADS, SEQ, 1)), g.constant(1.0, "pred"), "NE")
+    all_masked = g.compare(g.reshape(any_kept, (b, heads, seq, 1)), g.constant(1.0, "pred"), "NE")
     safe = g.select(all_masked, 0.0, probs)
-    graph = g.build([g.dot(g.reshape(safe, (B * HEADS, SEQ, SEQ)), v)])
+    graph = g.build([g.dot(g.reshape(safe, (b * heads, seq, seq)), v)])
     rng = np.random.default_rng(6)
-    inputs = [rng.standard_normal((B * HEADS, SEQ, D)).astype(np.float32) for _ in range(3)]
-    masks = np.where(rng.random((B, HEADS, SEQ, SEQ)) < 0.1, -np.inf, 0.0).astype(np.float32)
+    inputs = [rng.standard_normal((b * heads, seq, d)).astype(np.float32) for _ in range(3)]
+    masks = np.where(rng.random((b, heads, seq, seq)) < 0.1, -np.inf, 0.0).astype(np.float32)
     masks[:, :, ::17] = -np.inf  # whole rows masked: the select writes their zeros
     inputs.append(masks)
     result = run(graph, inputs)

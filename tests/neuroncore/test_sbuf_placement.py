@@ -45,9 +45,12 @@ def test_llama2_7b_tp32_prefill_layer_compiles_when_a_dot_output_tile_has_no_roo
     """One Llama-2-7B layer of the tp32 trn1 prefill of 4 x 2,048 tokens (the bench grid's
     ``llama2-7b/trn1.32xlarge/tp32/b4/2048-2048``; a 4,096-token vocabulary, the layer as in the
     grid), compiled only (~2 CPU s): layer 0's gate_proj dot writes silu(x @ W) feature-major, three
-    16 KiB tiles; its own blocks, partial sums and first two tiles leave no free range of 16 KiB and
-    nothing else is resident to spill. Before, the compile stopped with 'cannot place silu.75.t2:
-    needs 16384 bytes per partition but only 14528 are free'; now that tile goes to HBM as written."""
+    16 KiB tiles; its own blocks, partial sums and first two tiles left no free range of 16 KiB and
+    nothing else was resident to spill. Before, the compile stopped with 'cannot place silu.75.t2:
+    needs 16384 bytes per partition but only 14528 are free'; then that tile went to HBM as written
+    (staged). Since the RMSNorm's row statistics step with their fusion group (e709753), less is
+    resident at that dot and the tile fits: the grid key must still compile, with nothing staged
+    (the staging itself is forced and checked by the next test)."""
     from neuroncore.parallel import TensorParallelModel
     from neuroncore.runtime import Instance
     from neuroncore.workloads import get
@@ -55,7 +58,8 @@ def test_llama2_7b_tp32_prefill_layer_compiles_when_a_dot_output_tile_has_no_roo
     graph = get("llama-prefill").graph("llama2-7b", batch=4, context=2048, tp_degree=32, layers=1,
                                        vocab=4096)
     group = TensorParallelModel.load(graph, Instance("trn1.32xlarge"), tp_degree=32)
-    assert group.program.stats["staged_tiles"] == 1
+    stats = group.program.stats
+    assert stats.get("staged_tiles", 0) == 0 and stats["spilled_tiles"] > 0  # under SBUF pressure
 
 
 def test_a_produced_tile_with_no_room_goes_to_hbm(monkeypatch, run, assert_close, rng) -> None:
