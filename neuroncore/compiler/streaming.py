@@ -241,8 +241,9 @@ def run_group(ctx: Context, group: Group) -> None:
     per_batch = 1 if group.by_tile else max(
         math.ceil(m.shape[-2] / P) if m.opcode != "reduce" and not column_value(m) else 1
         for m in members if m.index not in views)
-    live_peak = max(sum(_tile_bytes(m) * per_batch for m in internal if m.index not in views
-                        if position[m.index] <= j < last_reader[m.index]) for j in range(len(members)))
+    step_bytes = {m.index: _tile_bytes(m) * per_batch for m in internal if m.index not in views}
+    live_peak = max(sum(size for i, size in step_bytes.items() if position[i] <= j < last_reader[i])
+                    for j in range(len(members)))
     budget = INTERNAL_SBUF_FRACTION * ctx.spec.sbuf_bytes_per_partition
     # two steps at a time (each member runs two tiles / batches, then the next member) where their
     # tiles fit and a dot's step is at most a PSUM bank wide: no Vector or Scalar instruction then
