@@ -74,10 +74,14 @@ latency), not from hardware. ``calibration`` gives the error on each public cali
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -272,6 +276,54 @@ class ProgramFailed(Exception):
     """A program of the grid could not be made; the message says which and why, in one line."""
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the run (``_stop_on``): the workers are killed and the keys
+    already finished are printed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on(signum: int, frame: object) -> None:
+    """SIGTERM / SIGINT handler of the run: raises ``Stopped`` in the main thread; a second
+    signal acts as if none were handled (the process ends at once, its workers with it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    raise Stopped(signum)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: the worker ends when ``parent`` (the run) does, however it ends
+    (SIGKILL included), instead of finishing its program as an orphan. On Linux the kernel kills
+    it (``prctl(PR_SET_PDEATHSIG, SIGKILL)``); everywhere a daemon thread checks once a second
+    that the worker's parent is still ``parent`` (an orphan is re-parented) and ends the worker
+    if not. A parent already gone before this ran is caught by the same check."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # no libc prctl: the thread alone
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Kills the pool's worker processes now (not after their programs) and drops its queue."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 class Grid:
     """Simulates each (phase, model, instance, batch, length) program once, whatever keys share it;
     ``cost`` is what each program cost the process that made it (CPU s, wall s)."""
@@ -327,7 +379,11 @@ class Grid:
         A program that raises is failed with its error's first line. A worker that dies (killed,
         e.g. by the kernel when memory runs out) takes its pool down with every program running
         in it: those are tried again one at a time, nothing beside them, and one that brings its
-        pool down alone is failed. Every other program, and every figure already made, stays."""
+        pool down alone is failed. Every other program, and every figure already made, stays.
+
+        The workers end with this process (``_die_with_parent``: even killed with SIGKILL), and
+        when anything stops this one part way (``Stopped`` by SIGTERM / SIGINT, an error) they
+        are killed before it returns, not left to finish their programs."""
         needed = list(dict.fromkeys(p for key in keys for p in programs_of(key)))
         waiting = {key: set(programs_of(key)) for key in keys}
         pending = sorted(needed, key=estimated_cost, reverse=True)
@@ -345,30 +401,35 @@ class Grid:
 
         while pending:
             running: dict[Future, Program] = {}
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_die_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
                 broken = False
-                while (pending or running) and not broken:
-                    while len(running) < jobs and not alone & set(running.values()):
-                        program = next_program(pending, list(running.values()), budget)
-                        if program is None or (running and program in alone):
-                            break
-                        pending.remove(program)
-                        running[pool.submit(measured, program, quantize)] = program
-                    ready, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for future in ready:
-                        program = running.pop(future)
-                        try:
-                            timed, cpu, wall = future.result()
-                        except BrokenProcessPool:
-                            broken = True
-                            running[future] = program
-                            continue
-                        except Exception as error:  # a worker's error fails its program
-                            self.failed[program] = first_line(error)
-                        else:
-                            self.cache[program] = Timed(*timed)
-                            self.cost[program] = (cpu, wall)
-                        settle(program)
+                try:
+                    while (pending or running) and not broken:
+                        while len(running) < jobs and not alone & set(running.values()):
+                            program = next_program(pending, list(running.values()), budget)
+                            if program is None or (running and program in alone):
+                                break
+                            pending.remove(program)
+                            running[pool.submit(measured, program, quantize)] = program
+                        ready, _ = wait(running, return_when=FIRST_COMPLETED)
+                        for future in ready:
+                            program = running.pop(future)
+                            try:
+                                timed, cpu, wall = future.result()
+                            except BrokenProcessPool:
+                                broken = True
+                                running[future] = program
+                                continue
+                            except Exception as error:  # a worker's error fails its program
+                                self.failed[program] = first_line(error)
+                            else:
+                                self.cache[program] = Timed(*timed)
+                                self.cost[program] = (cpu, wall)
+                            settle(program)
+                except BaseException:  # stopped (SIGTERM / SIGINT) or an error here: no orphans
+                    _kill_workers(pool)
+                    raise
             if broken:
                 lost = list(running.values())
                 if len(lost) == 1:
@@ -527,23 +588,43 @@ def main() -> None:
                               **figures, "bench_wall_s": round(time.perf_counter() - started, 1)}),
                   file=sys.stderr, flush=True)
 
-    if jobs > 1:
-        grid.run_parallel(runnable, jobs, args.quantize, finished)
-    else:
-        for key in runnable:
-            finished(key)
+    stopped: Stopped | None = None
+    signal.signal(signal.SIGTERM, _stop_on)
+    signal.signal(signal.SIGINT, _stop_on)
+    try:
+        if jobs > 1:
+            grid.run_parallel(runnable, jobs, args.quantize, finished)
+        else:
+            for key in runnable:
+                finished(key)
+    except Stopped as stop:  # the keys finished so far are printed, the others say why they are not
+        stopped = stop
+        print(f"llm_decode: stopped by {stop}: {len(done)} of {len(runnable)} keys finished",
+              file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for key in keys:  # the grid's order, whatever order the keys finished in
         big = next((p for p in programs_of(key) if p in skipped), None)
-        out[str(key)] = ({"skipped": f"{describe(big)}: {skipped[big]}"} if big else out.pop(str(key)))
+        if big:
+            out[str(key)] = {"skipped": f"{describe(big)}: {skipped[big]}"}
+        elif key in done:
+            out[str(key)] = out.pop(str(key))
+        else:
+            out[str(key)] = {"stopped": f"the run was stopped by {stopped} before its programs were made"}
     out["calibration"] = calibration_errors(out)
     out["programs_simulated"] = len(grid.cache)
     out["keys_failed"] = sum("failed" in out[str(key)] for key in keys)
     out["keys_skipped"] = sum("skipped" in out[str(key)] for key in keys)
+    if stopped is not None:
+        out["stopped"] = str(stopped)
+        out["keys_stopped"] = sum("stopped" in out[str(key)] for key in keys)
     out["compile_wall_s"] = round(sum(t.compile_s for t in grid.cache.values()), 1)
     out["jobs"] = jobs
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
     out["bench_cpu_s"] = round(time.process_time() - started_cpu + _children_cpu_s() - children, 1)
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    if stopped is not None:
+        sys.exit(128 + stopped.signum)  # the shell's code for a process a signal ended
     if out["keys_failed"]:
         sys.exit(1)
 

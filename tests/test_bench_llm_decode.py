@@ -265,7 +265,7 @@ class _Pool:
 
     submitted: ClassVar[list[list]] = []
 
-    def __init__(self, max_workers, mp_context):
+    def __init__(self, max_workers, mp_context, **initializer):
         self.futures: list = []
         _Pool.submitted.append([])
 
@@ -326,3 +326,125 @@ def test_a_worker_killed_fails_only_its_program(bench, monkeypatch):
     retried = [pool for pool in _Pool.submitted[1:] if dying in pool]
     assert retried and all(pool[pool.index(dying):] == [dying] or len(pool) == 1 for pool in retried)
     assert all(p in grid.cache for p in fates if p != dying)  # the innocent one was made again
+
+
+def _processes_of(parent: int) -> list[int]:
+    """The child processes of ``parent`` (Linux /proc: each process's fourth stat field)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` has used; -1 once it is gone (a zombie counts as gone)."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return -1.0
+    return -1.0 if fields[0] in "ZX" else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start(args: list[str]):
+    """The bench started as a user does, and a way to wait for its workers to be computing."""
+    import os
+    import subprocess
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
+    run = subprocess.Popen([sys.executable, str(BENCH), *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+
+    def busy_workers(cpu_s: float, timeout: float = 120.0) -> list[int]:
+        """The run's two spawned workers (their command lines run multiprocessing's spawn_main),
+        once one of them has used ``cpu_s`` CPU seconds (imports done: inside a program)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and run.poll() is None:
+            workers = [pid for pid in _processes_of(run.pid)
+                       if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            if len(workers) == 2 and max(map(_cpu_s, workers)) >= cpu_s:
+                return workers
+            time.sleep(0.1)
+        raise AssertionError(f"no busy workers in {timeout} s (exit {run.poll()})")
+
+    return run, busy_workers
+
+
+def _gone(workers: list[int], within_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while any(_cpu_s(w) >= 0 for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all(_cpu_s(w) < 0 for w in workers)
+
+
+# a 2,048-token prefill (b1 ~8 CPU s, b4 ~20) and its key's one decode bucket: workers busy for seconds
+_SLICE = ["--models", "llama2-7b", "--instances", "inf2.48xlarge", "--jobs", "2", "--lengths", "2048-2048"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_die_with_the_run_even_killed():
+    """SIGKILL leaves the run no say: its workers end with it (PR_SET_PDEATHSIG) instead of
+    finishing their programs as orphans (session 9 found a 1.7 GB one)."""
+    import os
+    import signal
+
+    run, busy_workers = _start([*_SLICE, "--batches", "1"])
+    workers: list[int] = []
+    try:
+        workers = busy_workers(2.0)
+        run.kill()
+        run.wait(timeout=10)
+        assert _gone(workers, within_s=5.0)
+    finally:
+        run.kill()
+        for pid in workers:
+            if _cpu_s(pid) >= 0:
+                os.kill(pid, signal.SIGKILL)
+        run.communicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_the_workers_and_prints_the_finished_keys():
+    """SIGTERM part way: the workers are killed at once, the keys finished so far keep their
+    figures in the JSON line, the others say they were stopped, and the exit is 128 + 15."""
+    import os
+    import signal
+    import threading
+
+    run, busy_workers = _start([*_SLICE, "128-128", "--batches", "4", "--progress"])
+    timer = threading.Timer(180.0, run.kill)  # bounded whatever happens
+    timer.start()
+    workers: list[int] = []
+    try:
+        workers = busy_workers(0.0)
+        assert run.stderr is not None
+        for line in run.stderr:  # the 128-128 key finishes long before the 8,192-row prefill
+            if line.startswith("{"):
+                assert json.loads(line)["key"] == "llama2-7b/inf2.48xlarge/tp24/b4/128-128"
+                break
+        run.send_signal(signal.SIGTERM)
+        assert _gone(workers, within_s=3.0)  # not after the prefill's ~15 CPU s left
+        stdout, stderr = run.communicate(timeout=30)
+        assert run.returncode == 128 + signal.SIGTERM, stderr
+        out = json.loads(stdout)
+        assert "tpot_ms" in out["llama2-7b/inf2.48xlarge/tp24/b4/128-128"]
+        assert out["llama2-7b/inf2.48xlarge/tp24/b4/2048-2048"] == {
+            "stopped": "the run was stopped by SIGTERM before its programs were made"}
+        assert out["stopped"] == "SIGTERM" and out["keys_stopped"] == 1 and out["keys_failed"] == 0
+        assert "llm_decode: stopped by SIGTERM: 1 of 2 keys finished" in stderr
+        assert "Traceback" not in stderr
+    finally:
+        timer.cancel()
+        run.kill()
+        for pid in workers:
+            if _cpu_s(pid) >= 0:
+                os.kill(pid, signal.SIGKILL)
