@@ -76,7 +76,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -207,7 +209,21 @@ def measured(program: Program, quantize: str) -> tuple[tuple, float, float]:
     and sharding included): the worker's entry point. Plain tuples cross the process boundary."""
     wall, cpu = time.perf_counter(), time.process_time()
     timed = simulate(program, CompilerOptions(quantize=Quantization(quantize)))
-    return astuple(timed), time.process_time() - cpu, time.perf_counter() - wall
+    cost = time.process_time() - cpu, time.perf_counter() - wall
+    release_memory()
+    return astuple(timed), *cost
+
+
+def release_memory() -> None:
+    """Hands the memory a finished program freed back to the system. glibc keeps freed heap pages
+    in its arenas: a worker that made a Llama-2-7B b4 2,048-token prefill (peak 1.75 GiB) held
+    1.05 GiB resident while idle or making its next, small program, invisible to the budget that
+    sums the running programs' estimates; ``malloc_trim`` takes it down to 0.48 (0.10 at start:
+    the rest is the core's caches). Nothing else changes: programs and figures are the same."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 def estimated_cost(program: Program) -> int:
@@ -220,25 +236,41 @@ def estimated_cost(program: Program) -> int:
     return layers * (batch * context if workload == "llama-prefill" else 200)
 
 
-def estimated_rss_bytes(program: Program) -> int:
-    """A rough peak resident set of the worker making ``program``, to keep two big ones from
-    running at once: a prefill's grows with its prompt tokens, layers and per-rank hidden size
-    (~35 bytes per token x layer x hidden/tp) and with its attention scores (~0.16 byte per
-    context^2 x sequence x query head per rank x layer), over ~0.3 GiB: both count the program's
-    nodes, ~500 bytes each at the peak (docs/execution-core.md "Program memory"). Fitted to three
-    prefills measured with ``/usr/bin/time`` (session 9; before its cuts in parentheses): Llama-2-7B
-    inf2 tp24 2,048 tokens b4 1.75 GiB (2.49), b8 3.54 (5.2), Mistral-7B inf2 tp24 b1 8,192 2.17
-    (3.18); the estimate is within 0.25 GiB above each. Session 8 measured before them Llama-2-7B
-    b1 2,048 0.78 GiB, Llama-2-70B trn1 tp32 b4 2,048 9.5, Mistral-7B b4 8,192 13.8. A decode
-    step ~1 GiB (Llama-3-70B inf2 b8 bucket 8192: 1.07)."""
-    workload, model, instance, batch, context = program
-    if workload != "llama-prefill":
-        return 2**30
+RSS_BASE_BYTES = 0.3 * 2**30  # the interpreter, numpy, the graph (no weights) and fixed tables
+RSS_BYTES_PER_NODE = 480  # the compiled program's columns, buffers and the run's timeline
+DECODE_RSS_BYTES = int(1.25 * 2**30)  # any grid decode step: 0.9 GiB measured at most
+
+
+def estimated_nodes(program: Program) -> int:
+    """A prefill's compiled program size (nodes of one rank), an upper bound fitted to node counts
+    measured on every kind of grid prefill (session 10, bench/README.md): per layer,
+
+    * a fixed part, the layer's weight tiles: ``48 x hidden/128``;
+    * per row (``batch x tokens``), ``k x hidden/128 x (1 + 32/tp) / 2``: half of a row's work is
+      on the whole hidden state on every rank whatever tp (the norms, residual adds and the two
+      all-reduces), half the rank's slices of the matmuls (1/tp); ``k`` grows with the rows
+      (longer row runs stage more), ``0.29 + 0.03 x log2(rows / 2048)`` within [0.2, 0.345];
+    * the attention scores, ``3.7e-4 x batch x query heads per rank x tokens^2`` (causal).
+
+    The LM head (the last token's logits only) and the embedding gather are a few hundred nodes."""
+    _, model, instance, batch, context = program
     dims, tp = LLAMA_PRESETS[model], INSTANCES[instance]
     q_heads = head_counts(dims["heads"], dims["kv_heads"], tp)[0] // tp
-    rows = 35 * batch * context * dims["layers"] * dims["hidden"] / tp
-    scores = 0.16 * batch * q_heads * context**2 * dims["layers"]
-    return int(0.3 * 2**30 + rows + scores)
+    width, rows = dims["hidden"] / 128, batch * context
+    k = min(0.345, max(0.2, 0.29 + 0.03 * math.log2(rows / 2048)))
+    per_layer = 48 * width + k * rows * width * (1 + 32 / tp) / 2 + 3.7e-4 * batch * q_heads * context**2
+    return int(dims["layers"] * per_layer)
+
+
+def estimated_rss_bytes(program: Program) -> int:
+    """A peak resident set of the worker making ``program``, an upper bound, to keep two big ones
+    from running at once and to skip one that cannot fit at all: a prefill's is its program's
+    nodes (``estimated_nodes``) at ``RSS_BYTES_PER_NODE`` each over ``RSS_BASE_BYTES`` (measured
+    peaks: 420-500 bytes per node over 0.3 GiB on programs of 1-15 M nodes; docs/execution-core.md
+    "Program memory"); a decode step's is ``DECODE_RSS_BYTES`` (bench/README.md: the table)."""
+    if program[0] != "llama-prefill":
+        return DECODE_RSS_BYTES
+    return int(RSS_BASE_BYTES + RSS_BYTES_PER_NODE * estimated_nodes(program))
 
 
 def memory_budget_bytes() -> int:
@@ -347,6 +379,7 @@ class Grid:
             wall, cpu = time.perf_counter(), time.process_time()
             self.cache[program] = simulate(program, self.options)
             self.cost[program] = (time.process_time() - cpu, time.perf_counter() - wall)
+            release_memory()
         return self.cache[program]
 
     def figures(self, key: Key) -> dict[str, Any]:

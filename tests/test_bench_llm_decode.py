@@ -192,7 +192,7 @@ def test_workers_start_a_program_only_where_its_memory_fits(bench):
     mid = ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048)
     step = ("llama-decode", "llama2-7b", "inf2.48xlarge", 1, 255)
     assert bench.estimated_rss_bytes(big) > 30 * 2**30  # alone past this machine's 24 GiB
-    assert 3 * 2**30 < bench.estimated_rss_bytes(mid) < 5 * 2**30  # 3.54 GiB measured (session 9)
+    assert 3.54 * 2**30 < bench.estimated_rss_bytes(mid) < 5 * 2**30  # 3.54 GiB measured (session 9)
     pending = sorted([step, mid, big], key=bench.estimated_cost, reverse=True)
     assert pending == [big, mid, step]
     budget = 24 * 2**30
@@ -201,6 +201,35 @@ def test_workers_start_a_program_only_where_its_memory_fits(bench):
     assert bench.next_program([big, step], [mid], budget) == step
     assert bench.next_program([], [mid], budget) is None
 
+
+
+# peak resident sets measured with /usr/bin/time, one program made as `simulate` does (GiB;
+# bench/README.md, session 10 unless said): (phase, model, instance, batch, tokens) -> peak
+MEASURED_PEAK_GIB = {
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 1, 2048): 1.58,
+    ("llama-prefill", "llama2-70b", "trn1.32xlarge", 1, 2048): 1.58,
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 2, 2048): 3.01,
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 4, 2048): 6.06,
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 1, 4096): 3.14,
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 8, 128): 0.80,
+    ("llama-prefill", "llama3-70b", "inf2.48xlarge", 1, 2048): 1.73,
+    ("llama-prefill", "llama2-13b", "inf2.48xlarge", 1, 2048): 0.64,
+    ("llama-prefill", "llama2-13b", "trn1.32xlarge", 1, 512): 0.40,
+    ("llama-prefill", "llama3-8b", "trn1.32xlarge", 1, 8192): 1.72,
+    ("llama-prefill", "llama2-7b", "trn1.32xlarge", 4, 2048): 1.36,
+    ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048): 3.54,  # session 9
+    ("llama-prefill", "mistral-7b", "inf2.48xlarge", 1, 8192): 2.17,  # session 9
+    ("llama-decode", "llama3-70b", "inf2.48xlarge", 8, 8191): 0.90,
+}
+
+
+def test_the_memory_estimate_bounds_every_measured_program(bench):
+    """The estimate keeps the workers from being killed only if it is an upper bound (session 9's
+    was 0-2 % above the biggest measured, and a 70B prefill it put at 12.0 GiB was OOM-killed);
+    it is also not so loose that it would skip programs this machine can make (< 1.5 x + 0.2 GiB)."""
+    for program, peak in MEASURED_PEAK_GIB.items():
+        estimate = bench.estimated_rss_bytes(program) / 2**30
+        assert peak < estimate < 1.5 * peak + 0.2, (program, peak, estimate)
 
 
 def test_programs_over_the_available_memory_are_skipped_in_one_line(bench, monkeypatch, capsys):
@@ -400,7 +429,7 @@ def test_workers_die_with_the_run_even_killed():
     run, busy_workers = _start([*_SLICE, "--batches", "1"])
     workers: list[int] = []
     try:
-        workers = busy_workers(2.0)
+        workers = busy_workers(1.5)
         run.kill()
         run.wait(timeout=10)
         assert _gone(workers, within_s=5.0)
