@@ -308,9 +308,10 @@ class ProgramFailed(Exception):
     """A program of the grid could not be made; the message says which and why, in one line."""
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """SIGTERM or SIGINT reached the run (``_stop_on``): the workers are killed and the keys
-    already finished are printed."""
+    already finished are printed. Not an ``Exception`` (as ``KeyboardInterrupt`` is not), so
+    that no handler of a key's or a program's failure takes it for one."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -634,8 +635,9 @@ def main() -> None:
         stopped = stop
         print(f"llm_decode: stopped by {stop}: {len(done)} of {len(runnable)} keys finished",
               file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for key in keys:  # the grid's order, whatever order the keys finished in
         big = next((p for p in programs_of(key) if p in skipped), None)
         if big:

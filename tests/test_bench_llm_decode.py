@@ -287,6 +287,36 @@ def test_a_program_that_fails_fails_only_its_keys(bench, monkeypatch, capsys):
     assert "tpot_ms" in progress[0] and "failed" in progress[1]  # --progress lines carry the figures
 
 
+def test_a_signal_in_a_serial_run_stops_it_and_keeps_the_finished_keys(bench, monkeypatch, capsys):
+    """--jobs 1 makes the programs in the run's own process: SIGINT there (``Stopped`` raised by
+    the handler) stops the run, not only the key being made (it is not a key's failure), the
+    finished key keeps its figures and the exit is 128 + 2."""
+    import signal
+
+    def fake_run(self, workload, key, context):
+        if key.prompt == 2048:
+            bench._stop_on(signal.SIGINT, None)
+        return self.cache.setdefault((workload, key.model, key.instance, key.batch, context),
+                                     bench.Timed(1.0, 1.0, 0.0, 0.0, 0.0, 0))
+
+    monkeypatch.setattr(bench.Grid, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["llm_decode.py", "--models", "llama2-7b", "--instances",
+                                      "inf2.48xlarge", "--batches", "1", "--lengths", "128-128", "2048-2048",
+                                      "--jobs", "1"])
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            bench.main()
+    finally:  # the handler restored the defaults; leave pytest's own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert stopped.value.code == 128 + signal.SIGINT
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "tpot_ms" in out["llama2-7b/inf2.48xlarge/tp24/b1/128-128"]
+    assert out["llama2-7b/inf2.48xlarge/tp24/b1/2048-2048"] == {
+        "stopped": "the run was stopped by SIGINT before its programs were made"}
+    assert out["keys_failed"] == 0 and out["keys_stopped"] == 1 and "failed" not in captured.err
+
+
 class _Pool:
     """A stand-in for the worker pool: futures resolve when the bench waits on them, as a program
     in ``fates`` says: "ok", "error" (the worker raised) or "die" (the worker was killed, so every
