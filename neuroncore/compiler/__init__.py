@@ -26,6 +26,7 @@ from neuroncore.compiler.context import Context
 from neuroncore.compiler.emitter import CC_LANE, CC_SEMAPHORE, QUEUE_LANE_BASE, Emitter
 from neuroncore.compiler.errors import CompileError, UnsupportedOpsError
 from neuroncore.compiler.gc_pause import collector_paused
+from neuroncore.compiler.image_groups import image_groups
 from neuroncore.compiler.layer_replay import LayerDedup
 from neuroncore.compiler.layer_runs import find_runs, with_final_layer
 from neuroncore.compiler.lazy_semantics import RelocatedSemantics
@@ -178,7 +179,7 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
     spec = core_spec(target)
     if options is not None and not isinstance(options, CompilerOptions):
         raise OptionsError(f"options must be a CompilerOptions, not {type(options).__name__}")
-    graph = fold_casts(channel_major(apply_options(graph, options)))
+    graph = image_groups(fold_casts(channel_major(apply_options(graph, options))), spec)
     missing = unsupported_ops(graph)
     if missing:
         raise UnsupportedOpsError(missing)
