@@ -64,7 +64,10 @@ biggest prefills, Llama-3-70B b8 4096 tokens on either instance, are skipped). A
 fails (an error in the compiler, a worker killed) fails only the keys that need it, each
 ``{"failed": "<program>: <error's first line>"}`` and one stderr line; every other key keeps its
 figures, the JSON line is printed, and the run exits 1. ``keys_skipped`` / ``keys_failed`` count
-them; ``--progress`` lines carry each key's figures as it finishes.
+them; ``--progress`` lines carry each key's figures as it finishes. SIGTERM or SIGINT stops
+the run: its workers are killed at once, the JSON line is printed with the keys finished so far,
+the others ``{"stopped": ...}`` (``stopped``, ``keys_stopped``), exit 128 + the signal. Workers
+never outlive the run, however it ends (``_die_with_parent``).
 
 The numbers come from the execution core's cost model (neuroncore.md: engine rates, HBM and DMA
 costs, per-execution overheads) and the collective model (NeuronLink topology, algorithms, hop
@@ -236,7 +239,7 @@ def estimated_cost(program: Program) -> int:
     return layers * (batch * context if workload == "llama-prefill" else 200)
 
 
-RSS_BASE_BYTES = 0.3 * 2**30  # the interpreter, numpy, the graph (no weights) and fixed tables
+RSS_BASE_BYTES = 0.5 * 2**30  # interpreter, graph, tables, and caches earlier programs of the worker left
 RSS_BYTES_PER_NODE = 480  # the compiled program's columns, buffers and the run's timeline
 DECODE_RSS_BYTES = int(1.25 * 2**30)  # any grid decode step: 0.9 GiB measured at most
 
@@ -266,7 +269,8 @@ def estimated_rss_bytes(program: Program) -> int:
     """A peak resident set of the worker making ``program``, an upper bound, to keep two big ones
     from running at once and to skip one that cannot fit at all: a prefill's is its program's
     nodes (``estimated_nodes``) at ``RSS_BYTES_PER_NODE`` each over ``RSS_BASE_BYTES`` (measured
-    peaks: 420-500 bytes per node over 0.3 GiB on programs of 1-15 M nodes; docs/execution-core.md
+    peaks: 420-500 bytes per node over 0.3 GiB on programs of 1-15 M nodes, each alone, and a
+    worker keeps up to 0.4 GiB more after earlier programs; docs/execution-core.md
     "Program memory"); a decode step's is ``DECODE_RSS_BYTES`` (bench/README.md: the table)."""
     if program[0] != "llama-prefill":
         return DECODE_RSS_BYTES
