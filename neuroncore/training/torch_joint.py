@@ -292,6 +292,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
     _drop_pool_indices(traced)
     _functional_copies(traced)
+    _stack_select_gradients(traced)
     _tag_phases(traced.graph, params)
     _recompute_checkpoints(traced)
     return JointGraph(traced, params, others, buffers, len(example_inputs), frozenset(constants))
@@ -411,6 +412,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
         raise TraceError(f"{name}: tracing the backward pass failed: {first}") from exc
     _drop_pool_indices(traced)
     _functional_copies(traced)
+    _stack_select_gradients(traced)
     _tag_phases(traced.graph, [n for n, _ in params])  # no _recompute_checkpoints: a stage's backward
     # program replays the stage's forward already (the pipeline checkpoints whole stages)
     return JointGraph(traced, [n for n, _ in params], [n for n, _ in buffers],
@@ -632,6 +634,172 @@ def _functional_copies(module: torch.fx.GraphModule) -> None:
         graph.erase_node(node)
         changed = True
     if changed:  # the target, now read by nobody, is left: the step program prunes what nothing reads
+        module.recompile()
+
+
+_aten = torch.ops.aten
+
+
+def _zeros_like_node(node: Any, shape: torch.Size) -> bool:
+    """Whether ``node`` is a ``full`` of zeros (or ``zeros``) of ``shape``."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(shape):
+        return False
+    if node.target is _aten.full.default:
+        return len(node.args) >= 2 and isinstance(node.args[1], (int, float)) \
+            and not isinstance(node.args[1], bool) and node.args[1] == 0
+    return node.target is _aten.zeros.default
+
+
+def _target(node: Any, *targets: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _select_slot(node: torch.fx.Node) -> tuple[int, int, torch.fx.Node] | None:
+    """``(dim, index, value)`` when ``node`` is ``value`` written at constant ``index`` of ``dim``
+    into zeros: ``select_backward`` as the core-ATen decompositions spell it,
+    ``where(arange(n).view(..., -1, ...) == index, value.unsqueeze(dim).expand(shape), zeros)``,
+    or ``select_scatter(zeros, value, dim, index)``."""
+    val = node.meta.get("val")
+    if node.op != "call_function" or not isinstance(val, torch.Tensor) or val.ndim == 0:
+        return None
+    shape, ndim = val.shape, val.ndim
+    if node.target is _aten.select_scatter.default and len(node.args) == 4 and not node.kwargs:
+        base, value, dim, index = node.args
+        if not _zeros_like_node(base, shape) or not isinstance(value, torch.fx.Node) \
+                or not isinstance(dim, int) or not isinstance(index, int):
+            return None
+        dim %= ndim
+        return dim, index % shape[dim], value
+    if node.target is not _aten.where.self or len(node.args) != 3 or node.kwargs:
+        return None
+    mask, expanded, base = node.args
+    if not _zeros_like_node(base, shape) or not _target(mask, _aten.eq.Scalar) \
+            or not isinstance(mask.args[1], int) or isinstance(mask.args[1], bool):
+        return None
+    ids, index = mask.args[0], mask.args[1]
+    if not _target(ids, _aten.view.default, _aten.reshape.default) \
+            or not isinstance(ids.meta.get("val"), torch.Tensor):
+        return None
+    ids_shape, arange = ids.meta["val"].shape, ids.args[0]
+    long_dims = [d for d, size in enumerate(ids_shape) if size != 1]
+    if len(ids_shape) != ndim or len(long_dims) != 1:
+        return None
+    dim = long_dims[0]
+    n = shape[dim]
+    if ids_shape[dim] != n or not _target(arange, _aten.arange.start_step, _aten.arange.default) \
+            or tuple(arange.args) not in ((n,), (0, n), (0, n, 1)) or not 0 <= index < n:
+        return None
+    if not _target(expanded, _aten.expand.default) or not _target(expanded.args[0], _aten.unsqueeze.default):
+        return None
+    unsqueezed = expanded.args[0]
+    value = unsqueezed.args[0]
+    if not isinstance(unsqueezed.args[1], int) or unsqueezed.args[1] % ndim != dim \
+            or not isinstance(value, torch.fx.Node):
+        return None
+    want = (*shape[:dim], *shape[dim + 1:])
+    value_val = value.meta.get("val")
+    if not isinstance(value_val, torch.Tensor) or tuple(value_val.shape) != want \
+            or value_val.dtype != val.dtype:
+        return None
+    return dim, index, value
+
+
+def _new_node(graph: torch.fx.Graph, like: torch.Tensor, shape: Sequence[int], meta_of: torch.fx.Node,
+              target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
+    """A node taking ``meta_of``'s metadata, its example value of ``shape`` made like ``like``
+    (same fake mode, dtype and device)."""
+    from torch._guards import detect_fake_mode
+    node = graph.call_function(target, args, kwargs)
+    node.meta = {k: v for k, v in meta_of.meta.items() if k not in ("val", "tensor_meta")}
+    mode = detect_fake_mode([like])
+    with mode if mode is not None else contextlib.nullcontext():
+        node.meta["val"] = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+    return node
+
+
+def _stack_select_gradients(module: torch.fx.GraphModule) -> None:
+    """A sum of ``select_backward`` gradients of one tensor at constant indices becomes one
+    concatenation of the per-index gradients. A mixture-of-experts layer reads each expert's
+    weights from one stacked parameter (``gate_up_proj[e]``, ``[E, 2I, H]``): autograd gives each
+    read a gradient of the whole ``[E, ...]`` tensor, zero but at ``e``, and sums the E of them,
+    E^2 slices of traffic (each a Vector-engine select of the full stack, then a full-size add).
+    Torch's own ``unbind`` backward stacks the per-expert gradients instead, and XLA's algebraic
+    simplifier (``HandleAdd``) rewrites ``add(lhs, dynamic-update-slice(zeros, g, e))`` into an
+    update of ``lhs``'s slice ``e`` alone, so a real compiler moves each slice once. The result
+    is the same values bit for bit: adding a zero is exact, and two gradients at one index are
+    added in the order autograd added them. Only sums of two or more such gradients, each read
+    only by its sum, are rewritten (one ``select_backward`` alone is left as it is)."""
+    graph = module.graph
+    # node -> (dim, {index: (gradient node, node whose meta it takes)}, folded nodes)
+    parts: dict[torch.fx.Node, tuple[int, dict[int, tuple[torch.fx.Node, torch.fx.Node]]]] = {}
+    absorbed: set[torch.fx.Node] = set()
+    for node in list(graph.nodes):
+        slot = _select_slot(node)
+        if slot is not None:
+            dim, index, value = slot
+            parts[node] = (dim, {index: (value, node)})
+            continue
+        if not _target(node, _aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+            continue
+        a, b = node.args
+        if a not in parts or b not in parts or a is b or len(a.users) != 1 or len(b.users) != 1:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or any(
+                tuple(x.meta["val"].shape) != tuple(val.shape) or x.meta["val"].dtype != val.dtype
+                for x in (a, b)):
+            continue
+        (dim_a, slots_a), (dim_b, slots_b) = parts[a], parts[b]
+        if dim_a != dim_b:
+            continue
+        merged = dict(slots_a)
+        for index, (value, source) in slots_b.items():
+            if index in merged:  # two reads of one index: summed in autograd's order
+                with graph.inserting_before(node):
+                    summed = _new_node(graph, val, value.meta["val"].shape, node, _aten.add.Tensor,
+                                       (merged[index][0], value))
+                merged[index] = (summed, node)
+            else:
+                merged[index] = (value, source)
+        parts[node] = (dim_a, merged)
+        absorbed.update((a, b))
+    roots = [n for n in parts if n not in absorbed and _target(n, _aten.add.Tensor)]
+    for root in roots:
+        dim, slots = parts[root]
+        val = root.meta["val"]
+        shape = val.shape
+        pieces: list[torch.fx.Node] = []
+        with graph.inserting_before(root):
+            index = 0
+            while index < shape[dim]:
+                if index in slots:
+                    value, source = slots[index]
+                    pieces.append(_new_node(graph, val, [*shape[:dim], 1, *shape[dim + 1:]], source,
+                                            _aten.unsqueeze.default, (value, dim)))
+                    index += 1
+                    continue
+                end = index
+                while end < shape[dim] and end not in slots:
+                    end += 1
+                run = [*shape[:dim], end - index, *shape[dim + 1:]]
+                pieces.append(_new_node(graph, val, run, root, _aten.full.default, (run, 0.0), {
+                    "dtype": val.dtype, "layout": torch.strided, "device": val.device,
+                    "pin_memory": False}))
+                index = end
+            stacked = _new_node(graph, val, shape, root, _aten.cat.default, (pieces, dim))
+        root.replace_all_uses_with(stacked)
+        dead = [root]
+        while dead:  # what only the folded sum read
+            node = dead.pop()
+            if node.users or node.op != "call_function" or node.is_impure():
+                continue
+            inputs = node.all_input_nodes
+            graph.erase_node(node)
+            dead.extend(inputs)
+    if roots:
         module.recompile()
 
 
