@@ -91,11 +91,15 @@ class Operand:
     op: Op | None = None
     value: float = 0.0
     column: Ref | None = None  # REPLICATED: the loaded [rows, 1] column
+    first_column: bool = False  # PER_PARTITION read as the first column of ``op``'s own tiles
 
 
-def classify(ctx: Context, x: Op, out_shape: tuple[int, ...], *, replicated: bool = False) -> Operand:
+def classify(ctx: Context, x: Op, out_shape: tuple[int, ...], *, replicated: bool = False,
+             row_constant: bool = False) -> Operand:
     """Recognise operands that need no materialised tile; ``replicated``: the caller takes a
-    REPLICATED operand (a one-element value broadcast to ``out_shape``)."""
+    REPLICATED operand (a one-element value broadcast to ``out_shape``); ``row_constant``: the
+    caller takes a broadcast that is constant along each row as a PER_PARTITION column (see
+    :func:`_row_constant`)."""
     value = ctx.values.get(x.index)
     if value is not None and value.immediate is not None:
         return Operand(OperandForm.IMMEDIATE, value=value.immediate)
@@ -115,7 +119,25 @@ def classify(ctx: Context, x: Op, out_shape: tuple[int, ...], *, replicated: boo
             return Operand(OperandForm.PER_PARTITION, src)
         if replicated and src.size == 1:
             return Operand(OperandForm.REPLICATED, src)
+        if row_constant and _row_constant(x, out_shape):
+            return Operand(OperandForm.PER_PARTITION, x, first_column=True)
     return Operand(OperandForm.TILE, x)
+
+
+def _row_constant(x: Op, out_shape: tuple[int, ...]) -> bool:
+    """Whether broadcast ``x`` holds one value per row of ``out_shape``: its last dim is broadcast
+    (a per-expert or per-head value ``[E, 1, 1] -> [E, R, C]``: select_backward's ``iota == e``
+    mask, ALiBi's slopes). Such an operand is read as the first column of each of its tiles
+    (``rows`` one-element descriptors, 8 per DMA engine for a 128-row tile) and is TENSOR_SCALAR's
+    per-partition operand, or widened on chip by a TENSOR_COPY with a zero free stride (a select's
+    predicate). Read whole, its broadcast view has no contiguous run longer than one element:
+    every element of the tile was a descriptor of its own (a 128 x 128 tile 1,024 per DMA engine,
+    30.8 us of DMA at ~30 ns each, neuroncore.md §5.3), 500 us for a [4, 512, 128] select."""
+    if len(out_shape) < 2 or out_shape[-1] == 1 or tuple(x.shape) != tuple(out_shape):
+        return False
+    src, dims = x.operands[0], list(x.attrs["dims"])
+    last = len(out_shape) - 1
+    return last not in dims or src.shape[dims.index(last)] == 1
 
 
 def replicate(ctx: Context, op: Op, operand: Operand, rows: int) -> Operand:
@@ -143,6 +165,8 @@ def operand_ref(ctx: Context, operand: Operand, t: int, layout: Layout,
         assert operand.column is not None
         return operand.column
     assert operand.op is not None
+    if operand.first_column:
+        return ctx.tile(operand.op, t, Layout.ROW, (0, 1))
     if operand.kind is OperandForm.PER_PARTITION:
         src_value = ctx.values[operand.op.index]
         if src_value.layout == Layout.ROW and src_value.cols == 1:
@@ -418,7 +442,7 @@ def lower_binary(ctx: Context, op: Op) -> None:
 
 
 def binary_steps(ctx: Context, op: Op) -> Iterator[bool]:
-    a, b = (classify(ctx, x, op.shape, replicated=True) for x in op.operands)
+    a, b = (classify(ctx, x, op.shape, replicated=True, row_constant=True) for x in op.operands)
     alu = ALU_OPS[op.attrs["direction"] if op.opcode == "compare" else op.opcode]
     layout = output_layout(ctx, op, [a, b])
     if layout != Layout.ROW and op.shape and op.shape[-1] != 1:
@@ -519,7 +543,7 @@ def select_steps(ctx: Context, op: Op) -> Iterator[bool]:
     attention mask ``[.., R, 1] -> [.., R, C]``) is loaded as its column and widened on chip by a
     TENSOR_COPY reading it with a zero free stride, as the engines' access patterns allow; a DMA of
     the broadcast view would move it one element per descriptor."""
-    forms = [classify(ctx, x, op.shape) for x in op.operands]
+    forms = [classify(ctx, x, op.shape, row_constant=True) for x in op.operands]
     operands = [f if f.kind is not OperandForm.TILE else Operand(OperandForm.TILE, x)
                 for f, x in zip(forms, op.operands)]
     if forms[0].kind is OperandForm.IMMEDIATE:  # a constant predicate: read it as a tile
