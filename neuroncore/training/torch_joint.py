@@ -33,7 +33,7 @@ import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -653,7 +653,7 @@ def _zeros_like_node(node: Any, shape: torch.Size) -> bool:
     return node.target is _aten.zeros.default
 
 
-def _target(node: Any, *targets: Any) -> bool:
+def _target(node: Any, *targets: Any) -> TypeGuard[torch.fx.Node]:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
@@ -745,7 +745,8 @@ def _stack_select_gradients(module: torch.fx.GraphModule) -> None:
         if not _target(node, _aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
             continue
         a, b = node.args
-        if a not in parts or b not in parts or a is b or len(a.users) != 1 or len(b.users) != 1:
+        if not isinstance(a, torch.fx.Node) or not isinstance(b, torch.fx.Node) or a not in parts \
+                or b not in parts or a is b or len(a.users) != 1 or len(b.users) != 1:
             continue
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or any(
