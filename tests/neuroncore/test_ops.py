@@ -429,8 +429,9 @@ BROADCASTS = [
     ((C,), (R, C), (1,), "view"),
     ((C,), (3, R, C), (2,), "view"),
     ((R, C), (2, R, C), (1, 2), "view"),
-    ((R,), (2, R, C), (1,), "view"),
+    ((R,), (2, R, C), (1,), "row-constant"),
     ((2, R), (2, R, C), (0, 1), "per-row"),
+    ((2, 1, 1), (2, R, C), (0, 1, 2), "row-constant"),
 ]
 
 
@@ -471,6 +472,14 @@ def test_broadcast(run, assert_close, rng, src_shape, out_shape, dims, kind, dty
         assert len(rep) == 1, [n.operands for n in loads]
         assert res.program.dma_bytes[rep[0].index] == 128 * s.dtype.itemsize
         assert not [n for n in loads if f"hbm:{bc.name}.view" in n.operands]
+    elif kind == "row-constant":
+        # constant along each row (the last dim broadcast): TENSOR_SCALAR's per-partition operand
+        # is the first column of each tile of the view, one element per partition, never the whole
+        # tile (every element its own descriptor)
+        assert kinds(ys) == {("TENSOR_SCALAR", VECTOR)}
+        view_loads = [n for n in res.nodes(y) if n.is_dma and f"hbm:{bc.name}.view" in n.operands]
+        assert view_loads and all(res.program.dma_bytes[n.index] <= 128 * s.dtype.itemsize
+                                  for n in view_loads), [n.operands for n in view_loads]
     elif kind == "view":
         assert kinds(ys) == {("TENSOR_TENSOR", VECTOR)}
         view_loads = [n for n in res.nodes(y) if n.is_dma and f"hbm:{bc.name}.view" in n.operands]
