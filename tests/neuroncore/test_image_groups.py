@@ -48,49 +48,61 @@ def _net(blocks: int = 3) -> nn.Module:
     return net.eval()
 
 
-def _trace(net, x, monkeypatch=None):
-    if monkeypatch is not None:  # the whole-batch program: no image groups
-        monkeypatch.setattr(groups_module, "plan", lambda graph, spec: None)
-    traced = nc.trace(net, (x,), instance="inf2.xlarge")
-    if monkeypatch is not None:
-        monkeypatch.undo()
-    return traced
+def _trace(net, x):
+    return nc.trace(net, (x,), instance="inf2.xlarge")
 
 
 def _grouped_ops(program):
     return [op for op in program.graph.ops if ".images" in op.name]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 4])
-def test_a_batched_conv_net_matches_torch_with_image_groups(batch):
+def _one_image_through_the_prefix(graph, spec):
+    """A plan that steps the whole per-image prefix one image at a time: up to its last position
+    whose frontier is one value."""
+    if groups_module._batch(graph) < 2:
+        return None  # as the program's own plan: one image is a group already
+    prefix = groups_module._Plan(graph, groups_module._batch(graph))
+    end = max(i for i, f in enumerate(prefix.frontiers) if f is not None and len(f) == 1)
+    return groups_module.Decision(1, end + 1, 0)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_conv_net_stepped_image_by_image_matches_torch(batch, monkeypatch):
+    """Batch 2 is stepped one image at a time by a forced plan (the program's own leaves it whole:
+    its values fit); batch 1 is never rewritten."""
     net = _net()
     x = torch.randn(batch, 3, 80, 80)
+    monkeypatch.setattr(groups_module, "plan", _one_image_through_the_prefix)
     traced = _trace(net, x)
     with torch.no_grad():
         want = net(x)
     torch.testing.assert_close(traced(x), want, rtol=2e-4, atol=5e-5)
-    grouped = _grouped_ops(traced.program)
-    # one image's or two images' block values fit SBUF: only at batch 4 is the segment split
-    assert bool(grouped) == (batch == 4)
-    if batch == 4:
-        convs = [op for op in grouped if op.opcode == "convolution"]
-        assert {op.shape[0] for op in convs} == {1}  # one image at a time
-        # per image: the stem, three blocks of two and the stride-2 convolution (its output, a
-        # quarter the size, is the cheapest value to gather for the whole batch)
-        assert len(convs) == 4 * 8
-        concats = [op for op in traced.program.graph.ops if op.opcode == "concatenate"]
-        assert len(concats) == 1 and concats[0].shape[0] == 4
+    convs = [op for op in _grouped_ops(traced.program) if op.opcode == "convolution"]
+    assert len(convs) == (0 if batch == 1 else 2 * 8)
 
 
-def test_image_groups_are_bit_identical_and_keep_block_values_on_chip(monkeypatch):
-    """The same values as the whole-batch program, element for element; the whole-batch program
-    sends every block value to HBM scratch, the grouped one only the segment's last value."""
+def test_batch_4_is_stepped_image_by_image_bit_identical_and_keeps_block_values_on_chip(monkeypatch):
+    """At batch 4 a block value is over half of SBUF: the program's own plan steps the stem, the
+    blocks and the stride-2 convolution one image at a time. The same values as torch, and as the
+    whole-batch program element for element; the whole-batch program sends every block value to
+    HBM scratch, the grouped one only the gathered last value."""
     net = _net()
     x = torch.randn(4, 3, 80, 80)
     grouped = _trace(net, x)
-    whole = _trace(net, x, monkeypatch)
-    assert _grouped_ops(grouped.program) and not _grouped_ops(whole.program)
-    np.testing.assert_array_equal(grouped(x).numpy(), whole(x).numpy())
+    monkeypatch.setattr(groups_module, "plan", lambda graph, spec: None)
+    whole = _trace(net, x)
+    convs = [op for op in _grouped_ops(grouped.program) if op.opcode == "convolution"]
+    assert {op.shape[0] for op in convs} == {1}
+    # per image: the stem, three blocks of two and the stride-2 convolution (its output, a
+    # quarter the size, is the cheapest value to gather for the whole batch)
+    assert len(convs) == 4 * 8
+    concats = [op for op in grouped.program.graph.ops if op.opcode == "concatenate"]
+    assert len(concats) == 1 and concats[0].shape[0] == 4
+    assert not _grouped_ops(whole.program)
+    out = grouped(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, net(x), rtol=2e-4, atol=5e-5)
+    np.testing.assert_array_equal(out.numpy(), whole(x).numpy())
 
     def scratch(program):
         return program.hbm_bytes_by_kind()["scratch"]
