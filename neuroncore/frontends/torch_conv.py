@@ -73,16 +73,34 @@ def convolution(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
 
 
 def _pool_geometry(x: Op, kw: dict[str, Any], spatial: int, stride_default: Any
-                   ) -> tuple[list[int], list[int], list[int], list[int], list[int]] | None:
+                   ) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """Kernel, stride, padding, dilation, output size and the extra padding after each spatial
+    dim that ``ceil_mode`` needs (torch's rule: one more window when the division leaves a
+    remainder, unless that window would start in the right padding; the windows past the end
+    read the border value)."""
     kernel = _ints(kw["kernel_size"], spatial)
     stride = _ints(kw.get("stride") or stride_default or kernel, spatial)
     padding = _ints(kw.get("padding", 0), spatial)
     dilation = _ints(kw.get("dilation", 1), spatial)
-    if kw.get("ceil_mode"):
-        return None
-    out = [out_size(x.shape[2 + k], kernel[k], stride[k], padding[k], dilation[k])
-           for k in range(spatial)]
-    return kernel, stride, padding, dilation, out
+    out, extra = [], []
+    for k in range(spatial):
+        size = x.shape[2 + k]
+        span = size + 2 * padding[k] - dilation[k] * (kernel[k] - 1) - 1
+        n = out_size(size, kernel[k], stride[k], padding[k], dilation[k])
+        if kw.get("ceil_mode") and span % stride[k] and n * stride[k] < size + padding[k]:
+            n += 1
+        out.append(n)
+        extra.append(max(0, (n - 1) * stride[k] + dilation[k] * (kernel[k] - 1) + 1
+                         - (size + 2 * padding[k])))
+    return kernel, stride, padding, dilation, out, extra
+
+
+def _covers_input(x: Op, kernel: list[int], padding: list[int], dilation: list[int],
+                  out: list[int]) -> bool:
+    """One window per spatial dim, and it spans the whole input (EfficientNet's pooler: a
+    1,280-wide ``ceil_mode`` window over a 7x7 map): a plain reduction."""
+    return all(o == 1 and p == 0 and d * (k - 1) + 1 >= size for o, p, d, k, size in
+               zip(out, padding, dilation, kernel, x.shape[2:]))
 
 
 def _lowest(dtype: DType) -> float:
@@ -96,12 +114,16 @@ def max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     dtype = c._out_dtype(values_meta)
     x = c._op(kw["self"], dtype)
     spatial = len(x.shape) - 2
-    geometry = _pool_geometry(x, kw, spatial, kw.get("stride"))
-    if geometry is None or not dtype.is_float:
+    if not dtype.is_float:
         return NotImplemented
-    kernel, stride, padding, dilation, _out = geometry
-    result = reduce_window(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, "max",
-                           _lowest(dtype))
+    kernel, stride, padding, dilation, out, extra = _pool_geometry(x, kw, spatial, kw.get("stride"))
+    if _covers_input(x, kernel, padding, dilation, out):
+        flat = c.b.reshape(x, (*x.shape[:2], math.prod(x.shape[2:])))
+        result = c.b.reshape(c.b.reduce(flat, [2], "max"), (*x.shape[:2], *out))
+    else:
+        result = reduce_window(c.b, x, kernel, stride,
+                               [(p, p + e) for p, e in zip(padding, extra)], dilation, "max",
+                               _lowest(dtype))
     if not isinstance(meta, (list, tuple)):
         return result
     indices_used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
@@ -116,20 +138,31 @@ def avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
     x = c._op(kw["self"], dtype)
     spatial = len(x.shape) - 2
-    geometry = _pool_geometry(x, {**kw, "dilation": 1}, spatial, kw.get("stride"))
-    if geometry is None or kw.get("divisor_override") is not None:
+    if kw.get("divisor_override") is not None:
         return NotImplemented
-    kernel, stride, padding, dilation, out = geometry
-    total = reduce_window(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, "sum", 0.0)
-    if not any(padding) or kw.get("count_include_pad", True):
-        return c.b.multiply(total, 1.0 / math.prod(kernel))
-    # count_include_pad=False (PoolFormer's token mixer): each window divides by the inputs it
-    # covers, a map of the output positions known at trace time (stored like a buffer)
+    kernel, stride, padding, dilation, out, extra = _pool_geometry(
+        x, {**kw, "dilation": 1}, spatial, kw.get("stride"))
+    if _covers_input(x, kernel, padding, dilation, out):
+        flat = c.b.reshape(x, (*x.shape[:2], math.prod(x.shape[2:])))
+        total = c.b.reshape(c.b.reduce(flat, [2], "sum"), (*x.shape[:2], *out))
+    else:
+        total = reduce_window(c.b, x, kernel, stride, [(p, p + e) for p, e in zip(padding, extra)],
+                              dilation, "sum", 0.0)
+    # each window divides by what torch's kernel counts: with count_include_pad, the window cut at
+    # the end of the padded input (ceil_mode's last window is shorter); without, the inputs it covers
     counts = np.ones((), np.float32)
+    include_pad = kw.get("count_include_pad", True)
     for k in range(spatial):
+        size = x.shape[2 + k]
         starts = np.arange(out[k]) * stride[k] - padding[k]
-        inside = np.clip(starts + kernel[k], 0, x.shape[2 + k]) - np.clip(starts, 0, x.shape[2 + k])
-        counts = np.multiply.outer(counts, inside.astype(np.float32))
+        ends = np.minimum(starts + kernel[k], size + padding[k])
+        if not include_pad:
+            starts, ends = np.clip(starts, 0, size), np.clip(ends, 0, size)
+        counts = np.multiply.outer(counts, (ends - starts).astype(np.float32))
+    if np.all(counts == counts.flat[0]):
+        return c.b.multiply(total, 1.0 / float(counts.flat[0]))
+    # uneven divisors (PoolFormer's count_include_pad=False token mixer, a ceil_mode edge): a map
+    # of the output positions known at trace time (stored like a buffer)
     scale = c.b.weight(f"avg_pool_divisors.{node.name}", tuple(out), dtype, array=1.0 / counts)
     return c.b.multiply(total, c.b.broadcast_to(scale, total.shape))
 

@@ -102,6 +102,24 @@ def test_albert_under_tensor_parallelism_stores_each_layout_of_a_shared_weight_a
     torch.testing.assert_close(traced(**inputs)[0], want, rtol=1e-4, atol=1e-5)
 
 
+def _randomized(model: "torch.nn.Module") -> "torch.nn.Module":
+    """Random weights and batch-norm statistics for a conv net whose transformers init makes its
+    outputs vanish (MobileNetV2's: 1e-26; EfficientNet's: exactly 0), so a comparison tests
+    something."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(noise / p[0].numel() ** 0.5 if p.dim() > 1
+                    else 1 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("running_var"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    return model
+
+
 AUDIO_VISION = {
     # Swin's pooler is AdaptiveAvgPool1d, whose core-ATen form ends in a contiguous as_strided
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
@@ -120,9 +138,15 @@ AUDIO_VISION = {
         lambda: {"input_values": torch.randn(1, 800)}),
     # its repeated inverted-residual blocks start with layers that emit no instruction (views only):
     # relocating a template of no nodes divided by zero (compiler/layer_replay)
-    "mobilenet-v2": (lambda: T.MobileNetV2ForImageClassification(T.MobileNetV2Config(
-        image_size=32, depth_multiplier=0.25, num_labels=10)),
+    "mobilenet-v2": (lambda: _randomized(T.MobileNetV2ForImageClassification(T.MobileNetV2Config(
+        image_size=32, depth_multiplier=0.25, num_labels=10))),
         lambda: {"pixel_values": torch.randn(1, 3, 32, 32)}),
+    # depthwise convs, SiLU, squeeze-and-excitation; its pooler is AvgPool2d(hidden_dim,
+    # ceil_mode=True) over the last map, listed as unsupported before (hidden_dim set to the
+    # width-scaled top conv's channels, which transformers' config does not do itself)
+    "efficientnet": (lambda: _randomized(T.EfficientNetForImageClassification(T.EfficientNetConfig(
+        image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320, num_labels=10))),
+        lambda: {"pixel_values": torch.randn(2, 3, 32, 32)}),
 }
 
 
@@ -131,7 +155,7 @@ def test_audio_and_vision_defaults_trace_and_match(family: str) -> None:
     torch.manual_seed(0)
     build, inputs = AUDIO_VISION[family]
     _, errors = compare(build().eval(), inputs(), rtol=2e-4, atol=5e-5, bf16=False)
-    assert errors["fp32"] < 1e-3
+    assert errors["fp32"] < 1e-3 and errors["scale"] > 1e-2
 
 
 class _Strided(torch.nn.Module):

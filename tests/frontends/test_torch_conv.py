@@ -144,9 +144,36 @@ def test_constants_of_one_layer_are_weights_of_their_own():
     _same(_TwoResizesOneLayer(), torch.randn(1, 2, 6, 5), torch.randn(1, 2, 4, 3))
 
 
+class _PoolIndices(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values, indices = nn.functional.max_pool2d(x, 2, return_indices=True)
+        return values + indices
+
+
 def test_unsupported_pool_mode_is_listed():
-    missing = nc.check(nn.MaxPool2d(3, stride=2, ceil_mode=True), (torch.randn(1, 2, 8, 8),))
+    missing = nc.check(_PoolIndices(), (torch.randn(1, 2, 8, 8),))
     assert [m.opcode for m in missing] == ["aten.max_pool2d_with_indices"]
+
+
+@pytest.mark.parametrize("module, shape", [
+    (nn.MaxPool2d(3, stride=2, ceil_mode=True), (1, 2, 8, 8)),             # one more window per dim
+    (nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True), (2, 3, 8, 7)),  # that window would start
+    (nn.MaxPool1d(2, ceil_mode=True), (1, 3, 9)),                          # in the padding: dropped
+    (nn.AvgPool2d(3, stride=2, ceil_mode=True), (1, 2, 8, 8)),             # last window: 2 of 3 wide
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True), (1, 2, 8, 8)),
+    (nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), (1, 2, 5, 7)),
+    (nn.AvgPool1d(3, stride=2, padding=1, ceil_mode=True), (1, 2, 8)),
+    (nn.AvgPool2d(1280, ceil_mode=True), (2, 5, 7, 7)),                    # EfficientNet's pooler
+    (nn.MaxPool2d(9, ceil_mode=True), (1, 4, 3, 2)),
+])
+def test_ceil_mode_pools_match_torch(module, shape):
+    """``ceil_mode=True`` (EfficientNet's pooler, ``AvgPool2d(hidden_dim, ceil_mode=True)`` over
+    its 7x7 map, and many Caffe-era nets' max pools) was listed as unsupported: each window past
+    the input's end reads the border value, an average divides by what torch counts."""
+    torch.manual_seed(0)
+    traced = _same(module, torch.randn(*shape))
+    if module.kernel_size in (9, 1280):  # one window covering the input: a plain reduction
+        assert "reduce-window" not in {op.opcode for op in traced.graph.ops}
 
 
 @pytest.mark.parametrize("options", [
