@@ -140,6 +140,10 @@ def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     x = c._op(kw["self"], dtype)
     indices = list(kw["indices"])
     given = [i for i, ix in enumerate(indices) if ix is not None]
+    if any(_is_bool(indices[i]) for i in given):
+        return _masked_put(c, x, indices, given, kw, dtype)
+    if len(given) > 1:
+        return _put_at_positions(c, x, indices, given, kw, dtype)
     if len(given) != 1:
         return NotImplemented
     dim = given[0]
@@ -155,6 +159,67 @@ def index_put(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     else:
         out = write_slots(c, x, dim, index, values)
     return NotImplemented if out is None else out
+
+
+def _is_bool(index: Any) -> bool:
+    meta = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    return meta is not None and meta.dtype == torch.bool
+
+
+def _masked_put(c: _Converter, x: Op, indices: list[Any], given: list[int], kw: dict[str, Any],
+                dtype: DType) -> Any:
+    """``x[mask] = v`` with a boolean mask over ``x``'s leading dims and one value (wav2vec2's
+    ``hidden_states[~mask] = 0``): ``where(mask, v, x)``, no data-dependent shape. Values that
+    are one per selected element (their count depends on the mask) stay unsupported."""
+    if given != [0] or len(indices) != 1:
+        return NotImplemented
+    mask = c._op(indices[0])
+    values = c._op(kw["values"], dtype)
+    if values.size != 1 or mask.shape != x.shape[:len(mask.shape)]:
+        return NotImplemented
+    hit = c.b.broadcast(c._cast(mask, DType.PRED), x.shape, tuple(range(len(mask.shape))))
+    value = c.b.broadcast_to(c.b.reshape(values, ()), x.shape)
+    if kw.get("accumulate"):
+        if not dtype.is_float:
+            return NotImplemented
+        return c.b.add(x, c.b.select(hit, value, c.b.constant(0.0, dtype, shape=x.shape)))
+    return c.b.select(hit, value, x)
+
+
+def _put_at_positions(c: _Converter, x: Op, indices: list[Any], given: list[int],
+                      kw: dict[str, Any], dtype: DType) -> Any:
+    """``x[i0, i1, ...] = values`` with index tensors on adjacent dims (wav2vec2's
+    ``mask[(arange(batch), lengths - 1)] = 1``): the indexed dims are flattened into one and the
+    indices combined into positions in it (each counted from its dim's end when negative), then
+    written as one index tensor is (``write_slots``; ``accumulate_slots`` when accumulating)."""
+    first, last = given[0], given[-1]
+    if given != list(range(first, last + 1)) or last >= len(x.shape):
+        return NotImplemented
+    ops = [c._cast(c._op(indices[d]), DType.INT32) for d in given]
+    slot_shape = tuple(torch.broadcast_shapes(*(op.shape for op in ops)))
+    slots = math.prod(slot_shape)
+    sizes = x.shape[first:last + 1]
+    position: Op | None = None
+    for d, op, size in zip(given, ops, sizes):
+        index = c.b.reshape(c.b.broadcast_to(op, slot_shape) if op.shape != slot_shape else op,
+                            (slots,))
+        index = _normalized(c, index, size)
+        scale = math.prod(x.shape[d + 1:last + 1])
+        term = c.b.multiply(index, float(scale)) if scale != 1 else index
+        position = term if position is None else c.b.add(position, term)
+    assert position is not None
+    before, after = x.shape[:first], x.shape[last + 1:]
+    flat = c.b.reshape(x, (*before, math.prod(sizes), *after))
+    values = c._op(kw["values"], dtype)
+    target = (*before, *slot_shape, *after)
+    if values.shape != target:
+        values = c.b.broadcast_to(values, target)
+    values = c.b.reshape(values, (*before, slots, *after))
+    if kw.get("accumulate"):
+        out = accumulate_slots(c, flat, first, position, values)
+    else:
+        out = write_slots(c, flat, first, position, values)
+    return NotImplemented if out is None else c.b.reshape(out, x.shape)
 
 
 def _accumulate_rows(c: _Converter, kw: dict[str, Any], dtype: DType) -> Any:

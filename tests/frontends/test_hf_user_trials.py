@@ -136,6 +136,15 @@ AUDIO_VISION = {
         conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
         num_conv_pos_embedding_groups=4)),
         lambda: {"input_values": torch.randn(1, 800)}),
+    # a padded batch with its attention_mask (the stable-layer-norm variant that takes one, as
+    # wav2vec2-large-lv60): the feature mask is built with index_put at (arange, lengths - 1), a
+    # flipped cumsum and hidden[~mask] = 0, three unsupported ops before
+    "wav2vec2-ctc-padded": (lambda: T.Wav2Vec2ForCTC(T.Wav2Vec2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, conv_dim=(32, 32),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, vocab_size=32, feat_extract_norm="layer", do_stable_layer_norm=True)),
+        lambda: {"input_values": torch.randn(2, 800),
+                 "attention_mask": (torch.arange(800) < torch.tensor([[800], [500]])).long()}),
     # its repeated inverted-residual blocks start with layers that emit no instruction (views only):
     # relocating a template of no nodes divided by zero (compiler/layer_replay)
     "mobilenet-v2": (lambda: _randomized(T.MobileNetV2ForImageClassification(T.MobileNetV2Config(

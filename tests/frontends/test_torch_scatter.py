@@ -114,3 +114,43 @@ def test_scatter_reduce_prod_is_listed():
     missing = nc.check(fn, (torch.randn(3), torch.tensor([0, 0]), torch.randn(2)))
     assert [m.opcode for m in missing] == ["aten.scatter_reduce"]
     assert "test_torch_scatter.py" in missing[0].source
+
+
+def test_writes_at_several_index_tensors_and_under_a_boolean_mask():
+    """wav2vec2 (and HuBERT, WavLM, every speech model sharing its feature mask) called with an
+    ``attention_mask``: ``mask[(arange(batch), lengths - 1)] = 1`` (``index_put`` with two index
+    tensors), ``mask.flip(-1).cumsum(-1).flip(-1)`` and ``hidden[~mask] = 0`` (a boolean mask)
+    were three unsupported ops."""
+
+    def feature_mask(x, lengths):
+        m = torch.zeros(x.shape[0], x.shape[1], dtype=torch.long)
+        m[(torch.arange(x.shape[0]), lengths - 1)] = 1
+        return m.flip([-1]).cumsum(-1).flip([-1]).bool()
+
+    def zero_padding(x, lengths):
+        y = x.clone()
+        y[~feature_mask(x, lengths).unsqueeze(-1).repeat(1, 1, x.shape[2])] = 0
+        return y
+
+    def grid_writes(x, rows, cols, v):
+        y = x.clone()
+        y[rows, cols] = v                    # index tensors broadcast against each other
+        y[:, rows[0], cols[0]] = 2.0         # adjacent dims after a whole one
+        y.index_put_((rows[:, 0], cols[0, :1]), torch.ones(3, 5), accumulate=True)  # repeats add up
+        y[-1, -2] = 7.0
+        return y
+
+    def masked(x, keep):
+        y = x.clone()
+        y[keep] = -1.0
+        y.index_put_((~keep,), torch.tensor(0.5), accumulate=True)
+        return y
+
+    torch.manual_seed(0)
+    x, lengths = torch.randn(3, 7, 5), torch.tensor([7, 3, 5])
+    _same(feature_mask, x, lengths)
+    _same(zero_padding, x, lengths)
+    _same(lambda x: x.flip([0, 2]), x)
+    _same(grid_writes, torch.randn(4, 6, 5), torch.tensor([[0], [3], [0]]), torch.tensor([[1, -2]]),
+          torch.randn(3, 2, 5))
+    _same(masked, x, torch.rand(3, 7) > 0.5)
