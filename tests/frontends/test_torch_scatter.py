@@ -154,3 +154,5 @@ def test_writes_at_several_index_tensors_and_under_a_boolean_mask():
     _same(grid_writes, torch.randn(4, 6, 5), torch.tensor([[0], [3], [0]]), torch.tensor([[1, -2]]),
           torch.randn(3, 2, 5))
     _same(masked, x, torch.rand(3, 7) > 0.5)
+    # a 1-D mask was read as positions 0 and 1 (written at rows 0/1, not the masked rows: 1.9 off)
+    _same(masked, torch.randn(6, 3), torch.tensor([False, True, False, False, True, True]))
