@@ -433,12 +433,16 @@ class _Operand:
         # a feature-major value (compiler.orientation) holds its transpose: its last dim is on
         # partitions, so contracting over it reads the tiles in place
         self.shape = self.value.stored_shape
-        if not self.value.transposed and _batches(op.shape) > _batches(self.shape):
-            # a reshape that splits the rows it aliases into more batches ([32, 16] read as
-            # [2, 16, 16]: the same tiles, as _try_alias checks): the dot's batch index counts
-            # the operand's batches, so its tiles are located in the operand's shape (in the
-            # root's, batch 1 of SegFormer's attention was one tile past the last). A reshape
-            # that merges batches is read in the root's shape, as before: its only batch is 0.
+        if not self.value.transposed and _batches(op.shape) > 1 \
+                and _batches(op.shape) != _batches(self.shape):
+            # a reshape that regroups the rows it aliases into other batches (the same tiles, as
+            # _try_alias checks): the dot's batch index counts the operand's batches, so its
+            # tiles are located in the operand's shape. Split into more ([32, 16] read as
+            # [2, 16, 16]): in the root's shape, batch 1 of SegFormer's attention was one tile
+            # past the last. Merged into fewer (JAX's attention gradient reads a [2, 8, 1, 8]
+            # value as [2, 8, 8]): batch 1 was the root's batch 1, one row, not eight (silently
+            # wrong). A reshape to one batch is read in the root's shape, as before: its only
+            # batch is 0.
             self.shape = op.shape
         if self.value.transposed:
             contract_is_row = not contract_is_row

@@ -108,3 +108,24 @@ def test_packed_elementwise_reduce_iota_gather_transpose(target, instance):
     # (each head's block transposed at its partition offset) rather than as an element-strided DMA
     assert _count(program, "IOTA") == 3 + 1
     assert _count(program, "MATMUL") > 0
+
+
+@pytest.mark.parametrize("target, instance", TARGETS)
+@pytest.mark.parametrize("side, contract_rows", [("lhs", False), ("lhs", True), ("rhs", False),
+                                                 ("rhs", True)])
+def test_a_dot_reads_a_view_that_merges_packed_batches_in_its_own_batches(side, contract_rows,
+                                                                          target, instance):
+    """An on-chip ``[2, 8, 1, 8]`` value (16 one-row batches, packed in one tile) read by a dot as
+    ``[2, 8, 8]`` (2 batches of 8 rows: the same tile, so the reshape aliases it). The dot located
+    its batch 1 as the root's batch 1, one row, not eight: silently wrong (JAX's
+    ``jax.nn.dot_product_attention`` gradient of the query, 1.0 off)."""
+    b = nc.GraphBuilder("merged_batches")
+    x = b.parameter("x", (2, 8, 1, 8), "fp32")
+    view = b.reshape(b.multiply(x, 0.5), (2, 8, 8))
+    other = b.parameter("other", (2, 16, 8), "fp32")
+    rows = -2 if contract_rows else -1
+    y = (b.dot(view, other, lhs_contract=rows, rhs_contract=-1) if side == "lhs"
+         else b.dot(other, view, lhs_contract=-1, rhs_contract=rows))
+    graph = b.build([y])
+    inputs = _inputs(graph)
+    _close(_run(graph, inputs, target, instance)[1], graph, inputs)
