@@ -580,6 +580,10 @@ class _Converter:
         if code == "topk" and operands and isinstance(operands[0], Op) and operands[0].shape \
                 and operands[0].dtype.is_float:
             return self._topk(ins, operands[0], name)
+        if code == "reduce" and len(operands) == 4:
+            arg = self._arg_extreme(ins, operands, name)
+            if arg is not None:
+                return arg
         if ins.shape.dtype not in _DTYPES:  # tuples (while, sort ...), complex numbers, tokens
             detail = "variadic" if ins.shape.dtype is None else ins.shape.dtype
             return self._unsupported_named(ins, operands, name, detail if code in ALL_OPS else "")
@@ -595,6 +599,63 @@ class _Converter:
             except _Unmappable as unmappable:
                 return self._unsupported_named(ins, operands, name, str(unmappable))
         return self._unsupported_named(ins, operands, name)
+
+    def _arg_extreme(self, ins: HloInstruction, operands: list[Val], name: str
+                     ) -> tuple[Op, Op] | None:
+        """``jnp.argmax`` / ``jnp.argmin``: a variadic reduce of (values, indices) whose
+        computation keeps the larger (smaller) value and, on a tie, the smaller index. Its result
+        is the extreme value and the smallest index holding it: ``max(x)``, then the minimum of
+        the indices where ``x`` equals it (fp32, exact below 2^24). None for any other variadic
+        reduce, which stays unsupported. A NaN is not picked as JAX picks it."""
+        x, index, _init_value, _init_index = operands
+        kind = self._arg_kind(ins.attrs.get("to_apply", ""))
+        if kind is None or not isinstance(x, Op) or not isinstance(index, Op) \
+                or not x.dtype.is_float or index.dtype is not DType.INT32 or index.shape != x.shape:
+            return None
+        dims = ints(ins.attrs.get("dimensions"))
+        kept = [d for d in range(len(x.shape)) if d not in dims]
+        start = self.b.n_ops
+        work = self.b.convert(x, DType.FP32) if x.dtype is not DType.FP32 else x
+        if kind == "min":
+            work = self.b.negate(work)
+        best = self.b.reduce(work, dims, "max")
+        hit = self.b.compare(work, self.b.broadcast(best, x.shape, tuple(kept)), "EQ")
+        # the smallest index among the hits, as a max of negated indices (misses: -2^24)
+        negated = self.b.negate(self.b.convert(index, DType.FP32))
+        candidates = self.b.select(hit, negated, self.b.constant(-float(2 ** 24), DType.FP32,
+                                                                 shape=x.shape))
+        first = self.b.convert(self.b.negate(self.b.reduce(candidates, dims, "max")), DType.INT32)
+        value = self.b.negate(best) if kind == "min" else best
+        if value.dtype is not x.dtype:
+            value = self.b.convert(value, x.dtype)
+        for k, op in enumerate(self.b.ops_since(start)):
+            op.name = self._aux(name, f"{op.opcode}{k}")
+        value.name, first.name = self._aux(name, "value"), self._aux(name, "index")
+        return value, first
+
+    def _arg_kind(self, reference: str) -> str | None:
+        """"max" or "min" when a reduce computation is JAX's argmax/argmin comparator: values
+        compared GT (LT) and, on equality, indices compared LT; None otherwise."""
+        comp = self.computations.get(_callee(reference))
+        if comp is None:
+            return None
+        params = {i.name: i.literal.strip() for i in comp.instructions if i.opcode == "parameter"}
+        if sorted(params.values()) != ["0", "1", "2", "3"] or comp.root.opcode != "tuple":
+            return None
+        role = {name: int(k) for name, k in params.items()}
+        values, indices = {0, 2}, {1, 3}
+        found = set()
+        for i in comp.instructions:
+            if i.opcode != "compare" or len(i.operands) != 2:
+                continue
+            sides = {role.get(o) for o in i.operands}
+            direction = i.attrs.get("direction", "")
+            if sides == values:
+                found.add({"GT": "max", "LT": "min"}.get(direction, direction))
+            elif sides == indices and direction != "LT":
+                return None
+        kinds = found & {"max", "min"}
+        return kinds.pop() if len(kinds) == 1 else None
 
     def _topk(self, ins: HloInstruction, x: Op, name: str) -> tuple[Op, Op]:
         """``jax.lax.top_k`` (HLO ``topk``: the last dim, values descending, ties to the lower

@@ -102,7 +102,7 @@ def test_albert_under_tensor_parallelism_stores_each_layout_of_a_shared_weight_a
     torch.testing.assert_close(traced(**inputs)[0], want, rtol=1e-4, atol=1e-5)
 
 
-def _randomized(model: "torch.nn.Module") -> "torch.nn.Module":
+def _randomized(model: torch.nn.Module) -> torch.nn.Module:
     """Random weights and batch-norm statistics for a conv net whose transformers init makes its
     outputs vanish (MobileNetV2's: 1e-26; EfficientNet's: exactly 0), so a comparison tests
     something."""
@@ -142,7 +142,8 @@ AUDIO_VISION = {
     "wav2vec2-ctc-padded": (lambda: T.Wav2Vec2ForCTC(T.Wav2Vec2Config(
         hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, conv_dim=(32, 32),
         conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4, vocab_size=32, feat_extract_norm="layer", do_stable_layer_norm=True)),
+        num_conv_pos_embedding_groups=4, vocab_size=32, feat_extract_norm="layer",
+        do_stable_layer_norm=True)),
         lambda: {"input_values": torch.randn(2, 800),
                  "attention_mask": (torch.arange(800) < torch.tensor([[800], [500]])).long()}),
     # its repeated inverted-residual blocks start with layers that emit no instruction (views only):

@@ -143,3 +143,20 @@ def test_unsupported_convolution_form_is_listed():
     missing = nc.check(batch_grouped, (x, w))
     assert [m.opcode for m in missing] == ["convolution(batch_group_count)"]
     assert "test_jax_conv_attention.py" in missing[0].source
+
+
+def test_the_gradient_of_dot_product_attention_matches_jax():
+    """``jax.grad`` through ``jax.nn.dot_product_attention`` (a JAX training step's attention):
+    the query's gradient came out 1.0-2.2 off, silently (the compiler read a ``[B, N, T, 1, S]``
+    value as ``[B, N, T, S]`` batches in the wrong tiles; tests/neuroncore/test_packing.py)."""
+    rng = np.random.default_rng(0)
+    q, k, v, r = (jnp.asarray(rng.standard_normal((2, 8, 2, 4)), jnp.float32) for _ in range(4))
+    lengths = jnp.arange(8) < jnp.array([8, 5])[:, None]
+    mask = jnp.tril(jnp.ones((8, 8), bool))[None, None] & lengths[:, None, None, :]
+
+    def loss(q, k, v):
+        return (jax.nn.dot_product_attention(q, k, v, mask=mask) * r).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for got, want in zip(nc.trace(grads, (q, k, v))(q, k, v), grads(q, k, v)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)

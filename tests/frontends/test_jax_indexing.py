@@ -75,3 +75,30 @@ def overwrite(x, rows):
 def test_a_runtime_overwrite_of_more_than_64_updates_is_reported_unsupported() -> None:
     ops = nc.check(overwrite, (jnp.ones((80, 6)), jnp.asarray(np.arange(80, dtype=np.int32))))
     assert len(ops) == 1 and ops[0].opcode.startswith("scatter(set:") and "64 updates" in ops[0].opcode
+
+
+def test_argmax_and_argmin_are_the_first_index_of_the_extreme() -> None:
+    """``jnp.argmax`` / ``jnp.argmin`` lower to a variadic reduce of (values, iota) whose
+    comparator keeps the larger (smaller) value and, on a tie, the smaller index: it was one
+    unsupported ``reduce(variadic)`` (a JAX classifier's predictions, greedy decoding)."""
+
+    def picks(x, ties):
+        return (jnp.argmax(x, -1), jnp.argmin(x, 0), jnp.argmax(x), jnp.argmax(ties, axis=1),
+                jnp.argmin(ties.astype(jnp.bfloat16), -1))
+
+    x = jnp.asarray(RNG.standard_normal((6, 9)), jnp.float32)
+    ties = jnp.asarray(RNG.integers(0, 3, (2, 5, 4)), jnp.float32)  # repeated maxima and minima
+    assert nc.check(picks, (x, ties)) == []
+    got, want = nc.trace(picks, (x, ties))(x, ties), picks(x, ties)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_variadic_reduce_that_is_not_an_argmax_stays_unsupported() -> None:
+    def sum_and_max(x):
+        return jax.lax.reduce((x, x), (0.0, -jnp.inf),
+                              lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
+
+    missing = nc.check(sum_and_max, (jnp.ones((4, 8)),))
+    assert [m.opcode for m in missing] == ["reduce(variadic)"]
