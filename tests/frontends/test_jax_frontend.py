@@ -139,7 +139,9 @@ def test_pytrees_in_and_out_bf16_and_python_scalars():
 def loop_sort_cholesky(x):
     y = jax.lax.fori_loop(0, 3, lambda i, v: v * 2.0, x)  # marker: while
     s = jnp.sort(y, axis=-1)  # marker: sort
-    return jnp.linalg.cholesky(s @ s.T + 4.0 * jnp.eye(4)), jnp.argmax(x, axis=1)  # marker: chol
+    pair = jax.lax.reduce((x, x), (0.0, -jnp.inf),  # a variadic reduce that is not an argmax
+                          lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
+    return jnp.linalg.cholesky(s @ s.T + 4.0 * jnp.eye(4)), pair  # marker: chol
 
 
 def test_check_lists_unsupported_ops_with_layer_and_line():
