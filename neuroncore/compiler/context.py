@@ -217,6 +217,38 @@ class Context:
             self.pinned.add(buf.id)
         return buf
 
+    def alloc_together(self, requests: list[tuple[int, int, DType, str]]) -> list[Buffer]:
+        """SBUF buffers ``(partitions, free, dtype, name)`` an op takes at once before writing any
+        (a softmax's or a norm's scratch), each pinned, in the order asked.
+
+        They are placed in that order; if one finds no free range as wide once every tile that can
+        be spilled was, those placed so far (nothing written in them yet) are given back and all
+        are placed again largest first, the order a static allocator sizing them together uses
+        (neuronx-cc's coloring allocator places a tile's buffers knowing their sizes, neuroncore.md
+        §7.1; the dot planner's ``RangeAllocator.fits`` checks its buffers so too). Placed in the
+        order asked, a small one lands where the rotating cursor is and may split the one free
+        range the large one needed: Mistral-7B's decode step in bucket 16,384 (inf2 tp24) had its
+        softmax's two 64-byte statistics at the bottom of the 64 KiB range its ``exp`` row (16,384
+        FP32 per partition) needed, 65,408 bytes left, and the compile stopped. Buffers that fit in
+        the order asked are placed as before."""
+        placed: list[Buffer] = []
+        try:
+            for partitions, free, dtype, name in requests:
+                placed.append(self.alloc(partitions, free, dtype, name))
+            return placed
+        except CompileError:
+            order = sorted(range(len(requests)), key=lambda i: -requests[i][1] * requests[i][2].itemsize)
+            if not placed or order == list(range(len(requests))):
+                raise  # the order asked is already largest first, or the first found no room
+        for buf in placed:
+            self.free(buf)
+        again: dict[int, Buffer] = {}
+        for i in order:
+            partitions, free, dtype, name = requests[i]
+            again[i] = self.alloc(partitions, free, dtype, name)
+        self.stats["reordered_allocations"] = self.stats.get("reordered_allocations", 0) + 1
+        return [again[i] for i in range(len(requests))]
+
     def free(self, buf: Buffer) -> None:
         nodes = self.em.forget(("buf", buf.id))
         self.pinned.discard(buf.id)

@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
@@ -419,6 +420,9 @@ def _batches(shape: tuple[int, ...]) -> int:
     return math.prod(shape[:-2]) if len(shape) > 2 else 1
 
 
+_Placed = TypeVar("_Placed", Buffer, Ref)
+
+
 class _Operand:
     """Serves ``[k, x]`` tiles (K on partitions) of one dot operand, whatever its placement."""
 
@@ -468,19 +472,32 @@ class _Operand:
         # spilled (its buffer freed) before the block is released
         self.temporary: set[int] = set()
 
-    def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
+    def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0,
+              unbuffer: Callable[[], bool] | None = None) -> list[Ref]:
         """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned.
 
         Buffers are allocated ``pad_to`` wide (the plan's block width) so that every block of a dot
         has the same size and reuses the hole the previous one left, instead of fragmenting SBUF.
+        ``unbuffer``: when a buffer or tile of the block finds no room, the caller's held blocks
+        are released (the dot falls back to single buffering, ``_block_or_unbuffer``) and that one
+        placement is tried again: the block goes on where it was, so nothing it placed or emitted
+        already is lost or made twice.
         """
         ctx, op = self.ctx, self.op
+
+        def placed(place: Callable[[], _Placed]) -> _Placed:
+            try:
+                return place()
+            except CompileError:
+                if unbuffer is None or not unbuffer():
+                    raise
+            return place()
         refs: list[Ref] = []
         kt_per_batch = math.ceil(self.k / P)
         if self.mode is DotOperandMode.DIRECT:
             for kk in range(k0, k1, P):
                 t = b * kt_per_batch + kk // P
-                ref = ctx.tile(op, t)
+                ref = placed(functools.partial(ctx.tile, op, t))
                 if not ctx.holds(op, ref):
                     self.temporary.add(ref.buf)
                 refs.append(Ref(ref.buf, ref.p0, ref.p1, ref.f0 + x0, ref.f0 + x1))
@@ -502,8 +519,8 @@ class _Operand:
                 # a weight loaded whole is prefetched through the weight ring; one streamed in
                 # several blocks is double-buffered by its dot (the plan's blocks of one size)
                 whole_weight = k1 - k0 == self.k and width == self.free_size
-                buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk",
-                                stream=whole_weight)
+                buf = placed(functools.partial(ctx.alloc, min(P, k1 - k0), kt * max(width, pad_to),
+                                               op.dtype, f"{op.name}.blk", stream=whole_weight))
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
                 # the DMA moves the stored type (int8 for a quantised weight, cast in flight)
@@ -514,7 +531,8 @@ class _Operand:
                 return refs
             for kk in range(k0, k1, P):
                 rows = min(P, k1 - kk)
-                buf = ctx.alloc(rows, max(x1 - x0, pad_to), op.dtype, f"{op.name}.blk")
+                buf = placed(functools.partial(ctx.alloc, rows, max(x1 - x0, pad_to), op.dtype,
+                                               f"{op.name}.blk"))
                 ref = Ref(buf.id, 0, rows, 0, x1 - x0)
                 queue = ctx.load_queue(value)
                 access = batch_rows_access(name, stored, b, kk, kk + rows, x0, x1)
@@ -525,14 +543,15 @@ class _Operand:
         # transpose: rows of the operand are the free dim; its columns are K
         width = max(x1 - x0, pad_to)
         ks = list(range(k0, k1, P))
-        buf = ctx.alloc(min(P, k1 - k0), len(ks) * width, op.dtype, f"{op.name}.T")
+        buf = placed(functools.partial(ctx.alloc, min(P, k1 - k0), len(ks) * width, op.dtype,
+                                       f"{op.name}.T"))
         bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
             t, p0 = locate(self.shape, Layout.ROW, b, xx)
             # row tiles whatever the value's own layout; only this k-block's columns (a value that
             # lives in HBM is not loaded whole when K is large)
-            src = ctx.tile(op, t, Layout.ROW, (k0, k1))
+            src = placed(functools.partial(ctx.tile, op, t, Layout.ROW, (k0, k1)))
             nrows = min(x1 - xx, src.rows - p0)
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
@@ -993,15 +1012,28 @@ def _evacuate_oriented(ctx: Context, op: Op, target: Op, t: int, psum: Ref, cols
 def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,
                        k1: int, x0: int, x1: int, width: int
                        ) -> tuple[list[Ref], list[tuple[_Operand, list[Ref]]]]:
-    """Load a block; if SBUF is too fragmented for double buffering, fall back to single."""
-    try:
-        return operand.block(b, k0, k1, x0, x1, width), held
-    except CompileError:
-        if not held:
-            raise
-    for other, refs in held:
-        other.release(refs)
-    return operand.block(b, k0, k1, x0, x1, width), []
+    """Load a block; if SBUF is too fragmented for double buffering, fall back to single: the
+    blocks ``held`` for the matmuls before are released at the first buffer or tile of this one
+    that finds no room (``_Operand.block``'s ``unbuffer``), and the block goes on from there.
+
+    Before, the block was started again from scratch, and what its first attempt had placed was
+    never freed: a transposed operand's ``.T`` buffer (16 KiB per partition on Llama-2-70B's
+    inf2 b4 prefill rank, twice in layer 1's ``gate_proj``) stayed allocated for the rest of the
+    program, unspillable, and layer 2's ``input_layernorm`` found no room (issue 15 grid); its
+    PE transposes were emitted twice."""
+    released = False
+
+    def unbuffer() -> bool:
+        nonlocal released
+        if released or not held:
+            return False
+        for other, refs in held:
+            other.release(refs)
+        released = True
+        return True
+
+    refs = operand.block(b, k0, k1, x0, x1, width, unbuffer)
+    return refs, [] if released else held
 
 
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,

@@ -148,6 +148,13 @@ def _scratch(ctx: Context, rows: int, cols: int, name: str) -> Ref:
     return Ref(buf.id, 0, rows, 0, cols)
 
 
+def _scratches(ctx: Context, rows: int, widths: list[tuple[int, str]]) -> list[Ref]:
+    """FP32 scratch tiles of ``rows`` partitions an op takes at once, ``(columns, name)`` each
+    (``Context.alloc_together``)."""
+    bufs = ctx.alloc_together([(rows, cols, DType.FP32, name) for cols, name in widths])
+    return [Ref(buf.id, 0, rows, 0, cols) for buf, (cols, _) in zip(bufs, widths)]
+
+
 def _free(ctx: Context, *refs: Ref) -> None:
     for ref in refs:
         ctx.free(ctx.buffers[ref.buf])
@@ -207,9 +214,8 @@ def softmax_steps(ctx: Context, op: Op) -> Iterator[bool]:
         x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
         rows = tile.rows
-        neg_max = _scratch(ctx, rows, 1, f"{op.name}.max")
-        total = _scratch(ctx, rows, 1, f"{op.name}.sum")
-        e = _scratch(ctx, rows, value.cols, f"{op.name}.exp")
+        neg_max, total, e = _scratches(ctx, rows, [(1, f"{op.name}.max"), (1, f"{op.name}.sum"),
+                                                   (value.cols, f"{op.name}.exp")])
         tensor_reduce(ctx, MAX, neg_max, x, negate=True)
         activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
         reciprocal(ctx, total, total)
@@ -238,9 +244,8 @@ def lower_norm(ctx: Context, op: Op) -> None:
         x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
         rows = tile.rows
-        stat = _scratch(ctx, rows, 1, f"{op.name}.stat")
-        centred = _scratch(ctx, rows, cols, f"{op.name}.xc")
-        square = _scratch(ctx, rows, cols, f"{op.name}.sq")
+        stat, centred, square = _scratches(ctx, rows, [(1, f"{op.name}.stat"), (cols, f"{op.name}.xc"),
+                                                       (cols, f"{op.name}.sq")])
         if is_layer:
             mean = _scratch(ctx, rows, 1, f"{op.name}.mean")
             tensor_reduce(ctx, SUM, mean, x)
