@@ -165,6 +165,9 @@ class Context:
                        for i, (name, qtype, eng) in enumerate(QUEUE_SPECS)]
         self.queue: dict[str, DmaQueue] = {q.name: q for q in self.queues}  # + derived queues
         self.pinned: set[int] = set()  # buffer ids that must not be spilled right now
+        # while a dot is lowered (``lower_matmul._blocks``): releases the operand blocks it holds
+        # for double buffering, True if it held any; the last resort of :meth:`alloc`
+        self.unbuffer: Callable[[], bool] | None = None
         self.uses: dict[int, list[int]] = {op.index: [] for op in graph.ops}
         for op in graph.ops:
             for operand in op.operands:
@@ -189,7 +192,13 @@ class Context:
     def alloc(self, partitions: int, free: int, dtype: DType, name: str, *, pin: bool = True,
               stream: bool = False) -> Buffer:
         """An SBUF buffer, spilling resident tiles until it fits; ``stream``: a block of the weight
-        stream, placed in the weight ring (``RangeAllocator.allocate``)."""
+        stream, placed in the weight ring (``RangeAllocator.allocate``).
+
+        When nothing more can be spilled and a dot is being lowered, the operand blocks it holds
+        from its previous k-block for double buffering are released (:attr:`unbuffer`: the dot
+        goes on single-buffered) and the buffer is placed where they were; then, if the PE
+        transposes' identity is what splits the room the buffer needs, it is given up and made
+        again where there is room at its next use (:meth:`_remake_identity_elsewhere`)."""
         nbytes = free * dtype.itemsize
         if nbytes > self.spec.sbuf_bytes_per_partition:
             raise CompileError(
@@ -202,7 +211,8 @@ class Context:
                 address, hazards = self.sbuf.allocate(nbytes, stream=stream)
                 break
             except OutOfMemory:
-                if not self._spill_one(nbytes):
+                if (not self._spill_one(nbytes) and not (self.unbuffer is not None and self.unbuffer())
+                        and not self._remake_identity_elsewhere(nbytes)):
                     raise CompileError(
                         f"cannot place {name}: needs {nbytes} bytes per partition but only "
                         f"{self.sbuf.largest_free()} are free and nothing more can be spilled "
@@ -849,6 +859,23 @@ class Context:
         self.free(buf)
 
     # -- shared constants ------------------------------------------------------------------
+    def _remake_identity_elsewhere(self, nbytes: int) -> bool:
+        """Free the identity (not in use now) when that makes room for ``nbytes``; it is made again
+        (one ``IOTA``) where there is room when a transpose next needs it. It is made once, at the
+        rotating cursor of the first transpose, and kept: a 256-byte range that no spill could
+        free. Mistral-7B's b4 decode step in bucket 16,384 (inf2 tp24): its softmax's 64 KiB
+        ``exp`` row found 65,792 bytes in use and no free range over 54,464, the identity sitting
+        between two free ranges that together held it. A constant the compiler can regenerate is
+        made again rather than kept in the way (rematerialised, not spilled)."""
+        ident = self._identity
+        if ident is None or ident.id in self.pinned or not self.sbuf.fits_freeing(
+                [nbytes], [(ident.address, ident.bytes_per_partition)]):
+            return False
+        self._identity = None
+        self.free(ident)
+        self.stats["identity_remade"] = self.stats.get("identity_remade", 0) + 1
+        return True
+
     def identity(self, dtype: DType) -> Ref:
         """A 128x128 identity in SBUF for PE transposes, made once by GpSimd (iota + compare)."""
         if self._identity is None:

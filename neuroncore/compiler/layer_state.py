@@ -35,6 +35,7 @@ KNOWN_CONTEXT = frozenset({
     "orientation",  # fixed for the compilation, planned from the graph alone (compiler.orientation)
     "kept_large",  # fixed for the compilation, alike in every layer of a run (compiler.residency)
     "_text_of",  # a cache of each buffer's text prefix, from ``buffers`` alone (Context.ref_text)
+    "unbuffer",  # None at every boundary: set only while a dot lowers a batch (lower_matmul._blocks)
 })
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",

@@ -20,13 +20,11 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters, shared_counters
 from neuroncore.compiler.emitter import sbuf_key
-from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
 from neuroncore.compiler.lower_reduce import RowParams, row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
@@ -420,9 +418,6 @@ def _batches(shape: tuple[int, ...]) -> int:
     return math.prod(shape[:-2]) if len(shape) > 2 else 1
 
 
-_Placed = TypeVar("_Placed", Buffer, Ref)
-
-
 class _Operand:
     """Serves ``[k, x]`` tiles (K on partitions) of one dot operand, whatever its placement."""
 
@@ -472,32 +467,19 @@ class _Operand:
         # spilled (its buffer freed) before the block is released
         self.temporary: set[int] = set()
 
-    def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0,
-              unbuffer: Callable[[], bool] | None = None) -> list[Ref]:
+    def block(self, b: int, k0: int, k1: int, x0: int, x1: int, pad_to: int = 0) -> list[Ref]:
         """Refs ``[k rows, x1-x0]`` for each 128-row k-tile in [k0, k1); temporaries pinned.
 
         Buffers are allocated ``pad_to`` wide (the plan's block width) so that every block of a dot
         has the same size and reuses the hole the previous one left, instead of fragmenting SBUF.
-        ``unbuffer``: when a buffer or tile of the block finds no room, the caller's held blocks
-        are released (the dot falls back to single buffering, ``_block_or_unbuffer``) and that one
-        placement is tried again: the block goes on where it was, so nothing it placed or emitted
-        already is lost or made twice.
         """
         ctx, op = self.ctx, self.op
-
-        def placed(place: Callable[[], _Placed]) -> _Placed:
-            try:
-                return place()
-            except CompileError:
-                if unbuffer is None or not unbuffer():
-                    raise
-            return place()
         refs: list[Ref] = []
         kt_per_batch = math.ceil(self.k / P)
         if self.mode is DotOperandMode.DIRECT:
             for kk in range(k0, k1, P):
                 t = b * kt_per_batch + kk // P
-                ref = placed(functools.partial(ctx.tile, op, t))
+                ref = ctx.tile(op, t)
                 if not ctx.holds(op, ref):
                     self.temporary.add(ref.buf)
                 refs.append(Ref(ref.buf, ref.p0, ref.p1, ref.f0 + x0, ref.f0 + x1))
@@ -519,8 +501,8 @@ class _Operand:
                 # a weight loaded whole is prefetched through the weight ring; one streamed in
                 # several blocks is double-buffered by its dot (the plan's blocks of one size)
                 whole_weight = k1 - k0 == self.k and width == self.free_size
-                buf = placed(functools.partial(ctx.alloc, min(P, k1 - k0), kt * max(width, pad_to),
-                                               op.dtype, f"{op.name}.blk", stream=whole_weight))
+                buf = ctx.alloc(min(P, k1 - k0), kt * max(width, pad_to), op.dtype, f"{op.name}.blk",
+                                stream=whole_weight)
                 whole = Ref(buf.id, 0, min(P, k1 - k0), 0, kt * width)
                 access = batch_rows_access(name, stored, b, k0, k1, x0, x1)
                 # the DMA moves the stored type (int8 for a quantised weight, cast in flight)
@@ -531,8 +513,7 @@ class _Operand:
                 return refs
             for kk in range(k0, k1, P):
                 rows = min(P, k1 - kk)
-                buf = placed(functools.partial(ctx.alloc, rows, max(x1 - x0, pad_to), op.dtype,
-                                               f"{op.name}.blk"))
+                buf = ctx.alloc(rows, max(x1 - x0, pad_to), op.dtype, f"{op.name}.blk")
                 ref = Ref(buf.id, 0, rows, 0, x1 - x0)
                 queue = ctx.load_queue(value)
                 access = batch_rows_access(name, stored, b, kk, kk + rows, x0, x1)
@@ -543,15 +524,14 @@ class _Operand:
         # transpose: rows of the operand are the free dim; its columns are K
         width = max(x1 - x0, pad_to)
         ks = list(range(k0, k1, P))
-        buf = placed(functools.partial(ctx.alloc, min(P, k1 - k0), len(ks) * width, op.dtype,
-                                       f"{op.name}.T"))
+        buf = ctx.alloc(min(P, k1 - k0), len(ks) * width, op.dtype, f"{op.name}.T")
         bufs = [Ref(buf.id, 0, min(P, k1 - kk), j * width, j * width + x1 - x0)
                 for j, kk in enumerate(ks)]
         for xx in range(x0, x1, P):
             t, p0 = locate(self.shape, Layout.ROW, b, xx)
             # row tiles whatever the value's own layout; only this k-block's columns (a value that
             # lives in HBM is not loaded whole when K is large)
-            src = placed(functools.partial(ctx.tile, op, t, Layout.ROW, (k0, k1)))
+            src = ctx.tile(op, t, Layout.ROW, (k0, k1))
             nrows = min(x1 - xx, src.rows - p0)
             for j, kk in enumerate(range(k0, k1, P)):
                 rows = min(P, k1 - kk)
@@ -677,52 +657,88 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
             epilogue: Epilogue | None, bias_rows: RowParams | None,
             oriented: tuple[Op, list[Ref], str | None] | None) -> Iterator[bool]:
     """The block loops of a dot: ``a`` gives the stationary ``[k, m]`` tiles, ``bop`` the moving
-    ``[k, n]`` ones; the output's row tiles are those of ``out_shape``."""
-    m, n, k = mnk
+    ``[k, n]`` ones; the output's row tiles are those of ``out_shape``.
+
+    The blocks of the previous k-block are held until the next ones are loaded (double
+    buffering). When SBUF has no room for a buffer once nothing more can be spilled, they are
+    released there and then (``Context.unbuffer``, the last resort of ``Context.alloc``) and the
+    dot goes on single-buffered, from the buffer that found no room: nothing placed or emitted is
+    lost or made twice. Before, a failed block was started again from scratch after releasing
+    them, and what its first attempt had placed was never freed: a transposed operand's ``.T``
+    buffer (16 KiB per partition, twice in layer 1's ``gate_proj`` of Llama-2-70B's inf2 tp24
+    b4 prefill) stayed allocated, unspillable, for the rest of the program, and layer 2's
+    ``input_layernorm`` found no room; its PE transposes were emitted twice. Only the loads of a
+    block fell back so: an output tile with no room at the evacuation (the same gate_proj with
+    3-20 layers) stopped the compile."""
     evac = _alternating()
-    held: list[tuple[_Operand, list[Ref]]] = []
+    held: list[tuple[_Operand, list[Ref]]] = []  # the blocks before, kept for double buffering
+
+    def unbuffer() -> bool:
+        """Fall back to single buffering (``Context.unbuffer``): release the held blocks."""
+        if not held:
+            return False
+        for operand, refs in held:
+            operand.release(refs)
+        held.clear()
+        return True
+
     for b in range(batches):
-        for m0 in range(0, m, plan.mb):
-            m1 = min(m, m0 + plan.mb)
-            a_cache: dict[int, list[Ref]] = {}
-            for n0 in range(0, n, plan.nb):
-                n1 = min(n, n0 + plan.nb)
-                k_blocks = list(range(0, k, plan.kb))
-                acc_buf = None
-                banks: dict[tuple[int, int], Buffer] | None = None
-                if len(k_blocks) > 1 and _accumulates_in_psum(ctx.spec, op, m1 - m0, n1 - n0):
-                    banks = {}  # the block's PSUM banks, kept from its first k-block to its last
-                elif len(k_blocks) > 1:  # partial sums of the whole block, one allocation
-                    acc_buf = ctx.alloc(P, math.ceil((m1 - m0) / P) * plan.nb,
-                                        DType.FP32, f"{op.name}.acc")
-                for kb_index, k0 in enumerate(k_blocks):
-                    k1 = min(k, k0 + plan.kb)
-                    first, last = kb_index == 0, kb_index == len(k_blocks) - 1
-                    a_refs = a_cache.get(k0)
-                    if a_refs is None:
-                        a_refs, held = _block_or_unbuffer(a, held, b, k0, k1, m0, m1, plan.mb)
-                        if len(k_blocks) == 1 and a.mode is not DotOperandMode.DIRECT:
-                            a_cache[k0] = a_refs
-                    b_refs, held = _block_or_unbuffer(bop, held, b, k0, k1, n0, n1, plan.nb)
-                    _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
-                                    first, last, acc_buf, evac, scaled, epilogue, bias_rows,
-                                    out_shape, oriented,
-                                    None if banks is None else (banks, k0 // P, math.ceil(k / P)))
-                    # release the previous block only now: the next load lands elsewhere
-                    for operand, refs in held:
-                        operand.release(refs)
-                    held = [(bop, b_refs)] + ([] if k0 in a_cache else [(a, a_refs)])
-                    ctx.unpin_all()
-                if acc_buf is not None:
-                    ctx.free(acc_buf)
-                assert not banks, "a split-K block's PSUM banks outlived its last k-block"
-            for operand, refs in held:
-                operand.release(refs)
-            held = []
-            for refs in a_cache.values():
-                a.release(refs)
-            ctx.unpin_all()
+        ctx.unbuffer = unbuffer  # only while this batch is lowered: no yield in between
+        try:
+            _batch_blocks(ctx, op, plan, a, bop, b, mnk, held, evac, out_shape, scaled, epilogue,
+                          bias_rows, oriented)
+        finally:
+            ctx.unbuffer = None  # the context holds no closure over the operands (and itself)
         yield True
+
+
+def _batch_blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, b: int,
+                  mnk: tuple[int, int, int], held: list[tuple[_Operand, list[Ref]]],
+                  evac: Iterator[Engine], out_shape: tuple[int, ...], scaled: FusedScale | None,
+                  epilogue: Epilogue | None, bias_rows: RowParams | None,
+                  oriented: tuple[Op, list[Ref], str | None] | None) -> None:
+    """Batch ``b`` of :func:`_blocks`; ``held`` (empty between batches) is updated in place."""
+    m, n, k = mnk
+    for m0 in range(0, m, plan.mb):
+        m1 = min(m, m0 + plan.mb)
+        a_cache: dict[int, list[Ref]] = {}
+        for n0 in range(0, n, plan.nb):
+            n1 = min(n, n0 + plan.nb)
+            k_blocks = list(range(0, k, plan.kb))
+            acc_buf = None
+            banks: dict[tuple[int, int], Buffer] | None = None
+            if len(k_blocks) > 1 and _accumulates_in_psum(ctx.spec, op, m1 - m0, n1 - n0):
+                banks = {}  # the block's PSUM banks, kept from its first k-block to its last
+            elif len(k_blocks) > 1:  # partial sums of the whole block, one allocation
+                acc_buf = ctx.alloc(P, math.ceil((m1 - m0) / P) * plan.nb,
+                                    DType.FP32, f"{op.name}.acc")
+            for kb_index, k0 in enumerate(k_blocks):
+                k1 = min(k, k0 + plan.kb)
+                first, last = kb_index == 0, kb_index == len(k_blocks) - 1
+                a_refs = a_cache.get(k0)
+                if a_refs is None:
+                    a_refs = a.block(b, k0, k1, m0, m1, plan.mb)
+                    if len(k_blocks) == 1 and a.mode is not DotOperandMode.DIRECT:
+                        a_cache[k0] = a_refs
+                b_refs = bop.block(b, k0, k1, n0, n1, plan.nb)
+                _multiply_block(ctx, op, plan, a_refs, b_refs, b, (m0, m1), (n0, n1), (k0, k1),
+                                first, last, acc_buf, evac, scaled, epilogue, bias_rows,
+                                out_shape, oriented,
+                                None if banks is None else (banks, k0 // P, math.ceil(k / P)))
+                # release the previous block only now: the next load lands elsewhere
+                for operand, refs in held:
+                    operand.release(refs)
+                held[:] = [(bop, b_refs)] + ([] if k0 in a_cache else [(a, a_refs)])
+                ctx.unpin_all()
+            if acc_buf is not None:
+                ctx.free(acc_buf)
+            assert not banks, "a split-K block's PSUM banks outlived its last k-block"
+        for operand, refs in held:
+            operand.release(refs)
+        held.clear()
+        for refs in a_cache.values():
+            a.release(refs)
+        ctx.unpin_all()
 
 
 @dataclass(frozen=True)
@@ -1007,33 +1023,6 @@ def _evacuate_oriented(ctx: Context, op: Op, target: Op, t: int, psum: Ref, cols
     if func is not None:
         activate(ctx, func, out, out)
     ctx.produced(target, t, out, c0, c1)
-
-
-def _block_or_unbuffer(operand: _Operand, held: list[tuple[_Operand, list[Ref]]], b: int, k0: int,
-                       k1: int, x0: int, x1: int, width: int
-                       ) -> tuple[list[Ref], list[tuple[_Operand, list[Ref]]]]:
-    """Load a block; if SBUF is too fragmented for double buffering, fall back to single: the
-    blocks ``held`` for the matmuls before are released at the first buffer or tile of this one
-    that finds no room (``_Operand.block``'s ``unbuffer``), and the block goes on from there.
-
-    Before, the block was started again from scratch, and what its first attempt had placed was
-    never freed: a transposed operand's ``.T`` buffer (16 KiB per partition on Llama-2-70B's
-    inf2 b4 prefill rank, twice in layer 1's ``gate_proj``) stayed allocated for the rest of the
-    program, unspillable, and layer 2's ``input_layernorm`` found no room (issue 15 grid); its
-    PE transposes were emitted twice."""
-    released = False
-
-    def unbuffer() -> bool:
-        nonlocal released
-        if released or not held:
-            return False
-        for other, refs in held:
-            other.release(refs)
-        released = True
-        return True
-
-    refs = operand.block(b, k0, k1, x0, x1, width, unbuffer)
-    return refs, [] if released else held
 
 
 def _evacuate(ctx: Context, op: Op, t: int, psum: Ref, c0: int, c1: int, first: bool, last: bool,
