@@ -240,7 +240,7 @@ class Context:
         range the large one needed: Mistral-7B's decode step in bucket 16,384 (inf2 tp24) had its
         softmax's two 64-byte statistics at the bottom of the 64 KiB range its ``exp`` row (16,384
         FP32 per partition) needed, 65,408 bytes left, and the compile stopped. Buffers that fit in
-        the order asked are placed as before."""
+        the order asked are placed as before. If they do not fit either way, none is left placed."""
         placed: list[Buffer] = []
         try:
             for partitions, free, dtype, name in requests:
@@ -249,13 +249,20 @@ class Context:
         except CompileError:
             order = sorted(range(len(requests)), key=lambda i: -requests[i][1] * requests[i][2].itemsize)
             if not placed or order == list(range(len(requests))):
+                for buf in placed:  # none of them is left placed: the caller may try others
+                    self.free(buf)
                 raise  # the order asked is already largest first, or the first found no room
         for buf in placed:
             self.free(buf)
         again: dict[int, Buffer] = {}
-        for i in order:
-            partitions, free, dtype, name = requests[i]
-            again[i] = self.alloc(partitions, free, dtype, name)
+        try:
+            for i in order:
+                partitions, free, dtype, name = requests[i]
+                again[i] = self.alloc(partitions, free, dtype, name)
+        except CompileError:
+            for buf in again.values():  # none of them is left placed: the caller may try others
+                self.free(buf)
+            raise
         self.stats["reordered_allocations"] = self.stats.get("reordered_allocations", 0) + 1
         return [again[i] for i in range(len(requests))]
 

@@ -669,7 +669,7 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
     b4 prefill) stayed allocated, unspillable, for the rest of the program, and layer 2's
     ``input_layernorm`` found no room; its PE transposes were emitted twice. Only the loads of a
     block fell back so: an output tile with no room at the evacuation (the same gate_proj with
-    3-20 layers) stopped the compile."""
+    3 to 32 layers) stopped the compile."""
     evac = _alternating()
     held: list[tuple[_Operand, list[Ref]]] = []  # the blocks before, kept for double buffering
 

@@ -24,7 +24,7 @@ from neuroncore.compiler.lower_elementwise import (
     tensor_tensor,
 )
 from neuroncore.compiler.lowering_state import Layout, QueueName
-from neuroncore.compiler.program import HbmAccess, HbmView, Ref
+from neuroncore.compiler.program import Buffer, HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.compiler.view_steps import BroadcastRows, Reshape, Transpose
 from neuroncore.dtypes import DType
@@ -214,17 +214,67 @@ def softmax_steps(ctx: Context, op: Op) -> Iterator[bool]:
         x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
         rows = tile.rows
-        neg_max, total, e = _scratches(ctx, rows, [(1, f"{op.name}.max"), (1, f"{op.name}.sum"),
-                                                   (value.cols, f"{op.name}.exp")])
-        tensor_reduce(ctx, MAX, neg_max, x, negate=True)
-        activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
-        reciprocal(ctx, total, total)
-        activate(ctx, "copy", out, e, scale=total)
-        _free(ctx, neg_max, total, e)
+        try:
+            neg_max, total, e = _scratches(ctx, rows, [(1, f"{op.name}.max"), (1, f"{op.name}.sum"),
+                                                       (value.cols, f"{op.name}.exp")])
+        except CompileError:
+            _softmax_in_chunks(ctx, op, x, out, rows, value.cols)
+        else:
+            tensor_reduce(ctx, MAX, neg_max, x, negate=True)
+            activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
+            reciprocal(ctx, total, total)
+            activate(ctx, "copy", out, e, scale=total)
+            _free(ctx, neg_max, total, e)
         ctx.release(src, x)
         ctx.produced(op, t, out)
         ctx.unpin_all()
         yield batch_ends(value, t)
+
+
+SOFTMAX_MIN_CHUNK = 512  # columns: the narrowest exp chunk a split softmax row takes
+
+
+def _softmax_in_chunks(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: int) -> None:
+    """A softmax row tile whose FP32 ``exp`` row finds no free range as wide (every resort of
+    ``Context.alloc`` taken, its scratch placed largest first too): the row is split into ``n``
+    equal column chunks (2, 3, ... until each chunk's exp buffer fits), as a compiler tiles a
+    free dim: the negated max over the whole row, then per chunk ``exp(x - max)`` into its own
+    buffer summed by the activation into its column of a ``[rows, n]`` FP32 partials tile, one
+    ``TENSOR_REDUCE`` of the partials to the row sum, its reciprocal, and the scale per chunk. The
+    same instructions per element plus ``n - 1`` ACTIVATEs and one reduce; the sum is added in
+    ``n`` FP32 parts (the chunks' sums, then theirs), not in one pass. Mistral-7B's decode step
+    in bucket 16,384 (inf2 tp24, two heads' 16,384 scores per partition, a 64 KiB exp row): the
+    scores and the probabilities, 32 KiB each, split the free space so that its widest range held
+    64,640 bytes, the row none."""
+    name = op.name
+    chunks: list[tuple[int, int]] = []
+    bufs: list[Buffer] = []
+    for n in range(2, max(2, cols // SOFTMAX_MIN_CHUNK) + 1):
+        width = math.ceil(cols / n)
+        chunks = [(c, min(cols, c + width)) for c in range(0, cols, width)]
+        try:
+            bufs = ctx.alloc_together([(rows, 1, DType.FP32, f"{name}.max"),
+                                       (rows, 1, DType.FP32, f"{name}.sum"),
+                                       (rows, len(chunks), DType.FP32, f"{name}.partials"),
+                                       *[(rows, c1 - c0, DType.FP32, f"{name}.exp{j}")
+                                         for j, (c0, c1) in enumerate(chunks)]])
+            break
+        except CompileError:
+            continue
+    if not bufs:
+        raise CompileError(f"cannot place {name}.exp: no split of its {cols} FP32 columns per "
+                           f"partition into chunks of at least {SOFTMAX_MIN_CHUNK} fits in SBUF", op)
+    neg_max, total, partials, *exps = [Ref(b.id, 0, rows, 0, b.free) for b in bufs]
+    ctx.stats["split_softmax_rows"] = ctx.stats.get("split_softmax_rows", 0) + 1
+    tensor_reduce(ctx, MAX, neg_max, x, negate=True)
+    for j, ((c0, c1), e) in enumerate(zip(chunks, exps)):
+        activate(ctx, "exponential", e, Ref(x.buf, x.p0, x.p1, x.f0 + c0, x.f0 + c1), bias=neg_max,
+                 accumulate=Ref(partials.buf, 0, rows, j, j + 1))
+    tensor_reduce(ctx, SUM, total, partials)
+    reciprocal(ctx, total, total)
+    for (c0, c1), e in zip(chunks, exps):
+        activate(ctx, "copy", Ref(out.buf, out.p0, out.p1, out.f0 + c0, out.f0 + c1), e, scale=total)
+    _free(ctx, neg_max, total, partials, *exps)
 
 
 def lower_norm(ctx: Context, op: Op) -> None:

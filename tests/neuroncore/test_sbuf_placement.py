@@ -194,11 +194,12 @@ def _inf2_tp24_rank(workload: str, model: str, **sizes):
 def test_mistral_7b_decode_in_bucket_16384_compiles(batch: int) -> None:
     """The decode step of ``bench/llm_decode.py``'s Mistral-7B 8192/8192 keys (context bucket
     16,384, inf2 tp24: two heads' 16,384 scores per rank, a 64 KiB FP32 exp row per partition),
-    three layers: layer 1's softmax stopped the compile with 'cannot place softmax.115.exp: needs
-    65536 bytes per partition but only 65408 (b1) / 54464 (b4) are free' while two thirds of SBUF
-    were free, split by the softmax's own statistics and the identity."""
-    program = _inf2_tp24_rank("llama-decode", "mistral-7b", layers=3, batch=batch, context=16383)
-    assert program.stats["sbuf_peak_bytes_per_partition"] <= 196608
+    six layers: a softmax stopped the compile with 'cannot place softmax.N.exp: needs 65536 bytes
+    per partition but only 65408 (b1, three layers) / 54464 (b4) / 64640 (b1, six) are free' while
+    two thirds of SBUF were free, split by the softmax's own statistics, the identity, or the
+    scores and probabilities themselves; the last rows are now split (``split_softmax_rows``)."""
+    program = _inf2_tp24_rank("llama-decode", "mistral-7b", layers=6, batch=batch, context=16383)
+    assert program.stats["split_softmax_rows"] > 0
 
 
 def test_llama2_70b_inf2_b4_prefill_compiles_when_a_dot_output_tile_finds_no_room() -> None:
@@ -236,3 +237,31 @@ def test_llama2_70b_inf2_b4_prefill_leaks_no_block_of_a_failed_double_buffered_l
     program = _inf2_tp24_rank("llama-prefill", "llama2-70b", layers=34, batch=4, context=128)
     assert program.stats["layers_relocated"] > 0
     assert not [name for name in live.values() if name.endswith(".T")]
+
+
+def test_a_softmax_row_with_no_room_for_its_exp_is_split_into_column_chunks(
+        monkeypatch, run, assert_close, rng) -> None:
+    """When a softmax's whole FP32 exp row finds no free range (Mistral-7B's decode in bucket
+    16,384 with six or more layers: 64,640 bytes the widest of 130,816 free), the row is computed
+    in column chunks, each exp in its own buffer, the chunks' sums added after: the same results.
+    The whole row's placement is refused here for every row tile."""
+    from neuroncore.compiler import context as ctx_module
+    from neuroncore.compiler.errors import CompileError
+
+    b = nc.GraphBuilder("split_softmax")
+    x = b.parameter("x", (2, 160, 1536), "fp32")
+    g = b.build([b.softmax(x)])
+    together = ctx_module.Context.alloc_together
+    refused: list[str] = []
+
+    def no_room_for_a_whole_row(self, requests):
+        if any(name.endswith(".exp") for *_, name in requests):
+            refused.append(requests[-1][3])
+            raise CompileError("no room (test)", self.current_op)
+        return together(self, requests)
+
+    monkeypatch.setattr(ctx_module.Context, "alloc_together", no_room_for_a_whole_row)
+    xs = (rng.standard_normal((2, 160, 1536)) * 4).astype(np.float32)
+    res = run(g, [xs])
+    assert len(refused) == 4 and res.program.stats["split_softmax_rows"] == 4  # 2 x 2 row tiles
+    assert_close(res.out, res.ref, "fp32")
