@@ -217,9 +217,11 @@ MEASURED_PEAK_GIB = {
     ("llama-prefill", "llama2-13b", "trn1.32xlarge", 1, 512): 0.40,
     ("llama-prefill", "llama3-8b", "trn1.32xlarge", 1, 8192): 1.72,
     ("llama-prefill", "llama2-7b", "trn1.32xlarge", 4, 2048): 1.36,
-    ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048): 3.54,  # session 9
+    ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048): 3.77,  # in its slice; 3.54 alone (session 9)
     ("llama-prefill", "mistral-7b", "inf2.48xlarge", 1, 8192): 2.17,  # session 9
     ("llama-decode", "llama3-70b", "inf2.48xlarge", 8, 8191): 0.90,
+    # the whole --jobs 1 slice's process, after every other program of the model (caches kept)
+    ("llama-prefill", "llama3-8b", "inf2.48xlarge", 8, 4096): 7.59,
 }
 
 
