@@ -56,15 +56,17 @@ def _place(c: _Converter, slab: Op, offset: tuple[int, ...], stride: list[int], 
 
 
 def _fold(c: _Converter, slabs: list[Op], kernel: list[int], stride: list[int], dilation: list[int],
-          padding: list[int], size: list[int]) -> Op:
-    """col2im: the slabs (one per kernel offset) added at their places, padding cropped off."""
-    padded = [s + 2 * p for s, p in zip(size, padding)]
+          padding: list[int], size: list[int], extra: list[int] | None = None) -> Op:
+    """col2im: the slabs (one per kernel offset) added at their places, padding cropped off
+    (``extra``: more padding after each spatial dim, a ``ceil_mode`` pool's last windows)."""
+    extra = extra or [0] * len(size)
+    padded = [s + 2 * p + e for s, p, e in zip(size, padding, extra)]
     total: Op | None = None
     for slab, offset in zip(slabs, itertools.product(*(range(k) for k in kernel))):
         placed = _place(c, slab, offset, stride, dilation, padded)
         total = placed if total is None else c.b.add(total, placed)
     assert total is not None
-    if any(padding):
+    if any(padding) or any(extra):
         rank = len(total.shape)
         starts = [0, 0, *padding]
         limits = [total.shape[0], total.shape[1], *(p + s for p, s in zip(padding, size))]
@@ -152,7 +154,7 @@ def _conv_grads(c: _Converter, grad: Op, x: Op, w: Op, stride: list[int], paddin
 @handles("max_pool2d_with_indices_backward")
 def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
-    if kw.get("ceil_mode") or not dtype.is_float:
+    if not dtype.is_float:
         return NotImplemented
     grad = c._op(kw["grad_output"], dtype)
     x = c._op(kw["self"], dtype)
@@ -161,7 +163,10 @@ def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     stride = _ints(kw.get("stride") or kernel, spatial)
     padding, dilation = _ints(kw.get("padding", 0), spatial), _ints(kw.get("dilation", 1), spatial)
     out = list(grad.shape[2:])
-    padded = pad_spatial(c.b, x, [(p, p) for p in padding], _lowest(dtype))
+    # ceil_mode: the last windows reach past the padded input (their out size is grad's)
+    extra = [max(0, (o - 1) * s + d * (k - 1) + 1 - (n + 2 * p))
+             for o, s, d, k, n, p in zip(out, stride, dilation, kernel, x.shape[2:], padding)]
+    padded = pad_spatial(c.b, x, [(p, p + e) for p, e in zip(padding, extra)], _lowest(dtype))
     slices = window_slices(c.b, padded, kernel, stride, dilation, out)
     best = slices[0]
     for s in slices[1:]:
@@ -176,7 +181,7 @@ def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
         else:
             taken = hit
         slabs.append(c.b.select(hit, grad, 0.0))
-    return _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]))
+    return _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]), extra)
 
 
 __all__ = ["convolution_backward", "max_pool_backward"]

@@ -45,6 +45,19 @@ def test_cnn_with_strided_padded_conv_and_overlapping_max_pool() -> None:
     _compare(model, (x, y), steps=2, loss_fn=F.cross_entropy)
 
 
+def test_cnn_with_ceil_mode_max_pools() -> None:
+    """Max pools with ``ceil_mode=True`` (inference supports them since session 10) train: their
+    backward routes the gradient of the last, shorter windows too; it was refused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(3, stride=2, ceil_mode=True),                # 9 -> 4 (a partial window)
+        torch.nn.Conv2d(4, 4, 1), torch.nn.MaxPool2d(2, padding=1, ceil_mode=True),  # 4 -> 3
+        torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 4))
+    x, y = torch.randn(2, 3, 9, 9), torch.randint(0, 4, (2,))
+    _compare(model, (x, y), steps=2, loss_fn=F.cross_entropy)
+
+
 def test_cnn_with_grouped_and_depthwise_convolutions() -> None:
     """Grouped (2 groups, strided) and depthwise convolutions train: their backward is refused
     otherwise (found by the user trials)."""
