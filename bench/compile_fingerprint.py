@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def digest(program: object) -> str:
             h.update(np.ascontiguousarray(value).tobytes())
         elif f.name == "stats":
             h.update(repr(sorted((k, v) for k, v in value.items() if k != "layers_relocated")).encode())
-        elif isinstance(value, dict):
+        elif isinstance(value, Mapping):  # a dict, or the buffers of relocated layers (by reference)
             h.update(repr(sorted(value.items(), key=lambda kv: str(kv[0]))).encode())
         elif isinstance(value, (list, tuple)) or hasattr(value, "__getitem__"):
             h.update(repr(list(value)).encode())

@@ -39,6 +39,7 @@ from neuroncore.compiler.program import (
     HbmAccess,
     HbmTensor,
     HbmView,
+    MovedBuffers,
     Ref,
     raw_buffer,
 )
@@ -151,6 +152,8 @@ class Context:
         self.sbuf = RangeAllocator(spec.sbuf_bytes_per_partition, stream_fraction=WEIGHT_STREAM_FRACTION)
         self.psum = BankAllocator(spec.psum_banks)
         self.buffers: dict[int, Buffer] = {}
+        # relocated layers' buffers but each run's last relocation's, made when read (layer_replay)
+        self.relocated_buffers: list[MovedBuffers] = []
         # per buffer id, what its operand texts begin with (``ref_text``: the text prefix, the byte
         # address, the element size; -1 for a PSUM bank); a buffer never changes once made
         self._text_of: dict[int, tuple[str, int, int]] = {}

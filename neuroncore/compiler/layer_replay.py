@@ -35,7 +35,7 @@ from neuroncore.compiler.layer_boundary import (
 from neuroncore.compiler.layer_names import Renamer
 from neuroncore.compiler.layer_runs import LayerRun, layer_spans
 from neuroncore.compiler.layer_state import Frame, Shift, accounted_for, relocate, snapshot
-from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, Ref, raw_buffer
+from neuroncore.compiler.program import HbmAccess, HbmTensor, HbmView, MovedBuffers, Ref, raw_buffer
 from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
@@ -356,18 +356,31 @@ class _Template:
         start = len(em.semantics)
         em.semantics.extend(em.semantics[nodes])
         em.semantic_moves.append((start, len(em.semantics), _SemanticsRelocator(shift, nodes.start)))
-        moved_ls = np.where(self.ls_nodes >= lo, self.ls_nodes + dn, self.ls_nodes)
-        em._mm_after_ls.update(zip(moved_ls.tolist(), (self.ls_targets + dn).tolist()))
+        if last:  # only the last relocation's nodes can be waited for again (see below)
+            moved_ls = np.where(self.ls_nodes >= lo, self.ls_nodes + dn, self.ls_nodes)
+            em._mm_after_ls.update(zip(moved_ls.tolist(), (self.ls_targets + dn).tolist()))
         buffers = ctx.buffers
         db = shift.db
-        # a layer's buffers share a few names (every block of a dot's): each renamed once
-        names = {name: shift.name(name) for name in self.buffer_names}
-        for buf_id, memory, partitions, free, dtype, address, name in self.buffer_fields:
-            # the template's record with its id and name moved: a copy of its fields (it was
-            # checked when made; Buffer's constructor and __post_init__ are most of the cost here)
-            moved_id = buf_id + db  # one int object for the key and the record
-            buffers[moved_id] = raw_buffer(moved_id, memory, partitions, free, dtype, address, names[name])
-        em.psum_keys.update(("buf", buf_id + db) for buf_id in self.psum_buffers)
+        if last:
+            # what lowers after the run may read these records (the values it leaves resident):
+            # made now; a layer's buffers share a few names (every block of a dot's), each renamed
+            # once
+            names = {name: shift.name(name) for name in self.buffer_names}
+            for buf_id, memory, partitions, free, dtype, address, name in self.buffer_fields:
+                # the template's record with its id and name moved: a copy of its fields (it was
+                # checked when made; Buffer's constructor and __post_init__ are most of the cost)
+                moved_id = buf_id + db  # one int object for the key and the record
+                buffers[moved_id] = raw_buffer(moved_id, memory, partitions, free, dtype, address,
+                                               names[name])
+        elif self.buffer_fields:
+            # freed before the run ends, never read by the lowering: the program's buffer table
+            # makes these records when read (``RelocatedBuffers``), timing-only runs never do
+            ctx.relocated_buffers.append(MovedBuffers(self.buffer_fields, db, shift.name))
+        if last:
+            # what lowers after the run sees only the last relocation's nodes and buffers: the
+            # state moves to its end (``relocate``), and every earlier one's buffers are freed and
+            # its nodes aged out of the hazards; their alias and PSUM entries are never read
+            em.psum_keys.update(("buf", buf_id + db) for buf_id in self.psum_buffers)
         for tensor in self.tensors:
             name = shift.name(tensor.name)
             ctx.hbm_tensors.setdefault(name, HbmTensor(name, tensor.shape, tensor.dtype, tensor.kind,

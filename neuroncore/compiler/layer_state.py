@@ -36,6 +36,7 @@ KNOWN_CONTEXT = frozenset({
     "kept_large",  # fixed for the compilation, alike in every layer of a run (compiler.residency)
     "_text_of",  # a cache of each buffer's text prefix, from ``buffers`` alone (Context.ref_text)
     "unbuffer",  # None at every boundary: set only while a dot lowers a batch (lower_matmul._blocks)
+    "relocated_buffers",  # relocated layers' buffer records, never read by the lowering (layer_replay)
 })
 KNOWN_EMITTER = frozenset({
     "spec", "_last_writes", "psum_keys", "ports", "resource", "engine", "cost_ns", "queue", "dma_engines",

@@ -10,7 +10,8 @@ and reporting a program costs array operations, not Python loops.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -184,6 +185,72 @@ raw_buffer = _raw_maker(Buffer)
 without its constructor's check of ``memory`` (a ``Memory`` member, SBUF or PSUM, already)."""
 
 
+BufferFields: TypeAlias = tuple[int, Memory, int, int, DType, int, str]
+"""A :class:`Buffer`'s fields in order (``raw_buffer``'s arguments)."""
+
+
+class MovedBuffers:
+    """One relocated layer's buffers, kept by reference: its template's fields (ids consecutive
+    from ``fields[0]``'s), moved by ``db`` and renamed by ``rename`` when a record is read."""
+
+    __slots__ = ("db", "fields", "hi", "lo", "names", "rename")
+
+    def __init__(self, fields: list[BufferFields], db: int, rename: Callable[[str], str]) -> None:
+        self.fields = fields
+        self.db = db
+        self.lo = fields[0][0] + db
+        self.hi = self.lo + len(fields)
+        self.rename = rename
+        self.names: dict[str, str] = {}  # each template name renamed once, when first read
+
+    def record(self, buf_id: int) -> Buffer:
+        _, memory, partitions, free, dtype, address, name = self.fields[buf_id - self.lo]
+        moved = self.names.get(name)
+        if moved is None:
+            moved = self.names[name] = self.rename(name)
+        return raw_buffer(buf_id, memory, partitions, free, dtype, address, moved)
+
+
+class RelocatedBuffers(Mapping[int, Buffer]):
+    """A program's buffers when layers were relocated: the lowered ones (a dict) and the relocated
+    layers' (``MovedBuffers``, made when read: timing-only runs never read them). The same keys,
+    records and order (by id) as one dict holding every record."""
+
+    __slots__ = ("_moved", "_own", "_starts")
+
+    def __init__(self, own: dict[int, Buffer], moved: list[MovedBuffers]) -> None:
+        self._own = own
+        self._moved = moved  # in id order, disjoint from ``own``'s ids
+        self._starts = [m.lo for m in moved]
+
+    def __getitem__(self, buf_id: int) -> Buffer:
+        found = self._own.get(buf_id)
+        if found is not None:
+            return found
+        i = bisect_right(self._starts, buf_id) - 1
+        if i >= 0 and isinstance(buf_id, int) and buf_id < self._moved[i].hi:
+            return self._moved[i].record(buf_id)
+        raise KeyError(buf_id)
+
+    def __len__(self) -> int:
+        return len(self._own) + sum(m.hi - m.lo for m in self._moved)
+
+    def __iter__(self) -> Iterator[int]:
+        moved = iter(self._moved)
+        pending = next(moved, None)
+        for buf_id in self._own:
+            while pending is not None and pending.lo < buf_id:
+                yield from range(pending.lo, pending.hi)
+                pending = next(moved, None)
+            yield buf_id
+        while pending is not None:
+            yield from range(pending.lo, pending.hi)
+            pending = next(moved, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self.items()),)  # pickled as the plain dict it stands for
+
+
 @dataclass(frozen=True)
 class HbmTensor:
     """A tensor in device memory: a model input, weight, output or compiler scratch (spill, relayout)."""
@@ -290,7 +357,7 @@ class Program:
     # what the node computes, for the numerics interpreter (relocated layers' made on first access)
     semantics: Sequence[NodeSemantics]
     # -- tables ------------------------------------------------------------------------------
-    buffers: dict[int, Buffer]
+    buffers: Mapping[int, Buffer]  # a RelocatedBuffers when layers were relocated
     hbm_tensors: dict[str, HbmTensor]
     hbm_views: dict[str, HbmView]
     queues: list[DmaQueue]

@@ -280,3 +280,28 @@ def test_relocated_buffers_are_whole_records(pair: tuple[nc.Graph, Program, Prog
     some = next(iter(relocated.buffers.values()))
     with pytest.raises(dataclasses.FrozenInstanceError):
         some.name = "x"  # type: ignore[misc]
+
+
+def test_relocated_buffers_are_kept_by_reference(pair: tuple[nc.Graph, Program, Program],
+                                                 request: pytest.FixtureRequest) -> None:
+    """A relocated layer's buffer records (but each run's last relocation's, which what lowers
+    after the run may read) are made when the program's table is read, not when relocating: the
+    table has the fully lowered program's keys in the same order, the same records, length and
+    ``n_buffers``, and pickles as that plain dict."""
+    import pickle
+
+    from neuroncore.compiler.program import RelocatedBuffers
+
+    _, full, relocated = pair
+    table = relocated.buffers
+    if request.node.callspec.params["pair"] == "prefill-resident-period3":
+        assert table == full.buffers and type(table) is dict  # one relocation, the last: all made
+        return
+    assert isinstance(table, RelocatedBuffers)
+    assert len(table._own) < len(full.buffers)  # records made when relocating: the rest are read
+    assert list(table) == list(full.buffers)
+    assert len(table) == len(full.buffers) == relocated.stats["n_buffers"] == full.stats["n_buffers"]
+    assert dict(table.items()) == full.buffers
+    assert max(full.buffers) + 1 not in table and -1 not in table
+    restored = pickle.loads(pickle.dumps(table))
+    assert type(restored) is dict and restored == full.buffers
