@@ -24,7 +24,7 @@ from neuroncore.compiler.lower_elementwise import (
     tensor_tensor,
 )
 from neuroncore.compiler.lowering_state import Layout, QueueName
-from neuroncore.compiler.program import Buffer, HbmAccess, HbmView, Ref
+from neuroncore.compiler.program import HbmAccess, HbmView, Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.compiler.view_steps import BroadcastRows, Reshape, Transpose
 from neuroncore.dtypes import DType
@@ -248,23 +248,22 @@ def _softmax_in_chunks(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: 
     64,640 bytes, the row none."""
     name = op.name
     chunks: list[tuple[int, int]] = []
-    bufs: list[Buffer] = []
+    refs: list[Ref] = []
     for n in range(2, max(2, cols // SOFTMAX_MIN_CHUNK) + 1):
         width = math.ceil(cols / n)
         chunks = [(c, min(cols, c + width)) for c in range(0, cols, width)]
         try:
-            bufs = ctx.alloc_together([(rows, 1, DType.FP32, f"{name}.max"),
-                                       (rows, 1, DType.FP32, f"{name}.sum"),
-                                       (rows, len(chunks), DType.FP32, f"{name}.partials"),
-                                       *[(rows, c1 - c0, DType.FP32, f"{name}.exp{j}")
-                                         for j, (c0, c1) in enumerate(chunks)]])
+            refs = _scratches(ctx, rows, [(1, f"{name}.max"), (1, f"{name}.sum"),
+                                          (len(chunks), f"{name}.partials"),
+                                          *[(c1 - c0, f"{name}.exp{j}")
+                                            for j, (c0, c1) in enumerate(chunks)]])
             break
         except CompileError:
             continue
-    if not bufs:
+    if not refs:
         raise CompileError(f"cannot place {name}.exp: no split of its {cols} FP32 columns per "
                            f"partition into chunks of at least {SOFTMAX_MIN_CHUNK} fits in SBUF", op)
-    neg_max, total, partials, *exps = [Ref(b.id, 0, rows, 0, b.free) for b in bufs]
+    neg_max, total, partials, *exps = refs
     ctx.stats["split_softmax_rows"] = ctx.stats.get("split_softmax_rows", 0) + 1
     tensor_reduce(ctx, MAX, neg_max, x, negate=True)
     for j, ((c0, c1), e) in enumerate(zip(chunks, exps)):

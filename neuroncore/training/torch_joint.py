@@ -733,7 +733,7 @@ def _stack_select_gradients(module: torch.fx.GraphModule) -> None:
     added in the order autograd added them. Only sums of two or more such gradients, each read
     only by its sum, are rewritten (one ``select_backward`` alone is left as it is)."""
     graph = module.graph
-    # node -> (dim, {index: (gradient node, node whose meta it takes)}, folded nodes)
+    # node -> (dim, {index: (gradient node, node whose meta it takes)})
     parts: dict[torch.fx.Node, tuple[int, dict[int, tuple[torch.fx.Node, torch.fx.Node]]]] = {}
     absorbed: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
