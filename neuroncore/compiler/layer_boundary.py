@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
+from neuroncore.compiler.memory import _Tombstone
 from neuroncore.compiler.program import Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.ir.graph import Graph
@@ -109,6 +110,38 @@ def age_hazards(ctx: Context, previous_start: int, current_start: int) -> None:
                           for a in accesses]
 
 
+def merge_tombstones(ctx: Context) -> None:
+    """Each free SBUF range that holds tombstones becomes one tombstone over the whole range, with
+    the latest node of each lane among them (a canonical interface between layers: whatever the
+    previous layer touched, anywhere in a free range, is waited for by whoever is placed there).
+
+    Which ranges a layer freed last, and how its frees fragmented the tombstones, is history: the
+    large blocks go to the range freed longest ago (``RangeAllocator._allocate_top``), so layers
+    lowered one after another place their weights in a cycle (the Llama-2-70B tp32 rank's long
+    prefill through three placements, 4 nodes apart in length), and the boundary state repeats
+    only after that cycle has been seen twice. A module compiled once behind a canonical interface
+    (neuronx-cc's modular flow) cannot know that history either: it starts with SBUF free and its
+    first writes wait for what the module before it left in flight. Used at the boundaries of a
+    run that moves nothing (``LayerDedup.quiet``: a long prompt's, every value in HBM), where all
+    of SBUF but the program's own globals is free. A stated assumption; it changes programs.
+    """
+    sbuf = ctx.sbuf
+    tombs = sbuf.tombstones
+    if not tombs:
+        return
+    merged: list[_Tombstone] = []
+    i = 0
+    for start, end in sbuf.free:
+        nodes: set[int] = set()
+        while i < len(tombs) and tombs[i].start < end:
+            if tombs[i].end > start:
+                nodes.update(tombs[i].nodes)
+            i += 1
+        if nodes:
+            merged.append(_Tombstone(start, end, ctx.em.compact(nodes)))
+    sbuf.tombstones = merged
+
+
 def _moved(access: tuple, node: int, lanes: Sequence[int]) -> tuple:
     """A recorded access as made by ``node`` (on its own lane: a same-lane node skips the wait)."""
     return (*access[:4], node, lanes[node], *access[6:])
@@ -169,4 +202,4 @@ def layer_weight_bytes(graph: Graph, run: LayerRun) -> int:
 
 
 __all__ = ["BOUNDARY_TRAFFIC_LIMIT", "age_hazards", "boundary_traffic", "evict_resident",
-           "layer_weight_bytes", "worth_canonical_boundaries"]
+           "layer_weight_bytes", "merge_tombstones", "worth_canonical_boundaries"]

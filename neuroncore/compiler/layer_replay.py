@@ -30,6 +30,7 @@ from neuroncore.compiler.layer_boundary import (
     age_hazards,
     boundary_traffic,
     evict_resident,
+    merge_tombstones,
     worth_canonical_boundaries,
 )
 from neuroncore.compiler.layer_names import Renamer
@@ -131,6 +132,8 @@ class LayerDedup:
             previous = self.marks.get(k - 1)
             if previous is not None:
                 age_hazards(ctx, previous.frame.node_base, ctx.em.n_nodes)
+        if id(run) in self.quiet:
+            merge_tombstones(ctx)  # the freed ranges' history made canonical
         ctx.sbuf.cursor = self.cursor
         ctx.sbuf.stream_cursor = max(self.stream_cursor, ctx.sbuf.stream_lo)  # the ring may shrink
         ctx.psum.cursor = self.psum_cursor

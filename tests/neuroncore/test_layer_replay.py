@@ -30,10 +30,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                    "tp_degree": 32}),
     "decode-tp2": ("llama-decode", {"layers": 8, "tp_degree": 2}),  # one rank's sharded program
     # a prompt whose activations do not fit on chip (they live in HBM): boundaries cost nothing
-    # (10 layers, a run of 7: its state repeats from the third boundary on)
+    # (10 layers, a run of 8 with the last: its state repeats from the second boundary on)
     "prefill-long": ("llama-prefill", {"layers": 10, "hidden": 2048, "heads": 16, "kv_heads": 8,
                                        "intermediate": 512, "vocab": 1024, "context": 2048,
                                        "tp_degree": 8}),
+    # one Llama-2-70B tp 32 rank prefilling 2,048 tokens (8 layers, a run of 6): before the free
+    # ranges' tombstones were merged at its boundaries its large blocks' placement cycled through
+    # three states, first matched at the fifth boundary (nothing relocated at this depth)
+    "prefill-long-70b": ("llama-prefill", {"model": "llama2-70b", "layers": 8, "context": 2048,
+                                           "tp_degree": 32}),
 }
 
 
@@ -170,9 +175,12 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # spread over SBUF tombstones layer by layer), prefill-long settled only at the sixth. The decode
 # cases settle one boundary later since activation loads are triggered from GpSimd (a second
 # trigger lane whose history repeats a layer later; compiler/context.py ACTIVATION_LOAD_QUEUE)
-# prefill-long relocates the model's last layer too (its output lives in HBM: with_final_layer)
-SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 5, "prefill-resident": 5,
-           "prefill-resident-period3": 3}
+# prefill-long relocates the model's last layer too (its output lives in HBM: with_final_layer).
+# The long prompts' boundaries merge each free range's tombstones (layer_boundary.merge_tombstones):
+# they settle at the second boundary with period one (prefill-long settled at the third, the 70B
+# rank at the fifth with period three)
+SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 6, "prefill-long-70b": 4,
+           "prefill-resident": 5, "prefill-resident-period3": 3}
 
 
 def test_boundaries_settle_after_one_or_two_layers(pair: tuple[nc.Graph, Program, Program],
@@ -205,6 +213,24 @@ def test_age_hazards_replaces_a_lane_the_previous_layer_did_not_use() -> None:
     assert tombs[2].nodes == [3]  # nothing old: unchanged
     # a recorded access moved to its replacement takes the replacement's lane
     assert em._accesses[("buf", 7)][0][4:6] == (4, 1)
+
+
+def test_merge_tombstones_makes_one_per_free_range() -> None:
+    """Each free range holding tombstones becomes one over the whole range with each lane's latest
+    node; a free range without any stays without; ranges in use hold none."""
+    from types import SimpleNamespace
+
+    from neuroncore.compiler.layer_boundary import merge_tombstones
+    from neuroncore.compiler.memory import _Tombstone
+
+    lanes = [1, 2, 1, 2, 3]
+    em = SimpleNamespace(compact=lambda nodes: sorted({max(n for n in nodes if lanes[n] == lane)
+                                                      for lane in {lanes[n] for n in nodes}}))
+    tombs = [_Tombstone(0, 64, [0]), _Tombstone(128, 192, [1, 2]), _Tombstone(192, 256, [3]),
+             _Tombstone(512, 576, [4])]
+    sbuf = SimpleNamespace(free=[(0, 320), (384, 448), (512, 1024)], tombstones=tombs)
+    merge_tombstones(SimpleNamespace(em=em, sbuf=sbuf))  # type: ignore[arg-type]
+    assert [(t.start, t.end, t.nodes) for t in sbuf.tombstones] == [(0, 320, [2, 3]), (512, 1024, [4])]
 
 
 def test_relocated_program_is_the_fully_lowered_program(pair: tuple[nc.Graph, Program, Program]) -> None:
