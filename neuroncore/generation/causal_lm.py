@@ -513,7 +513,12 @@ class NeuronCausalLM:
                 (temperature, "temperature", 1.0)))
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
-        sampling = Sampling(bool(do_sample), top_k, top_p, temperature)
+        # as transformers: temperature, top-k and top-p shape sampling only; greedy ignores them
+        # (a generation_config with temperature=0.0 and do_sample=False is greedy, not an error)
+        sampling = Sampling(True, top_k, top_p, temperature) if do_sample else Sampling(False)
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                                 or seed < 0):
+            raise GenerationError(f"seed must be a non-negative integer, not {seed!r}")
         if do_sample and self.on_device_generation:
             raise GenerationError("on_device_generation compiles greedy selection into the programs; "
                                   "sampling needs the logits (build it with on_device_generation=False)")

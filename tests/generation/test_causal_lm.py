@@ -155,6 +155,26 @@ def test_bad_requests_are_one_line_errors(llama, llama_gen):
         llama_gen.generate(ids.float() + 0.5, mask, max_new_tokens=2)  # was truncated to other ids
 
 
+def test_greedy_ignores_sampling_settings_as_transformers_does(llama, llama_gen, greedy):
+    """temperature, top-k and top-p shape sampling only: with ``do_sample=False`` transformers warns
+    and runs greedy, and so does ``generate`` here (before: ``temperature=0.0`` or ``top_p=0.0``
+    without sampling, or a model's ``generation_config`` shipping ``temperature=0.0``, was refused
+    with 'temperature must be positive'). With sampling they are still checked; a seed that is not a
+    non-negative integer is one line (before: NumPy's TypeError)."""
+    ids, mask = _prompt()
+    no_eos = dict(max_new_tokens=NEW, eos_token_id=[], pad_token_id=0)
+    for settings in (dict(temperature=0.0), dict(top_p=0.0), dict(top_k=-1),
+                     dict(do_sample=False, temperature=0.0)):
+        assert torch.equal(llama_gen.generate(ids, mask, **settings, **no_eos), greedy[0])
+    config = T.GenerationConfig(do_sample=False, temperature=0.0, top_p=0.0)
+    assert torch.equal(llama_gen.generate(ids, mask, generation_config=config, **no_eos), greedy[0])
+    with pytest.raises(ValueError, match="temperature must be positive, not 0.0"):
+        llama_gen.generate(ids, mask, do_sample=True, temperature=0.0)
+    for seed in ("x", -1, 1.5, True):
+        with pytest.raises(GenerationError, match=f"^seed must be a non-negative integer, not {seed!r}$"):
+            llama_gen.generate(ids, mask, do_sample=True, seed=seed, max_new_tokens=2)
+
+
 def test_generate_takes_transformers_length_and_config_arguments(llama, llama_gen, greedy):
     """``generate`` as transformers' is called: ``max_length`` counts the prompt, a
     ``generation_config`` sets the length and the sampling; options that would change the tokens
