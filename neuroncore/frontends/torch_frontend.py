@@ -59,7 +59,7 @@ from torch.overrides import TorchFunctionMode
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends import torch_rounding
-from neuroncore.frontends.torch_masks import runtime_index
+from neuroncore.frontends.torch_masks import first_index_of_extreme, runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
 from neuroncore.frontends.torch_rope import traceable_dynamic_rope
@@ -985,6 +985,17 @@ class _Converter:
         x = self._op(node.args[0], dtype)
         return self.b.abs(x) if dtype.is_float else self.b.maximum(x, self.b.multiply(x, -1.0))
 
+    def _aten_sign(self, node: torch.fx.Node, kw: Any) -> Any:
+        """sign(x) as two selects, ``x > 0 ? 1 : (x < 0 ? -1 : 0)`` (the JAX frontend's ``sign``,
+        but with torch's 0 for NaN). The backward of ``abs``, ``l1_loss`` and ``smooth_l1_loss``
+        reads it, so an L1 or Huber loss did not train (``aten.sign`` unsupported)."""
+        shape, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        negative = self._select(self.b.compare(x, 0.0, "LT"), -1.0, 0.0, shape, dtype)
+        return self._select(self.b.compare(x, 0.0, "GT"), 1.0, negative, shape, dtype)
+
+    _aten_sgn = _aten_sign
+
     def _float_test(self, node: torch.fx.Node, direction: str, against: float | None,
                     magnitude: bool = False) -> Any:
         """A floating-point class test as one compare: ``x`` with itself (NaN is the one value not
@@ -1532,7 +1543,10 @@ class _Converter:
 
     def _extreme(self, node: torch.fx.Node, kw: Any, kind: str) -> Any:
         """max/min: of two tensors (elementwise), of all elements, or along a dim with indices
-        (the values reduce; the indices, if used, stay an unsupported ``aten.max`` op)."""
+        (the values reduce; the indices, when read, are the first position holding the extreme
+        value, as ``argmax`` finds it and as torch documents for ties). Before, the indices were
+        an unsupported ``aten.max``: ``values, idx = logits.max(-1)``, and every training step
+        whose loss reads ``x.max(dim).values`` (its backward scatters the gradient at them)."""
         meta = _meta(node)
         if "other" in kw:
             shape, dtype = self._out(node)
@@ -1544,7 +1558,13 @@ class _Converter:
         x = self._op(kw["self"])
         dims = [_dim(kw["dim"], len(x.shape))]
         values = self._reduce_to(x, dims, kind, tuple(meta[0].shape), ir_dtype(meta[0].dtype))
-        indices = self._unsupported(node, _opname(node), only={1})[1]
+        used = any(u.target is operator.getitem and u.args[1] == 1 for u in node.users)
+        if not used:
+            return values, None
+        if not x.shape:
+            return values, self.b.constant(0.0, ir_dtype(meta[1].dtype), shape=tuple(meta[1].shape))
+        index = first_index_of_extreme(self, x, dims[0], kind)
+        indices = self.b.reshape(self._cast(index, ir_dtype(meta[1].dtype)), tuple(meta[1].shape))
         return values, indices
 
     def _variance(self, x: Op, dims: list[int], correction: float) -> tuple[Op, Op]:

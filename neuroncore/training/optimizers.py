@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuroncore.dtypes import DType
 from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 
@@ -155,37 +156,58 @@ def _per_row(b: GraphBuilder, scalar: Op, shape: tuple[int, ...]) -> Op:
 
 
 def emit_update(b: GraphBuilder, spec: OptimizerSpec, param: Op, grad: Op, state: Sequence[Op],
-                s: Sequence[Op]) -> tuple[Op, list[Op]]:
+                s: Sequence[Op], rounding: DType | None = None) -> tuple[Op, list[Op]]:
     """The updated parameter and state (FP32 ops), as torch.optim's single-tensor kernels compute;
-    ``s`` are the group's scalars from :func:`split_scalars`."""
+    ``s`` are the group's scalars from :func:`split_scalars`.
+
+    ``rounding`` (BF16 or FP16): the parameters and state are tensors of that type (a model loaded
+    or cast to bf16, trained without FP32 master weights), and every in-place op of torch's kernel
+    writes a value of that type: each such result is rounded to it (round to nearest even) and
+    computed on from there, as torch's CPU kernels compute each op in FP32 and store it narrow
+    (AdamW: the decay, ``lerp_``, ``mul_``, ``addcmul_``, ``sqrt``, the division, ``add_(eps)``,
+    ``addcdiv_``). The ``alpha`` of an ``add`` (SGD's ``param.add_(grad, alpha=-lr)``, the weight
+    decay and Nesterov terms, Adam's L2 term) is itself rounded to the type first, as torch's CPU
+    ``add`` kernel converts it to the tensors' type (``mul_``'s, ``lerp_``'s, ``addcmul_``'s and
+    ``addcdiv_``'s scalars stay FP32 there). The operands and results stay FP32 ops; the caller
+    stores them narrow."""
+    def rnd(x: Op) -> Op:
+        return x if rounding is None else b.convert(b.convert(x, rounding), DType.FP32)
+
+    def alpha(x: float) -> float:
+        return x if rounding is None else float(np.asarray(x, np.float32).astype(rounding.numpy))
+
     if spec.maximize:
         grad = b.negate(grad)
     if spec.kind is OptimizerKind.SGD:
         if spec.weight_decay:
-            grad = b.add(grad, b.multiply(param, spec.weight_decay))
+            grad = rnd(b.add(grad, b.multiply(param, alpha(spec.weight_decay))))
         new_state: list[Op] = []
         if spec.momentum:
             lr, keep, take = s
-            buf = b.add(b.multiply(state[0], _per_row(b, keep, param.shape)),
-                        b.multiply(grad, _per_row(b, take, param.shape)))
+            kept = rnd(b.multiply(state[0], _per_row(b, keep, param.shape)))  # buf.mul_(momentum)
+            buf = rnd(b.add(kept, b.multiply(grad, _per_row(b, rnd(take), param.shape))))  # .add_(grad)
             new_state = [buf]
-            grad = b.add(grad, b.multiply(buf, spec.momentum)) if spec.nesterov else buf
+            grad = rnd(b.add(grad, b.multiply(buf, alpha(spec.momentum)))) if spec.nesterov else buf
         else:
             (lr,) = s
-        step = b.multiply(grad, _per_row(b, lr, param.shape))
-        return b.subtract(param, step), new_state
+        step = b.multiply(grad, _per_row(b, rnd(lr), param.shape))
+        return rnd(b.subtract(param, step)), new_state
     decay, step_size, bc2_sqrt = (_per_row(b, x, param.shape) for x in s)
     beta1, beta2 = spec.betas
     if spec.kind is OptimizerKind.ADAMW and spec.weight_decay:
-        param = b.multiply(param, decay)
+        param = rnd(b.multiply(param, decay))
     elif spec.weight_decay:  # Adam: L2, the decay term added to the gradient
-        grad = b.add(grad, b.multiply(param, spec.weight_decay))
+        grad = rnd(b.add(grad, b.multiply(param, alpha(spec.weight_decay))))
     exp_avg, exp_avg_sq = state
-    exp_avg = b.add(exp_avg, b.multiply(b.subtract(grad, exp_avg), 1.0 - beta1))  # lerp, w < 0.5
-    exp_avg_sq = b.add(b.multiply(exp_avg_sq, beta2), b.multiply(b.multiply(grad, 1.0 - beta2), grad))
-    denom = b.add(b.divide(b.sqrt(exp_avg_sq), bc2_sqrt), spec.eps)
-    update = b.divide(b.multiply(exp_avg, step_size), denom)
-    return b.subtract(param, update), [exp_avg, exp_avg_sq]
+    exp_avg = rnd(b.add(exp_avg, b.multiply(b.subtract(grad, exp_avg), 1.0 - beta1)))  # lerp, w < 0.5
+    exp_avg_sq = rnd(b.multiply(exp_avg_sq, beta2))
+    exp_avg_sq = rnd(b.add(exp_avg_sq, b.multiply(b.multiply(grad, 1.0 - beta2), grad)))
+    denom = rnd(b.add(rnd(b.divide(rnd(b.sqrt(exp_avg_sq)), bc2_sqrt)), spec.eps))
+    if rounding is None:
+        update = b.divide(b.multiply(exp_avg, step_size), denom)
+    else:  # addcdiv_(exp_avg, denom, value=-step_size): the quotient first, as torch's kernel
+        update = b.multiply(b.divide(exp_avg, denom), step_size)
+    return rnd(b.subtract(param, update)), [exp_avg, exp_avg_sq]
 
 
 __all__ = ["OptimizerError", "OptimizerKind", "OptimizerSpec", "emit_update", "host_scalars",

@@ -96,11 +96,16 @@ class LossModule(torch.nn.Module):
     def forward(self, *inputs: Any) -> torch.Tensor:
         if self.loss_fn is not None:
             out = self._model(inputs[:-1])
-            loss = self.loss_fn(out, inputs[-1])
+            loss = self.loss_fn(out, inputs[-1])  # LOSS_FN_CALL: how its ops' traces are known
         else:
             out = self._model(inputs)
             loss = _loss_of(out)
         return loss * self.scale if self.scale != 1.0 else loss
+
+
+LOSS_FN_CALL = "loss = self.loss_fn(out, inputs[-1])"
+"""The source line of :meth:`LossModule.forward` that calls the user's ``loss_fn``: an FX stack
+trace holding it, and no user frame, is an op of ``loss_fn`` (torch records no frame inside it)."""
 
 
 def _loss_of(out: Any) -> torch.Tensor:
@@ -604,37 +609,78 @@ def _drop_pool_indices(module: torch.fx.GraphModule) -> None:
 
 
 def _functional_copies(module: torch.fx.GraphModule) -> None:
-    """``copy_(dst, src)`` into a value nothing reads afterwards, replaced by ``src`` itself
-    (expanded to ``dst``'s shape). The core-ATen decompositions emit such copies (cross-entropy
-    with ``label_smoothing``: the smoothing term's ``masked_fill_`` at ignored targets becomes
-    ``copy_(neg, where(...))``); the frontend lowers values, not writes, so the step was refused
-    with ``aten.copy_``. A copy whose target is read later, or that converts the dtype, is left
-    (and stays unsupported)."""
+    """In-place writes the core-ATen decompositions emit into a value nothing reads afterwards,
+    replaced by the value they write: ``copy_(dst, src)`` by ``src`` itself (expanded to ``dst``'s
+    shape), and any other in-place op (``clamp_min_(x, eps)`` in ``cosine_similarity``,
+    ``logical_and_(ge, le)`` in ``clamp``'s backward) by its out-of-place form
+    (:func:`_out_of_place`). Cross-entropy with ``label_smoothing`` writes its smoothing term's
+    ``masked_fill_`` at ignored targets as ``copy_(neg, where(...))``. The frontend lowers values,
+    not writes, so such steps were refused (``aten.copy_``, ``aten.clamp_min_``, listed with no
+    source line). A write whose target is read later, is a view of another value or an input, or
+    (``copy_``) converts the dtype, is left (and stays unsupported)."""
     graph = module.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
     changed = False
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default \
-                or len(node.args) < 2:
+        if node.op != "call_function" or not node.args:
             continue
-        dst, src = node.args[0], node.args[1]
-        if not isinstance(dst, torch.fx.Node) or not isinstance(src, torch.fx.Node) \
-                or dst.op == "placeholder" or any(order[u] > order[node] for u in dst.users if u is not node):
+        dst = node.args[0]
+        if node.target is torch.ops.aten.copy_.default:
+            if len(node.args) < 2 or not _overwritable(dst, node, order):
+                continue
+            src = node.args[1]
+            if not isinstance(src, torch.fx.Node):
+                continue
+            want, got = dst.meta.get("val"), src.meta.get("val")
+            if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) \
+                    or want.dtype != got.dtype:
+                continue
+            value = src
+            if tuple(got.shape) != tuple(want.shape):
+                with graph.inserting_before(node):
+                    value = graph.call_function(torch.ops.aten.expand.default, (src, list(want.shape)))
+                value.meta = dict(node.meta)
+            node.replace_all_uses_with(value)
+            graph.erase_node(node)
+            changed = True
             continue
-        want, got = dst.meta.get("val"), src.meta.get("val")
-        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) \
-                or want.dtype != got.dtype:
+        functional = _out_of_place(node.target)
+        if functional is None or not _overwritable(dst, node, order):
             continue
-        value = src
-        if tuple(got.shape) != tuple(want.shape):
-            with graph.inserting_before(node):
-                value = graph.call_function(torch.ops.aten.expand.default, (src, list(want.shape)))
-            value.meta = dict(node.meta)
-        node.replace_all_uses_with(value)
-        graph.erase_node(node)
+        node.target = functional  # its readers read the node already; the value keeps dst's dtype
         changed = True
     if changed:  # the target, now read by nobody, is left: the step program prunes what nothing reads
         module.recompile()
+
+
+def _overwritable(dst: Any, node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> TypeGuard[torch.fx.Node]:
+    """Whether the in-place write ``node`` into ``dst`` can be its value instead: ``dst`` is a value
+    the graph computed (not an input), not a view of another value (a write through a view
+    changes its base), and nothing but ``node`` reads it after the write (make_fx traces later
+    reads of a mutated tensor as reads of the in-place node)."""
+    if not isinstance(dst, torch.fx.Node) or dst.op != "call_function":
+        return False
+    schema = getattr(dst.target, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return False
+    return not any(order[u] > order[node] for u in dst.users if u is not node)
+
+
+def _out_of_place(target: Any) -> Any:
+    """The out-of-place overload of an ATen in-place op (``aten.clamp_min_.Tensor`` ->
+    ``aten.clamp_min.Tensor``), or None (not in place, or no such overload)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.is_mutable or target in _METADATA_ONLY:
+        return None
+    namespace, _, name = schema.name.partition("::")
+    if namespace != "aten" or not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    functional = getattr(overload, "_schema", None)
+    if functional is None or functional.is_mutable:
+        return None
+    return overload
 
 
 _aten = torch.ops.aten

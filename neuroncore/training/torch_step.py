@@ -33,7 +33,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,6 +49,7 @@ from neuroncore.frontends.torch_frontend import (
     KNOWN_MAX_ELEMENTS,
     _Converter,
     _from_numpy,
+    _function_frame,
     _to_numpy,
     ir_dtype,
     layer_path,
@@ -80,6 +81,7 @@ from neuroncore.training.precision import Precision, check_options, parse_precis
 from neuroncore.training.step_records import PHASES, emit_step
 from neuroncore.training.torch_joint import (
     FORWARD,
+    LOSS_FN_CALL,
     RECOMPUTE_OF,
     CheckpointingIgnored,
     JointGraph,
@@ -139,8 +141,9 @@ class _StepConverter(_Converter):
     ``model/<phase>/<module path>`` so the hierarchy is phase -> layer -> HLO op."""
 
     def __init__(self, joint: JointGraph, name: str, autocast: str | None,
-                 input_names: list[str]) -> None:
+                 input_names: list[str], loss_frames: tuple[SourceFrame, ...] = ()) -> None:
         super().__init__(_JointExport(joint.module), name, autocast)  # type: ignore[arg-type]
+        self.loss_frames = loss_frames  # where ``loss_fn`` is defined: its ops' line (lower)
         self.joint = joint
         self.input_names = input_names
         self.placeholders: list[Op] = []
@@ -190,8 +193,14 @@ class _StepConverter(_Converter):
                 if RECOMPUTE_OF in node.meta:  # a checkpointed value recomputed in the backward
                     phase += "/recompute"
                 layer = "model/" + phase + module[len("model"):]
-                frames = tuple(f for f in stack_frames(node.meta.get("stack_trace"), stack)
+                trace = node.meta.get("stack_trace")
+                frames = tuple(f for f in stack_frames(trace, stack)
                                if not f.file.startswith(_PACKAGE_DIR))  # the step's own wrapper
+                if not frames and trace and LOSS_FN_CALL in trace:
+                    # an op of the user's ``loss_fn`` (or its backward): torch records only the
+                    # step wrapper's frame, so its best line is where ``loss_fn`` is defined, as a
+                    # plain traced function gets its ``def`` line (before: ``<unknown>``)
+                    frames = self.loss_frames
                 self.frames = frames
                 with self.b.located(layer, frames):
                     self._evaluate_known(node)
@@ -260,6 +269,7 @@ class TrainStep:
         self.param_names = [_strip(n) for n in self.joint.param_names]
         self.groups = self._groups(optimizer)
         self._frames = frames
+        self._loss_frames = _function_frame(loss_fn) if loss_fn is not None else ()
         self.memory = self._check_memory(activations=self._traced_activations())  # before compiling
         self.programs: dict[ProgramKind, tuple[Program, LoadedModel, _Layout]] = {}
         kinds = [ProgramKind.UPDATE] + ([ProgramKind.ACCUMULATE] if accumulation_steps > 1 else [])
@@ -309,6 +319,12 @@ class TrainStep:
         need = training_memory(sum(p.numel() for p in trainable), self.precision, kind,
                                activations=activations, momentum=momentum, master_copy=False,
                                tp=self._memory_shards())
+        if self.precision is Precision.FP32 and trainable and \
+                all(p.dtype in (torch.bfloat16, torch.float16) for p in trainable):
+            # a model in bf16/fp16: its weights, gradients and optimizer state are all 2-byte
+            # tensors (emit_update's ``rounding``), half of the FP32 arithmetic's bytes
+            need = replace(need, weights=need.weights // 2, gradients=need.gradients // 2,
+                           optimizer_state=need.optimizer_state // 2)
         free = self.core.spec.hbm_bytes - self.core.hbm_used_bytes
         try:
             check_fits(need, hbm_bytes=free, what=f"{self.name} training step",
@@ -349,7 +365,7 @@ class TrainStep:
         load_handlers()
         autocast = "bf16" if self.precision is not Precision.FP32 else None
         name = self.name + ("_train_step" if kind is ProgramKind.UPDATE else "_accumulate")
-        conv = _StepConverter(self.joint, name, autocast, self._input_names())
+        conv = _StepConverter(self.joint, name, autocast, self._input_names(), self._loss_frames)
         conv.bf16_params = self._params_in_bf16()
         b = conv.b
         loss, *grads = conv.lower()
@@ -361,8 +377,10 @@ class TrainStep:
         if accumulate:
             for i, grad in enumerate(grads):
                 with b.located(f"model/backward/accumulate/{self._module_of(i)}", self._frames):
-                    acc = b.parameter(f"grad/{self.param_names[i]}", grad.shape, DType.FP32)
-                    grads[i] = b.add(acc, grad)
+                    # ``.grad`` of a bf16/fp16 parameter is of its type: each add rounds to it
+                    acc = b.parameter(f"grad/{self.param_names[i]}", grad.shape,
+                                      grad.dtype if grad.dtype in (DType.BF16, DType.FP16) else DType.FP32)
+                    grads[i] = b.add(acc, grad if grad.dtype is acc.dtype else b.convert(grad, acc.dtype))
         if kind is ProgramKind.ACCUMULATE:
             outputs += grads
             names += [f"grad/{n}" for n in self.param_names]
@@ -376,11 +394,22 @@ class TrainStep:
                     scalars = split_scalars(b, group.spec, vector)
                 for i in group.params:
                     with b.located(f"model/optimizer/{self._module_of(i)}", self._frames):
-                        state = [b.parameter(n, params[i].shape, DType.FP32) for n in self._state_names(i)]
+                        # a model in bf16/fp16 (no FP32 master weights): its state is of its type
+                        # too, every step of the update rounded to it, as torch's (emit_update)
+                        narrow = params[i].dtype if params[i].dtype is not DType.FP32 else None
+                        state = [b.parameter(n, params[i].shape, narrow or DType.FP32)
+                                 for n in self._state_names(i)]
+                        if narrow is not None:
+                            state = [b.convert(x, DType.FP32) for x in state]
+                        param = params[i] if narrow is None else b.convert(params[i], DType.FP32)
                         grad = grads[i] if grads[i].dtype is DType.FP32 else b.convert(grads[i], DType.FP32)
-                        new_param, new_state = emit_update(b, group.spec, params[i], grad, state, scalars)
+                        new_param, new_state = emit_update(b, group.spec, param, grad, state, scalars,
+                                                           rounding=narrow)
                         if conv.bf16_params:  # stored back in bf16: rounded stochastically
                             new_param = b.convert(new_param, DType.BF16)
+                        if narrow is not None:
+                            new_param = b.convert(new_param, narrow)
+                            new_state = [b.convert(x, narrow) for x in new_state]
                     outputs += [new_param, *new_state]
                     names += [f"param/{self.param_names[i]}", *self._state_names(i)]
         for buffer, value in conv.buffer_updates.items():  # running statistics, every forward

@@ -40,6 +40,25 @@ def test_argmax_argmin_first_occurrence():
     _same(lambda t: t.argmax(dim=-1), ids)  # CLIP's eos position on int ids
 
 
+def test_max_and_min_over_a_dim_give_their_indices_like_torch():
+    """``values, idx = x.max(-1)`` (greedy decoding in a user's loop): the indices are the first
+    position holding the extreme value, as torch documents for ties (before: ``aten.max``
+    unsupported whenever the indices were read)."""
+    x = torch.tensor([[1.0, 5.0, 5.0, -2.0], [0.0, 0.0, 0.0, 0.0], [-1.0, -3.0, 7.0, -3.0]])
+    _same(lambda t: torch.stack(t.max(-1)[::-1]).float(), x)
+    _same(lambda t: t.min(dim=0, keepdim=True).indices, x)
+    _same(lambda t: t.max(dim=1).indices, torch.tensor([[5, 9, 2, 9], [1, 0, 0, 3]]))
+
+
+def test_sign_like_torch():
+    """``torch.sign`` / ``sgn``: -1, 0 or 1, and 0 for NaN as torch's CPU kernel gives (before:
+    ``aten.sign`` unsupported; abs's and L1's backward read it)."""
+    x = torch.tensor([[-2.5, 0.0, -0.0, 3.0], [float("nan"), float("-inf"), float("inf"), 1e-30]])
+    _same(torch.sign, x)
+    _same(lambda t: t.sgn() * t.abs(), x[:1])
+    _same(torch.sign, torch.tensor([[-3, 0, 7]]))
+
+
 def test_gather_and_runtime_index():
     x = torch.randn(3, 5, 4)
     index = torch.tensor([[0, 2, 4, 1], [4, 4, 0, 0], [1, 1, 1, 3]])[:, None, :].expand(3, 2, 4)

@@ -133,3 +133,90 @@ def test_compiler_auto_cast_options_apply_to_a_step() -> None:
     with pytest.raises(TraceError, match="quantize=int8-weight-only is for inference"):
         neuroncore.trace_train_step(model, opt, (x, y), loss_fn=F.cross_entropy,
                                     options=CompilerOptions(quantize=Quantization.INT8_WEIGHT_ONLY))
+
+
+def _weighted_sum(out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return (out * weights).sum()
+
+
+SIXTEEN_BIT_OPTIMIZERS = {
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, eps=1e-4), 0),
+    "adam_l2": (lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, eps=1e-4), 0),
+    "sgd": (lambda ps: torch.optim.SGD(ps, lr=1e-2), 0),
+    # torch's CPU add computes ``a + alpha * b`` fused (one rounding), the core in two: a tie in
+    # the last place can round the other way (a few of 144 elements, one 16-bit gap)
+    "sgd_nesterov_wd": (lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True,
+                                                   weight_decay=0.1), 12),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", sorted(SIXTEEN_BIT_OPTIMIZERS))
+def test_a_model_in_bf16_or_fp16_is_updated_as_pytorch_updates_it(dtype: torch.dtype, name: str) -> None:
+    """``model.to(torch.bfloat16)`` (or fp16) trained without FP32 master weights: torch keeps the
+    optimizer state in the parameters' type and rounds every in-place op of its update to it, and
+    its ``add`` rounds ``alpha`` (SGD's ``-lr``) to that type too. The step does the same (before:
+    ``GraphError: multiply: dtypes differ (bf16 vs fp32)`` while the step was built). The
+    gradients here are exact in 16 bits (integer inputs and loss weights), so only the update
+    rounds: AdamW, Adam and SGD give torch's bits after 4 steps (an FP32 update rounded once
+    differs in most elements), the state is of the parameters' type on the host and the device,
+    and the memory counts 2-byte weights, gradients and state."""
+    make, allowed = SIXTEEN_BIT_OPTIMIZERS[name]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 16).to(dtype)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make(model.parameters()), make(ref.parameters())
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(-3, 4, (4, 8), generator=g).to(dtype),
+                torch.randint(-2, 3, (4, 16), generator=g).to(dtype)) for _ in range(4)]
+    step = neuroncore.trace_train_step(model, opt, batches[0], loss_fn=_weighted_sum)
+    for x, w in batches:
+        loss = step(x, w)
+        expected = _weighted_sum(ref(x), w)
+        magnitude = float((ref(x) * w).abs().float().sum())  # the sum cancels: bound by its terms
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(loss) == pytest.approx(float(expected), abs=2 ** -7 * magnitude)
+    differ = sum(int((p != q).sum()) for p, q in zip(model.parameters(), ref.parameters()))
+    assert differ <= allowed, differ
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.dtype == dtype
+        for got, want_value in [(p, q), *((opt.state[p][k], v) for k, v in ref_opt.state[q].items()
+                                          if k != "step")]:
+            assert got.dtype == dtype
+            # at most one 16-bit gap of the tensor's largest value (bf16: 2^-7 relative)
+            torch.testing.assert_close(got, want_value, rtol=0, atol=2 ** -7 * float(want_value.abs().max()))
+    want = DType.BF16 if dtype is torch.bfloat16 else DType.FP16
+    held = {op.name: op.dtype for op in step.graph.parameters}
+    assert {d for n, d in held.items() if n.startswith("state/")} <= {want}
+    n = sum(p.numel() for p in model.parameters())
+    state_bytes = 0 if name == "sgd" else (2 if name.startswith("adam") else 1) * 2 * n
+    memory = step.memory
+    assert (memory.weights, memory.gradients, memory.optimizer_state) == (2 * n, 2 * n, state_bytes)
+
+
+def test_a_bf16_model_accumulates_its_gradients_in_bf16() -> None:
+    """With ``accumulation_steps=2`` the bf16 model's gradient buffers are bf16, as ``.grad`` is
+    (before: the FP32 buffer and the bf16 gradient could not be added)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    model = model.to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 16, generator=g).bfloat16(), torch.randint(0, 4, (16,), generator=g)
+    step = neuroncore.trace_train_step(model, opt, (x[:8], y[:8]), loss_fn=F.cross_entropy,
+                                       accumulation_steps=2)
+    loss = step(x, y)
+    total = 0.0
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        part = F.cross_entropy(ref(xm), ym) / 2
+        part.backward()
+        total += float(part)
+    ref_opt.step()
+    assert float(loss) == pytest.approx(total, rel=2e-2)
+    held = {op.name: op.dtype for op in step.graph.parameters}
+    assert {d for n, d in held.items() if n.startswith("grad/")} == {DType.BF16}
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert float((p.float() - q.float()).abs().max()) < 2e-2

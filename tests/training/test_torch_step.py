@@ -314,3 +314,65 @@ def test_per_step_scalars_are_per_partition_operands_of_the_update() -> None:
     step(x, y)
     busy = phase_busy_ns(step.last_results[-1])
     assert busy["optimizer"] < 150_000, busy  # 92.7 us; 1.56 ms before
+
+
+def _linear_steps_match(loss_fn, target: torch.Tensor, steps: int = 3) -> None:
+    """A Linear trained with ``loss_fn`` (SGD) on the core and in PyTorch's own loop: same losses and
+    parameters after ``steps`` steps."""
+    torch.manual_seed(0)
+    ours = torch.nn.Linear(16, 8)
+    ref = copy.deepcopy(ours)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    step = neuroncore.trace_train_step(ours, opt_ours, (x, target), loss_fn=loss_fn)
+    for _ in range(steps):
+        loss = loss_fn(ref(x), target)
+        loss.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        assert float(step(x, target)) == pytest.approx(loss.item(), abs=1e-6)
+    _assert_same_params(ref, ours, atol=1e-6)
+
+
+LOSSES_OF_USER_LOOPS = {
+    # the backward of abs / L1 / Huber reads sign(x): aten.sign was unsupported
+    "l1": F.l1_loss,
+    "smooth_l1": F.smooth_l1_loss,
+    "huber": lambda o, t: F.huber_loss(o, t, delta=0.5),
+    "mse_plus_l1_penalty": lambda o, t: F.mse_loss(o, t) + 0.01 * o.abs().mean(),
+    # core-ATen decompositions write in place: clamp_min_ in cosine_similarity's, logical_and_ in
+    # clamp's backward (aten.clamp_min_ / aten.logical_and_ were unsupported)
+    "cosine": lambda o, t: (1 - F.cosine_similarity(o, t)).mean(),
+    "clamped": lambda o, t: F.mse_loss(o.clamp(-0.5, 0.5), t),
+    # max over a dim: its backward scatters the gradient at the indices (aten.max was unsupported)
+    "max_over_dim": lambda o, t: F.mse_loss(o.max(dim=-1).values, t[:, 0]),
+    "min_over_dim_keepdim": lambda o, t: F.mse_loss(o.min(dim=1, keepdim=True).values, t[:, :1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES_OF_USER_LOOPS))
+def test_losses_users_write_train_as_pytorch(name: str) -> None:
+    loss_fn = LOSSES_OF_USER_LOOPS[name]
+    target = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+    _linear_steps_match(loss_fn, target)
+
+
+def _scaled_erfcx_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.special.erfcx(out - target).mean()
+
+
+def test_an_unsupported_op_in_loss_fn_names_where_loss_fn_is_defined() -> None:
+    """torch records no frame inside a ``loss_fn`` (only the step wrapper's call): its ops, forward
+    and backward, get ``loss_fn``'s ``def`` line, as a plain traced function does (before:
+    ``<unknown>``, e.g. ``aten.sign at model/backward [<unknown>]`` for an L1 loss)."""
+    from neuroncore.compiler.errors import UnsupportedOpsError
+
+    model = torch.nn.Linear(16, 8)
+    with pytest.raises(UnsupportedOpsError) as err:
+        neuroncore.trace_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    (torch.randn(4, 16), torch.randn(4, 8)), loss_fn=_scaled_erfcx_loss)
+    line = _scaled_erfcx_loss.__code__.co_firstlineno
+    sources = {op.source for op in err.value.ops}
+    assert sources == {f"{__file__}:{line}"}, sources
+    assert "<unknown>" not in str(err.value)
