@@ -67,6 +67,7 @@ from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
 from neuroncore.ir.graph import ALL_OPS, BINARY_OPS, UNARY_OPS, Graph, Op, SourceFrame
 
 NKI_CALL_TARGET_PREFIX = "neuronscope_nki:"
+MAX_UNROLL = 4096  # iterations of a trace-time-known ``while`` (scan, fori_loop) unrolled at most
 """``custom_call_target`` of an NKI kernel called inside a traced function (``neuroncore.nki.embed``),
 followed by the call's key."""
 
@@ -297,6 +298,11 @@ class _Converter:
                 continue
             layer, components, frames = locations[ins.name]
             operands = [env[o] for o in ins.operands]
+            if ins.opcode == "while":
+                unrolled = self._while(ins, operands, components, frames, layer)
+                if unrolled is not None:
+                    env[ins.name] = unrolled
+                    continue
             if ins.opcode in ("call", "fusion"):  # fusions only appear in optimized HLO
                 callee = self.computations[_callee(ins.attrs.get("to_apply") or ins.attrs["calls"])]
                 if callee.name.startswith("threefry2x32"):  # JAX's random bits: jax_random.py
@@ -311,6 +317,31 @@ class _Converter:
             if isinstance(value, Op) and components:
                 self.primitive.setdefault(id(value), components[-1])
         return env[comp.root.name]
+
+    def _while(self, ins: HloInstruction, operands: list[Val], components: tuple[str, ...],
+               frames: tuple[SourceFrame, ...], layer: str) -> Val | None:
+        """A ``while`` whose condition is known at trace time on every iteration (``lax.scan``,
+        ``fori_loop`` with constant bounds: a counter from a constant, a compare with a constant),
+        unrolled: the body inlined once per iteration (``<name>@<while>.<k>``), its loop counter
+        folded, so ``scan``'s per-step ``dynamic-slice`` / ``dynamic-update-slice`` of the stacked
+        values are slices at constant offsets. neuronx-cc compiles static graphs; a loop whose trip
+        count depends on data, or longer than ``MAX_UNROLL``, returns None and stays an
+        unsupported ``while``."""
+        cond = self.computations[_callee(ins.attrs["condition"])]
+        body = self.computations[_callee(ins.attrs["body"])]
+        state = operands[0]
+        for k in range(MAX_UNROLL + 1):
+            scope = _Scope(components, frames, layer_path(components) or self.root_layer,
+                           f"{ins.name}.{k}")
+            go = self._computation(cond, [state], scope)
+            if not isinstance(go, Op) or id(go) not in self.known:
+                return None
+            if not self.known[id(go)]:
+                return state
+            if k == MAX_UNROLL:
+                return None
+            state = self._computation(body, [state], scope)
+        return None
 
     # -- helpers for emitting ---------------------------------------------------------------------
     def _dtype(self, shape: HloShape, ins: HloInstruction, strict: bool = True) -> DType:
@@ -806,6 +837,45 @@ class _Converter:
             return x
         return self._emit("slice", [x], shape, dtype, name, starts=tuple(begin), limits=limits,
                           strides=(1,) * len(shape))
+
+    def _op_dynamic_update_slice(self, ins: HloInstruction, operands: list[Val], name: str,
+                                 shape: tuple[int, ...], dtype: DType) -> Op:
+        """``x`` with ``update`` written at constant starts (clamped as XLA clamps them so the
+        update fits): along each dim the update does not span, the slices of ``x`` before and
+        after it concatenated around it (``lax.scan`` stacking its outputs, ``.at[i].set`` with
+        a folded ``i``)."""
+        x, update, starts = operands[0], operands[1], operands[2:]
+        if not all(id(s) in self.known for s in starts):
+            raise _Unmappable("dynamic start")
+        begin = [min(max(int(self.known[id(s)]), 0), n - k) for s, n, k in zip(starts, x.shape, update.shape)]
+
+        def place(region: Op, dim: int) -> Op:
+            while dim < len(shape) and update.shape[dim] == region.shape[dim]:
+                dim += 1
+            if dim == len(shape):
+                return update
+            b, k, n = begin[dim], update.shape[dim], region.shape[dim]
+
+            def cut(lo: int, hi: int, role: str) -> Op:
+                starts_, limits = [0] * len(shape), list(region.shape)
+                starts_[dim], limits[dim] = lo, hi
+                return self._emit("slice", [region], [e - s for s, e in zip(starts_, limits)], dtype,
+                                  self._aux(name, f"{role}{dim}"), starts=tuple(starts_),
+                                  limits=tuple(limits), strides=(1,) * len(shape))
+
+            parts = ([cut(0, b, "before")] if b > 0 else []) + [place(cut(b, b + k, "at"), dim + 1)] + \
+                ([cut(b + k, n, "after")] if b + k < n else [])
+            if len(parts) == 1:
+                return parts[0]
+            return self._emit("concatenate", parts, region.shape, dtype, self._aux(name, f"dim{dim}"),
+                              dimension=dim)
+
+        result = place(x, 0)
+        if result is update or result is x:
+            self.used.discard(name)
+            return result
+        result.name = name  # the last op computes the instruction's value
+        return result
 
     def _op_concatenate(self, ins: HloInstruction, operands: list[Val], name: str,
                         shape: tuple[int, ...], dtype: DType) -> Op:

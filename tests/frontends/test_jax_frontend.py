@@ -137,7 +137,7 @@ def test_pytrees_in_and_out_bf16_and_python_scalars():
 
 
 def loop_sort_cholesky(x):
-    y = jax.lax.fori_loop(0, 3, lambda i, v: v * 2.0, x)  # marker: while
+    y = jax.lax.while_loop(lambda v: v.sum() < 1e3, lambda v: v * 2.0, x)  # marker: while
     s = jnp.sort(y, axis=-1)  # marker: sort
     pair = jax.lax.reduce((x, x), (0.0, -jnp.inf),  # a variadic reduce that is not an argmax
                           lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
@@ -156,6 +156,67 @@ def test_check_lists_unsupported_ops_with_layer_and_line():
     assert chol.source == f"{__file__}:{line_of(loop_sort_cholesky, 'marker: chol')}"
     with pytest.raises(nc.UnsupportedOpsError, match=r"while while\.\d+ at loop_sort_cholesky"):
         nc.trace(loop_sort_cholesky, (jnp.ones((4, 16)),))
+
+
+def scanned_rnn(params, xs):
+    def cell(h, x):
+        h = jnp.tanh(x @ params["wx"] + h @ params["wh"] + params["b"])
+        return h, h * 2.0
+
+    return jax.lax.scan(cell, jnp.zeros((xs.shape[1], params["wh"].shape[0])), xs)
+
+
+def scanned_layers(params, x):
+    """Transformer-style stacked weights, one ``scan`` step per layer."""
+    def layer(h, p):
+        y = jnp.tanh(h @ p["w"] + p["b"])
+        return h + y, (y ** 2).mean()
+
+    return jax.lax.scan(layer, x, params)
+
+
+def scanned_train_step(params, x, y):
+    def loss(p):
+        h, aux = scanned_layers(p, x)
+        return jnp.mean((h - y) ** 2) + 0.1 * aux.sum()
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def loops_and_updates(x):
+    reverse = jax.lax.scan(lambda c, r: (c * 0.9 + r, c), jnp.zeros(x.shape[1:]), x, reverse=True)
+    unrolled = jax.lax.scan(lambda c, r: (c + r, c * 2.0), jnp.zeros(x.shape[1:]), x, unroll=2)
+    counted = jax.lax.fori_loop(1, 4, lambda i, v: v * 0.5 + i, x)
+    mapped = jax.lax.map(lambda r: r * r.sum(), x)
+    placed = jax.lax.dynamic_update_slice(x, jnp.full((2, 2), 7.0), (5, 1))  # start clamped to 4
+    return reverse, unrolled, counted, mapped, placed, x.at[2].set(-1.0)
+
+
+def test_scan_and_counted_loops_unroll_and_match_jax():
+    """``lax.scan`` (an RNN, stacked layers, reverse, ``unroll=``), ``fori_loop`` and ``lax.map``
+    lower to an HLO ``while`` whose trip count is known at trace time: it is unrolled, the loop
+    counter folded, and the per-step ``dynamic-slice`` / ``dynamic-update-slice`` become slices
+    and concatenations at constant offsets (before: ``while`` unsupported; a scanned training step
+    too). A loop whose condition reads data stays an unsupported ``while``
+    (test_check_lists_unsupported_ops_with_layer_and_line)."""
+    key = jax.random.PRNGKey(0)
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    rnn = {"wx": jax.random.normal(k1, (8, 16)) * 0.3, "wh": jax.random.normal(k2, (16, 16)) * 0.3,
+           "b": jnp.zeros(16)}
+    stacked = {"w": jax.random.normal(k3, (3, 16, 16)) * 0.2, "b": jax.random.normal(k4, (3, 16)) * 0.1}
+    cases = [
+        (scanned_rnn, (rnn, jax.random.normal(key, (5, 2, 8)))),
+        (scanned_layers, (stacked, jax.random.normal(key, (4, 16)))),
+        (scanned_train_step, (stacked, jax.random.normal(k1, (4, 16)), jax.random.normal(k2, (4, 16)))),
+        (loops_and_updates, (jax.random.normal(key, (6, 3)),)),
+    ]
+    for fn, args in cases:
+        traced = nc.trace(fn, args)
+        assert not [op for op in traced.graph.ops if op.opcode == "while"]
+        for got, want in zip(jax.tree_util.tree_leaves(traced(*args)), jax.tree_util.tree_leaves(fn(*args))):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6,
+                                       err_msg=fn.__name__)
 
 
 def data_dependent(x):
