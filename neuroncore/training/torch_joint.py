@@ -262,6 +262,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
         raise TraceError(f"{name} has no parameters that require grad: nothing to train")
     buffers = [tables[t].detach().clone() for t in others]
     gm = ep.graph_module
+    _static_one_hot(gm)
     if _mutated_intermediates(gm):  # T5's labels shifted into decoder ids: see _functional_forward
         examples_in_order = [named[params[i]].detach() if kind == "param" else
                              buffers[i] if kind == "buffer" else example_inputs[i]
@@ -301,6 +302,31 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     _tag_phases(traced.graph, params)
     _recompute_checkpoints(traced)
     return JointGraph(traced, params, others, buffers, len(example_inputs), frozenset(constants))
+
+
+def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``F.one_hot(labels, num_classes)`` without its range check: the labels compared with
+    ``arange(num_classes)``, as ``jax.nn.one_hot`` computes it."""
+    classes = torch.arange(num_classes, device=labels.device)
+    return (labels.unsqueeze(-1) == classes).to(torch.int64)
+
+
+def _static_one_hot(gm: torch.fx.GraphModule) -> None:
+    """``aten.one_hot`` with a given ``num_classes`` replayed as :func:`_one_hot`. Its ATen kernel
+    checks the labels' range with ``.item()`` (``_local_scalar_dense``), which ``make_fx`` cannot
+    trace: a ``loss_fn`` building one-hot targets (``F.mse_loss(out, F.one_hot(y, 10).float())``)
+    stopped with "tracing the backward pass failed". Out-of-range labels give an all-zero row
+    instead of torch's error. ``num_classes=-1`` (the count read from the labels) is left."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.one_hot.default:
+            classes = node.args[1] if len(node.args) > 1 else node.kwargs.get("num_classes", -1)
+            if isinstance(classes, int) and classes > 0:
+                node.target = _one_hot
+                node.args, node.kwargs = (node.args[0], classes), {}
+                changed = True
+    if changed:
+        gm.recompile()
 
 
 def _grads(loss: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Sequence[torch.Tensor | None]:

@@ -376,3 +376,13 @@ def test_an_unsupported_op_in_loss_fn_names_where_loss_fn_is_defined() -> None:
     sources = {op.source for op in err.value.ops}
     assert sources == {f"{__file__}:{line}"}, sources
     assert "<unknown>" not in str(err.value)
+
+
+def test_a_loss_fn_building_one_hot_targets_trains_as_pytorch() -> None:
+    """``F.one_hot(y, 10)`` in a ``loss_fn``: its ATen kernel checks the labels' range with
+    ``.item()``, which the joint graph's tracer refused ("tracing the backward pass failed"); it
+    is replayed as a compare with ``arange(10)``."""
+    def one_hot_mse(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.smooth_l1_loss(out, F.one_hot(labels, 8).float())
+
+    _linear_steps_match(one_hot_mse, torch.randint(0, 8, (8,), generator=torch.Generator().manual_seed(3)))
