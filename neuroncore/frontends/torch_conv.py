@@ -30,6 +30,7 @@ from neuroncore.frontends.conv_lowering import (
     cubic_interpolation_matrix,
     interpolation_matrix,
     out_size,
+    patches,
     reduce_window,
     transposed_conv,
     weight_source,
@@ -379,3 +380,26 @@ def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
 
 
 __all__ = ["convolution", "upsample_linear"]
+
+
+@handles("im2col")
+def im2col(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``F.unfold`` (im2col: ConvBERT's span-based dynamic convolution, users' patch extraction):
+    ``[N, C, H, W]`` -> ``[N, C*kh*kw, L]``, the input under each window, as the convolution's
+    own im2col builds its patches (one strided slice per kernel offset, ``conv_lowering.patches``),
+    then ordered channel-major as torch orders the rows. Kept out of the core-ATen decomposition,
+    whose gathers at computed 2-D indices were listed as unsupported ``aten.index``
+    (``modeling_convbert.py:209``)."""
+    shape, dtype = c._out(node)
+    x = c._op(kw["self"], dtype)
+    batched = len(x.shape) == 4
+    if not batched:
+        x = c.b.reshape(x, (1, *x.shape))
+    kernel, dilation = list(kw["kernel_size"]), list(kw["dilation"])
+    padding, stride = list(kw["padding"]), list(kw["stride"])
+    out = [out_size(n, k, s, p, d) for n, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation)]
+    windows = patches(c.b, x, kernel, stride, [(p, p) for p in padding], dilation, out)  # [N, oh, ow, C, k]
+    n, channels = x.shape[0], x.shape[1]
+    rows = c.b.reshape(windows, (n, math.prod(out), channels * math.prod(kernel)))
+    result = c.b.transpose(rows, [0, 2, 1])
+    return result if batched else c.b.reshape(result, shape)

@@ -393,7 +393,7 @@ def _views_as_reshapes(ep: ExportedProgram) -> None:
 # at index tensors computed from aranges, while torch_conv.upsample_linear contracts each spatial
 # dim with one constant interpolation matrix (bilinear2d.vec already stays whole)
 _KEPT_WHOLE = ("upsample_linear1d.default", "upsample_linear1d.vec", "upsample_trilinear3d.vec",
-               "upsample_bicubic2d.vec")
+               "upsample_bicubic2d.vec", "im2col.default")  # im2col: torch_conv.im2col, not gathers
 
 
 def _decompositions() -> dict[Any, Any]:

@@ -58,6 +58,11 @@ MODELS = {
     "bart": lambda: T.BartModel(T.BartConfig(
         d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128, max_position_embeddings=64, **TOKENS)),
+    # span-based dynamic convolution through F.unfold (im2col; session 11: aten.index at
+    # modeling_convbert.py:209, one per layer)
+    "convbert": lambda: T.ConvBertModel(T.ConvBertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128,
+        max_position_embeddings=64, **TOKENS)),
 }
 
 

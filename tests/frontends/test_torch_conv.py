@@ -249,3 +249,24 @@ def test_bilinear_upsampling_bf16_is_not_auto_cast():
     module, x = nn.Upsample(size=(7, 9), mode="bilinear"), torch.randn(1, 2, 4, 5)
     traced = nc.trace(module, (x,), dtype="bf16")
     torch.testing.assert_close(traced(x), module(x), rtol=1e-5, atol=1e-6)
+
+
+class _Unfold(torch.nn.Module):
+    def forward(self, x):
+        nn_f = torch.nn.functional
+        return (nn_f.unfold(x, kernel_size=3, padding=1),
+                nn_f.unfold(x, (2, 3), dilation=(1, 2), stride=(2, 1), padding=(0, 2)),
+                nn_f.unfold(x[0], 2, stride=2),  # unbatched [C, H, W]
+                nn_f.fold(nn_f.unfold(x, 2, stride=2), x.shape[-2:], 2, stride=2))
+
+
+def test_unfold_is_the_convolutions_im2col_not_gathers():
+    """``F.unfold`` (im2col) gives torch's patches, channel-major rows, for padding, dilation,
+    stride and an unbatched input; before it was core ATen's gathers at computed 2-D indices,
+    listed as unsupported ``aten.index`` (ConvBERT, test_hf_user_trials)."""
+    x = torch.randn(2, 3, 6, 8)
+    assert nc.check(_Unfold(), (x,)) == []
+    traced = nc.trace(_Unfold(), (x,))
+    for got, want in zip(traced(x), _Unfold()(x)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
