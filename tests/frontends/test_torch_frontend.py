@@ -187,10 +187,13 @@ def test_pow_with_exponents_known_at_trace_time_has_torchs_values():
         torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6, equal_nan=True)
 
 
-def test_max_indices_stay_unsupported_but_values_are_reduced():
-    missing = nc.check(Fn(lambda a: a.max(-1)), (X,))
-    assert [(op.opcode, op.attrs["output"], op.shape, op.dtype.value) for op in missing] == [
-        ("aten.max", 1, (2, 6), "int32")]
+def test_max_values_and_indices_are_both_lowered():
+    """(Before session 11 the indices stayed an unsupported ``aten.max``; they are the first index
+    of the maximum now: test_torch_masks.test_max_and_min_over_a_dim_give_their_indices_like_torch.)"""
+    fn = Fn(lambda a: a.max(-1))
+    assert nc.check(fn, (X,)) == []
+    for got, want in zip(nc.trace(fn, (X,))(X), fn(X)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_diagonal_constant_index_is_unsupported():
