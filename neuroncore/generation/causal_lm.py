@@ -535,8 +535,10 @@ class NeuronCausalLM:
                                   f"and {max_new_tokens} new tokens need {used}")
         try:
             prefill = select_bucket(self.context_length_estimate, prompt)
-        except BucketError as exc:
-            raise GenerationError(f"the prompt: {exc}") from None
+        except BucketError:  # name the setting that would hold it (the bucket's message does not)
+            buckets = ", ".join(map(str, self.context_length_estimate))
+            raise GenerationError(f"a {prompt}-token prompt is longer than every context_length_estimate "
+                                  f"bucket ({buckets}); add a bucket of at least {prompt}") from None
         eos = _eos_ids(_setting(eos_token_id, configs, "eos_token_id", None))
         pad = _setting(pad_token_id, configs, "pad_token_id", None)
         if pad is None:

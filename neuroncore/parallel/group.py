@@ -338,8 +338,11 @@ def check_placement(topology: Topology, tp_degree: int, first_rank: int = 0, rep
     if first_rank < 0 or first_rank + tp_degree * replicas > cores:
         what = f"tp_degree {tp_degree}" if replicas == 1 else f"{replicas} replicas of tp_degree {tp_degree}"
         start = f" from core {first_rank}" if first_rank else ""
+        room = max(0, cores - max(first_rank, 0))  # the cores from first_rank on
+        limit = (f"at most {room // tp_degree} groups" if replicas > 1 and room >= tp_degree
+                 else f"at most tp_degree {room}{start}")
         raise ShardingError(f"{what}{start} does not fit {topology.name}, which has {cores} NeuronCores "
-                            f"(at most {max(0, (cores - max(first_rank, 0)) // tp_degree)} groups)")
+                            f"({limit})")
 
 
 def _require_fit(local: Graph, instance: Instance, topology: Topology, ranks: range) -> None:

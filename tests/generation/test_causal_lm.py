@@ -144,7 +144,11 @@ def test_bad_requests_are_one_line_errors(llama, llama_gen):
         llama_gen.generate(ids[:1], mask[:1])
     with pytest.raises(GenerationError, match="need 37 cache positions; n_positions holds 32"):
         llama_gen.generate(ids, mask, max_new_tokens=32)
-    with pytest.raises(GenerationError, match="the prompt: a context of 9 positions"):
+    # the setting to change is named (before: "the prompt: a context of 9 positions is larger than
+    # every bucket (8)", which said neither context_length_estimate nor that it is the prompt's length)
+    with pytest.raises(GenerationError, match=r"^a 9-token prompt is longer than every "
+                                              r"context_length_estimate bucket \(8\); add a bucket of "
+                                              r"at least 9$"):
         llama_gen.generate(torch.ones(2, 9, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(GenerationError, match="larger than the KV cache"):
         NeuronCausalLM(llama, n_positions=16, context_length_estimate=32)
