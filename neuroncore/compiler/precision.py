@@ -27,9 +27,12 @@ graph: ``run_reference(program.graph, ...)`` is the ground truth of what the cor
   neuroncore.md §5.3), so HBM and DMA bytes are halved against bf16; the per-channel scale then
   multiplies the matmul's output columns (``x @ (q * s) == (x @ q) * s``): the compiler folds it
   into the PSUM evacuation (a Vector multiply of the FP32 partial sums by an FP32 scale row instead
-  of the copy, rounded once to the output type), so it costs about nothing, where scaling every
-  weight tile would cost a Vector op per weight element. Weights sharded over tensor-parallel ranks
-  are quantised per rank, so a row-parallel rank's scales come from its own slice of the input dim.
+  of the copy, rounded once to the output type), so it costs one Vector op per output tile, where
+  scaling every weight tile would cost a Vector op per weight element. (Unscaled evacuations
+  alternate between Scalar and Vector; a scale row along the free dim is Vector's alone, since
+  ACTIVATE scales per partition: docs/frontends.md gives what that costs a decode step.) Weights
+  sharded over tensor-parallel ranks are quantised per rank, so a row-parallel rank's scales come
+  from its own slice of the input dim.
 """
 
 from __future__ import annotations
