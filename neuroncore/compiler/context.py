@@ -464,15 +464,7 @@ class Context:
         shape = stored_shape(op.shape) if transposed else op.shape
         tiles = tiles_of(shape, layout)
         _, rows, cols = tile_grid(shape, layout)
-        if home is not None:
-            home = Memory(home)  # a closed set: "sbuf" from a caller not yet converted is Memory.SBUF
-        elif op.index in self.force_sbuf:
-            home = Memory.SBUF  # read only inside its fusion group, one batch at a time
-        else:
-            per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
-            only_output = op.index in self.outputs and not self.uses[op.index]
-            large = per_partition > self.hbm_home_bytes and op.index not in self.kept_large
-            home = Memory.HBM if (only_output or large) else Memory.SBUF
+        home = Memory(home) if home is not None else self.home_of(op, layout)
         value = Value(op, layout, home, tiles, cols, rows, [None] * len(tiles), hbm,
                       [hbm is not None] * len(tiles), transposed=transposed)
         if home is Memory.HBM and value.hbm is None:
@@ -481,6 +473,20 @@ class Context:
         self.values[op.index] = value
         self._value_order.setdefault(op.index, len(self._value_order))
         return value
+
+    def home_of(self, op: Op, layout: Layout = Layout.ROW) -> Memory:
+        """Where :meth:`define` places ``op``'s value when not told: HBM for a graph output read by
+        nothing else and for a value over ``hbm_home_bytes`` per partition (unless the live set keeps
+        it, ``compiler.residency``), else SBUF."""
+        if op.index in self.force_sbuf:
+            return Memory.SBUF  # read only inside its fusion group, one batch at a time
+        shape = stored_shape(op.shape) if op.index in self.orientation.members else op.shape
+        tiles = tiles_of(shape, layout)
+        _, _, cols = tile_grid(shape, layout)
+        per_partition = math.ceil(len(tiles)) * cols * op.dtype.itemsize
+        only_output = op.index in self.outputs and not self.uses[op.index]
+        large = per_partition > self.hbm_home_bytes and op.index not in self.kept_large
+        return Memory.HBM if (only_output or large) else Memory.SBUF
 
     def tensor_name(self, op: Op) -> str:
         if op.index in self.outputs:

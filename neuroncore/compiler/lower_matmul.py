@@ -25,13 +25,14 @@ from neuroncore.compiler import costs
 from neuroncore.compiler.context import Context
 from neuroncore.compiler.counters import NodeCounters, shared_counters
 from neuroncore.compiler.emitter import sbuf_key
+from neuroncore.compiler.layer_runs import layer_of
 from neuroncore.compiler.lower_elementwise import activate, drain, tensor_copy, tensor_scalar, tensor_tensor
 from neuroncore.compiler.lower_reduce import RowParams, row_params
 from neuroncore.compiler.lowering_state import Accumulation, DotOperandMode, HbmTensorKind, Layout
 from neuroncore.compiler.node_semantics import NOP, LoadWeights, MatMul
 from neuroncore.compiler.orientation import OrientedDot, epilogue_chain, stored_shape
 from neuroncore.compiler.program import RES_TENSOR_LS, RES_TENSOR_MM, Buffer, Ref
-from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid
+from neuroncore.compiler.tiling import P, batch_rows_access, is_packed, locate, tile_grid, tiles_of
 from neuroncore.dtypes import DType
 from neuroncore.enums import Memory
 from neuroncore.hardware import CoreSpec, Engine
@@ -234,7 +235,8 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
                 a_ktiled: bool = False, b_ktiled: bool = False,
                 fits: Callable[[list[int]], bool] | None = None,
                 resident_out: list[int] | None = None,
-                spill: Callable[[list[int]], tuple[int, int] | None] | None = None) -> Plan:
+                spill: Callable[[list[int]], tuple[int, int] | None] | None = None,
+                parts: tuple[int, ...] = ()) -> Plan:
     """Choose block sizes: least estimated time, then least traffic, then fewest blocks.
 
     Streamed blocks are double-buffered, so they count twice against the budget: a fraction of
@@ -245,8 +247,19 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
     rather than the dot shrunk to the smallest block (a 13B layer backward's qkv dots collapsed to
     128 x 512 x 128 under ~120 KB of resident gradients they do not read). A spilling plan is taken
     only for a strictly shorter estimate than the best without a spill, never to break a tie.
+
+    ``parts``: the widths of dots sharing the stationary operand (``shared_stationary``), whose
+    ``n`` is their sum: an n-block never spans two of them (each reads its own moving operand and
+    writes its own output), so blocks are counted per part and ``nb`` is at most the widest.
     """
     item = dtype.itemsize
+    widths = parts or (n,)
+    widest = max(widths)
+
+    def n_blocks(nb: int) -> int:
+        return sum(math.ceil(w / nb) for w in widths)
+
+    n_banks = n_blocks(BANK_COLS)
     budget = SBUF_BUDGET_FRACTION * spec.sbuf_bytes_per_partition
 
     def options(size: int, step: int) -> list[int]:
@@ -263,20 +276,20 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         """(estimated ns, HBM traffic bytes) of one choice of blocks."""
         kt = math.ceil(kb / P)
         split_k = kb < k
-        reloads_a = math.ceil(n / nb) if split_k else 1
+        reloads_a = n_blocks(nb) if split_k else 1
         traffic_a = m * k * item * reloads_a if a_streamed else 0
         traffic_b = k * n * item * math.ceil(m / mb) if b_streamed else 0
         # k-tiled weights move one run per partition per block; others one row per k
         eff_a = _row_efficiency(spec, (kt if a_ktiled else 1) * min(mb, m) * item)
-        eff_b = _row_efficiency(spec, (kt if b_ktiled else 1) * min(nb, n) * item)
+        eff_b = _row_efficiency(spec, (kt if b_ktiled else 1) * min(nb, widest) * item)
         dma_ns = (traffic_a / eff_a + traffic_b / eff_b) / spec.dma_bytes_per_s * 1e9 * batches
-        mms = (math.ceil(m / P) * math.ceil(n / BANK_COLS)
+        mms = (math.ceil(m / P) * n_banks
                * math.ceil(k / costs.contraction_per_matmul(spec, dtype)) * batches)
         pe_ns = mms * mm_cycles * 1e9 / spec.pe_clock_hz
         if a_transposed:
             pe_ns += (math.ceil(m / P) * math.ceil(k / P) * reloads_a * batches
                       * P * 1e9 / spec.pe_clock_hz)
-        acc_ops = math.ceil(m / P) * math.ceil(n / BANK_COLS) * math.ceil(k / kb) * batches
+        acc_ops = math.ceil(m / P) * n_banks * math.ceil(k / kb) * batches
         dve_ns = acc_ops * costs.vector_cycles(spec, "tensor_tensor", BANK_COLS, inputs_in_psum=1) \
             * 1e9 / spec.vector_clock_hz if split_k else 0.0
         return max(pe_ns, dma_ns, dve_ns), traffic_a + traffic_b
@@ -285,7 +298,7 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
     best_rank: tuple[float, int, int] | None = None
     spilling: Plan | None = None  # the best that fits once resident values are spilled
     spilling_rank: tuple[float, int, int] | None = None
-    for mb, nb, kb in itertools.product(options(m, P), options(n, BANK_COLS), options(k, P)):
+    for mb, nb, kb in itertools.product(options(m, P), options(widest, BANK_COLS), options(k, P)):
         kt = math.ceil(kb / P)
         split_k = kb < k
         a_bytes = kt * mb * item if (a_streamed or a_transposed) else 0
@@ -296,7 +309,7 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
         if a_bytes + b_bytes + acc_bytes + stage > budget:
             continue
         ns, traffic = estimate(mb, nb, kb)
-        blocks = math.ceil(m / mb) * math.ceil(n / nb) * math.ceil(k / kb)
+        blocks = math.ceil(m / mb) * n_blocks(nb) * math.ceil(k / kb)
         rank = (ns, traffic, blocks)
         if best_rank is not None and rank >= best_rank:
             continue  # cannot win even if it fits as it is
@@ -333,12 +346,12 @@ def plan_blocks(spec: CoreSpec, m: int, k: int, n: int, dtype: DType, *, a_strea
     # a spill is taken only for a strictly shorter estimate than the best without one (or than
     # the smallest blocks, what is done when nothing fits): never to break a tie
     if spilling is not None:
-        unspilled = best.estimate_ns if best is not None else estimate(min(m, P), min(n, BANK_COLS),
+        unspilled = best.estimate_ns if best is not None else estimate(min(m, P), min(widest, BANK_COLS),
                                                                         min(k, P))[0]
         if spilling.estimate_ns < unspilled:
             return spilling
     if best is None:
-        return Plan(min(m, P), min(n, BANK_COLS), min(k, P), 0.0, 0)
+        return Plan(min(m, P), min(widest, BANK_COLS), min(k, P), 0.0, 0)
     return best
 
 
@@ -599,16 +612,155 @@ def dot_steps(ctx: Context, op: Op) -> Iterator[bool]:
                     if value.home is Memory.SBUF else [])
     reads = [lhs, rhs, *([epilogue.bias] if epilogue is not None and epilogue.bias is not None else []),
              *([scaled.scales] if scaled is not None else [])]
-    plan = _plan_dot(ctx, reads, functools.partial(
-        plan_blocks, ctx.spec, m, k, n, dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
+    planner = functools.partial(
+        plan_blocks, ctx.spec, m, k, n=n, dtype=dtype, a_streamed=a.streamed, b_streamed=bop.streamed,
         a_transposed=a.mode is DotOperandMode.TRANSPOSE,
         b_transposed=bop.mode is DotOperandMode.TRANSPOSE,
-        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled, resident_out=resident_out))
-    ctx.stats.setdefault("dot_plans", {})[op.name] = (plan.mb, plan.nb, plan.kb)
+        batches=batches, a_ktiled=a.ktiled, b_ktiled=bop.ktiled)
+    siblings = _shared_parts(ctx, op, a, bop, planner, reads, resident_out)
+    if siblings:
+        widths = (n, *(part.n for part in siblings))
+        reads += [r for part in siblings for r in (part.op.operands[1], *(
+            [part.epilogue.bias] if part.epilogue is not None and part.epilogue.bias is not None else []))]
+        resident_out += [size for part in siblings for size in _resident_bytes(ctx, _target(part))]
+        plan = _plan_dot(ctx, reads, functools.partial(planner, n=sum(widths), parts=widths,
+                                                       resident_out=resident_out))
+        ctx.stats["shared_stationary_dots"] = ctx.stats.get("shared_stationary_dots", 0) + len(siblings)
+    else:
+        plan = _plan_dot(ctx, reads, functools.partial(planner, resident_out=resident_out))
+    for part in (op, *(part.op for part in siblings)):
+        ctx.stats.setdefault("dot_plans", {})[part.name] = (plan.mb, plan.nb, plan.kb)
     yield from _blocks(ctx, op, plan, a, bop, (m, n, k), batches, op.shape, scaled, epilogue,
-                       bias_rows, None)
-    if bias_rows is not None:
-        ctx.free(ctx.buffers[bias_rows.ready(ctx).buf])
+                       bias_rows, None, siblings)
+    for rows in [bias_rows, *(part.bias_rows for part in siblings)]:
+        if rows is not None:
+            ctx.free(ctx.buffers[rows.ready(ctx).buf])
+
+
+def _target(part: _Part) -> Op:
+    """The op whose value a part's evacuation writes (its epilogue's product, or the dot)."""
+    return part.epilogue.product if part.epilogue is not None else part.op
+
+
+def _resident_bytes(ctx: Context, target: Op) -> list[int]:
+    """The planner's ``resident_out`` of a value defined as ``target``'s (its row tiles' bytes per
+    partition when it stays in SBUF), before it is defined: ``Context.home_of``'s rule."""
+    if ctx.home_of(target) is not Memory.SBUF:
+        return []
+    _, _, cols = tile_grid(target.shape, Layout.ROW)
+    return [cols * target.dtype.itemsize] * len(tiles_of(target.shape, Layout.ROW))
+
+
+def shared_stationary(ctx: Context, op: Op) -> list[Op]:
+    """Later dots of ``op``'s layer that read its left operand as ``op`` does, so that one PE
+    transpose of each of its blocks serves all of them (docs/execution-core.md, "Dots that read
+    one activation"): 2-D token-major linears ``x @ W`` (not feature-major, no fused scale) with
+    the same attributes, the same ``x`` (the same op), a right operand of the same type already
+    lowered (a weight), the same output type and rows, lowered nowhere else yet and in the same
+    layer (a layer is lowered, and relocated, as a whole). Q, K and V of an attention read the
+    normalised hidden states so (XLA's DotMerger merges such dots; transformers-neuronx fuses the
+    q/k/v weights)."""
+    lhs, rhs = op.operands
+    if (len(op.shape) != 2 or op.attrs.get("lhs_contract") != 1 or len(ctx.uses[lhs.index]) < 2
+            or op.index in ctx.orientation.heads or op.index in ctx.orientation.members):
+        return []
+    ops = ctx.graph.ops
+    key = layer_of(op)
+    out: list[Op] = []
+    for index in sorted(ctx.uses[lhs.index]):
+        other = ops[index]
+        if (index <= op.index or other.opcode != "dot" or other.operands[0] is not lhs
+                or other.operands[1] is lhs or other.attrs != op.attrs or other.dtype != op.dtype
+                or other.shape[0] != op.shape[0] or other.operands[1].dtype != rhs.dtype
+                or index in ctx.lowered_with or index in ctx.values
+                or (other.operands[1].index not in ctx.values and not _is_weight(other.operands[1]))
+                or index in ctx.orientation.heads or index in ctx.orientation.members
+                or fused_scale(ctx, other) is not None):
+            continue
+        epilogue = fused_epilogue(ctx, other)
+        last = max([index, *(f.index for f in epilogue.fused)] if epilogue is not None else [index])
+        if all(layer_of(ops[i]) == key for i in range(op.index, last + 1)):
+            out.append(other)
+    return out
+
+
+def _is_weight(op: Op) -> bool:
+    """A weight (a constant with its values, or a cast of one: ``_lower_convert``), which
+    ``lower_weight`` can declare at any time: it only names its HBM tensor."""
+    source = op.operands[0] if op.opcode == "convert" else op
+    return source.opcode == "constant" and "init" in source.attrs and source.dtype.is_float
+
+
+def _shared_parts(ctx: Context, op: Op, a: _Operand, bop: _Operand, planner: Callable[..., Plan],
+                  reads: list[Op], resident_out: list[int]) -> tuple[_Part, ...]:
+    """The dots lowered with ``op``, sharing its transposed stationary blocks (``shared_stationary``),
+    as parts of :func:`_blocks`; none unless the stationary operand is PE-transposed and the plan of
+    all of them (their widths side by side) keeps K in one block, the only plan in which a block's
+    transposes serve every n-block (with K split, each n-block transposes its k-block again, so the
+    parts would gain nothing over separate dots). Decided before anything is placed; then the
+    siblings' bias weights are lowered, their bias rows loaded and their values defined."""
+    if op.index in ctx.lowered_with or a.mode is not DotOperandMode.TRANSPOSE or _batches(op.shape) > 1:
+        return ()
+    others = shared_stationary(ctx, op)
+    if not others:
+        return ()
+    m, k = op.shape[0], op.operands[0].shape[1]
+    candidates = []
+    for other in others:
+        if other.operands[1].index in ctx.values:
+            operand = _Operand(ctx, other.operands[1], other.attrs["rhs_contract"] == 0, other.shape[1], k)
+            kind = (operand.mode, operand.streamed, operand.ktiled)
+        else:  # a weight not declared yet: loaded k-tiled from HBM, pre-transposed if need be
+            kind = (DotOperandMode.LOAD, True, True)
+        if kind != (bop.mode, bop.streamed, bop.ktiled):
+            continue
+        candidates.append(other)
+    if not candidates:
+        return ()
+    epilogues = [fused_epilogue(ctx, other) for other in candidates]
+    widths = (op.shape[1], *(other.shape[1] for other in candidates))
+    extra = [r for other, epilogue in zip(candidates, epilogues) for r in (other.operands[1], *(
+        [epilogue.bias] if epilogue is not None and epilogue.bias is not None else []))]
+    outs = [size for other, epilogue in zip(candidates, epilogues)
+            for size in _resident_bytes(ctx, epilogue.product if epilogue is not None else other)]
+    joint = planner(n=sum(widths), parts=widths, resident_out=[*resident_out, *outs],
+                    fits=ctx.sbuf.fits, spill=_spill_to_fit(ctx, [*reads, *extra]))
+    if joint.kb < k:
+        return ()
+    # and only when the planner's own estimate of the dots together beats theirs apart (each
+    # planned as if alone now): one m-block loop streams every weight once per m-block
+    apart = planner(resident_out=resident_out, fits=ctx.sbuf.fits, spill=_spill_to_fit(ctx, reads))
+    alone = apart.estimate_ns + sum(
+        planner(n=other.shape[1], resident_out=_resident_bytes(
+            ctx, epilogue.product if epilogue is not None else other), fits=ctx.sbuf.fits).estimate_ns
+        for other, epilogue in zip(candidates, epilogues))
+    if not joint.estimate_ns < alone:
+        return ()
+    parts = []
+    for other, epilogue in zip(candidates, epilogues):
+        weight = other.operands[1]
+        if weight.index not in ctx.values:  # declared now (it emits nothing), not again at its place
+            from neuroncore.compiler.lower_layout import lower_weight
+
+            lower_weight(ctx, weight)
+            ctx.lowered_with[weight.index] = op.index
+        operand = _Operand(ctx, weight, other.attrs["rhs_contract"] == 0, other.shape[1], k)
+        part = _Part(other, operand, other.shape[1], None, epilogue, None)
+        bias_rows = None
+        for fused in epilogue.fused if epilogue is not None else ():
+            if fused.index > op.index:  # (the single dot's rule: what comes after it)
+                ctx.lowered_with[fused.index] = op.index
+        if epilogue is not None and epilogue.bias is not None:
+            source = epilogue.bias
+            if source.index not in ctx.values:  # a bias weight the graph declares after its dot
+                from neuroncore.compiler.lower_layout import lower_weight
+
+                lower_weight(ctx, source)
+            bias_rows = row_params(ctx, part.op, source, min(P, m))
+        ctx.lowered_with[part.op.index] = op.index
+        ctx.define(_target(part))
+        parts.append(_Part(part.op, part.operand, part.n, None, epilogue, bias_rows))
+    return tuple(parts)
 
 
 def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[bool]:
@@ -655,9 +807,12 @@ def _oriented_steps(ctx: Context, op: Op, oriented: OrientedDot) -> Iterator[boo
 def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: tuple[int, int, int],
             batches: int, out_shape: tuple[int, ...], scaled: FusedScale | None,
             epilogue: Epilogue | None, bias_rows: RowParams | None,
-            oriented: tuple[Op, list[Ref], str | None] | None) -> Iterator[bool]:
+            oriented: tuple[Op, list[Ref], str | None] | None,
+            siblings: tuple[_Part, ...] = ()) -> Iterator[bool]:
     """The block loops of a dot: ``a`` gives the stationary ``[k, m]`` tiles, ``bop`` the moving
-    ``[k, n]`` ones; the output's row tiles are those of ``out_shape``.
+    ``[k, n]`` ones; the output's row tiles are those of ``out_shape``. ``siblings``: later dots
+    that read the same stationary operand (``shared_stationary``), multiplied in the same m-blocks
+    after ``op``'s own n-blocks, each with its moving operand and into its own output.
 
     The blocks of the previous k-block are held until the next ones are loaded (double
     buffering). When SBUF has no room for a buffer once nothing more can be spilled, they are
@@ -682,27 +837,31 @@ def _blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, mnk: t
         held.clear()
         return True
 
+    parts = (_Part(op, bop, mnk[1], scaled, epilogue, bias_rows), *siblings)
     for b in range(batches):
         ctx.unbuffer = unbuffer  # only while this batch is lowered: no yield in between
         try:
-            _batch_blocks(ctx, op, plan, a, bop, b, mnk, held, evac, out_shape, scaled, epilogue,
-                          bias_rows, oriented)
+            _batch_blocks(ctx, plan, a, parts, b, mnk, held, evac, out_shape, oriented)
         finally:
             ctx.unbuffer = None  # the context holds no closure over the operands (and itself)
         yield True
 
 
-def _batch_blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, b: int,
+def _batch_blocks(ctx: Context, plan: Plan, a: _Operand, parts: tuple[_Part, ...], b: int,
                   mnk: tuple[int, int, int], held: list[tuple[_Operand, list[Ref]]],
-                  evac: Iterator[Engine], out_shape: tuple[int, ...], scaled: FusedScale | None,
-                  epilogue: Epilogue | None, bias_rows: RowParams | None,
+                  evac: Iterator[Engine], out_shape: tuple[int, ...],
                   oriented: tuple[Op, list[Ref], str | None] | None) -> None:
     """Batch ``b`` of :func:`_blocks`; ``held`` (empty between batches) is updated in place."""
-    m, n, k = mnk
+    m, _, k = mnk
+    first_op = parts[0].op
     for m0 in range(0, m, plan.mb):
         m1 = min(m, m0 + plan.mb)
         a_cache: dict[int, list[Ref]] = {}
-        for n0 in range(0, n, plan.nb):
+        for part, n0 in [(p, n0) for p in parts for n0 in range(0, p.n, plan.nb)]:
+            op, bop, n = part.op, part.operand, part.n
+            scaled, epilogue, bias_rows = part.scaled, part.epilogue, part.bias_rows
+            if len(parts) > 1:  # its instructions are the sibling's (the shared transposes the first's)
+                ctx.em.current_op = op.index
             n1 = min(n, n0 + plan.nb)
             k_blocks = list(range(0, k, plan.kb))
             acc_buf = None
@@ -739,6 +898,20 @@ def _batch_blocks(ctx: Context, op: Op, plan: Plan, a: _Operand, bop: _Operand, 
         for refs in a_cache.values():
             a.release(refs)
         ctx.unpin_all()
+    if len(parts) > 1:
+        ctx.em.current_op = first_op.index
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One dot of :func:`_blocks`: its moving operand (``n`` wide) and what its evacuation does."""
+
+    op: Op
+    operand: _Operand
+    n: int
+    scaled: FusedScale | None
+    epilogue: Epilogue | None
+    bias_rows: RowParams | None
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # a prompt whose activations stay on chip: its boundaries keep them in place (not written
     # back), and the residual stream each layer leaves resident is carried by the relocated layers
     "prefill-resident": ("llama-prefill", {"layers": 10, "context": 128}),
-    # one Llama-2-70B tp 32 rank prefilling 128 tokens: its state cycles through three (from the
-    # seventh boundary), so three layers are relocated as one block and two are left over
+    # one Llama-2-70B tp 24 rank prefilling 128 tokens: its state cycles through three (from the
+    # sixth boundary), so six layers are relocated as two blocks of three. (The tp 32 rank did so
+    # from the seventh, one block, until its q/k/v projections shared their input's transposes
+    # (lower_matmul.shared_stationary): it now settles every layer, from the fifth)
     "prefill-resident-period3": ("llama-prefill", {"model": "llama2-70b", "layers": 14, "context": 128,
-                                                   "tp_degree": 32}),
+                                                   "tp_degree": 24}),
     "decode-tp2": ("llama-decode", {"layers": 8, "tp_degree": 2}),  # one rank's sharded program
     # a prompt whose activations do not fit on chip (they live in HBM): boundaries cost nothing
     # (10 layers, a run of 8 with the last: its state repeats from the second boundary on)
@@ -308,8 +310,7 @@ def test_relocated_buffers_are_whole_records(pair: tuple[nc.Graph, Program, Prog
         some.name = "x"  # type: ignore[misc]
 
 
-def test_relocated_buffers_are_kept_by_reference(pair: tuple[nc.Graph, Program, Program],
-                                                 request: pytest.FixtureRequest) -> None:
+def test_relocated_buffers_are_kept_by_reference(pair: tuple[nc.Graph, Program, Program]) -> None:
     """A relocated layer's buffer records (but each run's last relocation's, which what lowers
     after the run may read) are made when the program's table is read, not when relocating: the
     table has the fully lowered program's keys in the same order, the same records, length and
@@ -320,9 +321,6 @@ def test_relocated_buffers_are_kept_by_reference(pair: tuple[nc.Graph, Program, 
 
     _, full, relocated = pair
     table = relocated.buffers
-    if request.node.callspec.params["pair"] == "prefill-resident-period3":
-        assert table == full.buffers and type(table) is dict  # one relocation, the last: all made
-        return
     assert isinstance(table, RelocatedBuffers)
     assert len(table._own) < len(full.buffers)  # records made when relocating: the rest are read
     assert list(table) == list(full.buffers)
