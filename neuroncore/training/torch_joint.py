@@ -30,6 +30,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import operator
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -671,7 +672,13 @@ def _functional_copies(module: torch.fx.GraphModule) -> None:
             changed = True
             continue
         functional = _out_of_place(node.target)
-        if functional is None or not _overwritable(dst, node, order):
+        if functional is None:
+            continue
+        if node.target in _RESTRIDES:  # a view's shape changed in place, no value written: only
+            if not isinstance(dst, torch.fx.Node) or dst.op == "placeholder" or any(  # its readers count
+                    order[u] > order[node] for u in dst.users if u is not node):
+                continue
+        elif not _overwritable(dst, node, order):
             continue
         node.target = functional  # its readers read the node already; the value keeps dst's dtype
         changed = True
@@ -683,18 +690,41 @@ def _overwritable(dst: Any, node: torch.fx.Node, order: dict[torch.fx.Node, int]
     """Whether the in-place write ``node`` into ``dst`` can be its value instead: ``dst`` is a value
     the graph computed (not an input), not a view of another value (a write through a view
     changes its base), and nothing but ``node`` reads it after the write (make_fx traces later
-    reads of a mutated tensor as reads of the in-place node)."""
+    reads of a mutated tensor as reads of the in-place node). One piece of a split (``chunk``,
+    ``split``, ``unbind``: disjoint views) may be written too when the split tensor itself is such
+    a value that nothing reads after the write: ``nn.GRU``'s decomposed cell adds into, and takes
+    ``sigmoid_`` / ``tanh_`` of, the pieces of its gate projections (``hgates[0].add_(igates[0])``);
+    the other pieces it reads later are untouched by the write."""
     if not isinstance(dst, torch.fx.Node) or dst.op != "call_function":
         return False
-    schema = getattr(dst.target, "_schema", None)
-    if schema is None or any(r.alias_info is not None for r in schema.returns):
+    if any(order[u] > order[node] for u in dst.users if u is not node):
         return False
-    return not any(order[u] > order[node] for u in dst.users if u is not node)
+    if dst.target is operator.getitem:
+        split = dst.args[0]
+        return isinstance(split, torch.fx.Node) and split.op == "call_function" \
+            and split.target in _SPLITS and _overwritable(split.args[0], node, order)
+    schema = getattr(dst.target, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
+
+
+_RESTRIDES = {torch.ops.aten.transpose_.default, torch.ops.aten.t_.default,
+              torch.ops.aten.unsqueeze_.default, torch.ops.aten.squeeze_.dim}
+"""In-place ops that change a tensor's shape and strides, not its values (``nn.GRU`` with
+``batch_first`` transposes its output's view in place): another view of the same memory does not
+see them, so only the tensor's own later readers matter."""
+
+_SPLITS = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default,
+           torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default,
+           torch.ops.aten.unsafe_chunk.default, torch.ops.aten.chunk.default,
+           torch.ops.aten.unbind.int}
 
 
 def _out_of_place(target: Any) -> Any:
     """The out-of-place overload of an ATen in-place op (``aten.clamp_min_.Tensor`` ->
-    ``aten.clamp_min.Tensor``), or None (not in place, or no such overload)."""
+    ``aten.clamp_min.Tensor``; ``transpose_`` -> ``transpose.int``, whose overloads are named
+    apart), or None (not in place, or no such overload)."""
+    if target is torch.ops.aten.transpose_.default:
+        return torch.ops.aten.transpose.int
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.is_mutable or target in _METADATA_ONLY:
         return None

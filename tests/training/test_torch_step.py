@@ -386,3 +386,36 @@ def test_a_loss_fn_building_one_hot_targets_trains_as_pytorch() -> None:
         return F.smooth_l1_loss(out, F.one_hot(labels, 8).float())
 
     _linear_steps_match(one_hot_mse, torch.randint(0, 8, (8,), generator=torch.Generator().manual_seed(3)))
+
+
+class _GRUClassifier(torch.nn.Module):
+    def __init__(self, **gru: object) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(8, 16, batch_first=True, **gru)  # type: ignore[arg-type]
+        self.head = torch.nn.Linear(32 if gru.get("bidirectional") else 16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("gru", [{}, {"num_layers": 2, "bidirectional": True}])
+def test_a_gru_trains_as_pytorch(gru: dict) -> None:
+    """``nn.GRU``'s decomposed cell writes its gates in place (``add_`` into a ``chunk`` of the gate
+    projections, ``sigmoid_``, ``tanh_``) and ``batch_first`` transposes its output with
+    ``transpose_``: each is now the out-of-place op (torch_joint._functional_copies); before, the
+    step was refused with those ops listed."""
+    torch.manual_seed(0)
+    ours = _GRUClassifier(**gru)
+    ref = copy.deepcopy(ours)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours, ref))
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(4, 5, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)]
+    step = neuroncore.trace_train_step(ours, opt, batches[0], loss_fn=F.cross_entropy)
+    for x, y in batches:
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(x, y)) == pytest.approx(loss.item(), abs=1e-5)
+    _assert_same_params(ref, ours, atol=1e-5)
