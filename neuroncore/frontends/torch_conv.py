@@ -403,3 +403,38 @@ def im2col(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     rows = c.b.reshape(windows, (n, math.prod(out), channels * math.prod(kernel)))
     result = c.b.transpose(rows, [0, 2, 1])
     return result if batched else c.b.reshape(result, shape)
+
+
+@handles("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward",
+         "upsample_bicubic2d_backward")
+def upsample_linear_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """The gradient of :func:`upsample_linear`: the forward contracts each spatial dim with its
+    ``[out, in]`` interpolation matrix ``M``, so the backward contracts the output gradient's dim
+    with ``M`` the other way (``grad_in = grad_out @ M``, the same matrix and taps), one matmul per
+    dim. A training step through ``F.interpolate(mode="linear" / "bilinear" / ...)`` (a UNet's or a
+    segmentation head's upsampling) was refused with ``aten.upsample_linear1d_backward``."""
+    shape, dtype = c._out(node)  # the input's size
+    if not dtype.is_float:
+        return NotImplemented
+    cubic = "bicubic" in str(node.target)
+    matrix_of = cubic_interpolation_matrix if cubic else interpolation_matrix
+    x = c._op(kw["grad_output"], dtype)
+    spatial = len(shape) - 2
+    names = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
+    factors = [kw.get(n) for n in names[spatial]]
+    align = bool(kw.get("align_corners"))
+    for k in range(spatial):
+        dim = 2 + k
+        size, out = shape[dim], x.shape[dim]
+        if size == out and (align or factors[k] in (None, 1.0)):
+            continue
+        rank = len(x.shape)
+        order = [d for d in range(rank) if d != dim] + [dim]
+        moved = x if dim == rank - 1 else c.b.transpose(x, order)
+        flat = c.b.reshape(moved, (-1, out))
+        matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
+                            array=matrix_of(size, out, align, factors[k]))
+        result = c.b.dot(flat, matrix, rhs_contract=0, out_dtype=dtype)
+        result = c.b.reshape(result, (*moved.shape[:-1], size))
+        x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))
+    return x

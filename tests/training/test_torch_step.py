@@ -419,3 +419,44 @@ def test_a_gru_trains_as_pytorch(gru: dict) -> None:
         ref_opt.zero_grad()
         assert float(step(x, y)) == pytest.approx(loss.item(), abs=1e-5)
     _assert_same_params(ref, ours, atol=1e-5)
+
+
+class _Resizes(torch.nn.Module):
+    """A segmentation-style head: convolutions, then linear / bilinear / bicubic / trilinear
+    resizes of their outputs (up and down, ``align_corners`` either way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.line = torch.nn.Conv1d(3, 4, 3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        nn_f = torch.nn.functional
+        y = self.conv(image)
+        up = nn_f.interpolate(y, scale_factor=2, mode="bilinear")
+        sized = nn_f.interpolate(y, size=(5, 7), mode="bilinear", align_corners=True)
+        cubic = nn_f.interpolate(y, scale_factor=1.5, mode="bicubic")
+        line = nn_f.interpolate(self.line(image.mean(2)), scale_factor=0.5, mode="linear")
+        volume = nn_f.interpolate(y.unsqueeze(2), size=(2, 3, 5), mode="trilinear")
+        return torch.cat([up.mean((2, 3)), sized.mean((2, 3)), cubic.mean((2, 3)), line.mean(2),
+                          (volume ** 2).mean((2, 3, 4))], 1)
+
+
+def test_linear_resizes_train_as_pytorch() -> None:
+    """``F.interpolate`` in linear modes inside a trained model: its backward
+    (``upsample_*_backward``) contracts the output gradient with the forward's interpolation
+    matrix (before: ``aten.upsample_linear1d_backward`` unsupported)."""
+    torch.manual_seed(0)
+    ours = _Resizes()
+    ref = copy.deepcopy(ours)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ours, ref))
+    g = torch.Generator().manual_seed(5)
+    x, target = torch.randn(2, 3, 6, 8, generator=g), torch.randn(2, 20, generator=g)
+    step = neuroncore.trace_train_step(ours, opt, (x, target), loss_fn=F.mse_loss)
+    for _ in range(3):
+        loss = F.mse_loss(ref(x), target)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(x, target)) == pytest.approx(loss.item(), abs=1e-6)
+    _assert_same_params(ref, ours, atol=1e-5)
