@@ -651,26 +651,59 @@ def _resident_bytes(ctx: Context, target: Op) -> list[int]:
     return [cols * target.dtype.itemsize] * len(tiles_of(target.shape, Layout.ROW))
 
 
+COPY_OPS = frozenset({"reshape", "convert"})  # what a frontend repeats per linear (the view, the auto-cast)
+
+
+def copies_of(ctx: Context, op: Op, x: Op) -> dict[int, tuple[Op, ...]]:
+    """``x`` and the later copies of it that common-subexpression elimination would make one
+    value: the same chain of reshapes and casts of the same source, each link read only by the
+    next (torch's ``Linear`` reshapes its input, and the tracer's auto-cast casts it, once per
+    linear: BERT's q, k and v each read their own cast of their own view of the hidden states).
+    Maps each copy's index to its links not yet lowered (empty for ``x`` itself)."""
+    chain = [x]
+    while chain[-1].opcode in COPY_OPS:
+        chain.append(chain[-1].operands[0])
+    ops = ctx.graph.ops
+    found: dict[int, tuple[Op, ...]] = {chain[-1].index: ()}
+    for link in reversed(chain[:-1]):
+        step: dict[int, tuple[Op, ...]] = {}
+        for index, made in found.items():
+            for user in ctx.uses[index]:
+                u = ops[user]
+                if user == link.index:
+                    step[user] = made
+                elif (u.opcode == link.opcode and u.shape == link.shape and u.dtype == link.dtype
+                        and u.attrs == link.attrs and user > op.index and user not in ctx.values
+                        and len(ctx.uses[user]) == 1 and user not in ctx.outputs):
+                    step[user] = (*made, u)
+        found = step
+    return found
+
+
 def shared_stationary(ctx: Context, op: Op) -> list[Op]:
     """Later dots of ``op``'s layer that read its left operand as ``op`` does, so that one PE
     transpose of each of its blocks serves all of them (docs/execution-core.md, "Dots that read
     one activation"): 2-D token-major linears ``x @ W`` (not feature-major, no fused scale) with
-    the same attributes, the same ``x`` (the same op), a right operand of the same type already
-    lowered (a weight), the same output type and rows, lowered nowhere else yet and in the same
-    layer (a layer is lowered, and relocated, as a whole). Q, K and V of an attention read the
-    normalised hidden states so (XLA's DotMerger merges such dots; transformers-neuronx fuses the
-    q/k/v weights)."""
+    the same attributes, the same ``x`` (the same op, or a copy of it: ``copies_of``), a right
+    operand of the same type already lowered (a weight), the same output type and rows, lowered
+    nowhere else yet and in the same layer (a layer is lowered, and relocated, as a whole). Q, K
+    and V of an attention read the normalised hidden states so (XLA's DotMerger merges such dots;
+    transformers-neuronx fuses the q/k/v weights)."""
     lhs, rhs = op.operands
-    if (len(op.shape) != 2 or op.attrs.get("lhs_contract") != 1 or len(ctx.uses[lhs.index]) < 2
+    if (len(op.shape) != 2 or op.attrs.get("lhs_contract") != 1
             or op.index in ctx.orientation.heads or op.index in ctx.orientation.members):
+        return []
+    copies = copies_of(ctx, op, lhs)
+    readers = sorted(u for c in copies for u in ctx.uses[c])
+    if len(readers) < 2:
         return []
     ops = ctx.graph.ops
     key = layer_of(op)
     out: list[Op] = []
-    for index in sorted(ctx.uses[lhs.index]):
+    for index in readers:
         other = ops[index]
-        if (index <= op.index or other.opcode != "dot" or other.operands[0] is not lhs
-                or other.operands[1] is lhs or other.attrs != op.attrs or other.dtype != op.dtype
+        if (index <= op.index or other.opcode != "dot" or other.operands[0].index not in copies
+                or other.operands[1].index in copies or other.attrs != op.attrs or other.dtype != op.dtype
                 or other.shape[0] != op.shape[0] or other.operands[1].dtype != rhs.dtype
                 or index in ctx.lowered_with or index in ctx.values
                 or (other.operands[1].index not in ctx.values and not _is_weight(other.operands[1]))
@@ -679,7 +712,9 @@ def shared_stationary(ctx: Context, op: Op) -> list[Op]:
             continue
         epilogue = fused_epilogue(ctx, other)
         last = max([index, *(f.index for f in epilogue.fused)] if epilogue is not None else [index])
-        if all(layer_of(ops[i]) == key for i in range(op.index, last + 1)):
+        if (all(layer_of(ops[i]) == key for i in range(op.index, last + 1))
+                and not any(link.index in ctx.orientation.members
+                            for link in copies[other.operands[0].index])):
             out.append(other)
     return out
 
@@ -758,6 +793,8 @@ def _shared_parts(ctx: Context, op: Op, a: _Operand, bop: _Operand, planner: Cal
                 lower_weight(ctx, source)
             bias_rows = row_params(ctx, part.op, source, min(P, m))
         ctx.lowered_with[part.op.index] = op.index
+        for link in copies_of(ctx, op, op.operands[0]).get(other.operands[0].index, ()):
+            ctx.lowered_with[link.index] = op.index  # a copy of x: its blocks are x's, made once
         ctx.define(_target(part))
         parts.append(_Part(part.op, part.operand, part.n, None, epilogue, bias_rows))
     return tuple(parts)

@@ -80,3 +80,34 @@ def test_dots_of_different_layers_do_not_share(run):
     result = run(g.build(outs), [np.random.default_rng(13).standard_normal((256, 256)).astype(np.float32)])
     assert "shared_stationary_dots" not in result.program.stats
     assert _transposes(result.program) == 2 * 4
+
+
+def _autocast_projections(copies: bool) -> nc.Graph:
+    """As a torch ``Linear`` traced with auto-cast: each matmul reshapes ``x [2, 100, 320]`` to
+    rows and casts it to bf16 itself, so the three projections read three casts of three views."""
+    g = nc.GraphBuilder(autocast="bf16")
+    xs = [g.parameter(f"x{i}", (2, 100, 320)) for i in range(3 if copies else 1)]
+    with g.scope("layers.0"):
+        outs = [g.matmul(xs[i if copies else 0], g.weight(f"w{i}", (320, n)))
+                for i, n in enumerate((192, 72, 136))]
+    return g.build(outs)
+
+
+def test_copies_of_one_activation_share_its_transposes(run, assert_close):
+    """The same reshape and cast of the same value, once per linear, are one value to a compiler
+    that eliminates common subexpressions: the linears share its transposes, and the copies are
+    not made (``copies_of``)."""
+    x = np.random.default_rng(14).standard_normal((2, 100, 320)).astype(np.float32)
+    shared = run(_autocast_projections(copies=False), [x])
+    apart = run(_autocast_projections(copies=True), [x] * 3)
+    blocks = -(-200 // 128) * -(-320 // 128)
+    assert shared.program.stats["shared_stationary_dots"] == 2
+    assert _transposes(apart.program) == 3 * blocks and _transposes(shared.program) == blocks
+    def casts(p) -> int:
+        return sum(1 for i in range(p.n_nodes)
+                   if p.op_index[i] >= 0 and p.graph.ops[p.op_index[i]].opcode == "convert")
+
+    assert 0 < casts(shared.program) < casts(apart.program)  # the two later casts are not made
+    for out, ref, alone in zip(shared.outputs, shared.reference, apart.outputs):
+        assert_close(out, ref, "bf16")
+        np.testing.assert_array_equal(out, alone)
