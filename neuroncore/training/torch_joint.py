@@ -652,6 +652,9 @@ def _functional_copies(module: torch.fx.GraphModule) -> None:
         if node.op != "call_function" or not node.args:
             continue
         dst = node.args[0]
+        if node.target is torch.ops.aten.copy_.default and _whole_base_copy(graph, node, order):
+            changed = True
+            continue
         if node.target is torch.ops.aten.copy_.default:
             if len(node.args) < 2 or not _overwritable(dst, node, order):
                 continue
@@ -684,6 +687,90 @@ def _functional_copies(module: torch.fx.GraphModule) -> None:
         changed = True
     if changed:  # the target, now read by nobody, is left: the step program prunes what nothing reads
         module.recompile()
+    _refuse_lost_writes(module)
+
+
+_VIEW_OF_ALL = {torch.ops.aten.as_strided.default, torch.ops.aten.view.default,
+                torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default,
+                torch.ops.aten.alias.default}
+
+
+def _whole_base_copy(graph: torch.fx.Graph, node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> bool:
+    """``copy_(view(base), src)`` where the view is all of a fresh ``base`` laid out contiguously
+    (``as_strided`` at offset 0 with contiguous strides, or a reshape), and later readers read
+    ``base`` through other views: ``as_strided_scatter``'s decomposition, which the backward of
+    ``adaptive_avg_pool1d`` (Swin's pooler) writes its gradient with. Replaced by ``src`` reshaped
+    to ``base``'s shape, read by every later reader of ``base`` and of the view. Before, the copy
+    was dropped (nothing reads its result) and the readers read the zeros ``base`` started as: the
+    layers below the pool got no gradient, silently."""
+    if len(node.args) < 2 or not isinstance(node.args[0], torch.fx.Node) or \
+            not isinstance(node.args[1], torch.fx.Node):
+        return False
+    view, src = node.args[0], node.args[1]
+    if view.op != "call_function" or view.target not in _VIEW_OF_ALL:
+        return False
+    base = view.args[0]
+    base_schema = getattr(base.target, "_schema", None) if isinstance(base, torch.fx.Node) else None
+    if not isinstance(base, torch.fx.Node) or base.op != "call_function" or base_schema is None \
+            or any(r.alias_info is not None for r in base_schema.returns):  # a fresh value only
+        return False
+    want, got, whole = view.meta.get("val"), src.meta.get("val"), base.meta.get("val")
+    if not all(isinstance(t, torch.Tensor) for t in (want, got, whole)) or want.dtype != got.dtype \
+            or want.numel() != whole.numel() or tuple(got.shape) != tuple(want.shape):
+        return False
+    if view.target is torch.ops.aten.as_strided.default:
+        offset = view.args[3] if len(view.args) > 3 else view.kwargs.get("storage_offset", 0)
+        if offset not in (0, None) or not want.is_contiguous():
+            return False
+    with graph.inserting_after(node):
+        value = graph.call_function(torch.ops.aten.reshape.default, (src, list(whole.shape)))
+    value.meta = dict(node.meta)
+    value.meta["val"] = whole
+    for user in list(base.users):
+        if order.get(user, -1) > order[node]:
+            user.replace_input_with(base, value)
+    for user in list(view.users):
+        if user is not node and order.get(user, -1) > order[node]:
+            user.replace_input_with(view, src)
+    node.replace_all_uses_with(src)
+    graph.erase_node(node)
+    return True
+
+
+def _refuse_lost_writes(module: torch.fx.GraphModule) -> None:
+    """An in-place write left in the joint graph whose result nothing reads, into a view of a value
+    that is read after it: the converter lowers values, so the write would be dropped and those
+    readers would read the value as it was before (silently wrong gradients). One line instead."""
+    nodes = list(module.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    for node in nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable or node.users \
+                or node.target in _METADATA_ONLY or not node.args \
+                or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        root = node.args[0]
+        while _is_view(root):
+            root = root.args[0]
+        if root is node.args[0] or root.op == "placeholder":
+            continue
+        if any(order[u] > order[node] for u in root.users):
+            raise TraceError(f"{node.name} ({node.target}) writes in place into a view of {root.name}, "
+                             f"which is read afterwards{_located(node)}: a training step cannot "
+                             f"carry that write yet")
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """An op whose result aliases its first operand (a view: ``as_strided``, ``slice``, ``view``)."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and bool(node.args) \
+        and isinstance(node.args[0], torch.fx.Node) and any(r.alias_info is not None for r in schema.returns)
+
+
+def _located(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    layer = list(stack.values())[-1][0] if stack else ""
+    return f" (in {layer})" if layer else ""
 
 
 def _overwritable(dst: Any, node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> TypeGuard[torch.fx.Node]:

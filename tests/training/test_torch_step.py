@@ -460,3 +460,38 @@ def test_linear_resizes_train_as_pytorch() -> None:
         ref_opt.zero_grad()
         assert float(step(x, target)) == pytest.approx(loss.item(), abs=1e-6)
     _assert_same_params(ref, ours, atol=1e-5)
+
+
+class _PooledSequence(torch.nn.Module):
+    """Swin's and other encoders' pooler: ``AdaptiveAvgPool1d(1)`` over the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 16)
+        self.pool = torch.nn.AdaptiveAvgPool1d(1)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.pool(self.proj(x).transpose(1, 2)), 1))
+
+
+def test_an_adaptive_average_pool_1d_trains_as_pytorch() -> None:
+    """The pool's forward ends in an in-place ``as_strided_`` and its backward writes the gradient
+    with ``as_strided_scatter``'s decomposition: ``copy_`` into a view of a zeros tensor, which is
+    then read through another view. The copy is now the tensor's new value
+    (``torch_joint._whole_base_copy``); dropped, the layers under the pool got a zero gradient,
+    silently (the projection kept its initial weights while the losses of the first step agreed)."""
+    torch.manual_seed(0)
+    ours = _PooledSequence()
+    ref = copy.deepcopy(ours)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref))
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(4, 6, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+    step = neuroncore.trace_train_step(ours, opt, (x, y), loss_fn=F.cross_entropy)
+    for _ in range(3):
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(x, y)) == pytest.approx(loss.item(), abs=1e-6)
+    _assert_same_params(ref, ours, atol=1e-6)
