@@ -715,7 +715,8 @@ def _whole_base_copy(graph: torch.fx.Graph, node: torch.fx.Node, order: dict[tor
             or any(r.alias_info is not None for r in base_schema.returns):  # a fresh value only
         return False
     want, got, whole = view.meta.get("val"), src.meta.get("val"), base.meta.get("val")
-    if not all(isinstance(t, torch.Tensor) for t in (want, got, whole)) or want.dtype != got.dtype \
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) \
+            or not isinstance(whole, torch.Tensor) or want.dtype != got.dtype \
             or want.numel() != whole.numel() or tuple(got.shape) != tuple(want.shape):
         return False
     if view.target is torch.ops.aten.as_strided.default:
@@ -749,9 +750,11 @@ def _refuse_lost_writes(module: torch.fx.GraphModule) -> None:
                 or node.target in _METADATA_ONLY or not node.args \
                 or not isinstance(node.args[0], torch.fx.Node):
             continue
-        root = node.args[0]
+        root: torch.fx.Node = node.args[0]
         while _is_view(root):
-            root = root.args[0]
+            parent = root.args[0]
+            assert isinstance(parent, torch.fx.Node)  # _is_view checked it
+            root = parent
         if root is node.args[0] or root.op == "placeholder":
             continue
         if any(order[u] > order[node] for u in root.users):
