@@ -98,7 +98,8 @@ def _index_chain(ctx: Context, op: Op) -> tuple[Op, np.ndarray, bool, np.ndarray
         return None
     if root_value.op.size > MAX_INDEX_ELEMENTS or op.size > MAX_INDEX_ELEMENTS:
         return None
-    base = np.arange(root_value.op.size, dtype=np.int64)
+    # int32: half the bytes of int64 to push through the steps (at most MAX_INDEX_ELEMENTS)
+    base = np.arange(root_value.op.size, dtype=np.int32)
     index = base.reshape(root_value.op.shape)
     for step in reversed(chain):
         index = _step(step, index)
@@ -143,32 +144,27 @@ def _tile_blocks(root: Op, index: np.ndarray, shape: tuple[int, ...], base: np.n
         view, first = _first_rows_of_view(index, base, root_cols)
         if view and first is None:
             return None, None
-    if first is not None:
-        # rows step one root row at a time (checked on the stride): each tile's rows are on their
-        # partitions and from one root tile iff its first row is on partition 0 of a root tile and
-        # the tile's rows stay inside the root's batch
-        rowflat, first_cl = np.divmod(first, root_cols)
-        rb, rr = np.divmod(rowflat, root_rows)
-        lengths = np.array([hi - lo for lo, hi in spans])
-        if not ((rr % P == 0).all() and (rr + lengths[:, None] <= root_rows).all()):
-            return None, None
-        first_st = rb * tiles_per_batch + rr // P
-    else:
-        flat = index.reshape(-1, out_cols)
-        rowflat, col = np.divmod(flat, root_cols)
-        rb, rr = np.divmod(rowflat, root_rows)
-        stile = rb * tiles_per_batch + rr // P
-        part = rr % P
-        # every row on the partition of its output row, each column from one place for all rows
-        local = np.concatenate([np.arange(hi - lo) for lo, hi in spans])
-        if not (part == local[:, None]).all():
-            return None, None
-        starts = np.array([lo for lo, _ in spans])
-        same_place = bool((stile == np.repeat(stile[starts], [hi - lo for lo, hi in spans], axis=0)).all()
-                          and (col == np.repeat(col[starts], [hi - lo for lo, hi in spans], axis=0)).all())
-        if not same_place:
-            return None, None
-        first_st, first_cl = stile[starts], col[starts]  # [tiles, out_cols]: where each column comes from
+    if first is None:
+        # not a strided view (a copy on the way), or no ``base``: every element is visited, with
+        # the same test the stride makes, row by row: within a tile, each row is the root row after
+        # the row above it in every column (the element one root row further on); the first rows
+        # are then checked below as a view's are
+        grid = index.reshape(out_batches, out_rows, out_cols)
+        if out_rows > 1:
+            step = grid[:, 1:, :] - grid[:, :-1, :]
+            step[:, P - 1::P, :] = root_cols  # a tile's first row may come from anywhere
+            if not (step == root_cols).all():
+                return None, None
+        first = grid[:, ::P, :].reshape(-1, out_cols)
+    # each tile's rows step one root row at a time: they are on their partitions and from one root
+    # tile iff its first row is on partition 0 of a root tile and the tile's rows stay inside the
+    # root's batch
+    rowflat, first_cl = np.divmod(first, root_cols)
+    rb, rr = np.divmod(rowflat, root_rows)
+    lengths = np.array([hi - lo for lo, hi in spans])
+    if not ((rr % P == 0).all() and (rr + lengths[:, None] <= root_rows).all()):
+        return None, None
+    first_st = rb * tiles_per_batch + rr // P
     contiguous = (first_st[:, 1:] == first_st[:, :-1]) & (first_cl[:, 1:] == first_cl[:, :-1] + 1)
     if contiguous.all():
         return [(int(first_st[i, 0]), 0, hi - lo, int(first_cl[i, 0]), int(first_cl[i, 0]) + out_cols)
