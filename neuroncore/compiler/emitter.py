@@ -299,12 +299,15 @@ def _drop_covered(r: dict[tuple[int, ...], _Access], candidates: Iterable[_Acces
                   a0: int, a1: int, b0: int, b1: int) -> None:
     """Remove from ``r`` (no twins: every read under its (rectangle, lane) key) the reads inside
     ``[a0, a1) x [b0, b1)``, of ``lane`` only unless it is None, found among ``candidates`` (an area
-    index's entries near the rectangle: every read inside it is among them, maybe more than once,
-    maybe with reads already removed). The others keep their order, so ``r`` is what rebuilding it
-    from the reads left (``_reads_of``) makes; the smallest area is left as it was, a lower bound of
-    the new one, as ``_Accesses.small`` may be. Rebuilding cost the whole dict per covering read:
-    a long prompt's normalised activations, read row tile by row tile by the q, k and v
-    projections, hold thousands of reads (quadratic in the prompt)."""
+    index's entries near the rectangle, or a copy of all of ``r``'s: every read inside it is among
+    them, maybe more than once, maybe with reads already removed). The others keep their order, so
+    ``r`` is what rebuilding it from the reads left (``_reads_of``) makes; the smallest area is left
+    as it was, a lower bound of the new one, as ``_Accesses.small`` may be. Rebuilding cost the
+    whole dict per covering read: a long prompt's normalised activations, read row tile by row tile
+    by the q, k and v projections, hold thousands of reads (quadratic in the prompt); and an
+    unindexed key read block by block in blocks of several sizes (a dot's stationary blocks and
+    partial sums: a read larger than the smallest cannot take the one-lookup path) rebuilt its
+    ~30-60 reads at every read of a block read before."""
     for x in candidates:
         if (lane is None or x[5] == lane) and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1:
             k = x[:4] + x[5:6]
@@ -435,6 +438,12 @@ class Emitter:
 
     def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
         """Earlier users of a reused address range become hazards of the new buffer there."""
+        table = self._accesses
+        if rect == WHOLE_BUFFER and key not in table:  # a new buffer (every allocation): made here
+            lanes = self._lane
+            table[key] = _Accesses([], {}, _NO_AREA, [(0, _WB_ROWS, 0, _WB_COLS, node, lanes[node], True)
+                                                      for node in self.compact(nodes)])
+            return
         accesses = self._adopt(key)
         a0, a1, b0, b1 = rect
         lanes = self._lane
@@ -620,9 +629,12 @@ class Emitter:
                         break
                 for x0, x1, y0, y1, _n, _l, _w in r.values():
                     if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                        accesses.r, accesses.small = _reads_of(
-                            [x for x in r.values()
-                             if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
+                            accesses.r, accesses.small = _reads_of(
+                                [x for x in r.values()
+                                 if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                        else:
+                            _drop_covered(r, list(r.values()), None, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
             entry = (a0, a1, b0, b1, node, lane, True)
@@ -664,11 +676,14 @@ class Emitter:
             else:
                 for x0, x1, y0, y1, _n, x_lane, _w in r.values():
                     if x_lane == lane and a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                        r, accesses.small = _reads_of(
-                            [x for x in r.values()
-                             if x[5] != lane
-                             or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                        accesses.r = r
+                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
+                            r, accesses.small = _reads_of(
+                                [x for x in r.values()
+                                 if x[5] != lane
+                                 or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+                            accesses.r = r
+                        else:  # the covered reads leave, the others keep their order (``_drop_covered``)
+                            _drop_covered(r, list(r.values()), lane, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
             r[at] = entry
