@@ -50,6 +50,7 @@ from neuroncore.compiler.lower_matmul import lower_dot
 from neuroncore.compiler.lower_random import lower_rng
 from neuroncore.compiler.lower_reduce import lower_norm, lower_reduce, lower_softmax
 from neuroncore.compiler.lowering_state import HbmTensorKind, QueueName
+from neuroncore.compiler.operand_texts import RefTexts, RenderedTexts
 from neuroncore.compiler.options import (
     AutoCast,
     AutoCastType,
@@ -279,7 +280,9 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
             ctx.em.semantic_moves = []
         ctx.em.settle_moves()
         if ctx.em.text_moves:  # and texts
-            ctx.em.text = list(RelocatedSemantics(ctx.em.text, ctx.em.text_moves))
+            ctx.em.text = list(RelocatedSemantics(  # the template's texts joined, then renamed
+                RenderedTexts(ctx.em.text, RefTexts(ctx.buffers, ctx.spec.psum_bank_bytes_per_partition)),
+                ctx.em.text_moves))
             ctx.em.text_moves = []
         _prefetch_weights(ctx)
     return _finalize(ctx)
@@ -407,7 +410,8 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
     """A :class:`Program` from an emitter's nodes: semaphores assigned, columns packed. The compiler
     calls it when every op is lowered; ``neuroncore.nki`` when a kernel has run."""
     dep_ptr, dep_idx = em.dep_columns()
-    sem_increment, sem_value, texts = em.assign_semaphores(queues, (dep_ptr, dep_idx))
+    sem_increment, sem_value, texts = em.assign_semaphores(
+        queues, (dep_ptr, dep_idx), RefTexts(buffers, spec.psum_bank_bytes_per_partition))
     resource = em.column(em.resource, np.int8)
     engine = em.column(em.engine, np.int8)
     queue = em.column(em.queue, np.int16)

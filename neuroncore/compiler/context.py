@@ -31,6 +31,7 @@ from neuroncore.compiler.errors import CompileError
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
 from neuroncore.compiler.memory import BankAllocator, DoubleFree, OutOfMemory, RangeAllocator
 from neuroncore.compiler.node_semantics import Identity, Load, LoadKTiled, Memset, Store
+from neuroncore.compiler.operand_texts import ref_text
 from neuroncore.compiler.orientation import Orientation, stored_shape
 from neuroncore.compiler.program import (
     ApRef,
@@ -385,8 +386,8 @@ class Context:
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
-            text=text or f"{_hbm_text(src)} -> {self.ref_text(dst)} {nbytes}B"
-                         + (f" ktiles={ktiles}" if ktiles > 1 else ""),
+            # in pieces, joined when read (operand_texts.Text)
+            text=text or (src, " -> ", dst, f" {nbytes}B" if ktiles == 1 else f" {nbytes}B ktiles={ktiles}"),
             semantics=Load(dst, src) if ktiles == 1 else LoadKTiled(dst, src, ktiles),
             counters=counters,
         )
@@ -411,7 +412,7 @@ class Context:
             engines=costs.dma_engines_used(self.spec, descriptors),
             engine_ns=costs.dma_engine_ns(self.spec, descriptors, nbytes // max(descriptors, 1)),
             trigger_cost_ns=self._trigger_ns(q),
-            text=f"{self.ref_text(src)} -> {_hbm_text(dst)} {nbytes}B",
+            text=(src, " -> ", dst, f" {nbytes}B"),  # joined when read (operand_texts.Text)
             semantics=Store(dst, src),
             counters=counters,
         )
@@ -909,26 +910,9 @@ class Context:
 
     # -- text ------------------------------------------------------------------------------
     def ref_text(self, ref: Ref | ApRef) -> str:
-        if not isinstance(ref, ApRef):  # one or more per operand of every instruction
-            known = self._text_of.get(ref.buf)
-            if known is None:
-                buf = self.buffers[ref.buf]
-                if buf.memory is Memory.PSUM:
-                    bank = buf.address // self.spec.psum_bank_bytes_per_partition
-                    known = (f"psum[{bank}]@fp32[", -1, 0)
-                else:
-                    known = (f"{buf.dtype.profile_name}@sb:0x", buf.address, buf.dtype.itemsize)
-                self._text_of[ref.buf] = known
-            prefix, address, itemsize = known
-            if address < 0:
-                return f"{prefix}{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
-            f0 = ref.f0
-            return f"{prefix}{address + f0 * itemsize:x}[{ref.p0}:{ref.p1},{ref.f1 - f0}]"
-        buf = self.buffers[ref.buf]
-        pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
-        base = "sb" if buf.memory is Memory.SBUF else "psum"
-        return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
-                f"[{ref.p0}:{ref.p1},{pattern}]")
+        """``ref``'s operand text now (a lowering that gives its text in pieces leaves it to
+        ``operand_texts.RefTexts`` when the text is read)."""
+        return ref_text(ref, self.buffers, self._text_of, self.spec.psum_bank_bytes_per_partition)
 
 
 # ``Buffer(*values)`` for the allocator's own buffers (``memory`` a Memory member, SBUF or PSUM):
@@ -941,9 +925,3 @@ def _narrow(ref: Ref, cols: tuple[int, int] | None) -> Ref:
     if cols is None:
         return ref
     return Ref(ref.buf, ref.p0, ref.p1, ref.f0 + cols[0], ref.f0 + cols[1])
-
-
-def _hbm_text(access: HbmAccess) -> str:
-    view = f"({access.view})" if access.view else ""
-    return (f"hbm:{access.tensor}{view}[{access.batch}][{access.r0}:{access.r1},"
-            f"{access.c0}:{access.c1}]")

@@ -19,7 +19,7 @@ import numpy as np
 from neuroncore.compiler.counters import COUNTER_NAMES, NO_COUNTERS, NodeCounters, counter_values
 from neuroncore.compiler.lazy_semantics import RelocatedSemantics
 from neuroncore.compiler.node_semantics import NOP, SEMANTIC_KINDS, NodeSemantics, check_semantics
-from neuroncore.compiler.operand_texts import OperandTexts
+from neuroncore.compiler.operand_texts import OperandTexts, RefTexts, RenderedTexts, Text
 from neuroncore.compiler.program import (
     PORT_PSUM,
     PORT_SBUF,
@@ -371,7 +371,7 @@ class Emitter:
         self.deps: list[list[int]] = []
         self.op_index: array[int] = array(COLUMN_TYPES["op_index"])
         self.opcode: list[str] = []
-        self.text: list[str] = []
+        self.text: list[Text] = []  # a string, or its pieces (``operand_texts.Text``)
         self.activation_fn: list[str | None] = []
         self.tensor_instruction_type: list[str | None] = []
         self.performance_mode: list[str | None] = []
@@ -697,7 +697,7 @@ class Emitter:
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
-                deps: set[int], opcode: str, text: str, semantics: NodeSemantics,
+                deps: set[int], opcode: str, text: Text, semantics: NodeSemantics,
                 activation_fn: str | None, tensor_instruction_type: str | None,
                 performance_mode: str | None, trigger: int, lane: int,
                 counters: NodeCounters, ports: int = 0) -> int:
@@ -741,7 +741,7 @@ class Emitter:
         *,
         reads: list[tuple[MemoryKey, Rect]],
         writes: list[tuple[MemoryKey, Rect]],
-        text: str,
+        text: Text,
         semantics: NodeSemantics,
         track: int | None = None,
         activation_fn: str | None = None,
@@ -802,7 +802,7 @@ class Emitter:
         engines: int,
         engine_ns: float,
         trigger_cost_ns: float,
-        text: str,
+        text: Text,
         semantics: NodeSemantics,
         trigger_opcode: str = "WRITE",
         trigger_text: str = "",
@@ -824,7 +824,7 @@ class Emitter:
         return node
 
     def collective(self, opcode: str, *, reads: list[tuple[MemoryKey, Rect]],
-                   writes: list[tuple[MemoryKey, Rect]], text: str, semantics: NodeSemantics,
+                   writes: list[tuple[MemoryKey, Rect]], text: Text, semantics: NodeSemantics,
                    counters: NodeCounters = NO_COUNTERS) -> int:
         """A collective on the CC-core: reads and writes HBM, waits like any other node.
 
@@ -948,10 +948,10 @@ class Emitter:
     # -- semaphores ------------------------------------------------------------------------
     def assign_semaphores(self, queues: list[DmaQueue],
                           dep_columns: tuple[np.ndarray, np.ndarray] | None = None,
-                          ) -> tuple[np.ndarray, np.ndarray, OperandTexts]:
+                          render: RefTexts | None = None) -> tuple[np.ndarray, np.ndarray, OperandTexts]:
         """Decide which nodes increment which semaphore; operand strings prefixed with the waits
         (each made when first read: ``operand_texts``). ``dep_columns``: ``self.dep_columns()`` if
-        the caller has it already."""
+        the caller has it already; ``render`` joins the texts given in pieces (needed if any was)."""
         n = len(self.resource)
         resource = self.column(self.resource, np.int64)
         queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
@@ -979,8 +979,9 @@ class Emitter:
         completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
         # the waits of each node are its dependencies' increments, every dependency being a
         # producer: the strings read them from the program's columns (``operand_texts``)
-        own: Sequence[str] = (RelocatedSemantics(list(self.text), self.text_moves) if self.text_moves
-                              else list(self.text))
+        texts: Sequence[str] = (RenderedTexts(list(self.text), render) if render is not None
+                                else list(self.text))  # type: ignore[arg-type]
+        own: Sequence[str] = RelocatedSemantics(texts, self.text_moves) if self.text_moves else texts
         texts = OperandTexts(own, dep_ptr, flat, sem_increment, sem_value, completes)
         return sem_increment, sem_value, texts
 

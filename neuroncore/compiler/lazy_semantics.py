@@ -8,7 +8,7 @@ the relocation to apply, and makes each moved record on first access (then keeps
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from neuroncore.compiler.lazy_sequence import LazySequence
@@ -19,7 +19,7 @@ Move = Callable[[Any], Any]
 class RelocatedSemantics(LazySequence[Any]):
     """``records`` where each ``(start, stop, move)`` range holds template records to move."""
 
-    def __init__(self, records: list[Any], moves: list[tuple[int, int, Move]]) -> None:
+    def __init__(self, records: Sequence[Any], moves: list[tuple[int, int, Move]]) -> None:
         self._records = records
         self._moves = sorted(moves, key=lambda m: m[0])
         self._starts = [m[0] for m in self._moves]

@@ -235,9 +235,9 @@ def activate(ctx: Context, func: str, out: Ref, inp: Ref, *, scale: float | Ref 
     reads = [inp] + [r for r in (scale, bias) if isinstance(r, Ref)]
     writes = [out] + ([accumulate] if accumulate is not None else [])
     fn_name = ACTIVATION_FUNCTIONS[func]
-    text = (f"func={fn_name} src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}"
-            f"{_operand_text(ctx, 'scale', scale)}{_operand_text(ctx, 'bias', bias)}"
-            f"{' acc=' + ctx.ref_text(accumulate) if accumulate is not None else ''}")
+    # the text in pieces, joined when read (operand_texts.Text)
+    text = (f"func={fn_name} src=", inp, " dst=", out, *_operand_pieces("scale", scale),
+            *_operand_pieces("bias", bias), *((" acc=", accumulate) if accumulate is not None else ()))
     return ctx.em.instruction(
         Engine.SCALAR, "ACTIVATE", costs.cycles_to_ns(spec, Engine.SCALAR, cycles),
         reads=[sbuf_key(r) for r in reads], writes=[sbuf_key(r) for r in writes], text=text,
@@ -259,7 +259,7 @@ def tensor_tensor(ctx: Context, alu: str, out: Ref, a: Ref, b: Ref) -> int:
     return ctx.em.instruction(
         Engine.VECTOR, "TENSOR_TENSOR", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(a), sbuf_key(b)], writes=[sbuf_key(out)],
-        text=f"op={alu} src0={ctx.ref_text(a)} src1={ctx.ref_text(b)} dst={ctx.ref_text(out)}",
+        text=(f"op={alu} src0=", a, " src1=", b, " dst=", out),  # joined when read (operand_texts.Text)
         semantics=TensorTensor(alu, out, a, b), performance_mode=mode,
         counters=_counters(ctx, [a, b], [out]),
     )
@@ -301,7 +301,7 @@ def tensor_copy(ctx: Context, out: Ref, inp: Ref, engine: Engine = Engine.VECTOR
     return ctx.em.instruction(
         Engine.VECTOR, "TENSOR_COPY", costs.cycles_to_ns(spec, Engine.VECTOR, cycles),
         reads=[sbuf_key(inp)], writes=[sbuf_key(out)],
-        text=f"src={ctx.ref_text(inp)} dst={ctx.ref_text(out)}",
+        text=("src=", inp, " dst=", out),  # joined when read (operand_texts.Text)
         semantics=Copy(out, inp), performance_mode=mode,
         counters=_counters(ctx, [inp], [out]),
     )
@@ -374,6 +374,13 @@ def select(ctx: Context, out: Ref, pred: Ref, a: Ref, b: Ref) -> int:
         semantics=Select(out, pred, a, b),
         counters=_counters(ctx, [pred, a, b], [out]),
     )
+
+
+def _operand_pieces(label: str, operand: float | Ref) -> tuple[str] | tuple[str, Ref]:
+    """``_operand_text`` in pieces (the ref's text joined when read: ``operand_texts.Text``)."""
+    if isinstance(operand, Ref):
+        return f" {label}=", operand
+    return (f" {label}={operand:g}",)
 
 
 def _operand_text(ctx: Context, label: str, operand: float | Ref | None) -> str:

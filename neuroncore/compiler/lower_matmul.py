@@ -66,7 +66,7 @@ def ldweights(ctx: Context, stationary: Ref, dtype: DType, pad: int = 0,
     reads = [sbuf_key(stationary)] if stationary2 is None else [sbuf_key(stationary), sbuf_key(stationary2)]
     return ctx.em.instruction(
         Engine.TENSOR, "LDWEIGHTS", cost_ns, reads=reads, writes=[], track=RES_TENSOR_LS,
-        text=f"src={ctx.ref_text(stationary)} {shape}",
+        text=("src=", stationary, " ", shape),  # joined when read (operand_texts.Text)
         semantics=LoadWeights(stationary, stationary2), counters=counters,
     )
 
@@ -101,7 +101,7 @@ def matmul(ctx: Context, psum: Ref, moving: Ref, stationary: Ref, dtype: DType, 
             Engine.TENSOR, "MATMUL", cost_ns,
             reads=[*source, out] if accumulate else source.copy(),
             writes=[out], track=RES_TENSOR_MM,
-            text=f"src={ctx.ref_text(moving)} dst={ctx.ref_text(psum)} {suffix}",
+            text=("src=", moving, " dst=", psum, " ", suffix),  # joined when read (operand_texts.Text)
             semantics=MatMul(psum, moving, position.accumulates, transpose, moving2)
             if p == 0 else NOP,
             tensor_instruction_type="TRANSPOSE" if transpose else "REGULAR",

@@ -12,15 +12,95 @@ dependency is a producer, so the program's own columns hold them (``dep_idx``, `
 ``sem_value``). Keeping them as separate flat columns cost ~12 bytes per dependency (~120 bytes per
 node of a big prefill), and finding them for all nodes at once several times that while the
 program was assembled (docs/execution-core.md "Program memory").
+
+A node's own text may be given in pieces (:data:`Text`: strings, on-chip refs and HBM accesses) and
+is joined when read (:class:`RefTexts`): the lowering gave each instruction a string made from its
+operands' buffers (one ``ref_text`` per operand, ~6 % of a long prefill's compile) that timing-only
+runs never read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
 from neuroncore.compiler.lazy_sequence import LazySequence
+from neuroncore.compiler.program import ApRef, Buffer, HbmAccess, Ref
+from neuroncore.enums import Memory
+
+# A node's own text: a string, or its pieces (strings, on-chip refs, HBM accesses) joined when read
+Text: TypeAlias = "str | tuple[str | Ref | ApRef | HbmAccess, ...]"
+
+
+def ref_text(ref: Ref | ApRef, buffers: Mapping[int, Buffer], known: dict[int, tuple[str, int, int]],
+             psum_bank_bytes: int) -> str:
+    """An on-chip operand's text (``bf16@sb:0x1a00[0:128,128]``, ``psum[3]@fp32[0:128,0:64]``);
+    ``known`` caches each buffer's text prefix, byte address and element size (-1 address: a
+    PSUM bank), a buffer never changing once made."""
+    if not isinstance(ref, ApRef):  # one or more per operand of every instruction
+        prefix_of = known.get(ref.buf)
+        if prefix_of is None:
+            buf = buffers[ref.buf]
+            if buf.memory is Memory.PSUM:
+                prefix_of = (f"psum[{buf.address // psum_bank_bytes}]@fp32[", -1, 0)
+            else:
+                prefix_of = (f"{buf.dtype.profile_name}@sb:0x", buf.address, buf.dtype.itemsize)
+            known[ref.buf] = prefix_of
+        prefix, address, itemsize = prefix_of
+        if address < 0:
+            return f"{prefix}{ref.p0}:{ref.p1},{ref.f0}:{ref.f1}]"
+        f0 = ref.f0
+        return f"{prefix}{address + f0 * itemsize:x}[{ref.p0}:{ref.p1},{ref.f1 - f0}]"
+    buf = buffers[ref.buf]
+    pattern = ",".join(f"[{stride},{count}]" for stride, count in ref.pattern)
+    base = "sb" if buf.memory is Memory.SBUF else "psum"
+    return (f"{buf.dtype.profile_name}@{base}:0x{buf.address + ref.offset * buf.dtype.itemsize:x}"
+            f"[{ref.p0}:{ref.p1},{pattern}]")
+
+
+def hbm_text(access: HbmAccess) -> str:
+    """An HBM operand's text (``hbm:name(view)[batch][r0:r1,c0:c1]``)."""
+    view = f"({access.view})" if access.view else ""
+    return (f"hbm:{access.tensor}{view}[{access.batch}][{access.r0}:{access.r1},"
+            f"{access.c0}:{access.c1}]")
+
+
+class RefTexts:
+    """Joins texts given in pieces (:data:`Text`) from a program's buffer table: each piece as
+    ``ref_text`` or ``hbm_text`` made it when the node was lowered (the buffers never change)."""
+
+    __slots__ = ("buffers", "known", "psum_bank_bytes")
+
+    def __init__(self, buffers: Mapping[int, Buffer], psum_bank_bytes: int) -> None:
+        self.buffers = buffers
+        self.psum_bank_bytes = psum_bank_bytes
+        self.known: dict[int, tuple[str, int, int]] = {}
+
+    def render(self, text: Text) -> str:
+        if text.__class__ is str:
+            return text  # type: ignore[return-value]
+        return "".join([p if p.__class__ is str else self._piece(p) for p in text])  # type: ignore[misc]
+
+    def _piece(self, piece: Ref | ApRef | HbmAccess) -> str:
+        if isinstance(piece, HbmAccess):
+            return hbm_text(piece)
+        return ref_text(piece, self.buffers, self.known, self.psum_bank_bytes)
+
+
+class RenderedTexts(LazySequence[str]):
+    """``texts`` with each text given in pieces joined when read (``RefTexts.render``)."""
+
+    def __init__(self, texts: list[Text], render: RefTexts) -> None:
+        self._texts = texts
+        self._render = render
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def _item(self, i: int) -> str:
+        return self._render.render(self._texts[i])
 
 
 class OperandTexts(LazySequence[str]):
@@ -80,4 +160,4 @@ class OperandTexts(LazySequence[str]):
         return made
 
 
-__all__ = ["OperandTexts"]
+__all__ = ["OperandTexts", "RefTexts", "RenderedTexts", "Text", "hbm_text", "ref_text"]

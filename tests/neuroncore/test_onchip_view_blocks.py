@@ -12,6 +12,7 @@ applies to.
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -55,7 +56,7 @@ def _every_element(root: Op, index: np.ndarray, shape: tuple[int, ...]) -> Any:
                 or min(np.diff(cuts)) < onchip_views.MIN_COPY_COLUMNS):
             return None, None
         copies.append([(c0, (int(first_st[i, c0]), 0, hi - lo, int(first_cl[i, c0]),
-                             int(first_cl[i, c0]) + c1 - c0)) for c0, c1 in zip(cuts, cuts[1:])])
+                             int(first_cl[i, c0]) + c1 - c0)) for c0, c1 in pairwise(cuts)])
     return None, copies
 
 
