@@ -79,11 +79,13 @@ class RefTexts:
         self.known: dict[int, tuple[str, int, int]] = {}
 
     def render(self, text: Text) -> str:
-        if text.__class__ is str:
-            return text  # type: ignore[return-value]
-        return "".join([p if p.__class__ is str else self._piece(p) for p in text])  # type: ignore[misc]
+        if isinstance(text, str):
+            return text
+        return "".join([self._piece(p) for p in text])
 
-    def _piece(self, piece: Ref | ApRef | HbmAccess) -> str:
+    def _piece(self, piece: str | Ref | ApRef | HbmAccess) -> str:
+        if isinstance(piece, str):
+            return piece
         if isinstance(piece, HbmAccess):
             return hbm_text(piece)
         return ref_text(piece, self.buffers, self.known, self.psum_bank_bytes)
