@@ -295,6 +295,24 @@ def _reads_of(entries: Iterable[_Access]) -> tuple[dict[tuple[int, ...], _Access
     return reads, (-1 if twins else small)
 
 
+def _drop_covered_reads(accesses: _Accesses, candidates: Iterable[_Access], lane: int | None,
+                        a0: int, a1: int, b0: int, b1: int) -> dict[tuple[int, ...], _Access]:
+    """Removes ``lane``'s reads (every lane's if None: a write covers them all) inside
+    ``[a0, a1) x [b0, b1)`` from ``accesses`` and returns its read dict: a key with twins (two reads
+    of one rectangle, ``small < 0``) is rebuilt, since their keys may change; otherwise the covered
+    reads leave in place and the others keep their order (``_drop_covered``)."""
+    r = accesses.r
+    if accesses.small < 0:
+        r, accesses.small = _reads_of(
+            [x for x in r.values()
+             if (lane is not None and x[5] != lane)
+             or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
+        accesses.r = r
+    else:
+        _drop_covered(r, candidates, lane, a0, a1, b0, b1)
+    return r
+
+
 def _drop_covered(r: dict[tuple[int, ...], _Access], candidates: Iterable[_Access], lane: int | None,
                   a0: int, a1: int, b0: int, b1: int) -> None:
     """Remove from ``r`` (no twins: every read under its (rectangle, lane) key) the reads inside
@@ -629,12 +647,7 @@ class Emitter:
                         break
                 for x0, x1, y0, y1, _n, _l, _w in r.values():
                     if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
-                            accesses.r, accesses.small = _reads_of(
-                                [x for x in r.values()
-                                 if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                        else:
-                            _drop_covered(r, list(r.values()), None, a0, a1, b0, b1)
+                        _drop_covered_reads(accesses, list(r.values()), None, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
             entry = (a0, a1, b0, b1, node, lane, True)
@@ -662,28 +675,15 @@ class Emitter:
                     if (x[5] == lane and a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1
                             and live(x)):
                         before = len(r)
-                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
-                            r, accesses.small = _reads_of(
-                                [x for x in r.values()
-                                 if x[5] != lane
-                                 or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                            accesses.r = r
-                        else:
-                            _drop_covered(r, ix.near(cells, ix.rc, ix.rw), lane, a0, a1, b0, b1)
+                        r = _drop_covered_reads(accesses, ix.near(cells, ix.rc, ix.rw),
+                                                lane, a0, a1, b0, b1)
                         ix.stale += before - len(r)
                         ix.rlast = None
                         break
             else:
                 for x0, x1, y0, y1, _n, x_lane, _w in r.values():
                     if x_lane == lane and a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
-                        if accesses.small < 0:  # twins: rebuilt (their keys may change)
-                            r, accesses.small = _reads_of(
-                                [x for x in r.values()
-                                 if x[5] != lane
-                                 or not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)])
-                            accesses.r = r
-                        else:  # the covered reads leave, the others keep their order (``_drop_covered``)
-                            _drop_covered(r, list(r.values()), lane, a0, a1, b0, b1)
+                        r = _drop_covered_reads(accesses, list(r.values()), lane, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
             r[at] = entry

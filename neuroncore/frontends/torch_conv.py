@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -342,6 +343,32 @@ def upsample_nearest(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> 
 
 
 
+def _interpolate_dims(c: _Converter, node: torch.fx.Node, x: Any, shape: tuple[int, ...], dtype: DType,
+                      matrix_of: Callable[..., np.ndarray], factors: list[Any], align: bool, *,
+                      backward: bool) -> Any:
+    """Contracts each spatial dim of ``x`` (moved last) with its constant ``[out, in]``
+    interpolation matrix ``M``: ``x @ M.T`` resizes (the forward), ``x @ M`` takes a resize's
+    output gradient back to the input's size (the backward: the same matrix and taps). ``shape``
+    is the forward input's size in the backward and the forward output's in the forward."""
+    for k in range(len(shape) - 2):
+        dim = 2 + k
+        size, out = (shape[dim], x.shape[dim]) if backward else (x.shape[dim], shape[dim])
+        if size == out and (align or factors[k] in (None, 1.0)):
+            continue
+        rank = len(x.shape)
+        order = [d for d in range(rank) if d != dim] + [dim]
+        moved = x if dim == rank - 1 else c.b.transpose(x, order)
+        flat = c.b.reshape(moved, (-1, out if backward else size))
+        # named after the node: weights of one label share one HBM tensor (a tied weight), so two
+        # resizes in one layer with matrices of their own must not share a name
+        matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
+                            array=matrix_of(size, out, align, factors[k]))
+        result = c.b.dot(flat, matrix, rhs_contract=0 if backward else -1, out_dtype=dtype)
+        result = c.b.reshape(result, (*moved.shape[:-1], size if backward else out))
+        x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))
+    return x
+
+
 @handles("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")
 def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     """Linear and bicubic interpolation, separable: each spatial dim is moved last and contracted
@@ -359,24 +386,8 @@ def upsample_linear(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
     if factors is None:
         names = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
         factors = [kw.get(n) for n in names[spatial]]
-    align = bool(kw.get("align_corners"))
-    for k in range(spatial):
-        dim = 2 + k
-        size, out = x.shape[dim], shape[dim]
-        if size == out and (align or factors[k] in (None, 1.0)):
-            continue
-        rank = len(x.shape)
-        order = [d for d in range(rank) if d != dim] + [dim]
-        moved = x if dim == rank - 1 else c.b.transpose(x, order)
-        flat = c.b.reshape(moved, (-1, size))
-        # named after the node: weights of one label share one HBM tensor (a tied weight), so two
-        # resizes in one layer with matrices of their own must not share a name
-        matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
-                            array=matrix_of(size, out, align, factors[k]))
-        result = c.b.dot(flat, matrix, rhs_contract=-1, out_dtype=dtype)
-        result = c.b.reshape(result, (*moved.shape[:-1], out))
-        x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))
-    return x
+    return _interpolate_dims(c, node, x, shape, dtype, matrix_of, factors,
+                             bool(kw.get("align_corners")), backward=False)
 
 
 __all__ = ["convolution", "upsample_linear"]
@@ -422,19 +433,5 @@ def upsample_linear_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, A
     spatial = len(shape) - 2
     names = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
     factors = [kw.get(n) for n in names[spatial]]
-    align = bool(kw.get("align_corners"))
-    for k in range(spatial):
-        dim = 2 + k
-        size, out = shape[dim], x.shape[dim]
-        if size == out and (align or factors[k] in (None, 1.0)):
-            continue
-        rank = len(x.shape)
-        order = [d for d in range(rank) if d != dim] + [dim]
-        moved = x if dim == rank - 1 else c.b.transpose(x, order)
-        flat = c.b.reshape(moved, (-1, out))
-        matrix = c.b.weight(f"{node.name}_interpolation_{k}", (out, size), dtype,
-                            array=matrix_of(size, out, align, factors[k]))
-        result = c.b.dot(flat, matrix, rhs_contract=0, out_dtype=dtype)
-        result = c.b.reshape(result, (*moved.shape[:-1], size))
-        x = result if dim == rank - 1 else c.b.transpose(result, list(np.argsort(order)))
-    return x
+    return _interpolate_dims(c, node, x, shape, dtype, matrix_of, factors,
+                             bool(kw.get("align_corners")), backward=True)
