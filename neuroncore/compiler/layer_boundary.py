@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from neuroncore.compiler.context import NEVER_USED_AGAIN, Context
 from neuroncore.compiler.layer_runs import LayerRun
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout, QueueName
-from neuroncore.compiler.memory import _Tombstone
 from neuroncore.compiler.program import Ref
 from neuroncore.compiler.tiling import tile_grid, tiles_of
 from neuroncore.ir.graph import Graph
@@ -125,21 +124,7 @@ def merge_tombstones(ctx: Context) -> None:
     run that moves nothing (``LayerDedup.quiet``: a long prompt's, every value in HBM), where all
     of SBUF but the program's own globals is free. A stated assumption; it changes programs.
     """
-    sbuf = ctx.sbuf
-    tombs = sbuf.tombstones
-    if not tombs:
-        return
-    merged: list[_Tombstone] = []
-    i = 0
-    for start, end in sbuf.free:
-        nodes: set[int] = set()
-        while i < len(tombs) and tombs[i].start < end:
-            if tombs[i].end > start:
-                nodes.update(tombs[i].nodes)
-            i += 1
-        if nodes:
-            merged.append(_Tombstone(start, end, ctx.em.compact(nodes)))
-    sbuf.tombstones = merged
+    ctx.sbuf.merge_tombstones(ctx.em.compact)
 
 
 def _moved(access: tuple, node: int, lanes: Sequence[int]) -> tuple:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ALIGN = 64
@@ -241,6 +242,25 @@ class RangeAllocator:
 
     def largest_free(self) -> int:
         return max((e - s for s, e in self.free), default=0)
+
+    def merge_tombstones(self, compact: Callable[[set[int]], list[int]]) -> None:
+        """Each free range that holds tombstones gets one tombstone over the whole range, with the
+        nodes of those under it (``compact`` keeps the latest of each lane): what was freed where
+        is forgotten, not who must be waited for (``layer_boundary.merge_tombstones`` says why)."""
+        tombs = self.tombstones
+        if not tombs:
+            return
+        merged: list[_Tombstone] = []
+        i = 0
+        for start, end in self.free:
+            nodes: set[int] = set()
+            while i < len(tombs) and tombs[i].start < end:
+                if tombs[i].end > start:
+                    nodes.update(tombs[i].nodes)
+                i += 1
+            if nodes:
+                merged.append(_Tombstone(start, end, compact(nodes)))
+        self.tombstones = merged
 
     def _take_hazards(self, start: int, end: int) -> list[int]:
         """The nodes of the tombstones under [start, end) (at most the newest 64), which leave;

@@ -223,14 +223,15 @@ def test_merge_tombstones_makes_one_per_free_range() -> None:
     from types import SimpleNamespace
 
     from neuroncore.compiler.layer_boundary import merge_tombstones
-    from neuroncore.compiler.memory import _Tombstone
+    from neuroncore.compiler.memory import RangeAllocator, _Tombstone
 
     lanes = [1, 2, 1, 2, 3]
     em = SimpleNamespace(compact=lambda nodes: sorted({max(n for n in nodes if lanes[n] == lane)
                                                       for lane in {lanes[n] for n in nodes}}))
     tombs = [_Tombstone(0, 64, [0]), _Tombstone(128, 192, [1, 2]), _Tombstone(192, 256, [3]),
              _Tombstone(512, 576, [4])]
-    sbuf = SimpleNamespace(free=[(0, 320), (384, 448), (512, 1024)], tombstones=tombs)
+    sbuf = RangeAllocator(1024)
+    sbuf.free, sbuf.tombstones = [(0, 320), (384, 448), (512, 1024)], tombs
     merge_tombstones(SimpleNamespace(em=em, sbuf=sbuf))  # type: ignore[arg-type]
     assert [(t.start, t.end, t.nodes) for t in sbuf.tombstones] == [(0, 320, [2, 3]), (512, 1024, [4])]
 
