@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -321,18 +322,26 @@ def _linear_steps_match(loss_fn, target: torch.Tensor, steps: int = 3) -> None:
     parameters after ``steps`` steps."""
     torch.manual_seed(0)
     ours = torch.nn.Linear(16, 8)
-    ref = copy.deepcopy(ours)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
-    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
-    step = neuroncore.trace_train_step(ours, opt_ours, (x, target), loss_fn=loss_fn)
-    for _ in range(steps):
-        loss = loss_fn(ref(x), target)
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x, target)] * steps,
+                 loss_fn, loss_abs=1e-6, param_atol=1e-6)
+
+
+def _steps_match(ours: torch.nn.Module, make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer],
+                 batches: list[tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable[..., torch.Tensor], *,
+                 loss_abs: float, param_atol: float) -> None:
+    """``ours`` trained on the core and a copy in PyTorch's own loop, one step per batch: the
+    same loss at every step and the same parameters at the end."""
+    ref = copy.deepcopy(ours)
+    opt, ref_opt = make_optimizer(ours), make_optimizer(ref)
+    step = neuroncore.trace_train_step(ours, opt, batches[0], loss_fn=loss_fn)
+    for inputs, target in batches:
+        loss = loss_fn(ref(inputs), target)
         loss.backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        assert float(step(x, target)) == pytest.approx(loss.item(), abs=1e-6)
-    _assert_same_params(ref, ours, atol=1e-6)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(inputs, target)) == pytest.approx(loss.item(), abs=loss_abs)
+    _assert_same_params(ref, ours, atol=param_atol)
 
 
 LOSSES_OF_USER_LOOPS = {
@@ -407,18 +416,10 @@ def test_a_gru_trains_as_pytorch(gru: dict) -> None:
     step was refused with those ops listed."""
     torch.manual_seed(0)
     ours = _GRUClassifier(**gru)
-    ref = copy.deepcopy(ours)
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours, ref))
     g = torch.Generator().manual_seed(4)
     batches = [(torch.randn(4, 5, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(3)]
-    step = neuroncore.trace_train_step(ours, opt, batches[0], loss_fn=F.cross_entropy)
-    for x, y in batches:
-        loss = F.cross_entropy(ref(x), y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert float(step(x, y)) == pytest.approx(loss.item(), abs=1e-5)
-    _assert_same_params(ref, ours, atol=1e-5)
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), batches,
+                 F.cross_entropy, loss_abs=1e-5, param_atol=1e-5)
 
 
 class _Resizes(torch.nn.Module):
@@ -448,18 +449,10 @@ def test_linear_resizes_train_as_pytorch() -> None:
     matrix (before: ``aten.upsample_linear1d_backward`` unsupported)."""
     torch.manual_seed(0)
     ours = _Resizes()
-    ref = copy.deepcopy(ours)
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ours, ref))
     g = torch.Generator().manual_seed(5)
     x, target = torch.randn(2, 3, 6, 8, generator=g), torch.randn(2, 20, generator=g)
-    step = neuroncore.trace_train_step(ours, opt, (x, target), loss_fn=F.mse_loss)
-    for _ in range(3):
-        loss = F.mse_loss(ref(x), target)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert float(step(x, target)) == pytest.approx(loss.item(), abs=1e-6)
-    _assert_same_params(ref, ours, atol=1e-5)
+    _steps_match(ours, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), [(x, target)] * 3,
+                 F.mse_loss, loss_abs=1e-6, param_atol=1e-5)
 
 
 class _PooledSequence(torch.nn.Module):
@@ -483,15 +476,7 @@ def test_an_adaptive_average_pool_1d_trains_as_pytorch() -> None:
     silently (the projection kept its initial weights while the losses of the first step agreed)."""
     torch.manual_seed(0)
     ours = _PooledSequence()
-    ref = copy.deepcopy(ours)
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref))
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(4, 6, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
-    step = neuroncore.trace_train_step(ours, opt, (x, y), loss_fn=F.cross_entropy)
-    for _ in range(3):
-        loss = F.cross_entropy(ref(x), y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert float(step(x, y)) == pytest.approx(loss.item(), abs=1e-6)
-    _assert_same_params(ref, ours, atol=1e-6)
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [(x, y)] * 3,
+                 F.cross_entropy, loss_abs=1e-6, param_atol=1e-6)
