@@ -195,6 +195,7 @@ def simulate(program: Program, options: CompilerOptions | None = None) -> Timed:
     t1 = time.perf_counter()
     result = group.execute(timing_only=True)
     t2 = time.perf_counter()
+    group.unload()  # freed when this returns, not by the cycle collector (NeuronCore.unload)
     compiled = group.program
     # the KV cache stays on the device: the hidden states (embedded on the host) and the
     # positions go in, the logits out

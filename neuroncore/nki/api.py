@@ -159,7 +159,7 @@ def run_kernel(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, An
     core = inst.core(0)
     model = core.load(program)
     execution = model.execute(timing_only=True)
-    core.models.remove(model)  # a kernel call does not stay resident
+    core.unload(model)  # a kernel call does not stay resident
     return KernelRun(outputs, program, execution)
 
 
@@ -298,7 +298,7 @@ class Kernel:
                 loaded.execute(timing_only=True)
             times = [loaded.execute(timing_only=True).device_time_ns for _ in range(iters)]
         finally:
-            model.models.remove(loaded)
+            model.unload(loaded)
         self.benchmark_result = BenchmarkResult(LatencyStats(np.asarray(times, np.float64) / 1000.0))
         return run.outputs
 

@@ -167,6 +167,13 @@ class TensorParallelModel:
     def tp(self) -> int:
         return self.sharded.tp
 
+    def unload(self) -> None:
+        """Take the program off every rank's core (``NeuronCore.unload``); the group cannot run
+        after."""
+        for model in self.models:
+            model.core.unload(model)
+        self.models = []
+
     def _time_collective(self, node: int) -> CollectiveRecord:
         op = self.program.graph.ops[int(self.program.op_index[node])]
         operand = op.operands[0]

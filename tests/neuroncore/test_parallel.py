@@ -299,3 +299,32 @@ def test_misplaced_cache_inputs_settle_in_two_passes(monkeypatch):
     result = TensorParallelModel.load(laid_out, "trn1.32xlarge", tp_degree=tp).execute(mapped)
     np.testing.assert_allclose(result.outputs[0], expected[0], rtol=1e-4,
                                atol=1e-4 * np.abs(expected[0]).max())
+
+
+def test_an_unloaded_group_frees_its_cores_and_leaves_no_cycle():
+    """A core and its loaded models refer to each other; a group that is run and dropped without
+    unloading leaves its whole program to the cycle collector. Unloaded, nothing is left: the
+    cores' memory is free again and the program goes when its last holder lets go."""
+    import gc
+
+    instance = nc.Instance("trn1.32xlarge", sink=EventSink())
+    group = TensorParallelModel.load(small_llama(), instance, tp_degree=2)
+    cores = [m.core for m in group.models]
+    group.execute(timing_only=True)
+    assert all(core.hbm_used_bytes > 0 for core in cores)
+    model = group.models[0]
+    group.unload()
+    assert [core.hbm_used_bytes for core in cores] == [0, 0] and group.models == []
+    with pytest.raises(ValueError, match=r"^llama_decode is not loaded on core 0$"):
+        cores[0].unload(model)
+    del model, group
+    gc.collect()
+    gc.disable()
+    try:
+        again = TensorParallelModel.load(small_llama(), instance, tp_degree=2)
+        again.execute(timing_only=True)
+        again.unload()
+        del again
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
