@@ -45,7 +45,7 @@ from neuroncore.compiler.program import (
     raw_buffer,
 )
 from neuroncore.compiler.tiling import P, Tile, tile_grid, tiles_of
-from neuroncore.compiler.view_steps import Reshape
+from neuroncore.compiler.view_steps import ApplyOp, Reshape
 from neuroncore.dtypes import DType
 from neuroncore.enums import DmaQueueType, Memory
 from neuroncore.hardware import CoreSpec, Engine
@@ -355,9 +355,54 @@ class Context:
 
     def hbm_rects(self, access: HbmAccess, rows_per_batch: int) -> list:
         if access.tensor in self.hbm_views or access.view is not None or access.layout != Layout.ROW:
-            names = self.view_sources(access.tensor)
+            names = self._concat_sources_read(access)
+            if names is None:
+                names = self.view_sources(access.tensor)
             return [(("hbm", n), WHOLE_TENSOR) for n in names]
         return [hbm_key(access, rows_per_batch)]
+
+    def _concat_sources_read(self, access: HbmAccess) -> list[str] | None:
+        """The stored tensors a row-layout load from a concatenate's HBM view reads: only the
+        operands its rows and columns fall in (each whole), not all of them. A decode step's K and
+        V are the cache concatenated with the new token's row; a load of cached rows does not wait
+        for the new row's store (transformers-neuronx's decode attention reads the past cache and
+        the new token's K/V as separate operands, "to remove the data dependency on an updated KV
+        cache": docs/execution-core.md, "Long softmax rows and decode attention"). None: not
+        such a load (every source, whole)."""
+        view = self.hbm_views.get(access.tensor)
+        if view is None or access.view is not None or access.layout != Layout.ROW or len(view.steps) != 1 \
+                or not isinstance(view.steps[0], ApplyOp):
+            return None
+        op = self.graph.ops[view.steps[0].op_index]
+        if op.opcode != "concatenate" or len(op.shape) < 2:
+            return None
+        dim, n = op.attrs["dimension"], len(op.shape)
+        rows = op.shape[-2]
+        f0, f1 = access.batch * rows + access.r0, access.batch * rows + access.r1  # flat rows
+        if f1 <= f0:
+            return None
+        if dim == n - 1:
+            lo, hi = access.c0, access.c1
+        elif dim == n - 2:
+            if f0 // rows != (f1 - 1) // rows:
+                return None  # rows of more than one batch
+            lo, hi = f0 % rows, (f1 - 1) % rows + 1
+        else:
+            if f0 // rows != (f1 - 1) // rows:
+                return None
+            lead = op.shape[:-2]
+            b, index = f0 // rows, [0] * len(lead)
+            for d in range(len(lead) - 1, -1, -1):
+                b, index[d] = divmod(b, lead[d])
+            lo, hi = index[dim], index[dim] + 1
+        names: list[str] = []
+        start = 0
+        for operand, source in zip(op.operands, view.sources):
+            end = start + operand.shape[dim]
+            if start < hi and lo < end:
+                names.extend(self.view_sources(source))
+            start = end
+        return names
 
     def dma_load(self, queue: QueueName, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
                  run_bytes: int | None = None, spill_reload: bool = False, text: str = "",

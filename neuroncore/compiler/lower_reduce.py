@@ -210,46 +210,57 @@ def softmax_steps(ctx: Context, op: Op) -> Iterator[bool]:
     src = op.operands[0]
     value = ctx.define(op)
     _free_limit_check(ctx, op, value.cols)
+    chunks = math.ceil(value.cols / SOFTMAX_CHUNK)
     for t, tile in enumerate(value.tiles):
         x = ctx.tile(src, t, Layout.ROW)
         out = ctx.produce(op, t)
-        rows = tile.rows
-        try:
-            neg_max, total, e = _scratches(ctx, rows, [(1, f"{op.name}.max"), (1, f"{op.name}.sum"),
-                                                       (value.cols, f"{op.name}.exp")])
-        except CompileError:
-            _softmax_in_chunks(ctx, op, x, out, rows, value.cols)
-        else:
-            tensor_reduce(ctx, MAX, neg_max, x, negate=True)
-            activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
-            reciprocal(ctx, total, total)
-            activate(ctx, "copy", out, e, scale=total)
-            _free(ctx, neg_max, total, e)
+        if chunks > 1 or not _softmax_whole(ctx, op, x, out, tile.rows, value.cols):
+            _softmax_in_chunks(ctx, op, x, out, tile.rows, value.cols, chunks)
         ctx.release(src, x)
         ctx.produced(op, t, out)
         ctx.unpin_all()
         yield batch_ends(value, t)
 
 
+def _softmax_whole(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: int) -> bool:
+    """A row tile of at most ``SOFTMAX_CHUNK`` columns in one pass per step; False (nothing
+    emitted) when its FP32 ``exp`` row finds no room."""
+    try:
+        neg_max, total, e = _scratches(ctx, rows, [(1, f"{op.name}.max"), (1, f"{op.name}.sum"),
+                                                   (cols, f"{op.name}.exp")])
+    except CompileError:
+        return False
+    tensor_reduce(ctx, MAX, neg_max, x, negate=True)
+    activate(ctx, "exponential", e, x, bias=neg_max, accumulate=total)
+    reciprocal(ctx, total, total)
+    activate(ctx, "copy", out, e, scale=total)
+    _free(ctx, neg_max, total, e)
+    return True
+
+
+SOFTMAX_CHUNK = 2048  # columns: a softmax row wider than this is computed in chunks of at most it
 SOFTMAX_MIN_CHUNK = 512  # columns: the narrowest exp chunk a split softmax row takes
 
 
-def _softmax_in_chunks(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: int) -> None:
-    """A softmax row tile whose FP32 ``exp`` row finds no free range as wide (every resort of
-    ``Context.alloc`` taken, its scratch placed largest first too): the row is split into ``n``
-    equal column chunks (2, 3, ... until each chunk's exp buffer fits), as a compiler tiles a
-    free dim: the negated max over the whole row, then per chunk ``exp(x - max)`` into its own
-    buffer summed by the activation into its column of a ``[rows, n]`` FP32 partials tile, one
-    ``TENSOR_REDUCE`` of the partials to the row sum, its reciprocal, and the scale per chunk. The
-    same instructions per element plus ``n - 1`` ACTIVATEs and one reduce; the sum is added in
-    ``n`` FP32 parts (the chunks' sums, then theirs), not in one pass. Mistral-7B's decode step
-    in bucket 16,384 (inf2 tp24, two heads' 16,384 scores per partition, a 64 KiB exp row): the
-    scores and the probabilities, 32 KiB each, split the free space so that its widest range held
-    64,640 bytes, the row none."""
+def _softmax_in_chunks(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: int, first: int) -> None:
+    """A softmax row tile in ``n`` equal column chunks, ``n`` at least ``first`` (the row's width
+    over ``SOFTMAX_CHUNK``): the negated max over the whole row, then per chunk ``exp(x - max)``
+    into its own buffer summed by the activation into its column of a ``[rows, n]`` FP32 partials
+    tile, one ``TENSOR_REDUCE`` of the partials to the row sum, its reciprocal, and the scale per
+    chunk, so that a reader of the probabilities (attention's PV dot) can start on the first
+    chunk while the Scalar engine scales the next: the NKI flash-attention kernel's 2,048-column
+    K/V tiles, whose exps it sums in partial sums (docs/execution-core.md, "Long softmax rows
+    and decode attention").
+    The same instructions per element plus ``n - 1`` ACTIVATEs and one reduce; the sum is added
+    in ``n`` FP32 parts (the chunks' sums, then theirs), not in one pass. When the chunks'
+    buffers find no room, ``n`` grows (``first + 1``, ...) until they do (``split_softmax_rows``
+    counts those row tiles): Mistral-7B's decode step in bucket 16,384 (inf2 tp24, two heads'
+    16,384 scores per partition) found its widest range 64,640 bytes, the 64 KiB row none,
+    before rows that wide were always chunked."""
     name = op.name
     chunks: list[tuple[int, int]] = []
     refs: list[Ref] = []
-    for n in range(2, max(2, cols // SOFTMAX_MIN_CHUNK) + 1):
+    for n in range(max(2, first), max(2, first, cols // SOFTMAX_MIN_CHUNK) + 1):
         width = math.ceil(cols / n)
         chunks = [(c, min(cols, c + width)) for c in range(0, cols, width)]
         try:
@@ -264,7 +275,11 @@ def _softmax_in_chunks(ctx: Context, op: Op, x: Ref, out: Ref, rows: int, cols: 
         raise CompileError(f"cannot place {name}.exp: no split of its {cols} FP32 columns per "
                            f"partition into chunks of at least {SOFTMAX_MIN_CHUNK} fits in SBUF", op)
     neg_max, total, partials, *exps = refs
-    ctx.stats["split_softmax_rows"] = ctx.stats.get("split_softmax_rows", 0) + 1
+    if len(chunks) > first:
+        ctx.stats["split_softmax_rows"] = ctx.stats.get("split_softmax_rows", 0) + 1
+    if first > 1:
+        ctx.stats["chunked_softmax_rows"] = ctx.stats.get("chunked_softmax_rows", 0) + 1
+        ctx.stats["softmax_chunks"] = ctx.stats.get("softmax_chunks", 0) + len(chunks)
     tensor_reduce(ctx, MAX, neg_max, x, negate=True)
     for j, ((c0, c1), e) in enumerate(zip(chunks, exps)):
         activate(ctx, "exponential", e, Ref(x.buf, x.p0, x.p1, x.f0 + c0, x.f0 + c1), bias=neg_max,
