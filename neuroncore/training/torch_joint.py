@@ -109,6 +109,14 @@ LOSS_FN_CALL = "loss = self.loss_fn(out, inputs[-1])"
 trace holding it, and no user frame, is an op of ``loss_fn`` (torch records no frame inside it)."""
 
 
+def _no_mkldnn() -> contextlib.AbstractContextManager[Any]:
+    """oneDNN off while the joint graph is traced: on a CPU with it on, autograd runs ``nn.LSTM`` as
+    the fused ``mkldnn_rnn_layer`` (and its ``_backward``), ops no accelerator has; off, torch
+    runs its generic LSTM, each step's gates as matmuls and pointwise ops that autograd
+    differentiates (what torch-neuronx traces, as XLA has no oneDNN)."""
+    return torch.backends.mkldnn.flags(enabled=False)
+
+
 def _loss_of(out: Any) -> torch.Tensor:
     """The loss a model returned: a 0-d tensor, ``out.loss``, or the first element of a tuple."""
     loss = getattr(out, "loss", None)
@@ -287,7 +295,8 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
-            with sdpa_kernel([SDPBackend.MATH]):  # attention as ops autograd differentiates
+            with sdpa_kernel([SDPBackend.MATH]), _no_mkldnn():  # attention and RNNs as ops
+            # autograd differentiates
                 examples = [x.detach().clone().requires_grad_(True) if i in input_grads else x
                             for i, x in enumerate(example_inputs)]
                 traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
@@ -436,7 +445,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
-            with sdpa_kernel([SDPBackend.MATH]):
+            with sdpa_kernel([SDPBackend.MATH]), _no_mkldnn():
                 traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
                     values, [b.clone() for _, b in buffers], *examples)
     except Exception as exc:  # any tracer failure is a failed trace

@@ -422,6 +422,36 @@ def test_a_gru_trains_as_pytorch(gru: dict) -> None:
                  F.cross_entropy, loss_abs=1e-5, param_atol=1e-5)
 
 
+class _LSTMClassifier(torch.nn.Module):
+    def __init__(self, **lstm: object) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.lstm = torch.nn.LSTM(8, 16, batch_first=True, **lstm)  # type: ignore[arg-type]
+        self.head = torch.nn.Linear(32 if lstm.get("bidirectional") else 16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("lstm", [{}, {"num_layers": 2, "bidirectional": True}, {"proj_size": 6}])
+def test_an_lstm_trains_as_pytorch(lstm: dict) -> None:
+    """``nn.LSTM`` under autograd on a CPU with oneDNN ran as the fused ``mkldnn_rnn_layer`` and
+    its ``_backward`` (refused, listed); the joint graph is traced with oneDNN off, so the cell's
+    gates are matmuls and pointwise ops, differentiated by autograd."""
+    torch.manual_seed(0)
+    if "proj_size" in lstm:
+        ours: torch.nn.Module = _LSTMClassifier(**lstm)
+        ours.head = torch.nn.Linear(6, 4)
+    else:
+        ours = _LSTMClassifier(**lstm)
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randint(0, 20, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g))
+               for _ in range(3)]
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9), batches,
+                 F.cross_entropy, loss_abs=1e-5, param_atol=1e-6)
+
+
 class _Resizes(torch.nn.Module):
     """A segmentation-style head: convolutions, then linear / bilinear / bicubic / trilinear
     resizes of their outputs (up and down, ``align_corners`` either way)."""
