@@ -26,7 +26,8 @@ constants become immediates, and scalar arithmetic on constants is folded. ``cal
 ``fusion``, should optimized HLO ever be given) is inlined;
 ``reduce`` with an add/max/min/and/or computation becomes ``reduce`` sum/max; ``dot_general`` is
 arranged into the IR's ``dot`` (batch dims first, one contracting dim) with transposes/reshapes;
-``erf`` becomes XLA's own rational approximation. Anything else (``while``, ``sort``,
+``erf`` becomes XLA's own rational approximation; a one-key ascending ``sort`` is a rank sort.
+Anything else (a ``while`` reading data, ``sort`` on several keys,
 ``custom-call`` ...) is emitted under its HLO opcode, so ``neuroncore.check`` lists it.
 """
 
@@ -611,6 +612,10 @@ class _Converter:
         if code == "topk" and operands and isinstance(operands[0], Op) and operands[0].shape \
                 and operands[0].dtype.is_float:
             return self._topk(ins, operands[0], name)
+        if code == "sort":
+            ordered = self._sort(ins, operands, name)
+            if ordered is not None:
+                return ordered
         if code == "reduce" and len(operands) == 4:
             arg = self._arg_extreme(ins, operands, name)
             if arg is not None:
@@ -663,6 +668,101 @@ class _Converter:
             op.name = self._aux(name, f"{op.opcode}{k}")
         value.name, first.name = self._aux(name, "value"), self._aux(name, "index")
         return value, first
+
+    def _sort(self, ins: HloInstruction, operands: list[Val], name: str) -> Val | None:
+        """``jnp.sort`` / ``jnp.argsort`` / ``lax.sort`` keyed on the first operand (HLO ``sort``
+        whose comparator is JAX's ascending "less than" on operand 0, the float form canonicalising
+        -0 and NaN first) as a rank sort, which needs no data-dependent control flow: element
+        ``i``'s place is the number of elements that go before it, ``rank_i = #{j: k_j < k_i} +
+        #{j < i: k_j == k_i}`` (stable, as ``is_stable=true`` asks; ``sort(is_stable=false)`` may
+        order ties any way, so this order is one of its), an ``[.., n, n]`` compare and a sum; each
+        operand is then placed by a select where ``rank_i`` equals the output position and a sum
+        over ``i``. [assumption] neuronx-cc lowers a static-shape sort to data-independent
+        compare-and-select passes on the engines (NeuronCores have no sort instruction); this is
+        one such form, costing ``n^2`` per sorted row. Keys and values pass through FP32 (integers
+        exact below 2^24). NaN keys are ordered as +inf, not after it as JAX orders them. None
+        (the op stays unsupported) for any other comparator: several keys, descending
+        comparators, a ``lambda`` of the keys."""
+        dim = ints(ins.attrs.get("dimensions"))
+        if len(dim) != 1 or not all(isinstance(o, Op) for o in operands) \
+                or self._ascending_comparator(ins.attrs.get("to_apply", "")) is not True:
+            return None
+        ops = [o for o in operands if isinstance(o, Op)]
+        shape, d = ops[0].shape, dim[0]
+        if any(o.shape != shape or o.dtype not in (DType.FP32, DType.BF16, DType.FP16, DType.INT32)
+               for o in ops):
+            return None
+        n, rank_ = shape[d], len(shape)
+        grid = (*shape[:d + 1], n, *shape[d + 1:])  # axis d: element i (or output place r), d + 1: j
+        as_i = tuple(a if a < d else a if a == d else a + 1 for a in range(rank_))
+        as_j = tuple(a if a < d else a + 1 for a in range(rank_))
+        start = self.b.n_ops
+        key = self.b.convert(ops[0], DType.FP32) if ops[0].dtype is not DType.FP32 else ops[0]
+        key = self.b.select(self.b.compare(key, key, "NE"), math.inf, key)  # NaN: as +inf
+        k_i, k_j = self.b.broadcast(key, grid, as_i), self.b.broadcast(key, grid, as_j)
+        earlier = self.b.compare(self.b.iota(grid, d + 1, DType.FP32), self.b.iota(grid, d, DType.FP32), "LT")
+        tie = self.b.convert(earlier, DType.FP32)
+        before = self.b.select(self.b.compare(k_j, k_i, "LT"), 1.0,
+                               self.b.select(self.b.compare(k_j, k_i, "EQ"), tie, 0.0))
+        place = self.b.broadcast(self.b.reduce(before, [d + 1], "sum"), grid, as_j)  # rank of i
+        hit = self.b.compare(place, self.b.iota(grid, d, DType.FP32), "EQ")  # [.., r, i]
+        results = []
+        for op in ops:
+            value = self.b.convert(op, DType.FP32) if op.dtype is not DType.FP32 else op
+            placed = self.b.reduce(self.b.select(hit, self.b.broadcast(value, grid, as_j), 0.0),
+                                   [d + 1], "sum")
+            results.append(self.b.convert(placed, op.dtype) if op.dtype is not DType.FP32 else placed)
+        for k, op in enumerate(self.b.ops_since(start)):
+            op.name = self._aux(name, f"{op.opcode}{k}")
+        for k, op in enumerate(results):
+            op.name = self._aux(name, f"sorted{k}")
+        return results[0] if ins.shape.dtype is not None else tuple(results)
+
+    def _ascending_comparator(self, reference: str) -> bool | None:
+        """True when a sort comparator is JAX's ascending order on operand 0 alone: ``compare(a,
+        b), direction=LT`` of parameters 0 and 1, each as itself or through JAX's canonicalisation
+        of floats (``select(a != a, nan, select(a == 0, 0, a))``)."""
+        comp = self.computations.get(_callee(reference))
+        if comp is None:
+            return None
+        by_name = {i.name: i for i in comp.instructions}
+        root = comp.root
+        if root.opcode != "compare" or root.attrs.get("direction") != "LT" or len(root.operands) != 2:
+            return False
+
+        def param(ins: HloInstruction) -> int | None:
+            return int(ins.literal.strip()) if ins.opcode == "parameter" else None
+
+        def constant(ref: str, value: float) -> bool:
+            c = by_name.get(ref)
+            if c is None or c.opcode != "constant":
+                return False
+            got = float(literal_values(c.literal).flat[0])
+            return math.isnan(got) if math.isnan(value) else got == value
+
+        def canonical(ref: str) -> int | None:
+            ins = by_name.get(ref)
+            if ins is None:
+                return None
+            if ins.opcode == "parameter":
+                return param(ins)
+            if ins.opcode != "select" or len(ins.operands) != 3:
+                return None
+            test, on_true, on_false = (by_name.get(o) for o in ins.operands)
+            if test is None or on_true is None or on_false is None or test.opcode != "compare":
+                return None
+            if test.attrs.get("direction") == "NE" and constant(ins.operands[1], math.nan):
+                inner = canonical(ins.operands[2])  # NaN -> canonical NaN, then the zero case
+                tested = by_name.get(test.operands[0])
+                same = test.operands[0] == test.operands[1] and tested is not None
+                return inner if same and tested is not None and param(tested) == inner else None
+            if test.attrs.get("direction") == "EQ" and constant(ins.operands[1], 0.0) \
+                    and constant(test.operands[1], 0.0) and test.operands[0] == ins.operands[2]:
+                return param(on_false)
+            return None
+
+        sides = [canonical(o) for o in root.operands]
+        return sides == [0, 1]
 
     def _arg_kind(self, reference: str) -> str | None:
         """"max" or "min" when a reduce computation is JAX's argmax/argmin comparator: values
@@ -824,6 +924,36 @@ class _Converter:
             return self._constant(self.known[id(x)], shape, dtype, name)
         return self._emit("slice", [x], shape, dtype, name, starts=starts, limits=limits,
                           strides=strides)
+
+    def _op_reverse(self, ins: HloInstruction, operands: list[Val], name: str,
+                    shape: tuple[int, ...], dtype: DType) -> Op:
+        """``reverse`` (``x[::-1]``, ``jnp.flip``, a descending ``jnp.sort``), as the torch
+        frontend's ``flip``: each reversed dim is moved first and its rows gathered at ``n - 1 -
+        iota`` (one row gather), then moved back."""
+        x = operands[0]
+        if id(x) in self.known:
+            return self._constant(self.known[id(x)], shape, dtype, name)
+        start = self.b.n_ops
+        rank = len(x.shape)
+        for dim in sorted(set(ints(ins.attrs.get("dimensions")))):
+            n = x.shape[dim]
+            if n == 1:
+                continue
+            order = [dim, *(i for i in range(rank) if i != dim)]
+            moved = self.b.transpose(x, order) if dim else x
+            rest = moved.shape[1:]
+            backwards = self.b.add(self.b.multiply(self.b.iota((n,), 0, DType.INT32), -1.0), float(n - 1))
+            rows = self.b.gather(self.b.reshape(moved, (n, math.prod(rest))), backwards)
+            picked = self.b.reshape(rows, (n, *rest))
+            x = self.b.transpose(picked, [order.index(i) for i in range(rank)]) if dim else picked
+        made = self.b.ops_since(start)
+        if not made:
+            self.used.discard(name)
+            return x
+        for k, op in enumerate(made[:-1]):
+            op.name = self._aux(name, f"{op.opcode}{k}")
+        made[-1].name = name
+        return x
 
     def _op_dynamic_slice(self, ins: HloInstruction, operands: list[Val], name: str,
                           shape: tuple[int, ...], dtype: DType) -> Op:

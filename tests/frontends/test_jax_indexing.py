@@ -102,3 +102,34 @@ def test_a_variadic_reduce_that_is_not_an_argmax_stays_unsupported() -> None:
 
     missing = nc.check(sum_and_max, (jnp.ones((4, 8)),))
     assert [m.opcode for m in missing] == ["reduce(variadic)"]
+
+
+def sorts(x, ids):
+    p = jax.nn.softmax(x, axis=-1)
+    descending = jnp.sort(p, axis=-1)[..., ::-1]  # top-p sampling's cumulative mass
+    return (jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1), jnp.sort(x, axis=0, descending=True),
+            jnp.argsort(x, axis=0, descending=True), jnp.median(x, axis=-1),
+            jnp.cumsum(descending, axis=-1), jnp.sort(x.astype(jnp.bfloat16), axis=-1),
+            jnp.argsort(ids, axis=-1), jax.lax.sort((x, ids), num_keys=1)[1], jnp.flip(x, (0, 1)))
+
+
+def test_sort_argsort_and_reverse_match_jax() -> None:
+    """``jnp.sort`` / ``argsort`` (HLO ``sort`` with JAX's ascending comparator; stable: ties keep
+    their order) as a rank sort, and ``reverse`` (``[::-1]``, ``flip``, descending sorts) as a row
+    gather: both were unsupported ops. Exact against JAX: ties, -0.0, bf16 and integer keys."""
+    x = np.asarray(RNG.standard_normal((3, 9)), np.float32)
+    x[0, 3] = x[0, 5]
+    x[1, :4] = 0.5
+    x[2, 2], x[2, 6] = -0.0, 0.0
+    ids = jnp.asarray(RNG.integers(0, 4, (3, 9)).astype(np.int32))
+    model = nc.trace(sorts, (jnp.asarray(x), ids))
+    got, want = model(jnp.asarray(x), ids), sorts(jnp.asarray(x), ids)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-6,
+                                   atol=2e-7, err_msg=f"output {k}")
+
+
+def test_a_sort_on_two_keys_stays_unsupported() -> None:
+    ops = nc.check(lambda x, y: jax.lax.sort((x, y), num_keys=2)[1], (jnp.ones((2, 5)), jnp.ones((2, 5))))
+    assert [op.opcode for op in ops] == ["sort"]
