@@ -39,7 +39,7 @@ from neuroncore.dtypes import DType
 from neuroncore.frontends.tracing import TracedModel, TraceError, trace
 from neuroncore.generation.buckets import BucketError, normalize_buckets, select_bucket
 from neuroncore.generation.heads import with_heads_for
-from neuroncore.generation.sampling import Sampling, next_tokens
+from neuroncore.generation.sampling import Processors, Sampling, SamplingError, next_tokens, process_logits
 from neuroncore.generation.windows import SLIDING, AttentionWindows, WindowError, attention_windows
 from neuroncore.parallel.heads import HeadLayout
 from neuroncore.runtime import Instance, StateBinding
@@ -484,8 +484,11 @@ class NeuronCausalLM:
         As in transformers, ``max_length`` counts the prompt, and what is not given comes from
         ``generation_config`` (else the model's): the length (20 new tokens when neither sets
         one), ``do_sample``, ``top_k`` (50), ``top_p`` (1.0), ``temperature`` (1.0), eos and pad.
-        Other transformers options are accepted at their neutral values (``num_beams=1``,
-        ``use_cache=True``, ...); one that would change the tokens is a one-line error."""
+        ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_length`` and ``min_new_tokens``
+        (arguments or either config) process the logits on the host as transformers' processors
+        do, greedy or sampling. Other transformers options are accepted at their neutral values
+        (``num_beams=1``, ``use_cache=True``, ...); one that would change the tokens is a one-line
+        error."""
         configs = [c for c in (generation_config, getattr(self.model, "generation_config", None))
                    if c is not None]  # the given one first, then the model's
         _check_options(options, generation_config, getattr(self.model, "generation_config", None))
@@ -516,6 +519,17 @@ class NeuronCausalLM:
         # as transformers: temperature, top-k and top-p shape sampling only; greedy ignores them
         # (a generation_config with temperature=0.0 and do_sample=False is greedy, not an error)
         sampling = Sampling(True, top_k, top_p, temperature) if do_sample else Sampling(False)
+        eos = _eos_ids(_setting(eos_token_id, configs, "eos_token_id", None))
+        try:
+            processors = Processors(**{name: _setting(options.get(name), configs, name, default)
+                                       for name, default in _PROCESSOR_OPTIONS.items()},
+                                    eos=tuple(eos), prompt_length=ids.shape[1])
+        except SamplingError as exc:
+            raise GenerationError(f"generate: {exc}") from None
+        if processors.active and self.on_device_generation:
+            raise GenerationError("on_device_generation compiles greedy selection into the programs; "
+                                  "repetition_penalty, no_repeat_ngram_size and minimum lengths need "
+                                  "the logits (build it with on_device_generation=False)")
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
                                  or seed < 0):
             raise GenerationError(f"seed must be a non-negative integer, not {seed!r}")
@@ -539,7 +553,6 @@ class NeuronCausalLM:
             buckets = ", ".join(map(str, self.context_length_estimate))
             raise GenerationError(f"a {prompt}-token prompt is longer than every context_length_estimate "
                                   f"bucket ({buckets}); add a bucket of at least {prompt}") from None
-        eos = _eos_ids(_setting(eos_token_id, configs, "eos_token_id", None))
         pad = _setting(pad_token_id, configs, "pad_token_id", None)
         if pad is None:
             pad = eos[0] if eos else 0
@@ -567,11 +580,16 @@ class NeuronCausalLM:
         unfinished = np.ones(b, bool)
         generated: list[np.ndarray] = []
         slot = prompt
+        sequences = ids
         while True:
+            scores = logits.astype(np.float32)
+            if processors.active:
+                scores = process_logits(scores, sequences, processors)
             token = (logits.astype(np.int64) if self.on_device_generation
-                     else next_tokens(logits.astype(np.float32), sampling, rng))
+                     else next_tokens(scores, sampling, rng))
             token = np.where(unfinished, token, pad)
             generated.append(token)
+            sequences = np.concatenate([sequences, token[:, None]], axis=1)
             if eos:
                 unfinished &= ~np.isin(token, eos)
             if len(generated) == max_new_tokens or not unfinished.any():
@@ -622,9 +640,9 @@ class NeuronCausalLM:
 # that leaves them off (None always does); options absent here and from generate's signature that
 # do not change the tokens are accepted and ignored
 _UNSUPPORTED_OPTIONS: dict[str, Any] = {
-    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0.0, "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-    "bad_words_ids": (), "force_words_ids": (), "min_length": 0, "min_new_tokens": 0, "typical_p": 1.0,
+    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0.0,
+    "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": (), "force_words_ids": (), "typical_p": 1.0,
     "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": 0.0, "top_h": 1.0, "diversity_penalty": 0.0,
     "sequence_bias": (), "suppress_tokens": (), "begin_suppress_tokens": (), "forced_bos_token_id": None,
     "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "num_return_sequences": 1,
@@ -632,6 +650,10 @@ _UNSUPPORTED_OPTIONS: dict[str, Any] = {
     "return_dict_in_generate": False, "assistant_model": None, "logits_processor": (),
     "stopping_criteria": (), "prefix_allowed_tokens_fn": None, "streamer": None, "constraints": (),
 }
+# transformers' logits processors ``generate`` applies on the host (sampling.Processors), in the
+# dataclass's order, with their neutral values
+_PROCESSOR_OPTIONS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
+                                      "min_new_tokens": 0}
 _IGNORED_OPTIONS = frozenset({"use_cache", "output_scores", "output_logits", "output_attentions",
                               "output_hidden_states", "length_penalty", "early_stopping",
                               "renormalize_logits", "synced_gpus", "low_memory", "cache_implementation"})
@@ -648,7 +670,8 @@ def _check_options(options: dict[str, Any], given: Any, model_config: Any) -> No
     """One line for a transformers option ``generate`` does not implement: given as an argument,
     in the ``generation_config`` given, or in the model's own (unless an argument turns it off)."""
     for name in options:
-        if name not in _UNSUPPORTED_OPTIONS and name not in _IGNORED_OPTIONS:
+        if name not in _UNSUPPORTED_OPTIONS and name not in _IGNORED_OPTIONS \
+                and name not in _PROCESSOR_OPTIONS:
             raise GenerationError(f"generate: unknown argument {name!r}")
     for source, values in (("", options), (" in generation_config", given),
                            (" in the model's generation_config", model_config)):
@@ -662,7 +685,8 @@ def _check_options(options: dict[str, Any], given: Any, model_config: Any) -> No
                 hint = (f"; pass {name}={_UNSUPPORTED_OPTIONS[name]!r} to generate without it"
                         if values is model_config else "")
                 raise GenerationError(f"generate: {name}={value!r}{source} is not supported (greedy "
-                                      f"and top-k / top-p sampling only){hint}")
+                                      f"and top-k / top-p sampling, repetition penalty, n-gram "
+                                      f"blocking and minimum lengths only){hint}")
 
 
 def _setting(given: Any, configs: Sequence[Any], name: str, default: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Choosing the next token from last-position logits: greedy, or top-k / top-p sampling.
+"""Choosing the next token from last-position logits: greedy, or top-k / top-p sampling, after
+transformers' repetition penalty, n-gram blocking and minimum lengths (``Processors``).
 
 The filters are transformers' own (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
 ``TopPLogitsWarper``, applied in that order, as ``generate`` chains them): top-k keeps every token
@@ -41,6 +42,67 @@ class Sampling:
             raise SamplingError(f"temperature must be positive, not {self.temperature!r}")
 
 
+@dataclass(frozen=True)
+class Processors:
+    """transformers' logits processors that greedy search and sampling both apply, before the
+    sampling filters and in transformers' order: ``repetition_penalty`` (1.0: off),
+    ``no_repeat_ngram_size`` (0: off), ``min_length`` (the prompt counted) and ``min_new_tokens``
+    (0: off; both need end-of-sequence ids). ``prompt_length`` is the padded prompt's length, as
+    transformers counts new tokens from it."""
+
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_length: int = 0
+    min_new_tokens: int = 0
+    eos: tuple[int, ...] = ()
+    prompt_length: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.repetition_penalty, bool) or not float(self.repetition_penalty) > 0.0:
+            raise SamplingError(f"repetition_penalty must be a positive float, "
+                                f"not {self.repetition_penalty!r}")
+        for name in ("no_repeat_ngram_size", "min_length", "min_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+                raise SamplingError(f"{name} must be a non-negative integer, not {value!r}")
+
+    @property
+    def active(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+                or (bool(self.eos) and (self.min_length > 0 or self.min_new_tokens > 0)))
+
+
+def process_logits(logits: np.ndarray, sequences: np.ndarray, processors: Processors) -> np.ndarray:
+    """``logits`` [batch, vocab] after the processors, given the ``sequences`` [batch, length] so
+    far (the padded prompt, then every token chosen, a finished row's padding included), as
+    ``RepetitionPenaltyLogitsProcessor``, ``NoRepeatNGramLogitsProcessor``,
+    ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor`` compute them."""
+    scores = np.array(logits, np.float32)
+    batch, vocab = scores.shape
+    length = sequences.shape[1]
+    rows = np.arange(batch)[:, None]
+    if processors.repetition_penalty != 1.0:  # every token seen, prompt (and its padding) included
+        seen = np.minimum(sequences, vocab)  # ids past the logits: a spare column, dropped
+        padded = np.concatenate([scores, np.zeros((batch, 1), np.float32)], axis=1)
+        score = padded[rows, seen]
+        penalty = np.float32(processors.repetition_penalty)
+        padded[rows, seen] = np.where(score < 0, score * penalty, score / penalty)
+        scores = padded[:, :vocab]
+    n = processors.no_repeat_ngram_size
+    if n > 0 and length >= n:  # the tokens that completed an earlier n-gram starting like the suffix
+        prefix = sequences[:, length + 1 - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(sequences, n, axis=1)
+        matches = (windows[..., :-1] == prefix[:, None, :]).all(axis=-1)
+        banned = np.zeros((batch, vocab + 1), bool)
+        banned[rows, np.where(matches, np.minimum(windows[..., -1], vocab), vocab)] = True
+        scores = np.where(banned[:, :vocab], np.float32(-np.inf), scores)
+    if processors.eos and (length < processors.min_length
+                           or length - processors.prompt_length < processors.min_new_tokens):
+        eos = [e for e in processors.eos if 0 <= e < vocab]
+        scores[:, eos] = -np.inf
+    return scores
+
+
 def filter_logits(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     """``logits`` [batch, vocab] with the tokens the filters remove set to -inf (float32)."""
     scores = np.asarray(logits, np.float32) / np.float32(sampling.temperature)
@@ -76,4 +138,4 @@ def next_tokens(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator
     return np.minimum(picked, probs.shape[-1] - 1).astype(np.int64)
 
 
-__all__ = ["Sampling", "SamplingError", "filter_logits", "next_tokens"]
+__all__ = ["Processors", "Sampling", "SamplingError", "filter_logits", "next_tokens", "process_logits"]

@@ -197,8 +197,8 @@ def test_generate_takes_transformers_length_and_config_arguments(llama, llama_ge
     sampled = T.GenerationConfig(max_new_tokens=4, do_sample=True, top_k=5)
     assert torch.equal(llama_gen.generate(ids, mask, generation_config=sampled, seed=1),
                        llama_gen.generate(ids, mask, max_new_tokens=4, do_sample=True, top_k=5, seed=1))
-    for option in ({"num_beams": 4}, {"repetition_penalty": 1.2}, {"min_new_tokens": 3},
-                   {"no_repeat_ngram_size": 2}, {"num_return_sequences": 2}):
+    for option in ({"num_beams": 4}, {"encoder_repetition_penalty": 1.2}, {"typical_p": 0.5},
+                   {"bad_words_ids": [[5]]}, {"num_return_sequences": 2}):
         name = next(iter(option))
         with pytest.raises(GenerationError, match=f"^generate: {name}=.* is not supported"):
             llama_gen.generate(ids, mask, max_new_tokens=2, **option)
@@ -208,6 +208,44 @@ def test_generate_takes_transformers_length_and_config_arguments(llama, llama_ge
         llama_gen.generate(ids, mask, max_tokens=2)
     with pytest.raises(GenerationError, match="max_length 5 leaves no room for new tokens"):
         llama_gen.generate(ids, mask, max_length=5)
+
+
+@pytest.mark.parametrize("options", [
+    {"repetition_penalty": 1.3}, {"repetition_penalty": 0.7}, {"no_repeat_ngram_size": 2},
+    {"no_repeat_ngram_size": 1}, {"min_new_tokens": 6, "eos_token_id": 2},
+    {"min_length": 10, "eos_token_id": [2, 5]},
+    {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3, "min_new_tokens": 4, "eos_token_id": 2}])
+def test_repetition_penalty_ngram_blocking_and_minimum_lengths_give_transformers_tokens(
+        llama, llama_gen, greedy, options):
+    """transformers' repetition penalty, ``no_repeat_ngram_size``, ``min_length`` and
+    ``min_new_tokens`` on the host (sampling.process_logits): the same greedy tokens as
+    ``generate`` with them, on a left-padded batch whose prompt padding counts as transformers
+    counts it; each changes the tokens here (before: refused in one line)."""
+    ids, mask = _prompt()
+    eos = options.get("eos_token_id")
+    with torch.no_grad():
+        want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                              **{"eos_token_id": None, **options})
+    got = llama_gen.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0, **{"eos_token_id": [], **options})
+    assert torch.equal(got, want)
+    if eos is None:
+        assert not torch.equal(got, greedy[0])
+    else:  # without the minimum, the padded row ends at once
+        without = {k: v for k, v in options.items() if k not in ("min_new_tokens", "min_length")}
+        plain = llama_gen.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0, **without)
+        assert not torch.equal(got, plain)
+
+
+def test_processor_settings_come_from_generation_configs_and_bad_values_are_one_line(llama_gen):
+    ids, mask = _prompt()
+    config = T.GenerationConfig(max_new_tokens=5, repetition_penalty=1.3)
+    no_eos = dict(eos_token_id=[], pad_token_id=0)
+    assert torch.equal(llama_gen.generate(ids, mask, generation_config=config, **no_eos),
+                       llama_gen.generate(ids, mask, max_new_tokens=5, repetition_penalty=1.3, **no_eos))
+    with pytest.raises(GenerationError, match=r"^generate: repetition_penalty must be a positive float"):
+        llama_gen.generate(ids, mask, max_new_tokens=2, repetition_penalty=0.0)
+    with pytest.raises(GenerationError, match=r"^generate: no_repeat_ngram_size must be a non-negative"):
+        llama_gen.generate(ids, mask, max_new_tokens=2, no_repeat_ngram_size=-1)
 
 
 def test_batch_one_stops_at_eos_like_transformers(llama):
