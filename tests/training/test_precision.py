@@ -247,4 +247,5 @@ def test_clipping_a_16_bit_models_gradients_gives_torchs_bits(dtype: torch.dtype
             p.grad = t.clone()
         torch.nn.utils.clip_grad_norm_(params, max_norm)
         for out, p in zip(result.outputs, params):
-            assert torch.equal(torch.from_numpy(np.asarray(out, np.float32)).to(dtype), p.grad), (seed, max_norm)
+            got = torch.from_numpy(np.asarray(out, np.float32)).to(dtype)
+            assert torch.equal(got, p.grad), (seed, max_norm)
