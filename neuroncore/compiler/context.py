@@ -402,7 +402,7 @@ class Context:
             if start < hi and lo < end:
                 names.extend(self.view_sources(source))
             start = end
-        return names
+        return names or None
 
     def dma_load(self, queue: QueueName, src: HbmAccess, dst: Ref, dtype: DType, *, rows_per_batch: int,
                  run_bytes: int | None = None, spill_reload: bool = False, text: str = "",
