@@ -19,14 +19,17 @@ and after the end of the previous ramp (the controller measures afresh once it h
 period is one ``Throttle`` row.
 
 Because every dependency points backwards in the global order, one pass computes the exact
-schedule. The loop is compiled with numba: it is the hot path of every simulated execution. The same
-pass writes the integer-nanosecond record columns the event sink hands out, so observing an
-execution costs no second pass over its instructions.
+schedule. The loop is compiled with numba: it is the hot path of every simulated execution. It writes
+each node's start, end and wait and each DMA packet's; the integer-nanosecond record columns the
+event sink hands out (per instruction, per semaphore update) are array operations on those, made
+when a profile first reads them (``Timeline.i_start`` ...): a timing-only run never holds them
+(~40 bytes per node of a big prefill; docs/execution-core.md "Program memory").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -56,9 +59,8 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
               dep_ptr: np.ndarray, dep_idx: np.ndarray, trigger: np.ndarray, n_queues: int,
               n_dma_engines: int, dma_fixed_ns: float, t0: float, start: np.ndarray, end: np.ndarray,
               wait: np.ndarray, pkt_start: np.ndarray, pkt_end: np.ndarray, pkt_engine: np.ndarray,
-              slot: np.ndarray, i_start: np.ndarray, i_end: np.ndarray, i_wait: np.ndarray,
-              i_dma_start: np.ndarray, i_dma_end: np.ndarray, sem_slot: np.ndarray, sem_ts: np.ndarray,
-              hbm_bytes: np.ndarray, hbm_width: float, hbm_bins: np.ndarray, fluid: bool, bucket_ns: float,
+              hbm_read: np.ndarray, hbm_write: np.ndarray, hbm_width: float, hbm_bins: np.ndarray,
+              fluid: bool, bucket_ns: float,
               used: np.ndarray, ports: np.ndarray, port_rules: bool, queue_serial: bool,
               throttle: bool, thr_window: float, thr_util: float, thr_rate: float, thr_ramp: float,
               mm_s: np.ndarray, mm_e: np.ndarray, mm_cum: np.ndarray, thr_start: np.ndarray,
@@ -130,11 +132,9 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
             start[i] = first
             end[i] = finish
             wait[i] = first - s_min if first > s_min else 0.0
-            t = slot[trigger[i]]
-            i_dma_start[t] = np.int64(first + 0.5)
-            i_dma_end[t] = np.int64(finish + 0.5)
-            if hbm_bytes[i] > 0:
-                _spread_one(first, finish, hbm_bytes[i], t0, hbm_width, hbm_bins)
+            moved = float(hbm_read[i]) + float(hbm_write[i])
+            if moved > 0:
+                _spread_one(first, finish, moved, t0, hbm_width, hbm_bins)
         else:
             avail = engine_free[r]
             if r == RES_TENSOR_LS:
@@ -193,13 +193,6 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
                 psum_port_end[r] = end[i]
             if r == RES_TENSOR_MM:
                 last_mm_start = s
-            k = slot[i]
-            if k >= 0:  # collectives are not engine instructions: they have no record slot
-                i_start[k] = np.int64(s + 0.5)
-                i_end[k] = np.int64(end[i] + 0.5)
-                i_wait[k] = np.int64(wait[i] + 0.5)
-        if sem_slot[i] >= 0:
-            sem_ts[sem_slot[i]] = np.int64(end[i] + 0.5)
     thr_n[0] = n_thr
     thr_extra[0] = extra
     return p
@@ -267,17 +260,46 @@ def _spread_one(s: float, e: float, a: float, t0: float, width: float, out: np.n
         b += 1
 
 
-@dataclass(frozen=True)
 class RecordLayout:
-    """Per-program index arrays that let the timing pass write record columns directly."""
+    """Per-program index arrays the timing pass and the records use, each made when first read and
+    kept (a program executed many times pays for them once): a timing-only execution reads only
+    ``packet_node``. It holds the program's columns it needs, never the program (no cycle through
+    ``Program.derived``)."""
 
-    instr_nodes: np.ndarray  # node id of each instruction record, in program order
-    slot: np.ndarray  # node -> its instruction record position (-1 for DMA transfers)
-    producers: np.ndarray  # nodes that increment a semaphore
-    sem_slot: np.ndarray  # node -> position in ``producers`` (-1 if none)
-    packet_node: np.ndarray  # transfer of each DMA packet
-    hbm_bytes: np.ndarray  # float64 per node: HBM bytes a transfer reads or writes
-    collective_nodes: np.ndarray  # CC-core nodes, in program order
+    def __init__(self, resource: np.ndarray, sem_increment: np.ndarray, dma_engines: np.ndarray,
+                 trigger: np.ndarray) -> None:
+        self._resource = resource
+        self._sem_increment = sem_increment
+        self._dma_engines = dma_engines
+        self._trigger = trigger
+
+    @cached_property
+    def instr_nodes(self) -> np.ndarray:
+        """Node id of each instruction record, in program order."""
+        return np.flatnonzero(self._resource < RES_DMA)
+
+    @cached_property
+    def producers(self) -> np.ndarray:
+        """Nodes that increment a semaphore, in program order."""
+        return np.flatnonzero(self._sem_increment >= 0)
+
+    @cached_property
+    def packet_node(self) -> np.ndarray:
+        """The transfer of each DMA packet (int64)."""
+        dma_nodes = np.flatnonzero(self._resource == RES_DMA)
+        return np.repeat(dma_nodes, self._dma_engines[dma_nodes].astype(np.int64))
+
+    @cached_property
+    def collective_nodes(self) -> np.ndarray:
+        """CC-core nodes, in program order."""
+        return np.flatnonzero(self._resource == RES_CC)
+
+    @cached_property
+    def triggered(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, transfers)``: the instruction record of each DMA transfer's trigger, and the
+        transfer."""
+        transfers = np.flatnonzero(self._resource == RES_DMA)
+        return np.searchsorted(self.instr_nodes, self._trigger[transfers]), transfers
 
 
 HBM_MAX_SAMPLES = 4096
@@ -289,29 +311,24 @@ HBM_MIN_PERIOD_NS = 1000.0
 def record_layout(program: Program) -> RecordLayout:
     cached = program.derived.record_layout
     if cached is None:
-        is_dma = program.resource == RES_DMA
-        instr = np.flatnonzero(program.resource < RES_DMA)
-        slot = np.full(program.n_nodes, -1, np.int64)
-        slot[instr] = np.arange(instr.size)
-        producers = np.flatnonzero(program.sem_increment >= 0)
-        sem_slot = np.full(program.n_nodes, -1, np.int64)
-        sem_slot[producers] = np.arange(producers.size)
-        dma_nodes = np.flatnonzero(is_dma)
-        packet_node = np.repeat(dma_nodes, program.dma_engines[dma_nodes].astype(np.int64))
-        hbm = program.hbm_read_bytes.astype(np.float64) + program.hbm_write_bytes
-        hbm[~is_dma] = 0.0
-        cached = RecordLayout(instr, slot, producers, sem_slot, packet_node, hbm,
-                              np.flatnonzero(program.resource == RES_CC))
+        cached = RecordLayout(program.resource, program.sem_increment, program.dma_engines, program.trigger)
         program.derived.record_layout = cached
     return cached
+
+
+def _ns(times: np.ndarray) -> np.ndarray:
+    """Times as the records' integer nanoseconds: rounded half up (the times are never negative)."""
+    return (times + 0.5).astype(np.int64)
 
 
 @dataclass
 class Timeline:
     """When everything ran, on the core's clock (ns).
 
-    Float arrays cover every node (instructions and DMA transfers); the ``i_*`` integer arrays are
-    the instruction records in program order (``layout.instr_nodes``); packets are DMA engine shares.
+    Float arrays cover every node (instructions and DMA transfers); packets are DMA engine shares.
+    The ``i_*`` integer arrays (the instruction records in program order, ``layout.instr_nodes``)
+    and ``sem_ts`` are made from them when first read (a profile reads them; a timing-only run
+    never does).
     """
 
     start_ns: np.ndarray
@@ -321,12 +338,6 @@ class Timeline:
     packet_start_ns: np.ndarray  # int64
     packet_end_ns: np.ndarray  # int64
     packet_engine: np.ndarray  # int16: DMA engine index 0..15
-    i_start: np.ndarray
-    i_end: np.ndarray
-    i_wait: np.ndarray
-    i_dma_start: np.ndarray  # start of the transfer an instruction triggered (-1: none)
-    i_dma_end: np.ndarray
-    sem_ts: np.ndarray  # completion time of each semaphore-incrementing node (layout.producers)
     hbm_bins: np.ndarray  # HBM bytes moved in each sampling period from the start
     hbm_width_ns: float  # HBM counter sampling period
     layout: RecordLayout
@@ -335,6 +346,49 @@ class Timeline:
     throttle_start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     throttle_end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     throttle_extra_ns: float = 0.0
+    _made: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _column(self, name: str) -> np.ndarray:
+        made = self._made.get(name)
+        if made is None:
+            layout = self.layout
+            if name in ("i_start", "i_end", "i_wait"):
+                times = {"i_start": self.start_ns, "i_end": self.end_ns, "i_wait": self.wait_ns}[name]
+                made = _ns(times[layout.instr_nodes])
+            elif name == "sem_ts":
+                made = _ns(self.end_ns[layout.producers])
+            else:  # the start / end of the transfer an instruction triggered (-1: none)
+                made = np.full(layout.instr_nodes.size, -1, np.int64)
+                slots, transfers = layout.triggered
+                made[slots] = _ns((self.start_ns if name == "i_dma_start" else self.end_ns)[transfers])
+            self._made[name] = made
+        return made
+
+    @property
+    def i_start(self) -> np.ndarray:
+        return self._column("i_start")
+
+    @property
+    def i_end(self) -> np.ndarray:
+        return self._column("i_end")
+
+    @property
+    def i_wait(self) -> np.ndarray:
+        return self._column("i_wait")
+
+    @property
+    def i_dma_start(self) -> np.ndarray:
+        """Start of the transfer an instruction triggered (-1: none)."""
+        return self._column("i_dma_start")
+
+    @property
+    def i_dma_end(self) -> np.ndarray:
+        return self._column("i_dma_end")
+
+    @property
+    def sem_ts(self) -> np.ndarray:
+        """Completion time of each semaphore-incrementing node (``layout.producers``)."""
+        return self._column("sem_ts")
 
     @property
     def begin_ns(self) -> float:
@@ -359,7 +413,6 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
     bound = float(costs.sum()) + layout.packet_node.size * program.spec.dma_fixed_latency_ns
     width = max(HBM_MIN_PERIOD_NS, bound / HBM_MAX_SAMPLES)
     n_bins = int(bound / width) + 2
-    n_instr = layout.instr_nodes.size
     n_packets = layout.packet_node.size
     start = np.empty(n, np.float64)
     end = np.empty(n, np.float64)
@@ -367,12 +420,6 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
     pkt_start = np.empty(n_packets, np.int64)
     pkt_end = np.empty(n_packets, np.int64)
     pkt_engine = np.empty(n_packets, np.int16)
-    i_start = np.empty(n_instr, np.int64)
-    i_end = np.empty(n_instr, np.int64)
-    i_wait = np.empty(n_instr, np.int64)
-    i_dma_start = np.full(n_instr, -1, np.int64)
-    i_dma_end = np.full(n_instr, -1, np.int64)
-    sem_ts = np.empty(layout.producers.size, np.int64)
     spec = program.spec
     throttle = spec.power_throttling if power_throttling is None else bool(power_throttling)
     n_mm = int(np.count_nonzero(program.resource == RES_TENSOR_MM)) if throttle else 0
@@ -389,9 +436,8 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
         _schedule(program.resource, costs, program.queue, program.dma_engines,
                   program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
                   spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
-                  pkt_start, pkt_end, pkt_engine, layout.slot, i_start, i_end, i_wait, i_dma_start,
-                  i_dma_end, layout.sem_slot, sem_ts, layout.hbm_bytes, width,
-                  hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2,
+                  pkt_start, pkt_end, pkt_engine, program.hbm_read_bytes, program.hbm_write_bytes,
+                  width, hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2,
                   program.dma_queue_serial, throttle, float(spec.throttle_window_ns),
                   float(spec.throttle_utilisation), float(spec.throttle_rate), float(spec.throttle_ramp_ns),
                   mm_s, mm_e, mm_cum, thr_start, thr_end, thr_extra, thr_n)
@@ -409,9 +455,8 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
     finish = float(end.max()) if n else t0_ns
     t_start = np.rint(thr_start[:k]).astype(np.int64)
     t_end = np.rint(np.minimum(thr_end[:k], finish)).astype(np.int64)
-    return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, i_start,
-                    i_end, i_wait, i_dma_start, i_dma_end, sem_ts, hbm_bins, width, layout,
-                    t_start, t_end, float(thr_extra[0]))
+    return Timeline(start, end, wait, layout.packet_node, pkt_start, pkt_end, pkt_engine, hbm_bins,
+                    width, layout, t_start, t_end, float(thr_extra[0]))
 
 
 # constants baked into the loop
