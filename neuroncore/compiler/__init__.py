@@ -300,16 +300,24 @@ def _prefetch_weights(ctx: Context) -> None:
         ctx.nki_locations = {new_of[node]: where for node, where in ctx.nki_locations.items()}
 
 
-def _stream_positions(keys: np.ndarray) -> np.ndarray:
-    """Position of each node within its stream (engine or queue), in program order."""
-    # a stable sort of a 16-bit copy (streams are few) is a radix sort: the same order, faster
-    narrow = keys.astype(np.int16) if len(keys) and int(keys.min()) >= 0 and int(keys.max()) < 2**15 else keys
-    order = np.argsort(narrow, kind="stable")
+def _stream_positions(resource: np.ndarray, engine: np.ndarray, queue: np.ndarray) -> np.ndarray:
+    """Position of each node within its stream, in program order: its engine's (both Tensor
+    tracks are one stream), its DMA queue's or the CC-core's."""
+    # 16-bit stream keys (streams are few) sorted stably: a radix sort, the same order; a big
+    # prefill's int64 keys and sorted copies were its compile's peak (docs/execution-core.md
+    # "Program memory")
+    keys = engine.astype(np.int16)
+    dma = resource == RES_DMA
+    keys[dma] = QUEUE_LANE_BASE + queue[dma]
+    keys[resource == RES_CC] = CC_LANE
+    del dma
+    order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
-    run_start = np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
-    positions = np.empty(len(keys), np.int64)
-    positions[order] = np.arange(len(keys)) - run_start
+    bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist(), len(keys)]
+    del keys, sorted_keys
+    positions = np.empty(len(order), np.int64)
+    for a, b in zip(bounds, bounds[1:]):  # each stream's nodes, in program order
+        positions[order[a:b]] = np.arange(b - a)
     return positions
 
 
@@ -415,9 +423,6 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
     resource = em.column(em.resource, np.int8)
     engine = em.column(em.engine, np.int8)
     queue = em.column(em.queue, np.int16)
-    # each node's stream for pc: its engine (both Tensor tracks are one stream), queue or the CC-core
-    keys = np.where(resource == RES_DMA, QUEUE_LANE_BASE + queue.astype(np.int64), engine.astype(np.int64))
-    keys = np.where(resource == RES_CC, CC_LANE, keys)
     opcodes = sorted(set(em.opcode))
     opcode_index = {name: i for i, name in enumerate(opcodes)}
     counters = em.counter_columns()
@@ -433,7 +438,7 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         dep_idx=dep_idx,
         op_index=np.asarray(em.op_index, np.int32),
         opcode_id=em.column(em.opcode, np.int16, opcode_index),
-        pc=_stream_positions(keys),
+        pc=_stream_positions(resource, engine, queue),
         sem_increment=sem_increment,
         sem_value=sem_value,
         trigger=em.trigger_column(),

@@ -953,34 +953,47 @@ class Emitter:
         (each made when first read: ``operand_texts``). ``dep_columns``: ``self.dep_columns()`` if
         the caller has it already; ``render`` joins the texts given in pieces (needed if any was)."""
         n = len(self.resource)
-        resource = self.column(self.resource, np.int64)
-        queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int64)
-        queue = self.column(self.queue, np.int64)
-        sem_of = np.where(resource == RES_DMA, queue_semaphores[np.clip(queue, 0, None)],
-                          np.where(resource == RES_CC, CC_SEMAPHORE, self.column(self.engine, np.int64)))
+        # narrow columns and producer-only arrays: a big prefill assembles tens of millions of
+        # nodes, and int64 temporaries per node were its compile's peak (docs/execution-core.md
+        # "Program memory")
+        resource = self.column(self.resource, np.int8)
+        queue = self.column(self.queue, np.int16)
+        queue_semaphores = np.asarray([q.semaphore for q in queues] or [0], np.int16)
+        sem_of = self.column(self.engine, np.int16)
+        dma = resource == RES_DMA
+        sem_of[dma] = queue_semaphores[np.clip(queue[dma], 0, None)]
+        sem_of[resource == RES_CC] = CC_SEMAPHORE
+        del queue
+        completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
         producer = np.zeros(n, bool)
         dep_ptr, flat = dep_columns if dep_columns is not None else self.dep_columns()
         producer[flat] = True
-        sem_increment = np.where(producer, sem_of, -1).astype(np.int16)
-        # each producer's running count on its semaphore (a DMA engine signals DMA_COMPLETION_INCREMENT)
-        steps = np.where(producer, np.where(resource == RES_DMA, DMA_COMPLETION_INCREMENT, 1), 0)
-        # a stable sort of a 16-bit copy (semaphores are few) is a radix sort: the same order, faster
-        narrow = sem_of.astype(np.int16) if n and int(sem_of.max()) < 2 ** 15 else sem_of
-        order = np.argsort(narrow, kind="stable")
+        sem_increment = sem_of
+        sem_increment[~producer] = -1
+        # each producer's running count on its semaphore (a DMA engine signals
+        # DMA_COMPLETION_INCREMENT), in node order: a stable sort of the producers by semaphore
+        # (16-bit keys: a radix sort)
+        producers = np.flatnonzero(producer)
+        del producer
+        sems = sem_increment[producers]
+        steps = np.where(dma[producers], DMA_COMPLETION_INCREMENT, 1).astype(np.int64)
+        del dma
+        order = np.argsort(sems, kind="stable")
         running = np.cumsum(steps[order])
-        grouped = sem_of[order]
-        group_start = np.empty(n, bool)
+        grouped = sems[order]
+        group_start = np.empty(len(order), bool)
         group_start[:1] = True
         np.not_equal(grouped[1:], grouped[:-1], out=group_start[1:])
         base = np.maximum.accumulate(np.where(group_start, running - steps[order], 0))
         sem_value = np.zeros(n, np.int32)
-        sem_value[order] = (running - base).astype(np.int32)
-        sem_value[~producer] = 0
-        completes = {s: f"S[{s}] ({_owner(s, queues)})++@complete" for s in np.unique(sem_of).tolist()}
+        sem_value[producers[order]] = (running - base).astype(np.int32)
+        del order, running, grouped, group_start, base, steps
         # the waits of each node are its dependencies' increments, every dependency being a
-        # producer: the strings read them from the program's columns (``operand_texts``)
-        texts: Sequence[str] = (RenderedTexts(list(self.text), render) if render is not None
-                                else list(self.text))  # type: ignore[arg-type]
+        # producer: the strings read them from the program's columns (``operand_texts``); the
+        # texts are the emitter's own list, not a copy (nothing changes it in place once lowering
+        # is done; a reordering pass replaces it)
+        texts: Sequence[str] = (RenderedTexts(self.text, render) if render is not None
+                                else self.text)  # type: ignore[arg-type]
         own: Sequence[str] = RelocatedSemantics(texts, self.text_moves) if self.text_moves else texts
         texts = OperandTexts(own, dep_ptr, flat, sem_increment, sem_value, completes)
         return sem_increment, sem_value, texts
