@@ -29,6 +29,7 @@ import numpy as np
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.counters import COUNTER_NAMES
+from neuroncore.compiler.program import CounterColumns
 from neuroncore.hardware import CoreSpec
 from neuroncore.ir.graph import Graph
 from neuroncore.workloads import train_graphs as tg
@@ -86,8 +87,8 @@ def big_workloads() -> dict[str, Callable[[], tuple[Graph, str | CoreSpec]]]:
 
 # columns stored narrower since session 9 (int32 where the values fit), hashed as the int64 they
 # were: a digest depends on a program's values, not on how narrow its storage is, and stays
-# comparable with an older tree's
-WIDENED = frozenset({"dep_idx", *COUNTER_NAMES})
+# comparable with an older tree's (the counters likewise: below)
+WIDENED = frozenset({"dep_idx"})
 
 
 def digest(program: object) -> str:
@@ -97,6 +98,12 @@ def digest(program: object) -> str:
         if f.name in ("graph", "spec"):
             continue
         value = getattr(program, f.name)
+        if isinstance(value, CounterColumns):  # stored by record since session 12: hashed as the
+            for name in COUNTER_NAMES:  # twelve int64 columns (fields of these names) they were
+                h.update(name.encode())
+                h.update(b"int64")
+                h.update(np.ascontiguousarray(value.column(name).astype(np.int64)).tobytes())
+            continue
         h.update(f.name.encode())
         if isinstance(value, np.ndarray) and f.name in WIDENED:
             value = value.astype(np.int64)

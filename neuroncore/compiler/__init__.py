@@ -14,6 +14,7 @@ listing all of them (op, HLO name, layer, source line), the check users run befo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -316,7 +317,7 @@ def _stream_positions(resource: np.ndarray, engine: np.ndarray, queue: np.ndarra
     bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist(), len(keys)]
     del keys, sorted_keys
     positions = np.empty(len(order), np.int64)
-    for a, b in zip(bounds, bounds[1:]):  # each stream's nodes, in program order
+    for a, b in pairwise(bounds):  # each stream's nodes, in program order
         positions[order[a:b]] = np.arange(b - a)
     return positions
 
@@ -439,15 +440,16 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         op_index=np.asarray(em.op_index, np.int32),
         opcode_id=em.column(em.opcode, np.int16, opcode_index),
         pc=_stream_positions(resource, engine, queue),
+        counters=counters,
         sem_increment=sem_increment,
         sem_value=sem_value,
         trigger=em.trigger_column(),
         ports=em.column(em.ports, np.int8),
         opcodes=opcodes,
         operands=texts,
-        activation_fn=em.activation_fn,
-        tensor_instruction_type=em.tensor_instruction_type,
-        performance_mode=em.performance_mode,
+        activation_fn=em.coded_column(em.activation_fn),
+        tensor_instruction_type=em.coded_column(em.tensor_instruction_type),
+        performance_mode=em.coded_column(em.performance_mode),
         semantics=RelocatedSemantics(em.semantics, em.semantic_moves) if em.semantic_moves else em.semantics,
         buffers=buffers,
         hbm_tensors=hbm_tensors,
@@ -459,16 +461,4 @@ def assemble(em: Emitter, graph: Graph, spec: CoreSpec, queues: list[DmaQueue], 
         output_tensors=output_tensors,
         stats=stats or {},
         nki_source_location=nki_source_location or [],
-        raw_flops=counters["raw_flops"],
-        adjusted_flops=counters["adjusted_flops"],
-        transpose_flops=counters["transpose_flops"],
-        hbm_read_bytes=counters["hbm_read_bytes"],
-        hbm_write_bytes=counters["hbm_write_bytes"],
-        sbuf_read_bytes=counters["sbuf_read_bytes"],
-        sbuf_write_bytes=counters["sbuf_write_bytes"],
-        psum_read_bytes=counters["psum_read_bytes"],
-        psum_write_bytes=counters["psum_write_bytes"],
-        spill_save_bytes=counters["spill_save_bytes"],
-        spill_reload_bytes=counters["spill_reload_bytes"],
-        dma_bytes=counters["dma_bytes"],
     )

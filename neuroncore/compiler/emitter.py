@@ -28,6 +28,8 @@ from neuroncore.compiler.program import (
     RES_TENSOR_LS,
     RES_TENSOR_MM,
     ApRef,
+    CodedColumn,
+    CounterColumns,
     DmaQueue,
     HbmAccess,
     Ref,
@@ -869,6 +871,16 @@ class Emitter:
                 out[start:stop] = out[source:source + stop - start]
         return out
 
+    def coded_column(self, values: list[str | None]) -> CodedColumn:
+        """One of the per-node text lists (``activation_fn``, ...) as codes into its distinct
+        values, in first-use order: the lowered ranges are read, a relocated range copies its
+        template's codes (``_pieces``)."""
+        pieces = self._pieces()
+        distinct = list(dict.fromkeys(itertools.chain.from_iterable(
+            values[start:stop] for start, stop, source in pieces if source < 0)))
+        dtype = np.int8 if len(distinct) < 2**7 else np.int16 if len(distinct) < 2**15 else np.int32
+        return CodedColumn(self.column(values, dtype, {v: i for i, v in enumerate(distinct)}), distinct)
+
     def dep_columns(self) -> tuple[np.ndarray, np.ndarray]:
         """``(dep_ptr, dep_idx)``: every node's dependencies as CSR (the ``Program`` columns), with
         relocated layers' moved by array arithmetic. A relocated range copies its template's
@@ -919,11 +931,11 @@ class Emitter:
         self.trigger = array(COLUMN_TYPES["trigger"], self.trigger_column().tobytes())
         self.dep_moves = []
 
-    def counter_columns(self) -> dict[str, np.ndarray]:
-        """One column per counter (``Program`` fields of the same names), in node order: int32
-        when every value fits (a program's, nearly always), else int64."""
+    def counter_columns(self) -> CounterColumns:
+        """The counters of every node (``Program.counters``): one table row per distinct record,
+        int32 when every value fits (a program's, nearly always), else int64, and each node's row."""
         # most nodes share their records (NO_COUNTERS; relocated layers hold their template's), so
-        # each distinct record is unpacked once and the columns are gathered by index
+        # each distinct record is unpacked once and the nodes hold their record's row
         # (the records are alive in ``self.counters``, so their ids are distinct per record)
         width = len(COUNTER_NAMES)
         counters = self.counters
@@ -933,17 +945,23 @@ class Emitter:
         nodes = np.concatenate(read) if read else np.zeros(0, np.int64)
         ids = np.fromiter(map(id, map(counters.__getitem__, nodes.tolist())), np.int64, count=nodes.size)
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        which = np.empty(n, np.int64)
-        which[nodes] = inverse.reshape(-1)
+        del ids
+        codes = np.empty(n, np.int16 if len(first) < 2**15 else np.int32)
+        codes[nodes] = inverse.reshape(-1)
+        distinct = [counters[i] for i in nodes[first].tolist()]
+        del nodes, inverse
         for start, stop, source in pieces:  # a relocated range holds its template's records
             if source >= 0:
-                which[start:stop] = which[source:source + stop - start]
-        distinct = [counters[i] for i in nodes[first].tolist()]
+                codes[start:stop] = codes[source:source + stop - start]
         table = np.fromiter(itertools.chain.from_iterable(map(counter_values, distinct)), np.int64,
                             count=len(distinct) * width).reshape(-1, width)
+        # one row per distinct value (records are distinct objects, not always distinct values),
+        # sorted: the same program has the same table and codes however its records were shared
+        table, rows = np.unique(table, axis=0, return_inverse=True)
+        codes = rows.reshape(-1).astype(np.int16 if len(table) < 2**15 else np.int32)[codes]
         if table.size and int(table.max()) < 2**31 and int(table.min()) >= -2**31:
             table = table.astype(np.int32)
-        return {name: table[:, i][which] for i, name in enumerate(COUNTER_NAMES)}
+        return CounterColumns(codes, table)
 
     # -- semaphores ------------------------------------------------------------------------
     def assign_semaphores(self, queues: list[DmaQueue],
@@ -992,8 +1010,8 @@ class Emitter:
         # producer: the strings read them from the program's columns (``operand_texts``); the
         # texts are the emitter's own list, not a copy (nothing changes it in place once lowering
         # is done; a reordering pass replaces it)
-        texts: Sequence[str] = (RenderedTexts(self.text, render) if render is not None
-                                else self.text)  # type: ignore[arg-type]
+        texts: Sequence[str] = (RenderedTexts(self.text, render) if render is not None  # type: ignore[assignment]
+                                else self.text)
         own: Sequence[str] = RelocatedSemantics(texts, self.text_moves) if self.text_moves else texts
         texts = OperandTexts(own, dep_ptr, flat, sem_increment, sem_value, completes)
         return sem_increment, sem_value, texts

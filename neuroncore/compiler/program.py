@@ -13,10 +13,11 @@ import dataclasses
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import numpy as np
 
+from neuroncore.compiler.counters import COUNTER_NAMES
 from neuroncore.compiler.fast_init import fast_init
 from neuroncore.compiler.lowering_state import HbmTensorKind, Layout
 from neuroncore.compiler.view_steps import ViewStep
@@ -303,6 +304,81 @@ class HbmView:
     run_elements: int
 
 
+@dataclass(frozen=True, eq=False)
+class CounterColumns:
+    """A program's per-node counters (``compiler.counters``: FLOPs, bytes per memory, spill and DMA
+    bytes), dictionary-encoded: ``table`` has one row per distinct record (a column per
+    ``COUNTER_NAMES`` entry, int32 where every value fits, else int64) and ``codes[node]`` is the
+    node's row. Nodes share a few thousand records at most (relocated layers their template's), so
+    a node costs its code (2 or 4 bytes) instead of twelve columns' 48 (docs/execution-core.md
+    "Program memory"); a column is made when read (``Program.raw_flops`` ...)."""
+
+    codes: np.ndarray  # int16 (int32 past 32,767 records): row of ``table`` per node
+    table: np.ndarray  # (records, len(COUNTER_NAMES))
+
+    def column(self, name: str) -> np.ndarray:
+        """One counter for every node, in node order (the table's dtype)."""
+        return self.table[:, COUNTER_INDEX[name]][self.codes]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CounterColumns):
+            return NotImplemented
+        return (self.codes.dtype == other.codes.dtype and self.table.dtype == other.table.dtype
+                and np.array_equal(self.codes, other.codes) and np.array_equal(self.table, other.table))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def per_record(self, name: str) -> np.ndarray:
+        """One counter per record (``codes`` index it): e.g. for a pass that reads it per node."""
+        return self.table[:, COUNTER_INDEX[name]]
+
+
+COUNTER_INDEX = {name: i for i, name in enumerate(COUNTER_NAMES)}
+
+
+class CodedColumn(Sequence[str | None]):
+    """A per-node text with a few distinct values (an instruction's activation function, type or
+    performance mode): each node's index into ``values``, 1-2 bytes a node instead of a list's
+    8-byte pointer (docs/execution-core.md "Program memory"). Reads as the list it stands for."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: list[str | None]) -> None:
+        self.codes = codes
+        self.values = values
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> str | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str | None]: ...
+
+    def __getitem__(self, index: int | slice) -> list[str | None] | str | None:
+        if isinstance(index, slice):
+            return list(map(self.values.__getitem__, self.codes[index].tolist()))
+        return self.values[self.codes[index]]
+
+    def __iter__(self) -> Iterator[str | None]:
+        for start in range(0, len(self), 1 << 16):  # in chunks: no list of every node's code
+            yield from self[start:start + (1 << 16)]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the list
+
+    def __repr__(self) -> str:
+        return f"CodedColumn({len(self)} nodes, values={self.values!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return CodedColumn, (self.codes, self.values)
+
+
 @dataclass
 class DerivedTables:
     """Tables the runtime derives from a program on its first execution and keeps with it, so a
@@ -330,20 +406,8 @@ class Program:
     op_index: np.ndarray  # int32: IR op that produced the node (-1: none)
     opcode_id: np.ndarray  # int16 into ``opcodes``
     pc: np.ndarray  # int64: position in its engine's (or queue's) stream
-    # the counters (compiler.counters): int32 where every value of the program fits, else int64
-    # (read them widened before arithmetic that could pass 2^31; sums widen by themselves)
-    raw_flops: np.ndarray
-    adjusted_flops: np.ndarray
-    transpose_flops: np.ndarray
-    hbm_read_bytes: np.ndarray
-    hbm_write_bytes: np.ndarray
-    sbuf_read_bytes: np.ndarray
-    sbuf_write_bytes: np.ndarray
-    psum_read_bytes: np.ndarray
-    psum_write_bytes: np.ndarray
-    spill_save_bytes: np.ndarray
-    spill_reload_bytes: np.ndarray
-    dma_bytes: np.ndarray  # bytes a DMA transfer moves (0 for instructions)
+    # the twelve counters (compiler.counters), read as the columns of the same names below
+    counters: CounterColumns
     sem_increment: np.ndarray  # int16: semaphore the node increments on completion (-1: none)
     sem_value: np.ndarray  # int32: that semaphore's value after the increment
     trigger: np.ndarray  # int64: for DMA transfers, the node that triggered it (-1 otherwise)
@@ -351,9 +415,10 @@ class Program:
     # -- per-node Python data (not touched by the timing model) ------------------------------
     opcodes: list[str]
     operands: Sequence[str]  # made on first access (compiler.operand_texts)
-    activation_fn: list[str | None]
-    tensor_instruction_type: list[str | None]
-    performance_mode: list[str | None]
+    # (a CodedColumn from the compiler: per node, an index into the few distinct values)
+    activation_fn: Sequence[str | None]
+    tensor_instruction_type: Sequence[str | None]
+    performance_mode: Sequence[str | None]
     # what the node computes, for the numerics interpreter (relocated layers' made on first access)
     semantics: Sequence[NodeSemantics]
     # -- tables ------------------------------------------------------------------------------
@@ -376,6 +441,58 @@ class Program:
     @property
     def n_nodes(self) -> int:
         return int(self.resource.shape[0])
+
+    # the counter columns, each made from ``counters`` when read (int32 where every value of the
+    # program fits, else int64: read them widened before arithmetic that could pass 2^31; sums
+    # widen by themselves)
+    @property
+    def raw_flops(self) -> np.ndarray:
+        return self.counters.column("raw_flops")
+
+    @property
+    def adjusted_flops(self) -> np.ndarray:
+        return self.counters.column("adjusted_flops")
+
+    @property
+    def transpose_flops(self) -> np.ndarray:
+        return self.counters.column("transpose_flops")
+
+    @property
+    def hbm_read_bytes(self) -> np.ndarray:
+        return self.counters.column("hbm_read_bytes")
+
+    @property
+    def hbm_write_bytes(self) -> np.ndarray:
+        return self.counters.column("hbm_write_bytes")
+
+    @property
+    def sbuf_read_bytes(self) -> np.ndarray:
+        return self.counters.column("sbuf_read_bytes")
+
+    @property
+    def sbuf_write_bytes(self) -> np.ndarray:
+        return self.counters.column("sbuf_write_bytes")
+
+    @property
+    def psum_read_bytes(self) -> np.ndarray:
+        return self.counters.column("psum_read_bytes")
+
+    @property
+    def psum_write_bytes(self) -> np.ndarray:
+        return self.counters.column("psum_write_bytes")
+
+    @property
+    def spill_save_bytes(self) -> np.ndarray:
+        return self.counters.column("spill_save_bytes")
+
+    @property
+    def spill_reload_bytes(self) -> np.ndarray:
+        return self.counters.column("spill_reload_bytes")
+
+    @property
+    def dma_bytes(self) -> np.ndarray:
+        """Bytes a DMA transfer moves (0 for instructions)."""
+        return self.counters.column("dma_bytes")
 
     @property
     def n_instructions(self) -> int:

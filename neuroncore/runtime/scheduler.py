@@ -59,7 +59,7 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
               dep_ptr: np.ndarray, dep_idx: np.ndarray, trigger: np.ndarray, n_queues: int,
               n_dma_engines: int, dma_fixed_ns: float, t0: float, start: np.ndarray, end: np.ndarray,
               wait: np.ndarray, pkt_start: np.ndarray, pkt_end: np.ndarray, pkt_engine: np.ndarray,
-              hbm_read: np.ndarray, hbm_write: np.ndarray, hbm_width: float, hbm_bins: np.ndarray,
+              counters: np.ndarray, hbm_bytes: np.ndarray, hbm_width: float, hbm_bins: np.ndarray,
               fluid: bool, bucket_ns: float,
               used: np.ndarray, ports: np.ndarray, port_rules: bool, queue_serial: bool,
               throttle: bool, thr_window: float, thr_util: float, thr_rate: float, thr_ramp: float,
@@ -132,7 +132,7 @@ def _schedule(resource: np.ndarray, cost_ns: np.ndarray, queue: np.ndarray, dma_
             start[i] = first
             end[i] = finish
             wait[i] = first - s_min if first > s_min else 0.0
-            moved = float(hbm_read[i]) + float(hbm_write[i])
+            moved = hbm_bytes[counters[i]]
             if moved > 0:
                 _spread_one(first, finish, moved, t0, hbm_width, hbm_bins)
         else:
@@ -421,6 +421,9 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
     pkt_end = np.empty(n_packets, np.int64)
     pkt_engine = np.empty(n_packets, np.int16)
     spec = program.spec
+    # HBM bytes a transfer reads or writes, per counter record (``program.counters.codes``)
+    hbm_bytes = (program.counters.per_record("hbm_read_bytes").astype(np.float64)
+                 + program.counters.per_record("hbm_write_bytes"))
     throttle = spec.power_throttling if power_throttling is None else bool(power_throttling)
     n_mm = int(np.count_nonzero(program.resource == RES_TENSOR_MM)) if throttle else 0
     mm_s = np.empty(n_mm + 1, np.float64)
@@ -436,8 +439,8 @@ def schedule(program: Program, t0_ns: float = 0.0, cost_ns: np.ndarray | None = 
         _schedule(program.resource, costs, program.queue, program.dma_engines,
                   program.dep_ptr, program.dep_idx, program.trigger, len(program.queues),
                   spec.dma_engines, spec.dma_fixed_latency_ns, float(t0_ns), start, end, wait,
-                  pkt_start, pkt_end, pkt_engine, program.hbm_read_bytes, program.hbm_write_bytes,
-                  width, hbm_bins, fluid, bucket_ns, used, program.ports, spec.generation == 2,
+                  pkt_start, pkt_end, pkt_engine, program.counters.codes, hbm_bytes, width, hbm_bins,
+                  fluid, bucket_ns, used, program.ports, spec.generation == 2,
                   program.dma_queue_serial, throttle, float(spec.throttle_window_ns),
                   float(spec.throttle_utilisation), float(spec.throttle_rate), float(spec.throttle_ramp_ns),
                   mm_s, mm_e, mm_cum, thr_start, thr_end, thr_extra, thr_n)

@@ -42,11 +42,11 @@ def test_counters_reach_their_columns() -> None:
     em = Emitter()
     _memset(em, counters=NodeCounters(sbuf_write_bytes=999, raw_flops=3))
     _memset(em)
-    columns = em.counter_columns()
-    assert set(columns) == set(COUNTER_NAMES)
-    assert columns["sbuf_write_bytes"].tolist() == [999, 0]
-    assert columns["raw_flops"].tolist() == [3, 0]
-    assert all(columns[name].tolist() == [0, 0] for name in COUNTER_NAMES
+    counters = em.counter_columns()
+    assert counters.table.shape == (2, len(COUNTER_NAMES))  # one row per distinct record
+    assert counters.column("sbuf_write_bytes").tolist() == [999, 0]
+    assert counters.column("raw_flops").tolist() == [3, 0]
+    assert all(counters.column(name).tolist() == [0, 0] for name in COUNTER_NAMES
                if name not in ("sbuf_write_bytes", "raw_flops"))
 
 
