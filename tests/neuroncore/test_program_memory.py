@@ -2,17 +2,16 @@
 
 A relocated layer is its template's nodes with ids shifted (compiler.layer_replay): its node
 records and operand strings are made only when read, its waits are the program's own columns. What
-is left per relocated node is the program's NumPy columns (~130 bytes) and its share of the
-relocated buffers. The bound below is measured, not derived: a relocated node retained ~182 bytes
-and peaked at ~402 while the program was made, at assembly (Python 3.11, session 11). The ~229
-measured in session 10 was the lowering's peak, which the on-chip view analysis's index arrays
-(~4 MB more at this size, ``onchip_views._tile_blocks`` visiting every element of a copied view)
-held above the assembly's; that analysis no longer makes them, and the assembly's peak (the same
-~402 then) is the one measured. ~268 / ~370 before session 10 (each
-relocated layer's ``Buffer`` records made when relocating, not when the table is read:
-``program.RelocatedBuffers``), ~440 / ~490 before session 9 (per-dependency copies of the waits,
-buffers with a ``__dict__``, lists of Python ints while building, int64 dependency and counter
-columns), and making every node record eagerly adds ~310 more."""
+is left per relocated node is the program's NumPy columns and its share of the relocated buffers.
+The bounds below are measured, not derived (Python 3.11, session 12): a relocated node retained
+~112 bytes and peaked at ~254 while the program was made, at assembly; a timing-only execution
+holds ~49 bytes per node (start, end and wait times, DMA packets). Before session 12 ~181 / ~402
+and ~90 (the twelve counters as 4-byte columns, the three instruction-kind texts as lists, int64
+temporaries per node at assembly, the per-instruction record columns written by every execution);
+~268 / ~370 before session 10 (each relocated layer's ``Buffer`` records made when relocating, not
+when the table is read: ``program.RelocatedBuffers``), ~440 / ~490 before session 9 (per-dependency
+copies of the waits, buffers with a ``__dict__``, lists of Python ints while building, int64
+dependency and counter columns), and making every node record eagerly adds ~310 more."""
 
 from __future__ import annotations
 
@@ -22,9 +21,11 @@ import tracemalloc
 from neuroncore import workloads
 from neuroncore.compiler import compile as compile_graph
 from neuroncore.compiler.program import Program
+from neuroncore.runtime.scheduler import schedule
 
-RETAINED_BYTES_PER_RELOCATED_NODE = 250
-PEAK_BYTES_PER_RELOCATED_NODE = 450
+RETAINED_BYTES_PER_RELOCATED_NODE = 140
+PEAK_BYTES_PER_RELOCATED_NODE = 300
+EXECUTION_BYTES_PER_NODE = 70
 
 
 def _traced(layers: int, *, read_records: bool = False) -> tuple[Program, int, int]:
@@ -60,3 +61,22 @@ def test_a_relocated_node_costs_its_columns_not_copies_of_its_template() -> None
     # the measure catches per-node copies: relocated layers' records made eagerly exceed it
     eager = (_traced(16, read_records=True)[1] - _traced(8, read_records=True)[1]) / added
     assert eager > RETAINED_BYTES_PER_RELOCATED_NODE + 150, f"{eager:.0f}"
+
+
+def test_a_timing_only_execution_holds_its_times_not_its_records() -> None:
+    """A timing-only execution holds each node's start, end and wait and the DMA packets; the
+    per-instruction and per-semaphore record columns are made only when a profile reads them."""
+    program = _traced(16)[0]
+    schedule(program)  # the timing loop compiled, the program's record layout made
+    gc.collect()
+    tracemalloc.start()
+    try:
+        timeline = schedule(program)
+        held = tracemalloc.get_traced_memory()[0] / program.n_nodes
+    finally:
+        tracemalloc.stop()
+    assert held < EXECUTION_BYTES_PER_NODE, f"{held:.0f} bytes per node"
+    # read, the record columns are what the timing gives (ns rounded half up)
+    instr = timeline.layout.instr_nodes
+    assert timeline.i_start.tolist() == [int(t + 0.5) for t in timeline.start_ns[instr].tolist()]
+    assert timeline.sem_ts.size == timeline.layout.producers.size
