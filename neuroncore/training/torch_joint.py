@@ -109,6 +109,27 @@ LOSS_FN_CALL = "loss = self.loss_fn(out, inputs[-1])"
 trace holding it, and no user frame, is an op of ``loss_fn`` (torch records no frame inside it)."""
 
 
+def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                          saved_norms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_weight_norm_interface_backward`` (the gradient of ``w = g * v / ||v||``, the norm over
+    every dim but ``dim``; ``torch.nn.utils.weight_norm`` and its parametrization, wav2vec2's
+    positional convolution) as ATen's ``_weight_norm_differentiable_backward`` computes it, in
+    core ops: ``grad_g = sum(grad_w * v) / ||v||`` and ``grad_v = g / ||v|| * (grad_w - v *
+    sum(grad_w * v) / ||v||^2)``. Autograd records the fused op's own backward, which torch's
+    decomposition table does not cover (refused before, listed with its layer)."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    per_dir = torch.sum(grad_w * saved_v, dim=dims, keepdim=True)
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (per_dir / (saved_norms * saved_norms)))
+    return grad_v, per_dir / saved_norms
+
+
+def _decompositions() -> dict[Any, Callable[..., Any]]:
+    """torch's core-ATen decompositions, plus the backward ops of fused kernels it leaves whole."""
+    table = dict(core_aten_decompositions())
+    table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
+    return table
+
+
 def _no_mkldnn() -> contextlib.AbstractContextManager[Any]:
     """oneDNN off while the joint graph is traced: on a CPU with it on, autograd runs ``nn.LSTM`` as
     the fused ``mkldnn_rnn_layer`` (and its ``_backward``), ops no accelerator has; off, torch
@@ -299,7 +320,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
             # autograd differentiates
                 examples = [x.detach().clone().requires_grad_(True) if i in input_grads else x
                             for i, x in enumerate(example_inputs)]
-                traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
+                traced = make_fx(joint, decomposition_table=_decompositions())(
                     values, [b.clone() for b in buffers], *examples)  # tracing runs the
                 # forward for real: BatchNorm's running statistics must not move in the model's
                 # buffers, nor in the values the step starts from
@@ -446,7 +467,7 @@ def stage_joint_graph(name: str, module: torch.fx.GraphModule, params: Sequence[
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
             with sdpa_kernel([SDPBackend.MATH]), _no_mkldnn():
-                traced = make_fx(joint, decomposition_table=dict(core_aten_decompositions()))(
+                traced = make_fx(joint, decomposition_table=_decompositions())(
                     values, [b.clone() for _, b in buffers], *examples)
     except Exception as exc:  # any tracer failure is a failed trace
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)

@@ -452,6 +452,45 @@ def test_an_lstm_trains_as_pytorch(lstm: dict) -> None:
                  F.cross_entropy, loss_abs=1e-5, param_atol=1e-6)
 
 
+class _WeightNormed(torch.nn.Module):
+    """Weight normalisation as models use it: a linear over rows (``dim=0``) and a convolution
+    normalised over its last dim (wav2vec2's positional convolution, ``dim=2``)."""
+
+    def __init__(self, wrap: Callable[..., torch.nn.Module]) -> None:
+        super().__init__()
+        self.conv = wrap(torch.nn.Conv1d(4, 6, 3, padding=1), name="weight", dim=2)
+        self.fc = wrap(torch.nn.Linear(6 * 5, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("old_api", [False, True])
+def test_weight_normalised_layers_train_as_pytorch(old_api: bool) -> None:
+    """The backward of ``_weight_norm_interface`` (``torch.nn.utils.parametrizations.weight_norm``
+    and the older ``torch.nn.utils.weight_norm``) was the unsupported
+    ``aten._weight_norm_interface_backward``; it is now core ops (torch_joint._weight_norm_backward)."""
+    from torch.nn.utils import parametrizations
+
+    wrap = torch.nn.utils.weight_norm if old_api else parametrizations.weight_norm
+    torch.manual_seed(0)
+    ours = _WeightNormed(wrap)  # the old API's module cannot be deep-copied: built twice
+    torch.manual_seed(0)
+    ref = _WeightNormed(wrap)
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(4, 4, 5, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
+    opt = torch.optim.SGD(ours.parameters(), lr=0.3, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.3, momentum=0.9)
+    step = neuroncore.trace_train_step(ours, opt, batches[0], loss_fn=F.cross_entropy)
+    for inputs, target in batches:
+        loss = F.cross_entropy(ref(inputs), target)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(inputs, target)) == pytest.approx(loss.item(), abs=1e-6)
+    _assert_same_params(ref, ours, atol=1e-6)
+
+
 class _Resizes(torch.nn.Module):
     """A segmentation-style head: convolutions, then linear / bilinear / bicubic / trilinear
     resizes of their outputs (up and down, ``align_corners`` either way)."""
