@@ -60,7 +60,8 @@ order. The figures are the same either way, keys in the grid's order; with N wor
 A program whose estimated peak memory (``estimated_rss_bytes``) alone is more than the memory
 available when the run starts is not started: its keys are ``{"skipped": "<program>: <why>"}``
 and stderr names it (``--ignore-memory`` runs it anyway; on this 24 GiB machine the grid's two
-biggest prefills, Llama-3-70B b8 4096 tokens on either instance, are skipped). A program that
+biggest prefills, Llama-3-70B b8 4096 tokens, are estimated at 14.7 GiB on trn1 and 17.6 on inf2
+since session 12, so they run when the machine is otherwise idle). A program that
 fails (an error in the compiler, a worker killed) fails only the keys that need it, each
 ``{"failed": "<program>: <error's first line>"}`` and one stderr line; every other key keeps its
 figures, the JSON line is printed, and the run exits 1. ``keys_skipped`` / ``keys_failed`` count
@@ -241,7 +242,7 @@ def estimated_cost(program: Program) -> int:
 
 
 RSS_BASE_BYTES = 0.5 * 2**30  # interpreter, graph, tables, and caches earlier programs of the worker left
-RSS_BYTES_PER_NODE = 480  # the compiled program's columns, buffers and the run's timeline
+RSS_BYTES_PER_NODE = 230  # per estimated node: the program's columns, the lowering's lists, the run's times
 DECODE_RSS_BYTES = int(1.25 * 2**30)  # any grid decode step: 0.9 GiB measured at most
 
 
@@ -269,9 +270,10 @@ def estimated_nodes(program: Program) -> int:
 def estimated_rss_bytes(program: Program) -> int:
     """A peak resident set of the worker making ``program``, an upper bound, to keep two big ones
     from running at once and to skip one that cannot fit at all: a prefill's is its program's
-    nodes (``estimated_nodes``) at ``RSS_BYTES_PER_NODE`` each over ``RSS_BASE_BYTES`` (measured
-    peaks: 420-500 bytes per node over 0.3 GiB on programs of 1-15 M nodes, each alone, and a
-    worker keeps up to 0.4 GiB more after earlier programs; docs/execution-core.md
+    nodes (``estimated_nodes``) at ``RSS_BYTES_PER_NODE`` each over ``RSS_BASE_BYTES`` (session 12:
+    measured peaks 220-320 bytes per node over ~0.16 GiB on programs of 2.3-11.4 M nodes, each
+    alone, 160-209 per *estimated* node, which the node estimate puts 30-50 % over the counts;
+    a worker keeps up to 0.4 GiB more after earlier programs; docs/execution-core.md
     "Program memory"); a decode step's is ``DECODE_RSS_BYTES`` (bench/README.md: the table)."""
     if program[0] != "llama-prefill":
         return DECODE_RSS_BYTES
