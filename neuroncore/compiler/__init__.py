@@ -190,8 +190,11 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
         _check_placeable(op)
     ctx = Context(graph, spec)
     runs = find_runs(graph)
+    # planned on the runs as they are when a joined first layer leaves (a run whose boundaries
+    # move values: LayerDedup.boundary), so such programs stay as they were
     ctx.kept_large = kept_on_chip(graph, ctx.hbm_home_bytes,
-                                  int(spec.sbuf_bytes_per_partition * RESIDENT_SBUF_FRACTION), runs)
+                                  int(spec.sbuf_bytes_per_partition * RESIDENT_SBUF_FRACTION),
+                                  [run.without_first() if run.joined else run for run in runs])
     if ctx.kept_large:
         ctx.stats["kept_large_values"] = len(ctx.kept_large)
     peak = activation_peak_bytes(graph, ctx.hbm_home_bytes, ctx.kept_large)

@@ -104,7 +104,23 @@ class LayerDedup:
                 self.keep.add(id(run))
             elif boundary_traffic(self.ctx, run) == 0:
                 self.quiet.add(id(run))
+            if run.joined and id(run) not in self.quiet:
+                # a joined first layer (the model's layer 1) starts a run only behind a boundary
+                # that moves nothing: elsewhere the run starts at the next layer, as it did
+                self._register(run, run.without_first())
+                self.keep.discard(id(run))
+                return False
         return True
+
+    def _register(self, run: LayerRun, rest: LayerRun) -> None:
+        """Put ``rest`` (``run`` without its joined first layer) in place of ``run``."""
+        self.events = {i: e for i, e in self.events.items() if e[0] is not run}
+        self.events[rest.layers[-1].stop] = (rest, len(rest.layers))
+        for k, layer in enumerate(rest.layers):
+            self.events[layer.start] = (rest, k)
+        before = rest.layers[0].start - rest.stride  # the joined layer, now the one before the run
+        self.before_run[id(rest)] = before
+        self._watch.add(before)
 
     def before(self, index: int) -> int:
         """Handle a boundary at op ``index``; returns the op to lower next (past a replayed run)."""

@@ -52,10 +52,18 @@ class LayerRun:
     # offsets of the last layer's ops read after it, by other ops than the run's layers' (the
     # model's last layer, read by the final norm: ``with_final_layer``); empty for equal layers
     loose: tuple[int, ...] = ()
+    # the first layer matches only with its reads of the layer before counted back from its own
+    # start (the model's layer 1, whose previous layer the causal mask splits in two spans): it
+    # stays in the run only where the run's first boundary moves nothing (``without_first``)
+    joined: bool = False
 
     @property
     def stride(self) -> int:
         return self.layers[0].size
+
+    def without_first(self) -> LayerRun:
+        """The run from its second layer on (as found before a joined first layer could match)."""
+        return LayerRun(self.layers[1:], self.externals[1:], self.loose)
 
     def op_map(self, source: int, target: int) -> dict[int, int]:
         """Op index in layer ``source`` of the run (or its per-layer externals) -> the same op in
@@ -110,8 +118,11 @@ _PER_LAYER_ATTRS = frozenset({"init", "label"})  # a layer's own weights: same s
 
 
 def _signature(graph: Graph, span: LayerSpan, previous: LayerSpan | None,
-               output_pos: dict[int, int], uses: list[list[int]]) -> tuple[tuple[Any, ...], list[int]]:
-    """The layer's structure with every index made relative, and its external operands in order."""
+               output_pos: dict[int, int], uses: list[list[int]], *,
+               back: bool = True) -> tuple[tuple[Any, ...], list[int]]:
+    """The layer's structure with every index made relative, and its external operands in order.
+    A read of the previous layer counts back from the layer's own start (``back``; else from the
+    previous layer's start, which tells a layer whose previous layer is laid out otherwise)."""
     rows: list[Any] = []
     externals: list[int] = []
     number = f".{span.number}"
@@ -122,7 +133,9 @@ def _signature(graph: Graph, span: LayerSpan, previous: LayerSpan | None,
             if span.start <= i < span.stop:
                 refs.append(("in", i - span.start))
             elif previous is not None and previous.start <= i < previous.stop:
-                refs.append(("prev", i - previous.start))
+                # counted back from the layer's own start: the model's layer 1 reads the last
+                # span of layer 0 (the causal mask splits it in two) as any layer reads the one before
+                refs.append(("prev", i - (span.start if back else previous.start)))
             else:
                 externals.append(i)
                 refs.append(("ext", operand.opcode, operand.shape, operand.dtype))
@@ -168,6 +181,10 @@ def find_runs(graph: Graph) -> list[LayerRun]:
             j += 1
         run = _consistent(members, exts, output_pos)
         if run is not None:
+            first, second = run.layers[0], run.layers[1]
+            if (i and _signature(graph, first, spans[i - 1], output_pos, uses, back=False)[0]
+                    != _signature(graph, second, first, output_pos, uses, back=False)[0]):
+                run = dataclasses.replace(run, joined=True)
             runs.append(run)
         i = max(j, i + 1)
     return runs
@@ -259,7 +276,7 @@ def with_final_layer(graph: Graph, run: LayerRun, hbm_home_bytes: int, planned: 
     if (extended is None or len(extended.layers) != len(run.layers) + 1
             or extended.externals[:-1] != run.externals):
         return run
-    return dataclasses.replace(extended, loose=tuple(loose))
+    return dataclasses.replace(extended, loose=tuple(loose), joined=run.joined)
 
 
 def value_rows_bytes(op: Op) -> int:

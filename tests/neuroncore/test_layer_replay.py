@@ -160,6 +160,50 @@ def test_a_run_whose_first_boundary_moves_nothing_ages_it(monkeypatch: pytest.Mo
                for start in made[0].before_run.values())
 
 
+def test_the_models_layer_1_joins_a_long_prompts_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill's layer 1 reads layer 0's second span (the causal mask splits layer 0 in two), at
+    other offsets from that span's start than any later layer reads the layer before it: counted
+    back from its own start, it matches. It stays in the run where the run's first boundary moves
+    nothing (the 70B tp32 rank's 2,048-token prompt: the run starts at layer 1); where it would
+    move something (prefill-long: layer 0's output still on chip) the run starts at layer 2, as
+    before, and the program is the one it was."""
+    from neuroncore.compiler import layer_replay
+
+    made: list[layer_replay.LayerDedup] = []
+    real_init = layer_replay.LayerDedup.__init__
+
+    def init(self: layer_replay.LayerDedup, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(layer_replay.LayerDedup, "__init__", init)
+
+    def starts(name: str) -> tuple[LayerRun, list[tuple[int, int]], int]:
+        _, overrides = CASES[name]
+        overrides = dict(overrides)
+        model = overrides.pop("model", None)
+        graph = shard(workloads.get("llama-prefill").graph(model, **overrides), overrides["tp_degree"]).local
+        (run,) = find_runs(graph)
+        made.clear()
+        program = compile_graph(graph, "trn1")
+        (dedup,) = made
+        firsts = sorted((r.layers[0].number, len(r.layers)) for r, k in dedup.events.values() if k == 0)
+        return run, firsts, program.stats["layers_relocated"]
+
+    run, firsts, relocated = starts("prefill-long-70b")
+    # (the model's last layer joins when compiled: with_final_layer)
+    assert run.joined and [layer.number for layer in run.layers] == list(range(1, 7))
+    assert [layer.number for layer in run.without_first().layers] == list(range(2, 7))
+    assert run.without_first().externals == run.externals[1:]
+    assert firsts == [(1, 7)] and relocated == 5
+    run, firsts, relocated = starts("prefill-long")
+    assert run.joined and run.layers[0].number == 1
+    assert firsts == [(2, 8)] and relocated == 6
+    # a decode's layer 1 reads layer 0 (one span, as long as the others): in its run as before
+    (decode,) = find_runs(workloads.get("llama-decode").graph(layers=6))
+    assert not decode.joined and decode.layers[0].number == 1
+
+
 def test_two_layers_have_no_run() -> None:
     assert find_runs(workloads.get("llama-decode").graph(layers=2)) == []
 
@@ -180,8 +224,10 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # prefill-long relocates the model's last layer too (its output lives in HBM: with_final_layer).
 # The long prompts' boundaries merge each free range's tombstones (layer_boundary.merge_tombstones):
 # they settle at the second boundary with period one (prefill-long settled at the third, the 70B
-# rank at the fifth with period three)
-SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 6, "prefill-long-70b": 4,
+# rank at the fifth with period three). The 70B rank's run starts at the model's layer 1 (a joined
+# first layer behind a boundary that moves nothing: 5 relocated, 4 when the run began at layer 2);
+# prefill-long's layer 1 stays out (its first boundary would move layer 0's output)
+SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 6, "prefill-long-70b": 5,
            "prefill-resident": 5, "prefill-resident-period3": 3}
 
 
