@@ -1039,6 +1039,20 @@ class _Converter:
         _, dtype = self._out(node)
         return self.b.subtract(self.b.exp(self._op(node.args[0], dtype)), 1.0)
 
+    def _aten_elu(self, node: torch.fx.Node, kw: Any) -> Any:
+        """``elu(x, alpha, scale, input_scale)`` (``nn.ELU``; ``nn.SELU`` with its constants):
+        ``scale * x`` where ``x > 0``, else ``alpha * scale * (exp(input_scale * x) - 1)``, as
+        torch's kernel computes it (a select, so the exponential of a large positive ``x`` is never
+        read)."""
+        _, dtype = self._out(node)
+        x = self._op(kw["self"], dtype)
+        alpha, scale = float(kw.get("alpha", 1.0)), float(kw.get("scale", 1.0))
+        input_scale = float(kw.get("input_scale", 1.0))
+        inner = x if input_scale == 1.0 else self.b.multiply(x, input_scale)
+        negative = self.b.multiply(self.b.subtract(self.b.exp(inner), 1.0), alpha * scale)
+        positive = x if scale == 1.0 else self.b.multiply(x, scale)
+        return self.b.select(self.b.compare(x, 0.0, "GT"), positive, negative)
+
     def _aten_neg(self, node: torch.fx.Node, kw: Any) -> Any:
         _, dtype = self._out(node)
         x = self._op(node.args[0], dtype)

@@ -650,3 +650,17 @@ def test_batched_dots_over_linear_outputs_viewed_as_batches_match_torch():
     x, kv = torch.randn(2, 64, 16), torch.randn(2, 16, 16)
     out = nc.trace(model, (x, kv))(x, kv)
     np.testing.assert_allclose(out.numpy(), model(x, kv).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["elu", "elu-alpha", "selu"])
+def test_elu_and_selu_match_torch(act: str) -> None:
+    """``nn.ELU`` / ``nn.SELU`` (``aten.elu`` with its ``alpha``, ``scale`` and ``input_scale``)
+    were unsupported ops; large positive inputs must not read the exponential's overflow."""
+    layer = {"elu": torch.nn.ELU(), "elu-alpha": torch.nn.ELU(alpha=0.5), "selu": torch.nn.SELU()}[act]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), layer, torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(8, 16) * 3.0
+    x[0, :] = 60.0  # exp(> 88) overflows FP32
+    assert not nc.check(model, (x,))
+    got = nc.trace(model, (x,))(x).numpy()
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)

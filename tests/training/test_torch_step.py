@@ -491,6 +491,18 @@ def test_weight_normalised_layers_train_as_pytorch(old_api: bool) -> None:
     _assert_same_params(ref, ours, atol=1e-6)
 
 
+@pytest.mark.parametrize("layer", [torch.nn.ELU, torch.nn.SELU])
+def test_elu_and_selu_train_as_pytorch(layer: type[torch.nn.Module]) -> None:
+    """``aten.elu`` (refused before) in a step: its backward is torch's decomposition."""
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Linear(8, 16), layer(), torch.nn.Linear(16, 4))
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(6, 8, generator=g) * 3.0, torch.randint(0, 4, (6,), generator=g))
+               for _ in range(3)]
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.3, momentum=0.9), batches,
+                 F.cross_entropy, loss_abs=1e-6, param_atol=1e-6)
+
+
 class _Resizes(torch.nn.Module):
     """A segmentation-style head: convolutions, then linear / bilinear / bicubic / trilinear
     resizes of their outputs (up and down, ``align_corners`` either way)."""
