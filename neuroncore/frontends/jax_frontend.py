@@ -62,6 +62,7 @@ from neuroncore.frontends.hlo import (
     literal_values,
     parse_hlo_module,
 )
+from neuroncore.frontends.rank_sort import rank_sort
 from neuroncore.frontends.tracing import Converted, TraceError
 from neuroncore.ir import semantics, threefry
 from neuroncore.ir.builder import MAX_FRAMES, GraphBuilder
@@ -672,17 +673,9 @@ class _Converter:
     def _sort(self, ins: HloInstruction, operands: list[Val], name: str) -> Val | None:
         """``jnp.sort`` / ``jnp.argsort`` / ``lax.sort`` keyed on the first operand (HLO ``sort``
         whose comparator is JAX's ascending "less than" on operand 0, the float form canonicalising
-        -0 and NaN first) as a rank sort, which needs no data-dependent control flow: element
-        ``i``'s place is the number of elements that go before it, ``rank_i = #{j: k_j < k_i} +
-        #{j < i: k_j == k_i}`` (stable, as ``is_stable=true`` asks; ``sort(is_stable=false)`` may
-        order ties any way, so this order is one of its), an ``[.., n, n]`` compare and a sum; each
-        operand is then placed by a select where ``rank_i`` equals the output position and a sum
-        over ``i``. [assumption] neuronx-cc lowers a static-shape sort to data-independent
-        compare-and-select passes on the engines (NeuronCores have no sort instruction); this is
-        one such form, costing ``n^2`` per sorted row. Keys and values pass through FP32 (integers
-        exact below 2^24). NaN keys are ordered as +inf, not after it as JAX orders them. None
-        (the op stays unsupported) for any other comparator: several keys, descending
-        comparators, a ``lambda`` of the keys."""
+        -0 and NaN first) as a stable rank sort (``rank_sort``; ``sort(is_stable=false)`` may order
+        ties any way, so this order is one of its). None (the op stays unsupported) for any other
+        comparator: several keys, descending comparators, a ``lambda`` of the keys."""
         dim = ints(ins.attrs.get("dimensions"))
         if len(dim) != 1 or not all(isinstance(o, Op) for o in operands) \
                 or self._ascending_comparator(ins.attrs.get("to_apply", "")) is not True:
@@ -692,26 +685,8 @@ class _Converter:
         if any(o.shape != shape or o.dtype not in (DType.FP32, DType.BF16, DType.FP16, DType.INT32)
                for o in ops):
             return None
-        n, rank_ = shape[d], len(shape)
-        grid = (*shape[:d + 1], n, *shape[d + 1:])  # axis d: element i (or output place r), d + 1: j
-        as_i = tuple(a if a < d else a if a == d else a + 1 for a in range(rank_))
-        as_j = tuple(a if a < d else a + 1 for a in range(rank_))
         start = self.b.n_ops
-        key = self.b.convert(ops[0], DType.FP32) if ops[0].dtype is not DType.FP32 else ops[0]
-        key = self.b.select(self.b.compare(key, key, "NE"), math.inf, key)  # NaN: as +inf
-        k_i, k_j = self.b.broadcast(key, grid, as_i), self.b.broadcast(key, grid, as_j)
-        earlier = self.b.compare(self.b.iota(grid, d + 1, DType.FP32), self.b.iota(grid, d, DType.FP32), "LT")
-        tie = self.b.convert(earlier, DType.FP32)
-        before = self.b.select(self.b.compare(k_j, k_i, "LT"), 1.0,
-                               self.b.select(self.b.compare(k_j, k_i, "EQ"), tie, 0.0))
-        place = self.b.broadcast(self.b.reduce(before, [d + 1], "sum"), grid, as_j)  # rank of i
-        hit = self.b.compare(place, self.b.iota(grid, d, DType.FP32), "EQ")  # [.., r, i]
-        results = []
-        for op in ops:
-            value = self.b.convert(op, DType.FP32) if op.dtype is not DType.FP32 else op
-            placed = self.b.reduce(self.b.select(hit, self.b.broadcast(value, grid, as_j), 0.0),
-                                   [d + 1], "sum")
-            results.append(self.b.convert(placed, op.dtype) if op.dtype is not DType.FP32 else placed)
+        results = rank_sort(self.b, ops[0], ops, d)
         for k, op in enumerate(self.b.ops_since(start)):
             op.name = self._aux(name, f"{op.opcode}{k}")
         for k, op in enumerate(results):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from neuroncore.dtypes import DType
+from neuroncore.frontends.rank_sort import rank_sort
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
 
@@ -264,6 +265,20 @@ def topk(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     cat_indices = indices[0] if k == 1 else c.b.concatenate(indices, dim)
     return cat_values, c._cast(cat_indices, c._out_dtype(meta[1]))
 
+@handles("sort")
+def sort(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``torch.sort`` / ``argsort`` / ``msort`` (top-p sampling in user code) as a stable rank sort
+    (``rank_sort``): values with their indices, ties in index order, ascending or descending."""
+    meta: Any = node.meta["val"]
+    x = c._op(kw["self"], c._out_dtype(meta[0]))
+    if not x.shape or x.dtype not in (DType.FP32, DType.BF16, DType.FP16, DType.INT32):
+        return NotImplemented
+    dim = int(kw.get("dim", -1)) % len(x.shape)
+    position = c.b.iota(x.shape, dim, DType.FP32)
+    values, indices = rank_sort(c.b, x, [x, position], dim, bool(kw.get("descending", False)))
+    return values, c._cast(indices, c._out_dtype(meta[1]))
+
+
 __all__ = [
     "argmax",
     "argmin",
@@ -272,5 +287,6 @@ __all__ = [
     "gather_elements",
     "runtime_index",
     "shift",
+    "sort",
     "topk",
 ]

@@ -168,3 +168,27 @@ def test_t5_encoder_in_fp16_clamps_as_torch_does():
     assert got.dtype == torch.float16
     # within 2x torch's own fp16 error against the same model in fp32
     assert (got.float() - exact).abs().max() <= 2 * (want.float() - exact).abs().max()
+
+
+class _Sorts(torch.nn.Module):
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values, indices = torch.sort(x, -1)
+        down, down_at = torch.sort(x, dim=0, descending=True, stable=True)
+        probs, _ = torch.sort(torch.softmax(x, -1), -1, descending=True)
+        nucleus = torch.cumsum(probs, -1) - probs < 0.8  # top-p sampling's kept mass
+        return (values, indices, down, down_at, torch.argsort(x, -1, descending=True), nucleus,
+                torch.sort(ids, dim=-1, stable=True)[1], torch.msort(x))
+
+
+def test_sort_and_argsort_match_torch() -> None:
+    """``torch.sort`` / ``argsort`` / ``msort`` (``aten.sort``, unsupported before) as a stable rank
+    sort (rank_sort.py): values and int64 indices exact, ties in index order, either direction."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 9)
+    x[0, 3] = x[0, 5]
+    x[1, :4] = 0.5
+    ids = torch.randint(0, 4, (3, 9))
+    model = _Sorts()
+    assert not nc.check(model, (x, ids))
+    for got, want in zip(nc.trace(model, (x, ids))(x, ids), model(x, ids)):
+        assert got.dtype == want.dtype and torch.equal(got, want)

@@ -1,0 +1,50 @@
+"""A sort along one dim with no data-dependent control flow (``jnp.sort`` / ``argsort``,
+``torch.sort`` / ``argsort``): element ``i``'s place is the number of elements that go before it,
+``rank_i = #{j: k_j < k_i} + #{j < i: k_j == k_i}`` (``>`` for a descending sort; stable: ties keep
+their order), one ``[.., n, n]`` compare and sum; every sorted operand is then placed by a select
+where ``rank_i`` equals the output position and a sum over ``i``.
+
+[assumption] NeuronCores have no sort instruction, and a static-shape sort compiles to
+data-independent compare-and-select passes on the engines; this is one such form, costing ``n^2``
+per sorted row (fine for routing and sampling rows, slow for long ones). Keys and values pass
+through FP32 (integers exact below 2^24). A NaN key is ordered as +inf (JAX and torch order it
+after +inf ascending, before it descending).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from neuroncore.dtypes import DType
+from neuroncore.ir.graph import Op
+
+
+def rank_sort(b: Any, key: Op, values: Sequence[Op], dim: int, descending: bool = False) -> list[Op]:
+    """``values`` (each of ``key``'s shape; ``key`` itself to sort it) reordered along ``dim`` as a
+    stable sort of ``key`` orders them; each result of its operand's type. ``b`` is the
+    ``GraphBuilder``."""
+    shape = key.shape
+    rank, n = len(shape), shape[dim]
+    grid = (*shape[:dim + 1], n, *shape[dim + 1:])  # axis dim: element i (or output place r), dim + 1: j
+    as_i = tuple(a if a <= dim else a + 1 for a in range(rank))
+    as_j = tuple(a if a < dim else a + 1 for a in range(rank))
+    k = key if key.dtype is DType.FP32 else b.convert(key, DType.FP32)
+    k = b.select(b.compare(k, k, "NE"), math.inf, k)  # NaN: as +inf
+    k_i, k_j = b.broadcast(k, grid, as_i), b.broadcast(k, grid, as_j)
+    earlier = b.convert(b.compare(b.iota(grid, dim + 1, DType.FP32), b.iota(grid, dim, DType.FP32), "LT"),
+                        DType.FP32)
+    before = b.select(b.compare(k_j, k_i, "GT" if descending else "LT"), 1.0,
+                      b.select(b.compare(k_j, k_i, "EQ"), earlier, 0.0))
+    place = b.broadcast(b.reduce(before, [dim + 1], "sum"), grid, as_j)  # the rank of element i
+    hit = b.compare(place, b.iota(grid, dim, DType.FP32), "EQ")  # [.., r, i]: i goes to place r
+    results = []
+    for op in values:
+        value = op if op.dtype is DType.FP32 else b.convert(op, DType.FP32)
+        placed = b.reduce(b.select(hit, b.broadcast(value, grid, as_j), 0.0), [dim + 1], "sum")
+        results.append(placed if op.dtype is DType.FP32 else b.convert(placed, op.dtype))
+    return results
+
+
+__all__ = ["rank_sort"]
