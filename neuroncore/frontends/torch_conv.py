@@ -254,8 +254,11 @@ def batch_norm_eval(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> A
     return _batch_norm(c, node, kw)
 
 
-@handles("native_batch_norm", "_native_batch_norm_legit_functional")
+@handles("native_batch_norm", "_native_batch_norm_legit_functional", "_native_batch_norm_legit")
 def batch_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """Batch norm; ``_native_batch_norm_legit`` without running statistics is how
+    ``nn.InstanceNorm*`` (and ``F.instance_norm``) normalise: each (image, channel) as a channel
+    of a batch of one, in train mode."""
     if kw.get("training"):
         return _batch_norm_training(c, node, kw)
     return _batch_norm(c, node, kw)
@@ -285,6 +288,8 @@ def _batch_norm_training(c: _Converter, node: torch.fx.Node, kw: dict[str, Any])
     updates = getattr(c, "buffer_updates", None)
     m = float(momentum)
     for key, stat in (("running_mean", mean), ("running_var", c.b.multiply(var, count / max(count - 1, 1)))):
+        if kw.get(key) is None:  # no running statistics (instance norm): nothing to update
+            continue
         running = c._value(kw.get(key))
         if updates is not None and isinstance(running, Op) and running.opcode == "parameter":
             updates[running.name] = c.b.add(c.b.multiply(running, 1.0 - m), c.b.multiply(stat, m))

@@ -270,3 +270,16 @@ def test_unfold_is_the_convolutions_im2col_not_gathers():
     for got, want in zip(traced(x), _Unfold()(x)):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm", [{"affine": True}, {}, {"affine": True, "track_running_stats": True}])
+def test_instance_norm_matches_torch(norm: dict) -> None:
+    """``nn.InstanceNorm2d`` (``_native_batch_norm_legit`` without running statistics: each image's
+    channel normalised as a batch of one; unsupported before) in a conv net, as torch computes it
+    (with ``track_running_stats`` an eval model uses its running statistics instead)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.InstanceNorm2d(8, **norm),
+                                torch.nn.ReLU(), torch.nn.Conv2d(8, 2, 1)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    assert not nc.check(model, (x,))
+    torch.testing.assert_close(nc.trace(model, (x,))(x), model(x).detach(), rtol=1e-5, atol=1e-5)

@@ -503,6 +503,17 @@ def test_elu_and_selu_train_as_pytorch(layer: type[torch.nn.Module]) -> None:
                  F.cross_entropy, loss_abs=1e-6, param_atol=1e-6)
 
 
+def test_instance_norm_trains_as_pytorch() -> None:
+    """``nn.InstanceNorm2d`` (batch statistics per image and channel) in a step: refused before."""
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.InstanceNorm2d(8, affine=True),
+                               torch.nn.ReLU(), torch.nn.Conv2d(8, 2, 1))
+    g = torch.Generator().manual_seed(8)
+    batches = [(torch.randn(2, 3, 6, 6, generator=g), torch.randn(2, 2, 6, 6, generator=g)) for _ in range(3)]
+    _steps_match(ours, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), batches,
+                 F.mse_loss, loss_abs=1e-6, param_atol=1e-6)
+
+
 class _Resizes(torch.nn.Module):
     """A segmentation-style head: convolutions, then linear / bilinear / bicubic / trilinear
     resizes of their outputs (up and down, ``align_corners`` either way)."""
