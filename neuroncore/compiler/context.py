@@ -290,7 +290,8 @@ class Context:
         self._next_buffer += 1
         self.buffers[buf.id] = buf
         self.em.psum_keys.add(("buf", buf.id))
-        self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards)
+        # a bank's hazards are its previous occupant's ``forget``: already compact
+        self.em.inherit(("buf", buf.id), WHOLE_BUFFER, hazards, compacted=True)
         return buf
 
     def unpin_all(self) -> None:

@@ -9,9 +9,11 @@ Same-engine order needs no semaphore: each engine runs its stream in order.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -83,44 +85,83 @@ class _Accesses:
     the entries near its rectangle instead of all of them; None until such a key grows, and again
     whenever a list is rebuilt (made anew from the lists when next needed).
 
-    ``b`` holds the writes a new buffer inherits from its range's earlier users (``inherit``:
-    ``WHOLE_BUFFER`` writes recorded before any other access of the key). Only a whole-buffer
-    write covers them, and every access of the buffer overlaps them, so they are not scanned: an
-    access on lane L waits for all of them but L's, a tuple kept per lane (``bn``, made on first
-    use). That is the set of nodes a scan finds (~40 % of the entries a decode's scans visited).
+    ``b`` holds the nodes of the writes a new buffer inherits from its range's earlier users
+    (``inherit``: ``WHOLE_BUFFER`` writes recorded before any other access of the key), ``bl``
+    their lanes (the same order); the entries themselves are made only when the key is iterated
+    (a new buffer's ~10 inherited tuples were made per allocation and rarely read). Only a
+    whole-buffer write covers them, and every access of the buffer overlaps them, so they are not
+    scanned: an access on lane L waits for all of them but L's, which ``Emitter._hazards`` takes
+    as each lane's latest (``bn``: per lane L, made on first use, ``base_map``). That is the set
+    of nodes a scan finds (~40 % of the entries a decode's scans visited). ``bs``: ``b`` is
+    ascending (as ``compact`` leaves it), so the latest node per lane is the last one
+    (``Emitter._latest``).
 
     Iterating gives the inherited writes, the other writes, then the reads: the lists other modules
     see and put back as plain lists in that order (the emitter adopts such a list on first use,
     ``Emitter._adopt``)."""
 
-    __slots__ = ("b", "bn", "ix", "r", "small", "w")
+    __slots__ = ("b", "bl", "bn", "bs", "cx", "ix", "r", "small", "w")
 
     def __init__(self, w: list[_Access], r: dict[tuple[int, ...], _Access], small: int,
-                 b: Sequence[_Access] = ()) -> None:
+                 b: tuple[int, ...] = (), bl: tuple[int, ...] = (), bs: bool = True) -> None:
         self.w = w
         self.r = r
         self.small = small
         self.ix: _Index | None = None
+        self.cx: _Columns | None = None
         self.b = b
-        self.bn: dict[int, tuple[int, ...]] | None = None
+        self.bl = bl
+        self.bs = bs
+        self.bn: dict[int, dict[int, int]] | None = None
+
+    def inherited(self) -> Iterator[_Access]:
+        """The inherited writes as recorded accesses."""
+        return ((0, _WB_ROWS, 0, _WB_COLS, node, lane, True) for node, lane in zip(self.b, self.bl))
 
     def __iter__(self) -> Iterator[_Access]:
         if self.b:
-            return itertools.chain(self.b, self.w, self.r.values())
+            return itertools.chain(self.inherited(), self.w, self.r.values())
         return itertools.chain(self.w, self.r.values())
 
     def __len__(self) -> int:
         return len(self.b) + len(self.w) + len(self.r)
 
-    def base(self, lane: int) -> tuple[int, ...]:
+    def base(self, lane: int) -> list[int]:
         """The inherited writes' nodes a node on ``lane`` waits for (all but its own lane's)."""
+        return [node for node, other in zip(self.b, self.bl) if other != lane]
+
+    def base_map(self, lane: int, after: dict[int, int], pending: list[int],
+                 lanes: Sequence[int]) -> dict[int, int] | None:
+        """``base(lane)`` as the node's dependencies take it: each node, or the MultiplyMoving
+        after it if it is a LoadStationary (``after``), the latest per lane (``lanes``). Kept per
+        lane (``bn``): once made it never changes (a node leaves ``pending`` only to be mapped, and
+        new nodes are never in ``b``). None, and not kept, while one of them is in ``pending`` (a
+        LoadStationary with no MultiplyMoving yet: mapped later)."""
+        latest: dict[int, int] = {}
+        get = latest.get
+        for node, other in zip(self.b, self.bl):
+            if other == lane:
+                continue
+            moved = after.get(node)
+            if moved is not None:
+                node = moved
+            elif pending and node in pending:
+                return None
+            other = lanes[node]
+            if get(other, -1) < node:
+                latest[other] = node
         bn = self.bn
         if bn is None:
             bn = self.bn = {}
-        nodes = bn.get(lane)
-        if nodes is None:
-            nodes = bn[lane] = tuple([x[_NODE] for x in self.b if x[_LANE] != lane])
-        return nodes
+        bn[lane] = latest
+        return latest
+
+    def columns(self) -> _Columns:
+        """The column index of the writes (made now if there is none)."""
+        cx = self.cx
+        if cx is None:
+            cx = self.cx = _Columns(self.w)
+        return cx
 
     def index(self) -> _Index:
         """The area index of the current lists (made now if there is none)."""
@@ -134,6 +175,49 @@ class _Accesses:
         read replaced: ``Emitter._record``)."""
         r = self.r
         return r.get(x[:4] + x[5:6]) is x or r.get(x[:6]) is x
+
+
+COLUMNS_MIN = 24  # an on-chip key's writes get a column index once it holds this many
+
+
+class _Columns:
+    """An on-chip key's writes in order of their first column (``y0``; ties in the order
+    recorded), with the widest one's width: a write overlapping columns ``[b0, b1)`` starts in
+    ``(b0 - widest, b1)``, a write inside them in ``[b0, b1]``, each found by two bisections.
+
+    A long prompt's transposed operands are written as one 128-column block per PE transpose and
+    read block by block (a LoadStationary or MultiplyMoving of one 128- or 512-column slice), so a
+    read scanned all ~128-256 writes of its buffer to find the one or four it overlaps. Kept in
+    step with ``_Accesses.w``: a new write is inserted, a list rebuilt (a covering write) drops
+    the index (made again when next needed). Only which entries are looked at changes: each is
+    tested as in a scan, so the hazards found are the same set."""
+
+    __slots__ = ("entries", "starts", "widest")
+
+    def __init__(self, writes: list[_Access]) -> None:
+        self.entries = sorted(writes, key=_FIRST_COLUMN)
+        self.starts = [x[2] for x in self.entries]
+        self.widest = max((x[3] - x[2] for x in writes), default=0)
+
+    def add(self, x: _Access) -> None:
+        i = bisect.bisect_right(self.starts, x[2])
+        self.starts.insert(i, x[2])
+        self.entries.insert(i, x)
+        if x[3] - x[2] > self.widest:
+            self.widest = x[3] - x[2]
+
+    def overlapping(self, b0: int, b1: int) -> list[_Access]:
+        """The writes that may overlap columns ``[b0, b1)`` (a superset: rows and lanes untested)."""
+        starts = self.starts
+        return self.entries[bisect.bisect_right(starts, b0 - self.widest):bisect.bisect_left(starts, b1)]
+
+    def inside(self, b0: int, b1: int) -> list[_Access]:
+        """The writes that may lie inside columns ``[b0, b1]`` (a superset)."""
+        starts = self.starts
+        return self.entries[bisect.bisect_left(starts, b0):bisect.bisect_right(starts, b1)]
+
+
+_FIRST_COLUMN = itemgetter(2)
 
 
 INDEX_MIN = 48  # an HBM key gets an area index once it holds this many entries
@@ -348,7 +432,9 @@ def _accesses_of(entries: Iterable[_Access]) -> _Accesses:
             writes.append(a)
         else:
             base.append(a)
-    return _Accesses(writes, *_reads_of(reads), base)
+    nodes = tuple([a[_NODE] for a in base])
+    return _Accesses(writes, *_reads_of(reads), nodes, tuple([a[_LANE] for a in base]),
+                     all(x < y for x, y in itertools.pairwise(nodes)))
 
 
 MemoryKey = tuple[str, Any]  # ("buf", buffer id) for SBUF/PSUM buffers, ("hbm", tensor name)
@@ -456,23 +542,28 @@ class Emitter:
         adopted = self._accesses[key] = _accesses_of(entries or ())
         return adopted
 
-    def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int]) -> None:
-        """Earlier users of a reused address range become hazards of the new buffer there."""
+    def inherit(self, key: MemoryKey, rect: Rect, nodes: list[int], compacted: bool = False) -> None:
+        """Earlier users of a reused address range become hazards of the new buffer there.
+        ``compacted``: ``nodes`` is already what ``compact`` makes of it (ascending, one per lane:
+        a PSUM bank's previous occupant's ``forget``)."""
         table = self._accesses
+        if not compacted:
+            nodes = self.compact(nodes)
         if rect == WHOLE_BUFFER and key not in table:  # a new buffer (every allocation): made here
-            lanes = self._lane
-            table[key] = _Accesses([], {}, _NO_AREA, [(0, _WB_ROWS, 0, _WB_COLS, node, lanes[node], True)
-                                                      for node in self.compact(nodes)])
+            table[key] = _Accesses([], {}, _NO_AREA, tuple(nodes), tuple(map(self._lane.__getitem__, nodes)))
             return
         accesses = self._adopt(key)
-        a0, a1, b0, b1 = rect
-        lanes = self._lane
-        entries = [(a0, a1, b0, b1, node, lanes[node], True) for node in self.compact(nodes)]
         if rect == WHOLE_BUFFER and not accesses.w and not accesses.r:
-            accesses.b = [*accesses.b, *entries]
+            b = (*accesses.b, *nodes)
+            accesses.b = b
+            accesses.bl = (*accesses.bl, *map(self._lane.__getitem__, nodes))
+            accesses.bs = all(x < y for x, y in itertools.pairwise(b))
             accesses.bn = None
         else:
-            accesses.w.extend(entries)
+            a0, a1, b0, b1 = rect
+            lanes = self._lane
+            accesses.w.extend([(a0, a1, b0, b1, node, lanes[node], True) for node in nodes])
+            accesses.cx = None
 
     def last_writer_engine(self, key: MemoryKey) -> Engine | None:
         """The engine of the latest write to a buffer (None if a DMA wrote it or nobody did)."""
@@ -495,12 +586,23 @@ class Emitter:
         accesses = self._accesses.get(key)
         return self._latest(accesses) if accesses else []
 
-    def _latest(self, entries: Iterable[_Access]) -> list[int]:
-        """``compact`` of the entries' nodes (each lane's latest, in order), without a set first."""
+    def _latest(self, entries: _Accesses | list[_Access]) -> list[int]:
+        """``compact`` of the entries' nodes (each lane's latest, in order), without a set first;
+        an ascending ``b`` (every new buffer's) gives its lanes' latest in one C call."""
         lanes = self._lane
-        latest: dict[int, int] = {}
+        if entries.__class__ is _Accesses:
+            assert isinstance(entries, _Accesses)
+            if entries.bs:
+                latest = dict(zip(entries.bl, entries.b))
+                rest: Iterable[_Access] = itertools.chain(entries.w, entries.r.values())
+            else:
+                latest = {}
+                rest = entries
+        else:
+            latest = {}
+            rest = entries
         get = latest.get
-        for a in entries:
+        for a in rest:
             node = a[_NODE]
             lane = lanes[node]
             if get(lane, -1) < node:
@@ -540,17 +642,30 @@ class Emitter:
         self._record(node, lane, reads, writes)
 
     def _hazards(self, lane: int, reads: list[tuple[MemoryKey, Rect]],
-                 writes: list[tuple[MemoryKey, Rect]]) -> set[int]:
-        """Read-after-write on every read; any earlier access on every write (other lanes only).
+                 writes: list[tuple[MemoryKey, Rect]], extra: Collection[int] = ()) -> list[int]:
+        """The dependencies of a node on ``lane`` with these accesses: read-after-write on every
+        read, any earlier access on every write (other lanes only), and the ``extra`` nodes; each
+        a node, or the MultiplyMoving after it if it is a LoadStationary (see ``__init__``), of
+        which each lane's latest is kept, in order (``compact``: waiting for it implies the
+        earlier ones).
+
+        The inherited writes of a key come as their lanes' latest (``_Accesses.base_map``, made
+        once per key and lane), merged with the other hazards' instead of being put in a set and
+        compacted again at every node (a new buffer inherits ~10 nodes, and every access of it
+        waits for them until a whole-buffer write covers them): the same list as compacting the
+        whole set.
 
         On an HBM key with an area index (``_Index``) a whole-tensor access gets each other lane's
         latest entry only: the nodes it leaves out are earlier nodes of those lanes, which
-        ``compact`` drops from the node's dependencies anyway (no HBM access is a LoadStationary,
-        the one node a dependency is mapped from: ``_append``)."""
+        compaction drops anyway (no HBM access is a LoadStationary, the one node a dependency is
+        mapped from)."""
         deps: set[int] = set()
         add = deps.add
-        update = deps.update
+        bases: list[dict[int, int]] = []
         get = self._accesses.get
+        after = self._mm_after_ls
+        pending = self._pending_ls
+        lanes = self._lane
         for key, rect in reads:  # a read waits for writes
             accesses = get(key)
             if accesses is None:
@@ -560,15 +675,23 @@ class Emitter:
             a0, a1, b0, b1 = rect
             if accesses.b and a1 > 0 and a0 < _WB_ROWS and b1 > 0 and b0 < _WB_COLS:
                 bn = accesses.bn
-                nodes = bn.get(lane) if bn is not None else None
-                update(nodes if nodes is not None else accesses.base(lane))
+                base = bn.get(lane) if bn is not None else None
+                if base is None:
+                    base = accesses.base_map(lane, after, pending, lanes)
+                if base is None:
+                    deps.update(accesses.base(lane))
+                else:
+                    bases.append(base)
             ix = accesses.ix
             if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
                 ix = accesses.index()
             if ix is not None and _near_hazards(accesses, ix, lane, rect, add, False):
                 continue
-            for x0, x1, y0, y1, node, other, _ in accesses.w:
-                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+            w = accesses.w
+            if len(w) >= COLUMNS_MIN and key[0] == "buf":
+                w = accesses.columns().overlapping(b0, b1)
+            for x0, x1, y0, y1, node, other, _ in w:
+                if y0 < b1 and b0 < y1 and x0 < a1 and a0 < x1 and other != lane:
                     add(node)
         for key, rect in writes:  # a write for every earlier access
             accesses = get(key)
@@ -579,20 +702,49 @@ class Emitter:
             a0, a1, b0, b1 = rect
             if accesses.b and a1 > 0 and a0 < _WB_ROWS and b1 > 0 and b0 < _WB_COLS:
                 bn = accesses.bn
-                nodes = bn.get(lane) if bn is not None else None
-                update(nodes if nodes is not None else accesses.base(lane))
+                base = bn.get(lane) if bn is not None else None
+                if base is None:
+                    base = accesses.base_map(lane, after, pending, lanes)
+                if base is None:
+                    deps.update(accesses.base(lane))
+                else:
+                    bases.append(base)
             ix = accesses.ix
             if ix is None and key[0] == "hbm" and len(accesses.w) + len(accesses.r) >= INDEX_MIN:
                 ix = accesses.index()
             if ix is not None and _near_hazards(accesses, ix, lane, rect, add, True):
                 continue
-            for x0, x1, y0, y1, node, other, _ in accesses.w:
-                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+            w = accesses.w
+            if len(w) >= COLUMNS_MIN and key[0] == "buf":
+                w = accesses.columns().overlapping(b0, b1)
+            for x0, x1, y0, y1, node, other, _ in w:
+                if y0 < b1 and b0 < y1 and x0 < a1 and a0 < x1 and other != lane:
                     add(node)
             for x0, x1, y0, y1, node, other, _ in accesses.r.values():
-                if other != lane and x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1:
+                if y0 < b1 and b0 < y1 and x0 < a1 and a0 < x1 and other != lane:
                     add(node)
-        return deps
+        if extra:
+            deps.update([d for d in extra if lanes[d] != lane])
+        # each lane's latest: the largest base's as it is, the others' and the scanned nodes' merged
+        if not bases:
+            latest: dict[int, int] = {}
+        elif len(bases) == 1:
+            latest = bases[0].copy()
+        else:
+            bases.sort(key=len)
+            latest = bases.pop().copy()
+            latest_of = latest.get
+            for base in bases:
+                for other, node in base.items():
+                    if latest_of(other, -1) < node:
+                        latest[other] = node
+        if deps:
+            latest_of = latest.get
+            for node in (deps if after.keys().isdisjoint(deps) else map(after.get, deps, deps)):
+                other = lanes[node]
+                if latest_of(other, -1) < node:
+                    latest[other] = node
+        return sorted(latest.values())
 
     def _record(self, node: int, lane: int, reads: list[tuple[MemoryKey, Rect]],
                 writes: list[tuple[MemoryKey, Rect]]) -> None:
@@ -606,7 +758,8 @@ class Emitter:
             if accesses.__class__ is not _Accesses:
                 accesses = self._adopt(key)
             if accesses.b and a0 <= 0 and a1 >= _WB_ROWS and b0 <= 0 and b1 >= _WB_COLS:
-                accesses.b = ()  # covered (inherited entries are whole-buffer writes)
+                accesses.b = accesses.bl = ()  # covered (inherited entries are whole-buffer writes)
+                accesses.bs = True
                 accesses.bn = None
             w = accesses.w
             r = accesses.r
@@ -624,6 +777,7 @@ class Emitter:
                             else:
                                 kept.append(y)
                         w[:] = kept
+                        accesses.cx = None
                         ix.wlast = None
                         break
                 live = accesses.live_read
@@ -642,13 +796,14 @@ class Emitter:
                 if len(ix.dead) + ix.stale > len(w) + len(accesses.r) + INDEX_MIN:
                     accesses.ix = ix = None
             else:
-                for x0, x1, y0, y1, _n, _l, _w in w:
-                    if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
+                cx = accesses.cx
+                for x0, x1, y0, y1, _n, _l, _w in (w if cx is None else cx.inside(b0, b1)):
+                    if b0 <= y0 and y1 <= b1 and a0 <= x0 and x1 <= a1:
                         w[:] = [x for x in w if not (a0 <= x[0] and x[1] <= a1 and b0 <= x[2] and x[3] <= b1)]
-                        accesses.ix = ix = None
+                        accesses.ix = ix = accesses.cx = None
                         break
                 for x0, x1, y0, y1, _n, _l, _w in r.values():
-                    if a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
+                    if b0 <= y0 and y1 <= b1 and a0 <= x0 and x1 <= a1:
                         _drop_covered_reads(accesses, list(r.values()), None, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
@@ -656,6 +811,8 @@ class Emitter:
             w.append(entry)
             if ix is not None:
                 ix.add_write(entry)
+            if accesses.cx is not None:
+                accesses.cx.add(entry)
         for key, (a0, a1, b0, b1) in reads:
             accesses = table.get(key)
             area = (a1 - a0) * (b1 - b0) if a1 > a0 and b1 > b0 else -1
@@ -684,7 +841,7 @@ class Emitter:
                         break
             else:
                 for x0, x1, y0, y1, _n, x_lane, _w in r.values():
-                    if x_lane == lane and a0 <= x0 and x1 <= a1 and b0 <= y0 and y1 <= b1:
+                    if b0 <= y0 and y1 <= b1 and a0 <= x0 and x1 <= a1 and x_lane == lane:
                         r = _drop_covered_reads(accesses, list(r.values()), lane, a0, a1, b0, b1)
                         accesses.ix = ix = None
                         break
@@ -699,18 +856,17 @@ class Emitter:
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, resource: int, engine: Engine, cost_ns: float, queue: int, dma_engines: int,
-                deps: set[int], opcode: str, text: Text, semantics: NodeSemantics,
+                deps: list[int], opcode: str, text: Text, semantics: NodeSemantics,
                 activation_fn: str | None, tensor_instruction_type: str | None,
                 performance_mode: str | None, trigger: int, lane: int,
                 counters: NodeCounters, ports: int = 0) -> int:
-        """One node's columns (positional: called once per node, a keyword call costs more)."""
+        """One node's columns (positional: called once per node, a keyword call costs more);
+        ``deps`` as ``_hazards`` makes them."""
         if semantics.__class__ not in SEMANTIC_KINDS:
             check_semantics(semantics)
         node = len(self.resource)
-        after = self._mm_after_ls
-        if deps and not after.keys().isdisjoint(deps):
-            deps = set(map(after.get, deps, deps))  # each node, or the MultiplyMoving after it
         if resource == RES_TENSOR_MM:
+            after = self._mm_after_ls
             for ls in self._pending_ls:
                 after[ls] = node
             self._pending_ls.clear()
@@ -721,7 +877,7 @@ class Emitter:
         self.cost_ns.append(cost_ns)  # an int cost as a float
         self.queue.append(queue)
         self.dma_engines.append(dma_engines)
-        self.deps.append(self.compact(deps))
+        self.deps.append(deps)
         self.op_index.append(self.current_op)
         self.opcode.append(opcode)
         self.text.append(text)
@@ -753,12 +909,10 @@ class Emitter:
         counters: NodeCounters = NO_COUNTERS,
     ) -> int:
         lane = track if track is not None else int(engine)
-        deps = self._hazards(lane, reads, writes)
+        deps = self._hazards(lane, reads, writes, extra_deps or ())
         if engine is Engine.VECTOR or engine is Engine.SCALAR:
             cost_ns = self._dependent_cost(engine, lane, reads, cost_ns)
         self._last_writes[lane] = writes
-        if extra_deps:
-            deps |= {d for d in extra_deps if self._lane[d] != lane}
         ports = 0
         psum_keys = self.psum_keys
         for key, _ in reads:
@@ -820,7 +974,7 @@ class Emitter:
         trig = self._append(int(engine), engine, trigger_cost_ns, -1, 0, deps, trigger_opcode,
                             trigger_text or f"{queue.name} block_id={len(self.resource)}",
                             trigger_semantics, None, None, None, -1, int(engine), counters.spill_part())
-        node = self._append(RES_DMA, engine, engine_ns, queue.index, engines, set(), "DMA_DIRECT2D", text,
+        node = self._append(RES_DMA, engine, engine_ns, queue.index, engines, [], "DMA_DIRECT2D", text,
                             semantics, None, None, None, trig, queue_lane(queue), counters.transfer_part())
         self._record(node, queue_lane(queue), reads, writes)
         return node

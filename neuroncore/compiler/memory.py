@@ -12,8 +12,15 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 ALIGN = 64
+
+# bisection keys, C callables (a lambda is a Python call per probe): a free range's end, a
+# tombstone's end and start
+_END = itemgetter(1)
+_TOMB_END = attrgetter("end")
+_TOMB_START = attrgetter("start")
 
 
 class OutOfMemory(Exception):
@@ -119,7 +126,7 @@ class RangeAllocator:
             return self._allocate_top(size)
         # the ranges that end after the cursor, then the others, each in address order (the free
         # list is kept sorted and coalesced, so its ends are in order too)
-        first = bisect.bisect_right(self.free, self.cursor, key=lambda r: r[1])
+        first = bisect.bisect_right(self.free, self.cursor, key=_END)
         for i in itertools.chain(range(first, len(self.free)), range(first)):
             start, end = self.free[i]
             at = start
@@ -139,7 +146,7 @@ class RangeAllocator:
         """The first place for ``size`` bytes in [lo, hi) at or after ``cursor``, wrapping to
         ``lo``; None if the free ranges there have no room."""
         clipped = [(max(s, lo), min(e, hi)) for s, e in self.free if min(e, hi) > max(s, lo)]
-        first = bisect.bisect_right(clipped, cursor, key=lambda r: r[1])
+        first = bisect.bisect_right(clipped, cursor, key=_END)
         for i in itertools.chain(range(first, len(clipped)), range(first)):
             start, end = clipped[i]
             if start < cursor < end and end - cursor >= size:
@@ -194,8 +201,8 @@ class RangeAllocator:
         (a range is freed only after it was allocated, which took the tombstones there), so kept in
         order of start their ends are in order too, and two bisections find them."""
         tombs = self.tombstones
-        lo = bisect.bisect_right(tombs, start, key=lambda t: t.end)
-        hi = bisect.bisect_left(tombs, end, lo=lo, key=lambda t: t.start)
+        lo = bisect.bisect_right(tombs, start, key=_TOMB_END)
+        hi = bisect.bisect_left(tombs, end, lo=lo, key=_TOMB_START)
         return range(lo, hi)
 
     def _last_user(self, start: int, end: int) -> int:
@@ -217,7 +224,7 @@ class RangeAllocator:
         self.in_use -= size
         if nodes:
             bisect.insort(self.tombstones, _Tombstone(start, start + size, list(nodes)),
-                          key=lambda t: t.start)
+                          key=_TOMB_START)
         free.insert(i, (start, start + size))
         if i + 1 < len(free) and free[i][1] == free[i + 1][0]:
             free[i:i + 2] = [(free[i][0], free[i + 1][1])]

@@ -287,3 +287,105 @@ def test_shared_counters_are_the_records_the_constructor_makes() -> None:
     assert a == NodeCounters(sbuf_read_bytes=256, psum_write_bytes=512)
     assert shared_counters(0, 0, 0, 0, 0, 256, 0, 0, 512) is a
     assert shared_counters(0, 0, 0, 0, 0, 256, 0, 0, 1024) != a
+
+
+def _random_onchip_program(em, seed: int, check: bool = False) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Nodes on the engines and both Tensor tracks reading and writing column blocks of on-chip
+    buffers that are freed and reallocated over each other's ranges (each new buffer inherits its
+    range's previous users, as ``Context.alloc`` and ``alloc_psum`` make it), with whole-buffer
+    writes covering what a buffer inherited, and LoadStationary nodes waited for through the
+    MultiplyMoving after them. With ``check``, each node's dependencies are compared, before the
+    next node, with the definition: every overlapping earlier access (``hazards_for``), each
+    LoadStationary mapped to its MultiplyMoving (``ls_alias``), then each lane's latest
+    (``compact``). Returns each node's dependencies."""
+    import random
+
+    from neuroncore.compiler.emitter import RES_TENSOR_LS, RES_TENSOR_MM, WHOLE_BUFFER
+    from neuroncore.compiler.node_semantics import NOP
+    from neuroncore.hardware import Engine
+
+    rng = random.Random(seed)
+    slots: dict[int, list[int]] = {s: [] for s in range(6)}  # a range: its previous users' nodes
+    live: dict[int, int] = {}  # range -> buffer id
+    next_id = 0
+    for _ in range(1500):
+        roll = rng.random()
+        if roll < 0.06 or not live:  # (re)allocate a range: the new buffer inherits its users
+            slot = rng.randrange(6)
+            if slot in live:
+                slots[slot] = em.forget(("buf", live.pop(slot)))
+            live[slot] = next_id
+            em.inherit(("buf", next_id), WHOLE_BUFFER, slots[slot], compacted=rng.random() < 0.5)
+            next_id += 1
+            continue
+        key = ("buf", live[rng.choice(sorted(live))])
+        c0 = rng.randrange(0, 64) * 128
+        width = rng.choice([128, 128, 128, 512, 1 << 40])
+        rect = (0, 128, 0, 1 << 40) if width == 1 << 40 else (0, rng.choice([64, 128]), c0, c0 + width)
+        track, engine = rng.choice([(RES_TENSOR_LS, Engine.TENSOR), (RES_TENSOR_MM, Engine.TENSOR),
+                                    (None, Engine.VECTOR), (None, Engine.SCALAR), (None, Engine.GPSIMD)])
+        if track == RES_TENSOR_LS:
+            reads, writes = [(key, rect)], []
+        elif rng.random() < 0.5:
+            reads, writes = [(key, rect)], [(("buf", live[rng.choice(sorted(live))]), rect)]
+        else:
+            reads, writes = [], [(key, rect)]
+        extra = {rng.randrange(em.n_nodes)} if em.n_nodes and rng.random() < 0.05 else None
+        lane = track if track is not None else int(engine)
+        if check:
+            found = em.hazards_for(lane, reads, writes) | {d for d in extra or () if em.lane_of(d) != lane}
+            expected = em.compact({em.ls_alias(d) for d in found})
+        node = em.instruction(engine, "X", 1.0, reads=reads, writes=writes, text="", semantics=NOP,
+                              track=track, extra_deps=extra)
+        if check:
+            assert em.deps[node] == expected, node
+    return [list(d) for d in em.deps]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dependencies_are_each_lanes_latest_of_every_overlapping_access(seed: int) -> None:
+    """A node's dependencies, whose inherited part is merged from per-lane maps made once per
+    buffer and lane (``_Accesses.base_map``), are what their definition gives: compacting every
+    overlapping earlier access's node, LoadStationary nodes mapped to their MultiplyMoving."""
+    from neuroncore.compiler import emitter
+
+    _random_onchip_program(emitter.Emitter(), seed, check=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_column_index_gives_the_dependencies_of_a_plain_scan(monkeypatch: pytest.MonkeyPatch,
+                                                             seed: int) -> None:
+    """An on-chip key's column index (``emitter._Columns``) gives every node the dependencies, and
+    leaves every key the access lists, that scanning the key's whole write list does."""
+    from neuroncore.compiler import emitter
+
+    monkeypatch.setattr(emitter, "COLUMNS_MIN", 1 << 30)
+    plain = emitter.Emitter()
+    expected = _random_onchip_program(plain, seed)
+    monkeypatch.setattr(emitter, "COLUMNS_MIN", 2)
+    indexed = emitter.Emitter()
+    assert _random_onchip_program(indexed, seed) == expected
+    assert any(getattr(a, "cx", None) is not None for a in indexed._accesses.values())  # index used
+    assert indexed._accesses.keys() == plain._accesses.keys()
+    for key, accesses in plain._accesses.items():
+        assert list(indexed._accesses[key]) == list(accesses)
+
+
+def test_column_index_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile with every on-chip key's writes indexed from the second is the program of one
+    with no column index (the fingerprint digest: every column, operand string and record)."""
+    import importlib.util
+    from pathlib import Path
+
+    from neuroncore.compiler import emitter
+
+    path = Path(__file__).parents[2] / "bench" / "compile_fingerprint.py"
+    spec = importlib.util.spec_from_file_location("compile_fingerprint", path)
+    assert spec is not None and spec.loader is not None
+    fingerprint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fingerprint)
+    graph = workloads.get("llama-prefill").graph(layers=1, context=512)
+    monkeypatch.setattr(emitter, "COLUMNS_MIN", 1 << 30)
+    plain = fingerprint.digest(compile_graph(graph, "trn1"))
+    monkeypatch.setattr(emitter, "COLUMNS_MIN", 2)
+    assert fingerprint.digest(compile_graph(graph, "trn1")) == plain
