@@ -217,6 +217,9 @@ MEASURED_PEAK_GIB = {
     ("llama-prefill", "llama2-7b", "inf2.48xlarge", 8, 2048): 1.64,
     ("llama-prefill", "llama2-7b", "trn1.32xlarge", 4, 2048): 0.68,
     ("llama-prefill", "mistral-7b", "inf2.48xlarge", 1, 8192): 1.10,
+    # the grid's two biggest (50.9 and 61.8 M nodes), skipped for memory before session 12
+    ("llama-prefill", "llama3-70b", "trn1.32xlarge", 8, 4096): 10.01,
+    ("llama-prefill", "llama3-70b", "inf2.48xlarge", 8, 4096): 12.30,
 }
 
 
