@@ -666,6 +666,9 @@ class Emitter:
         after = self._mm_after_ls
         pending = self._pending_ls
         lanes = self._lane
+        # the two loops below repeat their first steps (the key's accesses, its inherited base)
+        # rather than call a helper: this is the compile's hottest loop, once per operand of
+        # every node
         for key, rect in reads:  # a read waits for writes
             accesses = get(key)
             if accesses is None:

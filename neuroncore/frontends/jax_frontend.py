@@ -51,6 +51,7 @@ import numpy as np
 
 from neuroncore.dtypes import DType, round_to
 from neuroncore.frontends import conv_lowering, jax_indexing, jax_random
+from neuroncore.frontends.flip import flip
 from neuroncore.frontends.hlo import (
     FrameTable,
     HloComputation,
@@ -902,25 +903,13 @@ class _Converter:
 
     def _op_reverse(self, ins: HloInstruction, operands: list[Val], name: str,
                     shape: tuple[int, ...], dtype: DType) -> Op:
-        """``reverse`` (``x[::-1]``, ``jnp.flip``, a descending ``jnp.sort``), as the torch
-        frontend's ``flip``: each reversed dim is moved first and its rows gathered at ``n - 1 -
-        iota`` (one row gather), then moved back."""
+        """``reverse`` (``x[::-1]``, ``jnp.flip``, a descending ``jnp.sort``): ``frontends.flip``,
+        its ops named after the instruction."""
         x = operands[0]
         if id(x) in self.known:
             return self._constant(self.known[id(x)], shape, dtype, name)
         start = self.b.n_ops
-        rank = len(x.shape)
-        for dim in sorted(set(ints(ins.attrs.get("dimensions")))):
-            n = x.shape[dim]
-            if n == 1:
-                continue
-            order = [dim, *(i for i in range(rank) if i != dim)]
-            moved = self.b.transpose(x, order) if dim else x
-            rest = moved.shape[1:]
-            backwards = self.b.add(self.b.multiply(self.b.iota((n,), 0, DType.INT32), -1.0), float(n - 1))
-            rows = self.b.gather(self.b.reshape(moved, (n, math.prod(rest))), backwards)
-            picked = self.b.reshape(rows, (n, *rest))
-            x = self.b.transpose(picked, [order.index(i) for i in range(rank)]) if dim else picked
+        x = flip(self.b, x, ints(ins.attrs.get("dimensions")))
         made = self.b.ops_since(start)
         if not made:
             self.used.discard(name)

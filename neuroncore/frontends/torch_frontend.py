@@ -59,6 +59,7 @@ from torch.overrides import TorchFunctionMode
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends import torch_rounding
+from neuroncore.frontends.flip import flip
 from neuroncore.frontends.torch_masks import first_index_of_extreme, runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
@@ -1711,25 +1712,11 @@ class _Converter:
         return self.b.transpose(picked, back) if dim else picked
 
     def _aten_flip(self, node: torch.fx.Node, kw: Any) -> Any:
-        """``flip(x, dims)`` (wav2vec2's reverse cumsum of its feature mask): each flipped dim is
-        moved first and its rows gathered at ``n - 1 - iota`` (one row gather, as
-        ``index_select``), then moved back."""
+        """``flip(x, dims)`` (wav2vec2's reverse cumsum of its feature mask): ``frontends.flip``."""
         _shape, dtype = self._out(node)
         x = self._op(kw["self"], dtype)
         rank = len(x.shape)
-        for dim in sorted({_dim(d, rank) for d in kw["dims"]}) if rank else []:
-            n = x.shape[dim]
-            if n == 1:
-                continue
-            order = [dim, *(i for i in range(rank) if i != dim)]
-            moved = self.b.transpose(x, order) if dim else x
-            rest = moved.shape[1:]
-            reverse = self.b.add(self.b.multiply(self.b.iota((n,), 0, DType.INT32), -1.0),
-                                 float(n - 1))
-            rows = self.b.gather(self.b.reshape(moved, (n, math.prod(rest))), reverse)
-            picked = self.b.reshape(rows, (n, *rest))
-            x = self.b.transpose(picked, [order.index(i) for i in range(rank)]) if dim else picked
-        return x
+        return flip(self.b, x, [_dim(d, rank) for d in kw["dims"]]) if rank else x
 
     def _aten_index(self, node: torch.fx.Node, kw: Any) -> Any:
         """``x[i0, i1, ...]``: constant strided indices become slices + broadcasts; one runtime

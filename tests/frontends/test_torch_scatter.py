@@ -156,3 +156,11 @@ def test_writes_at_several_index_tensors_and_under_a_boolean_mask():
     _same(masked, x, torch.rand(3, 7) > 0.5)
     # a 1-D mask was read as positions 0 and 1 (written at rows 0/1, not the masked rows: 1.9 off)
     _same(masked, torch.randn(6, 3), torch.tensor([False, True, False, False, True, True]))
+
+
+def test_flip_along_several_dims_leading_and_trailing():
+    """``torch.flip`` over the first and last dims at once, and a dim of size 1 (nothing to
+    reverse): the same rows gather JAX's ``reverse`` uses (``frontends.flip``)."""
+    torch.manual_seed(0)
+    _same(lambda x: torch.flip(x, dims=(0, -1)) * 2 + x.flip(1), torch.randn(3, 4, 5))
+    _same(lambda x: torch.flip(x, dims=(1, 2)), torch.randn(2, 1, 6))
