@@ -316,8 +316,8 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch")
-            with sdpa_kernel([SDPBackend.MATH]), _no_mkldnn():  # attention and RNNs as ops
-            # autograd differentiates
+            # attention and RNNs as ops autograd differentiates
+            with sdpa_kernel([SDPBackend.MATH]), _no_mkldnn():
                 examples = [x.detach().clone().requires_grad_(True) if i in input_grads else x
                             for i, x in enumerate(example_inputs)]
                 traced = make_fx(joint, decomposition_table=_decompositions())(
