@@ -172,6 +172,7 @@ class Timed:
     compile_s: float
     cc_ms: float
     collectives: int
+    instructions: int = 0  # the rank program's engine instructions (bench/core.py's count)
 
 
 Program = tuple[str, str, str, int, int]  # (phase, model, instance, batch, context)
@@ -206,7 +207,7 @@ def simulate(program: Program, options: CompilerOptions | None = None) -> Timed:
     host_out = compiled.graph.outputs[0].nbytes
     request = request_latency_ns(compiled.spec, result.device_time_ns, host_in, host_out)
     return Timed(result.device_time_ns / 1e6, request / 1e6, t2 - t1, t1 - t0,
-                 result.collective_ns / 1e6, len(result.collectives))
+                 result.collective_ns / 1e6, len(result.collectives), compiled.n_instructions)
 
 
 def measured(program: Program, quantize: str) -> tuple[tuple, float, float]:
@@ -603,8 +604,10 @@ def main() -> None:
 
     def key_cost(key: Key) -> dict[str, float | int]:
         cost = [grid.cost.get(p, (0.0, 0.0)) for p in first[key]]
+        made_now = [grid.cache[p] for p in first[key] if p in grid.cache]
         return {"key_wall_s": round(sum(c[1] for c in cost), 2),
-                "key_cpu_s": round(sum(c[0] for c in cost), 2), "programs_new": len(first[key])}
+                "key_cpu_s": round(sum(c[0] for c in cost), 2), "programs_new": len(first[key]),
+                "instructions_new": sum(t.instructions for t in made_now)}
 
     def result(key: Key) -> dict:
         """The key's figures, or why it has none (every program it needs is made or failed)."""
@@ -664,6 +667,10 @@ def main() -> None:
     out["jobs"] = jobs
     out["bench_wall_s"] = round(time.perf_counter() - started, 1)
     out["bench_cpu_s"] = round(time.process_time() - started_cpu + _children_cpu_s() - children, 1)
+    # what the grid compiled (one rank program each), and per CPU second of the whole run:
+    # bench/core.py's compile_cpu_instructions_per_s over every program, sharding and timing included
+    out["instructions_compiled"] = sum(t.instructions for t in grid.cache.values())
+    out["grid_instructions_per_cpu_s"] = round(out["instructions_compiled"] / max(out["bench_cpu_s"], 1e-9))
     print(json.dumps(out), flush=True)
     if stopped is not None:
         sys.exit(128 + stopped.signum)  # the shell's code for a process a signal ended

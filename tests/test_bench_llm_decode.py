@@ -140,7 +140,8 @@ def test_the_host_copies_the_embedded_prompt_to_every_rank(bench):
         2 * 2 * 128 * 4096 * 2 * 1e9 / spec.dma_engine_bytes_per_s)
 
 
-TIMINGS = {"sim_wall_s", "compile_wall_s", "key_wall_s", "key_cpu_s", "bench_wall_s", "bench_cpu_s", "jobs"}
+TIMINGS = {"sim_wall_s", "compile_wall_s", "key_wall_s", "key_cpu_s", "bench_wall_s", "bench_cpu_s", "jobs",
+           "grid_instructions_per_cpu_s"}
 
 
 def _figures(out: dict) -> dict:
@@ -175,6 +176,10 @@ def test_two_workers_give_the_serial_figures():
         assert [out[k]["programs_new"] for k in keys] == [2, 2]
         assert all(out[k]["key_cpu_s"] > 0 for k in keys)
         assert out["bench_cpu_s"] >= sum(out[k]["key_cpu_s"] for k in keys) - 0.2
+        # what the grid compiled: each program's rank instructions, counted once, in the key that made it
+        assert all(out[k]["instructions_new"] > 0 for k in keys)
+        assert out["instructions_compiled"] == sum(out[k]["instructions_new"] for k in keys)
+        assert out["grid_instructions_per_cpu_s"] == round(out["instructions_compiled"] / out["bench_cpu_s"])
 
 
 def test_jobs_must_be_positive():
