@@ -26,8 +26,8 @@ constants become immediates, and scalar arithmetic on constants is folded. ``cal
 ``fusion``, should optimized HLO ever be given) is inlined;
 ``reduce`` with an add/max/min/and/or computation becomes ``reduce`` sum/max; ``dot_general`` is
 arranged into the IR's ``dot`` (batch dims first, one contracting dim) with transposes/reshapes;
-``erf`` becomes XLA's own rational approximation; a one-key ascending ``sort`` is a rank sort.
-Anything else (a ``while`` reading data, ``sort`` on several keys,
+``erf`` becomes XLA's own rational approximation; an ascending ``sort`` (one key or several) is
+a rank sort. Anything else (a ``while`` reading data, a ``sort`` with another comparator,
 ``custom-call`` ...) is emitted under its HLO opcode, so ``neuroncore.check`` lists it.
 """
 
@@ -672,39 +672,42 @@ class _Converter:
         return value, first
 
     def _sort(self, ins: HloInstruction, operands: list[Val], name: str) -> Val | None:
-        """``jnp.sort`` / ``jnp.argsort`` / ``lax.sort`` keyed on the first operand (HLO ``sort``
-        whose comparator is JAX's ascending "less than" on operand 0, the float form canonicalising
-        -0 and NaN first) as a stable rank sort (``rank_sort``; ``sort(is_stable=false)`` may order
-        ties any way, so this order is one of its). None (the op stays unsupported) for any other
-        comparator: several keys, descending comparators, a ``lambda`` of the keys."""
+        """``jnp.sort`` / ``jnp.argsort`` / ``lax.sort`` / ``jnp.lexsort`` keyed on the first
+        ``num_keys`` operands (HLO ``sort`` whose comparator is JAX's ascending lexicographic order
+        on them, the float form canonicalising -0 and NaN first) as a stable rank sort
+        (``rank_sort``; ``sort(is_stable=false)`` may order ties any way, so this order is one of
+        its). None (the op stays unsupported) for any other comparator: descending comparators,
+        a ``lambda`` of the keys."""
         dim = ints(ins.attrs.get("dimensions"))
-        if len(dim) != 1 or not all(isinstance(o, Op) for o in operands) \
-                or self._ascending_comparator(ins.attrs.get("to_apply", "")) is not True:
+        if len(dim) != 1 or not all(isinstance(o, Op) for o in operands):
             return None
+        keys = self._sort_keys(ins.attrs.get("to_apply", ""))
         ops = [o for o in operands if isinstance(o, Op)]
+        if keys is None or keys > len(ops):
+            return None
         shape, d = ops[0].shape, dim[0]
         if any(o.shape != shape or o.dtype not in (DType.FP32, DType.BF16, DType.FP16, DType.INT32)
                for o in ops):
             return None
         start = self.b.n_ops
-        results = rank_sort(self.b, ops[0], ops, d)
+        results = rank_sort(self.b, ops[0] if keys == 1 else ops[:keys], ops, d)
         for k, op in enumerate(self.b.ops_since(start)):
             op.name = self._aux(name, f"{op.opcode}{k}")
         for k, op in enumerate(results):
             op.name = self._aux(name, f"sorted{k}")
         return results[0] if ins.shape.dtype is not None else tuple(results)
 
-    def _ascending_comparator(self, reference: str) -> bool | None:
-        """True when a sort comparator is JAX's ascending order on operand 0 alone: ``compare(a,
-        b), direction=LT`` of parameters 0 and 1, each as itself or through JAX's canonicalisation
-        of floats (``select(a != a, nan, select(a == 0, 0, a))``)."""
+    def _sort_keys(self, reference: str) -> int | None:
+        """How many keys a sort comparator orders by when it is JAX's ascending lexicographic order
+        (``lax.sort(num_keys=n)``): for one key ``compare(a0, b0), direction=LT``; for more,
+        ``or(compare(a0, b0) LT, and(compare(a0, b0) EQ, <the same on keys 1..>))``, parameters
+        ``2k`` and ``2k + 1`` being key ``k``'s two sides, each as itself or through JAX's
+        canonicalisation of floats (``select(a != a, nan, select(a == 0, 0, a))``). None for any
+        other comparator."""
         comp = self.computations.get(_callee(reference))
         if comp is None:
             return None
         by_name = {i.name: i for i in comp.instructions}
-        root = comp.root
-        if root.opcode != "compare" or root.attrs.get("direction") != "LT" or len(root.operands) != 2:
-            return False
 
         def param(ins: HloInstruction) -> int | None:
             return int(ins.literal.strip()) if ins.opcode == "parameter" else None
@@ -737,8 +740,23 @@ class _Converter:
                 return param(on_false)
             return None
 
-        sides = [canonical(o) for o in root.operands]
-        return sides == [0, 1]
+        def compares(ins: HloInstruction | None, direction: str, key: int) -> bool:
+            return (ins is not None and ins.opcode == "compare" and ins.attrs.get("direction") == direction
+                    and len(ins.operands) == 2 and [canonical(o) for o in ins.operands] == [2 * key, 2 * key + 1])
+
+        ins, key = comp.root, 0  # the lexicographic "less than" of the keys from ``key`` on
+        while not compares(ins, "LT", key):
+            if ins.opcode != "or" or len(ins.operands) != 2:
+                return None
+            less, tie = (by_name.get(o) for o in ins.operands)
+            if not compares(less, "LT", key) or tie is None or tie.opcode != "and" or len(tie.operands) != 2:
+                return None
+            rest = next((by_name.get(b) for a, b in (tie.operands, tie.operands[::-1])
+                         if compares(by_name.get(a), "EQ", key)), None)
+            if rest is None:
+                return None
+            ins, key = rest, key + 1
+        return key + 1
 
     def _arg_kind(self, reference: str) -> str | None:
         """"max" or "min" when a reduce computation is JAX's argmax/argmin comparator: values

@@ -1,8 +1,10 @@
 """A sort along one dim with no data-dependent control flow (``jnp.sort`` / ``argsort``,
-``torch.sort`` / ``argsort``): element ``i``'s place is the number of elements that go before it,
-``rank_i = #{j: k_j < k_i} + #{j < i: k_j == k_i}`` (``>`` for a descending sort; stable: ties keep
-their order), one ``[.., n, n]`` compare and sum; every sorted operand is then placed by a select
-where ``rank_i`` equals the output position and a sum over ``i``.
+``torch.sort`` / ``argsort``, ``lax.sort`` on several keys, ``jnp.lexsort``): element ``i``'s place
+is the number of elements that go before it, ``rank_i = #{j: k_j < k_i} + #{j < i: k_j == k_i}``
+(``>`` for a descending sort; stable: ties keep their order), one ``[.., n, n]`` compare and sum;
+with several keys "before" is lexicographic, ``k0_j < k0_i``, or equal there and ``k1_j < k1_i``,
+..., or equal on every key and ``j < i`` (one ``[.., n, n]`` compare pair per key). Every sorted
+operand is then placed by a select where ``rank_i`` equals the output position and a sum over ``i``.
 
 [assumption] NeuronCores have no sort instruction, and a static-shape sort compiles to
 data-independent compare-and-select passes on the engines; this is one such form, costing ``n^2``
@@ -21,22 +23,28 @@ from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Op
 
 
-def rank_sort(b: Any, key: Op, values: Sequence[Op], dim: int, descending: bool = False) -> list[Op]:
-    """``values`` (each of ``key``'s shape; ``key`` itself to sort it) reordered along ``dim`` as a
-    stable sort of ``key`` orders them; each result of its operand's type. ``b`` is the
-    ``GraphBuilder``."""
-    shape = key.shape
+def rank_sort(b: Any, key: Op | Sequence[Op], values: Sequence[Op], dim: int,
+              descending: bool = False) -> list[Op]:
+    """``values`` (each of the keys' shape; a key itself to sort it) reordered along ``dim`` as a
+    stable sort of ``key`` orders them (a sequence of keys: lexicographically, the first key
+    first); each result of its operand's type. ``b`` is the ``GraphBuilder``."""
+    keys = [key] if isinstance(key, Op) else list(key)
+    shape = keys[0].shape
     rank, n = len(shape), shape[dim]
     grid = (*shape[:dim + 1], n, *shape[dim + 1:])  # axis dim: element i (or output place r), dim + 1: j
     as_i = tuple(a if a <= dim else a + 1 for a in range(rank))
     as_j = tuple(a if a < dim else a + 1 for a in range(rank))
-    k = key if key.dtype is DType.FP32 else b.convert(key, DType.FP32)
-    k = b.select(b.compare(k, k, "NE"), math.inf, k)  # NaN: as +inf
-    k_i, k_j = b.broadcast(k, grid, as_i), b.broadcast(k, grid, as_j)
-    earlier = b.convert(b.compare(b.iota(grid, dim + 1, DType.FP32), b.iota(grid, dim, DType.FP32), "LT"),
-                        DType.FP32)
-    before = b.select(b.compare(k_j, k_i, "GT" if descending else "LT"), 1.0,
-                      b.select(b.compare(k_j, k_i, "EQ"), earlier, 0.0))
+    pairs = []  # each key as element i's and element j's along the grid
+    for each in keys:
+        k = each if each.dtype is DType.FP32 else b.convert(each, DType.FP32)
+        k = b.select(b.compare(k, k, "NE"), math.inf, k)  # NaN: as +inf
+        pairs.append((b.broadcast(k, grid, as_i), b.broadcast(k, grid, as_j)))
+    # "j goes before i", built from the tie-break outwards: equal on every key, j is earlier
+    before = b.convert(b.compare(b.iota(grid, dim + 1, DType.FP32), b.iota(grid, dim, DType.FP32), "LT"),
+                       DType.FP32)
+    for k_i, k_j in reversed(pairs):
+        before = b.select(b.compare(k_j, k_i, "GT" if descending else "LT"), 1.0,
+                          b.select(b.compare(k_j, k_i, "EQ"), before, 0.0))
     place = b.broadcast(b.reduce(before, [dim + 1], "sum"), grid, as_j)  # the rank of element i
     hit = b.compare(place, b.iota(grid, dim, DType.FP32), "EQ")  # [.., r, i]: i goes to place r
     results = []

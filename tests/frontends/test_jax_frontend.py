@@ -138,7 +138,7 @@ def test_pytrees_in_and_out_bf16_and_python_scalars():
 
 def loop_sort_cholesky(x):
     y = jax.lax.while_loop(lambda v: v.sum() < 1e3, lambda v: v * 2.0, x)  # marker: while
-    s = jax.lax.sort((y, x), num_keys=2)[0]  # marker: sort (two keys; jnp.sort is supported)
+    s = jax.lax.sort((y > 1.0, x), num_keys=1)[1]  # marker: sort (a boolean key; numeric ones map)
     pair = jax.lax.reduce((x, x), (0.0, -jnp.inf),  # a variadic reduce that is not an argmax
                           lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
     return jnp.linalg.cholesky(s @ s.T + 4.0 * jnp.eye(4)), pair  # marker: chol
