@@ -742,7 +742,8 @@ class _Converter:
 
         def compares(ins: HloInstruction | None, direction: str, key: int) -> bool:
             return (ins is not None and ins.opcode == "compare" and ins.attrs.get("direction") == direction
-                    and len(ins.operands) == 2 and [canonical(o) for o in ins.operands] == [2 * key, 2 * key + 1])
+                    and len(ins.operands) == 2
+                    and [canonical(o) for o in ins.operands] == [2 * key, 2 * key + 1])
 
         ins, key = comp.root, 0  # the lexicographic "less than" of the keys from ``key`` on
         while not compares(ins, "LT", key):

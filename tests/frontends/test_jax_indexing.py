@@ -150,7 +150,8 @@ def test_sorts_on_several_keys_match_jax() -> None:
     for k, (g, w) in enumerate(zip(jax.tree_util.tree_leaves(model(*args)),
                                    jax.tree_util.tree_leaves(multi_key_sorts(*args)))):
         assert g.dtype == w.dtype and g.shape == w.shape, k
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32), err_msg=f"output {k}")
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                      err_msg=f"output {k}")
 
 
 def test_a_sort_on_a_boolean_key_stays_unsupported() -> None:
