@@ -473,7 +473,8 @@ class NeuronCausalLM:
                  do_sample: bool | None = None, top_k: int | None = None, top_p: float | None = None,
                  temperature: float | None = None, seed: int | None = None,
                  eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
-                 max_length: int | None = None, generation_config: Any = None, **options: Any) -> Any:
+                 max_length: int | None = None, generation_config: Any = None, tokenizer: Any = None,
+                 **options: Any) -> Any:
         """The prompt followed by up to ``max_new_tokens`` new tokens per row, as
         ``transformers``' ``generate`` returns them (a row that produced an end-of-sequence token is
         filled with ``pad_token_id``; generation stops when every row has). ``input_ids`` is
@@ -484,11 +485,14 @@ class NeuronCausalLM:
         As in transformers, ``max_length`` counts the prompt, and what is not given comes from
         ``generation_config`` (else the model's): the length (20 new tokens when neither sets
         one), ``do_sample``, ``top_k`` (50), ``top_p`` (1.0), ``temperature`` (1.0), eos and pad.
-        ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_length`` and ``min_new_tokens``
-        (arguments or either config) process the logits on the host as transformers' processors
-        do, greedy or sampling. Other transformers options are accepted at their neutral values
-        (``num_beams=1``, ``use_cache=True``, ...); one that would change the tokens is a one-line
-        error."""
+        transformers' logits processors (``sequence_bias``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``bad_words_ids``, ``min_length``, ``min_new_tokens``,
+        ``suppress_tokens``, ``begin_suppress_tokens``: arguments or either config) process the
+        logits on the host, greedy or sampling; its warpers (``min_p``, ``typical_p``,
+        ``epsilon_cutoff``, ``eta_cutoff``) filter them when sampling; ``stop_strings`` (with
+        ``tokenizer=``, as transformers requires) ends a row as an end-of-sequence id does. Other
+        transformers options are accepted at their neutral values (``num_beams=1``,
+        ``use_cache=True``, ...); one that would change the tokens is a one-line error."""
         configs = [c for c in (generation_config, getattr(self.model, "generation_config", None))
                    if c is not None]  # the given one first, then the model's
         _check_options(options, generation_config, getattr(self.model, "generation_config", None))
@@ -516,20 +520,28 @@ class NeuronCausalLM:
                 (temperature, "temperature", 1.0)))
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
-        # as transformers: temperature, top-k and top-p shape sampling only; greedy ignores them
-        # (a generation_config with temperature=0.0 and do_sample=False is greedy, not an error)
-        sampling = Sampling(True, top_k, top_p, temperature) if do_sample else Sampling(False)
         eos = _eos_ids(_setting(eos_token_id, configs, "eos_token_id", None))
+        # as transformers: temperature and the warpers shape sampling only; greedy ignores them
+        # (a generation_config with temperature=0.0 and do_sample=False is greedy, not an error)
         try:
+            sampling = Sampling(True, top_k, top_p, temperature, **{
+                name: _setting(options.get(name), configs, name, default)
+                for name, default in _WARPER_OPTIONS.items()}) if do_sample else Sampling(False)
             processors = Processors(**{name: _setting(options.get(name), configs, name, default)
                                        for name, default in _PROCESSOR_OPTIONS.items()},
-                                    eos=tuple(eos), prompt_length=ids.shape[1])
+                                    eos=tuple(eos), prompt_length=ids.shape[1],
+                                    padding=tuple(int(p) for p in (mask != 0).argmax(axis=1)))
         except SamplingError as exc:
             raise GenerationError(f"generate: {exc}") from None
+        outside = [t for t in processors.token_ids if vocab and t >= vocab]
+        if outside:
+            raise GenerationError(f"generate: sequence_bias / bad_words_ids name token {outside[0]}, "
+                                  f"outside the vocabulary (0..{vocab - 1})")
+        stop = _stop_strings(_setting(options.get("stop_strings"), configs, "stop_strings", None), tokenizer)
         if processors.active and self.on_device_generation:
             raise GenerationError("on_device_generation compiles greedy selection into the programs; "
-                                  "repetition_penalty, no_repeat_ngram_size and minimum lengths need "
-                                  "the logits (build it with on_device_generation=False)")
+                                  "transformers' logits processors (repetition_penalty, bad_words_ids, "
+                                  "...) need the logits (build it with on_device_generation=False)")
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
                                  or seed < 0):
             raise GenerationError(f"seed must be a non-negative integer, not {seed!r}")
@@ -587,11 +599,14 @@ class NeuronCausalLM:
                 scores = process_logits(scores, sequences, processors)
             token = (logits.astype(np.int64) if self.on_device_generation
                      else next_tokens(scores, sampling, rng))
-            token = np.where(unfinished, token, pad)
+            if eos:  # as transformers: a finished row is padded only when an eos id is set (a row
+                token = np.where(unfinished, token, pad)  # a stop string ended runs on otherwise)
             generated.append(token)
             sequences = np.concatenate([sequences, token[:, None]], axis=1)
             if eos:
                 unfinished &= ~np.isin(token, eos)
+            if stop is not None:  # transformers' own criterion, on the sequences so far
+                unfinished &= ~stop(torch.from_numpy(sequences), None).numpy()
             if len(generated) == max_new_tokens or not unfinished.any():
                 break
             # token generation: the new token attends to the valid slots and itself
@@ -642,21 +657,43 @@ class NeuronCausalLM:
 _UNSUPPORTED_OPTIONS: dict[str, Any] = {
     "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0.0,
     "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
-    "bad_words_ids": (), "force_words_ids": (), "typical_p": 1.0,
-    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": 0.0, "top_h": 1.0, "diversity_penalty": 0.0,
-    "sequence_bias": (), "suppress_tokens": (), "begin_suppress_tokens": (), "forced_bos_token_id": None,
+    "force_words_ids": (), "top_h": 1.0, "diversity_penalty": 0.0, "forced_bos_token_id": None,
     "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "num_return_sequences": 1,
-    "guidance_scale": 1.0, "prompt_lookup_num_tokens": None, "stop_strings": (), "max_time": None,
+    "guidance_scale": 1.0, "prompt_lookup_num_tokens": None, "max_time": None,
     "return_dict_in_generate": False, "assistant_model": None, "logits_processor": (),
     "stopping_criteria": (), "prefix_allowed_tokens_fn": None, "streamer": None, "constraints": (),
 }
 # transformers' logits processors ``generate`` applies on the host (sampling.Processors), in the
 # dataclass's order, with their neutral values
 _PROCESSOR_OPTIONS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
-                                      "min_new_tokens": 0}
+                                      "min_new_tokens": 0, "sequence_bias": (), "bad_words_ids": (),
+                                      "suppress_tokens": (), "begin_suppress_tokens": ()}
+# transformers' warpers beyond temperature / top-k / top-p, applied when sampling (sampling.Sampling)
+_WARPER_OPTIONS: dict[str, Any] = {"min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
 _IGNORED_OPTIONS = frozenset({"use_cache", "output_scores", "output_logits", "output_attentions",
                               "output_hidden_states", "length_penalty", "early_stopping",
                               "renormalize_logits", "synced_gpus", "low_memory", "cache_implementation"})
+
+
+def _stop_strings(value: Any, tokenizer: Any) -> Any:
+    """transformers' ``StopStringCriteria`` for ``stop_strings`` (a string or a list of them), or
+    None when there are none. It needs the tokenizer, as in transformers: it matches the strings
+    against each token's text, so a stop string may end inside a token or span several."""
+    if value is None or (hasattr(value, "__len__") and len(value) == 0):
+        return None
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(v, str) and v for v in strings):
+        raise GenerationError(f"generate: stop_strings must be a string or a list of non-empty strings, "
+                              f"not {value!r}")
+    if tokenizer is None:
+        raise GenerationError("generate: stop_strings needs the model's tokenizer: pass tokenizer= "
+                              "to generate (transformers requires it too)")
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    try:
+        return StopStringCriteria(tokenizer=tokenizer, stop_strings=list(strings))
+    except ValueError as exc:  # e.g. characters no token of the vocabulary holds
+        raise GenerationError(f"generate: stop_strings {value!r}: {exc}") from None
 
 
 def _neutral(name: str, value: Any) -> bool:
@@ -670,8 +707,8 @@ def _check_options(options: dict[str, Any], given: Any, model_config: Any) -> No
     """One line for a transformers option ``generate`` does not implement: given as an argument,
     in the ``generation_config`` given, or in the model's own (unless an argument turns it off)."""
     for name in options:
-        if name not in _UNSUPPORTED_OPTIONS and name not in _IGNORED_OPTIONS \
-                and name not in _PROCESSOR_OPTIONS:
+        if not any(name in known for known in (_UNSUPPORTED_OPTIONS, _IGNORED_OPTIONS, _PROCESSOR_OPTIONS,
+                                               _WARPER_OPTIONS, ("stop_strings",))):
             raise GenerationError(f"generate: unknown argument {name!r}")
     for source, values in (("", options), (" in generation_config", given),
                            (" in the model's generation_config", model_config)):
@@ -685,8 +722,8 @@ def _check_options(options: dict[str, Any], given: Any, model_config: Any) -> No
                 hint = (f"; pass {name}={_UNSUPPORTED_OPTIONS[name]!r} to generate without it"
                         if values is model_config else "")
                 raise GenerationError(f"generate: {name}={value!r}{source} is not supported (greedy "
-                                      f"and top-k / top-p sampling, repetition penalty, n-gram "
-                                      f"blocking and minimum lengths only){hint}")
+                                      f"and sampling with transformers' per-token logits processors, "
+                                      f"warpers and stop criteria only: docs/generation.md){hint}")
 
 
 def _setting(given: Any, configs: Sequence[Any], name: str, default: Any) -> Any:

@@ -197,8 +197,8 @@ def test_generate_takes_transformers_length_and_config_arguments(llama, llama_ge
     sampled = T.GenerationConfig(max_new_tokens=4, do_sample=True, top_k=5)
     assert torch.equal(llama_gen.generate(ids, mask, generation_config=sampled, seed=1),
                        llama_gen.generate(ids, mask, max_new_tokens=4, do_sample=True, top_k=5, seed=1))
-    for option in ({"num_beams": 4}, {"encoder_repetition_penalty": 1.2}, {"typical_p": 0.5},
-                   {"bad_words_ids": [[5]]}, {"num_return_sequences": 2}):
+    for option in ({"num_beams": 4}, {"encoder_repetition_penalty": 1.2}, {"force_words_ids": [[5]]},
+                   {"forced_eos_token_id": 5}, {"num_return_sequences": 2}):
         name = next(iter(option))
         with pytest.raises(GenerationError, match=f"^generate: {name}=.* is not supported"):
             llama_gen.generate(ids, mask, max_new_tokens=2, **option)
@@ -246,6 +246,135 @@ def test_processor_settings_come_from_generation_configs_and_bad_values_are_one_
         llama_gen.generate(ids, mask, max_new_tokens=2, repetition_penalty=0.0)
     with pytest.raises(GenerationError, match=r"^generate: no_repeat_ngram_size must be a non-negative"):
         llama_gen.generate(ids, mask, max_new_tokens=2, no_repeat_ngram_size=-1)
+    for bad, message in (({"bad_words_ids": [5]}, r"bad_words_ids must be a non-empty list of non-empty"),
+                         ({"sequence_bias": [[5, 1.0]]}, r"sequence_bias must be a non-empty list of"),
+                         ({"bad_words_ids": [[200]]}, r"sequence_bias / bad_words_ids name token 200, "
+                                                      r"outside the vocabulary \(0..127\)"),
+                         ({"suppress_tokens": ["a"]}, r"suppress_tokens must be"),
+                         ({"do_sample": True, "min_p": 1.5}, r"min_p must be in \[0, 1\], not 1\.5"),
+                         ({"do_sample": True, "typical_p": 0.0}, r"typical_p must be in \(0, 1\]"),
+                         ({"do_sample": True, "eta_cutoff": 1.0}, r"eta_cutoff must be in \[0, 1\)"),
+                         ({"stop_strings": [""]}, r"stop_strings must be a string or a list of non-empty")):
+        with pytest.raises(GenerationError, match="^generate: " + message):
+            llama_gen.generate(ids, mask, max_new_tokens=2, **bad)
+
+
+def _first(g: torch.Tensor, row: int, step: int) -> int:
+    return int(g[row, 6 + step])  # the greedy fixture's new token ``step`` of ``row``
+
+
+# transformers' other per-token processors, from the greedy tokens so that each one bites
+PROCESSOR_CASES = {
+    "sequence_bias one token": lambda g: {"sequence_bias": [[[_first(g, 0, 3)], -4.0], [[5], 2.5]]},
+    "sequence_bias after a prefix (dict form)": lambda g: {"sequence_bias": {
+        (_first(g, 0, 1), _first(g, 0, 2)): -10.0, (_first(g, 1, 4), _first(g, 1, 5)): -10.0}},
+    "bad_words_ids": lambda g: {"bad_words_ids": [[_first(g, 0, 5)], [_first(g, 1, 2), _first(g, 1, 3)]]},
+    "bad word that is an eos id (dropped)": lambda g: {"bad_words_ids": [[_first(g, 0, 3)], [7, 9]],
+                                                       "eos_token_id": [_first(g, 0, 3)]},
+    "suppress_tokens": lambda g: {"suppress_tokens": [_first(g, 0, 4), _first(g, 1, 6)]},
+    "begin_suppress_tokens": lambda g: {"begin_suppress_tokens": [_first(g, 0, 0), _first(g, 1, 0)]},
+    "eos_token_id list": lambda g: {"eos_token_id": [120, _first(g, 1, 5), _first(g, 0, 8)]},
+    "all at once": lambda g: {"sequence_bias": [[[_first(g, 1, 1)], 1.5]],
+                              "bad_words_ids": [[_first(g, 0, 2)]], "suppress_tokens": [_first(g, 1, 3)],
+                              "begin_suppress_tokens": [_first(g, 0, 0)], "repetition_penalty": 1.2,
+                              "no_repeat_ngram_size": 3},
+}
+
+
+@pytest.mark.parametrize("case", PROCESSOR_CASES)
+def test_more_transformers_processors_give_transformers_greedy_tokens(llama, llama_gen, greedy, case):
+    """``sequence_bias`` (a token's bias, or a sequence's once its prefix was made),
+    ``bad_words_ids`` (a single-token bad word equal to an eos id dropped, as transformers drops
+    it), ``suppress_tokens``, ``begin_suppress_tokens`` and lists of end-of-sequence ids, on the
+    host (sampling.process_logits): transformers' greedy tokens on a left-padded batch, and each
+    changes them here (before: every one but eos lists refused in one line)."""
+    ids, mask = _prompt()
+    options = PROCESSOR_CASES[case](greedy[0])
+    with torch.no_grad():
+        want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                              **{"eos_token_id": None, **options})
+    got = llama_gen.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0, **{"eos_token_id": [], **options})
+    assert torch.equal(got, want)
+    assert not torch.equal(got, greedy[0])
+
+
+def test_repetition_penalty_leaves_the_prompts_left_padding_out_as_transformers(llama, llama_gen, greedy):
+    """transformers (5.x) penalises the tokens a row has seen but not its prompt's left padding
+    (``prompt_ignore_length``): with the padding made of the token the padded row would pick, the
+    penalty must not touch it (before: the padding counted, and the row's tokens differed)."""
+    ids, mask = _prompt()
+    ids[1, :2] = _first(greedy[0], 1, 0)  # padding ids: the padded row's first greedy token
+    with torch.no_grad():
+        want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, repetition_penalty=3.0)
+    got = llama_gen.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0, eos_token_id=[],
+                             repetition_penalty=3.0)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("options", [{"min_p": 1.0}, {"typical_p": 1e-3}, {"epsilon_cutoff": 0.999},
+                                     {"typical_p": 1e-3, "temperature": 0.5, "top_k": 0},
+                                     {"min_p": 1.0, "eta_cutoff": 0.5, "bad_words_ids": [[3]]}])
+def test_sampling_warpers_reach_the_sampler_and_give_transformers_tokens(llama, llama_gen, greedy, options):
+    """``min_p``, ``typical_p``, ``epsilon_cutoff`` and ``eta_cutoff`` filter sampling as
+    transformers' warpers do (the kept tokens are compared exactly in test_sampling.py). Here
+    settings that keep one token per step make sampling deterministic, so the sampled tokens
+    must be transformers' own ``generate(do_sample=True)``'s: min-p 1 and epsilon 0.999 keep the
+    most likely token, a tiny typical-p the token whose surprise is nearest the entropy (not the
+    most likely one: the tokens differ from greedy). Before: each refused in one line."""
+    ids, mask = _prompt()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=True, pad_token_id=0,
+                              eos_token_id=None, **options)
+    got = llama_gen.generate(ids, mask, max_new_tokens=NEW, do_sample=True, seed=1, pad_token_id=0,
+                             eos_token_id=[], **options)
+    assert torch.equal(got, want)
+    if "typical_p" in options:
+        assert not torch.equal(got, greedy[0])
+    config = T.GenerationConfig(do_sample=True, max_new_tokens=NEW, **options)  # from a config too
+    assert torch.equal(llama_gen.generate(ids, mask, generation_config=config, pad_token_id=0,
+                                          eos_token_id=[], seed=2), got)
+
+
+def _tokenizer() -> object:
+    """A Llama-style (Metaspace) BPE tokenizer over the tiny model's 128 ids, built here: 13
+    symbols and 115 two-symbol merges; nothing is downloaded."""
+    tokenizers = pytest.importorskip("tokenizers")
+    alphabet = ["\u2581", *"abcdefghijkl"]
+    merges = [(a, b) for a, b in itertools.product(alphabet, repeat=2) if b != "\u2581"][:128 - len(alphabet)]
+    vocab = {t: i for i, t in enumerate(alphabet + [a + b for a, b in merges])}
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    backend.decoder = tokenizers.decoders.Metaspace()
+    return T.PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_stop_strings_end_a_row_as_transformers_does(llama, llama_gen, greedy):
+    """``stop_strings`` with ``tokenizer=`` (transformers' own ``StopStringCriteria`` on the host,
+    on the sequences so far: a row whose text ends with a stop string, one ending inside the last
+    token included, is finished): transformers' tokens for a stop string row 0 makes at once, with
+    an end-of-sequence id set (the finished row is padded) and without (as transformers, it runs on
+    unpadded until every row has finished), and for one never made. Without a tokenizer, one line
+    (before: stop_strings refused)."""
+    ids, mask = _prompt()
+    tokenizer = _tokenizer()
+    stop = tokenizer.decode(greedy[0][0, 6:7]).strip()  # row 0's first new token's text
+    for strings, eos in (([stop], [120]), ([stop], None), ("jjjjjj", None)):
+        with torch.no_grad():
+            want = llama.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                                  pad_token_id=0, eos_token_id=eos, stop_strings=strings, tokenizer=tokenizer)
+        got = llama_gen.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0, eos_token_id=eos or [],
+                                 stop_strings=strings, tokenizer=tokenizer)
+        assert torch.equal(got, want), (strings, eos)
+        if eos:  # row 0 stopped at its first new token and is padded from then on
+            assert (got[0, 7:] == 0).all() and not torch.equal(got, greedy[0])
+        else:
+            assert torch.equal(got, greedy[0])
+    with pytest.raises(GenerationError, match=r"^generate: stop_strings needs the model's tokenizer"):
+        llama_gen.generate(ids, mask, max_new_tokens=2, stop_strings=["ab"])
+    with pytest.raises(GenerationError, match=r"^generate: stop_strings 'zz': Stop string preprocessing"):
+        llama_gen.generate(ids, mask, max_new_tokens=2, stop_strings="zz", tokenizer=tokenizer)
 
 
 def test_batch_one_stops_at_eos_like_transformers(llama):
