@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from neuroncore.frontends.conv_lowering import out_size, pad_spatial, patches, window_slices
-from neuroncore.frontends.torch_conv import _ints, _lowest
+from neuroncore.frontends.flip import place_constant
+from neuroncore.frontends.torch_conv import (
+    _interpolate_dims,
+    _ints,
+    _lowest,
+    adaptive_average_matrix,
+    adaptive_offsets,
+    adaptive_window_reads,
+)
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
 
@@ -184,4 +192,53 @@ def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     return _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]), extra)
 
 
-__all__ = ["convolution_backward", "max_pool_backward"]
+@handles("_adaptive_avg_pool2d_backward")
+def adaptive_avg_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """The gradient of adaptive average pooling: the output gradient contracted with each dim's
+    averaging matrix the other way (``torch_conv.adaptive_average_matrix``), as a linear resize's
+    backward contracts with its interpolation matrix."""
+    shape, dtype = c._out(node)  # the input's
+    if not dtype.is_float:
+        return NotImplemented
+    grad = c._op(kw["grad_output"], dtype)
+    spatial = len(shape) - 2
+    return _interpolate_dims(c, node, grad, shape, dtype, adaptive_average_matrix, [None] * spatial,
+                             False, backward=True)
+
+
+@handles("adaptive_max_pool2d_backward")
+def adaptive_max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """The gradient of ``torch_conv.adaptive_max_pool``, as ``max_pool_backward``'s: the window
+    maxima recomputed from the input; each window's gradient goes to the first input (torch's scan
+    order) holding its maximum, and each offset's share is placed back at the positions it was read
+    from (``frontends.flip.place_constant``, the read's transpose). The saved indices are not read."""
+    shape, dtype = c._out(node)
+    if not dtype.is_float:
+        return NotImplemented
+    grad = c._op(kw["grad_output"], dtype)
+    x = c._op(kw["self"], dtype)
+    out = list(grad.shape[2:])
+    reads = adaptive_window_reads(c, x, out, node.name)
+    best = reads[0]
+    for r in reads[1:]:
+        best = c.b.maximum(best, r)
+    offsets = [adaptive_offsets(x.shape[2 + k], o) for k, o in enumerate(out)]
+    taken: Op | None = None  # windows whose maximum has been routed already (first offset wins)
+    total: Op | None = None
+    for read, offset in zip(reads, itertools.product(*(range(len(o)) for o in offsets))):
+        hit = c.b.compare(read, best, "EQ")
+        if taken is not None:
+            hit = c.b.minimum(hit, c.b.compare(taken, 0.0, "EQ"))
+            taken = c.b.maximum(taken, hit)
+        else:
+            taken = hit
+        placed = c.b.select(hit, grad, 0.0)
+        for k in reversed(range(len(out))):
+            placed = place_constant(c.b, placed, 2 + k, offsets[k][offset[k]], shape[2 + k],
+                                    f"{node.name}_place_{k}_{offset[k]}")
+        total = placed if total is None else c.b.add(total, placed)
+    return total
+
+
+__all__ = ["adaptive_avg_pool_backward", "adaptive_max_pool_backward", "convolution_backward",
+           "max_pool_backward"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from neuroncore.frontends.conv_lowering import (
     transposed_conv,
     weight_source,
 )
+from neuroncore.frontends.flip import take_constant
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.conv import BatchNormInitializer
 from neuroncore.ir.graph import Op
@@ -177,8 +179,11 @@ def adaptive_avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     spatial = len(x.shape) - 2
     out = list(shape[2:])
     sizes = list(x.shape[2:])
-    if len(out) != spatial or any(s % o for s, o in zip(sizes, out)):
-        return NotImplemented  # uneven windows
+    if len(out) != spatial:
+        return NotImplemented
+    if any(s % o for s, o in zip(sizes, out)):  # uneven windows: one averaging matrix per dim
+        return _interpolate_dims(c, node, x, shape, dtype, adaptive_average_matrix,
+                                 [None] * spatial, False, backward=False)
     if all(o == 1 for o in out):  # global pooling: one reduction along the channel-major free dim
         flat = c.b.reshape(x, (*x.shape[:2], math.prod(sizes)))
         mean = c.b.multiply(c.b.reduce(flat, [2], "sum"), 1.0 / math.prod(sizes))
@@ -188,6 +193,77 @@ def adaptive_avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     total = c.b.reduce(split, dims, "sum")
     return c.b.reshape(c.b.multiply(total, 1.0 / math.prod(s // o for s, o in zip(sizes, out))),
                        shape)
+
+
+def adaptive_windows(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``[start, end)`` of each of ``out`` adaptive pooling windows over ``size`` inputs, as
+    torch's kernels place them: ``floor(i * size / out)`` to ``ceil((i + 1) * size / out)`` (uneven
+    when ``out`` does not divide ``size``: windows of two lengths, some overlapping)."""
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def adaptive_average_matrix(size: int, out: int, *_: Any) -> np.ndarray:
+    """The constant ``[out, size]`` matrix of one dim's adaptive average pooling: row ``i`` is
+    ``1 / len`` over window ``i`` (separable: a 2-D window's mean is the mean of its rows' means),
+    contracted on the Tensor engine as a linear resize's interpolation matrix is."""
+    start, end = adaptive_windows(size, out)
+    matrix = np.zeros((out, size), np.float32)
+    for i, (a, e) in enumerate(zip(start, end)):
+        matrix[i, a:e] = 1.0 / float(e - a)
+    return matrix
+
+
+def adaptive_offsets(size: int, out: int) -> list[list[int]]:
+    """Per window offset ``k`` (up to the longest window), the input position each of the ``out``
+    windows reads there: ``min(start + k, end - 1)`` (a shorter window reads its last input again,
+    which changes no maximum); even windows make strided slices."""
+    start, end = adaptive_windows(size, out)
+    longest = int((end - start).max())
+    return [np.minimum(start + k, end - 1).tolist() for k in range(longest)]
+
+
+def adaptive_window_reads(c: _Converter, x: Op, out: list[int], name: str) -> list[Op]:
+    """``x`` [N, C, *spatial] read at every window offset of an adaptive pool to ``out``, in torch's
+    scan order (the first spatial dim outermost): one ``take_constant`` per offset and dim."""
+    reads = [x]
+    for k, o in enumerate(out):
+        dim = 2 + k
+        offsets = adaptive_offsets(x.shape[dim], o)
+        reads = [take_constant(c.b, r, dim, positions, f"{name}_window_{k}_{j}")
+                 for r in reads for j, positions in enumerate(offsets)]
+    return reads
+
+
+@handles("adaptive_max_pool2d", "adaptive_max_pool1d", "adaptive_max_pool3d")
+def adaptive_max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``nn.AdaptiveMaxPool{1,2,3}d``: the maximum over the inputs each window reads
+    (:func:`adaptive_window_reads`), combined on the Vector engine as ``reduce-window`` combines a
+    pool's offsets; separable, so each dim's offsets are combined before the next dim is read. The
+    indices (``return_indices=True``) stay unsupported, as a max pool's."""
+    meta: Any = node.meta["val"]
+    values_meta = meta[0] if isinstance(meta, (list, tuple)) else meta
+    dtype = c._out_dtype(values_meta)
+    x = c._op(kw["self"], dtype)
+    out = list(values_meta.shape[2:])
+    if not dtype.is_float or len(out) != len(x.shape) - 2:
+        return NotImplemented
+    best = x
+    for k, o in enumerate(out):
+        reads = [take_constant(c.b, best, 2 + k, positions, f"{node.name}_window_{k}_{j}")
+                 for j, positions in enumerate(adaptive_offsets(x.shape[2 + k], o))]
+        best = reads[0]
+        for r in reads[1:]:
+            best = c.b.maximum(best, r)
+    if not isinstance(meta, (list, tuple)):
+        return best
+    if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
+        return best, c._unsupported(node, _opname_of(node), only={1})[1]
+    return best, None
+
+
+def _opname_of(node: torch.fx.Node) -> str:
+    return str(getattr(node.target, "_opname", node.target))
 
 
 def _per_channel(c: _Converter, v: Op, x: Op) -> Op:
@@ -332,13 +408,38 @@ def group_norm(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return out, stats[0], stats[1]
 
 
-@handles("upsample_nearest2d", "upsample_nearest1d", "_upsample_nearest_exact2d")
+def nearest_positions(input_size: Sequence[int], output_size: Sequence[int],
+                      scales: Sequence[float | None], exact: bool,
+                      device: torch.device | None = None) -> list[torch.Tensor]:
+    """Per resized (trailing) dim, the input position each output position reads in a nearest
+    resize (an int64 vector): torch's own rule (``_compute_upsample_nearest_indices``:
+    ``floor(o * in / out)``, or ``floor((o + 0.5) * in / out)`` for ``nearest-exact``, in fp32), so
+    the forward and the training step's backward (which traces it, ``device`` its gradient's) read
+    the same positions."""
+    from torch._decomp.decompositions import _compute_upsample_nearest_indices
+
+    shaped = types.SimpleNamespace(shape=tuple(input_size), device=device or torch.device("cpu"))
+    reads = _compute_upsample_nearest_indices(shaped, list(output_size),
+                                              list(scales) or [None] * len(output_size), exact=exact)
+    return [r.reshape(-1) for r in reads]
+
+
+@handles("upsample_nearest2d", "upsample_nearest1d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+         "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
 def upsample_nearest(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """Nearest resizes: by integer factors (``nearest``) a broadcast; otherwise (``nearest-exact``,
+    non-integer factors) each dim read at :func:`nearest_positions` (``flip.take_constant``)."""
     shape, dtype = c._out(node)
     x = c._op(kw.get("self", kw.get("input")), dtype)
     sizes, out = list(x.shape[2:]), list(shape[2:])
-    if any(o % s for s, o in zip(sizes, out)):
-        return NotImplemented  # only integer factors are a broadcast
+    exact = "exact" in str(node.target)
+    if exact or any(o % s for s, o in zip(sizes, out)):
+        scales = kw.get("scale_factors") or [kw.get(n) for n in ("scales_d", "scales_h", "scales_w",
+                                                                 "scales") if n in kw]
+        positions = nearest_positions(x.shape, out, scales if len(scales) == len(out) else [], exact)
+        for k, read in enumerate(positions):
+            x = take_constant(c.b, x, 2 + k, read.tolist(), f"{node.name}_positions_{k}")
+        return x
     factors = [o // s for s, o in zip(sizes, out)]
     split = c.b.reshape(x, [*x.shape[:2], *[v for s in sizes for v in (s, 1)]])
     spread = c.b.broadcast_to(split, [*x.shape[:2], *[v for s, f in zip(sizes, factors)

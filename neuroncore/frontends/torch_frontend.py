@@ -59,7 +59,7 @@ from torch.overrides import TorchFunctionMode
 
 from neuroncore.dtypes import DType
 from neuroncore.frontends import torch_rounding
-from neuroncore.frontends.flip import flip
+from neuroncore.frontends.flip import flip, take, take_constant
 from neuroncore.frontends.torch_masks import first_index_of_extreme, runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
@@ -1703,13 +1703,7 @@ class _Converter:
         ids = self._op(index, DType.INT32)
         if len(ids.shape) != 1:
             ids = self.b.reshape(ids, (math.prod(ids.shape),))
-        order = [dim, *(i for i in range(rank) if i != dim)]
-        moved = self.b.transpose(table, order) if dim else table
-        rest = moved.shape[1:]
-        rows = self.b.gather(self.b.reshape(moved, (moved.shape[0], math.prod(rest))), ids)
-        picked = self.b.reshape(rows, (ids.shape[0], *rest))
-        back = [order.index(i) for i in range(rank)]
-        return self.b.transpose(picked, back) if dim else picked
+        return take(self.b, table, dim, ids)
 
     def _aten_flip(self, node: torch.fx.Node, kw: Any) -> Any:
         """``flip(x, dims)`` (wav2vec2's reverse cumsum of its feature mask): ``frontends.flip``."""
@@ -1730,13 +1724,34 @@ class _Converter:
             return x
         idx_nodes = [indices[i] for i in positions]
         if all(n in self.known and self.known[n].dtype != torch.bool for n in idx_nodes):
-            out = self._constant_index(x, positions, [self.known[n] for n in idx_nodes], shape)
+            values = [self.known[n] for n in idx_nodes]
+            out = self._constant_index(x, positions, values, shape)
+            if out is None:
+                out = self._constant_takes(node, x, positions, values, shape)
             if out is not None:
                 return out
         if positions == [0] and rank == 2 and len(indices) == 1:
             return self.b.gather(x, self._op(idx_nodes[0], DType.INT32))
         gathered = runtime_index(self, x, indices, shape)
         return NotImplemented if gathered is None else gathered
+
+    def _constant_takes(self, node: torch.fx.Node, x: Op, positions: list[int],
+                        values: list[torch.Tensor], shape: tuple[int, ...]) -> Op | None:
+        """``x[..., i, j, ...]`` at constant positions that are no strided slice, each index
+        varying along its own dim of the result in order (an outer product: torch's decompositions
+        of reflection / replication padding and ``nearest-exact`` resizes): one
+        ``frontends.flip.take_constant`` per indexed dim. None for any other pattern (diagonals)."""
+        bshape = tuple(torch.broadcast_shapes(*(v.shape for v in values)))
+        if positions != list(range(positions[0], positions[0] + len(positions))) \
+                or len(bshape) != len(positions):
+            return None
+        for k, (pos, v) in enumerate(zip(positions, values)):
+            full = v.expand(bshape).to(torch.int64) % x.shape[pos]
+            line = full[tuple(slice(None) if d == k else 0 for d in range(len(bshape)))]
+            if not bool((full == line.reshape([-1 if d == k else 1 for d in range(len(bshape))])).all()):
+                return None
+            x = take_constant(self.b, x, pos, line.tolist(), f"{node.name}_positions_{k}")
+        return x if tuple(x.shape) == shape else None
 
     def _constant_index(self, x: Op, positions: list[int], values: list[torch.Tensor],
                         shape: tuple[int, ...]) -> Op | None:

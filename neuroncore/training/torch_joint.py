@@ -45,6 +45,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from neuroncore.frontends.torch_conv import nearest_positions
 from neuroncore.frontends.torch_frontend import export_failure, quiet_export
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.tracing import TraceError
@@ -123,10 +124,62 @@ def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: 
     return grad_v, per_dir / saved_norms
 
 
+def _taken_backward(grad: torch.Tensor, size: Sequence[int],
+                    taken: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """The gradient of a forward that read ``x`` (of ``size``) at constant positions along some
+    dims, one ``(dim, positions)`` after the other (``frontends.flip.take_constant``: replication
+    padding, nearest resizes): the output gradient added back at those positions, the last dim
+    first, one ``index_add`` per dim (positions read twice, a padded border, add up)."""
+    shape = list(grad.shape)
+    for dim, positions in reversed(taken):
+        shape[dim] = size[dim]
+        grad = grad.new_zeros(shape).index_add(dim, positions, grad)
+    return grad
+
+
+def _replication_pad_backward(grad_output: torch.Tensor, x: torch.Tensor,
+                              padding: Sequence[int]) -> torch.Tensor:
+    """``replication_pad{1,2,3}d_backward``: the forward (torch's decomposition) reads each padded
+    dim at ``clamp(arange(-left, n + right), 0, n - 1)``."""
+    spatial = len(padding) // 2
+    taken = []
+    for i in range(spatial):
+        dim = x.dim() - spatial + i
+        left, right = padding[2 * (spatial - 1 - i)], padding[2 * (spatial - 1 - i) + 1]
+        reads = torch.arange(-left, x.shape[dim] + right, device=grad_output.device)
+        taken.append((dim, torch.clamp(reads, 0, x.shape[dim] - 1)))
+    return _taken_backward(grad_output, x.shape, taken)
+
+
+def _upsample_nearest_backward(exact: bool) -> Callable[..., torch.Tensor]:
+    """``upsample_nearest{1,2,3}d_backward`` / ``_upsample_nearest_exact*_backward``: the forward
+    reads each spatial dim at torch's nearest positions (``floor((o + 0.5 * exact) * in / out)``,
+    torch's own ``_compute_upsample_nearest_indices``)."""
+
+    def backward(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                 *scales: float | None) -> torch.Tensor:
+        reads = nearest_positions(input_size, output_size, scales, exact, grad_output.device)
+        first = len(input_size) - len(output_size)
+        return _taken_backward(grad_output, input_size, [(first + k, r) for k, r in enumerate(reads)])
+
+    return backward
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     """torch's core-ATen decompositions, plus the backward ops of fused kernels it leaves whole."""
     table = dict(core_aten_decompositions())
-    table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
+    aten = torch.ops.aten
+    table[aten._weight_norm_interface_backward.default] = _weight_norm_backward
+    for op in (aten.replication_pad1d_backward, aten.replication_pad2d_backward,
+               aten.replication_pad3d_backward):
+        table[op.default] = _replication_pad_backward
+    for exact, ops in ((False, (aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward,
+                                aten.upsample_nearest3d_backward)),
+                       (True, (aten._upsample_nearest_exact1d_backward,
+                               aten._upsample_nearest_exact2d_backward,
+                               aten._upsample_nearest_exact3d_backward))):
+        for op in ops:
+            table[op.default] = _upsample_nearest_backward(exact)
     return table
 
 
@@ -647,7 +700,9 @@ def _recompute_checkpoints(module: torch.fx.GraphModule) -> None:
         module.recompile()
 
 
-_POOL_BACKWARD = {torch.ops.aten.max_pool2d_with_indices_backward.default}
+_POOL_BACKWARD = {torch.ops.aten.max_pool2d_with_indices_backward.default: 8,
+                  torch.ops.aten.adaptive_max_pool2d_backward.default: 3}
+"""Max-pool backward ops (their argument count): the saved indices are their last argument."""
 
 
 def _drop_pool_indices(module: torch.fx.GraphModule) -> None:
@@ -657,8 +712,9 @@ def _drop_pool_indices(module: torch.fx.GraphModule) -> None:
     graph = module.graph
     changed = False
     for node in graph.nodes:
-        if node.op == "call_function" and node.target in _POOL_BACKWARD and len(node.args) == 8:
-            node.args = (*node.args[:7], node.args[0])
+        if node.op == "call_function" and node.target in _POOL_BACKWARD \
+                and len(node.args) == _POOL_BACKWARD[node.target]:
+            node.args = (*node.args[:-1], node.args[0])
             changed = True
     if changed:
         graph.eliminate_dead_code()

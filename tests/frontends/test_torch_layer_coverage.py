@@ -1,0 +1,87 @@
+"""Layers and ops users hit that were listed as unsupported (docs/frontends.md, session 12's sweep
+of ``torch.nn``), each lowered to engine instructions and compared with PyTorch: padding by
+reflection / replication, ``nearest-exact`` resizes, adaptive pools with uneven windows."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import neuroncore as nc  # noqa: E402
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _same(module, *inputs, rtol=1e-5, atol=1e-6):
+    """``module`` traced, no ``aten.*`` op left (nothing unsupported), and its outputs as torch's."""
+    module.eval()
+    assert nc.check(module, inputs) == []
+    traced = nc.trace(module, inputs)
+    with torch.no_grad():
+        want = module(*inputs)
+    got = traced(*inputs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+    return traced
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_reflection_and_replication_padding_match_torch(mode):
+    """torch decomposes both into ``x[..., i, :]`` at computed positions, listed as an unsupported
+    ``aten.index`` before; now one row gather at constant positions per padded dim."""
+    torch.manual_seed(0)
+    _same(_Fn(lambda x: F.pad(x, (2, 3), mode=mode)), torch.randn(2, 3, 10))
+    _same(_Fn(lambda x: F.pad(x, (2, 3, 1, 2), mode=mode)), torch.randn(2, 3, 10, 9))
+    layers = nn.Sequential(nn.ReflectionPad2d((1, 0, 2, 1)), nn.ReplicationPad2d(1), nn.Conv2d(3, 4, 3))
+    _same(layers, torch.randn(2, 3, 7, 6))
+    _same(nn.ReplicationPad1d((0, 4)), torch.randn(1, 2, 5))
+
+
+@pytest.mark.parametrize("size", [(7, 13), (20, 4), (10, 9)])
+def test_nearest_exact_resizes_match_torch(size):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 10, 9)
+    _same(_Fn(lambda t: F.interpolate(t, size=size, mode="nearest-exact")), x)
+    _same(_Fn(lambda t: F.interpolate(t, scale_factor=1.5, mode="nearest-exact")), torch.randn(1, 2, 7))
+    # plain nearest by a non-integer factor: the same gather (a broadcast before, for integer ones)
+    _same(_Fn(lambda t: F.interpolate(t, size=size, mode="nearest")), x)
+
+
+@pytest.mark.parametrize("module, shape", [
+    (nn.AdaptiveMaxPool2d((4, 3)), (2, 3, 10, 9)),   # uneven and overlapping windows
+    (nn.AdaptiveMaxPool2d((5, 3)), (2, 3, 10, 9)),   # even: strided slices
+    (nn.AdaptiveMaxPool2d(1), (1, 4, 5, 7)),
+    (nn.AdaptiveMaxPool1d(4), (2, 3, 10)),
+    (nn.AdaptiveMaxPool2d((7, 7)), (1, 2, 9, 11)),
+    (nn.AdaptiveAvgPool2d((4, 4)), (2, 3, 10, 9)),   # uneven (listed as unsupported before)
+    (nn.AdaptiveAvgPool2d((3, 7)), (1, 2, 9, 11)),
+    (nn.AdaptiveAvgPool1d(4), (2, 3, 10)),
+    (nn.AdaptiveAvgPool1d(7), (2, 3, 10)),
+])
+def test_adaptive_pools_with_uneven_windows_match_torch(module, shape):
+    torch.manual_seed(0)
+    _same(module, torch.randn(*shape))
+
+
+def test_adaptive_pools_bf16_stay_within_twice_torch_error():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveMaxPool2d((4, 3)), nn.Conv2d(8, 8, 1),
+                        nn.AdaptiveAvgPool2d((3, 2)), nn.Flatten(), nn.Linear(48, 5)).eval()
+    x = torch.randn(2, 3, 10, 9)
+    with torch.no_grad():
+        want = net(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            framework = (net(x).float() - want).abs().max().item()
+    ours = (nc.trace(net, (x,), dtype="bf16")(x) - want).abs().max().item()
+    assert 0 < ours <= 2 * framework, (ours, framework)

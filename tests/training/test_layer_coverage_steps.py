@@ -1,0 +1,71 @@
+"""Training steps through layers that were listed as unsupported (tests/frontends/
+test_torch_layer_coverage.py has their forwards): the loss and the parameters after plain SGD steps
+(a parameter's change is its gradient times the rate) as PyTorch's own, and each layer's gradient
+reaches the parameters before it (a zero gradient would leave them as they were: session 11's
+``adaptive_avg_pool1d``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuroncore
+
+
+class _ConvThen(torch.nn.Module):
+    """A convolution, then ``fn`` on its output, then a linear head: the convolution's gradient
+    passes through ``fn``'s backward."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], features: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fn = fn
+        self.head = torch.nn.Linear(features, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fn(self.conv(x)).flatten(1))
+
+
+def _same_steps(model: torch.nn.Module, x: torch.Tensor, steps: int = 2, atol: float = 1e-6) -> None:
+    ref, start = copy.deepcopy(model), copy.deepcopy(model)
+    target = torch.randn(x.shape[0], 2, generator=torch.Generator().manual_seed(3))
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+    step = neuroncore.trace_train_step(model, opt, (x, target), loss_fn=F.mse_loss)
+    for _ in range(steps):
+        loss = F.mse_loss(ref(x), target)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(x, target)) == pytest.approx(loss.item(), rel=1e-5, abs=1e-6)
+    moved = (ref.conv.weight - start.conv.weight).abs().max().item()
+    assert moved > 1e-4, f"the convolution before the layer did not train ({moved})"
+    for (name, p), (_, q) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.allclose(p, q, atol=atol, rtol=0), f"{name}: max diff {(p - q).abs().max()}"
+
+
+LAYERS = {
+    # name: (fn on the [2, 4, 10, 9] convolution output, flattened features)
+    "reflection_pad2d": (lambda y: F.pad(y, (2, 3, 1, 2), mode="reflect"), 4 * 13 * 14),
+    "replication_pad2d": (lambda y: F.pad(y, (2, 3, 1, 2), mode="replicate"), 4 * 13 * 14),
+    "reflection_pad1d": (lambda y: F.pad(y.flatten(2), (2, 3), mode="reflect"), 4 * 95),
+    "replication_pad1d": (lambda y: F.pad(y.flatten(2), (2, 3), mode="replicate"), 4 * 95),
+    "nearest_exact": (lambda y: F.interpolate(y, size=(7, 13), mode="nearest-exact"), 4 * 7 * 13),
+    "nearest_by_1.5": (lambda y: F.interpolate(y, scale_factor=1.5, mode="nearest"), 4 * 15 * 13),
+    "adaptive_max_pool2d": (lambda y: F.adaptive_max_pool2d(y, (4, 3)), 4 * 12),
+    "adaptive_max_pool1d": (lambda y: F.adaptive_max_pool1d(y.flatten(2), 7), 4 * 7),
+    "adaptive_avg_pool2d_uneven": (lambda y: F.adaptive_avg_pool2d(y, (4, 4)), 4 * 16),
+    "adaptive_avg_pool2d_even": (lambda y: F.adaptive_avg_pool2d(y, (5, 3)), 4 * 15),
+    "adaptive_avg_pool1d_uneven": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), 4 * 7),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layer_trains_as_pytorch(name: str) -> None:
+    torch.manual_seed(0)
+    fn, features = LAYERS[name]
+    x = torch.randn(2, 3, 10, 9, generator=torch.Generator().manual_seed(2))
+    _same_steps(_ConvThen(fn, features), x)
