@@ -23,29 +23,65 @@ from neuroncore.dtypes import DType
 from neuroncore.ir.graph import Op
 
 
-def rank_sort(b: Any, key: Op | Sequence[Op], values: Sequence[Op], dim: int,
-              descending: bool = False) -> list[Op]:
-    """``values`` (each of the keys' shape; a key itself to sort it) reordered along ``dim`` as a
-    stable sort of ``key`` orders them (a sequence of keys: lexicographically, the first key
-    first); each result of its operand's type. ``b`` is the ``GraphBuilder``."""
-    keys = [key] if isinstance(key, Op) else list(key)
-    shape = keys[0].shape
+def _grid(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The ``[.., n, n, ..]`` compare grid (axis ``dim``: element i or output place r, ``dim + 1``:
+    j) and where ``shape``'s axes go in it as i and as j."""
     rank, n = len(shape), shape[dim]
-    grid = (*shape[:dim + 1], n, *shape[dim + 1:])  # axis dim: element i (or output place r), dim + 1: j
+    grid = (*shape[:dim + 1], n, *shape[dim + 1:])
     as_i = tuple(a if a <= dim else a + 1 for a in range(rank))
     as_j = tuple(a if a < dim else a + 1 for a in range(rank))
+    return grid, as_i, as_j
+
+
+def stable_ranks(b: Any, key: Op | Sequence[Op], dim: int, descending: bool = False,
+                 j_first: bool = False) -> Op:
+    """Each element's place in a stable sort of ``key`` along ``dim`` (FP32, the keys' shape; a
+    sequence of keys: lexicographically, the first key first). ``j_first``: the compared-with
+    elements j on the grid's axis ``dim`` and i after it (the sum then runs over ``dim``), else the
+    other way round (``rank_sort``'s layout)."""
+    keys = [key] if isinstance(key, Op) else list(key)
+    grid, as_i, as_j = _grid(keys[0].shape, dim)
+    i_axis, j_axis = (dim + 1, dim) if j_first else (dim, dim + 1)
+    if j_first:
+        as_i, as_j = as_j, as_i
     pairs = []  # each key as element i's and element j's along the grid
     for each in keys:
         k = each if each.dtype is DType.FP32 else b.convert(each, DType.FP32)
         k = b.select(b.compare(k, k, "NE"), math.inf, k)  # NaN: as +inf
         pairs.append((b.broadcast(k, grid, as_i), b.broadcast(k, grid, as_j)))
     # "j goes before i", built from the tie-break outwards: equal on every key, j is earlier
-    before = b.convert(b.compare(b.iota(grid, dim + 1, DType.FP32), b.iota(grid, dim, DType.FP32), "LT"),
+    before = b.convert(b.compare(b.iota(grid, j_axis, DType.FP32), b.iota(grid, i_axis, DType.FP32), "LT"),
                        DType.FP32)
     for k_i, k_j in reversed(pairs):
         before = b.select(b.compare(k_j, k_i, "GT" if descending else "LT"), 1.0,
                           b.select(b.compare(k_j, k_i, "EQ"), before, 0.0))
-    place = b.broadcast(b.reduce(before, [dim + 1], "sum"), grid, as_j)  # the rank of element i
+    return b.reduce(before, [j_axis], "sum")
+
+
+def rank_select(b: Any, key: Op, values: Sequence[Op], dim: int, place: int) -> list[Op]:
+    """An order statistic (``torch.median``): per row along ``dim``, each of ``values`` at the
+    element whose stable ascending rank is ``place`` (``dim`` reduced away), in its operand's type;
+    one rank computation and a select and sum per operand, no sort."""
+    # j first: with the sum over the grid's last axis, a select on its result then reduced along
+    # the same (last) dim stopped the compiler ("tile 1 of select is nowhere"; noted in the
+    # session-13 report, left to the compiler's owners)
+    hit = b.compare(stable_ranks(b, key, dim, j_first=True), float(place), "EQ")
+    results = []
+    for op in values:
+        value = op if op.dtype is DType.FP32 else b.convert(op, DType.FP32)
+        picked = b.reduce(b.select(hit, value, 0.0), [dim], "sum")
+        results.append(picked if op.dtype is DType.FP32 else b.convert(picked, op.dtype))
+    return results
+
+
+def rank_sort(b: Any, key: Op | Sequence[Op], values: Sequence[Op], dim: int,
+              descending: bool = False) -> list[Op]:
+    """``values`` (each of the keys' shape; a key itself to sort it) reordered along ``dim`` as a
+    stable sort of ``key`` orders them (a sequence of keys: lexicographically, the first key
+    first); each result of its operand's type. ``b`` is the ``GraphBuilder``."""
+    shape = (key if isinstance(key, Op) else key[0]).shape
+    grid, _as_i, as_j = _grid(shape, dim)
+    place = b.broadcast(stable_ranks(b, key, dim, descending), grid, as_j)  # the rank of element i
     hit = b.compare(place, b.iota(grid, dim, DType.FP32), "EQ")  # [.., r, i]: i goes to place r
     results = []
     for op in values:
@@ -55,4 +91,4 @@ def rank_sort(b: Any, key: Op | Sequence[Op], values: Sequence[Op], dim: int,
     return results
 
 
-__all__ = ["rank_sort"]
+__all__ = ["rank_select", "rank_sort", "stable_ranks"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from neuroncore.dtypes import DType
-from neuroncore.frontends.rank_sort import rank_sort
+from neuroncore.frontends.rank_sort import rank_select, rank_sort
 from neuroncore.frontends.torch_ops import handles
 from neuroncore.ir.graph import Op
 
@@ -279,12 +279,46 @@ def sort(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return values, c._cast(indices, c._out_dtype(meta[1]))
 
 
+@handles("median")
+def median(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``torch.median`` (the lower median, the element of rank ``(n - 1) // 2``), of the whole
+    tensor or along a dim with its index (``rank_sort.rank_select``: ranks, no sort). A row holding
+    a NaN gives NaN and the first NaN's index, as torch. Among equal medians the index is the first
+    in stable order; torch's CPU kernel (``nth_element``) leaves which one unspecified."""
+    meta: Any = node.meta["val"]
+    with_dim = isinstance(meta, (list, tuple))
+    dtype = c._out_dtype(meta[0] if with_dim else meta)
+    x = c._op(kw["self"], dtype)
+    if not x.dtype.is_float and x.dtype is not DType.INT32:
+        return NotImplemented
+    if not with_dim:
+        x = c.b.reshape(x, (max(1, math.prod(x.shape)),))
+    elif not x.shape:
+        x = c.b.reshape(x, (1,))
+    dim = int(kw.get("dim", 0)) % len(x.shape) if with_dim else 0
+    n = x.shape[dim]
+    position = c.b.iota(x.shape, dim, DType.FP32)
+    value, index = rank_select(c.b, x, [x, position], dim, (n - 1) // 2)
+    if x.dtype.is_float:  # NaN: rank_sort orders it last; torch's median is NaN at the first one
+        nan = c.b.compare(x, x, "NE")
+        first_nan = c.b.negate(c.b.reduce(c.b.select(nan, c.b.negate(position), -float(n)), [dim], "max"))
+        has_nan = c.b.compare(first_nan, float(n), "LT")
+        value = c.b.select(has_nan, math.nan, value)
+        index = c.b.select(has_nan, first_nan, index)
+    if not with_dim:
+        return c.b.reshape(value, tuple(meta.shape))
+    shape = tuple(meta[0].shape)
+    return (c.b.reshape(value, shape),
+            c._cast(c.b.reshape(index, shape), c._out_dtype(meta[1])))
+
+
 __all__ = [
     "argmax",
     "argmin",
     "cumulative_sum",
     "first_index_of_extreme",
     "gather_elements",
+    "median",
     "runtime_index",
     "shift",
     "sort",

@@ -1,6 +1,7 @@
 """Layers and ops users hit that were listed as unsupported (docs/frontends.md, session 12's sweep
 of ``torch.nn``), each lowered to engine instructions and compared with PyTorch: padding by
-reflection / replication, ``nearest-exact`` resizes, adaptive pools with uneven windows."""
+reflection / replication, ``nearest-exact`` resizes, adaptive pools with uneven windows,
+``torch.median``."""
 
 from __future__ import annotations
 
@@ -85,3 +86,21 @@ def test_adaptive_pools_bf16_stay_within_twice_torch_error():
             framework = (net(x).float() - want).abs().max().item()
     ours = (nc.trace(net, (x,), dtype="bf16")(x) - want).abs().max().item()
     assert 0 < ours <= 2 * framework, (ours, framework)
+
+
+def test_median_whole_and_along_a_dim_match_torch():
+    """The lower median and its index (``rank_select``); a row with a NaN gives NaN at the first."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 6)
+    _same(_Fn(lambda t: t.median()), x)
+    _same(_Fn(lambda t: torch.median(t, dim=1)), x)
+    _same(_Fn(lambda t: t.median(-1, keepdim=True)), x)
+    _same(_Fn(lambda t: (t * 4).int().median(0).values), x)
+    with_nan = x.clone()
+    with_nan[1, 2, 3] = with_nan[1, 5, 3] = float("nan")
+    module = _Fn(lambda t: torch.median(t, dim=1))
+    values, indices = nc.trace(module, (with_nan,))(with_nan)
+    want_values, want_indices = module(with_nan)
+    torch.testing.assert_close(values, want_values, equal_nan=True)
+    assert torch.equal(indices, want_indices)
+    assert torch.isnan(nc.trace(_Fn(lambda t: t.median()), (with_nan,))(with_nan))

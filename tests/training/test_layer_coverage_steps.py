@@ -60,6 +60,8 @@ LAYERS = {
     "adaptive_avg_pool2d_uneven": (lambda y: F.adaptive_avg_pool2d(y, (4, 4)), 4 * 16),
     "adaptive_avg_pool2d_even": (lambda y: F.adaptive_avg_pool2d(y, (5, 3)), 4 * 15),
     "adaptive_avg_pool1d_uneven": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), 4 * 7),
+    "median_dim": (lambda y: y.median(-1).values, 4 * 10),
+    "median_whole": (lambda y: y * y.median(), 4 * 10 * 9),
 }
 
 
