@@ -60,6 +60,7 @@ from torch.overrides import TorchFunctionMode
 from neuroncore.dtypes import DType
 from neuroncore.frontends import torch_rounding
 from neuroncore.frontends.flip import flip, take, take_constant
+from neuroncore.frontends.torch_composites import COMPOSITES
 from neuroncore.frontends.torch_masks import first_index_of_extreme, runtime_index
 from neuroncore.frontends.torch_moe import all_experts
 from neuroncore.frontends.torch_ops import HANDLERS, load_handlers
@@ -398,12 +399,13 @@ _KEPT_WHOLE = ("upsample_linear1d.default", "upsample_linear1d.vec", "upsample_t
 
 
 def _decompositions() -> dict[Any, Any]:
-    """torch.export's core-ATen decomposition table without the ops in ``_KEPT_WHOLE``."""
+    """torch.export's core-ATen decomposition table without the ops in ``_KEPT_WHOLE``, with the
+    compositions of ``torch_composites``."""
     table = torch.export.default_decompositions()
     for name in _KEPT_WHOLE:
         packet, _, overload = name.partition(".")
         table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
-    return dict(table)
+    return {**table, **COMPOSITES}
 
 
 def is_shapes_only(tensor: torch.Tensor) -> bool:

@@ -45,6 +45,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from neuroncore.frontends.torch_composites import COMPOSITES
 from neuroncore.frontends.torch_conv import nearest_positions
 from neuroncore.frontends.torch_frontend import export_failure, quiet_export
 from neuroncore.frontends.torch_moe import all_experts
@@ -346,6 +347,7 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], 
     buffers = [tables[t].detach().clone() for t in others]
     gm = ep.graph_module
     _static_one_hot(gm)
+    _replay_composites(gm)
     if _mutated_intermediates(gm):  # T5's labels shifted into decoder ids: see _functional_forward
         examples_in_order = [named[params[i]].detach() if kind == "param" else
                              buffers[i] if kind == "buffer" else example_inputs[i]
@@ -409,6 +411,19 @@ def _static_one_hot(gm: torch.fx.GraphModule) -> None:
                 node.target = _one_hot
                 node.args, node.kwargs = (node.args[0], classes), {}
                 changed = True
+    if changed:
+        gm.recompile()
+
+
+def _replay_composites(gm: torch.fx.GraphModule) -> None:
+    """Forward nodes of ops in ``torch_composites.COMPOSITES`` (``nn.EmbeddingBag``) replayed as
+    their compositions of core ops, so autograd differentiates those (the ops' own ``*_backward``
+    kernels have no decomposition); the inference path decomposes them with the same functions."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in COMPOSITES:
+            node.target = COMPOSITES[node.target]
+            changed = True
     if changed:
         gm.recompile()
 

@@ -104,3 +104,36 @@ def test_median_whole_and_along_a_dim_match_torch():
     torch.testing.assert_close(values, want_values, equal_nan=True)
     assert torch.equal(indices, want_indices)
     assert torch.isnan(nc.trace(_Fn(lambda t: t.median()), (with_nan,))(with_nan))
+
+
+class _Bag(nn.Module):
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(12, 5, **options)
+
+    def forward(self, ids, offsets=None, weights=None):
+        return self.bag(ids, offsets, per_sample_weights=weights)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_matches_torch(mode):
+    """``nn.EmbeddingBag`` (``aten._embedding_bag``, unsupported before): a gather of the rows and a
+    membership mask built from the offsets at run time; an empty bag gives zeros."""
+    torch.manual_seed(0)
+    ids = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 11])
+    offsets = torch.tensor([0, 4, 4, 7])  # the second bag is empty
+    _same(_Bag(mode=mode), ids, offsets)
+    _same(_Bag(mode=mode), torch.randint(0, 12, (3, 4)))  # 2-D: fixed-size bags, no offsets
+    _same(_Bag(mode=mode, padding_idx=2), ids, offsets)
+    _same(_Bag(mode=mode, include_last_offset=True), ids, torch.tensor([0, 3, 3, 8, 10]))
+    module = _Bag(mode=mode).eval()
+    traced = nc.trace(module, (ids, offsets))
+    other = torch.tensor([0, 1, 9, 10])  # other offsets, same program: the bags are found on the core
+    with torch.no_grad():
+        torch.testing.assert_close(traced(ids, other), module(ids, other))
+
+
+def test_embedding_bag_per_sample_weights_match_torch():
+    torch.manual_seed(0)
+    ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2, 5])
+    _same(_Bag(mode="sum"), ids, offsets, torch.rand(6))

@@ -71,3 +71,35 @@ def test_layer_trains_as_pytorch(name: str) -> None:
     fn, features = LAYERS[name]
     x = torch.randn(2, 3, 10, 9, generator=torch.Generator().manual_seed(2))
     _same_steps(_ConvThen(fn, features), x)
+
+
+class _BagClassifier(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(12, 6, mode=mode)
+        self.head = torch.nn.Linear(6, 2)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(ids, offsets))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_trains_as_pytorch(mode: str) -> None:
+    """The table's gradient through ``torch_composites.embedding_bag`` (autograd differentiates
+    the composition: ``_embedding_bag_backward`` has no decomposition)."""
+    torch.manual_seed(0)
+    model = _BagClassifier(mode)
+    ref, start = copy.deepcopy(model), copy.deepcopy(model)
+    ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 11]), torch.tensor([0, 4, 4, 7])
+    target = torch.randn(4, 2, generator=torch.Generator().manual_seed(3))
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    step = neuroncore.trace_train_step(model, opt, (ids, offsets, target), loss_fn=F.mse_loss)
+    for _ in range(2):
+        loss = F.mse_loss(ref(ids, offsets), target)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(ids, offsets, target)) == pytest.approx(loss.item(), rel=1e-5, abs=1e-6)
+    assert (ref.bag.weight - start.bag.weight).abs().max().item() > 1e-3
+    for (name, p), (_, q) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0), f"{name}: max diff {(p - q).abs().max()}"
