@@ -190,20 +190,22 @@ def _compile(graph: Graph, target: str | CoreSpec, options: CompilerOptions | No
         _check_placeable(op)
     ctx = Context(graph, spec)
     runs = find_runs(graph)
-    # planned on the runs as they are when a joined first layer leaves (a run whose boundaries
-    # move values: LayerDedup.boundary), so such programs stay as they were
+    ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
+    # residency is planned with the model's last layer in its run where it may join (only its
+    # readers after it differ), and on the runs as they are when a joined first layer leaves (a
+    # run whose boundaries move values: LayerDedup.boundary), so such programs stay as they were
+    planned = [with_final_layer(graph, run, ctx.hbm_home_bytes, ctx.orientation.members) for run in runs]
     ctx.kept_large = kept_on_chip(graph, ctx.hbm_home_bytes,
                                   int(spec.sbuf_bytes_per_partition * RESIDENT_SBUF_FRACTION),
-                                  [run.without_first() if run.joined else run for run in runs])
+                                  [run.without_first() if run.joined else run for run in planned])
     if ctx.kept_large:
         ctx.stats["kept_large_values"] = len(ctx.kept_large)
     peak = activation_peak_bytes(graph, ctx.hbm_home_bytes, ctx.kept_large)
     ctx.stats["activation_peak_bytes"] = peak
     if peak > ctx.sbuf.stream_lo:  # the activations need the ring's room: no ring (weight_ring)
         ctx.sbuf.end_ring()
-    ctx.orientation = orientation.plan(graph, ctx.hbm_home_bytes)
-    # the model's last layer joins its run where only its readers after it differ (residency
-    # above was planned without it: with_final_layer requires the same plan for its ops)
+    # the last layer joins where residency planned its ops as the run's (with_final_layer
+    # requires the same plan: a run whose intersection above dropped nothing of it)
     runs = [with_final_layer(graph, run, ctx.hbm_home_bytes, ctx.kept_large | ctx.orientation.members)
             for run in runs]
     output_indices = {o.index for o in graph.outputs}

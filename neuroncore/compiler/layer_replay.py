@@ -87,6 +87,14 @@ class LayerDedup:
                            if run.layers[0].start in starts}
         self._watch = set(self.before_run.values())
         self._reached: dict[int, int] = {}
+        # the model's last layer in a run (``LayerRun.loose``): the values every layer of the run
+        # reads from outside it (the rotary tables, the mask and its source) are read again after
+        # each layer but that one, so their next use (which tile a spill takes, what a dot's plan
+        # counts a spill to cost) and their freeing would differ there. Lowered, the layer sees
+        # them read again as by one more layer (``_read_again``), as a module compiled once does;
+        # the uses added are taken back at the run's end
+        self._final = {run.layers[-1].start: run for run in runs if run.loose}
+        self._added: dict[int, dict[int, list[int]]] = {}  # run end -> op index -> uses added
 
     def boundary(self, index: int) -> bool:
         """Whether op ``index`` begins or ends a layer of a run (every run is lowered from canonical
@@ -124,6 +132,19 @@ class LayerDedup:
 
     def before(self, index: int) -> int:
         """Handle a boundary at op ``index``; returns the op to lower next (past a replayed run)."""
+        added = self._added.pop(index, None)
+        if added is not None:  # the end of a run whose last layer was lowered: the true uses
+            for i, extra in added.items():
+                used = self.ctx.uses[i]
+                for u in extra:
+                    used.remove(u)
+        resume = self._before(index)
+        run = self._final.get(resume)
+        if resume == index and run is not None and run.layers[-1].stop not in self._added:
+            self._added[run.layers[-1].stop] = _read_again(self.ctx, run)  # the last layer is lowered
+        return resume
+
+    def _before(self, index: int) -> int:
         if index in self._watch:
             self._reached.setdefault(index, self.ctx.em.n_nodes)
         event = self.events.get(index)
@@ -433,6 +454,22 @@ class _Template:
             plans = ctx.stats.setdefault("dot_plans", {})
             for name, plan in self.plans.items():
                 plans[shift.name(name)] = plan
+
+
+def _read_again(ctx: Context, run: LayerRun) -> dict[int, list[int]]:
+    """Before the run's last layer is lowered: each value from outside the run (not a per-layer
+    input) whose last use is in that layer gets its readers there again, one layer further on, as
+    every earlier layer of the run sees the next one read it. Returns the uses added."""
+    final, first = run.layers[-1], run.layers[0]
+    own = set(run.externals[-1])
+    added: dict[int, list[int]] = {}
+    for i, used in ctx.uses.items():
+        if (used and final.start <= used[-1] < final.stop and not first.start <= i < final.stop
+                and i not in own):
+            extra = [u + final.size for u in used if u >= final.start]
+            used.extend(extra)  # after every use: the list stays sorted
+            added[i] = extra
+    return added
 
 
 def _move_value(value: Value, shift: Shift, ops: list[Op]) -> Value:

@@ -42,7 +42,15 @@ def kept_on_chip(graph: Graph, hbm_home_bytes: int, budget_bytes: int,
                  runs: Sequence[LayerRun] = ()) -> frozenset[int]:
     """Indices of the values over ``hbm_home_bytes`` per partition that stay in SBUF: in program
     order, each whose life fits ``budget_bytes`` beside the SBUF-home values live with it; of a
-    run of repeated layers (``runs``), only ops kept in every layer of the run."""
+    run of repeated layers (``runs``), only ops kept in every layer of the run. A run's last layer
+    that is the model's last (``LayerRun.loose``: ``layer_runs.with_final_layer``) is planned as
+    the layer before it: a value of it is a candidate only where the same op of that layer is kept
+    (so that room it would take there is not taken by what the run keeps no longer)."""
+    follows: dict[int, int] = {}
+    for run in runs:
+        if run.loose and len(run.layers) >= 2:
+            final, before = run.layers[-1], run.layers[-2]
+            follows.update((final.start + offset, before.start + offset) for offset in range(final.size))
     last_use = last_uses(graph)
     outputs = {o.index for o in graph.outputs}
     # a parameter is an input: HBM-home whatever its size
@@ -55,6 +63,8 @@ def kept_on_chip(graph: Graph, hbm_home_bytes: int, budget_bytes: int,
     live = live_bytes(graph, hbm_home_bytes)
     kept: set[int] = set()
     for start, end, size in candidates:
+        if start in follows and follows[start] not in kept:
+            continue
         if int(live[start:end + 1].max()) + size <= budget_bytes:
             live[start:end + 1] += size
             kept.add(start)

@@ -41,6 +41,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # three states, first matched at the fifth boundary (nothing relocated at this depth)
     "prefill-long-70b": ("llama-prefill", {"model": "llama2-70b", "layers": 8, "context": 2048,
                                            "tp_degree": 32}),
+    # a long prompt at batch 16 (one rank of tp 8, fp32: the sizes of a Llama-2-7B inf2 tp 24 rank
+    # at batch 8): each layer keeps its PV product on chip, and the model's last layer (whose V
+    # projection, an output through views, lives to the program's end) is planned as the run's
+    # layers, so it joins the run of layers 2-5 and is relocated (before: one layer relocated, the
+    # run ending at layer 4); lowered in full, it reads the mask and the rotary tables as read
+    # again after it, as the run's layers do
+    "prefill-long-batch": ("llama-prefill", {"layers": 6, "hidden": 2048, "heads": 16, "kv_heads": 16,
+                                             "intermediate": 4096, "vocab": 1024, "batch": 16,
+                                             "context": 512, "dtype": "fp32", "tp_degree": 8}),
 }
 
 
@@ -115,6 +124,32 @@ def test_a_long_prompts_last_layer_joins_its_run() -> None:
     (offset,) = extended.loose
     assert graph.ops[extended.layers[-1].start + offset].opcode == "add"
     assert extended.externals[:-1] == run.externals
+
+
+def test_a_batched_long_prompts_last_layer_is_planned_with_its_run() -> None:
+    """Residency is planned with the model's last layer in its run: at batch 16 every run layer
+    keeps its PV product on chip, and the last layer keeps the same (not its V projection, which
+    nothing after it would have taken room from), so ``with_final_layer`` finds one plan."""
+    import neuroncore.compiler as compiler
+    from neuroncore.compiler.context import Context
+    from neuroncore.compiler.residency import RESIDENT_SBUF_FRACTION, kept_on_chip
+    from neuroncore.hardware import core_spec
+
+    name, overrides = CASES["prefill-long-batch"]
+    overrides = dict(overrides)
+    spec = core_spec("trn1")
+    graph = shard(workloads.get(name).graph(None, **overrides), overrides["tp_degree"]).local
+    graph = compiler.image_groups(compiler.fold_casts(compiler.channel_major(graph)), spec)
+    hbm_home = Context(graph, spec).hbm_home_bytes
+    budget = int(spec.sbuf_bytes_per_partition * RESIDENT_SBUF_FRACTION)
+    (run,) = find_runs(graph)
+    extended = with_final_layer(graph, run.without_first(), hbm_home, frozenset())
+    assert extended.loose and extended.layers[-1].number == 5
+    kept = kept_on_chip(graph, hbm_home, budget, [extended])
+    offsets = [{i - layer.start for i in kept if layer.start <= i < layer.stop} for layer in extended.layers]
+    assert offsets[0] and all(o == offsets[0] for o in offsets)
+    assert all(graph.ops[extended.layers[0].start + o].opcode == "dot" for o in offsets[0])
+    assert with_final_layer(graph, run.without_first(), hbm_home, kept) == extended
 
 
 def test_a_decodes_last_layer_stays_out_of_its_run() -> None:
@@ -228,7 +263,7 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # first layer behind a boundary that moves nothing: 5 relocated, 4 when the run began at layer 2);
 # prefill-long's layer 1 stays out (its first boundary would move layer 0's output)
 SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 6, "prefill-long-70b": 5,
-           "prefill-resident": 5, "prefill-resident-period3": 3}
+           "prefill-long-batch": 2, "prefill-resident": 5, "prefill-resident-period3": 3}
 
 
 def test_boundaries_settle_after_one_or_two_layers(pair: tuple[nc.Graph, Program, Program],
