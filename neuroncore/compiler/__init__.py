@@ -14,7 +14,6 @@ listing all of them (op, HLO name, layer, source line), the check users run befo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -72,6 +71,7 @@ from neuroncore.compiler.program import (
     RelocatedBuffers,
 )
 from neuroncore.compiler.residency import RESIDENT_SBUF_FRACTION, kept_on_chip
+from neuroncore.compiler.stream_counts import stream_positions
 from neuroncore.compiler.streaming import (
     HOISTABLE,
     Group,
@@ -317,14 +317,7 @@ def _stream_positions(resource: np.ndarray, engine: np.ndarray, queue: np.ndarra
     keys[dma] = QUEUE_LANE_BASE + queue[dma]
     keys[resource == RES_CC] = CC_LANE
     del dma
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist(), len(keys)]
-    del keys, sorted_keys
-    positions = np.empty(len(order), np.int64)
-    for a, b in pairwise(bounds):  # each stream's nodes, in program order
-        positions[order[a:b]] = np.arange(b - a)
-    return positions
+    return stream_positions(keys)
 
 
 def _scratch_peak(ctx: Context) -> int:

@@ -36,6 +36,7 @@ from neuroncore.compiler.program import (
     HbmAccess,
     Ref,
 )
+from neuroncore.compiler.stream_counts import semaphore_values
 from neuroncore.compiler.tiling import P
 from neuroncore.hardware import CoreSpec, Engine
 
@@ -1063,17 +1064,41 @@ class Emitter:
                                         count=b - a)
             else:
                 flat[a:b] = flat[int(dep_ptr[source]):int(dep_ptr[source + stop - start])]
-        for start, stop, lo, dn, _ in self.dep_moves:
-            segment = flat[dep_ptr[start]:dep_ptr[stop]]
-            segment[segment >= lo] += dn
+        self._apply_moves(flat, dep_ptr, pieces)
         return dep_ptr, flat
+
+    def _apply_moves(self, values: np.ndarray, ptr: np.ndarray | None,
+                     pieces: list[tuple[int, int, int]]) -> None:
+        """Each relocated range's node ids (``values[ptr[start]:ptr[stop]]``, or
+        ``values[start:stop]`` without ``ptr``) at or past its ``lo`` moved by its ``dn``
+        (``dep_moves``): ``segment[segment >= lo] += dn``, the plain definition.
+
+        A range copied from its template (``_pieces``) holds the template's values, which are
+        never moved (a template is lowered nodes), so which entries move is the template's mask,
+        made once per template and ``lo`` and shared by every relocation of it (a run relocates
+        one template tens of times); the entries are moved with a masked add (a boolean index
+        gathers and scatters). Other ranges take their own mask."""
+        copied = {start: source for start, _stop, source in pieces if source >= 0}
+        masks: dict[tuple[int, int, int], np.ndarray] = {}
+        for start, stop, lo, dn, _ in self.dep_moves:
+            a, b = (int(ptr[start]), int(ptr[stop])) if ptr is not None else (start, stop)
+            segment = values[a:b]
+            source = copied.get(start)
+            if source is None:
+                mask = segment >= lo
+            else:
+                key = (source, stop - start, lo)
+                mask = masks.get(key)  # type: ignore[assignment]
+                if mask is None:
+                    sa, sb = ((int(ptr[source]), int(ptr[source + stop - start])) if ptr is not None
+                              else (source, source + stop - start))
+                    mask = masks[key] = values[sa:sb] >= lo
+            np.add(segment, dn, out=segment, where=mask)
 
     def trigger_column(self) -> np.ndarray:
         """Each DMA transfer's trigger node (-1 for the others), relocated layers' moved."""
         trigger = np.asarray(self.trigger, np.int64)
-        for start, stop, lo, dn, _ in self.dep_moves:
-            segment = trigger[start:stop]
-            segment[segment >= lo] += dn
+        self._apply_moves(trigger, None, self._pieces())
         return trigger
 
     def settle_moves(self) -> None:
@@ -1145,24 +1170,11 @@ class Emitter:
         producer[flat] = True
         sem_increment = sem_of
         sem_increment[~producer] = -1
-        # each producer's running count on its semaphore (a DMA engine signals
-        # DMA_COMPLETION_INCREMENT), in node order: a stable sort of the producers by semaphore
-        # (16-bit keys: a radix sort)
-        producers = np.flatnonzero(producer)
         del producer
-        sems = sem_increment[producers]
-        steps = np.where(dma[producers], DMA_COMPLETION_INCREMENT, 1).astype(np.int64)
+        # each producer's running count on its semaphore (a DMA engine signals
+        # DMA_COMPLETION_INCREMENT), in node order
+        sem_value = semaphore_values(sem_increment, dma, DMA_COMPLETION_INCREMENT)
         del dma
-        order = np.argsort(sems, kind="stable")
-        running = np.cumsum(steps[order])
-        grouped = sems[order]
-        group_start = np.empty(len(order), bool)
-        group_start[:1] = True
-        np.not_equal(grouped[1:], grouped[:-1], out=group_start[1:])
-        base = np.maximum.accumulate(np.where(group_start, running - steps[order], 0))
-        sem_value = np.zeros(n, np.int32)
-        sem_value[producers[order]] = (running - base).astype(np.int32)
-        del order, running, grouped, group_start, base, steps
         # the waits of each node are its dependencies' increments, every dependency being a
         # producer: the strings read them from the program's columns (``operand_texts``); the
         # texts are the emitter's own list, not a copy (nothing changes it in place once lowering

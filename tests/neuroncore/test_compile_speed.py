@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import itertools
 
+import numpy as np
 import pytest
 
 from neuroncore import workloads
@@ -388,4 +390,86 @@ def test_column_index_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(emitter, "COLUMNS_MIN", 1 << 30)
     plain = fingerprint.digest(compile_graph(graph, "trn1"))
     monkeypatch.setattr(emitter, "COLUMNS_MIN", 2)
+    assert fingerprint.digest(compile_graph(graph, "trn1")) == plain
+
+
+def _plain_moves(em, values: np.ndarray, ptr: np.ndarray | None) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The relocated ranges' node ids moved by the plain definition (``Emitter._apply_moves``)."""
+    values = values.copy()
+    for start, stop, lo, dn, _ in em.dep_moves:
+        segment = values[ptr[start]:ptr[stop]] if ptr is not None else values[start:stop]
+        segment[segment >= lo] += dn
+    return values
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("llama-decode", {"layers": 8}),
+    ("llama-prefill", {"layers": 10, "context": 128}),
+])
+def test_relocated_moves_are_the_plain_definition(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                  overrides: dict[str, int]) -> None:
+    """A relocated layer's dependencies and triggers, moved with its template's mask shared by
+    every relocation, are what moving each range's own ids at or past ``lo`` gives."""
+    from neuroncore import compiler
+    from neuroncore.compiler.emitter import DEP_IDX_DTYPE
+
+    seen = []
+    assemble = compiler.assemble
+
+    def spy(em, *args, **kwargs):  # type: ignore[no-untyped-def]
+        dep_ptr, flat = em.dep_columns()
+        n = len(em.deps)
+        unmoved = np.fromiter(itertools.chain.from_iterable(em.deps), DEP_IDX_DTYPE)
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum([len(d) for d in em.deps], out=ptr[1:])
+        assert np.array_equal(dep_ptr, ptr)
+        assert np.array_equal(flat, _plain_moves(em, unmoved, ptr))
+        plain = _plain_moves(em, np.array(em.trigger, np.int64), None)  # a copy: trigger_column
+        assert np.array_equal(em.trigger_column(), plain)  # may move the emitter's array in place
+        seen.append(len(em.dep_moves))
+        return assemble(em, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "assemble", spy)
+    compile_graph(workloads.get(name).graph(**overrides), "trn1")
+    assert seen and seen[0] >= 2  # layers were relocated (a template shared)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stream_counts_loop_is_the_sorted_definition(seed: int) -> None:
+    """The compiled loops (big programs) give the arrays the stable sort gives: each node's place
+    in its stream, each producer's running count on its semaphore (DMA transfers counting 16)."""
+    from neuroncore.compiler import stream_counts
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    keys = rng.choice(np.asarray([0, 1, 2, 3, 4, 50, 100, 101, 117], np.int16), n)
+    assert np.array_equal(stream_counts.stream_positions_loop(keys),
+                          stream_counts.stream_positions_sorted(keys))
+    sem = rng.choice(np.asarray([-1, -1, 0, 1, 2, 3, 5, 8, 9, 23], np.int16), n)
+    dma = rng.random(n) < 0.3
+    loop = stream_counts.semaphore_values_loop(sem, dma, 16)
+    assert loop.dtype == np.int32
+    assert np.array_equal(loop, stream_counts.semaphore_values_sorted(sem, dma, 16))
+    assert not loop[sem < 0].any() and (loop[sem >= 0] > 0).all()
+    none = np.full(n, -1, np.int16)
+    assert np.array_equal(stream_counts.semaphore_values_loop(none, dma, 16), np.zeros(n, np.int32))
+
+
+def test_stream_counts_loop_compiles_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program assembled with the compiled loops is the program of the sorted definition (every
+    column, operand string and record: the fingerprint digest)."""
+    import importlib.util
+    from pathlib import Path
+
+    from neuroncore.compiler import stream_counts
+
+    path = Path(__file__).parents[2] / "bench" / "compile_fingerprint.py"
+    spec = importlib.util.spec_from_file_location("compile_fingerprint", path)
+    assert spec is not None and spec.loader is not None
+    fingerprint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fingerprint)
+    graph = workloads.get("llama-prefill").graph(layers=6, context=16)
+    monkeypatch.setattr(stream_counts, "LOOP_MIN_NODES", 1 << 62)
+    plain = fingerprint.digest(compile_graph(graph, "trn1"))
+    monkeypatch.setattr(stream_counts, "LOOP_MIN_NODES", 0)
     assert fingerprint.digest(compile_graph(graph, "trn1")) == plain
