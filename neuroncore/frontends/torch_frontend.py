@@ -12,8 +12,9 @@ walked node by node. Every FX node is emitted inside ``GraphBuilder.located`` wi
 
 Parameters and buffers become weight constants at their first use (named after the owning module's
 layer path + ``/weight``; the qualified name is kept in ``attrs["qualified_name"]``); user inputs
-become parameters in ``forward``'s argument order. int64 becomes int32 (as on Neuron), bool becomes
-pred. ATen ops without an IR mapping are emitted as ``aten.<name>`` ops with their real output shape,
+become parameters in ``forward``'s argument order. int64 becomes int32 and float64 becomes FP32
+(as on Neuron: no 64-bit datapath; outputs come back in their torch types), bool becomes pred.
+ATen ops without an IR mapping are emitted as ``aten.<name>`` ops with their real output shape,
 so ``neuroncore.check`` and the compiler's ``UnsupportedOpsError`` list them with layer and line.
 
 Outputs come back as torch tensors in the module's structure (a tensor, or tuples/lists/dicts of
@@ -76,6 +77,10 @@ KNOWN_MAX_ELEMENTS = 1 << 20  # trace-time evaluation of input-independent value
 
 _DTYPES = {
     torch.float32: DType.FP32,
+    # NeuronCores have no FP64 datapath: torch-xla keeps a float64 tensor's dtype but its device
+    # data is f32 on Neuron (pytorch/xla test/neuron/test_neuron_data_types.py), and neuronx-cc
+    # lists no FP64 type; so float64 values are computed in FP32 and outputs return as float64
+    torch.float64: DType.FP32,
     torch.bfloat16: DType.BF16,
     torch.float16: DType.FP16,
     torch.float8_e4m3fn: DType.FP8_E4M3,  # the Tensor engine's FP8 inputs (NC-v3 double-row)
@@ -224,7 +229,8 @@ def _meta(node: torch.fx.Node) -> Any:
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach().cpu()
-    if t.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+    if t.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
+                   torch.float64):  # float64: copied to the device as FP32, as torch-xla does on Neuron
         t = t.float()
     if t.dtype == torch.int64:
         t = t.to(torch.int32)
@@ -808,7 +814,7 @@ class _Converter:
             # product) is listed with its layer and line, not a dtype error that stops ``check``
             return self._unsupported(node, name)
         if isinstance(meta, torch.Tensor) and meta.dtype in _DTYPES:
-            # (an op whose result type the core has not -- complex, float64 -- is not folded: it is
+            # (an op whose result type the core has not -- complex -- is not folded: it is
             # unsupported, or refused by its handler, with its op name, layer and line)
             dtype = ir_dtype(meta.dtype, self._where(node))
             known = self.known.get(node)

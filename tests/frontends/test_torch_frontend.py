@@ -528,8 +528,66 @@ def test_export_failure_names_the_module():
 
 
 def test_unsupported_dtype_is_a_trace_error():
-    with pytest.raises(TraceError, match=r"float64 tensors are not supported \(input 'a'\)"):
-        nc.trace(Named(), (IDS, X.double()))
+    with pytest.raises(TraceError, match=r"complex64 tensors are not supported \(input 'a'\)"):
+        nc.trace(Named(), (IDS, X.to(torch.complex64)))
+
+
+class Float64Rope(nn.Module):
+    """Rotary angles computed in float64, as diffusers' Flux ``get_1d_rotary_pos_embed`` does
+    (``freqs_dtype=torch.float64``), applied to a float32 input, and a float64 input's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x, pos, scale):
+        omega = 1.0 / (10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+        angles = pos.to(torch.float64)[..., None] * omega  # [batch, seq, 8]
+        cos = angles.cos().float().repeat_interleave(2, -1)
+        sin = angles.sin().float().repeat_interleave(2, -1)
+        pairs = self.proj(x).unflatten(-1, (8, 2))
+        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
+        return self.proj(x) * cos + rotated * sin, (scale * 2.0).exp()
+
+
+def test_float64_runs_in_fp32_as_on_neuron_and_returns_float64():
+    """float64 tensors (inputs and intermediates) compute in FP32, as on Neuron (no FP64 datapath:
+    torch-xla stores a double tensor's device data as f32 there), and float64 outputs return as
+    float64 (before: 'float64 tensors are not supported'). The error is FP32 rounding: against
+    torch in float64 within 1e-5 at positions up to 64, and the same as torch's own float32
+    version of the computation."""
+    torch.manual_seed(0)
+    model = Float64Rope().eval()
+    x = torch.randn(2, 6, 16)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [10, 20, 30, 40, 50, 64]])
+    scale = torch.randn(3, 4, dtype=torch.float64)
+    traced = nc.trace(model, (x, pos, scale))
+    rope, scaled = traced(x, pos, scale)
+    want_rope, want_scaled = model(x, pos, scale)
+    assert rope.dtype == torch.float32 and scaled.dtype == torch.float64
+    assert (rope - want_rope).abs().max() < 1e-5
+    np.testing.assert_allclose(scaled.numpy(), want_scaled.numpy(), rtol=2e-6)
+    assert (scaled - want_scaled).abs().max() > 0  # computed in FP32, not float64
+    np.testing.assert_allclose(scaled.numpy(), (scale.float() * 2.0).exp().double().numpy(), rtol=1e-6)
+    # and a training step through the float64 angles: the parameters after one SGD step as torch's
+    trained, reference = Float64Rope(), Float64Rope()
+    reference.load_state_dict(trained.state_dict())
+
+    class Loss(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, pos):
+            return self.inner(x, pos, torch.zeros(1, dtype=torch.float64))[0].square().mean()
+
+    step = nc.trace_train_step(Loss(trained), torch.optim.SGD(trained.parameters(), lr=0.5), (x, pos))
+    step(x, pos)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    Loss(reference)(x, pos).backward()
+    optimizer.step()
+    for got, want in zip(trained.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_plain_function_can_be_traced():
