@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
@@ -50,6 +50,32 @@ def _fits_in(free: list[int], sizes: list[int]) -> bool:
     return True
 
 
+def _next_fit_in(ranges: list[tuple[int, int]], cursor: int, size: int) -> tuple[int, int] | None:
+    """Next fit of ``size`` bytes in ``ranges`` (free ranges, sorted and disjoint) from ``cursor``:
+    (the range's index, the place in it), or None if no range has room.
+
+    The cursor itself if the range holding it has room past it; otherwise the first range after
+    it wide enough, in address order, wrapping to the lowest; the range holding the cursor is tried
+    from its start only last, after the wrap. Its bytes behind the cursor are the ones the cursor
+    passed last, freed since by the buffers placed there a moment ago: going back to them would
+    put a buffer where its predecessor just was, waiting for that one's readers (a batch of loads
+    at one slot runs single-buffered), which is what a rotating cursor is for avoiding.
+    """
+    first = bisect.bisect_right(ranges, cursor, key=_END)  # the first range ending after the cursor
+    order: Iterable[int]
+    if first < len(ranges) and ranges[first][0] < cursor:  # the cursor is inside that range
+        if ranges[first][1] - cursor >= size:
+            return first, cursor
+        order = itertools.chain(range(first + 1, len(ranges)), range(first + 1))
+    else:
+        order = itertools.chain(range(first, len(ranges)), range(first))
+    for i in order:
+        start, end = ranges[i]
+        if end - start >= size:
+            return i, start
+    return None
+
+
 @dataclass
 class _Tombstone:
     start: int
@@ -59,7 +85,8 @@ class _Tombstone:
 
 @dataclass
 class RangeAllocator:
-    """First-fit allocator over [0, capacity) with coalescing free ranges."""
+    """Byte ranges over [0, capacity) with coalescing free ranges: small buffers next-fit from a
+    rotating cursor (``_next_fit_in``), large blocks by ``_allocate_top``."""
 
     capacity: int
     free: list[tuple[int, int]] = field(default_factory=list)
@@ -124,18 +151,11 @@ class RangeAllocator:
         ones next-fit from the rotating cursor."""
         if size >= self.capacity // 16:
             return self._allocate_top(size)
-        # the ranges that end after the cursor, then the others, each in address order (the free
-        # list is kept sorted and coalesced, so its ends are in order too)
-        first = bisect.bisect_right(self.free, self.cursor, key=_END)
-        for i in itertools.chain(range(first, len(self.free)), range(first)):
+        found = _next_fit_in(self.free, self.cursor, size)
+        if found is not None:
+            i, at = found
             start, end = self.free[i]
-            at = start
-            if start < self.cursor < end and end - self.cursor >= size:
-                at = self.cursor
-            elif end - start < size:
-                continue
-            pieces = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
-            self.free[i:i + 1] = pieces
+            self.free[i:i + 1] = [(s, e) for s, e in ((start, at), (at + size, end)) if e > s]
             self.in_use += size
             self.peak = max(self.peak, self.in_use)
             self.cursor = at + size if at + size < self.capacity else 0
@@ -143,17 +163,12 @@ class RangeAllocator:
         raise OutOfMemory(size)
 
     def _next_fit(self, size: int, cursor: int, lo: int, hi: int) -> int | None:
-        """The first place for ``size`` bytes in [lo, hi) at or after ``cursor``, wrapping to
-        ``lo``; None if the free ranges there have no room."""
+        """Where ``size`` bytes go in [lo, hi) next-fit from ``cursor`` (``_next_fit_in``: at the
+        cursor, else the next range with room, wrapping to ``lo``, the range behind the cursor
+        last); None if the free ranges there have no room."""
         clipped = [(max(s, lo), min(e, hi)) for s, e in self.free if min(e, hi) > max(s, lo)]
-        first = bisect.bisect_right(clipped, cursor, key=_END)
-        for i in itertools.chain(range(first, len(clipped)), range(first)):
-            start, end = clipped[i]
-            if start < cursor < end and end - cursor >= size:
-                return cursor
-            if end - start >= size:
-                return start
-        return None
+        found = _next_fit_in(clipped, cursor, size)
+        return None if found is None else found[1]
 
     def _best_oldest(self, size: int, lo: int, hi: int) -> int | None:
         """Where a large block goes in [lo, hi) (``_allocate_top``'s rule); None if it does not fit."""

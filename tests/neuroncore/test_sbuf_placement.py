@@ -28,6 +28,32 @@ def test_a_range_released_twice_is_refused() -> None:
     assert sbuf.free == [(0, 4096)] and sbuf.in_use == 0
 
 
+@pytest.mark.parametrize("ring", [0.0, 0.5])  # ringless (``_allocate_anywhere``), ringed (``_next_fit``)
+def test_next_fit_moves_on_when_the_range_at_the_cursor_is_too_short_past_it(ring: float) -> None:
+    """The cursor inside a free range with 192 bytes past it and 256-byte buffers to place, each
+    freed (its reader recorded) before the next is asked: Mistral-7B's inf2 b8 decode in bucket
+    8,192 put 65 K-cache blocks in a row at one slot that way, each waiting for the one before it.
+    A next-fit moves on to the next range with room, so each block lands past the one before and
+    inherits no reader; before, every block went back to the short range's start, behind the
+    cursor, and waited for its predecessor's reader."""
+    sbuf = RangeAllocator(16 * 1024, stream_fraction=ring)
+    sbuf.free, sbuf.cursor = [(1024, 1472), (4096, 6144)], 1280
+    sbuf.in_use = sbuf.capacity - 448 - 2048
+    placed, inherited = [], []
+    for reader in range(6):
+        at, hazards = sbuf.allocate(256)
+        placed.append(at)
+        inherited += hazards
+        sbuf.release(at, 256, [reader])
+    assert placed == [4096 + 256 * i for i in range(6)] and inherited == []
+    # nothing past the cursor: wrap to the lowest range first, the one behind the cursor last
+    sbuf.free, sbuf.cursor = [(0, 512), (1024, 1472)], 1280
+    assert sbuf.allocate(256)[0] == 0
+    sbuf.free, sbuf.cursor = [(1024, 1472)], 1280
+    assert sbuf.allocate(256)[0] == 1024
+    assert sbuf.cursor == 1280 and sbuf.free == [(1280, 1472)]
+
+
 def test_training_layer_forward_compiles_when_operand_tiles_are_spilled() -> None:
     """A Llama layer forward (tp 2, 1,024 tokens) on a core with a quarter of SBUF: attention's
     batched dots hold resident blocks of v while SBUF is full, so those tiles get spilled before the
