@@ -99,7 +99,7 @@ def watch(graph: Any, core: Any, *, stop: bool, detail: int) -> dict[str, Any]:
         ks = sorted(k for r, k in snaps if r == rid)
         diffs = {}
         for k in ks:
-            for period in (1, 2, 3):
+            for period in layer_replay.PERIODS:
                 earlier = snaps.get((rid, k - period))
                 if earlier is None or k - period < 1:
                     continue

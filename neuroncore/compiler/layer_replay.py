@@ -41,7 +41,7 @@ from neuroncore.compiler.view_steps import ApplyOp
 from neuroncore.enums import Memory
 from neuroncore.ir.graph import Op
 
-PERIODS = (1, 2, 3)  # a run settles into repeating every layer, or cycling through two or three states
+PERIODS = (1, 2, 3, 4)  # a run settles into repeating every layer, or cycling through two to four states
 
 @dataclass
 class _Mark:
