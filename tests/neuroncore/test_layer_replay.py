@@ -24,11 +24,13 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # a prompt whose activations stay on chip: its boundaries keep them in place (not written
     # back), and the residual stream each layer leaves resident is carried by the relocated layers
     "prefill-resident": ("llama-prefill", {"layers": 10, "context": 128}),
-    # one Llama-2-70B tp 24 rank prefilling 128 tokens: its state cycles through three (from the
-    # sixth boundary), so six layers are relocated as two blocks of three. (The tp 32 rank did so
-    # from the seventh, one block, until its q/k/v projections shared their input's transposes
-    # (lower_matmul.shared_stationary): it now settles every layer, from the fifth)
-    "prefill-resident-period3": ("llama-prefill", {"model": "llama2-70b", "layers": 14, "context": 128,
+    # one Llama-2-70B tp 24 rank prefilling 128 tokens: its state cycles through four (from the
+    # sixth boundary: its large blocks' placements), so eight layers are relocated as two blocks
+    # of four. (Three, from the sixth boundary, until the SBUF next-fit stopped going back behind
+    # its cursor; the tp 32 rank did so from the seventh, one block, until its q/k/v projections
+    # shared their input's transposes (lower_matmul.shared_stationary): it now settles every
+    # layer, from the fifth)
+    "prefill-resident-period4": ("llama-prefill", {"model": "llama2-70b", "layers": 18, "context": 128,
                                                    "tp_degree": 24}),
     "decode-tp2": ("llama-decode", {"layers": 8, "tp_degree": 2}),  # one rank's sharded program
     # a prompt whose activations do not fit on chip (they live in HBM): boundaries cost nothing
@@ -263,7 +265,7 @@ def test_relocation_happened(pair: tuple[nc.Graph, Program, Program]) -> None:
 # first layer behind a boundary that moves nothing: 5 relocated, 4 when the run began at layer 2);
 # prefill-long's layer 1 stays out (its first boundary would move layer 0's output)
 SETTLED = {"decode": 3, "decode-tp2": 3, "prefill": 2, "prefill-long": 6, "prefill-long-70b": 5,
-           "prefill-long-batch": 2, "prefill-resident": 5, "prefill-resident-period3": 3}
+           "prefill-long-batch": 2, "prefill-resident": 5, "prefill-resident-period4": 8}
 
 
 def test_boundaries_settle_after_one_or_two_layers(pair: tuple[nc.Graph, Program, Program],
