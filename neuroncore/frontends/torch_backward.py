@@ -159,7 +159,7 @@ def _conv_grads(c: _Converter, grad: Op, x: Op, w: Op, stride: list[int], paddin
     return gx, gw
 
 
-@handles("max_pool2d_with_indices_backward")
+@handles("max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward")
 def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
     if not dtype.is_float:

@@ -111,7 +111,8 @@ def _lowest(dtype: DType) -> float:
     return {DType.BF16: -3.3895e38, DType.FP16: -65504.0}.get(dtype, -3.4028234e38)
 
 
-@handles("max_pool2d_with_indices", "max_pool1d_with_indices", "max_pool2d", "max_pool1d")
+@handles("max_pool2d_with_indices", "max_pool1d_with_indices", "max_pool3d_with_indices", "max_pool2d",
+         "max_pool1d", "max_pool3d")
 def max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     meta: Any = node.meta["val"]
     values_meta = meta[0] if isinstance(meta, (list, tuple)) else meta
@@ -137,7 +138,7 @@ def max_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     return result, None
 
 
-@handles("avg_pool2d", "avg_pool1d")
+@handles("avg_pool2d", "avg_pool1d", "avg_pool3d")
 def avg_pool(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
     x = c._op(kw["self"], dtype)

@@ -18,6 +18,7 @@ Everything is rewritten into ops the core already runs, as an XLA compiler would
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,22 +83,45 @@ def shift(c: _Converter, x: Op, dim: int, by: int, fill: float = 0.0) -> Op:
     return c.b.concatenate([c.b.constant(fill, x.dtype, shape=pad_shape), kept], dim)
 
 
-def cumulative_sum(c: _Converter, x: Op, dim: int) -> Op:
-    """Inclusive prefix sum along ``dim`` in ceil(log2(n)) shifted adds."""
+def scan(c: _Converter, x: Op, dim: int, combine: Callable[[Op, Op], Op], identity: float) -> Op:
+    """Inclusive prefix ``combine`` along ``dim`` (Hillis-Steele): ceil(log2(n)) steps of
+    ``combine(x, shift(x, 2^k))``, the shifted-in entries ``identity``."""
     step = 1
     while step < x.shape[dim]:
-        x = c.b.add(x, shift(c, x, dim, step))
+        x = combine(x, shift(c, x, dim, step, identity))
         step *= 2
     return x
 
 
-@handles("cumsum")
+def cumulative_sum(c: _Converter, x: Op, dim: int) -> Op:
+    """Inclusive prefix sum along ``dim`` in ceil(log2(n)) shifted adds."""
+    return scan(c, x, dim, c.b.add, 0.0)
+
+
+def _log_add_exp(c: _Converter, a: Op, b: Op) -> Op:
+    """``log(exp(a) + exp(b))`` as ``max + log(1 + exp(min - max))`` (-inf when both are)."""
+    top = c.b.maximum(a, b)
+    total = c.b.add(top, c.b.log(c.b.add(c.b.exp(c.b.subtract(c.b.minimum(a, b), top)), 1.0)))
+    return c.b.select(c.b.compare(top, -math.inf, "EQ"), -math.inf, total)
+
+
+@handles("cumsum", "cumprod", "logcumsumexp")
 def cumsum(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
+    """``cumsum``, ``cumprod`` (session 13) and ``logcumsumexp`` (session 13: the scan's step is a
+    stable log-add-exp, as torch's kernel combines) as :func:`scan`s."""
     _shape, dtype = c._out(node)
     x = c._op(kw["self"], dtype)
     if not x.shape:
-        return x
-    return cumulative_sum(c, x, kw["dim"] % len(x.shape))
+        return c.b.add(x, 0.0) if "logcumsumexp" in str(node.target) else x
+    dim = kw["dim"] % len(x.shape)
+    name = str(node.target)
+    if "cumprod" in name:
+        return scan(c, x, dim, c.b.multiply, 1.0)
+    if "logcumsumexp" in name:
+        if not dtype.is_float:
+            return NotImplemented
+        return scan(c, x, dim, lambda a, b: _log_add_exp(c, a, b), -math.inf)
+    return cumulative_sum(c, x, dim)
 
 
 WIDE_ROW = 16384  # a last dim at least this wide is searched in chunks laid across partitions
@@ -320,6 +344,7 @@ __all__ = [
     "gather_elements",
     "median",
     "runtime_index",
+    "scan",
     "shift",
     "sort",
     "topk",

@@ -39,7 +39,7 @@ def handles(*names: str) -> Callable[[Handler], Handler]:
 MODULES = ("neuroncore.frontends.torch_masks", "neuroncore.frontends.torch_conv",
            "neuroncore.frontends.torch_scatter", "neuroncore.frontends.torch_backward",
            "neuroncore.frontends.torch_nki", "neuroncore.frontends.torch_random",
-           "neuroncore.frontends.torch_rounding")
+           "neuroncore.frontends.torch_rounding", "neuroncore.frontends.torch_special")
 
 
 def load_handlers() -> None:

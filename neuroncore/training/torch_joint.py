@@ -38,6 +38,7 @@ from typing import Any, TypeGuard
 
 import torch
 import torch.fx.traceback as fx_traceback
+import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
 from torch._decomp import core_aten_decompositions
 from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -166,11 +167,48 @@ def _upsample_nearest_backward(exact: bool) -> Callable[..., torch.Tensor]:
     return backward
 
 
+def _avg_pool_backward(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
+                       stride: Sequence[int], padding: Sequence[int], ceil_mode: bool,
+                       count_include_pad: bool, divisor_override: int | None) -> torch.Tensor:
+    """``avg_pool{2,3}d_backward`` (``nn.AvgPool*``, ``nn.LocalResponseNorm``'s channel window),
+    which no decomposition table covers: each output gradient divided by its window's divisor (the
+    forward's, ``torch_conv.avg_pool``'s rule) and spread over its window, a transposed convolution
+    of the images (channels folded into the batch) with a kernel of ones, then cropped to the input
+    (the padding off, and ``ceil_mode``'s windows past the end)."""
+    spatial = len(kernel_size)
+    kernel = list(kernel_size)
+    strides = list(stride) or kernel
+    pads = list(padding) if len(padding) == spatial else list(padding) * spatial
+    sizes, out = list(x.shape[-spatial:]), list(grad_output.shape[-spatial:])
+    divisor = torch.ones((), dtype=grad_output.dtype, device=grad_output.device)
+    for k, s, p, n, o in zip(kernel, strides, pads, sizes, out):
+        starts = torch.arange(o, device=grad_output.device) * s - p
+        ends = torch.clamp(starts + k, max=n + p)
+        if not count_include_pad:
+            starts, ends = torch.clamp(starts, 0, n), torch.clamp(ends, 0, n)
+        divisor = divisor.unsqueeze(-1) * (ends - starts).to(grad_output.dtype)
+    if divisor_override:
+        divisor = torch.full_like(divisor, float(divisor_override))
+    lead = grad_output.shape[:-spatial]
+    images = (grad_output / divisor).reshape(-1, 1, *out)
+    ones = torch.ones((1, 1, *kernel), dtype=grad_output.dtype, device=grad_output.device)
+    transposed = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[spatial - 1]
+    full = transposed(images, ones, stride=strides)  # [.., (o - 1) * s + k] per dim, padded coordinates
+    pad_after: list[int] = []  # F.pad's order: the last dim first
+    for k, s, p, n, o in zip(kernel, strides, pads, sizes, out):
+        pad_after = [0, max(0, n + p - ((o - 1) * s + k)), *pad_after]
+    full = F.pad(full, pad_after)
+    crop = full[(slice(None), slice(None), *(slice(p, p + n) for p, n in zip(pads, sizes)))]
+    return crop.reshape(*lead, *sizes)
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     """torch's core-ATen decompositions, plus the backward ops of fused kernels it leaves whole."""
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
     table[aten._weight_norm_interface_backward.default] = _weight_norm_backward
+    table[aten.avg_pool2d_backward.default] = _avg_pool_backward
+    table[aten.avg_pool3d_backward.default] = _avg_pool_backward
     for op in (aten.replication_pad1d_backward, aten.replication_pad2d_backward,
                aten.replication_pad3d_backward):
         table[op.default] = _replication_pad_backward
@@ -716,6 +754,7 @@ def _recompute_checkpoints(module: torch.fx.GraphModule) -> None:
 
 
 _POOL_BACKWARD = {torch.ops.aten.max_pool2d_with_indices_backward.default: 8,
+                  torch.ops.aten.max_pool3d_with_indices_backward.default: 8,
                   torch.ops.aten.adaptive_max_pool2d_backward.default: 3}
 """Max-pool backward ops (their argument count): the saved indices are their last argument."""
 

@@ -283,7 +283,7 @@ class WithUnsupported(nn.Module):
 
     def forward(self, x):
         y = self.factor(self.proj(x))
-        return torch.cumprod(y, -1)  # CUMSUM-LINE
+        return torch.lgamma(y)  # LGAMMA-LINE
 
 
 def test_check_lists_unsupported_ops_with_layer_and_line():
@@ -292,7 +292,7 @@ def test_check_lists_unsupported_ops_with_layer_and_line():
     listing = [(op.opcode, op.layer, op.source) for op in missing]
     assert listing == [
         ("aten.linalg_cholesky_ex", "model/factor", f"{THIS_FILE}:{_line('CHOLESKY-LINE')}"),
-        ("aten.cumprod", "model", f"{THIS_FILE}:{_line('CUMSUM-LINE')}"),
+        ("aten.lgamma", "model", f"{THIS_FILE}:{_line('LGAMMA-LINE')}"),
     ]
     assert missing[0].shape == (8, 8) and missing[1].shape == (8, 8)
     with pytest.raises(UnsupportedOpsError) as info:
@@ -301,7 +301,7 @@ def test_check_lists_unsupported_ops_with_layer_and_line():
     message = str(info.value)
     assert "aten.linalg_cholesky_ex" in message and "model/factor" in message
     assert f"test_torch_frontend.py:{_line('CHOLESKY-LINE')}" in message
-    assert f"test_torch_frontend.py:{_line('CUMSUM-LINE')}" in message
+    assert f"test_torch_frontend.py:{_line('LGAMMA-LINE')}" in message
 
 
 # -- layer paths and frames ------------------------------------------------------------------------

@@ -137,3 +137,51 @@ def test_embedding_bag_per_sample_weights_match_torch():
     torch.manual_seed(0)
     ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2, 5])
     _same(_Bag(mode="sum"), ids, offsets, torch.rand(6))
+
+
+def test_scans_match_torch():
+    """``cumprod`` and ``logcumsumexp`` as log-step scans, as ``cumsum``."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 37, 5)
+    _same(_Fn(lambda t: torch.cumprod(t * 0.5 + 1.0, 1)), x)
+    _same(_Fn(lambda t: torch.cumprod(t, -1)), x)
+    _same(_Fn(lambda t: torch.logcumsumexp(t * 30.0, 1)), x, rtol=1e-5, atol=2e-5)
+    _same(_Fn(lambda t: torch.logcumsumexp(t.masked_fill(t < 0, float("-inf")), -1)), x)
+
+
+def test_special_functions_match_torch():
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 300) * 3.0, torch.randn(4, 300) * 3.0
+    x[0, :4] = torch.tensor([0.0, 0.0, -2.0, float("inf")])
+    y[0, :4] = torch.tensor([0.0, -1.0, 0.0, float("inf")])
+    _same(_Fn(torch.atan2), y, x)
+    _same(_Fn(torch.hypot), y, x)
+    _same(_Fn(lambda t: torch.atan2(t, torch.tensor(2.0)) + torch.hypot(t, torch.tensor(-1.5))), x)
+    u = torch.linspace(-0.999999, 0.999999, 1203).reshape(3, 401)
+    _same(_Fn(torch.erfinv), u, rtol=2e-5, atol=1e-6)
+    ends = torch.tensor([-1.0, 1.0, 0.0, 0.5])
+    _same(_Fn(torch.erfinv), ends)
+    _same(nn.RReLU(0.1, 0.3), x)
+
+
+def test_special_functions_bf16_stay_within_twice_torch_error():
+    torch.manual_seed(0)
+    net = _Fn(lambda a, b: torch.atan2(a, b) + torch.hypot(a, b) + torch.erfinv(torch.tanh(a) * 0.9))
+    a, b = torch.randn(8, 64), torch.randn(8, 64)
+    want = net(a, b)
+    framework = (net(a.bfloat16(), b.bfloat16()).float() - want).abs().max().item()
+    ours = (nc.trace(net, (a, b), dtype="bf16")(a, b) - want).abs().max().item()
+    assert ours <= 2 * framework, (ours, framework)
+
+
+@pytest.mark.parametrize("module, shape", [
+    (nn.MaxPool3d(2), (1, 2, 6, 6, 6)),
+    (nn.MaxPool3d((2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0)), (2, 3, 5, 7, 6)),
+    (nn.AvgPool3d(2), (1, 2, 6, 6, 6)),
+    (nn.AvgPool3d(3, stride=2, padding=1, count_include_pad=False), (1, 2, 5, 6, 7)),
+    (nn.LocalResponseNorm(3), (2, 6, 5, 4)),       # AlexNet's: an average over channels (avg_pool3d)
+    (nn.LocalResponseNorm(4, alpha=1e-3, beta=0.5, k=2.0), (2, 7, 5)),
+])
+def test_3d_pools_and_local_response_norm_match_torch(module, shape):
+    torch.manual_seed(0)
+    _same(module, torch.randn(*shape))

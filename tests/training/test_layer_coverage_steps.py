@@ -44,7 +44,7 @@ def _same_steps(model: torch.nn.Module, x: torch.Tensor, steps: int = 2, atol: f
     moved = (ref.conv.weight - start.conv.weight).abs().max().item()
     assert moved > 1e-4, f"the convolution before the layer did not train ({moved})"
     for (name, p), (_, q) in zip(ref.named_parameters(), model.named_parameters()):
-        assert torch.allclose(p, q, atol=atol, rtol=0), f"{name}: max diff {(p - q).abs().max()}"
+        assert torch.allclose(p, q, atol=atol, rtol=1e-6), f"{name}: max diff {(p - q).abs().max()}"
 
 
 LAYERS = {
@@ -62,6 +62,18 @@ LAYERS = {
     "adaptive_avg_pool1d_uneven": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), 4 * 7),
     "median_dim": (lambda y: y.median(-1).values, 4 * 10),
     "median_whole": (lambda y: y * y.median(), 4 * 10 * 9),
+    "cumprod": (lambda y: torch.cumprod(y * 0.5, -1), 4 * 10 * 9),
+    "logcumsumexp": (lambda y: torch.logcumsumexp(y, 2), 4 * 10 * 9),
+    "atan2": (lambda y: torch.atan2(y, y.flip(-1) + 0.5), 4 * 10 * 9),
+    "hypot": (lambda y: torch.hypot(y, y.flip(-1) + 0.5), 4 * 10 * 9),
+    "erfinv": (lambda y: torch.erfinv(torch.tanh(y) * 0.9), 4 * 10 * 9),
+    "max_pool3d": (lambda y: F.max_pool3d(y.unsqueeze(1), 2), 2 * 5 * 4),
+    "avg_pool3d": (lambda y: F.avg_pool3d(y.unsqueeze(1), (2, 3, 2), stride=(1, 2, 2)), 3 * 4 * 4),
+    "avg_pool2d": (lambda y: F.avg_pool2d(y, 3, stride=2, padding=1), 4 * 5 * 5),
+    "avg_pool2d_ceil_no_pad_count": (lambda y: F.avg_pool2d(y, 3, stride=2, padding=1, ceil_mode=True,
+                                                            count_include_pad=False), 4 * 6 * 5),
+    "avg_pool1d": (lambda y: F.avg_pool1d(y.flatten(2), 4, stride=3), 4 * 29),
+    "local_response_norm": (lambda y: F.local_response_norm(y, 3), 4 * 10 * 9),
 }
 
 
@@ -70,7 +82,9 @@ def test_layer_trains_as_pytorch(name: str) -> None:
     torch.manual_seed(0)
     fn, features = LAYERS[name]
     x = torch.randn(2, 3, 10, 9, generator=torch.Generator().manual_seed(2))
-    _same_steps(_ConvThen(fn, features), x)
+    # logcumsumexp's outputs (~5) come from a log-step scan, torch's from a sequential one: the
+    # head's gradient (those outputs times the error) differs by a few FP32 roundings of them
+    _same_steps(_ConvThen(fn, features), x, atol=5e-6 if name == "logcumsumexp" else 1e-6)
 
 
 class _BagClassifier(torch.nn.Module):
