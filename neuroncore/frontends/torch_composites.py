@@ -1,5 +1,5 @@
 """ATen ops the core has no single form for, written as compositions of core ATen ops the frontend
-lowers already, used in both paths so one function defines each:
+lowers already (``nn.EmbeddingBag``, ``nn.Bilinear``), used in both paths so one function defines each:
 
 * inference: added to the export's decomposition table (``torch_frontend._decompositions``);
 * training: the joint graph replays the forward's node as the composition
@@ -64,7 +64,45 @@ def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Te
     return output, offset2bag, bag_size, max_indices
 
 
+def trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: list[int],
+              expand2: list[int], expand3: list[int], sumdim: list[int],
+              unroll_dim: int = 1) -> torch.Tensor:
+    """``aten._trilinear`` (``nn.Bilinear``, ``F.bilinear``): each input unsqueezed at its
+    ``expand`` dims, the three multiplied and summed over ``sumdim``. The bilinear form torch calls
+    (``x1 [B, I]``, ``W [O, I, J]``, ``x2 [B, J]``) is one Tensor-engine matmul ``x1 @ W`` (``[B, O *
+    J]``), then a product with ``x2`` and a sum over ``J`` on Vector; any other form multiplies the
+    broadcast inputs and sums."""
+    if (list(expand1), list(expand2), list(expand3), list(sumdim)) == ([1, 3], [0], [1, 2], [2, 3]) \
+            and i1.dim() == 2 and i2.dim() == 3 and i3.dim() == 2:
+        out_features, inner, second = i2.shape
+        mixed = i1 @ i2.permute(1, 0, 2).reshape(inner, out_features * second)
+        return (mixed.reshape(-1, out_features, second) * i3.unsqueeze(1)).sum(-1)
+    rank = i1.dim() + len(expand1)
+
+    def expanded(t: torch.Tensor, dims: list[int]) -> torch.Tensor:
+        for d in sorted(dims):
+            t = t.unsqueeze(d)
+        return t
+
+    product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
+    return product.sum(list(sumdim)) if sumdim else product.reshape(product.shape[:rank])
+
+
+def bilinear(input1: torch.Tensor, input2: torch.Tensor, weight: torch.Tensor,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``aten.bilinear`` (the training graph keeps it whole): the leading dims flattened, as
+    ATen's ``bilinear`` does, then :func:`trilinear`'s bilinear form and the bias."""
+    lead = input1.shape[:-1]
+    out = trilinear(input1.reshape(-1, input1.shape[-1]), weight, input2.reshape(-1, input2.shape[-1]),
+                    [1, 3], [0], [1, 2], [2, 3])
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])
+
+
 COMPOSITES: dict[Any, Callable[..., Any]] = {
+    aten._trilinear.default: trilinear,
+    aten.bilinear.default: bilinear,
     aten._embedding_bag.default: embedding_bag,
     aten.embedding_bag.default: embedding_bag,
     aten.embedding_bag.padding_idx: embedding_bag,
@@ -73,4 +111,4 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
 """ATen op overload -> its composition of core ATen ops."""
 
 
-__all__ = ["COMPOSITES", "embedding_bag"]
+__all__ = ["COMPOSITES", "bilinear", "embedding_bag", "trilinear"]

@@ -185,3 +185,20 @@ def test_special_functions_bf16_stay_within_twice_torch_error():
 def test_3d_pools_and_local_response_norm_match_torch(module, shape):
     torch.manual_seed(0)
     _same(module, torch.randn(*shape))
+
+
+def test_bilinear_layer_matches_torch():
+    """``nn.Bilinear`` (``aten._trilinear``, unsupported before): one matmul ``x1 @ W`` and a
+    product-sum with ``x2`` (``torch_composites.trilinear``)."""
+    torch.manual_seed(0)
+    layer = nn.Bilinear(5, 6, 3)
+    _same(layer, torch.randn(4, 5), torch.randn(4, 6))
+    _same(layer, torch.randn(2, 3, 5), torch.randn(2, 3, 6))
+    _same(nn.Bilinear(4, 4, 2, bias=False), torch.randn(3, 4), torch.randn(3, 4))
+    x1, x2 = torch.randn(16, 5), torch.randn(16, 6)
+    with torch.no_grad():
+        want = layer(x1, x2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            framework = (layer(x1, x2).float() - want).abs().max().item()
+    ours = (nc.trace(layer, (x1, x2), dtype="bf16")(x1, x2) - want).abs().max().item()
+    assert 0 < ours <= 2 * framework, (ours, framework)

@@ -117,3 +117,34 @@ def test_embedding_bag_trains_as_pytorch(mode: str) -> None:
     assert (ref.bag.weight - start.bag.weight).abs().max().item() > 1e-3
     for (name, p), (_, q) in zip(ref.named_parameters(), model.named_parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=0), f"{name}: max diff {(p - q).abs().max()}"
+
+
+class _BilinearHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = torch.nn.Linear(5, 5)
+        self.bilinear = torch.nn.Bilinear(5, 6, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.bilinear(torch.tanh(self.left(x)), y)
+
+
+def test_bilinear_layer_trains_as_pytorch() -> None:
+    """``nn.Bilinear`` replayed as ``torch_composites.bilinear`` in the step's forward: its weight,
+    bias and the linear before it train as PyTorch."""
+    torch.manual_seed(0)
+    model = _BilinearHead()
+    ref, start = copy.deepcopy(model), copy.deepcopy(model)
+    g = torch.Generator().manual_seed(4)
+    x, y, target = torch.randn(6, 5, generator=g), torch.randn(6, 6, generator=g), torch.randn(6, 2, generator=g)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    step = neuroncore.trace_train_step(model, opt, (x, y, target), loss_fn=F.mse_loss)
+    for _ in range(2):
+        loss = F.mse_loss(ref(x, y), target)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert float(step(x, y, target)) == pytest.approx(loss.item(), rel=1e-5, abs=1e-6)
+    assert (ref.left.weight - start.left.weight).abs().max().item() > 1e-3
+    for (name, p), (_, q) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=1e-6), f"{name}: max diff {(p - q).abs().max()}"
