@@ -136,7 +136,8 @@ def test_bilinear_layer_trains_as_pytorch() -> None:
     model = _BilinearHead()
     ref, start = copy.deepcopy(model), copy.deepcopy(model)
     g = torch.Generator().manual_seed(4)
-    x, y, target = torch.randn(6, 5, generator=g), torch.randn(6, 6, generator=g), torch.randn(6, 2, generator=g)
+    x, y = torch.randn(6, 5, generator=g), torch.randn(6, 6, generator=g)
+    target = torch.randn(6, 2, generator=g)
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     step = neuroncore.trace_train_step(model, opt, (x, y, target), loss_fn=F.mse_loss)
     for _ in range(2):
