@@ -7,8 +7,9 @@ by both frontends. ``take`` moves the dim first, flattens the rest into a row an
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -17,12 +18,15 @@ from neuroncore.ir.builder import GraphBuilder
 from neuroncore.ir.graph import Op
 
 
-def take(b: GraphBuilder, x: Op, dim: int, ids: Op) -> Op:
-    """``x``'s entries at positions ``ids`` (an int32 vector) along ``dim`` (non-negative)."""
+def take(b: GraphBuilder, x: Op, dim: int, ids: Op | Callable[[], Op]) -> Op:
+    """``x``'s entries at positions ``ids`` (an int32 vector, or a function building it once the
+    dim is moved: ``flip``'s ops in the order they always had) along ``dim`` (non-negative)."""
     rank = len(x.shape)
     order = [dim, *(i for i in range(rank) if i != dim)]
     moved = b.transpose(x, order) if dim else x
     rest = moved.shape[1:]
+    if not isinstance(ids, Op):
+        ids = ids()
     rows = b.gather(b.reshape(moved, (moved.shape[0], math.prod(rest))), ids)
     picked = b.reshape(rows, (ids.shape[0], *rest))
     return b.transpose(picked, [order.index(i) for i in range(rank)]) if dim else picked
@@ -61,12 +65,16 @@ def place_constant(b: GraphBuilder, x: Op, dim: int, positions: Sequence[int], s
     return placed if dim == rank - 1 else b.transpose(placed, list(np.argsort(order)))
 
 
+def _backwards(b: GraphBuilder, n: int) -> Op:
+    """The positions ``n - 1 - iota`` (int32)."""
+    return b.add(b.multiply(b.iota((n,), 0, DType.INT32), -1.0), float(n - 1))
+
+
 def flip(b: GraphBuilder, x: Op, dims: Iterable[int]) -> Op:
     """``x`` reversed along each of ``dims`` (non-negative); a dim of size 1 adds nothing."""
     for dim in sorted(set(dims)):
         n = x.shape[dim]
         if n == 1:
             continue
-        backwards = b.add(b.multiply(b.iota((n,), 0, DType.INT32), -1.0), float(n - 1))
-        x = take(b, x, dim, backwards)
+        x = take(b, x, dim, functools.partial(_backwards, b, n))
     return x
