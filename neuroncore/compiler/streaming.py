@@ -147,6 +147,8 @@ def units_of(ctx: Context, op: Op) -> Grain | None:
             value = ctx.values.get(operand.index)
             if operand.opcode == "reduce" or (value is not None and value.layout != Layout.ROW):
                 return None
+            if value is None and column_value(operand):
+                return None  # not lowered yet (a member of the open group): it will be column tiles
     return step
 
 

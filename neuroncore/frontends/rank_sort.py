@@ -62,9 +62,8 @@ def rank_select(b: Any, key: Op, values: Sequence[Op], dim: int, place: int) -> 
     """An order statistic (``torch.median``): per row along ``dim``, each of ``values`` at the
     element whose stable ascending rank is ``place`` (``dim`` reduced away), in its operand's type;
     one rank computation and a select and sum per operand, no sort."""
-    # j first: with the sum over the grid's last axis, a select on its result then reduced along
-    # the same (last) dim stopped the compiler ("tile 1 of select is nowhere"; noted in the
-    # session-13 report, left to the compiler's owners)
+    # j first: the ranks summed over the grid's axis ``dim``, so the select and its sum read row
+    # tiles (the other layout compiles too since streaming.units_of's fix, through a relayout)
     hit = b.compare(stable_ranks(b, key, dim, j_first=True), float(place), "EQ")
     results = []
     for op in values:

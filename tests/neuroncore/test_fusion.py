@@ -192,6 +192,24 @@ def test_the_safe_softmax_select_steps_with_the_attention_group(run, assert_clos
     assert_close(result.out, result.ref)
 
 
+def test_an_op_reading_a_column_statistic_of_the_open_group_does_not_step_in_rows(run, assert_close):
+    """A select of a row statistic still in the open group (a last-dim reduce's column tiles,
+    compared) with a full-size row-tile operand takes the statistic's column layout, so it must not
+    join a group that steps in row tiles: it stopped the compiler with "tile 1 of select is
+    nowhere" (its reader's relayout wanted every tile stored while one step had made one). Found
+    by ``torch.median``'s rank select (session 13); the graph is that one: a rank per element from
+    a [3, 6, 6] comparison summed over its last axis, the element of rank 2 picked per row."""
+    from neuroncore.frontends.rank_sort import stable_ranks
+
+    g = nc.GraphBuilder("rank_select")
+    x = g.parameter("x", (3, 6), "fp32")
+    hit = g.compare(stable_ranks(g, x, 1, j_first=False), 2.0, "EQ")
+    graph = g.build([g.reduce(g.select(hit, x, 0.0), [1], "sum")])
+    inputs = [np.random.default_rng(3).standard_normal((3, 6)).astype(np.float32)]
+    result = run(graph, inputs)
+    assert_close(result.out, np.sort(inputs[0], axis=1)[:, 2])
+
+
 def test_rotary_concatenation_is_assembled_on_chip(run, assert_close):
     """Rotate-half rotary embedding: ``cat(x1 cos - x2 sin, x2 cos + x1 sin)`` along the head dim
     of [heads, seq, head_dim] values that live in SBUF is built by engine copies into the output's
