@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -159,6 +160,22 @@ def _conv_grads(c: _Converter, grad: Op, x: Op, w: Op, stride: list[int], paddin
     return gx, gw
 
 
+def _first_maxima(c: _Converter, reads: Sequence[Op], best: Op) -> Iterator[Op]:
+    """Per window offset, in torch's scan order, where that offset's read holds its window's
+    maximum and no earlier offset's did: a max pool routes each window's gradient to the first
+    input holding its maximum. A generator, so a caller's ops for one offset are made before the
+    next offset's (the graph's op order, hence its programs, as when this loop was written out)."""
+    taken: Op | None = None  # windows whose maximum has been routed already (first offset wins)
+    for read in reads:
+        hit = c.b.compare(read, best, "EQ")
+        if taken is not None:
+            hit = c.b.minimum(hit, c.b.compare(taken, 0.0, "EQ"))
+            taken = c.b.maximum(taken, hit)
+        else:
+            taken = hit
+        yield hit
+
+
 @handles("max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward")
 def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) -> Any:
     _shape, dtype = c._out(node)
@@ -179,16 +196,7 @@ def max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str, Any]) ->
     best = slices[0]
     for s in slices[1:]:
         best = c.b.maximum(best, s)
-    taken: Op | None = None  # windows whose maximum has been routed already (first offset wins)
-    slabs = []
-    for s in slices:
-        hit = c.b.compare(s, best, "EQ")
-        if taken is not None:
-            hit = c.b.minimum(hit, c.b.compare(taken, 0.0, "EQ"))
-            taken = c.b.maximum(taken, hit)
-        else:
-            taken = hit
-        slabs.append(c.b.select(hit, grad, 0.0))
+    slabs = [c.b.select(hit, grad, 0.0) for hit in _first_maxima(c, slices, best)]
     return _fold(c, slabs, kernel, stride, dilation, padding, list(x.shape[2:]), extra)
 
 
@@ -223,15 +231,9 @@ def adaptive_max_pool_backward(c: _Converter, node: torch.fx.Node, kw: dict[str,
     for r in reads[1:]:
         best = c.b.maximum(best, r)
     offsets = [adaptive_offsets(x.shape[2 + k], o) for k, o in enumerate(out)]
-    taken: Op | None = None  # windows whose maximum has been routed already (first offset wins)
     total: Op | None = None
-    for read, offset in zip(reads, itertools.product(*(range(len(o)) for o in offsets))):
-        hit = c.b.compare(read, best, "EQ")
-        if taken is not None:
-            hit = c.b.minimum(hit, c.b.compare(taken, 0.0, "EQ"))
-            taken = c.b.maximum(taken, hit)
-        else:
-            taken = hit
+    for hit, offset in zip(_first_maxima(c, reads, best),
+                           itertools.product(*(range(len(o)) for o in offsets))):
         placed = c.b.select(hit, grad, 0.0)
         for k in reversed(range(len(out))):
             placed = place_constant(c.b, placed, 2 + k, offsets[k][offset[k]], shape[2 + k],
